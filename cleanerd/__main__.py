@@ -1,0 +1,7 @@
+"""`python -m cleanerd` runs the command line."""
+
+import sys
+
+from cleanerd.cli import main
+
+sys.exit(main())

@@ -1,0 +1,71 @@
+"""Error types shared across cleanerd.
+
+Every error that concerns a file names the file and, where there is one, the byte
+position or offset, so an operator can find the bad bytes with `cleanerd dump`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+class CleanerdError(Exception):
+    """Base class of cleanerd's own errors."""
+
+
+class CorruptRecordError(CleanerdError):
+    """A record batch (or legacy message set) that cannot be decoded or fails its CRC."""
+
+    def __init__(self, reason: str, *, path: Path | str | None = None, position: int | None = None) -> None:
+        self.reason = reason
+        self.path = str(path) if path is not None else None
+        self.position = position
+        where = ""
+        if self.path is not None:
+            where = f" in {self.path}"
+        if position is not None:
+            where += f" at position {position}"
+        super().__init__(f"corrupt record batch{where}: {reason}")
+
+    def located(self, path: Path | str, base_position: int = 0) -> CorruptRecordError:
+        """Return a copy that names `path` and shifts the position by `base_position`."""
+        pos = None if self.position is None else self.position + base_position
+        return CorruptRecordError(self.reason, path=path, position=pos)
+
+
+class CorruptIndexError(CleanerdError):
+    """An offset, time or transaction index that disagrees with its segment or itself."""
+
+    def __init__(self, reason: str, *, path: Path | str) -> None:
+        self.reason = reason
+        self.path = str(path)
+        super().__init__(f"corrupt index {self.path}: {reason}")
+
+
+class CheckpointError(CleanerdError):
+    """A checkpoint file whose text is not in Kafka's checkpoint format."""
+
+    def __init__(self, reason: str, *, path: Path | str, line: int | None = None) -> None:
+        self.reason = reason
+        self.path = str(path)
+        self.line = line
+        at = f" line {line}" if line is not None else ""
+        super().__init__(f"malformed checkpoint file {self.path}{at}: {reason}")
+
+
+class LogDirLockedError(CleanerdError):
+    """A log dir whose `.lock` another process (a broker, another cleanerd) holds."""
+
+    def __init__(self, path: Path | str) -> None:
+        self.path = str(path)
+        super().__init__(f"log dir {self.path} is locked by another process")
+
+
+class ConfigError(CleanerdError):
+    """An invalid configuration: `errors` holds one line per problem, each naming the key."""
+
+    def __init__(self, errors: list[str], *, path: Path | str | None = None) -> None:
+        self.errors = errors
+        self.path = str(path) if path is not None else None
+        head = f"invalid configuration {self.path}" if self.path else "invalid configuration"
+        super().__init__(head + ":\n" + "\n".join(f"  {e}" for e in errors))

@@ -1,0 +1,240 @@
+"""The record batch v2 header (magic 2), and a shallow scan of batches in a buffer.
+
+On-disk layout of one batch, all integers big-endian (Kafka's DefaultRecordBatch)::
+
+    0  baseOffset            int64   offset of the first record slot
+    8  batchLength           int32   bytes after this field (= batch size - 12)
+    12 partitionLeaderEpoch  int32   not covered by the CRC
+    16 magic                 int8    2 (0/1 for legacy message sets)
+    17 crc                   uint32  CRC-32C of bytes [21, end of batch)
+    21 attributes            int16   bits 0-2 codec, 3 timestamp type, 4 transactional,
+                                     5 control, 6 delete horizon set (KIP-534)
+    23 lastOffsetDelta       int32
+    27 baseTimestamp         int64   the delete horizon when attribute bit 6 is set
+    35 maxTimestamp          int64
+    43 producerId            int64
+    51 producerEpoch         int16
+    53 baseSequence          int32
+    57 recordsCount          int32
+    61 records...
+
+Legacy message sets share the first 17 bytes' meaning for scanning purposes: an int64
+offset at 0, an int32 size at 8 (bytes after it) and the magic byte at 16, which is how a
+scan tells the formats apart.
+"""
+
+from __future__ import annotations
+
+import enum
+import struct
+from dataclasses import dataclass
+from typing import Final
+
+import crc32c
+
+from cleanerd.errors import CorruptRecordError
+
+HEADER: Final = struct.Struct(
+    ">q"  # baseOffset
+    "i"  # batchLength
+    "i"  # partitionLeaderEpoch
+    "b"  # magic
+    "I"  # crc
+    "h"  # attributes
+    "i"  # lastOffsetDelta
+    "q"  # baseTimestamp
+    "q"  # maxTimestamp
+    "q"  # producerId
+    "h"  # producerEpoch
+    "i"  # baseSequence
+    "i"  # recordsCount
+)
+assert HEADER.size == 61
+
+LOG_OVERHEAD: Final = 12  # baseOffset + batchLength: bytes before the length-counted part
+RECORD_BATCH_OVERHEAD: Final = HEADER.size  # an empty batch is exactly this long
+MAGIC_OFFSET: Final = 16
+CRC_OFFSET: Final = 17
+ATTRIBUTES_OFFSET: Final = 21  # the CRC covers [ATTRIBUTES_OFFSET, end)
+LEGACY_MIN_SIZE: Final = 26  # smallest legacy v0 message incl. offset+size: 12 + 4+1+1+4+4
+
+COMPRESSION_MASK: Final = 0x07
+TIMESTAMP_TYPE_MASK: Final = 0x08
+TRANSACTIONAL_MASK: Final = 0x10
+CONTROL_MASK: Final = 0x20
+DELETE_HORIZON_MASK: Final = 0x40
+
+NO_PRODUCER_ID: Final = -1
+NO_PRODUCER_EPOCH: Final = -1
+NO_SEQUENCE: Final = -1
+NO_PARTITION_LEADER_EPOCH: Final = -1
+NO_TIMESTAMP: Final = -1
+INT32_MAX: Final = 2**31 - 1
+
+
+class Compression(enum.IntEnum):
+    """The codec id in attribute bits 0-2."""
+
+    NONE = 0
+    GZIP = 1
+    SNAPPY = 2
+    LZ4 = 3
+    ZSTD = 4
+
+    @property
+    def kafka_name(self) -> str:
+        """The name Kafka's tools print (`compresscodec: SNAPPY`)."""
+        return self.name
+
+
+class TimestampType(enum.IntEnum):
+    """Attribute bit 3."""
+
+    CREATE_TIME = 0
+    LOG_APPEND_TIME = 1
+
+    @property
+    def kafka_name(self) -> str:
+        return "CreateTime" if self is TimestampType.CREATE_TIME else "LogAppendTime"
+
+
+@dataclass(frozen=True, slots=True)
+class BatchHeader:
+    """The 61-byte header of a v2 batch, as stored. `position` is where it starts in the
+    buffer (or file) it was read from; it is not part of the format."""
+
+    base_offset: int
+    batch_length: int
+    partition_leader_epoch: int
+    magic: int
+    crc: int
+    attributes: int
+    last_offset_delta: int
+    base_timestamp: int
+    max_timestamp: int
+    producer_id: int
+    producer_epoch: int
+    base_sequence: int
+    records_count: int
+    position: int = 0
+
+    @property
+    def size_in_bytes(self) -> int:
+        return self.batch_length + LOG_OVERHEAD
+
+    @property
+    def last_offset(self) -> int:
+        return self.base_offset + self.last_offset_delta
+
+    @property
+    def next_offset(self) -> int:
+        return self.last_offset + 1
+
+    @property
+    def compression(self) -> Compression:
+        return Compression(self.attributes & COMPRESSION_MASK)
+
+    @property
+    def timestamp_type(self) -> TimestampType:
+        return TimestampType((self.attributes & TIMESTAMP_TYPE_MASK) >> 3)
+
+    @property
+    def is_transactional(self) -> bool:
+        return bool(self.attributes & TRANSACTIONAL_MASK)
+
+    @property
+    def is_control(self) -> bool:
+        return bool(self.attributes & CONTROL_MASK)
+
+    @property
+    def has_delete_horizon(self) -> bool:
+        return bool(self.attributes & DELETE_HORIZON_MASK)
+
+    @property
+    def delete_horizon_ms(self) -> int:
+        """The KIP-534 delete horizon, or -1 (Kafka's RecordBatch.NO_TIMESTAMP) if unset."""
+        return self.base_timestamp if self.has_delete_horizon else NO_TIMESTAMP
+
+    @property
+    def has_producer_id(self) -> bool:
+        return self.producer_id > NO_PRODUCER_ID
+
+    @property
+    def last_sequence(self) -> int:
+        """baseSequence + lastOffsetDelta, wrapping at Int.MAX as Kafka does; -1 if none."""
+        if self.base_sequence == NO_SEQUENCE:
+            return NO_SEQUENCE
+        return (self.base_sequence + self.last_offset_delta) % (INT32_MAX + 1)
+
+
+def unpack_header(buf: bytes | bytearray | memoryview, position: int = 0) -> BatchHeader:
+    """Read the v2 header at `position` (no validation beyond the struct size)."""
+    return BatchHeader(*HEADER.unpack_from(buf, position), position=position)
+
+
+def pack_header(h: BatchHeader) -> bytes:
+    """The 61 header bytes of `h`, CRC field as stored in `h`."""
+    return HEADER.pack(
+        h.base_offset,
+        h.batch_length,
+        h.partition_leader_epoch,
+        h.magic,
+        h.crc,
+        h.attributes,
+        h.last_offset_delta,
+        h.base_timestamp,
+        h.max_timestamp,
+        h.producer_id,
+        h.producer_epoch,
+        h.base_sequence,
+        h.records_count,
+    )
+
+
+def compute_crc(batch: bytes | bytearray | memoryview) -> int:
+    """CRC-32C of a whole v2 batch's covered span [21, end)."""
+    return int(crc32c.crc32c(memoryview(batch)[ATTRIBUTES_OFFSET:]))
+
+
+def check_crc(buf: bytes | bytearray | memoryview, h: BatchHeader) -> bool:
+    """Whether the stored CRC of the v2 batch `h` (read from `buf`) matches its bytes."""
+    start = h.position + ATTRIBUTES_OFFSET
+    end = h.position + h.size_in_bytes
+    return int(crc32c.crc32c(memoryview(buf)[start:end])) == h.crc
+
+
+def batch_size_at(buf: bytes | bytearray | memoryview, position: int) -> int | None:
+    """The total size of the batch (or legacy message) starting at `position`, or None if
+    fewer than 17 bytes remain (a partial header: an incomplete tail)."""
+    if len(buf) - position < MAGIC_OFFSET + 1:
+        return None
+    (length,) = struct.unpack_from(">i", buf, position + 8)
+    return int(length) + LOG_OVERHEAD
+
+
+def validate_v2_header(buf: bytes | bytearray | memoryview, h: BatchHeader, *, check: bool) -> None:
+    """Raise CorruptRecordError (position = batch start) unless `h` is a sane v2 header whose
+    bytes are all present in `buf` and, if `check`, whose CRC matches."""
+    if h.magic != 2:
+        raise CorruptRecordError(f"unexpected magic {h.magic}", position=h.position)
+    if h.batch_length + LOG_OVERHEAD < RECORD_BATCH_OVERHEAD:
+        raise CorruptRecordError(
+            f"batch length {h.batch_length} is below the v2 header size", position=h.position
+        )
+    if h.position + h.size_in_bytes > len(buf):
+        raise CorruptRecordError(
+            f"batch size {h.size_in_bytes} runs past the end of the data "
+            f"({len(buf) - h.position} bytes left)",
+            position=h.position,
+        )
+    if h.last_offset_delta < 0 or h.records_count < 0:
+        raise CorruptRecordError(
+            f"negative lastOffsetDelta {h.last_offset_delta} or recordsCount {h.records_count}",
+            position=h.position,
+        )
+    if check and not check_crc(buf, h):
+        raise CorruptRecordError(
+            f"CRC mismatch: stored {h.crc}, computed "
+            f"{crc32c.crc32c(memoryview(buf)[h.position + ATTRIBUTES_OFFSET : h.position + h.size_in_bytes])}",
+            position=h.position,
+        )
