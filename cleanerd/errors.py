@@ -16,7 +16,9 @@ class CleanerdError(Exception):
 class CorruptRecordError(CleanerdError):
     """A record batch (or legacy message set) that cannot be decoded or fails its CRC."""
 
-    def __init__(self, reason: str, *, path: Path | str | None = None, position: int | None = None) -> None:
+    def __init__(
+        self, reason: str, *, path: Path | str | None = None, position: int | None = None
+    ) -> None:
         self.reason = reason
         self.path = str(path) if path is not None else None
         self.position = position

@@ -26,9 +26,10 @@ scan tells the formats apart.
 from __future__ import annotations
 
 import enum
+import mmap
 import struct
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, TypeAlias
 
 import crc32c
 
@@ -63,6 +64,9 @@ TIMESTAMP_TYPE_MASK: Final = 0x08
 TRANSACTIONAL_MASK: Final = 0x10
 CONTROL_MASK: Final = 0x20
 DELETE_HORIZON_MASK: Final = 0x40
+
+Buffer: TypeAlias = bytes | bytearray | memoryview | mmap.mmap
+"""What the codec reads from: file bytes in memory, or a mapped segment file."""
 
 NO_PRODUCER_ID: Final = -1
 NO_PRODUCER_EPOCH: Final = -1
@@ -167,9 +171,14 @@ class BatchHeader:
         return (self.base_sequence + self.last_offset_delta) % (INT32_MAX + 1)
 
 
-def unpack_header(buf: bytes | bytearray | memoryview, position: int = 0) -> BatchHeader:
+def unpack_header(buf: Buffer, position: int = 0) -> BatchHeader:
     """Read the v2 header at `position` (no validation beyond the struct size)."""
-    return BatchHeader(*HEADER.unpack_from(buf, position), position=position)
+    (bo, bl, ple, magic, crc, attrs, lod, bts, mts, pid, pep, bseq, count) = HEADER.unpack_from(
+        buf, position
+    )
+    return BatchHeader(
+        bo, bl, ple, magic, crc, attrs, lod, bts, mts, pid, pep, bseq, count, position
+    )
 
 
 def pack_header(h: BatchHeader) -> bytes:
@@ -191,19 +200,19 @@ def pack_header(h: BatchHeader) -> bytes:
     )
 
 
-def compute_crc(batch: bytes | bytearray | memoryview) -> int:
+def compute_crc(batch: Buffer) -> int:
     """CRC-32C of a whole v2 batch's covered span [21, end)."""
     return int(crc32c.crc32c(memoryview(batch)[ATTRIBUTES_OFFSET:]))
 
 
-def check_crc(buf: bytes | bytearray | memoryview, h: BatchHeader) -> bool:
+def check_crc(buf: Buffer, h: BatchHeader) -> bool:
     """Whether the stored CRC of the v2 batch `h` (read from `buf`) matches its bytes."""
     start = h.position + ATTRIBUTES_OFFSET
     end = h.position + h.size_in_bytes
     return int(crc32c.crc32c(memoryview(buf)[start:end])) == h.crc
 
 
-def batch_size_at(buf: bytes | bytearray | memoryview, position: int) -> int | None:
+def batch_size_at(buf: Buffer, position: int) -> int | None:
     """The total size of the batch (or legacy message) starting at `position`, or None if
     fewer than 17 bytes remain (a partial header: an incomplete tail)."""
     if len(buf) - position < MAGIC_OFFSET + 1:
@@ -212,7 +221,7 @@ def batch_size_at(buf: bytes | bytearray | memoryview, position: int) -> int | N
     return int(length) + LOG_OVERHEAD
 
 
-def validate_v2_header(buf: bytes | bytearray | memoryview, h: BatchHeader, *, check: bool) -> None:
+def validate_v2_header(buf: Buffer, h: BatchHeader, *, check: bool) -> None:
     """Raise CorruptRecordError (position = batch start) unless `h` is a sane v2 header whose
     bytes are all present in `buf` and, if `check`, whose CRC matches."""
     if h.magic != 2:
@@ -233,8 +242,10 @@ def validate_v2_header(buf: bytes | bytearray | memoryview, h: BatchHeader, *, c
             position=h.position,
         )
     if check and not check_crc(buf, h):
+        with memoryview(buf) as view:
+            covered = view[h.position + ATTRIBUTES_OFFSET : h.position + h.size_in_bytes]
+            computed = crc32c.crc32c(covered)
+            covered.release()
         raise CorruptRecordError(
-            f"CRC mismatch: stored {h.crc}, computed "
-            f"{crc32c.crc32c(memoryview(buf)[h.position + ATTRIBUTES_OFFSET : h.position + h.size_in_bytes])}",
-            position=h.position,
+            f"CRC mismatch: stored {h.crc}, computed {computed}", position=h.position
         )

@@ -1,0 +1,254 @@
+"""One compaction pass: cleanerd vs a plain file copy of the same bytes (the floor) vs a
+plain-Python compaction built on aiokafka's record codec (what a user would write).
+
+Each case generates one partition: `--records` records with keys drawn uniformly from
+`--keys` keys (so about records/keys versions per key, all but the last superseded),
+random values of the case's size, in producer-like batches of about 16 KiB, segments of
+256 MiB, and a one-record active segment. Every method then processes all segments below
+the active one:
+
+- `copy`: read every segment file and write it to a new file, fsynced (the floor);
+- `aiokafka`: read every record with aiokafka's reader (C extension), keep a dict
+  key -> latest record, write the survivors in offset order with aiokafka's
+  DefaultRecordBatchBuilder in ~16 KiB batches, fsynced;
+- `cleanerd`: one `Cleaner.clean` pass (map build, copy, swap, checkpoint).
+
+Each method runs in its own subprocess (peak RSS is that process's, from getrusage),
+after a warm-up that loads the numba kernels from their on-disk cache. Single core: the
+cleaner is single-threaded. `map B/key` is the offset map's entry size.
+
+    python -m bench.clean [--records 1000000] [--keys 100000] [--cases all]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from cleanerd.compaction.offset_map import OffsetMap
+from cleanerd.records.batch import encode_batch
+from cleanerd.records.header import Compression
+from cleanerd.records.record import Record
+
+SEGMENT_BYTES = 256 * 1024 * 1024
+DEDUPE_BYTES = 128 * 1024 * 1024  # Kafka's default log.cleaner.dedupe.buffer.size
+BATCH_BYTES = 16 * 1024
+TOPIC_DIR = "bench-0"
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    value_size: int
+    codec: Compression
+
+
+CASES = {
+    "100B": Case("100B", 100, Compression.NONE),
+    "1KiB": Case("1KiB", 1024, Compression.NONE),
+    "100B-lz4": Case("100B-lz4", 100, Compression.LZ4),
+    "100B-zstd": Case("100B-zstd", 100, Compression.ZSTD),
+}
+
+
+def generate(root: Path, case: Case, records: int, keys: int) -> Path:
+    """Write the partition `root/bench-0`; returns its dir."""
+    d = root / TOPIC_DIR
+    d.mkdir(parents=True)
+    rng = random.Random(42)
+    per_batch = max(1, BATCH_BYTES // (case.value_size + 20))
+    offset, base, size = 0, 0, 0
+    out = open(d / f"{base:020d}.log", "wb")  # noqa: SIM115
+    ts = 1_700_000_000_000
+    while offset < records:
+        n = min(per_batch, records - offset)
+        batch = [
+            Record(
+                offset + i,
+                ts + offset + i,
+                b"key-%08d" % rng.randrange(keys),
+                rng.randbytes(case.value_size),
+            )
+            for i in range(n)
+        ]
+        data = encode_batch(batch, base_offset=offset, compression=case.codec)
+        if size + len(data) > SEGMENT_BYTES:
+            out.close()
+            base, size = offset, 0
+            out = open(d / f"{base:020d}.log", "wb")  # noqa: SIM115
+        out.write(data)
+        size += len(data)
+        offset += n
+    out.close()
+    last = [Record(offset, ts + offset, b"active", b"x")]
+    (d / f"{offset:020d}.log").write_bytes(encode_batch(last, base_offset=offset))
+    return d
+
+
+def sources(d: Path) -> list[Path]:
+    return sorted(d.glob("*.log"))[:-1]
+
+
+def run_copy(d: Path) -> dict[str, float]:
+    for src in sources(d):
+        dst = src.with_name(src.name + ".copy")
+        with open(src, "rb") as f, open(dst, "wb") as g:
+            while chunk := f.read(8 * 1024 * 1024):
+                g.write(chunk)
+            g.flush()
+            os.fsync(g.fileno())
+    return {}
+
+
+def run_aiokafka(d: Path) -> dict[str, float]:
+    from aiokafka.record.default_records import DefaultRecordBatchBuilder
+    from aiokafka.record.memory_records import MemoryRecords
+
+    latest: dict[bytes, tuple[int, int, bytes | None]] = {}
+    codec = 0
+    for src in sources(d):
+        records = MemoryRecords(src.read_bytes())
+        while records.has_next():
+            batch = records.next_batch()
+            codec = batch.compression_type
+            for r in batch:
+                latest[r.key] = (r.offset, r.timestamp, r.value)
+    survivors = sorted((o, ts, k, v) for k, (o, ts, v) in latest.items())
+    with open(d / "aiokafka.log", "wb") as out:
+        i = 0
+        while i < len(survivors):
+            builder = DefaultRecordBatchBuilder(
+                magic=2,
+                compression_type=codec,
+                is_transactional=False,
+                producer_id=-1,
+                producer_epoch=-1,
+                base_sequence=-1,
+                batch_size=BATCH_BYTES,
+            )
+            base = survivors[i][0]
+            while i < len(survivors):
+                o, ts, k, v = survivors[i]
+                if builder.append(o - base, ts, k, v, []) is None:
+                    break
+                i += 1
+            data = builder.build()
+            data[0:8] = base.to_bytes(8, "big")  # the base offset is not covered by the CRC
+            out.write(data)
+        out.flush()
+        os.fsync(out.fileno())
+    return {}
+
+
+def run_cleanerd(d: Path, offset_map: OffsetMap | None = None) -> dict[str, float]:
+    """One pass; `seconds` is the pass alone (the segment listing comes before it)."""
+    from cleanerd.compaction.cleaner import Cleaner, CleanerConfig
+    from cleanerd.log.files import TopicPartition
+    from cleanerd.log.partition_log import PartitionLog
+
+    meta = PartitionLog.open(d, read_only=True, recover=False).meta()
+    m = OffsetMap(DEDUPE_BYTES) if offset_map is None else offset_map
+    start = time.perf_counter()
+    result = Cleaner(m).clean(
+        log_dir=d.parent,
+        tp=TopicPartition("bench", 0),
+        segments=meta.segments,
+        first_dirty=0,
+        first_uncleanable=meta.active.base_offset,
+        now_ms=1_800_000_000_000,
+        config=CleanerConfig(segment_bytes=2**31 - 1),
+    )
+    return {
+        "seconds": time.perf_counter() - start,
+        "map_bytes_per_key": m.bytes_per_key,
+        "index_s": result.stats.elapsed_index_secs,
+    }
+
+
+METHODS = {"copy": run_copy, "aiokafka": run_aiokafka, "cleanerd": run_cleanerd}
+
+
+def child(method: str, d: Path) -> None:
+    """Run one method on `d` and print its numbers as JSON. cleanerd runs twice, as a
+    daemon would: the first pass in a fresh process (numba kernels loaded from the disk
+    cache by a warm-up, the map's pages faulted in), then a pass on a second copy with
+    the same map ("warm", what each pass of a running daemon costs)."""
+    extra: dict[str, float] = {}
+    if method == "cleanerd":
+        m = OffsetMap(DEDUPE_BYTES)
+        with tempfile.TemporaryDirectory() as tmp:
+            run_cleanerd(generate(Path(tmp), CASES["100B"], 2000, 100), m)
+        second = d.parent.parent / "cleanerd-second" / TOPIC_DIR
+        shutil.copytree(d.parent, second.parent)
+        extra["cold_s"] = run_cleanerd(d, m)["seconds"]
+        out = run_cleanerd(second, m)
+        elapsed = out.pop("seconds")
+        extra.update(out)
+    else:
+        start = time.perf_counter()
+        METHODS[method](d)
+        elapsed = time.perf_counter() - start
+    rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(json.dumps({"seconds": elapsed, "rss_mb": rss_mb, **extra}))
+
+
+def measure(method: str, template: Path, work: Path) -> dict[str, float]:
+    if work.exists():
+        shutil.rmtree(work)
+    shutil.copytree(template, work)
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.clean", "--child", method, str(work / TOPIC_DIR)],
+        capture_output=True,
+        check=True,
+        text=True,
+    )
+    out: dict[str, float] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--records", type=int, default=1_000_000)
+    parser.add_argument("--keys", type=int, default=100_000)
+    parser.add_argument("--cases", default="all", help=f"comma list of {', '.join(CASES)}")
+    parser.add_argument("--child", nargs=2, metavar=("METHOD", "DIR"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        child(args.child[0], Path(args.child[1]))
+        return
+    names = list(CASES) if args.cases == "all" else args.cases.split(",")
+    print(f"{args.records:,} records, {args.keys:,} keys, one pass over all non-active segments")
+    header = f"{'case':<10} {'method':<9} {'MB':>7} {'time s':>7} {'MB/s':>7} {'rec/s':>11} "
+    header += f"{'RSS MB':>7} {'map B/key':>9} {'vs aiokafka':>11} {'vs copy':>8} {'cold s':>7}"
+    print(header)
+    for name in names:
+        case = CASES[name]
+        with tempfile.TemporaryDirectory(dir=os.environ.get("BENCH_DIR")) as tmp:
+            root = Path(tmp)
+            d = generate(root / "template", case, args.records, args.keys)
+            mb = sum(p.stat().st_size for p in sources(d)) / 1e6
+            results = {m: measure(m, root / "template", root / m) for m in METHODS}
+            for method, r in results.items():
+                secs = r["seconds"]
+                per_key = f"{r['map_bytes_per_key']:.0f}" if "map_bytes_per_key" in r else "-"
+                cold = f"{r['cold_s']:>7.2f}" if "cold_s" in r else f"{'-':>7}"
+                print(
+                    f"{name:<10} {method:<9} {mb:>7.1f} {secs:>7.2f} {mb / secs:>7.1f} "
+                    f"{args.records / secs:>11,.0f} {r['rss_mb']:>7.0f} {per_key:>9} "
+                    f"{results['aiokafka']['seconds'] / secs:>10.1f}x "
+                    f"{secs / results['copy']['seconds']:>7.1f}x {cold}"
+                )
+
+
+if __name__ == "__main__":
+    main()

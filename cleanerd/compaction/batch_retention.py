@@ -1,0 +1,217 @@
+"""What the cleaner keeps of one batch, and how it writes what it keeps (Kafka's
+LogCleaner.checkBatchRetention / shouldRetainRecord and MemoryRecords.filterTo).
+
+Batch level, first match wins:
+
+1. the batch is its producer's last record -> RETAIN_EMPTY (keep at least a 61-byte
+   header, so the producer's last sequence survives);
+2. the batch ends just before the round's upper bound (its next offset equals the first
+   uncleanable offset) -> RETAIN_EMPTY, so the offset slot before the uncleanable part
+   (the end of what was cleaned) is never lost, whichever record won (Kafka 3.x rule);
+3. its records may be discarded -> DELETE: aborted data; or a marker the transaction
+   tracker no longer needs whose delete horizon has passed;
+4. otherwise DELETE_EMPTY: keep the retained records, drop the batch if none remain.
+
+Record level (data batches, unless the batch's records are discarded): a record past the
+map's latest offset is kept; a keyless record is dropped and counted as invalid; a keyed
+record is kept iff it is its key's winner (offset strategy: no later offset of the key in
+the map; other strategies: exactly the winning offset, or a key absent from the map) and,
+if a tombstone, its batch has no delete horizon yet or the horizon is still in the future.
+Control records are always kept unless discarded.
+
+Writing: all records kept and no horizon to stamp -> the batch bytes are copied as they
+are. Some kept -> re-encode, stamping `now + delete.retention.ms` as the delete horizon
+when a kept record is a tombstone or the batch is a marker the tracker no longer needs and
+the batch carries no horizon yet. None kept -> an empty header if RETAIN_EMPTY, else
+nothing.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from cleanerd._jit import jit
+
+NO_HORIZON = -1
+LONG_MAX = 2**63 - 1
+
+
+class BatchRetention(enum.IntEnum):
+    """Kafka's RecordFilter.BatchRetention."""
+
+    DELETE = 0
+    DELETE_EMPTY = 1
+    RETAIN_EMPTY = 2
+
+
+class WriteAction(enum.IntEnum):
+    """How one source batch appears in the cleaned segment."""
+
+    SKIP = 0
+    COPY = 1
+    REENCODE = 2
+    EMPTY_HEADER = 3
+
+
+@dataclass(frozen=True, slots=True)
+class BatchDecision:
+    """The batch-level outcome: retention, whether its records all go regardless of keys,
+    and whether it is a marker the transaction tracker no longer needs."""
+
+    retention: BatchRetention
+    discard_records: bool
+    marker_for_empty_txn: bool
+
+
+@dataclass(frozen=True, slots=True)
+class BatchDecisions:
+    """The batch-level outcomes of a segment's batches, as columns."""
+
+    retention: npt.NDArray[np.int8]
+    discard_records: npt.NDArray[np.bool_]
+    marker_for_empty_txn: npt.NDArray[np.bool_]
+
+    @classmethod
+    def plain(cls, next_offsets: npt.NDArray[np.int64], upper_bound_offset: int) -> BatchDecisions:
+        """The outcome of batches without producer, transaction or control flag: rule 2
+        or DELETE_EMPTY (what `check_batch_retention` gives them)."""
+        retention = np.where(
+            next_offsets == upper_bound_offset,
+            BatchRetention.RETAIN_EMPTY,
+            BatchRetention.DELETE_EMPTY,
+        ).astype(np.int8)
+        n = next_offsets.shape[0]
+        return cls(retention, np.zeros(n, np.bool_), np.zeros(n, np.bool_))
+
+    def set(self, i: int, d: BatchDecision) -> None:
+        """Store the outcome of batch `i`."""
+        self.retention[i] = d.retention
+        self.discard_records[i] = d.discard_records
+        self.marker_for_empty_txn[i] = d.marker_for_empty_txn
+
+
+def check_batch_retention(
+    *,
+    is_control: bool,
+    is_last_of_producer: bool,
+    next_offset: int,
+    upper_bound_offset: int,
+    discardable: bool,
+    delete_horizon_ms: int,
+    now_ms: int,
+) -> BatchDecision:
+    """Rules 1-4 of the module docstring; `discardable` is the tracker's verdict and
+    `delete_horizon_ms` the batch's horizon or NO_HORIZON."""
+    if is_control:
+        discard = discardable and delete_horizon_ms != NO_HORIZON and delete_horizon_ms <= now_ms
+    else:
+        discard = discardable
+    if is_last_of_producer or next_offset == upper_bound_offset:
+        retention = BatchRetention.RETAIN_EMPTY
+    elif discard:
+        retention = BatchRetention.DELETE
+    else:
+        retention = BatchRetention.DELETE_EMPTY
+    return BatchDecision(retention, discard, is_control and discardable)
+
+
+def plan_batch_writes(
+    decisions: BatchDecisions,
+    *,
+    kept: npt.NDArray[np.int64],
+    total: npt.NDArray[np.int64],
+    kept_tombstone: npt.NDArray[np.bool_],
+    delete_horizon_ms: npt.NDArray[np.int64],
+    now_ms: int,
+    delete_retention_ms: int,
+) -> tuple[npt.NDArray[np.int8], npt.NDArray[np.int64]]:
+    """Per v2 batch, of which `kept` of `total` records survive: the WriteAction and the
+    delete horizon to encode (the batch's own, or a new one when it needs one)."""
+    retention = decisions.retention
+    need_horizon = (kept_tombstone | decisions.marker_for_empty_txn) & (
+        delete_horizon_ms == NO_HORIZON
+    )
+    action = np.full(kept.shape, WriteAction.REENCODE, dtype=np.int8)
+    action[(kept == total) & ~need_horizon] = WriteAction.COPY
+    action[kept == 0] = WriteAction.SKIP
+    action[(kept == 0) & (retention == BatchRetention.RETAIN_EMPTY)] = WriteAction.EMPTY_HEADER
+    action[retention == BatchRetention.DELETE] = WriteAction.SKIP
+    # Java's long arithmetic would wrap here; a horizon past the end of time is "never".
+    fresh = min(now_ms + delete_retention_ms, LONG_MAX)
+    horizon = np.where(need_horizon, fresh, delete_horizon_ms).astype(np.int64)
+    return action, horizon
+
+
+@jit
+def _keep_records(
+    rec_batch: npt.NDArray[np.int64],
+    rec_offset: npt.NDArray[np.int64],
+    rec_has_key: npt.NDArray[np.bool_],
+    rec_has_value: npt.NDArray[np.bool_],
+    rec_found: npt.NDArray[np.int64],
+    batch_discard: npt.NDArray[np.bool_],
+    batch_is_control: npt.NDArray[np.bool_],
+    batch_retain_deletes: npt.NDArray[np.bool_],
+    map_latest_offset: int,
+    exact_winner: bool,
+    keep: npt.NDArray[np.bool_],
+) -> int:
+    invalid = 0
+    for i in range(rec_offset.shape[0]):
+        b = rec_batch[i]
+        if batch_discard[b]:
+            keep[i] = False
+        elif batch_is_control[b] or rec_offset[i] > map_latest_offset:
+            keep[i] = True
+        elif not rec_has_key[i]:
+            keep[i] = False
+            invalid += 1
+        else:
+            found = rec_found[i]
+            if exact_winner and found >= 0:
+                winner = rec_offset[i] == found
+            else:
+                winner = rec_offset[i] >= found
+            keep[i] = winner and (rec_has_value[i] or batch_retain_deletes[b])
+    return invalid
+
+
+def keep_records(
+    *,
+    rec_batch: npt.NDArray[np.int64],
+    rec_offset: npt.NDArray[np.int64],
+    rec_has_key: npt.NDArray[np.bool_],
+    rec_has_value: npt.NDArray[np.bool_],
+    rec_found: npt.NDArray[np.int64],
+    batch_discard: npt.NDArray[np.bool_],
+    batch_is_control: npt.NDArray[np.bool_],
+    batch_retain_deletes: npt.NDArray[np.bool_],
+    map_latest_offset: int,
+    exact_winner: bool,
+) -> tuple[npt.NDArray[np.bool_], int]:
+    """The record-level rule over one segment's records: (keep mask, invalid count).
+
+    `rec_batch` maps each record to its batch's row in the per-batch arrays; `rec_found`
+    is the map's offset for the record's key (-1 if absent or keyless);
+    `batch_retain_deletes` is whether the batch's tombstones are still within their
+    horizon. `exact_winner` selects the non-offset strategies' rule.
+    """
+    keep = np.empty(rec_offset.shape[0], dtype=np.bool_)
+    invalid = _keep_records(
+        rec_batch,
+        rec_offset,
+        rec_has_key,
+        rec_has_value,
+        rec_found,
+        batch_discard,
+        batch_is_control,
+        batch_retain_deletes,
+        map_latest_offset,
+        exact_winner,
+        keep,
+    )
+    return keep, int(invalid)

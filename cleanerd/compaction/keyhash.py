@@ -1,0 +1,171 @@
+"""The 128-bit key hash that identifies a record key in the offset map.
+
+Kafka's SkimpyOffsetMap keys its slots by the 16-byte MD5 of the record key and compares
+keys by hash only. cleanerd does the same with MurmurHash3 x64_128 (seed 0), written here
+from Austin Appleby's published description: the key is read as little-endian 64-bit
+words in 16-byte blocks, each block mixed into two 64-bit lanes (h1, h2), the 1-15 tail
+bytes mixed in the same way with zero padding, then the length is folded in and both
+lanes pass through the 64-bit finaliser ``fmix64``. A hash is the pair ``(h1, h2)``, which
+the offset map stores as ``(hash_hi, hash_lo)``. For keys not chosen to collide, n
+distinct keys of one cleaning round collide with probability about n^2 / 2^129, as with
+Kafka's MD5, at a fraction of MD5's cost. Murmur3 is not cryptographic: a producer that
+chooses keys can craft two with one hash (seed-independent Murmur3 collisions are
+published; MD5 collisions can be crafted too), and compaction would then treat one key's
+record as superseding the other's. Kafka carries the same exposure.
+
+The all-zero pair is the offset map's empty-slot marker, and the empty key with seed 0
+hashes to exactly that (every lane starts at the seed and no input bit is mixed in). Such a
+result is replaced by ``ZERO_KEY_HASH`` = (0, 1). The replacement merges the empty key
+with any key whose true hash is (0, 1), a 2^-128 event per key, the same order as any
+other collision.
+
+Null keys (length -1) have no hash: keyless records never enter the map, so the caller
+filters them out; a negative length here is a caller bug and is refused.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+
+from cleanerd._jit import jit
+
+ZERO_KEY_HASH: Final = (0, 1)
+"""What a key whose Murmur3 hash is all zero (the empty key) hashes to instead."""
+
+_C1: Final = np.uint64(0x87C37B91114253D5)
+_C2: Final = np.uint64(0x4CF5AD432745937F)
+_FMIX1: Final = np.uint64(0xFF51AFD7ED558CCD)
+_FMIX2: Final = np.uint64(0xC4CEB9FE1A85EC53)
+_ADD1: Final = np.uint64(0x52DCE729)
+_ADD2: Final = np.uint64(0x38495AB5)
+_FIVE: Final = np.uint64(5)
+_MAX_LEN: Final = 2**31 - 1  # a Kafka record key length is an int32
+
+
+@jit
+def _rotl(x: np.uint64, r: int) -> np.uint64:
+    return (x << np.uint64(r)) | (x >> np.uint64(64 - r))
+
+
+@jit
+def _fmix64(k: np.uint64) -> np.uint64:
+    k ^= k >> np.uint64(33)
+    k *= _FMIX1
+    k ^= k >> np.uint64(33)
+    k *= _FMIX2
+    k ^= k >> np.uint64(33)
+    return k
+
+
+@jit
+def _word_le(buf: NDArray[np.uint8], pos: int, count: int) -> np.uint64:
+    """The `count` (0-8) bytes at `pos` as a little-endian integer, zero padded."""
+    w = np.uint64(0)
+    for i in range(count - 1, -1, -1):
+        w = (w << np.uint64(8)) | np.uint64(buf[pos + i])
+    return w
+
+
+@jit
+def _mix_k1(k1: np.uint64) -> np.uint64:
+    k1 *= _C1
+    k1 = _rotl(k1, 31)
+    k1 *= _C2
+    return k1
+
+
+@jit
+def _mix_k2(k2: np.uint64) -> np.uint64:
+    k2 *= _C2
+    k2 = _rotl(k2, 33)
+    k2 *= _C1
+    return k2
+
+
+@jit
+def murmur3_x64_128(
+    buf: NDArray[np.uint8], pos: int, length: int, seed: int
+) -> tuple[np.uint64, np.uint64]:
+    """MurmurHash3 x64_128 of ``buf[pos:pos+length]``: the lanes (h1, h2), unmodified."""
+    h1 = np.uint64(seed)
+    h2 = np.uint64(seed)
+    nblocks = length // 16
+    for b in range(nblocks):
+        p = pos + 16 * b
+        h1 ^= _mix_k1(_word_le(buf, p, 8))
+        h1 = _rotl(h1, 27)
+        h1 += h2
+        h1 = h1 * _FIVE + _ADD1
+        h2 ^= _mix_k2(_word_le(buf, p + 8, 8))
+        h2 = _rotl(h2, 31)
+        h2 += h1
+        h2 = h2 * _FIVE + _ADD2
+    tail = pos + 16 * nblocks
+    rest = length - 16 * nblocks
+    if rest > 8:
+        h2 ^= _mix_k2(_word_le(buf, tail + 8, rest - 8))
+    if rest > 0:
+        h1 ^= _mix_k1(_word_le(buf, tail, min(rest, 8)))
+    h1 ^= np.uint64(length)
+    h2 ^= np.uint64(length)
+    h1 += h2
+    h2 += h1
+    h1 = _fmix64(h1)
+    h2 = _fmix64(h2)
+    h1 += h2
+    h2 += h1
+    return h1, h2
+
+
+@jit
+def _hash_keys_kernel(
+    buf: NDArray[np.uint8], key_pos: NDArray[np.int64], key_len: NDArray[np.int64]
+) -> NDArray[np.uint64]:
+    n = key_pos.shape[0]
+    out = np.empty((n, 2), dtype=np.uint64)
+    for i in range(n):
+        h1, h2 = murmur3_x64_128(buf, key_pos[i], key_len[i], 0)
+        if h1 == 0 and h2 == 0:
+            h2 = np.uint64(1)
+        out[i, 0] = h1
+        out[i, 1] = h2
+    return out
+
+
+def hash_keys(
+    buf: ArrayLike,
+    key_pos: ArrayLike,
+    key_len: ArrayLike,
+) -> NDArray[np.uint64]:
+    """Hash the keys ``buf[key_pos[i] : key_pos[i] + key_len[i]]``.
+
+    Returns an (n, 2) uint64 array of (hash_hi, hash_lo) rows, never all zero. Raises
+    ValueError if a key is null (negative length) or lies outside `buf`.
+    """
+    data = np.ascontiguousarray(buf, dtype=np.uint8).reshape(-1)
+    pos = np.ascontiguousarray(key_pos, dtype=np.int64).reshape(-1)
+    lens = np.ascontiguousarray(key_len, dtype=np.int64).reshape(-1)
+    if pos.shape != lens.shape:
+        raise ValueError(f"key_pos has {pos.size} entries but key_len has {lens.size}")
+    _check_spans(data.size, pos, lens)
+    return _hash_keys_kernel(data, pos, lens)
+
+
+def _check_spans(size: int, pos: NDArray[np.int64], lens: NDArray[np.int64]) -> None:
+    bad = (lens < 0) | (lens > _MAX_LEN) | (pos < 0) | (pos > size - lens)
+    if bad.any():
+        i = int(np.argmax(bad))
+        raise ValueError(
+            f"key {i} at position {int(pos[i])} with length {int(lens[i])} is null or "
+            f"outside the {size}-byte buffer"
+        )
+
+
+def hash_key(key: bytes) -> tuple[int, int]:
+    """The (hash_hi, hash_lo) of one key, equal to its row in `hash_keys`."""
+    data = np.frombuffer(key, dtype=np.uint8)
+    row = hash_keys(data, np.zeros(1, np.int64), np.array([len(key)], np.int64))[0]
+    return int(row[0]), int(row[1])

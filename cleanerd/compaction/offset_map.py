@@ -1,0 +1,404 @@
+"""OffsetMap: key hash -> (offset, version) in a fixed memory budget, like Kafka's
+SkimpyOffsetMap.
+
+Layout: one numpy structured array of ``slots = memory_bytes // entry_bytes`` entries::
+
+    hash_hi  uint64   first lane of the key's 128-bit hash (keyhash.py)
+    hash_lo  uint64   second lane
+    offset   int64    the winning record's offset; top bit = "has a version"
+    version  int64    the winning record's version (timestamp/header strategies only)
+
+The offset strategy uses 24 bytes per entry (Kafka's MD5 + offset), the timestamp and
+header strategies 32. Offsets are non-negative, so the sign bit of the stored offset is
+free to say whether the record had a version: the version column costs 8 bytes, the flag
+nothing. A slot is empty when both hash lanes are zero; `keyhash` never produces that
+pair, and the map refuses it as input. Keys are compared by hash only.
+
+Probing is linear: a key's home slot is ``hash_hi mod slots`` and the search walks
+forward, wrapping, to the key's entry or the first empty slot. Linear probing touches
+neighbouring entries, so the extra probes of a 0.9 load are mostly in cache lines
+already fetched. Entries are never removed (only `clear`), so a search may stop at the
+first empty slot. At most ``max_keys = floor(slots * load_factor)`` keys are held; a map
+with ``slots * load_factor <= 1`` is refused, as Kafka refuses to start such a cleaner.
+
+Building the map follows Kafka: records of the dirty range go to `put_many` in offset
+order, and **before every put**, also one for a key already present, the map is full if
+``size >= max_keys``; the put stops there and reports how many records it took, so the
+round ends at the last record put (`latest_offset`). The offset strategy overwrites (the
+newest offset wins). The timestamp and header strategies keep the record that beats the
+stored one: a record with a version beats one without; a higher version beats a lower;
+equal versions, or neither with a version, go to the higher offset.
+
+With those strategies an older record can beat a newer one, and so a record of the
+*clean* section (before the dirty range, not mapped) can beat the dirty winner of its
+key. Before copying, the cleaner therefore feeds the clean section's keyed records to
+`update_existing_many`, which replaces an entry when the clean record beats it but never
+inserts a key, so the map does not grow and `latest_offset` is unchanged. Then every
+keyed record below `latest_offset` survives iff `keep_mask` says so: the offset strategy
+keeps a record whose offset is >= its key's entry (Kafka); the version strategies keep
+only the winner itself (offset equal to the entry). Keys not in the map are kept.
+
+Kernels are numba-compiled and release the GIL; a map is not safe for concurrent
+mutation (Kafka gives each cleaner thread its own map).
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+
+from cleanerd._jit import jit
+from cleanerd.compaction.strategy import CompactionStrategy
+
+OFFSET_ENTRY: Final = np.dtype([("hash_hi", "<u8"), ("hash_lo", "<u8"), ("offset", "<i8")])
+VERSIONED_ENTRY: Final = np.dtype(
+    [("hash_hi", "<u8"), ("hash_lo", "<u8"), ("offset", "<i8"), ("version", "<i8")]
+)
+assert OFFSET_ENTRY.itemsize == 24
+assert VERSIONED_ENTRY.itemsize == 32
+
+MAX_MEMORY_PER_THREAD: Final = 2**31 - 1  # Kafka sizes the map buffer with an Int
+_HAS_VERSION: Final = np.int64(-(2**63))  # the sign bit of a stored offset
+_OFFSET_BITS: Final = np.int64(2**63 - 1)
+_EMPTY: Final = np.uint64(0)
+_NO_VERSIONS: Final = np.zeros(0, dtype=np.int64)  # passed for the offset strategy
+_NO_FLAGS: Final = np.zeros(0, dtype=np.bool_)
+
+
+@jit
+def _probe(hi: NDArray[np.uint64], lo: NDArray[np.uint64], qh: np.uint64, ql: np.uint64) -> int:
+    """The slot holding the key (qh, ql), else the first empty slot on its path, else -1."""
+    slots = hi.shape[0]
+    slot = int(np.int64(qh % np.uint64(slots)))  # int64, so slot + 1 stays an integer
+    for _ in range(slots):
+        h = hi[slot]
+        lw = lo[slot]
+        if (h == qh and lw == ql) or (h == _EMPTY and lw == _EMPTY):
+            return slot
+        slot += 1
+        if slot == slots:
+            slot = 0
+    return -1
+
+
+@jit
+def _is_empty(hi: NDArray[np.uint64], lo: NDArray[np.uint64], slot: int) -> bool:
+    return bool(hi[slot] == _EMPTY and lo[slot] == _EMPTY)
+
+
+@jit
+def _beats(offset: int, version: int, has: bool, stored: int, stored_version: int) -> bool:
+    """Whether a record (offset, version, has) beats the entry whose encoded offset is
+    `stored`: KIP-280's order (version presence, then version, then offset)."""
+    stored_has = stored < 0
+    if has != stored_has:
+        return has
+    if has and version != stored_version:
+        return version > stored_version
+    return bool(offset > (stored & _OFFSET_BITS))
+
+
+@jit
+def _encode(offset: int, has: bool) -> np.int64:
+    return np.int64(offset | _HAS_VERSION) if has else np.int64(offset)
+
+
+@jit
+def _put_kernel(
+    hi: NDArray[np.uint64],
+    lo: NDArray[np.uint64],
+    off: NDArray[np.int64],
+    ver: NDArray[np.int64],
+    versioned: bool,
+    size: int,
+    max_keys: int,
+    hashes: NDArray[np.uint64],
+    offsets: NDArray[np.int64],
+    versions: NDArray[np.int64],
+    has_version: NDArray[np.bool_],
+) -> tuple[int, int]:
+    """Put records in order until the map is full; returns (records put, new size)."""
+    n = hashes.shape[0]
+    for j in range(n):
+        if size >= max_keys:
+            return j, size
+        slot = _probe(hi, lo, hashes[j, 0], hashes[j, 1])
+        has = versioned and has_version[j]
+        version = versions[j] if versioned else 0
+        if _is_empty(hi, lo, slot):
+            hi[slot] = hashes[j, 0]
+            lo[slot] = hashes[j, 1]
+            size += 1
+        elif versioned and not _beats(offsets[j], version, has, off[slot], ver[slot]):
+            continue
+        off[slot] = _encode(offsets[j], has)
+        if versioned:
+            ver[slot] = version
+    return n, size
+
+
+@jit
+def _update_existing_kernel(
+    hi: NDArray[np.uint64],
+    lo: NDArray[np.uint64],
+    off: NDArray[np.int64],
+    ver: NDArray[np.int64],
+    versioned: bool,
+    hashes: NDArray[np.uint64],
+    offsets: NDArray[np.int64],
+    versions: NDArray[np.int64],
+    has_version: NDArray[np.bool_],
+) -> int:
+    """Replace entries of keys already present that the records beat; returns how many."""
+    replaced = 0
+    for j in range(hashes.shape[0]):
+        slot = _probe(hi, lo, hashes[j, 0], hashes[j, 1])
+        if slot < 0 or _is_empty(hi, lo, slot):
+            continue
+        has = versioned and has_version[j]
+        version = versions[j] if versioned else 0
+        if _beats(offsets[j], version, has, off[slot], ver[slot] if versioned else 0):
+            off[slot] = _encode(offsets[j], has)
+            if versioned:
+                ver[slot] = version
+            replaced += 1
+    return replaced
+
+
+@jit
+def _get_kernel(
+    hi: NDArray[np.uint64],
+    lo: NDArray[np.uint64],
+    off: NDArray[np.int64],
+    ver: NDArray[np.int64],
+    versioned: bool,
+    hashes: NDArray[np.uint64],
+) -> tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.bool_]]:
+    n = hashes.shape[0]
+    offsets = np.full(n, -1, dtype=np.int64)
+    versions = np.zeros(n, dtype=np.int64)
+    has = np.zeros(n, dtype=np.bool_)
+    for j in range(n):
+        slot = _probe(hi, lo, hashes[j, 0], hashes[j, 1])
+        if slot < 0 or _is_empty(hi, lo, slot):
+            continue
+        stored = off[slot]
+        offsets[j] = stored & _OFFSET_BITS
+        if versioned and stored < 0:
+            has[j] = True
+            versions[j] = ver[slot]
+    return offsets, versions, has
+
+
+@jit
+def _keep_kernel(
+    hi: NDArray[np.uint64],
+    lo: NDArray[np.uint64],
+    off: NDArray[np.int64],
+    versioned: bool,
+    hashes: NDArray[np.uint64],
+    offsets: NDArray[np.int64],
+) -> NDArray[np.bool_]:
+    n = hashes.shape[0]
+    keep = np.ones(n, dtype=np.bool_)
+    for j in range(n):
+        slot = _probe(hi, lo, hashes[j, 0], hashes[j, 1])
+        if slot < 0 or _is_empty(hi, lo, slot):
+            continue
+        found = off[slot] & _OFFSET_BITS
+        keep[j] = offsets[j] == found if versioned else offsets[j] >= found
+    return keep
+
+
+def memory_per_thread(dedupe_buffer_size: int, threads: int) -> int:
+    """Kafka's split of log.cleaner.dedupe.buffer.size: each cleaner thread gets
+    ``min(dedupe_buffer_size / threads, 2^31 - 1)`` bytes."""
+    if threads < 1:
+        raise ValueError(f"log.cleaner.threads must be >= 1, got {threads}")
+    return min(dedupe_buffer_size // threads, MAX_MEMORY_PER_THREAD)
+
+
+class OffsetMap:
+    """A fixed-size map from key hash to the winning record's offset (and version).
+
+    Args:
+        memory_bytes: the buffer for the entries; ``slots = memory_bytes // entry_bytes``.
+        load_factor: the share of slots that may fill, in (0, 1].
+        strategy: the compaction strategy; timestamp and header add a version column.
+    """
+
+    def __init__(
+        self,
+        memory_bytes: int,
+        *,
+        load_factor: float = 0.9,
+        strategy: CompactionStrategy = CompactionStrategy.OFFSET,
+    ) -> None:
+        if not 0.0 < load_factor <= 1.0:
+            raise ValueError(f"load factor {load_factor} is not in (0, 1]")
+        self.strategy = strategy
+        self.versioned = strategy is not CompactionStrategy.OFFSET
+        dtype = VERSIONED_ENTRY if self.versioned else OFFSET_ENTRY
+        self.slots = max(memory_bytes, 0) // dtype.itemsize
+        if self.slots * load_factor <= 1:
+            raise ValueError(
+                f"offset map of {memory_bytes} bytes ({self.slots} slots of "
+                f"{dtype.itemsize} bytes at load factor {load_factor}) is too small to fit "
+                "even a single key, so log cleaning would never make progress; increase "
+                "log.cleaner.dedupe.buffer.size or decrease log.cleaner.threads"
+            )
+        self.load_factor = load_factor
+        self.max_keys = int(self.slots * load_factor)
+        self._table = np.zeros(self.slots, dtype=dtype)
+        self._size = 0
+        self._latest_offset = -1
+
+    @classmethod
+    def for_config(
+        cls,
+        dedupe_buffer_size: int,
+        threads: int,
+        load_factor: float,
+        strategy: CompactionStrategy,
+    ) -> OffsetMap:
+        """One cleaner thread's map, of `memory_per_thread` bytes."""
+        memory = memory_per_thread(dedupe_buffer_size, threads)
+        return cls(memory, load_factor=load_factor, strategy=strategy)
+
+    @property
+    def entry_bytes(self) -> int:
+        """Bytes per slot: 24 for the offset strategy, 32 with versions."""
+        return int(self._table.dtype.itemsize)
+
+    @property
+    def bytes_per_key(self) -> int:
+        """Map memory per key held, as Kafka counts it (the entry size); for metrics and
+        the bench's 24-byte target."""
+        return self.entry_bytes
+
+    @property
+    def memory_bytes(self) -> int:
+        """Bytes the entries occupy."""
+        return int(self._table.nbytes)
+
+    @property
+    def size(self) -> int:
+        """Keys held."""
+        return self._size
+
+    @property
+    def latest_offset(self) -> int:
+        """The offset up to which the map covers the log, -1 when nothing was put."""
+        return self._latest_offset
+
+    @property
+    def utilization(self) -> float:
+        """size / slots (Kafka's buffer utilisation; at most the load factor)."""
+        return self._size / self.slots
+
+    def update_latest_offset(self, offset: int) -> None:
+        """Move `latest_offset` past records that were read but not put (a batch's or a
+        segment's end, so offset gaps count as covered), as Kafka's map builder does."""
+        self._latest_offset = offset
+
+    def clear(self) -> None:
+        """Empty the map for the next round."""
+        if self._size:  # entries are only ever added by a put, so an empty map is all zero
+            self._table.view(np.uint8)[:] = 0
+        self._size = 0
+        self._latest_offset = -1
+
+    def put_many(
+        self,
+        hashes: ArrayLike,
+        offsets: ArrayLike,
+        versions: ArrayLike | None = None,
+        has_version: ArrayLike | None = None,
+    ) -> int:
+        """Put records in offset order, stopping before the first one that finds the map
+        full; return how many were put. `versions` and `has_version` (for version
+        strategies) default to "no version" and "every record has one" respectively."""
+        h, o = _records(hashes, offsets)
+        v, has = self._versions(o.size, versions, has_version)
+        count, self._size = _put_kernel(
+            *self._columns(), self.versioned, self._size, self.max_keys, h, o, v, has
+        )
+        if count:
+            self._latest_offset = int(o[count - 1])
+        return int(count)
+
+    def update_existing_many(
+        self,
+        hashes: ArrayLike,
+        offsets: ArrayLike,
+        versions: ArrayLike | None = None,
+        has_version: ArrayLike | None = None,
+    ) -> int:
+        """For records of the clean section: replace the entry of each key already in the
+        map when the record beats it; never insert. Return how many entries changed."""
+        h, o = _records(hashes, offsets)
+        v, has = self._versions(o.size, versions, has_version)
+        return int(_update_existing_kernel(*self._columns(), self.versioned, h, o, v, has))
+
+    def get_many(
+        self, hashes: ArrayLike
+    ) -> tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.bool_]]:
+        """(offsets, versions, has_version) of each key's entry; offset -1 when absent."""
+        return _get_kernel(*self._columns(), self.versioned, _hashes(hashes))
+
+    def keep_mask(self, hashes: ArrayLike, offsets: ArrayLike) -> NDArray[np.bool_]:
+        """Whether each keyed data record at or below `latest_offset` survives: keys not
+        in the map survive; the offset strategy keeps offsets >= the entry's, the version
+        strategies keep only the entry's own record."""
+        h, o = _records(hashes, offsets)
+        hi, lo, off, _ = self._columns()
+        return _keep_kernel(hi, lo, off, self.versioned, h, o)
+
+    def _columns(
+        self,
+    ) -> tuple[NDArray[np.uint64], NDArray[np.uint64], NDArray[np.int64], NDArray[np.int64]]:
+        t = self._table
+        # Without a version column the kernels never touch `ver`; passing the offset column
+        # in its place keeps one compiled specialisation for both entry layouts.
+        ver = t["version"] if self.versioned else t["offset"]
+        return t["hash_hi"], t["hash_lo"], t["offset"], ver
+
+    def _versions(
+        self,
+        n: int,
+        versions: ArrayLike | None,
+        has_version: ArrayLike | None,
+    ) -> tuple[NDArray[np.int64], NDArray[np.bool_]]:
+        if not self.versioned:
+            return _NO_VERSIONS, _NO_FLAGS
+        v = np.zeros(n, np.int64) if versions is None else np.ascontiguousarray(versions, np.int64)
+        if has_version is None:
+            has = np.full(n, versions is not None, dtype=np.bool_)
+        else:
+            has = np.ascontiguousarray(has_version, dtype=np.bool_)
+        if v.shape != (n,) or has.shape != (n,):
+            raise ValueError(f"versions and has_version must hold {n} entries")
+        return v, has
+
+
+def _hashes(hashes: ArrayLike) -> NDArray[np.uint64]:
+    h = np.ascontiguousarray(hashes, dtype=np.uint64)
+    if h.ndim != 2 or h.shape[1] != 2:
+        raise ValueError(f"hashes must have shape (n, 2), got {h.shape}")
+    empty = (h[:, 0] == 0) & (h[:, 1] == 0)
+    if empty.any():
+        raise ValueError(f"hash {int(np.argmax(empty))} is all zero, the empty-slot marker")
+    return h
+
+
+def _records(hashes: ArrayLike, offsets: ArrayLike) -> tuple[NDArray[np.uint64], NDArray[np.int64]]:
+    """Checked (hashes, offsets) columns of a run of records."""
+    h = _hashes(hashes)
+    o = np.ascontiguousarray(offsets, dtype=np.int64).reshape(-1)
+    if h.shape[0] != o.shape[0]:
+        raise ValueError(f"{h.shape[0]} hashes but {o.shape[0]} offsets")
+    if (o < 0).any():
+        raise ValueError(f"negative offset {int(o[np.argmax(o < 0)])}")
+    return h, o

@@ -1,0 +1,273 @@
+"""KIP-280 compaction strategies: which record of a key survives compaction.
+
+KIP-280 was accepted but never shipped by Apache Kafka; cleanerd implements it as an
+extension and pins this encoding:
+
+- ``compaction.strategy`` is ``offset`` (the default, also when empty: Kafka's rule, the
+  highest offset wins), ``timestamp`` or ``header``.
+- Every strategy but ``offset`` gives a record a *version* (int64) or none, and a record
+  beats another of the same key when: it has a version and the other has none; both have
+  one and its version is higher; or the versions are equal, or neither has one, and its
+  offset is higher.
+- ``timestamp``: the version is the record's timestamp, always present. In a batch with
+  LogAppendTime, every record's timestamp is the batch's maxTimestamp (the stored deltas
+  are ignored, as Kafka's readers do).
+- ``header``: the header key is ``compaction.strategy.header``; when that is unset or
+  blank the strategy falls back to ``offset`` and the resolution carries a warning for
+  the caller to log. In the record's header area (Kafka's record format: per header a
+  zig-zag varint key length, the UTF-8 key bytes, a zig-zag varint value length with -1
+  for null, the value bytes) the *last* header whose key equals the name, byte for byte,
+  counts. Its value is the version if it is exactly 8 bytes, read as a big-endian signed
+  long; a null value or any other length means the record has no version. Earlier
+  occurrences are ignored even when the last one is unusable.
+
+Header areas are checked as they are walked: a varint longer than 5 bytes, a negative key
+length, a value length below -1, or a field running past the record's header area raises
+CorruptRecordError with the byte position in the buffer given.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Final
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+
+from cleanerd._jit import jit
+from cleanerd.errors import ConfigError, CorruptRecordError
+
+STRATEGY_KEY: Final = "compaction.strategy"
+STRATEGY_HEADER_KEY: Final = "compaction.strategy.header"
+
+
+class CompactionStrategy(enum.StrEnum):
+    """The values of ``compaction.strategy``."""
+
+    OFFSET = "offset"
+    TIMESTAMP = "timestamp"
+    HEADER = "header"
+
+
+@dataclass(frozen=True, slots=True)
+class ResolvedStrategy:
+    """The strategy a log is compacted with, after the header fallback.
+
+    `header` is the UTF-8 header key for HEADER, else None; `warning` is set when the
+    configured strategy could not be used as given and says why.
+    """
+
+    strategy: CompactionStrategy
+    header: bytes | None = None
+    warning: str | None = None
+
+    @property
+    def versioned(self) -> bool:
+        """Whether records carry a version (every strategy but offset)."""
+        return self.strategy is not CompactionStrategy.OFFSET
+
+
+def resolve_strategy(name: str, header: str | None) -> ResolvedStrategy:
+    """Resolve the configured ``compaction.strategy`` and ``compaction.strategy.header``.
+
+    An empty name means offset. Raises ConfigError for an unknown name.
+    """
+    if name == "":
+        return ResolvedStrategy(CompactionStrategy.OFFSET)
+    try:
+        strategy = CompactionStrategy(name)
+    except ValueError:
+        choices = ", ".join(s.value for s in CompactionStrategy)
+        raise ConfigError(
+            [f"Invalid value {name!r} for configuration {STRATEGY_KEY}: must be one of {choices}"]
+        ) from None
+    if strategy is not CompactionStrategy.HEADER:
+        return ResolvedStrategy(strategy)
+    if header is None or not header.strip():
+        return ResolvedStrategy(
+            CompactionStrategy.OFFSET,
+            warning=(
+                f"{STRATEGY_KEY}=header but {STRATEGY_HEADER_KEY} is unset or blank; "
+                "compacting with the offset strategy"
+            ),
+        )
+    return ResolvedStrategy(strategy, header=header.encode("utf-8"))
+
+
+def timestamp_versions(
+    timestamps: ArrayLike,
+    batch_max_timestamps: ArrayLike,
+    log_append_time: ArrayLike,
+) -> tuple[NDArray[np.int64], NDArray[np.bool_]]:
+    """Versions for the timestamp strategy, one per record: the record's timestamp, or
+    its batch's maxTimestamp where the batch uses LogAppendTime. All are present."""
+    versions = np.where(log_append_time, batch_max_timestamps, timestamps).astype(np.int64)
+    return versions, np.ones(versions.shape, dtype=np.bool_)
+
+
+_ERR_NONE: Final = 0
+_ERR_COUNT: Final = 1
+_ERR_VARINT_LONG: Final = 2
+_ERR_TRUNCATED: Final = 3
+_ERR_KEY_LEN: Final = 4
+_ERR_VALUE_LEN: Final = 5
+_ERR_AREA: Final = 6
+
+_ERROR_REASONS: Final = {
+    _ERR_COUNT: "negative header count",
+    _ERR_VARINT_LONG: "varint longer than 5 bytes in the header area",
+    _ERR_TRUNCATED: "header field runs past the end of the record's header area",
+    _ERR_KEY_LEN: "negative header key length",
+    _ERR_VALUE_LEN: "header value length below -1",
+    _ERR_AREA: "header area lies outside the buffer",
+}
+
+_VARINT_MAX_BYTES: Final = 5
+_VERSION_BYTES: Final = 8
+
+
+@jit
+def _read_varint(buf: NDArray[np.uint8], pos: int, end: int) -> tuple[int, int, int]:
+    """Decode the zig-zag varint at `pos`: (value, next position, error code)."""
+    raw = 0
+    for i in range(_VARINT_MAX_BYTES):
+        if pos + i >= end:
+            return 0, pos, _ERR_TRUNCATED
+        b = int(np.int64(buf[pos + i]))
+        raw |= (b & 0x7F) << (7 * i)
+        if b < 0x80:
+            raw &= 0xFFFFFFFF  # bits past 32 fall away, as in Kafka's int arithmetic
+            return (raw >> 1) ^ -(raw & 1), pos + i + 1, _ERR_NONE
+    return 0, pos, _ERR_VARINT_LONG
+
+
+@jit
+def _read_long_be(buf: NDArray[np.uint8], pos: int) -> np.int64:
+    v = np.uint64(0)
+    for i in range(_VERSION_BYTES):
+        v = (v << np.uint64(8)) | np.uint64(buf[pos + i])
+    return np.int64(v)
+
+
+@jit
+def _matches(buf: NDArray[np.uint8], pos: int, name: NDArray[np.uint8]) -> bool:
+    # An explicit loop: numba compiles it without the temporary array a slice compare makes.
+    for i in range(name.shape[0]):  # noqa: SIM110
+        if buf[pos + i] != name[i]:
+            return False
+    return True
+
+
+@jit
+def _header_versions_kernel(
+    buf: NDArray[np.uint8],
+    headers_pos: NDArray[np.int64],
+    header_count: NDArray[np.int64],
+    headers_end: NDArray[np.int64],
+    name: NDArray[np.uint8],
+) -> tuple[NDArray[np.int64], NDArray[np.bool_], int, int, int]:
+    """Walk each record's headers; returns (versions, has_version, error code, error
+    position, record index of the error)."""
+    n = headers_pos.shape[0]
+    versions = np.zeros(n, dtype=np.int64)
+    has = np.zeros(n, dtype=np.bool_)
+    name_len = name.shape[0]
+    for r in range(n):
+        pos = headers_pos[r]
+        end = headers_end[r]
+        if pos < 0 or end > buf.shape[0] or pos > end:
+            return versions, has, _ERR_AREA, pos, r
+        if header_count[r] < 0:
+            return versions, has, _ERR_COUNT, pos, r
+        value_pos = -1
+        value_len = -1
+        for _ in range(header_count[r]):
+            key_len, next_pos, err = _read_varint(buf, pos, end)
+            if err != _ERR_NONE:
+                return versions, has, err, pos, r
+            if key_len < 0:
+                return versions, has, _ERR_KEY_LEN, pos, r
+            if key_len > end - next_pos:
+                return versions, has, _ERR_TRUNCATED, next_pos, r
+            key_pos = next_pos
+            pos = next_pos + key_len
+            vlen, next_pos, err = _read_varint(buf, pos, end)
+            if err != _ERR_NONE:
+                return versions, has, err, pos, r
+            if vlen < -1:
+                return versions, has, _ERR_VALUE_LEN, pos, r
+            if vlen > end - next_pos:
+                return versions, has, _ERR_TRUNCATED, next_pos, r
+            if key_len == name_len and _matches(buf, key_pos, name):
+                value_pos = next_pos
+                value_len = vlen
+            pos = next_pos + max(vlen, 0)
+        if value_len == _VERSION_BYTES:
+            versions[r] = _read_long_be(buf, value_pos)
+            has[r] = True
+    return versions, has, _ERR_NONE, 0, 0
+
+
+def header_versions(
+    buf: ArrayLike,
+    headers_pos: ArrayLike,
+    header_count: ArrayLike,
+    name: bytes,
+    headers_end: ArrayLike | None = None,
+) -> tuple[NDArray[np.int64], NDArray[np.bool_]]:
+    """Versions for the header strategy, one per record.
+
+    Record i's headers start at ``headers_pos[i]`` in `buf` (just after the header-count
+    varint), number ``header_count[i]`` and must end by ``headers_end[i]`` (the record's
+    end; the end of `buf` if not given). Returns (versions, has_version); versions are 0
+    where absent. Raises CorruptRecordError (position within `buf`) on malformed headers.
+    """
+    data = np.ascontiguousarray(buf, dtype=np.uint8).reshape(-1)
+    pos = np.ascontiguousarray(headers_pos, dtype=np.int64).reshape(-1)
+    count = np.ascontiguousarray(header_count, dtype=np.int64).reshape(-1)
+    if headers_end is None:
+        end = np.full(pos.shape, data.size, dtype=np.int64)
+    else:
+        end = np.ascontiguousarray(headers_end, dtype=np.int64).reshape(-1)
+    if not pos.shape == count.shape == end.shape:
+        raise ValueError("headers_pos, header_count and headers_end differ in length")
+    versions, has, err, err_pos, record = _header_versions_kernel(
+        data, pos, count, end, np.frombuffer(name, dtype=np.uint8)
+    )
+    if err != _ERR_NONE:
+        raise CorruptRecordError(f"record {record}: {_ERROR_REASONS[err]}", position=err_pos)
+    return versions, has
+
+
+def record_versions(
+    resolved: ResolvedStrategy,
+    *,
+    timestamps: ArrayLike | None = None,
+    batch_max_timestamps: ArrayLike | None = None,
+    log_append_time: ArrayLike | None = None,
+    buf: ArrayLike | None = None,
+    headers_pos: ArrayLike | None = None,
+    header_count: ArrayLike | None = None,
+    headers_end: ArrayLike | None = None,
+) -> tuple[NDArray[np.int64], NDArray[np.bool_]] | None:
+    """The (versions, has_version) columns of a run of records under `resolved`, or None
+    for the offset strategy (which has no versions).
+
+    The timestamp strategy needs `timestamps`, `batch_max_timestamps` and
+    `log_append_time` (per record); the header strategy needs `buf`, `headers_pos` and
+    `header_count` (and takes `headers_end`). Raises ValueError if those are missing.
+    """
+    if resolved.strategy is CompactionStrategy.TIMESTAMP:
+        if timestamps is None or batch_max_timestamps is None or log_append_time is None:
+            raise ValueError(
+                "the timestamp strategy needs timestamps, batch_max_timestamps and log_append_time"
+            )
+        return timestamp_versions(timestamps, batch_max_timestamps, log_append_time)
+    if resolved.strategy is CompactionStrategy.HEADER:
+        if buf is None or headers_pos is None or header_count is None or resolved.header is None:
+            raise ValueError(
+                "the header strategy needs a header name, buf, headers_pos and header_count"
+            )
+        return header_versions(buf, headers_pos, header_count, resolved.header, headers_end)
+    return None

@@ -1,0 +1,207 @@
+"""Installing cleaned segments crash-safely (Kafka's replaceSegments), and the queue of
+old files awaiting deletion.
+
+Every file operation of a pass goes through a `FileOps` object (create, write, fsync,
+close, rename, unlink, directory fsync, mtime), so tests can stop a pass at any single
+operation and check what recovery makes of the leftovers.
+
+The swap of one group, whose cleaned output `<base>.{log,index,timeindex,txnindex}.cleaned`
+is complete and fsynced:
+
+1. rename the output's files `.cleaned` -> `.swap` (the `.log` first), then fsync the dir;
+2. rename every old segment's files to `.deleted`, then fsync the dir;
+3. rename the output's files `.swap` -> final names, then fsync the dir.
+
+Why each prefix recovers (Kafka's LogLoader, `cleanerd.log.recovery`): a crash in step 1
+leaves at least one `.cleaned` file of the output, and recovery deletes every `.swap` at
+or above the lowest `.cleaned` base and every `.cleaned`: the old segments are untouched,
+the pass never happened. After step 1 only `.swap` files remain of the output; recovery
+deletes every non-swap file whose offset lies in [swap base, swap next offset) and every
+`.deleted` file, then renames `.swap` to final names: the pass completed. Old segments
+whose base is at or past the output's next offset (nothing of them survived) are not in
+that range, so step 2 renames them first; a crash during step 2 then leaves only old
+files that recovery removes. Kafka renames in ascending order, which can leave such a
+segment behind after a crash; the order here closes that window except for a crash in
+the middle of those first renames. Step 3's dir fsync makes the final names durable
+before the cleaner checkpoint moves past the cleaned range.
+
+`.deleted` files are unlinked after `file.delete.delay.ms` by a `PendingDeletions` queue
+owned by whoever owns the process lifetime (the daemon, or the one-shot CLI which flushes
+it before it exits); under disk pressure `unlink_all` frees the space at once.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from cleanerd.log.files import (
+    CLEANED_FILE_SUFFIX,
+    DELETED_FILE_SUFFIX,
+    INDEX_FILE_SUFFIX,
+    LOG_FILE_SUFFIX,
+    PRODUCER_SNAPSHOT_FILE_SUFFIX,
+    SWAP_FILE_SUFFIX,
+    TIME_INDEX_FILE_SUFFIX,
+    TXN_INDEX_FILE_SUFFIX,
+    segment_file,
+)
+from cleanerd.log.fsutil import TMP_SUFFIX, fsync_dir, safe_unlink
+
+SEGMENT_KINDS = (LOG_FILE_SUFFIX, INDEX_FILE_SUFFIX, TIME_INDEX_FILE_SUFFIX, TXN_INDEX_FILE_SUFFIX)
+
+
+class FileOps:
+    """The real file operations of a pass; tests substitute a counting subclass."""
+
+    def create(self, path: Path) -> int:
+        """Open `path` for writing, truncating it; returns a descriptor."""
+        return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+
+    def write(self, fd: int, data: bytes | bytearray | memoryview) -> None:
+        """Write all of `data` (a short write is continued)."""
+        view = memoryview(data)
+        while view:
+            n = os.write(fd, view)
+            view = view[n:]
+
+    def fsync(self, fd: int) -> None:
+        """Make the file's data durable."""
+        os.fsync(fd)
+
+    def close(self, fd: int) -> None:
+        """Close the descriptor."""
+        os.close(fd)
+
+    def rename(self, src: Path, dst: Path) -> None:
+        """Rename `src` over `dst`."""
+        src.replace(dst)
+
+    def unlink(self, path: Path) -> None:
+        """Remove `path`, freeing space even on a full disk."""
+        safe_unlink(path)
+
+    def fsync_dir(self, path: Path) -> None:
+        """Make renames and unlinks in the directory durable."""
+        fsync_dir(path)
+
+    def set_mtime(self, path: Path, mtime_ns: int) -> None:
+        """Set the file's modification (and access) time."""
+        os.utime(path, ns=(mtime_ns, mtime_ns))
+
+    def write_file(self, path: Path, data: bytes) -> None:
+        """Create `path` with `data`, fsynced."""
+        fd = self.create(path)
+        try:
+            if data:
+                self.write(fd, data)
+            self.fsync(fd)
+        finally:
+            self.close(fd)
+
+    def atomic_write(self, path: Path, data: bytes) -> None:
+        """Replace `path` by `data`: `<path>.tmp`, fsync, rename, fsync the dir."""
+        tmp = path.with_name(path.name + TMP_SUFFIX)
+        self.write_file(tmp, data)
+        self.rename(tmp, path)
+        self.fsync_dir(path.parent)
+
+
+def cleaned_files(dir_path: Path, base_offset: int) -> list[Path]:
+    """The four `.cleaned` files of an output segment."""
+    return [segment_file(dir_path, base_offset, k, CLEANED_FILE_SUFFIX) for k in SEGMENT_KINDS]
+
+
+def remove_cleaned(dir_path: Path, base_offset: int, ops: FileOps) -> None:
+    """Delete whatever `.cleaned` files of the output at `base_offset` exist."""
+    for path in cleaned_files(dir_path, base_offset):
+        if path.exists():
+            ops.unlink(path)
+
+
+def _existing_files(dir_path: Path, base_offset: int, *, with_snapshot: bool) -> list[Path]:
+    kinds = SEGMENT_KINDS + ((PRODUCER_SNAPSHOT_FILE_SUFFIX,) if with_snapshot else ())
+    return [p for k in kinds if (p := segment_file(dir_path, base_offset, k)).exists()]
+
+
+def _add_suffix(path: Path, suffix: str) -> Path:
+    return path.with_name(path.name + suffix)
+
+
+def replace_segments(
+    dir_path: Path,
+    *,
+    new_base: int,
+    new_next_offset: int,
+    old_bases: Sequence[int],
+    ops: FileOps,
+) -> list[Path]:
+    """Install the cleaned segment at `new_base` in place of the segments `old_bases`
+    (ascending); returns the `.deleted` files to unlink later. See the module docstring.
+    """
+    for path in cleaned_files(dir_path, new_base):
+        if path.exists():
+            ops.rename(path, _add_suffix(path.with_suffix(""), SWAP_FILE_SUFFIX))
+    ops.fsync_dir(dir_path)
+
+    uncovered = [b for b in old_bases if b >= new_next_offset and b != new_base]
+    covered = [b for b in old_bases if b not in uncovered]
+    deleted: list[Path] = []
+    for base in [*reversed(uncovered), *covered]:
+        for path in _existing_files(dir_path, base, with_snapshot=base != new_base):
+            target = _add_suffix(path, DELETED_FILE_SUFFIX)
+            ops.rename(path, target)
+            deleted.append(target)
+    ops.fsync_dir(dir_path)
+
+    for kind in SEGMENT_KINDS:
+        swap = segment_file(dir_path, new_base, kind, SWAP_FILE_SUFFIX)
+        if swap.exists():
+            ops.rename(swap, segment_file(dir_path, new_base, kind))
+    ops.fsync_dir(dir_path)
+    return deleted
+
+
+@dataclass(order=True, frozen=True, slots=True)
+class _Pending:
+    due_ms: int
+    path: Path = field(compare=False)
+
+
+@dataclass(slots=True)
+class PendingDeletions:
+    """`.deleted` files and the time each may be unlinked (`file.delete.delay.ms`)."""
+
+    ops: FileOps = field(default_factory=FileOps)
+    _queue: list[_Pending] = field(default_factory=list)
+
+    def schedule(self, paths: Sequence[Path], *, now_ms: int, delay_ms: int) -> None:
+        """Unlink `paths` at or after `now_ms + delay_ms`."""
+        self._queue.extend(_Pending(now_ms + delay_ms, p) for p in paths)
+        self._queue.sort()
+
+    def __len__(self) -> int:
+        return len(self._queue)
+
+    def run_due(self, now_ms: int) -> list[Path]:
+        """Unlink every file due at `now_ms`; returns them."""
+        due = [p for p in self._queue if p.due_ms <= now_ms]
+        self._queue = [p for p in self._queue if p.due_ms > now_ms]
+        return self._unlink(due)
+
+    def unlink_all(self) -> list[Path]:
+        """Unlink everything now (process exit, disk pressure); returns the files."""
+        due, self._queue = self._queue, []
+        return self._unlink(due)
+
+    def _unlink(self, items: list[_Pending]) -> list[Path]:
+        done = []
+        for item in items:
+            try:
+                self.ops.unlink(item.path)
+            except FileNotFoundError:
+                continue  # recovery on a restart, or an operator, removed it already
+            done.append(item.path)
+        return done

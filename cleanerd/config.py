@@ -1,0 +1,858 @@
+"""cleanerd's configuration: one YAML file, validated whole into a frozen snapshot.
+
+File format (YAML, read with a safe loader that also rejects duplicate keys)::
+
+    log.dirs: [/var/lib/kafka/data]     # broker-level settings: Kafka's server.properties
+    log.cleaner.threads: 2              #   names and defaults, at the top level
+    topics:                             # per-topic overrides: Kafka's topic-config names,
+      orders: {cleanup.policy: compact} #   keyed by exact topic name or fnmatch glob
+      "metrics.*": {retention.ms: 3600000}
+    mode: owner                         # cleanerd's own settings: nested snake_case
+    metrics: {listen: "127.0.0.1:9644"} #   sections (mode, state_dir, metrics, mqtt,
+                                        #   logging, engine, disk_usage)
+
+A topic's effective settings (`TopicConfig`) are the broker defaults, mapped to topic
+names the way Kafka's ServerTopicConfigSynonyms does (`log.cleaner.min.cleanable.ratio`
+-> `min.cleanable.dirty.ratio`, `log.roll.hours` -> `segment.ms`, ...), with the keys of
+exactly one `topics:` entry merged over them key by key: the entry named exactly like the
+topic if there is one, else the one glob that matches it. Two globs matching one topic
+is an error, because no order between them would be obvious to the reader of the file.
+
+Consistency: `load_config` either returns a complete, immutable `Config` or raises one
+`ConfigError` that lists every problem (each naming the key path, the bad value and the
+rule), field errors and cross-field checks together. A daemon can therefore swap
+snapshots atomically on reload and keep the old one when the new file is refused.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import re
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, replace
+from fnmatch import fnmatchcase
+from pathlib import Path
+from typing import Annotated, Any, Final, Literal
+
+import yaml
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+)
+from pydantic_core import ErrorDetails, PydanticCustomError
+
+from cleanerd.errors import ConfigError
+from cleanerd.log.files import parse_topic_partition
+from cleanerd.log.roll import max_segment_ms
+
+LONG_MAX: Final = 2**63 - 1  # Java's Long.MAX_VALUE, Kafka's "no limit" for longs
+INT_MAX: Final = 2**31 - 1
+
+CleanupPolicy = Literal["delete", "compact"]
+CompactionStrategyName = Literal["offset", "timestamp", "header"]
+Mode = Literal["owner", "observe"]
+
+# Kafka's legal topic names (Topic.validate): at most 249 of these characters.
+_TOPIC_NAME: Final = re.compile(r"[a-zA-Z0-9._-]{1,249}")
+_GLOB_CHARS: Final = frozenset("*?[")
+_MQTT_WILDCARDS: Final = frozenset("+#")
+
+
+def is_glob(pattern: str) -> bool:
+    """Whether a `topics:` key is an fnmatch pattern rather than an exact topic name.
+
+    Kafka topic names cannot contain `*`, `?` or `[`, so the two never overlap.
+    """
+    return not _GLOB_CHARS.isdisjoint(pattern)
+
+
+# ---------------------------------------------------------------------------
+# Value types shared by the broker settings and the topic overrides
+
+
+def _comma_list(value: object) -> object:
+    """Accept server.properties' comma-separated form (`compact,delete`) for lists."""
+    if isinstance(value, str):
+        return tuple(item.strip() for item in value.split(",") if item.strip())
+    if isinstance(value, list):
+        return tuple(value)
+    return value
+
+
+def _canonical_policy(value: tuple[CleanupPolicy, ...]) -> tuple[CleanupPolicy, ...]:
+    return tuple(p for p in ("compact", "delete") if p in value)
+
+
+def _empty_strategy_is_offset(value: object) -> object:
+    # KIP-280: an empty compaction.strategy means the default, offset.
+    return "offset" if value == "" else value
+
+
+def _path(value: object) -> object:
+    if isinstance(value, str):
+        if not value.strip():
+            raise PydanticCustomError("path", "must be a non-empty path")
+        return Path(value)
+    return value
+
+
+Ms = Annotated[int, Field(ge=0, le=LONG_MAX)]
+PositiveMs = Annotated[int, Field(ge=1, le=LONG_MAX)]
+RetentionMs = Annotated[int, Field(ge=-1, le=LONG_MAX)]  # -1: no time limit
+RetentionBytes = Annotated[int, Field(ge=-1, le=LONG_MAX)]  # -1: no size limit
+SegmentBytes = Annotated[int, Field(ge=14, le=INT_MAX)]  # Kafka 3.x minimum; 4.x: 1 MiB
+IndexBytes = Annotated[int, Field(ge=4, le=INT_MAX)]
+IntervalBytes = Annotated[int, Field(ge=0, le=INT_MAX)]
+MessageBytes = Annotated[int, Field(ge=0, le=INT_MAX)]
+Ratio = Annotated[float, Field(ge=0, le=1)]
+CleanupPolicies = Annotated[
+    tuple[CleanupPolicy, ...],
+    BeforeValidator(_comma_list),
+    Field(min_length=1),
+    AfterValidator(_canonical_policy),
+]
+Strategy = Annotated[CompactionStrategyName, BeforeValidator(_empty_strategy_is_offset)]
+FsPath = Annotated[Path, BeforeValidator(_path)]
+LogDirs = Annotated[tuple[FsPath, ...], BeforeValidator(_comma_list)]
+
+
+class _Section(BaseModel):
+    """Every config model: strict types (so YAML's `no`/`off` never pass for a string or
+    a number), unknown keys are errors, and snapshots are immutable."""
+
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
+
+
+def _dotted(name: str) -> str:
+    return name.replace("_", ".")
+
+
+class _KafkaKeys(_Section):
+    """Models whose YAML keys are Kafka's dotted names (`log_segment_bytes` is read from
+    `log.segment.bytes`)."""
+
+    model_config = ConfigDict(alias_generator=_dotted)
+
+
+# ---------------------------------------------------------------------------
+# Per-topic settings
+
+
+@dataclass(frozen=True, slots=True)
+class TopicConfig:
+    """The effective settings of one topic, under Kafka's topic-config names in snake case."""
+
+    cleanup_policy: tuple[CleanupPolicy, ...]
+    segment_bytes: int
+    segment_ms: int
+    segment_jitter_ms: int
+    segment_index_bytes: int
+    index_interval_bytes: int
+    retention_ms: int
+    retention_bytes: int
+    min_compaction_lag_ms: int
+    max_compaction_lag_ms: int
+    min_cleanable_dirty_ratio: float
+    delete_retention_ms: int
+    file_delete_delay_ms: int
+    max_message_bytes: int
+    compaction_strategy: CompactionStrategyName
+    compaction_strategy_header: str
+    preallocate: bool
+
+    @property
+    def compact(self) -> bool:
+        """`compact` is in cleanup.policy."""
+        return "compact" in self.cleanup_policy
+
+    @property
+    def delete(self) -> bool:
+        """`delete` is in cleanup.policy."""
+        return "delete" in self.cleanup_policy
+
+    @property
+    def max_segment_ms(self) -> int:
+        """KIP-354's roll limit: min(segment.ms, max.compaction.lag.ms) when compacted."""
+        return max_segment_ms(self.segment_ms, self.max_compaction_lag_ms, compact=self.compact)
+
+
+class TopicOverride(_KafkaKeys):
+    """One `topics:` entry: only the keys it sets replace the broker defaults (an explicit
+    null inherits too)."""
+
+    cleanup_policy: CleanupPolicies | None = None
+    segment_bytes: SegmentBytes | None = None
+    segment_ms: PositiveMs | None = None
+    segment_jitter_ms: Ms | None = None
+    segment_index_bytes: IndexBytes | None = None
+    index_interval_bytes: IntervalBytes | None = None
+    retention_ms: RetentionMs | None = None
+    retention_bytes: RetentionBytes | None = None
+    min_compaction_lag_ms: Ms | None = None
+    max_compaction_lag_ms: PositiveMs | None = None
+    min_cleanable_dirty_ratio: Ratio | None = None
+    delete_retention_ms: Ms | None = None
+    file_delete_delay_ms: Ms | None = None
+    max_message_bytes: MessageBytes | None = None
+    compaction_strategy: Strategy | None = None
+    compaction_strategy_header: str | None = None
+    preallocate: bool | None = None
+
+    def apply_to(self, defaults: TopicConfig) -> TopicConfig:
+        """`defaults` with the keys this entry sets replaced."""
+        return replace(defaults, **self.model_dump(exclude_none=True))
+
+
+# Topic-config name -> the broker setting that supplies its default (Kafka's
+# ServerTopicConfigSynonyms; where Kafka has several, the first listed wins).
+TOPIC_CONFIG_SYNONYMS: Final[dict[str, tuple[str, ...]]] = {
+    "cleanup.policy": ("log.cleanup.policy",),
+    "segment.bytes": ("log.segment.bytes",),
+    "segment.ms": ("log.roll.ms", "log.roll.hours"),
+    "segment.jitter.ms": ("log.roll.jitter.ms", "log.roll.jitter.hours"),
+    "segment.index.bytes": ("log.index.size.max.bytes",),
+    "index.interval.bytes": ("log.index.interval.bytes",),
+    "retention.ms": ("log.retention.ms", "log.retention.minutes", "log.retention.hours"),
+    "retention.bytes": ("log.retention.bytes",),
+    "min.compaction.lag.ms": ("log.cleaner.min.compaction.lag.ms",),
+    "max.compaction.lag.ms": ("log.cleaner.max.compaction.lag.ms",),
+    "min.cleanable.dirty.ratio": ("log.cleaner.min.cleanable.ratio",),
+    "delete.retention.ms": ("log.cleaner.delete.retention.ms",),
+    "file.delete.delay.ms": ("log.segment.delete.delay.ms",),
+    "max.message.bytes": ("message.max.bytes",),
+    "compaction.strategy": ("log.cleaner.compaction.strategy",),
+    "compaction.strategy.header": ("log.cleaner.compaction.strategy.header",),
+    "preallocate": ("log.preallocate",),
+}
+
+
+# ---------------------------------------------------------------------------
+# Broker-level settings (server.properties names and defaults)
+
+
+class BrokerConfig(_KafkaKeys):
+    """The broker-level settings cleanerd honours, with Kafka's defaults."""
+
+    log_dirs: LogDirs = ()
+    log_cleaner_enable: bool = True
+    log_cleaner_threads: int = Field(default=1, ge=1, le=INT_MAX)
+    log_cleaner_dedupe_buffer_size: int = Field(default=134217728, ge=1, le=LONG_MAX)
+    log_cleaner_io_buffer_load_factor: float = Field(default=0.9, gt=0, le=1)
+    log_cleaner_io_buffer_size: int = Field(default=524288, ge=1, le=INT_MAX)
+    log_cleaner_io_max_bytes_per_second: float = Field(default=math.inf, gt=0)
+    log_cleaner_backoff_ms: Ms = 15000
+    log_cleaner_min_cleanable_ratio: Ratio = 0.5
+    log_cleaner_delete_retention_ms: Ms = 86400000
+    log_cleaner_min_compaction_lag_ms: Ms = 0
+    log_cleaner_max_compaction_lag_ms: PositiveMs = LONG_MAX
+    log_cleaner_compaction_strategy: Strategy = "offset"
+    log_cleaner_compaction_strategy_header: str = ""
+    log_cleanup_policy: CleanupPolicies = ("delete",)
+    log_roll_ms: PositiveMs | None = None
+    log_roll_hours: int = Field(default=168, ge=1, le=INT_MAX)
+    log_roll_jitter_ms: Ms | None = None
+    log_roll_jitter_hours: int = Field(default=0, ge=0, le=INT_MAX)
+    log_segment_bytes: SegmentBytes = 1073741824
+    log_index_size_max_bytes: IndexBytes = 10485760
+    log_index_interval_bytes: IntervalBytes = 4096
+    log_segment_delete_delay_ms: Ms = 60000
+    log_retention_ms: RetentionMs | None = None
+    log_retention_minutes: int | None = Field(default=None, ge=-1, le=INT_MAX)
+    log_retention_hours: int = Field(default=168, ge=-1, le=INT_MAX)
+    log_retention_bytes: RetentionBytes = -1
+    log_retention_check_interval_ms: PositiveMs = 300000
+    log_retention_disk_usage_percent: int = Field(default=100, ge=1, le=100)
+    message_max_bytes: MessageBytes = 1048588
+    producer_id_expiration_ms: int = Field(default=86400000, ge=1, le=INT_MAX)
+    log_preallocate: bool = False
+
+    @property
+    def retention_ms(self) -> int:
+        """Kafka's precedence: log.retention.ms, then .minutes, then .hours; -1 unlimited."""
+        if self.log_retention_ms is not None:
+            return self.log_retention_ms
+        if self.log_retention_minutes is not None:
+            return -1 if self.log_retention_minutes < 0 else self.log_retention_minutes * 60_000
+        return -1 if self.log_retention_hours < 0 else self.log_retention_hours * 3_600_000
+
+    @property
+    def roll_ms(self) -> int:
+        """log.roll.ms, else log.roll.hours."""
+        if self.log_roll_ms is not None:
+            return self.log_roll_ms
+        return self.log_roll_hours * 3_600_000
+
+    @property
+    def roll_jitter_ms(self) -> int:
+        """log.roll.jitter.ms, else log.roll.jitter.hours."""
+        if self.log_roll_jitter_ms is not None:
+            return self.log_roll_jitter_ms
+        return self.log_roll_jitter_hours * 3_600_000
+
+    def topic_defaults(self) -> TopicConfig:
+        """The settings of a topic that no `topics:` entry matches."""
+        return TopicConfig(
+            cleanup_policy=self.log_cleanup_policy,
+            segment_bytes=self.log_segment_bytes,
+            segment_ms=self.roll_ms,
+            segment_jitter_ms=self.roll_jitter_ms,
+            segment_index_bytes=self.log_index_size_max_bytes,
+            index_interval_bytes=self.log_index_interval_bytes,
+            retention_ms=self.retention_ms,
+            retention_bytes=self.log_retention_bytes,
+            min_compaction_lag_ms=self.log_cleaner_min_compaction_lag_ms,
+            max_compaction_lag_ms=self.log_cleaner_max_compaction_lag_ms,
+            min_cleanable_dirty_ratio=self.log_cleaner_min_cleanable_ratio,
+            delete_retention_ms=self.log_cleaner_delete_retention_ms,
+            file_delete_delay_ms=self.log_segment_delete_delay_ms,
+            max_message_bytes=self.message_max_bytes,
+            compaction_strategy=self.log_cleaner_compaction_strategy,
+            compaction_strategy_header=self.log_cleaner_compaction_strategy_header,
+            preallocate=self.log_preallocate,
+        )
+
+
+# ---------------------------------------------------------------------------
+# cleanerd's own sections
+
+
+def _check_listen(value: str) -> str:
+    _split_listen(value)
+    return value
+
+
+def _split_listen(value: str) -> tuple[str, int]:
+    host, sep, port = value.rpartition(":")
+    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    if not sep or not host or not port.isdigit() or int(port) > 65535:
+        raise PydanticCustomError(
+            "listen", "must be HOST:PORT with a port in 0..65535 (IPv6 as [::1]:9644)"
+        )
+    return host, int(port)
+
+
+def _check_topic_prefix(value: str) -> str:
+    if (
+        not value
+        or value.startswith("/")
+        or value.endswith("/")
+        or not _MQTT_WILDCARDS.isdisjoint(value)
+    ):
+        raise PydanticCustomError(
+            "topic_prefix", "must be a non-empty MQTT topic without +, # or a leading/trailing /"
+        )
+    return value
+
+
+class MetricsConfig(_Section):
+    """The Prometheus endpoint."""
+
+    listen: Annotated[str, AfterValidator(_check_listen)] = "127.0.0.1:9644"
+    per_partition: bool = False
+    kafka_names: bool = True
+    refresh_interval_s: float = Field(default=10.0, gt=0)
+
+    @property
+    def host(self) -> str:
+        return _split_listen(self.listen)[0]
+
+    @property
+    def port(self) -> int:
+        return _split_listen(self.listen)[1]
+
+
+class TlsConfig(_Section):
+    """TLS towards the MQTT broker."""
+
+    enabled: bool = False
+    ca_file: FsPath | None = None
+    cert_file: FsPath | None = None
+    key_file: FsPath | None = None
+    insecure: bool = False
+
+
+class MqttConfig(_Section):
+    """Optional MQTT events; `client_id` null means `cleanerd-<hostname>`."""
+
+    enabled: bool = False
+    host: str = Field(default="localhost", min_length=1)
+    port: int = Field(default=1883, ge=1, le=65535)
+    username: str | None = None
+    password_file: FsPath | None = None
+    tls: TlsConfig = TlsConfig()
+    client_id: str | None = None
+    topic_prefix: Annotated[str, AfterValidator(_check_topic_prefix)] = "cleanerd"
+    queue_size: int = Field(default=1000, ge=1)
+    keepalive_s: int = Field(default=60, ge=1, le=65535)
+
+
+class LoggingConfig(_Section):
+    """structlog output: `auto` is console on a terminal and JSON lines otherwise."""
+
+    format: Literal["auto", "json", "console"] = "auto"
+    level: Literal["debug", "info", "warning", "error", "critical"] = "info"
+
+
+class SparkConfig(_Section):
+    """The Spark engine's master URL and extra Spark settings."""
+
+    master: str = Field(default="local[*]", min_length=1)
+    conf: dict[str, str] = {}
+
+
+class EngineConfig(_Section):
+    """Which engine runs the clean pass."""
+
+    name: Literal["local", "spark"] = "local"
+    spark: SparkConfig = SparkConfig()
+
+
+class DiskUsageConfig(_Section):
+    """KIP-61 disk-usage retention (`log.retention.disk.usage.percent`)."""
+
+    protected_topics: Annotated[tuple[str, ...], BeforeValidator(_comma_list)] = ()
+    dry_run: bool = False
+
+    def protects(self, topic: str) -> bool:
+        """Whether disk-usage retention must never delete segments of `topic`."""
+        return any(fnmatchcase(topic, pattern) for pattern in self.protected_topics)
+
+
+# ---------------------------------------------------------------------------
+# The whole file
+
+
+class Config(BrokerConfig):
+    """The whole file: broker settings, topic overrides and cleanerd's own sections."""
+
+    mode: Mode = "owner"
+    state_dir: FsPath = Field(default=Path("state"), alias="state_dir")
+    metrics: MetricsConfig = MetricsConfig()
+    mqtt: MqttConfig = MqttConfig()
+    logging: LoggingConfig = LoggingConfig()
+    engine: EngineConfig = EngineConfig()
+    disk_usage: DiskUsageConfig = Field(default=DiskUsageConfig(), alias="disk_usage")
+    topics: dict[str, TopicOverride] = {}
+
+    _defaults: TopicConfig = PrivateAttr()
+    _entries: dict[str, TopicConfig] = PrivateAttr()
+    _globs: tuple[str, ...] = PrivateAttr()
+
+    def model_post_init(self, context: Any, /) -> None:
+        # Resolve every entry once: the daemon asks for topic configs every cycle.
+        self._defaults = self.topic_defaults()
+        self._entries = {key: o.apply_to(self._defaults) for key, o in self.topics.items()}
+        self._globs = tuple(key for key in self.topics if is_glob(key))
+
+    def topic_entry(self, topic: str) -> str | None:
+        """The `topics:` key that applies to `topic`: its exact name, else the one glob
+        matching it, else None. Raises ConfigError when two or more globs match."""
+        if topic in self.topics:
+            return topic
+        matches = [glob for glob in self._globs if fnmatchcase(topic, glob)]
+        if len(matches) > 1:
+            raise ConfigError([_ambiguous(topic, matches)])
+        return matches[0] if matches else None
+
+    def topic_config(self, topic: str) -> TopicConfig:
+        """The effective settings of `topic`. Raises ConfigError when two globs match it."""
+        entry = self.topic_entry(topic)
+        return self._defaults if entry is None else self._entries[entry]
+
+    def entry_config(self, key: str) -> TopicConfig:
+        """The effective settings of a topic that the `topics:` entry `key` applies to."""
+        return self._entries[key]
+
+    def ambiguous_topics(self, topics: Iterable[str]) -> list[str]:
+        """One error line for each of `topics` that two or more globs match."""
+        errors = []
+        for topic in topics:
+            try:
+                self.topic_entry(topic)
+            except ConfigError as e:
+                errors.extend(e.errors)
+        return errors
+
+
+def _ambiguous(topic: str, globs: list[str]) -> str:
+    listed = ", ".join(repr(g) for g in globs[:-1]) + f" and {globs[-1]!r}"
+    return (
+        f"topics: topic {topic!r} matches more than one glob: {listed}; "
+        "add an exact entry for it or make the globs disjoint"
+    )
+
+
+# ---------------------------------------------------------------------------
+# Loading
+
+
+def load_config(path: Path | None) -> Config:
+    """Read and validate the YAML file at `path`; None gives the embedded default.
+
+    Raises ConfigError listing every problem: an unreadable file, a YAML syntax error
+    (with line and column), a document that is not a mapping, every invalid key and
+    value, every failed cross-field check, and every topic found in the log dirs that
+    two globs match.
+    """
+    if path is None:
+        return config_from_data(default_config_data())
+    return config_from_data(_read_yaml(path), path=path)
+
+
+def config_from_data(data: object, *, path: Path | None = None) -> Config:
+    """Validate an already parsed document (`path` only names it in errors)."""
+    if data is None:  # an empty file: every key at its default
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(
+            [f"the document must be a mapping of keys to values, not a {_yaml_kind(data)}"],
+            path=path,
+        )
+    errors, broken, cfg = _validate_fields(data)
+    if cfg is not None:
+        problems = [*_cross_field_problems(cfg), *_disk_problems(cfg)]
+        errors += [message for keys, message in problems if not _touches(keys, broken)]
+    if errors:
+        raise ConfigError(errors, path=path)
+    assert cfg is not None
+    return cfg
+
+
+def default_config_data() -> dict[str, Any]:
+    """The embedded default: log dir ./data, state dir ./state, and three demo topics."""
+    small_segments = 16 * 1024  # so a few hundred demo records span several segments
+    return {
+        "log.dirs": ["./data"],
+        "state_dir": "./state",
+        "topics": {
+            "demo-users": {
+                "cleanup.policy": "compact",
+                "segment.bytes": small_segments,
+                "max.compaction.lag.ms": 60_000,
+                "delete.retention.ms": 60_000,
+            },
+            "demo-events": {
+                "cleanup.policy": "delete",
+                "segment.bytes": small_segments,
+                "retention.ms": 600_000,
+            },
+            "demo-prices": {
+                "cleanup.policy": "compact",
+                "segment.bytes": small_segments,
+                "max.compaction.lag.ms": 300_000,
+                "compaction.strategy": "timestamp",
+            },
+        },
+    }
+
+
+def topics_on_disk(log_dirs: Iterable[Path]) -> dict[str, Path]:
+    """Each topic with a partition dir in `log_dirs`, mapped to one such dir.
+
+    A missing or unreadable log dir is skipped: reporting it is the daemon's job, and a
+    config may be checked on a machine without the data.
+    """
+    found: dict[str, Path] = {}
+    for log_dir in log_dirs:
+        try:
+            entries = sorted(log_dir.iterdir())
+        except OSError:
+            continue
+        for entry in entries:
+            try:
+                topic = parse_topic_partition(entry.name).topic
+            except ValueError:
+                continue
+            if entry.is_dir():
+                found.setdefault(topic, entry)
+    return found
+
+
+class _Loader(yaml.SafeLoader):
+    """The safe loader, refusing duplicate keys (plain PyYAML keeps the last silently)."""
+
+
+def _construct_mapping(loader: _Loader, node: yaml.MappingNode) -> dict[Any, Any]:
+    first_line: dict[Any, int] = {}
+    for key_node, _ in node.value:
+        if key_node.tag == "tag:yaml.org,2002:merge":
+            continue
+        key = loader.construct_object(key_node)
+        try:
+            seen = first_line.get(key)
+        except TypeError:  # an unhashable key: construct_mapping reports it
+            continue
+        if seen is not None:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"duplicate key {key!r} (first at line {seen})", key_node.start_mark
+            )
+        first_line[key] = key_node.start_mark.line + 1
+    return loader.construct_mapping(node)
+
+
+_Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+
+
+def _read_yaml(path: Path) -> object:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as e:
+        raise ConfigError([f"cannot read the file: {e.strerror or e}"], path=path) from e
+    except UnicodeDecodeError as e:
+        raise ConfigError([f"not UTF-8 text: byte {e.start} ({e.reason})"], path=path) from e
+    loader = _Loader(text)
+    try:
+        return loader.get_single_data()
+    except yaml.MarkedYAMLError as e:
+        raise ConfigError([_yaml_error(e)], path=path) from e
+    except yaml.YAMLError as e:
+        raise ConfigError([f"YAML error: {e}"], path=path) from e
+    finally:
+        loader.dispose()
+
+
+def _yaml_error(e: yaml.MarkedYAMLError) -> str:
+    mark = e.problem_mark or e.context_mark
+    where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+    context = f" ({e.context})" if e.context else ""
+    return f"{where}YAML syntax error: {e.problem}{context}"
+
+
+def _yaml_kind(value: object) -> str:
+    if isinstance(value, list):
+        return "list"
+    if isinstance(value, str):
+        return "string"
+    return type(value).__name__
+
+
+# ---------------------------------------------------------------------------
+# Validation: field errors first, then cross-field checks on what validated
+
+Loc = tuple[str | int, ...]
+
+
+def _validate_fields(data: dict[Any, Any]) -> tuple[list[str], list[Loc], Config | None]:
+    """(error lines, error locations, a Config to run cross-field checks on).
+
+    With field errors, the Config is built from the document minus the bad keys (which
+    fall back to their defaults), so the cross-field checks still run; `_touches` then
+    skips the checks that involve a bad key. None only if even that fails.
+    """
+    try:
+        return [], [], Config.model_validate(data)
+    except ValidationError as e:
+        details = e.errors()
+    broken = [tuple(d["loc"]) for d in details]
+    salvaged = copy.deepcopy(data)
+    for loc in broken:
+        _drop(salvaged, loc)
+    try:
+        cfg: Config | None = Config.model_validate(salvaged)
+    except ValidationError:
+        cfg = None
+    return [_field_error(d) for d in details], broken, cfg
+
+
+def _drop(data: dict[Any, Any], loc: Loc) -> None:
+    """Remove the mapping entry that holds the bad value at `loc` (a whole list, if the
+    bad value is one of its items)."""
+    holder: tuple[dict[Any, Any], Any] | None = None
+    node: Any = data
+    for part in loc:
+        if isinstance(node, dict) and part in node:
+            holder = (node, part)
+            node = node[part]
+        elif isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node):
+            node = node[part]
+        else:
+            break
+    if holder is not None:
+        holder[0].pop(holder[1], None)
+
+
+def _touches(keys: list[Loc], broken: list[Loc]) -> bool:
+    return any(b[: len(k)] == k or k[: len(b)] == b for k in keys for b in broken)
+
+
+_BOUNDS: Final = {
+    "greater_than_equal": (">=", "ge"),
+    "greater_than": (">", "gt"),
+    "less_than_equal": ("<=", "le"),
+    "less_than": ("<", "lt"),
+}
+_TYPE_RULES: Final = {
+    "int_type": "must be an integer",
+    "float_type": "must be a number",
+    "bool_type": "must be true or false",
+    "string_type": "must be a string",
+    "string_too_short": "must not be empty",
+    "list_type": "must be a list",
+    "tuple_type": "must be a list",
+    "dict_type": "must be a mapping",
+    "model_type": "must be a mapping",
+    "path_type": "must be a path",
+}
+
+
+def _field_error(d: ErrorDetails) -> str:
+    where = _key_path(d["loc"])
+    kind = d["type"]
+    if kind == "extra_forbidden":
+        return f"{where}: unknown key (value {_show(d['input'])})"
+    if kind == "missing":
+        return f"{where}: required key is missing"
+    if kind == "invalid_key" or d["loc"][-1:] == ("[key]",):  # a key that is not a string
+        parent = d["loc"][:-1] if kind == "invalid_key" else d["loc"][:-2]
+        return f"{_key_path(parent) or 'top level'}: key {_show(d['input'])} must be a string"
+    ctx = d.get("ctx", {})
+    if kind in _BOUNDS:
+        op, name = _BOUNDS[kind]
+        rule = f"must be {op} {_show(ctx[name])}"
+    elif kind == "literal_error":
+        rule = f"must be {ctx['expected']}"
+    elif kind == "too_short":
+        rule = f"must have at least {ctx['min_length']} item(s)"
+    elif kind in _TYPE_RULES:
+        rule = _TYPE_RULES[kind]
+    else:  # our own PydanticCustomErrors and anything unforeseen: pydantic's text
+        rule = d["msg"][:1].lower() + d["msg"][1:]
+    if isinstance(d["input"], bool) and kind != "bool_type":
+        rule += " (YAML reads yes/no/on/off as booleans: quote the value)"
+    return f"{where}: {_show(d['input'])} {rule}"
+
+
+def _key_path(loc: tuple[str | int, ...]) -> str:
+    text = ""
+    for part in loc:
+        # YAML keys need not be strings (`yes:` is True, `1.5:` a float): show them all.
+        text += f"[{part}]" if isinstance(part, int) else ("." if text else "") + str(part)
+    return text
+
+
+def _show(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if value is None:
+        return "null"
+    if isinstance(value, float):
+        if math.isinf(value):
+            return ".inf" if value > 0 else "-.inf"
+        return f"{value:g}" if value.is_integer() else repr(value)
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _cross_field_problems(cfg: Config) -> Iterator[tuple[list[Loc], str]]:
+    """(the keys a problem involves, its error line) for every failed cross-field check."""
+    yield from _log_dir_problems(cfg)
+    min_lag = cfg.log_cleaner_min_compaction_lag_ms
+    max_lag = cfg.log_cleaner_max_compaction_lag_ms
+    if max_lag < min_lag:
+        yield (
+            list(_BROKER_LAG_KEYS),
+            (
+                f"log.cleaner.max.compaction.lag.ms: {max_lag} must be >= "
+                f"log.cleaner.min.compaction.lag.ms ({min_lag})"
+            ),
+        )
+    for key, override in cfg.topics.items():
+        if not is_glob(key) and not _TOPIC_NAME.fullmatch(key):
+            yield (
+                [("topics", key)],
+                (
+                    f"topics.{key}: {key!r} is neither a Kafka topic name (at most 249 of "
+                    "a-z A-Z 0-9 . _ -) nor a glob (with * ? or [)"
+                ),
+            )
+        problem = _topic_lag_problem(key, override, cfg.entry_config(key))
+        if problem:
+            lag_keys = [("topics", key, name) for name in _LAG_NAMES]
+            yield [*lag_keys, *_BROKER_LAG_KEYS], problem
+    yield from _mqtt_problems(cfg.mqtt)
+
+
+_LAG_NAMES: Final = ("min.compaction.lag.ms", "max.compaction.lag.ms")
+_BROKER_LAG_KEYS: Final[tuple[Loc, ...]] = tuple((f"log.cleaner.{name}",) for name in _LAG_NAMES)
+
+
+def _topic_lag_problem(key: str, override: TopicOverride, resolved: TopicConfig) -> str | None:
+    """Kafka's LogConfig check min.compaction.lag.ms <= max.compaction.lag.ms, blamed on
+    the key the entry sets (a conflict between two broker defaults is reported once, at
+    the broker keys)."""
+    min_lag, max_lag = resolved.min_compaction_lag_ms, resolved.max_compaction_lag_ms
+    if max_lag >= min_lag:
+        return None
+    if override.max_compaction_lag_ms is not None:
+        source = "" if override.min_compaction_lag_ms is not None else _FROM_BROKER_MIN
+        return (
+            f"topics.{key}.max.compaction.lag.ms: {max_lag} must be >= "
+            f"min.compaction.lag.ms ({min_lag}{source})"
+        )
+    if override.min_compaction_lag_ms is not None:
+        return (
+            f"topics.{key}.min.compaction.lag.ms: {min_lag} must be <= "
+            f"max.compaction.lag.ms ({max_lag}{_FROM_BROKER_MAX})"
+        )
+    return None
+
+
+_FROM_BROKER_MIN: Final = ", from log.cleaner.min.compaction.lag.ms"
+_FROM_BROKER_MAX: Final = ", from log.cleaner.max.compaction.lag.ms"
+
+
+def _log_dir_problems(cfg: Config) -> Iterator[tuple[list[Loc], str]]:
+    if not cfg.log_dirs:
+        yield [("log.dirs",)], "log.dirs: required: list at least one log directory"
+    state = cfg.state_dir.resolve()
+    seen: set[Path] = set()
+    for log_dir in cfg.log_dirs:
+        absolute = log_dir.resolve()
+        if absolute in seen:
+            yield [("log.dirs",)], f"log.dirs: {str(log_dir)!r} is listed twice"
+            continue
+        seen.add(absolute)
+        if state.is_relative_to(absolute):
+            # A broker refuses a log dir holding a dir that is not <topic>-<partition>.
+            yield (
+                [("log.dirs",), ("state_dir",)],
+                (
+                    f"state_dir: {str(cfg.state_dir)!r} must not be inside log dir "
+                    f"{str(log_dir)!r}: a Kafka broker would refuse to load that log dir"
+                ),
+            )
+
+
+def _mqtt_problems(mqtt: MqttConfig) -> Iterator[tuple[list[Loc], str]]:
+    tls = mqtt.tls
+    if (tls.cert_file is None) != (tls.key_file is None):
+        given, missing = (
+            ("cert_file", "key_file") if tls.key_file is None else ("key_file", "cert_file")
+        )
+        value = tls.cert_file if tls.key_file is None else tls.key_file
+        yield (
+            [("mqtt", "tls")],
+            (
+                f"mqtt.tls.{given}: {str(value)!r} needs mqtt.tls.{missing}: a client "
+                "certificate and its key go together"
+            ),
+        )
+    if mqtt.password_file is not None and mqtt.username is None:
+        yield (
+            [("mqtt", "password_file"), ("mqtt", "username")],
+            (f"mqtt.password_file: {str(mqtt.password_file)!r} needs mqtt.username"),
+        )
+
+
+def _disk_problems(cfg: Config) -> Iterator[tuple[list[Loc], str]]:
+    """Globs that are ambiguous for a topic that exists in the log dirs today."""
+    on_disk = topics_on_disk(cfg.log_dirs)
+    for topic, partition_dir in on_disk.items():
+        for error in cfg.ambiguous_topics([topic]):
+            yield [("log.dirs",)], f"{error} (found in {partition_dir})"

@@ -1,0 +1,112 @@
+"""structlog setup: one processor chain for cleanerd's lines and for stdlib loggers.
+
+Output format, one line per event on `stream` (stderr by default, which journald
+collects under systemd):
+
+- `json`: a JSON object per line with `event`, `level`, `timestamp` (ISO 8601, UTC),
+  the bound context (`topic`, `partition`, `log_dir` for lines about a partition),
+  `logger` for stdlib loggers, and `exception` as a list of dicts (structlog's
+  dict tracebacks) when there is one;
+- `console`: structlog's aligned key=value rendering, coloured on a terminal;
+- `auto` (the default): `console` when `stream` is a terminal, else `json`.
+
+Third-party libraries that log through the standard library (paho-mqtt under aiomqtt as
+`mqtt`, py4j) go through `structlog.stdlib.ProcessorFormatter` with the same chain, so
+the journal holds a single format. Loggers are not cached, so a SIGHUP that changes the
+level applies to loggers that already exist.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from os import PathLike
+from typing import Literal, TextIO
+
+import structlog
+from structlog.typing import Processor
+
+LogFormat = Literal["auto", "json", "console"]
+LogLevel = Literal["debug", "info", "warning", "error", "critical"]
+
+
+class _CleanerdHandler(logging.StreamHandler[TextIO]):
+    """The stdlib handler this module installs; marked so reconfiguring replaces it."""
+
+
+def shared_processors() -> list[Processor]:
+    """The chain every line goes through before rendering, structlog's or stdlib's."""
+    return [
+        structlog.contextvars.merge_contextvars,
+        structlog.stdlib.add_log_level,
+        structlog.processors.TimeStamper(fmt="iso", utc=True),
+        structlog.processors.StackInfoRenderer(),
+    ]
+
+
+def resolve_format(format: LogFormat, stream: TextIO) -> Literal["json", "console"]:
+    """`auto` is `console` on a terminal and `json` otherwise."""
+    if format != "auto":
+        return format
+    return "console" if _isatty(stream) else "json"
+
+
+def _isatty(stream: TextIO) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):  # closed or file-like without a terminal
+        return False
+
+
+def _renderers(fmt: Literal["json", "console"], stream: TextIO) -> list[Processor]:
+    if fmt == "json":
+        return [structlog.processors.dict_tracebacks, structlog.processors.JSONRenderer()]
+    return [structlog.dev.ConsoleRenderer(colors=_isatty(stream))]
+
+
+def configure_logging(
+    format: LogFormat = "auto", level: LogLevel = "info", stream: TextIO | None = None
+) -> Literal["json", "console"]:
+    """Route structlog and the standard library's loggers to `stream` in one format.
+
+    Safe to call again (on reload): it replaces its own handler and leaves other
+    handlers on the root logger alone. Returns the format chosen.
+    """
+    out = sys.stderr if stream is None else stream
+    fmt = resolve_format(format, out)
+    level_no = logging.getLevelNamesMapping()[level.upper()]
+    shared = shared_processors()
+    renderers = _renderers(fmt, out)
+    structlog.configure(
+        processors=[*shared, *renderers],
+        wrapper_class=structlog.make_filtering_bound_logger(level_no),
+        logger_factory=structlog.WriteLoggerFactory(out),
+        cache_logger_on_first_use=False,
+    )
+    formatter = structlog.stdlib.ProcessorFormatter(
+        foreign_pre_chain=[structlog.stdlib.add_logger_name, *shared],
+        processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, *renderers],
+    )
+    handler = _CleanerdHandler(out)
+    handler.setFormatter(formatter)
+    root = logging.getLogger()
+    for old in [h for h in root.handlers if isinstance(h, _CleanerdHandler)]:
+        root.removeHandler(old)
+    root.addHandler(handler)
+    root.setLevel(level_no)
+    return fmt
+
+
+@contextmanager
+def partition_context(topic: str, partition: int, log_dir: str | PathLike[str]) -> Iterator[None]:
+    """Bind `topic`, `partition` and `log_dir` to every line logged inside the block.
+
+    Context variables follow the current task, so bind inside the task that does the
+    work: a task copies the context when it is created.
+    """
+    with structlog.contextvars.bound_contextvars(
+        topic=topic, partition=partition, log_dir=str(log_dir)
+    ):
+        yield

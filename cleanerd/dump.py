@@ -1,0 +1,324 @@
+"""`cleanerd dump`: the lines Kafka's `kafka-dump-log` (DumpLogSegments) prints.
+
+Output per file, in Kafka's words and order, so the two tools' output can be diffed:
+
+- `Dumping <path>`, then for a `.log` file `Log starting offset: <base offset>` and one
+  line per batch::
+
+      baseOffset: 0 lastOffset: 0 count: 1 baseSequence: -1 lastSequence: -1
+      producerId: -1 producerEpoch: -1 partitionLeaderEpoch: 0 isTransactional: false
+      isControl: false deleteHorizonMs: OptionalLong.empty position: 0
+      CreateTime: 1726045973899 size: 80 magic: 2 compresscodec: none crc: 3356283127
+      isvalid: true
+
+  (one line; a legacy magic 0/1 entry starts `offset: <last offset>` instead of the
+  v2 fields). With deep iteration, one `| offset: ...` line per record (v2: `sequence`
+  and `headerKeys`; legacy: `isValid` and `crc`), control records followed by
+  `endTxnMarker: COMMIT coordinatorEpoch: N` or the KRaft control type's name (Kafka
+  also prints the KRaft record as JSON; cleanerd prints the name only). Printing the
+  data adds ` key: ...` and ` payload: ...` (UTF-8, malformed bytes replaced) to data
+  records. A truncated last batch, as a crash mid-append leaves, ends the listing with
+  `Found <n> invalid bytes at the end of <file name>`.
+- `.index`: `offset: N position: P` per entry (`<path> is empty.` when none);
+  `.timeindex`: `timestamp: T offset: O`; `.txnindex`: `version: 0 producerId: P
+  firstOffset: F lastOffset: L lastStableOffset: S`.
+
+Corruption (a bad CRC, a batch or record whose bytes disagree with its lengths, an
+index whose size is not whole entries) ends the file's listing with an exception naming
+the file and the byte position; a batch with a bad CRC still gets its line first, with
+`isvalid: false`, as in Kafka. The listing is one line per batch or record by nature, so
+it is produced per record in Python; this is a diagnostic tool, not a hot path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
+
+from cleanerd.errors import CleanerdError, CorruptRecordError
+from cleanerd.log.files import (
+    INDEX_FILE_SUFFIX,
+    LOG_FILE_SUFFIX,
+    TIME_INDEX_FILE_SUFFIX,
+    TXN_INDEX_FILE_SUFFIX,
+    offset_from_filename,
+)
+from cleanerd.log.index import OffsetIndex, TimeIndex
+from cleanerd.log.txnindex import TXN_ENTRY_VERSION, TransactionIndex
+from cleanerd.records import legacy
+from cleanerd.records.batch import iter_records
+from cleanerd.records.control import ControlRecordType, control_type, decode_end_txn_marker
+from cleanerd.records.header import (
+    COMPRESSION_MASK,
+    NO_SEQUENCE,
+    BatchHeader,
+    Compression,
+    validate_v2_header,
+)
+from cleanerd.records.record import Record
+from cleanerd.records.scan import BatchInfo, scan_valid_prefix
+
+_SEQUENCE_MODULUS: Final = 2**31  # sequences wrap from Int.MAX to 0, as in Kafka
+
+
+class UnsupportedFileError(CleanerdError):
+    """A file `dump` cannot list: not a segment or index file of a partition dir."""
+
+
+@dataclass(frozen=True, slots=True)
+class DumpOptions:
+    """kafka-dump-log's `--deep-iteration` and `--print-data-log` (which implies it)."""
+
+    deep_iteration: bool = False
+    print_data_log: bool = False
+
+    @property
+    def records(self) -> bool:
+        """Whether record lines are printed."""
+        return self.deep_iteration or self.print_data_log
+
+
+def dump_file(path: Path, options: DumpOptions) -> Iterator[str]:
+    """Yield the dump lines of `path`, a `.log`, `.index`, `.timeindex` or `.txnindex`.
+
+    Raises UnsupportedFileError before any line for a file of another kind or a name
+    that does not start with a base offset; OSError if it cannot be read;
+    CorruptRecordError or CorruptIndexError after the lines that precede the bad bytes.
+    """
+    dumper = _DUMPERS.get(path.suffix)
+    if dumper is None:
+        kinds = ", ".join(_DUMPERS)
+        raise UnsupportedFileError(f"cannot dump {path}: not a {kinds} file")
+    try:
+        base_offset = offset_from_filename(path.name)
+    except ValueError:
+        raise UnsupportedFileError(
+            f"cannot dump {path}: its name must start with the segment's base offset"
+        ) from None
+    yield f"Dumping {path}"
+    yield from dumper(path, base_offset, options)
+
+
+# ---------------------------------------------------------------------------
+# .log
+
+
+def _log_lines(path: Path, base_offset: int, options: DumpOptions) -> Iterator[str]:
+    yield f"Log starting offset: {base_offset}"
+    data = path.read_bytes()
+    # CRCs are checked per batch below, so a bad one still gets its line as in Kafka.
+    scan = scan_valid_prefix(data, verify_crc=False)
+    for info in scan.batches:
+        problem = _batch_problem(data, info)
+        yield _batch_line(data, info, valid=problem is None)
+        if problem is not None:
+            raise _at_batch(problem, path, info)
+        if options.records:
+            try:
+                yield from _record_lines(data, info, options)
+            except CorruptRecordError as e:
+                raise _at_batch(e, path, info) from e
+    if scan.error is not None:
+        if not scan.incomplete_tail:
+            raise scan.error.located(path)
+        yield f"Found {len(data) - scan.valid_bytes} invalid bytes at the end of {path.name}"
+
+
+def _batch_problem(data: bytes, info: BatchInfo) -> CorruptRecordError | None:
+    """What makes a structurally sound batch invalid: its CRC, or an unknown codec."""
+    try:
+        if info.header is not None:
+            validate_v2_header(data, info.header, check=True)
+            attributes = info.header.attributes
+        else:
+            end = info.position + info.size
+            attributes = legacy.read_legacy_entry(
+                data, info.position, end, verify_crc=True
+            ).attributes
+        _codec(attributes)
+    except CorruptRecordError as e:
+        return e
+    return None
+
+
+def _at_batch(e: CorruptRecordError, path: Path, info: BatchInfo) -> CorruptRecordError:
+    """`e` naming `path`, and the batch's position when `e` has none of its own."""
+    if e.position is None:
+        return CorruptRecordError(e.reason, path=path, position=info.position)
+    return e.located(path)
+
+
+def _batch_line(data: bytes, info: BatchInfo, *, valid: bool) -> str:
+    h = info.header
+    if h is not None:
+        head = _v2_fields(h)
+        timestamp_type = h.timestamp_type.kafka_name
+        attributes, crc = h.attributes, h.crc
+    else:
+        entry = _legacy_entry(data, info)
+        head = f"offset: {info.last_offset}"
+        timestamp_type = _legacy_timestamp_type(entry)
+        attributes, crc = entry.attributes, entry.crc
+    return (
+        f"{head} position: {info.position} {timestamp_type}: {info.max_timestamp} "
+        f"size: {info.size} magic: {info.magic} compresscodec: {_codec_name(attributes)} "
+        f"crc: {crc} isvalid: {_bool(valid)}"
+    )
+
+
+def _v2_fields(h: BatchHeader) -> str:
+    horizon = (
+        f"OptionalLong[{h.delete_horizon_ms}]" if h.has_delete_horizon else "OptionalLong.empty"
+    )
+    return (
+        f"baseOffset: {h.base_offset} lastOffset: {h.last_offset} count: {h.records_count} "
+        f"baseSequence: {h.base_sequence} lastSequence: {h.last_sequence} "
+        f"producerId: {h.producer_id} producerEpoch: {h.producer_epoch} "
+        f"partitionLeaderEpoch: {h.partition_leader_epoch} "
+        f"isTransactional: {_bool(h.is_transactional)} isControl: {_bool(h.is_control)} "
+        f"deleteHorizonMs: {horizon}"
+    )
+
+
+def _record_lines(data: bytes, info: BatchInfo, options: DumpOptions) -> Iterator[str]:
+    h = info.header
+    if h is None:
+        yield from _legacy_record_lines(data, info, options)
+        return
+    timestamp_type = h.timestamp_type.kafka_name
+    for record in iter_records(data, info):
+        line = (
+            f"| offset: {record.offset} {timestamp_type}: {record.timestamp} "
+            f"keySize: {_size(record.key)} valueSize: {_size(record.value)} "
+            f"sequence: {_sequence(h, record)} "
+            f"headerKeys: [{','.join(header.key for header in record.headers)}]"
+        )
+        if h.is_control:
+            yield line + _control_text(record)
+        else:
+            yield line + (_contents(record.key, record.value) if options.print_data_log else "")
+
+
+def _legacy_record_lines(data: bytes, info: BatchInfo, options: DumpOptions) -> Iterator[str]:
+    wrapper = _legacy_entry(data, info)
+    timestamp_type = _legacy_timestamp_type(wrapper)
+    if wrapper.compression is Compression.NONE:
+        entries, offsets, timestamps = [wrapper], [wrapper.offset], [wrapper.timestamp]
+    else:
+        # Inner messages carry their own CRCs, which Kafka prints per record.
+        _, entries = legacy.decompress_wrapper(wrapper, verify_crc=True)
+        offsets = legacy.inner_offsets(wrapper, entries)
+        timestamps = legacy.inner_timestamps(wrapper, entries)
+    for entry, offset, timestamp in zip(entries, offsets, timestamps, strict=True):
+        line = (
+            f"| offset: {offset} {timestamp_type}: {timestamp} "
+            f"keySize: {_size(entry.key)} valueSize: {_size(entry.value)} "
+            f"isValid: true crc: {entry.crc}"
+        )
+        yield line + (_contents(entry.key, entry.value) if options.print_data_log else "")
+
+
+def _legacy_entry(data: bytes, info: BatchInfo) -> legacy.LegacyEntry:
+    end = info.position + info.size
+    return legacy.read_legacy_entry(data, info.position, end, verify_crc=False)
+
+
+def _legacy_timestamp_type(entry: legacy.LegacyEntry) -> str:
+    kind = entry.timestamp_type
+    return "NoTimestampType" if kind is None else kind.kafka_name
+
+
+def _control_text(record: Record) -> str:
+    kind = control_type(record)
+    if kind in (ControlRecordType.ABORT, ControlRecordType.COMMIT):
+        marker = decode_end_txn_marker(record)
+        return (
+            f" endTxnMarker: {marker.type.kafka_name} coordinatorEpoch: {marker.coordinator_epoch}"
+        )
+    if isinstance(kind, ControlRecordType):
+        return f" {kind.kafka_name}"
+    return f" controlType: UNKNOWN({kind})"
+
+
+def _contents(key: bytes | None, value: bytes | None) -> str:
+    text = ""
+    if key is not None:
+        text += f" key: {key.decode('utf-8', 'replace')}"
+    if value is not None:
+        text += f" payload: {value.decode('utf-8', 'replace')}"
+    return text
+
+
+def _sequence(h: BatchHeader, record: Record) -> int:
+    if h.base_sequence == NO_SEQUENCE:
+        return NO_SEQUENCE
+    return (h.base_sequence + record.offset - h.base_offset) % _SEQUENCE_MODULUS
+
+
+def _size(field: bytes | None) -> int:
+    return -1 if field is None else len(field)
+
+
+def _bool(value: bool) -> str:
+    return "true" if value else "false"
+
+
+def _codec(attributes: int) -> Compression:
+    codec_id = attributes & COMPRESSION_MASK
+    try:
+        return Compression(codec_id)
+    except ValueError:
+        raise CorruptRecordError(f"unknown compression codec id {codec_id}") from None
+
+
+def _codec_name(attributes: int) -> str:
+    """Kafka's CompressionType name (none, gzip, snappy, lz4, zstd)."""
+    try:
+        return _codec(attributes).name.lower()
+    except CorruptRecordError:
+        return f"unknown({attributes & COMPRESSION_MASK})"
+
+
+# ---------------------------------------------------------------------------
+# Indexes
+
+
+def _offset_index_lines(path: Path, base_offset: int, options: DumpOptions) -> Iterator[str]:
+    index = OffsetIndex.load(path, base_offset)
+    if index.entries == 0:
+        yield f"{path} is empty."
+    for n in range(index.entries):
+        entry = index.entry_at(n)
+        if n > 0 and entry.offset == base_offset:
+            return  # the zero-filled tail of a preallocated index, as Kafka stops there
+        yield f"offset: {entry.offset} position: {entry.position}"
+
+
+def _time_index_lines(path: Path, base_offset: int, options: DumpOptions) -> Iterator[str]:
+    index = TimeIndex.load(path, base_offset)
+    for n in range(index.entries):
+        entry = index.entry_at(n)
+        if n > 0 and entry.offset == base_offset:
+            return
+        yield f"timestamp: {entry.timestamp} offset: {entry.offset}"
+
+
+def _txn_index_lines(path: Path, base_offset: int, options: DumpOptions) -> Iterator[str]:
+    for txn in TransactionIndex.load(path, base_offset).entries:
+        yield (
+            f"version: {TXN_ENTRY_VERSION} producerId: {txn.producer_id} "
+            f"firstOffset: {txn.first_offset} lastOffset: {txn.last_offset} "
+            f"lastStableOffset: {txn.last_stable_offset}"
+        )
+
+
+_Dumper = Callable[[Path, int, DumpOptions], Iterator[str]]
+
+_DUMPERS: Final[dict[str, _Dumper]] = {
+    LOG_FILE_SUFFIX: _log_lines,
+    INDEX_FILE_SUFFIX: _offset_index_lines,
+    TIME_INDEX_FILE_SUFFIX: _time_index_lines,
+    TXN_INDEX_FILE_SUFFIX: _txn_index_lines,
+}

@@ -1,0 +1,194 @@
+"""Kafka's checkpoint files: the root offset checkpoints and the leader-epoch checkpoint.
+
+Format (Kafka's CheckpointFile), UTF-8 text, one item per line::
+
+    0                      version (0 for every file here)
+    2                      number of entries N
+    my-topic 0 1234        N entry lines
+    my-topic 1 99
+
+Offset checkpoints (`cleaner-offset-checkpoint`, `log-start-offset-checkpoint`,
+`recovery-point-offset-checkpoint`, `replication-offset-checkpoint`) hold
+`<topic> <partition> <offset>`; the leader-epoch checkpoint inside a partition dir holds
+`<epoch> <startOffset>`. Fields are separated by runs of whitespace, as Kafka's reader
+splits them; the writer uses single spaces.
+
+Reading follows Kafka: an empty file, or a file that ends after the version line, holds
+no entries; a version other than 0, a malformed line or an entry count that differs from
+the count line raises `CheckpointError` naming the file and line. A missing file reads
+as no entries (Kafka creates it empty on first use; cleanerd does not write into a dir
+just to read it).
+
+Writing goes through `fsutil.atomic_write`: `<file>.tmp`, fsync, rename, dir fsync, so a
+crash leaves either the old or the new checkpoint, never a mix.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final, TypeVar
+
+from cleanerd.errors import CheckpointError
+from cleanerd.log.files import TopicPartition
+from cleanerd.log.fsutil import atomic_write
+
+CLEANER_OFFSET_CHECKPOINT: Final = "cleaner-offset-checkpoint"
+LOG_START_OFFSET_CHECKPOINT: Final = "log-start-offset-checkpoint"
+RECOVERY_POINT_OFFSET_CHECKPOINT: Final = "recovery-point-offset-checkpoint"
+REPLICATION_OFFSET_CHECKPOINT: Final = "replication-offset-checkpoint"
+LEADER_EPOCH_CHECKPOINT: Final = "leader-epoch-checkpoint"
+
+CHECKPOINT_VERSION: Final = 0
+
+_INT = re.compile(r"[+-]?[0-9]+")
+_LINE_BREAK = re.compile(r"\r\n|\r|\n")
+_WHITESPACE = re.compile(r"[ \t\n\x0b\f\r]+")  # Java's \s: ASCII only
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class EpochEntry:
+    """One leader-epoch checkpoint line: the first offset written in `epoch`."""
+
+    epoch: int
+    start_offset: int
+
+
+def _lines(path: Path) -> list[str]:
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise CheckpointError(f"not UTF-8 text ({exc.reason})", path=path) from exc
+    lines = _LINE_BREAK.split(text)
+    if lines and lines[-1] == "":
+        lines.pop()
+    return lines
+
+
+def _parse_int(text: str, path: Path, line: int, what: str) -> int:
+    if not _INT.fullmatch(text):
+        raise CheckpointError(f"{what} {text!r} is not an integer", path=path, line=line)
+    return int(text)
+
+
+def _fields(line: str) -> list[str]:
+    # Java's String.split keeps a leading empty field and drops trailing ones.
+    parts = _WHITESPACE.split(line)
+    while parts and parts[-1] == "":
+        parts.pop()
+    return parts
+
+
+def read_checkpoint(path: Path, parse_entry: Callable[[list[str]], T | None]) -> list[T]:
+    """Entries of the checkpoint file `path`; `parse_entry` returns None for a bad line."""
+    if not path.exists():
+        return []
+    lines = _lines(path)
+    if not lines:
+        return []
+    version = _parse_int(lines[0], path, 1, "version")
+    if version != CHECKPOINT_VERSION:
+        raise CheckpointError(f"unrecognised version {version}", path=path, line=1)
+    if len(lines) == 1:
+        return []
+    expected = _parse_int(lines[1], path, 2, "entry count")
+    entries: list[T] = []
+    for number, line in enumerate(lines[2:], start=3):
+        entry = parse_entry(_fields(line))
+        if entry is None:
+            raise CheckpointError(f"malformed line {line!r}", path=path, line=number)
+        entries.append(entry)
+    if len(entries) != expected:
+        raise CheckpointError(
+            f"expected {expected} entries but found {len(entries)}", path=path, line=2
+        )
+    return entries
+
+
+def format_checkpoint(lines: Iterable[str]) -> bytes:
+    """The bytes of a version-0 checkpoint holding `lines` as entries."""
+    body = list(lines)
+    text = f"{CHECKPOINT_VERSION}\n{len(body)}\n" + "".join(f"{entry}\n" for entry in body)
+    return text.encode("utf-8")
+
+
+def _int_or_none(text: str, bits: int) -> int | None:
+    # Java's parseInt / parseLong: decimal, optional sign, within the type's range.
+    if not _INT.fullmatch(text):
+        return None
+    value = int(text)
+    return value if -(2 ** (bits - 1)) <= value < 2 ** (bits - 1) else None
+
+
+def _parse_offset_entry(fields: list[str]) -> tuple[TopicPartition, int] | None:
+    if len(fields) != 3 or not fields[0]:
+        return None
+    partition, offset = _int_or_none(fields[1], 32), _int_or_none(fields[2], 64)
+    if partition is None or offset is None:
+        return None
+    return TopicPartition(fields[0], partition), offset
+
+
+def _parse_epoch_entry(fields: list[str]) -> EpochEntry | None:
+    if len(fields) != 2:
+        return None
+    epoch, start = _int_or_none(fields[0], 32), _int_or_none(fields[1], 64)
+    if epoch is None or start is None:
+        return None
+    return EpochEntry(epoch, start)
+
+
+class OffsetCheckpointFile:
+    """A root checkpoint mapping each topic-partition to an offset."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def read(self) -> dict[TopicPartition, int]:
+        """Entries by topic-partition; the last line wins if a partition repeats."""
+        return dict(read_checkpoint(self.path, _parse_offset_entry))
+
+    def write(self, offsets: Mapping[TopicPartition, int]) -> None:
+        """Atomically replace the file with `offsets` (sorted for stable diffs)."""
+        lines = (f"{tp.topic} {tp.partition} {offsets[tp]}" for tp in sorted(offsets))
+        atomic_write(self.path, format_checkpoint(lines))
+
+
+class LeaderEpochCheckpointFile:
+    """A partition dir's `leader-epoch-checkpoint`: epoch start offsets, in file order."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def read(self) -> list[EpochEntry]:
+        """Entries in file order."""
+        return read_checkpoint(self.path, _parse_epoch_entry)
+
+    def write(self, entries: Iterable[EpochEntry]) -> None:
+        """Atomically replace the file with `entries`."""
+        lines = (f"{e.epoch} {e.start_offset}" for e in entries)
+        atomic_write(self.path, format_checkpoint(lines))
+
+
+@dataclass(frozen=True, slots=True)
+class RootCheckpoints:
+    """The offsets a log dir's root checkpoint files hold, per partition."""
+
+    cleaner_offsets: dict[TopicPartition, int]
+    log_start_offsets: dict[TopicPartition, int]
+    recovery_points: dict[TopicPartition, int]
+    high_watermarks: dict[TopicPartition, int]
+
+    @classmethod
+    def read(cls, log_dir: Path) -> RootCheckpoints:
+        """Read the four root checkpoint files of `log_dir` (absent files are empty)."""
+        return cls(
+            cleaner_offsets=OffsetCheckpointFile(log_dir / CLEANER_OFFSET_CHECKPOINT).read(),
+            log_start_offsets=OffsetCheckpointFile(log_dir / LOG_START_OFFSET_CHECKPOINT).read(),
+            recovery_points=OffsetCheckpointFile(log_dir / RECOVERY_POINT_OFFSET_CHECKPOINT).read(),
+            high_watermarks=OffsetCheckpointFile(log_dir / REPLICATION_OFFSET_CHECKPOINT).read(),
+        )

@@ -1,0 +1,150 @@
+"""File and directory names of a Kafka log dir (Kafka's LogFileUtils and the dir parsing
+of UnifiedLog).
+
+Inside a partition dir every segment is named by its base offset, zero padded to 20
+digits, with one file per kind::
+
+    00000000000000001234.log        record batches
+    00000000000000001234.index      offset index
+    00000000000000001234.timeindex  time index
+    00000000000000001234.txnindex   aborted transactions (absent when there are none)
+    00000000000000001234.snapshot   producer state at that offset
+
+A rewrite appends a state suffix after the extension: `.cleaned` (output being written),
+`.swap` (output complete, replacing old segments), `.deleted` (old files awaiting
+deletion). The offset of any such file is the text before its first `.`.
+
+A partition dir is `<topic>-<partition>`, split at the last `-` because topic names may
+contain `-` and `.`. A dir that the broker is deleting, moving between log dirs or found
+stray is renamed `<topic>-<partition>.<32 hex uuid>-delete` (`-future`, `-stray`); those
+dirs are never partitions that cleanerd may touch.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
+
+LOG_FILE_SUFFIX: Final = ".log"
+INDEX_FILE_SUFFIX: Final = ".index"
+TIME_INDEX_FILE_SUFFIX: Final = ".timeindex"
+TXN_INDEX_FILE_SUFFIX: Final = ".txnindex"
+PRODUCER_SNAPSHOT_FILE_SUFFIX: Final = ".snapshot"
+
+CLEANED_FILE_SUFFIX: Final = ".cleaned"
+SWAP_FILE_SUFFIX: Final = ".swap"
+DELETED_FILE_SUFFIX: Final = ".deleted"
+
+DELETE_DIR_SUFFIX: Final = "-delete"
+FUTURE_DIR_SUFFIX: Final = "-future"
+STRAY_DIR_SUFFIX: Final = "-stray"
+SPECIAL_DIR_SUFFIXES: Final = (DELETE_DIR_SUFFIX, FUTURE_DIR_SUFFIX, STRAY_DIR_SUFFIX)
+
+INDEX_SUFFIXES: Final = (INDEX_FILE_SUFFIX, TIME_INDEX_FILE_SUFFIX, TXN_INDEX_FILE_SUFFIX)
+
+METADATA_TOPIC: Final = "__cluster_metadata"
+LOCK_FILE_NAME: Final = ".lock"
+
+OFFSET_DIGITS: Final = 20
+
+_SPECIAL_DIR = re.compile(r"^(\S+)-(\S+)\.(\S+)(-delete|-future|-stray)$")
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class TopicPartition:
+    """A topic and partition number; `str()` is Kafka's `<topic>-<partition>` dir name."""
+
+    topic: str
+    partition: int
+
+    def __str__(self) -> str:
+        return f"{self.topic}-{self.partition}"
+
+
+def filename_prefix_from_offset(offset: int) -> str:
+    """The 20-digit zero-padded name stem of a segment whose base offset is `offset`."""
+    if offset < 0:
+        raise ValueError(f"negative offset {offset} cannot name a segment")
+    return str(offset).zfill(OFFSET_DIGITS)
+
+
+def offset_from_filename(filename: str) -> int:
+    """The offset a file name encodes: the text before its first `.`.
+
+    Raises ValueError for names that do not start with a decimal offset (for example
+    `leader-epoch-checkpoint`), which callers skip as Kafka does.
+    """
+    stem = filename.split(".", 1)[0]
+    if not stem.isdigit() or not stem.isascii():
+        raise ValueError(f"{filename!r} does not start with an offset")
+    return int(stem)
+
+
+def special_dir_suffix(dirname: str) -> str | None:
+    """`-delete`, `-future` or `-stray` when `dirname` ends with one of them, else None."""
+    for suffix in SPECIAL_DIR_SUFFIXES:
+        if dirname.endswith(suffix):
+            return suffix
+    return None
+
+
+def parse_topic_partition(dirname: str) -> TopicPartition:
+    """Parse a live partition dir name `<topic>-<partition>`.
+
+    Raises ValueError when the name is not one: no `-`, an empty topic, a partition that
+    is not a decimal number, or a `-delete` / `-future` / `-stray` dir (whose well-formed
+    shape is `<topic>-<partition>.<uuid>-delete`; malformed ones are rejected too).
+    """
+    suffix = special_dir_suffix(dirname)
+    if suffix is not None:
+        shape = "well-formed" if _SPECIAL_DIR.match(dirname) else "malformed"
+        raise ValueError(f"{dirname!r} is a {shape} {suffix} dir, not a live partition dir")
+    topic, sep, partition = dirname.rpartition("-")
+    if not sep or not topic or not partition.isdigit() or not partition.isascii():
+        raise ValueError(f"{dirname!r} is not a <topic>-<partition> dir name")
+    return TopicPartition(topic, int(partition))
+
+
+def is_log_file(filename: str) -> bool:
+    """A segment data file (`.log`, no state suffix)."""
+    return filename.endswith(LOG_FILE_SUFFIX) and _has_offset(filename)
+
+
+def is_index_file(filename: str) -> bool:
+    """An offset, time or transaction index file (no state suffix)."""
+    return filename.endswith(INDEX_SUFFIXES) and _has_offset(filename)
+
+
+def _has_offset(filename: str) -> bool:
+    try:
+        offset_from_filename(filename)
+    except ValueError:
+        return False
+    return True
+
+
+def segment_file(dir_path: Path, base_offset: int, kind: str, suffix: str = "") -> Path:
+    """`<dir>/<20-digit base><kind><suffix>`, e.g. kind `.index`, suffix `.swap`."""
+    return dir_path / f"{filename_prefix_from_offset(base_offset)}{kind}{suffix}"
+
+
+def log_file(dir_path: Path, base_offset: int, suffix: str = "") -> Path:
+    """The `.log` file of the segment at `base_offset`."""
+    return segment_file(dir_path, base_offset, LOG_FILE_SUFFIX, suffix)
+
+
+def offset_index_file(dir_path: Path, base_offset: int, suffix: str = "") -> Path:
+    """The `.index` file of the segment at `base_offset`."""
+    return segment_file(dir_path, base_offset, INDEX_FILE_SUFFIX, suffix)
+
+
+def time_index_file(dir_path: Path, base_offset: int, suffix: str = "") -> Path:
+    """The `.timeindex` file of the segment at `base_offset`."""
+    return segment_file(dir_path, base_offset, TIME_INDEX_FILE_SUFFIX, suffix)
+
+
+def txn_index_file(dir_path: Path, base_offset: int, suffix: str = "") -> Path:
+    """The `.txnindex` file of the segment at `base_offset`."""
+    return segment_file(dir_path, base_offset, TXN_INDEX_FILE_SUFFIX, suffix)

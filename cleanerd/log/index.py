@@ -1,0 +1,434 @@
+"""Kafka's sparse segment indexes: the offset index (`.index`) and the time index
+(`.timeindex`).
+
+On-disk format, big-endian, fixed-size entries back to back, nothing else::
+
+    .index      relativeOffset:int32 | position:int32       (8 bytes)
+    .timeindex  timestamp:int64      | relativeOffset:int32 (12 bytes)
+
+`relativeOffset` is the offset minus the segment's base offset. An offset-index entry
+maps a batch's last offset to the byte position where that batch starts; a time-index
+entry says "the largest timestamp at or before this offset is `timestamp`", the offset
+being the last offset of the earliest batch holding that timestamp.
+
+Kafka's rules kept here (AbstractIndex, OffsetIndex, TimeIndex):
+
+- lookup returns the greatest entry at or below the target, or `(base offset, 0)` /
+  `(-1, base offset)` when there is none; the caller then scans the log forward;
+- offsets are strictly increasing; a time-index entry is only written when its
+  timestamp is strictly greater than the last one;
+- capacity is `segment.index.bytes // entry size` entries; the time index reports
+  "full" one slot early so the final entry written when a segment becomes inactive
+  (`maybe_append(..., skip_full_check=True)`) always fits;
+- which entries exist is decided by `IndexBuilder`, Kafka's per-batch interval rule
+  (trunk, KAFKA-806): an entry is added for a batch when more than
+  `index.interval.bytes` bytes were appended since the last entry, counted before the
+  batch's own bytes, so the first batch of a segment is never indexed.
+
+cleanerd keeps index files trimmed to exactly `entries x entry size` at all times (no
+preallocation) and appends entries to the file right after the log bytes they describe
+are written. An inactive segment's index is therefore byte-identical to Kafka's trimmed
+one, an active segment's index is a valid index Kafka resizes on load, and another
+process reading the dir always sees an index no newer than its log. A crash between
+the two writes leaves an index missing its newest entry, which is still correct.
+
+Loading tolerates the one foreign shape a Kafka dir can hold: a preallocated index of
+an active segment (a live broker, or one that did not shut down cleanly) whose unused
+tail is zero bytes. Trailing all-zero entries are ignored: position 0 is never indexed,
+so a zero offset-index entry is never real, and a zero time-index entry can only be
+real as the first entry of a one-entry file (timestamps strictly increase).
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from pathlib import Path
+from typing import ClassVar, Final, Self
+
+import numpy as np
+from numpy.typing import NDArray
+
+from cleanerd.errors import CorruptIndexError
+from cleanerd.log.fsutil import atomic_write, fsync_file
+
+INT32_MAX: Final = 2**31 - 1
+NO_TIMESTAMP: Final = -1
+DEFAULT_MAX_INDEX_SIZE: Final = 10 * 1024 * 1024
+DEFAULT_INDEX_INTERVAL_BYTES: Final = 4096
+
+OFFSET_ENTRY: Final = struct.Struct(">ii")  # relativeOffset, position
+TIME_ENTRY: Final = struct.Struct(">qi")  # timestamp, relativeOffset
+assert OFFSET_ENTRY.size == 8
+assert TIME_ENTRY.size == 12
+
+
+class IndexPastLogError(CorruptIndexError):
+    """An index entry that refers to bytes or offsets beyond the end of its log: the log
+    lost data the index knew about, so the index must not be silently rebuilt."""
+
+
+@dataclass(frozen=True, slots=True)
+class OffsetPosition:
+    """An offset-index answer: scan the log from `position` to find `offset`."""
+
+    offset: int
+    position: int
+
+
+@dataclass(frozen=True, slots=True)
+class TimestampOffset:
+    """A time-index answer: no record at or before `offset` has a timestamp above
+    `timestamp`."""
+
+    timestamp: int
+    offset: int
+
+
+def _pread_exact(path: Path, size: int, position: int) -> bytes:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        return os.pread(fd, size, position)
+    finally:
+        os.close(fd)
+
+
+def _write_at(path: Path, data: bytes, position: int) -> None:
+    """Write `data` at `position` and cut the file right after it."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        os.pwrite(fd, data, position)
+        os.ftruncate(fd, position + len(data))
+    finally:
+        os.close(fd)
+
+
+class _Index(ABC):
+    """An index file read lazily: the entry count and last entry come from the file's
+    size and last bytes; all entries are read only for lookups and checks. New entries
+    wait in memory until `flush_entries` appends them."""
+
+    entry: ClassVar[struct.Struct]
+
+    def __init__(
+        self, path: Path, base_offset: int, *, max_index_size: int = DEFAULT_MAX_INDEX_SIZE
+    ) -> None:
+        self.path = path
+        self.base_offset = base_offset
+        self.max_entries = max_index_size // self.entry.size
+        self.file_exists = False
+        self._file_bytes = 0
+        self._in_file = 0
+        self._pending: list[tuple[int, int]] = []
+        self._last: tuple[int, int] | None = None
+        self._columns: tuple[NDArray[np.int64], NDArray[np.int64]] | None = None
+
+    @classmethod
+    def load(
+        cls, path: Path, base_offset: int, *, max_index_size: int = DEFAULT_MAX_INDEX_SIZE
+    ) -> Self:
+        """Open `path` (an absent file is an empty index with `file_exists` False)."""
+        index = cls(path, base_offset, max_index_size=max_index_size)
+        index._load()
+        return index
+
+    def _load(self) -> None:
+        try:
+            length = self.path.stat().st_size
+        except FileNotFoundError:
+            return
+        self.file_exists = True
+        self._file_bytes = length
+        size = self.entry.size
+        if length % size:
+            raise CorruptIndexError(
+                f"size {length} is not a multiple of the entry size {size}", path=self.path
+            )
+        count = length // size
+        if count == 0:
+            return
+        last = _pread_exact(self.path, size, length - size)
+        if any(last):
+            self._in_file = count
+            self._last = self.entry.unpack(last)
+        else:
+            self._strip_preallocated(self.path.read_bytes())
+
+    def _strip_preallocated(self, raw: bytes) -> None:
+        size = self.entry.size
+        rows = np.frombuffer(raw, dtype=np.uint8).reshape(-1, size)
+        nonzero = np.flatnonzero(rows.any(axis=1))
+        used = int(nonzero[-1]) + 1 if nonzero.size else self._zero_entries_kept(len(rows))
+        self._in_file = used
+        self._last = self.entry.unpack_from(raw, (used - 1) * size) if used else None
+
+    def _zero_entries_kept(self, count: int) -> int:
+        """How many entries of an all-zero file of `count` entries are real."""
+        return 0
+
+    @property
+    def entries(self) -> int:
+        """Number of entries."""
+        return self._in_file + len(self._pending)
+
+    @property
+    def size_in_bytes(self) -> int:
+        """Bytes of the trimmed file: entries x entry size (Kafka's sizeInBytes)."""
+        return self.entries * self.entry.size
+
+    @property
+    def is_full(self) -> bool:
+        """No room for another entry (a full index forces a roll)."""
+        return self.entries >= self.max_entries
+
+    def relative_offset(self, offset: int) -> int:
+        """`offset - base offset`, which must fit an int32 (Kafka's relativeOffset)."""
+        rel = offset - self.base_offset
+        if not 0 <= rel <= INT32_MAX:
+            raise ValueError(
+                f"offset {offset} does not fit an int32 relative to base offset "
+                f"{self.base_offset} of {self.path}"
+            )
+        return rel
+
+    def _columns_all(self) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
+        """Both fields of every entry, as native int64 columns."""
+        if self._columns is None:
+            raw = b""
+            if self._in_file:
+                raw = _pread_exact(self.path, self._in_file * self.entry.size, 0)
+            raw += b"".join(self.entry.pack(a, b) for a, b in self._pending)
+            dtype = np.dtype([("a", f">i{self.entry.size - 4}"), ("b", ">i4")])
+            table = np.frombuffer(raw, dtype=dtype)
+            self._columns = (table["a"].astype(np.int64), table["b"].astype(np.int64))
+        return self._columns
+
+    def _add(self, first: int, second: int) -> None:
+        self._pending.append((first, second))
+        self._last = (first, second)
+        self._columns = None
+
+    def to_bytes(self) -> bytes:
+        """The whole trimmed file content."""
+        first, second = self._columns_all()
+        return b"".join(self.entry.pack(a, b) for a, b in zip(first, second, strict=True))
+
+    def flush_entries(self) -> None:
+        """Append the entries the file lacks (creating it), so that it holds exactly the
+        index's entries and no preallocated tail."""
+        target = self.entries * self.entry.size
+        if self.file_exists and self._file_bytes == target:
+            return
+        data = b"".join(self.entry.pack(a, b) for a, b in self._pending)
+        _write_at(self.path, data, self._in_file * self.entry.size)
+        self._in_file, self._pending = self.entries, []
+        self._file_bytes, self.file_exists = target, True
+
+    def write(self) -> None:
+        """Replace the file atomically with the index's entries (after a rebuild)."""
+        atomic_write(self.path, self.to_bytes())
+        self._in_file, self._pending = self.entries, []
+        self._file_bytes, self.file_exists = self.entries * self.entry.size, True
+
+    def fsync(self) -> None:
+        """fsync the file if it exists."""
+        if self.file_exists:
+            fsync_file(self.path)
+
+    @abstractmethod
+    def sanity_check(self) -> None:
+        """Raise CorruptIndexError if the entries themselves are out of order."""
+
+
+class OffsetIndex(_Index):
+    """A segment's `.index`: sparse map from a batch's last offset to its file position."""
+
+    entry = OFFSET_ENTRY
+
+    @property
+    def last_entry(self) -> OffsetPosition:
+        """The last entry, or `(base offset, 0)` when empty."""
+        if self._last is None:
+            return OffsetPosition(self.base_offset, 0)
+        return OffsetPosition(self.base_offset + self._last[0], self._last[1])
+
+    @property
+    def last_offset(self) -> int:
+        """Offset of the last entry, or the base offset when empty."""
+        return self.last_entry.offset
+
+    def entry_at(self, n: int) -> OffsetPosition:
+        """Entry number `n`."""
+        rel, pos = self._columns_all()
+        return OffsetPosition(self.base_offset + int(rel[n]), int(pos[n]))
+
+    def lookup(self, target_offset: int) -> OffsetPosition:
+        """The greatest entry with offset <= target, or `(base offset, 0)` if none."""
+        rel, _ = self._columns_all()
+        slot = int(np.searchsorted(rel, target_offset - self.base_offset, side="right")) - 1
+        if slot < 0:
+            return OffsetPosition(self.base_offset, 0)
+        return self.entry_at(slot)
+
+    def append(self, offset: int, position: int) -> None:
+        """Add an entry; offsets must strictly increase and the index must not be full."""
+        if self.is_full:
+            raise ValueError(f"attempt to append to a full index {self.path} ({self.entries})")
+        if self._last is not None and offset <= self.last_offset:
+            raise ValueError(
+                f"attempt to append offset {offset} to {self.path}, no larger than the "
+                f"last offset {self.last_offset}"
+            )
+        self._add(self.relative_offset(offset), position)
+
+    def sanity_check(self) -> None:
+        """Raise CorruptIndexError unless offsets and positions strictly increase."""
+        rel, pos = self._columns_all()
+        _check_increasing(rel, "offset", self.path, self.base_offset, strict=True)
+        _check_increasing(pos, "position", self.path, 0, strict=True)
+        if rel.size and (rel[0] < 0 or pos[0] < 0):
+            raise CorruptIndexError("entry 0 has a negative offset or position", path=self.path)
+
+    def check_within(self, log_size: int) -> None:
+        """Raise IndexPastLogError if the last entry points at or past `log_size`."""
+        last = self.last_entry
+        if self.entries and last.position >= log_size:
+            raise IndexPastLogError(
+                f"entry {self.entries - 1} (offset {last.offset}) points to position "
+                f"{last.position}, past the end of the log ({log_size} bytes)",
+                path=self.path,
+            )
+
+
+class TimeIndex(_Index):
+    """A segment's `.timeindex`: the largest timestamp seen up to an offset."""
+
+    entry = TIME_ENTRY
+
+    def _zero_entries_kept(self, count: int) -> int:
+        # A one-entry file (0, base) is real: timestamp 0 at the base offset.
+        return 1 if count == 1 else 0
+
+    @property
+    def is_full(self) -> bool:
+        """Full one slot early, so the final entry of an inactive segment always fits."""
+        return self.entries >= self.max_entries - 1
+
+    @property
+    def last_entry(self) -> TimestampOffset:
+        """The last entry, or `(-1, base offset)` when empty (Kafka's default)."""
+        if self._last is None:
+            return TimestampOffset(NO_TIMESTAMP, self.base_offset)
+        return TimestampOffset(self._last[0], self.base_offset + self._last[1])
+
+    def entry_at(self, n: int) -> TimestampOffset:
+        """Entry number `n`."""
+        ts, rel = self._columns_all()
+        return TimestampOffset(int(ts[n]), self.base_offset + int(rel[n]))
+
+    def lookup(self, target_timestamp: int) -> TimestampOffset:
+        """The greatest entry with timestamp <= target, or `(-1, base offset)` if none."""
+        ts, _ = self._columns_all()
+        slot = int(np.searchsorted(ts, target_timestamp, side="right")) - 1
+        if slot < 0:
+            return TimestampOffset(NO_TIMESTAMP, self.base_offset)
+        return self.entry_at(slot)
+
+    def maybe_append(self, timestamp: int, offset: int, *, skip_full_check: bool = False) -> bool:
+        """Add `(timestamp, offset)` if the timestamp is strictly greater than the last.
+
+        Returns whether an entry was added. Offsets or timestamps going backwards are
+        errors; an equal timestamp is skipped (the final entry of a segment re-appends
+        the max timestamp, which is often already the last entry).
+        """
+        if not skip_full_check and self.is_full:
+            raise ValueError(f"attempt to append to a full time index {self.path}")
+        last = self.last_entry
+        if self._last is not None and offset < last.offset:
+            raise ValueError(
+                f"attempt to append offset {offset} to {self.path}, below the last offset "
+                f"{last.offset}"
+            )
+        if self._last is not None and timestamp < last.timestamp:
+            raise ValueError(
+                f"attempt to append timestamp {timestamp} to {self.path}, below the last "
+                f"timestamp {last.timestamp}"
+            )
+        if timestamp <= last.timestamp:
+            return False
+        self._add(timestamp, self.relative_offset(offset))
+        return True
+
+    def sanity_check(self) -> None:
+        """Raise CorruptIndexError unless timestamps strictly increase and offsets never
+        decrease."""
+        ts, rel = self._columns_all()
+        _check_increasing(ts, "timestamp", self.path, 0, strict=True)
+        _check_increasing(rel, "offset", self.path, self.base_offset, strict=False)
+        if rel.size and rel[0] < 0:
+            raise CorruptIndexError("entry 0 has a negative relative offset", path=self.path)
+
+
+def _check_increasing(
+    values: NDArray[np.int64], what: str, path: Path, shift: int, *, strict: bool
+) -> None:
+    steps = np.diff(values)
+    bad = np.flatnonzero(steps <= 0 if strict else steps < 0)
+    if bad.size:
+        n = int(bad[0]) + 1
+        raise CorruptIndexError(
+            f"entry {n} has {what} {int(values[n]) + shift}, not above entry {n - 1}'s "
+            f"{int(values[n - 1]) + shift}",
+            path=path,
+        )
+
+
+class IndexBuilder:
+    """Kafka's index maintenance for one segment (LogSegment.append and recover).
+
+    For each batch, in file order: the running max timestamp, and the last offset of the
+    earliest batch holding it, are updated; then, if more than `interval_bytes` bytes were
+    appended since the last entry (this batch not counted), the batch gets the
+    offset-index entry `(last offset, start position)` and the time index gets
+    `(max timestamp so far, its offset)` when that timestamp is new. `finish` adds the
+    final time-index entry a segment gets when it becomes inactive.
+    """
+
+    def __init__(
+        self,
+        offset_index: OffsetIndex,
+        time_index: TimeIndex,
+        interval_bytes: int,
+        *,
+        bytes_since_last_entry: int = 0,
+        max_timestamp: int = NO_TIMESTAMP,
+        offset_of_max_timestamp: int | None = None,
+    ) -> None:
+        self.offset_index = offset_index
+        self.time_index = time_index
+        self.interval_bytes = interval_bytes
+        self.bytes_since_last_entry = bytes_since_last_entry
+        self.max_timestamp = max_timestamp
+        base = offset_index.base_offset
+        self.offset_of_max_timestamp = (
+            base if offset_of_max_timestamp is None else offset_of_max_timestamp
+        )
+
+    def add_batch(self, position: int, size: int, last_offset: int, max_timestamp: int) -> None:
+        """Account for the batch of `size` bytes starting at `position`."""
+        if max_timestamp > self.max_timestamp:
+            self.max_timestamp = max_timestamp
+            self.offset_of_max_timestamp = last_offset
+        if self.bytes_since_last_entry > self.interval_bytes:
+            self.offset_index.append(last_offset, position)
+            self.time_index.maybe_append(self.max_timestamp, self.offset_of_max_timestamp)
+            self.bytes_since_last_entry = 0
+        self.bytes_since_last_entry += size
+
+    def finish(self) -> None:
+        """Add the final time-index entry (the max timestamp), ignoring fullness."""
+        self.time_index.maybe_append(
+            self.max_timestamp, self.offset_of_max_timestamp, skip_full_check=True
+        )

@@ -1,0 +1,260 @@
+"""Who may write a log dir, and one partition at a time.
+
+`LogDirLock` is the broker's own lock: an exclusive POSIX record lock
+(`fcntl.lockf`, which is `fcntl(F_SETLK)`, what the JVM's `FileChannel.tryLock` takes on
+Linux) on `<log.dir>/.lock`, created if missing as a broker does. Holding it for the
+life of the process means a broker cannot start on a dir cleanerd maintains, and
+cleanerd sees a running broker (or another cleanerd) as `LogDirLockedError` and falls
+back to observe mode.
+
+POSIX record locks belong to the process and are released when *any* descriptor of the
+file is closed, so a process must open each `.lock` once: the module keeps a registry of
+held locks by device and inode, and a second acquisition in the same process is refused
+rather than silently dropping the first lock.
+
+`OwnerLock` tells cleanerd processes apart from a broker: the cleanerd process that owns
+a log dir (holds its `.lock`) also holds an `flock` on
+`<state dir>/locks/<log dir key>/owner.lock`. Another cleanerd process (`cleanerd
+produce`) that finds `.lock` taken checks that file: held means a cleanerd owner, with
+which appends are coordinated through partition locks; free means a broker or another
+program, whose dir is only observed.
+
+`PartitionLock` coordinates cleanerd processes (the daemon and `cleanerd produce`) on
+one partition: appends, rolls, swaps and deletions take it for their short critical
+section. It is an `flock` on `<state dir>/locks/<log dir key>/<topic>-<partition>.lock`,
+outside the log dir so a Kafka broker never sees a foreign file. `flock` locks belong
+to the open file description, so the lock also excludes other lock objects in the same
+process; a thread lock on top makes it safe across threads, and a depth counter makes it
+reentrant for the thread holding it. Waiting is bounded: polling with a short backoff up
+to a timeout, after which `PartitionLockTimeout` names the lock file.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import hashlib
+import os
+import tempfile
+import threading
+import time
+from pathlib import Path
+from types import TracebackType
+from typing import Final, Self
+
+from cleanerd.errors import CleanerdError, LogDirLockedError
+from cleanerd.log.files import LOCK_FILE_NAME, TopicPartition
+
+DEFAULT_LOCK_TIMEOUT_S: Final = 30.0
+_POLL_START_S: Final = 0.001
+_POLL_MAX_S: Final = 0.05
+
+_held_lock: dict[tuple[int, int], LogDirLock] = {}
+_held_lock_guard = threading.Lock()
+
+
+class PartitionLockTimeout(CleanerdError):
+    """Another process held a partition lock for longer than the timeout."""
+
+    def __init__(self, path: Path, timeout_s: float) -> None:
+        self.path = str(path)
+        super().__init__(f"timed out after {timeout_s:g} s waiting for partition lock {path}")
+
+
+def log_dir_key(log_dir: Path) -> str:
+    """A short stable name for a log dir, used for per-dir folders in the state dir."""
+    return hashlib.sha256(str(log_dir.resolve()).encode()).hexdigest()[:16]
+
+
+def default_state_dir() -> Path:
+    """Where cleanerd keeps its state when none is configured.
+
+    `$CLEANERD_STATE_DIR`, else `$XDG_RUNTIME_DIR/cleanerd`, else a per-user folder in
+    the temp dir; every process of one user on one host finds the same locks there.
+    """
+    if env := os.environ.get("CLEANERD_STATE_DIR"):
+        return Path(env)
+    if runtime := os.environ.get("XDG_RUNTIME_DIR"):
+        return Path(runtime) / "cleanerd"
+    return Path(tempfile.gettempdir()) / f"cleanerd-{os.getuid()}"
+
+
+class LogDirLock:
+    """The exclusive POSIX lock on `<log.dir>/.lock`, held until `release`."""
+
+    def __init__(self, log_dir: Path) -> None:
+        self.log_dir = log_dir
+        self.path = log_dir / LOCK_FILE_NAME
+        self._fd: int | None = None
+        self._key: tuple[int, int] | None = None
+
+    @property
+    def held(self) -> bool:
+        """Whether this object holds the lock."""
+        return self._fd is not None
+
+    def acquire(self) -> None:
+        """Take the lock or raise LogDirLockedError if any process (this one included,
+        through another object) holds it."""
+        if self._fd is not None:
+            return
+        with _held_lock_guard:
+            # Check before opening: closing any descriptor of a file this process has
+            # locked would drop that lock.
+            if self.path.exists() and _file_key(self.path.stat()) in _held_lock:
+                raise LogDirLockedError(self.log_dir)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            key = _file_key(os.fstat(fd))
+            try:
+                fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as exc:
+                os.close(fd)
+                if exc.errno in (errno.EACCES, errno.EAGAIN):
+                    raise LogDirLockedError(self.log_dir) from exc
+                raise
+            _held_lock[key] = self
+        self._fd, self._key = fd, key
+
+    def release(self) -> None:
+        """Release the lock (closing the descriptor drops it)."""
+        if self._fd is None:
+            return
+        with _held_lock_guard:
+            if self._key is not None:
+                _held_lock.pop(self._key, None)
+            os.close(self._fd)
+        self._fd = self._key = None
+
+    def __enter__(self) -> Self:
+        self.acquire()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.release()
+
+
+class OwnerLock:
+    """The marker a log dir's cleanerd owner holds in the state dir (see above)."""
+
+    def __init__(self, state_dir: Path, log_dir: Path) -> None:
+        self.path = state_dir / "locks" / log_dir_key(log_dir) / "owner.lock"
+        self._fd: int | None = None
+
+    def acquire(self) -> bool:
+        """Take the marker without waiting; False if another holder has it."""
+        if self._fd is not None:
+            return True
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return False
+        self._fd = fd
+        return True
+
+    def release(self) -> None:
+        """Drop the marker."""
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    def held_elsewhere(self) -> bool:
+        """Whether another holder (normally the owning daemon) has the marker."""
+        if self._fd is not None:
+            return False
+        if not self.acquire():
+            return True
+        self.release()
+        return False
+
+
+def holds_log_dir_lock(log_dir: Path) -> bool:
+    """Whether this process holds the `.lock` of `log_dir` (through any LogDirLock)."""
+    path = log_dir / LOCK_FILE_NAME
+    with _held_lock_guard:
+        return path.exists() and _file_key(path.stat()) in _held_lock
+
+
+def _file_key(st: os.stat_result) -> tuple[int, int]:
+    return (st.st_dev, st.st_ino)
+
+
+def partition_lock_path(state_dir: Path, log_dir: Path, tp: TopicPartition) -> Path:
+    """`<state dir>/locks/<log dir key>/<topic>-<partition>.lock`."""
+    return state_dir / "locks" / log_dir_key(log_dir) / f"{tp}.lock"
+
+
+class PartitionLock:
+    """Reentrant, thread-safe, cross-process lock on one partition of one log dir."""
+
+    def __init__(
+        self,
+        state_dir: Path,
+        log_dir: Path,
+        tp: TopicPartition,
+        *,
+        timeout_s: float = DEFAULT_LOCK_TIMEOUT_S,
+    ) -> None:
+        self.path = partition_lock_path(state_dir, log_dir, tp)
+        self.timeout_s = timeout_s
+        self._thread_lock = threading.RLock()
+        self._depth = 0
+        self._fd: int | None = None
+
+    def acquire(self) -> None:
+        """Wait up to the timeout for the lock; raise PartitionLockTimeout otherwise."""
+        deadline = time.monotonic() + self.timeout_s
+        if not self._thread_lock.acquire(timeout=self.timeout_s):
+            raise PartitionLockTimeout(self.path, self.timeout_s)
+        try:
+            if self._depth == 0:
+                self._fd = self._flock(deadline)
+            self._depth += 1
+        except BaseException:
+            self._thread_lock.release()
+            raise
+
+    def _flock(self, deadline: float) -> int:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        delay = _POLL_START_S
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    os.close(fd)
+                    raise PartitionLockTimeout(self.path, self.timeout_s) from None
+                time.sleep(delay)
+                delay = min(delay * 2, _POLL_MAX_S)
+            else:
+                return fd
+
+    def release(self) -> None:
+        """Release one level; the file lock goes when the outermost level does."""
+        if self._depth == 0:
+            raise RuntimeError(f"release of partition lock {self.path} that is not held")
+        self._depth -= 1
+        if self._depth == 0 and self._fd is not None:
+            os.close(self._fd)  # closing the description drops the flock
+            self._fd = None
+        self._thread_lock.release()
+
+    def __enter__(self) -> Self:
+        self.acquire()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.release()

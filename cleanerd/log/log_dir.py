@@ -1,0 +1,228 @@
+"""One Kafka log dir (an entry of `log.dirs`): its partitions, root checkpoints, identity
+and ownership.
+
+Layout of the root (Kafka's LogManager)::
+
+    .lock                              POSIX-locked by whoever owns the dir
+    meta.properties                    identity (read only)
+    cleaner-offset-checkpoint          first dirty offset per compacted partition
+    log-start-offset-checkpoint        log start offsets above the first segment base
+    recovery-point-offset-checkpoint   offsets known flushed
+    replication-offset-checkpoint      high watermarks (the broker's; only read)
+    <topic>-<partition>/               partition dirs
+    <topic>-<partition>.<uuid>-delete  (and -future, -stray): never touched
+
+Ownership (DESIGN section 2):
+
+- `OWNER`: this process holds `.lock` (and the owner marker in the state dir); it may
+  recover, roll, clean, delete and write the root checkpoints.
+- `SHARED`: `.lock` is held by another cleanerd process (its owner marker is held);
+  this process may only append, coordinated by partition locks (`cleanerd produce`).
+- `OBSERVE`: read only. Chosen, or forced when `.lock` is held by anything else (a live
+  broker), with a warning naming the dir.
+
+`__cluster_metadata` is always opened read-only, and nothing of cleanerd's own is ever
+written inside a partition dir: locks and quarantined bytes live in the state dir.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from types import TracebackType
+from typing import Self
+
+import structlog
+
+from cleanerd.errors import LogDirLockedError
+from cleanerd.log.checkpoint import (
+    CLEANER_OFFSET_CHECKPOINT,
+    LOG_START_OFFSET_CHECKPOINT,
+    RECOVERY_POINT_OFFSET_CHECKPOINT,
+    OffsetCheckpointFile,
+    RootCheckpoints,
+)
+from cleanerd.log.files import METADATA_TOPIC, TopicPartition, parse_topic_partition
+from cleanerd.log.lock import LogDirLock, OwnerLock, default_state_dir
+from cleanerd.log.partition_log import LogConfig, PartitionLog
+from cleanerd.log.properties import META_PROPERTIES, MetaProperties, read_meta_properties
+
+log = structlog.get_logger(__name__)
+
+
+class Mode(enum.Enum):
+    """What this process may do to the log dir."""
+
+    OWNER = "owner"
+    SHARED = "shared"
+    OBSERVE = "observe"
+
+
+class LogDir:
+    """A log dir opened in one of the three modes; use `open`, and `close` when done."""
+
+    def __init__(
+        self,
+        path: Path,
+        mode: Mode,
+        *,
+        state_dir: Path,
+        dir_lock: LogDirLock | None = None,
+        owner_lock: OwnerLock | None = None,
+    ) -> None:
+        self.path = path
+        self.mode = mode
+        self.state_dir = state_dir
+        self._dir_lock = dir_lock
+        self._owner_lock = owner_lock
+        self.checkpoints = RootCheckpoints.read(path)
+
+    @classmethod
+    def open(
+        cls,
+        path: Path,
+        *,
+        observe: bool = False,
+        allow_shared: bool = False,
+        state_dir: Path | None = None,
+    ) -> LogDir:
+        """Open `path`: owner mode unless `observe`; if another process holds `.lock`,
+        shared mode when `allow_shared` and that process is a cleanerd owner, else
+        observe mode (with a warning)."""
+        state = default_state_dir() if state_dir is None else state_dir
+        if observe:
+            return cls(path, Mode.OBSERVE, state_dir=state)
+        dir_lock = LogDirLock(path)
+        try:
+            dir_lock.acquire()
+        except LogDirLockedError:
+            if allow_shared and OwnerLock(state, path).held_elsewhere():
+                log.info("log_dir.shared", log_dir=str(path))
+                return cls(path, Mode.SHARED, state_dir=state)
+            log.warning(
+                "log_dir.observe_forced",
+                log_dir=str(path),
+                reason=f"{path / '.lock'} is locked by another process (a running broker?)",
+            )
+            return cls(path, Mode.OBSERVE, state_dir=state)
+        owner_lock = OwnerLock(state, path)
+        if not owner_lock.acquire():
+            dir_lock.release()
+            raise LogDirLockedError(path)
+        return cls(path, Mode.OWNER, state_dir=state, dir_lock=dir_lock, owner_lock=owner_lock)
+
+    def close(self) -> None:
+        """Release the locks (owner mode)."""
+        if self._owner_lock is not None:
+            self._owner_lock.release()
+        if self._dir_lock is not None:
+            self._dir_lock.release()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    @property
+    def read_only(self) -> bool:
+        """True in observe mode."""
+        return self.mode is Mode.OBSERVE
+
+    @property
+    def meta_properties(self) -> MetaProperties | None:
+        """`meta.properties`, or None when the dir has none (not yet used by a broker)."""
+        path = self.path / META_PROPERTIES
+        return read_meta_properties(path) if path.exists() else None
+
+    # -- partitions ----------------------------------------------------------------------
+
+    def partitions(self) -> dict[TopicPartition, Path]:
+        """Every live partition dir, by topic-partition; `-delete`, `-future`, `-stray`
+        dirs and anything that is not `<topic>-<partition>` are skipped."""
+        found: dict[TopicPartition, Path] = {}
+        for entry in sorted(self.path.iterdir()):
+            if not entry.is_dir():
+                continue
+            try:
+                found[parse_topic_partition(entry.name)] = entry
+            except ValueError:
+                log.debug("log_dir.entry_skipped", path=str(entry))
+        return found
+
+    def open_partition(
+        self, tp: TopicPartition, *, config: LogConfig | None = None, full_check: bool = False
+    ) -> PartitionLog:
+        """Open an existing partition with this dir's mode (the metadata log is always
+        read-only; only the owner recovers)."""
+        read_only = self.read_only or tp.topic == METADATA_TOPIC
+        return PartitionLog.open(
+            self.path / str(tp),
+            config=config,
+            state_dir=self.state_dir,
+            read_only=read_only,
+            recover=self.mode is Mode.OWNER and not read_only,
+            checkpoints=self.checkpoints,
+            full_check=full_check,
+        )
+
+    def create_partition(
+        self, tp: TopicPartition, *, config: LogConfig | None = None
+    ) -> PartitionLog:
+        """Open a partition, creating its dir and first segment if missing."""
+        if self.read_only or tp.topic == METADATA_TOPIC:
+            raise PermissionError(f"cannot create {tp} in {self.path} ({self.mode.value} mode)")
+        if (self.path / str(tp)).exists():
+            return self.open_partition(tp, config=config)
+        return PartitionLog.create(
+            self.path, tp, config=config, state_dir=self.state_dir, checkpoints=self.checkpoints
+        )
+
+    # -- root checkpoints --------------------------------------------------------------------
+
+    def reload_checkpoints(self) -> RootCheckpoints:
+        """Re-read the root checkpoint files (a broker or the cleaner may have moved them)."""
+        self.checkpoints = RootCheckpoints.read(self.path)
+        return self.checkpoints
+
+    def _write(self, name: str, offsets: Mapping[TopicPartition, int]) -> None:
+        if self.mode is not Mode.OWNER:
+            raise PermissionError(f"only the owner writes {name} in {self.path}")
+        live = self.partitions()
+        OffsetCheckpointFile(self.path / name).write(
+            {tp: o for tp, o in offsets.items() if tp in live}
+        )
+
+    def write_cleaner_offsets(self, offsets: Mapping[TopicPartition, int]) -> None:
+        """Replace `cleaner-offset-checkpoint` (entries of vanished partitions dropped)."""
+        self._write(CLEANER_OFFSET_CHECKPOINT, offsets)
+        self.checkpoints = RootCheckpoints.read(self.path)
+
+    def update_cleaner_offset(self, tp: TopicPartition, offset: int) -> None:
+        """Set one partition's first dirty offset, keeping the other entries."""
+        current = OffsetCheckpointFile(self.path / CLEANER_OFFSET_CHECKPOINT).read()
+        current[tp] = offset
+        self.write_cleaner_offsets(current)
+
+    def checkpoint_logs(self, logs: Iterable[PartitionLog]) -> None:
+        """Write `recovery-point-offset-checkpoint` and `log-start-offset-checkpoint` for
+        `logs` (the latter only where the start is above the first base, as Kafka does);
+        entries of partitions not in `logs` are kept."""
+        logs = list(logs)
+        recovery = dict(self.checkpoints.recovery_points)
+        starts = dict(self.checkpoints.log_start_offsets)
+        for plog in logs:
+            tp = plog.topic_partition
+            recovery[tp] = plog.recovery_point
+            starts.pop(tp, None)
+            if plog.segments and plog.log_start_offset > plog.segments[0].base_offset:
+                starts[tp] = plog.log_start_offset
+        self._write(RECOVERY_POINT_OFFSET_CHECKPOINT, recovery)
+        self._write(LOG_START_OFFSET_CHECKPOINT, starts)
+        self.checkpoints = RootCheckpoints.read(self.path)

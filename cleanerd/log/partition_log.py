@@ -1,0 +1,698 @@
+"""A partition dir as an ordered set of segments (Kafka's LocalLog and the log-level parts
+of UnifiedLog): appends, rolls, swaps, deletions, reads and the metadata snapshot.
+
+Layout: `<log.dir>/<topic>-<partition>/` holding segments named by base offset (see
+`segment.py`); the last one is the active segment, the only one appended to. The log
+end offset is the active segment's next offset; the log start offset is the larger of
+the dir's `log-start-offset-checkpoint` entry and the first segment's base offset.
+
+Concurrency between cleanerd processes (the daemon and `cleanerd produce`): every
+mutation (append, roll, swap, deletion) holds the partition's `PartitionLock` and,
+under it, first re-reads the segment list (by inode, so a swapped segment is noticed)
+and the active segment's size. Writers therefore always append at the true end of the
+log, and an append can never interleave with another process's roll or swap. The bytes
+after the active segment's last index entry are checked under the lock before writing:
+a partial batch left by a writer that was killed mid-write is cut (quarantined first),
+anything else refuses the append.
+
+Crash safety of each mutation:
+
+- append: batch bytes, then index entries (see `segment.py`);
+- roll: the old segment gets its final time-index entry and is fsynced, then the new
+  segment's empty index files and `.log` are created and the dir fsynced;
+- swap (`cleanerd.compaction.swap`, under `lock`): `.cleaned` -> `.swap` -> old files
+  `.deleted` -> final names; `recovery.py` completes or rolls back every prefix, and
+  `refresh` notices the new segments by their inodes;
+- deletion: files are renamed to `.deleted` and the dir fsynced; the caller unlinks them
+  after `file.delete.delay.ms`, or at once under disk pressure.
+
+Producer snapshots are not written on roll: cleanerd does not track full producer state,
+and a broker rebuilds a missing snapshot from the log, whereas an incomplete one would
+mislead it. Kafka's snapshots are read, to find open transactions without scanning the
+whole log.
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import os
+from collections.abc import Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+
+import structlog
+
+from cleanerd.errors import (
+    CleanerdError,
+    CorruptIndexError,
+    CorruptRecordError,
+    LogDirLockedError,
+)
+from cleanerd.log.checkpoint import RootCheckpoints
+from cleanerd.log.files import (
+    DELETED_FILE_SUFFIX,
+    METADATA_TOPIC,
+    PRODUCER_SNAPSHOT_FILE_SUFFIX,
+    TopicPartition,
+    is_log_file,
+    offset_from_filename,
+    parse_topic_partition,
+)
+from cleanerd.log.fsutil import fsync_dir
+from cleanerd.log.index import (
+    DEFAULT_INDEX_INTERVAL_BYTES,
+    DEFAULT_MAX_INDEX_SIZE,
+    IndexPastLogError,
+)
+from cleanerd.log.lock import (
+    DEFAULT_LOCK_TIMEOUT_S,
+    LogDirLock,
+    PartitionLock,
+    default_state_dir,
+    holds_log_dir_lock,
+    log_dir_key,
+)
+from cleanerd.log.meta import PartitionMeta
+from cleanerd.log.recovery import (
+    RecoveryReport,
+    SegmentOptions,
+    recover_partition,
+    torn_tail_reason,
+    truncate_torn_tail,
+)
+from cleanerd.log.segment import LogSegment
+from cleanerd.log.txnindex import AbortedTxn, ongoing_txns_from_snapshot
+from cleanerd.records.batch import encode_batch, iter_records
+from cleanerd.records.control import ControlRecordType, control_type, encode_end_txn_marker
+from cleanerd.records.header import Compression, TimestampType
+from cleanerd.records.record import Record
+from cleanerd.records.scan import BatchInfo, scan_batches, scan_valid_prefix
+
+log = structlog.get_logger(__name__)
+
+DEFAULT_SEGMENT_BYTES = 1024 * 1024 * 1024
+DEFAULT_FILE_DELETE_DELAY_MS = 60_000
+
+
+@dataclass(frozen=True, slots=True)
+class LogConfig:
+    """The per-topic settings the log layer needs (Kafka's names in the docstrings)."""
+
+    segment_bytes: int = DEFAULT_SEGMENT_BYTES
+    """`segment.bytes`: roll before an append would make the active segment larger."""
+    segment_index_bytes: int = DEFAULT_MAX_INDEX_SIZE
+    """`segment.index.bytes`: index capacity; a full index forces a roll."""
+    index_interval_bytes: int = DEFAULT_INDEX_INTERVAL_BYTES
+    """`index.interval.bytes`: bytes between offset-index entries."""
+    file_delete_delay_ms: int = DEFAULT_FILE_DELETE_DELAY_MS
+    """`file.delete.delay.ms`: how long `.deleted` files stay before being unlinked."""
+    lock_timeout_s: float = DEFAULT_LOCK_TIMEOUT_S
+    """How long to wait for another cleanerd process's partition lock."""
+
+    def __post_init__(self) -> None:
+        limits = {
+            "segment.bytes": (self.segment_bytes, 14),
+            "segment.index.bytes": (self.segment_index_bytes, 4),
+            "index.interval.bytes": (self.index_interval_bytes, 0),
+            "file.delete.delay.ms": (self.file_delete_delay_ms, 0),
+        }
+        for key, (value, minimum) in limits.items():
+            if value < minimum:
+                raise ValueError(f"invalid value {value} for {key}: must be at least {minimum}")
+        if self.lock_timeout_s <= 0:
+            raise ValueError(f"invalid lock timeout {self.lock_timeout_s}: must be positive")
+
+
+class PartitionLog:
+    """One partition dir. Build with `open` or `create`; see the module docstring."""
+
+    def __init__(
+        self,
+        path: Path,
+        segments: list[LogSegment],
+        *,
+        config: LogConfig,
+        lock: PartitionLock | None,
+        checkpoints: RootCheckpoints,
+        report: RecoveryReport,
+        quarantine_dir: Path | None,
+    ) -> None:
+        self.dir = path
+        self.topic_partition = parse_topic_partition(path.name)
+        self.config = config
+        self.recovery_report = report
+        self._lock = lock
+        self._quarantine_dir = quarantine_dir
+        self._segments = segments
+        self._inodes = self._scan_dir()
+        tp = self.topic_partition
+        self._log_start_offset = checkpoints.log_start_offsets.get(tp, 0)
+        self.high_watermark = checkpoints.high_watermarks.get(tp)
+        self.recovery_point = checkpoints.recovery_points.get(tp, 0)
+        self._ongoing: dict[int, int] | None = None
+        self._txn_scanned: tuple[int, int] = (-1, 0)  # (segment base, position)
+        self._txn_floor = 0
+
+    # -- opening -----------------------------------------------------------------------
+
+    @classmethod
+    def open(
+        cls,
+        path: Path,
+        *,
+        config: LogConfig | None = None,
+        state_dir: Path | None = None,
+        read_only: bool = False,
+        recover: bool | None = None,
+        checkpoints: RootCheckpoints | None = None,
+        full_check: bool = False,
+    ) -> PartitionLog:
+        """Open the partition dir `path`.
+
+        Recovery (finishing interrupted swaps, repairing torn tails, see `recovery.py`) is
+        only for the owner of the log dir: with `recover` None it runs if this process
+        holds the log dir's `.lock` or can take it for the duration of the recovery, and
+        is skipped when another process (the owning daemon, a broker) holds it.
+        `full_check` CRC-checks every segment. The KRaft metadata log is always read-only.
+        `checkpoints` defaults to reading the parent log dir's root checkpoint files.
+        `state_dir` holds partition locks and quarantined bytes; without one, locks go to
+        `default_state_dir()` and nothing is quarantined. A writable log with no segment
+        gets an empty one at its log start offset, as a broker does.
+        """
+        config = LogConfig() if config is None else config
+        tp = parse_topic_partition(path.name)
+        read_only = read_only or tp.topic == METADATA_TOPIC
+        log_dir = path.parent
+        if checkpoints is None:
+            checkpoints = RootCheckpoints.read(log_dir)
+        lock = None
+        if not read_only:
+            lock_dir = default_state_dir() if state_dir is None else state_dir
+            lock = PartitionLock(lock_dir, log_dir, tp, timeout_s=config.lock_timeout_s)
+        quarantine = None
+        if state_dir is not None:
+            quarantine = state_dir / "quarantine" / log_dir_key(log_dir) / str(tp)
+        options = SegmentOptions(
+            config.index_interval_bytes, config.segment_index_bytes, read_only=read_only
+        )
+        with (
+            lock if lock is not None else nullcontext(),
+            _ownership(log_dir, False if read_only else recover) as owner,
+        ):
+            segments, report = recover_partition(
+                path,
+                options,
+                recover=owner,
+                recovery_point=checkpoints.recovery_points.get(tp, 0),
+                full_check=full_check,
+                quarantine_dir=quarantine,
+            )
+            if not segments and not read_only:
+                start = checkpoints.log_start_offsets.get(tp, 0)
+                segments = [cls._new_segment(path, start, config)]
+                fsync_dir(path)
+        return cls(
+            path,
+            segments,
+            config=config,
+            lock=lock,
+            checkpoints=checkpoints,
+            report=report,
+            quarantine_dir=quarantine,
+        )
+
+    @classmethod
+    def create(
+        cls,
+        log_dir: Path,
+        tp: TopicPartition,
+        *,
+        config: LogConfig | None = None,
+        state_dir: Path | None = None,
+        checkpoints: RootCheckpoints | None = None,
+    ) -> PartitionLog:
+        """Open `<log_dir>/<topic>-<partition>`, creating the dir if needed."""
+        if parse_topic_partition(str(tp)) != tp or "/" in tp.topic or tp.topic in (".", ".."):
+            raise ValueError(f"{tp.topic!r} / {tp.partition} cannot name a partition dir")
+        path = log_dir / str(tp)
+        if not path.exists():
+            path.mkdir()
+            fsync_dir(log_dir)
+        return cls.open(path, config=config, state_dir=state_dir, checkpoints=checkpoints)
+
+    @staticmethod
+    def _new_segment(path: Path, base_offset: int, config: LogConfig) -> LogSegment:
+        return LogSegment.create(
+            path,
+            base_offset,
+            index_interval_bytes=config.index_interval_bytes,
+            max_index_size=config.segment_index_bytes,
+        )
+
+    # -- state ---------------------------------------------------------------------------
+
+    @property
+    def log_dir(self) -> Path:
+        """The log dir holding this partition dir."""
+        return self.dir.parent
+
+    @property
+    def lock(self) -> PartitionLock:
+        """The partition lock; hold it for any rename in the dir (swaps, deletions)."""
+        if self._lock is None:
+            raise PermissionError(f"partition {self.dir} is open read-only")
+        return self._lock
+
+    @property
+    def read_only(self) -> bool:
+        """True in observe mode: nothing is ever written."""
+        return self._lock is None
+
+    @property
+    def is_metadata(self) -> bool:
+        """The KRaft metadata log, which cleanerd only reads."""
+        return self.topic_partition.topic == METADATA_TOPIC
+
+    @property
+    def corrupt(self) -> CleanerdError | None:
+        """Damage found when opening (the partition is then uncleanable), or None."""
+        return self.recovery_report.corrupt
+
+    @property
+    def segments(self) -> tuple[LogSegment, ...]:
+        """Segments ascending by base offset."""
+        return tuple(self._segments)
+
+    @property
+    def active_segment(self) -> LogSegment:
+        """The last segment."""
+        if not self._segments:
+            raise CleanerdError(f"partition dir {self.dir} holds no segment")
+        return self._segments[-1]
+
+    @property
+    def log_end_offset(self) -> int:
+        """The offset the next appended record gets."""
+        if not self._segments:
+            return self._log_start_offset
+        return self.active_segment.next_offset
+
+    @property
+    def log_start_offset(self) -> int:
+        """max(checkpointed log start offset, first segment's base offset)."""
+        first = self._segments[0].base_offset if self._segments else 0
+        return max(self._log_start_offset, first)
+
+    @property
+    def first_unstable_offset(self) -> int | None:
+        """First offset of the earliest open transaction, or None."""
+        ongoing = self._ongoing_txns()
+        return min(ongoing.values()) if ongoing else None
+
+    def _scan_dir(self) -> dict[int, int]:
+        with os.scandir(self.dir) as entries:
+            return {offset_from_filename(e.name): e.inode() for e in entries if is_log_file(e.name)}
+
+    def _locked(self) -> AbstractContextManager[object]:
+        return self._lock if self._lock is not None else nullcontext()
+
+    def refresh(self) -> None:
+        """Catch up with other processes: re-list segments (by inode) and re-stat the
+        active one."""
+        current = self._scan_dir()
+        if current == self._inodes:
+            if self._segments:
+                self._segments[-1].refresh()
+            return
+        old = {s.base_offset: s for s in self._segments}
+        old_active = self._segments[-1].base_offset if self._segments else None
+        segments = []
+        for base in sorted(current):
+            segment = old.get(base)
+            if segment is None or self._inodes.get(base) != current[base] or base == old_active:
+                try:
+                    segment = LogSegment(
+                        self.dir,
+                        base,
+                        index_interval_bytes=self.config.index_interval_bytes,
+                        max_index_size=self.config.segment_index_bytes,
+                        read_only=self.read_only,
+                    )
+                except FileNotFoundError:
+                    continue  # deleted since the listing (a broker, in observe mode)
+            segments.append(segment)
+        scanned_base = self._txn_scanned[0]
+        if scanned_base in self._inodes and current.get(scanned_base) != self._inodes[scanned_base]:
+            self._ongoing = None  # the segment the scan stopped in was rewritten
+        self._segments, self._inodes = segments, current
+
+    # -- appending -------------------------------------------------------------------------
+
+    @contextmanager
+    def _write_lock(self) -> Iterator[None]:
+        if self._lock is None:
+            raise PermissionError(f"partition {self.dir} is open read-only")
+        with self._lock:
+            self.refresh()
+            self._check_active_tail()
+            yield
+
+    def _check_active_tail(self) -> None:
+        """Make sure the active segment ends with a whole valid batch before writing: cut
+        a partial batch a killed writer left, rebuild an index that does not match, and
+        refuse any other damage."""
+        active = self.active_segment
+        try:
+            active.next_offset  # noqa: B018 - reading it scans and checks the tail
+        except IndexPastLogError:
+            raise
+        except (CorruptRecordError, CorruptIndexError):
+            with active.open_buffer() as buf:
+                scan = scan_valid_prefix(buf)
+                reason = torn_tail_reason(buf, scan)
+            if scan.error is None:
+                active.rebuild_indexes(scan.batches, reason="index does not match the log")
+            elif reason is None:
+                raise scan.error.located(active.log_path) from None
+            else:
+                cut = truncate_torn_tail(active, scan, reason, self._quarantine_dir)
+                self.recovery_report.truncated.append(cut)
+
+    def append(
+        self,
+        records: Sequence[Record],
+        *,
+        compression: Compression = Compression.NONE,
+        timestamp_type: TimestampType = TimestampType.CREATE_TIME,
+        producer_id: int = -1,
+        producer_epoch: int = -1,
+        base_sequence: int = -1,
+        is_transactional: bool = False,
+        partition_leader_epoch: int = -1,
+    ) -> tuple[int, int]:
+        """Append `records` as one v2 batch at the log end offset (their own offsets are
+        ignored: offsets are assigned contiguously, as a leader does). Returns the first
+        and last offset assigned."""
+        if not records:
+            raise ValueError("append needs at least one record")
+        with self._write_lock():
+            first = self.log_end_offset
+            numbered = [dataclasses.replace(r, offset=first + i) for i, r in enumerate(records)]
+            data = encode_batch(
+                numbered,
+                base_offset=first,
+                compression=compression,
+                timestamp_type=timestamp_type,
+                producer_id=producer_id,
+                producer_epoch=producer_epoch,
+                base_sequence=base_sequence,
+                is_transactional=is_transactional,
+                partition_leader_epoch=partition_leader_epoch,
+            )
+            self._append_locked(data)
+        return first, first + len(records) - 1
+
+    def append_batches(self, data: bytes) -> tuple[int, int]:
+        """Append already-encoded batches (v2 or legacy) keeping their offsets, which must
+        be at or above the log end offset (a follower's append). Returns the first and
+        last offset."""
+        infos = list(scan_batches(data))
+        if not infos:
+            raise ValueError("append_batches needs at least one batch")
+        with self._write_lock():
+            self._append_locked(data, infos)
+        return infos[0].base_offset, infos[-1].last_offset
+
+    def append_end_txn_marker(
+        self,
+        producer_id: int,
+        producer_epoch: int,
+        *,
+        commit: bool,
+        timestamp: int,
+        coordinator_epoch: int = 0,
+    ) -> int:
+        """Append a COMMIT or ABORT marker for the producer's open transaction; an abort
+        of a non-empty transaction is recorded in the `.txnindex`. Returns its offset."""
+        kind = ControlRecordType.COMMIT if commit else ControlRecordType.ABORT
+        with self._write_lock():
+            offset = self.log_end_offset
+            marker = encode_end_txn_marker(
+                kind, coordinator_epoch, offset=offset, timestamp=timestamp
+            )
+            data = encode_batch(
+                [marker],
+                base_offset=offset,
+                producer_id=producer_id,
+                producer_epoch=producer_epoch,
+                is_transactional=True,
+                is_control=True,
+            )
+            self._append_locked(data)
+        return offset
+
+    def _append_locked(self, data: bytes, infos: Sequence[BatchInfo] | None = None) -> None:
+        if infos is None:
+            infos = list(scan_batches(data))
+        for info in infos:
+            active = self.active_segment
+            if not active.can_append(info.size, info.last_offset, self.config.segment_bytes):
+                self._roll_locked(
+                    max(self.log_end_offset, info.base_offset), reason="append does not fit"
+                )
+                active = self.active_segment
+            chunk = data[info.position : info.position + info.size]
+            relative = _at_start(info)
+            transactional = info.header is not None and info.header.is_transactional
+            if transactional:
+                self._ongoing_txns()  # bring the state up to just before this batch
+            active.append(chunk, relative)
+            if transactional:
+                self._apply_appended_txn_batch(active, chunk, relative)
+
+    # -- transactions ------------------------------------------------------------------------
+
+    def _txn_scan_start(self) -> tuple[dict[int, int], int]:
+        """Open transactions at the latest usable producer snapshot, and its offset."""
+        end = self.log_end_offset
+        snapshots = sorted(
+            (offset_from_filename(p.name), p)
+            for p in self.dir.glob(f"*{PRODUCER_SNAPSHOT_FILE_SUFFIX}")
+            if p.name.endswith(PRODUCER_SNAPSHOT_FILE_SUFFIX)
+        )
+        for offset, path in reversed(snapshots):
+            if not self.log_start_offset <= offset <= end:
+                continue
+            try:
+                return ongoing_txns_from_snapshot(path), offset
+            except CorruptIndexError as exc:
+                log.warning("producer_snapshot.unreadable", path=str(path), error=str(exc))
+        return {}, 0
+
+    def _ongoing_txns(self) -> dict[int, int]:
+        """Producer id -> first offset of its open transaction, scanned incrementally."""
+        if self._ongoing is None:
+            self._ongoing, self._txn_floor = self._txn_scan_start()
+            self._txn_scanned = (-1, 0)
+        scanned_base, scanned_pos = self._txn_scanned
+        for n, segment in enumerate(self._segments):
+            below_floor = n + 1 < len(self._segments) and (
+                self._segments[n + 1].base_offset <= self._txn_floor
+            )
+            if segment.base_offset < scanned_base or below_floor:
+                continue
+            start = scanned_pos if segment.base_offset == scanned_base else 0
+            for info in segment.batches(start_position=start, verify_crc=False):
+                if info.base_offset >= self._txn_floor:
+                    _apply_txn_batch(self._ongoing, info)
+            self._txn_scanned = (segment.base_offset, segment.size)
+        return self._ongoing
+
+    def _apply_appended_txn_batch(self, segment: LogSegment, chunk: bytes, info: BatchInfo) -> None:
+        ongoing = self._ongoing_txns_without_scan()
+        header = info.header
+        assert header is not None
+        producer_id = header.producer_id
+        if header.is_control and producer_id in ongoing:
+            marker = next(iter_records(chunk, info))
+            if control_type(marker) == ControlRecordType.ABORT:
+                others = [o for pid, o in ongoing.items() if pid != producer_id]
+                lso = min(others) if others else info.last_offset + 1
+                segment.append_aborted_txn(
+                    AbortedTxn(ongoing[producer_id], producer_id, info.last_offset, lso)
+                )
+        _apply_txn_batch(ongoing, info)
+        self._txn_scanned = (segment.base_offset, segment.size)
+
+    def _ongoing_txns_without_scan(self) -> dict[int, int]:
+        assert self._ongoing is not None
+        return self._ongoing
+
+    # -- rolling -----------------------------------------------------------------------------
+
+    def roll(self, now_ms: int | None = None) -> LogSegment | None:
+        """Start a new empty active segment at the log end offset. The old one gets its
+        final time-index entry and is fsynced. A roll of an empty active segment does
+        nothing and returns None. `now_ms` is only reported in the log line."""
+        with self._write_lock():
+            if self.active_segment.size == 0:
+                return None
+            return self._roll_locked(self.log_end_offset, reason="requested", now_ms=now_ms)
+
+    def _roll_locked(
+        self, base_offset: int, *, reason: str, now_ms: int | None = None
+    ) -> LogSegment:
+        old = self.active_segment
+        old.close_for_roll()
+        segment = self._new_segment(self.dir, base_offset, self.config)
+        fsync_dir(self.dir)
+        self._segments.append(segment)
+        self._inodes = self._scan_dir()
+        log.info(
+            "segment.rolled",
+            topic=self.topic_partition.topic,
+            partition=self.topic_partition.partition,
+            log_dir=str(self.log_dir),
+            base_offset=base_offset,
+            previous_size_bytes=old.size,
+            reason=reason,
+            now_ms=now_ms,
+        )
+        return segment
+
+    # -- reading -------------------------------------------------------------------------------
+
+    def _segment_index(self, offset: int) -> int:
+        bases = [s.base_offset for s in self._segments]
+        return max(bisect.bisect_right(bases, offset) - 1, 0)
+
+    def segment_for(self, offset: int) -> LogSegment:
+        """The segment whose range holds `offset` (the first one below all bases)."""
+        return self._segments[self._segment_index(offset)]
+
+    def batches(
+        self, from_offset: int | None = None, *, verify_crc: bool = True
+    ) -> Iterator[tuple[LogSegment, BatchInfo]]:
+        """Every batch from the one holding `from_offset` (all when None), with its
+        segment, in offset order. Re-reads the dir first, so appends by other processes
+        are seen."""
+        with self._locked():
+            self.refresh()
+        start = 0 if from_offset is None else self._segment_index(from_offset)
+        for segment in list(self._segments)[start:]:
+            for info in segment.batches(from_offset, verify_crc=verify_crc):
+                yield segment, info
+
+    def records(self, from_offset: int | None = None) -> Iterator[Record]:
+        """Every record at or after `from_offset` (all when None), in offset order."""
+        with self._locked():
+            self.refresh()
+        start = 0 if from_offset is None else self._segment_index(from_offset)
+        for segment in list(self._segments)[start:]:
+            yield from segment.records(from_offset)
+
+    def collect_aborted_transactions(
+        self, start_offset: int, upper_bound_offset: int
+    ) -> list[AbortedTxn]:
+        """Aborted transactions overlapping `[start, upper)`, walking segments from the one
+        holding `start` until an entry's LSO reaches the bound (Kafka's rule)."""
+        found: list[AbortedTxn] = []
+        for segment in list(self._segments)[self._segment_index(start_offset) :]:
+            result = segment.collect_aborted(start_offset, upper_bound_offset)
+            found.extend(result.aborted)
+            if result.is_complete:
+                break
+        return found
+
+    def meta(self) -> PartitionMeta:
+        """The plain snapshot every pure decision takes (re-reads the dir first)."""
+        with self._locked():
+            self.refresh()
+            segments = tuple(s.meta() for s in self._segments)
+            first_unstable = self.first_unstable_offset
+        tp = self.topic_partition
+        return PartitionMeta(
+            topic=tp.topic,
+            partition=tp.partition,
+            log_dir=str(self.log_dir),
+            segments=segments,
+            log_start_offset=self.log_start_offset,
+            log_end_offset=self.log_end_offset,
+            high_watermark=self.high_watermark,
+            first_unstable_offset=first_unstable,
+            is_metadata=self.is_metadata,
+        )
+
+    # -- durability, swaps and deletions ------------------------------------------------------
+
+    def flush(self) -> None:
+        """fsync the active segment and the dir; everything appended so far is durable,
+        so the recovery point moves to the log end offset."""
+        with self._locked():
+            self.active_segment.flush()
+            fsync_dir(self.dir)
+            self.recovery_point = self.log_end_offset
+
+    def delete_segments(self, segments: Sequence[LogSegment], *, reason: str) -> list[Path]:
+        """Remove `segments` (never the active one) from the log, as retention does: their
+        files are renamed to `.deleted` (durably) and the log start offset moves up to the
+        first remaining segment. Returns the `.deleted` files, which the caller unlinks
+        after `file.delete.delay.ms`, or at once under disk pressure."""
+        with self._write_lock():
+            active_base = self.active_segment.base_offset
+            if any(s.base_offset == active_base for s in segments):
+                raise ValueError(f"the active segment of {self.dir} cannot be deleted")
+            bases = {s.base_offset for s in segments}
+            doomed = [s for s in self._segments if s.base_offset in bases]
+            for segment in doomed:
+                segment.change_suffix(DELETED_FILE_SUFFIX)
+                log.info(
+                    "segment.deleted",
+                    path=str(segment.log_path),
+                    base_offset=segment.base_offset,
+                    size_bytes=segment.size,
+                    reason=reason,
+                )
+            self._segments = [s for s in self._segments if s.base_offset not in bases]
+            self._inodes = self._scan_dir()
+            self._log_start_offset = max(self._log_start_offset, self._segments[0].base_offset)
+        return [p for s in doomed for p in s.paths if p.exists()]
+
+
+@contextmanager
+def _ownership(log_dir: Path, recover: bool | None) -> Iterator[bool]:
+    """Whether to recover: as told, or (None) if this process owns the log dir's `.lock`
+    or can hold it while recovering."""
+    if recover is not None or holds_log_dir_lock(log_dir):
+        yield recover is not False
+        return
+    dir_lock = LogDirLock(log_dir)
+    try:
+        dir_lock.acquire()
+    except LogDirLockedError:
+        yield False
+        return
+    try:
+        yield True
+    finally:
+        dir_lock.release()
+
+
+def _at_start(info: BatchInfo) -> BatchInfo:
+    """`info` moved to position 0 (of a buffer holding just this batch)."""
+    header = None if info.header is None else dataclasses.replace(info.header, position=0)
+    return dataclasses.replace(info, position=0, header=header)
+
+
+def _apply_txn_batch(ongoing: dict[int, int], info: BatchInfo) -> None:
+    """Track open transactions: a transactional data batch opens (or continues) its
+    producer's transaction, a transactional control batch (a marker) ends it."""
+    header = info.header
+    if header is None or not header.is_transactional or header.producer_id < 0:
+        return
+    if header.is_control:
+        ongoing.pop(header.producer_id, None)
+    else:
+        ongoing.setdefault(header.producer_id, header.base_offset)

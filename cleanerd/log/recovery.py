@@ -1,0 +1,426 @@
+"""Startup recovery of a partition dir: Kafka's LogLoader leftover handling, then segment
+validation with cleanerd's stricter rule for damaged data.
+
+Leftovers of an interrupted rewrite, handled exactly as Kafka does (ref 4.12-4.13), so
+cleanerd and a broker finish each other's interrupted swaps the same way. A swap
+renames the new segment's files `.cleaned` -> `.swap` (highest base offset first),
+renames the old segments' files to `.deleted`, then renames `.swap` to the final names.
+Every prefix of that sequence is recovered by:
+
+1. delete every `*.deleted` file (the old files were already replaced);
+2. take the lowest base offset among `*.cleaned` files; every `*.swap` file at or above
+   it belongs to an unfinished `.cleaned` -> `.swap` step (renames go high to low, so
+   the lower ones had not been renamed yet) and is deleted; then every `*.cleaned` file
+   is deleted. The old segments are still complete, so nothing is lost;
+3. for the remaining `.log.swap` files, every non-swap file whose offset lies in
+   [lowest swap base, highest swap next offset) is an old segment not yet renamed to
+   `.deleted`, and is deleted;
+4. every remaining `*.swap` (including a lone index `.swap`) is renamed to its final
+   name, and the dir is fsynced. Index files without a `.log` are deleted, as Kafka does.
+
+Then the segments are validated. The active segment, and every segment holding offsets
+at or above the recovery point, is scanned in full with CRC checks; the others get the
+cheap check of `LogSegment.sanity_check`. Kafka truncates any invalid tail; cleanerd only
+truncates what a crash mid-append can leave at the end of the **active** segment:
+
+- a partial batch (fewer bytes than the header or the declared size),
+- a last batch whose CRC fails with nothing after it,
+- a run of zero bytes (a file extended but not yet written),
+
+after copying the cut bytes to `<state dir>/quarantine/` when a state dir is given and
+logging the file and byte count. Anything else (a bad CRC with valid data after it, a
+damaged non-active segment, garbage, an index pointing past the end of its log) is
+reported with the file and byte position, the files are left byte for byte as they
+are, and the partition is flagged corrupt so callers mark it uncleanable. Indexes that
+are missing or merely inconsistent are rebuilt from the log.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import structlog
+
+from cleanerd.errors import CleanerdError, CorruptIndexError, CorruptRecordError
+from cleanerd.log.files import (
+    CLEANED_FILE_SUFFIX,
+    DELETED_FILE_SUFFIX,
+    LOG_FILE_SUFFIX,
+    SWAP_FILE_SUFFIX,
+    is_index_file,
+    is_log_file,
+    log_file,
+    offset_from_filename,
+)
+from cleanerd.log.fsutil import atomic_write, fsync_dir, safe_unlink
+from cleanerd.log.index import IndexPastLogError
+from cleanerd.log.segment import LogSegment
+from cleanerd.records.header import LOG_OVERHEAD, MAGIC_OFFSET, RECORD_BATCH_OVERHEAD, Buffer
+from cleanerd.records.scan import ScanResult, scan_batches, scan_valid_prefix
+
+log = structlog.get_logger(__name__)
+
+ZERO_TAIL = "zero bytes after the last batch"
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentOptions:
+    """How segments of the partition are opened."""
+
+    index_interval_bytes: int
+    max_index_size: int
+    read_only: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class TruncatedTail:
+    """Bytes cut from the end of the active segment."""
+
+    path: str
+    position: int
+    bytes_cut: int
+    reason: str
+    quarantined_to: str | None
+
+
+@dataclass(slots=True)
+class RecoveryReport:
+    """What recovery did to a partition dir, and what it found wrong."""
+
+    deleted: list[str] = field(default_factory=list)
+    renamed: list[tuple[str, str]] = field(default_factory=list)
+    truncated: list[TruncatedTail] = field(default_factory=list)
+    rebuilt_indexes: list[str] = field(default_factory=list)
+    errors: list[CleanerdError] = field(default_factory=list)
+
+    @property
+    def corrupt(self) -> CleanerdError | None:
+        """The first damage found (the partition is then uncleanable), or None."""
+        return self.errors[0] if self.errors else None
+
+
+# -- leftovers (Kafka's LogLoader) -------------------------------------------------------
+
+
+def _files(dir_path: Path) -> list[Path]:
+    return sorted(p for p in dir_path.iterdir() if p.is_file())
+
+
+def _offset_or_none(path: Path) -> int | None:
+    try:
+        return offset_from_filename(path.name)
+    except ValueError:
+        return None
+
+
+def _delete(path: Path, report: RecoveryReport, why: str) -> None:
+    log.info("recovery.file_deleted", path=str(path), reason=why)
+    safe_unlink(path)
+    report.deleted.append(str(path))
+
+
+def _remove_temp_files(dir_path: Path, report: RecoveryReport) -> list[Path]:
+    """Steps 1 and 2: drop `.deleted` files and unfinished `.cleaned`/`.swap` output;
+    return the swap files that are complete."""
+    cleaned: list[Path] = []
+    swaps: list[Path] = []
+    for path in _files(dir_path):
+        name = path.name
+        if name.endswith(DELETED_FILE_SUFFIX):
+            _delete(path, report, "left over from a finished swap or deletion")
+        elif name.endswith(CLEANED_FILE_SUFFIX):
+            cleaned.append(path)
+        elif name.endswith(SWAP_FILE_SUFFIX):
+            swaps.append(path)
+    cleaned_offsets = [o for o in map(_offset_or_none, cleaned) if o is not None]
+    min_cleaned = min(cleaned_offsets, default=None)
+    valid_swaps = []
+    for path in swaps:
+        offset = _offset_or_none(path)
+        if min_cleaned is not None and offset is not None and offset >= min_cleaned:
+            _delete(path, report, "swap of an unfinished .cleaned -> .swap step")
+        else:
+            valid_swaps.append(path)
+    for path in cleaned:
+        _delete(path, report, "output of an unfinished rewrite")
+    return valid_swaps
+
+
+def _swap_range(dir_path: Path, swaps: list[Path], options: SegmentOptions) -> tuple[int, int]:
+    """[lowest base, highest next offset) over the `.log.swap` files (step 3)."""
+    low, high = None, None
+    for path in swaps:
+        if not path.name.endswith(LOG_FILE_SUFFIX + SWAP_FILE_SUFFIX):
+            continue
+        base = offset_from_filename(path.name)
+        segment = LogSegment(
+            dir_path,
+            base,
+            suffix=SWAP_FILE_SUFFIX,
+            index_interval_bytes=options.index_interval_bytes,
+            max_index_size=options.max_index_size,
+            read_only=True,
+        )
+        scanned = segment.scan(verify_crc=False)
+        next_offset = scanned.batches[-1].next_offset if scanned.batches else base
+        low = base if low is None else min(low, base)
+        high = next_offset if high is None else max(high, next_offset)
+        log.info("recovery.swap_found", path=str(path), base_offset=base, next_offset=next_offset)
+    if low is None or high is None:
+        return (0, 0)
+    return (low, high)
+
+
+def recover_leftovers(
+    dir_path: Path, options: SegmentOptions, report: RecoveryReport | None = None
+) -> RecoveryReport:
+    """Kafka's handling of `.deleted`, `.cleaned` and `.swap` leftovers (steps 1-4 of the
+    module docstring), then removal of orphan index files."""
+    report = RecoveryReport() if report is None else report
+    swaps = _remove_temp_files(dir_path, report)
+    low, high = _swap_range(dir_path, swaps, options)
+    for path in _files(dir_path):
+        offset = _offset_or_none(path)
+        if path.name.endswith(SWAP_FILE_SUFFIX) or offset is None:
+            continue
+        if low <= offset < high:
+            _delete(path, report, "old segment replaced by a swap but not yet renamed")
+    for path in _files(dir_path):
+        if path.name.endswith(SWAP_FILE_SUFFIX):
+            final = path.with_name(path.name[: -len(SWAP_FILE_SUFFIX)])
+            log.info("recovery.swap_renamed", path=str(path), to=str(final))
+            path.replace(final)
+            report.renamed.append((str(path), str(final)))
+    for path in _files(dir_path):
+        offset = _offset_or_none(path)
+        orphan = offset is not None and not log_file(dir_path, offset).exists()
+        if orphan and is_index_file(path.name):
+            _delete(path, report, "orphan index without a .log")
+    fsync_dir(dir_path)
+    return report
+
+
+# -- segments ---------------------------------------------------------------------------
+
+
+def open_segments(dir_path: Path, options: SegmentOptions) -> list[LogSegment]:
+    """Every `<base>.log` in the dir as a LogSegment, ascending by base offset."""
+    bases = sorted(offset_from_filename(p.name) for p in dir_path.iterdir() if is_log_file(p.name))
+    return [
+        LogSegment(
+            dir_path,
+            base,
+            index_interval_bytes=options.index_interval_bytes,
+            max_index_size=options.max_index_size,
+            read_only=options.read_only,
+        )
+        for base in bases
+    ]
+
+
+def _valid_batch_after(buf: Buffer, start: int) -> int | None:
+    """Position of the first whole v2 batch with a valid CRC starting after `start`.
+
+    A crash mid-append leaves one partial batch as the very last bytes, so a valid batch
+    further on means the bytes at `start` are damage in the middle, not a torn tail."""
+    data = np.frombuffer(buf, dtype=np.uint8)
+    end = data.size
+    if end - start < RECORD_BATCH_OVERHEAD + 1:
+        return None
+    candidates = np.flatnonzero(
+        data[start + 1 + MAGIC_OFFSET : end - RECORD_BATCH_OVERHEAD + 1 + MAGIC_OFFSET] == 2
+    )
+    positions = candidates + start + 1
+    lengths = (
+        data[positions + 8].astype(np.int64) << 24
+        | data[positions + 9].astype(np.int64) << 16
+        | data[positions + 10].astype(np.int64) << 8
+        | data[positions + 11].astype(np.int64)
+    )
+    sizes = lengths + LOG_OVERHEAD
+    plausible = (sizes >= RECORD_BATCH_OVERHEAD) & (positions + sizes <= end)
+    for position in positions[plausible].tolist():
+        try:
+            next(scan_batches(buf, start=position, end=end))
+        except CorruptRecordError:
+            continue
+        return int(position)
+    return None
+
+
+def torn_tail_reason(buf: Buffer, scan: ScanResult) -> str | None:
+    """Why the bytes after the valid prefix are a crash-interrupted append, or None when
+    they are something else (corruption that must be reported, not cut)."""
+    if scan.error is None:
+        return None
+    start = scan.valid_bytes
+    if not np.frombuffer(buf, dtype=np.uint8)[start:].any():
+        return ZERO_TAIL
+    if _valid_batch_after(buf, start) is not None:
+        return None
+    if scan.incomplete_tail:
+        return f"incomplete batch: {scan.error.reason}"
+    if len(buf) - start >= MAGIC_OFFSET + 1:
+        declared = int.from_bytes(buf[start + 8 : start + 12], "big", signed=True)
+        if declared + LOG_OVERHEAD == len(buf) - start:
+            try:
+                list(scan_batches(buf, start=start, verify_crc=False))
+            except CorruptRecordError:
+                return None
+            return f"last batch fails its CRC: {scan.error.reason}"
+    return None
+
+
+def _quarantine(
+    segment: LogSegment, data: bytes, position: int, quarantine_dir: Path | None
+) -> Path | None:
+    """Durably copy `data` (cut from `position` of the segment) to the quarantine dir."""
+    if quarantine_dir is None:
+        return None
+    quarantine_dir.mkdir(parents=True, exist_ok=True)
+    stem = f"{segment.log_path.name}.{position}"
+    target = quarantine_dir / f"{stem}.tail"
+    n = 1
+    while target.exists():
+        target = quarantine_dir / f"{stem}.{n}.tail"
+        n += 1
+    atomic_write(target, data)
+    return target
+
+
+def truncate_torn_tail(
+    segment: LogSegment, scan: ScanResult, reason: str, quarantine_dir: Path | None
+) -> TruncatedTail:
+    """Copy the bytes after the valid prefix to the quarantine dir (unless they are all
+    zero: nothing to keep), then cut them off."""
+    position = scan.valid_bytes
+    cut_bytes = segment.size - position
+    saved = None
+    if reason != ZERO_TAIL:
+        saved = _quarantine(segment, segment.read(position, cut_bytes), position, quarantine_dir)
+    segment.truncate_to_position(position)
+    log.warning(
+        "segment.tail_truncated",
+        path=str(segment.log_path),
+        position=position,
+        bytes_cut=cut_bytes,
+        reason=reason,
+        quarantined_to=None if saved is None else str(saved),
+    )
+    return TruncatedTail(
+        str(segment.log_path), position, cut_bytes, reason, None if saved is None else str(saved)
+    )
+
+
+def _report(report: RecoveryReport, error: CleanerdError) -> None:
+    log.error("segment.corrupt", error=str(error))
+    report.errors.append(error)
+
+
+def _indexes_exist(segment: LogSegment) -> bool:
+    return segment.offset_index_path.exists() and segment.time_index_path.exists()
+
+
+def _validate_full(
+    segment: LogSegment,
+    *,
+    is_active: bool,
+    quarantine_dir: Path | None,
+    report: RecoveryReport,
+) -> None:
+    with segment.open_buffer() as buf:
+        scan = scan_valid_prefix(buf)
+        reason = torn_tail_reason(buf, scan) if is_active else None
+    if scan.error is not None and reason is None:
+        _report(report, scan.error.located(segment.log_path))
+        return
+    try:
+        segment.txn_index.sanity_check()
+        if _indexes_exist(segment):
+            segment.offset_index.check_within(segment.size)
+            if reason is None:
+                segment.check_indexes_against(scan.batches)
+        elif reason is None:
+            raise CorruptIndexError("missing", path=segment.offset_index_path)
+    except IndexPastLogError as exc:
+        _report(report, exc)
+        return
+    except CorruptIndexError as exc:
+        if exc.path == str(segment.txn_index_path):
+            _report(report, exc)
+            return
+        segment.rebuild_indexes(scan.batches, reason=exc.reason)
+        report.rebuilt_indexes.append(str(segment.log_path))
+        return
+    if reason is None:
+        return
+    if segment.read_only:
+        log.warning("segment.torn_tail_seen", path=str(segment.log_path), reason=reason)
+        return
+    report.truncated.append(truncate_torn_tail(segment, scan, reason, quarantine_dir))
+    report.rebuilt_indexes.append(str(segment.log_path))
+
+
+def _validate_cheap(segment: LogSegment, report: RecoveryReport) -> None:
+    try:
+        rebuilt = segment.sanity_check()
+    except (CorruptIndexError, CorruptRecordError) as exc:
+        _report(report, exc)
+        return
+    if rebuilt:
+        report.rebuilt_indexes.append(str(segment.log_path))
+
+
+def validate_segments(
+    segments: list[LogSegment],
+    *,
+    recovery_point: int,
+    full_check: bool = False,
+    quarantine_dir: Path | None = None,
+    report: RecoveryReport | None = None,
+) -> RecoveryReport:
+    """Validate every segment (see the module docstring); never raises for damage found
+    in the data, which goes to `report.errors` instead."""
+    report = RecoveryReport() if report is None else report
+    for n, segment in enumerate(segments):
+        is_active = n == len(segments) - 1
+        upper = segments[n + 1].base_offset if not is_active else None
+        full = full_check or is_active or upper is None or upper > recovery_point
+        if full:
+            _validate_full(
+                segment, is_active=is_active, quarantine_dir=quarantine_dir, report=report
+            )
+        else:
+            _validate_cheap(segment, report)
+    return report
+
+
+def recover_partition(
+    dir_path: Path,
+    options: SegmentOptions,
+    *,
+    recover: bool,
+    recovery_point: int = 0,
+    full_check: bool = False,
+    quarantine_dir: Path | None = None,
+) -> tuple[list[LogSegment], RecoveryReport]:
+    """Open a partition dir's segments. With `recover` (the caller owns the log dir),
+    first finish interrupted swaps, then validate and repair what a crash can leave;
+    without it, only check (nothing on disk changes)."""
+    report = RecoveryReport()
+    if recover and not options.read_only:
+        recover_leftovers(dir_path, options, report)
+    segments = open_segments(dir_path, options)
+    if recover or full_check:
+        read_only = dataclasses.replace(options, read_only=True)
+        validate_segments(
+            segments if recover else open_segments(dir_path, read_only),
+            recovery_point=recovery_point,
+            full_check=full_check,
+            quarantine_dir=quarantine_dir,
+            report=report,
+        )
+    return segments, report

@@ -1,0 +1,137 @@
+"""When to roll the active segment: Kafka's size and time rules, driven by the clock.
+
+Kafka decides rolls only when a batch is appended, so the active segment of an idle
+partition never rolls, and its data is never compacted however old it gets (the gap in
+KIP-354's promise). cleanerd evaluates the same rules on a timer:
+
+- **size** (`segment.bytes`): the segment is full once its `.log` holds at least
+  `segment.bytes`; nothing more can be appended to it.
+- **time** (`segment.ms`, KIP-354): the segment rolls once
+  `now - rolling timestamp >= maxSegmentMs - jitter`, where
+  `maxSegmentMs = min(segment.ms, max.compaction.lag.ms)` for topics with `compact` in
+  their policy and `segment.ms` otherwise, and the rolling timestamp is the first batch's
+  maxTimestamp. Kafka compares with `>`; cleanerd uses `>=` (DESIGN section 3) so that a
+  segment rolls no later than the instant its first batch reaches the limit. Kafka
+  measures the wait against the *incoming* batch's timestamp; with no append the wall
+  clock stands in for it.
+
+Clock skew: a first-batch timestamp later than the moment cleanerd first saw the segment
+cannot be the time the segment was started, so the rolling timestamp is clamped to
+`first_seen_ms`; a future timestamp thus delays a roll by at most the time the segment
+had already existed when first seen, never forever. A first batch without a timestamp
+(negative, as in magic 0) uses `first_seen_ms` too, as Kafka uses the segment's creation
+time.
+
+Minimum roll interval: LinkedIn saw a max compaction lag smaller than the roll jitter
+make brokers roll a segment per message, exhausting file handles (linkedin/kafka#521;
+they added a 15-minute floor). cleanerd rolls by time only once the segment has existed
+(on cleanerd's clock, since `first_seen_ms`) for
+`min(min_roll_interval_ms, maxSegmentMs)`. Capping the floor at `maxSegmentMs` keeps the
+compaction deadline: a topic that asks for a one-minute lag gets one-minute segments, but
+neither jitter nor producer timestamps far in the past (which make every new segment look
+overdue) can roll faster than that. Size rolls are never delayed: a full segment cannot
+take more data. An empty segment never rolls.
+"""
+
+from __future__ import annotations
+
+import enum
+import random
+from dataclasses import dataclass
+from typing import Final
+
+from cleanerd.log.meta import SegmentMeta
+
+DEFAULT_MIN_ROLL_INTERVAL_MS: Final = 15 * 60 * 1000
+
+
+class RollReason(enum.StrEnum):
+    """Why a segment rolls, named after the config that forced it."""
+
+    SEGMENT_BYTES = "segment.bytes"
+    SEGMENT_MS = "segment.ms"
+    MAX_COMPACTION_LAG_MS = "max.compaction.lag.ms"
+
+
+@dataclass(frozen=True, slots=True)
+class TimeRollLimit:
+    """Kafka's maxSegmentMs and which config it came from."""
+
+    ms: int
+    reason: RollReason
+
+
+@dataclass(frozen=True, slots=True)
+class RollDecision:
+    """Roll the segment now, for `reason`."""
+
+    base_offset: int
+    reason: RollReason
+    waited_ms: int | None
+    """For time rolls, now minus the rolling timestamp; None for size rolls."""
+
+
+def time_roll_limit(segment_ms: int, max_compaction_lag_ms: int, *, compact: bool) -> TimeRollLimit:
+    """Kafka's LogConfig.maxSegmentMs, with the config that sets it."""
+    if compact and 0 < max_compaction_lag_ms < segment_ms:
+        return TimeRollLimit(max_compaction_lag_ms, RollReason.MAX_COMPACTION_LAG_MS)
+    return TimeRollLimit(segment_ms, RollReason.SEGMENT_MS)
+
+
+def max_segment_ms(segment_ms: int, max_compaction_lag_ms: int, *, compact: bool) -> int:
+    """min(segment.ms, max.compaction.lag.ms) for compacted topics, else segment.ms."""
+    return time_roll_limit(segment_ms, max_compaction_lag_ms, compact=compact).ms
+
+
+def segment_jitter_seed(topic: str, partition: int, base_offset: int) -> str:
+    """A seed naming one segment, so its jitter is the same after every restart."""
+    return f"{topic}-{partition}-{base_offset}"
+
+
+def segment_jitter(segment_ms: int, jitter_ms: int, rng_seed: int | str | bytes) -> int:
+    """Kafka's per-segment roll jitter: uniform in [0, min(jitter, segment.ms)), 0 if none.
+
+    `random.Random` hashes str and bytes seeds with SHA-512, independent of
+    PYTHONHASHSEED, so the draw is stable across processes.
+    """
+    bound = min(jitter_ms, segment_ms)
+    if bound <= 0:
+        return 0
+    return random.Random(rng_seed).randrange(bound)
+
+
+def rolling_timestamp(segment: SegmentMeta, first_seen_ms: int) -> int:
+    """The time the segment counts as started: first batch maxTimestamp, clamped."""
+    ts = segment.first_batch_timestamp_ms
+    if ts is None or ts < 0:
+        return first_seen_ms
+    return min(ts, first_seen_ms)
+
+
+def should_roll(
+    segment: SegmentMeta,
+    *,
+    now_ms: int,
+    segment_bytes: int,
+    max_segment_ms: int,
+    jitter_ms: int,
+    first_seen_ms: int,
+    min_roll_interval_ms: int = DEFAULT_MIN_ROLL_INTERVAL_MS,
+    time_reason: RollReason = RollReason.SEGMENT_MS,
+) -> RollDecision | None:
+    """Whether the active `segment` must roll at `now_ms`, and why; None to keep it.
+
+    `jitter_ms` is the segment's drawn jitter (`segment_jitter`), `first_seen_ms` the
+    wall-clock time cleanerd first saw the segment, and `time_reason` names the config
+    behind `max_segment_ms` (`time_roll_limit(...).reason`).
+    """
+    if segment.is_empty:
+        return None
+    if segment.size_bytes >= segment_bytes:
+        return RollDecision(segment.base_offset, RollReason.SEGMENT_BYTES, None)
+    waited = now_ms - rolling_timestamp(segment, first_seen_ms)
+    if waited < max_segment_ms - jitter_ms:
+        return None
+    if now_ms - first_seen_ms < min(min_roll_interval_ms, max_segment_ms):
+        return None
+    return RollDecision(segment.base_offset, time_reason, waited)

@@ -1,0 +1,603 @@
+"""One log segment: a `.log` file of record batches and its three indexes (Kafka's
+LogSegment).
+
+Files (see `files.py` for names; `suffix` is "" or a rewrite state such as `.cleaned`)::
+
+    <base>.log<suffix>        record batches back to back, offsets >= base
+    <base>.index<suffix>      offset index, trimmed (see index.py)
+    <base>.timeindex<suffix>  time index, trimmed
+    <base>.txnindex<suffix>   aborted transactions, only when there are some
+
+Nothing is loaded eagerly: the size comes from `stat`, the next offset and max
+timestamp from the indexes' last entries plus a scan of the bytes after the last
+offset-index entry (at most about `index.interval.bytes` plus one batch), and reads map
+the file (`mmap`) for the duration of one iteration. A 1 GiB segment costs a few
+kilobytes of reads to open. Appends after a reopen continue the interval count from the
+last entry's position, so the index of a segment written across reopens (or by several
+processes) equals a rebuild from its log; Kafka restarts the count at zero on reopen,
+which gives a different but equally valid index.
+
+Crash consistency of an append: the batch bytes are written at the end of the `.log`
+first, then the index entries they earned are appended to the index files. A crash in
+between leaves an index without its newest entry (still correct: lookups scan forward);
+a failed write is cut back off the `.log` so no partial batch stays behind. `flush`
+fsyncs all files; `close_for_roll` writes the final time-index entry first, so a rolled
+segment's files are exactly what Kafka leaves when it rolls.
+
+`sanity_check` is the cheap load-time check (Kafka checks nothing more on a clean start):
+index entries ordered, the last offset-index entry on a batch boundary inside the log,
+the bytes after it a whole number of valid batches. An index that points past the end
+of the log means the log lost bytes: that is reported (`IndexPastLogError`), never
+papered over by a rebuild. Any other index problem, or a missing index, is rebuilt from
+the log. Full CRC validation of every batch is `recovery.py`'s job.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+
+import structlog
+
+from cleanerd.errors import CorruptIndexError, CorruptRecordError
+from cleanerd.log.files import (
+    INDEX_FILE_SUFFIX,
+    LOG_FILE_SUFFIX,
+    TIME_INDEX_FILE_SUFFIX,
+    TXN_INDEX_FILE_SUFFIX,
+    segment_file,
+)
+from cleanerd.log.fsutil import fsync_dir, fsync_file, safe_unlink
+from cleanerd.log.index import (
+    DEFAULT_INDEX_INTERVAL_BYTES,
+    DEFAULT_MAX_INDEX_SIZE,
+    INT32_MAX,
+    NO_TIMESTAMP,
+    IndexBuilder,
+    IndexPastLogError,
+    OffsetIndex,
+    TimeIndex,
+)
+from cleanerd.log.meta import SegmentMeta
+from cleanerd.log.txnindex import AbortedTxn, TransactionIndex, TxnIndexSearchResult
+from cleanerd.records.header import Buffer
+from cleanerd.records.record import Record
+from cleanerd.records.scan import BatchInfo, ScanResult, scan_batches, scan_valid_prefix
+
+log = structlog.get_logger(__name__)
+
+
+def _close(it: Iterator[BatchInfo]) -> None:
+    """Finish a scan generator now, so no view of a buffer outlives its mmap."""
+    close = getattr(it, "close", None)
+    if close is not None:
+        close()
+
+
+class LogSegment:
+    """A segment of a partition log, opened lazily; see the module docstring."""
+
+    def __init__(
+        self,
+        dir_path: Path,
+        base_offset: int,
+        *,
+        suffix: str = "",
+        index_interval_bytes: int = DEFAULT_INDEX_INTERVAL_BYTES,
+        max_index_size: int = DEFAULT_MAX_INDEX_SIZE,
+        read_only: bool = False,
+    ) -> None:
+        self.dir = dir_path
+        self.base_offset = base_offset
+        self.suffix = suffix
+        self.index_interval_bytes = index_interval_bytes
+        self.max_index_size = max_index_size
+        self.read_only = read_only
+        self._size = self.log_path.stat().st_size
+        self._reset_caches()
+
+    def _reset_caches(self) -> None:
+        self._offset_index: OffsetIndex | None = None
+        self._time_index: TimeIndex | None = None
+        self._txn_index: TransactionIndex | None = None
+        self._builder: IndexBuilder | None = None
+        self._next_offset: int | None = None
+        self._first_batch: BatchInfo | None = None
+
+    @classmethod
+    def create(
+        cls,
+        dir_path: Path,
+        base_offset: int,
+        *,
+        suffix: str = "",
+        index_interval_bytes: int = DEFAULT_INDEX_INTERVAL_BYTES,
+        max_index_size: int = DEFAULT_MAX_INDEX_SIZE,
+    ) -> LogSegment:
+        """Create an empty segment: empty index files first, then the `.log` (a crash in
+        between leaves orphan indexes, which recovery deletes as Kafka does, and which a
+        retried create empties). An existing `.log` is never overwritten."""
+        log_path = segment_file(dir_path, base_offset, LOG_FILE_SUFFIX, suffix)
+        if log_path.exists():
+            raise FileExistsError(f"segment {log_path} already exists")
+        for kind in (INDEX_FILE_SUFFIX, TIME_INDEX_FILE_SUFFIX):
+            segment_file(dir_path, base_offset, kind, suffix).write_bytes(b"")
+        log_path.touch(exist_ok=False)
+        return cls(
+            dir_path,
+            base_offset,
+            suffix=suffix,
+            index_interval_bytes=index_interval_bytes,
+            max_index_size=max_index_size,
+        )
+
+    # -- paths and plain properties ------------------------------------------------
+
+    def _file(self, kind: str) -> Path:
+        return segment_file(self.dir, self.base_offset, kind, self.suffix)
+
+    @property
+    def log_path(self) -> Path:
+        """The `.log` file."""
+        return self._file(LOG_FILE_SUFFIX)
+
+    @property
+    def offset_index_path(self) -> Path:
+        """The `.index` file."""
+        return self._file(INDEX_FILE_SUFFIX)
+
+    @property
+    def time_index_path(self) -> Path:
+        """The `.timeindex` file."""
+        return self._file(TIME_INDEX_FILE_SUFFIX)
+
+    @property
+    def txn_index_path(self) -> Path:
+        """The `.txnindex` file (may not exist)."""
+        return self._file(TXN_INDEX_FILE_SUFFIX)
+
+    @property
+    def paths(self) -> tuple[Path, Path, Path, Path]:
+        """The four files of the segment (some may not exist)."""
+        return (self.log_path, self.offset_index_path, self.time_index_path, self.txn_index_path)
+
+    @property
+    def size(self) -> int:
+        """Bytes in the `.log` file."""
+        return self._size
+
+    @property
+    def last_modified_ms(self) -> int:
+        """mtime of the `.log` file, in milliseconds."""
+        return self.log_path.stat().st_mtime_ns // 1_000_000
+
+    def __repr__(self) -> str:
+        return f"LogSegment({self.log_path}, size={self._size})"
+
+    def refresh(self) -> bool:
+        """Re-stat the `.log`; if another process changed it, drop cached state. Returns
+        whether it changed."""
+        size = self.log_path.stat().st_size
+        if size == self._size:
+            return False
+        self._size = size
+        self._reset_caches()
+        return True
+
+    # -- indexes -------------------------------------------------------------------
+
+    @property
+    def offset_index(self) -> OffsetIndex:
+        """The offset index (read on first use)."""
+        if self._offset_index is None:
+            self._offset_index = OffsetIndex.load(
+                self.offset_index_path, self.base_offset, max_index_size=self.max_index_size
+            )
+        return self._offset_index
+
+    @property
+    def time_index(self) -> TimeIndex:
+        """The time index (read on first use)."""
+        if self._time_index is None:
+            self._time_index = TimeIndex.load(
+                self.time_index_path, self.base_offset, max_index_size=self.max_index_size
+            )
+        return self._time_index
+
+    @property
+    def txn_index(self) -> TransactionIndex:
+        """The transaction index (read on first use; empty when the file is absent)."""
+        if self._txn_index is None:
+            self._txn_index = TransactionIndex.load(self.txn_index_path, self.base_offset)
+        return self._txn_index
+
+    def _tail(self) -> IndexBuilder:
+        """Index-maintenance state, recovered from the last index entries and a scan of the
+        batches after the last offset-index entry."""
+        if self._builder is None:
+            oi, ti = self.offset_index, self.time_index
+            oi.check_within(self._size)
+            last = oi.last_entry
+            tail = list(self.batches(start_position=last.position))
+            if oi.entries and not tail[0].last_offset <= last.offset <= tail[-1].last_offset:
+                raise CorruptIndexError(
+                    f"last entry (offset {last.offset}, position {last.position}) does not "
+                    f"match the batch there (last offset {tail[0].last_offset})",
+                    path=oi.path,
+                )
+            ts = ti.last_entry
+            builder = IndexBuilder(
+                oi,
+                ti,
+                self.index_interval_bytes,
+                bytes_since_last_entry=self._size - last.position,
+                max_timestamp=ts.timestamp,
+                offset_of_max_timestamp=ts.offset,
+            )
+            for info in tail:
+                if info.max_timestamp > builder.max_timestamp:
+                    builder.max_timestamp = info.max_timestamp
+                    builder.offset_of_max_timestamp = info.last_offset
+            self._next_offset = tail[-1].next_offset if tail else self.base_offset
+            self._builder = builder
+        return self._builder
+
+    @property
+    def next_offset(self) -> int:
+        """The offset after the last batch; the base offset when empty (readNextOffset)."""
+        if self._next_offset is None:
+            self._tail()
+        assert self._next_offset is not None
+        return self._next_offset
+
+    @property
+    def max_timestamp_so_far(self) -> int:
+        """The largest batch max timestamp in the segment, or -1."""
+        return self._tail().max_timestamp
+
+    @property
+    def offset_of_max_timestamp(self) -> int:
+        """Last offset of the earliest batch holding the max timestamp."""
+        return self._tail().offset_of_max_timestamp
+
+    @property
+    def largest_timestamp(self) -> int:
+        """Kafka's largestTimestamp: the max timestamp, or the `.log` mtime without one."""
+        ts = self.max_timestamp_so_far
+        return ts if ts >= 0 else self.last_modified_ms
+
+    @property
+    def first_batch(self) -> BatchInfo | None:
+        """The first batch, or None when the segment is empty."""
+        if self._first_batch is None and self._size:
+            self._first_batch = next(self.batches(), None)
+        return self._first_batch
+
+    @property
+    def first_batch_timestamp(self) -> int | None:
+        """maxTimestamp of the first batch (KIP-354's rolling clock), None when empty."""
+        first = self.first_batch
+        return None if first is None else first.max_timestamp
+
+    def meta(self) -> SegmentMeta:
+        """The plain snapshot pure decisions take."""
+        return SegmentMeta(
+            base_offset=self.base_offset,
+            next_offset=self.next_offset,
+            size_bytes=self._size,
+            largest_timestamp_ms=self.largest_timestamp,
+            first_batch_timestamp_ms=self.first_batch_timestamp,
+            offset_index_bytes=self.offset_index.size_in_bytes,
+            time_index_bytes=self.time_index.size_in_bytes,
+            last_modified_ms=self.last_modified_ms,
+        )
+
+    # -- reading -------------------------------------------------------------------
+
+    @contextmanager
+    def open_buffer(self) -> Iterator[Buffer]:
+        """Map the `.log` read-only for the duration of the `with` block (b"" if empty).
+
+        Do not keep memoryviews of the buffer past the block."""
+        size = self._size
+        if size == 0:
+            yield b""
+            return
+        with (
+            open(self.log_path, "rb") as f,
+            mmap.mmap(
+                f.fileno(), min(size, os.fstat(f.fileno()).st_size), access=mmap.ACCESS_READ
+            ) as buf,
+        ):
+            yield buf
+
+    def read(self, position: int, size: int) -> bytes:
+        """Up to `size` bytes of the `.log` from `position`."""
+        fd = os.open(self.log_path, os.O_RDONLY)
+        try:
+            return os.pread(fd, size, position)
+        finally:
+            os.close(fd)
+
+    def read_batch(self, info: BatchInfo) -> bytes:
+        """The bytes of one batch found by a scan of this segment."""
+        return self.read(info.position, info.size)
+
+    def batches(
+        self,
+        start_offset: int | None = None,
+        *,
+        start_position: int | None = None,
+        verify_crc: bool = True,
+    ) -> Iterator[BatchInfo]:
+        """Batches in file order, positions relative to the file.
+
+        With `start_offset`, start at the batch holding it (index lookup, then a forward
+        scan; batches ending before it are skipped). CorruptRecordError names the file.
+        """
+        if start_position is None:
+            start_position = 0 if start_offset is None else self.position_for(start_offset)
+        with self.open_buffer() as buf:
+            it = scan_batches(buf, start=start_position, verify_crc=verify_crc)
+            try:
+                for info in it:
+                    if start_offset is None or info.last_offset >= start_offset:
+                        yield info
+            except CorruptRecordError as exc:
+                raise exc.located(self.log_path) from None
+            finally:
+                _close(it)
+
+    def records(self, start_offset: int | None = None) -> Iterator[Record]:
+        """Records in offset order from `start_offset` (all when None)."""
+        from cleanerd.records.batch import iter_records
+
+        with self.open_buffer() as buf:
+            start = 0 if start_offset is None else self.position_for(start_offset)
+            it = scan_batches(buf, start=start)
+            try:
+                for info in it:
+                    for record in iter_records(buf, info):
+                        if start_offset is None or record.offset >= start_offset:
+                            yield record
+            except CorruptRecordError as exc:
+                raise exc.located(self.log_path) from None
+            finally:
+                _close(it)
+
+    def position_for(self, offset: int) -> int:
+        """Where to start scanning for `offset`: the offset-index lookup's position."""
+        return self.offset_index.lookup(offset).position
+
+    def translate_offset(self, offset: int) -> BatchInfo | None:
+        """The first batch whose last offset is >= `offset`, or None (Kafka's
+        translateOffset)."""
+        return next(self.batches(offset), None)
+
+    def scan(self, *, verify_crc: bool = True) -> ScanResult:
+        """Scan the whole `.log`, stopping at the first bad batch instead of raising."""
+        with self.open_buffer() as buf:
+            return scan_valid_prefix(buf, verify_crc=verify_crc)
+
+    def collect_aborted(self, fetch_offset: int, upper_bound_offset: int) -> TxnIndexSearchResult:
+        """Aborted transactions of this segment overlapping the range (Kafka's rule)."""
+        return self.txn_index.collect_aborted(fetch_offset, upper_bound_offset)
+
+    # -- writing -------------------------------------------------------------------
+
+    def _check_writable(self) -> None:
+        if self.read_only:
+            raise PermissionError(f"segment {self.log_path} is open read-only")
+
+    def append(self, data: bytes, infos: BatchInfo | Sequence[BatchInfo]) -> None:
+        """Append whole batches (`infos` from a scan of `data`, positions relative to it)
+        and the index entries they earn."""
+        self._check_writable()
+        batch_infos = [infos] if isinstance(infos, BatchInfo) else list(infos)
+        if not batch_infos:
+            return
+        self._check_offsets(batch_infos[0].base_offset, batch_infos[-1].last_offset)
+        builder = self._tail()
+        start = self._size
+        self._write_log(data, start)
+        for info in batch_infos:
+            builder.add_batch(
+                start + info.position, info.size, info.last_offset, info.max_timestamp
+            )
+        self._size = start + len(data)
+        self._next_offset = batch_infos[-1].next_offset
+        builder.offset_index.flush_entries()
+        builder.time_index.flush_entries()
+
+    def _check_offsets(self, first: int, last: int) -> None:
+        if first < self.next_offset or not 0 <= last - self.base_offset <= INT32_MAX:
+            raise ValueError(
+                f"cannot append offsets {first}..{last} to {self.log_path}: they must be at "
+                f"or after {self.next_offset} and within int32 range of the base offset "
+                f"{self.base_offset}"
+            )
+
+    def _write_log(self, data: bytes, position: int) -> None:
+        fd = os.open(self.log_path, os.O_WRONLY)
+        try:
+            view = memoryview(data)
+            done = 0
+            while done < len(view):
+                done += os.pwrite(fd, view[done:], position + done)
+        except BaseException:
+            os.ftruncate(fd, position)  # never leave a partial batch behind
+            raise
+        finally:
+            os.close(fd)
+
+    def can_append(self, size: int, last_offset: int, segment_bytes: int) -> bool:
+        """Whether a batch of `size` bytes ending at `last_offset` fits without a roll
+        (Kafka's maybeRoll rules on size, index fullness and relative offsets)."""
+        if self._size == 0:
+            return True
+        return not (
+            self._size > segment_bytes - size
+            or self.offset_index.is_full
+            or self.time_index.is_full
+            or last_offset - self.base_offset > INT32_MAX
+        )
+
+    def append_aborted_txn(self, txn: AbortedTxn) -> None:
+        """Record an aborted transaction whose marker is in this segment."""
+        self._check_writable()
+        self.txn_index.append(txn)
+
+    def flush(self) -> None:
+        """fsync the `.log` and its indexes."""
+        fsync_file(self.log_path)
+        self.offset_index.fsync()
+        self.time_index.fsync()
+        self.txn_index.fsync()
+
+    def close_for_roll(self) -> None:
+        """Make the segment inactive: add the final time-index entry, write and fsync."""
+        self._check_writable()
+        builder = self._tail()
+        builder.finish()
+        builder.offset_index.flush_entries()
+        builder.time_index.flush_entries()
+        self.flush()
+
+    # -- checks and rebuilds ----------------------------------------------------------
+
+    def sanity_check(self) -> bool:
+        """The cheap load-time check; rebuild indexes that are missing or inconsistent.
+        Returns whether the indexes were rebuilt.
+
+        Raises IndexPastLogError (nothing changed) when an index refers to bytes or offsets
+        past the end of the log, CorruptIndexError for a damaged `.txnindex` (it cannot be
+        rebuilt from the log alone), CorruptRecordError when the log itself is unreadable.
+        """
+        self.txn_index.sanity_check()
+        missing = not (self.offset_index_path.exists() and self.time_index_path.exists())
+        problem: CorruptIndexError | None = None
+        if not missing:
+            try:
+                self._check_indexes()
+            except IndexPastLogError:
+                raise
+            except CorruptIndexError as exc:
+                problem = exc
+            except CorruptRecordError:
+                problem = CorruptIndexError(
+                    "the last offset-index entry is not on a batch boundary",
+                    path=self.offset_index_path,
+                )
+        if not missing and problem is None:
+            return False
+        self.rebuild_indexes(reason="missing" if problem is None else problem.reason)
+        return True
+
+    def _check_indexes(self) -> None:
+        self.offset_index.sanity_check()
+        self.time_index.sanity_check()
+        self._tail()
+        self.check_time_index_within(self.next_offset)
+
+    def check_time_index_within(self, next_offset: int) -> None:
+        """Raise IndexPastLogError if the time index names an offset the log lacks."""
+        last = self.time_index.last_entry
+        if self.time_index.entries and last.offset >= next_offset:
+            raise IndexPastLogError(
+                f"last entry (timestamp {last.timestamp}) names offset {last.offset}, past the "
+                f"log's last offset {next_offset - 1}",
+                path=self.time_index_path,
+            )
+
+    def check_indexes_against(self, batches: Sequence[BatchInfo]) -> None:
+        """Check both indexes entry by entry against the segment's full list of batches.
+
+        Raises IndexPastLogError for entries beyond the log, CorruptIndexError for
+        entries that are not on batch boundaries or out of order.
+        """
+        oi, ti = self.offset_index, self.time_index
+        oi.check_within(self._size)
+        next_offset = batches[-1].next_offset if batches else self.base_offset
+        self.check_time_index_within(next_offset)
+        oi.sanity_check()
+        ti.sanity_check()
+        by_position = {b.position: b for b in batches}
+        for n in range(oi.entries):
+            entry = oi.entry_at(n)
+            batch = by_position.get(entry.position)
+            if batch is None or batch.last_offset > entry.offset:
+                raise CorruptIndexError(
+                    f"entry {n} (offset {entry.offset}, position {entry.position}) is not on "
+                    "the batch holding that offset",
+                    path=oi.path,
+                )
+        max_ts = max((b.max_timestamp for b in batches), default=NO_TIMESTAMP)
+        if ti.entries and ti.last_entry.timestamp > max_ts:
+            raise CorruptIndexError(
+                f"last timestamp {ti.last_entry.timestamp} exceeds the log's max {max_ts}",
+                path=ti.path,
+            )
+
+    def rebuild_indexes(
+        self, batches: Sequence[BatchInfo] | None = None, *, reason: str = "rebuild"
+    ) -> None:
+        """Rebuild both indexes from the log (Kafka's recover): the interval rule over
+        every batch, then the final time-index entry. Files are replaced atomically
+        unless the segment is read-only (then the rebuilt indexes live in memory)."""
+        if batches is None:
+            batches = list(self.batches())
+        oi = OffsetIndex(
+            self.offset_index_path, self.base_offset, max_index_size=self.max_index_size
+        )
+        ti = TimeIndex(self.time_index_path, self.base_offset, max_index_size=self.max_index_size)
+        builder = IndexBuilder(oi, ti, self.index_interval_bytes)
+        for info in batches:
+            builder.add_batch(info.position, info.size, info.last_offset, info.max_timestamp)
+        builder.finish()
+        if not self.read_only:
+            oi.write()
+            ti.write()
+        log.warning(
+            "segment.index_rebuilt",
+            path=str(self.log_path),
+            reason=reason,
+            written=not self.read_only,
+            offset_index_entries=oi.entries,
+            time_index_entries=ti.entries,
+        )
+        self._offset_index, self._time_index, self._builder = oi, ti, builder
+        self._next_offset = batches[-1].next_offset if batches else self.base_offset
+
+    def truncate_to_position(self, size: int) -> None:
+        """Cut the `.log` to `size` bytes (recovery of a torn tail), then rebuild the
+        indexes of what remains."""
+        self._check_writable()
+        os.truncate(self.log_path, size)
+        self._size = size
+        self._reset_caches()
+        self.rebuild_indexes(reason=f"log truncated to {size} bytes")
+        self.txn_index.truncate_to(self.next_offset)
+
+    # -- renames and deletion ----------------------------------------------------------
+
+    def change_suffix(self, new_suffix: str) -> None:
+        """Rename every existing file of the segment from its suffix to `new_suffix`
+        (Kafka's changeFileSuffixes), then fsync the dir."""
+        self._check_writable()
+        old_paths = self.paths
+        self.suffix = new_suffix
+        for old, new in zip(old_paths, self.paths, strict=True):
+            if old.exists():
+                old.replace(new)
+        fsync_dir(self.dir)
+        self._reset_caches()
+
+    def delete_files(self) -> None:
+        """Unlink every file of the segment (ENOSPC-safe)."""
+        self._check_writable()
+        for path in self.paths:
+            if path.exists():
+                safe_unlink(path)

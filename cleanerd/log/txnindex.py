@@ -1,0 +1,210 @@
+"""Kafka's transaction index (`.txnindex`): the aborted transactions of a segment.
+
+On-disk format (Kafka's AbortedTxn), big-endian, 34-byte entries back to back::
+
+    version           int16   0
+    producerId        int64
+    firstOffset       int64   first data offset of the transaction
+    lastOffset        int64   offset of its ABORT marker
+    lastStableOffset  int64   the partition's LSO when the abort completed
+
+An entry is stored in the segment that holds the ABORT marker, appended in marker order,
+so last offsets strictly increase within a file. Kafka creates the file only when its
+first entry is appended; a segment without aborted transactions has no `.txnindex`.
+
+Lookup for a fetch range `[from, to)` (Kafka's collectAbortedTxns) returns every entry
+whose transaction overlaps the range (`lastOffset >= from` and `firstOffset < to`). A
+caller walks segments from the one holding `from` onward and may stop as soon as one
+entry has `lastStableOffset >= to`: no later abort can reach back into the range, since
+every transaction still open when it completed began at or after that LSO.
+
+Appends go to the end of the file right after the marker batch is in the log, so a
+crash leaves at most an entry missing, which Kafka rebuilds from the log on recovery.
+
+Which transactions are still open is the other half of a partition's transaction state
+(it bounds the last stable offset). Kafka's producer snapshot (`<offset>.snapshot`)
+records it at the snapshot's offset, so a reader only needs to scan the log after the
+latest snapshot. Its format, big-endian::
+
+    version:int16 (1) | crc:uint32 (CRC-32C of everything after it) | count:int32
+    count x [producerId:int64 | epoch:int16 | lastSequence:int32 | lastOffset:int64 |
+             offsetDelta:int32 | timestamp:int64 | coordinatorEpoch:int32 |
+             currentTxnFirstOffset:int64 (-1: no open transaction)]
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
+
+import crc32c
+
+from cleanerd.errors import CorruptIndexError
+from cleanerd.log.fsutil import atomic_write, fsync_file
+
+TXN_ENTRY: Final = struct.Struct(
+    ">h"  # version
+    "q"  # producerId
+    "q"  # firstOffset
+    "q"  # lastOffset
+    "q"  # lastStableOffset
+)
+assert TXN_ENTRY.size == 34
+TXN_ENTRY_VERSION: Final = 0
+
+SNAPSHOT_HEADER: Final = struct.Struct(">hIi")  # version, crc, entry count
+SNAPSHOT_ENTRY: Final = struct.Struct(">qhiqiqiq")
+assert SNAPSHOT_HEADER.size == 10
+assert SNAPSHOT_ENTRY.size == 46
+SNAPSHOT_VERSION: Final = 1
+_SNAPSHOT_CRC_START: Final = 6
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class AbortedTxn:
+    """One aborted transaction; orders by first offset (then producer id)."""
+
+    first_offset: int
+    producer_id: int
+    last_offset: int
+    last_stable_offset: int
+
+    def to_bytes(self) -> bytes:
+        """The 34-byte entry."""
+        return TXN_ENTRY.pack(
+            TXN_ENTRY_VERSION,
+            self.producer_id,
+            self.first_offset,
+            self.last_offset,
+            self.last_stable_offset,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class TxnIndexSearchResult:
+    """Aborted transactions overlapping a range; `is_complete` when no later segment can
+    add more (an entry's LSO reached the range end)."""
+
+    aborted: list[AbortedTxn]
+    is_complete: bool
+
+
+def parse_txn_index(data: bytes, path: Path) -> list[AbortedTxn]:
+    """Decode a whole `.txnindex` file's bytes."""
+    if len(data) % TXN_ENTRY.size:
+        raise CorruptIndexError(
+            f"size {len(data)} is not a multiple of the entry size {TXN_ENTRY.size}: "
+            f"truncated entry at position {len(data) - len(data) % TXN_ENTRY.size}",
+            path=path,
+        )
+    entries = []
+    for position in range(0, len(data), TXN_ENTRY.size):
+        version, pid, first, last, lso = TXN_ENTRY.unpack_from(data, position)
+        if version != TXN_ENTRY_VERSION:
+            raise CorruptIndexError(
+                f"unexpected entry version {version} at position {position}", path=path
+            )
+        entries.append(AbortedTxn(first, pid, last, lso))
+    return entries
+
+
+class TransactionIndex:
+    """A segment's `.txnindex`, held in memory; appends also go to the file."""
+
+    def __init__(self, path: Path, base_offset: int, entries: Iterable[AbortedTxn] = ()) -> None:
+        self.path = path
+        self.base_offset = base_offset
+        self._entries = list(entries)
+
+    @classmethod
+    def load(cls, path: Path, base_offset: int) -> TransactionIndex:
+        """Read `path`; an absent file holds no entries."""
+        data = path.read_bytes() if path.exists() else b""
+        return cls(path, base_offset, parse_txn_index(data, path))
+
+    @property
+    def entries(self) -> list[AbortedTxn]:
+        """All entries, in file order."""
+        return list(self._entries)
+
+    def append(self, txn: AbortedTxn, *, write: bool = True) -> None:
+        """Add `txn` (its last offset must exceed the previous one); with `write`,
+        append it to the file, creating the file on the first entry."""
+        if self._entries and txn.last_offset <= self._entries[-1].last_offset:
+            raise ValueError(
+                f"last offset {txn.last_offset} of an appended aborted transaction is not "
+                f"above the current last offset {self._entries[-1].last_offset} in {self.path}"
+            )
+        self._entries.append(txn)
+        if write:
+            with open(self.path, "ab") as f:
+                f.write(txn.to_bytes())
+
+    def write(self) -> None:
+        """Replace the file atomically with the entries (no file when there are none)."""
+        if self._entries:
+            atomic_write(self.path, b"".join(t.to_bytes() for t in self._entries))
+        else:
+            self.path.unlink(missing_ok=True)
+
+    def collect_aborted(self, fetch_offset: int, upper_bound_offset: int) -> TxnIndexSearchResult:
+        """Entries overlapping `[fetch_offset, upper_bound_offset)` (Kafka's rule)."""
+        found = []
+        for txn in self._entries:
+            if txn.last_offset >= fetch_offset and txn.first_offset < upper_bound_offset:
+                found.append(txn)
+            if txn.last_stable_offset >= upper_bound_offset:
+                return TxnIndexSearchResult(found, is_complete=True)
+        return TxnIndexSearchResult(found, is_complete=False)
+
+    def truncate_to(self, offset: int) -> None:
+        """Drop entries whose marker is at or after `offset`, in memory and in the file."""
+        kept = [t for t in self._entries if t.last_offset < offset]
+        if len(kept) != len(self._entries):
+            self._entries = kept
+            if self.path.exists():
+                os.truncate(self.path, len(kept) * TXN_ENTRY.size)
+
+    def sanity_check(self) -> None:
+        """Raise CorruptIndexError if an entry's marker lies below the segment's base."""
+        for n, txn in enumerate(self._entries):
+            if txn.last_offset < self.base_offset:
+                raise CorruptIndexError(
+                    f"entry {n} at position {n * TXN_ENTRY.size}: last offset "
+                    f"{txn.last_offset} of an aborted transaction is below the base offset "
+                    f"{self.base_offset}",
+                    path=self.path,
+                )
+
+    def fsync(self) -> None:
+        """fsync the file if it exists."""
+        if self.path.exists():
+            fsync_file(self.path)
+
+
+def ongoing_txns_from_snapshot(path: Path) -> dict[int, int]:
+    """Open transactions recorded in a producer snapshot: producer id -> first offset.
+
+    Raises CorruptIndexError (naming the file) for a wrong version, size or CRC."""
+    data = path.read_bytes()
+    if len(data) < SNAPSHOT_HEADER.size:
+        raise CorruptIndexError(f"only {len(data)} bytes, no snapshot header", path=path)
+    version, crc, count = SNAPSHOT_HEADER.unpack_from(data)
+    if version != SNAPSHOT_VERSION:
+        raise CorruptIndexError(f"unsupported snapshot version {version}", path=path)
+    computed = crc32c.crc32c(memoryview(data)[_SNAPSHOT_CRC_START:])
+    if computed != crc:
+        raise CorruptIndexError(f"CRC mismatch: stored {crc}, computed {computed}", path=path)
+    if count < 0 or len(data) != SNAPSHOT_HEADER.size + count * SNAPSHOT_ENTRY.size:
+        raise CorruptIndexError(f"{count} entries do not match size {len(data)}", path=path)
+    ongoing = {}
+    for n in range(count):
+        fields = SNAPSHOT_ENTRY.unpack_from(data, SNAPSHOT_HEADER.size + n * SNAPSHOT_ENTRY.size)
+        producer_id, first_offset = fields[0], fields[7]
+        if first_offset >= 0:
+            ongoing[producer_id] = first_offset
+    return ongoing

@@ -1,0 +1,122 @@
+"""Control records (the single record of a control batch, attribute bit 5).
+
+Key, big-endian (Kafka's ControlRecordType)::
+
+    version  int16  0
+    type     int16  0 ABORT, 1 COMMIT, 2 LEADER_CHANGE, 3 SNAPSHOT_HEADER,
+                    4 SNAPSHOT_FOOTER, 5 KRAFT_VERSION, 6 KRAFT_VOTERS
+
+Value of an ABORT or COMMIT marker (Kafka's EndTransactionMarker)::
+
+    version           int16  0
+    coordinatorEpoch  int32
+
+Types this code does not know are kept as plain ints so they survive a rewrite.
+"""
+
+from __future__ import annotations
+
+import enum
+import struct
+from dataclasses import dataclass
+from typing import Final
+
+from cleanerd.errors import CorruptRecordError
+from cleanerd.records.record import Record
+
+CONTROL_KEY: Final = struct.Struct(">hh")
+END_TXN_VALUE: Final = struct.Struct(">hi")
+CONTROL_KEY_VERSION: Final = 0
+END_TXN_MARKER_VERSION: Final = 0
+
+
+class ControlRecordType(enum.IntEnum):
+    """The type field of a control record key."""
+
+    ABORT = 0
+    COMMIT = 1
+    LEADER_CHANGE = 2
+    SNAPSHOT_HEADER = 3
+    SNAPSHOT_FOOTER = 4
+    KRAFT_VERSION = 5
+    KRAFT_VOTERS = 6
+
+    @property
+    def kafka_name(self) -> str:
+        """The name Kafka's tools print (`endTxnMarker: COMMIT`, `SnapshotHeader`, ...)."""
+        return _KAFKA_NAMES[self]
+
+
+_KAFKA_NAMES: Final = {
+    ControlRecordType.ABORT: "ABORT",
+    ControlRecordType.COMMIT: "COMMIT",
+    ControlRecordType.LEADER_CHANGE: "LeaderChange",
+    ControlRecordType.SNAPSHOT_HEADER: "SnapshotHeader",
+    ControlRecordType.SNAPSHOT_FOOTER: "SnapshotFooter",
+    ControlRecordType.KRAFT_VERSION: "KRaftVersion",
+    ControlRecordType.KRAFT_VOTERS: "KRaftVoters",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class EndTxnMarker:
+    """A transaction marker: COMMIT or ABORT, with the coordinator's epoch."""
+
+    type: ControlRecordType
+    coordinator_epoch: int
+
+
+def control_type(record: Record) -> ControlRecordType | int:
+    """The type of the control record `record` (an int if Kafka added it after us).
+
+    Raise CorruptRecordError (position = the record's offset) if the key is malformed."""
+    key = record.key
+    if key is None or len(key) < CONTROL_KEY.size:
+        size = "null" if key is None else f"{len(key)} bytes"
+        raise CorruptRecordError(
+            f"control record at offset {record.offset} has a {size} key, 4 bytes needed"
+        )
+    version, code = CONTROL_KEY.unpack_from(key)
+    if version < 0:
+        raise CorruptRecordError(
+            f"control record at offset {record.offset} has invalid key version {version}"
+        )
+    try:
+        return ControlRecordType(code)
+    except ValueError:
+        return int(code)
+
+
+def decode_end_txn_marker(record: Record) -> EndTxnMarker:
+    """The COMMIT/ABORT marker in `record`; CorruptRecordError if it is not one."""
+    kind = control_type(record)
+    if kind not in (ControlRecordType.ABORT, ControlRecordType.COMMIT):
+        raise CorruptRecordError(
+            f"control record at offset {record.offset} is type {kind}, not an end-txn marker"
+        )
+    value = record.value
+    if value is None or len(value) < END_TXN_VALUE.size:
+        raise CorruptRecordError(
+            f"end-txn marker at offset {record.offset} has a value shorter than 6 bytes"
+        )
+    version, epoch = END_TXN_VALUE.unpack_from(value)
+    if version < 0:
+        raise CorruptRecordError(
+            f"end-txn marker at offset {record.offset} has invalid version {version}"
+        )
+    return EndTxnMarker(ControlRecordType(kind), epoch)
+
+
+def encode_end_txn_marker(
+    marker_type: ControlRecordType, coordinator_epoch: int, *, offset: int, timestamp: int
+) -> Record:
+    """The control record of a COMMIT or ABORT marker at `offset` (put it alone in a batch
+    with `is_control=True` and the transaction's producer id and epoch)."""
+    if marker_type not in (ControlRecordType.ABORT, ControlRecordType.COMMIT):
+        raise ValueError(f"{marker_type!r} is not an end-txn marker type")
+    return Record(
+        offset,
+        timestamp,
+        CONTROL_KEY.pack(CONTROL_KEY_VERSION, marker_type),
+        END_TXN_VALUE.pack(END_TXN_MARKER_VERSION, coordinator_epoch),
+    )

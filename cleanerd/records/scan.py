@@ -1,0 +1,157 @@
+"""Shallow scan of back-to-back batches in a buffer (a segment file's bytes).
+
+Every batch, v2 or legacy, starts with ``offset int64 | length int32`` (the 12-byte log
+overhead; length counts the bytes after it) and has its magic byte at position 16, so a
+scan reads 17 bytes, learns the format and the size, checks the batch and steps over it.
+Checks, in order (Kafka's FileLogInputStream and RecordBatch.ensureValid):
+
+1. at least 17 bytes left, else the tail is an incomplete batch;
+2. magic 0, 1 or 2;
+3. size at least the format's minimum (61 for v2, 26/34 for legacy v0/v1);
+4. size within the data, else the tail is an incomplete batch;
+5. the CRC (v2: CRC-32C of [21, end); legacy: CRC-32 of [16, end));
+6. offsets consistent (v2: lastOffsetDelta >= 0, 0 <= recordsCount <= lastOffsetDelta + 1).
+
+The first failure raises CorruptRecordError whose position is the batch's position in the
+buffer. `scan_valid_prefix` turns that into a result instead: how many bytes are valid, and
+whether what follows is merely a truncated batch (a crash mid-append) or corruption.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Final
+
+from cleanerd.errors import CorruptRecordError
+from cleanerd.records import legacy
+from cleanerd.records.header import (
+    LOG_OVERHEAD,
+    MAGIC_OFFSET,
+    NO_TIMESTAMP,
+    RECORD_BATCH_OVERHEAD,
+    BatchHeader,
+    Buffer,
+    Compression,
+    unpack_header,
+    validate_v2_header,
+)
+
+PREFIX_SIZE: Final = MAGIC_OFFSET + 1
+_SIZE_AND_MAGIC: Final = struct.Struct(">i4xb")  # length at 8, magic at 16
+
+
+@dataclass(frozen=True, slots=True)
+class BatchInfo:
+    """Where one batch (v2) or shallow legacy entry sits in the buffer, and its offsets."""
+
+    position: int
+    size: int
+    magic: int
+    base_offset: int
+    last_offset: int
+    max_timestamp: int
+    header: BatchHeader | None
+
+    @property
+    def next_offset(self) -> int:
+        return self.last_offset + 1
+
+
+@dataclass(frozen=True, slots=True)
+class ScanResult:
+    """The valid prefix of a buffer: its batches, their byte count from `start`, the error
+    that ended the scan (None if the buffer ended cleanly), and whether the bytes after the
+    prefix are just an incomplete batch."""
+
+    batches: list[BatchInfo]
+    valid_bytes: int
+    error: CorruptRecordError | None
+    incomplete_tail: bool
+
+
+class IncompleteBatchError(CorruptRecordError):
+    """A batch cut short by the end of the data (a crash mid-append), as opposed to a
+    batch with bad bytes."""
+
+
+def _min_size(magic: int) -> int:
+    return RECORD_BATCH_OVERHEAD if magic == 2 else legacy.min_entry_size(magic)
+
+
+def _scan_v2(buf: Buffer, position: int, verify_crc: bool) -> BatchInfo:
+    h = unpack_header(buf, position)
+    validate_v2_header(buf, h, check=verify_crc)
+    if h.records_count > h.last_offset_delta + 1:
+        raise CorruptRecordError(
+            f"recordsCount {h.records_count} exceeds lastOffsetDelta {h.last_offset_delta} + 1",
+            position=position,
+        )
+    return BatchInfo(position, h.size_in_bytes, 2, h.base_offset, h.last_offset, h.max_timestamp, h)
+
+
+def _scan_legacy(buf: Buffer, position: int, end: int, verify_crc: bool) -> BatchInfo:
+    entry = legacy.read_legacy_entry(buf, position, end, verify_crc=verify_crc)
+    base = entry.offset
+    if entry.compression is not Compression.NONE:
+        base = legacy.entry_records(entry, verify_crc=verify_crc)[0].offset
+    ts = entry.timestamp if entry.magic == 1 else NO_TIMESTAMP
+    return BatchInfo(position, entry.size, entry.magic, base, entry.offset, ts, None)
+
+
+def check_batch_at(buf: Buffer, position: int, end: int, *, verify_crc: bool) -> BatchInfo:
+    """Check the batch at `position` (which must end by `end`) and describe it; raise
+    CorruptRecordError (position = `position`) if it is incomplete or invalid."""
+    left = end - position
+    if left < PREFIX_SIZE:
+        raise IncompleteBatchError(
+            f"incomplete batch header: only {left} bytes left, {PREFIX_SIZE} needed",
+            position=position,
+        )
+    length, magic = _SIZE_AND_MAGIC.unpack_from(buf, position + 8)
+    if magic not in (0, 1, 2):
+        raise CorruptRecordError(f"unexpected magic {magic}", position=position)
+    size = length + LOG_OVERHEAD
+    if size < _min_size(magic):
+        raise CorruptRecordError(
+            f"batch size {size} is below the magic {magic} minimum {_min_size(magic)}",
+            position=position,
+        )
+    if size > left:
+        raise IncompleteBatchError(
+            f"batch size {size} runs past the end of the data ({left} bytes left)",
+            position=position,
+        )
+    if magic == 2:
+        return _scan_v2(buf, position, verify_crc)
+    return _scan_legacy(buf, position, position + size, verify_crc)
+
+
+def scan_batches(
+    buf: Buffer, *, start: int = 0, end: int | None = None, verify_crc: bool = True
+) -> Iterator[BatchInfo]:
+    """Yield every batch in `buf[start:end]` in order; raise CorruptRecordError (position
+    = offset in `buf`) at the first batch that is incomplete or invalid."""
+    stop = len(buf) if end is None else min(end, len(buf))
+    position = start
+    while position < stop:
+        info = check_batch_at(buf, position, stop, verify_crc=verify_crc)
+        yield info
+        position += info.size
+
+
+def scan_valid_prefix(buf: Buffer, *, start: int = 0, verify_crc: bool = True) -> ScanResult:
+    """Scan from `start` to the end of `buf`, stopping at the first bad batch instead of
+    raising (what log recovery needs: everything before it is kept)."""
+    batches: list[BatchInfo] = []
+    position = start
+    try:
+        for info in scan_batches(buf, start=start, verify_crc=verify_crc):
+            batches.append(info)
+            position += info.size
+    except IncompleteBatchError as exc:
+        return ScanResult(batches, position - start, exc, incomplete_tail=True)
+    except CorruptRecordError as exc:
+        return ScanResult(batches, position - start, exc, incomplete_tail=False)
+    return ScanResult(batches, position - start, None, incomplete_tail=False)

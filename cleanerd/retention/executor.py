@@ -1,0 +1,131 @@
+"""Applies Kafka's retention (`policy.deletable_segments`) to a partition, crash-safely.
+
+One call, for one partition of an owned log dir, under the partition lock:
+
+1. snapshot the partition (`PartitionLog.meta`) and plan with the topic's settings
+   (`retention.ms`, `retention.bytes`, `cleanup.policy`; the start-offset pass runs for
+   every policy, the other two only with `delete`);
+2. when the plan would take the active segment too, roll it first (Kafka rolls an empty
+   segment when every segment would go) and plan again over the new snapshot, so the
+   old active segment is then an ordinary inactive one and the new empty one stays;
+3. remove the planned segments with `PartitionLog.delete_segments`, one call per
+   reason, oldest first: each segment's files are renamed to `.deleted` and the dir
+   fsynced, and the log start offset moves up to the first remaining segment;
+4. write `log-start-offset-checkpoint` (and the recovery point) with
+   `LogDir.checkpoint_logs` (tmp file, fsync, rename, dir fsync);
+5. hand the `.deleted` files to the `PendingDeletions` queue, which unlinks them after
+   `file.delete.delay.ms` (Kafka's delay, so readers that still have the old files open
+   finish).
+
+Crash consistency: the renames are durable before the checkpoint is written, and the
+log start offset is read back as max(checkpoint, first segment base), so a crash
+between steps 3 and 4 loses nothing: on restart the first remaining segment gives the
+same start offset, and startup recovery removes leftover `.deleted` files. A crash
+before step 3's dir fsync leaves the segments in place, and the next check deletes them
+again. The high watermark bounds every deletion when one is known, and the active
+segment is never deleted. A segment whose largest timestamp lies in the future blocks
+time retention, as in Kafka; that is logged with the segment named.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from pathlib import Path
+
+import structlog
+
+from cleanerd.compaction.swap import PendingDeletions
+from cleanerd.config import TopicConfig
+from cleanerd.log.log_dir import LogDir
+from cleanerd.log.meta import PartitionMeta
+from cleanerd.log.partition_log import PartitionLog
+from cleanerd.retention.policy import Deletion, RetentionPlan, deletable_segments
+
+log = structlog.get_logger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class RetentionOutcome:
+    """What one retention check did to one partition."""
+
+    log_dir: str
+    topic: str
+    partition: int
+    deletions: tuple[Deletion, ...]
+    """Oldest first, each with its reason."""
+    rolled: bool
+    """The active segment was rolled first, because every segment was due."""
+    log_start_offset: int
+    future_timestamp_base: int | None
+    """Base of a segment whose future largest timestamp stopped time retention."""
+    deleted_files: tuple[Path, ...]
+    """The `.deleted` files handed to the pending-deletion queue."""
+
+    @property
+    def deleted_bytes(self) -> int:
+        """`.log` bytes removed from the partition."""
+        return sum(d.size_bytes for d in self.deletions)
+
+
+def retention_plan(meta: PartitionMeta, topic: TopicConfig, *, now_ms: int) -> RetentionPlan:
+    """Kafka's deleteOldSegments over `meta` with `topic`'s settings (pure)."""
+    return deletable_segments(
+        meta,
+        now_ms=now_ms,
+        retention_ms=topic.retention_ms,
+        retention_bytes=topic.retention_bytes,
+        policy_delete=topic.delete,
+    )
+
+
+def apply_retention(
+    plog: PartitionLog,
+    log_dir: LogDir,
+    topic: TopicConfig,
+    *,
+    now_ms: int,
+    pending: PendingDeletions,
+) -> RetentionOutcome:
+    """Run one retention check on `plog` (a partition of the owned `log_dir`); see the
+    module docstring. `__cluster_metadata` is left alone; any other read-only partition
+    raises PermissionError."""
+    tp = plog.topic_partition
+    if plog.is_metadata:
+        return RetentionOutcome(
+            str(plog.log_dir), tp.topic, tp.partition, (), False, plog.log_start_offset, None, ()
+        )
+    rolled = False
+    with plog.lock:
+        plan = retention_plan(plog.meta(), topic, now_ms=now_ms)
+        if plan.roll_needed:
+            rolled = plog.roll(now_ms) is not None
+            plan = retention_plan(plog.meta(), topic, now_ms=now_ms)
+        if plan.future_timestamp_base is not None:
+            log.warning(
+                "retention.future_timestamp",
+                topic=tp.topic,
+                partition=tp.partition,
+                log_dir=str(plog.log_dir),
+                base_offset=plan.future_timestamp_base,
+                now_ms=now_ms,
+                consequence="retention.ms deletes nothing from this segment on",
+            )
+        files: list[Path] = []
+        by_base = {s.base_offset: s for s in plog.segments}
+        for reason, group in itertools.groupby(plan.deletions, key=lambda d: d.reason):
+            doomed = [by_base[d.base_offset] for d in group if d.base_offset in by_base]
+            files += plog.delete_segments(doomed, reason=reason.value)
+        if plan.deletions:
+            log_dir.checkpoint_logs([plog])
+    pending.schedule(files, now_ms=now_ms, delay_ms=topic.file_delete_delay_ms)
+    return RetentionOutcome(
+        log_dir=str(plog.log_dir),
+        topic=tp.topic,
+        partition=tp.partition,
+        deletions=plan.deletions,
+        rolled=rolled,
+        log_start_offset=plog.log_start_offset,
+        future_timestamp_base=plan.future_timestamp_base,
+        deleted_files=tuple(files),
+    )

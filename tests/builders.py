@@ -1,0 +1,100 @@
+"""Builders of Kafka-format partition dirs for tests.
+
+Every builder writes real files through cleanerd's own log layer, so segments, indexes
+and names are exactly what the daemon reads:
+
+- `kv` makes a record (offsets are assigned on append);
+- `build_log` creates `<log_dir>/<topic>-<partition>` with one segment per inner list of
+  batches, rolling between segments;
+- `write_segment` writes a single segment (optionally under a `.cleaned`/`.swap` suffix)
+  from encoded batches, for leftover and recovery tests;
+- `offsets_and_values` lists what a log holds, for assertions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from cleanerd.log.files import TopicPartition
+from cleanerd.log.partition_log import LogConfig, PartitionLog
+from cleanerd.log.segment import LogSegment
+from cleanerd.records.batch import encode_batch
+from cleanerd.records.record import Record, RecordHeader
+from cleanerd.records.scan import scan_batches
+
+DEFAULT_TP = TopicPartition("topic", 0)
+
+
+def kv(
+    key: str | bytes | None,
+    value: str | bytes | None,
+    *,
+    timestamp: int = 0,
+    headers: Sequence[tuple[str, bytes | None]] = (),
+) -> Record:
+    """A record with `key` and `value` (str is UTF-8 encoded; None stays null) and offset
+    0, which `PartitionLog.append` replaces."""
+    return Record(
+        0,
+        timestamp,
+        key.encode() if isinstance(key, str) else key,
+        value.encode() if isinstance(value, str) else value,
+        tuple(RecordHeader(k, v) for k, v in headers),
+    )
+
+
+def build_log(
+    log_dir: Path,
+    segments: Sequence[Sequence[Sequence[Record]]],
+    *,
+    state_dir: Path,
+    tp: TopicPartition = DEFAULT_TP,
+    config: LogConfig | None = None,
+) -> PartitionLog:
+    """A partition whose segment i holds the batches `segments[i]` (each a list of
+    records appended as one batch); every segment but the last is rolled. Offsets are
+    contiguous from 0."""
+    log_dir.mkdir(parents=True, exist_ok=True)
+    plog = PartitionLog.create(log_dir, tp, config=config, state_dir=state_dir)
+    for n, batches in enumerate(segments):
+        for batch in batches:
+            plog.append(batch)
+        if n + 1 < len(segments):
+            plog.roll()
+    return plog
+
+
+def write_segment(
+    dir_path: Path,
+    base_offset: int,
+    batches: Sequence[bytes],
+    *,
+    suffix: str = "",
+    index_interval_bytes: int = 4096,
+    inactive: bool = True,
+) -> LogSegment:
+    """Write a segment at `base_offset` holding the encoded `batches`, with Kafka's
+    indexes (final time-index entry included when `inactive`)."""
+    segment = LogSegment.create(
+        dir_path, base_offset, suffix=suffix, index_interval_bytes=index_interval_bytes
+    )
+    for data in batches:
+        segment.append(data, list(scan_batches(data)))
+    if inactive:
+        segment.close_for_roll()
+    return segment
+
+
+def encode_records(records: Sequence[Record], base_offset: int) -> bytes:
+    """One uncompressed v2 batch of `records` renumbered from `base_offset`."""
+    numbered = [
+        Record(base_offset + i, r.timestamp, r.key, r.value, r.headers)
+        for i, r in enumerate(records)
+    ]
+    return encode_batch(numbered, base_offset=base_offset)
+
+
+def offsets_and_values(plog: PartitionLog) -> list[tuple[int, bytes | None, bytes | None]]:
+    """(offset, key, value) of every record of the log, in order."""
+    return [(r.offset, r.key, r.value) for r in plog.records()]

@@ -1,0 +1,136 @@
+"""Tests of the batch- and record-level retention rules (ref 4.7, 4.10)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from cleanerd.compaction.batch_retention import (
+    NO_HORIZON,
+    BatchDecision,
+    BatchRetention,
+    WriteAction,
+    WritePlan,
+    check_batch_retention,
+    keep_records,
+    plan_batch_write,
+)
+
+DAY = 86_400_000
+
+
+def decide(**kw: object) -> BatchDecision:
+    args: dict[str, object] = {
+        "is_control": False,
+        "is_last_of_producer": False,
+        "next_offset": 5,
+        "upper_bound_offset": 100,
+        "discardable": False,
+        "delete_horizon_ms": NO_HORIZON,
+        "now_ms": 1000,
+    }
+    args.update(kw)
+    return check_batch_retention(**args)  # type: ignore[arg-type]
+
+
+def test_batch_retention_order() -> None:
+    """Producer's last batch and the round's last slot are retained; aborted data deleted."""
+    assert (
+        decide(is_last_of_producer=True, discardable=True).retention is BatchRetention.RETAIN_EMPTY
+    )
+    assert decide(next_offset=100, discardable=True).retention is BatchRetention.RETAIN_EMPTY
+    assert decide(discardable=True).retention is BatchRetention.DELETE
+    assert decide().retention is BatchRetention.DELETE_EMPTY
+
+
+def test_marker_removed_only_after_horizon() -> None:
+    """A discardable marker goes only once its horizon is set and has passed."""
+    assert decide(is_control=True, discardable=True).retention is BatchRetention.DELETE_EMPTY
+    assert (
+        decide(is_control=True, discardable=True, delete_horizon_ms=2000).retention
+        is BatchRetention.DELETE_EMPTY
+    )
+    d = decide(is_control=True, discardable=True, delete_horizon_ms=1000)
+    assert d.retention is BatchRetention.DELETE
+    assert d.marker_for_empty_txn
+
+
+def plan(d: BatchDecision, **kw: object) -> WritePlan:
+    return plan_batch_write(d, now_ms=1000, delete_retention_ms=DAY, **kw)  # type: ignore[arg-type]
+
+
+def test_write_plans() -> None:
+    """All kept copies; a kept tombstone or empty-txn marker is re-encoded with a horizon."""
+    keep = decide()
+    base = {"delete_horizon_ms": NO_HORIZON}
+    assert plan(keep, kept=3, total=3, kept_tombstone=False, **base).action is WriteAction.COPY
+    p = plan(keep, kept=3, total=3, kept_tombstone=True, **base)
+    assert (p.action, p.delete_horizon_ms) == (WriteAction.REENCODE, 1000 + DAY)
+    p = plan(keep, kept=2, total=3, kept_tombstone=True, delete_horizon_ms=500)
+    assert (p.action, p.delete_horizon_ms) == (WriteAction.REENCODE, 500)
+    assert plan(keep, kept=0, total=3, kept_tombstone=False, **base).action is WriteAction.SKIP
+    retain = decide(is_last_of_producer=True)
+    assert (
+        plan(retain, kept=0, total=3, kept_tombstone=False, **base).action
+        is WriteAction.EMPTY_HEADER
+    )
+    marker = decide(is_control=True, discardable=True)
+    p = plan(marker, kept=1, total=1, kept_tombstone=False, **base)
+    assert (p.action, p.delete_horizon_ms) == (WriteAction.REENCODE, 1000 + DAY)
+    assert (
+        plan(decide(discardable=True), kept=0, total=1, kept_tombstone=False, **base).action
+        is WriteAction.SKIP
+    )
+
+
+def test_keep_records_rules() -> None:
+    """Keyless dropped and counted; losers dropped; past-latest and control kept."""
+    rec_batch = np.array([0, 0, 0, 0, 1, 2], dtype=np.int64)
+    rec_offset = np.array([0, 1, 2, 3, 4, 9], dtype=np.int64)
+    has_key = np.array([True, False, True, True, True, False])
+    has_value = np.array([True, True, False, True, True, True])
+    found = np.array([3, -1, 2, 3, -1, -1], dtype=np.int64)
+    keep, invalid = keep_records(
+        rec_batch=rec_batch,
+        rec_offset=rec_offset,
+        rec_has_key=has_key,
+        rec_has_value=has_value,
+        rec_found=found,
+        batch_discard=np.array([False, False, False]),
+        batch_is_control=np.array([False, True, False]),
+        batch_retain_deletes=np.array([False, True, True]),
+        map_latest_offset=5,
+        exact_winner=False,
+    )
+    assert keep.tolist() == [False, False, False, True, True, True]
+    assert invalid == 1
+
+
+def test_exact_winner_drops_newer_losers() -> None:
+    """Under a non-offset strategy a newer record than the winner is dropped."""
+    keep, _ = keep_records(
+        rec_batch=np.zeros(3, dtype=np.int64),
+        rec_offset=np.array([0, 1, 2], dtype=np.int64),
+        rec_has_key=np.ones(3, dtype=np.bool_),
+        rec_has_value=np.ones(3, dtype=np.bool_),
+        rec_found=np.array([1, 1, -1], dtype=np.int64),
+        batch_discard=np.array([False]),
+        batch_is_control=np.array([False]),
+        batch_retain_deletes=np.array([True]),
+        map_latest_offset=5,
+        exact_winner=True,
+    )
+    assert keep.tolist() == [False, True, True]
+    found = np.array([1, 1, 1], dtype=np.int64)
+    keep, _ = keep_records(
+        rec_batch=np.zeros(3, dtype=np.int64),
+        rec_offset=np.array([0, 1, 2], dtype=np.int64),
+        rec_has_key=np.ones(3, dtype=np.bool_),
+        rec_has_value=np.ones(3, dtype=np.bool_),
+        rec_found=found,
+        batch_discard=np.array([False]),
+        batch_is_control=np.array([False]),
+        batch_retain_deletes=np.array([True]),
+        map_latest_offset=5,
+        exact_winner=True,
+    )
+    assert keep.tolist() == [False, True, False]

@@ -1,0 +1,166 @@
+"""Property tests of the pass over random logs: winners survive, losers and expired
+tombstones go, offsets increase, and every batch reads back in aiokafka with a valid CRC."""
+
+from __future__ import annotations
+
+import shutil
+import struct
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from aiokafka.record.memory_records import MemoryRecords
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from cleanerd.compaction.cleaner import CleanerConfig
+from cleanerd.compaction.strategy import CompactionStrategy, resolve_strategy
+from cleanerd.records.header import Compression
+from cleanerd.records.record import RecordHeader
+from tests.compaction.conftest import (
+    DAY,
+    LONG_MAX,
+    LogBuilder,
+    active_base,
+    clean,
+    read_batches,
+    segment_metas,
+)
+
+NOW = 1_700_000_000_000
+HEADER = "v"
+
+
+@dataclass(frozen=True)
+class Rec:
+    offset: int
+    key: bytes
+    value: bytes | None
+    timestamp: int
+    version: bytes | None  # the raw header value, None when absent
+
+
+def version_of(strategy: CompactionStrategy, r: Rec) -> tuple[bool, int]:
+    if strategy is CompactionStrategy.TIMESTAMP:
+        return True, r.timestamp
+    if r.version is not None and len(r.version) == 8:
+        return True, struct.unpack(">q", r.version)[0]
+    return False, 0
+
+
+def winner(strategy: CompactionStrategy, recs: list[Rec]) -> Rec:
+    if strategy is CompactionStrategy.OFFSET:
+        return max(recs, key=lambda r: r.offset)
+    return max(recs, key=lambda r: (*version_of(strategy, r), r.offset))
+
+
+record_st = st.tuples(
+    st.integers(0, 7),  # key
+    st.one_of(st.none(), st.binary(min_size=0, max_size=6)),  # value (None = tombstone)
+    st.integers(0, 5),  # timestamp step
+    st.one_of(st.none(), st.integers(-3, 3).map(lambda v: struct.pack(">q", v)), st.just(b"\x01")),
+)
+batch_st = st.tuples(
+    st.lists(record_st, min_size=1, max_size=4),
+    st.sampled_from(list(Compression)),
+    st.booleans(),  # roll after
+    st.sampled_from([-1, 7]),  # producer id
+)
+
+
+@settings(
+    max_examples=30,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+@given(
+    batches=st.lists(batch_st, min_size=1, max_size=14),
+    strategy=st.sampled_from(list(CompactionStrategy)),
+    slots=st.integers(3, 40),
+    segment_bytes=st.sampled_from([200, 600, 1 << 20]),
+)
+def test_cleaning_until_stable_keeps_exactly_the_winners(
+    batches: list[Batch],
+    strategy: CompactionStrategy,
+    slots: int,
+    segment_bytes: int,
+) -> None:
+    """Cleaning until nothing changes keeps each key's winner and nothing else of it."""
+    root = Path(tempfile.mkdtemp())
+    try:
+        _check(root, batches, strategy, slots, segment_bytes)
+    finally:
+        shutil.rmtree(root)
+
+
+Batch = tuple[list[tuple[int, bytes | None, int, bytes | None]], Compression, bool, int]
+
+
+def _check(
+    root: Path, batches: list[Batch], strategy: CompactionStrategy, slots: int, segment_bytes: int
+) -> None:
+    log = LogBuilder(root / "logs")
+    originals: list[Rec] = []
+    ts = NOW - 1000
+    for recs, codec, roll, pid in batches:
+        kvs, stamps, hdrs = [], [], []
+        for key, value, step, version in recs:
+            ts += step
+            kvs.append((str(key).encode(), value))
+            stamps.append(ts)
+            hdrs.append(() if version is None else (RecordHeader(HEADER, version),))
+        base, _ = log.append(kvs, codec=codec, timestamps=stamps, headers=hdrs, pid=pid)
+        for i, (key, value, _, version) in enumerate(recs):
+            originals.append(Rec(base + i, str(key).encode(), value, stamps[i], version))
+        if roll:
+            log.roll()
+    log.roll()
+    d = log.write()
+    end = active_base(d)
+    cfg = CleanerConfig(
+        segment_bytes=segment_bytes,
+        producer_id_expiration_ms=LONG_MAX,
+        strategy=resolve_strategy(strategy.value, HEADER),
+    )
+    dirty = 0
+    for _ in range(100):
+        dirty = clean(d, first_dirty=dirty, slots=slots, now_ms=NOW, config=cfg).end_offset
+        if dirty >= end:
+            break
+    assert dirty == end
+    clean(d, first_dirty=end, slots=slots, now_ms=NOW + DAY + 1, config=cfg)
+
+    by_key: dict[bytes, list[Rec]] = {}
+    for r in originals:
+        by_key.setdefault(r.key, []).append(r)
+    expected: dict[int, tuple[bytes | None, bytes | None]] = {}
+    for key_bytes, versions in by_key.items():
+        w = winner(strategy, versions)
+        if w.value is not None:
+            expected[w.offset] = (key_bytes, w.value)
+
+    got: dict[int, tuple[bytes | None, bytes | None]] = {}
+    last = -1
+    batches_read = read_batches(d)
+    for b in batches_read:
+        assert b.header.base_offset > last
+        last = b.header.last_offset
+        for record in b.records:
+            assert record.offset <= last
+            got[record.offset] = (record.key, record.value)
+    assert got == expected
+    assert last == end - 1  # the round's last offset slot is kept
+    _check_aiokafka(d)
+    assert segment_metas(d)[0].base_offset == 0
+
+
+def _check_aiokafka(d: Path) -> None:
+    for path in sorted(d.glob("*.log")):
+        data = path.read_bytes()
+        records = MemoryRecords(data)
+        while records.has_next():
+            batch = records.next_batch()
+            assert batch is not None
+            assert batch.validate_crc()
+            for _ in batch:
+                pass

@@ -1,0 +1,345 @@
+"""Tests for OffsetMap: capacity, Kafka's build rules, and the KIP-280 winner per key."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from cleanerd.compaction.keyhash import hash_key, hash_keys
+from cleanerd.compaction.offset_map import OffsetMap, memory_per_thread
+from cleanerd.compaction.strategy import CompactionStrategy
+
+OFFSET = CompactionStrategy.OFFSET
+TIMESTAMP = CompactionStrategy.TIMESTAMP
+HEADER = CompactionStrategy.HEADER
+
+
+def keys(*names: str) -> np.ndarray:
+    """The hashes of the given key names, as put_many takes them."""
+    return np.array([hash_key(n.encode()) for n in names], dtype=np.uint64)
+
+
+def key_range(n: int) -> np.ndarray:
+    """Hashes of keys "k0" .. "k{n-1}"."""
+    return keys(*(f"k{i}" for i in range(n)))
+
+
+# -- capacity and sizing -------------------------------------------------------------------
+
+
+def test_capacity_three_slots_holds_two_keys() -> None:
+    """72 bytes are 3 offset-strategy slots; at load 0.9 they hold floor(2.7) = 2 keys."""
+    offset_map = OffsetMap(72, load_factor=0.9)
+    assert (offset_map.slots, offset_map.max_keys) == (3, 2)
+    assert offset_map.entry_bytes == offset_map.bytes_per_key == 24
+    assert offset_map.memory_bytes == 72
+
+
+def test_kafka_default_buffer_sizes() -> None:
+    """128 MiB gives Kafka's 5,592,405 slots and 5,033,164 keys; with versions, 32 B/slot."""
+    offset_map = OffsetMap.for_config(128 * 1024 * 1024, 1, 0.9, OFFSET)
+    assert (offset_map.slots, offset_map.max_keys) == (5_592_405, 5_033_164)
+    versioned = OffsetMap.for_config(128 * 1024 * 1024, 2, 0.9, TIMESTAMP)
+    assert versioned.entry_bytes == 32
+    assert (versioned.slots, versioned.max_keys) == (2_097_152, 1_887_436)
+
+
+def test_memory_per_thread_is_split_and_capped() -> None:
+    """Each thread gets the buffer divided by the thread count, at most 2^31 - 1 bytes."""
+    assert memory_per_thread(100, 3) == 33
+    assert memory_per_thread(8 * 1024**3, 2) == 2**31 - 1
+    with pytest.raises(ValueError, match=r"log\.cleaner\.threads"):
+        memory_per_thread(100, 0)
+
+
+@pytest.mark.parametrize(
+    ("memory", "load_factor"), [(24, 0.9), (48, 0.5), (47, 1.0), (0, 0.9), (-5, 0.9)]
+)
+def test_refuses_a_map_that_cannot_hold_a_key(memory: int, load_factor: float) -> None:
+    """Like Kafka, a map with slots * load_factor <= 1 is refused."""
+    with pytest.raises(ValueError, match="too small"):
+        OffsetMap(memory, load_factor=load_factor)
+
+
+def test_smallest_accepted_map_holds_one_key() -> None:
+    """2 slots at 0.9 (1.8 > 1) is accepted, as Kafka accepts it, and holds one key."""
+    offset_map = OffsetMap(48, load_factor=0.9)
+    assert offset_map.max_keys == 1
+    assert offset_map.put_many(key_range(2), [0, 1]) == 1
+
+
+@pytest.mark.parametrize("load_factor", [0.0, -0.5, 1.01])
+def test_refuses_load_factor_outside_unit_interval(load_factor: float) -> None:
+    """The load factor must be in (0, 1]."""
+    with pytest.raises(ValueError, match="load factor"):
+        OffsetMap(1024, load_factor=load_factor)
+
+
+# -- building: Kafka's scenarios -------------------------------------------------------------
+
+
+def test_partial_map_stops_when_full() -> None:
+    """Scenario 39: capacity 2 keys, k2..k4 at 2..4 put: size 2, k0 and k4 absent, latest 3."""
+    offset_map = OffsetMap(72, load_factor=0.9)
+    hashes = key_range(5)
+    assert offset_map.put_many(hashes[2:], [2, 3, 4]) == 2
+    assert offset_map.size == 2
+    assert offset_map.latest_offset == 3
+    assert offset_map.get_many(hashes)[0].tolist() == [-1, -1, 2, 3, -1]
+
+
+def test_full_check_precedes_every_put_even_for_present_keys() -> None:
+    """A full map takes no further put, even one that would only overwrite a present key."""
+    offset_map = OffsetMap(72, load_factor=0.9)
+    hashes = keys("a", "b", "a")
+    assert offset_map.put_many(hashes, [0, 1, 2]) == 2
+    assert offset_map.get_many(hashes[:1])[0].tolist() == [0]
+    assert offset_map.put_many(hashes[:1], [5]) == 0
+    assert offset_map.latest_offset == 1
+
+
+def test_map_with_large_offsets() -> None:
+    """Scenario 38: offsets 0 and 7206178 give size 2 and latest offset 7206178."""
+    offset_map = OffsetMap(1024)
+    hashes = key_range(2)
+    offset_map.put_many(hashes, [0, 7_206_178])
+    assert (offset_map.size, offset_map.latest_offset) == (2, 7_206_178)
+    assert offset_map.get_many(hashes)[0].tolist() == [0, 7_206_178]
+
+
+@pytest.mark.parametrize(("start", "end"), [(0, 100), (100, 300), (300, 500)])
+def test_map_of_a_range_holds_exactly_its_keys(start: int, end: int) -> None:
+    """Scenario 35: the map of [start, end) of key=i at offset i holds exactly those keys."""
+    hashes = key_range(500)
+    offset_map = OffsetMap(1 << 16)
+    assert offset_map.put_many(hashes[start:end], np.arange(start, end)) == end - start
+    assert offset_map.latest_offset + 1 == end
+    found = offset_map.get_many(hashes)[0]
+    expected = np.where((np.arange(500) >= start) & (np.arange(500) < end), np.arange(500), -1)
+    assert found.tolist() == expected.tolist()
+
+
+def test_offset_strategy_put_overwrites() -> None:
+    """With the offset strategy, each put of a key replaces its offset."""
+    offset_map = OffsetMap(1024)
+    hashes = keys("a", "b", "a", "a")
+    offset_map.put_many(hashes, [0, 1, 2, 3])
+    assert offset_map.size == 2
+    offsets, versions, has = offset_map.get_many(keys("a", "b"))
+    assert offsets.tolist() == [3, 1]
+    assert not has.any()
+    assert not versions.any()
+
+
+def test_latest_offset_can_be_moved_past_unput_records() -> None:
+    """update_latest_offset moves the map's end over offsets that were read but not put."""
+    offset_map = OffsetMap(1024)
+    offset_map.put_many(keys("a"), [4])
+    offset_map.update_latest_offset(9)
+    assert offset_map.latest_offset == 9
+
+
+def test_clear_resets_everything() -> None:
+    """clear empties the map: size 0, latest offset -1, every key absent, reusable."""
+    offset_map = OffsetMap(72, load_factor=0.9)
+    hashes = key_range(3)
+    offset_map.put_many(hashes[:2], [0, 1])
+    offset_map.clear()
+    assert (offset_map.size, offset_map.latest_offset, offset_map.utilization) == (0, -1, 0.0)
+    assert offset_map.get_many(hashes)[0].tolist() == [-1, -1, -1]
+    assert offset_map.put_many(hashes[1:], [5, 6]) == 2
+
+
+def test_utilization_is_size_over_slots() -> None:
+    """utilization = size / slots."""
+    offset_map = OffsetMap(24 * 10, load_factor=0.9)
+    offset_map.put_many(key_range(4), [0, 1, 2, 3])
+    assert offset_map.utilization == pytest.approx(0.4)
+
+
+def test_full_table_lookup_of_absent_key_terminates() -> None:
+    """At load factor 1 every slot can fill; a lookup of another key still ends, absent."""
+    offset_map = OffsetMap(24 * 5, load_factor=1.0)
+    assert offset_map.put_many(key_range(6), np.arange(6)) == 5
+    assert offset_map.get_many(keys("absent"))[0].tolist() == [-1]
+    assert offset_map.keep_mask(keys("absent"), [0]).tolist() == [True]
+
+
+def test_refuses_bad_input() -> None:
+    """All-zero hashes, negative offsets, bad shapes and mismatched lengths are refused."""
+    offset_map = OffsetMap(1024, strategy=HEADER)
+    with pytest.raises(ValueError, match="all zero"):
+        offset_map.put_many(np.array([[1, 2], [0, 0]], np.uint64), [0, 1])
+    with pytest.raises(ValueError, match="negative offset -3"):
+        offset_map.put_many(keys("a"), [-3])
+    with pytest.raises(ValueError, match=r"shape \(n, 2\)"):
+        offset_map.get_many(np.array([1, 2, 3], np.uint64))
+    with pytest.raises(ValueError, match="2 hashes but 1 offsets"):
+        offset_map.keep_mask(keys("a", "b"), [0])
+    with pytest.raises(ValueError, match="must hold 2 entries"):
+        offset_map.put_many(keys("a", "b"), [0, 1], [5])
+    assert offset_map.size == 0
+
+
+# -- versions and the clean section --------------------------------------------------------
+
+
+def test_versioned_entry_round_trips_version_and_flag() -> None:
+    """A versioned map returns each winner's offset, version and whether it had one."""
+    offset_map = OffsetMap(1024, strategy=TIMESTAMP)
+    offset_map.put_many(keys("a", "b"), [3, 4], [-7, 2**63 - 1], [True, False])
+    offsets, versions, has = offset_map.get_many(keys("a", "b", "c"))
+    assert offsets.tolist() == [3, 4, -1]
+    assert versions.tolist() == [-7, 0, 0]
+    assert has.tolist() == [True, False, False]
+
+
+def test_versions_default_to_present_when_given() -> None:
+    """Versions without has_version all count as present; no versions mean none."""
+    offset_map = OffsetMap(1024, strategy=HEADER)
+    offset_map.put_many(keys("a"), [0], [9])
+    offset_map.put_many(keys("a"), [1])
+    assert offset_map.get_many(keys("a"))[0].tolist() == [0]
+
+
+def test_update_existing_never_grows_the_map() -> None:
+    """Clean-section records of keys not in the map are not inserted."""
+    offset_map = OffsetMap(72, load_factor=0.9, strategy=HEADER)
+    offset_map.put_many(keys("a"), [10], [1])
+    changed = offset_map.update_existing_many(keys("b", "c", "d"), [0, 1, 2], [5, 5, 5])
+    assert changed == 0
+    assert (offset_map.size, offset_map.latest_offset) == (1, 10)
+    assert offset_map.get_many(keys("b", "c", "d"))[0].tolist() == [-1, -1, -1]
+
+
+def test_update_existing_lets_an_older_clean_record_win() -> None:
+    """An older record with a higher version replaces the dirty entry of its key."""
+    offset_map = OffsetMap(1024, strategy=HEADER)
+    offset_map.put_many(keys("a", "b"), [10, 11], [1, 1])
+    changed = offset_map.update_existing_many(keys("a", "b"), [2, 3], [5, 1])
+    assert changed == 1
+    assert offset_map.get_many(keys("a", "b"))[0].tolist() == [2, 11]
+    assert offset_map.latest_offset == 11
+    hashes = keys("a", "a", "b", "b")
+    assert offset_map.keep_mask(hashes, [2, 10, 3, 11]).tolist() == [True, False, False, True]
+
+
+def test_update_existing_is_a_no_op_for_the_offset_strategy() -> None:
+    """With the offset strategy an older record never beats the mapped one."""
+    offset_map = OffsetMap(1024)
+    offset_map.put_many(keys("a"), [10])
+    assert offset_map.update_existing_many(keys("a"), [2], [99]) == 0
+    assert offset_map.get_many(keys("a"))[0].tolist() == [10]
+
+
+def test_offset_strategy_keep_mask() -> None:
+    """Offset strategy: keep absent keys and offsets at or above the mapped offset."""
+    offset_map = OffsetMap(1024)
+    offset_map.put_many(keys("a"), [5])
+    hashes = keys("a", "a", "a", "z")
+    assert offset_map.keep_mask(hashes, [4, 5, 6, 0]).tolist() == [False, True, True, True]
+
+
+# -- properties ------------------------------------------------------------------------------
+
+
+@settings(deadline=None, max_examples=50)
+@given(st.lists(st.binary(max_size=12), min_size=1, max_size=300))
+def test_get_returns_each_keys_last_put(raw_keys: list[bytes]) -> None:
+    """Random keys never merge: each key maps to the offset of its last put."""
+    buf = b"".join(raw_keys)
+    lens = np.array([len(k) for k in raw_keys])
+    hashes = hash_keys(np.frombuffer(buf, np.uint8), np.cumsum(lens) - lens, lens)
+    offset_map = OffsetMap(24 * 400, load_factor=1.0)
+    assert offset_map.put_many(hashes, np.arange(len(raw_keys))) == len(raw_keys)
+    last = {k: i for i, k in enumerate(raw_keys)}
+    assert offset_map.size == len(last)
+    assert offset_map.get_many(hashes)[0].tolist() == [last[k] for k in raw_keys]
+
+
+@settings(deadline=None, max_examples=50)
+@given(st.lists(st.integers(0, 9), max_size=40), st.integers(2, 8))
+def test_put_stops_at_the_first_record_that_finds_the_map_full(
+    sequence: list[int], slots: int
+) -> None:
+    """put_many takes records until, before some put, size >= max_keys."""
+    offset_map = OffsetMap(24 * slots, load_factor=0.9)
+    seen: set[int] = set()
+    expected = len(sequence)
+    for i, key in enumerate(sequence):
+        if len(seen) >= offset_map.max_keys:
+            expected = i
+            break
+        seen.add(key)
+    hashes = key_range(10)[sequence] if sequence else np.zeros((0, 2), np.uint64)
+    assert offset_map.put_many(hashes, np.arange(len(sequence))) == expected
+    assert offset_map.size == len(seen)
+    assert offset_map.latest_offset == expected - 1
+
+
+@dataclass(frozen=True)
+class Record:
+    key: int
+    offset: int
+    version: int
+    has: bool
+
+
+def beats(a: Record, b: Record, strategy: CompactionStrategy) -> bool:
+    """The plain-Python statement of each strategy's order."""
+    if strategy is OFFSET:
+        return a.offset > b.offset
+    if a.has != b.has:
+        return a.has
+    if a.has and a.version != b.version:
+        return a.version > b.version
+    return a.offset > b.offset
+
+
+records_st = st.lists(
+    st.tuples(st.integers(0, 5), st.integers(-2, 2), st.booleans()), min_size=1, max_size=40
+)
+
+
+@settings(deadline=None, max_examples=150)
+@given(records_st, st.integers(0, 40), st.sampled_from([OFFSET, TIMESTAMP, HEADER]))
+def test_winners_match_reference(
+    raw: list[tuple[int, int, bool]], split: int, strategy: CompactionStrategy
+) -> None:
+    """Dirty records put, clean ones fed to update_existing: winners and kept records match."""
+    records = [Record(k, i, v, h) for i, (k, v, h) in enumerate(raw)]
+    split = min(split, len(records) - 1)
+    clean, dirty = records[:split], records[split:]
+    winners: dict[int, Record] = {}
+    for r in dirty:
+        if r.key not in winners or beats(r, winners[r.key], strategy):
+            winners[r.key] = r
+    for r in clean:
+        if r.key in winners and beats(r, winners[r.key], strategy):
+            winners[r.key] = r
+
+    all_hashes = key_range(6)[[r.key for r in records]]
+    offsets = np.array([r.offset for r in records])
+    versions = np.array([r.version for r in records])
+    has = np.array([r.has for r in records])
+    offset_map = OffsetMap(1024, strategy=strategy)
+    assert offset_map.put_many(all_hashes[split:], offsets[split:], versions[split:], has[split:])
+    offset_map.update_existing_many(
+        all_hashes[:split], offsets[:split], versions[:split], has[:split]
+    )
+
+    got_offsets, got_versions, got_has = offset_map.get_many(key_range(6))
+    for key in range(6):
+        w = winners.get(key)
+        assert got_offsets[key] == (w.offset if w else -1)
+        if w and strategy is not OFFSET:
+            assert bool(got_has[key]) == w.has
+            assert got_versions[key] == (w.version if w.has else 0)
+    expected_keep = [r.key not in winners or winners[r.key] == r for r in records]
+    assert offset_map.keep_mask(all_hashes, offsets).tolist() == expected_keep
+    assert offset_map.size == len(winners)
+    assert offset_map.latest_offset == records[-1].offset

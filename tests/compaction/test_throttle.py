@@ -1,0 +1,57 @@
+"""Tests of the shared Throttler (ref 4.15, scenario 44)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from cleanerd.compaction.throttle import Throttler
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.ns = 0
+        self.slept: list[float] = []
+
+    def now(self) -> int:
+        return self.ns
+
+    def sleep(self, s: float) -> None:
+        self.slept.append(s)
+        self.ns += int(s * 1e9)
+
+
+def test_sleeps_to_bring_rate_down() -> None:
+    """After the check interval, a rate above the limit sleeps to the desired average."""
+    c = Clock()
+    t = Throttler(1000.0, monotonic_ns=c.now, sleep=c.sleep)
+    c.ns = 400_000_000
+    t.maybe_throttle(1000)
+    assert c.slept == [pytest.approx(0.6)]
+
+
+def test_no_sleep_below_rate_or_before_interval() -> None:
+    """No sleep before the interval ends or when under the limit."""
+    c = Clock()
+    t = Throttler(1000.0, monotonic_ns=c.now, sleep=c.sleep)
+    c.ns = 100_000_000
+    t.maybe_throttle(5_000)
+    assert c.slept == []
+    c.ns = 10_000_000_000
+    t.maybe_throttle(1)
+    assert c.slept == []
+
+
+def test_reconfigure_changes_rate_and_inf_never_sleeps() -> None:
+    """Scenario 44: the desired rate can change at runtime; inf never sleeps."""
+    c = Clock()
+    t = Throttler(10_000_000, monotonic_ns=c.now, sleep=c.sleep)
+    t.update_desired_rate(20_000_000)
+    assert t.desired_rate == 20_000_000
+    t.update_desired_rate(math.inf)
+    c.ns = 10**9
+    t.maybe_throttle(10**12)
+    assert c.slept == []
+    with pytest.raises(ValueError, match="positive"):
+        t.update_desired_rate(0)

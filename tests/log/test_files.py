@@ -1,0 +1,120 @@
+"""Tests of cleanerd.log.files: Kafka's file and directory names."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from cleanerd.log.files import (
+    TopicPartition,
+    filename_prefix_from_offset,
+    is_index_file,
+    is_log_file,
+    log_file,
+    offset_from_filename,
+    offset_index_file,
+    parse_topic_partition,
+    special_dir_suffix,
+    time_index_file,
+    txn_index_file,
+)
+
+
+def test_prefix_is_twenty_digits_zero_padded() -> None:
+    """Segment names are the base offset padded to 20 digits, no grouping."""
+    assert filename_prefix_from_offset(0) == "00000000000000000000"
+    assert filename_prefix_from_offset(1234) == "00000000000000001234"
+    assert filename_prefix_from_offset(2**63 - 1) == "09223372036854775807"
+
+
+def test_negative_offset_cannot_name_a_segment() -> None:
+    """A negative base offset is rejected."""
+    with pytest.raises(ValueError, match="negative"):
+        filename_prefix_from_offset(-1)
+
+
+@pytest.mark.parametrize(
+    ("name", "offset"),
+    [
+        ("00000000000000000042.log", 42),
+        ("00000000000000000042.index.swap", 42),
+        ("00000000000000000042.timeindex.deleted", 42),
+        ("00000000000000000007.snapshot", 7),
+        ("00000000000000000042.log.cleaned", 42),
+    ],
+)
+def test_offset_is_text_before_first_dot(name: str, offset: int) -> None:
+    """The offset of any segment file is the text before its first dot."""
+    assert offset_from_filename(name) == offset
+
+
+@pytest.mark.parametrize("name", ["leader-epoch-checkpoint", "partition.metadata", ".lock", ""])
+def test_names_without_an_offset_are_rejected(name: str) -> None:
+    """Files whose name does not start with an offset raise ValueError."""
+    with pytest.raises(ValueError, match="does not start with an offset"):
+        offset_from_filename(name)
+
+
+@pytest.mark.parametrize(
+    ("dirname", "topic", "partition"),
+    [
+        ("my-topic-with-dashes-12", "my-topic-with-dashes", 12),
+        ("orders-0", "orders", 0),
+        ("a.b_c-3", "a.b_c", 3),
+        ("__cluster_metadata-0", "__cluster_metadata", 0),
+        ("topic--1", "topic-", 1),
+    ],
+)
+def test_partition_dir_splits_at_last_dash(dirname: str, topic: str, partition: int) -> None:
+    """`<topic>-<partition>` is split at the last dash; topics keep their dashes and dots."""
+    assert parse_topic_partition(dirname) == TopicPartition(topic, partition)
+
+
+@pytest.mark.parametrize(
+    "dirname",
+    [
+        "orders-0.0123456789abcdef0123456789abcdef-delete",
+        "orders-0.0123456789abcdef0123456789abcdef-future",
+        "orders-0.0123456789abcdef0123456789abcdef-stray",
+        "orders-delete",
+    ],
+)
+def test_special_dirs_are_not_partitions(dirname: str) -> None:
+    """`-delete`, `-future` and `-stray` dirs (well-formed or not) are rejected."""
+    with pytest.raises(ValueError, match=r"dir, not a live partition dir"):
+        parse_topic_partition(dirname)
+    assert special_dir_suffix(dirname) is not None
+
+
+@pytest.mark.parametrize("dirname", ["orders", "-3", "orders-", "orders-x", "orders-1a", "o-٣"])
+def test_malformed_partition_dirs_are_rejected(dirname: str) -> None:
+    """No dash, an empty topic or a non-decimal partition is not a partition dir."""
+    with pytest.raises(ValueError, match="is not a <topic>-<partition> dir name"):
+        parse_topic_partition(dirname)
+
+
+def test_topic_partition_str_is_the_dir_name() -> None:
+    """str(TopicPartition) is Kafka's dir name and parses back to itself."""
+    tp = TopicPartition("a-b.c", 7)
+    assert str(tp) == "a-b.c-7"
+    assert parse_topic_partition(str(tp)) == tp
+
+
+def test_segment_paths() -> None:
+    """The four files of a segment share the 20-digit stem; suffixes go after the kind."""
+    d = Path("/data/t-0")
+    assert log_file(d, 5).name == "00000000000000000005.log"
+    assert offset_index_file(d, 5, ".swap").name == "00000000000000000005.index.swap"
+    assert time_index_file(d, 5).name == "00000000000000000005.timeindex"
+    assert txn_index_file(d, 5, ".cleaned").name == "00000000000000000005.txnindex.cleaned"
+
+
+def test_kinds_and_state_suffixes() -> None:
+    """Log and index files are recognised only without a state suffix."""
+    assert is_log_file("00000000000000000005.log")
+    assert not is_log_file("00000000000000000005.log.swap")
+    assert not is_log_file("leader-epoch.log")
+    assert is_index_file("00000000000000000005.timeindex")
+    assert is_index_file("00000000000000000005.txnindex")
+    assert not is_index_file("00000000000000000005.index.deleted")

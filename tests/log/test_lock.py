@@ -1,0 +1,159 @@
+"""Tests of cleanerd.log.lock: the log dir lock, owner marker and partition locks."""
+
+from __future__ import annotations
+
+import multiprocessing
+import threading
+from multiprocessing.synchronize import Event
+from pathlib import Path
+
+import pytest
+
+from cleanerd.errors import LogDirLockedError
+from cleanerd.log.files import TopicPartition
+from cleanerd.log.lock import (
+    LogDirLock,
+    OwnerLock,
+    PartitionLock,
+    PartitionLockTimeout,
+    partition_lock_path,
+)
+
+_CTX = multiprocessing.get_context("spawn")
+TP = TopicPartition("t", 0)
+
+
+def _hold_dir_lock(log_dir: Path, held: Event, done: Event) -> None:
+    with LogDirLock(log_dir):
+        held.set()
+        done.wait(30)
+
+
+def _try_dir_lock(log_dir: Path, result: multiprocessing.SimpleQueue[str]) -> None:
+    try:
+        LogDirLock(log_dir).acquire()
+    except LogDirLockedError:
+        result.put("locked")
+    else:
+        result.put("acquired")
+
+
+def _hold_partition_lock(state: Path, log_dir: Path, held: Event, done: Event) -> None:
+    with PartitionLock(state, log_dir, TP):
+        held.set()
+        done.wait(30)
+
+
+def _probe(log_dir: Path) -> str:
+    result: multiprocessing.SimpleQueue[str] = _CTX.SimpleQueue()
+    proc = _CTX.Process(target=_try_dir_lock, args=(log_dir, result))
+    proc.start()
+    proc.join(30)
+    return result.get()
+
+
+def test_dir_lock_held_by_another_process(tmp_path: Path) -> None:
+    """A `.lock` held by another process cannot be taken: LogDirLockedError."""
+    held, done = _CTX.Event(), _CTX.Event()
+    proc = _CTX.Process(target=_hold_dir_lock, args=(tmp_path, held, done))
+    proc.start()
+    try:
+        assert held.wait(30)
+        with pytest.raises(LogDirLockedError, match=str(tmp_path)):
+            LogDirLock(tmp_path).acquire()
+    finally:
+        done.set()
+        proc.join(30)
+    with LogDirLock(tmp_path) as lock:
+        assert lock.held
+
+
+def test_dir_lock_creates_lock_file_and_excludes_others(tmp_path: Path) -> None:
+    """Taking the lock creates `.lock` like a broker; other processes are then refused
+    until it is released."""
+    lock = LogDirLock(tmp_path)
+    lock.acquire()
+    try:
+        assert (tmp_path / ".lock").exists()
+        assert _probe(tmp_path) == "locked"
+    finally:
+        lock.release()
+    assert _probe(tmp_path) == "acquired"
+
+
+def test_second_lock_in_same_process_is_refused_without_dropping_first(tmp_path: Path) -> None:
+    """A second LogDirLock on the same dir in one process is refused, and the refusal does
+    not release the first (POSIX locks die with any descriptor of the file)."""
+    first = LogDirLock(tmp_path)
+    first.acquire()
+    try:
+        with pytest.raises(LogDirLockedError):
+            LogDirLock(tmp_path).acquire()
+        assert _probe(tmp_path) == "locked"
+    finally:
+        first.release()
+
+
+def test_partition_lock_lives_in_state_dir(tmp_path: Path) -> None:
+    """Partition lock files are under `<state>/locks/`, never inside the log dir."""
+    log_dir, state = tmp_path / "logs", tmp_path / "state"
+    log_dir.mkdir()
+    with PartitionLock(state, log_dir, TP) as lock:
+        assert lock.path == partition_lock_path(state, log_dir, TP)
+        assert lock.path.is_relative_to(state / "locks")
+        assert lock.path.name == "t-0.lock"
+    assert list(log_dir.iterdir()) == []
+
+
+def test_partition_lock_times_out_when_held_elsewhere(tmp_path: Path) -> None:
+    """Waiting for a partition lock another process holds ends in PartitionLockTimeout."""
+    held, done = _CTX.Event(), _CTX.Event()
+    proc = _CTX.Process(target=_hold_partition_lock, args=(tmp_path, tmp_path, held, done))
+    proc.start()
+    try:
+        assert held.wait(30)
+        with pytest.raises(PartitionLockTimeout, match=r"t-0\.lock"):
+            PartitionLock(tmp_path, tmp_path, TP, timeout_s=0.05).acquire()
+    finally:
+        done.set()
+        proc.join(30)
+    with PartitionLock(tmp_path, tmp_path, TP, timeout_s=5):
+        pass
+
+
+def _take_and_note(lock: PartitionLock, order: list[str]) -> None:
+    with lock:
+        order.append("t")
+
+
+def test_partition_lock_is_reentrant_and_excludes_threads(tmp_path: Path) -> None:
+    """The holder may re-enter; another thread waits until the outermost release."""
+    lock = PartitionLock(tmp_path, tmp_path, TP, timeout_s=5)
+    order: list[str] = []
+    with lock:
+        with lock:
+            order.append("inner")
+        thread = threading.Thread(target=_take_and_note, args=(lock, order))
+        thread.start()
+        thread.join(0.05)
+        order.append("outer done")
+    thread.join(10)
+    assert order == ["inner", "outer done", "t"]
+
+
+def test_release_without_acquire_is_an_error(tmp_path: Path) -> None:
+    """Releasing a lock that is not held raises."""
+    with pytest.raises(RuntimeError, match="not held"):
+        PartitionLock(tmp_path, tmp_path, TP).release()
+
+
+def test_owner_marker(tmp_path: Path) -> None:
+    """The owner marker is seen as held elsewhere by a second object while one holds it."""
+    owner = OwnerLock(tmp_path / "state", tmp_path)
+    probe = OwnerLock(tmp_path / "state", tmp_path)
+    assert not probe.held_elsewhere()
+    assert owner.acquire()
+    assert probe.held_elsewhere()
+    assert not probe.acquire()
+    owner.release()
+    assert not probe.held_elsewhere()

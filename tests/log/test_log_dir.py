@@ -1,0 +1,167 @@
+"""Tests of cleanerd.log.log_dir: discovery, ownership modes and root checkpoints."""
+
+from __future__ import annotations
+
+import multiprocessing
+from multiprocessing.synchronize import Event
+from pathlib import Path
+
+import pytest
+from structlog.testing import capture_logs
+
+from cleanerd.log.checkpoint import (
+    CLEANER_OFFSET_CHECKPOINT,
+    LOG_START_OFFSET_CHECKPOINT,
+    RECOVERY_POINT_OFFSET_CHECKPOINT,
+    OffsetCheckpointFile,
+)
+from cleanerd.log.files import TopicPartition
+from cleanerd.log.lock import LogDirLock
+from cleanerd.log.log_dir import LogDir, Mode
+from tests.builders import kv
+
+_CTX = multiprocessing.get_context("spawn")
+TP = TopicPartition("orders", 0)
+
+
+def _hold_dir_lock(log_dir: Path, held: Event, done: Event) -> None:
+    with LogDirLock(log_dir):
+        held.set()
+        done.wait(30)
+
+
+def test_discovers_real_kafka_partitions(kafka_real: Path, tmp_path: Path) -> None:
+    """Partition dirs of a broker's log dir are found; the metadata log is read-only."""
+    root = kafka_real / "kraft-combined-logs"
+    with LogDir.open(root, state_dir=tmp_path / "state") as log_dir:
+        assert log_dir.mode is Mode.OWNER
+        assert sorted(map(str, log_dir.partitions())) == ["__cluster_metadata-0", "foo-0"]
+        meta = log_dir.meta_properties
+        assert meta is not None
+        assert meta.node_id == 1
+        metadata = log_dir.open_partition(TopicPartition("__cluster_metadata", 0))
+        assert metadata.is_metadata
+        assert metadata.read_only
+        assert metadata.meta().is_metadata
+        with pytest.raises(PermissionError):
+            log_dir.create_partition(TopicPartition("__cluster_metadata", 0))
+
+
+def test_skips_special_and_foreign_entries(tmp_path: Path) -> None:
+    """-delete, -future and -stray dirs, plain files and non-partition dirs are skipped."""
+    root = tmp_path / "logs"
+    for name in [
+        "orders-0",
+        "orders-1.0123456789abcdef0123456789abcdef-delete",
+        "orders-2.0123456789abcdef0123456789abcdef-future",
+        "orders-3.0123456789abcdef0123456789abcdef-stray",
+        "lost+found",
+    ]:
+        (root / name).mkdir(parents=True)
+    (root / "orders-9").write_text("not a dir")
+    with LogDir.open(root, state_dir=tmp_path / "state") as log_dir:
+        assert list(log_dir.partitions()) == [TP]
+
+
+def test_forced_observe_when_another_process_holds_lock(tmp_path: Path) -> None:
+    """A `.lock` held by a foreign process (a broker) forces observe mode with a warning;
+    nothing can be written."""
+    root = tmp_path / "logs"
+    root.mkdir()
+    held, done = _CTX.Event(), _CTX.Event()
+    proc = _CTX.Process(target=_hold_dir_lock, args=(root, held, done))
+    proc.start()
+    try:
+        assert held.wait(30)
+        with capture_logs() as logs:
+            log_dir = LogDir.open(root, allow_shared=True, state_dir=tmp_path / "state")
+        assert log_dir.mode is Mode.OBSERVE
+        assert any(e["event"] == "log_dir.observe_forced" for e in logs)
+        with pytest.raises(PermissionError):
+            log_dir.create_partition(TP)
+    finally:
+        done.set()
+        proc.join(30)
+
+
+def test_shared_mode_appends_without_recovery(tmp_path: Path) -> None:
+    """With a cleanerd owner holding the dir, a second opener in shared mode may append
+    but never recovers (the owner's in-flight `.cleaned` files are left alone)."""
+    root, state = tmp_path / "logs", tmp_path / "state"
+    root.mkdir()
+    with LogDir.open(root, state_dir=state) as owner:
+        owner_log = owner.create_partition(TP)
+        owner_log.append([kv("a", "1")])
+        in_flight = owner_log.dir / "00000000000000000000.log.cleaned"
+        in_flight.write_bytes(b"partial output")
+        with LogDir.open(root, allow_shared=True, state_dir=state) as producer:
+            assert producer.mode is Mode.SHARED
+            plog = producer.open_partition(TP)
+            assert plog.append([kv("b", "2")]) == (1, 1)
+            assert in_flight.exists()
+        assert owner_log.append([kv("c", "3")]) == (2, 2)
+        with LogDir.open(root, state_dir=state) as second:
+            assert second.mode is Mode.OBSERVE
+
+
+def test_cleaner_offsets_round_trip_and_drop_vanished(tmp_path: Path) -> None:
+    """Cleaner offsets are written atomically; entries of partitions that no longer exist
+    are dropped, as Kafka's cleaner does."""
+    root = tmp_path / "logs"
+    root.mkdir()
+    gone = TopicPartition("gone", 3)
+    OffsetCheckpointFile(root / CLEANER_OFFSET_CHECKPOINT).write({gone: 5})
+    with LogDir.open(root, state_dir=tmp_path / "state") as log_dir:
+        log_dir.create_partition(TP)
+        log_dir.update_cleaner_offset(TP, 42)
+        assert OffsetCheckpointFile(root / CLEANER_OFFSET_CHECKPOINT).read() == {TP: 42}
+        assert log_dir.checkpoints.cleaner_offsets == {TP: 42}
+
+
+def test_checkpoint_logs(tmp_path: Path) -> None:
+    """Recovery points are written per log; a log start offset only when it is above the
+    first segment's base; replication-offset-checkpoint is never written."""
+    root = tmp_path / "logs"
+    root.mkdir()
+    other = TopicPartition("other", 1)
+    with LogDir.open(root, state_dir=tmp_path / "state") as log_dir:
+        plog = log_dir.create_partition(TP)
+        plog.append([kv("a", "1"), kv("b", "2")])
+        plog.flush()
+        log_dir.create_partition(other)
+        OffsetCheckpointFile(root / LOG_START_OFFSET_CHECKPOINT).write({other: 0})
+        log_dir.reload_checkpoints()
+        log_dir.checkpoint_logs([plog])
+        assert OffsetCheckpointFile(root / RECOVERY_POINT_OFFSET_CHECKPOINT).read() == {TP: 2}
+        assert OffsetCheckpointFile(root / LOG_START_OFFSET_CHECKPOINT).read() == {other: 0}
+    assert not (root / "replication-offset-checkpoint").exists()
+
+
+def test_observe_mode_writes_nothing(tmp_path: Path) -> None:
+    """Observe mode opens partitions read-only and refuses checkpoint writes."""
+    root = tmp_path / "logs"
+    root.mkdir()
+    with LogDir.open(root, state_dir=tmp_path / "state") as owner:
+        owner.create_partition(TP).append([kv("a", "1")])
+    with LogDir.open(root, observe=True, state_dir=tmp_path / "state") as log_dir:
+        plog = log_dir.open_partition(TP)
+        assert plog.read_only
+        assert [r.key for r in plog.records()] == [b"a"]
+        with pytest.raises(PermissionError):
+            log_dir.update_cleaner_offset(TP, 1)
+    assert not (root / CLEANER_OFFSET_CHECKPOINT).exists()
+
+
+def test_partition_dirs_hold_only_kafka_files(tmp_path: Path) -> None:
+    """cleanerd writes only Kafka's segment files in a partition dir; its locks live in
+    the state dir."""
+    root, state = tmp_path / "logs", tmp_path / "state"
+    root.mkdir()
+    with LogDir.open(root, state_dir=state) as log_dir:
+        plog = log_dir.create_partition(TP)
+        plog.append([kv("a", "1")])
+        plog.roll()
+    names = sorted(p.name for p in (root / "orders-0").iterdir())
+    assert all(n.endswith((".log", ".index", ".timeindex")) for n in names)
+    assert sorted(p.name for p in root.iterdir()) == [".lock", "orders-0"]
+    assert any(state.rglob("orders-0.lock"))

@@ -1,0 +1,352 @@
+"""Tests of cleanerd.log.partition_log: appends, rolls, reads, metadata, concurrency."""
+
+from __future__ import annotations
+
+import itertools
+import multiprocessing
+from multiprocessing.synchronize import Event
+from pathlib import Path
+
+import pytest
+from aiokafka.record.default_records import DefaultRecordBatch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from cleanerd.log.checkpoint import (
+    LOG_START_OFFSET_CHECKPOINT,
+    REPLICATION_OFFSET_CHECKPOINT,
+    OffsetCheckpointFile,
+)
+from cleanerd.log.files import TopicPartition
+from cleanerd.log.lock import LogDirLock
+from cleanerd.log.partition_log import LogConfig, PartitionLog
+from cleanerd.log.txnindex import AbortedTxn
+from cleanerd.records.header import Compression
+from cleanerd.records.record import Record
+from tests.builders import build_log, encode_records, kv, offsets_and_values
+
+_CTX = multiprocessing.get_context("spawn")
+SMALL = LogConfig(segment_bytes=1024, index_interval_bytes=128)
+
+
+def _open(tmp_path: Path, config: LogConfig = SMALL) -> PartitionLog:
+    return PartitionLog.open(
+        tmp_path / "logs" / "topic-0", state_dir=tmp_path / "state", config=config
+    )
+
+
+def test_offsets_assigned_contiguously(tmp_path: Path) -> None:
+    """Appends get consecutive offsets from the log end offset, whatever the records say."""
+    plog = build_log(tmp_path / "logs", [[]], state_dir=tmp_path / "state", config=SMALL)
+    assert plog.append([kv("a", "1"), kv("b", "2")]) == (0, 1)
+    assert plog.append([Record(999, 5, b"c", b"3")], compression=Compression.GZIP) == (2, 2)
+    assert plog.log_end_offset == 3
+    assert offsets_and_values(plog) == [(0, b"a", b"1"), (1, b"b", b"2"), (2, b"c", b"3")]
+
+
+def test_rolls_when_segment_bytes_would_overflow(tmp_path: Path) -> None:
+    """A batch that would push the active segment past segment.bytes goes to a new
+    segment whose base is the log end offset; no segment exceeds the limit."""
+    plog = build_log(tmp_path / "logs", [[]], state_dir=tmp_path / "state", config=SMALL)
+    for n in range(40):
+        plog.append([kv(f"k{n}", "x" * 50)])
+    assert len(plog.segments) > 1
+    assert all(s.size <= 1024 for s in plog.segments)
+    for prev, cur in itertools.pairwise(plog.segments):
+        assert cur.base_offset == prev.next_offset
+    assert [o for o, _, _ in offsets_and_values(plog)] == list(range(40))
+
+
+def test_rolls_when_offset_index_full(tmp_path: Path) -> None:
+    """A full offset index forces a roll."""
+    config = LogConfig(segment_bytes=1 << 20, segment_index_bytes=16, index_interval_bytes=0)
+    plog = build_log(tmp_path / "logs", [[]], state_dir=tmp_path / "state", config=config)
+    for n in range(8):
+        plog.append([kv(f"k{n}", "v")])
+    assert all(s.offset_index.entries <= 2 for s in plog.segments)
+    assert len(plog.segments) > 1
+
+
+def test_follower_append_rolls_on_relative_offset_overflow(tmp_path: Path) -> None:
+    """A batch whose offsets cannot be stored relative to the active base rolls to a new
+    segment based at the batch's first offset."""
+    plog = build_log(tmp_path / "logs", [[[kv("a", "1")]]], state_dir=tmp_path / "state")
+    far = 2**31 + 10
+    assert plog.append_batches(encode_records([kv("b", "2")], far)) == (far, far)
+    assert [s.base_offset for s in plog.segments] == [0, far]
+    assert plog.log_end_offset == far + 1
+
+
+def test_roll_of_empty_active_is_noop(tmp_path: Path) -> None:
+    """Rolling an empty active segment does nothing."""
+    plog = build_log(tmp_path / "logs", [[]], state_dir=tmp_path / "state")
+    assert plog.roll(now_ms=1) is None
+    assert len(plog.segments) == 1
+    plog.append([kv("a", "1")])
+    new = plog.roll(now_ms=2)
+    assert new is not None
+    assert new.base_offset == 1
+    assert plog.roll(now_ms=3) is None
+    assert [s.base_offset for s in plog.segments] == [0, 1]
+
+
+def test_roll_trims_and_finalizes_old_segment(tmp_path: Path) -> None:
+    """After a roll the old segment's time index holds its max timestamp as last entry."""
+    plog = build_log(
+        tmp_path / "logs",
+        [
+            [
+                [kv("a", "1", timestamp=10)],
+                [kv("b", "2", timestamp=30)],
+                [kv("c", "3", timestamp=20)],
+            ],
+            [],
+        ],
+        state_dir=tmp_path / "state",
+        config=LogConfig(index_interval_bytes=100_000),
+    )
+    old = plog.segments[0]
+    assert old.time_index.entries == 1
+    assert old.time_index.last_entry.timestamp == 30
+    assert old.time_index.last_entry.offset == 1
+    assert old.time_index_path.stat().st_size == 12
+    assert old.offset_index_path.stat().st_size == 0
+
+
+def test_reopen_gives_same_log_end_offset(tmp_path: Path) -> None:
+    """Reopening a log gives the same segments, log end offset and records."""
+    plog = build_log(
+        tmp_path / "logs",
+        [[[kv(f"k{i}", "v" * 30)] for i in range(10)], [[kv("z", "1")]]],
+        state_dir=tmp_path / "state",
+        config=SMALL,
+    )
+    again = _open(tmp_path)
+    assert again.log_end_offset == plog.log_end_offset == 11
+    assert [s.base_offset for s in again.segments] == [s.base_offset for s in plog.segments]
+    assert offsets_and_values(again) == offsets_and_values(plog)
+    assert again.corrupt is None
+
+
+def test_reads_from_offset(tmp_path: Path) -> None:
+    """batches/records from an offset start at the batch holding it, across segments."""
+    plog = build_log(
+        tmp_path / "logs",
+        [[[kv(f"k{i}", "v"), kv(f"j{i}", "w")] for i in range(5)], [[kv("z", "1")]]],
+        state_dir=tmp_path / "state",
+    )
+    assert [r.offset for r in plog.records(7)] == [7, 8, 9, 10]
+    assert [info.base_offset for _, info in plog.batches(7)] == [6, 8, 10]
+    assert plog.segment_for(10).base_offset == 10
+
+
+def test_log_start_offset_from_checkpoint(tmp_path: Path) -> None:
+    """The log start offset is max(checkpoint entry, first segment base)."""
+    build_log(tmp_path / "logs", [[[kv("a", "1")], [kv("b", "2")]]], state_dir=tmp_path / "state")
+    OffsetCheckpointFile(tmp_path / "logs" / LOG_START_OFFSET_CHECKPOINT).write(
+        {TopicPartition("topic", 0): 1}
+    )
+    assert _open(tmp_path).log_start_offset == 1
+
+
+def test_meta_snapshot(tmp_path: Path) -> None:
+    """meta() gives F's PartitionMeta: segments, offsets, high watermark, flags."""
+    build_log(
+        tmp_path / "logs",
+        [[[kv("a", "1", timestamp=5)]], [[kv("b", "2", timestamp=7)]]],
+        state_dir=tmp_path / "state",
+    )
+    OffsetCheckpointFile(tmp_path / "logs" / REPLICATION_OFFSET_CHECKPOINT).write(
+        {TopicPartition("topic", 0): 1}
+    )
+    meta = _open(tmp_path).meta()
+    assert (meta.topic, meta.partition, meta.log_dir) == ("topic", 0, str(tmp_path / "logs"))
+    assert [(s.base_offset, s.next_offset) for s in meta.segments] == [(0, 1), (1, 2)]
+    assert [s.first_batch_timestamp_ms for s in meta.segments] == [5, 7]
+    assert (meta.log_start_offset, meta.log_end_offset, meta.high_watermark) == (0, 2, 1)
+    assert meta.first_unstable_offset is None
+    assert not meta.is_metadata
+
+
+def test_transactions_tracked_and_aborts_indexed(tmp_path: Path) -> None:
+    """An open transaction sets the first unstable offset; an abort writes a `.txnindex`
+    entry (pid, first offset, marker offset, LSO) in the marker's segment."""
+    plog = build_log(tmp_path / "logs", [[[kv("x", "0")]]], state_dir=tmp_path / "state")
+    plog.append([kv("a", "1")], producer_id=7, producer_epoch=0, is_transactional=True)
+    plog.append([kv("b", "2")], producer_id=8, producer_epoch=0, is_transactional=True)
+    assert plog.meta().first_unstable_offset == 1
+    assert plog.append_end_txn_marker(7, 0, commit=False, timestamp=0) == 3
+    assert plog.meta().first_unstable_offset == 2
+    assert plog.active_segment.txn_index.entries == [AbortedTxn(1, 7, 3, 2)]
+    assert plog.append_end_txn_marker(8, 0, commit=True, timestamp=0) == 4
+    assert plog.meta().first_unstable_offset is None
+    reopened = _open(tmp_path, LogConfig())
+    assert reopened.collect_aborted_transactions(0, 10) == [AbortedTxn(1, 7, 3, 2)]
+    reopened.append([kv("c", "3")], producer_id=9, producer_epoch=0, is_transactional=True)
+    assert _open(tmp_path, LogConfig()).meta().first_unstable_offset == 5
+
+
+def test_read_only_log_refuses_writes(tmp_path: Path) -> None:
+    """A log opened read-only cannot be appended to or rolled."""
+    build_log(tmp_path / "logs", [[[kv("a", "1")]]], state_dir=tmp_path / "state")
+    plog = PartitionLog.open(tmp_path / "logs" / "topic-0", read_only=True)
+    assert plog.read_only
+    with pytest.raises(PermissionError, match="read-only"):
+        plog.append([kv("b", "2")])
+    with pytest.raises(PermissionError, match="read-only"):
+        plog.roll()
+
+
+def test_reader_sees_appends_of_another_instance(tmp_path: Path) -> None:
+    """A second PartitionLog on the same dir sees appends and rolls made by the first."""
+    writer = build_log(tmp_path / "logs", [[]], state_dir=tmp_path / "state", config=SMALL)
+    reader = _open(tmp_path)
+    writer.append([kv("a", "1")])
+    writer.roll()
+    writer.append([kv("b", "2")])
+    assert [r.offset for r in reader.records()] == [0, 1]
+    assert reader.log_end_offset == 2
+    assert reader.append([kv("c", "3")]) == (2, 2)
+    assert writer.append([kv("d", "4")]) == (3, 3)
+
+
+def test_killed_writer_partial_batch_is_cut_before_next_append(tmp_path: Path) -> None:
+    """A partial batch left at the end of the active segment (a writer killed mid-write) is
+    quarantined and cut under the lock before the next append."""
+    plog = build_log(tmp_path / "logs", [[[kv("a", "1")]]], state_dir=tmp_path / "state")
+    torn = encode_records([kv("b", "2")], 1)[:30]
+    with open(plog.active_segment.log_path, "ab") as f:
+        f.write(torn)
+    assert plog.append([kv("c", "3")]) == (1, 1)
+    assert offsets_and_values(plog) == [(0, b"a", b"1"), (1, b"c", b"3")]
+    quarantined = list((tmp_path / "state" / "quarantine").rglob("*.tail"))
+    assert [q.read_bytes() for q in quarantined] == [torn]
+
+
+def _hold_dir_lock(log_dir: Path, held: Event, done: Event) -> None:
+    with LogDirLock(log_dir):
+        held.set()
+        done.wait(30)
+
+
+def test_no_recovery_when_another_process_owns_the_dir(tmp_path: Path) -> None:
+    """Opening a partition whose log dir `.lock` another process holds (the owning daemon)
+    leaves that owner's in-flight `.cleaned` output alone; appends still work."""
+    plog = build_log(tmp_path / "logs", [[[kv("a", "1")]]], state_dir=tmp_path / "state")
+    in_flight = plog.dir / "00000000000000000000.log.cleaned"
+    in_flight.write_bytes(b"owner's partial output")
+    held, done = _CTX.Event(), _CTX.Event()
+    proc = _CTX.Process(target=_hold_dir_lock, args=(tmp_path / "logs", held, done))
+    proc.start()
+    try:
+        assert held.wait(30)
+        producer = _open(tmp_path)
+        assert in_flight.exists()
+        assert producer.append([kv("b", "2")]) == (1, 1)
+    finally:
+        done.set()
+        proc.join(30)
+    _open(tmp_path)
+    assert not in_flight.exists()
+
+
+def _writer(log_dir: Path, state: Path, name: str, count: int) -> None:
+    plog = PartitionLog.open(log_dir / "topic-0", state_dir=state, config=SMALL)
+    for n in range(count):
+        plog.append([kv(f"{name}-{n}", f"{name}:{n}")])
+
+
+def test_two_processes_append_concurrently(tmp_path: Path) -> None:
+    """Two writer processes appending N batches each produce offsets 0..2N-1 exactly once,
+    valid CRCs (checked by aiokafka's reader too) and consistent indexes."""
+    count = 60
+    build_log(tmp_path / "logs", [[]], state_dir=tmp_path / "state", config=SMALL)
+    procs = [
+        _CTX.Process(target=_writer, args=(tmp_path / "logs", tmp_path / "state", name, count))
+        for name in ("a", "b")
+    ]
+    for proc in procs:
+        proc.start()
+    for proc in procs:
+        proc.join(120)
+        assert proc.exitcode == 0
+    plog = PartitionLog.open(
+        tmp_path / "logs" / "topic-0", state_dir=tmp_path / "state", config=SMALL, full_check=True
+    )
+    assert plog.corrupt is None
+    assert plog.recovery_report.rebuilt_indexes == []
+    records = list(plog.records())
+    assert [r.offset for r in records] == list(range(2 * count))
+    for name in ("a", "b"):
+        mine = [r.value for r in records if r.key is not None and r.key.startswith(name.encode())]
+        assert mine == [f"{name}:{n}".encode() for n in range(count)]
+    for segment, info in plog.batches():
+        assert DefaultRecordBatch(segment.read_batch(info)).validate_crc()
+    for segment in plog.segments:
+        assert not segment.sanity_check()
+
+
+def test_delete_segments_renames_and_moves_start(tmp_path: Path) -> None:
+    """Deleting the oldest segments renames their files to `.deleted`, returns them for
+    later unlinking, and moves the log start offset; the active segment is refused."""
+    plog = build_log(
+        tmp_path / "logs",
+        [[[kv("a", "1")]], [[kv("b", "2")]], [[kv("c", "3")]]],
+        state_dir=tmp_path / "state",
+    )
+    first, second, active = plog.segments
+    deleted = plog.delete_segments([first, second], reason="retention.ms")
+    assert sorted(p.name for p in deleted) == sorted(
+        f"{b:020d}{k}.deleted" for b in (0, 1) for k in (".log", ".index", ".timeindex")
+    )
+    assert all(p.exists() for p in deleted)
+    assert plog.log_start_offset == 2
+    assert [s.base_offset for s in plog.segments] == [2]
+    with pytest.raises(ValueError, match="active segment"):
+        plog.delete_segments([active], reason="retention.ms")
+    assert offsets_and_values(_open(tmp_path)) == [(2, b"c", b"3")]
+
+
+@settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    ops=st.lists(
+        st.one_of(
+            st.tuples(st.just("append"), st.integers(1, 4), st.integers(0, 300)),
+            st.tuples(st.just("roll"), st.just(0), st.just(0)),
+            st.tuples(st.just("reopen"), st.just(0), st.just(0)),
+        ),
+        min_size=1,
+        max_size=25,
+    )
+)
+def test_random_appends_rolls_reopens_keep_log_consistent(
+    tmp_path_factory: pytest.TempPathFactory, ops: list[tuple[str, int, int]]
+) -> None:
+    """Any sequence of appends, rolls and reopens leaves contiguous offsets, segments
+    chained base-to-next, and on-disk indexes equal to a rebuild from the log."""
+    root = tmp_path_factory.mktemp("prop")
+    config = LogConfig(segment_bytes=600, index_interval_bytes=90)
+    plog = build_log(root / "logs", [[]], state_dir=root / "state", config=config)
+    expected = 0
+    for op, count, size in ops:
+        if op == "append":
+            records = [kv(f"k{expected + i}", "x" * size, timestamp=expected) for i in range(count)]
+            assert plog.append(records) == (expected, expected + count - 1)
+            expected += count
+        elif op == "roll":
+            plog.roll()
+        else:
+            plog = PartitionLog.open(plog.dir, state_dir=root / "state", config=config)
+    assert [r.offset for r in plog.records()] == list(range(expected))
+    segments = plog.segments
+    for prev, cur in itertools.pairwise(segments):
+        assert cur.base_offset == prev.next_offset
+    for segment in segments[:-1]:
+        on_disk = (segment.offset_index_path.read_bytes(), segment.time_index_path.read_bytes())
+        segment.rebuild_indexes()
+        assert (
+            segment.offset_index_path.read_bytes(),
+            segment.time_index_path.read_bytes(),
+        ) == on_disk

@@ -1,0 +1,344 @@
+"""Tests of cleanerd.log.recovery: Kafka's leftover handling and damaged-data policy."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from structlog.testing import capture_logs
+
+from cleanerd.errors import CorruptRecordError
+from cleanerd.log.files import log_file, offset_index_file, time_index_file
+from cleanerd.log.index import IndexPastLogError
+from cleanerd.log.partition_log import LogConfig, PartitionLog
+from tests.builders import build_log, encode_records, kv, offsets_and_values, write_segment
+
+CONFIG = LogConfig(index_interval_bytes=100)
+KEYS = [f"k{j % 10}" for j in range(20)]  # offsets 0..19, two per segment
+
+
+def _build(tmp_path: Path) -> Path:
+    """Ten segments of two one-record batches each; keys k0..k9 twice."""
+    segments = [
+        [[kv(KEYS[2 * s], f"v{2 * s}")], [kv(KEYS[2 * s + 1], f"v{2 * s + 1}")]] for s in range(10)
+    ]
+    plog = build_log(tmp_path / "logs", segments, state_dir=tmp_path / "state", config=CONFIG)
+    return plog.dir
+
+
+def _open(path: Path, *, full_check: bool = False) -> PartitionLog:
+    state = path.parent.parent / "state"
+    return PartitionLog.open(path, state_dir=state, config=CONFIG, full_check=full_check)
+
+
+def _names(path: Path) -> list[str]:
+    return sorted(p.name for p in path.iterdir())
+
+
+def _files(path: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(path.iterdir())}
+
+
+ORIGINAL = [(o, KEYS[o].encode(), f"v{o}".encode()) for o in range(20)]
+# The cleaner's output for segments 0..8 when odd keys are superseded: even keys only.
+CLEANED_OFFSETS = [o for o in range(18) if int(KEYS[o][1:]) % 2 == 0]
+CLEANED = [r for r in ORIGINAL if r[0] in CLEANED_OFFSETS or r[0] >= 18]
+
+
+def _write_cleaned(path: Path, suffix: str) -> None:
+    batches = [encode_records([kv(KEYS[o], f"v{o}")], o) for o in CLEANED_OFFSETS]
+    write_segment(path, 0, batches, suffix=suffix, index_interval_bytes=100)
+
+
+def _rename(path: Path, bases: list[int], kinds: list[str], old: str, new: str) -> None:
+    for base in bases:
+        for kind in kinds:
+            src = path / f"{base:020d}{kind}{old}"
+            if src.exists():
+                src.rename(path / f"{base:020d}{kind}{new}")
+
+
+OLD_BASES = list(range(0, 18, 2))
+KINDS = [".log", ".index", ".timeindex"]
+
+
+def _stage1(path: Path) -> None:
+    _write_cleaned(path, ".cleaned")
+
+
+def _stage2(path: Path) -> None:
+    _write_cleaned(path, ".cleaned")
+    _rename(path, [0], [".log"], ".cleaned", ".swap")
+
+
+def _stage3(path: Path) -> None:
+    _write_cleaned(path, ".cleaned")
+    _rename(path, [0], KINDS, ".cleaned", ".swap")
+
+
+def _stage4(path: Path) -> None:
+    _stage3(path)
+    _rename(path, OLD_BASES, KINDS, "", ".deleted")
+
+
+def _stage5(path: Path) -> None:
+    _stage4(path)
+    _rename(path, [0], [".log", ".index"], ".swap", "")
+    for file in path.glob("*.deleted"):
+        file.unlink()
+
+
+def _stage6(path: Path) -> None:
+    _stage4(path)
+    _rename(path, [0], KINDS, ".swap", "")
+
+
+@pytest.mark.parametrize(
+    ("stage", "expected"),
+    [
+        pytest.param(_stage1, ORIGINAL, id="1-output-still-cleaned"),
+        pytest.param(_stage2, ORIGINAL, id="2-cleaned-with-log-swap"),
+        pytest.param(_stage3, CLEANED, id="3-swap-old-not-deleted"),
+        pytest.param(_stage4, CLEANED, id="4-swap-old-deleted"),
+        pytest.param(_stage5, CLEANED, id="5-only-timeindex-swap"),
+        pytest.param(_stage6, CLEANED, id="6-deleted-files-left"),
+    ],
+)
+def test_crash_at_each_swap_stage(
+    tmp_path: Path,
+    stage: Callable[[Path], None],
+    expected: list[tuple[int, bytes, bytes]],
+) -> None:
+    """Kafka scenario 37: after a crash at each stage of the swap, reopening yields either
+    all original records or exactly the cleaned ones, with no leftovers and consistent
+    indexes."""
+    path = _build(tmp_path)
+    stage(path)
+    plog = _open(path, full_check=True)
+    assert offsets_and_values(plog) == expected
+    assert plog.corrupt is None
+    assert not [n for n in _names(path) if n.endswith((".cleaned", ".swap", ".deleted"))]
+    bases = [0] if expected is CLEANED else OLD_BASES
+    assert [s.base_offset for s in plog.segments] == [*bases, 18]
+    for segment in plog.segments:
+        assert not segment.sanity_check()
+    assert plog.append([kv("new", "x")]) == (20, 20)
+
+
+def test_deleted_files_are_removed(tmp_path: Path) -> None:
+    """Every `*.deleted` file, producer snapshots included, is deleted."""
+    path = _build(tmp_path)
+    (path / "00000000000000000000.snapshot.deleted").write_bytes(b"x")
+    (path / "00000000000000000002.log").rename(path / "00000000000000000002.log.deleted")
+    plog = _open(path)
+    assert not [n for n in _names(path) if n.endswith(".deleted")]
+    assert any(
+        d.endswith("00000000000000000000.snapshot.deleted") for d in plog.recovery_report.deleted
+    )
+    # The orphan index files of the deleted segment go too, as in Kafka.
+    assert not offset_index_file(path, 2).exists()
+
+
+def test_swaps_at_or_above_min_cleaned_are_dropped(tmp_path: Path) -> None:
+    """`.swap` files at or above the lowest `.cleaned` base are deleted with every
+    `.cleaned` file; a `.swap` below it is completed."""
+    path = _build(tmp_path)
+    write_segment(path, 4, [encode_records([kv("k4", "v4")], 4)], suffix=".cleaned")
+    write_segment(path, 6, [encode_records([kv("k6", "v6")], 6)], suffix=".swap")
+    write_segment(path, 2, [encode_records([kv("k2", "v2")], 2)], suffix=".swap")
+    plog = _open(path)
+    names = _names(path)
+    assert not [n for n in names if n.endswith((".cleaned", ".swap"))]
+    # The swap at base 2 covered [2, 3): the old segment 2 (offsets 2, 3) was replaced.
+    assert [o for o, _, _ in offsets_and_values(plog)] == [0, 1, 2, *range(4, 20)]
+
+
+def test_swap_deletes_old_segments_in_its_range(tmp_path: Path) -> None:
+    """Non-swap files with offsets in [min swap base, max swap next offset) are deleted,
+    including snapshots; files outside the range stay."""
+    path = _build(tmp_path)
+    (path / "00000000000000000004.snapshot").write_bytes(b"s")
+    (path / "00000000000000000008.snapshot").write_bytes(b"s")
+    write_segment(
+        path,
+        2,
+        [encode_records([kv("k3", "v3")], 3), encode_records([kv("k6", "v6")], 6)],
+        suffix=".swap",
+    )
+    plog = _open(path)
+    assert not (path / "00000000000000000004.snapshot").exists()
+    assert (path / "00000000000000000008.snapshot").exists()
+    assert [s.base_offset for s in plog.segments] == [0, 2, 8, 10, 12, 14, 16, 18]
+    assert [o for o, _, _ in offsets_and_values(plog)] == [0, 1, 3, 6, *range(8, 20)]
+
+
+def test_lone_index_swap_is_renamed(tmp_path: Path) -> None:
+    """An index `.swap` without a `.log.swap` is renamed to its final name."""
+    path = _build(tmp_path)
+    index = offset_index_file(path, 4)
+    content = index.read_bytes()
+    index.rename(offset_index_file(path, 4, ".swap"))
+    _open(path)
+    assert index.read_bytes() == content
+
+
+def test_orphan_index_is_deleted(tmp_path: Path) -> None:
+    """Index files without a `.log` are deleted, as Kafka's loader does."""
+    path = _build(tmp_path)
+    orphan = time_index_file(path, 100)
+    orphan.write_bytes(b"")
+    _open(path)
+    assert not orphan.exists()
+
+
+def _active_log(path: Path) -> Path:
+    return log_file(path, 18)
+
+
+def test_truncated_active_tail_is_cut_and_logged(tmp_path: Path) -> None:
+    """A partial last batch of the active segment is quarantined, cut, and logged with the
+    file and the number of bytes cut."""
+    path = _build(tmp_path)
+    tail = encode_records([kv("x", "partial")], 20)[:40]
+    with open(_active_log(path), "ab") as f:
+        f.write(tail)
+    with capture_logs() as logs:
+        plog = _open(path)
+    assert plog.corrupt is None
+    assert offsets_and_values(plog) == ORIGINAL
+    cut = [e for e in logs if e["event"] == "segment.tail_truncated"]
+    assert len(cut) == 1
+    assert cut[0]["path"] == str(_active_log(path))
+    assert cut[0]["bytes_cut"] == 40
+    saved = Path(cut[0]["quarantined_to"])
+    assert saved.is_relative_to(tmp_path / "state" / "quarantine")
+    assert saved.read_bytes() == tail
+
+
+@pytest.mark.parametrize(
+    "mangle",
+    [
+        pytest.param(lambda b: b[:-1] + bytes([b[-1] ^ 1]), id="last-batch-crc"),
+        pytest.param(lambda b: bytes(len(b)), id="zeros"),
+    ],
+)
+def test_crc_failing_last_batch_or_zero_tail_is_cut(
+    tmp_path: Path, mangle: Callable[[bytes], bytes]
+) -> None:
+    """A final batch failing its CRC with nothing after it, or a zero-filled tail, is cut."""
+    path = _build(tmp_path)
+    batch = encode_records([kv("x", "last")], 20)
+    with open(_active_log(path), "ab") as f:
+        f.write(mangle(batch))
+    plog = _open(path)
+    assert plog.corrupt is None
+    assert plog.recovery_report.truncated[0].bytes_cut == len(batch)
+    assert plog.log_end_offset == 20
+
+
+def test_flipped_byte_with_data_after_is_reported_not_cut(tmp_path: Path) -> None:
+    """A bad CRC followed by valid batches in the active segment is reported with file and
+    position, and no file changes."""
+    path = _build(tmp_path)
+    active = _active_log(path)
+    size = active.stat().st_size
+    first = size // 2  # two equal one-record batches
+    data = bytearray(active.read_bytes())
+    data[first - 3] ^= 0x20
+    active.write_bytes(bytes(data))
+    before = _files(path)
+    plog = _open(path)
+    assert isinstance(plog.corrupt, CorruptRecordError)
+    assert plog.corrupt.path == str(active)
+    assert plog.corrupt.position == 0
+    assert "CRC mismatch" in str(plog.corrupt)
+    assert _files(path) == before
+
+
+def test_bad_length_in_the_middle_of_active_segment_is_not_a_torn_tail(tmp_path: Path) -> None:
+    """A batch length pointing past the end, with valid batches after it, is corruption:
+    reported, nothing cut."""
+    path = _build(tmp_path)
+    plog = _open(path)
+    for n in range(5):
+        plog.append([kv(f"a{n}", "v")])
+    active = _active_log(path)
+    data = bytearray(active.read_bytes())
+    data[8:12] = (10_000).to_bytes(4, "big")
+    active.write_bytes(bytes(data))
+    before = _files(path)
+    reopened = _open(path)
+    assert isinstance(reopened.corrupt, CorruptRecordError)
+    assert reopened.corrupt.position == 0
+    assert "runs past the end" in str(reopened.corrupt)
+    assert _files(path) == before
+
+
+def test_corrupt_inactive_segment_reported_and_unchanged(tmp_path: Path) -> None:
+    """A damaged non-active segment (even a truncated one) is reported with its file and
+    position, and left byte for byte as it was."""
+    path = _build(tmp_path)
+    segment = log_file(path, 4)
+    data = segment.read_bytes()
+    segment.write_bytes(data[:-5])
+    os.truncate(offset_index_file(path, 4), 0)
+    before = _files(path)
+    plog = _open(path, full_check=True)
+    assert isinstance(plog.corrupt, CorruptRecordError)
+    assert plog.corrupt.path == str(segment)
+    assert plog.corrupt.position == len(data) // 2
+    assert _files(path) == before
+
+
+def test_index_past_log_reported_and_unchanged(tmp_path: Path) -> None:
+    """An offset index pointing past the end of its log is reported; no file changes."""
+    config = LogConfig(index_interval_bytes=0)
+    plog = build_log(
+        tmp_path / "logs",
+        [[[kv(f"k{i}", "v")] for i in range(6)], [[kv("z", "1")]]],
+        state_dir=tmp_path / "state",
+        config=config,
+    )
+    first = plog.segments[0]
+    sizes = [info.size for info in first.batches()]
+    os.truncate(first.log_path, sum(sizes[:3]))
+    before = _files(plog.dir)
+    reopened = PartitionLog.open(plog.dir, state_dir=tmp_path / "state", config=config)
+    assert isinstance(reopened.corrupt, IndexPastLogError)
+    assert reopened.corrupt.path == str(first.offset_index_path)
+    assert "past the end of the log" in str(reopened.corrupt)
+    assert _files(plog.dir) == before
+
+
+def test_missing_indexes_rebuilt(tmp_path: Path) -> None:
+    """Missing index files are rebuilt from the log, identical to the originals."""
+    path = _build(tmp_path)
+    originals = {p: p.read_bytes() for p in path.glob("*.index")}
+    for p in originals:
+        p.unlink()
+    plog = _open(path)
+    assert len(plog.recovery_report.rebuilt_indexes) == 10
+    assert {p: p.read_bytes() for p in originals} == originals
+
+
+def test_read_only_open_changes_nothing(tmp_path: Path) -> None:
+    """Opening read-only (observe mode) never touches leftovers or tails."""
+    path = _build(tmp_path)
+    _stage3(path)
+    with open(_active_log(path), "ab") as f:
+        f.write(b"\x00" * 10)
+    before = _files(path)
+    plog = PartitionLog.open(path, read_only=True, config=CONFIG)
+    assert plog.read_only
+    assert _files(path) == before
+
+
+def test_real_kafka_partition_loads(kafka_real: Path) -> None:
+    """The broker-written partition (no index files) loads and validates."""
+    path = kafka_real / "kraft-combined-logs" / "foo-0"
+    plog = PartitionLog.open(path, state_dir=kafka_real / "state", full_check=True)
+    assert plog.corrupt is None
+    assert [r.value for r in plog.records()] == [b"Hello World!"]
+    assert plog.meta().segments[0].first_batch_timestamp_ms == 1726045973899

@@ -1,0 +1,148 @@
+from __future__ import annotations
+
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from cleanerd.log.meta import SegmentMeta
+from cleanerd.log.roll import (
+    RollReason,
+    max_segment_ms,
+    segment_jitter,
+    segment_jitter_seed,
+    should_roll,
+    time_roll_limit,
+)
+
+T0 = 1_700_000_000_000
+HOUR = 3_600_000
+DAY = 24 * HOUR
+WEEK = 7 * DAY
+MB = 1 << 20
+
+
+def active(size: int = 500, first_ts: int | None = T0) -> SegmentMeta:
+    return SegmentMeta(
+        base_offset=40,
+        next_offset=40 if size == 0 else 45,
+        size_bytes=size,
+        largest_timestamp_ms=first_ts if first_ts is not None else T0,
+        first_batch_timestamp_ms=None if size == 0 else first_ts,
+        offset_index_bytes=0,
+        time_index_bytes=0,
+        last_modified_ms=T0,
+    )
+
+
+def roll(segment: SegmentMeta, *, now: int, max_seg: int = WEEK, **kw: Any):
+    args: dict[str, Any] = {"segment_bytes": MB, "jitter_ms": 0, "first_seen_ms": T0}
+    args.update(kw)
+    return should_roll(segment, now_ms=now, max_segment_ms=max_seg, **args)
+
+
+def test_size_rolls_once_segment_bytes_is_reached():
+    """A segment holding segment.bytes or more rolls; one byte less does not."""
+    assert roll(active(size=MB - 1), now=T0) is None
+    decision = roll(active(size=MB), now=T0)
+    assert decision is not None
+    assert decision.reason is RollReason.SEGMENT_BYTES
+    assert decision.base_offset == 40
+
+
+def test_idle_partition_rolls_by_clock():
+    """No append is needed: the clock alone rolls a segment once maxSegmentMs has passed."""
+    assert roll(active(), now=T0 + WEEK - 1) is None
+    decision = roll(active(), now=T0 + WEEK)
+    assert decision is not None
+    assert decision.reason is RollReason.SEGMENT_MS
+    assert decision.waited_ms == WEEK
+
+
+def test_compacted_topic_rolls_at_max_compaction_lag():
+    """KIP-354: maxSegmentMs = min(segment.ms, max.compaction.lag.ms) when compacting."""
+    limit = time_roll_limit(WEEK, 6 * HOUR, compact=True)
+    assert limit.ms == 6 * HOUR
+    assert limit.reason is RollReason.MAX_COMPACTION_LAG_MS
+    decision = roll(active(), now=T0 + 6 * HOUR, max_seg=limit.ms, time_reason=limit.reason)
+    assert decision is not None
+    assert decision.reason is RollReason.MAX_COMPACTION_LAG_MS
+
+
+def test_max_segment_ms_ignores_lag_without_compaction():
+    """A delete-only topic, or a lag above segment.ms, keeps segment.ms."""
+    assert max_segment_ms(WEEK, HOUR, compact=False) == WEEK
+    assert max_segment_ms(WEEK, 2 * WEEK, compact=True) == WEEK
+    assert max_segment_ms(WEEK, HOUR, compact=True) == HOUR
+    assert time_roll_limit(WEEK, 2 * WEEK, compact=True).reason is RollReason.SEGMENT_MS
+
+
+def test_future_first_batch_timestamp_is_clamped_to_first_seen():
+    """A first batch stamped a year ahead cannot block the roll: first_seen counts instead."""
+    skewed = active(first_ts=T0 + 365 * DAY)
+    decision = roll(skewed, now=T0 + WEEK)
+    assert decision is not None
+    assert decision.waited_ms == WEEK
+
+
+def test_first_batch_without_timestamp_uses_first_seen():
+    """A first batch with no timestamp (-1) is timed from when the segment was first seen."""
+    assert roll(active(first_ts=-1), now=T0 + WEEK - 1) is None
+    assert roll(active(first_ts=-1), now=T0 + WEEK) is not None
+
+
+def test_empty_segment_never_rolls():
+    """An empty active segment stays, however old, even with segment.bytes 0."""
+    empty = active(size=0, first_ts=None)
+    assert roll(empty, now=T0 + 100 * WEEK) is None
+    assert roll(empty, now=T0 + 100 * WEEK, segment_bytes=0) is None
+
+
+def test_jitter_rolls_earlier():
+    """A drawn jitter j rolls the segment at maxSegmentMs - j."""
+    assert roll(active(), now=T0 + WEEK - HOUR - 1, jitter_ms=HOUR) is None
+    assert roll(active(), now=T0 + WEEK - HOUR, jitter_ms=HOUR) is not None
+
+
+def test_min_roll_interval_stops_a_segment_per_append():
+    """Old producer timestamps cannot roll a segment younger than the minimum interval."""
+    old = active(first_ts=T0 - 365 * DAY)
+    seen = T0
+    assert roll(old, now=seen + 14 * 60_000, first_seen_ms=seen) is None
+    assert roll(old, now=seen + 15 * 60_000, first_seen_ms=seen) is not None
+
+
+def test_min_roll_interval_is_capped_by_max_segment_ms():
+    """A one-minute lag still rolls every minute, and jitter above the lag cannot go faster."""
+    seen = T0
+    kw: dict[str, Any] = {"max_seg": 60_000, "first_seen_ms": seen, "jitter_ms": 5 * 60_000}
+    assert roll(active(first_ts=seen), now=seen + 59_999, **kw) is None
+    assert roll(active(first_ts=seen), now=seen + 60_000, **kw) is not None
+
+
+def test_jitter_is_zero_without_jitter():
+    """segment.jitter.ms 0 (Kafka's default) means no jitter."""
+    assert segment_jitter(WEEK, 0, "t-0-0") == 0
+
+
+def test_jitter_is_stable_per_segment():
+    """The same segment draws the same jitter after a restart; other segments differ."""
+    seed = segment_jitter_seed("t", 0, 1000)
+    assert seed == "t-0-1000"
+    first = segment_jitter(WEEK, DAY, seed)
+    assert segment_jitter(WEEK, DAY, seed) == first
+    draws = {segment_jitter(WEEK, DAY, segment_jitter_seed("t", 0, b)) for b in range(20)}
+    assert len(draws) > 1
+
+
+@settings(deadline=None, max_examples=200)
+@given(
+    segment_ms=st.integers(min_value=1, max_value=10 * WEEK),
+    jitter_ms=st.integers(min_value=0, max_value=10 * WEEK),
+    seed=st.integers(min_value=0, max_value=2**32),
+)
+def test_jitter_bounds(segment_ms: int, jitter_ms: int, seed: int):
+    """Jitter lies in [0, min(segment.jitter.ms, segment.ms))."""
+    j = segment_jitter(segment_ms, jitter_ms, seed)
+    assert j >= 0
+    assert j == 0 or j < min(jitter_ms, segment_ms)

@@ -1,0 +1,226 @@
+"""Tests of cleanerd.log.segment: one segment's files, reads, appends and index upkeep."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from cleanerd.errors import CorruptRecordError
+from cleanerd.log.index import IndexPastLogError, OffsetIndex, TimeIndex
+from cleanerd.log.segment import LogSegment
+from cleanerd.records.record import Record
+from cleanerd.records.scan import scan_batches
+from tests.builders import encode_records, kv, write_segment
+
+
+def _batches(count: int, *, base: int = 0, per_batch: int = 2, ts0: int = 1000) -> list[bytes]:
+    out = []
+    for n in range(count):
+        records = [
+            kv(f"k{n}-{i}", "v" * 40, timestamp=ts0 + (n * 7) % 13) for i in range(per_batch)
+        ]
+        out.append(encode_records(records, base + n * per_batch))
+    return out
+
+
+def _segment(tmp_path: Path, count: int = 30, interval: int = 200) -> LogSegment:
+    return write_segment(tmp_path, 0, _batches(count), index_interval_bytes=interval)
+
+
+def test_create_append_and_reopen(tmp_path: Path) -> None:
+    """Appended batches are read back; a reopened segment has the same size, next offset
+    and max timestamp."""
+    seg = _segment(tmp_path)
+    again = LogSegment(tmp_path, 0, index_interval_bytes=200)
+    assert again.size == seg.size == sum(len(b) for b in _batches(30))
+    assert again.next_offset == seg.next_offset == 60
+    assert again.max_timestamp_so_far == seg.max_timestamp_so_far == 1012
+    assert [i.base_offset for i in again.batches()] == list(range(0, 60, 2))
+
+
+def test_read_by_offset(tmp_path: Path) -> None:
+    """Reading from an offset finds the batch holding it via the index and a forward scan."""
+    seg = _segment(tmp_path)
+    assert seg.offset_index.entries > 0
+    for offset in (0, 1, 17, 33, 59):
+        info = seg.translate_offset(offset)
+        assert info is not None
+        assert info.base_offset <= offset <= info.last_offset
+    assert seg.translate_offset(60) is None
+    assert [r.offset for r in seg.records(41)][:3] == [41, 42, 43]
+
+
+def test_read_by_position(tmp_path: Path) -> None:
+    """read/read_batch return the raw bytes of a batch found by a scan."""
+    batches = _batches(3)
+    seg = write_segment(tmp_path, 0, batches)
+    infos = list(seg.batches())
+    assert seg.read_batch(infos[1]) == batches[1]
+    assert seg.read(0, 12) == batches[0][:12]
+
+
+def test_rebuild_equals_incremental(tmp_path: Path) -> None:
+    """Rebuilding the indexes from the log gives byte-identical index files to the ones
+    written incrementally (including the final time-index entry)."""
+    seg = _segment(tmp_path, count=40, interval=150)
+    index_bytes = seg.offset_index_path.read_bytes()
+    time_bytes = seg.time_index_path.read_bytes()
+    assert index_bytes
+    assert time_bytes
+    seg.rebuild_indexes()
+    assert seg.offset_index_path.read_bytes() == index_bytes
+    assert seg.time_index_path.read_bytes() == time_bytes
+
+
+def test_appends_across_reopen_match_rebuild(tmp_path: Path) -> None:
+    """Appends continued after reopening (another process) index like one writer would."""
+    batches = _batches(20)
+    seg = write_segment(tmp_path, 0, batches[:9], index_interval_bytes=150, inactive=False)
+    again = LogSegment(tmp_path, 0, index_interval_bytes=150)
+    for data in batches[9:]:
+        again.append(data, list(scan_batches(data)))
+    again.close_for_roll()
+    other = tmp_path / "other"
+    other.mkdir()
+    whole = write_segment(other, 0, batches, index_interval_bytes=150)
+    assert seg.offset_index_path.read_bytes() == whole.offset_index_path.read_bytes()
+    assert seg.time_index_path.read_bytes() == whole.time_index_path.read_bytes()
+
+
+def test_first_batch_and_largest_timestamp(tmp_path: Path) -> None:
+    """The first batch's max timestamp and the largest timestamp come from the batches;
+    without timestamps the largest timestamp is the file mtime."""
+    seg = write_segment(
+        tmp_path,
+        0,
+        [
+            encode_records([kv("a", "1", timestamp=50)], 0),
+            encode_records([kv("b", "2", timestamp=90)], 1),
+        ],
+    )
+    assert seg.first_batch_timestamp == 50
+    assert seg.largest_timestamp == 90
+    other = tmp_path / "o"
+    other.mkdir()
+    empty = LogSegment.create(other, 7)
+    assert empty.first_batch_timestamp is None
+    assert empty.next_offset == 7
+    no_ts = write_segment(other, 8, [encode_records([kv("a", "1", timestamp=-1)], 8)])
+    os.utime(no_ts.log_path, ns=(1_234_000_000, 1_234_000_000))
+    assert no_ts.largest_timestamp == 1234
+
+
+def test_append_rejects_offsets_below_next(tmp_path: Path) -> None:
+    """A batch whose offsets are not after the segment's last offset is refused."""
+    seg = write_segment(tmp_path, 0, [encode_records([kv("a", "1")], 0)], inactive=False)
+    data = encode_records([kv("b", "2")], 0)
+    with pytest.raises(ValueError, match="must be at or after 1"):
+        seg.append(data, list(scan_batches(data)))
+
+
+def test_failed_write_leaves_no_partial_batch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """If writing a batch fails midway, the log is cut back to its previous size."""
+    seg = write_segment(tmp_path, 0, [encode_records([kv("a", "1")], 0)], inactive=False)
+    size = seg.size
+    data = encode_records([kv("b", "2" * 100)], 1)
+    real_pwrite = os.pwrite
+
+    def short_then_fail(fd: int, buf: bytes, pos: int) -> int:
+        if pos == size:
+            return real_pwrite(fd, bytes(buf)[:10], pos)
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "pwrite", short_then_fail)
+    with pytest.raises(OSError, match="No space"):
+        seg.append(data, list(scan_batches(data)))
+    monkeypatch.undo()
+    assert seg.log_path.stat().st_size == size
+
+
+def test_sanity_check_rebuilds_missing_and_inconsistent(tmp_path: Path) -> None:
+    """A missing index, or one whose last entry is not on a batch boundary, is rebuilt."""
+    seg = _segment(tmp_path)
+    good = seg.offset_index_path.read_bytes()
+    seg.offset_index_path.unlink()
+    assert LogSegment(tmp_path, 0, index_interval_bytes=200).sanity_check()
+    assert seg.offset_index_path.read_bytes() == good
+    bad = OffsetIndex(seg.offset_index_path, 0)
+    bad.append(5, 3)  # position 3 is inside the first batch
+    bad.write()
+    assert LogSegment(tmp_path, 0, index_interval_bytes=200).sanity_check()
+    assert seg.offset_index_path.read_bytes() == good
+    assert not LogSegment(tmp_path, 0, index_interval_bytes=200).sanity_check()
+
+
+def test_sanity_check_reports_index_past_log(tmp_path: Path) -> None:
+    """An index pointing past the end of the log raises and changes no file."""
+    seg = _segment(tmp_path)
+    os.truncate(seg.log_path, seg.size // 3)
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    with pytest.raises(IndexPastLogError, match=r"position \d+, past the end of the log"):
+        LogSegment(tmp_path, 0, index_interval_bytes=200).sanity_check()
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
+
+
+def test_time_index_past_log_detected(tmp_path: Path) -> None:
+    """A time-index entry naming an offset the log does not hold is reported."""
+    seg = write_segment(tmp_path, 0, _batches(2))
+    ti = TimeIndex(seg.time_index_path, 0)
+    ti.maybe_append(5000, 10)
+    ti.write()
+    with pytest.raises(IndexPastLogError, match="names offset 10"):
+        LogSegment(tmp_path, 0).sanity_check()
+
+
+def test_corrupt_batch_error_names_file_and_position(tmp_path: Path) -> None:
+    """A flipped byte makes reading fail with the file and the batch position."""
+    batches = _batches(3)
+    seg = write_segment(tmp_path, 0, batches)
+    with open(seg.log_path, "r+b") as f:
+        f.seek(len(batches[0]) + 70)
+        byte = f.read(1)
+        f.seek(len(batches[0]) + 70)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    with pytest.raises(CorruptRecordError, match="CRC mismatch") as info:
+        list(LogSegment(tmp_path, 0).batches())
+    assert info.value.path == str(seg.log_path)
+    assert info.value.position == len(batches[0])
+
+
+def test_change_suffix_and_delete(tmp_path: Path) -> None:
+    """All existing files of a segment are renamed together, then deleted."""
+    seg = write_segment(tmp_path, 5, [encode_records([kv("a", "1")], 5)], suffix=".cleaned")
+    seg.change_suffix(".swap")
+    names = sorted(p.name for p in tmp_path.iterdir())
+    assert names == [
+        "00000000000000000005.index.swap",
+        "00000000000000000005.log.swap",
+        "00000000000000000005.timeindex.swap",
+    ]
+    seg.change_suffix("")
+    assert LogSegment(tmp_path, 5).next_offset == 6
+    seg.delete_files()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_meta_snapshot(tmp_path: Path) -> None:
+    """meta() reports base, next offset, sizes and timestamps of the segment."""
+    seg = _segment(tmp_path, count=10)
+    meta = seg.meta()
+    assert (meta.base_offset, meta.next_offset, meta.size_bytes) == (0, 20, seg.size)
+    assert meta.first_batch_timestamp_ms == 1000
+    assert meta.offset_index_bytes == seg.offset_index_path.stat().st_size
+    assert meta.time_index_bytes == seg.time_index_path.stat().st_size
+
+
+def test_read_only_segment_refuses_writes(tmp_path: Path) -> None:
+    """A read-only segment cannot be appended to."""
+    write_segment(tmp_path, 0, _batches(1))
+    seg = LogSegment(tmp_path, 0, read_only=True)
+    data = encode_records([Record(0, 0, b"k", b"v")], 2)
+    with pytest.raises(PermissionError, match="read-only"):
+        seg.append(data, list(scan_batches(data)))

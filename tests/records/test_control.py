@@ -1,0 +1,123 @@
+"""Tests for cleanerd.records.control: control record types and end-txn markers."""
+
+from __future__ import annotations
+
+import pytest
+
+from cleanerd.errors import CorruptRecordError
+from cleanerd.records.batch import decode_batch, encode_batch
+from cleanerd.records.control import (
+    ControlRecordType,
+    EndTxnMarker,
+    control_type,
+    decode_end_txn_marker,
+    encode_end_txn_marker,
+)
+from cleanerd.records.record import Record
+
+# kafka-python's single-record ABORT control batch test vector: key version 0 type 0, the
+# value an opaque 22-byte string. Its stored CRC does not match (kafka-python never checks
+# it), so it doubles as a CRC-failure case.
+KAFKA_PYTHON_ABORT_BATCH = (
+    bytes.fromhex(
+        "0000000000000000000000520000000002"
+        "6597ffd0"
+        "0020"
+        "00000000"
+        "000000000098967f"
+        "000000000098967f"
+        "ffffffffffffffff"
+        "ffff"
+        "ffffffff"
+        "00000001"
+        "40"
+        "00"
+        "00"
+        "00"
+        "08"
+        "00000000"
+        "2c"
+    )
+    + b"opaque-control-message"
+    + b"\x00"
+)
+
+
+def test_kafka_display_names() -> None:
+    """Types carry the names Kafka's dump tool prints."""
+    assert [t.kafka_name for t in ControlRecordType] == [
+        "ABORT",
+        "COMMIT",
+        "LeaderChange",
+        "SnapshotHeader",
+        "SnapshotFooter",
+        "KRaftVersion",
+        "KRaftVoters",
+    ]
+    assert [int(t) for t in ControlRecordType] == list(range(7))
+
+
+@pytest.mark.parametrize("kind", [ControlRecordType.ABORT, ControlRecordType.COMMIT])
+def test_marker_round_trip(kind: ControlRecordType) -> None:
+    """An encoded marker has Kafka's key/value bytes and decodes back."""
+    record = encode_end_txn_marker(kind, 17, offset=9, timestamp=1234)
+    assert record.key == b"\x00\x00\x00" + bytes([int(kind)])
+    assert record.value == b"\x00\x00\x00\x00\x00\x11"
+    assert control_type(record) is kind
+    assert decode_end_txn_marker(record) == EndTxnMarker(kind, 17)
+
+
+def test_marker_in_a_control_batch() -> None:
+    """A COMMIT marker written as a control batch reads back as one."""
+    marker = encode_end_txn_marker(ControlRecordType.COMMIT, 3, offset=50, timestamp=7)
+    data = encode_batch(
+        [marker],
+        base_offset=50,
+        producer_id=4,
+        producer_epoch=1,
+        is_transactional=True,
+        is_control=True,
+    )
+    batch = decode_batch(data)
+    assert batch.header.is_control
+    assert decode_end_txn_marker(batch.records[0]) == EndTxnMarker(ControlRecordType.COMMIT, 3)
+
+
+def test_kafka_python_abort_batch() -> None:
+    """kafka-python's control batch vector fails its CRC, and otherwise reads as ABORT."""
+    with pytest.raises(CorruptRecordError, match="CRC mismatch"):
+        decode_batch(KAFKA_PYTHON_ABORT_BATCH)
+    batch = decode_batch(KAFKA_PYTHON_ABORT_BATCH, verify_crc=False)
+    assert batch.header.is_control
+    assert batch.header.base_timestamp == 9_999_999
+    (record,) = batch.records
+    assert control_type(record) is ControlRecordType.ABORT
+
+
+def test_unknown_types_survive_as_ints() -> None:
+    """A type Kafka adds later is returned as its number, not refused."""
+    assert control_type(Record(0, 0, b"\x00\x00\x00\x2a", b"")) == 42
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "message"),
+    [
+        (None, b"", "null key"),
+        (b"\x00\x00\x01", b"", "3 bytes key"),
+        (b"\xff\xff\x00\x00", b"\x00" * 6, "invalid key version"),
+        (b"\x00\x00\x00\x00", b"\x00\x00\x00", "shorter than 6 bytes"),
+        (b"\x00\x00\x00\x00", b"\xff\xff\x00\x00\x00\x00", "invalid version"),
+        (b"\x00\x00\x00\x03", b"\x00" * 6, "not an end-txn marker"),
+    ],
+)
+def test_malformed_control_records(key: bytes | None, value: bytes, message: str) -> None:
+    """Malformed control keys or marker values are corrupt, naming the offset."""
+    with pytest.raises(CorruptRecordError, match=message) as info:
+        decode_end_txn_marker(Record(77, 0, key, value))
+    assert "offset 77" in str(info.value)
+
+
+def test_encode_refuses_non_marker_types() -> None:
+    """Only ABORT and COMMIT are end-txn markers."""
+    with pytest.raises(ValueError, match="not an end-txn marker"):
+        encode_end_txn_marker(ControlRecordType.LEADER_CHANGE, 0, offset=0, timestamp=0)

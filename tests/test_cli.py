@@ -1,0 +1,202 @@
+from __future__ import annotations
+
+import io
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from cleanerd import __version__
+from cleanerd.cli import COMMANDS, main
+from tests.conftest import REPO_ROOT
+
+SAMPLE = REPO_ROOT / "config" / "cleanerd.yaml"
+FOO_LOG = Path("kraft-combined-logs") / "foo-0" / "00000000000000000000.log"
+
+
+def run(
+    capsys: pytest.CaptureFixture[str], *argv: str, stdin: str | None = None
+) -> tuple[int, str, str]:
+    if stdin is not None:
+        sys.stdin = io.StringIO(stdin)
+    try:
+        status = main(list(argv))
+    finally:
+        sys.stdin = sys.__stdin__
+    out, err = capsys.readouterr()
+    return status, out, err
+
+
+def usage_exit(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int | str | None, str]:
+    with pytest.raises(SystemExit) as info:
+        main(list(argv))
+    out, err = capsys.readouterr()
+    return info.value.code, out + err
+
+
+def write_config(tmp_path: Path, extra: str = "") -> Path:
+    path = tmp_path / "cleanerd.yaml"
+    path.write_text(f"log.dirs: [{tmp_path / 'data'}]\nstate_dir: {tmp_path / 'state'}\n{extra}")
+    return path
+
+
+class TestHelp:
+    def test_help_lists_every_command(self, capsys: pytest.CaptureFixture[str]) -> None:
+        """`cleanerd --help` names each registered command."""
+        code, text = usage_exit(capsys, "--help")
+        assert code == 0
+        assert {"check-config", "produce", "dump"} <= {c.name for c in COMMANDS}
+        for command in COMMANDS:
+            assert re.search(rf"^ +{command.name}\b", text, re.MULTILINE)
+            assert command.help.split(";")[0] in " ".join(text.split())
+
+    @pytest.mark.parametrize("name", [c.name for c in COMMANDS])
+    def test_each_command_has_help(self, capsys: pytest.CaptureFixture[str], name: str) -> None:
+        """`cleanerd COMMAND --help` prints that command's usage."""
+        code, text = usage_exit(capsys, name, "--help")
+        assert code == 0
+        assert text.startswith(f"usage: cleanerd {name}")
+
+    def test_version(self, capsys: pytest.CaptureFixture[str]) -> None:
+        """--version prints the package version."""
+        assert usage_exit(capsys, "--version") == (0, f"cleanerd {__version__}\n")
+
+    def test_a_command_is_required(self, capsys: pytest.CaptureFixture[str]) -> None:
+        """No command is a usage error (exit 2)."""
+        code, text = usage_exit(capsys)
+        assert code == 2
+        assert "required: COMMAND" in text
+
+
+class TestCheckConfig:
+    def test_valid_file(self, capsys: pytest.CaptureFixture[str]) -> None:
+        """A valid file exits 0 and says so."""
+        assert run(capsys, "check-config", str(SAMPLE)) == (0, f"{SAMPLE}: OK\n", "")
+
+    def test_invalid_file_lists_every_error(
+        self, capsys: pytest.CaptureFixture[str], tmp_path: Path
+    ) -> None:
+        """An invalid file exits 1 with every problem on stderr, each on its own line."""
+        path = write_config(
+            tmp_path, "mode: off\ntopics:\n  orders: {max.compaction.lag.ms: 0, retention.msx: 1}\n"
+        )
+        status, out, err = run(capsys, "check-config", str(path))
+        assert (status, out) == (1, "")
+        assert err.splitlines() == [
+            f"cleanerd check-config: invalid configuration {path}:",
+            "  mode: false must be 'owner' or 'observe' "
+            "(YAML reads yes/no/on/off as booleans: quote the value)",
+            "  topics.orders.max.compaction.lag.ms: 0 must be >= 1",
+            "  topics.orders.retention.msx: unknown key (value 1)",
+        ]
+
+    def test_missing_file(self, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+        """A missing file exits 1 naming it."""
+        status, _, err = run(capsys, "check-config", str(tmp_path / "nope.yaml"))
+        assert status == 1
+        assert str(tmp_path / "nope.yaml") in err
+
+
+class TestDump:
+    def test_real_segment(self, capsys: pytest.CaptureFixture[str], kafka_real: Path) -> None:
+        """dump prints Kafka's lines for a broker-written segment."""
+        path = kafka_real / FOO_LOG
+        status, out, err = run(capsys, "dump", str(path), "--print-data-log")
+        assert (status, err) == (0, "")
+        assert out == (
+            f"Dumping {path}\n"
+            "Log starting offset: 0\n"
+            "baseOffset: 0 lastOffset: 0 count: 1 baseSequence: 0 lastSequence: 0 producerId: 0 "
+            "producerEpoch: 0 partitionLeaderEpoch: 0 isTransactional: false isControl: false "
+            "deleteHorizonMs: OptionalLong.empty position: 0 CreateTime: 1726045973899 size: 80 "
+            "magic: 2 compresscodec: none crc: 2565609683 isvalid: true\n"
+            "| offset: 0 CreateTime: 1726045973899 keySize: -1 valueSize: 12 sequence: 0 "
+            "headerKeys: [] payload: Hello World!\n"
+        )
+
+    def test_corrupt_copy(self, capsys: pytest.CaptureFixture[str], kafka_real: Path) -> None:
+        """A corrupted segment exits 1 and names the file and the batch position."""
+        path = kafka_real / "logdir-b" / "__cluster_metadata-0" / "00000000000000000000.log"
+        data = bytearray(path.read_bytes())
+        data[91 + 100] ^= 0x01
+        path.write_bytes(data)
+        status, out, err = run(capsys, "dump", str(path))
+        assert status == 1
+        assert out.splitlines()[-1].endswith("crc: 618336989 isvalid: false")
+        assert err.startswith(f"cleanerd dump: corrupt record batch in {path} at position 91:")
+
+    def test_bad_file_does_not_stop_the_others(
+        self, capsys: pytest.CaptureFixture[str], kafka_real: Path, tmp_path: Path
+    ) -> None:
+        """Each file is dumped; an unreadable one is reported and the exit status is 1."""
+        missing = tmp_path / "00000000000000000000.log"
+        status, out, err = run(capsys, "dump", str(missing), str(kafka_real / FOO_LOG))
+        assert status == 1
+        assert err == f"cleanerd dump: {missing}: No such file or directory\n"
+        assert out.splitlines()[-1].endswith("isvalid: true")
+
+
+class TestProduce:
+    def test_produce_then_dump(self, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+        """Records produced from stdin read back with dump, batch by batch."""
+        config = write_config(tmp_path)
+        lines = [
+            {"key": "a", "value": "1", "timestamp": 1000},
+            {"key": "a", "value": None, "timestamp": 1001, "headers": {"why": "gone"}},
+            {"key": "b", "value": "2", "timestamp": 1002},
+        ]
+        stdin = "".join(json.dumps(line) + "\n" for line in lines)
+        argv = ["produce", "-c", str(config), "orders-0", "--batch-size", "2"]
+        status, out, err = run(capsys, *argv, "--compression", "zstd", stdin=stdin)
+        assert (status, out, err) == (0, "orders-0: offsets 0..1\norders-0: offsets 2..2\n", "")
+        segment = tmp_path / "data" / "orders-0" / "00000000000000000000.log"
+        status, out, _ = run(capsys, "dump", str(segment), "--print-data-log")
+        assert status == 0
+        dumped = out.splitlines()
+        assert "compresscodec: zstd" in dumped[2]
+        assert [line for line in dumped if line.startswith("|")] == [
+            "| offset: 0 CreateTime: 1000 keySize: 1 valueSize: 1 sequence: -1 headerKeys: [] "
+            "key: a payload: 1",
+            "| offset: 1 CreateTime: 1001 keySize: 1 valueSize: -1 sequence: -1 headerKeys: [why] "
+            "key: a",
+            "| offset: 2 CreateTime: 1002 keySize: 1 valueSize: 1 sequence: -1 headerKeys: [] "
+            "key: b payload: 2",
+        ]
+
+    def test_bad_line_is_named(self, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+        """A bad JSON line exits 1 naming its line number and what was appended."""
+        config = write_config(tmp_path)
+        stdin = '{"value": "a"}\n{"value": "b"}\n{"value": \n{"value": "c"}\n'
+        status, out, err = run(capsys, "produce", "-c", str(config), "t-0", stdin=stdin)
+        assert status == 1
+        assert out == "t-0: offsets 0..1\n"
+        assert err == (
+            "cleanerd produce: line 3: invalid JSON: Expecting value (column 11); the 2 "
+            "record(s) before it were appended (offsets 0..1), nothing from line 3 on\n"
+        )
+
+    def test_log_dir_option(self, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+        """--log-dir writes to that dir instead of the first of log.dirs."""
+        config = write_config(tmp_path)
+        argv = ["produce", "-c", str(config), "--log-dir", str(tmp_path / "other"), "t-3"]
+        assert run(capsys, *argv, stdin='{"value": "x"}\n')[0] == 0
+        assert (tmp_path / "other" / "t-3" / "00000000000000000000.log").stat().st_size > 0
+        assert not (tmp_path / "data").exists()
+
+
+def test_module_entry_point_runs(kafka_real: Path) -> None:
+    """`python -m cleanerd` runs the same command line in a fresh interpreter."""
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    result = subprocess.run(
+        [sys.executable, "-m", "cleanerd", "dump", str(kafka_real / FOO_LOG)],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+    )
+    assert (result.returncode, result.stderr) == (0, "")
+    assert result.stdout.splitlines()[2].startswith("baseOffset: 0 lastOffset: 0 count: 1")

@@ -1,0 +1,487 @@
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterator
+from dataclasses import fields, replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from pydantic import BaseModel
+
+from cleanerd.config import (
+    LONG_MAX,
+    TOPIC_CONFIG_SYNONYMS,
+    BrokerConfig,
+    Config,
+    TopicConfig,
+    TopicOverride,
+    config_from_data,
+    load_config,
+)
+from cleanerd.errors import ConfigError
+from tests.conftest import REPO_ROOT
+
+SAMPLE = REPO_ROOT / "config" / "cleanerd.yaml"
+
+KAFKA_TOPIC_DEFAULTS = TopicConfig(
+    cleanup_policy=("delete",),
+    segment_bytes=1073741824,
+    segment_ms=604800000,
+    segment_jitter_ms=0,
+    segment_index_bytes=10485760,
+    index_interval_bytes=4096,
+    retention_ms=604800000,
+    retention_bytes=-1,
+    min_compaction_lag_ms=0,
+    max_compaction_lag_ms=9223372036854775807,
+    min_cleanable_dirty_ratio=0.5,
+    delete_retention_ms=86400000,
+    file_delete_delay_ms=60000,
+    max_message_bytes=1048588,
+    compaction_strategy="offset",
+    compaction_strategy_header="",
+    preallocate=False,
+)
+
+
+def make(**topics: dict[str, Any]) -> dict[str, Any]:
+    return {"log.dirs": ["/nonexistent/kafka"], "topics": topics}
+
+
+def errors_of(data: object) -> list[str]:
+    with pytest.raises(ConfigError) as info:
+        config_from_data(data)
+    return info.value.errors
+
+
+def yaml_errors(tmp_path: Path, text: str) -> list[str]:
+    path = tmp_path / "cleanerd.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert info.value.path == str(path)
+    return info.value.errors
+
+
+def model_keys(model: type[BaseModel], prefix: tuple[str, ...] = ()) -> Iterator[tuple[str, ...]]:
+    """Every YAML key path of `model`, as its keys from the top (`("mqtt", "tls", "enabled")`)."""
+    for name, field in model.model_fields.items():
+        path = (*prefix, field.alias or name)
+        kind = field.annotation
+        if isinstance(kind, type) and issubclass(kind, BaseModel):
+            yield from model_keys(kind, path)
+        else:
+            yield path
+
+
+class TestDefaults:
+    def test_topic_defaults_are_kafkas(self) -> None:
+        """A topic without overrides gets Kafka's topic-config defaults."""
+        cfg = config_from_data(make())
+        assert cfg.topic_config("any-topic") == KAFKA_TOPIC_DEFAULTS
+
+    def test_broker_defaults_are_kafkas(self) -> None:
+        """Broker-only settings default to Kafka's values (io rate unlimited)."""
+        cfg = config_from_data(make())
+        assert cfg.log_cleaner_enable is True
+        assert cfg.log_cleaner_threads == 1
+        assert cfg.log_cleaner_dedupe_buffer_size == 134217728
+        assert cfg.log_cleaner_io_buffer_load_factor == 0.9
+        assert cfg.log_cleaner_io_buffer_size == 524288
+        assert math.isinf(cfg.log_cleaner_io_max_bytes_per_second)
+        assert cfg.log_cleaner_backoff_ms == 15000
+        assert cfg.log_retention_check_interval_ms == 300000
+        assert cfg.log_retention_disk_usage_percent == 100
+        assert cfg.producer_id_expiration_ms == 86400000
+        assert cfg.mode == "owner"
+        assert cfg.state_dir == Path("state")
+        assert (cfg.metrics.host, cfg.metrics.port) == ("127.0.0.1", 9644)
+        assert cfg.mqtt.enabled is False
+        assert cfg.engine.spark.master == "local[*]"
+
+    def test_embedded_default_has_the_demo_topics(self) -> None:
+        """load_config(None) gives ./data, ./state and the three demo topics."""
+        cfg = load_config(None)
+        assert cfg.log_dirs == (Path("data"),)
+        assert cfg.state_dir == Path("state")
+        users = cfg.topic_config("demo-users")
+        assert users.compact
+        assert users.max_segment_ms == users.max_compaction_lag_ms < users.segment_ms
+        events = cfg.topic_config("demo-events")
+        assert events.delete
+        assert not events.compact
+        assert events.retention_ms < KAFKA_TOPIC_DEFAULTS.retention_ms
+        assert cfg.topic_config("demo-prices").compaction_strategy == "timestamp"
+
+    def test_sample_config_validates(self) -> None:
+        """config/cleanerd.yaml is a valid config."""
+        cfg = load_config(SAMPLE)
+        assert cfg.topic_config("logs-app").retention_ms == 259200000
+        assert cfg.topic_config("prices").compaction_strategy_header == "version"
+
+    def test_sample_config_shows_every_key(self) -> None:
+        """The sample sets or shows (commented out) every key, nested ones by their name."""
+        text = SAMPLE.read_text()
+        paths = [*model_keys(Config), *model_keys(TopicOverride)]
+        missing = [
+            path
+            for path in paths
+            if not re.search(rf"^[ #]*{re.escape(path[-1])}:", text, re.MULTILINE)
+        ]
+        assert missing == []
+
+    def test_readme_documents_every_key(self) -> None:
+        """README.md names every config key path in backticks."""
+        text = (REPO_ROOT / "README.md").read_text()
+        paths = [*model_keys(Config), *model_keys(TopicOverride)]
+        assert [path for path in paths if f"`{'.'.join(path)}`" not in text] == []
+
+
+class TestBrokerSynonyms:
+    CASES = (
+        ("log.cleanup.policy", "compact,delete", "cleanup_policy", ("compact", "delete")),
+        ("log.segment.bytes", 1048576, "segment_bytes", 1048576),
+        ("log.roll.ms", 1000, "segment_ms", 1000),
+        ("log.roll.hours", 2, "segment_ms", 7_200_000),
+        ("log.roll.jitter.ms", 5, "segment_jitter_ms", 5),
+        ("log.roll.jitter.hours", 1, "segment_jitter_ms", 3_600_000),
+        ("log.index.size.max.bytes", 4096, "segment_index_bytes", 4096),
+        ("log.index.interval.bytes", 100, "index_interval_bytes", 100),
+        ("log.retention.ms", 5, "retention_ms", 5),
+        ("log.retention.minutes", 2, "retention_ms", 120_000),
+        ("log.retention.hours", 3, "retention_ms", 10_800_000),
+        ("log.retention.hours", -1, "retention_ms", -1),
+        ("log.retention.bytes", 10, "retention_bytes", 10),
+        ("log.cleaner.min.compaction.lag.ms", 7, "min_compaction_lag_ms", 7),
+        ("log.cleaner.max.compaction.lag.ms", 8, "max_compaction_lag_ms", 8),
+        ("log.cleaner.min.cleanable.ratio", 0.25, "min_cleanable_dirty_ratio", 0.25),
+        ("log.cleaner.delete.retention.ms", 9, "delete_retention_ms", 9),
+        ("log.segment.delete.delay.ms", 11, "file_delete_delay_ms", 11),
+        ("message.max.bytes", 12, "max_message_bytes", 12),
+        ("log.cleaner.compaction.strategy", "timestamp", "compaction_strategy", "timestamp"),
+        ("log.cleaner.compaction.strategy.header", "v", "compaction_strategy_header", "v"),
+        ("log.preallocate", True, "preallocate", True),
+    )
+
+    @pytest.mark.parametrize(("broker_key", "value", "attribute", "expected"), CASES)
+    def test_broker_key_sets_topic_default(
+        self, broker_key: str, value: object, attribute: str, expected: object
+    ) -> None:
+        """Each broker key supplies its topic-config synonym's default."""
+        cfg = config_from_data({**make(), broker_key: value})
+        assert getattr(cfg.topic_config("t"), attribute) == expected
+
+    def test_cases_cover_the_synonym_table(self) -> None:
+        """Every synonym pair Kafka defines is tested above, and every topic key has one."""
+        covered = {(broker, attr) for broker, _, attr, _ in self.CASES}
+        table = {
+            (broker, topic_key.replace(".", "_"))
+            for topic_key, brokers in TOPIC_CONFIG_SYNONYMS.items()
+            for broker in brokers
+        }
+        assert covered == table
+        assert {f.name for f in fields(TopicConfig)} == {a for _, a in table}
+        assert set(TopicOverride.model_fields) == {f.name for f in fields(TopicConfig)}
+
+    def test_retention_ms_beats_minutes_beats_hours(self) -> None:
+        """log.retention.ms wins over .minutes, which wins over .hours, as in Kafka."""
+        data = {**make(), "log.retention.hours": 1, "log.retention.minutes": 2}
+        assert config_from_data(data).retention_ms == 120_000
+        assert config_from_data({**data, "log.retention.ms": 3}).retention_ms == 3
+
+    def test_log_dirs_accept_a_comma_string(self) -> None:
+        """log.dirs may be server.properties' comma-separated string."""
+        cfg = config_from_data({"log.dirs": "/a, /b"})
+        assert cfg.log_dirs == (Path("/a"), Path("/b"))
+
+
+class TestTopicOverrides:
+    def test_override_merges_key_by_key(self) -> None:
+        """An entry replaces only the keys it sets; the rest stay broker defaults."""
+        data = {
+            **make(orders={"retention.ms": 1000}),
+            "log.cleaner.min.cleanable.ratio": 0.1,
+        }
+        cfg = config_from_data(data)
+        expected = replace(KAFKA_TOPIC_DEFAULTS, retention_ms=1000, min_cleanable_dirty_ratio=0.1)
+        assert cfg.topic_config("orders") == expected
+
+    def test_null_inherits(self) -> None:
+        """An explicit null in an entry keeps the broker default."""
+        cfg = config_from_data(make(orders={"retention.ms": None}))
+        assert cfg.topic_config("orders") == KAFKA_TOPIC_DEFAULTS
+
+    def test_exact_name_beats_glob(self) -> None:
+        """A topic with an exact entry ignores the globs that also match it."""
+        cfg = config_from_data(
+            make(
+                **{"orders.*": {"retention.ms": 1}, "*.v1": {"retention.ms": 2}},
+                **{"orders.v1": {"retention.bytes": 3}},
+            )
+        )
+        assert cfg.topic_entry("orders.v1") == "orders.v1"
+        assert cfg.topic_config("orders.v1") == replace(KAFKA_TOPIC_DEFAULTS, retention_bytes=3)
+        assert cfg.topic_config("orders.v2").retention_ms == 1
+        assert cfg.topic_config("payments") == KAFKA_TOPIC_DEFAULTS
+
+    def test_two_globs_matching_a_topic_is_an_error(self) -> None:
+        """topic_config raises a ConfigError naming the topic and both globs."""
+        cfg = config_from_data(make(**{"orders.*": {}, "*.v1": {}}))
+        with pytest.raises(ConfigError) as info:
+            cfg.topic_config("orders.v1")
+        (message,) = info.value.errors
+        assert "'orders.v1'" in message
+        assert "'orders.*'" in message
+        assert "'*.v1'" in message
+        assert cfg.ambiguous_topics(["orders.v2", "orders.v1"]) == [message]
+
+    def test_ambiguous_topic_on_disk_fails_the_load(self, tmp_path: Path) -> None:
+        """Loading fails when a topic present in a log dir matches two globs."""
+        (tmp_path / "data" / "orders.v1-0").mkdir(parents=True)
+        (tmp_path / "data" / "payments-3").mkdir()
+        data = {
+            "log.dirs": [str(tmp_path / "data")],
+            "topics": {"orders.*": {}, "*.v1": {}, "pay*": {}, "*ments": {}},
+        }
+        errors = errors_of(data)
+        assert len(errors) == 2
+        assert "'orders.v1'" in errors[0]
+        assert "'orders.*' and '*.v1'" in errors[0]
+        assert str(tmp_path / "data" / "orders.v1-0") in errors[0]
+        assert "'payments'" in errors[1]
+
+    def test_ambiguous_globs_without_such_topic_on_disk_load(self, tmp_path: Path) -> None:
+        """Overlapping globs are fine until a topic that both match exists."""
+        (tmp_path / "data" / "orders.v2-0").mkdir(parents=True)
+        data = {"log.dirs": [str(tmp_path / "data")], "topics": {"orders.*": {}, "*.v1": {}}}
+        config_from_data(data)
+
+    def test_max_segment_ms_is_kip_354s(self) -> None:
+        """max_segment_ms is min(segment.ms, max.compaction.lag.ms) for compacted topics only."""
+        compact = replace(
+            KAFKA_TOPIC_DEFAULTS, cleanup_policy=("compact",), max_compaction_lag_ms=5
+        )
+        assert compact.max_segment_ms == 5
+        assert replace(compact, cleanup_policy=("delete",)).max_segment_ms == 604800000
+
+
+class TestValidation:
+    @pytest.mark.parametrize(
+        ("data", "expected"),
+        [
+            (
+                {"log.cleaner.min.cleanable.ratio": 1.5},
+                "log.cleaner.min.cleanable.ratio: 1.5 must be <= 1",
+            ),
+            (
+                {
+                    "topics": {
+                        "orders": {"max.compaction.lag.ms": 500, "min.compaction.lag.ms": 1000}
+                    }
+                },
+                "topics.orders.max.compaction.lag.ms: 500 must be >= min.compaction.lag.ms (1000)",
+            ),
+            (
+                {
+                    "topics": {"orders": {"max.compaction.lag.ms": 500}},
+                    "log.cleaner.min.compaction.lag.ms": 1000,
+                },
+                "topics.orders.max.compaction.lag.ms: 500 must be >= min.compaction.lag.ms "
+                "(1000, from log.cleaner.min.compaction.lag.ms)",
+            ),
+            (
+                {
+                    "topics": {"orders": {"min.compaction.lag.ms": 1000}},
+                    "log.cleaner.max.compaction.lag.ms": 500,
+                },
+                "topics.orders.min.compaction.lag.ms: 1000 must be <= max.compaction.lag.ms "
+                "(500, from log.cleaner.max.compaction.lag.ms)",
+            ),
+            (
+                {"log.cleaner.min.compaction.lag.ms": 2, "log.cleaner.max.compaction.lag.ms": 1},
+                "log.cleaner.max.compaction.lag.ms: 1 must be >= "
+                "log.cleaner.min.compaction.lag.ms (2)",
+            ),
+            (
+                {"topics": {"t": {"max.compaction.lag.ms": 0}}},
+                "topics.t.max.compaction.lag.ms: 0 must be >= 1",
+            ),
+            (
+                {"topics": {"t": {"compaction.strategy": "latest"}}},
+                "topics.t.compaction.strategy: 'latest' must be 'offset', 'timestamp' or 'header'",
+            ),
+            (
+                {"topics": {"t": {"cleanup.policy": "compact,remove"}}},
+                "topics.t.cleanup.policy[1]: 'remove' must be 'delete' or 'compact'",
+            ),
+            (
+                {"topics": {"t": {"cleanup.policy": []}}},
+                "topics.t.cleanup.policy: [] must have at least 1 item(s)",
+            ),
+            (
+                {"topics": {"t": {"retention.msx": 3}}},
+                "topics.t.retention.msx: unknown key (value 3)",
+            ),
+            ({"topics": {"t": {"retention.ms": -2}}}, "topics.t.retention.ms: -2 must be >= -1"),
+            ({"log.segment.bytes": "1GB"}, "log.segment.bytes: '1GB' must be an integer"),
+            ({"log.segment.bytes": 13}, "log.segment.bytes: 13 must be >= 14"),
+            (
+                {"log.retention.disk.usage.percent": 0},
+                "log.retention.disk.usage.percent: 0 must be >= 1",
+            ),
+            ({"metrics": {"listen": "9644"}}, "metrics.listen: '9644' must be HOST:PORT"),
+            ({"metrics": {"lisen": "x"}}, "metrics.lisen: unknown key (value 'x')"),
+            ({"log.dirs": []}, "log.dirs: required: list at least one log directory"),
+            ({"log.dirs": ["/a", "/a"]}, "log.dirs: '/a' is listed twice"),
+            (
+                {"log.dirs": ["/a"], "state_dir": "/a/state"},
+                "state_dir: '/a/state' must not be inside log dir '/a'",
+            ),
+            (
+                {"topics": {"bad topic!": {}}},
+                "topics.bad topic!: 'bad topic!' is neither a Kafka topic name",
+            ),
+            (
+                {"mqtt": {"tls": {"cert_file": "/c.pem"}}},
+                "mqtt.tls.cert_file: '/c.pem' needs mqtt.tls.key_file",
+            ),
+            ({"mqtt": {"password_file": "/p"}}, "mqtt.password_file: '/p' needs mqtt.username"),
+            ({"mqtt": {"topic_prefix": "a/#"}}, "mqtt.topic_prefix: 'a/#' must be a non-empty"),
+            ({"engine": {"spark": {"conf": {"a": 1}}}}, "engine.spark.conf.a: 1 must be a string"),
+        ],
+    )
+    def test_error_names_key_value_and_rule(self, data: dict[str, Any], expected: str) -> None:
+        """Each invalid value gives one line naming its key path, the value and the rule."""
+        errors = errors_of({"log.dirs": ["/nonexistent/kafka"], **data})
+        assert [e for e in errors if e.startswith(expected)] != [], errors
+
+    def test_all_errors_are_collected_at_once(self) -> None:
+        """Field errors and cross-field errors of the same file come in one ConfigError."""
+        errors = errors_of(
+            {
+                "log.dirs": ["/nonexistent/kafka"],
+                "log.cleaner.threads": 0,
+                "mode": "watch",
+                "log.cleaner.min.compaction.lag.ms": 10,
+                "log.cleaner.max.compaction.lag.ms": 5,
+                "topics": {
+                    "orders": {
+                        "retention.msx": 1,
+                        "min.compaction.lag.ms": 9,
+                        "max.compaction.lag.ms": 8,
+                    },
+                    "users": {"min.cleanable.dirty.ratio": 2},
+                },
+            }
+        )
+        assert [e.split(":")[0] for e in errors] == [
+            "log.cleaner.threads",
+            "mode",
+            "topics.orders.retention.msx",
+            "topics.users.min.cleanable.dirty.ratio",
+            "log.cleaner.max.compaction.lag.ms",
+            "topics.orders.max.compaction.lag.ms",
+        ]
+
+    def test_cross_check_on_a_bad_value_is_skipped(self) -> None:
+        """A bad lag value gets its own error, not a second one from the lag comparison."""
+        errors = errors_of(
+            make(orders={"min.compaction.lag.ms": "soon", "max.compaction.lag.ms": 5})
+        )
+        assert errors == ["topics.orders.min.compaction.lag.ms: 'soon' must be an integer"]
+
+    @settings(deadline=None, max_examples=50)
+    @given(
+        min_lag=st.integers(min_value=0, max_value=LONG_MAX),
+        max_lag=st.integers(min_value=1, max_value=LONG_MAX),
+    )
+    def test_lag_order_is_the_only_lag_rule(self, min_lag: int, max_lag: int) -> None:
+        """Valid lags are accepted exactly when min.compaction.lag.ms <= max.compaction.lag.ms."""
+        data = make(t={"min.compaction.lag.ms": min_lag, "max.compaction.lag.ms": max_lag})
+        if min_lag <= max_lag:
+            assert config_from_data(data).topic_config("t").max_compaction_lag_ms == max_lag
+        else:
+            assert len(errors_of(data)) == 1
+
+
+class TestYaml:
+    def test_yaml_booleans_do_not_pass_for_strings(self, tmp_path: Path) -> None:
+        """YAML 1.1's off/no become booleans, which strict types reject with a hint."""
+        errors = yaml_errors(
+            tmp_path,
+            "log.dirs: [/nonexistent]\n"
+            "mode: off\n"
+            "log.cleaner.compaction.strategy.header: no\n"
+            "log.cleaner.threads: yes\n",
+        )
+        hint = "(YAML reads yes/no/on/off as booleans: quote the value)"
+        assert errors == [
+            f"log.cleaner.threads: true must be an integer {hint}",
+            f"log.cleaner.compaction.strategy.header: false must be a string {hint}",
+            f"mode: false must be 'owner' or 'observe' {hint}",
+        ]
+
+    def test_keys_must_be_strings(self, tmp_path: Path) -> None:
+        """A key YAML reads as a boolean or number is named where it sits."""
+        errors = yaml_errors(tmp_path, "log.dirs: [/nonexistent]\nyes: 1\ntopics: {7: {}}\n")
+        assert errors == ["topics: key 7 must be a string", "top level: key true must be a string"]
+
+    def test_missing_file(self, tmp_path: Path) -> None:
+        """A file that does not exist is a ConfigError naming it."""
+        with pytest.raises(ConfigError) as info:
+            load_config(tmp_path / "nope.yaml")
+        assert info.value.errors == ["cannot read the file: No such file or directory"]
+        assert str(tmp_path / "nope.yaml") in str(info.value)
+
+    def test_syntax_error_has_line_and_column(self, tmp_path: Path) -> None:
+        """A YAML syntax error names its line and column."""
+        (error,) = yaml_errors(tmp_path, "log.dirs: [/a\nmode: owner\n")
+        assert error.startswith("line 2, column 5: YAML syntax error:")
+
+    def test_duplicate_key_is_an_error(self, tmp_path: Path) -> None:
+        """A key given twice in one mapping is refused instead of silently overwritten."""
+        (error,) = yaml_errors(
+            tmp_path, "log.dirs: [/a]\ntopics:\n  t: {retention.ms: 1}\n  t: {retention.ms: 2}\n"
+        )
+        assert error == ("line 4, column 3: YAML syntax error: duplicate key 't' (first at line 3)")
+
+    @pytest.mark.parametrize(("text", "kind"), [("- a\n- b\n", "list"), ("just text\n", "string")])
+    def test_document_must_be_a_mapping(self, tmp_path: Path, text: str, kind: str) -> None:
+        """A document that is not a mapping is refused as a whole."""
+        assert yaml_errors(tmp_path, text) == [
+            f"the document must be a mapping of keys to values, not a {kind}"
+        ]
+
+    def test_empty_file_only_lacks_log_dirs(self, tmp_path: Path) -> None:
+        """An empty file means all defaults, and log.dirs is then the one thing missing."""
+        assert yaml_errors(tmp_path, "") == ["log.dirs: required: list at least one log directory"]
+
+    def test_infinity_and_listen_forms(self, tmp_path: Path) -> None:
+        """`.inf` is an unlimited rate; metrics.listen accepts bracketed IPv6."""
+        path = tmp_path / "c.yaml"
+        path.write_text(
+            "log.dirs: /nonexistent\n"
+            "log.cleaner.io.max.bytes.per.second: .inf\n"
+            "metrics: {listen: '[::1]:9000'}\n"
+        )
+        cfg = load_config(path)
+        assert math.isinf(cfg.log_cleaner_io_max_bytes_per_second)
+        assert (cfg.metrics.host, cfg.metrics.port) == ("::1", 9000)
+
+    def test_config_is_immutable(self) -> None:
+        """A loaded config cannot be changed in place (reload swaps whole snapshots)."""
+        cfg = load_config(None)
+        with pytest.raises(ValueError, match="frozen"):
+            cfg.log_cleaner_threads = 4
+
+
+def test_broker_config_fields_all_have_kafka_names() -> None:
+    """Every broker-level key is a dotted server.properties name."""
+    keys = [f.alias for f in BrokerConfig.model_fields.values()]
+    assert all(k is not None and re.fullmatch(r"[a-z]+(\.[a-z]+)+", k) for k in keys)
+    assert yaml.safe_load(SAMPLE.read_text())["log.dirs"]

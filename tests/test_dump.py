@@ -1,0 +1,264 @@
+from __future__ import annotations
+
+import struct
+from pathlib import Path
+
+import pytest
+from aiokafka.record.legacy_records import LegacyRecordBatchBuilder
+
+from cleanerd.dump import DumpOptions, UnsupportedFileError, dump_file
+from cleanerd.errors import CorruptIndexError, CorruptRecordError
+from cleanerd.records.batch import encode_batch
+from cleanerd.records.control import ControlRecordType, encode_end_txn_marker
+from cleanerd.records.header import Compression, TimestampType, compute_crc
+from cleanerd.records.record import Record, RecordHeader
+
+SHALLOW = DumpOptions()
+DEEP = DumpOptions(deep_iteration=True)
+DATA = DumpOptions(print_data_log=True)
+
+FOO_BATCH = (
+    "baseOffset: 0 lastOffset: 0 count: 1 baseSequence: 0 lastSequence: 0 producerId: 0 "
+    "producerEpoch: 0 partitionLeaderEpoch: 0 isTransactional: false isControl: false "
+    "deleteHorizonMs: OptionalLong.empty position: 0 CreateTime: 1726045973899 size: 80 "
+    "magic: 2 compresscodec: none crc: 2565609683 isvalid: true"
+)
+FOO_RECORD = (
+    "| offset: 0 CreateTime: 1726045973899 keySize: -1 valueSize: 12 sequence: 0 headerKeys: []"
+)
+METADATA_FIELDS = (
+    "baseSequence: -1 lastSequence: -1 producerId: -1 producerEpoch: -1 "
+    "partitionLeaderEpoch: 1 isTransactional: false isControl: false "
+    "deleteHorizonMs: OptionalLong.empty"
+)
+
+
+def lines(path: Path, options: DumpOptions = SHALLOW) -> list[str]:
+    return list(dump_file(path, options))
+
+
+def write_segment(tmp_path: Path, *batches: bytes, base_offset: int = 0) -> Path:
+    path = tmp_path / f"{base_offset:020d}.log"
+    path.write_bytes(b"".join(batches))
+    return path
+
+
+class TestRealKafkaFiles:
+    def test_user_topic_segment(self, kafka_real: Path) -> None:
+        """A broker-written segment prints exactly Kafka's batch and record lines."""
+        path = kafka_real / "kraft-combined-logs" / "foo-0" / "00000000000000000000.log"
+        assert lines(path, DATA) == [
+            f"Dumping {path}",
+            "Log starting offset: 0",
+            FOO_BATCH,
+            FOO_RECORD + " payload: Hello World!",
+        ]
+        assert lines(path, DEEP) == [
+            f"Dumping {path}",
+            "Log starting offset: 0",
+            FOO_BATCH,
+            FOO_RECORD,
+        ]
+
+    def test_metadata_segment_with_nonzero_base(self, kafka_real: Path) -> None:
+        """A segment based at offset 1 with two batches prints positions and offsets."""
+        path = kafka_real / "logdir-a" / "__cluster_metadata-0" / "00000000000000000001.log"
+        assert lines(path, DEEP) == [
+            f"Dumping {path}",
+            "Log starting offset: 1",
+            f"baseOffset: 1 lastOffset: 1 count: 1 {METADATA_FIELDS} position: 0 "
+            "CreateTime: 1726045943832 size: 91 magic: 2 compresscodec: none crc: 2959689084 "
+            "isvalid: true",
+            "| offset: 1 CreateTime: 1726045943832 keySize: -1 valueSize: 23 sequence: -1 "
+            "headerKeys: []",
+            f"baseOffset: 2 lastOffset: 3 count: 2 {METADATA_FIELDS} position: 91 "
+            "CreateTime: 1726045957397 size: 167 magic: 2 compresscodec: none crc: 204248102 "
+            "isvalid: true",
+            "| offset: 2 CreateTime: 1726045957397 keySize: -1 valueSize: 25 sequence: -1 "
+            "headerKeys: []",
+            "| offset: 3 CreateTime: 1726045957397 keySize: -1 valueSize: 65 sequence: -1 "
+            "headerKeys: []",
+        ]
+
+    def test_bad_crc_prints_the_batch_invalid_then_raises(self, kafka_real: Path) -> None:
+        """A flipped byte: the batch line says isvalid: false, then the error names the spot."""
+        path = (
+            kafka_real / "kraft-combined-logs" / "__cluster_metadata-0" / "00000000000000000000.log"
+        )
+        data = bytearray(path.read_bytes())
+        data[145 + 70] ^= 0xFF  # inside the second batch's records
+        path.write_bytes(data)
+        output = dump_file(path, DEEP)
+        assert [next(output) for _ in range(3)][2].startswith("baseOffset: 1 lastOffset: 4")
+        assert len([next(output) for _ in range(4)]) == 4  # the first batch's records
+        assert next(output).endswith("crc: 161276315 isvalid: false")
+        with pytest.raises(CorruptRecordError) as info:
+            next(output)
+        assert info.value.path == str(path)
+        assert info.value.position == 145
+        assert "CRC mismatch" in str(info.value)
+
+    def test_truncated_tail_is_reported_not_raised(self, kafka_real: Path) -> None:
+        """A last batch cut short (a crash mid-append) is Kafka's 'invalid bytes' line."""
+        path = (
+            kafka_real / "kraft-combined-logs" / "__cluster_metadata-0" / "00000000000000000000.log"
+        )
+        path.write_bytes(path.read_bytes()[:-10])
+        assert lines(path)[-2:] == [
+            lines(path)[2],
+            "Found 156 invalid bytes at the end of 00000000000000000000.log",
+        ]
+
+    def test_garbage_after_a_batch_raises_at_its_position(self, kafka_real: Path) -> None:
+        """Bytes that are no batch (magic 7) raise an error naming file and position."""
+        path = kafka_real / "kraft-combined-logs" / "foo-0" / "00000000000000000000.log"
+        path.write_bytes(path.read_bytes() + struct.pack(">qib", 1, 60, 0) + bytes([7]) * 60)
+        output = dump_file(path, SHALLOW)
+        assert [next(output) for _ in range(3)][2] == FOO_BATCH
+        with pytest.raises(CorruptRecordError) as info:
+            next(output)
+        assert (info.value.path, info.value.position) == (str(path), 80)
+        assert "magic" in info.value.reason
+
+
+class TestBatchKinds:
+    def test_keys_headers_tombstones_and_sequences(self, tmp_path: Path) -> None:
+        """Record lines carry key/value sizes, header keys, sequences and the data."""
+        records = [
+            Record(5, 1000, b"k1", b"v1", (RecordHeader("a", b"1"), RecordHeader("b", None))),
+            Record(6, 1001, b"k2", None),
+            Record(7, 1002, None, b"\xff"),
+        ]
+        batch = encode_batch(
+            records, base_offset=5, producer_id=9, producer_epoch=2, base_sequence=2**31 - 2
+        )
+        path = write_segment(tmp_path, batch, base_offset=5)
+        assert lines(path, DATA)[2:] == [
+            "baseOffset: 5 lastOffset: 7 count: 3 baseSequence: 2147483646 lastSequence: 0 "
+            "producerId: 9 producerEpoch: 2 partitionLeaderEpoch: -1 isTransactional: false "
+            "isControl: false deleteHorizonMs: OptionalLong.empty position: 0 "
+            f"CreateTime: 1002 size: {len(batch)} magic: 2 compresscodec: none "
+            f"crc: {int.from_bytes(batch[17:21], 'big')} isvalid: true",
+            "| offset: 5 CreateTime: 1000 keySize: 2 valueSize: 2 sequence: 2147483646 "
+            "headerKeys: [a,b] key: k1 payload: v1",
+            "| offset: 6 CreateTime: 1001 keySize: 2 valueSize: -1 sequence: 2147483647 "
+            "headerKeys: [] key: k2",
+            "| offset: 7 CreateTime: 1002 keySize: -1 valueSize: 1 sequence: 0 "
+            "headerKeys: [] payload: \ufffd",
+        ]
+
+    def test_commit_marker_and_delete_horizon(self, tmp_path: Path) -> None:
+        """Control records print endTxnMarker; a delete horizon prints OptionalLong[ms]."""
+        marker = encode_batch(
+            [encode_end_txn_marker(ControlRecordType.COMMIT, 7, offset=0, timestamp=50)],
+            base_offset=0,
+            producer_id=3,
+            producer_epoch=1,
+            is_transactional=True,
+            is_control=True,
+        )
+        tombstone = encode_batch(
+            [Record(1, 60, b"k", None)], base_offset=1, delete_horizon_ms=86_400_060
+        )
+        out = lines(write_segment(tmp_path, marker, tombstone), DATA)
+        assert "isTransactional: true isControl: true deleteHorizonMs: OptionalLong.empty" in out[2]
+        assert out[3] == (
+            "| offset: 0 CreateTime: 50 keySize: 4 valueSize: 6 sequence: -1 headerKeys: [] "
+            "endTxnMarker: COMMIT coordinatorEpoch: 7"
+        )
+        assert "deleteHorizonMs: OptionalLong[86400060] position: " in out[4]
+        assert out[5].endswith("headerKeys: [] key: k")
+
+    @pytest.mark.parametrize("codec", list(Compression))
+    def test_codec_and_log_append_time(self, tmp_path: Path, codec: Compression) -> None:
+        """compresscodec uses Kafka's lowercase names; LogAppendTime names the timestamps."""
+        batch = encode_batch(
+            [Record(0, 10, b"k", b"v" * 100), Record(1, 20, b"k", b"w")],
+            base_offset=0,
+            compression=codec,
+            timestamp_type=TimestampType.LOG_APPEND_TIME,
+            max_timestamp=99,
+        )
+        out = lines(write_segment(tmp_path, batch), DEEP)
+        assert (
+            f"LogAppendTime: 99 size: {len(batch)} magic: 2 compresscodec: {codec.name.lower()} "
+            in out[2]
+        )
+        assert out[3].startswith("| offset: 0 LogAppendTime: 99 keySize: 1 valueSize: 100 ")
+
+    def test_unknown_codec_is_corruption(self, tmp_path: Path) -> None:
+        """A codec id Kafka does not define (with a matching CRC) is reported, not crashed on."""
+        batch = bytearray(encode_batch([Record(0, 1, b"k", b"v")], base_offset=0))
+        batch[22] |= 7  # the low byte of the attributes: codec id 7
+        batch[17:21] = compute_crc(batch).to_bytes(4, "big")
+        path = write_segment(tmp_path, bytes(batch))
+        output = dump_file(path, DEEP)
+        assert [next(output) for _ in range(3)][2].endswith(
+            f"compresscodec: unknown(7) crc: {compute_crc(batch)} isvalid: false"
+        )
+        with pytest.raises(CorruptRecordError, match="unknown compression codec id 7") as info:
+            next(output)
+        assert (info.value.path, info.value.position) == (str(path), 0)
+
+    def test_legacy_message_set(self, tmp_path: Path) -> None:
+        """Magic 1 entries print Kafka's legacy batch line and per-record crc."""
+        builder = LegacyRecordBatchBuilder(magic=1, compression_type=0, batch_size=1 << 20)
+        meta = builder.append(0, timestamp=1000, key=b"k", value=b"v")
+        data = bytes(builder.build())
+        out = lines(write_segment(tmp_path, data), DATA)
+        assert out[2:] == [
+            f"offset: 0 position: 0 CreateTime: 1000 size: {len(data)} magic: 1 "
+            f"compresscodec: none crc: {meta.crc} isvalid: true",
+            f"| offset: 0 CreateTime: 1000 keySize: 1 valueSize: 1 isValid: true crc: {meta.crc} "
+            "key: k payload: v",
+        ]
+
+
+class TestIndexes:
+    def test_offset_index_stops_at_preallocated_zeros(self, tmp_path: Path) -> None:
+        """`.index` prints offset/position pairs, ignoring a zero-filled tail."""
+        path = tmp_path / "00000000000000000100.index"
+        path.write_bytes(struct.pack(">iiii", 3, 4200, 9, 8500) + bytes(80))
+        assert lines(path) == [
+            f"Dumping {path}",
+            "offset: 103 position: 4200",
+            "offset: 109 position: 8500",
+        ]
+
+    def test_empty_offset_index(self, tmp_path: Path) -> None:
+        """An index with no entries says so, as Kafka does."""
+        path = tmp_path / "00000000000000000000.index"
+        path.write_bytes(b"")
+        assert lines(path) == [f"Dumping {path}", f"{path} is empty."]
+
+    def test_time_index(self, tmp_path: Path) -> None:
+        """`.timeindex` prints timestamp/offset pairs."""
+        path = tmp_path / "00000000000000000100.timeindex"
+        path.write_bytes(struct.pack(">qiqi", 1000, 3, 2000, 9))
+        assert lines(path)[1:] == ["timestamp: 1000 offset: 103", "timestamp: 2000 offset: 109"]
+
+    def test_txn_index(self, tmp_path: Path) -> None:
+        """`.txnindex` prints Kafka's aborted-transaction lines."""
+        path = tmp_path / "00000000000000000000.txnindex"
+        path.write_bytes(struct.pack(">hqqqq", 0, 42, 10, 20, 15))
+        assert lines(path)[1:] == [
+            "version: 0 producerId: 42 firstOffset: 10 lastOffset: 20 lastStableOffset: 15"
+        ]
+
+    def test_index_of_partial_entries_is_corrupt(self, tmp_path: Path) -> None:
+        """An index whose size is not whole entries raises an error naming the file."""
+        path = tmp_path / "00000000000000000000.index"
+        path.write_bytes(bytes(12))
+        with pytest.raises(CorruptIndexError, match=str(path)):
+            lines(path)
+
+
+@pytest.mark.parametrize(
+    "name", ["leader-epoch-checkpoint", "00000000000000000000.snapshot", "abc.log"]
+)
+def test_unsupported_files_raise_before_any_line(tmp_path: Path, name: str) -> None:
+    """Files dump cannot list are refused up front, with the reason."""
+    path = tmp_path / name
+    path.write_bytes(b"")
+    with pytest.raises(UnsupportedFileError, match="cannot dump"):
+        next(dump_file(path, SHALLOW))
