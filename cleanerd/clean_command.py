@@ -143,6 +143,8 @@ class _Run:
         config = cleaner_config_for(
             topic, producer_id_expiration_ms=self.config.producer_id_expiration_ms
         )
+        if config.strategy.warning is not None:
+            print(f"{tp}: warning: {config.strategy.warning}")
         for _ in range(MAX_PASSES_PER_PARTITION):
             meta = plog.meta()
             ltc = self.candidate(log_dir, tp, meta, topic)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
-from cleanerd import __version__, clean_command
+from cleanerd import __version__, audit_command, clean_command, plan_command
 from cleanerd.config import load_config
 from cleanerd.dump import DumpOptions, dump_file
 from cleanerd.errors import CleanerdError
@@ -116,6 +116,18 @@ COMMANDS: Final[tuple[Command, ...]] = (
         "compact every eligible partition until none is eligible, then exit",
         clean_command.run,
         tuple(arg(*f, **o) for f, o in clean_command.ARGS),
+    ),
+    Command(
+        "plan",
+        "print what one cycle would do to each partition, and why (changes nothing)",
+        plan_command.run,
+        tuple(arg(*f, **o) for f, o in plan_command.ARGS),
+    ),
+    Command(
+        "audit",
+        "report superseded records still on disk and deletion-deadline violations",
+        audit_command.run,
+        tuple(arg(*f, **o) for f, o in audit_command.ARGS),
     ),
     Command(
         "check-config",

@@ -25,3 +25,22 @@ setup_venv() {
     fi
     export PATH="$PWD/.venv/bin:$PATH"
 }
+
+# setup_system_packages CMD=PACKAGE...: install the Debian packages whose commands are
+# missing (the servers and tools the integration tests drive for real). Needs root and
+# apt-get; elsewhere it says what is missing and the tests that need it skip (outside CI).
+setup_system_packages() {
+    local missing=() pair
+    for pair in "$@"; do
+        command -v "${pair%%=*}" >/dev/null 2>&1 || [[ -x /usr/sbin/${pair%%=*} ]] ||
+            missing+=("${pair#*=}")
+    done
+    ((${#missing[@]})) || return 0
+    if [[ $(id -u) -ne 0 ]] || ! command -v apt-get >/dev/null; then
+        echo "missing system packages (tests that need them skip): ${missing[*]}" >&2
+        return 0
+    fi
+    echo "+ apt-get install ${missing[*]}"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+}

@@ -27,9 +27,12 @@ leaves its source segments as they were; the error propagates (the caller marks 
 partition uncleanable). Every file operation goes through the injected `FileOps`, so a
 test can stop the pass at any single one and check recovery.
 
-Segments are read whole (one read per segment, throttled) and walked with numba kernels:
-per batch the header fields, per record the positions of its fields. Python runs per
-batch, never per record.
+Segments are memory-mapped and decoded into columns (`cleanerd.records.columns`, numba),
+once per pass where the cache budget allows (the dirty segments decoded for the map are
+reused by the copy). Keys are hashed once per segment; keep decisions, index arithmetic
+and the rewriting of kept records run over whole segments in numpy/numba. Python runs per
+batch only for batches with a producer id, transaction or control flag, and to append
+each written batch, never per record.
 """
 
 from __future__ import annotations
@@ -57,7 +60,7 @@ from cleanerd.compaction.batch_retention import (
     keep_records,
     plan_batch_writes,
 )
-from cleanerd.compaction.grouping import group_segments_by_size
+from cleanerd.compaction.grouping import INT32_MAX, group_segments_by_size
 from cleanerd.compaction.keyhash import hash_keys
 from cleanerd.compaction.offset_map import OffsetMap
 from cleanerd.compaction.producers import (
@@ -71,7 +74,7 @@ from cleanerd.compaction.strategy import CompactionStrategy, ResolvedStrategy, r
 from cleanerd.compaction.swap import FileOps, remove_cleaned, replace_segments
 from cleanerd.compaction.throttle import Throttler
 from cleanerd.compaction.transactions import TransactionTracker
-from cleanerd.errors import CorruptRecordError
+from cleanerd.errors import CleanerdError, CorruptRecordError
 from cleanerd.log.checkpoint import (
     CLEANER_OFFSET_CHECKPOINT,
     OffsetCheckpointFile,
@@ -113,6 +116,14 @@ from cleanerd.records.record import Record
 WRITE_BUFFER_BYTES: Final = 8 * 1024 * 1024
 CACHE_BYTES: Final = 512 * 1024 * 1024  # decoded segments kept from map build to copy
 DAY_MS: Final = 86_400_000
+
+
+class CleaningAborted(CleanerdError):
+    """The pass was asked to stop (shutdown, pause); nothing was changed."""
+
+    def __init__(self, tp: TopicPartition) -> None:
+        self.tp = tp
+        super().__init__(f"cleaning of {tp} aborted")
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,13 +227,15 @@ class _Columns:
     _hash_row: NDArray[np.int64] | None = None
 
     def hashes(self, rows: NDArray[np.int64]) -> NDArray[np.uint64]:
-        """Key hashes of the keyed records `rows`; every key of the segment is hashed
-        once per pass, on first use."""
+        """Key hashes of the keyed records `rows` (ascending); every key of the segment
+        is hashed once per pass, on first use."""
         if self._hashes is None or self._hash_row is None:
             keyed = np.flatnonzero(self.sc.key_len >= 0)
             self._hashes = hash_keys(self.buf, self.key_pos[keyed], self.sc.key_len[keyed])
             self._hash_row = np.full(self.records, -1, dtype=np.int64)
             self._hash_row[keyed] = np.arange(keyed.size)
+        if rows.size == self._hashes.shape[0]:  # all keyed records, in order
+            return self._hashes
         return self._hashes[self._hash_row[rows]]
 
     @property
@@ -374,6 +387,12 @@ class _SegmentWriter:
         self.fd = ops.create(self.path)
 
     def append(self, batch: bytes | memoryview, last_offset: int, max_timestamp: int) -> None:
+        if last_offset - self.base > INT32_MAX:
+            raise CorruptRecordError(
+                f"offset {last_offset} does not fit a 32-bit delta from the cleaned segment's "
+                f"base {self.base} (a source segment with offset overflow)",
+                path=self.path,
+            )
         self.indexes.add_batch(self.position, len(batch), last_offset, max_timestamp)
         self.buffer += batch
         self.position += len(batch)
@@ -563,6 +582,7 @@ def _horizon(attributes: int, base_timestamp: int) -> int:
 class _Pass:
     """The state of one pass over one partition."""
 
+    tp: TopicPartition
     dir_path: Path
     segments: Sequence[SegmentMeta]
     first_dirty: int
@@ -592,6 +612,9 @@ class Cleaner:
         throttler: the shared I/O throttle; None for no limit.
         ops: the file operations (tests inject failures and crashes here).
         clock_ms: a monotonic millisecond clock for the statistics.
+        should_abort: polled before each segment is mapped or copied; when it returns
+            True the pass stops with CleaningAborted, its output removed (Kafka's
+            checkDone), before any swap of the group in progress.
     """
 
     def __init__(
@@ -601,7 +624,9 @@ class Cleaner:
         throttler: Throttler | None = None,
         ops: FileOps | None = None,
         clock_ms: Callable[[], int] = _monotonic_ms,
+        should_abort: Callable[[], bool] | None = None,
     ) -> None:
+        self.should_abort = should_abort
         self.offset_map = offset_map
         self.throttler = throttler
         self.ops = ops if ops is not None else FileOps()
@@ -624,6 +649,7 @@ class Cleaner:
         in (holding `swap_lock`, the partition lock, for the renames only) and move the
         cleaner checkpoint to the returned end offset."""
         p = _Pass(
+            tp=tp,
             dir_path=log_dir / str(tp),
             segments=segments,
             first_dirty=first_dirty,
@@ -664,6 +690,8 @@ class Cleaner:
     def _columns(self, p: _Pass, seg: SegmentMeta, *, keep: bool) -> _Columns:
         """The decoded segment (CRC-checked); decoded once per pass while the cache
         budget allows, `keep` leaving it cached for a later phase."""
+        if self.should_abort is not None and self.should_abort():
+            raise CleaningAborted(p.tp)
         c = p.cache.pop(seg.base_offset, None)
         if c is None:
             path = log_file(p.dir_path, seg.base_offset)
@@ -890,13 +918,16 @@ class Cleaner:
         reencoded = iter(
             _reencode(c, np.flatnonzero(actions == WriteAction.REENCODE), keep, new_horizons)
         )
-        lasts = c.last_offsets()
+        lasts = c.last_offsets().tolist()
+        max_timestamps = c.sc.max_timestamp.tolist()
+        action_codes = actions.tolist()
+        copy, empty = int(WriteAction.COPY), int(WriteAction.EMPTY_HEADER)
         for i in np.flatnonzero(actions != WriteAction.SKIP).tolist():
-            action, last, max_ts = actions[i], int(lasts[i]), int(c.sc.max_timestamp[i])
-            if action == WriteAction.COPY:
+            action, last, max_ts = action_codes[i], lasts[i], max_timestamps[i]
+            if action == copy:
                 pos = int(c.sc.batch_position[i])
                 writer.append(raw[pos : pos + int(c.sc.batch_size[i])], last, max_ts)
-            elif action == WriteAction.EMPTY_HEADER:
+            elif action == empty:
                 writer.append(_empty_header(c, i), last, max_ts)
             else:
                 batch, max_ts = next(reencoded)

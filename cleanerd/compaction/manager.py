@@ -20,7 +20,7 @@ from pathlib import Path
 
 import structlog
 
-from cleanerd.compaction.cleaner import Cleaner, CleanerConfig, CleanResult
+from cleanerd.compaction.cleaner import Cleaner, CleanerConfig, CleaningAborted, CleanResult
 from cleanerd.errors import CleanerdError
 from cleanerd.log.files import TopicPartition
 from cleanerd.log.meta import SegmentMeta
@@ -114,7 +114,8 @@ def clean_or_mark(
 ) -> CleanResult | None:
     """Run one pass; on a corrupt batch, an I/O error or a full disk, mark `tp`
     uncleanable with the reason and return None. The pass has already removed its
-    `.cleaned` output and left the source segments as they were."""
+    `.cleaned` output and left the source segments as they were. CleaningAborted (a
+    requested stop) propagates without a mark."""
     try:
         return cleaner.clean(
             log_dir=log_dir,
@@ -126,6 +127,8 @@ def clean_or_mark(
             config=config,
             swap_lock=swap_lock,
         )
+    except CleaningAborted:
+        raise
     except (CleanerdError, OSError) as exc:
         reason = f"{type(exc).__name__}: {exc}"
         registry.mark(

@@ -22,10 +22,13 @@ Written with `fsutil.atomic_write` (tmp file, fsync, rename, dir fsync): a crash
 the old or the new file, never a mix. The file is advisory: losing it only delays rolls
 by the minimum roll interval, so an unreadable file is logged and replaced, not fatal.
 
-A segment cleanerd has never seen gets `min(now, mtime of its .log)` as first-seen time:
-the segment certainly existed when its file was last written, so that time is a valid
-clamp for a future first-batch timestamp, and it is never later than the true first
-sighting. A segment cleanerd rolls itself is recorded at the roll's `now_ms`.
+A segment counts as seen once it holds its first batch: the clamp replaces the first
+batch's timestamp, so it must be a time at which that batch already existed (an empty
+segment seen long before its first append would otherwise look as old as its file and
+roll early). A non-empty segment cleanerd has not seen before gets
+`min(now, mtime of its .log)`: its batches were all written by the file's last
+modification, so that time is a valid clamp for a future timestamp, and it is never later
+than the true first sighting. An empty segment is not recorded (it never rolls anyway).
 
 Jitter: drawn once per segment from a seed naming the topic, partition and base offset
 (`roll.segment_jitter_seed`), so it is the same after every restart without storing it.
@@ -50,6 +53,7 @@ from cleanerd.log.partition_log import PartitionLog
 from cleanerd.log.roll import (
     DEFAULT_MIN_ROLL_INTERVAL_MS,
     RollDecision,
+    TimeRollLimit,
     segment_jitter,
     segment_jitter_seed,
     should_roll,
@@ -96,11 +100,10 @@ class FirstSeen:
     def load(cls, state_dir: Path, log_dir: Path) -> FirstSeen:
         """The registry of `log_dir` from `state_dir` (empty when there is none yet)."""
         path = first_seen_path(state_dir, log_dir)
-        registry = cls(path, log_dir)
         if not path.exists():
-            return registry
+            return cls(path, log_dir)
         try:
-            registry._entries = _parse(path.read_bytes())
+            return cls(path, log_dir, _parse(path.read_bytes()))
         except (OSError, ValueError) as exc:
             log.warning(
                 "first_seen.unreadable",
@@ -108,7 +111,8 @@ class FirstSeen:
                 error=str(exc),
                 consequence="time rolls wait one minimum roll interval again",
             )
-            registry._changed = True
+        registry = cls(path, log_dir)
+        registry._changed = True
         return registry
 
     @property
@@ -121,13 +125,12 @@ class FirstSeen:
         return self._entries.get(tp)
 
     def observe(self, tp: TopicPartition, active: SegmentMeta, now_ms: int) -> int:
-        """When cleanerd first saw `active` (the active segment of `tp`), recording it if
-        it is new: min(now, its `.log` mtime)."""
-        seen = self._entries.get(tp)
-        if seen is not None and seen.base_offset == active.base_offset:
-            return seen.first_seen_ms
-        first = min(now_ms, active.last_modified_ms)
-        self.record(tp, active.base_offset, first)
+        """When cleanerd first saw `active` (the active segment of `tp`) holding a batch,
+        recording it if it is new: min(now, its `.log` mtime). An empty segment is
+        answered the same way but not recorded."""
+        first = self.peek(tp, active, now_ms)
+        if not active.is_empty:
+            self.record(tp, active.base_offset, first)
         return first
 
     def peek(self, tp: TopicPartition, active: SegmentMeta, now_ms: int) -> int:
@@ -187,6 +190,16 @@ def _parse(data: bytes) -> dict[TopicPartition, SeenSegment]:
     return entries
 
 
+def time_rule(
+    tp: TopicPartition, base_offset: int, topic: TopicConfig
+) -> tuple[TimeRollLimit, int]:
+    """Kafka's maxSegmentMs under `topic` (with the config behind it) and the jitter of
+    the segment of `tp` at `base_offset`."""
+    limit = time_roll_limit(topic.segment_ms, topic.max_compaction_lag_ms, compact=topic.compact)
+    seed = segment_jitter_seed(tp.topic, tp.partition, base_offset)
+    return limit, segment_jitter(topic.segment_ms, topic.segment_jitter_ms, seed)
+
+
 def roll_decision(
     tp: TopicPartition,
     active: SegmentMeta,
@@ -200,12 +213,7 @@ def roll_decision(
     `roll.should_roll` with Kafka's maxSegmentMs and the segment's stable jitter."""
     if tp.topic == METADATA_TOPIC:
         return None
-    limit = time_roll_limit(topic.segment_ms, topic.max_compaction_lag_ms, compact=topic.compact)
-    jitter = segment_jitter(
-        topic.segment_ms,
-        topic.segment_jitter_ms,
-        segment_jitter_seed(tp.topic, tp.partition, active.base_offset),
-    )
+    limit, jitter = time_rule(tp, active.base_offset, topic)
     return should_roll(
         active,
         now_ms=now_ms,
@@ -229,8 +237,8 @@ def maybe_roll(
     """Roll the active segment of `plog` if it is due at `now_ms`; returns the decision
     acted on, or None. Read-only logs and `__cluster_metadata` are never rolled.
 
-    The new active segment is recorded in `first_seen` at `now_ms`; the caller saves the
-    registry (once per cycle, not once per partition)."""
+    `first_seen` records the active segment when it is first seen holding a batch; the
+    caller saves the registry (once per cycle, not once per partition)."""
     if plog.read_only or plog.is_metadata:
         return None
     tp = plog.topic_partition
@@ -257,8 +265,6 @@ def maybe_roll(
             reason=decision.reason.value,
             waited_ms=decision.waited_ms,
         )
-        segment = plog.roll(now_ms)
-        if segment is None:
+        if plog.roll(now_ms) is None:
             return None
-        first_seen.record(tp, segment.base_offset, now_ms)
         return decision

@@ -81,6 +81,7 @@ class LogBuilder:
         headers: Sequence[tuple[RecordHeader, ...]] | None = None,
         offset: int | None = None,
         sequence: int | None = None,
+        leader_epoch: int = -1,
     ) -> tuple[int, int]:
         """Append one batch of `kvs`; returns (base offset, last offset)."""
         base = self.next_offset if offset is None else offset
@@ -105,6 +106,7 @@ class LogBuilder:
                 producer_epoch=epoch,
                 base_sequence=seq,
                 is_transactional=txn,
+                partition_leader_epoch=leader_epoch,
             )
         )
         self.next_offset = base + len(kvs)

@@ -7,12 +7,12 @@ import numpy as np
 from cleanerd.compaction.batch_retention import (
     NO_HORIZON,
     BatchDecision,
+    BatchDecisions,
     BatchRetention,
     WriteAction,
-    WritePlan,
     check_batch_retention,
     keep_records,
-    plan_batch_write,
+    plan_batch_writes,
 )
 
 DAY = 86_400_000
@@ -54,32 +54,65 @@ def test_marker_removed_only_after_horizon() -> None:
     assert d.marker_for_empty_txn
 
 
-def plan(d: BatchDecision, **kw: object) -> WritePlan:
-    return plan_batch_write(d, now_ms=1000, delete_retention_ms=DAY, **kw)  # type: ignore[arg-type]
+def plan(d: BatchDecision, **kw: object) -> tuple[WriteAction, int]:
+    """plan_batch_writes over a single batch."""
+    decisions = BatchDecisions.plain(np.array([0], np.int64), 99)
+    decisions.set(0, d)
+    arrays = {
+        "kept": np.array([kw["kept"]], np.int64),
+        "total": np.array([kw["total"]], np.int64),
+        "kept_tombstone": np.array([kw["kept_tombstone"]]),
+        "delete_horizon_ms": np.array([kw["delete_horizon_ms"]], np.int64),
+    }
+    actions, horizons = plan_batch_writes(decisions, now_ms=1000, delete_retention_ms=DAY, **arrays)
+    return WriteAction(int(actions[0])), int(horizons[0])
 
 
 def test_write_plans() -> None:
     """All kept copies; a kept tombstone or empty-txn marker is re-encoded with a horizon."""
     keep = decide()
-    base = {"delete_horizon_ms": NO_HORIZON}
-    assert plan(keep, kept=3, total=3, kept_tombstone=False, **base).action is WriteAction.COPY
-    p = plan(keep, kept=3, total=3, kept_tombstone=True, **base)
-    assert (p.action, p.delete_horizon_ms) == (WriteAction.REENCODE, 1000 + DAY)
-    p = plan(keep, kept=2, total=3, kept_tombstone=True, delete_horizon_ms=500)
-    assert (p.action, p.delete_horizon_ms) == (WriteAction.REENCODE, 500)
-    assert plan(keep, kept=0, total=3, kept_tombstone=False, **base).action is WriteAction.SKIP
-    retain = decide(is_last_of_producer=True)
+    none = NO_HORIZON
     assert (
-        plan(retain, kept=0, total=3, kept_tombstone=False, **base).action
-        is WriteAction.EMPTY_HEADER
+        plan(keep, kept=3, total=3, kept_tombstone=False, delete_horizon_ms=none)[0]
+        is WriteAction.COPY
     )
-    marker = decide(is_control=True, discardable=True)
-    p = plan(marker, kept=1, total=1, kept_tombstone=False, **base)
-    assert (p.action, p.delete_horizon_ms) == (WriteAction.REENCODE, 1000 + DAY)
+    assert plan(keep, kept=3, total=3, kept_tombstone=True, delete_horizon_ms=none) == (
+        WriteAction.REENCODE,
+        1000 + DAY,
+    )
+    assert plan(keep, kept=2, total=3, kept_tombstone=True, delete_horizon_ms=500) == (
+        WriteAction.REENCODE,
+        500,
+    )
     assert (
-        plan(decide(discardable=True), kept=0, total=1, kept_tombstone=False, **base).action
+        plan(keep, kept=0, total=3, kept_tombstone=False, delete_horizon_ms=none)[0]
         is WriteAction.SKIP
     )
+    retain = decide(is_last_of_producer=True)
+    assert plan(retain, kept=0, total=3, kept_tombstone=False, delete_horizon_ms=none)[0] is (
+        WriteAction.EMPTY_HEADER
+    )
+    marker = decide(is_control=True, discardable=True)
+    assert plan(marker, kept=1, total=1, kept_tombstone=False, delete_horizon_ms=none) == (
+        WriteAction.REENCODE,
+        1000 + DAY,
+    )
+    gone = decide(discardable=True)
+    assert (
+        plan(gone, kept=0, total=1, kept_tombstone=False, delete_horizon_ms=none)[0]
+        is WriteAction.SKIP
+    )
+
+
+def test_plain_decisions_match_the_scalar_rule() -> None:
+    """The columnar default equals check_batch_retention for unflagged batches."""
+    d = BatchDecisions.plain(np.array([5, 100], np.int64), 100)
+    assert d.retention.tolist() == [
+        decide(next_offset=5).retention,
+        decide(next_offset=100).retention,
+    ]
+    assert not d.discard_records.any()
+    assert not d.marker_for_empty_txn.any()
 
 
 def test_keep_records_rules() -> None:

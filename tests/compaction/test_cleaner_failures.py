@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from cleanerd.compaction.cleaner import Cleaner, CleanerConfig
+from cleanerd.compaction.cleaner import Cleaner, CleanerConfig, CleaningAborted
 from cleanerd.compaction.manager import UncleanablePartitions, clean_or_mark
 from cleanerd.compaction.offset_map import OffsetMap
 from cleanerd.compaction.swap import FileOps
@@ -157,4 +157,43 @@ def test_19_truncated_segment_is_corrupt(tmp_path: Path) -> None:
     with pytest.raises(CorruptRecordError) as info:
         clean(d)
     assert info.value.path == str(seg)
+    assert files(d) == before
+
+
+def test_29_abort_during_copy(tmp_path: Path) -> None:
+    """Scenario 29: a requested stop aborts the pass: no output, log unchanged, no mark."""
+    d = build(tmp_path / "logs")
+    before = files(d)
+    polls = iter([False, False, False, False, False, True])
+    cleaner = Cleaner(OffsetMap(1024 * 24), should_abort=lambda: next(polls, True))
+    registry = UncleanablePartitions()
+    with pytest.raises(CleaningAborted, match="aborted"):
+        clean_or_mark(
+            cleaner,
+            registry,
+            log_dir=d.parent,
+            tp=TP,
+            segments=segment_metas(d),
+            first_dirty=0,
+            first_uncleanable=active_base(d),
+            now_ms=T,
+            config=CleanerConfig(producer_id_expiration_ms=LONG_MAX),
+        )
+    assert files(d) == before
+    assert registry.reason(TP) is None
+
+
+def test_offset_overflow_in_a_source_segment_is_reported(tmp_path: Path) -> None:
+    """A segment holding an offset 2^31 past its base (scenario 36's input) is refused
+    with a clear error and the partition marked, instead of writing a bad index."""
+    log = LogBuilder(tmp_path / "logs", index_interval=1 << 20)
+    log.append([(k(0), b"a")], timestamps=[5000])
+    log.append([(k(1), b"b")], offset=2**31 + 5, timestamps=[1000])
+    log.roll()
+    log.append([(k(2), b"c")])
+    d = log.write()
+    before = files(d)
+    registry = UncleanablePartitions()
+    assert run_marked(d, registry) is None
+    assert "offset overflow" in (registry.reason(TP) or "")
     assert files(d) == before

@@ -164,3 +164,83 @@ def _check_aiokafka(d: Path) -> None:
             assert batch.validate_crc()
             for _ in batch:
                 pass
+
+
+txn_op_st = st.one_of(
+    st.tuples(st.just("data"), st.integers(0, 5), st.booleans(), st.sampled_from([-1, 1, 2])),
+    st.tuples(st.just("commit"), st.integers(1, 2)),
+    st.tuples(st.just("abort"), st.integers(1, 2)),
+    st.tuples(st.just("roll"), st.just(0)),
+)
+
+
+@settings(
+    max_examples=30,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+@given(ops=st.lists(txn_op_st, min_size=1, max_size=25), slots=st.integers(3, 30))
+def test_transactions_aborted_data_goes_committed_winners_stay(
+    ops: list[tuple[object, ...]], slots: int
+) -> None:
+    """With random transactions, cleaning keeps exactly the latest non-aborted value per
+    key, and no record of an aborted transaction."""
+    root = Path(tempfile.mkdtemp())
+    try:
+        _check_transactions(root, ops, slots)
+    finally:
+        shutil.rmtree(root)
+
+
+def _check_transactions(root: Path, ops: list[tuple[object, ...]], slots: int) -> None:
+    log = LogBuilder(root / "logs")
+    live: list[tuple[int, bytes, bytes | None]] = []  # (offset, key, value) not aborted
+    open_txn: dict[int, list[tuple[int, bytes, bytes | None]]] = {}
+    for op in ops:
+        if op[0] == "data":
+            _, key, tombstone, pid = op
+            assert isinstance(key, int)
+            assert isinstance(pid, int)
+            kv = (str(key).encode(), None if tombstone else b"v%d" % log.next_offset)
+            offset, _ = log.append([kv], pid=pid, txn=pid > 0)
+            entry = (offset, kv[0], kv[1])
+            (open_txn.setdefault(pid, []) if pid > 0 else live).append(entry)
+        elif op[0] in ("commit", "abort"):
+            pid = op[1]
+            assert isinstance(pid, int)
+            if pid not in open_txn:
+                continue
+            data = open_txn.pop(pid)
+            if op[0] == "commit":
+                log.commit(pid)
+                live.extend(data)
+            else:
+                log.abort(pid)
+        else:
+            log.roll()
+    for pid in sorted(open_txn):  # close what is open, so the whole log is stable
+        log.commit(pid)
+        live.extend(open_txn.pop(pid))
+    log.roll()
+    d = log.write()
+    end = active_base(d)
+    cfg = CleanerConfig(producer_id_expiration_ms=LONG_MAX)
+    dirty = 0
+    for _ in range(100):
+        dirty = clean(d, first_dirty=dirty, slots=slots, now_ms=NOW, config=cfg).end_offset
+        if dirty >= end:
+            break
+    clean(d, first_dirty=end, slots=slots, now_ms=NOW + DAY + 1, config=cfg)
+
+    latest: dict[bytes, tuple[int, bytes | None]] = {}
+    for offset, key, value in sorted(live):
+        latest[key] = (offset, value)
+    expected = {o: (k, v) for k, (o, v) in latest.items() if v is not None}
+    got = {
+        r.offset: (r.key, r.value)
+        for b in read_batches(d)
+        if not b.header.is_control
+        for r in b.records
+    }
+    assert got == expected
+    _check_aiokafka(d)

@@ -607,4 +607,7 @@ def test_16_large_batches(log: LogBuilder) -> None:
     log.roll()
     d = log.write()
     clean(d)
-    assert [len(r.value or b"") for b in read_batches(d) for r in b.records] == [len(big), len(big) + 1]
+    assert [len(r.value or b"") for b in read_batches(d) for r in b.records] == [
+        len(big),
+        len(big) + 1,
+    ]

@@ -1,0 +1,497 @@
+"""The deletion-deadline audit: superseded records still on disk, how long, and who is late.
+
+What counts. Over one compacted partition, the candidates are the keyed data records
+below the last stable offset (records of open transactions have not yet superseded
+anything), excluding aborted transactional data and control records. Records are
+grouped by key hash (`keyhash`, as the offset map groups them) and ranked by the topic's
+strategy (`strategy`, KIP-280): offset: the highest offset wins; timestamp/header: the
+highest (has version, version, offset) wins. A record is *superseded* when another record
+of its key outranks it; the winner of each key is what a complete compaction keeps.
+
+When a record was superseded, and its deadline. Kafka's KIP-354 deadline counts from the
+timestamp of the dirty record: once the record that supersedes a value is older than
+`max.compaction.lag.ms`, its segment must have been cleaned, and with it the value.
+For a superseded record r this audit takes
+
+    superseded_at(r) = min over every s of r's key that outranks r of
+                       s.timestamp  if s was written after r (s.offset > r.offset)
+                       r.timestamp  if s was already there (s.offset < r.offset; only
+                                    the timestamp and header strategies allow this:
+                                    r is garbage from the moment it is written, and its
+                                    own dirtiness forces the compaction that removes it)
+
+the earliest moment r was garbage, on the producers' clocks. Its age is
+`now - superseded_at`; it is a deadline violation when the age exceeds
+`max.compaction.lag.ms + slack`, the slack being the time a correct cleanerd may
+legitimately need after the deadline (the caller states it; see `audit_command`). A
+record or superseder without a timestamp (negative, magic 0) gives no time: such a
+record counts as superseded with an unknown age and is never a violation. A topic
+without a max lag has no deadline: ages are reported, violations are not.
+
+Tombstones and transaction markers whose delete horizon (KIP-534) has passed are
+reported too, with how long ago it passed: the next pass removes them. They are not
+deadline violations: the max-lag promise covers the values a tombstone deletes (those
+are superseded records above), while the tombstone itself stays for
+`delete.retention.ms` by design.
+
+Shape. `audit_columns` is the pure core over plain per-record columns (`AuditColumns`),
+so any engine that can produce the columns (the local reader below, or the Spark engine
+over many log dirs) computes the same report. Every step is numpy, plus one compiled
+kernel for `superseded_at` (a per-key sweep from the winner down, with a Fenwick tree of
+prefix minima over the records' offset ranks, O(n log n)); Python runs per batch only,
+never per record. `read_audit_columns` decodes a partition's segments with
+`columns.segment_columns` (CRC checked) and `keyhash.hash_keys`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any, Final
+
+import numpy as np
+from numpy.typing import NDArray
+
+from cleanerd._jit import jit
+from cleanerd.compaction.cleanable import NO_MAX_COMPACTION_LAG
+from cleanerd.compaction.keyhash import hash_keys
+from cleanerd.compaction.strategy import (
+    CompactionStrategy,
+    ResolvedStrategy,
+    header_versions,
+    resolve_strategy,
+    timestamp_versions,
+)
+from cleanerd.compaction.transactions import TransactionTracker
+from cleanerd.config import TopicConfig
+from cleanerd.errors import CleanerdError, CorruptRecordError
+from cleanerd.log.partition_log import PartitionLog
+from cleanerd.log.segment import LogSegment
+from cleanerd.log.txnindex import AbortedTxn
+from cleanerd.records.columns import SegmentColumns, segment_columns
+from cleanerd.records.header import (
+    CONTROL_MASK,
+    DELETE_HORIZON_MASK,
+    TIMESTAMP_TYPE_MASK,
+    TRANSACTIONAL_MASK,
+)
+
+I64 = NDArray[np.int64]
+U64 = NDArray[np.uint64]
+Bools = NDArray[np.bool_]
+
+NEVER: Final = 2**63 - 1
+"""Sentinel time: not superseded, superseded at an unknown time, or no horizon."""
+DEFAULT_MAX_LISTED: Final = 20
+
+
+@dataclass(frozen=True, slots=True)
+class AuditColumns:
+    """One row per candidate record of a partition (see the module docstring)."""
+
+    hash_hi: U64
+    hash_lo: U64
+    offset: I64
+    timestamp: I64
+    """Record timestamp; negative when unknown."""
+    version: I64
+    """Strategy version (0 where absent or for the offset strategy)."""
+    has_version: Bools
+    size: I64
+    """Record bytes (the varint-framed record, uncompressed)."""
+    tombstone: Bools
+    horizon: I64
+    """The record's batch delete horizon, or NEVER."""
+    marker_horizon: I64
+    """Delete horizons of control batches that carry one (one row per batch)."""
+
+    @classmethod
+    def empty(cls) -> AuditColumns:
+        """No records."""
+        return cls.concat([])
+
+    @classmethod
+    def concat(cls, parts: Sequence[AuditColumns]) -> AuditColumns:
+        """The rows of `parts`, in order."""
+
+        def cat(name: str, dtype: type[Any]) -> NDArray[Any]:
+            arrays = [getattr(p, name) for p in parts]
+            return np.concatenate(arrays).astype(dtype) if arrays else np.empty(0, dtype)
+
+        return cls(
+            hash_hi=cat("hash_hi", np.uint64),
+            hash_lo=cat("hash_lo", np.uint64),
+            offset=cat("offset", np.int64),
+            timestamp=cat("timestamp", np.int64),
+            version=cat("version", np.int64),
+            has_version=cat("has_version", np.bool_),
+            size=cat("size", np.int64),
+            tombstone=cat("tombstone", np.bool_),
+            horizon=cat("horizon", np.int64),
+            marker_horizon=cat("marker_horizon", np.int64),
+        )
+
+    def __len__(self) -> int:
+        return len(self.offset)
+
+
+@dataclass(frozen=True, slots=True)
+class Violation:
+    """A superseded record past its deadline plus slack."""
+
+    offset: int
+    superseded_at_ms: int
+    age_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class AuditResult:
+    """The audit of one partition's columns."""
+
+    records: int
+    """Candidate records (keyed data, below the last stable offset, not aborted)."""
+    keys: int
+    superseded: int
+    superseded_bytes: int
+    superseded_unknown_age: int
+    """Superseded records whose supersession time is unknown (no timestamps)."""
+    oldest_superseded_age_ms: int | None
+    violations: int
+    listed_violations: tuple[Violation, ...]
+    """The oldest violations, at most `max_listed`, oldest first."""
+    tombstones: int
+    tombstones_past_horizon: int
+    oldest_tombstone_overdue_ms: int | None
+    """now - the earliest passed tombstone horizon."""
+    markers_past_horizon: int
+    oldest_marker_overdue_ms: int | None
+
+
+@jit
+def _superseded_at_kernel(starts: I64, ts: I64, offsets: I64, offpos: I64, out: I64) -> None:
+    """For rows sorted by key group then rank ascending: out[i] = superseded_at (NEVER
+    for the winner or when unknown). `offpos[i]` is row i's offset rank in its group."""
+    fenwick = np.empty(ts.shape[0], dtype=np.int64)
+    for g in range(starts.shape[0] - 1):
+        a = starts[g]
+        m = starts[g + 1] - a
+        for j in range(m):
+            fenwick[a + j] = NEVER
+        min_offset = NEVER
+        for i in range(a + m - 1, a - 1, -1):
+            # Outranking rows seen so far with a larger offset sit at reversed offset
+            # ranks below r: a prefix-minimum query over [0, r).
+            r = m - 1 - offpos[i]
+            best = NEVER
+            k = r
+            while k > 0:
+                best = min(best, fenwick[a + k - 1])
+                k -= k & -k
+            if min_offset < offsets[i]:
+                best = min(best, ts[i])
+            out[i] = best
+            k = r + 1
+            while k <= m:
+                fenwick[a + k - 1] = min(fenwick[a + k - 1], ts[i])
+                k += k & -k
+            min_offset = min(min_offset, offsets[i])
+
+
+def _rank_order(cols: AuditColumns, versioned: bool) -> I64:
+    """Row order by key hash, then rank ascending (the winner last in each group)."""
+    keys: tuple[NDArray[Any], ...] = (cols.offset, cols.hash_lo, cols.hash_hi)
+    if versioned:
+        keys = (cols.offset, cols.version, cols.has_version, cols.hash_lo, cols.hash_hi)
+    return np.lexsort(keys).astype(np.int64)
+
+
+def superseded_at(cols: AuditColumns, *, versioned: bool) -> tuple[Bools, I64]:
+    """(winner mask, superseded_at) per row, in row order (see the module docstring)."""
+    n = len(cols)
+    if n == 0:
+        return np.zeros(0, np.bool_), np.zeros(0, np.int64)
+    order = _rank_order(cols, versioned)
+    hi, lo = cols.hash_hi[order], cols.hash_lo[order]
+    new_group = np.ones(n, np.bool_)
+    new_group[1:] = (hi[1:] != hi[:-1]) | (lo[1:] != lo[:-1])
+    starts = np.append(np.flatnonzero(new_group), n).astype(np.int64)
+    gid = np.cumsum(new_group) - 1
+    offsets = cols.offset[order]
+    by_offset = np.lexsort((offsets, gid))
+    offpos = np.empty(n, np.int64)
+    offpos[by_offset] = np.arange(n) - starts[gid[by_offset]]
+    ts = cols.timestamp[order]
+    known_ts = np.where(ts >= 0, ts, NEVER).astype(np.int64)
+    out_sorted = np.empty(n, np.int64)
+    _superseded_at_kernel(starts, known_ts, offsets, offpos, out_sorted)
+    winner_sorted = np.zeros(n, np.bool_)
+    winner_sorted[starts[1:] - 1] = True
+    winner = np.empty(n, np.bool_)
+    winner[order] = winner_sorted
+    at = np.empty(n, np.int64)
+    at[order] = out_sorted
+    at[winner] = NEVER
+    return winner, at
+
+
+def _overdue(horizons: I64, now_ms: int) -> tuple[int, int | None]:
+    passed = horizons[horizons <= now_ms]
+    if passed.size == 0:
+        return 0, None
+    return int(passed.size), now_ms - int(passed.min())
+
+
+def audit_columns(
+    cols: AuditColumns,
+    *,
+    versioned: bool,
+    now_ms: int,
+    max_compaction_lag_ms: int,
+    slack_ms: int,
+    max_listed: int = DEFAULT_MAX_LISTED,
+) -> AuditResult:
+    """Audit one partition's candidate records at `now_ms` (pure; see the module
+    docstring). `versioned` is False for the offset strategy."""
+    winner, at = superseded_at(cols, versioned=versioned)
+    superseded = ~winner
+    known = superseded & (at != NEVER)
+    ages = now_ms - at[known]
+    violating = np.zeros(len(cols), np.bool_)
+    if max_compaction_lag_ms < NO_MAX_COMPACTION_LAG:
+        # age > lag + slack  <=>  superseded_at < now - lag - slack (Python ints: no overflow)
+        cutoff = now_ms - max_compaction_lag_ms - slack_ms
+        if cutoff > -(2**63):
+            violating = known & (at < cutoff)
+    rows = np.flatnonzero(violating)
+    oldest_first = rows[np.argsort(at[rows], kind="stable")][:max_listed]
+    listed = tuple(
+        Violation(int(cols.offset[i]), int(at[i]), now_ms - int(at[i])) for i in oldest_first
+    )
+    tomb_passed, tomb_overdue = _overdue(cols.horizon[cols.tombstone], now_ms)
+    markers_passed, marker_overdue = _overdue(cols.marker_horizon, now_ms)
+    return AuditResult(
+        records=len(cols),
+        keys=int(np.count_nonzero(winner)),
+        superseded=int(np.count_nonzero(superseded)),
+        superseded_bytes=int(cols.size[superseded].sum()),
+        superseded_unknown_age=int(np.count_nonzero(superseded & ~known)),
+        oldest_superseded_age_ms=int(ages.max()) if ages.size else None,
+        violations=int(rows.size),
+        listed_violations=listed,
+        tombstones=int(np.count_nonzero(cols.tombstone)),
+        tombstones_past_horizon=tomb_passed,
+        oldest_tombstone_overdue_ms=tomb_overdue,
+        markers_past_horizon=markers_passed,
+        oldest_marker_overdue_ms=marker_overdue,
+    )
+
+
+# ---------------------------------------------------------------------------------------
+# Reading a partition into columns
+
+
+def _control_type(sc: SegmentColumns, b: int) -> int | None:
+    """The type in a control batch's record key (None for an emptied marker)."""
+    if int(sc.batch_magic[b]) != 2 or int(sc.records_count[b]) == 0:
+        return None
+    key = sc.key(int(sc.batch_first_record[b]))
+    if key is None or len(key) < 4:
+        raise CorruptRecordError(
+            f"control record key of {0 if key is None else len(key)} bytes",
+            position=int(sc.batch_position[b]),
+        )
+    return int.from_bytes(key[2:4], "big", signed=True)
+
+
+def _aborted_batches(sc: SegmentColumns, tracker: TransactionTracker | None) -> Bools:
+    """Per batch: transactional data of an aborted transaction."""
+    aborted = np.zeros(sc.num_batches, np.bool_)
+    if tracker is None:
+        return aborted
+    attrs = sc.attributes.astype(np.int64)
+    for b in range(sc.num_batches):
+        pid = int(sc.producer_id[b])
+        last = int(sc.base_offset[b]) + int(sc.last_offset_delta[b])
+        if attrs[b] & CONTROL_MASK:
+            tracker.on_control_batch(pid, _control_type(sc, b), last)
+        else:
+            aborted[b] = tracker.on_data_batch(pid, bool(attrs[b] & TRANSACTIONAL_MASK), last)
+    return aborted
+
+
+def _per_buffer(sc: SegmentColumns, rows: I64) -> list[tuple[Bools, NDArray[np.uint8]]]:
+    """`rows` split by the buffer their bytes live in: (mask over `rows`, buffer)."""
+    ids = sc.buffer_id[rows]
+    return [(ids == bid, buf) for bid, buf in enumerate(sc.buffers) if np.any(ids == bid)]
+
+
+def _versions(sc: SegmentColumns, rows: I64, strategy: ResolvedStrategy) -> tuple[I64, Bools]:
+    if strategy.strategy is CompactionStrategy.TIMESTAMP:
+        bi = sc.batch_index[rows]
+        return timestamp_versions(
+            sc.timestamp[rows],
+            sc.max_timestamp[bi],
+            (sc.attributes[bi] & TIMESTAMP_TYPE_MASK) != 0,
+        )
+    versions = np.zeros(rows.size, np.int64)
+    has = np.zeros(rows.size, np.bool_)
+    if strategy.strategy is CompactionStrategy.HEADER and strategy.header is not None:
+        for mask, buf in _per_buffer(sc, rows):
+            sel = rows[mask]
+            end = sc.record_pos[sel] + sc.record_size[sel]
+            v, h = header_versions(
+                buf, sc.headers_pos[sel], sc.header_count[sel], strategy.header, end
+            )
+            versions[mask], has[mask] = v, h
+    return versions, has
+
+
+def segment_audit_columns(
+    sc: SegmentColumns,
+    *,
+    strategy: ResolvedStrategy,
+    stable_offset: int,
+    tracker: TransactionTracker | None = None,
+) -> AuditColumns:
+    """The candidate rows of one decoded segment. `tracker` (None when the partition has
+    no aborted transaction) is carried across the partition's segments in order."""
+    attrs = sc.attributes.astype(np.int64)
+    control = (attrs & CONTROL_MASK) != 0
+    aborted = _aborted_batches(sc, tracker)
+    horizon_of_batch = np.where(
+        (attrs & DELETE_HORIZON_MASK) != 0, sc.base_timestamp, NEVER
+    ).astype(np.int64)
+    bi = sc.batch_index.astype(np.int64)
+    candidate = ~control[bi] & ~aborted[bi] & (sc.key_len >= 0) & (sc.offset < stable_offset)
+    rows = np.flatnonzero(candidate).astype(np.int64)
+    hashes = np.zeros((rows.size, 2), np.uint64)
+    for mask, buf in _per_buffer(sc, rows):
+        sel = rows[mask]
+        hashes[mask] = hash_keys(buf, sc.key_pos[sel], sc.key_len[sel])
+    versions, has = _versions(sc, rows, strategy)
+    markers = control & (sc.base_offset < stable_offset) & (horizon_of_batch != NEVER)
+    return AuditColumns(
+        hash_hi=hashes[:, 0].copy(),
+        hash_lo=hashes[:, 1].copy(),
+        offset=sc.offset[rows].astype(np.int64),
+        timestamp=sc.timestamp[rows].astype(np.int64),
+        version=versions,
+        has_version=has,
+        size=sc.record_size[rows].astype(np.int64),
+        tombstone=sc.value_len[rows] < 0,
+        horizon=horizon_of_batch[bi[rows]],
+        marker_horizon=horizon_of_batch[markers],
+    )
+
+
+def read_audit_columns(
+    segments: Sequence[LogSegment],
+    *,
+    strategy: ResolvedStrategy,
+    stable_offset: int,
+    aborted: Sequence[AbortedTxn] = (),
+) -> AuditColumns:
+    """Decode `segments` (ascending, of one partition) into candidate rows; CRCs are checked and
+    a corrupt batch raises CorruptRecordError naming the file and byte position."""
+    tracker: TransactionTracker | None = None
+    if aborted:
+        tracker = TransactionTracker()
+        tracker.add_aborted(list(aborted))
+    parts = []
+    for segment in segments:
+        with segment.open_buffer() as buf:
+            try:
+                sc = segment_columns(buf)
+                part = segment_audit_columns(
+                    sc, strategy=strategy, stable_offset=stable_offset, tracker=tracker
+                )
+            except CorruptRecordError as exc:
+                raise exc.located(segment.log_path) from exc
+            del sc  # no view of the mapping may outlive it
+        parts.append(part)
+    return AuditColumns.concat(parts)
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionAudit:
+    """The audit of one partition, with what it was measured against."""
+
+    log_dir: str
+    topic: str
+    partition: int
+    strategy: str
+    now_ms: int
+    max_compaction_lag_ms: int | None
+    """None when the topic has no max lag (no deadline)."""
+    slack_ms: int
+    result: AuditResult | None
+    error: str | None = None
+    """Why the partition could not be audited (a corrupt segment), else None."""
+
+    @property
+    def violations(self) -> int:
+        """Deadline violations found."""
+        return 0 if self.result is None else self.result.violations
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready dict (the `--json` output of `cleanerd audit`)."""
+        out: dict[str, Any] = {
+            "log_dir": self.log_dir,
+            "topic": self.topic,
+            "partition": self.partition,
+            "strategy": self.strategy,
+            "now_ms": self.now_ms,
+            "max_compaction_lag_ms": self.max_compaction_lag_ms,
+            "slack_ms": self.slack_ms,
+            "error": self.error,
+        }
+        if self.result is not None:
+            out.update(asdict(self.result))
+        return out
+
+
+def audit_partition(
+    plog: PartitionLog,
+    topic: TopicConfig,
+    *,
+    now_ms: int,
+    slack_ms: int,
+    max_listed: int = DEFAULT_MAX_LISTED,
+) -> PartitionAudit:
+    """Audit every segment of `plog` (the active one too) under `topic`'s strategy and
+    max lag. A corrupt segment gives a PartitionAudit with `error` set."""
+    tp = plog.topic_partition
+    strategy = resolve_strategy(topic.compaction_strategy, topic.compaction_strategy_header)
+    lag = topic.max_compaction_lag_ms
+    audit = PartitionAudit(
+        log_dir=str(plog.log_dir),
+        topic=tp.topic,
+        partition=tp.partition,
+        strategy=strategy.strategy.value,
+        now_ms=now_ms,
+        max_compaction_lag_ms=None if lag >= NO_MAX_COMPACTION_LAG else lag,
+        slack_ms=slack_ms,
+        result=None,
+    )
+    try:
+        meta = plog.meta()
+        stable = meta.last_stable_offset
+        aborted = plog.collect_aborted_transactions(meta.log_start_offset, stable)
+        cols = read_audit_columns(
+            plog.segments[: len(meta.segments)],
+            strategy=strategy,
+            stable_offset=stable,
+            aborted=aborted,
+        )
+    except CleanerdError as exc:
+        return dataclasses.replace(audit, error=str(exc))
+    result = audit_columns(
+        cols,
+        versioned=strategy.versioned,
+        now_ms=now_ms,
+        max_compaction_lag_ms=lag,
+        slack_ms=slack_ms,
+        max_listed=max_listed,
+    )
+    return dataclasses.replace(audit, result=result)

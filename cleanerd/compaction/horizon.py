@@ -1,0 +1,165 @@
+"""The earliest KIP-534 delete horizon of each segment, read from batch headers and cached.
+
+A cleaning pass stamps a delete horizon on every batch that keeps a tombstone or a
+transaction marker it may later remove: attribute bit 6 (`DELETE_HORIZON_MASK`) set
+and `baseTimestamp` = the horizon (now + `delete.retention.ms`). A later pass at or
+after the horizon removes them. Kafka only looks again when the log is dirty enough;
+cleanerd also makes a log eligible when a horizon in it has passed
+(`cleanable.eligibility(..., horizon_due=...)`), so deletes complete without new writes.
+
+Per segment the answer is the minimum `baseTimestamp` over v2 batches with bit 6 set
+(header layout: magic at byte 16, attributes int16 at byte 21, baseTimestamp int64 at
+byte 27 of each batch; legacy entries, magic 0/1, carry no horizon and are stepped over
+by their size field). A compiled kernel walks the headers of a memory-mapped `.log`
+without decoding records and stops at the first incomplete entry (a torn tail is the
+log layer's business, not this scan's).
+
+Caching: a non-active segment's bytes never change in place, only by a swap, which
+gives the file a new inode. Results are kept per segment keyed by the `.log` file's
+(inode, size, mtime), so each non-active segment is scanned once, and a swapped or
+truncated segment is rescanned. The active segment is never scanned: it cannot be
+cleaned until it rolls.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
+
+import numpy as np
+from numpy.typing import NDArray
+
+from cleanerd._jit import jit
+from cleanerd.log.partition_log import PartitionLog
+from cleanerd.log.segment import LogSegment
+from cleanerd.records.columns import Int, as_uint8
+from cleanerd.records.header import (
+    ATTRIBUTES_OFFSET,
+    DELETE_HORIZON_MASK,
+    LOG_OVERHEAD,
+    MAGIC_OFFSET,
+    RECORD_BATCH_OVERHEAD,
+    Buffer,
+)
+
+NO_HORIZON: Final = 2**63 - 1
+_BASE_TIMESTAMP_OFFSET: Final = 27
+_LENGTH_OFFSET: Final = 8
+
+
+@jit
+def _horizon_kernel(buf: NDArray[np.uint8], mask: int) -> tuple[Int, int]:
+    """(earliest horizon or NO_HORIZON, batches with a horizon) over `buf`'s batches."""
+    end = buf.shape[0]
+    p: Int = 0
+    best: Int = np.int64(NO_HORIZON)
+    found = 0
+    while end - p >= LOG_OVERHEAD:
+        length = np.int64(0)
+        for i in range(4):
+            length = (length << 8) | np.int64(buf[p + _LENGTH_OFFSET + i])
+        if length >= (1 << 31):
+            break  # a negative batch length: not a batch
+        size = LOG_OVERHEAD + length
+        if size > end - p:
+            break
+        if size >= RECORD_BATCH_OVERHEAD and buf[p + MAGIC_OFFSET] == 2:
+            attributes = (np.int64(buf[p + ATTRIBUTES_OFFSET]) << 8) | np.int64(
+                buf[p + ATTRIBUTES_OFFSET + 1]
+            )
+            if attributes & mask:
+                u = np.uint64(0)
+                for i in range(8):
+                    u = (u << np.uint64(8)) | np.uint64(buf[p + _BASE_TIMESTAMP_OFFSET + i])
+                ts = np.int64(u)
+                found += 1
+                best = min(best, ts)
+        p += size
+    return best, found
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentHorizon:
+    """The delete horizons found in one segment."""
+
+    base_offset: int
+    earliest_ms: int | None
+    """Earliest horizon of a batch in the segment; None when no batch has one."""
+    batches: int
+    """Batches carrying a horizon."""
+
+    def due(self, now_ms: int) -> bool:
+        """Whether a horizon in the segment has passed (the next pass removes its
+        tombstones or markers)."""
+        return self.earliest_ms is not None and self.earliest_ms <= now_ms
+
+
+def scan_horizons(base_offset: int, buf: Buffer | NDArray[np.uint8]) -> SegmentHorizon:
+    """The horizons of the segment whose `.log` bytes are `buf`."""
+    data = as_uint8(buf)
+    if data.size == 0:
+        return SegmentHorizon(base_offset, None, 0)
+    earliest, found = _horizon_kernel(data, DELETE_HORIZON_MASK)
+    return SegmentHorizon(base_offset, None if found == 0 else int(earliest), int(found))
+
+
+def horizon_due(
+    horizons: Iterable[SegmentHorizon], *, now_ms: int, end_offset: int | None = None
+) -> bool:
+    """Whether any segment with base below `end_offset` (all when None) has a passed
+    horizon. Pass `end_offset` = the first uncleanable offset: a pass rewrites only the
+    segments below it."""
+    return any(h.due(now_ms) for h in horizons if end_offset is None or h.base_offset < end_offset)
+
+
+_Signature = tuple[int, int, int]
+
+
+def _signature(path: Path) -> _Signature:
+    st = path.stat()
+    return (st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+class HorizonCache:
+    """Per-segment horizons of many partitions, rescanned only when a segment changes."""
+
+    def __init__(self) -> None:
+        self._dirs: dict[Path, dict[int, tuple[_Signature, SegmentHorizon]]] = {}
+        self.scans = 0
+        """Segments scanned so far (the cache's misses)."""
+
+    def segment(self, segment: LogSegment) -> SegmentHorizon:
+        """The horizons of one segment, from the cache when its file is unchanged."""
+        entries = self._dirs.setdefault(segment.dir, {})
+        signature = _signature(segment.log_path)
+        cached = entries.get(segment.base_offset)
+        if cached is not None and cached[0] == signature:
+            return cached[1]
+        with segment.open_buffer() as buf:
+            found = scan_horizons(segment.base_offset, buf)
+        self.scans += 1
+        entries[segment.base_offset] = (signature, found)
+        return found
+
+    def partition(self, plog: PartitionLog) -> tuple[SegmentHorizon, ...]:
+        """The horizons of every non-active segment of `plog`, as last refreshed; cache
+        entries of segments that are gone are dropped."""
+        inactive: Sequence[LogSegment] = plog.segments[:-1]
+        out = tuple(self.segment(s) for s in inactive)
+        live = {s.base_offset for s in inactive}
+        entries = self._dirs.get(plog.dir, {})
+        for base in [b for b in entries if b not in live]:
+            del entries[base]
+        return out
+
+    def horizon_due(
+        self, plog: PartitionLog, *, now_ms: int, end_offset: int | None = None
+    ) -> bool:
+        """Whether a non-active segment of `plog` below `end_offset` has a passed horizon."""
+        return horizon_due(self.partition(plog), now_ms=now_ms, end_offset=end_offset)
+
+    def forget(self, partition_dir: Path) -> None:
+        """Drop a partition's entries (it was deleted or moved)."""
+        self._dirs.pop(partition_dir, None)

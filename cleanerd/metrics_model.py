@@ -1,0 +1,323 @@
+"""The metrics model: one immutable snapshot of everything cleanerd reports, computed purely.
+
+The daemon refreshes the snapshot on a timer (not only when a log is picked, as Kafka
+does) from plain inputs: each partition's `PartitionMeta` and, for compacted topics, its
+`LogToClean`; the last `CleanerStats` of every worker; the uncleanable registry; the
+roll/deletion counters; the devices' usage. The exporter (the daemon's job) only reads
+the snapshot, so the HTTP thread never sees a half-updated state.
+
+Per partition and per log dir, and the maximum over all:
+
+- compaction delay, two variants. cleanerd's, the honest one:
+  `max(0, now - earliest dirty timestamp - max.compaction.lag.ms)` where the earliest
+  dirty timestamp counts the active segment's first batch too, over every compacted
+  partition, uncleanable ones included (an operator must see those first). Kafka's:
+  dirty non-active segments only, over the partitions Kafka's selection would consider
+  (uncleanable ones excluded); it reads 0 while overdue data waits in an unrolled active
+  segment. The maxima feed `cleanerd_max_compaction_delay_seconds` and
+  `kafka_log_logcleaner_max_compaction_delay_secs` (whole seconds, as Kafka's gauge);
+- dirty ratio (Kafka's cleanableRatio); the max over non-empty, cleanable candidates is
+  `max-dirty-percent`;
+- uncleanable partitions and bytes per log dir (bytes: the partitions' current cleanable
+  bytes, Kafka's definition).
+
+From the workers' last rounds, as Kafka's LogCleaner gauges: max clean time, max buffer
+(offset map) utilisation, recopy ratio `sum(bytes written) / max(sum(bytes read), 1)`,
+dead workers; the time of the last selection attempt (exported as a timestamp, and as
+Kafka's time-since-last-run). Counters: segments rolled by reason, segments and bytes
+deleted by reason. Devices: used and total bytes, usage and threshold as ratios.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from types import MappingProxyType
+
+from cleanerd.compaction.cleanable import LogToClean
+from cleanerd.compaction.manager import UncleanablePartitions
+from cleanerd.compaction.stats import CleanerStats
+from cleanerd.log.files import TopicPartition
+from cleanerd.log.meta import PartitionMeta
+from cleanerd.log.roll import RollDecision
+from cleanerd.retention.disk import DiskUsageReport
+from cleanerd.retention.disk_usage import DeviceUsage
+from cleanerd.retention.executor import RetentionOutcome
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionState:
+    """The input for one partition: its snapshot and, when compacted, its LogToClean."""
+
+    meta: PartitionMeta
+    ltc: LogToClean | None = None
+    """None for a topic without `compact` in its cleanup policy."""
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionMetrics:
+    """One partition's numbers."""
+
+    log_dir: str
+    topic: str
+    partition: int
+    size_bytes: int
+    segments: int
+    compacted: bool
+    dirty_ratio: float
+    cleanable_bytes: int
+    compaction_delay_ms: int
+    """cleanerd's delay (active segment counted)."""
+    kafka_compaction_delay_ms: int
+    """Kafka's delay (dirty non-active segments only)."""
+    deadline_ms: int | None
+    uncleanable: bool
+    uncleanable_reason: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class LogDirMetrics:
+    """One log dir's numbers (the maxima and sums over its partitions)."""
+
+    log_dir: str
+    partitions: int
+    size_bytes: int
+    max_compaction_delay_ms: int
+    kafka_max_compaction_delay_ms: int
+    max_dirty_ratio: float
+    uncleanable_partitions: int
+    uncleanable_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceMetrics:
+    """One device's usage and threshold."""
+
+    device: int
+    log_dirs: tuple[str, ...]
+    total_bytes: int
+    used_bytes: int
+    threshold_ratio: float
+    """`log.retention.disk.usage.percent` / 100 (1.0: off)."""
+
+    @property
+    def usage_ratio(self) -> float:
+        """used / total (0 for a device of no size)."""
+        return self.used_bytes / self.total_bytes if self.total_bytes > 0 else 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Counters:
+    """Monotonic counts since the process started, by reason."""
+
+    segments_rolled: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
+    segments_deleted: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
+    bytes_deleted: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
+
+
+class MaintenanceCounters:
+    """The mutable counters the executors' outcomes are added to; `snapshot` freezes."""
+
+    def __init__(self) -> None:
+        self._rolled: dict[str, int] = {}
+        self._deleted: dict[str, int] = {}
+        self._bytes: dict[str, int] = {}
+
+    def count_roll(self, decision: RollDecision) -> None:
+        """One segment rolled, for the decision's reason."""
+        reason = decision.reason.value
+        self._rolled[reason] = self._rolled.get(reason, 0) + 1
+
+    def count_deletion(self, reason: str, size_bytes: int) -> None:
+        """One segment deleted for `reason`, freeing `size_bytes` of `.log`."""
+        self._deleted[reason] = self._deleted.get(reason, 0) + 1
+        self._bytes[reason] = self._bytes.get(reason, 0) + size_bytes
+
+    def count_retention(self, outcome: RetentionOutcome) -> None:
+        """Every deletion of a retention check."""
+        for d in outcome.deletions:
+            self.count_deletion(d.reason.value, d.size_bytes)
+
+    def count_disk_usage(self, report: DiskUsageReport) -> None:
+        """Every deletion of a disk-usage enforcement (nothing for a dry run)."""
+        if report.dry_run:
+            return
+        for d in report.deletions:
+            self.count_deletion(d.reason.value, d.size_bytes)
+
+    def snapshot(self) -> Counters:
+        """The counts now, frozen."""
+        return Counters(
+            MappingProxyType(dict(self._rolled)),
+            MappingProxyType(dict(self._deleted)),
+            MappingProxyType(dict(self._bytes)),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class MetricsSnapshot:
+    """Everything the exporter publishes, at `now_ms`."""
+
+    now_ms: int
+    partitions: tuple[PartitionMetrics, ...]
+    log_dirs: tuple[LogDirMetrics, ...]
+    devices: tuple[DeviceMetrics, ...]
+    max_compaction_delay_ms: int
+    kafka_max_compaction_delay_ms: int
+    max_dirty_ratio: float
+    last_run_ms: int | None
+    max_clean_time_ms: int
+    max_buffer_utilization: float
+    recopy_ratio: float
+    dead_workers: int
+    counters: Counters
+
+    @property
+    def uncleanable_partitions(self) -> int:
+        """Over every log dir."""
+        return sum(d.uncleanable_partitions for d in self.log_dirs)
+
+    @property
+    def uncleanable_bytes(self) -> int:
+        """Over every log dir."""
+        return sum(d.uncleanable_bytes for d in self.log_dirs)
+
+    # Kafka's gauges, in Kafka's units and integer truncation.
+
+    @property
+    def kafka_max_compaction_delay_secs(self) -> int:
+        """`max-compaction-delay-secs`."""
+        return self.kafka_max_compaction_delay_ms // 1000
+
+    @property
+    def kafka_max_dirty_percent(self) -> int:
+        """`max-dirty-percent`."""
+        return int(100 * self.max_dirty_ratio)
+
+    @property
+    def kafka_time_since_last_run_ms(self) -> int:
+        """`time-since-last-run-ms` (0 before the first run)."""
+        return 0 if self.last_run_ms is None else max(0, self.now_ms - self.last_run_ms)
+
+    @property
+    def kafka_max_clean_time_secs(self) -> int:
+        """`max-clean-time-secs`."""
+        return self.max_clean_time_ms // 1000
+
+    @property
+    def kafka_max_buffer_utilization_percent(self) -> int:
+        """`max-buffer-utilization-percent`."""
+        return int(100 * self.max_buffer_utilization)
+
+    @property
+    def kafka_cleaner_recopy_percent(self) -> int:
+        """`cleaner-recopy-percent`."""
+        return int(100 * self.recopy_ratio)
+
+
+def partition_metrics(state: PartitionState, *, uncleanable_reason: str | None) -> PartitionMetrics:
+    """One partition's numbers from its snapshot and LogToClean."""
+    meta, ltc = state.meta, state.ltc
+    return PartitionMetrics(
+        log_dir=meta.log_dir,
+        topic=meta.topic,
+        partition=meta.partition,
+        size_bytes=meta.size_bytes,
+        segments=len(meta.segments),
+        compacted=ltc is not None,
+        dirty_ratio=0.0 if ltc is None else ltc.cleanable_ratio,
+        cleanable_bytes=0 if ltc is None else ltc.cleanable_bytes,
+        compaction_delay_ms=0 if ltc is None else ltc.compaction_delay_ms,
+        kafka_compaction_delay_ms=0 if ltc is None else ltc.kafka_compaction_delay_ms,
+        deadline_ms=None if ltc is None else ltc.deadline_ms,
+        uncleanable=uncleanable_reason is not None,
+        uncleanable_reason=uncleanable_reason,
+    )
+
+
+def _considered_by_kafka(p: PartitionMetrics) -> bool:
+    return p.compacted and not p.uncleanable
+
+
+def log_dir_metrics(log_dir: str, partitions: Sequence[PartitionMetrics]) -> LogDirMetrics:
+    """One log dir's maxima and sums."""
+    kafka = [p for p in partitions if _considered_by_kafka(p)]
+    uncleanable = [p for p in partitions if p.uncleanable]
+    return LogDirMetrics(
+        log_dir=log_dir,
+        partitions=len(partitions),
+        size_bytes=sum(p.size_bytes for p in partitions),
+        max_compaction_delay_ms=max((p.compaction_delay_ms for p in partitions), default=0),
+        kafka_max_compaction_delay_ms=max((p.kafka_compaction_delay_ms for p in kafka), default=0),
+        max_dirty_ratio=max((p.dirty_ratio for p in kafka if p.size_bytes > 0), default=0.0),
+        uncleanable_partitions=len(uncleanable),
+        uncleanable_bytes=sum(p.cleanable_bytes for p in uncleanable),
+    )
+
+
+def build_snapshot(
+    *,
+    now_ms: int,
+    partitions: Iterable[PartitionState],
+    log_dirs: Sequence[str] = (),
+    uncleanable: UncleanablePartitions | None = None,
+    last_runs: Sequence[CleanerStats] = (),
+    last_run_ms: int | None = None,
+    dead_workers: int = 0,
+    devices: Sequence[DeviceUsage] = (),
+    device_log_dirs: Mapping[int, Sequence[str]] | None = None,
+    counters: Counters | None = None,
+) -> MetricsSnapshot:
+    """The snapshot at `now_ms`. `log_dirs` lists dirs to report even when they hold no
+    partition (so their series exist); `last_runs` holds each worker's last round."""
+    states = list(partitions)
+    dirs = list(dict.fromkeys([*log_dirs, *(s.meta.log_dir for s in states)]))
+    marks = {d: uncleanable.in_dir(d) for d in dirs} if uncleanable is not None else {}
+    per_partition = []
+    for s in states:
+        mark = marks.get(s.meta.log_dir, {}).get(s.meta.topic_partition)
+        per_partition.append(
+            partition_metrics(s, uncleanable_reason=None if mark is None else mark.reason)
+        )
+    by_dir: dict[str, list[PartitionMetrics]] = {d: [] for d in dirs}
+    for p in per_partition:
+        by_dir[p.log_dir].append(p)
+    dir_metrics = []
+    for d in dirs:
+        m = log_dir_metrics(d, by_dir[d])
+        # A partition marked uncleanable but not snapshotted (it failed to open) still
+        # counts, with no cleanable bytes known.
+        seen = {TopicPartition(p.topic, p.partition) for p in by_dir[d]}
+        unseen = set(marks.get(d, {})) - seen
+        if unseen:
+            m = replace(m, uncleanable_partitions=m.uncleanable_partitions + len(unseen))
+        dir_metrics.append(m)
+    read = sum(r.bytes_read for r in last_runs)
+    written = sum(r.bytes_written for r in last_runs)
+    where = device_log_dirs or {}
+    return MetricsSnapshot(
+        now_ms=now_ms,
+        partitions=tuple(per_partition),
+        log_dirs=tuple(dir_metrics),
+        devices=tuple(
+            DeviceMetrics(
+                device=u.device,
+                log_dirs=tuple(where.get(u.device, ())),
+                total_bytes=u.total_bytes,
+                used_bytes=u.used_bytes,
+                threshold_ratio=min(u.threshold_percent, 100) / 100,
+            )
+            for u in devices
+        ),
+        max_compaction_delay_ms=max((d.max_compaction_delay_ms for d in dir_metrics), default=0),
+        kafka_max_compaction_delay_ms=max(
+            (d.kafka_max_compaction_delay_ms for d in dir_metrics), default=0
+        ),
+        max_dirty_ratio=max((d.max_dirty_ratio for d in dir_metrics), default=0.0),
+        last_run_ms=last_run_ms,
+        max_clean_time_ms=max((r.end_ms - r.start_ms for r in last_runs), default=0),
+        max_buffer_utilization=max((r.buffer_utilization for r in last_runs), default=0.0),
+        recopy_ratio=written / max(read, 1),
+        dead_workers=dead_workers,
+        counters=Counters() if counters is None else counters,
+    )

@@ -1,0 +1,243 @@
+"""Tests of cleanerd.compaction.audit: superseded records, their ages and violations."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from cleanerd.compaction.audit import (
+    NEVER,
+    AuditColumns,
+    audit_columns,
+    audit_partition,
+    superseded_at,
+)
+from cleanerd.config import BrokerConfig, TopicConfig
+from cleanerd.log.partition_log import PartitionLog
+from cleanerd.records.header import Compression
+from cleanerd.records.record import RecordHeader
+from tests.compaction.conftest import LogBuilder, k
+
+NOW = 1_700_000_000_000
+MIN = 60_000
+LONG_MAX = 2**63 - 1
+
+
+def topic(**overrides: Any) -> TopicConfig:
+    base = dataclasses.replace(
+        BrokerConfig().topic_defaults(), cleanup_policy=("compact",), max_compaction_lag_ms=10 * MIN
+    )
+    return dataclasses.replace(base, **overrides)
+
+
+def columns(
+    keys: list[int],
+    timestamps: list[int],
+    versions: list[int | None] | None = None,
+    **extra: Any,
+) -> AuditColumns:
+    n = len(keys)
+    v = versions if versions is not None else [None] * n
+    fields: dict[str, Any] = {
+        "hash_hi": np.zeros(n, np.uint64),
+        "hash_lo": np.array(keys, np.uint64),
+        "offset": np.arange(n, dtype=np.int64),
+        "timestamp": np.array(timestamps, np.int64),
+        "version": np.array([0 if x is None else x for x in v], np.int64),
+        "has_version": np.array([x is not None for x in v], np.bool_),
+        "size": np.full(n, 10, np.int64),
+        "tombstone": np.zeros(n, np.bool_),
+        "horizon": np.full(n, NEVER, np.int64),
+        "marker_horizon": np.zeros(0, np.int64),
+    }
+    fields.update(extra)
+    return AuditColumns(**fields)
+
+
+def oracle(
+    keys: list[int], ts: list[int], versions: list[int | None], versioned: bool
+) -> tuple[list[bool], list[int]]:
+    """O(n^2) reference: winners and superseded_at straight from the definition."""
+
+    def rank(i: int) -> tuple[int, ...]:
+        if not versioned:
+            return (i,)
+        v = versions[i]
+        return (v is not None, v if v is not None else 0, i)
+
+    winners, times = [], []
+    for r in range(len(keys)):
+        beaters = [s for s in range(len(keys)) if keys[s] == keys[r] and rank(s) > rank(r)]
+        winners.append(not beaters)
+        at = NEVER
+        for s in beaters:
+            t = ts[s] if s > r else ts[r]
+            if t >= 0:
+                at = min(at, t)
+        times.append(NEVER if not beaters else at)
+    return winners, times
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.data(),
+    st.integers(1, 40),
+    st.booleans(),
+)
+def test_superseded_at_matches_definition(data: st.DataObject, n: int, versioned: bool) -> None:
+    """Winners and supersession times equal a brute-force evaluation of the definition,
+    for the offset strategy and for versioned ones (older offsets may win)."""
+    keys = data.draw(st.lists(st.integers(0, 4), min_size=n, max_size=n))
+    ts = data.draw(st.lists(st.integers(-1, 50), min_size=n, max_size=n))
+    vs = data.draw(st.lists(st.one_of(st.none(), st.integers(-3, 3)), min_size=n, max_size=n))
+    winner, at = superseded_at(columns(keys, ts, vs), versioned=versioned)
+    want_winner, want_at = oracle(keys, ts, vs, versioned)
+    assert winner.tolist() == want_winner
+    assert at.tolist() == want_at
+
+
+def test_ages_and_violations_from_superseding_timestamps() -> None:
+    """A record is superseded when the next record of its key is written; ages and the
+    lag + slack cutoff follow from that time; unknown times are never violations."""
+    keys = [1, 2, 1, 2, 1, 3, 3]
+    ts = [NOW - 100 * MIN, NOW - 90 * MIN, NOW - 30 * MIN, NOW - 12 * MIN, NOW - 5, -1, -1]
+    r = audit_columns(
+        columns(keys, ts),
+        versioned=False,
+        now_ms=NOW,
+        max_compaction_lag_ms=10 * MIN,
+        slack_ms=5 * MIN,
+        max_listed=1,
+    )
+    assert (r.records, r.keys, r.superseded) == (7, 3, 4)
+    assert r.superseded_bytes == 40
+    assert r.superseded_unknown_age == 1
+    assert r.oldest_superseded_age_ms == 30 * MIN
+    # offset 0 superseded at -30 min, offset 1 at -12 min: both past 15 minutes
+    assert r.violations == 1
+    assert [v.offset for v in r.listed_violations] == [0]
+    assert r.listed_violations[0].age_ms == 30 * MIN
+    no_lag = audit_columns(
+        columns(keys, ts), versioned=False, now_ms=NOW, max_compaction_lag_ms=LONG_MAX, slack_ms=0
+    )
+    assert no_lag.violations == 0
+    assert no_lag.superseded == 4
+
+
+def test_tombstones_and_markers_past_horizon() -> None:
+    """Tombstones and markers whose horizon has passed are counted with the oldest."""
+    cols = columns(
+        [1, 2, 3],
+        [NOW] * 3,
+        tombstone=np.array([True, True, False]),
+        horizon=np.array([NOW - 7, NOW + 1, NOW - 100], np.int64),
+        marker_horizon=np.array([NOW - 3, NOW + 3], np.int64),
+    )
+    r = audit_columns(cols, versioned=False, now_ms=NOW, max_compaction_lag_ms=MIN, slack_ms=0)
+    assert (r.tombstones, r.tombstones_past_horizon, r.oldest_tombstone_overdue_ms) == (2, 1, 7)
+    assert (r.markers_past_horizon, r.oldest_marker_overdue_ms) == (1, 3)
+
+
+def test_empty_partition() -> None:
+    """No records: nothing superseded, nothing late."""
+    r = audit_columns(
+        AuditColumns.empty(), versioned=True, now_ms=NOW, max_compaction_lag_ms=1, slack_ms=0
+    )
+    assert (r.records, r.superseded, r.violations, r.oldest_superseded_age_ms) == (0, 0, 0, None)
+
+
+def open_log(log: LogBuilder) -> PartitionLog:
+    return PartitionLog.open(log.write(), read_only=True)
+
+
+def test_real_log_offset_strategy_with_compression(tmp_path: Path) -> None:
+    """Keys in plain and compressed batches are grouped across segments; the late value is a
+    violation, the fresh one is not."""
+    log = LogBuilder(tmp_path / "logs")
+    log.append([(k("a"), b"1"), (k("b"), b"1")], timestamps=[NOW - 60 * MIN] * 2)
+    log.roll()
+    log.append([(k("a"), b"2")], timestamps=[NOW - 30 * MIN], codec=Compression.LZ4)
+    log.append([(k("b"), None)], timestamps=[NOW - MIN], codec=Compression.GZIP)
+    audit = audit_partition(open_log(log), topic(), now_ms=NOW, slack_ms=5 * MIN)
+    assert audit.error is None
+    r = audit.result
+    assert r is not None
+    assert (r.records, r.keys, r.superseded, r.violations) == (4, 2, 2, 1)
+    assert [v.offset for v in r.listed_violations] == [0]
+    assert r.tombstones == 1
+    assert audit.strategy == "offset"
+    assert audit.to_json()["violations"] == 1
+
+
+def test_timestamp_strategy_older_offset_wins(tmp_path: Path) -> None:
+    """Under the timestamp strategy a later record with an older timestamp is superseded
+    from the moment it is written."""
+    log = LogBuilder(tmp_path / "logs")
+    log.append([(k("a"), b"new")], timestamps=[NOW - 10 * MIN])
+    log.append([(k("a"), b"stale")], timestamps=[NOW - 40 * MIN])
+    audit = audit_partition(
+        open_log(log), topic(compaction_strategy="timestamp"), now_ms=NOW, slack_ms=0
+    )
+    r = audit.result
+    assert r is not None
+    assert r.superseded == 1
+    assert [(v.offset, v.superseded_at_ms) for v in r.listed_violations] == [(1, NOW - 40 * MIN)]
+
+
+def test_header_strategy(tmp_path: Path) -> None:
+    """Under the header strategy the highest 8-byte version wins; a record without it
+    loses to one with it."""
+    log = LogBuilder(tmp_path / "logs")
+    v = [
+        (RecordHeader("v", (5).to_bytes(8, "big")),),
+        (RecordHeader("v", (3).to_bytes(8, "big")),),
+        (),
+    ]
+    log.append(
+        [(k("a"), b"x"), (k("a"), b"y"), (k("a"), b"z")],
+        timestamps=[NOW - 50 * MIN, NOW - 40 * MIN, NOW - 30 * MIN],
+        headers=v,
+        codec=Compression.SNAPPY,
+    )
+    cfg = topic(compaction_strategy="header", compaction_strategy_header="v")
+    r = audit_partition(open_log(log), cfg, now_ms=NOW, slack_ms=0).result
+    assert r is not None
+    assert (r.keys, r.superseded) == (1, 2)
+    assert sorted(v.offset for v in r.listed_violations) == [1, 2]
+
+
+def test_aborted_and_open_transactions_are_not_candidates(tmp_path: Path) -> None:
+    """Aborted data never supersedes anything; records above the last stable offset (an
+    open transaction) are left out."""
+    log = LogBuilder(tmp_path / "logs")
+    log.append([(k("a"), b"1")], timestamps=[NOW - 60 * MIN])
+    log.append([(k("a"), b"aborted")], pid=7, txn=True, timestamps=[NOW - 50 * MIN])
+    log.abort(7)
+    log.append([(k("b"), b"1")], timestamps=[NOW - 60 * MIN])
+    log.append([(k("b"), b"open")], pid=8, txn=True, timestamps=[NOW - 50 * MIN])
+    r = audit_partition(open_log(log), topic(), now_ms=NOW, slack_ms=0).result
+    assert r is not None
+    assert (r.records, r.superseded) == (2, 0)
+
+
+def test_corrupt_segment_is_reported(tmp_path: Path) -> None:
+    """A bad CRC makes the partition unauditable, with the file named."""
+    log = LogBuilder(tmp_path / "logs")
+    log.append([(k("a"), b"1")])
+    log.roll()
+    log.append([(k("a"), b"2")])
+    d = log.write()
+    first = d / "00000000000000000000.log"
+    data = bytearray(first.read_bytes())
+    data[-1] ^= 0xFF
+    first.write_bytes(bytes(data))
+    audit = audit_partition(PartitionLog.open(d, read_only=True), topic(), now_ms=NOW, slack_ms=0)
+    assert audit.result is None
+    assert audit.error is not None
+    assert str(first) in audit.error
+    assert audit.violations == 0

@@ -1,0 +1,69 @@
+"""What the cleaned segment looks like: kept batches byte for byte, partial ones with the
+original header fields, the last source segment's mtime, consistent indexes."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from cleanerd.log.recovery import SegmentOptions, recover_partition
+from cleanerd.records.header import Compression
+from cleanerd.records.scan import scan_batches
+from tests.compaction.conftest import LogBuilder, clean, k, read_batches
+
+
+def test_fully_kept_batches_are_copied_byte_for_byte(log: LogBuilder) -> None:
+    """A batch whose records all survive keeps its exact bytes (CRC and all)."""
+    log.append([(k(1), b"a"), (k(2), b"b")], leader_epoch=7)
+    log.append([(k(3), b"c")])
+    log.append([(k(3), b"d")])
+    log.roll()
+    d = log.write()
+    original = log.segments[0].batches[0]
+    clean(d)
+    data = (d / "00000000000000000000.log").read_bytes()
+    assert data.startswith(original)
+
+
+def test_partial_batch_keeps_header_fields(log: LogBuilder) -> None:
+    """A re-encoded batch keeps codec, base offset, last offset delta, producer fields and
+    leader epoch; only count, length, timestamps and CRC change."""
+    log.append(
+        [(k(1), b"a"), (k(2), b"b"), (k(3), b"c")],
+        pid=9,
+        epoch=2,
+        leader_epoch=5,
+        codec=Compression.LZ4,
+    )
+    log.append([(k(2), b"new")])
+    log.roll()
+    d = log.write()
+    clean(d)
+    h = read_batches(d)[0].header
+    assert (h.base_offset, h.last_offset_delta, h.records_count) == (0, 2, 2)
+    assert (h.producer_id, h.producer_epoch, h.base_sequence) == (9, 2, 0)
+    assert (h.partition_leader_epoch, h.compression) == (5, Compression.LZ4)
+    assert [r.key for r in read_batches(d)[0].records] == [k(1), k(3)]
+
+
+def test_cleaned_segment_takes_last_source_mtime_and_valid_indexes(tmp_path: Path) -> None:
+    """The output's files carry the last source segment's mtime; its indexes verify."""
+    log = LogBuilder(tmp_path / "logs", index_interval=100)
+    for i in range(60):
+        log.append([(k(i % 7), b"x" * 40)])
+        if i % 20 == 19:
+            log.roll()
+    log.append([(k(0), b"active")])
+    d = log.write()
+    for n, base in enumerate((0, 20, 40)):
+        os.utime(d / f"{base:020d}.log", ns=(10**18 + n, 10**18 + n * 10**9))
+    clean(d)
+    for suffix in (".log", ".index", ".timeindex"):
+        assert (d / f"{0:020d}{suffix}").stat().st_mtime_ns == 10**18 + 2 * 10**9
+    segments, report = recover_partition(
+        d, SegmentOptions(100, 10 * 1024 * 1024), recover=False, full_check=True
+    )
+    assert report.errors == []
+    assert [s.base_offset for s in segments] == [0, 60]
+    data = (d / f"{0:020d}.log").read_bytes()
+    assert len(list(scan_batches(data))) == 7

@@ -1,0 +1,217 @@
+"""Tests of `cleanerd plan`: the per-partition cycle plan, pure and end to end."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from cleanerd.cli import main
+from cleanerd.config import BrokerConfig, TopicConfig
+from cleanerd.log.files import TopicPartition
+from cleanerd.log.log_dir import LogDir
+from cleanerd.log.meta import PartitionMeta, SegmentMeta
+from cleanerd.plan_command import PlanInput, plan_cycle, plan_partition
+from cleanerd.retention.disk_usage import DeviceUsage
+from tests.builders import build_log, kv
+
+MIN = 60_000
+HOUR = 60 * MIN
+T0 = 1_700_000_000_000
+
+
+def topic(**overrides: Any) -> TopicConfig:
+    base = dataclasses.replace(
+        BrokerConfig().topic_defaults(), cleanup_policy=("compact",), max_compaction_lag_ms=HOUR
+    )
+    return dataclasses.replace(base, **overrides)
+
+
+def seg(base: int, ts: int, size: int = 100) -> SegmentMeta:
+    return SegmentMeta(base, base + 10, size, ts, ts, 0, 0, ts)
+
+
+def meta(topic_name: str, stamps: list[int], *, log_dir: str = "/logs") -> PartitionMeta:
+    segments = tuple(seg(10 * i, ts) for i, ts in enumerate(stamps))
+    return PartitionMeta(
+        topic=topic_name,
+        partition=0,
+        log_dir=log_dir,
+        segments=segments,
+        log_start_offset=0,
+        log_end_offset=segments[-1].next_offset,
+        high_watermark=None,
+        first_unstable_offset=None,
+    )
+
+
+def test_due_roll_opens_the_idle_segment_to_compaction() -> None:
+    """An idle partition whose only data sits in an overdue active segment: the plan rolls
+    it, and the rolled segment becomes cleanable and eligible by max lag."""
+    m = meta("idle", [T0 - 2 * HOUR, T0 - 90 * MIN])
+    inp = PlanInput(
+        m, topic(min_cleanable_dirty_ratio=1.0), checkpoint=10, first_seen_ms=T0 - 90 * MIN
+    )
+    plan, after = plan_partition(inp, now_ms=T0)
+    assert plan.roll is not None
+    assert plan.roll.decision is not None
+    assert plan.roll.decision.reason.value == "max.compaction.lag.ms"
+    assert [s.base_offset for s in after.segments] == [0, 10, 20]
+    c = plan.compaction
+    assert c is not None
+    assert (c.ltc.first_dirty, c.ltc.first_uncleanable) == (10, 20)
+    assert c.eligible is not None
+    assert c.eligible.value == "max.compaction.lag.ms"
+    assert c.ltc.compaction_delay_ms == 30 * MIN
+    assert c.blocked_by == ("last.stable.offset", "active.segment")
+    not_yet, _ = plan_partition(inp, now_ms=T0 - 31 * MIN)
+    assert not_yet.roll is not None
+    assert not_yet.roll.decision is None
+    assert not_yet.roll.due_at_ms == T0 - 30 * MIN
+    assert not_yet.compaction is not None
+    assert not_yet.compaction.eligible is None
+
+
+def test_retention_plan_rolls_first_and_moves_the_start() -> None:
+    """When retention would take every segment, the plan rolls first and every old segment
+    goes; the log start offset moves to the log end offset."""
+    m = meta("old", [T0 - 9 * HOUR, T0 - 8 * HOUR])
+    cfg = topic(cleanup_policy=("delete",), retention_ms=HOUR, segment_ms=100 * HOUR)
+    plan, after = plan_partition(PlanInput(m, cfg, None, T0), now_ms=T0)
+    assert plan.roll is not None
+    assert plan.roll.decision is None
+    assert plan.rolled_for_retention
+    assert [d.base_offset for d in plan.retention.deletions] == [0, 10]
+    assert plan.retention.log_start_offset == 20
+    assert [s.base_offset for s in after.segments] == [20]
+    assert plan.compaction is None
+
+
+def test_cycle_orders_overdue_first_and_plans_disk_usage() -> None:
+    """Eligible partitions are ranked overdue first, then by dirtiness; KIP-61 is planned
+    over the post-retention snapshots of each device, sparing protected topics."""
+    overdue = PlanInput(meta("late", [T0 - 3 * HOUR, T0]), topic(), None, T0)
+    dirty = PlanInput(
+        meta("dirty", [T0 - 5 * MIN, T0]), topic(max_compaction_lag_ms=10 * HOUR), None, T0
+    )
+    spared = PlanInput(
+        meta("vip", [T0 - 99 * HOUR, T0]), topic(cleanup_policy=("delete",)), None, T0
+    )
+    cycle = plan_cycle(
+        [dirty, overdue, spared],
+        now_ms=T0,
+        devices=[DeviceUsage(7, 1000, 900, 50)],
+        device_of_dir={"/logs": 7},
+        protects=lambda t: t == "vip",
+    )
+    order = {p.topic: p.order for p in cycle.partitions}
+    assert order == {"late": 1, "dirty": 2, "vip": None}
+    assert [(str(d.topic_partition), d.base_offset) for d in cycle.disk_deletions] == [
+        ("late-0", 0),
+        ("dirty-0", 0),
+    ]
+    assert cycle.disk_outcomes[0].above_threshold
+
+
+def test_metadata_log_is_never_planned() -> None:
+    """The KRaft metadata log gets no roll, retention or compaction."""
+    m = meta("__cluster_metadata", [T0 - 99 * HOUR, T0 - 98 * HOUR])
+    plan, _ = plan_partition(PlanInput(m, topic(retention_ms=1), None, T0), now_ms=T0)
+    assert plan.roll is None
+    assert plan.retention.deletions == ()
+    assert plan.compaction is None
+
+
+# ---------------------------------------------------------------------------------------
+# End to end
+
+
+def config_file(tmp_path: Path, log_dirs: list[Path]) -> Path:
+    cfg = {
+        "log.dirs": [str(p) for p in log_dirs],
+        "state_dir": str(tmp_path / "state"),
+        "log.retention.disk.usage.percent": 99,
+        "topics": {
+            "users": {"cleanup.policy": "compact", "max.compaction.lag.ms": HOUR},
+            "events": {"cleanup.policy": "delete", "retention.ms": HOUR},
+        },
+    }
+    path = tmp_path / "cleanerd.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def build(tmp_path: Path, now: int) -> Path:
+    logs = tmp_path / "logs"
+    state = tmp_path / "state"
+    old = now - 3 * HOUR
+    build_log(
+        logs,
+        [
+            [[kv("a", "1", timestamp=old)], [kv("a", "2", timestamp=old)]],
+            [[kv("b", "1", timestamp=old)]],
+        ],
+        state_dir=state,
+        tp=TopicPartition("users", 0),
+    )
+    build_log(
+        logs,
+        [[[kv(None, "e", timestamp=old)]], [[kv(None, "f", timestamp=now)]]],
+        state_dir=state,
+        tp=TopicPartition("events", 0),
+    )
+    return logs
+
+
+def snapshot(root: Path) -> list[tuple[str, int, int]]:
+    return sorted(
+        (str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in root.rglob("*") if p.is_file()
+    )
+
+
+def test_plan_text_and_json_change_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`plan` prints each partition's roll, retention and compaction verdicts, as text and
+    JSON, and modifies no file, even while another LogDir owns the dir."""
+    now = time.time_ns() // 1_000_000 + 2 * HOUR
+    logs = build(tmp_path, now)
+    path = config_file(tmp_path, [logs])
+    with LogDir.open(logs, state_dir=tmp_path / "state"):
+        before = snapshot(tmp_path)
+        assert main(["plan", "-c", str(path), "--now-ms", str(now)]) == 0
+        text = capsys.readouterr().out
+        assert main(["plan", "-c", str(path), "--now-ms", str(now), "--json"]) == 0
+        doc = json.loads(capsys.readouterr().out)
+        assert snapshot(tmp_path) == before
+    assert "users-0 in" in text
+    assert "roll: due now (max.compaction.lag.ms" in text
+    assert "retention: delete retention.ms: 1" in text
+    assert "compaction: eligible (min.cleanable.dirty.ratio), order 1" in text
+    parts = {p["topic"]: p for p in doc["partitions"]}
+    users = parts["users"]
+    assert users["roll"]["due"]
+    assert users["compaction"]["first_uncleanable_offset"] == 3
+    assert users["compaction"]["blocked_by"] == ["last.stable.offset", "active.segment"]
+    assert users["compaction"]["overdue_ms"] == 2 * HOUR
+    assert parts["events"]["retention"]["deletions"][0]["reason"] == "retention.ms"
+    assert doc["cleaning_order"] == ["users-0"]
+    assert doc["devices"][0]["threshold_percent"] == 99
+    assert doc["errors"] == []
+
+
+def test_plan_reports_unreadable_log_dir(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A missing log dir is named on stderr and the exit status is 1; the others are planned."""
+    logs = build(tmp_path, T0)
+    path = config_file(tmp_path, [logs, tmp_path / "missing"])
+    assert main(["plan", "-c", str(path), "--now-ms", str(T0)]) == 1
+    captured = capsys.readouterr()
+    assert "users-0 in" in captured.out
+    assert "missing: cannot read the log dir" in captured.err
