@@ -23,6 +23,7 @@ from typing import Any, Final
 
 from cleanerd.compaction.cleanable import LogToClean, is_eligible, log_to_clean
 from cleanerd.compaction.cleaner import Cleaner, CleanerConfig, CleanResult
+from cleanerd.compaction.horizon import HorizonCache
 from cleanerd.compaction.manager import UncleanablePartitions, clean_or_mark
 from cleanerd.compaction.offset_map import OffsetMap
 from cleanerd.compaction.stats import render_invalid_warning, render_stats
@@ -33,10 +34,7 @@ from cleanerd.config import Config, TopicConfig, load_config
 from cleanerd.log.files import METADATA_TOPIC, TopicPartition
 from cleanerd.log.log_dir import LogDir
 from cleanerd.log.meta import PartitionMeta
-from cleanerd.log.partition_log import PartitionLog
 from cleanerd.produce import log_config_for
-from cleanerd.records.header import DELETE_HORIZON_MASK
-from cleanerd.records.scan import scan_batches
 
 MAX_PASSES_PER_PARTITION: Final = 10_000
 
@@ -76,22 +74,6 @@ def cleaner_config_for(topic: TopicConfig, *, producer_id_expiration_ms: int) ->
     )
 
 
-def horizon_due(plog: PartitionLog, meta: PartitionMeta, *, now_ms: int) -> bool:
-    """Whether a batch below the active segment carries a delete horizon at or before
-    `now_ms` (a tombstone or marker the next pass would remove)."""
-    for segment in plog.segments[: len(meta.segments) - 1]:
-        with segment.open_buffer() as buf:
-            for info in scan_batches(buf, verify_crc=False):
-                h = info.header
-                if (
-                    h is not None
-                    and h.attributes & DELETE_HORIZON_MASK
-                    and h.base_timestamp <= now_ms
-                ):
-                    return True
-    return False
-
-
 @dataclass
 class _Run:
     """State of one `cleanerd clean` invocation."""
@@ -102,6 +84,7 @@ class _Run:
     registry: UncleanablePartitions = field(default_factory=UncleanablePartitions)
     pending: PendingDeletions = field(default_factory=PendingDeletions)
     maps: dict[CompactionStrategy, OffsetMap] = field(default_factory=dict)
+    horizons: HorizonCache = field(default_factory=HorizonCache)
     passes: int = 0
     failures: int = 0
 
@@ -148,7 +131,9 @@ class _Run:
         for _ in range(MAX_PASSES_PER_PARTITION):
             meta = plog.meta()
             ltc = self.candidate(log_dir, tp, meta, topic)
-            due = horizon_due(plog, meta, now_ms=self.now_ms)
+            due = self.horizons.horizon_due(
+                plog, now_ms=self.now_ms, end_offset=ltc.first_uncleanable
+            )
             if not is_eligible(ltc, topic.min_cleanable_dirty_ratio, horizon_due=due):
                 return
             result = clean_or_mark(
