@@ -14,10 +14,16 @@ the active one:
 - `cleanerd`: one `Cleaner.clean` pass (map build, copy, swap, checkpoint).
 
 Each method runs in its own subprocess (peak RSS is that process's, from getrusage),
-after a warm-up that loads the numba kernels from their on-disk cache. Single core: the
-cleaner is single-threaded. `map B/key` is the offset map's entry size.
+which runs it `--repeat` times on the same data and keeps the best; cleanerd first warms
+up (numba kernels loaded from their on-disk cache). The three subprocesses run in turn,
+`--rounds` times, and each method's best over all rounds counts: on a machine whose load
+changes, every method gets the same chances. `time s` is wall time (fsync included),
+`cpu s` the process's CPU time (user + system) of that best run, which other load
+disturbs less; `load` is the 1-minute load average before and after the case. Single
+core: the cleaner is single-threaded. `map B/key` is the offset map's entry size.
 
-    python -m bench.clean [--records 1000000] [--keys 100000] [--cases all] [--repeat 3]
+    python -m bench.clean [--records 1000000] [--keys 100000] [--cases all]
+                          [--repeat 3] [--rounds 3]
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -93,6 +100,11 @@ def generate(root: Path, case: Case, records: int, keys: int) -> Path:
     last = [Record(offset, ts + offset, b"active", b"x")]
     (d / f"{offset:020d}.log").write_bytes(encode_batch(last, base_offset=offset))
     return d
+
+
+def cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
 
 
 def sources(d: Path) -> list[Path]:
@@ -158,7 +170,7 @@ def run_cleanerd(d: Path, offset_map: OffsetMap | None = None) -> dict[str, floa
 
     meta = PartitionLog.open(d, read_only=True, recover=False).meta()
     m = OffsetMap(DEDUPE_BYTES) if offset_map is None else offset_map
-    start = time.perf_counter()
+    cpu, start = cpu_seconds(), time.perf_counter()
     result = Cleaner(m).clean(
         log_dir=d.parent,
         tp=TopicPartition("bench", 0),
@@ -170,6 +182,7 @@ def run_cleanerd(d: Path, offset_map: OffsetMap | None = None) -> dict[str, floa
     )
     return {
         "seconds": time.perf_counter() - start,
+        "cpu_s": cpu_seconds() - cpu,
         "map_bytes_per_key": m.bytes_per_key,
         "index_s": result.stats.elapsed_index_secs,
     }
@@ -178,14 +191,24 @@ def run_cleanerd(d: Path, offset_map: OffsetMap | None = None) -> dict[str, floa
 METHODS = {"copy": run_copy, "aiokafka": run_aiokafka, "cleanerd": run_cleanerd}
 
 
+def timed(run: Callable[[], dict[str, float]]) -> tuple[float, float, dict[str, float]]:
+    """(wall seconds, CPU seconds, the run's own numbers) of one run; a run that reports
+    its own `seconds` and `cpu_s` (cleanerd: the pass without the segment listing) is
+    taken at its word."""
+    cpu, start = cpu_seconds(), time.perf_counter()
+    out = run()
+    wall, cpu = time.perf_counter() - start, cpu_seconds() - cpu
+    return out.pop("seconds", wall), out.pop("cpu_s", cpu), out
+
+
 def child(method: str, d: Path, repeat: int) -> None:
-    """Run one method on `d` and print its numbers as JSON; the time is the best of
-    `repeat` runs. cleanerd runs as a daemon would: a first pass in a fresh process
-    (numba kernels loaded from the disk cache by a warm-up, the map's pages faulted in:
-    "cold"), then passes on fresh copies of the log with the same map ("warm", what each
-    pass of a running daemon costs)."""
+    """Run one method on `d` and print its numbers as JSON: the best of `repeat` runs.
+    cleanerd runs as a daemon would: a first pass in a fresh process (numba kernels
+    loaded from the disk cache by a warm-up, the map's pages faulted in: "cold"), then
+    passes on fresh copies of the log with the same map ("warm", what each pass of a
+    running daemon costs)."""
+    runs = []
     extra: dict[str, float] = {}
-    times = []
     if method == "cleanerd":
         m = OffsetMap(DEDUPE_BYTES)
         for warm in ("100B", "100B-lz4"):  # plain and side-buffer kernel variants
@@ -197,16 +220,12 @@ def child(method: str, d: Path, repeat: int) -> None:
         for _ in range(repeat):
             shutil.rmtree(d.parent)
             shutil.copytree(pristine, d.parent)
-            out = run_cleanerd(d, m)
-            times.append(out.pop("seconds"))
-            extra.update(out)
+            runs.append(timed(lambda: run_cleanerd(d, m)))
     else:
-        for _ in range(repeat):
-            start = time.perf_counter()
-            METHODS[method](d)
-            times.append(time.perf_counter() - start)
+        runs = [timed(lambda: METHODS[method](d)) for _ in range(repeat)]
+    wall, cpu, out = min(runs, key=lambda r: r[0])
     rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(json.dumps({"seconds": min(times), "rss_mb": rss_mb, **extra}))
+    print(json.dumps({"seconds": wall, "cpu_s": cpu, "rss_mb": rss_mb, **out, **extra}))
 
 
 def measure(method: str, template: Path, work: Path, repeat: int) -> dict[str, float]:
@@ -224,12 +243,32 @@ def measure(method: str, template: Path, work: Path, repeat: int) -> dict[str, f
     return out
 
 
+def best_of_rounds(
+    template: Path, root: Path, repeat: int, rounds: int
+) -> dict[str, dict[str, float]]:
+    """Each method's best run over `rounds` rounds in which the methods take turns; the
+    peak RSS is the highest of its processes."""
+    best: dict[str, dict[str, float]] = {}
+    for _ in range(rounds):
+        for method in METHODS:
+            r = measure(method, template, root / method, repeat)
+            if method not in best:
+                best[method] = r
+                continue
+            rss = max(best[method]["rss_mb"], r["rss_mb"])
+            if r["seconds"] < best[method]["seconds"]:
+                best[method] = r
+            best[method]["rss_mb"] = rss
+    return best
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--records", type=int, default=1_000_000)
     parser.add_argument("--keys", type=int, default=100_000)
     parser.add_argument("--cases", default="all", help=f"comma list of {', '.join(CASES)}")
-    parser.add_argument("--repeat", type=int, default=3, help="best of N runs (default 3)")
+    parser.add_argument("--repeat", type=int, default=3, help="runs per process (default 3)")
+    parser.add_argument("--rounds", type=int, default=3, help="turns per method (default 3)")
     parser.add_argument("--child", nargs=2, metavar=("METHOD", "DIR"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -237,8 +276,10 @@ def main() -> None:
         return
     names = list(CASES) if args.cases == "all" else args.cases.split(",")
     print(f"{args.records:,} records, {args.keys:,} keys, one pass over all non-active segments")
-    header = f"{'case':<10} {'method':<9} {'MB':>7} {'time s':>7} {'MB/s':>7} {'rec/s':>11} "
-    header += f"{'RSS MB':>7} {'map B/key':>9} {'vs aiokafka':>11} {'vs copy':>8} {'cold s':>7}"
+    print(f"best of {args.repeat} runs x {args.rounds} rounds; {os.cpu_count()} CPUs")
+    header = f"{'case':<10} {'method':<9} {'MB':>7} {'time s':>7} {'cpu s':>6} {'MB/s':>7} "
+    header += f"{'rec/s':>11} {'RSS MB':>7} {'map B/key':>9} {'vs aiokafka':>11} "
+    header += f"{'vs copy':>8} {'cold s':>7} {'load':>9}"
     print(header)
     for name in names:
         case = CASES[name]
@@ -246,16 +287,18 @@ def main() -> None:
             root = Path(tmp)
             d = generate(root / "template", case, args.records, args.keys)
             mb = sum(p.stat().st_size for p in sources(d)) / 1e6
-            results = {m: measure(m, root / "template", root / m, args.repeat) for m in METHODS}
+            load_before = os.getloadavg()[0]
+            results = best_of_rounds(root / "template", root, args.repeat, args.rounds)
+            load = f"{load_before:.1f}-{os.getloadavg()[0]:.1f}"
             for method, r in results.items():
                 secs = r["seconds"]
                 per_key = f"{r['map_bytes_per_key']:.0f}" if "map_bytes_per_key" in r else "-"
                 cold = f"{r['cold_s']:>7.2f}" if "cold_s" in r else f"{'-':>7}"
                 print(
-                    f"{name:<10} {method:<9} {mb:>7.1f} {secs:>7.2f} {mb / secs:>7.1f} "
-                    f"{args.records / secs:>11,.0f} {r['rss_mb']:>7.0f} {per_key:>9} "
-                    f"{results['aiokafka']['seconds'] / secs:>10.1f}x "
-                    f"{secs / results['copy']['seconds']:>7.1f}x {cold}"
+                    f"{name:<10} {method:<9} {mb:>7.1f} {secs:>7.2f} {r['cpu_s']:>6.2f} "
+                    f"{mb / secs:>7.1f} {args.records / secs:>11,.0f} {r['rss_mb']:>7.0f} "
+                    f"{per_key:>9} {results['aiokafka']['seconds'] / secs:>10.1f}x "
+                    f"{secs / results['copy']['seconds']:>7.1f}x {cold} {load:>9}"
                 )
 
 

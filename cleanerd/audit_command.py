@@ -15,6 +15,13 @@ idle segment cleanable and one cleaning pass over a partition of a few GiB at th
 measured throughput (`bench/clean.py`); set it explicitly for larger partitions or
 slower disks.
 
+`--engine spark` runs the scan on Spark (`engine.spark_audit`: one task per segment, a
+shuffle by partition, the same pure `audit_columns` core, so the report is the same,
+record for record) in a job process, for fleets of log dirs; `--parquet PATH` (any Hadoop
+filesystem URI) also writes the report as a Parquet table there. Without `--engine` the
+scan runs here, whatever `engine.name` says. Progress (segments and bytes read, rate,
+ETA) goes to stderr: a bar on a terminal, a line every few seconds otherwise.
+
 Exit status: 0 when no partition violates its deadline; 1 when one does, or when a
 partition or log dir could not be read (corrupt data: nothing can be proved about it).
 """
@@ -23,18 +30,22 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
 from cleanerd.compaction.audit import DEFAULT_MAX_LISTED, PartitionAudit, audit_partition
-from cleanerd.config import Config, load_config
+from cleanerd.config import Config, TopicConfig, load_config
 from cleanerd.errors import CleanerdError
-from cleanerd.log.files import METADATA_TOPIC
+from cleanerd.log.files import METADATA_TOPIC, parse_topic_partition
 from cleanerd.log.log_dir import LogDir
+from cleanerd.log.partition_log import PartitionLog
 from cleanerd.produce import log_config_for
+from cleanerd.progress import Progress
 
 CLEAN_TIME_ALLOWANCE_MS: Final = 300_000
 
@@ -69,6 +80,21 @@ ARGS: Final[tuple[tuple[tuple[str, ...], dict[str, Any]], ...]] = (
         },
     ),
     (("--json",), {"action": "store_true", "help": "print one JSON document"}),
+    (
+        ("--engine",),
+        {
+            "choices": ["local", "spark"],
+            "default": "local",
+            "help": "where the scan runs (default local; spark for many log dirs)",
+        },
+    ),
+    (
+        ("--parquet",),
+        {
+            "metavar": "PATH",
+            "help": "also write the report as Parquet at PATH (needs --engine spark)",
+        },
+    ),
 )
 
 
@@ -94,9 +120,9 @@ class AuditRun:
         return bool(self.violations or self.errors or any(a.error for a in self.audits))
 
 
-def audit_log_dirs(cfg: Config, *, now_ms: int, slack_ms: int, max_listed: int) -> AuditRun:
-    """Audit every compacted partition of every log dir of `cfg` (observe mode)."""
-    run = AuditRun()
+def compacted_partitions(cfg: Config, run: AuditRun) -> Iterator[tuple[PartitionLog, TopicConfig]]:
+    """Every compacted partition of every log dir of `cfg`, opened in observe mode; the
+    ones that cannot be opened go to `run.errors`."""
     for path in cfg.log_dirs:
         try:
             with LogDir.open(Path(path), observe=True, state_dir=cfg.state_dir) as log_dir:
@@ -109,14 +135,75 @@ def audit_log_dirs(cfg: Config, *, now_ms: int, slack_ms: int, max_listed: int) 
                     except (CleanerdError, OSError) as exc:
                         run.errors.append(f"{log_dir.path / str(tp)}: {exc}")
                         continue
-                    run.audits.append(
-                        audit_partition(
-                            plog, topic, now_ms=now_ms, slack_ms=slack_ms, max_listed=max_listed
-                        )
-                    )
+                    yield plog, topic
         except OSError as exc:
             run.errors.append(f"{path}: cannot read the log dir: {exc.strerror or exc}")
+
+
+def audit_log_dirs(
+    cfg: Config,
+    *,
+    now_ms: int,
+    slack_ms: int,
+    max_listed: int,
+    progress: Progress | None = None,
+) -> AuditRun:
+    """Audit every compacted partition of every log dir of `cfg` (observe mode)."""
+    run = AuditRun()
+    for plog, topic in compacted_partitions(cfg, run):
+        run.audits.append(
+            audit_partition(plog, topic, now_ms=now_ms, slack_ms=slack_ms, max_listed=max_listed)
+        )
+        if progress is not None:
+            sizes = [s.size for s in plog.segments]
+            progress.advance(segments=len(sizes), size=sum(sizes))
     return run
+
+
+def audit_log_dirs_on_spark(
+    cfg: Config, *, now_ms: int, slack_ms: int, max_listed: int, parquet: str | None
+) -> AuditRun:
+    """`audit_log_dirs` with the scan on Spark (`engine.spark_audit`), in a job process."""
+    from cleanerd.engine.spark import SparkSettings, check_spark_available
+    from cleanerd.engine.spark_audit import audit_on_spark, audit_partition_spec
+
+    check_spark_available()
+    run = AuditRun()
+    partitions = [
+        audit_partition_spec(plog, topic) for plog, topic in compacted_partitions(cfg, run)
+    ]
+    staging = Path(cfg.state_dir) / "spark" / f"audit-{time.time_ns()}"
+    try:
+        run.audits = audit_on_spark(
+            partitions,
+            now_ms=now_ms,
+            slack_ms=slack_ms,
+            max_listed=max_listed,
+            parquet=parquet,
+            settings=SparkSettings(
+                master=cfg.engine.spark.master, conf=tuple(sorted(cfg.engine.spark.conf.items()))
+            ),
+            staging=staging,
+        )
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return run
+
+
+def _total_segments(cfg: Config) -> tuple[int, int]:
+    """(segments, bytes) of the compacted partitions' `.log` files: the progress total."""
+    count = size = 0
+    for path in cfg.log_dirs:
+        for log in Path(path).glob("*/*.log"):
+            try:
+                topic = parse_topic_partition(log.parent.name).topic
+                if topic == METADATA_TOPIC or not cfg.topic_config(topic).compact:
+                    continue
+                size += log.stat().st_size
+            except (CleanerdError, ValueError, OSError):
+                continue
+            count += 1
+    return count, size
 
 
 def render_text(a: PartitionAudit) -> list[str]:
@@ -160,7 +247,27 @@ def run(args: argparse.Namespace) -> int:
     cfg = load_config(args.config)
     now_ms = args.now_ms if args.now_ms is not None else time.time_ns() // 1_000_000
     slack_ms = args.slack_ms if args.slack_ms is not None else default_slack_ms(cfg)
-    result = audit_log_dirs(cfg, now_ms=now_ms, slack_ms=slack_ms, max_listed=args.max_listed)
+    if args.parquet is not None and args.engine != "spark":
+        print("cleanerd audit: --parquet needs --engine spark", file=sys.stderr)
+        return 2
+    if args.engine == "spark":
+        result = audit_log_dirs_on_spark(
+            cfg,
+            now_ms=now_ms,
+            slack_ms=slack_ms,
+            max_listed=args.max_listed,
+            parquet=args.parquet,
+        )
+    else:
+        segments, size = _total_segments(cfg)
+        with Progress("audit", segments=segments, total_bytes=size) as progress:
+            result = audit_log_dirs(
+                cfg,
+                now_ms=now_ms,
+                slack_ms=slack_ms,
+                max_listed=args.max_listed,
+                progress=progress,
+            )
     if args.json:
         doc = {
             "now_ms": now_ms,

@@ -1,42 +1,35 @@
-"""`cleanerd clean`: compact every eligible partition until nothing is eligible, then exit.
+"""`cleanerd clean`: one full maintenance cycle, then exit; prints what it did.
 
-For each log dir of the config (owner mode; a dir whose `.lock` another process holds is
-observed, not touched) and each partition whose topic has `compact` in its cleanup policy
-(never `__cluster_metadata`), the partition is opened (finishing any interrupted swap),
-its cleanable range computed (`cleanable.log_to_clean`) and, while it is eligible
-(`cleanable.is_eligible`, including cleanerd's passed-delete-horizon rule), one pass after
-another is run and its statistics printed in Kafka's stats block. A pass that fails marks
-the partition uncleanable (the reason is printed) and the command goes on with the next
-partition. Old segment files are unlinked before the command exits: a one-shot process
-has nobody left to honour `file.delete.delay.ms` for it.
+The cycle is the daemon's (`cleanerd.daemon.cycle`): rolls, retention, KIP-61 disk usage,
+then cleaning by the schedule (overdue first, then nearest deadline, then dirtiest) with
+`log.cleaner.threads` workers on the chosen engine, until nothing is eligible. Each log
+dir of the config is opened in owner mode; a dir whose `.lock` another process holds is
+observed, not touched. Old segment files are unlinked before the command exits: a
+one-shot process has nobody left to honour `file.delete.delay.ms` for it.
 
-`--now-ms` is the instant every time rule is evaluated at (lags, horizons, expiry).
+`--now-ms` is the instant every time rule is evaluated at (rolls, retention, lags,
+horizons, expiry): the cycle's clock stands still at it. `--topic` (repeatable) limits
+rolls, retention and cleaning to those topics; disk usage, which orders segments across
+every topic of a device, is then not enforced. Output: the rolls, deletions, disk usage,
+Kafka's stats block for each pass, partitions found uncleanable (with the reason) and
+the partitions left alone; `--json` prints the `CycleReport` as one JSON document.
+Exit status 1 when a partition could not be cleaned.
 """
 
 from __future__ import annotations
 
 import argparse
-import time
-from dataclasses import dataclass, field
+import json
+import sys
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, TextIO, cast
 
-from cleanerd.compaction.cleanable import LogToClean, is_eligible, log_to_clean
-from cleanerd.compaction.cleaner import Cleaner, CleanerConfig, CleanResult
-from cleanerd.compaction.horizon import HorizonCache
-from cleanerd.compaction.manager import UncleanablePartitions, clean_or_mark
-from cleanerd.compaction.offset_map import OffsetMap
 from cleanerd.compaction.stats import render_invalid_warning, render_stats
-from cleanerd.compaction.strategy import CompactionStrategy, resolve_strategy
-from cleanerd.compaction.swap import PendingDeletions
-from cleanerd.compaction.throttle import Throttler
-from cleanerd.config import Config, TopicConfig, load_config
-from cleanerd.log.files import METADATA_TOPIC, TopicPartition
-from cleanerd.log.log_dir import LogDir
-from cleanerd.log.meta import PartitionMeta
-from cleanerd.produce import log_config_for
-
-MAX_PASSES_PER_PARTITION: Final = 10_000
+from cleanerd.config import load_config
+from cleanerd.daemon.cycle import CycleReport, Maintenance, wall_clock_ms
+from cleanerd.daemon.logging import configure_logging
+from cleanerd.engine import create_engine
+from cleanerd.progress import Progress, TrackedEngine
 
 ARGS: Final[tuple[tuple[tuple[str, ...], dict[str, Any]], ...]] = (
     (
@@ -48,7 +41,7 @@ ARGS: Final[tuple[tuple[tuple[str, ...], dict[str, Any]], ...]] = (
         {
             "type": int,
             "metavar": "T",
-            "help": "evaluate lags, horizons and expiry at T (ms since the epoch; default now)",
+            "help": "evaluate every time rule at T (ms since the epoch; default now)",
         },
     ),
     (
@@ -56,156 +49,122 @@ ARGS: Final[tuple[tuple[tuple[str, ...], dict[str, Any]], ...]] = (
         {
             "action": "append",
             "metavar": "T",
-            "help": "only this topic (repeatable; default every compacted topic)",
+            "help": "only this topic (repeatable; default every topic)",
         },
     ),
+    (
+        ("--engine",),
+        {
+            "choices": ["local", "spark"],
+            "help": "where passes run (default: the config's engine.name)",
+        },
+    ),
+    (("--json",), {"action": "store_true", "help": "print one JSON document"}),
 )
 
 
-def cleaner_config_for(topic: TopicConfig, *, producer_id_expiration_ms: int) -> CleanerConfig:
-    """The settings a pass reads, from a topic's effective config."""
-    return CleanerConfig(
-        segment_bytes=topic.segment_bytes,
-        max_index_size=topic.segment_index_bytes,
-        index_interval_bytes=topic.index_interval_bytes,
-        delete_retention_ms=topic.delete_retention_ms,
-        producer_id_expiration_ms=producer_id_expiration_ms,
-        strategy=resolve_strategy(topic.compaction_strategy, topic.compaction_strategy_header),
-    )
-
-
-@dataclass
-class _Run:
-    """State of one `cleanerd clean` invocation."""
-
-    config: Config
-    now_ms: int
-    topics: set[str] | None
-    registry: UncleanablePartitions = field(default_factory=UncleanablePartitions)
-    pending: PendingDeletions = field(default_factory=PendingDeletions)
-    maps: dict[CompactionStrategy, OffsetMap] = field(default_factory=dict)
-    horizons: HorizonCache = field(default_factory=HorizonCache)
-    passes: int = 0
-    failures: int = 0
-
-    def __post_init__(self) -> None:
-        self.throttler = Throttler(self.config.log_cleaner_io_max_bytes_per_second)
-
-    def cleaner(self, strategy: CompactionStrategy) -> Cleaner:
-        """A cleaner whose map has the entry layout of `strategy` (one map per layout)."""
-        m = self.maps.get(strategy)
-        if m is None:
-            m = OffsetMap.for_config(
-                self.config.log_cleaner_dedupe_buffer_size,
-                self.config.log_cleaner_threads,
-                self.config.log_cleaner_io_buffer_load_factor,
-                strategy,
+def render_text(report: CycleReport) -> list[str]:
+    """The report as terminal lines."""
+    lines = [
+        f"{r.tp}: rolled segment {r.base_offset} ({r.reason}"
+        + (f", first batch {r.waited_ms} ms old" if r.waited_ms is not None else "")
+        + ")"
+        for r in report.rolled
+    ]
+    lines += [
+        f"{o.topic}-{o.partition}: deleted segment {d.base_offset} "
+        f"({d.size_bytes} bytes, {d.reason.value}); log start offset {o.log_start_offset}"
+        for o in report.retention
+        for d in o.deletions
+    ]
+    disk = report.disk_usage
+    if disk is not None:
+        verb = "would delete" if disk.dry_run else "deleted"
+        lines += [
+            f"{dd.topic_partition}: {verb} segment {dd.base_offset} "
+            f"({dd.freed_bytes} bytes, {dd.reason.value}, device {dd.device})"
+            for dd in disk.deletions
+        ]
+        for before, after in zip(disk.before, disk.after, strict=True):
+            lines.append(
+                f"device {before.device}: {_percent(before.used_bytes, before.total_bytes)} "
+                f"-> {_percent(after.used_bytes, after.total_bytes)} used "
+                f"(threshold {before.threshold_percent:g}%)"
             )
-            self.maps[strategy] = m
-        return Cleaner(m, throttler=self.throttler)
-
-    def clean_log_dir(self, log_dir: LogDir) -> None:
-        for tp in log_dir.partitions():
-            if tp.topic == METADATA_TOPIC or (
-                self.topics is not None and tp.topic not in self.topics
-            ):
-                continue
-            topic = self.config.topic_config(tp.topic)
-            if topic.compact:
-                self.clean_partition(log_dir, tp, topic)
-
-    def clean_partition(self, log_dir: LogDir, tp: TopicPartition, topic: TopicConfig) -> None:
-        plog = log_dir.open_partition(tp, config=log_config_for(topic))
-        if plog.corrupt is not None:
-            self.registry.mark(
-                tp, log_dir=str(log_dir.path), reason=str(plog.corrupt), now_ms=self.now_ms
-            )
-            print(f"{tp}: uncleanable: {plog.corrupt}")
-            self.failures += 1
-            return
-        config = cleaner_config_for(
-            topic, producer_id_expiration_ms=self.config.producer_id_expiration_ms
+    for c in report.cleaned:
+        block = render_stats(
+            thread_id=0,
+            log_name=str(c.tp),
+            first_dirty_offset=c.first_dirty,
+            end_offset=c.end_offset,
+            stats=c.stats,
         )
-        if config.strategy.warning is not None:
-            print(f"{tp}: warning: {config.strategy.warning}")
-        for _ in range(MAX_PASSES_PER_PARTITION):
-            meta = plog.meta()
-            ltc = self.candidate(log_dir, tp, meta, topic)
-            due = self.horizons.horizon_due(
-                plog, now_ms=self.now_ms, end_offset=ltc.first_uncleanable
-            )
-            if not is_eligible(ltc, topic.min_cleanable_dirty_ratio, horizon_due=due):
-                return
-            result = clean_or_mark(
-                self.cleaner(config.strategy.strategy),
-                self.registry,
-                log_dir=log_dir.path,
-                tp=tp,
-                segments=meta.segments,
-                first_dirty=ltc.first_dirty,
-                first_uncleanable=ltc.first_uncleanable,
-                now_ms=self.now_ms,
-                config=config,
-                swap_lock=plog.lock,
-            )
-            if result is None:
-                print(f"{tp}: uncleanable: {self.registry.reason(tp)}")
-                self.failures += 1
-                return
-            self.report(tp, result, topic)
-            if ltc.first_dirty == ltc.first_uncleanable:
-                return  # a pass for passed horizons only: once is enough
-
-    def candidate(
-        self, log_dir: LogDir, tp: TopicPartition, meta: PartitionMeta, topic: TopicConfig
-    ) -> LogToClean:
-        checkpoint = log_dir.reload_checkpoints().cleaner_offsets.get(tp)
-        ltc = log_to_clean(
-            meta,
-            checkpoint=checkpoint,
-            now_ms=self.now_ms,
-            min_compaction_lag_ms=topic.min_compaction_lag_ms,
-            max_compaction_lag_ms=topic.max_compaction_lag_ms,
-        )
-        if ltc.cleanable_range.checkpoint_reset:
-            log_dir.update_cleaner_offset(tp, ltc.first_dirty)
-        return ltc
-
-    def report(self, tp: TopicPartition, result: CleanResult, topic: TopicConfig) -> None:
-        self.passes += 1
-        self.pending.schedule(
-            list(result.deleted_files), now_ms=self.now_ms, delay_ms=topic.file_delete_delay_ms
-        )
-        print(
-            render_stats(
-                thread_id=0,
-                log_name=str(tp),
-                first_dirty_offset=result.first_dirty,
-                end_offset=result.end_offset,
-                stats=result.stats,
-            )
-        )
-        warning = render_invalid_warning(result.stats)
+        overdue = f", {c.overdue_ms} ms overdue" if c.overdue_ms else ""
+        lines.append(f"{c.tp}: cleaned ({c.reason}{overdue}){block}")
+        warning = render_invalid_warning(c.stats)
         if warning is not None:
-            print(warning)
+            lines.append(warning)
+    lines += [f"{f.tp}: uncleanable: {f.reason}" for f in report.failed]
+    for s in report.skipped:
+        where = str(s.tp) if s.tp is not None else (s.log_dir or "cycle")
+        lines.append(f"{where}: {s.phase} skipped: {s.reason}")
+    lines.append(
+        f"{len(report.rolled)} segments rolled, "
+        f"{sum(len(o.deletions) for o in report.retention)} deleted by retention, "
+        f"{len(disk.deletions) if disk is not None and not disk.dry_run else 0} "
+        f"deleted for disk usage"
+    )
+    lines.append(
+        f"{len(report.cleaned)} cleaning passes, {len(report.failed)} partitions uncleanable"
+    )
+    return lines
+
+
+class _Stderr:
+    """Whatever `sys.stderr` is at the time of each write (a test's capture, a
+    redirection made after the logging was configured)."""
+
+    def write(self, text: str) -> int:
+        return sys.stderr.write(text)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
+
+    def isatty(self) -> bool:
+        return sys.stderr.isatty()
+
+
+def _percent(used: int, total: int) -> str:
+    return f"{100 * used / total:.1f}%" if total else "n/a"
 
 
 def run(args: argparse.Namespace) -> int:
     """The `clean` subcommand; exit status 1 if any partition could not be cleaned."""
     config = load_config(args.config)
-    now_ms = args.now_ms if args.now_ms is not None else time.time_ns() // 1_000_000
-    state = _Run(config, now_ms, set(args.topic) if args.topic else None)
+    # Log lines go to stderr, so stdout holds only the report (`--json` stays parseable).
+    configure_logging(config.logging.format, config.logging.level, cast(TextIO, _Stderr()))
+    now_ms: int | None = args.now_ms
+    clock = wall_clock_ms if now_ms is None else (lambda: now_ms)
+    topics = frozenset(args.topic) if args.topic else None
+    progress = Progress("clean", segments=0, total_bytes=0)
+    engine = TrackedEngine(create_engine(config, args.engine), progress)
     try:
-        for path in config.log_dirs:
-            log_dir = LogDir.open(
-                Path(path), observe=config.mode == "observe", state_dir=config.state_dir
-            )
-            with log_dir:
-                if log_dir.read_only:
-                    print(f"{path}: observed, not cleaned ({log_dir.mode.value} mode)")
-                    continue
-                state.clean_log_dir(log_dir)
+        # The engine stops before the log dirs are released: no pass outlives the locks.
+        with Maintenance(config, engine, clock=clock, topics=topics) as maintenance:
+            try:
+                report = maintenance.run_once()
+            except BaseException:  # Ctrl-C too: the passes stop before their next swap
+                engine.shutdown(abort=True)
+                raise
+            engine.shutdown()
+            unlinked = maintenance.close(unlink_pending=True)
     finally:
-        state.pending.unlink_all()
-    print(f"{state.passes} cleaning passes, {state.failures} partitions uncleanable")
-    return 1 if state.failures else 0
+        if progress.segments_total:
+            progress.finish()
+    if args.json:
+        doc = report.to_json()
+        doc["unlinked"] += [str(p) for p in unlinked]
+        print(json.dumps(doc, indent=1))
+    else:
+        print("\n".join(render_text(report)))
+    return 1 if report.failed else 0

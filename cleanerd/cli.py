@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
-from cleanerd import __version__, audit_command, clean_command, plan_command
+from cleanerd import __version__, audit_command, clean_command, plan_command, run_command
 from cleanerd.config import load_config
 from cleanerd.dump import DumpOptions, dump_file
 from cleanerd.errors import CleanerdError
@@ -112,8 +112,14 @@ def _error(args: argparse.Namespace, e: Exception) -> None:
 
 COMMANDS: Final[tuple[Command, ...]] = (
     Command(
+        "run",
+        "run the daemon: watch, roll, retain and compact until SIGTERM (SIGHUP reloads)",
+        run_command.run,
+        tuple(arg(*f, **o) for f, o in run_command.ARGS),
+    ),
+    Command(
         "clean",
-        "compact every eligible partition until none is eligible, then exit",
+        "run one maintenance cycle (roll, retention, disk usage, cleaning) and print it",
         clean_command.run,
         tuple(arg(*f, **o) for f, o in clean_command.ARGS),
     ),

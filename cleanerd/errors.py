@@ -10,7 +10,23 @@ from pathlib import Path
 
 
 class CleanerdError(Exception):
-    """Base class of cleanerd's own errors."""
+    """Base class of cleanerd's own errors.
+
+    Errors cross process boundaries (a worker process's pass fails in the daemon's
+    future), and the subclasses' keyword-only constructors cannot be re-called from
+    `args`, so pickling restores the attributes instead of calling `__init__`."""
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (_rebuild_error, (type(self), self.args, self.__dict__))
+
+
+def _rebuild_error(
+    cls: type[CleanerdError], args: tuple[object, ...], state: dict[str, object]
+) -> CleanerdError:
+    err = cls.__new__(cls)
+    err.args = args
+    err.__dict__.update(state)
+    return err
 
 
 class CorruptRecordError(CleanerdError):

@@ -2,25 +2,34 @@
 
 from __future__ import annotations
 
+import json
+import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
 
 from cleanerd.cli import main
 from cleanerd.log.checkpoint import CLEANER_OFFSET_CHECKPOINT, OffsetCheckpointFile
+from cleanerd.log.files import TopicPartition
+from tests.builders import build_log, kv
 from tests.compaction.conftest import TP, LogBuilder, k, view
 
 NOW = 1_700_000_000_000
+MINUTE = 60_000
+HOUR = 60 * MINUTE
+DAY = 24 * HOUR
 
 
-def write_config(tmp_path: Path, **topic: object) -> Path:
+def write_config(tmp_path: Path, other: Any = None, **topic: object) -> Path:
+    """Topic `t` compacted with `topic`'s settings; `other` deleted, with `other`'s."""
     cfg = {
         "log.dirs": [str(tmp_path / "logs")],
         "state_dir": str(tmp_path / "state"),
         "topics": {
             "t": {"cleanup.policy": "compact", **topic},
-            "other": {"cleanup.policy": "delete"},
+            "other": {"cleanup.policy": "delete", **(other or {})},
         },
     }
     path = tmp_path / "cleanerd.yaml"
@@ -98,3 +107,65 @@ def test_corrupt_segment_marks_partition_uncleanable(
     assert "t-0: uncleanable:" in out
     assert "00000000000000000010.log" in out
     assert {p.name: p.read_bytes() for p in d.iterdir()} == before
+
+
+def build_cycle(tmp_path: Path) -> tuple[Path, Path]:
+    """`t-0`: written an hour ago into its active segment and idle since (files aged to
+    match); `other-0` (delete policy): an expired segment and a fresh one."""
+    log = LogBuilder(tmp_path / "logs")
+    for i in range(10):
+        log.append([(k(i % 2), k(i))], timestamps=[NOW - HOUR])
+    t = log.write()
+    other = build_log(
+        tmp_path / "logs",
+        [[[kv("a", "1", timestamp=NOW - 2 * DAY)]], [[kv("a", "2", timestamp=NOW)]]],
+        state_dir=tmp_path / "state",
+        tp=TopicPartition("other", 0),
+    ).dir
+    for f in [*t.iterdir(), *other.iterdir()]:
+        os.utime(f, ns=((NOW - HOUR) * 1_000_000,) * 2)
+    return t, other
+
+
+def cycle_config(tmp_path: Path) -> Path:
+    topic: dict[str, object] = {"max.compaction.lag.ms": MINUTE, "min.cleanable.dirty.ratio": 1.0}
+    return write_config(tmp_path, {"retention.ms": DAY}, **topic)
+
+
+def test_clean_runs_one_full_cycle(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Roll (max lag), retention (retention.ms) and cleaning by the deadline, all printed."""
+    t, other = build_cycle(tmp_path)
+    assert main(["clean", "-c", str(cycle_config(tmp_path)), "--now-ms", str(NOW)]) == 0
+    out = capsys.readouterr().out
+    assert "t-0: rolled segment 0 (max.compaction.lag.ms, first batch 3600000 ms old)" in out
+    assert "other-0: deleted segment 0 (" in out
+    assert "retention.ms); log start offset 1" in out
+    assert f"t-0: cleaned (max.compaction.lag.ms, {HOUR - MINUTE} ms overdue)" in out
+    assert "1 segments rolled, 1 deleted by retention, 0 deleted for disk usage" in out
+    assert view(t).keys == [k(0), k(1)]
+    assert not list(other.glob("00000000000000000000.*"))  # unlinked before the exit
+
+
+def test_clean_json_reports_the_cycle(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """--json prints one JSON document (log lines go to stderr) with every phase."""
+    build_cycle(tmp_path)
+    cfg = str(cycle_config(tmp_path))
+    assert main(["clean", "-c", cfg, "--now-ms", str(NOW), "--json", "--engine", "local"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert [(r["topic"], r["reason"]) for r in doc["rolled"]] == [("t", "max.compaction.lag.ms")]
+    assert [(d["topic"], d["base_offset"], d["reason"]) for d in doc["deleted"]] == [
+        ("other", 0, "retention.ms")
+    ]
+    assert [(c["topic"], c["end_offset"]) for c in doc["cleaned"]] == [("t", 10)]
+    assert doc["cleaned"][0]["stats"]["messages_written"] == 2
+    assert any(p.endswith("00000000000000000000.log.deleted") for p in doc["unlinked"])
+
+
+def test_clean_topic_limits_the_cycle(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """--topic t leaves every other topic alone, retention included."""
+    _, other = build_cycle(tmp_path)
+    before = {p.name: p.read_bytes() for p in other.iterdir()}
+    cfg = str(cycle_config(tmp_path))
+    assert main(["clean", "-c", cfg, "--now-ms", str(NOW), "--topic", "t"]) == 0
+    assert "1 cleaning passes" in capsys.readouterr().out
+    assert {p.name: p.read_bytes() for p in other.iterdir()} == before

@@ -14,9 +14,10 @@ Batch level, first match wins:
 
 Record level (data batches, unless the batch's records are discarded): a record past the
 map's latest offset is kept; a keyless record is dropped and counted as invalid; a keyed
-record is kept iff it is its key's winner (offset strategy: no later offset of the key in
-the map; other strategies: exactly the winning offset, or a key absent from the map) and,
-if a tombstone, its batch has no delete horizon yet or the horizon is still in the future.
+record is kept iff its key's winner does not supersede it (offset strategy: no later
+offset of the key in the map; other strategies: exactly the winning offset, or a key
+absent from the map; the offset map, or the Spark engine's bitmaps, decide) and, if a
+tombstone, its batch has no delete horizon yet or the horizon is still in the future.
 Control records are always kept unless discarded.
 
 Writing: all records kept and no horizon to stamp -> the batch bytes are copied as they
@@ -150,14 +151,13 @@ def plan_batch_writes(
 def _keep_records(
     rec_batch: npt.NDArray[np.int64],
     rec_offset: npt.NDArray[np.int64],
-    rec_has_key: npt.NDArray[np.bool_],
-    rec_has_value: npt.NDArray[np.bool_],
-    rec_found: npt.NDArray[np.int64],
+    rec_key_len: npt.NDArray[np.int32],
+    rec_value_len: npt.NDArray[np.int32],
+    rec_survives: npt.NDArray[np.bool_],
     batch_discard: npt.NDArray[np.bool_],
     batch_is_control: npt.NDArray[np.bool_],
     batch_retain_deletes: npt.NDArray[np.bool_],
-    map_latest_offset: int,
-    exact_winner: bool,
+    latest_offset: int,
     keep: npt.NDArray[np.bool_],
 ) -> int:
     invalid = 0
@@ -165,18 +165,13 @@ def _keep_records(
         b = rec_batch[i]
         if batch_discard[b]:
             keep[i] = False
-        elif batch_is_control[b] or rec_offset[i] > map_latest_offset:
+        elif batch_is_control[b] or rec_offset[i] > latest_offset:
             keep[i] = True
-        elif not rec_has_key[i]:
+        elif rec_key_len[i] < 0:
             keep[i] = False
             invalid += 1
         else:
-            found = rec_found[i]
-            if exact_winner and found >= 0:
-                winner = rec_offset[i] == found
-            else:
-                winner = rec_offset[i] >= found
-            keep[i] = winner and (rec_has_value[i] or batch_retain_deletes[b])
+            keep[i] = rec_survives[i] and (rec_value_len[i] >= 0 or batch_retain_deletes[b])
     return invalid
 
 
@@ -184,34 +179,34 @@ def keep_records(
     *,
     rec_batch: npt.NDArray[np.int64],
     rec_offset: npt.NDArray[np.int64],
-    rec_has_key: npt.NDArray[np.bool_],
-    rec_has_value: npt.NDArray[np.bool_],
-    rec_found: npt.NDArray[np.int64],
+    rec_key_len: npt.NDArray[np.int32],
+    rec_value_len: npt.NDArray[np.int32],
+    rec_survives: npt.NDArray[np.bool_],
     batch_discard: npt.NDArray[np.bool_],
     batch_is_control: npt.NDArray[np.bool_],
     batch_retain_deletes: npt.NDArray[np.bool_],
-    map_latest_offset: int,
-    exact_winner: bool,
+    latest_offset: int,
 ) -> tuple[npt.NDArray[np.bool_], int]:
     """The record-level rule over one segment's records: (keep mask, invalid count).
 
-    `rec_batch` maps each record to its batch's row in the per-batch arrays; `rec_found`
-    is the map's offset for the record's key (-1 if absent or keyless);
-    `batch_retain_deletes` is whether the batch's tombstones are still within their
-    horizon. `exact_winner` selects the non-offset strategies' rule.
+    `rec_batch` maps each record to its batch's row in the per-batch arrays; key and
+    value lengths are -1 for null; `rec_survives` is, for a keyed record, whether its key
+    has no winner that supersedes it (the offset map's `keep_mask`: the strategy's rule),
+    and is not read for the others; `batch_retain_deletes` is whether the batch's
+    tombstones are still within their horizon; `latest_offset` is the last offset the
+    map covers.
     """
     keep = np.empty(rec_offset.shape[0], dtype=np.bool_)
     invalid = _keep_records(
         rec_batch,
         rec_offset,
-        rec_has_key,
-        rec_has_value,
-        rec_found,
+        rec_key_len,
+        rec_value_len,
+        rec_survives,
         batch_discard,
         batch_is_control,
         batch_retain_deletes,
-        map_latest_offset,
-        exact_winner,
+        latest_offset,
         keep,
     )
     return keep, int(invalid)

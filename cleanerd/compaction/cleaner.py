@@ -11,28 +11,33 @@ A pass over the dirty range [first_dirty, first_uncleanable):
    map is thereby cleaned in parts and never blocks the partition. For the timestamp and
    header strategies, the clean section's records then update the entries they beat.
 3. Copy: every segment from the log start up to `end_offset` is grouped
-   (`grouping.py`) and each group rewritten into one `<base>.*.cleaned` segment, batch by
+   (`grouping.py`) and each group rewritten into `<base>.*.cleaned` output, batch by
    batch: the batch rules of `batch_retention.py` decide, the record rules are applied
-   over whole segments at once (numba), kept batches are copied byte for byte, partial
-   ones re-encoded from their kept records' bytes (only each record's length and
-   timestamp-delta varints are rewritten) with the same codec, base offset, last offset
-   delta, producer fields and leader epoch. Indexes are rebuilt with Kafka's interval
-   rule and the `.txnindex` from the transaction tracker. The output is fsynced and
-   takes the last source segment's mtime.
-4. Swap (`swap.py`), group by group, then the `cleaner-offset-checkpoint` entry becomes
-   `end_offset` (tmp file, fsync, rename, dir fsync).
+   over whole segments at once (numba; which keyed records are superseded is the one
+   question asked of the `RetentionOracle`, the offset map here), kept batches are
+   copied byte for byte, partial ones re-encoded from their kept records' bytes (only
+   each record's length and timestamp-delta varints are rewritten, `assemble.py`) with
+   the same codec, base offset, last offset delta, producer fields and leader epoch.
+   `writer.py` writes the output with Kafka's index rule and the `.txnindex` from the
+   transaction tracker, continuing in a new segment where one would overflow (size or
+   2^31-1 offsets: KAFKA-20036); it is fsynced and takes the last source segment's
+   mtime.
+4. Swap (`swap.py`), group by group (a group's output segments at once), then the
+   `cleaner-offset-checkpoint` entry becomes `end_offset` (tmp file, fsync, rename, dir
+   fsync).
 
 Failure: any error before a group's swap starts removes that group's `.cleaned` files and
 leaves its source segments as they were; the error propagates (the caller marks the
 partition uncleanable). Every file operation goes through the injected `FileOps`, so a
 test can stop the pass at any single one and check recovery.
 
-Segments are memory-mapped and decoded into columns (`cleanerd.records.columns`, numba),
+Segments are memory-mapped and decoded into columns (`cleanerd.records.columns`, numba)
 once per pass where the cache budget allows (the dirty segments decoded for the map are
-reused by the copy). Keys are hashed once per segment; keep decisions, index arithmetic
-and the rewriting of kept records run over whole segments in numpy/numba. Python runs per
-batch only for batches with a producer id, transaction or control flag, and to append
-each written batch, never per record.
+reused by the copy; a segment decoded again is not CRC-checked again). Keys are hashed
+once per segment; keep decisions, the assembly of the output and its index arithmetic
+run over whole segments in numba. Python runs per batch only for batches with a
+producer id, transaction or control flag, to call a codec or CRC-32C (C libraries), and
+for the rare batches written whole (empty headers, legacy entries); never per record.
 """
 
 from __future__ import annotations
@@ -41,17 +46,23 @@ import mmap
 import os
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Final
+from typing import Final, Protocol
 
 import crc32c
 import numpy as np
 from numpy.typing import NDArray
 
 from cleanerd._jit import jit
+from cleanerd.compaction.assemble import (
+    PREBUILT_BATCH,
+    PREBUILT_BODY,
+    assemble_chunk,
+    rewrite_records,
+)
 from cleanerd.compaction.batch_retention import (
     NO_HORIZON,
     BatchDecisions,
@@ -61,7 +72,7 @@ from cleanerd.compaction.batch_retention import (
     plan_batch_writes,
 )
 from cleanerd.compaction.grouping import INT32_MAX, group_segments_by_size
-from cleanerd.compaction.keyhash import hash_keys
+from cleanerd.compaction.keyhash import hash_record_keys
 from cleanerd.compaction.offset_map import OffsetMap
 from cleanerd.compaction.producers import (
     LastRecord,
@@ -71,9 +82,10 @@ from cleanerd.compaction.producers import (
 )
 from cleanerd.compaction.stats import CleanerStats, StatsAccumulator
 from cleanerd.compaction.strategy import CompactionStrategy, ResolvedStrategy, record_versions
-from cleanerd.compaction.swap import FileOps, remove_cleaned, replace_segments
+from cleanerd.compaction.swap import FileOps, remove_stale_cleaned, replace_segments
 from cleanerd.compaction.throttle import Throttler
 from cleanerd.compaction.transactions import TransactionTracker
+from cleanerd.compaction.writer import CleanedOutput, OutputChunk, OutputLimits
 from cleanerd.errors import CleanerdError, CorruptRecordError
 from cleanerd.log.checkpoint import (
     CLEANER_OFFSET_CHECKPOINT,
@@ -81,28 +93,22 @@ from cleanerd.log.checkpoint import (
     format_checkpoint,
 )
 from cleanerd.log.files import (
-    CLEANED_FILE_SUFFIX,
-    INDEX_FILE_SUFFIX,
-    TIME_INDEX_FILE_SUFFIX,
     TopicPartition,
     log_file,
-    segment_file,
     txn_index_file,
 )
-from cleanerd.log.index import IndexBuilder, OffsetIndex, TimeIndex
 from cleanerd.log.meta import SegmentMeta
 from cleanerd.log.txnindex import AbortedTxn, TransactionIndex
 from cleanerd.records.batch import decode_batch, empty_batch_of, encode_batch, encode_empty_batch
-from cleanerd.records.columns import SIDE, SegmentColumns, segment_columns
+from cleanerd.records.columns import SEGMENT_ROW, SIDE, SegmentColumns, segment_columns
 from cleanerd.records.compression import compress
 from cleanerd.records.control import control_type
 from cleanerd.records.header import (
     ATTRIBUTES_OFFSET,
     COMPRESSION_MASK,
     CONTROL_MASK,
+    CRC_OFFSET,
     DELETE_HORIZON_MASK,
-    HEADER,
-    LOG_OVERHEAD,
     RECORD_BATCH_OVERHEAD,
     TIMESTAMP_TYPE_MASK,
     TRANSACTIONAL_MASK,
@@ -115,6 +121,7 @@ from cleanerd.records.record import Record
 
 WRITE_BUFFER_BYTES: Final = 8 * 1024 * 1024
 CACHE_BYTES: Final = 512 * 1024 * 1024  # decoded segments kept from map build to copy
+_DECODED_RECORD_BYTES: Final = SEGMENT_ROW.itemsize + 4 * 8 + 16  # table, columns, hash
 DAY_MS: Final = 86_400_000
 
 
@@ -138,6 +145,21 @@ class CleanerConfig:
     strategy: ResolvedStrategy = field(
         default_factory=lambda: ResolvedStrategy(CompactionStrategy.OFFSET)
     )
+    max_cleaned_segment_bytes: int = INT32_MAX
+    """An output segment is continued in a new one before it would grow past this
+    (Kafka trunk's maxCleanedSegmentSize; positions in an index are int32)."""
+    max_cleaned_offset_range: int = INT32_MAX
+    """... or before a batch's last offset would lie more than this above its base
+    (maxCleanedOffsetRange; offsets in an index are int32, relative to the base)."""
+
+    def output_limits(self) -> OutputLimits:
+        """What one output segment may hold."""
+        return OutputLimits(
+            max_segment_bytes=self.max_cleaned_segment_bytes,
+            max_offset_range=self.max_cleaned_offset_range,
+            max_index_size=self.max_index_size,
+            index_interval_bytes=self.index_interval_bytes,
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,61 +170,67 @@ class CleanResult:
     end_offset: int
     stats: CleanerStats
     deleted_files: tuple[Path, ...]
+    cleaned: tuple[CleanedGroup, ...] = ()
+    """The `.cleaned` output awaiting `Cleaner.install` (a pass run with install=False)."""
 
 
-# ---------------------------------------------------------------------------------------
-# Re-encoding kept records without decoding them.
+@dataclass(frozen=True, slots=True)
+class CleanedGroup:
+    """One group's `<base>.*.cleaned` output: what replaces `old_bases`, and what a
+    verifier checks it against (records and bytes written). An output that overflowed
+    one segment continued in further segments, based at `split_bases`."""
+
+    base: int
+    next_offset: int
+    old_bases: tuple[int, ...]
+    records: int
+    size_bytes: int
+    split_bases: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        # A group read back from JSON carries lists.
+        object.__setattr__(self, "old_bases", tuple(self.old_bases))
+        object.__setattr__(self, "split_bases", tuple(self.split_bases))
+
+    @property
+    def bases(self) -> tuple[int, ...]:
+        """Base offsets of every output segment, ascending."""
+        return (self.base, *self.split_bases)
 
 
-@jit
-def _skip_varint(buf: NDArray[np.uint8], p: int) -> int:
-    while buf[p] >= 0x80:
-        p += 1
-    return p + 1
+class RetentionOracle(Protocol):
+    """Whether each keyed record survives deduplication: the copy phase's only input that
+    depends on how the winners were found (the local `OffsetMap`, or the Spark engine's
+    precomputed per-segment keep bitmaps)."""
+
+    @property
+    def latest_offset(self) -> int:
+        """The last offset decided; records past it are kept (the pass ends after it)."""
+        ...
+
+    def keep_keyed(
+        self, base_offset: int, offsets: NDArray[np.int64], hashes: Callable[[], NDArray[np.uint64]]
+    ) -> NDArray[np.bool_]:
+        """For the keyed records of segment `base_offset` (their `offsets` in row order,
+        their key hashes on demand): whether each one is not superseded. Only the answers
+        for data records at or below `latest_offset` are used."""
+        ...
 
 
-@jit
-def _put_varint(out: NDArray[np.uint8], p: int, value: int) -> int:
-    u = (value << 1) ^ (value >> 63)
-    while True:
-        b = u & 0x7F
-        u = (u >> 7) & ((1 << 57) - 1)
-        if u:
-            out[p] = b | 0x80
-            p += 1
-        else:
-            out[p] = b
-            return p + 1
+@dataclass(frozen=True, slots=True)
+class _MapOracle:
+    """The local pass's oracle: the offset map just built."""
 
+    offset_map: OffsetMap
 
-@jit
-def _rewrite_records(
-    buf: NDArray[np.uint8],
-    rec_start: NDArray[np.int64],
-    rec_end: NDArray[np.int64],
-    new_ts_delta: NDArray[np.int64],
-    out: NDArray[np.uint8],
-    written: NDArray[np.int64],
-) -> None:
-    """Write the v2 records [rec_start, rec_end) of `buf` back to back into `out` with new
-    timestamp deltas, `written[i]` receiving the end of record i in `out`. Only the
-    length and timestamp-delta varints change: the offset delta stays valid because the
-    batch keeps its base offset."""
-    o = 0
-    tmp = np.empty(16, dtype=np.uint8)
-    for i in range(rec_start.shape[0]):
-        attr = _skip_varint(buf, rec_start[i])
-        ts_end = _skip_varint(buf, attr + 1)
-        ts_len = _put_varint(tmp, 0, new_ts_delta[i])
-        tail = rec_end[i] - ts_end
-        o = _put_varint(out, o, 1 + ts_len + tail)
-        out[o] = buf[attr]
-        o += 1
-        out[o : o + ts_len] = tmp[:ts_len]
-        o += ts_len
-        out[o : o + tail] = buf[ts_end : rec_end[i]]
-        o += tail
-        written[i] = o
+    @property
+    def latest_offset(self) -> int:
+        return self.offset_map.latest_offset
+
+    def keep_keyed(
+        self, base_offset: int, offsets: NDArray[np.int64], hashes: Callable[[], NDArray[np.uint64]]
+    ) -> NDArray[np.bool_]:
+        return self.offset_map.keep_mask(hashes(), offsets)
 
 
 # ---------------------------------------------------------------------------------------
@@ -212,8 +240,10 @@ def _rewrite_records(
 @dataclass(slots=True)
 class _Columns:
     """A segment's columns (`cleanerd.records.columns`) with every record position made
-    relative to one buffer: the segment bytes followed by the side buffer of decompressed
-    records areas, so a kernel needs a single buffer."""
+    relative to one buffer `buf`, so a kernel needs a single buffer: the segment bytes
+    (no batch compressed), the side buffer of decompressed records areas (every record
+    decompressed), or the segment followed by the side buffer (a mixed segment, where
+    `side_shift` is the segment's length, by which side positions moved)."""
 
     raw: Buffer
     sc: SegmentColumns
@@ -223,20 +253,33 @@ class _Columns:
     record_end: NDArray[np.int64]
     key_pos: NDArray[np.int64]
     headers_pos: NDArray[np.int64]
+    side_shift: int
+    offsets: NDArray[np.int64]
+    """Record offsets, contiguous (the record table's columns are strided)."""
+    keyed: NDArray[np.int64]
+    """Rows of the records with a key."""
     _hashes: NDArray[np.uint64] | None = None
-    _hash_row: NDArray[np.int64] | None = None
 
     def hashes(self, rows: NDArray[np.int64]) -> NDArray[np.uint64]:
         """Key hashes of the keyed records `rows` (ascending); every key of the segment
         is hashed once per pass, on first use."""
-        if self._hashes is None or self._hash_row is None:
-            keyed = np.flatnonzero(self.sc.key_len >= 0)
-            self._hashes = hash_keys(self.buf, self.key_pos[keyed], self.sc.key_len[keyed])
-            self._hash_row = np.full(self.records, -1, dtype=np.int64)
-            self._hash_row[keyed] = np.arange(keyed.size)
-        if rows.size == self._hashes.shape[0]:  # all keyed records, in order
+        if self._hashes is None:
+            self._hashes = hash_record_keys(self.buf, self.key_pos, self.sc.key_len)
+        if rows.size == self.records:  # every record, in order
             return self._hashes
-        return self._hashes[self._hash_row[rows]]
+        return self._hashes[rows]
+
+    @property
+    def memory_bytes(self) -> int:
+        """What the decoded segment holds in memory besides the mapped file: the side
+        buffer (and the joined buffer), the record table, the pass's own per-record
+        columns and the key hashes (counted for the cache budget)."""
+        joined = self.buf.nbytes if self.side_shift else 0
+        return self.sc.side.nbytes + joined + self.records * _DECODED_RECORD_BYTES
+
+    def select(self, rows: NDArray[np.int64], column: NDArray[np.int64]) -> NDArray[np.int64]:
+        """`column[rows]`, without a copy when `rows` is every record."""
+        return column if rows.size == self.records else column[rows]
 
     @property
     def batches(self) -> int:
@@ -245,10 +288,6 @@ class _Columns:
     @property
     def records(self) -> int:
         return self.sc.num_records
-
-    @property
-    def offsets(self) -> NDArray[np.int64]:
-        return self.sc.offset
 
     @property
     def timestamps(self) -> NDArray[np.int64]:
@@ -279,22 +318,63 @@ def _read_columns(raw: Buffer, path: Path, *, verify_crc: bool) -> _Columns:
     except CorruptRecordError as exc:
         raise exc.located(path) from exc
     record_pos, key_pos, headers_pos = sc.record_pos, sc.key_pos, sc.headers_pos
-    buf = sc.segment
-    if sc.side.size:  # one buffer for the kernels: the side areas after the segment
-        buf = np.concatenate([sc.segment, sc.side])
-        shift = np.where(sc.buffer_id == SIDE, len(raw), 0).astype(np.int64)
+    buf, side_shift = sc.segment, 0
+    if sc.side.size and not sc.records_count[(sc.attributes & COMPRESSION_MASK) == 0].any():
+        buf = sc.side  # every record was decompressed: positions are the side buffer's
+    elif sc.side.size:  # one buffer for the kernels: the side areas after the segment
+        buf, side_shift = np.concatenate([sc.segment, sc.side]), len(raw)
+        shift = np.where(sc.buffer_id == SIDE, side_shift, 0).astype(np.int64)
         record_pos, key_pos = record_pos + shift, key_pos + shift
         headers_pos = np.where(headers_pos >= 0, headers_pos + shift, -1)
+    n = sc.num_records
+    batch_of, record_end, offsets, keyed = (
+        np.empty(n, np.int64),
+        np.empty(n, np.int64),
+        np.empty(n, np.int64),
+        np.empty(n, np.int64),
+    )
+    keyed_count = _record_columns(
+        sc.batch_index, record_pos, sc.record_size, sc.offset, sc.key_len,
+        batch_of, record_end, offsets, keyed,
+    )  # fmt: skip
     return _Columns(
         raw=raw,
         sc=sc,
         buf=buf,
-        batch_of=sc.batch_index.astype(np.int64),
+        batch_of=batch_of,
         record_pos=record_pos,
-        record_end=record_pos + sc.record_size,
+        record_end=record_end,
         key_pos=key_pos,
         headers_pos=headers_pos,
+        side_shift=side_shift,
+        offsets=offsets,
+        keyed=keyed[:keyed_count],
     )
+
+
+@jit
+def _record_columns(
+    batch_index: NDArray[np.int32],
+    record_pos: NDArray[np.int64],
+    record_size: NDArray[np.int32],
+    offset: NDArray[np.int64],
+    key_len: NDArray[np.int32],
+    batch_of: NDArray[np.int64],
+    record_end: NDArray[np.int64],
+    offsets: NDArray[np.int64],
+    keyed: NDArray[np.int64],
+) -> int:
+    """The per-record columns the pass reads, contiguous, in one walk over the record
+    table (whose columns are strided); returns how many records have a key."""
+    k = 0
+    for i in range(batch_index.shape[0]):
+        batch_of[i] = batch_index[i]
+        record_end[i] = record_pos[i] + record_size[i]
+        offsets[i] = offset[i]
+        if key_len[i] >= 0:
+            keyed[k] = i
+            k += 1
+    return k
 
 
 def _map_file(path: Path) -> Buffer:
@@ -361,162 +441,159 @@ def _control_types(c: _Columns) -> dict[int, int | None]:
 # Writing a cleaned segment.
 
 
-class _SegmentWriter:
-    """Appends batches to `<base>.log.cleaned` with large writes, building its indexes."""
-
-    def __init__(self, ops: FileOps, dir_path: Path, base: int, config: CleanerConfig) -> None:
-        self.ops = ops
-        self.dir_path = dir_path
-        self.base = base
-        self.path = log_file(dir_path, base, CLEANED_FILE_SUFFIX)
-        self.offset_index = OffsetIndex(
-            segment_file(dir_path, base, INDEX_FILE_SUFFIX, CLEANED_FILE_SUFFIX),
-            base,
-            max_index_size=config.max_index_size,
-        )
-        self.time_index = TimeIndex(
-            segment_file(dir_path, base, TIME_INDEX_FILE_SUFFIX, CLEANED_FILE_SUFFIX),
-            base,
-            max_index_size=config.max_index_size,
-        )
-        self.indexes = IndexBuilder(self.offset_index, self.time_index, config.index_interval_bytes)
-        self.txn_entries: list[AbortedTxn] = []
-        self.buffer = bytearray()
-        self.position = 0
-        self.next_offset = base
-        self.fd = ops.create(self.path)
-
-    def append(self, batch: bytes | memoryview, last_offset: int, max_timestamp: int) -> None:
-        if last_offset - self.base > INT32_MAX:
-            raise CorruptRecordError(
-                f"offset {last_offset} does not fit a 32-bit delta from the cleaned segment's "
-                f"base {self.base} (a source segment with offset overflow)",
-                path=self.path,
-            )
-        self.indexes.add_batch(self.position, len(batch), last_offset, max_timestamp)
-        self.buffer += batch
-        self.position += len(batch)
-        self.next_offset = last_offset + 1
-
-    def flush(self) -> int:
-        """Write the buffered batches; returns the bytes written (for the throttle)."""
-        n = len(self.buffer)
-        if n:
-            self.ops.write(self.fd, self.buffer)
-            self.buffer = bytearray()
-        return n
-
-    def finish(self, mtime_ns: int) -> int:
-        """Write the rest, the indexes and the txnindex, fsync all, set mtimes; returns
-        the bytes written by this call."""
-        written = self.flush()
-        self.ops.fsync(self.fd)
-        self.ops.close(self.fd)
-        self.fd = -1
-        self.indexes.finish()
-        self.ops.write_file(self.offset_index.path, self.offset_index.to_bytes())
-        self.ops.write_file(self.time_index.path, self.time_index.to_bytes())
-        if self.txn_entries:
-            txn = txn_index_file(self.dir_path, self.base, CLEANED_FILE_SUFFIX)
-            self.ops.write_file(txn, b"".join(t.to_bytes() for t in self.txn_entries))
-        for path in (self.path, self.offset_index.path, self.time_index.path):
-            self.ops.set_mtime(path, mtime_ns)
-        return written
-
-    def abandon(self) -> None:
-        if self.fd >= 0:
-            self.ops.close(self.fd)
-            self.fd = -1
-        remove_cleaned(self.dir_path, self.base, self.ops)
-
-
-_HeaderFields = tuple[int, int, int, int, int, int, int, int, int, int]
-"""base offset, leader epoch, attributes, last offset delta, base ts, max ts, producer id,
-producer epoch, base sequence, records count."""
-
-
-def _assemble(head: _HeaderFields, area: bytes | bytearray) -> bytes:
-    """Header fields + records area, with batch length and CRC computed."""
-    (base, epoch, attributes, lod, base_ts, max_ts, pid, pepoch, seq, count) = head
-    packed = bytearray(
-        HEADER.pack(
-            base,
-            RECORD_BATCH_OVERHEAD - LOG_OVERHEAD + len(area),
-            epoch,
-            2,
-            0,
-            attributes,
-            lod,
-            base_ts,
-            max_ts,
-            pid,
-            pepoch,
-            seq,
-            count,
-        )
-    )
-    crc = crc32c.crc32c(area, crc32c.crc32c(memoryview(packed)[ATTRIBUTES_OFFSET:]))
-    packed[17:21] = crc.to_bytes(4, "big")
-    return bytes(packed) + bytes(area)
-
-
-def _reencode(
-    c: _Columns, batches: NDArray[np.int64], keep: NDArray[np.bool_], horizons: NDArray[np.int64]
-) -> list[tuple[bytes, int]]:
-    """The batches `batches` of `c` (ascending) holding only their kept records, each
-    with its delete horizon from `horizons` (or none); returns (bytes, max timestamp) per
-    batch. The records of all v2 batches are rewritten by one kernel call."""
+def _output_chunks(
+    c: _Columns,
+    actions: NDArray[np.int64],
+    keep: NDArray[np.bool_],
+    kept: NDArray[np.int64],
+    horizons: NDArray[np.int64],
+) -> Iterator[OutputChunk]:
+    """The cleaned batches of segment `c`, in chunks of about `WRITE_BUFFER_BYTES`,
+    written by `assemble_chunk`. Python prepares only what needs a library: the
+    compressed records areas of compressed batches to re-encode (one codec call per
+    batch), and the rare whole batches (empty headers, legacy entries); afterwards the
+    CRCs of the batches the kernel headed (one C call per batch)."""
     sc = c.sc
-    out: list[tuple[bytes, int]] = []
-    v2 = batches[sc.batch_magic[batches] == 2]
+    reencode = actions == WriteAction.REENCODE
+    compressed = (sc.attributes & COMPRESSION_MASK) != 0
+    plain = reencode & (sc.batch_magic == 2) & ~compressed
+    packed = np.flatnonzero(reencode & (sc.batch_magic == 2) & compressed)
+    legacy = reencode & (sc.batch_magic < 2)
+    whole = np.flatnonzero((actions == WriteAction.EMPTY_HEADER) | legacy)
+    prebuilt = np.full((c.batches, 4), -1, dtype=np.int64)
+    pieces = _compressed_bodies(c, packed, keep, horizons)
+    prebuilt[packed, 3] = PREBUILT_BODY
+    for i in whole.tolist():
+        batch, prebuilt[i, 2] = _whole_batch(c, i, keep, actions)
+        pieces.append(batch)
+    prebuilt[whole, 3] = PREBUILT_BATCH
+    rows = np.concatenate([packed, whole])
+    lengths = np.array([len(b) for b in pieces], dtype=np.int64)
+    prebuilt[rows, 1] = np.cumsum(lengths)
+    prebuilt[rows, 0] = prebuilt[rows, 1] - lengths
+    blob = np.frombuffer(b"".join(pieces), dtype=np.uint8)
+    bound = np.where(actions == WriteAction.COPY, sc.batch_size, 0)
+    record_bytes = np.bincount(c.batch_of[keep], sc.record_size[keep], minlength=c.batches)
+    bound[plain] = RECORD_BATCH_OVERHEAD + record_bytes[plain].astype(np.int64) + 16 * kept[plain]
+    bound[rows] = lengths
+    bound[packed] += RECORD_BATCH_OVERHEAD
+    heads = np.stack(
+        [
+            sc.base_offset,
+            sc.partition_leader_epoch,
+            sc.attributes,
+            sc.last_offset_delta,
+            sc.max_timestamp,
+            sc.producer_id,
+            sc.producer_epoch,
+            sc.base_sequence,
+            sc.batch_position,
+            sc.batch_size,
+            sc.batch_first_record,
+            sc.records_count,
+        ],
+        axis=1,
+    ).astype(np.int64)
+    ends = np.cumsum(bound)
+    b0 = 0
+    while b0 < c.batches:
+        before = int(ends[b0 - 1]) if b0 else 0
+        b1 = max(int(np.searchsorted(ends, before + WRITE_BUFFER_BYTES, side="right")), b0 + 1)
+        out = np.empty(int(ends[b1 - 1]) - before, dtype=np.uint8)
+        table = np.empty((b1 - b0, 4), dtype=np.int64)
+        crc_rows = np.empty(b1 - b0, dtype=np.int64)
+        size, n, n_crc = (
+            int(x)
+            for x in assemble_chunk(
+                sc.segment,
+                c.buf,
+                b0,
+                b1,
+                actions,
+                heads,
+                horizons,
+                keep,
+                c.record_pos,
+                c.record_end,
+                c.timestamps,
+                prebuilt,
+                blob,
+                out,
+                table,
+                crc_rows,
+            )
+        )
+        b0 = b1
+        if not n:
+            continue
+        _fill_crcs(out, table[:n, 0], crc_rows[:n_crc])
+        yield OutputChunk(
+            data=out[:size],
+            end=table[:n, 0],
+            base_offset=table[:n, 1],
+            last_offset=table[:n, 2],
+            max_timestamp=table[:n, 3],
+        )
+
+
+def _fill_crcs(out: NDArray[np.uint8], ends: NDArray[np.int64], rows: NDArray[np.int64]) -> None:
+    """Compute the CRC of the output batches `rows` (ending at `ends`) in place."""
+    if not rows.size:
+        return
+    starts = np.concatenate([[0], ends[:-1]])[rows]
+    view = memoryview(out)  # type: ignore[arg-type]
+    crcs = [
+        crc32c.crc32c(view[a + ATTRIBUTES_OFFSET : b])
+        for a, b in zip(starts.tolist(), ends[rows].tolist(), strict=True)
+    ]
+    packed = np.array(crcs, dtype=">u4").view(np.uint8).reshape(-1, 4)
+    out[starts[:, None] + np.arange(CRC_OFFSET, CRC_OFFSET + 4)] = packed
+
+
+def _compressed_bodies(
+    c: _Columns, batches: NDArray[np.int64], keep: NDArray[np.bool_], horizons: NDArray[np.int64]
+) -> list[bytes]:
+    """The records areas of the compressed v2 batches `batches` (ascending) holding only
+    their kept records, timestamp deltas taken against the batch's new base timestamp
+    (its delete horizon, else its first kept record's timestamp, as `assemble_chunk`
+    heads it), compressed with the batch's codec. One kernel call rewrites the records
+    of all of them; the codec runs once per batch."""
+    if not batches.size:
+        return []
     wanted = np.zeros(c.batches, dtype=np.bool_)
-    wanted[v2] = True
+    wanted[batches] = True
     records = np.flatnonzero(keep & wanted[c.batch_of])
     owner = c.batch_of[records]
-    starts = np.searchsorted(owner, v2)
-    ends = np.searchsorted(owner, v2, side="right")
+    starts = np.searchsorted(owner, batches)
+    ends = np.searchsorted(owner, batches, side="right")
     ts = c.timestamps[records]
-    horizon = horizons[v2]
-    base_ts = np.where(horizon != NO_HORIZON, horizon, ts[starts] if ts.size else 0)
-    max_ts = np.maximum.reduceat(ts, starts) if ts.size else ts
+    horizon = horizons[batches]
+    base_ts = np.where(horizon != NO_HORIZON, horizon, ts[starts])
     positions, record_end = c.record_pos[records], c.record_end[records]
     area = np.empty(int((record_end - positions).sum()) + 16 * records.size, np.uint8)
     written = np.empty(records.size, dtype=np.int64)
-    _rewrite_records(
+    rewrite_records(
         c.buf, positions, record_end, ts - np.repeat(base_ts, ends - starts), area, written
     )
-    index_of = {b: k for k, b in enumerate(v2.tolist())}
-    for i in batches.tolist():
-        k = index_of.get(i)
-        if k is None:
-            out.append(_legacy_as_v2(c, i, np.flatnonzero(keep & (c.batch_of == i))))
-            continue
-        first, stop = int(starts[k]), int(ends[k])
-        attributes = int(sc.attributes[i])
-        if horizon[k] != NO_HORIZON:
-            attributes |= DELETE_HORIZON_MASK
-        else:
-            attributes &= ~DELETE_HORIZON_MASK
-        batch_max = int(sc.max_timestamp[i]) if attributes & TIMESTAMP_TYPE_MASK else int(max_ts[k])
-        begin = int(written[first - 1]) if first else 0
-        body: bytes = area[begin : int(written[stop - 1])].tobytes()
-        codec = attributes & COMPRESSION_MASK
-        if codec != Compression.NONE:
-            body = compress(Compression(codec), body)
-        head = (
-            int(sc.base_offset[i]),
-            int(sc.partition_leader_epoch[i]),
-            attributes,
-            int(sc.last_offset_delta[i]),
-            int(base_ts[k]),
-            batch_max,
-            int(sc.producer_id[i]),
-            int(sc.producer_epoch[i]),
-            int(sc.base_sequence[i]),
-            stop - first,
-        )
-        out.append((_assemble(head, body), batch_max))
-    return out
+    stops = written[ends - 1].tolist()
+    begins = [0, *stops[:-1]]
+    codecs = (c.sc.attributes[batches] & COMPRESSION_MASK).tolist()
+    return [
+        compress(Compression(codec), area[begin:stop].data)
+        for codec, begin, stop in zip(codecs, begins, stops, strict=True)
+    ]
+
+
+def _whole_batch(
+    c: _Columns, i: int, keep: NDArray[np.bool_], actions: NDArray[np.int64]
+) -> tuple[bytes, int]:
+    """(bytes, max timestamp) of batch `i` written whole in Python: its empty header, or
+    a legacy entry re-encoded with its kept records."""
+    if actions[i] == WriteAction.EMPTY_HEADER:
+        return _empty_header(c, i), int(c.sc.max_timestamp[i])
+    first = int(c.sc.batch_first_record[i])
+    rows = first + np.flatnonzero(keep[first : first + int(c.sc.records_count[i])])
+    return _legacy_as_v2(c, i, rows)
 
 
 def _legacy_as_v2(c: _Columns, i: int, kept: NDArray[np.int64]) -> tuple[bytes, int]:
@@ -533,7 +610,7 @@ def _legacy_as_v2(c: _Columns, i: int, kept: NDArray[np.int64]) -> tuple[bytes, 
             int(sc.timestamp[j]),
             part(int(c.key_pos[j]), int(sc.key_len[j])),
             part(
-                int(sc.value_pos[j]) + (len(c.raw) if sc.buffer_id[j] == SIDE else 0),
+                int(sc.value_pos[j]) + (c.side_shift if sc.buffer_id[j] == SIDE else 0),
                 int(sc.value_len[j]),
             ),
         )
@@ -595,7 +672,10 @@ class _Pass:
     legacy_delete_horizon_ms: int = 0
     cache: dict[int, _Columns] = field(default_factory=dict)
     cached_bytes: int = 0
+    verified: set[int] = field(default_factory=set)
+    """Base offsets of the segments whose CRCs this pass has checked."""
     last_records: dict[int, LastRecord] = field(default_factory=dict)
+    oracle: RetentionOracle | None = None
 
     def upper(self, i: int) -> int:
         """Segment i's offset bound: the next segment's base, or the uncleanable offset."""
@@ -608,7 +688,8 @@ class Cleaner:
     """Runs compaction passes with one offset map (Kafka gives each cleaner thread one).
 
     Args:
-        offset_map: the map, cleared at the start of every pass.
+        offset_map: the map, cleared at the start of every pass; None for a cleaner
+            that is always given the pass's `RetentionOracle`.
         throttler: the shared I/O throttle; None for no limit.
         ops: the file operations (tests inject failures and crashes here).
         clock_ms: a monotonic millisecond clock for the statistics.
@@ -619,7 +700,7 @@ class Cleaner:
 
     def __init__(
         self,
-        offset_map: OffsetMap,
+        offset_map: OffsetMap | None,
         *,
         throttler: Throttler | None = None,
         ops: FileOps | None = None,
@@ -643,11 +724,18 @@ class Cleaner:
         now_ms: int,
         config: CleanerConfig,
         swap_lock: AbstractContextManager[object] | None = None,
+        oracle: RetentionOracle | None = None,
+        install: bool = True,
     ) -> CleanResult:
         """Clean [first_dirty, first_uncleanable) of the partition `tp` under `log_dir`,
         whose segments (ascending, the active one last) are `segments`; swap the result
         in (holding `swap_lock`, the partition lock, for the renames only) and move the
-        cleaner checkpoint to the returned end offset."""
+        cleaner checkpoint to the returned end offset.
+
+        With an `oracle` the map is not built: the oracle decides the keyed records and
+        the pass ends after its `latest_offset`. With `install=False` the `.cleaned`
+        output is only written and listed in `CleanResult.cleaned`, for `install`.
+        """
         p = _Pass(
             tp=tp,
             dir_path=log_dir / str(tp),
@@ -659,6 +747,7 @@ class Cleaner:
             stats=StatsAccumulator(start_ms=self.clock_ms()),
             swap_lock=swap_lock if swap_lock is not None else nullcontext(),
         )
+        remove_stale_cleaned(p.dir_path, self.ops)
         p.aborted = self._load_aborted(p)
         clean_section = [s for s in segments if s.base_offset < first_dirty]
         if clean_section:
@@ -666,11 +755,18 @@ class Cleaner:
                 clean_section[-1].last_modified_ms - config.delete_retention_ms
             )
         p.last_records = self._producer_state(p)
-        end_offset = self._build_offset_map(p)
-        if self.offset_map.versioned:
-            self._update_from_clean_section(p)
+        if oracle is None:
+            if self.offset_map is None:
+                raise ValueError("a cleaner without an offset map needs a retention oracle")
+            end_offset = self._build_offset_map(p, self.offset_map)
+            if self.offset_map.versioned:
+                self._update_from_clean_section(p, self.offset_map)
+            p.stats.buffer_utilization = self.offset_map.utilization
+            oracle = _MapOracle(self.offset_map)
+        else:
+            end_offset = oracle.latest_offset + 1
+        p.oracle = oracle
         p.stats.map_complete_ms = self.clock_ms()
-        p.stats.buffer_utilization = self.offset_map.utilization
         to_clean = [s for s in segments if s.base_offset < end_offset]
         groups = group_segments_by_size(
             to_clean,
@@ -680,16 +776,41 @@ class Cleaner:
         )
         tracker = TransactionTracker()
         deleted: list[Path] = []
+        cleaned: list[CleanedGroup] = []
         for group in groups:
-            deleted += self._clean_group(p, group, tracker)
+            output = self._clean_group(p, group, tracker)
+            if install:
+                deleted += self._swap(p.dir_path, output, p.swap_lock)
+            else:
+                cleaned.append(output)
+        if install:
+            self._write_checkpoint(log_dir, tp, end_offset)
+        stats = p.stats.freeze(self.clock_ms())
+        return CleanResult(first_dirty, end_offset, stats, tuple(deleted), tuple(cleaned))
+
+    def install(
+        self,
+        *,
+        log_dir: Path,
+        tp: TopicPartition,
+        cleaned: Sequence[CleanedGroup],
+        end_offset: int,
+        swap_lock: AbstractContextManager[object] | None = None,
+    ) -> tuple[Path, ...]:
+        """Swap in the verified output of a pass run with install=False, group by group,
+        then move the cleaner checkpoint to `end_offset`; returns the `.deleted` files."""
+        deleted: list[Path] = []
+        for output in cleaned:
+            deleted += self._swap(log_dir / str(tp), output, swap_lock or nullcontext())
         self._write_checkpoint(log_dir, tp, end_offset)
-        return CleanResult(first_dirty, end_offset, p.stats.freeze(self.clock_ms()), tuple(deleted))
+        return tuple(deleted)
 
     # -- reading ------------------------------------------------------------------------
 
     def _columns(self, p: _Pass, seg: SegmentMeta, *, keep: bool) -> _Columns:
-        """The decoded segment (CRC-checked); decoded once per pass while the cache
-        budget allows, `keep` leaving it cached for a later phase."""
+        """The decoded segment; decoded once per pass while the cache budget allows,
+        `keep` leaving it cached for a later phase. CRCs are checked the first time a
+        segment is read in the pass (a segment file is never modified, only replaced)."""
         if self.should_abort is not None and self.should_abort():
             raise CleaningAborted(p.tp)
         c = p.cache.pop(seg.base_offset, None)
@@ -697,12 +818,13 @@ class Cleaner:
             path = log_file(p.dir_path, seg.base_offset)
             raw = _map_file(path)
             self._throttle(len(raw))
-            c = _read_columns(raw, path, verify_crc=True)
+            c = _read_columns(raw, path, verify_crc=seg.base_offset not in p.verified)
+            p.verified.add(seg.base_offset)
         else:
-            p.cached_bytes -= len(c.raw)
-        if keep and p.cached_bytes + len(c.raw) <= CACHE_BYTES:
+            p.cached_bytes -= c.memory_bytes
+        if keep and p.cached_bytes + c.memory_bytes <= CACHE_BYTES:
             p.cache[seg.base_offset] = c
-            p.cached_bytes += len(c.raw)
+            p.cached_bytes += c.memory_bytes
         return c
 
     def _load_aborted(self, p: _Pass) -> list[AbortedTxn]:
@@ -772,11 +894,10 @@ class Cleaner:
 
     # -- map build ----------------------------------------------------------------------
 
-    def _build_offset_map(self, p: _Pass) -> int:
+    def _build_offset_map(self, p: _Pass, m: OffsetMap) -> int:
         """Fill the map from the dirty range; returns the round's end offset: the
         first uncleanable offset, or the offset after the last record put if the map
         filled first."""
-        m = self.offset_map
         m.clear()
         tracker = TransactionTracker()
         start, end = p.first_dirty, p.first_uncleanable
@@ -790,12 +911,16 @@ class Cleaner:
             tracker.add_aborted(_aborted_between(p.aborted, seg.base_offset, p.upper(idx)))
             mappable = self._mappable_batches(c, tracker)
             bi = c.batch_of
-            rows = np.flatnonzero(mappable[bi] & (c.sc.key_len >= 0) & (c.offsets >= start))
-            rows = rows[c.offsets[rows] < end]
+            rows = c.keyed
+            if not mappable.all():
+                rows = rows[mappable[bi[rows]]]
+            if seg.base_offset < start or p.upper(idx) > end:
+                offsets = c.offsets[rows]
+                rows = rows[(offsets >= start) & (offsets < end)]
             versions = self._versions(p, c, rows) if m.versioned else None
             put = m.put_many(
                 c.hashes(rows),
-                c.offsets[rows],
+                c.select(rows, c.offsets),
                 None if versions is None else versions[0],
                 None if versions is None else versions[1],
             )
@@ -817,7 +942,7 @@ class Cleaner:
         m.update_latest_offset(max(m.latest_offset, end - 1))
         return end
 
-    def _update_from_clean_section(self, p: _Pass) -> None:
+    def _update_from_clean_section(self, p: _Pass, m: OffsetMap) -> None:
         """Let records below the dirty range beat the dirty winners of their keys (the
         timestamp and header strategies can prefer an older record)."""
         for seg in p.segments:
@@ -827,7 +952,7 @@ class Cleaner:
             data = (c.sc.attributes[c.batch_of] & CONTROL_MASK) == 0
             rows = np.flatnonzero(data & (c.sc.key_len >= 0) & (c.offsets < p.first_dirty))
             versions = self._versions(p, c, rows)
-            self.offset_map.update_existing_many(
+            m.update_existing_many(
                 c.hashes(rows),
                 c.offsets[rows],
                 None if versions is None else versions[0],
@@ -857,28 +982,39 @@ class Cleaner:
 
     def _clean_group(
         self, p: _Pass, group: list[SegmentMeta], tracker: TransactionTracker
-    ) -> list[Path]:
-        base = group[0].base_offset
-        remove_cleaned(p.dir_path, base, self.ops)
-        writer = _SegmentWriter(self.ops, p.dir_path, base, p.config)
+    ) -> CleanedGroup:
+        output = CleanedOutput(self.ops, p.dir_path, group[0].base_offset, p.config.output_limits())
+        records_before = p.stats.messages_written
         try:
             for seg in group:
                 idx = next(i for i, s in enumerate(p.segments) if s is seg)
-                self._clean_segment(p, seg, idx, writer, tracker)
-            writer.txn_entries = tracker.drain_cleaned_index()
+                self._clean_segment(p, seg, idx, output, tracker)
             last_source = log_file(p.dir_path, group[-1].base_offset)
-            written = writer.finish(last_source.stat().st_mtime_ns)
-            self._throttle(written)
-        except Exception:
-            writer.abandon()
+            output.finish(
+                mtime_ns=last_source.stat().st_mtime_ns, aborted=tracker.drain_cleaned_index()
+            )
+        except BaseException:
+            output.abandon()
             raise
-        p.stats.bytes_written += writer.position
-        with p.swap_lock:
+        p.stats.bytes_written += output.size_bytes
+        return CleanedGroup(
+            base=output.bases[0],
+            next_offset=output.next_offset,
+            old_bases=tuple(s.base_offset for s in group),
+            records=p.stats.messages_written - records_before,
+            size_bytes=output.size_bytes,
+            split_bases=output.bases[1:],
+        )
+
+    def _swap(
+        self, dir_path: Path, output: CleanedGroup, swap_lock: AbstractContextManager[object]
+    ) -> list[Path]:
+        with swap_lock:
             return replace_segments(
-                p.dir_path,
-                new_base=base,
-                new_next_offset=writer.next_offset,
-                old_bases=[s.base_offset for s in group],
+                dir_path,
+                new_bases=output.bases,
+                new_next_offset=output.next_offset,
+                old_bases=list(output.old_bases),
                 ops=self.ops,
             )
 
@@ -891,12 +1027,11 @@ class Cleaner:
         p: _Pass,
         seg: SegmentMeta,
         idx: int,
-        writer: _SegmentWriter,
+        output: CleanedOutput,
         tracker: TransactionTracker,
     ) -> None:
         c = self._columns(p, seg, keep=False)
-        raw = memoryview(c.raw)
-        p.stats.bytes_read += len(raw)
+        p.stats.bytes_read += len(c.raw)
         p.stats.messages_read += c.records
         tracker.add_aborted(_aborted_between(p.aborted, seg.base_offset, p.upper(idx)))
         decisions = self._batch_decisions(p, c, tracker)
@@ -915,25 +1050,9 @@ class Cleaner:
             now_ms=p.now_ms,
             delete_retention_ms=p.config.delete_retention_ms,
         )
-        reencoded = iter(
-            _reencode(c, np.flatnonzero(actions == WriteAction.REENCODE), keep, new_horizons)
-        )
-        lasts = c.last_offsets().tolist()
-        max_timestamps = c.sc.max_timestamp.tolist()
-        action_codes = actions.tolist()
-        copy, empty = int(WriteAction.COPY), int(WriteAction.EMPTY_HEADER)
-        for i in np.flatnonzero(actions != WriteAction.SKIP).tolist():
-            action, last, max_ts = action_codes[i], lasts[i], max_timestamps[i]
-            if action == copy:
-                pos = int(c.sc.batch_position[i])
-                writer.append(raw[pos : pos + int(c.sc.batch_size[i])], last, max_ts)
-            elif action == empty:
-                writer.append(_empty_header(c, i), last, max_ts)
-            else:
-                batch, max_ts = next(reencoded)
-                writer.append(batch, last, max_ts)
-            if len(writer.buffer) >= WRITE_BUFFER_BYTES:
-                self._throttle(writer.flush())
+        codes = np.asarray(actions, dtype=np.int64)
+        for chunk in _output_chunks(c, codes, keep, kept, new_horizons):
+            self._throttle(output.append(chunk))
         p.stats.messages_written += int(kept[actions != WriteAction.SKIP].sum())
 
     def _batch_decisions(
@@ -979,10 +1098,17 @@ class Cleaner:
     def _keep_mask(
         self, p: _Pass, c: _Columns, seg: SegmentMeta, decisions: BatchDecisions
     ) -> NDArray[np.bool_]:
-        keyed = np.flatnonzero(c.sc.key_len >= 0)
-        found = np.full(c.records, -1, dtype=np.int64)
+        assert p.oracle is not None, "the oracle is set before the copy phase"
+        keyed = c.keyed
+        survives = np.ones(c.records, dtype=np.bool_)  # read for keyed records only
         if keyed.size:
-            found[keyed] = self.offset_map.get_many(c.hashes(keyed))[0]
+            verdict = p.oracle.keep_keyed(
+                seg.base_offset, c.select(keyed, c.offsets), lambda: c.hashes(keyed)
+            )
+            if keyed.size == c.records:
+                survives = verdict
+            else:
+                survives[keyed] = verdict
         horizons = np.where(
             (c.sc.attributes & DELETE_HORIZON_MASK) != 0, c.sc.base_timestamp, NO_HORIZON
         )
@@ -994,14 +1120,13 @@ class Cleaner:
         keep, invalid = keep_records(
             rec_batch=c.batch_of,
             rec_offset=c.offsets,
-            rec_has_key=c.sc.key_len >= 0,
-            rec_has_value=c.sc.value_len >= 0,
-            rec_found=found,
+            rec_key_len=c.sc.key_len,
+            rec_value_len=c.sc.value_len,
+            rec_survives=survives,
             batch_discard=decisions.discard_records,
             batch_is_control=(c.sc.attributes & CONTROL_MASK) != 0,
             batch_retain_deletes=retain_deletes,
-            map_latest_offset=self.offset_map.latest_offset,
-            exact_winner=self.offset_map.versioned,
+            latest_offset=p.oracle.latest_offset,
         )
         p.stats.invalid_messages_read += invalid
         return keep

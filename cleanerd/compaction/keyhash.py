@@ -121,18 +121,46 @@ def murmur3_x64_128(
 
 
 @jit
+def _key_hash(buf: NDArray[np.uint8], pos: int, length: int) -> tuple[np.uint64, np.uint64]:
+    """The map's hash of one key: Murmur3 with the all-zero result replaced."""
+    h1, h2 = murmur3_x64_128(buf, pos, length, 0)
+    if h1 == 0 and h2 == 0:
+        h2 = np.uint64(1)
+    return h1, h2
+
+
+@jit
 def _hash_keys_kernel(
     buf: NDArray[np.uint8], key_pos: NDArray[np.int64], key_len: NDArray[np.int64]
 ) -> NDArray[np.uint64]:
     n = key_pos.shape[0]
     out = np.empty((n, 2), dtype=np.uint64)
     for i in range(n):
-        h1, h2 = murmur3_x64_128(buf, key_pos[i], key_len[i], 0)
-        if h1 == 0 and h2 == 0:
-            h2 = np.uint64(1)
-        out[i, 0] = h1
-        out[i, 1] = h2
+        out[i, 0], out[i, 1] = _key_hash(buf, key_pos[i], key_len[i])
     return out
+
+
+@jit
+def _hash_record_keys_kernel(
+    buf: NDArray[np.uint8],
+    key_pos: NDArray[np.int64],
+    key_len: NDArray[np.int32],
+    out: NDArray[np.uint64],
+) -> int:
+    """Hash every record's key into `out`, (0, 0) for a null key; returns the first row
+    whose key lies outside `buf`, or -1."""
+    size = buf.shape[0]
+    for i in range(key_pos.shape[0]):
+        length = key_len[i]
+        if length < 0:
+            out[i, 0] = 0
+            out[i, 1] = 0
+            continue
+        pos = key_pos[i]
+        if pos < 0 or pos > size - length:
+            return i
+        out[i, 0], out[i, 1] = _key_hash(buf, pos, length)
+    return -1
 
 
 def hash_keys(
@@ -152,6 +180,24 @@ def hash_keys(
         raise ValueError(f"key_pos has {pos.size} entries but key_len has {lens.size}")
     _check_spans(data.size, pos, lens)
     return _hash_keys_kernel(data, pos, lens)
+
+
+def hash_record_keys(
+    buf: NDArray[np.uint8], key_pos: NDArray[np.int64], key_len: NDArray[np.int32]
+) -> NDArray[np.uint64]:
+    """Hash the key of every record of a decoded segment (`key_pos`, `key_len` as the
+    record columns hold them, strided views are fine): an (n, 2) array whose rows are
+    `hash_keys`' rows, and (0, 0), the empty-slot marker no key hashes to, for a null
+    key (length -1). One pass, no copies of the columns: the cleaner hashes whole
+    segments this way. Raises ValueError if a key lies outside `buf`."""
+    out = np.empty((key_pos.shape[0], 2), dtype=np.uint64)
+    bad = int(_hash_record_keys_kernel(buf, key_pos, key_len, out))
+    if bad >= 0:
+        raise ValueError(
+            f"key {bad} at position {int(key_pos[bad])} with length {int(key_len[bad])} is "
+            f"outside the {buf.shape[0]}-byte buffer"
+        )
+    return out
 
 
 def _check_spans(size: int, pos: NDArray[np.int64], lens: NDArray[np.int64]) -> None:

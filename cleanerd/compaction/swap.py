@@ -6,28 +6,34 @@ close, rename, unlink, directory fsync, mtime), so tests can stop a pass at any 
 operation and check what recovery makes of the leftovers.
 
 The swap of one group, whose cleaned output `<base>.{log,index,timeindex,txnindex}.cleaned`
-is complete and fsynced:
+is complete and fsynced (one segment, or several when the output overflowed one):
 
-1. rename the output's files `.cleaned` -> `.swap` (the `.log` first), then fsync the dir;
+1. rename the output's files `.cleaned` -> `.swap`, the highest base first and each
+   segment's `.log` first, then fsync the dir;
 2. rename every old segment's files to `.deleted`, then fsync the dir;
 3. rename the output's files `.swap` -> final names, then fsync the dir.
 
 Why each prefix recovers (Kafka's LogLoader, `cleanerd.log.recovery`): a crash in step 1
-leaves at least one `.cleaned` file of the output, and recovery deletes every `.swap` at
-or above the lowest `.cleaned` base and every `.cleaned`: the old segments are untouched,
-the pass never happened. After step 1 only `.swap` files remain of the output; recovery
-deletes every non-swap file whose offset lies in [swap base, swap next offset) and every
-`.deleted` file, then renames `.swap` to final names: the pass completed. Old segments
-whose base is at or past the output's next offset (nothing of them survived) are not in
-that range, so step 2 renames them first; a crash during step 2 then leaves only old
-files that recovery removes. Kafka renames in ascending order, which can leave such a
-segment behind after a crash; the order here closes that window except for a crash in
-the middle of those first renames. Step 3's dir fsync makes the final names durable
-before the cleaner checkpoint moves past the cleaned range.
+leaves at least one `.cleaned` file of the output, at a base no higher than any `.swap`
+of it (renames go high to low), and recovery deletes every `.swap` at or above the
+lowest `.cleaned` base and every `.cleaned`: the old segments are untouched, the pass
+never happened. After step 1 only `.swap` files remain of the output; recovery deletes
+every non-swap file whose offset lies in [lowest swap base, highest swap next offset)
+and every `.deleted` file, then renames `.swap` to final names: the pass completed. The
+output segments never overlap, so in step 3 one already renamed is outside the range of
+those still `.swap`. Old segments whose base is at or past the output's next offset
+(nothing of them survived) are not in that range, so step 2 renames them first; a crash
+during step 2 then leaves only old files that recovery removes. Kafka renames in
+ascending order, which can leave such a segment behind after a crash; the order here
+closes that window except for a crash in the middle of those first renames. Step 3's
+dir fsync makes the final names durable before the cleaner checkpoint moves past the
+cleaned range.
 
-`.deleted` files are unlinked after `file.delete.delay.ms` by a `PendingDeletions` queue
-owned by whoever owns the process lifetime (the daemon, or the one-shot CLI which flushes
-it before it exits); under disk pressure `unlink_all` frees the space at once.
+`.deleted` files, of swaps and of retention alike, are unlinked after
+`file.delete.delay.ms` by one `PendingDeletions` queue owned by whoever owns the process
+lifetime (the daemon, or the one-shot CLI which flushes it before it exits). Under disk
+pressure `unlink_on_device` frees at once the files waiting on one device (the KIP-61
+enforcement), `unlink_all` everything (process exit).
 """
 
 from __future__ import annotations
@@ -121,6 +127,18 @@ def remove_cleaned(dir_path: Path, base_offset: int, ops: FileOps) -> None:
             ops.unlink(path)
 
 
+def remove_stale_cleaned(dir_path: Path, ops: FileOps) -> list[Path]:
+    """Delete every `.cleaned` file of the partition dir: what a pass that died left
+    (a killed process or engine job; an output split at an overflow has bases no source
+    segment has). A partition has one pass at a time, so none is in use. Left in place,
+    such a file would make recovery after a crash mid-swap take a later swap for an
+    unfinished one. Returns the files."""
+    stale = sorted(dir_path.glob(f"*{CLEANED_FILE_SUFFIX}"))
+    for path in stale:
+        ops.unlink(path)
+    return stale
+
+
 def _existing_files(dir_path: Path, base_offset: int, *, with_snapshot: bool) -> list[Path]:
     kinds = SEGMENT_KINDS + ((PRODUCER_SNAPSHOT_FILE_SUFFIX,) if with_snapshot else ())
     return [p for k in kinds if (p := segment_file(dir_path, base_offset, k)).exists()]
@@ -133,53 +151,73 @@ def _add_suffix(path: Path, suffix: str) -> Path:
 def replace_segments(
     dir_path: Path,
     *,
-    new_base: int,
+    new_bases: Sequence[int],
     new_next_offset: int,
     old_bases: Sequence[int],
     ops: FileOps,
 ) -> list[Path]:
-    """Install the cleaned segment at `new_base` in place of the segments `old_bases`
-    (ascending); returns the `.deleted` files to unlink later. See the module docstring.
-    """
-    for path in cleaned_files(dir_path, new_base):
-        if path.exists():
-            ops.rename(path, _add_suffix(path.with_suffix(""), SWAP_FILE_SUFFIX))
+    """Install the cleaned segments `new_bases` (ascending; several when the output
+    overflowed one segment), which end at `new_next_offset`, in place of the segments
+    `old_bases` (ascending); returns the `.deleted` files to unlink later. See the module
+    docstring."""
+    for base in sorted(new_bases, reverse=True):
+        for path in cleaned_files(dir_path, base):
+            if path.exists():
+                ops.rename(path, _add_suffix(path.with_suffix(""), SWAP_FILE_SUFFIX))
     ops.fsync_dir(dir_path)
 
-    uncovered = [b for b in old_bases if b >= new_next_offset and b != new_base]
+    uncovered = [b for b in old_bases if b >= new_next_offset and b not in new_bases]
     covered = [b for b in old_bases if b not in uncovered]
     deleted: list[Path] = []
     for base in [*reversed(uncovered), *covered]:
-        for path in _existing_files(dir_path, base, with_snapshot=base != new_base):
+        for path in _existing_files(dir_path, base, with_snapshot=base not in new_bases):
             target = _add_suffix(path, DELETED_FILE_SUFFIX)
             ops.rename(path, target)
             deleted.append(target)
     ops.fsync_dir(dir_path)
 
-    for kind in SEGMENT_KINDS:
-        swap = segment_file(dir_path, new_base, kind, SWAP_FILE_SUFFIX)
-        if swap.exists():
-            ops.rename(swap, segment_file(dir_path, new_base, kind))
+    for base in new_bases:
+        for kind in SEGMENT_KINDS:
+            swap = segment_file(dir_path, base, kind, SWAP_FILE_SUFFIX)
+            if swap.exists():
+                ops.rename(swap, segment_file(dir_path, base, kind))
     ops.fsync_dir(dir_path)
     return deleted
+
+
+NO_DEVICE = -1
+"""The device of a file whose directory was already gone when it was scheduled."""
 
 
 @dataclass(order=True, frozen=True, slots=True)
 class _Pending:
     due_ms: int
     path: Path = field(compare=False)
+    device: int = field(compare=False)
+
+
+def _device_of_dir(path: Path) -> int:
+    try:
+        return path.stat().st_dev
+    except FileNotFoundError:
+        return NO_DEVICE
 
 
 @dataclass(slots=True)
 class PendingDeletions:
-    """`.deleted` files and the time each may be unlinked (`file.delete.delay.ms`)."""
+    """`.deleted` files, the time each may be unlinked (`file.delete.delay.ms`) and the
+    device (`st_dev` of its directory, taken when scheduled) it frees space on."""
 
     ops: FileOps = field(default_factory=FileOps)
     _queue: list[_Pending] = field(default_factory=list)
 
     def schedule(self, paths: Sequence[Path], *, now_ms: int, delay_ms: int) -> None:
         """Unlink `paths` at or after `now_ms + delay_ms`."""
-        self._queue.extend(_Pending(now_ms + delay_ms, p) for p in paths)
+        devices: dict[Path, int] = {}
+        for path in paths:
+            if path.parent not in devices:
+                devices[path.parent] = _device_of_dir(path.parent)
+            self._queue.append(_Pending(now_ms + delay_ms, path, devices[path.parent]))
         self._queue.sort()
 
     def __len__(self) -> int:
@@ -192,8 +230,15 @@ class PendingDeletions:
         return self._unlink(due)
 
     def unlink_all(self) -> list[Path]:
-        """Unlink everything now (process exit, disk pressure); returns the files."""
+        """Unlink everything now (process exit); returns the files."""
         due, self._queue = self._queue, []
+        return self._unlink(due)
+
+    def unlink_on_device(self, device: int) -> list[Path]:
+        """Unlink now every file waiting on `device` (an `st_dev`), whatever its due
+        time: the space is needed (disk pressure); returns the files."""
+        due = [p for p in self._queue if p.device == device]
+        self._queue = [p for p in self._queue if p.device != device]
         return self._unlink(due)
 
     def _unlink(self, items: list[_Pending]) -> list[Path]:

@@ -650,6 +650,9 @@ class PartitionLog:
                 segment.change_suffix(DELETED_FILE_SUFFIX)
                 log.info(
                     "segment.deleted",
+                    topic=self.topic_partition.topic,
+                    partition=self.topic_partition.partition,
+                    log_dir=str(self.log_dir),
                     path=str(segment.log_path),
                     base_offset=segment.base_offset,
                     size_bytes=segment.size,

@@ -11,10 +11,11 @@ percentage is the one `df` shows.
 Order of one enforcement (owner-mode log dirs only, `log.retention.disk.usage.percent`
 below 100), for every device above its threshold:
 
-1. unlink the `.deleted` files already waiting in that device's partition dirs (data
-   that retention or compaction removed and that only waits for
-   `file.delete.delay.ms`): freeing them loses nothing, so it comes before deleting
-   live segments. The pending-deletion queue skips files that are gone;
+1. unlink the `.deleted` files waiting on that device in the process's one
+   pending-deletion queue (`PendingDeletions.unlink_on_device`: data that retention or
+   compaction removed and that only waits for `file.delete.delay.ms`): freeing them
+   loses nothing, so it comes before deleting live segments. The queue skips files
+   that are gone;
 2. re-measure; plan with fresh snapshots (`plan_disk_usage_deletions`: the globally
    oldest non-active, high-watermark-covered segment first, across every policy,
    never `__cluster_metadata` nor a protected topic);
@@ -51,7 +52,8 @@ from typing import Final
 import psutil
 import structlog
 
-from cleanerd.log.files import DELETED_FILE_SUFFIX, TopicPartition
+from cleanerd.compaction.swap import PendingDeletions
+from cleanerd.log.files import TopicPartition
 from cleanerd.log.fsutil import safe_unlink
 from cleanerd.log.log_dir import LogDir, Mode
 from cleanerd.log.partition_log import PartitionLog
@@ -195,22 +197,6 @@ class _Enforcement:
             hysteresis_percent=self.hysteresis_percent,
         )
 
-    def free_pending(self, device: Device) -> list[Path]:
-        """Unlink the `.deleted` files in the partition dirs of `device`'s log dirs."""
-        freed = []
-        for log_dir in device.log_dirs:
-            owned = self.dir_of.get(str(log_dir))
-            if owned is None:
-                continue
-            for part in owned.partitions().values():
-                for path in sorted(part.glob(f"*{DELETED_FILE_SUFFIX}")):
-                    try:
-                        safe_unlink(path)
-                    except FileNotFoundError:
-                        continue
-                    freed.append(path)
-        return freed
-
     def delete(self, deletion: DiskDeletion) -> bool:
         """Delete one planned segment and unlink its files; False if it is gone."""
         plog = self.logs[(deletion.log_dir, deletion.topic_partition)]
@@ -239,10 +225,13 @@ def enforce_disk_usage(
     hysteresis_percent: float = 0.0,
     probe: UsageProbe = psutil_space,
     max_rounds: int = DEFAULT_MAX_ROUNDS,
+    pending: PendingDeletions | None = None,
 ) -> DiskUsageReport:
     """Bring every device of the owned `log_dirs` back to `percent` used by deleting
     the globally oldest segments of `logs` (the open partitions of those dirs); see the
-    module docstring. `protects(topic)` excludes a topic (`cfg.disk_usage.protects`)."""
+    module docstring. `protects(topic)` excludes a topic (`cfg.disk_usage.protects`).
+    `pending` is the process's pending-deletion queue, whose files on a device above its
+    threshold are unlinked first (None: no file is waiting)."""
     owned = [d for d in log_dirs if d.mode is Mode.OWNER]
     by_key = {(str(p.log_dir), p.topic_partition): p for p in logs}
     dir_of = {str(d.path): d for d in owned}
@@ -264,9 +253,9 @@ def enforce_disk_usage(
         return _dry_run(run, before, over)
 
     freed: list[Path] = []
-    for dev in run.devices:
-        if dev.device in {u.device for u in over}:
-            freed += run.free_pending(dev)
+    if pending is not None:
+        for above in over:
+            freed += pending.unlink_on_device(above.device)
     done: list[DiskDeletion] = []
     for _ in range(max_rounds):
         usage = run.measure()

@@ -116,54 +116,35 @@ def test_plain_decisions_match_the_scalar_rule() -> None:
 
 
 def test_keep_records_rules() -> None:
-    """Keyless dropped and counted; losers dropped; past-latest and control kept."""
-    rec_batch = np.array([0, 0, 0, 0, 1, 2], dtype=np.int64)
-    rec_offset = np.array([0, 1, 2, 3, 4, 9], dtype=np.int64)
-    has_key = np.array([True, False, True, True, True, False])
-    has_value = np.array([True, True, False, True, True, True])
-    found = np.array([3, -1, 2, 3, -1, -1], dtype=np.int64)
+    """Keyless dropped and counted; superseded records and tombstones past their horizon
+    dropped; records past the latest offset and control records kept."""
     keep, invalid = keep_records(
-        rec_batch=rec_batch,
-        rec_offset=rec_offset,
-        rec_has_key=has_key,
-        rec_has_value=has_value,
-        rec_found=found,
+        rec_batch=np.array([0, 0, 0, 0, 1, 2, 2], dtype=np.int64),
+        rec_offset=np.array([0, 1, 2, 3, 4, 5, 9], dtype=np.int64),
+        rec_key_len=np.array([1, -1, 1, 1, 1, 1, -1], dtype=np.int32),
+        rec_value_len=np.array([1, 1, -1, 1, 1, -1, 1], dtype=np.int32),
+        rec_survives=np.array([False, True, True, True, False, True, False]),
         batch_discard=np.array([False, False, False]),
         batch_is_control=np.array([False, True, False]),
         batch_retain_deletes=np.array([False, True, True]),
-        map_latest_offset=5,
-        exact_winner=False,
+        latest_offset=5,
     )
-    assert keep.tolist() == [False, False, False, True, True, True]
+    assert keep.tolist() == [False, False, False, True, True, True, True]
     assert invalid == 1
 
 
-def test_exact_winner_drops_newer_losers() -> None:
-    """Under a non-offset strategy a newer record than the winner is dropped."""
-    keep, _ = keep_records(
-        rec_batch=np.zeros(3, dtype=np.int64),
+def test_discarded_batches_keep_nothing() -> None:
+    """A batch whose records are discarded (aborted data) keeps none, whatever the keys."""
+    keep, invalid = keep_records(
+        rec_batch=np.array([0, 0, 1], dtype=np.int64),
         rec_offset=np.array([0, 1, 2], dtype=np.int64),
-        rec_has_key=np.ones(3, dtype=np.bool_),
-        rec_has_value=np.ones(3, dtype=np.bool_),
-        rec_found=np.array([1, 1, -1], dtype=np.int64),
-        batch_discard=np.array([False]),
-        batch_is_control=np.array([False]),
-        batch_retain_deletes=np.array([True]),
-        map_latest_offset=5,
-        exact_winner=True,
+        rec_key_len=np.array([1, -1, 1], dtype=np.int32),
+        rec_value_len=np.ones(3, dtype=np.int32),
+        rec_survives=np.ones(3, dtype=np.bool_),
+        batch_discard=np.array([True, False]),
+        batch_is_control=np.array([False, False]),
+        batch_retain_deletes=np.array([True, True]),
+        latest_offset=5,
     )
-    assert keep.tolist() == [False, True, True]
-    found = np.array([1, 1, 1], dtype=np.int64)
-    keep, _ = keep_records(
-        rec_batch=np.zeros(3, dtype=np.int64),
-        rec_offset=np.array([0, 1, 2], dtype=np.int64),
-        rec_has_key=np.ones(3, dtype=np.bool_),
-        rec_has_value=np.ones(3, dtype=np.bool_),
-        rec_found=found,
-        batch_discard=np.array([False]),
-        batch_is_control=np.array([False]),
-        batch_retain_deletes=np.array([True]),
-        map_latest_offset=5,
-        exact_winner=True,
-    )
-    assert keep.tolist() == [False, True, False]
+    assert keep.tolist() == [False, False, True]
+    assert invalid == 0

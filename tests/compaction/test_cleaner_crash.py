@@ -65,40 +65,52 @@ def checkpoint(root: Path) -> int:
     return OffsetCheckpointFile(path).read().get(TP, 0) if path.exists() else 0
 
 
-def cfg(segment_bytes: int) -> CleanerConfig:
+def cfg(segment_bytes: int, offset_range: int = 2**31 - 1) -> CleanerConfig:
     return CleanerConfig(
-        segment_bytes=segment_bytes, index_interval_bytes=64, producer_id_expiration_ms=LONG_MAX
+        segment_bytes=segment_bytes,
+        index_interval_bytes=64,
+        producer_id_expiration_ms=LONG_MAX,
+        max_cleaned_offset_range=offset_range,
     )
 
 
-@pytest.mark.parametrize("segment_bytes", [1 << 20, 400], ids=["one-group", "several-groups"])
-def test_crash_at_every_file_operation(tmp_path: Path, segment_bytes: int) -> None:
-    """Dying at any file operation leaves pre- or post-pass records, never a mix."""
+@pytest.mark.parametrize(
+    ("segment_bytes", "offset_range"),
+    [(1 << 20, 2**31 - 1), (400, 2**31 - 1), (1 << 20, 6)],
+    ids=["one-group", "several-groups", "one-group-several-outputs"],
+)
+def test_crash_at_every_file_operation(
+    tmp_path: Path, segment_bytes: int, offset_range: int
+) -> None:
+    """Dying at any file operation leaves pre- or post-pass records, never a mix; a group
+    whose output continued in several segments is swapped as one."""
     template = build(tmp_path / "template").parent
     ref = tmp_path / "reference"
     shutil.copytree(template, ref)
     pre = records(ref / "t-0")
     ops = CrashingOps()
-    clean(ref / "t-0", ops=ops, config=cfg(segment_bytes))
+    clean(ref / "t-0", ops=ops, config=cfg(segment_bytes, offset_range))
     post = records(ref / "t-0")
     assert post < pre
     assert ops.count > 20
+    if offset_range < 2**31 - 1:
+        assert sum(t.startswith("create") and ".log.cleaned" in t for t in ops.trace) > 1
     seen = set()
     for at in range(ops.count):
         root = tmp_path / f"crash-{at}"
         shutil.copytree(template, root)
         crashing = CrashingOps(at)
         with pytest.raises(SimulatedCrash):
-            clean(root / "t-0", ops=crashing, config=cfg(segment_bytes))
+            clean(root / "t-0", ops=crashing, config=cfg(segment_bytes, offset_range))
         crashing.die()
         recover(root / "t-0")
         state = records(root / "t-0")
-        if segment_bytes == 1 << 20:
+        if segment_bytes == 1 << 20:  # one group: swapped as a whole
             assert state in (pre, post), f"mixed state after a crash at {ops.trace[at]}"
         else:  # groups swap one at a time: each group is before or after
             assert post <= state <= pre, f"lost or resurrected records at {ops.trace[at]}"
         seen.add(state == post)
-        clean(root / "t-0", first_dirty=checkpoint(root), config=cfg(segment_bytes))
+        clean(root / "t-0", first_dirty=checkpoint(root), config=cfg(segment_bytes, offset_range))
         recover(root / "t-0")
         assert records(root / "t-0") == post
         shutil.rmtree(root)

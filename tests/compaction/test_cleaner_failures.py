@@ -15,6 +15,8 @@ from cleanerd.compaction.cleaner import Cleaner, CleanerConfig, CleaningAborted
 from cleanerd.compaction.manager import UncleanablePartitions, clean_or_mark
 from cleanerd.compaction.offset_map import OffsetMap
 from cleanerd.compaction.swap import FileOps
+from cleanerd.config import config_from_data
+from cleanerd.daemon.cycle import cleaner_config_for
 from cleanerd.errors import CorruptRecordError
 from tests.compaction.conftest import (
     LONG_MAX,
@@ -24,6 +26,7 @@ from tests.compaction.conftest import (
     active_base,
     clean,
     k,
+    read_batches,
     segment_metas,
 )
 
@@ -137,27 +140,66 @@ def test_enospc_on_tmpfs(tmp_path: Path) -> None:
         subprocess.run(["umount", str(mnt)], check=True)
 
 
+def big_log(root: Path) -> Path:
+    """Scenarios 17-19's log: 1 MiB records (k0, k1, k0 again), then an active segment."""
+    log = LogBuilder(root)
+    big = bytes(1024 * 1024)
+    log.records([(k(0), big), (k(1), big), (k(0), big + b"!")])
+    log.roll()
+    log.append([(k(2), b"x")])
+    return log.write()
+
+
+def test_17_topic_limit_shrunk_after_writing(tmp_path: Path) -> None:
+    """Scenario 17: 1 MiB records clean under a topic whose max.message.bytes was then
+    set to 512 KiB (segments are read whole: no per-batch read buffer to outgrow)."""
+    d = big_log(tmp_path / "logs")
+    cfg = config_from_data(
+        {"log.dirs": [str(tmp_path)], "topics": {"t": {"max.message.bytes": 512 * 1024}}}
+    )
+    topic = cfg.topic_config("t")
+    assert topic.max_message_bytes == 512 * 1024
+    config = cleaner_config_for(topic, producer_id_expiration_ms=LONG_MAX)
+    clean(d, config=config)
+    values = [r.value for b in read_batches(d) for r in b.records]
+    assert [len(v or b"") for v in values] == [1024 * 1024, 1024 * 1024 + 1, 1]
+
+
+def corrupt_and_check(d: Path, seg: Path, match: str | None) -> None:
+    """The pass fails with a corrupt-record error naming `seg` and byte 0; the files stay
+    as they were; clean_or_mark marks the partition with that reason."""
+    before = files(d)
+    with pytest.raises(CorruptRecordError, match=match) as info:
+        clean(d)
+    assert info.value.path == str(seg)
+    assert info.value.position == 0
+    assert files(d) == before
+    registry = UncleanablePartitions()
+    assert run_marked(d, registry) is None
+    reason = registry.reason(TP) or ""
+    assert "CorruptRecordError" in reason
+    assert str(seg) in reason
+    assert files(d) == before
+
+
 def test_18_bad_magic_is_corrupt(tmp_path: Path) -> None:
-    """Scenario 18: a batch whose magic byte is 0xFF is a corrupt-record error."""
-    d = build(tmp_path / "logs")
+    """Scenario 18: the first batch's magic byte overwritten with 0xFF is a corrupt-record
+    error naming the file and position; originals untouched, partition marked."""
+    d = big_log(tmp_path / "logs")
     seg = d / "00000000000000000000.log"
     data = bytearray(seg.read_bytes())
     data[16] = 0xFF
     seg.write_bytes(bytes(data))
-    with pytest.raises(CorruptRecordError, match="magic"):
-        clean(d)
+    corrupt_and_check(d, seg, "magic")
 
 
 def test_19_truncated_segment_is_corrupt(tmp_path: Path) -> None:
-    """Scenario 19: a batch declaring more bytes than the file holds is corrupt."""
-    d = build(tmp_path / "logs")
+    """Scenario 19: the segment truncated to 1024 bytes: its first batch declares more
+    bytes than are left, a corrupt-record error; originals untouched, partition marked."""
+    d = big_log(tmp_path / "logs")
     seg = d / "00000000000000000000.log"
-    seg.write_bytes(seg.read_bytes()[:100])
-    before = files(d)
-    with pytest.raises(CorruptRecordError) as info:
-        clean(d)
-    assert info.value.path == str(seg)
-    assert files(d) == before
+    seg.write_bytes(seg.read_bytes()[:1024])
+    corrupt_and_check(d, seg, None)
 
 
 def test_29_abort_during_copy(tmp_path: Path) -> None:
@@ -181,19 +223,3 @@ def test_29_abort_during_copy(tmp_path: Path) -> None:
         )
     assert files(d) == before
     assert registry.reason(TP) is None
-
-
-def test_offset_overflow_in_a_source_segment_is_reported(tmp_path: Path) -> None:
-    """A segment holding an offset 2^31 past its base (scenario 36's input) is refused
-    with a clear error and the partition marked, instead of writing a bad index."""
-    log = LogBuilder(tmp_path / "logs", index_interval=1 << 20)
-    log.append([(k(0), b"a")], timestamps=[5000])
-    log.append([(k(1), b"b")], offset=2**31 + 5, timestamps=[1000])
-    log.roll()
-    log.append([(k(2), b"c")])
-    d = log.write()
-    before = files(d)
-    registry = UncleanablePartitions()
-    assert run_marked(d, registry) is None
-    assert "offset overflow" in (registry.reason(TP) or "")
-    assert files(d) == before

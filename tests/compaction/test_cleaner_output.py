@@ -6,8 +6,12 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import pytest
+
+from cleanerd.compaction import cleaner
 from cleanerd.log.recovery import SegmentOptions, recover_partition
-from cleanerd.records.header import Compression
+from cleanerd.records.columns import SegmentColumns, segment_columns
+from cleanerd.records.header import Buffer, Compression
 from cleanerd.records.scan import scan_batches
 from tests.compaction.conftest import LogBuilder, clean, k, read_batches
 
@@ -67,3 +71,23 @@ def test_cleaned_segment_takes_last_source_mtime_and_valid_indexes(tmp_path: Pat
     assert [s.base_offset for s in segments] == [0, 60]
     data = (d / f"{0:020d}.log").read_bytes()
     assert len(list(scan_batches(data))) == 7
+
+
+def test_crcs_are_checked_once_per_pass(log: LogBuilder, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A dirty segment decoded again for the copy (no room to keep it decoded) is not
+    CRC-checked a second time; every segment is checked once."""
+    for i in range(6):
+        log.append([(k(i % 2), k(i))])
+        if i == 2:
+            log.roll()
+    log.roll()
+    d = log.write()
+    checked: list[tuple[int, bool]] = []
+    def spy(raw: Buffer, *, verify_crc: bool) -> SegmentColumns:
+        checked.append((len(raw), verify_crc))
+        return segment_columns(raw, verify_crc=verify_crc)
+
+    monkeypatch.setattr(cleaner, "segment_columns", spy)
+    monkeypatch.setattr(cleaner, "CACHE_BYTES", 0)
+    clean(d)
+    assert [v for _, v in checked] == [True, True, False, False]

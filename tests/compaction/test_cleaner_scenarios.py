@@ -2,18 +2,25 @@
 
 from __future__ import annotations
 
+import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
 
-from cleanerd.compaction.cleaner import CleanerConfig
+from cleanerd.compaction.cleaner import Cleaner, CleanerConfig
 from cleanerd.compaction.keyhash import hash_key
 from cleanerd.compaction.offset_map import OffsetMap
+from cleanerd.log.partition_log import PartitionLog
 from cleanerd.log.txnindex import AbortedTxn
+from cleanerd.records.batch import RecordBatch, decode_batch
+from cleanerd.records.scan import scan_batches
 from tests.compaction.conftest import (
     DAY,
     LONG_MAX,
     T2,
+    TP,
     LogBuilder,
     T,
     aborted_txns,
@@ -611,3 +618,151 @@ def test_16_large_batches(log: LogBuilder) -> None:
         len(big),
         len(big) + 1,
     ]
+
+
+def test_2_cleaned_log_is_exactly_its_batches(log: LogBuilder) -> None:
+    """Scenario 2 without preallocation: cleanerd never preallocates, so the cleaned
+    .log (segment.bytes 1024) holds exactly its batches, below 1024 bytes."""
+    log.records([kv(0), kv(1), kv(0, 2), kv(1, 3), kv(0, 4)])
+    log.roll()
+    d = log.write()
+    clean(d, first_dirty=2, config=CleanerConfig(segment_bytes=1024))
+    first = segment_metas(d)[0]
+    size = (d / f"{first.base_offset:020d}.log").stat().st_size
+    assert size == sum(b.header.size_in_bytes for b in read_batches_of(d, first.base_offset))
+    assert size < 1024
+
+
+INT32_MAX = 2**31 - 1
+
+
+def relative_spans_fit(d: Path) -> bool:
+    return all(
+        b.header.last_offset - m.base_offset <= INT32_MAX
+        for m in segment_metas(d)
+        for b in read_batches_of(d, m.base_offset)
+    )
+
+
+def read_batches_of(d: Path, base: int) -> list[RecordBatch]:
+    data = (d / f"{base:020d}.log").read_bytes()
+    return [decode_batch(data, info.position) for info in scan_batches(data)]
+
+
+def sparse_log(log: LogBuilder, *, extra: bool) -> Path:
+    """Scenario 33's log: a first segment of records, then records at Int.MAX - 1 and
+    Int.MAX (and Int.MAX + 1 with `extra`) in a second, then an active segment."""
+    log.records([kv(i) for i in range(10)])
+    log.roll()
+    log.append([kv(10)], offset=INT32_MAX - 1)
+    log.append([kv(11)])
+    if extra:
+        log.append([kv(12)])
+    log.roll()
+    log.append([kv(13)])
+    return log.write()
+
+
+def test_33_sparse_offsets_one_group(log: LogBuilder) -> None:
+    """Scenario 33: records up to Int.MAX in the second segment still group with the
+    first: the pass writes one cleaned segment, every record kept."""
+    d = sparse_log(log, extra=False)
+    before = view(d)
+    clean(d)
+    assert [m.base_offset for m in segment_metas(d)] == [0, INT32_MAX + 1]
+    assert view(d) == before
+    assert relative_spans_fit(d)
+
+
+def test_33_sparse_offsets_past_int_max_two_groups(tmp_path: Path) -> None:
+    """Scenario 33: one more record past Int.MAX makes two groups (the estimate of the
+    second segment's last offset crosses the span), each within the int32 range."""
+    d = sparse_log(LogBuilder(tmp_path / "logs"), extra=True)
+    before = view(d)
+    clean(d)
+    assert [m.base_offset for m in segment_metas(d)] == [0, 10, INT32_MAX + 2]
+    assert view(d).offsets == before.offsets
+    assert relative_spans_fit(d)
+
+
+def test_34_stale_index_does_not_drive_grouping(tmp_path: Path) -> None:
+    """Scenario 34: with no index entries (interval 400), the grouping estimates a
+    segment's last offset from the next base, so the segment rolled at Int.MAX/2 holding
+    Int.MAX + 1 is cleaned on its own: 2 groups, not a split output."""
+    log = LogBuilder(tmp_path / "logs", index_interval=400)
+    log.records([kv(0), kv(1)])
+    log.roll(INT32_MAX // 2)
+    log.append([kv(2)])
+    log.append([kv(3)], offset=INT32_MAX + 1)
+    log.roll()
+    log.append([kv(4)])
+    d = log.write()
+    before = view(d)
+    clean(d, config=CleanerConfig(index_interval_bytes=400, producer_id_expiration_ms=LONG_MAX))
+    assert [m.base_offset for m in segment_metas(d)] == [0, INT32_MAX // 2, INT32_MAX + 2]
+    assert view(d) == before
+    assert relative_spans_fit(d)
+
+
+def test_35_offset_map_ranges(tmp_path: Path) -> None:
+    """Scenario 35: for the ranges [0, seg1), [seg1, seg3), [seg3, active base) the map
+    holds exactly the keys in range at their offsets, ends at the range end, misses the
+    keys just outside and counts the range's records as read."""
+    log = LogBuilder(tmp_path / "template" / "logs")
+    for i in range(500):
+        log.append([kv(i)])
+        if i % 100 == 99:
+            log.roll()
+    log.append([kv(500)])
+    template = log.write().parent
+    bases = [0, 100, 200, 300, 400, 500]
+    for start, end in [(0, bases[1]), (bases[1], bases[3]), (bases[3], bases[5])]:
+        root = tmp_path / f"range-{start}"
+        shutil.copytree(template, root)
+        m = OffsetMap(2048 * 24)
+        r = clean(root / "t-0", first_dirty=start, first_uncleanable=end, offset_map=m)
+        assert (m.size, m.latest_offset + 1, r.end_offset) == (end - start, end, end)
+        inside = np.array([hash_key(k(i)) for i in range(start, end)], dtype=np.uint64)
+        assert m.get_many(inside)[0].tolist() == list(range(start, end))
+        outside = [hash_key(k(i)) for i in (start - 1, end) if i >= 0]
+        assert m.get_many(np.array(outside, dtype=np.uint64))[0].tolist() == [-1] * len(outside)
+        assert r.stats.map_messages_read == end - start
+
+
+def test_42_retention_during_swap_is_serialised(tmp_path: Path) -> None:
+    """Scenario 42: retention that takes the partition lock just before the swap (log
+    start moved to the active base) renames each old segment to `.deleted` once; the
+    swap renames only what is left, and the cleaned segment and the active one remain."""
+    log = LogBuilder(tmp_path / "logs")
+    for i in range(6):
+        log.append([kv(i % 2, i)])
+        if i in (2, 4):
+            log.roll()
+    d = log.write()
+    plog = PartitionLog.open(d, state_dir=tmp_path / "state")
+    active = plog.segments[-1].base_offset
+
+    @contextmanager
+    def retention_first() -> Iterator[None]:
+        deleted.extend(plog.delete_segments(plog.segments[:-1], reason="log.start.offset"))
+        with plog.lock:
+            yield
+
+    deleted: list[Path] = []
+    result = Cleaner(OffsetMap(1024 * 24)).clean(
+        log_dir=d.parent,
+        tp=TP,
+        segments=segment_metas(d),
+        first_dirty=0,
+        first_uncleanable=active,
+        now_ms=T,
+        config=CleanerConfig(producer_id_expiration_ms=LONG_MAX),
+        swap_lock=retention_first(),
+    )
+    names = sorted(p.name for p in d.iterdir())
+    assert [n for n in names if n.endswith(".log")] == [f"{0:020d}.log", f"{active:020d}.log"]
+    assert sorted(p.name for p in deleted).count(f"{0:020d}.log.deleted") == 1
+    assert not any(n.endswith(".deleted.deleted") for n in names)
+    assert set(result.deleted_files).isdisjoint(deleted)
+    plog.refresh()
+    assert plog.log_start_offset == active

@@ -9,7 +9,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cleanerd.compaction.keyhash import ZERO_KEY_HASH, hash_key, hash_keys, murmur3_x64_128
+from cleanerd.compaction.keyhash import (
+    ZERO_KEY_HASH,
+    hash_key,
+    hash_keys,
+    hash_record_keys,
+    murmur3_x64_128,
+)
 
 MASK = (1 << 64) - 1
 
@@ -134,3 +140,27 @@ def test_refuses_mismatched_columns() -> None:
     """key_pos and key_len must have one entry per key."""
     with pytest.raises(ValueError, match="key_pos has 2 entries but key_len has 1"):
         hash_keys(np.zeros(4, np.uint8), np.array([0, 1]), np.array([1]))
+
+
+@settings(deadline=None, max_examples=50)
+@given(st.lists(st.one_of(st.none(), st.binary(max_size=40)), min_size=1, max_size=30))
+def test_hash_record_keys_matches_hash_keys_and_marks_null_keys(keys: list[bytes | None]) -> None:
+    """Every record's key gets hash_keys' row (strided columns are fine); a null key gets
+    (0, 0), which no key hashes to."""
+    buf = np.frombuffer(b"".join(k or b"" for k in keys) + b"\0", dtype=np.uint8)
+    rows = np.zeros(len(keys), dtype=[("pos", "<i8"), ("len", "<i4"), ("pad", "<i4")])
+    pos = 0
+    for i, key in enumerate(keys):
+        rows[i] = (pos, -1 if key is None else len(key), 0)
+        pos += len(key or b"")
+    got = hash_record_keys(buf, rows["pos"], rows["len"])
+    for i, key in enumerate(keys):
+        want = (0, 0) if key is None else hash_key(key)
+        assert (int(got[i, 0]), int(got[i, 1])) == want
+
+
+def test_hash_record_keys_refuses_a_key_outside_the_buffer() -> None:
+    """A key span past the end of the buffer is a ValueError naming the row."""
+    buf = np.zeros(8, dtype=np.uint8)
+    with pytest.raises(ValueError, match="key 1 at position 4 with length 5"):
+        hash_record_keys(buf, np.array([0, 4], dtype=np.int64), np.array([2, 5], dtype=np.int32))

@@ -4,7 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from cleanerd.compaction.swap import FileOps, PendingDeletions, cleaned_files, replace_segments
+from cleanerd.compaction.swap import (
+    FileOps,
+    PendingDeletions,
+    cleaned_files,
+    remove_stale_cleaned,
+    replace_segments,
+)
 from cleanerd.log.files import log_file, segment_file
 from tests.compaction.crashing_ops import CrashingOps
 
@@ -21,7 +27,7 @@ def test_replace_order_and_result(tmp_path: Path) -> None:
     seg(tmp_path, 0, suffix=".cleaned", content=b"new")
     ops = CrashingOps()
     deleted = replace_segments(
-        tmp_path, new_base=0, new_next_offset=15, old_bases=[0, 10, 20], ops=ops
+        tmp_path, new_bases=[0], new_next_offset=15, old_bases=[0, 10, 20], ops=ops
     )
     renames = [t for t in ops.trace if t.startswith("rename")]
     assert renames[0] == "rename 00000000000000000000.log.cleaned -> 00000000000000000000.log.swap"
@@ -51,3 +57,55 @@ def test_pending_deletions_wait_for_delay(tmp_path: Path) -> None:
     b.unlink()  # removed by someone else: not an error
     assert q.unlink_all() == []
     assert len(q) == 0
+
+
+def test_unlink_on_device_frees_only_that_device(tmp_path: Path) -> None:
+    """Under disk pressure the files waiting on one device go at once, due or not; the
+    others keep waiting."""
+    a, b = tmp_path / "a.deleted", tmp_path / "b.deleted"
+    a.write_bytes(b"1")
+    b.write_bytes(b"2")
+    q = PendingDeletions(FileOps())
+    q.schedule([a, b], now_ms=0, delay_ms=60_000)
+    device = tmp_path.stat().st_dev
+    assert q.unlink_on_device(device + 1) == []
+    assert len(q) == 2
+    assert q.unlink_on_device(device) == [a, b]
+    assert not a.exists()
+    assert not b.exists()
+    assert len(q) == 0
+
+
+def test_replace_with_several_new_segments(tmp_path: Path) -> None:
+    """An output split in two is swapped as one: `.cleaned` -> `.swap` highest base
+    first, every old segment `.deleted` (a same-base one too), both new segments final."""
+    for base in (0, 10, 20):
+        seg(tmp_path, base, content=b"old")
+    seg(tmp_path, 0, suffix=".cleaned", content=b"new0")
+    seg(tmp_path, 12, suffix=".cleaned", content=b"new12")
+    ops = CrashingOps()
+    deleted = replace_segments(
+        tmp_path, new_bases=[0, 12], new_next_offset=25, old_bases=[0, 10, 20], ops=ops
+    )
+    renames = [t for t in ops.trace if t.startswith("rename")]
+    assert renames[0] == "rename 00000000000000000012.log.cleaned -> 00000000000000000012.log.swap"
+    assert renames[3].startswith("rename 00000000000000000000.log.cleaned")
+    assert log_file(tmp_path, 0).read_bytes() == b"new0"
+    assert log_file(tmp_path, 12).read_bytes() == b"new12"
+    assert not log_file(tmp_path, 10).exists()
+    assert not log_file(tmp_path, 20).exists()
+    assert len(deleted) == 9
+    assert not list(tmp_path.glob("*.cleaned"))
+    assert not list(tmp_path.glob("*.swap"))
+
+
+def test_remove_stale_cleaned(tmp_path: Path) -> None:
+    """Every `.cleaned` file of the dir goes, whatever its base; nothing else does."""
+    seg(tmp_path, 0)
+    seg(tmp_path, 7, suffix=".cleaned")
+    seg(tmp_path, 9, suffix=".cleaned")
+    gone = remove_stale_cleaned(tmp_path, FileOps())
+    assert len(gone) == 6
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        f"{0:020d}{k}" for k in (".log", ".index", ".timeindex")
+    )

@@ -1,10 +1,11 @@
-"""A real Prometheus server (Debian's `prometheus`) scrapes cleanerd's metrics endpoint.
+"""A real Prometheus server (Debian's `prometheus`) scrapes a real `cleanerd run`.
 
-The test makes a compacted log overdue by about an hour, serves its metrics, starts
-Prometheus on loopback with a temporary config (1 s scrapes, the shipped alert rules)
-and asks Prometheus' HTTP API for the delay under the native and the Kafka name. The
-delay grows with the wall clock, so the expected value is bracketed by the clock read
-before the endpoint started and after the query returned.
+The test makes a compacted log overdue by about an hour, starts the daemon on it as a
+subprocess (metrics on a loopback port, refreshed every second, the cleaner disabled so
+the log stays overdue), starts Prometheus on loopback with a temporary config (1 s
+scrapes, the shipped alert rules) and asks Prometheus' HTTP API for the delay under the
+native and the Kafka name. The delay grows with the wall clock, so the expected value is
+bracketed by the clock read before the daemon started and after the query returned.
 """
 
 from __future__ import annotations
@@ -12,8 +13,10 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import os
 import socket
 import subprocess
+import sys
 import time
 import urllib.parse
 import urllib.request
@@ -24,12 +27,7 @@ from typing import Any
 
 import pytest
 
-from cleanerd.compaction.cleanable import log_to_clean
-from cleanerd.config import MetricsConfig
-from cleanerd.daemon.metrics import MetricsExporter
 from cleanerd.log.files import TopicPartition
-from cleanerd.log.meta import PartitionMeta
-from cleanerd.metrics_model import PartitionState, build_snapshot
 from tests.builders import build_log, kv
 from tests.tools import require_tool
 
@@ -38,6 +36,7 @@ pytestmark = pytest.mark.network
 REPO = Path(__file__).resolve().parents[2]
 ALERTS = REPO / "config" / "prometheus" / "alerts.yml"
 DASHBOARD = REPO / "config" / "grafana" / "cleanerd-dashboard.json"
+TOPIC = "orders"
 LAG_MS = 60_000
 OVERDUE_MS = 3_600_000
 WAIT_S = 60.0  # an upper bound for a first scrape that takes about 6 s, never an assertion
@@ -146,7 +145,6 @@ class OverdueLog:
     """A compacted partition whose earliest dirty record is `earliest_ms`."""
 
     log_dir: Path
-    meta: PartitionMeta
     earliest_ms: int
 
     def delay_ms(self, now_ms: int) -> int:
@@ -158,47 +156,84 @@ def make_overdue_log(tmp_path: Path) -> OverdueLog:
     now = _wall_ms()
     earliest = now - OVERDUE_MS - LAG_MS
     log_dir = tmp_path / "data"
-    plog = build_log(
+    build_log(
         log_dir,
         [[[kv("k", "old", timestamp=earliest)]], [[kv("k", "new", timestamp=now - 1_000)]]],
         state_dir=tmp_path / "state",
-        tp=TopicPartition("orders", 0),
+        tp=TopicPartition(TOPIC, 0),
     )
-    return OverdueLog(log_dir, plog.meta(), earliest)
+    return OverdueLog(log_dir, earliest)
+
+
+def _daemon_config(tmp_path: Path, overdue: OverdueLog, listen: str) -> Path:
+    config = tmp_path / "cleanerd.yaml"
+    config.write_text(
+        json.dumps(  # JSON is YAML
+            {
+                "log.dirs": [str(overdue.log_dir)],
+                "state_dir": str(tmp_path / "state"),
+                # Nothing cleans the log, so it stays overdue and the delay is known.
+                "log.cleaner.enable": False,
+                "topics": {TOPIC: {"cleanup.policy": "compact", "max.compaction.lag.ms": LAG_MS}},
+                "metrics": {"listen": listen, "refresh_interval_s": 1.0},
+                "logging": {"format": "json"},
+            }
+        )
+    )
+    return config
 
 
 @contextlib.contextmanager
-def serve_metrics(overdue: OverdueLog) -> Iterator[str]:
-    """The exporter on a free loopback port, serving a snapshot of the overdue log made
-    at the current wall-clock time; yields its HOST:PORT."""
-    now = _wall_ms()
-    ltc = log_to_clean(
-        overdue.meta,
-        checkpoint=None,
-        now_ms=now,
-        min_compaction_lag_ms=0,
-        max_compaction_lag_ms=LAG_MS,
-    )
-    exporter = MetricsExporter(MetricsConfig(listen="127.0.0.1:0"))
-    exporter.update(
-        build_snapshot(now_ms=now, partitions=[PartitionState(overdue.meta, ltc)], last_run_ms=now)
-    )
-    exporter.start()
+def run_daemon(tmp_path: Path, overdue: OverdueLog) -> Iterator[str]:
+    """`cleanerd run` on the overdue log until its metrics show the delay; yields the
+    metrics endpoint's HOST:PORT; stops the daemon with SIGTERM."""
+    listen = f"127.0.0.1:{_free_port()}"
+    config = _daemon_config(tmp_path, overdue, listen)
+    log = tmp_path / "cleanerd.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "cleanerd", "run", "-c", str(config)],
+            cwd=tmp_path,
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
     try:
-        address = exporter.address
-        assert address is not None
-        yield f"{address[0]}:{address[1]}"
+        _wait_for_delay(proc, listen, log)
+        yield listen
     finally:
-        exporter.stop()
+        proc.terminate()
+        try:
+            proc.wait(timeout=WAIT_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def _wait_for_delay(proc: subprocess.Popen[bytes], listen: str, log: Path) -> None:
+    """Until the daemon's first snapshot (after its first cycle) is served."""
+    deadline = time.monotonic() + WAIT_S
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"cleanerd exited {proc.returncode}: {log.read_text()}")
+        with (
+            contextlib.suppress(OSError),
+            urllib.request.urlopen(f"http://{listen}/metrics", timeout=2) as response,
+        ):
+            if b"\ncleanerd_max_compaction_delay_seconds{" in response.read():
+                return
+        time.sleep(0.1)
+    raise AssertionError(f"cleanerd served no delay within {WAIT_S} s: {log.read_text()}")
 
 
 def test_prometheus_scrapes_the_overdue_delay_under_both_names(tmp_path: Path) -> None:
-    """Through Prometheus' API: the native delay is the log's overdue time in seconds,
-    the Kafka-named gauge is the same in whole seconds, the shipped overdue alert is
-    pending for that log dir, and every dashboard query evaluates."""
+    """Through Prometheus' API, from a running daemon: the native delay is the log's
+    overdue time in seconds, the Kafka-named gauge is the same in whole seconds, the
+    delay keeps growing with nothing written, the shipped overdue alert is pending for
+    that log dir, and every dashboard query evaluates."""
     overdue = make_overdue_log(tmp_path)
     low_ms = overdue.delay_ms(_wall_ms())
-    with serve_metrics(overdue) as target, run_prometheus(tmp_path, target) as prometheus:
+    with run_daemon(tmp_path, overdue) as target, run_prometheus(tmp_path, target) as prometheus:
         first = prometheus.wait_for("cleanerd_max_compaction_delay_seconds")
         at = float(first[0]["value"][0])
         native = prometheus.query("cleanerd_max_compaction_delay_seconds", at)
@@ -211,6 +246,8 @@ def test_prometheus_scrapes_the_overdue_delay_under_both_names(tmp_path: Path) -
         assert low_ms / 1000 <= native_s <= high_ms / 1000
         kafka_secs = float(kafka[0]["value"][1])
         assert kafka_secs == math.floor(native_s)  # same scrape, Kafka's int seconds
+        # Nothing is written or cleaned, yet the delay grows: it is refreshed on a timer.
+        prometheus.wait_for(f"cleanerd_max_compaction_delay_seconds > {native_s}")
 
         alert = prometheus.wait_for('ALERTS{alertname="CleanerdCompactionDeadlineOverdue"}')
         assert alert[0]["metric"]["alertstate"] == "pending"  # `for: 5m` has not passed

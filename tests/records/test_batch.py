@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import struct
-from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -30,8 +29,9 @@ from cleanerd.records.header import (
 )
 from cleanerd.records.record import Record, RecordHeader
 from cleanerd.records.scan import scan_batches
+from tests.conftest import KAFKA_REAL
 
-FIXTURES = Path("/work/shared/fixtures/kafka-real")
+FIXTURES = KAFKA_REAL
 
 # IBM/sarama's record_test.go vector: one record, key 01020304, value 050607, one header
 # (key bytes 08 09 0a, value 0b0c), baseTimestamp 1479847795000, delta 5, maxTimestamp 0,

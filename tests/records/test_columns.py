@@ -20,9 +20,10 @@ from cleanerd.records.header import RECORD_BATCH_OVERHEAD, Compression, Timestam
 from cleanerd.records.record import Record, RecordHeader
 from cleanerd.records.scan import scan_batches
 from cleanerd.records.varint import encode_varint
+from tests.conftest import KAFKA_REAL
 from tests.records.oracles import build_legacy
 
-FIXTURES = Path("/work/shared/fixtures/kafka-real")
+FIXTURES = KAFKA_REAL
 
 
 def sample(base: int, n: int, ts: int = 1_000) -> list[Record]:

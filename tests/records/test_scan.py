@@ -13,8 +13,9 @@ from cleanerd.records.batch import encode_batch, encode_empty_batch
 from cleanerd.records.header import Compression
 from cleanerd.records.record import Record
 from cleanerd.records.scan import BatchInfo, scan_batches, scan_valid_prefix
+from tests.conftest import KAFKA_REAL
 
-FIXTURES = Path("/work/shared/fixtures/kafka-real")
+FIXTURES = KAFKA_REAL
 
 REAL_FILES = {
     "kraft-combined-logs/foo-0/00000000000000000000.log": {0: [0]},

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from structlog.testing import capture_logs
 
+from cleanerd.compaction.swap import PendingDeletions
 from cleanerd.log.files import TopicPartition
 from cleanerd.log.log_dir import LogDir
 from cleanerd.log.partition_log import LogConfig, PartitionLog
@@ -170,16 +171,19 @@ def test_dry_run_changes_nothing(tmp_path: Path, dirs: list[LogDir]) -> None:
 
 
 def test_pending_deleted_files_go_before_live_segments(tmp_path: Path, dirs: list[LogDir]) -> None:
-    """`.deleted` files waiting for file.delete.delay.ms are unlinked first; when that
-    frees enough, no live segment is deleted."""
+    """`.deleted` files waiting in the pending-deletion queue for file.delete.delay.ms
+    are unlinked first; when that frees enough, no live segment is deleted."""
     a = fill(dirs[0], TopicPartition("orders", 0), [9, 0])
     leftover = a.dir / "00000000000000000099.log.deleted"
     leftover.write_bytes(b"x" * 100 * KB)
+    pending = PendingDeletions()
+    pending.schedule([leftover], now_ms=NOW, delay_ms=HOUR)
     probe = files_probe(tmp_path, 400 * KB)
     report = enforce_disk_usage(
-        dirs, [a], percent=20, protects=lambda _t: False, now_ms=NOW, probe=probe
+        dirs, [a], percent=20, protects=lambda _t: False, now_ms=NOW, probe=probe, pending=pending
     )
     assert report.freed_pending == (leftover,)
+    assert len(pending) == 0
     assert report.deletions == ()
     assert segments_of(a) == [0, 4]
 

@@ -1,0 +1,730 @@
+"""One maintenance cycle over every log dir, and the loop of cycles.
+
+A cycle, at the instant `now = clock()` it starts:
+
+1. **discover**: list the partitions of each log dir (owner mode; a dir whose `.lock`
+   another process holds is observed and left alone), open new ones (finishing any
+   interrupted swap), forget vanished ones. A topic-partition found in a second log dir
+   is skipped there: cleaning state is per topic-partition, as in Kafka;
+2. **roll** (`roller.maybe_roll`): every active segment due by size or time;
+3. **retention** (`executor.apply_retention`): compacted partitions every cycle (Kafka's
+   cleaner-driven retention), the others every `log.retention.check.interval.ms`, each
+   only when the scheduler grants it (`LogCleanerManager.retention_hold`: not while a
+   pass holds it; not a compacted partition marked uncleanable);
+4. **disk usage** (KIP-61, `disk.enforce_disk_usage`) with the same check interval, and
+   at once when a device is above `log.retention.disk.usage.percent`, over the
+   partitions the scheduler grants;
+5. **clean**: every compacted partition's candidate is computed; while the scheduler has
+   an eligible free partition (`grab_next`: overdue first, then nearest deadline, then
+   dirtiest) and the engine a free worker, a pass is submitted; each finished pass
+   re-evaluates its partition, which goes back in the queue while it is still eligible
+   (a pass whose offset map filled up ends early). The phase ends when nothing eligible
+   is left and no pass is running. A failed pass marks its partition uncleanable; a
+   pass whose worker died is retried once, and marked on a second death in a row;
+6. **flush**: `.deleted` files whose `file.delete.delay.ms` has passed are unlinked.
+
+Everything done is returned as a `CycleReport`. Nothing here decides: the decisions are
+the pure functions of `roll.py`, `policy.py`, `disk_usage.py`, `cleanable.py` and
+`schedule.py`; this module only orders them and carries them out, and every mutation is
+one of the crash-safe operations of the log layer (roll, `delete_segments`, the pass's
+swap), each under its partition lock.
+
+`run_cycles(stop, ...)` repeats cycles until `stop` is set, sleeping
+`log.cleaner.backoff.ms` after a cycle that cleaned nothing. It blocks (the worker
+processes do the heavy work); the daemon runs it in a thread (`asyncio.to_thread`) so
+its event loop never waits on it. Setting `stop` makes the cleaning phase abort the
+passes in flight (each stops before its next swap) and return.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import FIRST_COMPLETED, Future, wait
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Final
+
+import structlog
+
+from cleanerd.compaction.cleaner import CleanerConfig, CleaningAborted, CleanResult
+from cleanerd.compaction.stats import CleanerStats
+from cleanerd.compaction.strategy import resolve_strategy
+from cleanerd.compaction.swap import PendingDeletions
+from cleanerd.config import Config, TopicConfig
+from cleanerd.daemon.scheduler import Candidate, CompactedLog, LogCleanerManager
+from cleanerd.engine.base import CleanJob, Engine, WorkerCrashed
+from cleanerd.errors import CleanerdError
+from cleanerd.log.files import METADATA_TOPIC, TopicPartition
+from cleanerd.log.log_dir import LogDir, Mode
+from cleanerd.log.partition_log import PartitionLog
+from cleanerd.log.roller import FirstSeen, maybe_roll
+from cleanerd.metrics_model import MaintenanceCounters, PartitionState
+from cleanerd.produce import log_config_for
+from cleanerd.retention.disk import (
+    DiskUsageReport,
+    UsageProbe,
+    check_due,
+    enforce_disk_usage,
+    group_devices,
+    is_above,
+    measure,
+    psutil_space,
+)
+from cleanerd.retention.executor import RetentionOutcome, apply_retention
+
+log = structlog.get_logger(__name__)
+
+CRASH_RETRIES: Final = 1
+"""Passes of a partition retried after their worker died, before it is marked."""
+POLL_S: Final = 0.2
+"""How often the cleaning phase looks at the stop event while passes run."""
+
+
+Clock = Callable[[], int]
+"""Milliseconds since the epoch."""
+
+
+def wall_clock_ms() -> int:
+    """Milliseconds since the epoch (the default clock)."""
+    return time.time_ns() // 1_000_000
+
+
+def cleaner_config_for(topic: TopicConfig, *, producer_id_expiration_ms: int) -> CleanerConfig:
+    """The settings a pass reads, from a topic's effective config."""
+    return CleanerConfig(
+        segment_bytes=topic.segment_bytes,
+        max_index_size=topic.segment_index_bytes,
+        index_interval_bytes=topic.index_interval_bytes,
+        delete_retention_ms=topic.delete_retention_ms,
+        producer_id_expiration_ms=producer_id_expiration_ms,
+        strategy=resolve_strategy(topic.compaction_strategy, topic.compaction_strategy_header),
+    )
+
+
+# ---------------------------------------------------------------------------------------
+# The report
+
+
+@dataclass(frozen=True, slots=True)
+class RolledSegment:
+    """An active segment the cycle rolled."""
+
+    log_dir: str
+    tp: TopicPartition
+    base_offset: int
+    reason: str
+    waited_ms: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class CleanedLog:
+    """One pass the cycle ran."""
+
+    log_dir: str
+    tp: TopicPartition
+    reason: str
+    """Why the partition was eligible (`min.cleanable.dirty.ratio`, ...)."""
+    deadline_ms: int | None
+    overdue_ms: int
+    """How far past its deadline it was when picked (0: not overdue)."""
+    first_dirty: int
+    end_offset: int
+    stats: CleanerStats
+    started_ms: int
+    finished_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class FailedLog:
+    """A pass that failed: the partition is marked uncleanable with `reason`."""
+
+    log_dir: str
+    tp: TopicPartition
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class SkippedLog:
+    """A partition (or log dir) the cycle left alone, and why."""
+
+    log_dir: str
+    tp: TopicPartition | None
+    phase: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class CycleReport:
+    """What one cycle did."""
+
+    now_ms: int
+    """The instant rolls and retention were evaluated at."""
+    finished_ms: int
+    rolled: tuple[RolledSegment, ...]
+    retention: tuple[RetentionOutcome, ...]
+    """Partitions retention changed (deleted segments or rolled first)."""
+    retention_checked: bool
+    """Whether the time/size retention of non-compacted topics was due this cycle."""
+    disk_usage: DiskUsageReport | None
+    """None when KIP-61 is off or not due."""
+    cleaned: tuple[CleanedLog, ...]
+    failed: tuple[FailedLog, ...]
+    skipped: tuple[SkippedLog, ...]
+    unlinked: tuple[Path, ...]
+    """`.deleted` files removed at the end of the cycle."""
+    states: tuple[PartitionState, ...]
+    """Each compacted partition's snapshot and candidate before cleaning (the metrics
+    model's input; uncleanable ones included)."""
+    aborted: bool = False
+    """The cycle was stopped during its cleaning phase."""
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready dict (`cleanerd clean --json`)."""
+
+        def tp_of(tp: TopicPartition | None) -> dict[str, Any]:
+            return {} if tp is None else {"topic": tp.topic, "partition": tp.partition}
+
+        disk = self.disk_usage
+        return {
+            "now_ms": self.now_ms,
+            "finished_ms": self.finished_ms,
+            "aborted": self.aborted,
+            "rolled": [
+                {
+                    "log_dir": r.log_dir,
+                    **tp_of(r.tp),
+                    "base_offset": r.base_offset,
+                    "reason": r.reason,
+                    "waited_ms": r.waited_ms,
+                }
+                for r in self.rolled
+            ],
+            "retention_checked": self.retention_checked,
+            "deleted": [
+                {
+                    "log_dir": o.log_dir,
+                    "topic": o.topic,
+                    "partition": o.partition,
+                    "base_offset": d.base_offset,
+                    "size_bytes": d.size_bytes,
+                    "reason": d.reason.value,
+                }
+                for o in self.retention
+                for d in o.deletions
+            ]
+            + [
+                {
+                    "log_dir": d.log_dir,
+                    **tp_of(d.topic_partition),
+                    "base_offset": d.base_offset,
+                    "size_bytes": d.freed_bytes,
+                    "reason": d.reason.value,
+                }
+                for d in (disk.deletions if disk is not None and not disk.dry_run else ())
+            ],
+            "disk_usage": None
+            if disk is None
+            else {
+                "dry_run": disk.dry_run,
+                "devices": [
+                    {
+                        "device": b.device,
+                        "used_bytes_before": b.used_bytes,
+                        "used_bytes_after": a.used_bytes,
+                        "total_bytes": b.total_bytes,
+                        "threshold_percent": b.threshold_percent,
+                    }
+                    for b, a in zip(disk.before, disk.after, strict=True)
+                ],
+                "still_above": list(disk.still_above),
+            },
+            "cleaned": [
+                {
+                    "log_dir": c.log_dir,
+                    **tp_of(c.tp),
+                    "reason": c.reason,
+                    "deadline_ms": c.deadline_ms,
+                    "overdue_ms": c.overdue_ms,
+                    "first_dirty": c.first_dirty,
+                    "end_offset": c.end_offset,
+                    "started_ms": c.started_ms,
+                    "finished_ms": c.finished_ms,
+                    "stats": asdict(c.stats),
+                }
+                for c in self.cleaned
+            ],
+            "failed": [
+                {"log_dir": f.log_dir, **tp_of(f.tp), "reason": f.reason} for f in self.failed
+            ],
+            "skipped": [
+                {"log_dir": s.log_dir, **tp_of(s.tp), "phase": s.phase, "reason": s.reason}
+                for s in self.skipped
+            ],
+            "unlinked": [str(p) for p in self.unlinked],
+        }
+
+
+@dataclass(slots=True)
+class _Builder:
+    """The report of the cycle in progress."""
+
+    now_ms: int
+    rolled: list[RolledSegment] = field(default_factory=list)
+    retention: list[RetentionOutcome] = field(default_factory=list)
+    retention_checked: bool = False
+    disk_usage: DiskUsageReport | None = None
+    cleaned: list[CleanedLog] = field(default_factory=list)
+    failed: list[FailedLog] = field(default_factory=list)
+    skipped: list[SkippedLog] = field(default_factory=list)
+    unlinked: list[Path] = field(default_factory=list)
+    states: list[PartitionState] = field(default_factory=list)
+    aborted: bool = False
+
+    def skip(self, log_dir: Path | str, tp: TopicPartition | None, phase: str, reason: str) -> None:
+        self.skipped.append(SkippedLog(str(log_dir), tp, phase, reason))
+
+    def build(self, finished_ms: int) -> CycleReport:
+        return CycleReport(
+            now_ms=self.now_ms,
+            finished_ms=finished_ms,
+            rolled=tuple(self.rolled),
+            retention=tuple(self.retention),
+            retention_checked=self.retention_checked,
+            disk_usage=self.disk_usage,
+            cleaned=tuple(self.cleaned),
+            failed=tuple(self.failed),
+            skipped=tuple(self.skipped),
+            unlinked=tuple(self.unlinked),
+            states=tuple(self.states),
+            aborted=self.aborted,
+        )
+
+
+# ---------------------------------------------------------------------------------------
+# The cycle
+
+
+@dataclass(frozen=True, slots=True)
+class _Partition:
+    log_dir: LogDir
+    plog: PartitionLog
+    topic: TopicConfig
+
+    @property
+    def tp(self) -> TopicPartition:
+        return self.plog.topic_partition
+
+
+@dataclass(slots=True)
+class _Running:
+    candidate: Candidate
+    job: CleanJob
+    started_ms: int
+
+
+class Maintenance:
+    """The long-lived state of the cycles over the log dirs of `config`: the open log
+    dirs (owner locks held until `close`), the open partitions, the scheduler, the
+    first-seen registries, the pending deletions and the counters.
+
+    Args:
+        config: the configuration.
+        engine: where passes run (`create_engine`).
+        clock: milliseconds since the epoch; a constant clock evaluates every rule at
+            one instant (`cleanerd clean --now-ms`).
+        topics: only these topics are rolled, retained and cleaned (None: all); disk
+            usage, which orders segments across every topic, is then not enforced.
+        usage_probe: a device's capacity and usage (statvfs through psutil; tests give
+            a model of a small disk).
+    """
+
+    def __init__(
+        self,
+        config: Config,
+        engine: Engine,
+        *,
+        clock: Clock = wall_clock_ms,
+        topics: frozenset[str] | None = None,
+        usage_probe: UsageProbe = psutil_space,
+    ) -> None:
+        self.config = config
+        self.usage_probe = usage_probe
+        self.engine = engine
+        self.clock = clock
+        self.topics = topics
+        self.manager = LogCleanerManager()
+        self.pending = PendingDeletions()
+        self.counters = MaintenanceCounters()
+        self.last_retention_check_ms: int | None = None
+        self.log_dirs: list[LogDir] = []
+        self._first_seen: dict[Path, FirstSeen] = {}
+        self._plogs: dict[tuple[Path, TopicPartition], PartitionLog] = {}
+        self._crashes: dict[TopicPartition, int] = {}
+        try:
+            for path in config.log_dirs:
+                self.log_dirs.append(
+                    LogDir.open(
+                        Path(path), observe=config.mode == "observe", state_dir=config.state_dir
+                    )
+                )
+        except BaseException:
+            self.close(unlink_pending=False)
+            raise
+
+    def close(self, *, unlink_pending: bool) -> list[Path]:
+        """Release the log dirs; with `unlink_pending`, unlink every waiting `.deleted`
+        file first (a one-shot process has nobody left to honour the delay)."""
+        unlinked = self.pending.unlink_all() if unlink_pending else []
+        for log_dir in self.log_dirs:
+            log_dir.close()
+        self.log_dirs = []
+        return unlinked
+
+    def checkpoint(self) -> None:
+        """Flush every open partition and write each owned log dir's
+        `recovery-point-offset-checkpoint` and `log-start-offset-checkpoint`, as a broker
+        does on a clean shutdown (the next open then has nothing to recover)."""
+        by_dir: dict[Path, list[PartitionLog]] = {}
+        for (path, _), plog in self._plogs.items():
+            if not plog.read_only:
+                plog.flush()
+                by_dir.setdefault(path, []).append(plog)
+        for log_dir in self.log_dirs:
+            if log_dir.mode is Mode.OWNER and log_dir.path in by_dir:
+                log_dir.checkpoint_logs(by_dir[log_dir.path])
+
+    def __enter__(self) -> Maintenance:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close(unlink_pending=False)
+
+    # -- one cycle ----------------------------------------------------------------------
+
+    def run_once(self, stop: threading.Event | None = None) -> CycleReport:
+        """One cycle (see the module docstring)."""
+        report = _Builder(now_ms=self.clock())
+        partitions = self._discover(report)
+        self._roll(partitions, report)
+        self._retention(partitions, report)
+        compacted = [
+            CompactedLog(p.log_dir, p.plog, p.topic)
+            for p in partitions
+            if p.topic.compact and not p.plog.is_metadata
+        ]
+        self._clean(compacted, report, stop)
+        report.unlinked += self.pending.run_due(self.clock())
+        return report.build(self.clock())
+
+    def _selected(self, tp: TopicPartition) -> bool:
+        return self.topics is None or tp.topic in self.topics
+
+    def _discover(self, report: _Builder) -> list[_Partition]:
+        found: list[_Partition] = []
+        seen: dict[TopicPartition, Path] = {}
+        live: set[tuple[Path, TopicPartition]] = set()
+        for log_dir in self.log_dirs:
+            if log_dir.mode is not Mode.OWNER:
+                report.skip(log_dir.path, None, "discover", f"{log_dir.mode.value} mode")
+                continue
+            log_dir.reload_checkpoints()
+            for tp in log_dir.partitions():
+                if tp.topic == METADATA_TOPIC or not self._selected(tp):
+                    continue
+                if tp in seen:
+                    report.skip(log_dir.path, tp, "discover", f"also in log dir {seen[tp]}")
+                    continue
+                seen[tp] = log_dir.path
+                live.add((log_dir.path, tp))
+                partition = self._open(log_dir, tp, report)
+                if partition is not None:
+                    found.append(partition)
+        for key in [k for k in self._plogs if k not in live]:
+            del self._plogs[key]
+            self.manager.horizons.forget(key[0] / str(key[1]))
+        if self.topics is None:
+            self.manager.registry.retain_only(seen)
+        return found
+
+    def _open(self, log_dir: LogDir, tp: TopicPartition, report: _Builder) -> _Partition | None:
+        topic = self.config.topic_config(tp.topic)
+        key = (log_dir.path, tp)
+        plog = self._plogs.get(key)
+        stale = plog is not None and (
+            plog.config != log_config_for(topic)
+            # Found corrupt when opened, and the mark has expired: look again (the
+            # operator may have repaired it); the reopen checks the segments anew.
+            or (
+                plog.corrupt is not None
+                and not self.manager.is_uncleanable(
+                    CompactedLog(log_dir, plog, topic), report.now_ms
+                )
+            )
+        )
+        try:
+            if plog is None or stale:
+                plog = log_dir.open_partition(tp, config=log_config_for(topic))
+                self._plogs[key] = plog
+        except (CleanerdError, OSError) as exc:
+            report.skip(log_dir.path, tp, "discover", f"cannot open: {exc}")
+            return None
+        if plog.corrupt is not None and topic.compact:
+            item = CompactedLog(log_dir, plog, topic)
+            if not self.manager.is_uncleanable(item, report.now_ms):
+                self.manager.mark_uncleanable(item, str(plog.corrupt), report.now_ms)
+                report.failed.append(FailedLog(str(log_dir.path), tp, str(plog.corrupt)))
+        return _Partition(log_dir, plog, topic)
+
+    def _roll(self, partitions: list[_Partition], report: _Builder) -> None:
+        by_dir: dict[Path, list[_Partition]] = {}
+        for p in partitions:
+            by_dir.setdefault(p.log_dir.path, []).append(p)
+        for path, items in by_dir.items():
+            first_seen = self._first_seen.get(path)
+            if first_seen is None:
+                first_seen = FirstSeen.load(self.config.state_dir, path)
+                self._first_seen[path] = first_seen
+            for p in items:
+                try:
+                    decision = maybe_roll(p.plog, p.topic, first_seen, now_ms=report.now_ms)
+                except (CleanerdError, OSError) as exc:
+                    report.skip(path, p.tp, "roll", f"roll failed: {exc}")
+                    continue
+                if decision is not None:
+                    self.counters.count_roll(decision)
+                    report.rolled.append(
+                        RolledSegment(
+                            str(path),
+                            p.tp,
+                            decision.base_offset,
+                            decision.reason.value,
+                            decision.waited_ms,
+                        )
+                    )
+            if self.topics is None:
+                first_seen.retain_only(p.tp for p in items)
+            first_seen.save()
+
+    def _devices_above(self) -> bool:
+        percent = self.config.log_retention_disk_usage_percent
+        if percent >= 100:
+            return False
+        owned = [d.path for d in self.log_dirs if d.mode is Mode.OWNER]
+        devices = measure(group_devices(owned), percent, self.usage_probe)
+        return any(is_above(u) for u in devices)
+
+    def _retention(self, partitions: list[_Partition], report: _Builder) -> None:
+        now = report.now_ms
+        above = self._devices_above()
+        due = check_due(
+            now_ms=now,
+            last_check_ms=self.last_retention_check_ms,
+            interval_ms=self.config.log_retention_check_interval_ms,
+            any_above=above,
+        )
+        report.retention_checked = due
+        if due:
+            self.last_retention_check_ms = now
+        cleaner_driven = self.config.log_cleaner_enable
+        wanted = [
+            p
+            for p in partitions
+            if (due and not p.topic.compact) or (p.topic.compact and cleaner_driven)
+        ]
+        by_tp = {p.tp: p for p in wanted}
+        with self.manager.retention_hold([(p.tp, p.topic) for p in wanted], now) as granted:
+            for p in wanted:
+                if p.tp not in granted:
+                    report.skip(p.log_dir.path, p.tp, "retention", self._why_held(p))
+            for tp in granted:
+                p = by_tp[tp]
+                try:
+                    outcome = apply_retention(
+                        p.plog, p.log_dir, p.topic, now_ms=now, pending=self.pending
+                    )
+                except (CleanerdError, OSError) as exc:
+                    report.skip(p.log_dir.path, tp, "retention", f"retention failed: {exc}")
+                    continue
+                self.counters.count_retention(outcome)
+                if outcome.rolled and outcome.deletions:
+                    # Every segment was due: the old active segment was rolled first,
+                    # then deleted with the others (Kafka's rule).
+                    old_active = max(d.base_offset for d in outcome.deletions)
+                    report.rolled.append(
+                        RolledSegment(str(p.log_dir.path), tp, old_active, "retention", None)
+                    )
+                if outcome.deletions or outcome.rolled:
+                    report.retention.append(outcome)
+        if due and above and self.topics is None:
+            self._disk_usage(partitions, report)
+        elif due and above:
+            report.skip("", None, "disk usage", "not enforced for a --topic subset")
+
+    def _why_held(self, p: _Partition) -> str:
+        state = self.manager.state(p.tp)
+        if state is not None:
+            return f"partition is {state.value}"
+        return "partition is uncleanable"
+
+    def _disk_usage(self, partitions: list[_Partition], report: _Builder) -> None:
+        now = report.now_ms
+        logs = [(p.tp, p.topic) for p in partitions]
+        with self.manager.retention_hold(logs, now, skip_uncleanable=False) as granted:
+            held = set(granted)
+            for p in partitions:
+                if p.tp not in held:
+                    report.skip(p.log_dir.path, p.tp, "disk usage", self._why_held(p))
+            # A partition a pass holds is still on its device; only its segments are
+            # not candidates for deletion until the pass is done.
+            disk = enforce_disk_usage(
+                self.log_dirs,
+                [p.plog for p in partitions if p.tp in held],
+                percent=self.config.log_retention_disk_usage_percent,
+                protects=self.config.disk_usage.protects,
+                now_ms=now,
+                dry_run=self.config.disk_usage.dry_run,
+                probe=self.usage_probe,
+                pending=self.pending,
+            )
+        self.counters.count_disk_usage(disk)
+        report.disk_usage = disk
+
+    # -- cleaning -----------------------------------------------------------------------
+
+    def _clean(
+        self,
+        compacted: list[CompactedLog],
+        report: _Builder,
+        stop: threading.Event | None,
+    ) -> None:
+        now = self.clock()
+        marked = {item.tp for item in compacted if self.manager.is_uncleanable(item, now)}
+        candidates = self.manager.refresh(compacted, now)
+        report.states += [PartitionState(c.meta, c.ltc) for c in candidates]
+        for item in compacted:
+            if item.tp not in marked and self.manager.is_uncleanable(item, now):
+                reason = self.manager.registry.reason(item.tp) or ""
+                report.failed.append(FailedLog(str(item.log_dir.path), item.tp, reason))
+        if not self.config.log_cleaner_enable:
+            report.skip("", None, "clean", "log.cleaner.enable is false")
+            return
+        running: dict[Future[CleanResult], _Running] = {}
+        stopping = False
+        while True:
+            while not stopping and len(running) < self.engine.workers:
+                submitted = self._submit_next()
+                if submitted is None:
+                    break
+                running[submitted[0]] = submitted[1]
+            if not running:
+                return
+            done, _ = wait(
+                running, timeout=POLL_S if stop is not None else None, return_when=FIRST_COMPLETED
+            )
+            if stop is not None and stop.is_set() and not stopping:
+                stopping = report.aborted = True
+                for r in running.values():
+                    self.engine.abort(r.job.tp)
+            for future in done:
+                self._finished(future, running.pop(future), report, requeue=not stopping)
+
+    def _submit_next(self) -> tuple[Future[CleanResult], _Running] | None:
+        now = self.clock()
+        candidate = self.manager.grab_next(now)
+        if candidate is None:
+            return None
+        item = candidate.log
+        job = CleanJob(
+            log_dir=item.log_dir.path,
+            state_dir=item.log_dir.state_dir,
+            tp=candidate.tp,
+            segments=candidate.meta.segments,
+            first_dirty=candidate.ltc.first_dirty,
+            first_uncleanable=candidate.ltc.first_uncleanable,
+            now_ms=now,
+            config=cleaner_config_for(
+                item.topic, producer_id_expiration_ms=self.config.producer_id_expiration_ms
+            ),
+        )
+        if job.config.strategy.warning is not None:
+            log.warning(
+                "compaction.strategy", partition=str(job.tp), warning=job.config.strategy.warning
+            )
+        log.debug("clean.submitted", partition=str(job.tp), reason=str(candidate.eligible))
+        return self.engine.submit_clean(job), _Running(candidate, job, now)
+
+    def _finished(
+        self, future: Future[CleanResult], r: _Running, report: _Builder, *, requeue: bool
+    ) -> None:
+        candidate, item = r.candidate, r.candidate.log
+        now = self.clock()
+        self.manager.done_cleaning(candidate.tp)
+        error = future.exception()
+        if error is None:
+            result = future.result()
+            self._crashes.pop(candidate.tp, None)
+            self.pending.schedule(
+                list(result.deleted_files), now_ms=now, delay_ms=item.topic.file_delete_delay_ms
+            )
+            report.cleaned.append(self._cleaned(r, result, now))
+            # A pass that stopped short of its range (the offset map filled up) made
+            # progress and has more to do: the partition goes back in the queue. One that
+            # covered its range is done for this cycle, as is one that made no progress.
+            partial = result.first_dirty < result.end_offset < r.job.first_uncleanable
+            if requeue and partial:
+                self.manager.refresh_one(item, now)
+            return
+        if isinstance(error, CleaningAborted):
+            return
+        if isinstance(error, WorkerCrashed):
+            crashes = self._crashes.get(candidate.tp, 0) + 1
+            self._crashes[candidate.tp] = crashes
+            if crashes <= CRASH_RETRIES:
+                log.warning("clean.worker_died", partition=str(candidate.tp), detail=error.detail)
+                if requeue:
+                    self.manager.refresh_one(item, now)
+                return
+        reason = f"{type(error).__name__}: {error}"
+        self.manager.mark_uncleanable(item, reason, now)
+        report.failed.append(FailedLog(str(item.log_dir.path), candidate.tp, reason))
+
+    @staticmethod
+    def _cleaned(r: _Running, result: CleanResult, now: int) -> CleanedLog:
+        c = r.candidate
+        deadline = c.ltc.deadline_ms
+        overdue = 0 if deadline is None else max(0, r.started_ms - deadline)
+        return CleanedLog(
+            log_dir=str(c.log.log_dir.path),
+            tp=c.tp,
+            reason=c.eligible.value if c.eligible is not None else "",
+            deadline_ms=deadline,
+            overdue_ms=overdue,
+            first_dirty=result.first_dirty,
+            end_offset=result.end_offset,
+            stats=result.stats,
+            started_ms=r.started_ms,
+            finished_ms=now,
+        )
+
+
+def run_cycles(
+    maintenance: Maintenance,
+    stop: threading.Event,
+    *,
+    backoff_ms: int,
+    on_report: Callable[[CycleReport], None] | None = None,
+) -> int:
+    """Run cycles until `stop` is set; after a cycle that cleaned nothing, wait
+    `backoff_ms` (Kafka's `log.cleaner.backoff.ms`) or until `stop`. Returns how many
+    cycles ran."""
+    cycles = 0
+    while not stop.is_set():
+        report = maintenance.run_once(stop)
+        cycles += 1
+        if on_report is not None:
+            on_report(report)
+        if not report.cleaned:
+            stop.wait(backoff_ms / 1000)
+    return cycles

@@ -1,0 +1,928 @@
+"""`cleanerd run`: the daemon's lifecycle, startup -> main loop -> shutdown (uvicorn's shape).
+
+Threads and what each may touch:
+
+- the **event loop** (uvloop) runs the main loop, signal handlers, MQTT, reloads and the
+  metrics refresh timer; it never reads or writes a log dir itself;
+- the **maintenance thread** (one thread, so J2's `Maintenance`, which is not thread-safe,
+  is only ever driven from it) opens the log dirs (taking their `.lock`s), runs each
+  cycle (`Maintenance.run_once`: rolls, retention, disk usage, then cleaning with the
+  engine's worker processes), applies a reloaded config between cycles, and at shutdown
+  writes the checkpoints and releases the locks;
+- **short-lived executor threads** run the watcher's scan, the per-tick disk-usage probe
+  (one statvfs per device) and the metrics snapshot build, on immutable inputs.
+
+When a cycle runs. A cycle over every partition costs CPU in proportion to the partition
+count even when nothing changed, so the daemon does not repeat it blindly: it runs one at
+startup, then whenever one of these holds (`cycle_due`): the previous cycle cleaned
+something (more may be eligible); the watcher saw partitions, segments or appends
+change and `log.cleaner.backoff.ms` has passed since the last cycle ended; a compacted
+partition's max-lag deadline (active segment counted) has come; a device is above
+`log.retention.disk.usage.percent` (probed every tick); `log.retention.check.interval.ms`
+has passed since the last cycle (the revisit that evaluates every other time rule:
+retention by time, `segment.ms`, min lag, delete horizons); a command or a reload asked.
+
+Lifecycle and signals:
+
+- startup: open the log dirs, bind the metrics endpoint, start MQTT (in the background:
+  a missing broker never delays startup), first watcher scan, then `READY=1`;
+- SIGHUP (or the `reload` command): `RELOADING=1` with `MONOTONIC_USEC`, read and validate
+  the whole file (`reload.plan_reload`), apply it or keep the old one, `READY=1`;
+- SIGTERM, SIGINT: `STOPPING=1`; stop taking work; passes in flight are aborted at their
+  next segment boundary (the pass removes its `.cleaned` output, originals untouched),
+  bounded by `shutdown_timeout_s`; recovery-point and log-start-offset checkpoints are
+  written, the locks released, exit 0. A second SIGINT forces exit without waiting.
+- `WATCHDOG=1` is sent from the main loop itself while it is healthy, so a stuck loop or
+  a cycle that keeps failing stops the pings and systemd restarts the service.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import signal
+import threading
+import time
+from collections.abc import Callable, Coroutine, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Final, TypeVar
+
+import structlog
+from pydantic import JsonValue
+
+from cleanerd.compaction.cleanable import log_to_clean
+from cleanerd.compaction.manager import UncleanablePartitions
+from cleanerd.compaction.stats import CleanerStats
+from cleanerd.config import Config, load_config
+from cleanerd.daemon.commands import (
+    CleanCommand,
+    Command,
+    CommandRejected,
+    PauseCommand,
+    ReloadCommand,
+    ResumeCommand,
+)
+from cleanerd.daemon.cycle import CycleReport, Maintenance, wall_clock_ms
+from cleanerd.daemon.events import Event, EventKind, EventPublisher, MqttPublisher, NullPublisher
+from cleanerd.daemon.logging import configure_logging, partition_context
+from cleanerd.daemon.metrics import MetricsExporter, PassResult
+from cleanerd.daemon.reload import ReloadPlan, plain, plan_reload
+from cleanerd.daemon.systemd import Notifier, watchdog_interval
+from cleanerd.daemon.watcher import LogDirWatcher, PartitionKey, WatchDelta
+from cleanerd.engine import Engine, create_engine
+from cleanerd.errors import CleanerdError, ConfigError
+from cleanerd.log.files import TopicPartition, parse_topic_partition
+from cleanerd.log.log_dir import Mode
+from cleanerd.metrics_model import Counters, MetricsSnapshot, PartitionState, build_snapshot
+from cleanerd.retention.disk import Device, group_devices, is_above, measure
+from cleanerd.retention.disk_usage import DeviceUsage
+
+log = structlog.get_logger("cleanerd.service")
+
+T = TypeVar("T")
+
+FORCED_EXIT: Final = 130
+"""Exit status after a second SIGINT (128 + SIGINT, as a shell reports it)."""
+MAX_CYCLE_FAILURES: Final = 3
+"""Cycles in a row that may fail with an unexpected error before the watchdog stops."""
+
+ENGINE_KEYS: Final = (
+    "log_cleaner_threads",
+    "log_cleaner_dedupe_buffer_size",
+    "log_cleaner_io_buffer_load_factor",
+    "log_cleaner_io_max_bytes_per_second",
+)
+"""The settings a worker pool is built with: a change gives the next cycle a new pool."""
+
+
+class ServiceState(enum.Enum):
+    """Where the daemon is in its lifecycle."""
+
+    STARTING = "starting"
+    RUNNING = "running"
+    STOPPING = "stopping"
+    STOPPED = "stopped"
+
+
+class CycleTrigger(enum.StrEnum):
+    """Why a cycle starts (logged with it)."""
+
+    STARTUP = "startup"
+    MORE_WORK = "more-work"
+    CHANGED = "changed"
+    DEADLINE = "deadline"
+    OVERDUE = "overdue"
+    DISK_PRESSURE = "disk-pressure"
+    REVISIT = "revisit"
+    REQUESTED = "requested"
+
+
+@dataclass(frozen=True, slots=True)
+class CycleClock:
+    """What `cycle_due` decides on (all times in wall-clock milliseconds)."""
+
+    now_ms: int
+    last_end_ms: int | None
+    """When the previous cycle ended; None before the first."""
+    last_cleaned: bool
+    changed: bool
+    """The watcher saw a change since the previous cycle started."""
+    next_deadline_ms: int | None
+    """The earliest max-lag deadline after the previous cycle's instant."""
+    overdue: bool
+    """A partition was past its deadline after the previous cycle and not marked
+    uncleanable (its dirty data waits for a roll, or for a blocking bound to move)."""
+    disk_pressure: bool
+    requested: bool
+
+
+def cycle_due(c: CycleClock, *, backoff_ms: int, revisit_ms: int) -> CycleTrigger | None:
+    """Whether a cycle starts now, and why (see the module docstring)."""
+    if c.last_end_ms is None:
+        return CycleTrigger.STARTUP
+    if c.requested:
+        return CycleTrigger.REQUESTED
+    if c.last_cleaned:
+        return CycleTrigger.MORE_WORK
+    idle_for = c.now_ms - c.last_end_ms
+    if c.disk_pressure and idle_for >= backoff_ms:
+        return CycleTrigger.DISK_PRESSURE
+    if c.next_deadline_ms is not None and c.now_ms >= c.next_deadline_ms:
+        return CycleTrigger.DEADLINE
+    if c.overdue and idle_for >= backoff_ms:
+        return CycleTrigger.OVERDUE
+    if c.changed and idle_for >= backoff_ms:
+        return CycleTrigger.CHANGED
+    if idle_for >= revisit_ms:
+        return CycleTrigger.REVISIT
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class Deadlines:
+    """What the last cycle's states say about max-lag deadlines."""
+
+    next_ms: int | None = None
+    """The earliest deadline still to come."""
+    overdue: bool = False
+    """Some partition not marked uncleanable is past its deadline."""
+
+
+def deadlines(
+    states: Sequence[PartitionState], *, now_ms: int, uncleanable: frozenset[TopicPartition]
+) -> Deadlines:
+    """The deadlines of `states` seen from `now_ms` (the cycle's instant)."""
+    upcoming: list[int] = []
+    overdue = False
+    for s in states:
+        deadline = None if s.ltc is None else s.ltc.deadline_ms
+        if deadline is None:
+            continue
+        if deadline > now_ms:
+            upcoming.append(deadline)
+        elif s.meta.topic_partition not in uncleanable:
+            overdue = True
+    return Deadlines(min(upcoming, default=None), overdue)
+
+
+def touched_partitions(report: CycleReport) -> frozenset[PartitionKey]:
+    """The partitions whose files `report`'s cycle changed itself (rolls, deletions,
+    passes, unlinked `.deleted` files): the watcher's next scan sees those changes, and
+    they must not start another cycle."""
+    keys = [PartitionKey(r.log_dir, r.tp) for r in report.rolled]
+    keys += [
+        PartitionKey(o.log_dir, TopicPartition(o.topic, o.partition)) for o in report.retention
+    ]
+    keys += [PartitionKey(c.log_dir, c.tp) for c in report.cleaned]
+    if report.disk_usage is not None:
+        keys += [PartitionKey(d.log_dir, d.topic_partition) for d in report.disk_usage.deletions]
+    for path in report.unlinked:
+        with contextlib.suppress(ValueError):
+            keys.append(
+                PartitionKey(str(path.parent.parent), parse_topic_partition(path.parent.name))
+            )
+    return frozenset(keys)
+
+
+def age_states(
+    states: Sequence[PartitionState], config: Config, now_ms: int
+) -> tuple[PartitionState, ...]:
+    """`states` with the compaction delays of every overdue partition recomputed at
+    `now_ms` (pure, from the cached snapshots: no file is read). A partition whose
+    deadline has not come has a delay of 0 under both definitions (Kafka's deadline is
+    never earlier than cleanerd's), so it is kept as is."""
+    aged = []
+    for s in states:
+        ltc = s.ltc
+        if ltc is not None and ltc.deadline_ms is not None and ltc.deadline_ms <= now_ms:
+            topic = config.topic_config(s.meta.topic)
+            ltc = log_to_clean(
+                s.meta,
+                checkpoint=ltc.first_dirty,
+                now_ms=now_ms,
+                min_compaction_lag_ms=topic.min_compaction_lag_ms,
+                max_compaction_lag_ms=topic.max_compaction_lag_ms,
+            )
+            s = PartitionState(s.meta, ltc)
+        aged.append(s)
+    return tuple(aged)
+
+
+@dataclass(frozen=True, slots=True)
+class CycleOutcome:
+    """A cycle's report and copies of the maintenance state the metrics read, taken in
+    the maintenance thread so the loop never reads state that thread mutates."""
+
+    report: CycleReport
+    uncleanable: UncleanablePartitions
+    counters: Counters
+    last_run_ms: int | None
+    dead_workers: int
+    changes: WatchDelta
+    """The watcher's scan right after the cycle (so the next one starts from there)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Timings:
+    """The daemon's own intervals (the config's intervals are read from the config)."""
+
+    tick_s: float = 1.0
+    """Main loop period: disk probe, watchdog, timers."""
+    shutdown_timeout_s: float = 30.0
+    """How long shutdown waits for aborted passes (below systemd's TimeoutStopSec=60s)."""
+    watch_min_interval_s: float = 2.0
+    watch_max_duty: float = 0.005
+
+
+def _copy_registry(
+    registry: UncleanablePartitions, log_dirs: Sequence[str]
+) -> UncleanablePartitions:
+    copy = UncleanablePartitions(backoff_ms=registry.backoff_ms)
+    for log_dir in log_dirs:
+        for tp, mark in registry.in_dir(log_dir).items():
+            copy.mark(
+                tp,
+                log_dir=mark.log_dir,
+                reason=mark.reason,
+                now_ms=mark.since_ms,
+                config_fingerprint=mark.config_fingerprint,
+            )
+    return copy
+
+
+class Daemon:
+    """The service; see the module docstring. `serve()` runs it until a stop signal.
+
+    Args:
+        config: the validated config the daemon starts with.
+        config_path: the file SIGHUP re-reads (None: the embedded default).
+        notifier: sd_notify sender (a no-op outside systemd).
+        clock_ms: wall-clock milliseconds, the instant every time rule is evaluated at.
+        engine_factory: builds the cleaning engine from a config.
+        timings: the daemon's own intervals.
+        host: the name in MQTT topics (default: the host name).
+    """
+
+    def __init__(
+        self,
+        config: Config,
+        *,
+        config_path: Path | None,
+        notifier: Notifier | None = None,
+        clock_ms: Callable[[], int] = wall_clock_ms,
+        engine_factory: Callable[[Config], Engine] = create_engine,
+        timings: Timings = Timings(),
+        host: str | None = None,
+    ) -> None:
+        self.config = config
+        self.config_path = config_path
+        self.notifier = notifier if notifier is not None else Notifier()
+        self.clock_ms = clock_ms
+        self.timings = timings
+        self.host = host
+        self._engine_factory = engine_factory
+        self.state = ServiceState.STARTING
+        self.should_exit = False
+        self.force_exit = False
+        self.abandoned = False
+        """Shutdown gave up waiting for the maintenance thread (forced, or past the
+        timeout): the process must exit without joining it."""
+        self.paused = False
+        self.started = asyncio.Event()
+        self.exporter = MetricsExporter(config.metrics)
+        self.watcher = LogDirWatcher(
+            config.log_dirs,
+            max_duty=timings.watch_max_duty,
+            min_interval_s=timings.watch_min_interval_s,
+        )
+        self.publisher = self._new_publisher(config)
+        self.maintenance: Maintenance | None = None
+        self.last_outcome: CycleOutcome | None = None
+        self.cycles = 0
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="maintenance")
+        self._abort = threading.Event()
+        self._wake = asyncio.Event()
+        self._reload_lock = asyncio.Lock()
+        self._reload_wanted = False
+        self._cycle_task: asyncio.Task[None] | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._cycle_requested = False
+        self._changed = False
+        self.cycle_failures = 0
+        self._last_cycle_end_ms: int | None = None
+        self._deadlines = Deadlines()
+        self._devices: tuple[Device, ...] = ()
+        self._usage: tuple[DeviceUsage, ...] = ()
+        self._above: frozenset[int] = frozenset()
+        self._next_scan = 0.0
+        self._next_metrics = 0.0
+        self._next_watchdog = 0.0
+        self._watchdog_s: float | None = None
+        self._events_base = (0, 0)
+        self._last_stats: tuple[CleanerStats, ...] = ()
+
+    # -- signals ----------------------------------------------------------------------------
+
+    def install_signal_handlers(self) -> None:
+        """Route SIGTERM, SIGINT and SIGHUP to `handle_<name>` on the running loop."""
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            loop.add_signal_handler(sig, self.handle_signal, sig)
+
+    def remove_signal_handlers(self) -> None:
+        """Give the signals back to their default handling."""
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            loop.remove_signal_handler(sig)
+
+    def handle_signal(self, sig: int) -> None:
+        """Dispatch `sig` to `handle_term`, `handle_int` or `handle_hup`."""
+        name = signal.Signals(sig).name.removeprefix("SIG").lower()
+        getattr(self, f"handle_{name}")()
+
+    def handle_term(self) -> None:
+        """Stop: no new work, abort passes in flight, checkpoint, exit 0."""
+        self._request_exit("SIGTERM")
+
+    def handle_int(self) -> None:
+        """As SIGTERM; a second one forces exit without waiting for passes."""
+        if self.should_exit:
+            self.force_exit = True
+            log.warning("shutdown.forced")
+            self._wake.set()
+            return
+        self._request_exit("SIGINT")
+
+    def handle_hup(self) -> None:
+        """Re-read the config (coalesced: several SIGHUPs during a reload give one more)."""
+        self._reload_wanted = True
+        self._wake.set()
+
+    def _request_exit(self, why: str) -> None:
+        if not self.should_exit:
+            log.info("shutdown.requested", signal=why)
+        self.should_exit = True
+        self._abort.set()
+        self._wake.set()
+
+    # -- serve ------------------------------------------------------------------------------
+
+    async def serve(self) -> int:
+        """Run startup, the main loop and shutdown; the exit status (0 after a clean
+        stop, 1 if startup failed or shutdown had to abandon work in flight, 130 after a
+        forced exit)."""
+        self.install_signal_handlers()
+        try:
+            try:
+                await self.startup()
+            except (CleanerdError, OSError) as exc:
+                log.error("startup.failed", error=str(exc))
+                await self.shutdown()
+                return 1
+            await self.main_loop()
+            await self.shutdown()
+        finally:
+            self.remove_signal_handlers()
+        if self.force_exit:
+            return FORCED_EXIT
+        return 1 if self.abandoned else 0
+
+    async def startup(self) -> None:
+        """Open the log dirs, bind the metrics endpoint, start MQTT, first scan, READY."""
+        cfg = self.config
+        log.info(
+            "startup.begin",
+            log_dirs=[str(p) for p in cfg.log_dirs],
+            mode=cfg.mode,
+            config=str(self.config_path) if self.config_path else "embedded default",
+        )
+        self.maintenance = await self._in_thread(self._open_maintenance)
+        self._devices = await asyncio.to_thread(group_devices, cfg.log_dirs)
+        self.exporter.start()
+        await self.publisher.start()
+        await asyncio.to_thread(self.watcher.scan)
+        self._watchdog_s = watchdog_interval()
+        self.state = ServiceState.RUNNING
+        self.started.set()
+        status = self._status_line()
+        self.notifier.ready(status)
+        log.info("startup.done", status=status, metrics=self._metrics_address())
+
+    def _open_maintenance(self) -> Maintenance:
+        engine = self._engine_factory(self.config)
+        try:
+            return Maintenance(self.config, engine, clock=self.clock_ms)
+        except BaseException:
+            engine.shutdown()
+            raise
+
+    async def main_loop(self) -> None:
+        """Tick until asked to stop; a tick only starts background work and never waits
+        for it, so signals, commands and the watchdog stay prompt."""
+        while not self.should_exit:
+            await self.on_tick()
+            if self.should_exit:
+                break
+            self._wake.clear()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.timings.tick_s):
+                    await self._wake.wait()
+
+    async def on_tick(self) -> None:
+        """Housekeeping: reload, watchdog, watcher, disk probe, metrics, cycle."""
+        now = time.monotonic()
+        if self._reload_wanted and not self._reload_lock.locked():
+            self._reload_wanted = False
+            self._spawn(self._reload_task(), "reload")
+        if self._watchdog_s is not None and now >= self._next_watchdog and self.healthy():
+            self.notifier.watchdog()
+            self._next_watchdog = now + self._watchdog_s
+        if now >= self._next_scan:
+            self._next_scan = float("inf")  # until this scan is done
+            self._spawn(self._scan(), "watch")
+        self._spawn(self._probe_disks(), "disk-probe")
+        if now >= self._next_metrics:
+            self._next_metrics = now + self.config.metrics.refresh_interval_s
+            self._spawn(self._refresh_metrics(), "metrics")
+        self._maybe_start_cycle()
+
+    def healthy(self) -> bool:
+        """Whether the watchdog may ping: cycles do not keep failing."""
+        return self.cycle_failures < MAX_CYCLE_FAILURES
+
+    def _spawn(self, coro: Coroutine[object, object, None], name: str) -> None:
+        task = asyncio.create_task(coro, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _in_thread(self, fn: Callable[[], T]) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._thread, fn)
+
+    # -- the watcher and the disk probe -----------------------------------------------------
+
+    async def _scan(self) -> None:
+        """One watcher scan, on the maintenance thread: scans never overlap a cycle,
+        which rescans itself when it ends."""
+        try:
+            if self._cycle_task is None:
+                self._on_delta(await self._in_thread(self.watcher.scan))
+        finally:
+            self._next_scan = time.monotonic() + self.watcher.next_interval_s
+
+    def _on_delta(self, delta: WatchDelta, *, own: frozenset[PartitionKey] = frozenset()) -> None:
+        """Log partitions that came or went; remember changes the daemon did not make."""
+        for key in delta.added_partitions:
+            log.info(
+                "partition.found",
+                topic=key.tp.topic,
+                partition=key.tp.partition,
+                log_dir=key.log_dir,
+            )
+        for key in delta.removed_partitions:
+            log.info(
+                "partition.gone",
+                topic=key.tp.topic,
+                partition=key.tp.partition,
+                log_dir=key.log_dir,
+            )
+        if delta.partitions() - own:
+            self._changed = True
+
+    async def _probe_disks(self) -> None:
+        percent = self.config.log_retention_disk_usage_percent
+        if not self._devices:
+            return
+        usage = await asyncio.to_thread(measure, self._devices, percent)
+        self._usage = usage
+        above = frozenset(u.device for u in usage if is_above(u))
+        for u in usage:
+            if u.device in above and u.device not in self._above:
+                self._disk_pressure_event(u)
+        if above - self._above:
+            self._wake.set()
+        self._above = above
+
+    def _disk_pressure_event(self, u: DeviceUsage) -> None:
+        data: dict[str, JsonValue] = {
+            "device": u.device,
+            "used_bytes": u.used_bytes,
+            "total_bytes": u.total_bytes,
+            "threshold_percent": u.threshold_percent,
+        }
+        log.warning("disk.pressure_detected", **data)
+        self.emit("disk.pressure", data)
+
+    # -- cycles -----------------------------------------------------------------------------
+
+    def request_cycle(self) -> None:
+        """Run a cycle as soon as none is running."""
+        self._cycle_requested = True
+        self._wake.set()
+
+    def _maybe_start_cycle(self) -> None:
+        if self._cycle_task is not None or self.paused or self.should_exit:
+            return
+        last = self.last_outcome
+        clock = CycleClock(
+            now_ms=self.clock_ms(),
+            last_end_ms=self._last_cycle_end_ms,
+            last_cleaned=bool(last is not None and last.report.cleaned),
+            changed=self._changed,
+            next_deadline_ms=self._deadlines.next_ms,
+            overdue=self._deadlines.overdue,
+            disk_pressure=bool(self._above),
+            requested=self._cycle_requested,
+        )
+        trigger = cycle_due(
+            clock,
+            backoff_ms=self.config.log_cleaner_backoff_ms,
+            revisit_ms=self.config.log_retention_check_interval_ms,
+        )
+        if trigger is None:
+            return
+        self._cycle_requested = False
+        self._changed = False
+        self._cycle_task = asyncio.create_task(self._cycle(trigger), name="cycle")
+
+    async def _cycle(self, trigger: CycleTrigger) -> None:
+        config = self.config
+        log.debug("cycle.begin", trigger=trigger.value)
+        try:
+            outcome = await self._in_thread(lambda: self._run_cycle(config))
+        except Exception:
+            self.cycle_failures += 1
+            log.exception("cycle.failed", failures_in_a_row=self.cycle_failures)
+            outcome = None
+        finally:
+            self._cycle_task = None
+            self._last_cycle_end_ms = self.clock_ms()
+            self._wake.set()
+        if outcome is None:
+            return
+        self.cycle_failures = 0
+        self.cycles += 1
+        self.last_outcome = outcome
+        report = outcome.report
+        marked = frozenset(
+            tp for d in self.config.log_dirs for tp in outcome.uncleanable.in_dir(str(d))
+        )
+        self._deadlines = deadlines(report.states, now_ms=report.now_ms, uncleanable=marked)
+        self._report(report)
+        self._on_delta(outcome.changes, own=touched_partitions(outcome.report))
+        self._next_metrics = 0.0  # publish the new states at the next tick
+
+    def _run_cycle(self, config: Config) -> CycleOutcome:
+        """One cycle, in the maintenance thread, with `config` applied first."""
+        m = self.maintenance
+        assert m is not None
+        if m.config is not config:
+            self._apply_to_maintenance(m, config)
+        report = m.run_once(self._abort)
+        return CycleOutcome(
+            report=report,
+            uncleanable=_copy_registry(m.manager.registry, [str(p) for p in config.log_dirs]),
+            counters=m.counters.snapshot(),
+            last_run_ms=m.manager.last_run_ms,
+            dead_workers=m.engine.dead_workers,
+            changes=self.watcher.scan(),
+        )
+
+    def _apply_to_maintenance(self, m: Maintenance, config: Config) -> None:
+        old = m.config
+        if any(getattr(old, k) != getattr(config, k) for k in ENGINE_KEYS):
+            retired, m.engine = m.engine, self._engine_factory(config)
+            retired.shutdown()  # between cycles: no pass is running on it
+            log.info("engine.replaced", workers=m.engine.workers)
+        m.config = config
+        # A reloaded policy applies now, not at the next retention check interval.
+        m.last_retention_check_ms = None
+
+    def _report(self, report: CycleReport) -> None:
+        """Events and log lines for what the cycle did (rolls and deletions are logged
+        by the log layer as they happen; passes and failures here)."""
+        for r in report.rolled:
+            self.emit(
+                "segment.rolled",
+                {"base_offset": r.base_offset, "reason": r.reason, "waited_ms": r.waited_ms},
+                tp=r.tp,
+                log_dir=r.log_dir,
+            )
+        for o in report.retention:
+            tp = TopicPartition(o.topic, o.partition)
+            for d in o.deletions:
+                self.emit(
+                    "segment.deleted",
+                    {
+                        "reason": d.reason.value,
+                        "base_offset": d.base_offset,
+                        "size_bytes": d.size_bytes,
+                    },
+                    tp=tp,
+                    log_dir=o.log_dir,
+                )
+        disk = report.disk_usage
+        if disk is not None and not disk.dry_run:
+            for dd in disk.deletions:
+                self.emit(
+                    "segment.deleted",
+                    {
+                        "reason": dd.reason.value,
+                        "base_offset": dd.base_offset,
+                        "size_bytes": dd.freed_bytes,
+                        "device": dd.device,
+                    },
+                    tp=dd.topic_partition,
+                    log_dir=dd.log_dir,
+                )
+        for c in report.cleaned:
+            stats = asdict(c.stats)
+            with partition_context(c.tp.topic, c.tp.partition, c.log_dir):
+                log.info(
+                    "log.cleaned",
+                    reason=c.reason,
+                    overdue_ms=c.overdue_ms,
+                    first_dirty=c.first_dirty,
+                    end_offset=c.end_offset,
+                    **stats,
+                )
+            self.exporter.record_pass(PassResult.SUCCESS, c.stats)
+            self.emit(
+                "log.cleaned",
+                {
+                    "reason": c.reason,
+                    "overdue_ms": c.overdue_ms,
+                    "first_dirty": c.first_dirty,
+                    "end_offset": c.end_offset,
+                    "stats": stats,
+                },
+                tp=c.tp,
+                log_dir=c.log_dir,
+            )
+        if report.cleaned:
+            self._last_stats = tuple(
+                c.stats for c in report.cleaned[-self.config.log_cleaner_threads :]
+            )
+        for f in report.failed:
+            self.exporter.record_pass(PassResult.ERROR)
+            self.emit("partition.uncleanable", {"reason": f.reason}, tp=f.tp, log_dir=f.log_dir)
+
+    # -- events and metrics -----------------------------------------------------------------
+
+    def emit(
+        self,
+        kind: EventKind,
+        data: dict[str, JsonValue],
+        *,
+        tp: TopicPartition | None = None,
+        log_dir: str | None = None,
+    ) -> None:
+        """Queue an event (never blocks; dropped and counted when the queue is full)."""
+        self.publisher.publish(
+            Event(
+                kind=kind,
+                time_ms=self.clock_ms(),
+                topic=None if tp is None else tp.topic,
+                partition=None if tp is None else tp.partition,
+                log_dir=log_dir,
+                data=data,
+            )
+        )
+
+    async def _refresh_metrics(self) -> None:
+        self._record_events()
+        outcome, config, usage = self.last_outcome, self.config, self._usage
+        if outcome is None:
+            return
+        snapshot = await asyncio.to_thread(self._snapshot, outcome, config, usage)
+        self.exporter.update(snapshot)
+
+    def _snapshot(
+        self, outcome: CycleOutcome, config: Config, usage: tuple[DeviceUsage, ...]
+    ) -> MetricsSnapshot:
+        now = self.clock_ms()
+        return build_snapshot(
+            now_ms=now,
+            partitions=age_states(outcome.report.states, config, now),
+            log_dirs=[str(p) for p in config.log_dirs],
+            uncleanable=outcome.uncleanable,
+            last_runs=self._last_stats,
+            last_run_ms=outcome.last_run_ms,
+            dead_workers=outcome.dead_workers,
+            devices=usage,
+            device_log_dirs={d.device: [str(p) for p in d.log_dirs] for d in self._devices},
+            counters=outcome.counters,
+        )
+
+    def _record_events(self) -> None:
+        published, dropped = self._events_base
+        p = self.publisher
+        connected = p.connected if self.config.mqtt.enabled else None
+        self.exporter.record_events(published + p.published, dropped + p.dropped, connected)
+
+    def _metrics_address(self) -> str | None:
+        address = self.exporter.address
+        return None if address is None else f"{address[0]}:{address[1]}"
+
+    def _status_line(self) -> str:
+        partitions = len(self.watcher.snapshot.partitions)
+        dirs = len(self.config.log_dirs)
+        state = "paused" if self.paused else "watching"
+        return f"{state} {dirs} log dir(s), {partitions} partition(s)"
+
+    # -- commands ---------------------------------------------------------------------------
+
+    async def on_command(self, command: Command) -> None:
+        """Carry out a validated MQTT command; raise CommandRejected to refuse it."""
+        if self.should_exit:
+            raise CommandRejected("the daemon is shutting down")
+        if isinstance(command, CleanCommand):
+            self._clean_command(TopicPartition(command.topic, command.partition))
+        elif isinstance(command, PauseCommand):
+            self.paused = True
+            log.info("cleaning.paused")
+            self.notifier.status(self._status_line())
+        elif isinstance(command, ResumeCommand):
+            self.paused = False
+            log.info("cleaning.resumed")
+            self.notifier.status(self._status_line())
+            self.request_cycle()
+        elif isinstance(command, ReloadCommand):
+            errors = await self.reload()
+            if errors:
+                raise CommandRejected("config refused: " + "; ".join(errors))
+
+    def _clean_command(self, tp: TopicPartition) -> None:
+        where = [k.log_dir for k in self.watcher.snapshot.partitions if k.tp == tp]
+        if not where:
+            raise CommandRejected(f"partition {tp} does not exist in any log dir")
+        try:
+            topic = self.config.topic_config(tp.topic)
+        except ConfigError as exc:
+            raise CommandRejected("; ".join(exc.errors)) from None
+        if not topic.compact:
+            raise CommandRejected(
+                f"topic {tp.topic!r} is not compacted (cleanup.policy "
+                f"{','.join(topic.cleanup_policy)})"
+            )
+        m = self.maintenance
+        if m is None or not any(d.mode is Mode.OWNER and str(d.path) in where for d in m.log_dirs):
+            raise CommandRejected(f"{tp} is in a log dir this daemon does not own")
+        if self.paused:
+            raise CommandRejected("cleaning is paused (send resume first)")
+        with partition_context(tp.topic, tp.partition, where[0]):
+            log.info("clean.requested")
+        self.request_cycle()
+
+    # -- reload -----------------------------------------------------------------------------
+
+    async def _reload_task(self) -> None:
+        await self.reload()
+
+    async def reload(self) -> list[str]:
+        """Re-read the config file; apply what can change live. Returns the errors ([]
+        when the new config runs). Serialised: one reload at a time."""
+        async with self._reload_lock:
+            self.notifier.reloading("reloading configuration")
+            try:
+                return await self._reload()
+            finally:
+                self.notifier.ready(self._status_line())
+
+    async def _reload(self) -> list[str]:
+        where = str(self.config_path) if self.config_path else "embedded default"
+        try:
+            new = await asyncio.to_thread(load_config, self.config_path)
+        except ConfigError as exc:
+            log.error("config.reload_failed", path=where, errors=exc.errors)
+            self.exporter.record_reload(False)
+            self.emit("config.reloaded", {"successful": False, "errors": list(exc.errors)})
+            return list(exc.errors)
+        plan = plan_reload(self.config, new)
+        for change in plan.refused:
+            log.warning(
+                "config.restart_required",
+                key=change.name,
+                running=plain(change.old),
+                in_file=plain(change.new),
+            )
+        config, errors = await self._apply(plan)
+        self.config = config
+        self.exporter.record_reload(not errors)
+        changed = [c.name for c in plan.applied]
+        refused = [c.name for c in plan.refused]
+        log.info(
+            "config.reloaded", path=where, changed=changed, restart_required=refused, errors=errors
+        )
+        self.emit(
+            "config.reloaded",
+            {
+                "successful": not errors,
+                "changed": list[JsonValue](changed),
+                "restart_required": list[JsonValue](refused),
+                "errors": list[JsonValue](errors),
+            },
+        )
+        if plan.changed:
+            self.request_cycle()
+        return errors
+
+    async def _apply(self, plan: ReloadPlan) -> tuple[Config, list[str]]:
+        """Apply the live parts of `plan`; a part that fails keeps its old settings."""
+        config, old, errors = plan.config, self.config, []
+        if plan.touches(("logging",)):
+            configure_logging(config.logging.format, config.logging.level)
+        if plan.touches(("metrics",)):
+            try:
+                await asyncio.to_thread(self.exporter.configure, config.metrics)
+            except OSError as exc:
+                errors.append(f"metrics.listen: cannot bind {config.metrics.listen}: {exc}")
+                config = config.model_copy(update={"metrics": old.metrics})
+        if plan.touches(("mqtt",)):
+            try:
+                await self._replace_publisher(config)
+            except ConfigError as exc:
+                errors += exc.errors
+                config = config.model_copy(update={"mqtt": old.mqtt})
+        return config, errors
+
+    def _new_publisher(self, config: Config) -> EventPublisher:
+        """MQTT when enabled (its password and TLS files are read here: ConfigError)."""
+        if not config.mqtt.enabled:
+            return NullPublisher()
+        return MqttPublisher(config.mqtt, host=self.host, on_command=self.on_command)
+
+    async def _replace_publisher(self, config: Config) -> None:
+        new = self._new_publisher(config)
+        old, self.publisher = self.publisher, new
+        published, dropped = self._events_base
+        self._events_base = (published + old.published, dropped + old.dropped)
+        await new.start()
+        self._spawn(old.stop(), "mqtt-retire")
+
+    # -- shutdown ---------------------------------------------------------------------------
+
+    async def shutdown(self) -> None:
+        """STOPPING, abort passes (bounded), checkpoint, release everything."""
+        self.state = ServiceState.STOPPING
+        self.should_exit = True
+        self._abort.set()
+        self.notifier.stopping("stopping")
+        log.info("shutdown.begin")
+        if self._cycle_task is not None and not await self._wait_or_force(self._cycle_task):
+            self.abandoned = True
+            log.warning("shutdown.cycle_abandoned", forced=self.force_exit)
+        elif self.maintenance is not None:
+            closing = asyncio.ensure_future(self._in_thread(self._close_maintenance))
+            if not await self._wait_or_force(closing):
+                self.abandoned = True
+                log.warning("shutdown.close_abandoned", forced=self.force_exit)
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        with contextlib.suppress(Exception):
+            await self.publisher.stop()
+        await asyncio.to_thread(self.exporter.stop)
+        self._thread.shutdown(wait=not self.abandoned, cancel_futures=True)
+        self.state = ServiceState.STOPPED
+        log.info("shutdown.done", forced=self.force_exit, abandoned=self.abandoned)
+
+    async def _wait_or_force(self, task: asyncio.Future[T]) -> bool:
+        """Wait for `task` up to the shutdown timeout, or until a forced exit; True when
+        it is done."""
+        deadline = time.monotonic() + self.timings.shutdown_timeout_s
+        while not task.done() and not self.force_exit and time.monotonic() < deadline:
+            await asyncio.wait({task}, timeout=0.1)
+        return task.done()
+
+    def _close_maintenance(self) -> None:
+        """Write recovery-point and log-start-offset checkpoints, release the log dirs."""
+        m = self.maintenance
+        assert m is not None
+        try:
+            m.checkpoint()
+        finally:
+            m.close(unlink_pending=False)
+            m.engine.shutdown(abort=True)

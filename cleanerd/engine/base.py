@@ -1,0 +1,170 @@
+"""The engine interface: where a clean pass and an audit scan run.
+
+The scheduler decides *what* to clean (a partition, its segments, the range
+[first_dirty, first_uncleanable), the instant `now_ms`); an engine decides *where* the work
+runs: `local` in a pool of worker processes on this host, `spark` on a Spark cluster. Both
+take the same plain, picklable job descriptions and answer with the same results, so the
+scheduler, the `clean` command and the `audit` command never know which engine they use.
+
+The crash-consistency contract every engine keeps, whatever runs the pass:
+
+- A `CleanJob` future that resolves with a `CleanResult` means the cleaned segments were
+  swapped in with Kafka's `.cleaned` -> `.swap` -> `.deleted` protocol (`swap.py`), each
+  rename step under the partition lock (`PartitionLock` in `state_dir`, a cross-process
+  `flock`, so a worker process and a `cleanerd produce` exclude each other), and the
+  `cleaner-offset-checkpoint` entry was moved to `end_offset`. The old segment files in
+  `deleted_files` are still on disk (renamed `.deleted`); the caller unlinks them after
+  `file.delete.delay.ms`.
+- A future that fails left the originals as they were (any partial `.cleaned` output is
+  removed before the failure is reported), or, for `WorkerCrashed` only, a prefix of the
+  rename protocol that the next open of the partition completes (Kafka's startup
+  recovery, `cleanerd.log.recovery`). The exceptions: `CleaningAborted` (asked to stop by
+  `abort` or `shutdown(abort=True)`; no mark), `WorkerCrashed` (the process running the
+  job died: counted as a dead worker, the pool replaced), or any `CleanerdError`/`OSError`
+  of the pass (a corrupt batch, a full disk: the caller marks the partition uncleanable).
+- An engine runs at most what it is given: no partition is submitted twice at once
+  (the scheduler's in-progress set guarantees it), and an engine never reorders the
+  renames of one partition with another pass of it.
+
+The `cleaner-offset-checkpoint` of a log dir is rewritten whole (read, change one entry,
+tmp file, fsync, rename) by every pass and by the scheduler's resets. With passes in
+several processes the read-modify-write must be serialized across processes, or one
+pass's entry can be lost to another's rewrite: `checkpoint_lock` is an `flock` on
+`<state dir>/locks/<log dir key>/cleaner-offset-checkpoint.lock` that every writer holds
+around it.
+
+Futures are `concurrent.futures.Future`s, so synchronous callers wait on them and an
+asyncio daemon awaits them with `asyncio.wrap_future` without blocking its loop.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+from collections.abc import Iterator
+from concurrent.futures import Future
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final, Protocol, runtime_checkable
+
+from cleanerd.compaction.audit import AuditColumns
+from cleanerd.compaction.cleaner import CleanerConfig, CleanResult
+from cleanerd.compaction.strategy import ResolvedStrategy
+from cleanerd.errors import CleanerdError
+from cleanerd.log.files import TopicPartition
+from cleanerd.log.lock import log_dir_key
+from cleanerd.log.meta import SegmentMeta
+from cleanerd.log.txnindex import AbortedTxn
+
+CHECKPOINT_LOCK_NAME: Final = "cleaner-offset-checkpoint.lock"
+"""Not `<topic>-<partition>.lock`: it cannot collide with a partition lock."""
+
+
+@contextmanager
+def checkpoint_lock(state_dir: Path, log_dir: Path) -> Iterator[None]:
+    """Hold the cross-process lock on `log_dir`'s cleaner checkpoint (blocking: every
+    holder only rewrites one small file)."""
+    path = state_dir / "locks" / log_dir_key(log_dir) / CHECKPOINT_LOCK_NAME
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing the description drops the flock
+
+
+@dataclass(frozen=True, slots=True)
+class CleanJob:
+    """One clean pass over one partition, as plain data (picklable, engine-neutral).
+
+    `segments` is the snapshot the range was computed on (ascending, the active segment
+    last); the pass reads only those segments, so appends to the active segment during
+    the pass are never touched.
+    """
+
+    log_dir: Path
+    state_dir: Path
+    """cleanerd's state dir: the partition lock lives under it."""
+    tp: TopicPartition
+    segments: tuple[SegmentMeta, ...]
+    first_dirty: int
+    first_uncleanable: int
+    now_ms: int
+    config: CleanerConfig
+
+    @property
+    def dir_path(self) -> Path:
+        """The partition dir."""
+        return self.log_dir / str(self.tp)
+
+
+@dataclass(frozen=True, slots=True)
+class AuditJob:
+    """The audit scan of one partition: decode `segments` into `AuditColumns`.
+
+    The caller computed the last stable offset and the aborted transactions below it
+    (both need the whole partition); the engine only decodes and hashes, so the pure
+    `audit.audit_columns` gives the same report whichever engine produced the columns.
+    """
+
+    log_dir: Path
+    tp: TopicPartition
+    segments: tuple[SegmentMeta, ...]
+    strategy: ResolvedStrategy
+    stable_offset: int
+    aborted: tuple[AbortedTxn, ...] = ()
+
+    @property
+    def dir_path(self) -> Path:
+        """The partition dir."""
+        return self.log_dir / str(self.tp)
+
+
+class WorkerCrashed(CleanerdError):
+    """The worker running a job died (killed, out of memory, a crash in native code)."""
+
+    def __init__(self, tp: TopicPartition, detail: str) -> None:
+        self.tp = tp
+        self.detail = detail
+        super().__init__(f"worker cleaning {tp} died: {detail}")
+
+
+@runtime_checkable
+class Engine(Protocol):
+    """Runs clean passes and audit scans; see the module docstring for the contract."""
+
+    @property
+    def name(self) -> str:
+        """`local` or `spark` (the `engine.name` config value)."""
+        ...
+
+    @property
+    def workers(self) -> int:
+        """How many clean passes may run at once (`log.cleaner.threads` for `local`)."""
+        ...
+
+    @property
+    def dead_workers(self) -> int:
+        """Workers that died since the engine started (Kafka's `DeadThreadCount`)."""
+        ...
+
+    def submit_clean(self, job: CleanJob) -> Future[CleanResult]:
+        """Start a pass; the future resolves when the swap is done (see the contract)."""
+        ...
+
+    def submit_audit(self, job: AuditJob) -> Future[AuditColumns]:
+        """Start an audit scan; the future resolves with the partition's columns, or
+        fails with CorruptRecordError naming the file and byte position."""
+        ...
+
+    def abort(self, tp: TopicPartition) -> bool:
+        """Ask the pass of `tp` (queued or running) to stop before its next swap; its
+        future then fails with CleaningAborted. False when no pass of `tp` is known."""
+        ...
+
+    def shutdown(self, *, abort: bool = False) -> None:
+        """Stop accepting work and wait for the work in flight; with `abort`, ask every
+        running pass to stop first (a bounded wait: each pass checks between segments)."""
+        ...

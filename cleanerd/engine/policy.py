@@ -1,0 +1,259 @@
+"""Which engine cleans a partition: Spark only where the local key map is too small.
+
+With `engine.name: spark`, a pass goes to Spark when its dirty range holds more distinct
+keys than one local worker's offset map can (`local_key_capacity`: Kafka's split of
+`log.cleaner.dedupe.buffer.size` over `log.cleaner.threads`, entries of 24 or 32 bytes,
+times the load factor); every other pass runs locally, where it costs no JVM start-up.
+With `engine.name: local` this module is not used and no JVM is ever started.
+
+The key count of a dirty range is known, in order of preference:
+
+1. from the partition's previous local pass: a pass that ended before its first
+   uncleanable offset filled its map, so the keys outgrew it (Spark until a pass fits);
+2. from the range's size: a record takes at least `MIN_RECORD_BYTES` on disk, so a range
+   smaller than `capacity * MIN_RECORD_BYTES` cannot hold too many keys;
+3. from a sample: up to `SAMPLE_BYTES`, spread as segment prefixes over the dirty range,
+   is decoded and its keys hashed; the distinct count of the whole range is estimated
+   with the GEE estimator (Charikar et al., "Towards estimation error guarantees for
+   distinct values", PODS 2000): ``D = sqrt(N/n) * f1 + (d - f1)`` for `n` sampled of
+   `N` records, `d` distinct keys in the sample, `f1` of them seen once. Its error is
+   within a factor sqrt(N/n) either way, which is what a routing choice needs.
+
+`choose_engine` is the pure decision; `PolicyEngine` is the `Engine` that applies it,
+delegating to a local engine and to a Spark engine made on first use.
+"""
+
+from __future__ import annotations
+
+import math
+import mmap
+import os
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
+
+import numpy as np
+
+from cleanerd.compaction.audit import AuditColumns
+from cleanerd.compaction.cleaner import CleanResult
+from cleanerd.compaction.keyhash import hash_keys
+from cleanerd.compaction.offset_map import OFFSET_ENTRY, VERSIONED_ENTRY, memory_per_thread
+from cleanerd.config import Config
+from cleanerd.engine.base import AuditJob, CleanJob, Engine
+from cleanerd.errors import CleanerdError
+from cleanerd.log.files import TopicPartition, log_file
+from cleanerd.log.meta import SegmentMeta
+from cleanerd.records.columns import segment_columns
+from cleanerd.records.header import CONTROL_MASK
+from cleanerd.records.scan import scan_batches
+
+SAMPLE_BYTES: Final = 8 * 1024 * 1024
+MIN_RECORD_BYTES: Final = 8
+"""A v2 record's smallest size on disk (7 bytes of varints plus a one-byte key)."""
+
+
+def local_key_capacity(
+    dedupe_buffer_size: int, threads: int, load_factor: float, *, versioned: bool
+) -> int:
+    """How many keys one local worker's offset map holds."""
+    entry = VERSIONED_ENTRY if versioned else OFFSET_ENTRY
+    slots = memory_per_thread(dedupe_buffer_size, threads) // entry.itemsize
+    return int(slots * load_factor)
+
+
+def gee_distinct(counts: Sequence[int] | np.ndarray, population: int) -> int:
+    """GEE's estimate of the distinct values among `population` records, from the
+    occurrence count of each distinct value of a uniform-ish sample."""
+    c = np.asarray(counts, dtype=np.int64)
+    sampled = int(c.sum())
+    if sampled == 0:
+        return 0
+    f1 = int(np.count_nonzero(c == 1))
+    scale = math.sqrt(max(population, sampled) / sampled)
+    return round(scale * f1 + (c.size - f1))
+
+
+@dataclass(frozen=True, slots=True)
+class KeyEstimate:
+    """Distinct keys of a dirty range, and how the number was found."""
+
+    keys: int
+    source: str
+    """`history`, `size` or `sample`."""
+
+
+def choose_engine(estimate: KeyEstimate, capacity: int) -> str:
+    """`spark` when the estimated keys exceed the local map's capacity, else `local`."""
+    return "spark" if estimate.keys > capacity else "local"
+
+
+def _dirty_segments(job: CleanJob) -> list[SegmentMeta]:
+    segs = job.segments
+    out = []
+    for i, seg in enumerate(segs):
+        upper = segs[i + 1].base_offset if i + 1 < len(segs) else seg.next_offset
+        if seg.base_offset < job.first_uncleanable and upper > job.first_dirty:
+            out.append(seg)
+    return out
+
+
+def _sample_hashes(path: Path, budget: int, first: int, end: int) -> tuple[np.ndarray, int, int]:
+    """(key hashes, records, bytes) of the keyed data records in [first, end) among the
+    batches of `path` that start within its first `budget` bytes."""
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        if size == 0:
+            return np.zeros((0, 2), np.uint64), 0, 0
+        raw = mmap.mmap(f.fileno(), size, access=mmap.ACCESS_READ)
+    stop = 0
+    for info in scan_batches(raw, verify_crc=False):
+        stop = info.position + info.size
+        if stop >= budget:
+            break
+    sc = segment_columns(raw, end=stop, verify_crc=False)
+    bi = sc.batch_index.astype(np.int64)
+    data = (sc.attributes.astype(np.int64)[bi] & CONTROL_MASK) == 0
+    rows = np.flatnonzero(data & (sc.key_len >= 0) & (sc.offset >= first) & (sc.offset < end))
+    hashes = np.zeros((rows.size, 2), np.uint64)
+    for bid, buf in enumerate(sc.buffers):
+        mask = sc.buffer_id[rows] == bid
+        if mask.any():
+            sel = rows[mask]
+            hashes[mask] = hash_keys(buf, sc.key_pos[sel], sc.key_len[sel])
+    return hashes, int(sc.num_records), stop
+
+
+def estimate_keys(job: CleanJob, *, capacity: int, sample_bytes: int = SAMPLE_BYTES) -> KeyEstimate:
+    """The dirty range's distinct keys from its size or a sample (module docstring)."""
+    dirty = _dirty_segments(job)
+    total = sum(s.size_bytes for s in dirty)
+    if total < capacity * MIN_RECORD_BYTES:
+        return KeyEstimate(total // MIN_RECORD_BYTES, "size")
+    budget = max(1, sample_bytes // max(1, len(dirty)))
+    parts, records, read = [], 0, 0
+    for seg in dirty:
+        hashes, n, used = _sample_hashes(
+            log_file(job.dir_path, seg.base_offset), budget, job.first_dirty, job.first_uncleanable
+        )
+        parts.append(hashes)
+        records += n
+        read += used
+    if read == 0:
+        return KeyEstimate(0, "sample")
+    hashes = np.concatenate(parts) if parts else np.zeros((0, 2), np.uint64)
+    _, counts = np.unique(hashes, axis=0, return_counts=True)
+    keyed_share = hashes.shape[0] / max(records, 1)
+    population = round(records * total / read * keyed_share)
+    return KeyEstimate(gee_distinct(counts, population), "sample")
+
+
+class PolicyEngine:
+    """The `Engine` of `engine.name: spark`: each pass on the engine `choose_engine`
+    picks; audits run locally. `spark_factory` is called on the first Spark pass."""
+
+    def __init__(
+        self,
+        local: Engine,
+        spark_factory: Callable[[], Engine],
+        capacity: Callable[[CleanJob], int],
+        *,
+        sample_bytes: int = SAMPLE_BYTES,
+    ) -> None:
+        self.local = local
+        self._spark_factory = spark_factory
+        self._spark: Engine | None = None
+        self._capacity = capacity
+        self._sample_bytes = sample_bytes
+        self._lock = threading.Lock()
+        self._map_filled: set[TopicPartition] = set()
+        self._where: dict[TopicPartition, Engine] = {}
+        self.decisions: dict[TopicPartition, tuple[str, KeyEstimate]] = {}
+        """The last routing decision per partition, with its estimate (for logs)."""
+
+    @property
+    def name(self) -> str:
+        return "spark"
+
+    @property
+    def workers(self) -> int:
+        spark = self._spark.workers if self._spark is not None else 0
+        return self.local.workers + max(spark, 1)
+
+    @property
+    def dead_workers(self) -> int:
+        spark = self._spark.dead_workers if self._spark is not None else 0
+        return self.local.dead_workers + spark
+
+    def estimate(self, job: CleanJob) -> KeyEstimate:
+        """The key estimate routing `job`."""
+        capacity = self._capacity(job)
+        with self._lock:
+            filled = job.tp in self._map_filled
+        if filled:
+            return KeyEstimate(capacity + 1, "history")
+        try:
+            return estimate_keys(job, capacity=capacity, sample_bytes=self._sample_bytes)
+        except (CleanerdError, OSError):
+            return KeyEstimate(0, "sample")  # the local pass reports the corruption
+
+    def submit_clean(self, job: CleanJob) -> Future[CleanResult]:
+        estimate = self.estimate(job)
+        choice = choose_engine(estimate, self._capacity(job))
+        engine = self._spark_engine() if choice == "spark" else self.local
+        with self._lock:
+            self.decisions[job.tp] = (choice, estimate)
+            self._where[job.tp] = engine
+        future = engine.submit_clean(job)
+        if engine is self.local:
+            future.add_done_callback(lambda f: self._note_local(job, f))
+        return future
+
+    def _note_local(self, job: CleanJob, future: Future[CleanResult]) -> None:
+        if future.cancelled() or future.exception() is not None:
+            return
+        with self._lock:
+            if future.result().end_offset < job.first_uncleanable:
+                self._map_filled.add(job.tp)
+            else:
+                self._map_filled.discard(job.tp)
+
+    def _spark_engine(self) -> Engine:
+        with self._lock:
+            if self._spark is None:
+                self._spark = self._spark_factory()
+            return self._spark
+
+    def submit_audit(self, job: AuditJob) -> Future[AuditColumns]:
+        return self.local.submit_audit(job)
+
+    def abort(self, tp: TopicPartition) -> bool:
+        with self._lock:
+            engine = self._where.get(tp)
+        return engine.abort(tp) if engine is not None else False
+
+    def shutdown(self, *, abort: bool = False) -> None:
+        self.local.shutdown(abort=abort)
+        if self._spark is not None:
+            self._spark.shutdown(abort=abort)
+
+
+def policy_engine(config: Config) -> PolicyEngine:
+    """The engine of `engine.name: spark`: local passes on `LocalEngine`, the passes whose
+    keys outgrow its map on `SparkEngine` (checked for PySpark and Java when first used)."""
+    from cleanerd.engine.local import LocalEngine
+    from cleanerd.engine.spark import SparkEngine
+
+    def capacity(job: CleanJob) -> int:
+        return local_key_capacity(
+            config.log_cleaner_dedupe_buffer_size,
+            config.log_cleaner_threads,
+            config.log_cleaner_io_buffer_load_factor,
+            versioned=job.config.strategy.versioned,
+        )
+
+    return PolicyEngine(
+        LocalEngine.from_config(config), lambda: SparkEngine.from_config(config), capacity
+    )

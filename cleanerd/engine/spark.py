@@ -1,0 +1,499 @@
+"""The `spark` engine: clean passes whose winners are found by a Spark job, installed here.
+
+Submitted passes are batched: the dispatcher thread waits `batch_window_s` after the first
+one, then hands everything queued (up to `max_passes`) to one job process, so the JVM's
+start-up is paid once per batch rather than once per partition. Jobs run one after
+another; passes submitted while a job runs go into the next.
+
+The job (`spark_job`, launched as ``python -m cleanerd.engine.spark_job SPEC.json`` in
+its own session, never in the daemon's process) writes every pass's `.cleaned`
+segments and a manifest. This process then, per pass:
+
+1. **verifies** the output against the manifest and the snapshot the pass was planned on:
+   every replaced segment still has the size it had; every `.cleaned` log has the
+   manifest's size and record count, valid CRCs, batches in increasing offset order from
+   the group's base up to its next offset; its indexes pass their sanity checks and stay
+   inside the log;
+2. **installs** it with the local pass's own code (`Cleaner.install`: Kafka's `.cleaned`
+   -> `.swap` -> `.deleted` renames under the partition lock, then the checkpoint under
+   the log dir's checkpoint lock).
+
+So crash safety lives in one place: the job only ever adds `.cleaned` files, which any
+crash leaves to Kafka's recovery to delete, and the swap is the one the local engine does.
+A job that fails or is killed (exit status, signal, no manifest) fails its passes with
+`SparkJobFailed`, a `CleaningAborted`: their `.cleaned` output is removed, the originals
+are untouched, nothing is marked, and the next cycle plans the partition again. A pass
+the job itself reports failed (a corrupt segment) or whose output fails verification
+fails with a `CleanerdError`, which marks the partition uncleanable as a local pass
+would. `abort(tp)` of a pass whose job is running lets the job finish and discards that
+pass's output; `shutdown(abort=True)` kills the job's process group.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import dataclasses
+import importlib.util
+import itertools
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final, Protocol
+
+import numpy as np
+
+from cleanerd.compaction.audit import AuditColumns
+from cleanerd.compaction.cleaner import (
+    CleanedGroup,
+    Cleaner,
+    CleaningAborted,
+    CleanResult,
+)
+from cleanerd.config import Config
+from cleanerd.engine.base import AuditJob, CleanJob, checkpoint_lock
+from cleanerd.engine.spark_job import (
+    MANIFEST,
+    JobSpec,
+    Manifest,
+    PassOutcome,
+    PassSpec,
+    python_path_env,
+    remove_outputs,
+)
+from cleanerd.errors import CleanerdError
+from cleanerd.log.files import (
+    CLEANED_FILE_SUFFIX,
+    INDEX_FILE_SUFFIX,
+    TIME_INDEX_FILE_SUFFIX,
+    TopicPartition,
+    log_file,
+    segment_file,
+)
+from cleanerd.log.index import OffsetIndex, TimeIndex
+from cleanerd.log.lock import PartitionLock
+from cleanerd.log.meta import SegmentMeta
+from cleanerd.records.columns import segment_columns
+
+MISSING_MESSAGE: Final = "the spark engine needs `pip install cleanerd[spark]` and Java 17"
+BATCH_WINDOW_S: Final = 0.2
+MAX_PASSES_PER_JOB: Final = 64
+KILL_GRACE_S: Final = 10.0
+LOG_TAIL_LINES: Final = 20
+
+
+class SparkUnavailable(CleanerdError):
+    """PySpark, PyArrow or Java is missing."""
+
+    def __init__(self, detail: str) -> None:
+        self.detail = detail
+        super().__init__(f"{MISSING_MESSAGE} ({detail})")
+
+
+class SparkJobFailed(CleaningAborted):
+    """The Spark job failed or was killed: an aborted pass (nothing marked)."""
+
+    def __init__(self, tp: TopicPartition, detail: str) -> None:
+        super().__init__(tp)
+        self.detail = detail
+        self.args = (f"spark job for {tp} failed: {detail}",)
+
+
+def check_spark_available() -> None:
+    """Raise SparkUnavailable unless pyspark, pyarrow and a `java` are installed."""
+    for module in ("pyspark", "pyarrow"):
+        if importlib.util.find_spec(module) is None:
+            raise SparkUnavailable(f"no module {module}")
+    java_home = os.environ.get("JAVA_HOME")
+    if shutil.which("java") is None and not (java_home and Path(java_home, "bin", "java").exists()):
+        raise SparkUnavailable("no java on PATH or in JAVA_HOME")
+
+
+@dataclass(frozen=True, slots=True)
+class SparkSettings:
+    """The engine's settings (`engine.spark` of the config)."""
+
+    master: str = "local[*]"
+    conf: tuple[tuple[str, str], ...] = ()
+    max_passes: int = MAX_PASSES_PER_JOB
+    batch_window_s: float = BATCH_WINDOW_S
+
+
+class JobRunner(Protocol):
+    """Runs the job of a spec file; returns when it ended, raising when it failed. The
+    default (`launch_job`) starts the job process; tests run the job in-process."""
+
+    def __call__(
+        self, spec_path: Path, staging: Path, kill: threading.Event, *, module: str = ...
+    ) -> None:
+        """Run ``python -m MODULE SPEC`` (with staging dir `staging`), stopping at `kill`."""
+        ...
+
+
+def launch_job(
+    spec_path: Path,
+    staging: Path,
+    kill: threading.Event,
+    *,
+    module: str = "cleanerd.engine.spark_job",
+) -> None:
+    """Run ``python -m MODULE SPEC`` in its own session (its own process group, so a
+    kill reaches the JVM and Python workers too) and wait for it."""
+    log_path = staging / "job.log"
+    env = {**os.environ, **python_path_env()}
+    with open(log_path, "wb") as out:
+        proc = subprocess.Popen(  # noqa: S603 - this interpreter, our module, our spec file
+            [sys.executable, "-m", module, str(spec_path)],
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+        )
+    while proc.poll() is None:
+        if kill.wait(0.2):
+            _kill_group(proc)
+            raise CleanerdError("killed (shutdown)")
+    if proc.returncode != 0:
+        how = (
+            f"killed by signal {-proc.returncode}"
+            if proc.returncode < 0
+            else f"exit status {proc.returncode}"
+        )
+        raise CleanerdError(f"{how}; {_tail(log_path)}")
+
+
+def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(KILL_GRACE_S)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def _tail(path: Path) -> str:
+    lines = path.read_text(errors="replace").splitlines() if path.exists() else []
+    useful = [line for line in lines if line.strip() and " WARN " not in line]
+    return "log tail: " + " | ".join(useful[-LOG_TAIL_LINES:]) if useful else "no output"
+
+
+# ---------------------------------------------------------------------------------------
+# Verifying and installing one pass's output.
+
+
+def verify_cleaned(job: CleanJob, outcome: PassOutcome) -> None:
+    """Raise CleanerdError unless the manifest's output of `job` is sound (see the module
+    docstring)."""
+    dir_path = job.dir_path
+    planned = {s.base_offset: s for s in job.segments}
+    for group in outcome.cleaned:
+        for base in group.old_bases:
+            _check_source(dir_path, planned.get(base), base)
+        _check_group(dir_path, group, job.config.max_index_size)
+
+
+def _check_source(dir_path: Path, seg: SegmentMeta | None, base: int) -> None:
+    path = log_file(dir_path, base)
+    if seg is None or not path.exists() or path.stat().st_size != seg.size_bytes:
+        raise CleanerdError(f"{path} changed while the spark job cleaned it")
+
+
+def _check_group(dir_path: Path, group: CleanedGroup, max_index_size: int) -> None:
+    """The group's output segments (one, or more when it overflowed a segment) against
+    the manifest: sizes, records, CRCs, offsets in order within [base, next offset)."""
+    size = records = 0
+    ends = group.base
+    for base in group.bases:
+        path = log_file(dir_path, base, CLEANED_FILE_SUFFIX)
+        if not path.exists():
+            raise CleanerdError(f"{path}: missing, the job wrote it")
+        data = path.read_bytes()
+        sc = segment_columns(data, verify_crc=True)
+        bases = sc.base_offset
+        lasts = bases + sc.last_offset_delta
+        if (bases.size and int(bases[0]) < max(base, ends)) or bool(
+            np.any(bases[1:] <= lasts[:-1])
+        ):
+            raise CleanerdError(f"{path}: batches out of offset order")
+        size += len(data)
+        records += int(sc.records_count.sum())
+        ends = int(lasts[-1]) + 1 if lasts.size else ends
+        _check_indexes(dir_path, base, len(data), max_index_size)
+    if size != group.size_bytes or records != group.records or ends != group.next_offset:
+        raise CleanerdError(
+            f"{log_file(dir_path, group.base, CLEANED_FILE_SUFFIX)}: {size} bytes, {records} "
+            f"records ending at {ends}; the job wrote {group.size_bytes} bytes, "
+            f"{group.records} records ending at {group.next_offset}"
+        )
+
+
+def _check_indexes(dir_path: Path, base: int, log_size: int, max_index_size: int) -> None:
+    index = OffsetIndex.load(
+        segment_file(dir_path, base, INDEX_FILE_SUFFIX, CLEANED_FILE_SUFFIX),
+        base,
+        max_index_size=max_index_size,
+    )
+    index.sanity_check()
+    index.check_within(log_size)
+    TimeIndex.load(
+        segment_file(dir_path, base, TIME_INDEX_FILE_SUFFIX, CLEANED_FILE_SUFFIX),
+        base,
+        max_index_size=max_index_size,
+    ).sanity_check()
+
+
+class _Installer(Cleaner):
+    """`Cleaner.install` with the log dir's cross-process checkpoint lock."""
+
+    def __init__(self, state_dir: Path) -> None:
+        super().__init__(None)
+        self.state_dir = state_dir
+
+    def _write_checkpoint(self, log_dir: Path, tp: TopicPartition, end_offset: int) -> None:
+        with checkpoint_lock(self.state_dir, log_dir):
+            super()._write_checkpoint(log_dir, tp, end_offset)
+
+
+def install_outcome(job: CleanJob, outcome: PassOutcome, *, extra_index_ms: int = 0) -> CleanResult:
+    """Verify and swap in one pass's output; raise CleanerdError (output removed) if the
+    job reported the pass failed or its output is not sound."""
+    try:
+        if outcome.error is not None or outcome.stats is None:
+            raise CleanerdError(outcome.error or "the job reported no statistics")
+        verify_cleaned(job, outcome)
+    except BaseException:
+        remove_outputs(_pass_spec(job))
+        raise
+    # From here on a failure is the local pass's: whatever prefix of the renames happened
+    # is finished or rolled back by the next open of the partition (Kafka's recovery).
+    deleted = _Installer(job.state_dir).install(
+        log_dir=job.log_dir,
+        tp=job.tp,
+        cleaned=outcome.cleaned,
+        end_offset=outcome.end_offset,
+        swap_lock=PartitionLock(job.state_dir, job.log_dir, job.tp),
+    )
+    stats = dataclasses.replace(
+        outcome.stats,
+        start_ms=outcome.stats.start_ms - extra_index_ms,
+        map_bytes_read=sum(
+            s.size_bytes
+            for s in job.segments
+            if s.base_offset < job.first_uncleanable and s.next_offset > job.first_dirty
+        ),
+    )
+    return CleanResult(job.first_dirty, outcome.end_offset, stats, deleted)
+
+
+def _pass_spec(job: CleanJob) -> PassSpec:
+    return PassSpec(
+        log_dir=str(job.log_dir),
+        tp=job.tp,
+        segments=job.segments,
+        first_dirty=job.first_dirty,
+        first_uncleanable=job.first_uncleanable,
+        now_ms=job.now_ms,
+        config=job.config,
+    )
+
+
+# ---------------------------------------------------------------------------------------
+# The engine.
+
+
+@dataclass(slots=True)
+class _Pending:
+    job: CleanJob
+    future: Future[CleanResult]
+    aborted: bool = False
+
+
+class SparkEngine:
+    """Clean passes on Spark, batched into job processes; see the module docstring.
+
+    Thread-safe. `runner` replaces the job process (tests run the job in-process on a
+    shared session).
+    """
+
+    def __init__(self, settings: SparkSettings, *, runner: JobRunner | None = None) -> None:
+        if runner is None:
+            check_spark_available()
+        self.settings = settings
+        self._runner = runner if runner is not None else launch_job
+        self._lock = threading.Lock()
+        self._wake = threading.Condition(self._lock)
+        self._queue: collections.deque[_Pending] = collections.deque()
+        self._running: list[_Pending] = []
+        self._kill = threading.Event()
+        self._closed = False
+        self._ids = itertools.count(1)
+        self._failed_jobs = 0
+        self.manifests: collections.deque[Manifest] = collections.deque(maxlen=64)
+        """The manifests of the last jobs (timings for metrics and the bench)."""
+        self._thread = threading.Thread(target=self._dispatch, name="spark-engine", daemon=True)
+        self._thread.start()
+
+    @classmethod
+    def from_config(cls, config: Config) -> SparkEngine:
+        """An engine on the config's `engine.spark` master and settings."""
+        spark = config.engine.spark
+        return cls(SparkSettings(master=spark.master, conf=tuple(sorted(spark.conf.items()))))
+
+    # -- the Engine protocol ------------------------------------------------------------
+
+    @property
+    def name(self) -> str:
+        return "spark"
+
+    @property
+    def workers(self) -> int:
+        return self.settings.max_passes
+
+    @property
+    def dead_workers(self) -> int:
+        return self._failed_jobs
+
+    def submit_clean(self, job: CleanJob) -> Future[CleanResult]:
+        future: Future[CleanResult] = Future()
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("the spark engine is shut down")
+            self._queue.append(_Pending(job, future))
+            self._wake.notify_all()
+        return future
+
+    def submit_audit(self, job: AuditJob) -> Future[AuditColumns]:
+        from cleanerd.engine.spark_audit import audit_columns_on_spark
+
+        future: Future[AuditColumns] = Future()
+
+        def run() -> None:
+            try:
+                future.set_result(audit_columns_on_spark([job], self.settings)[0])
+            except BaseException as exc:  # noqa: BLE001 - handed to the future
+                future.set_exception(exc)
+
+        threading.Thread(target=run, name="spark-audit", daemon=True).start()
+        return future
+
+    def abort(self, tp: TopicPartition) -> bool:
+        with self._lock:
+            queued = next((p for p in self._queue if p.job.tp == tp), None)
+            if queued is not None:
+                self._queue.remove(queued)
+            else:
+                running = [p for p in self._running if p.job.tp == tp]
+                for p in running:
+                    p.aborted = True
+                return bool(running)
+        queued.future.set_exception(CleaningAborted(tp))
+        return True
+
+    def shutdown(self, *, abort: bool = False) -> None:
+        with self._lock:
+            self._closed = True
+            dropped = list(self._queue) if abort else []
+            if abort:
+                self._queue.clear()
+                self._kill.set()
+                for p in self._running:
+                    p.aborted = True
+            self._wake.notify_all()
+        for p in dropped:
+            p.future.set_exception(CleaningAborted(p.job.tp))
+        self._thread.join()
+
+    def __enter__(self) -> SparkEngine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown(abort=exc[0] is not None)
+
+    # -- dispatch -----------------------------------------------------------------------
+
+    def _dispatch(self) -> None:
+        while True:
+            with self._lock:
+                while not self._queue and not self._closed:
+                    self._wake.wait()
+                if not self._queue:
+                    return
+            time.sleep(self.settings.batch_window_s)  # let a cycle's submissions gather
+            with self._lock:
+                batch = [
+                    p
+                    for p in itertools.islice(self._queue, self.settings.max_passes)
+                    if p.future.set_running_or_notify_cancel()
+                ]
+                for _ in range(min(len(self._queue), self.settings.max_passes)):
+                    self._queue.popleft()
+                self._running = batch
+            if batch:
+                self._run_batch(batch)
+            with self._lock:
+                self._running = []
+
+    def _run_batch(self, batch: list[_Pending]) -> None:
+        staging = _staging_dir(batch[0].job.state_dir, next(self._ids))
+        try:
+            manifest = self._run_job(batch, staging)
+            for p, outcome in zip(batch, manifest.outcomes, strict=True):
+                self._finish(p, outcome, manifest.startup_ms + manifest.reduce_ms)
+        except BaseException as exc:  # noqa: BLE001 - every pass of the job fails with it
+            self._failed_jobs += 1
+            for p in batch:
+                if not p.future.done():
+                    remove_outputs(_pass_spec(p.job))
+                    p.future.set_exception(SparkJobFailed(p.job.tp, str(exc)))
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+
+    def _run_job(self, batch: Sequence[_Pending], staging: Path) -> Manifest:
+        spec = JobSpec(
+            passes=tuple(_pass_spec(p.job) for p in batch),
+            staging=str(staging),
+            master=self.settings.master,
+            conf=dict(self.settings.conf),
+        )
+        spec_path = staging / "spec.json"
+        spec.write(spec_path)
+        self._runner(spec_path, staging, self._kill)
+        manifest_path = staging / MANIFEST
+        if not manifest_path.exists():
+            raise CleanerdError("the job ended without a manifest")
+        manifest = Manifest.read(manifest_path)
+        if len(manifest.outcomes) != len(batch):
+            raise CleanerdError(f"{len(manifest.outcomes)} outcomes for {len(batch)} passes")
+        self.manifests.append(manifest)
+        return manifest
+
+    @staticmethod
+    def _finish(p: _Pending, outcome: PassOutcome, index_ms: int) -> None:
+        if p.aborted:
+            remove_outputs(_pass_spec(p.job))
+            p.future.set_exception(CleaningAborted(p.job.tp))
+            return
+        try:
+            result = install_outcome(p.job, outcome, extra_index_ms=index_ms)
+        except (CleanerdError, OSError) as exc:
+            p.future.set_exception(exc)
+            return
+        p.future.set_result(result)
+
+
+def _staging_dir(state_dir: Path, n: int) -> Path:
+    path = state_dir / "spark" / f"job-{os.getpid()}-{n}"
+    shutil.rmtree(path, ignore_errors=True)
+    path.mkdir(parents=True)
+    return path

@@ -1,0 +1,394 @@
+"""Tests of the maintenance cycle end to end on real log dirs, with injected time."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import threading
+from collections.abc import Iterator
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from cleanerd.compaction.audit import AuditColumns
+from cleanerd.compaction.cleaner import CleanResult
+from cleanerd.config import Config, load_config
+from cleanerd.daemon.cycle import Maintenance, run_cycles
+from cleanerd.daemon.scheduler import config_fingerprint
+from cleanerd.engine.base import AuditJob, CleanJob
+from cleanerd.engine.local import LocalEngine, WorkerSettings
+from cleanerd.log.checkpoint import (
+    CLEANER_OFFSET_CHECKPOINT,
+    LOG_START_OFFSET_CHECKPOINT,
+    OffsetCheckpointFile,
+)
+from cleanerd.log.files import TopicPartition
+from cleanerd.log.lock import PartitionLock
+from cleanerd.log.log_dir import LogDir
+from cleanerd.log.partition_log import PartitionLog
+from cleanerd.metrics_model import build_snapshot
+from cleanerd.records.record import Record
+from cleanerd.retention.disk import DiskSpace
+from tests.builders import build_log, kv, offsets_and_values
+
+MIN = 60_000
+HOUR = 60 * MIN
+T0 = 1_700_000_000_000
+
+
+def write_config(tmp_path: Path, topics: dict[str, dict[str, Any]], **broker: Any) -> Config:
+    doc = {
+        "log.dirs": [str(tmp_path / "logs")],
+        "state_dir": str(tmp_path / "state"),
+        "log.cleaner.dedupe.buffer.size": 4 * 1024 * 1024,
+        "topics": topics,
+        **broker,
+    }
+    path = tmp_path / "cleanerd.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return load_config(path)
+
+
+def records(keys: range | list[int], ts: int, tag: str = "v") -> list[list[Record]]:
+    """One batch per record, key `k<i>`."""
+    return [[kv(f"k{i}", f"{tag}{i}", timestamp=ts)] for i in keys]
+
+
+def build(
+    tmp_path: Path, tp: TopicPartition, segments: list[list[list[Record]]], logs: str = "logs"
+) -> Path:
+    """The partition, its files last modified when their newest record was written (as
+    if a producer had written them then)."""
+    build_log(tmp_path / logs, segments, state_dir=tmp_path / "state", tp=tp)
+    d = tmp_path / logs / str(tp)
+    newest = max((r.timestamp for seg in segments for batch in seg for r in batch), default=T0)
+    for f in d.iterdir():
+        os.utime(f, ns=(newest * 1_000_000, newest * 1_000_000))
+    return d
+
+
+def values(d: Path, state: Path) -> list[tuple[int, bytes | None, bytes | None]]:
+    return offsets_and_values(PartitionLog.open(d, state_dir=state, read_only=True))
+
+
+@pytest.fixture(name="engine", scope="module")
+def _engine() -> Iterator[LocalEngine]:
+    with LocalEngine(WorkerSettings(workers=1, dedupe_buffer_size=4 * 1024 * 1024)) as engine:
+        yield engine
+
+
+def test_one_cycle_rolls_deletes_and_cleans(tmp_path: Path, engine: LocalEngine) -> None:
+    """An idle compacted partition rolls by max lag and is cleaned at once (deadline),
+    a delete topic loses its expired segment, and the report says so."""
+    c, d = TopicPartition("c", 0), TopicPartition("d", 0)
+    build(tmp_path, c, [records(range(6), T0 - 3 * HOUR) + records(range(3), T0 - 2 * HOUR)])
+    build(tmp_path, d, [records(range(3), T0 - 3 * HOUR), records(range(3), T0)])
+    cfg = write_config(
+        tmp_path,
+        {
+            "c": {
+                "cleanup.policy": "compact",
+                "max.compaction.lag.ms": HOUR,
+                "min.cleanable.dirty.ratio": 1.0,
+            },
+            "d": {"cleanup.policy": "delete", "retention.ms": HOUR},
+        },
+    )
+    with Maintenance(cfg, engine, clock=lambda: T0) as m:
+        report = m.run_once()
+        unlinked = m.close(unlink_pending=True)
+    assert [(r.tp, r.base_offset, r.reason) for r in report.rolled] == [
+        (c, 0, "max.compaction.lag.ms")
+    ]
+    assert [(o.topic, [x.base_offset for x in o.deletions]) for o in report.retention] == [
+        ("d", [0])
+    ]
+    assert [(x.tp, x.reason) for x in report.cleaned] == [(c, "max.compaction.lag.ms")]
+    assert report.cleaned[0].overdue_ms == 2 * HOUR
+    assert report.cleaned[0].end_offset == 9
+    assert [v for _, _, v in values(tmp_path / "logs" / str(c), tmp_path / "state")] == [
+        b"v3",
+        b"v4",
+        b"v5",
+        b"v0",
+        b"v1",
+        b"v2",
+    ]
+    assert any(p.name.endswith(".log.deleted") for p in unlinked)
+    doc = report.to_json()
+    assert doc["cleaned"][0]["topic"] == "c"
+    assert doc["deleted"][0]["reason"] == "retention.ms"
+
+
+def test_overdue_logs_are_cleaned_first_most_overdue_first(
+    tmp_path: Path, engine: LocalEngine
+) -> None:
+    """One worker: the most overdue log, then the less overdue one, then the dirtiest
+    log without a deadline, whatever their dirtiness."""
+    late, later, dirty = TopicPartition("a", 0), TopicPartition("b", 0), TopicPartition("z", 0)
+    build(tmp_path, late, [records([0, 1], T0 - 5 * HOUR), records([9], T0)])
+    build(tmp_path, later, [records([0, 1], T0 - 3 * HOUR), records([9], T0)])
+    build(tmp_path, dirty, [records([0] * 20, T0), records([9], T0)])
+    lag = {"cleanup.policy": "compact", "max.compaction.lag.ms": HOUR}
+    cfg = write_config(
+        tmp_path,
+        {"a": lag, "b": lag, "z": {"cleanup.policy": "compact", "min.cleanable.dirty.ratio": 0.1}},
+    )
+    with Maintenance(cfg, engine, clock=lambda: T0) as m:
+        report = m.run_once()
+    assert [x.tp for x in report.cleaned] == [late, later, dirty]
+    assert [x.overdue_ms for x in report.cleaned] == [4 * HOUR, 2 * HOUR, 0]
+
+
+def test_max_lag_forces_cleaning_only_at_the_deadline(tmp_path: Path, engine: LocalEngine) -> None:
+    """Scenario 56 with injected time: ratio 1.0, min lag 1 h, max lag 6 h. Nothing is
+    cleaned after 3 h; after 6 h the first block is (the idle active segment rolls by
+    the deadline); a second block written then is cleaned only 6 h later."""
+    tp = TopicPartition("t", 0)
+    dirs = tmp_path / "logs" / str(tp)
+    build(tmp_path, tp, [records(list(range(100)) * 3, T0)])
+    cfg = write_config(
+        tmp_path,
+        {
+            "t": {
+                "cleanup.policy": "compact",
+                "min.cleanable.dirty.ratio": 1.0,
+                "min.compaction.lag.ms": HOUR,
+                "max.compaction.lag.ms": 6 * HOUR,
+            }
+        },
+    )
+    now = [T0 + 3 * HOUR]
+    with Maintenance(cfg, engine, clock=lambda: now[0]) as m:
+        assert not m.run_once().cleaned
+        now[0] = T0 + 6 * HOUR + 1
+        report = m.run_once()
+        assert [x.end_offset for x in report.cleaned] == [300]
+        plog = PartitionLog.open(dirs, state_dir=tmp_path / "state")
+        for batch in records([0] * 100, now[0], tag="zero"):
+            plog.append(batch)
+        assert not m.run_once().cleaned  # the second block is not overdue yet
+        now[0] += 6 * HOUR + 1
+        report = m.run_once()
+        assert [x.end_offset for x in report.cleaned] == [400]
+    kept = values(dirs, tmp_path / "state")
+    assert len(kept) == 100
+    assert kept[-1][2] == b"zero0"
+    assert OffsetCheckpointFile(tmp_path / "logs" / CLEANER_OFFSET_CHECKPOINT).read() == {tp: 400}
+
+
+def test_cleaner_driven_retention_skips_delete_and_uncleanable_logs(
+    tmp_path: Path, engine: LocalEngine
+) -> None:
+    """Scenario 48 end to end: between retention checks only compacted logs get
+    retention (here the log-start-offset rule), and not one marked uncleanable."""
+    topics = {
+        "del": {"cleanup.policy": "delete"},
+        "cd": {"cleanup.policy": "compact,delete"},
+        "c": {"cleanup.policy": "compact"},
+        "bad": {"cleanup.policy": "compact"},
+    }
+    for name in topics:
+        build(tmp_path, TopicPartition(name, 0), [records([0], T0), records([1], T0), []])
+    OffsetCheckpointFile(tmp_path / "logs" / LOG_START_OFFSET_CHECKPOINT).write(
+        {TopicPartition(name, 0): 1 for name in topics}
+    )
+    cfg = write_config(tmp_path, topics)
+    with Maintenance(cfg, engine, clock=lambda: T0) as m:
+        m.last_retention_check_ms = T0  # the interval check is not due
+        bad = TopicPartition("bad", 0)
+        m.manager.registry.mark(
+            bad,
+            log_dir=str(tmp_path / "logs"),
+            reason="test",
+            now_ms=T0,
+            config_fingerprint=config_fingerprint(cfg.topic_config("bad")),
+        )
+        report = m.run_once()
+    assert sorted(o.topic for o in report.retention) == ["c", "cd"]
+    assert [(s.tp, s.reason) for s in report.skipped if s.phase == "retention"] == [
+        (bad, "partition is uncleanable")
+    ]
+
+
+def test_uncleanable_partitions_and_their_bytes_reach_the_metrics(
+    tmp_path: Path, engine: LocalEngine
+) -> None:
+    """Scenario 57: two of three partitions have garbage in their last rolled segment:
+    both are marked, uncleanable bytes are their cleanable bytes; once one partition is
+    removed the count drops to 1."""
+    tps = [TopicPartition("t", p) for p in range(3)]
+    for tp in tps:
+        build(tmp_path, tp, [records(range(100), T0), records(range(100), T0), records([0], T0)])
+    for tp in tps[1:]:
+        # Between the first batch and the last index entry: the log layer reads the
+        # segment's first batch and its tail without meeting it; the pass, which checks
+        # every CRC, does.
+        seg = tmp_path / "logs" / str(tp) / "00000000000000000100.log"
+        data = bytearray(seg.read_bytes())
+        data[30 * 72 + 65] ^= 0xFF  # inside the records of batch 30: its CRC fails
+        seg.write_bytes(bytes(data))
+    cfg = write_config(tmp_path, {"t": {"cleanup.policy": "compact"}})
+    with Maintenance(cfg, engine, clock=lambda: T0) as m:
+        report = m.run_once()
+        assert sorted(f.tp for f in report.failed) == tps[1:]
+        snap = build_snapshot(now_ms=T0, partitions=report.states, uncleanable=m.manager.registry)
+        assert snap.uncleanable_partitions == 2
+        sizes = [
+            sum(
+                p.stat().st_size
+                for p in (tmp_path / "logs" / str(tp)).glob("*.log")
+                if not p.name.startswith("00000000000000000200")
+            )
+            for tp in tps[1:]
+        ]
+        assert snap.uncleanable_bytes == sum(sizes)
+        shutil.rmtree(tmp_path / "logs" / str(tps[2]))
+        report = m.run_once()
+        snap = build_snapshot(now_ms=T0, partitions=report.states, uncleanable=m.manager.registry)
+        assert snap.uncleanable_partitions == 1
+
+
+class _StopWhileSwapping:
+    """An engine that holds the partition lock from the submission (so the pass waits
+    at its first swap) and sets `stop` at once; the cycle's abort releases the lock."""
+
+    def __init__(self, inner: LocalEngine, stop: threading.Event, lock: PartitionLock) -> None:
+        self.inner, self.stop, self.lock = inner, stop, lock
+        self.name, self.workers, self.dead_workers = "local", 1, 0
+
+    def submit_clean(self, job: CleanJob) -> Future[CleanResult]:
+        self.lock.acquire()
+        future = self.inner.submit_clean(job)
+        self.stop.set()
+        return future
+
+    def submit_audit(self, job: AuditJob) -> Future[AuditColumns]:
+        return self.inner.submit_audit(job)
+
+    def abort(self, tp: TopicPartition) -> bool:
+        aborted = self.inner.abort(tp)
+        self.lock.release()
+        return aborted
+
+    def shutdown(self, *, abort: bool = False) -> None:
+        self.inner.shutdown(abort=abort)
+
+
+def test_stop_aborts_the_pass_in_flight(tmp_path: Path, engine: LocalEngine) -> None:
+    """Setting the stop event during cleaning aborts the running pass before its next
+    group; the cycle returns with `aborted` and leaves no state behind."""
+    tp = TopicPartition("t", 0)
+    d = build(tmp_path, tp, [records(range(10), T0)] * 4 + [records([0], T0)])
+    tail = {p.name: p.read_bytes() for p in d.glob("*.log") if not p.name.startswith("0" * 20)}
+    cfg = write_config(tmp_path, {"t": {"cleanup.policy": "compact", "segment.bytes": 800}})
+    stop = threading.Event()
+    lock = PartitionLock(tmp_path / "state", tmp_path / "logs", tp)
+    with Maintenance(cfg, _StopWhileSwapping(engine, stop, lock), clock=lambda: T0) as m:
+        report = m.run_once(stop)
+        assert report.aborted
+        assert not report.cleaned
+        assert m.manager.state(tp) is None
+    assert not (tmp_path / "logs" / CLEANER_OFFSET_CHECKPOINT).exists()
+    assert {p.name: p.read_bytes() for p in d.glob("*.log") if p.name in tail} == tail
+
+
+def test_second_copy_and_observed_dirs_are_left_alone(tmp_path: Path, engine: LocalEngine) -> None:
+    """A topic-partition already seen in another log dir, and a log dir another process
+    holds, are reported as skipped."""
+    tp = TopicPartition("t", 0)
+    build(tmp_path, tp, [records([0, 0], T0), records([1], T0)], logs="logs")
+    build(tmp_path, tp, [records([0, 0], T0), records([1], T0)], logs="logs2")
+    build(tmp_path, TopicPartition("u", 0), [records([0], T0)], logs="logs3")
+    cfg = write_config(tmp_path, {"t": {"cleanup.policy": "compact"}})
+    cfg = cfg.model_copy(
+        update={"log_dirs": tuple(str(tmp_path / n) for n in ("logs", "logs2", "logs3"))}
+    )
+    with (
+        LogDir.open(tmp_path / "logs3", state_dir=tmp_path / "other-state"),
+        Maintenance(cfg, engine, clock=lambda: T0) as m,
+    ):
+        report = m.run_once()
+    skipped = {(s.log_dir, str(s.tp)): s.reason for s in report.skipped}
+    assert skipped[(str(tmp_path / "logs2"), "t-0")] == f"also in log dir {tmp_path / 'logs'}"
+    assert skipped[(str(tmp_path / "logs3"), "None")] == "observe mode"
+    assert [x.log_dir for x in report.cleaned] == [str(tmp_path / "logs")]
+
+
+def test_disk_usage_deletes_the_oldest_segments_across_topics(
+    tmp_path: Path, engine: LocalEngine
+) -> None:
+    """Above log.retention.disk.usage.percent the globally oldest segments go first,
+    across topics and policies, until usage is under the threshold; active segments stay."""
+    old, new = TopicPartition("keep", 0), TopicPartition("comp", 0)
+    build(
+        tmp_path,
+        old,
+        [records(range(20), T0 - 5 * HOUR), records(range(20), T0 - 1 * HOUR), records([0], T0)],
+    )
+    build(
+        tmp_path,
+        new,
+        [records(range(20), T0 - 4 * HOUR), records(range(20), T0 - 2 * HOUR), records([0], T0)],
+    )
+    logs = tmp_path / "logs"
+
+    def used() -> int:
+        return sum(p.stat().st_size for p in logs.rglob("*") if p.is_file())
+
+    total = used() * 100 // 70  # 70 % used; a threshold of 50 % needs about 2 segments gone
+
+    def probe(_path: Path) -> DiskSpace:
+        return DiskSpace(total, used())
+
+    cfg = write_config(
+        tmp_path,
+        {
+            "keep": {"cleanup.policy": "delete"},
+            "comp": {"cleanup.policy": "compact", "min.cleanable.dirty.ratio": 1.0},
+        },
+        **{"log.retention.disk.usage.percent": 50},
+    )
+    with Maintenance(cfg, engine, clock=lambda: T0, usage_probe=probe) as m:
+        report = m.run_once()
+    disk = report.disk_usage
+    assert disk is not None
+    assert [(x.topic_partition, x.base_offset) for x in disk.deletions] == [(old, 0), (new, 0)]
+    assert used() <= total // 2
+    assert not disk.still_above
+
+
+def test_run_cycles_repeats_until_stopped(tmp_path: Path, engine: LocalEngine) -> None:
+    """run_cycles calls back with each report and returns once the event is set."""
+    build(tmp_path, TopicPartition("t", 0), [records([0], T0)])
+    cfg = write_config(tmp_path, {"t": {"cleanup.policy": "compact"}})
+    stop = threading.Event()
+    seen: list[int] = []
+
+    def on_report(_report: object) -> None:
+        seen.append(1)
+        if len(seen) == 3:
+            stop.set()
+
+    with Maintenance(cfg, engine, clock=lambda: T0) as m:
+        assert run_cycles(m, stop, backoff_ms=1, on_report=on_report) == 3
+
+
+def test_a_pass_cut_short_by_a_full_map_is_followed_by_more(tmp_path: Path) -> None:
+    """With a map too small for the dirty range, the partition is cleaned pass after pass
+    in the same cycle while it stays eligible, here until its whole range is done."""
+    tp = TopicPartition("t", 0)
+    build(tmp_path, tp, [records(range(10), T0), records(range(10, 20), T0), records([0], T0)])
+    topic = {"cleanup.policy": "compact", "min.cleanable.dirty.ratio": 0.0}
+    cfg = write_config(tmp_path, {"t": topic})
+    small = WorkerSettings(workers=1, dedupe_buffer_size=24 * 10)  # room for 9 keys
+    with LocalEngine(small) as engine, Maintenance(cfg, engine, clock=lambda: T0) as m:
+        report = m.run_once()
+    ends = [c.end_offset for c in report.cleaned]
+    assert len(ends) > 1
+    assert ends == sorted(ends)
+    assert ends[-1] == 20
+    assert OffsetCheckpointFile(tmp_path / "logs" / CLEANER_OFFSET_CHECKPOINT).read() == {tp: 20}

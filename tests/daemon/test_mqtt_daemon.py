@@ -1,0 +1,187 @@
+"""The daemon's MQTT events and commands against a real mosquitto broker on loopback."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import aiomqtt
+import pytest
+import yaml
+
+from cleanerd.config import load_config
+from cleanerd.daemon.events import MqttPublisher
+from cleanerd.daemon.service import Daemon, Timings
+from cleanerd.daemon.systemd import Notifier
+from cleanerd.log.files import TopicPartition
+from tests.builders import build_log, kv
+from tests.daemon.conftest import WAIT_S, NotifyReceiver, eventually, running
+from tests.daemon.test_events import FAST, HOST, Broker, _subscriber
+
+HOUR = 3_600_000
+BASE = f"cleanerd/{HOST}"
+
+pytestmark = pytest.mark.network
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def _dirty(tmp_path: Path, tp: TopicPartition, *, timestamp: int) -> None:
+    """Three segments rewriting the same five keys: dirty ratio 1 once rolled."""
+    segments = [[[kv(f"k{i}", f"v{n}", timestamp=timestamp) for i in range(5)]] for n in range(3)]
+    build_log(tmp_path / "data", segments, state_dir=tmp_path / "state", tp=tp)
+
+
+def _config(tmp_path: Path, broker: Broker) -> Path:
+    data: dict[str, Any] = {
+        "log.dirs": [str(tmp_path / "data")],
+        "state_dir": str(tmp_path / "state"),
+        # No cycle starts by itself after startup: only the commands below start one.
+        "log.cleaner.backoff.ms": HOUR,
+        "log.retention.check.interval.ms": HOUR,
+        "metrics": {"listen": "127.0.0.1:0"},
+        "mqtt": {"enabled": True, "host": "127.0.0.1", "port": broker.port},
+        "topics": {
+            "users": {"cleanup.policy": "compact"},
+            "sessions": {"cleanup.policy": "compact", "segment.ms": 1000},
+            "events": {"cleanup.policy": "delete", "retention.ms": HOUR},
+        },
+    }
+    path = tmp_path / "cleanerd.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+class Inbox:
+    """The events a subscriber received, read on demand."""
+
+    def __init__(self, client: aiomqtt.Client) -> None:
+        self.client = client
+        self.events: list[Any] = []
+        """Event objects, and `status` payloads as plain strings."""
+
+    async def wait(self, predicate: Callable[[Any], bool], what: str) -> Any:
+        """The first event (received so far or next) satisfying `predicate`."""
+        messages = aiter(self.client.messages)
+        try:
+            async with asyncio.timeout(WAIT_S):
+                while True:
+                    for event in self.events:
+                        if predicate(event):
+                            return event
+                    message = await anext(messages)
+                    payload = message.payload
+                    assert isinstance(payload, bytes | bytearray)
+                    text = payload.decode()
+                    is_status = message.topic.value.endswith("/status")
+                    self.events.append(text if is_status else json.loads(text))
+        except TimeoutError:
+            pytest.fail(f"no {what}; received {self.events}")
+
+
+def _kind(kind: str, topic: str | None = None, partition: int | None = None) -> Callable[..., bool]:
+    def match(e: Any) -> bool:
+        return bool(
+            isinstance(e, dict)
+            and e["kind"] == kind
+            and (topic is None or e.get("topic") == topic)
+            and (partition is None or e.get("partition") == partition)
+        )
+
+    return match
+
+
+def _daemon(tmp_path: Path, broker: Broker, notify: NotifyReceiver) -> Daemon:
+    config_path = _config(tmp_path, broker)
+    daemon = Daemon(
+        load_config(config_path),
+        config_path=config_path,
+        notifier=Notifier(environ=notify.environ),
+        timings=Timings(tick_s=0.05, watch_min_interval_s=0.05),
+        host=HOST,
+    )
+    # Reconnect attempts at test speed.
+    daemon.publisher = MqttPublisher(
+        daemon.config.mqtt, host=HOST, backoff=FAST, on_command=daemon.on_command
+    )
+    return daemon
+
+
+async def test_events_commands_and_a_broker_outage(
+    broker: Broker, tmp_path: Path, notify_socket: NotifyReceiver
+) -> None:
+    """1. the startup cycle's roll, pass and deletion arrive as events;
+    2. a `clean` command for a new partition is accepted and its pass follows;
+    3. a path-like topic and a missing partition are rejected, nothing is done;
+    4. with the broker killed, a cycle still cleans;
+    5. once the broker is back the daemon reconnects (retained status `online` again)
+    and answers commands."""
+    now = _now_ms()
+    _dirty(tmp_path, TopicPartition("users", 0), timestamp=now - HOUR)
+    build_log(
+        tmp_path / "data",
+        [[[kv("s", "1", timestamp=now - HOUR)]]],
+        state_dir=tmp_path / "state",
+        tp=TopicPartition("sessions", 0),
+    )
+    expired = [[[kv(None, f"e{n}", timestamp=now - 3 * HOUR)]] for n in range(2)]
+    expired.append([[kv(None, "fresh", timestamp=now)]])
+    build_log(
+        tmp_path / "data", expired, state_dir=tmp_path / "state", tp=TopicPartition("events", 0)
+    )
+    daemon = _daemon(tmp_path, broker, notify_socket)
+    async with contextlib.AsyncExitStack() as stack:
+        # Subscribed before the daemon starts, so the startup cycle's events are seen.
+        before_outage = contextlib.AsyncExitStack()
+        sub = await before_outage.enter_async_context(_subscriber(broker, f"{BASE}/events/#"))
+        await stack.enter_async_context(running(daemon))
+        inbox = Inbox(sub)
+        rolled = await inbox.wait(_kind("segment.rolled", "sessions", 0), "segment.rolled")
+        assert rolled["data"]["reason"] == "segment.ms"
+        cleaned = await inbox.wait(_kind("log.cleaned", "users", 0), "log.cleaned")
+        assert cleaned["data"]["stats"]["messages_read"] == 10
+        deleted = await inbox.wait(_kind("segment.deleted", "events", 0), "segment.deleted")
+        assert deleted["data"]["reason"] == "retention.ms"
+
+        users_1 = TopicPartition("users", 1)
+        _dirty(tmp_path, users_1, timestamp=now - HOUR)
+        await eventually(
+            lambda: users_1 in daemon.watcher.snapshot.topic_partitions(), "the new partition"
+        )
+        await sub.publish(f"{BASE}/commands/clean", b'{"topic": "users", "partition": 1}', qos=1)
+        await inbox.wait(_kind("command.accepted", "users", 1), "command.accepted")
+        await inbox.wait(_kind("log.cleaned", "users", 1), "the commanded pass")
+
+        await sub.publish(f"{BASE}/commands/clean", b'{"topic": "../etc", "partition": 0}', qos=1)
+        await sub.publish(f"{BASE}/commands/clean", b'{"topic": "users", "partition": 9}', qos=1)
+        bad_name = await inbox.wait(_kind("command.rejected"), "the path-like topic rejected")
+        assert "legal Kafka topic name" in bad_name["data"]["reason"]
+        missing = await inbox.wait(_kind("command.rejected", "users", 9), "missing partition")
+        assert "does not exist" in missing["data"]["reason"]
+        await before_outage.aclose()
+
+        broker.kill()
+        await eventually(lambda: not daemon.publisher.connected, "the lost connection")
+        passes = daemon.exporter.service.passes["success"]
+        _dirty(tmp_path, TopicPartition("users", 2), timestamp=now - HOUR)
+        daemon.request_cycle()
+        await eventually(
+            lambda: daemon.exporter.service.passes["success"] == passes + 1,
+            "a pass while the broker is down",
+        )
+
+        broker.start()
+        async with _subscriber(broker, f"{BASE}/status", f"{BASE}/events/#") as sub:
+            inbox = Inbox(sub)
+            await inbox.wait(lambda e: e == "online", "the retained online status")
+            await sub.publish(f"{BASE}/commands/pause", b'{"id": "after-outage"}', qos=1)
+            reply = await inbox.wait(_kind("command.accepted"), "the reply after reconnecting")
+            assert reply["data"]["id"] == "after-outage"
+            assert daemon.paused

@@ -1,0 +1,200 @@
+"""`cleanerd run` as a real process under a fake service manager: sd_notify over a socket
+the test reads, real signals, the log on stderr and the metrics over HTTP."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from cleanerd.daemon.systemd import monotonic_usec
+from cleanerd.log.checkpoint import OffsetCheckpointFile
+from cleanerd.log.files import TopicPartition
+from tests.builders import build_log, kv
+from tests.daemon.conftest import WAIT_S, NotifyReceiver
+
+REPO = Path(__file__).resolve().parents[2]
+HOUR = 3_600_000
+USERS = TopicPartition("users", 0)
+EVENTS = TopicPartition("events", 0)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Process:
+    """The daemon's process, its JSON log (stderr) and its metrics endpoint."""
+
+    proc: subprocess.Popen[bytes]
+    log_path: Path
+    metrics_url: str
+
+    def lines(self) -> list[dict[str, Any]]:
+        out = []
+        for line in self.log_path.read_text().splitlines():
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue  # a traceback line, shown on failure
+        return out
+
+    def wait_log(self, predicate: Callable[[dict[str, Any]], bool], what: str) -> dict[str, Any]:
+        deadline = time.monotonic() + WAIT_S
+        while time.monotonic() < deadline:
+            for line in self.lines():
+                if predicate(line):
+                    return line
+            if self.proc.poll() is not None:
+                break
+            time.sleep(0.05)
+        pytest.fail(f"no log line for {what}:\n{self.log_path.read_text()}")
+
+    def metric(self, name: str) -> float | None:
+        with urllib.request.urlopen(self.metrics_url, timeout=10) as r:
+            for line in r.read().decode().splitlines():
+                if line.startswith(name + " ") or line.startswith(name + "{"):
+                    return float(line.rsplit(" ", 1)[1])
+        return None
+
+    def signal(self, sig: signal.Signals) -> None:
+        self.proc.send_signal(sig)
+
+
+def _config(tmp_path: Path, port: int, *, events_retention_ms: int) -> dict[str, Any]:
+    return {
+        "log.dirs": [str(tmp_path / "data")],
+        "state_dir": str(tmp_path / "state"),
+        "log.cleaner.backoff.ms": 200,
+        "metrics": {"listen": f"127.0.0.1:{port}", "refresh_interval_s": 0.2},
+        "logging": {"format": "json", "level": "info"},
+        "topics": {
+            "users": {"cleanup.policy": "compact"},
+            "events": {"cleanup.policy": "delete", "retention.ms": events_retention_ms},
+        },
+    }
+
+
+@pytest.fixture(name="daemon")
+def _daemon(tmp_path: Path, notify_socket: NotifyReceiver) -> Iterator[Process]:
+    """`python -m cleanerd run -c FILE` with NOTIFY_SOCKET set; killed if still running."""
+    now = time.time_ns() // 1_000_000
+    data, state = tmp_path / "data", tmp_path / "state"
+    updates = [[[kv(f"k{i}", f"v{n}", timestamp=now - HOUR) for i in range(10)]] for n in range(3)]
+    build_log(data, updates, state_dir=state, tp=USERS)
+    old = [[[kv(None, f"e{n}", timestamp=now - 3 * HOUR)]] for n in range(3)]
+    build_log(data, old, state_dir=state, tp=EVENTS)
+    port = _free_port()
+    config = tmp_path / "cleanerd.yaml"
+    config.write_text(yaml.safe_dump(_config(tmp_path, port, events_retention_ms=10 * HOUR)))
+    log_path = tmp_path / "cleanerd.log"
+    env = {
+        **os.environ,
+        "NOTIFY_SOCKET": notify_socket.address,
+        "PYTHONPATH": str(REPO),
+    }
+    env.pop("WATCHDOG_USEC", None)
+    with open(log_path, "wb") as stderr:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "cleanerd", "run", "-c", str(config)],
+            cwd=tmp_path,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=stderr,
+        )
+    try:
+        yield Process(proc, log_path, f"http://127.0.0.1:{port}/metrics")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_run_reload_and_stop_under_a_service_manager(
+    daemon: Process, notify_socket: NotifyReceiver, tmp_path: Path
+) -> None:
+    """1. READY=1 after startup; the first cycle cleans the dirty partition.
+    2. SIGHUP with a valid changed config: RELOADING=1 with MONOTONIC_USEC, READY=1, and
+       the new retention.ms deletes the expired segments.
+    3. SIGHUP with an invalid config: refused with its errors, the old config keeps
+       running, the reload metric reads 0.
+    4. SIGTERM: STOPPING=1, exit status 0, checkpoints written."""
+    config = tmp_path / "cleanerd.yaml"
+    port = int(daemon.metrics_url.rsplit(":", 1)[1].split("/")[0])
+
+    ready = notify_socket.wait_for("READY")
+    assert "partition(s)" in ready["STATUS"]
+    daemon.wait_log(
+        lambda e: e["event"] == "log.cleaned" and e.get("topic") == "users", "the first pass"
+    )
+    assert daemon.metric("cleanerd_config_last_reload_successful") == 1.0
+
+    config.write_text(yaml.safe_dump(_config(tmp_path, port, events_retention_ms=HOUR)))
+    before = monotonic_usec()
+    daemon.signal(signal.SIGHUP)
+    reloading = notify_socket.wait_for("RELOADING")
+    assert before <= int(reloading["MONOTONIC_USEC"]) <= monotonic_usec()
+    notify_socket.wait_for("READY")
+    reloaded = daemon.wait_log(lambda e: e["event"] == "config.reloaded", "the reload")
+    assert reloaded["changed"] == ["topics.events.retention.ms"]
+    deleted = daemon.wait_log(
+        lambda e: e["event"] == "segment.deleted" and e.get("topic") == "events",
+        "a deletion under the new retention.ms",
+    )
+    assert deleted["reason"] == "retention.ms"
+    assert deleted["partition"] == 0
+
+    config.write_text("log.dirs: [data]\nlog.cleaner.threads: 0\nmetrics: {listen: 1}\n")
+    daemon.signal(signal.SIGHUP)
+    notify_socket.wait_for("RELOADING")
+    notify_socket.wait_for("READY")
+    failed = daemon.wait_log(lambda e: e["event"] == "config.reload_failed", "the refusal")
+    assert len(failed["errors"]) == 2
+    deadline = time.monotonic() + WAIT_S
+    while daemon.metric("cleanerd_config_last_reload_successful") != 0.0:
+        assert time.monotonic() < deadline, "the reload metric never read 0"
+        time.sleep(0.05)
+    assert daemon.proc.poll() is None  # still running, on the old config
+
+    daemon.signal(signal.SIGTERM)
+    notify_socket.wait_for("STOPPING")
+    assert daemon.proc.wait(timeout=WAIT_S) == 0
+    data = tmp_path / "data"
+    assert USERS in OffsetCheckpointFile(data / "cleaner-offset-checkpoint").read()
+    recovery = OffsetCheckpointFile(data / "recovery-point-offset-checkpoint").read()
+    assert set(recovery) == {USERS, EVENTS}
+    assert daemon.lines()[-1]["event"] == "shutdown.done"
+
+
+def test_invalid_config_fails_startup_with_every_error(tmp_path: Path) -> None:
+    """`cleanerd run` on an invalid file exits 1 before starting, naming every error."""
+    config = tmp_path / "bad.yaml"
+    config.write_text("log.dirs: [data]\nlog.cleaner.threads: 0\nmode: maybe\n")
+    result = subprocess.run(
+        [sys.executable, "-m", "cleanerd", "run", "-c", str(config)],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=WAIT_S,
+        check=False,
+    )
+    assert result.returncode == 1
+    assert "log.cleaner.threads" in result.stderr
+    assert "mode" in result.stderr

@@ -1,0 +1,263 @@
+"""Tests of the LogCleanerManager: Kafka's selection and bookkeeping scenarios on real logs."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cleanerd.config import BrokerConfig, TopicConfig
+from cleanerd.daemon.scheduler import (
+    CleanerStateError,
+    CleaningState,
+    CompactedLog,
+    LogCleanerManager,
+)
+from cleanerd.log.checkpoint import (
+    CLEANER_OFFSET_CHECKPOINT,
+    LOG_START_OFFSET_CHECKPOINT,
+    OffsetCheckpointFile,
+)
+from cleanerd.log.files import TopicPartition
+from cleanerd.log.log_dir import LogDir
+from tests.builders import build_log, kv
+
+NOW = 1_700_000_000_000
+LONG_MAX = 2**63 - 1
+
+
+def topic(**overrides: Any) -> TopicConfig:
+    base = dataclasses.replace(
+        BrokerConfig().topic_defaults(),
+        cleanup_policy=("compact",),
+        min_cleanable_dirty_ratio=0.05,
+        max_compaction_lag_ms=LONG_MAX,
+    )
+    return dataclasses.replace(base, **overrides)
+
+
+def kafka_log(log_dir: Path, state: Path, tp: TopicPartition, records: int) -> None:
+    """Kafka's LogCleanerManagerTest log: one record per batch, a roll after batch 0 and
+    then every 5 batches, and a final roll (an empty active segment)."""
+    batches = [[kv(f"k{i}", f"v{i}")] for i in range(records)]
+    segments = [batches[:1]] + [batches[i : i + 5] for i in range(1, records, 5)] + [[]]
+    build_log(log_dir, segments, state_dir=state, tp=tp)
+
+
+@dataclasses.dataclass
+class Dir:
+    log_dir: LogDir
+    manager: LogCleanerManager
+
+    def item(self, tp: TopicPartition, t: TopicConfig | None = None) -> CompactedLog:
+        return CompactedLog(self.log_dir, self.log_dir.open_partition(tp), t or topic())
+
+    def items(self, *tps: TopicPartition) -> list[CompactedLog]:
+        return [self.item(tp) for tp in tps]
+
+    def checkpoint_file(self) -> dict[TopicPartition, int]:
+        return OffsetCheckpointFile(self.log_dir.path / CLEANER_OFFSET_CHECKPOINT).read()
+
+
+@pytest.fixture(name="make_dir")
+def _make_dir(tmp_path: Path) -> Iterator[Any]:
+    opened: list[LogDir] = []
+
+    def make(
+        logs: dict[TopicPartition, int],
+        *,
+        checkpoints: dict[TopicPartition, int] | None = None,
+        starts: dict[TopicPartition, int] | None = None,
+        name: str = "logs",
+        single_segment: TopicPartition | None = None,
+    ) -> Dir:
+        path, state = tmp_path / name, tmp_path / "state"
+        for tp, records in logs.items():
+            kafka_log(path, state, tp, records)
+        if single_segment is not None:
+            batches = [[kv(f"k{i}", "v")] for i in range(9)]
+            build_log(path, [batches], state_dir=state, tp=single_segment)
+        if checkpoints is not None:
+            OffsetCheckpointFile(path / CLEANER_OFFSET_CHECKPOINT).write(checkpoints)
+        if starts is not None:
+            OffsetCheckpointFile(path / LOG_START_OFFSET_CHECKPOINT).write(starts)
+        log_dir = LogDir.open(path, state_dir=state)
+        opened.append(log_dir)
+        return Dir(log_dir, LogCleanerManager())
+
+    yield make
+    for d in opened:
+        d.close()
+
+
+A, B, C = TopicPartition("a", 0), TopicPartition("b", 0), TopicPartition("c", 0)
+
+
+def test_dirtiest_wins_and_busy_or_uncleanable_logs_are_passed_over(make_dir: Any) -> None:
+    """Scenario 45: 20/25/30-record logs checkpointed at 20: the 30-record log first;
+    uncleanable or in-progress ones are skipped; the 20-record log is never eligible."""
+    d = make_dir({A: 20, B: 25, C: 30}, checkpoints={A: 20, B: 20, C: 20})
+    items = d.items(A, B, C)
+    m = d.manager
+    m.refresh(items, NOW)
+    assert m.candidates[A].eligible is None
+    picked = m.grab_next(NOW)
+    assert picked is not None
+    assert picked.tp == C
+    assert m.state(C) is CleaningState.IN_PROGRESS
+    m.done_cleaning(C)
+
+    m.refresh(items, NOW)
+    m.mark_uncleanable(items[2], "corrupt", NOW)
+    assert (picked := m.grab_next(NOW)) is not None
+    assert picked.tp == B
+
+    m2 = LogCleanerManager()
+    m2.refresh(items, NOW)
+    assert m2.begin_deleting([(C, topic())], NOW) == [C]  # C in progress instead
+    assert (picked := m2.grab_next(NOW)) is not None
+    assert picked.tp == B
+    m2.done_cleaning(B)
+    m2.refresh(items, NOW)
+    m2.mark_uncleanable(items[1], "corrupt", NOW)  # C in progress, B uncleanable
+    assert m2.grab_next(NOW) is None
+
+
+def test_a_partition_is_never_handed_out_twice(make_dir: Any) -> None:
+    """Once picked, a log is not picked again until done_cleaning, even after a refresh."""
+    d = make_dir({C: 30}, checkpoints={C: 20})
+    items = d.items(C)
+    m = d.manager
+    m.refresh(items, NOW)
+    assert m.grab_next(NOW) is not None
+    m.refresh(items, NOW)
+    assert m.grab_next(NOW) is None
+    m.done_cleaning(C)
+    m.refresh(items, NOW)
+    assert m.grab_next(NOW) is not None
+
+
+def test_checkpoint_above_the_log_end_resets_and_is_rewritten(make_dir: Any) -> None:
+    """Scenario 46: a checkpoint of 200 past the log end: chosen from 0, and the file now
+    says 0; with start offset 10 and checkpoint 0, the first dirty offset is 10."""
+    d = make_dir({A: 30, B: 30}, checkpoints={A: 200, B: 0}, starts={B: 10})
+    m = d.manager
+    candidates = {c.tp: c for c in m.refresh(d.items(A, B), NOW)}
+    assert candidates[A].ltc.first_dirty == 0
+    assert candidates[B].ltc.first_dirty == 10
+    assert d.checkpoint_file() == {A: 0, B: 10}
+
+
+def test_invalid_checkpoints_are_persisted_even_without_cleaning(make_dir: Any) -> None:
+    """Scenario 53: start offset 20 = log end, checkpoint 15: nothing is chosen and the
+    checkpoint becomes 20; of two logs (start 15 / checkpoint 10, and checkpoint 5) the
+    second is chosen and the first's checkpoint becomes 15."""
+    d = make_dir({A: 20}, checkpoints={A: 15}, starts={A: 20})
+    m = d.manager
+    m.refresh(d.items(A), NOW)
+    assert m.grab_next(NOW) is None
+    assert d.checkpoint_file() == {A: 20}
+
+
+def test_reset_of_one_log_while_another_is_chosen(make_dir: Any) -> None:
+    """Scenario 53, two logs: the valid one is chosen, the other's checkpoint is rewritten."""
+    d = make_dir({A: 30, B: 30}, checkpoints={A: 10, B: 5}, starts={A: 15})
+    m = d.manager
+    m.refresh(d.items(A, B), NOW)
+    picked = m.grab_next(NOW)
+    assert picked is not None
+    assert picked.tp == B
+    assert d.checkpoint_file() == {A: 15, B: 5}
+
+
+def test_only_an_active_segment_is_never_chosen(make_dir: Any) -> None:
+    """Scenario 47: 9 records in one segment, start offset 2 and checkpoint 0, or
+    checkpoint 3 and no start offset change: nothing is chosen."""
+    for name, checkpoints, starts in (("one", {A: 0}, {A: 2}), ("two", {A: 3}, None)):
+        d = make_dir({}, checkpoints=checkpoints, starts=starts, name=name, single_segment=A)
+        d.manager.refresh(d.items(A), NOW)
+        assert d.manager.grab_next(NOW) is None
+
+
+def test_which_logs_get_cleaner_driven_retention(make_dir: Any) -> None:
+    """Scenario 48, the manager's part: retention is granted to compacted logs unless
+    uncleanable, and never to a log a pass holds."""
+    d = make_dir({A: 30, B: 30, C: 30})
+    m = d.manager
+    compact_delete = topic(cleanup_policy=("compact", "delete"))
+    item_c = d.item(C)
+    m.mark_uncleanable(item_c, "corrupt", NOW)
+    assert m.begin_deleting([(A, compact_delete), (B, topic()), (C, topic())], NOW) == [A, B]
+    assert m.begin_deleting([(A, topic())], NOW) == []  # already held
+    m.done_deleting(A)
+    m.done_deleting(B)
+    m.refresh(d.items(A), NOW)
+    assert m.grab_next(NOW) is not None
+    assert m.begin_deleting([(A, topic())], NOW) == []  # being cleaned
+
+
+def test_retention_hold_blocks_grab_and_releases(make_dir: Any) -> None:
+    """While retention holds a log it cannot be picked; afterwards it can."""
+    d = make_dir({A: 30})
+    m = d.manager
+    m.refresh(d.items(A), NOW)
+    with m.retention_hold([(A, topic())], NOW) as granted:
+        assert granted == [A]
+        assert m.grab_next(NOW) is None
+    assert m.state(A) is None
+    assert m.grab_next(NOW) is not None
+
+
+def test_state_transitions() -> None:
+    """Scenario 51: pause/abort/resume counting, and the done_* rules."""
+    m = LogCleanerManager()
+    m.pause(A)  # a retention pause
+    assert not m.abort_and_pause(A)
+    assert m.paused_count(A) == 2
+    m.resume(A)
+    m.resume(A)
+    assert m.state(A) is None
+    with pytest.raises(CleanerStateError):
+        m.resume(A)
+
+    for done in (m.done_cleaning, m.done_deleting):
+        with pytest.raises(CleanerStateError):
+            done(A)  # no state
+        m.pause(A)
+        with pytest.raises(CleanerStateError):
+            done(A)  # paused
+        m.resume(A)
+        assert m.begin_deleting([(A, topic())], NOW) == [A]  # IN_PROGRESS
+        done(A)
+        assert m.state(A) is None
+        m.begin_deleting([(A, topic())], NOW)
+        assert m.abort_and_pause(A)
+        assert m.state(A) is CleaningState.ABORTED
+        done(A)
+        assert m.state(A) is CleaningState.PAUSED
+        assert m.paused_count(A) == 1
+        m.resume(A)
+        assert m.state(A) is None
+    m.begin_deleting([(A, topic())], NOW)
+    with pytest.raises(CleanerStateError):
+        m.pause(A)  # in progress cannot be paused without an abort
+
+
+def test_failure_while_evaluating_marks_only_that_log(make_dir: Any) -> None:
+    """Scenario 54: a log whose candidate cannot be computed (its dir vanished) is
+    marked uncleanable with the reason; the other log is still chosen."""
+    d = make_dir({A: 30, B: 30})
+    items = d.items(A, B)
+    for f in (d.log_dir.path / str(A)).iterdir():
+        f.unlink()
+    (d.log_dir.path / str(A)).rmdir()
+    m = d.manager
+    candidates = m.refresh(items, NOW)
+    assert [c.tp for c in candidates] == [B]
+    assert m.registry.reason(A) is not None
+    picked = m.grab_next(NOW)
+    assert picked is not None
+    assert picked.tp == B

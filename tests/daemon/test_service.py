@@ -1,0 +1,531 @@
+"""The daemon in-process: served as a task, driven by calling its signal handlers."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import urllib.request
+from concurrent.futures import Future
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+import structlog
+import yaml
+
+from cleanerd.compaction.audit import AuditColumns
+from cleanerd.compaction.cleanable import log_to_clean
+from cleanerd.compaction.cleaner import CleaningAborted, CleanResult
+from cleanerd.config import Config, load_config
+from cleanerd.daemon.commands import (
+    CleanCommand,
+    CommandRejected,
+    PauseCommand,
+    ReloadCommand,
+    ResumeCommand,
+)
+from cleanerd.daemon.service import (
+    CycleClock,
+    CycleTrigger,
+    Daemon,
+    Deadlines,
+    ServiceState,
+    Timings,
+    age_states,
+    cycle_due,
+    deadlines,
+)
+from cleanerd.daemon.systemd import Notifier
+from cleanerd.engine.base import AuditJob, CleanJob
+from cleanerd.log.checkpoint import OffsetCheckpointFile
+from cleanerd.log.files import TopicPartition
+from cleanerd.log.lock import holds_log_dir_lock
+from cleanerd.metrics_model import PartitionState
+from tests.builders import build_log, kv
+from tests.daemon.conftest import NotifyReceiver, RecordingPublisher, eventually, running
+
+HOUR = 3_600_000
+FAST = Timings(tick_s=0.05, shutdown_timeout_s=20.0, watch_min_interval_s=0.05)
+USERS = TopicPartition("users", 0)
+EVENTS = TopicPartition("events", 0)
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def _settings(tmp_path: Path, **changes: Any) -> dict[str, Any]:
+    data: dict[str, Any] = {
+        "log.dirs": [str(tmp_path / "data")],
+        "state_dir": str(tmp_path / "state"),
+        "log.cleaner.backoff.ms": 200,
+        "metrics": {"listen": "127.0.0.1:0"},
+        "topics": {
+            "users": {"cleanup.policy": "compact"},
+            "events": {"cleanup.policy": "delete", "retention.ms": HOUR},
+        },
+    }
+    data.update(changes)
+    return data
+
+
+def _write(path: Path, data: dict[str, Any]) -> Path:
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def _logs(tmp_path: Path) -> None:
+    """users-0: three segments rewriting the same ten keys (dirty); events-0: three
+    segments three hours old (past retention.ms)."""
+    data, state = tmp_path / "data", tmp_path / "state"
+    now = _now_ms()
+    keys = [[[kv(f"k{i}", f"v{n}", timestamp=now - HOUR) for i in range(10)]] for n in range(3)]
+    build_log(data, keys, state_dir=state, tp=USERS)
+    old = [[[kv(None, f"e{n}", timestamp=now - 3 * HOUR)]] for n in range(3)]
+    build_log(data, old, state_dir=state, tp=EVENTS)
+
+
+def _daemon(
+    config_path: Path, notify: NotifyReceiver, *, timings: Timings = FAST
+) -> tuple[Daemon, RecordingPublisher]:
+    daemon = Daemon(
+        load_config(config_path),
+        config_path=config_path,
+        notifier=Notifier(environ=notify.environ),
+        timings=timings,
+    )
+    events = RecordingPublisher()
+    daemon.publisher = events
+    return daemon, events
+
+
+def _scrape(daemon: Daemon) -> str:
+    address = daemon.exporter.address
+    assert address is not None
+    with urllib.request.urlopen(f"http://{address[0]}:{address[1]}/metrics", timeout=10) as r:
+        return str(r.read().decode())
+
+
+@pytest.fixture(name="config_path")
+def _config_path(tmp_path: Path) -> Path:
+    _logs(tmp_path)
+    return _write(tmp_path / "cleanerd.yaml", _settings(tmp_path))
+
+
+async def test_startup_holds_the_log_dirs_and_sends_ready(
+    config_path: Path, notify_socket: NotifyReceiver, tmp_path: Path
+) -> None:
+    """1. serve() starts; 2. READY=1 with a STATUS line arrives; 3. the log dir's `.lock`
+    is held and the metrics endpoint answers; 4. SIGTERM releases the lock."""
+    daemon, _ = _daemon(config_path, notify_socket)
+    async with running(daemon) as task:
+        ready = await notify_socket.await_for("READY")
+        assert ready["STATUS"] == "watching 1 log dir(s), 2 partition(s)"
+        assert daemon.state is ServiceState.RUNNING
+        assert holds_log_dir_lock(tmp_path / "data")
+        assert "cleanerd_build_info" in _scrape(daemon)
+    assert task.result() == 0
+    assert not holds_log_dir_lock(tmp_path / "data")
+
+
+async def test_startup_cycle_cleans_and_deletes_and_publishes_events(
+    config_path: Path, notify_socket: NotifyReceiver
+) -> None:
+    """The first cycle compacts the dirty partition and deletes expired segments; each pass
+    and deletion becomes an event and is counted in the metrics."""
+    daemon, events = _daemon(config_path, notify_socket)
+    async with running(daemon):
+        await eventually(lambda: daemon.cycles >= 1, "the first cycle")
+        cleaned = events.of("log.cleaned")
+        assert [(e.topic, e.partition) for e in cleaned] == [("users", 0)]
+        stats = cleaned[0].data["stats"]
+        assert isinstance(stats, dict)
+        assert stats["messages_read"] == 20
+        deleted = events.of("segment.deleted")
+        assert {e.data["reason"] for e in deleted} == {"retention.ms"}
+        assert {(e.topic, e.partition) for e in deleted} == {("events", 0)}
+        await eventually(
+            lambda: 'cleanerd_cleaner_passes_total{result="success"} 1.0' in _scrape(daemon),
+            "the pass in the metrics",
+        )
+
+
+async def test_sigterm_stops_with_checkpoints_written(
+    config_path: Path, notify_socket: NotifyReceiver, tmp_path: Path
+) -> None:
+    """1. a cycle ran; 2. SIGTERM; 3. STOPPING=1 is sent; 4. serve() returns 0; 5. the
+    cleaner, recovery-point and log-start-offset checkpoints name the partitions."""
+    daemon, _ = _daemon(config_path, notify_socket)
+    async with running(daemon) as task:
+        await eventually(lambda: daemon.cycles >= 1, "the first cycle")
+        daemon.handle_term()
+        await asyncio.wait({task})
+    assert task.result() == 0
+    notify_socket.wait_for("STOPPING")
+    assert notify_socket.kinds()[-1] == "STOPPING"
+    data = tmp_path / "data"
+    assert USERS in OffsetCheckpointFile(data / "cleaner-offset-checkpoint").read()
+    recovery = OffsetCheckpointFile(data / "recovery-point-offset-checkpoint").read()
+    assert set(recovery) == {USERS, EVENTS}
+    assert (data / "log-start-offset-checkpoint").is_file()
+
+
+async def test_sigint_stops_cleanly_and_a_second_one_forces(
+    config_path: Path, notify_socket: NotifyReceiver
+) -> None:
+    """One SIGINT stops like SIGTERM; a second one while stopping sets force_exit, and the
+    exit status says so (130)."""
+    daemon, _ = _daemon(config_path, notify_socket)
+    async with running(daemon) as task:
+        daemon.handle_int()
+        assert daemon.should_exit
+        assert not daemon.force_exit
+        daemon.handle_int()
+        assert daemon.force_exit
+        await asyncio.wait({task})
+    assert task.result() == 130
+
+
+async def test_sighup_applies_a_changed_valid_config(
+    config_path: Path, notify_socket: NotifyReceiver, tmp_path: Path
+) -> None:
+    """1. SIGHUP after the file changed; 2. RELOADING=1 with MONOTONIC_USEC, then READY=1;
+    3. the new topic policy and metrics opt-in apply; 4. the reload metric reads 1."""
+    daemon, events = _daemon(config_path, notify_socket)
+    async with running(daemon):
+        notify_socket.wait_for("READY")
+        changed = _settings(tmp_path, metrics={"listen": "127.0.0.1:0", "per_partition": True})
+        changed["topics"]["events"]["retention.ms"] = 2 * HOUR
+        _write(config_path, changed)
+        daemon.handle_hup()
+        reloading = await notify_socket.await_for("RELOADING")
+        assert int(reloading["MONOTONIC_USEC"]) > 0
+        await notify_socket.await_for("READY")
+        assert daemon.config.topic_config("events").retention_ms == 2 * HOUR
+        assert daemon.exporter.settings.per_partition
+        (reloaded,) = events.of("config.reloaded")
+        assert reloaded.data["successful"] is True
+        assert reloaded.data["changed"] == [
+            "metrics.per_partition",
+            "topics.events.retention.ms",
+        ]
+        assert "cleanerd_config_last_reload_successful 1.0" in _scrape(daemon)
+
+
+async def test_sighup_refuses_an_invalid_config_whole(
+    config_path: Path, notify_socket: NotifyReceiver, tmp_path: Path
+) -> None:
+    """An invalid file is refused with every error logged; the old config keeps running,
+    READY=1 still follows RELOADING=1, and the reload metric reads 0."""
+    daemon, _ = _daemon(config_path, notify_socket)
+    async with running(daemon):
+        notify_socket.wait_for("READY")
+        old = daemon.config
+        bad = _settings(tmp_path, **{"log.cleaner.threads": 0})
+        bad["topics"]["events"]["retention.msx"] = 5
+        _write(config_path, bad)
+        with structlog.testing.capture_logs() as logs:
+            errors = await daemon.reload()
+        assert len(errors) == 2
+        assert daemon.config is old
+        (failed,) = [e for e in logs if e["event"] == "config.reload_failed"]
+        assert failed["errors"] == errors
+        assert any("log.cleaner.threads" in e for e in errors)
+        assert any("retention.msx" in e for e in errors)
+        notify_socket.wait_for("RELOADING")
+        notify_socket.wait_for("READY")
+        assert "cleanerd_config_last_reload_successful 0.0" in _scrape(daemon)
+
+
+async def test_restart_required_key_keeps_its_old_value(
+    config_path: Path, notify_socket: NotifyReceiver, tmp_path: Path
+) -> None:
+    """A changed `log.dirs` is logged as "restart required" and kept; the other changes in
+    the same file apply."""
+    daemon, _ = _daemon(config_path, notify_socket)
+    async with running(daemon):
+        new = _settings(tmp_path, **{"log.dirs": [str(tmp_path / "other")]})
+        new["log.cleaner.backoff.ms"] = 999
+        _write(config_path, new)
+        with structlog.testing.capture_logs() as logs:
+            assert await daemon.reload() == []
+        assert daemon.config.log_dirs == (tmp_path / "data",)
+        assert daemon.config.log_cleaner_backoff_ms == 999
+        (warning,) = [e for e in logs if e["event"] == "config.restart_required"]
+        assert warning["key"] == "log.dirs"
+        assert warning["running"] == [str(tmp_path / "data")]
+
+
+async def test_commands_are_validated_against_the_log_dirs(
+    config_path: Path, notify_socket: NotifyReceiver
+) -> None:
+    """`clean` of a missing partition or of a topic that is not compacted is rejected; a
+    valid one starts a cycle; `pause` stops new cycles and `clean`; `resume` restarts."""
+    daemon, _ = _daemon(config_path, notify_socket)
+    async with running(daemon):
+        await eventually(lambda: daemon.cycles >= 1, "the first cycle")
+        with pytest.raises(CommandRejected, match="does not exist"):
+            await daemon.on_command(CleanCommand(topic="users", partition=7))
+        with pytest.raises(CommandRejected, match="not compacted"):
+            await daemon.on_command(CleanCommand(topic="events", partition=0))
+        await eventually(lambda: daemon.last_outcome is not None, "an idle daemon")
+        before = daemon.cycles
+        await daemon.on_command(CleanCommand(topic="users", partition=0))
+        await eventually(lambda: daemon.cycles > before, "the requested cycle")
+        await daemon.on_command(PauseCommand())
+        with pytest.raises(CommandRejected, match="paused"):
+            await daemon.on_command(CleanCommand(topic="users", partition=0))
+        paused_at = daemon.cycles
+        daemon.request_cycle()
+        await asyncio.sleep(0.3)
+        assert daemon.cycles == paused_at
+        await daemon.on_command(ResumeCommand())
+        await eventually(lambda: daemon.cycles > paused_at, "a cycle after resume")
+
+
+async def test_reload_command_reports_an_invalid_file(
+    config_path: Path, notify_socket: NotifyReceiver
+) -> None:
+    """The `reload` command is rejected, with the errors, when the file is invalid."""
+    daemon, _ = _daemon(config_path, notify_socket)
+    async with running(daemon):
+        await asyncio.to_thread(config_path.write_text, "log.cleaner.threads: [\n")
+        with pytest.raises(CommandRejected, match="YAML syntax error"):
+            await daemon.on_command(ReloadCommand())
+
+
+async def test_new_data_seen_by_the_watcher_starts_a_cycle(
+    config_path: Path, notify_socket: NotifyReceiver, tmp_path: Path
+) -> None:
+    """An idle daemon runs no cycle; records appended to a partition make the watcher's
+    next scan start one (after `log.cleaner.backoff.ms`)."""
+    _write(config_path, _settings(tmp_path, **{"log.retention.check.interval.ms": HOUR}))
+    daemon, _ = _daemon(config_path, notify_socket)
+    async with running(daemon):
+        await eventually(lambda: daemon.cycles >= 2, "the startup cycle and its follow-up")
+        idle = daemon.cycles
+        await asyncio.sleep(0.5)
+        assert daemon.cycles == idle
+        plog = build_log(
+            tmp_path / "data",
+            [[[kv("k", "v", timestamp=_now_ms())]]],
+            state_dir=tmp_path / "state",
+            tp=TopicPartition("users", 5),
+        )
+        assert plog.log_end_offset == 1
+        await eventually(lambda: daemon.cycles > idle, "a cycle for the new partition")
+
+
+async def test_disk_pressure_is_published_and_acted_on(
+    config_path: Path, notify_socket: NotifyReceiver, tmp_path: Path
+) -> None:
+    """With a threshold below the device's usage, the tick's probe publishes
+    `disk.pressure` and the cycle deletes segments with reason `disk.usage`."""
+    _write(config_path, _settings(tmp_path, **{"log.retention.disk.usage.percent": 1}))
+    daemon, events = _daemon(config_path, notify_socket)
+    async with running(daemon):
+        await eventually(lambda: bool(events.of("disk.pressure")), "the disk.pressure event")
+        await eventually(
+            lambda: any(e.data["reason"] == "disk.usage" for e in events.of("segment.deleted")),
+            "a disk.usage deletion",
+        )
+
+
+class BlockingEngine:
+    """An engine whose passes run until aborted (and, with `honours_abort` False, until
+    `release`), so a test can stop the daemon in the middle of one."""
+
+    name = "blocking"
+    workers = 1
+    dead_workers = 0
+
+    def __init__(self, *, honours_abort: bool = True) -> None:
+        self.honours_abort = honours_abort
+        self.submitted: list[TopicPartition] = []
+        self.aborted: list[TopicPartition] = []
+        self._running: dict[TopicPartition, Future[CleanResult]] = {}
+
+    def submit_clean(self, job: CleanJob) -> Future[CleanResult]:
+        future: Future[CleanResult] = Future()
+        future.set_running_or_notify_cancel()
+        self._running[job.tp] = future
+        self.submitted.append(job.tp)
+        return future
+
+    def submit_audit(self, job: AuditJob) -> Future[AuditColumns]:
+        raise AssertionError("the daemon does not audit")
+
+    def abort(self, tp: TopicPartition) -> bool:
+        self.aborted.append(tp)
+        if self.honours_abort:
+            self._stop(tp)
+        return tp in self._running
+
+    def release(self) -> None:
+        for tp in list(self._running):
+            self._stop(tp)
+
+    def _stop(self, tp: TopicPartition) -> None:
+        future = self._running.pop(tp, None)
+        if future is not None:
+            future.set_exception(CleaningAborted(tp))
+
+    def shutdown(self, *, abort: bool = False) -> None:
+        if abort:
+            self.release()
+
+
+def _blocking_daemon(
+    config_path: Path, notify: NotifyReceiver, engine: BlockingEngine, timings: Timings
+) -> Daemon:
+    return Daemon(
+        load_config(config_path),
+        config_path=config_path,
+        notifier=Notifier(environ=notify.environ),
+        timings=timings,
+        engine_factory=lambda _config: engine,
+    )
+
+
+async def test_sigterm_aborts_the_passes_in_flight(
+    config_path: Path, notify_socket: NotifyReceiver, tmp_path: Path
+) -> None:
+    """1. a pass is running; 2. SIGTERM; 3. the engine is asked to abort it (the pass then
+    removes its `.cleaned` output before any swap); 4. checkpoints are written; exit 0."""
+    engine = BlockingEngine()
+    daemon = _blocking_daemon(config_path, notify_socket, engine, FAST)
+    async with running(daemon) as task:
+        await eventually(lambda: engine.submitted == [USERS], "the pass to start")
+        daemon.handle_term()
+        await asyncio.wait({task})
+    assert task.result() == 0
+    assert engine.aborted == [USERS]
+    assert not daemon.abandoned
+    assert (tmp_path / "data" / "recovery-point-offset-checkpoint").is_file()
+
+
+async def test_shutdown_is_bounded_when_a_pass_ignores_the_abort(
+    config_path: Path, notify_socket: NotifyReceiver
+) -> None:
+    """A pass that does not stop within `shutdown_timeout_s` is left behind: serve()
+    returns 1 and flags `abandoned`, so the process exits without joining it."""
+    engine = BlockingEngine(honours_abort=False)
+    timings = replace(FAST, shutdown_timeout_s=0.3)
+    daemon = _blocking_daemon(config_path, notify_socket, engine, timings)
+    try:
+        async with running(daemon) as task:
+            await eventually(lambda: engine.submitted == [USERS], "the pass to start")
+            daemon.handle_term()
+            await asyncio.wait({task})
+        assert task.result() == 1
+        assert daemon.abandoned
+    finally:
+        engine.release()
+
+
+async def test_watchdog_pings_stop_when_cycles_keep_failing(
+    config_path: Path, notify_socket: NotifyReceiver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With `WATCHDOG_USEC` set, WATCHDOG=1 comes from the main loop while healthy; after
+    repeated cycle failures the pings stop, so systemd would restart the service."""
+    monkeypatch.setenv("WATCHDOG_USEC", "100000")
+    daemon, _ = _daemon(config_path, notify_socket)
+    async with running(daemon):
+        await notify_socket.await_for("WATCHDOG")
+        daemon.cycle_failures = 3
+        await asyncio.sleep(0.2)  # a ping already in flight may still land
+        while True:
+            try:
+                notify_socket.receive(timeout=0.3)
+            except TimeoutError:
+                break
+        assert not daemon.healthy()
+
+
+# -- the pure parts -----------------------------------------------------------------------
+
+
+def _clock(**changes: Any) -> CycleClock:
+    base: dict[str, Any] = {
+        "now_ms": 10_000,
+        "last_end_ms": 9_000,
+        "last_cleaned": False,
+        "changed": False,
+        "next_deadline_ms": None,
+        "overdue": False,
+        "disk_pressure": False,
+        "requested": False,
+    }
+    base.update(changes)
+    return CycleClock(**base)
+
+
+@pytest.mark.parametrize(
+    ("changes", "expected"),
+    [
+        ({"last_end_ms": None}, CycleTrigger.STARTUP),
+        ({"requested": True}, CycleTrigger.REQUESTED),
+        ({"last_cleaned": True}, CycleTrigger.MORE_WORK),
+        ({"changed": True}, None),  # within the backoff
+        ({"changed": True, "now_ms": 9_500}, None),
+        ({"changed": True, "now_ms": 11_000}, CycleTrigger.CHANGED),
+        ({"next_deadline_ms": 10_000}, CycleTrigger.DEADLINE),
+        ({"next_deadline_ms": 10_001}, None),
+        ({"overdue": True}, None),  # within the backoff
+        ({"overdue": True, "now_ms": 11_000}, CycleTrigger.OVERDUE),
+        ({"disk_pressure": True, "now_ms": 11_000}, CycleTrigger.DISK_PRESSURE),
+        ({"now_ms": 9_000 + 60_000}, CycleTrigger.REVISIT),
+        ({}, None),
+    ],
+)
+def test_cycle_due(changes: dict[str, Any], expected: CycleTrigger | None) -> None:
+    """A cycle starts for a request, more work, a deadline, and, after the backoff, a
+    change, disk pressure or an overdue partition waiting for its roll; otherwise at the
+    revisit interval."""
+    assert cycle_due(_clock(**changes), backoff_ms=2_000, revisit_ms=60_000) == expected
+
+
+def _state(tmp_path: Path, config: Config, *, first_ts: int, now_ms: int) -> PartitionState:
+    batches = [[[kv("k", "v", timestamp=first_ts)]], [[kv("k", "w", timestamp=first_ts)]]]
+    plog = build_log(tmp_path / "data", batches, state_dir=tmp_path / "state", tp=USERS)
+    meta = plog.meta()
+    topic = config.topic_config("users")
+    ltc = log_to_clean(
+        meta,
+        checkpoint=None,
+        now_ms=now_ms,
+        min_compaction_lag_ms=topic.min_compaction_lag_ms,
+        max_compaction_lag_ms=topic.max_compaction_lag_ms,
+    )
+    return PartitionState(meta, ltc)
+
+
+def test_age_states_grows_the_delay_of_an_overdue_partition(tmp_path: Path) -> None:
+    """Between cycles the cached snapshots are aged: an overdue partition's delay grows
+    with the clock, a partition before its deadline is kept as it is."""
+    data = _settings(tmp_path)
+    data["topics"]["users"]["max.compaction.lag.ms"] = 1_000
+    config = load_config(_write(tmp_path / "c.yaml", data))
+    state = _state(tmp_path, config, first_ts=100_000, now_ms=100_500)
+    assert state.ltc is not None
+    assert state.ltc.deadline_ms == 101_000
+    assert age_states([state], config, 100_900) == (state,)
+    (aged,) = age_states([state], config, 104_000)
+    assert aged.ltc is not None
+    assert aged.ltc.compaction_delay_ms == 3_000
+    assert aged.ltc.kafka_compaction_delay_ms == 3_000
+
+
+def test_deadlines_summarise_upcoming_and_overdue_partitions(tmp_path: Path) -> None:
+    """The next deadline is the earliest still to come; a partition past its deadline
+    makes the daemon retry, unless it is marked uncleanable."""
+    data = _settings(tmp_path)
+    data["topics"]["users"]["max.compaction.lag.ms"] = 1_000
+    config = load_config(_write(tmp_path / "c.yaml", data))
+    state = _state(tmp_path, config, first_ts=100_000, now_ms=100_500)
+    none: frozenset[TopicPartition] = frozenset()
+    assert deadlines([state], now_ms=100_500, uncleanable=none) == Deadlines(101_000, False)
+    assert deadlines([state], now_ms=101_000, uncleanable=none) == Deadlines(None, True)
+    marked = frozenset({USERS})
+    assert deadlines([state], now_ms=101_000, uncleanable=marked) == Deadlines(None, False)

@@ -1,0 +1,278 @@
+"""Tests of the local engine: passes and audit scans in worker processes."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from cleanerd.compaction.audit import read_audit_columns
+from cleanerd.compaction.cleaner import Cleaner, CleanerConfig, CleaningAborted
+from cleanerd.compaction.offset_map import OffsetMap
+from cleanerd.compaction.strategy import CompactionStrategy, ResolvedStrategy
+from cleanerd.engine import Engine
+from cleanerd.engine.base import AuditJob, CleanJob, WorkerCrashed, checkpoint_lock
+from cleanerd.engine.local import LocalEngine, WorkerSettings
+from cleanerd.errors import CorruptRecordError
+from cleanerd.log.checkpoint import CLEANER_OFFSET_CHECKPOINT, OffsetCheckpointFile
+from cleanerd.log.files import TopicPartition
+from cleanerd.log.lock import PartitionLock
+from cleanerd.log.partition_log import PartitionLog
+from tests.compaction.conftest import TP, LogBuilder, k, segment_metas, view
+
+NOW = 1_700_000_000_000
+MAP_BYTES = 1 << 20
+CONFIG = CleanerConfig(segment_bytes=1024 * 1024)
+WAIT_S = 60.0
+"""A generous bound on waiting for a worker to reach a point (not a timing assertion)."""
+
+
+def build(log_dir: Path, tp: TopicPartition = TP, *, segments: int = 3) -> Path:
+    """A partition of `segments` rolled segments of 10 records over 3 keys, plus an
+    active one; returns its dir."""
+    log = LogBuilder(log_dir.parent / f"staging-{tp}")
+    for s in range(segments):
+        for i in range(10):
+            log.append([(k(i % 3), k(f"{s}-{i}"))], timestamps=[NOW - 10_000])
+        log.roll()
+    log.append([(k(9), b"active")], timestamps=[NOW])
+    log_dir.mkdir(parents=True, exist_ok=True)
+    return Path(shutil.move(log.write(), log_dir / str(tp)))
+
+
+def job_for(log_dir: Path, state_dir: Path, tp: TopicPartition = TP, **kw: object) -> CleanJob:
+    metas = tuple(segment_metas(log_dir / str(tp)))
+    fields: dict[str, object] = {
+        "log_dir": log_dir,
+        "state_dir": state_dir,
+        "tp": tp,
+        "segments": metas,
+        "first_dirty": 0,
+        "first_uncleanable": metas[-1].base_offset,
+        "now_ms": NOW,
+        "config": CONFIG,
+    }
+    fields.update(kw)
+    return CleanJob(**fields)  # type: ignore[arg-type]
+
+
+def wait_until(condition: Callable[[], bool]) -> None:
+    deadline = time.monotonic() + WAIT_S
+    while not condition():
+        if time.monotonic() > deadline:
+            pytest.fail("the worker never reached the expected point")
+        time.sleep(0.01)
+
+
+@pytest.fixture(name="engine")
+def _engine() -> Iterator[LocalEngine]:
+    with LocalEngine(WorkerSettings(workers=2, dedupe_buffer_size=MAP_BYTES)) as engine:
+        yield engine
+
+
+def files(d: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(d.iterdir())}
+
+
+def test_local_engine_is_an_engine(engine: LocalEngine) -> None:
+    """LocalEngine satisfies the Engine protocol and reports its workers."""
+    assert isinstance(engine, Engine)
+    assert (engine.name, engine.workers, engine.dead_workers) == ("local", 2, 0)
+
+
+def test_worker_pass_writes_what_the_in_process_pass_writes(
+    tmp_path: Path, engine: LocalEngine
+) -> None:
+    """A pass in a worker process leaves byte-identical files and the same checkpoint."""
+    build(tmp_path / "a")
+    build(tmp_path / "b")
+    result = engine.submit_clean(job_for(tmp_path / "a", tmp_path / "state")).result()
+    reference = Cleaner(OffsetMap.for_config(MAP_BYTES, 2, 0.9, CompactionStrategy.OFFSET)).clean(
+        log_dir=tmp_path / "b",
+        tp=TP,
+        segments=segment_metas(tmp_path / "b" / str(TP)),
+        first_dirty=0,
+        first_uncleanable=30,
+        now_ms=NOW,
+        config=CONFIG,
+    )
+    assert (result.first_dirty, result.end_offset) == (0, 30)
+    assert result.stats.messages_written == reference.stats.messages_written
+    for p in result.deleted_files:
+        p.unlink()
+    for p in reference.deleted_files:
+        p.unlink()
+    assert files(tmp_path / "a" / str(TP)) == files(tmp_path / "b" / str(TP))
+    assert OffsetCheckpointFile(tmp_path / "a" / CLEANER_OFFSET_CHECKPOINT).read() == {TP: 30}
+    assert view(tmp_path / "a" / str(TP)).keys == [k(1), k(2), k(0), k(9)]
+    assert [r.kind for r in engine.runs] == ["clean"]
+    assert engine.runs[0].pid != os.getpid()
+
+
+def test_two_workers_clean_two_partitions_at_once(tmp_path: Path, engine: LocalEngine) -> None:
+    """Two passes run in two different processes over overlapping intervals, and the
+    shared checkpoint file keeps both partitions' entries."""
+    logs, state = tmp_path / "logs", tmp_path / "state"
+    tps = [TopicPartition("t", 0), TopicPartition("t", 1)]
+    for tp in tps:
+        build(logs, tp)
+    locks = [PartitionLock(state, logs, tp) for tp in tps]
+    for lock in locks:
+        lock.acquire()  # each pass waits at its swap until both are running
+    try:
+        futures = [engine.submit_clean(job_for(logs, state, tp)) for tp in tps]
+        wait_until(lambda: len(engine.running_pids()) == 2)
+    finally:
+        for lock in locks:
+            lock.release()
+    for f in futures:
+        f.result()
+    a, b = engine.runs
+    assert a.pid != b.pid
+    assert a.started_ns < b.finished_ns
+    assert b.started_ns < a.finished_ns
+    assert OffsetCheckpointFile(logs / CLEANER_OFFSET_CHECKPOINT).read() == {
+        tps[0]: 30,
+        tps[1]: 30,
+    }
+
+
+def test_abort_of_a_running_pass_keeps_the_rest_unchanged(
+    tmp_path: Path, engine: LocalEngine
+) -> None:
+    """An aborted pass stops before its next group: no leftovers, no checkpoint, the
+    segments it had not reached byte for byte as they were."""
+    logs, state = tmp_path / "logs", tmp_path / "state"
+    d = build(logs, segments=4)
+    tail_before = {n: b for n, b in files(d).items() if not n.startswith("00000000000000000000")}
+    # Tiny groups: every segment is cleaned and swapped on its own.
+    job = job_for(logs, state, config=CleanerConfig(segment_bytes=600))
+    lock = PartitionLock(state, logs, TP)
+    with lock:
+        future = engine.submit_clean(job)
+        wait_until(lambda: any(p.name.endswith(".cleaned") for p in d.iterdir()))
+        assert engine.abort(TP)
+    with pytest.raises(CleaningAborted):
+        future.result()
+    after = files(d)
+    assert not [n for n in after if n.endswith((".cleaned", ".swap"))]
+    assert not (logs / CLEANER_OFFSET_CHECKPOINT).exists()
+    for base in (10, 20, 30, 40):
+        name = f"{base:020d}.log"
+        assert after[name] == tail_before[name]
+
+
+def test_abort_of_a_queued_pass_never_runs_it(tmp_path: Path) -> None:
+    """A queued pass that is aborted fails with CleaningAborted and touches nothing."""
+    logs, state = tmp_path / "logs", tmp_path / "state"
+    d = build(logs)
+    before = files(d)
+    with LocalEngine(WorkerSettings(workers=1, dedupe_buffer_size=MAP_BYTES)) as engine:
+        other = TopicPartition("u", 0)
+        build(logs, other)
+        with PartitionLock(state, logs, other):
+            first = engine.submit_clean(job_for(logs, state, other))
+            queued = engine.submit_clean(job_for(logs, state))
+            assert engine.abort(TP)
+        first.result()
+        with pytest.raises(CleaningAborted):
+            queued.result()
+        assert not engine.abort(TP)
+    assert files(d) == before
+
+
+def test_killed_worker_counts_as_dead_and_the_pool_restarts(
+    tmp_path: Path, engine: LocalEngine
+) -> None:
+    """A worker killed mid-pass fails its job with WorkerCrashed; the next job runs on a
+    new pool; reopening the partition removes the pass's leftovers."""
+    logs, state = tmp_path / "logs", tmp_path / "state"
+    d = build(logs)
+    before = view(d)
+    with PartitionLock(state, logs, TP):
+        future = engine.submit_clean(job_for(logs, state))
+        wait_until(lambda: TP in engine.running_pids())
+        os.kill(engine.running_pids()[TP], signal.SIGKILL)
+        with pytest.raises(WorkerCrashed):
+            future.result(timeout=WAIT_S)
+    assert engine.dead_workers == 1
+    PartitionLog.open(d, state_dir=state, recover=True)
+    assert not [p for p in d.iterdir() if p.name.endswith((".cleaned", ".swap"))]
+    assert view(d) == before
+    result = engine.submit_clean(job_for(logs, state)).result()
+    assert result.end_offset == 30
+    assert engine.dead_workers == 1
+
+
+def test_corrupt_segment_error_names_file_and_position(tmp_path: Path, engine: LocalEngine) -> None:
+    """A pass failing in a worker raises the pass's own error, file and position intact."""
+    logs, state = tmp_path / "logs", tmp_path / "state"
+    d = build(logs)
+    seg = d / "00000000000000000010.log"
+    data = bytearray(seg.read_bytes())
+    data[100] ^= 0xFF
+    seg.write_bytes(bytes(data))
+    with pytest.raises(CorruptRecordError) as info:
+        engine.submit_clean(job_for(logs, state)).result()
+    assert info.value.path == str(seg)
+    assert info.value.position is not None
+
+
+def test_audit_scan_in_a_worker_matches_the_in_process_scan(
+    tmp_path: Path, engine: LocalEngine
+) -> None:
+    """submit_audit decodes the same candidate columns as the in-process reader."""
+    logs, state = tmp_path / "logs", tmp_path / "state"
+    d = build(logs)
+    plog = PartitionLog.open(d, state_dir=state, read_only=True)
+    meta = plog.meta()
+    strategy = ResolvedStrategy(CompactionStrategy.OFFSET)
+    job = AuditJob(logs, TP, meta.segments, strategy, meta.last_stable_offset)
+    remote = engine.submit_audit(job).result()
+    local = read_audit_columns(plog.segments, strategy=strategy, stable_offset=job.stable_offset)
+    assert len(remote) == len(local) == 31
+    assert (remote.offset == local.offset).all()
+    assert (remote.hash_lo == local.hash_lo).all()
+
+
+def test_shutdown_with_abort_stops_running_and_queued_passes(tmp_path: Path) -> None:
+    """shutdown(abort=True) fails the queued pass, stops the running one before its next
+    group, and refuses new work."""
+    logs, state = tmp_path / "logs", tmp_path / "state"
+    build(logs, segments=4)
+    engine = LocalEngine(WorkerSettings(workers=1, dedupe_buffer_size=MAP_BYTES))
+    job = job_for(logs, state, config=CleanerConfig(segment_bytes=600))
+    with PartitionLock(state, logs, TP):
+        running, queued = engine.submit_clean(job), engine.submit_clean(job)
+        wait_until(lambda: TP in engine.running_pids())
+        stopper = threading.Thread(target=engine.shutdown, kwargs={"abort": True})
+        stopper.start()
+        wait_until(queued.done)
+    stopper.join()
+    for f in (running, queued):
+        with pytest.raises(CleaningAborted):
+            f.result()
+    with pytest.raises(RuntimeError, match="shut down"):
+        engine.submit_clean(job)
+
+
+def test_checkpoint_rewrite_waits_for_the_cross_process_lock(
+    tmp_path: Path, engine: LocalEngine
+) -> None:
+    """A worker's pass rewrites cleaner-offset-checkpoint only under the log dir's
+    checkpoint lock (another process's rewrite cannot interleave with it)."""
+    logs, state = tmp_path / "logs", tmp_path / "state"
+    d = build(logs)
+    with checkpoint_lock(state, logs):
+        future = engine.submit_clean(job_for(logs, state))
+        wait_until(lambda: any(p.name.endswith(".deleted") for p in d.iterdir()))  # swapped
+        assert not (logs / CLEANER_OFFSET_CHECKPOINT).exists()
+        assert not future.done()
+    assert future.result().end_offset == 30
+    assert OffsetCheckpointFile(logs / CLEANER_OFFSET_CHECKPOINT).read() == {TP: 30}

@@ -1,0 +1,161 @@
+"""`cleanerd audit --engine spark`: the local audit's report, record for record, plus
+Parquet; and the engine's `submit_audit` columns."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from cleanerd.cli import main
+from cleanerd.compaction.audit import read_audit_columns
+from cleanerd.compaction.strategy import resolve_strategy
+from cleanerd.engine import spark as spark_engine
+from cleanerd.engine.base import AuditJob
+from cleanerd.engine.spark_audit import (
+    AuditSpec,
+    audit_columns_on_spark,
+    audit_rows,
+    audit_tasks,
+    columns_of,
+)
+from cleanerd.engine.spark_job import map_segment
+from cleanerd.log.files import TopicPartition, log_file
+from cleanerd.log.segment import LogSegment
+from tests.compaction.conftest import segment_metas
+from tests.engine.spark_support import (
+    NOW,
+    in_process_runner,
+    random_partition,
+    spark_fixture,
+    write_config,
+)
+
+spark = spark_fixture
+TOPICS: dict[str, dict[str, Any]] = {
+    "offs": {"cleanup.policy": "compact", "max.compaction.lag.ms": 1000},
+    "ts": {"cleanup.policy": "compact", "compaction.strategy": "timestamp"},
+    "hdr": {
+        "cleanup.policy": "compact",
+        "compaction.strategy": "header",
+        "compaction.strategy.header": "v",
+        "max.compaction.lag.ms": 600_000,
+    },
+}
+
+
+def fleet(tmp_path: Path) -> Path:
+    """Two log dirs of random partitions, one of them with a corrupt segment."""
+    rng = random.Random(11)
+    dirs = [tmp_path / "d1", tmp_path / "d2"]
+    for d in dirs:
+        d.mkdir()
+        for topic in TOPICS:
+            random_partition(d / f"{topic}-{rng.randrange(3)}", rng, roll=0.2)
+    corrupt = log_file(next(dirs[1].glob("offs-*")), 0)
+    data = bytearray(corrupt.read_bytes())
+    data[80] ^= 0xFF
+    corrupt.write_bytes(bytes(data))
+    cfg = write_config(tmp_path / "c.yaml", dirs[0], tmp_path / "state", topics=TOPICS)
+    doc = cfg.read_text().replace(f"- {dirs[0]}", f"- {dirs[0]}\n- {dirs[1]}")
+    cfg.write_text(doc)
+    return cfg
+
+
+@pytest.mark.spark
+def test_spark_audit_equals_local_and_writes_parquet(
+    spark: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The Spark audit's JSON report equals the local one, partition for partition (a
+    corrupt partition included), and the Parquet table holds the same numbers."""
+    monkeypatch.setattr(spark_engine, "launch_job", in_process_runner(spark))
+    cfg = fleet(tmp_path)
+    base = ["audit", "-c", str(cfg), "--now-ms", str(NOW), "--json"]
+    local_status = main(base)
+    local = json.loads(capsys.readouterr().out)
+    parquet = tmp_path / "report.parquet"
+    spark_status = main([*base, "--engine", "spark", "--parquet", str(parquet)])
+    on_spark = json.loads(capsys.readouterr().out)
+    assert spark_status == local_status == 1  # the corrupt partition cannot be proved
+    assert len(local["partitions"]) == 6
+    assert on_spark == local
+    assert any(p["error"] for p in local["partitions"])
+    assert any(p["violations"] for p in local["partitions"] if p.get("violations"))
+    table = pq.read_table(parquet).to_pylist()
+    assert [(r["log_dir"], r["topic"], r["partition"]) for r in table] == [
+        (p["log_dir"], p["topic"], p["partition"]) for p in local["partitions"]
+    ]
+    for row, p in zip(table, local["partitions"], strict=True):
+        assert row["superseded"] == p.get("superseded")
+        assert row["error"] == p["error"]
+        assert [v["offset"] for v in row["listed_violations"] or []] == [
+            v["offset"] for v in p.get("listed_violations", [])
+        ]
+
+
+def test_parquet_needs_the_spark_engine(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`--parquet` without `--engine spark` is refused with exit status 2."""
+    cfg = write_config(tmp_path / "c.yaml", tmp_path / "logs", tmp_path / "state")
+    (tmp_path / "logs").mkdir()
+    assert main(["audit", "-c", str(cfg), "--parquet", str(tmp_path / "p")]) == 2
+    assert "--parquet needs --engine spark" in capsys.readouterr().err
+
+
+def test_segment_rows_rebuild_the_local_columns(tmp_path: Path) -> None:
+    """A partition's per-segment rows, put back together, are the local audit's columns."""
+    d = tmp_path / "logs" / "t-0"
+    random_partition(d, random.Random(5), roll=0.3)
+    strategy = resolve_strategy("header", "v")
+    metas = segment_metas(d)
+    from cleanerd.engine.spark_audit import AuditPartition
+
+    part = AuditPartition(
+        log_dir=str(d.parent),
+        tp=TopicPartition("t", 0),
+        segments=tuple(m.base_offset for m in metas),
+        strategy=strategy,
+        stable_offset=metas[-1].next_offset,
+        aborted=(),
+        max_compaction_lag_ms=1,
+    )
+    spec = AuditSpec((part,), now_ms=NOW, slack_ms=0, max_listed=5, staging=str(tmp_path))
+    parts = [audit_rows(t, map_segment(Path(t.path))) for t in audit_tasks(spec)]
+    rows = {k: np.concatenate([p[k] for p in parts[::-1]]) for k in parts[0]}
+    expected = read_audit_columns(
+        [LogSegment(d, m.base_offset, read_only=True) for m in metas],
+        strategy=strategy,
+        stable_offset=part.stable_offset,
+    )
+    got = columns_of(rows)
+    for name in expected.__dataclass_fields__:
+        assert np.array_equal(getattr(got, name), getattr(expected, name)), name
+
+
+@pytest.mark.spark
+def test_submit_audit_columns_match_local(spark: Any, tmp_path: Path) -> None:
+    """The engine's `submit_audit` path gives the columns the local reader gives."""
+    d = tmp_path / "logs" / "t-0"
+    random_partition(d, random.Random(9), roll=0.3)
+    metas = tuple(segment_metas(d))
+    strategy = resolve_strategy("timestamp", None)
+    job = AuditJob(
+        log_dir=d.parent,
+        tp=TopicPartition("t", 0),
+        segments=metas,
+        strategy=strategy,
+        stable_offset=metas[-1].next_offset,
+    )
+    runner = in_process_runner(spark)
+    (got,) = audit_columns_on_spark([job], spark_engine.SparkSettings(), runner=runner)
+    expected = read_audit_columns(
+        [LogSegment(d, m.base_offset, read_only=True) for m in metas],
+        strategy=strategy,
+        stable_offset=job.stable_offset,
+    )
+    for name in expected.__dataclass_fields__:
+        assert np.array_equal(getattr(got, name), getattr(expected, name)), name

@@ -1,0 +1,288 @@
+"""The Spark engine end to end: byte-identical to the local engine, no key cap per pass,
+and a killed job leaves the originals as they were."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from cleanerd.cli import main
+from cleanerd.compaction.cleaner import Cleaner, CleanerConfig
+from cleanerd.compaction.offset_map import OffsetMap
+from cleanerd.engine import spark as spark_engine
+from cleanerd.engine.base import CleanJob
+from cleanerd.engine.spark import SparkEngine, SparkJobFailed, SparkSettings
+from cleanerd.engine.spark_job import JobSpec, PassSpec, run_job
+from cleanerd.errors import CleanerdError
+from tests.compaction.conftest import TP, LogBuilder, k, read_batches, segment_metas
+from tests.engine.spark_support import (
+    NOW,
+    in_process_runner,
+    random_partition,
+    spark_fixture,
+    tree,
+    write_config,
+)
+
+pytestmark = pytest.mark.spark
+spark = spark_fixture
+WAIT_S = 120.0
+"""A generous bound on waiting for the job process to reach a point (not a timing check)."""
+
+TOPICS: dict[str, dict[str, Any]] = {
+    "offs": {"cleanup.policy": "compact", "segment.bytes": 700},
+    "ts": {
+        "cleanup.policy": "compact",
+        "segment.bytes": 2500,
+        "compaction.strategy": "timestamp",
+    },
+    "hdr": {
+        "cleanup.policy": "compact",
+        "compaction.strategy": "header",
+        "compaction.strategy.header": "v",
+    },
+    "horizon": {"cleanup.policy": "compact", "segment.bytes": 1500, "delete.retention.ms": 0},
+}
+
+
+@pytest.fixture(name="in_process")
+def _in_process(spark: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Spark jobs of this test run in-process on the module's session."""
+    monkeypatch.setattr(spark_engine, "launch_job", in_process_runner(spark))
+
+
+def clean(tmp_path: Path, name: str, engine: str) -> None:
+    cfg = write_config(
+        tmp_path / f"{name}.yaml", tmp_path / name, tmp_path / f"st-{name}", topics=TOPICS
+    )
+    argv = ["clean", "-c", str(cfg), "--now-ms", str(NOW), "--engine", engine, "--json"]
+    assert main(argv) == 0
+
+
+def two_copies(tmp_path: Path, seed: int) -> None:
+    rng = random.Random(seed)
+    (tmp_path / "a").mkdir()
+    for topic in TOPICS:
+        random_partition(tmp_path / "a" / f"{topic}-0", rng, roll=rng.choice([0.03, 0.1, 0.3]))
+    shutil.copytree(tmp_path / "a", tmp_path / "b")
+
+
+@pytest.mark.usefixtures("in_process")
+@pytest.mark.parametrize("seed", [1, 2], ids=["seed1", "seed2"])
+def test_spark_and_local_write_identical_files(
+    tmp_path: Path, seed: int, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`clean --engine spark` and `--engine local` leave byte-identical segments, indexes
+    and checkpoints on random logs (every strategy and codec, tombstones, transactions)."""
+    two_copies(tmp_path, seed)
+    clean(tmp_path, "a", "local")
+    local_report = json.loads(capsys.readouterr().out)
+    clean(tmp_path, "b", "spark")
+    spark_report = json.loads(capsys.readouterr().out)
+    assert local_report["cleaned"], "the logs had something to clean"
+    assert len(spark_report["cleaned"]) == len(local_report["cleaned"])
+    a, b = tree(tmp_path / "a"), tree(tmp_path / "b")
+    assert sorted(a) == sorted(b)
+    assert [name for name in a if a[name] != b[name]] == []
+    assert any(name.endswith("cleaner-offset-checkpoint") for name in a)
+
+
+def records(dir_path: Path) -> list[tuple[int, bytes | None, bytes | None]]:
+    return [(r.offset, r.key, r.value) for b in read_batches(dir_path) for r in b.records]
+
+
+@pytest.mark.usefixtures("in_process")
+def test_spark_cleans_past_the_key_map_in_one_pass(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """With more keys than the local map holds, Spark cleans in one pass, local in
+    several, and the records then agree."""
+    for name in ("a", "b"):
+        log = LogBuilder(tmp_path / f"build-{name}")
+        for round_ in range(3):
+            for i in range(300):
+                log.append([(k(i), k(f"{round_}-{i}"))], timestamps=[NOW - 10_000])
+            log.roll()
+        log.append([(k("x"), b"active")], timestamps=[NOW])
+        (tmp_path / name).mkdir()
+        shutil.move(log.write(), tmp_path / name / "offs-0")
+    # 90 keys at load 0.9; every dirty byte makes the log eligible, so local goes on
+    # pass after pass until the dirty range is consumed.
+    topics = {"offs": {"cleanup.policy": "compact", "min.cleanable.dirty.ratio": 0}}
+    cfg = {"topics": topics, "log.cleaner.dedupe.buffer.size": 100 * 24}
+    for name, engine in (("a", "local"), ("b", "spark")):
+        path = write_config(
+            tmp_path / f"{name}.yaml", tmp_path / name, tmp_path / f"st-{name}", **cfg
+        )
+        argv = ["clean", "-c", str(path), "--now-ms", str(NOW), "--engine", engine, "--json"]
+        assert main(argv) == 0
+    local_report, spark_report = (json.loads(doc) for doc in _json_docs(capsys.readouterr().out))
+    assert len(local_report["cleaned"]) > 1
+    assert len(spark_report["cleaned"]) == 1
+    assert spark_report["cleaned"][0]["end_offset"] == 900
+    assert records(tmp_path / "a" / "offs-0") == records(tmp_path / "b" / "offs-0")
+    assert [r[0] for r in records(tmp_path / "b" / "offs-0")] == [*range(600, 900), 900]
+
+
+def _json_docs(out: str) -> list[str]:
+    """The documents of two `--json` outputs printed one after the other."""
+    decoder = json.JSONDecoder()
+    docs, pos = [], 0
+    while pos < len(out.rstrip()):
+        doc, end = decoder.raw_decode(out, pos)
+        docs.append(json.dumps(doc))
+        pos = end
+        while pos < len(out) and out[pos].isspace():
+            pos += 1
+    return docs
+
+
+def job_for(log_dir: Path, state: Path) -> CleanJob:
+    dir_path = log_dir / str(TP)
+    metas = tuple(segment_metas(dir_path))
+    return CleanJob(
+        log_dir=log_dir,
+        state_dir=state,
+        tp=TP,
+        segments=metas,
+        first_dirty=0,
+        first_uncleanable=metas[-1].base_offset,
+        now_ms=NOW,
+        config=CleanerConfig(segment_bytes=4000, producer_id_expiration_ms=2**63 - 1),
+    )
+
+
+def _kill_job_when_running(stop: threading.Event) -> None:
+    """SIGKILL the job process group once its JVM runs."""
+    me = psutil.Process()
+    deadline = time.monotonic() + WAIT_S
+    while not stop.is_set() and time.monotonic() < deadline:
+        for child in me.children(recursive=True):
+            try:
+                cmd = child.cmdline()
+            except psutil.Error:
+                continue
+            if any("spark_job" in part for part in cmd) and child.children(recursive=True):
+                os.killpg(child.pid, signal.SIGKILL)
+                return
+        time.sleep(0.05)
+
+
+@pytest.mark.slow
+def test_killed_job_leaves_originals_and_next_pass_cleans(spark: Any, tmp_path: Path) -> None:
+    """A job process killed mid-pass fails as an aborted pass with the originals
+    byte-identical and no `.cleaned` file; the next pass cleans as local does."""
+    random_partition(tmp_path / "logs" / str(TP), random.Random(7), batches=200)
+    shutil.copytree(tmp_path / "logs", tmp_path / "local")
+    before = tree(tmp_path / "logs")
+    settings = SparkSettings(master="local[2]", conf=(("spark.ui.showConsoleProgress", "false"),))
+    stop = threading.Event()
+    killer = threading.Thread(target=_kill_job_when_running, args=(stop,))
+    killer.start()
+    with SparkEngine(settings) as engine:
+        future = engine.submit_clean(job_for(tmp_path / "logs", tmp_path / "state"))
+        error = future.exception(timeout=WAIT_S)
+    stop.set()
+    killer.join()
+    assert isinstance(error, SparkJobFailed)
+    assert "signal 9" in str(error)
+    assert tree(tmp_path / "logs") == before
+    with SparkEngine(settings, runner=in_process_runner(spark)) as engine:
+        result = engine.submit_clean(job_for(tmp_path / "logs", tmp_path / "state")).result(WAIT_S)
+    assert result.end_offset == job_for(tmp_path / "logs", tmp_path / "state").first_uncleanable
+    job = job_for(tmp_path / "local", tmp_path / "state-local")
+    Cleaner(OffsetMap(1 << 20)).clean(
+        log_dir=job.log_dir,
+        tp=TP,
+        segments=job.segments,
+        first_dirty=0,
+        first_uncleanable=job.first_uncleanable,
+        now_ms=NOW,
+        config=job.config,
+    )
+    a, b = tree(tmp_path / "local"), tree(tmp_path / "logs")
+    assert [n for n in a if not n.endswith(".deleted")] == [
+        n for n in b if not n.endswith(".deleted")
+    ]
+    assert all(a[n] == b[n] for n in a if not n.endswith(".deleted"))
+
+
+def test_tampered_output_is_refused(spark: Any, tmp_path: Path) -> None:
+    """Output that disagrees with the job's manifest is not swapped in: the pass fails
+    with a CleanerdError, its `.cleaned` files go and the originals stay."""
+    random_partition(tmp_path / "logs" / str(TP), random.Random(3))
+    before = tree(tmp_path / "logs")
+    inner = in_process_runner(spark)
+
+    def tamper(
+        spec_path: Path, staging: Path, kill: threading.Event, *, module: str = "spark_job"
+    ) -> None:
+        inner(spec_path, staging, kill, module=module)
+        cleaned = sorted((tmp_path / "logs" / str(TP)).glob("*.log.cleaned"))
+        cleaned[0].write_bytes(cleaned[0].read_bytes()[:-1])
+
+    with SparkEngine(SparkSettings(), runner=tamper) as engine:
+        error = engine.submit_clean(job_for(tmp_path / "logs", tmp_path / "st")).exception(WAIT_S)
+    assert isinstance(error, CleanerdError)
+    assert not isinstance(error, SparkJobFailed)
+    assert tree(tmp_path / "logs") == before
+
+
+def pass_spec(log_dir: Path, *, read_root: str | None = None) -> PassSpec:
+    job = job_for(log_dir, log_dir)
+    return PassSpec(
+        log_dir=str(log_dir),
+        tp=TP,
+        segments=job.segments,
+        first_dirty=0,
+        first_uncleanable=job.first_uncleanable,
+        now_ms=NOW,
+        config=job.config,
+        read_root=read_root,
+    )
+
+
+def test_uri_reads_and_a_corrupt_segment_fail_only_their_pass(spark: Any, tmp_path: Path) -> None:
+    """Segments read through a Hadoop filesystem URI give the local output; a corrupt
+    segment fails its own pass (named in the manifest) and no other."""
+    for name in ("uri", "local", "bad"):
+        random_partition(tmp_path / name / str(TP), random.Random(21), batches=80)
+    bad = sorted((tmp_path / "bad" / str(TP)).glob("*.log"))[1]
+    data = bytearray(bad.read_bytes())
+    data[70] ^= 0x55
+    bad.write_bytes(bytes(data))
+    uri = (tmp_path / "uri" / str(TP)).as_uri()
+    spec = JobSpec(
+        passes=(pass_spec(tmp_path / "uri", read_root=uri), pass_spec(tmp_path / "bad")),
+        staging=str(tmp_path / "staging"),
+    )
+    manifest = run_job(spec, spark=spark)
+    good, failed = manifest.outcomes
+    assert failed.error is not None
+    assert bad.name in failed.error
+    assert not list((tmp_path / "bad" / str(TP)).glob("*.cleaned"))
+    assert good.error is None
+    Cleaner(None).install(
+        log_dir=tmp_path / "uri", tp=TP, cleaned=good.cleaned, end_offset=good.end_offset
+    )
+    job = job_for(tmp_path / "local", tmp_path)
+    Cleaner(OffsetMap(1 << 20)).clean(
+        log_dir=job.log_dir,
+        tp=TP,
+        segments=job.segments,
+        first_dirty=0,
+        first_uncleanable=job.first_uncleanable,
+        now_ms=NOW,
+        config=job.config,
+    )
+    assert tree(tmp_path / "uri") == tree(tmp_path / "local")

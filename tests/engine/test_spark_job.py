@@ -1,0 +1,172 @@
+"""The Spark job's pure parts: the reduce rule against the offset map, the bitmaps, the
+per-segment transaction check, task packing and the spec/manifest round trip."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from cleanerd.compaction.cleaner import CleanedGroup, CleanerConfig
+from cleanerd.compaction.keyhash import hash_key
+from cleanerd.compaction.offset_map import OffsetMap
+from cleanerd.compaction.stats import CleanerStats
+from cleanerd.compaction.strategy import CompactionStrategy, resolve_strategy
+from cleanerd.engine.spark_job import (
+    JobSpec,
+    Manifest,
+    PassOutcome,
+    PassSpec,
+    SegmentTask,
+    SupersededBitmaps,
+    aborted_batches,
+    bitmap_path,
+    pack_tasks,
+    read_bitmap,
+    superseded_rows,
+    write_bitmap,
+)
+from cleanerd.errors import CleanerdError, CorruptIndexError
+from cleanerd.log.files import TopicPartition
+from cleanerd.log.meta import SegmentMeta
+from cleanerd.log.txnindex import AbortedTxn
+from cleanerd.records.batch import encode_batch
+from cleanerd.records.columns import segment_columns
+from cleanerd.records.control import ControlRecordType, encode_end_txn_marker
+from cleanerd.records.record import Record
+
+row_st = st.tuples(
+    st.integers(0, 5),  # key
+    st.booleans(),  # has version
+    st.integers(-2, 2),  # version
+    st.booleans(),  # mappable (not aborted)
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    rows=st.lists(row_st, min_size=1, max_size=40),
+    split=st.integers(0, 40),
+    strategy=st.sampled_from(list(CompactionStrategy)),
+)
+def test_reduce_supersedes_what_the_offset_map_drops(
+    rows: list[tuple[int, bool, int, bool]], split: int, strategy: CompactionStrategy
+) -> None:
+    """A row is superseded by the shuffle's rule iff the local map (put, then update from
+    the clean section) does not keep it."""
+    versioned = strategy is not CompactionStrategy.OFFSET
+    n = len(rows)
+    first_dirty = min(split, n)
+    hashes = np.array([hash_key(str(r[0]).encode()) for r in rows], dtype=np.uint64)
+    offsets = np.arange(n, dtype=np.int64) * 2
+    has = np.array([r[1] and versioned for r in rows], np.bool_)
+    version = np.array([r[2] if versioned else 0 for r in rows], np.int64)
+    dirty = np.arange(n) >= first_dirty
+    cand = dirty & np.array([r[3] for r in rows], np.bool_)
+    upd = ~dirty if versioned else np.zeros(n, np.bool_)
+    m = OffsetMap(1 << 16, strategy=strategy)
+    c = np.flatnonzero(cand)
+    m.put_many(
+        hashes[c], offsets[c], version[c] if versioned else None, has[c] if versioned else None
+    )
+    if versioned:
+        u = np.flatnonzero(upd)
+        m.update_existing_many(hashes[u], offsets[u], version[u], has[u])
+    expected = np.flatnonzero(~m.keep_mask(hashes, offsets))
+    cols: dict[str, np.ndarray] = {
+        "pass": np.zeros(n, np.int32),
+        "seg": np.zeros(n, np.int64),
+        "krow": np.arange(n, dtype=np.int64),
+        "hi": hashes[:, 0].view(np.int64),
+        "lo": hashes[:, 1].view(np.int64),
+        "offset": offsets,
+        "has": has,
+        "version": version,
+        "cand": cand,
+        "upd": upd,
+    }
+    got = superseded_rows(cols, np.array([versioned]))
+    assert sorted(got["krow"].tolist()) == expected.tolist()
+
+
+def test_bitmap_round_trip_and_oracle(tmp_path: Path) -> None:
+    """Staged bits read back; the oracle keeps every keyed record but the superseded,
+    and refuses a bitmap longer than the segment's keyed records."""
+    path = bitmap_path(tmp_path, 0, 100)
+    assert write_bitmap(path, np.array([1, 4, 9], np.int64)) == 10
+    assert np.flatnonzero(read_bitmap(path)).tolist() == [1, 4, 9]
+    oracle = SupersededBitmaps(tmp_path, 0, end_offset=50)
+    assert oracle.latest_offset == 49
+
+    def no_hashes() -> np.ndarray:
+        raise AssertionError("the bitmaps need no hashes")
+
+    keep = oracle.keep_keyed(100, np.arange(12, dtype=np.int64), no_hashes)
+    assert np.flatnonzero(~keep).tolist() == [1, 4, 9]
+    assert oracle.keep_keyed(7, np.arange(3, dtype=np.int64), no_hashes).all()
+    with pytest.raises(CleanerdError, match="changed since the job read it"):
+        oracle.keep_keyed(100, np.arange(5, dtype=np.int64), no_hashes)
+
+
+def test_spec_and_manifest_round_trip(tmp_path: Path) -> None:
+    """Spec and manifest survive their JSON files unchanged."""
+    seg = SegmentMeta(0, 10, 700, 5, 5, 24, 12, 99)
+    p = PassSpec(
+        log_dir="/x",
+        tp=TopicPartition("a-b", 3),
+        segments=(seg,),
+        first_dirty=2,
+        first_uncleanable=10,
+        now_ms=123,
+        config=CleanerConfig(strategy=resolve_strategy("header", "vé")),
+    )
+    spec = JobSpec(passes=(p,), staging="/s", master="local[2]", conf={"k": "v"})
+    spec.write(tmp_path / "spec.json")
+    assert JobSpec.read(tmp_path / "spec.json") == spec
+    stats = CleanerStats(1, 2, 3, 4, 5, 6, 7, 0.5, 8, 9, 10)
+    group = CleanedGroup(0, 10, (0, 5), 3, 300, (7,))
+    manifest = Manifest((PassOutcome(10, (group,), stats), PassOutcome(4, error="bad")), 1, 2, 3)
+    manifest.write(tmp_path / "m.json")
+    assert Manifest.read(tmp_path / "m.json") == manifest
+
+
+def _segment(batches: list[bytes]) -> np.ndarray:
+    return np.frombuffer(b"".join(batches), np.uint8)
+
+
+def test_missing_abort_marker_is_a_corrupt_index() -> None:
+    """An aborted transaction ending in a segment without its ABORT marker there fails
+    the segment: one tracker per segment would otherwise misjudge its data."""
+    data = encode_batch(
+        [Record(0, 1, b"k", b"v")], base_offset=0, producer_id=5, is_transactional=True
+    )
+    marker = encode_batch(
+        [encode_end_txn_marker(ControlRecordType.ABORT, 0, offset=1, timestamp=1)],
+        base_offset=1,
+        producer_id=5,
+        is_transactional=True,
+        is_control=True,
+    )
+    strategy = resolve_strategy("offset", None)
+    txn = AbortedTxn(0, 5, 1, 2)
+    task = SegmentTask(0, "/p/0.log", 0, 2, 0, 2, strategy, (txn,))
+    sc = segment_columns(_segment([data, marker]))
+    assert aborted_batches(sc, task).tolist() == [True, False]
+    with pytest.raises(CorruptIndexError, match="no ABORT marker at 1"):
+        aborted_batches(segment_columns(_segment([data])), task)
+
+
+@given(
+    sizes=st.lists(st.integers(0, 300 << 20), min_size=1, max_size=30),
+    parallelism=st.integers(1, 8),
+)
+@settings(max_examples=50, deadline=None)
+def test_pack_tasks_covers_every_segment_once(sizes: list[int], parallelism: int) -> None:
+    """Every segment is in exactly one task, and there are never more tasks than segments."""
+    groups = pack_tasks(sizes, parallelism)
+    assert sorted(i for g in groups for i in g) == list(range(len(sizes)))
+    assert len(groups) <= len(sizes)
+    assert len(groups) >= min(len(sizes), 2 * parallelism)

@@ -1,0 +1,141 @@
+"""Routing between the local and the Spark engine by the dirty range's key count (no
+Spark needed: the engines here are fakes)."""
+
+from __future__ import annotations
+
+import shutil
+from concurrent.futures import Future
+from pathlib import Path
+
+from cleanerd.compaction.audit import AuditColumns
+from cleanerd.compaction.cleaner import CleanerConfig, CleanResult
+from cleanerd.compaction.stats import CleanerStats
+from cleanerd.engine.base import AuditJob, CleanJob
+from cleanerd.engine.policy import (
+    KeyEstimate,
+    PolicyEngine,
+    choose_engine,
+    estimate_keys,
+    gee_distinct,
+    local_key_capacity,
+)
+from cleanerd.log.files import TopicPartition
+from tests.compaction.conftest import TP, LogBuilder, k, segment_metas
+
+STATS = CleanerStats(0, 0, 0, 0, 0, 0, 0, 0.0, 0, 0, 0)
+
+
+class FakeEngine:
+    """Resolves every pass at once, ending at `end` (None: the planned end)."""
+
+    def __init__(self, name: str, end: int | None = None) -> None:
+        self.name = name
+        self.workers = 1
+        self.dead_workers = 0
+        self.end = end
+        self.jobs: list[CleanJob] = []
+        self.audits: list[AuditJob] = []
+        self.shut = False
+
+    def submit_clean(self, job: CleanJob) -> Future[CleanResult]:
+        self.jobs.append(job)
+        f: Future[CleanResult] = Future()
+        end = job.first_uncleanable if self.end is None else self.end
+        f.set_result(CleanResult(job.first_dirty, end, STATS, ()))
+        return f
+
+    def submit_audit(self, job: AuditJob) -> Future[AuditColumns]:
+        self.audits.append(job)
+        f: Future[AuditColumns] = Future()
+        f.set_result(AuditColumns.empty())
+        return f
+
+    def abort(self, tp: TopicPartition) -> bool:
+        return False
+
+    def shutdown(self, *, abort: bool = False) -> None:
+        self.shut = True
+
+
+def build(tmp_path: Path, keys: int, *, per_batch: int = 50) -> CleanJob:
+    log = LogBuilder(tmp_path / "build")
+    for start in range(0, keys, per_batch):
+        log.append([(k(i), b"v") for i in range(start, min(keys, start + per_batch))])
+        log.roll()
+    log.append([(k("x"), b"active")])
+    d = tmp_path / "logs" / str(TP)
+    d.parent.mkdir(parents=True)
+    shutil.move(log.write(), d)
+    metas = tuple(segment_metas(d))
+    return CleanJob(
+        log_dir=d.parent,
+        state_dir=tmp_path / "state",
+        tp=TP,
+        segments=metas,
+        first_dirty=0,
+        first_uncleanable=metas[-1].base_offset,
+        now_ms=0,
+        config=CleanerConfig(),
+    )
+
+
+def test_capacity_is_one_workers_map() -> None:
+    """The capacity follows Kafka's split of the buffer and the entry size."""
+    assert local_key_capacity(24_000, 2, 0.9, versioned=False) == 450
+    assert local_key_capacity(24_000, 2, 0.9, versioned=True) == 337
+
+
+def test_gee_estimates_distinct_values() -> None:
+    """GEE is exact on a full sample and scales the singletons of a partial one."""
+    assert gee_distinct([1, 1, 2, 3], population=7) == 4
+    assert gee_distinct([1] * 100, population=10_000) == 1000
+    assert gee_distinct([], population=5) == 0
+
+
+def test_choose_engine() -> None:
+    """Spark only above the capacity."""
+    assert choose_engine(KeyEstimate(10, "sample"), 10) == "local"
+    assert choose_engine(KeyEstimate(11, "sample"), 10) == "spark"
+
+
+def test_estimate_from_size_and_sample(tmp_path: Path) -> None:
+    """A small range is judged by its size; a large one by a sample, within a factor of
+    the truth for a log of unique keys."""
+    job = build(tmp_path, keys=2000)
+    small = estimate_keys(job, capacity=10**9)
+    assert small.source == "size"
+    assert small.keys > 2000
+    sampled = estimate_keys(job, capacity=100, sample_bytes=16_000)
+    assert sampled.source == "sample"
+    assert 1000 <= sampled.keys <= 4000
+
+
+def test_policy_routes_big_ranges_and_learns_from_a_filled_map(tmp_path: Path) -> None:
+    """Small ranges stay local without creating a Spark engine; a local pass that ended
+    early sends the partition's next pass to Spark; audits run locally."""
+    job = build(tmp_path, keys=400)
+    local = FakeEngine("local", end=10)
+    spark = FakeEngine("spark")
+    made: list[FakeEngine] = []
+
+    def factory() -> FakeEngine:
+        made.append(spark)
+        return spark
+
+    policy = PolicyEngine(local, factory, lambda j: 10**6)
+    policy.submit_clean(job)
+    assert (len(local.jobs), made) == (1, [])
+    policy.submit_clean(job)  # the first pass filled the map (ended at 10)
+    assert (len(local.jobs), len(spark.jobs)) == (1, 1)
+    assert policy.decisions[TP][1].source == "history"
+    tight = PolicyEngine(FakeEngine("local"), lambda: spark, lambda j: 50, sample_bytes=4000)
+    tight.submit_clean(job)
+    assert len(spark.jobs) == 2
+    assert tight.decisions[TP][0] == "spark"
+    audit = AuditJob(job.log_dir, TP, job.segments, CleanerConfig().strategy, 0)
+    assert len(policy.submit_audit(audit).result()) == 0
+    assert local.audits == [audit]
+    assert policy.workers == 2
+    policy.shutdown()
+    assert local.shut
+    assert spark.shut

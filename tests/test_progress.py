@@ -1,0 +1,111 @@
+"""Progress lines of long CLI runs: a bar on a terminal, periodic plain lines otherwise."""
+
+from __future__ import annotations
+
+import io
+from concurrent.futures import Future
+from pathlib import Path
+
+from cleanerd.compaction.cleaner import CleanerConfig, CleanResult
+from cleanerd.compaction.stats import CleanerStats
+from cleanerd.engine.base import CleanJob
+from cleanerd.log.files import TopicPartition
+from cleanerd.log.meta import SegmentMeta
+from cleanerd.progress import (
+    PLAIN_INTERVAL_S,
+    Progress,
+    Snapshot,
+    TrackedEngine,
+    human_bytes,
+    human_duration,
+    render,
+)
+
+GIB = 1 << 30
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 100.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_units() -> None:
+    """Bytes get binary units, durations H:MM:SS."""
+    assert human_bytes(512) == "512 B"
+    assert human_bytes(1.5 * GIB) == "1.5 GiB"
+    assert human_duration(3725.4) == "1:02:05"
+
+
+def test_render_counts_rate_and_eta() -> None:
+    """A line carries the bar, the share, segments, bytes, rate and ETA."""
+    line = render(Snapshot("clean", 3, 10, GIB // 4, GIB, 10.0), bar=True)
+    assert line == (
+        "clean [######------------------]  25.0% 3/10 segments 256.0 MiB/1.0 GiB "
+        "25.6 MiB/s ETA 0:00:30"
+    )
+    assert "ETA ?" in render(Snapshot("audit", 0, 1, 0, 10, 0.0), bar=False)
+    assert "done in 0:00:02" in render(Snapshot("audit", 1, 1, 10, 10, 2.0), bar=False)
+
+
+def test_plain_output_is_periodic_and_final() -> None:
+    """Off a terminal, a line at most every interval, and always a final one."""
+    out, clock = io.StringIO(), Clock()
+    p = Progress("audit", segments=4, total_bytes=400, stream=out, tty=False, clock=clock)
+    p.advance(segments=1, size=100)
+    assert out.getvalue() == ""
+    clock.t += PLAIN_INTERVAL_S
+    p.advance(segments=1, size=100)
+    p.finish()
+    p.finish()
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 2
+    assert lines[0].startswith("audit  50.0% 2/4 segments")
+    assert "\r" not in out.getvalue()
+
+
+def test_terminal_output_redraws_in_place() -> None:
+    """On a terminal the line is redrawn with a carriage return and ends with a newline."""
+    out, clock = io.StringIO(), Clock()
+    with Progress("clean", segments=2, total_bytes=200, stream=out, tty=True, clock=clock) as p:
+        clock.t += 1
+        p.advance(segments=2, size=200)
+    text = out.getvalue()
+    assert text.count("\r") == 2
+    assert text.endswith("done in 0:00:01\n")
+    assert "[########################]" in text
+
+
+class OneShotEngine:
+    """Hands out futures that the test resolves."""
+
+    name = "fake"
+    workers = 1
+    dead_workers = 0
+
+    def __init__(self) -> None:
+        self.futures: list[Future[CleanResult]] = []
+
+    def submit_clean(self, job: CleanJob) -> Future[CleanResult]:
+        self.futures.append(Future())
+        return self.futures[-1]
+
+
+def test_tracked_engine_expects_then_counts_each_pass() -> None:
+    """A submitted pass grows the totals by its segments below the uncleanable offset;
+    its end counts them done."""
+    out = io.StringIO()
+    progress = Progress("clean", segments=0, total_bytes=0, stream=out, tty=False)
+    inner = OneShotEngine()
+    engine = TrackedEngine(inner, progress)  # type: ignore[arg-type]
+    segs = (SegmentMeta(0, 10, 100, 0, 0, 0, 0, 0), SegmentMeta(10, 20, 50, 0, 0, 0, 0, 0))
+    job = CleanJob(Path("/l"), Path("/s"), TopicPartition("t", 0), segs, 0, 10, 0, CleanerConfig())
+    future = engine.submit_clean(job)
+    assert (progress.segments_total, progress.bytes_total, progress.bytes_done) == (1, 100, 0)
+    inner.futures[0].set_result(
+        CleanResult(0, 10, CleanerStats(0, 0, 0, 0, 0, 0, 0, 0.0, 0, 0, 0), ())
+    )
+    assert future.done()
+    assert (progress.segments_done, progress.bytes_done) == (1, 100)
