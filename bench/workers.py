@@ -8,8 +8,9 @@ times; the best time counts. Before timing, every worker process has run one pas
 small partition (the numba kernels load from their on-disk cache on first use), so pool
 start-up is not in the figure. `speedup` is the 1-worker time over the N-worker time;
 `ideal` is min(N, partitions, cores); `parallel` is the passes' summed run time over the
-wall time (how many passes really ran at once). Other load on the machine shows as a
-`parallel` below N; `--dir /dev/shm` takes the disk (fsync) out of the figure.
+wall time (how many passes really ran at once) and `cpu` their summed CPU time over the
+wall time (how many cores they got): other load on the machine (the load average is
+printed) shows as a `cpu` below `parallel`. `--dir /dev/shm` takes the disk out.
 
     python -m bench.workers [--partitions 2] [--workers 1,2] [--records 500000] [--repeat 3]
                             [--dir DIR]
@@ -79,12 +80,14 @@ def warm_up(engine: LocalEngine, work: Path) -> None:
         warmed |= {r.pid for r in engine.runs}
 
 
-def measure(workers: int, template: Path, work: Path, repeat: int) -> tuple[float, int, float]:
-    """Best wall time (s) to clean every partition of `template`, the bytes read, and the
-    passes' summed run time over the wall time in that run (the parallelism reached)."""
+def measure(
+    workers: int, template: Path, work: Path, repeat: int
+) -> tuple[float, int, float, float]:
+    """Best wall time (s) to clean every partition of `template`, the bytes read, and for
+    that run the passes' summed run time and summed CPU time over the wall time."""
     best = float("inf")
     read = 0
-    parallel = 0.0
+    parallel = cpu = 0.0
     with LocalEngine(WorkerSettings(workers=workers, dedupe_buffer_size=DEDUPE_BYTES)) as engine:
         warm_up(engine, work)
         for _ in range(repeat):
@@ -97,10 +100,11 @@ def measure(workers: int, template: Path, work: Path, repeat: int) -> tuple[floa
             seconds = time.perf_counter() - start
             if seconds < best:
                 best = seconds
-                busy = sum(r.finished_ns - r.started_ns for r in list(engine.runs)[-len(jobs) :])
-                parallel = busy / 1e9 / seconds
+                runs = list(engine.runs)[-len(jobs) :]
+                parallel = sum(r.finished_ns - r.started_ns for r in runs) / 1e9 / seconds
+                cpu = sum(r.cpu_ns for r in runs) / 1e9 / seconds
             read = sum(r.stats.bytes_read for r in results)
-    return best, read, parallel
+    return best, read, parallel, cpu
 
 
 def main() -> None:
@@ -119,20 +123,18 @@ def main() -> None:
         template = make_template(root / "template", args.partitions, args.records, args.keys)
         print(
             f"{args.partitions} partitions x {args.records:,} records (100 B values, "
-            f"{args.keys:,} keys), {cores} cores, best of {args.repeat}"
+            f"{args.keys:,} keys), {cores} cores, load {os.getloadavg()[0]:.1f}, "
+            f"best of {args.repeat}"
         )
-        print(
-            f"{'workers':>7} {'seconds':>8} {'MB/s':>8} {'speedup':>8} {'ideal':>6} {'parallel':>8}"
-        )
+        header = ("workers", "seconds", "MB/s", "speedup", "ideal", "parallel", "cpu")
+        print(" ".join(f"{h:>8}" for h in header))
         base: float | None = None
         for n in counts:
-            seconds, read, parallel = measure(n, template, root / f"w{n}", args.repeat)
+            seconds, read, parallel, cpu = measure(n, template, root / f"w{n}", args.repeat)
             base = seconds if base is None else base
             ideal = min(n, args.partitions, cores) / min(counts[0], args.partitions, cores)
-            print(
-                f"{n:>7} {seconds:>8.2f} {read / seconds / 1e6:>8.1f} "
-                f"{base / seconds:>8.2f} {ideal:>6.1f} {parallel:>8.2f}"
-            )
+            row = (n, seconds, read / seconds / 1e6, base / seconds, ideal, parallel, cpu)
+            print(" ".join(f"{v:>8}" if isinstance(v, int) else f"{v:>8.2f}" for v in row))
 
 
 if __name__ == "__main__":

@@ -613,6 +613,10 @@ class Maintenance:
         running: dict[Future[CleanResult], _Running] = {}
         stopping = False
         while True:
+            if stop is not None and stop.is_set() and not stopping:
+                stopping = report.aborted = True
+                for r in running.values():
+                    self.engine.abort(r.job.tp)
             while not stopping and len(running) < self.engine.workers:
                 submitted = self._submit_next()
                 if submitted is None:
@@ -623,10 +627,6 @@ class Maintenance:
             done, _ = wait(
                 running, timeout=POLL_S if stop is not None else None, return_when=FIRST_COMPLETED
             )
-            if stop is not None and stop.is_set() and not stopping:
-                stopping = report.aborted = True
-                for r in running.values():
-                    self.engine.abort(r.job.tp)
             for future in done:
                 self._finished(future, running.pop(future), report, requeue=not stopping)
 

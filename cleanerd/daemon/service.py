@@ -14,13 +14,18 @@ Threads and what each may touch:
 
 When a cycle runs. A cycle over every partition costs CPU in proportion to the partition
 count even when nothing changed, so the daemon does not repeat it blindly: it runs one at
-startup, then whenever one of these holds (`cycle_due`): the previous cycle cleaned
-something (more may be eligible); the watcher saw partitions, segments or appends
-change and `log.cleaner.backoff.ms` has passed since the last cycle ended; a compacted
-partition's max-lag deadline (active segment counted) has come; a device is above
-`log.retention.disk.usage.percent` (probed every tick); `log.retention.check.interval.ms`
-has passed since the last cycle (the revisit that evaluates every other time rule:
-retention by time, `segment.ms`, min lag, delete horizons); a command or a reload asked.
+startup, then whenever one of these holds (`cycle_due`):
+
+- a command or a reload asked for one;
+- a pass of the previous cycle made progress (more may be eligible);
+- a compacted partition's max-lag deadline (active segment counted) has come;
+- after `log.cleaner.backoff.ms` since the previous cycle: the watcher saw partitions,
+  segments or appends change (changes the daemon made itself do not count); a device is
+  above `log.retention.disk.usage.percent` (probed every tick); or a partition is past
+  its deadline but its dirty data still waits for its roll or a blocking bound;
+- `log.retention.check.interval.ms` has passed since the previous cycle: the revisit that
+  evaluates every other time rule (retention by time, `segment.ms`, min lag, delete
+  horizons), as a broker's retention check does.
 
 Lifecycle and signals:
 
@@ -65,7 +70,7 @@ from cleanerd.daemon.commands import (
     ReloadCommand,
     ResumeCommand,
 )
-from cleanerd.daemon.cycle import CycleReport, Maintenance, wall_clock_ms
+from cleanerd.daemon.cycle import CleanedLog, CycleReport, Maintenance, wall_clock_ms
 from cleanerd.daemon.events import Event, EventKind, EventPublisher, MqttPublisher, NullPublisher
 from cleanerd.daemon.logging import configure_logging, partition_context
 from cleanerd.daemon.metrics import MetricsExporter, PassResult
@@ -128,6 +133,7 @@ class CycleClock:
     last_end_ms: int | None
     """When the previous cycle ended; None before the first."""
     last_cleaned: bool
+    """A pass of the previous cycle made progress (`made_progress`)."""
     changed: bool
     """The watcher saw a change since the previous cycle started."""
     next_deadline_ms: int | None
@@ -159,6 +165,13 @@ def cycle_due(c: CycleClock, *, backoff_ms: int, revisit_ms: int) -> CycleTrigge
     if idle_for >= revisit_ms:
         return CycleTrigger.REVISIT
     return None
+
+
+def made_progress(c: CleanedLog) -> bool:
+    """Whether a pass moved the cleaner checkpoint or removed a record. A pass that did
+    neither (say, one run for a delete horizon that it could not act on) is no reason to
+    start the next cycle at once: the same candidate would be picked again."""
+    return c.end_offset > c.first_dirty or c.stats.messages_written < c.stats.messages_read
 
 
 @dataclass(frozen=True, slots=True)
@@ -549,7 +562,7 @@ class Daemon:
         clock = CycleClock(
             now_ms=self.clock_ms(),
             last_end_ms=self._last_cycle_end_ms,
-            last_cleaned=bool(last is not None and last.report.cleaned),
+            last_cleaned=last is not None and any(map(made_progress, last.report.cleaned)),
             changed=self._changed,
             next_deadline_ms=self._deadlines.next_ms,
             overdue=self._deadlines.overdue,
@@ -569,7 +582,7 @@ class Daemon:
 
     async def _cycle(self, trigger: CycleTrigger) -> None:
         config = self.config
-        log.debug("cycle.begin", trigger=trigger.value)
+        started = time.monotonic()
         try:
             outcome = await self._in_thread(lambda: self._run_cycle(config))
         except Exception:
@@ -592,6 +605,18 @@ class Daemon:
         self._deadlines = deadlines(report.states, now_ms=report.now_ms, uncleanable=marked)
         self._report(report)
         self._on_delta(outcome.changes, own=touched_partitions(outcome.report))
+        log.info(
+            "cycle.done",
+            trigger=trigger.value,
+            duration_s=round(time.monotonic() - started, 3),
+            partitions=len(self.watcher.snapshot.partitions),
+            rolled=len(report.rolled),
+            deleted=sum(len(o.deletions) for o in report.retention),
+            disk_deleted=0 if report.disk_usage is None else len(report.disk_usage.deletions),
+            cleaned=len(report.cleaned),
+            failed=len(report.failed),
+            aborted=report.aborted,
+        )
         self._next_metrics = 0.0  # publish the new states at the next tick
 
     def _run_cycle(self, config: Config) -> CycleOutcome:

@@ -96,6 +96,8 @@ class WorkerRun:
     pid: int
     started_ns: int
     finished_ns: int
+    cpu_ns: int
+    """CPU time (user and system) the worker spent on the job."""
 
 
 # ---------------------------------------------------------------------------------------
@@ -184,12 +186,13 @@ def _run_job(
     assert w is not None, "the pool initializer sets up every worker"
     w.started_pids[slot] = os.getpid()
     w.started_ids[slot] = job_id
-    started = time.monotonic_ns()
+    started, cpu = time.monotonic_ns(), time.process_time_ns()
     try:
         result = work(w)
     except Exception as exc:  # noqa: BLE001 - re-raised, in a form the parent can unpickle
         raise _portable(exc) from None
-    return result, WorkerRun(job_id, kind, tp, os.getpid(), started, time.monotonic_ns())
+    finished, cpu = time.monotonic_ns(), time.process_time_ns() - cpu
+    return result, WorkerRun(job_id, kind, tp, os.getpid(), started, finished, cpu)
 
 
 def _clean_in_worker(slot: int, job_id: int, job: CleanJob) -> tuple[Any, WorkerRun]:

@@ -164,7 +164,6 @@ def test_deadline_holds_for_idle_and_busy_partitions(tmp_path: Path) -> None:
     starts = [r.now_ms for r in reports]
     cycle_ms = max(r.finished_ms - r.now_ms for r in reports)
     period_ms = max(b - a for a, b in itertools.pairwise(starts))
-    assert period_ms <= BACKOFF_MS + cycle_ms + 100  # the loop sleeps only the backoff
     slack_ms = produced["worst_append_wait_ms"] + 2 * period_ms + cycle_ms
 
     assert produced["rounds"] > 100

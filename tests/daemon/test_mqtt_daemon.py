@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -125,12 +126,15 @@ async def test_events_commands_and_a_broker_outage(
     and answers commands."""
     now = _now_ms()
     _dirty(tmp_path, TopicPartition("users", 0), timestamp=now - HOUR)
-    build_log(
+    sessions = build_log(
         tmp_path / "data",
         [[[kv("s", "1", timestamp=now - HOUR)]]],
         state_dir=tmp_path / "state",
         tp=TopicPartition("sessions", 0),
     )
+    # Written an hour ago as far as the roller can tell (it clamps to the file's mtime).
+    hour_ago_ns = (now - HOUR) * 1_000_000
+    os.utime(sessions.active_segment.log_path, ns=(hour_ago_ns, hour_ago_ns))
     expired = [[[kv(None, f"e{n}", timestamp=now - 3 * HOUR)]] for n in range(2)]
     expired.append([[kv(None, "fresh", timestamp=now)]])
     build_log(

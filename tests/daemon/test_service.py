@@ -17,6 +17,7 @@ import yaml
 from cleanerd.compaction.audit import AuditColumns
 from cleanerd.compaction.cleanable import log_to_clean
 from cleanerd.compaction.cleaner import CleaningAborted, CleanResult
+from cleanerd.compaction.stats import CleanerStats
 from cleanerd.config import Config, load_config
 from cleanerd.daemon.commands import (
     CleanCommand,
@@ -25,6 +26,7 @@ from cleanerd.daemon.commands import (
     ReloadCommand,
     ResumeCommand,
 )
+from cleanerd.daemon.cycle import CleanedLog
 from cleanerd.daemon.service import (
     CycleClock,
     CycleTrigger,
@@ -35,6 +37,7 @@ from cleanerd.daemon.service import (
     age_states,
     cycle_due,
     deadlines,
+    made_progress,
 )
 from cleanerd.daemon.systemd import Notifier
 from cleanerd.engine.base import AuditJob, CleanJob
@@ -484,6 +487,19 @@ def test_cycle_due(changes: dict[str, Any], expected: CycleTrigger | None) -> No
     change, disk pressure or an overdue partition waiting for its roll; otherwise at the
     revisit interval."""
     assert cycle_due(_clock(**changes), backoff_ms=2_000, revisit_ms=60_000) == expected
+
+
+def _cleaned(first_dirty: int, end_offset: int, read: int, written: int) -> CleanedLog:
+    stats = CleanerStats(0, 0, 0, 0, read, written, 0, 0.0, 0, 0, 0)
+    return CleanedLog("/d", USERS, "r", None, 0, first_dirty, end_offset, stats, 0, 0)
+
+
+def test_made_progress() -> None:
+    """A pass made progress when it moved the checkpoint or removed records; a pass that
+    rewrote the same records over an empty dirty range did not."""
+    assert made_progress(_cleaned(0, 10, read=10, written=10))
+    assert made_progress(_cleaned(10, 10, read=10, written=9))
+    assert not made_progress(_cleaned(10, 10, read=10, written=10))
 
 
 def _state(tmp_path: Path, config: Config, *, first_ts: int, now_ms: int) -> PartitionState:

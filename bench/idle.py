@@ -1,0 +1,170 @@
+"""Idle cost: the daemon's CPU while it watches many partitions that nothing writes to.
+
+`--partitions` idle partitions (half compacted, half deleted by time; each one active
+segment of a few records, so no rule is due: nothing to roll, retain or clean) are
+written once into `--dir` (kept between runs). Then `cleanerd run` starts as a
+subprocess on them; after its startup cycle the CPU time of the daemon's process tree
+(the daemon, the worker pool's fork server and workers: psutil's user + system time) is
+measured over `--seconds` of idleness. Finally a SIGHUP with a changed policy forces
+one full cycle over every partition, the revisit the daemon runs every
+`log.retention.check.interval.ms` (300 s by default), whose CPU is also shown amortised
+over that interval.
+
+    python -m bench.idle [--partitions 10000] [--seconds 60] [--dir /tmp/cleanerd-idle]
+
+Target (DESIGN section 8): idle CPU under 2% of a core.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+import yaml
+
+from cleanerd.log.files import TopicPartition
+from cleanerd.log.partition_log import PartitionLog
+from cleanerd.records.record import Record
+
+REPO = Path(__file__).resolve().parents[1]
+RETENTION_CHECK_S = 300
+
+
+def write_partitions(data: Path, state: Path, count: int) -> None:
+    """`count` partitions of one active segment each, unless `data` already has them."""
+    marker = data / f".bench-idle-{count}"
+    if marker.exists():
+        return
+    data.mkdir(parents=True, exist_ok=True)
+    now = time.time_ns() // 1_000_000
+    for n in range(count):
+        topic = f"compacted-{n % 10}" if n % 2 == 0 else f"deleted-{n % 10}"
+        plog = PartitionLog.create(data, TopicPartition(topic, n), state_dir=state)
+        plog.append([Record(0, now, f"k{i}".encode(), b"v" * 50, ()) for i in range(10)])
+    marker.touch()
+
+
+def config(data: Path, state: Path, backoff_ms: int) -> dict[str, Any]:
+    return {
+        "log.dirs": [str(data)],
+        "state_dir": str(state),
+        "log.cleaner.backoff.ms": backoff_ms,
+        "logging": {"format": "json", "level": "info"},
+        "metrics": {"listen": "127.0.0.1:0"},
+        "topics": {
+            "compacted-*": {"cleanup.policy": "compact"},
+            "deleted-*": {"cleanup.policy": "delete", "retention.ms": 7 * 24 * 3_600_000},
+        },
+    }
+
+
+def tree_cpu(proc: psutil.Process) -> float:
+    """User + system seconds of `proc` and its live children."""
+    total = 0.0
+    for p in [proc, *proc.children(recursive=True)]:
+        try:
+            t = p.cpu_times()
+        except psutil.NoSuchProcess:
+            continue
+        total += t.user + t.system
+    return total
+
+
+def wait_for_cycles(log: Path, count: int, timeout_s: float) -> dict[str, Any]:
+    """The `count`-th `cycle.done` line of the daemon's log."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        done: list[dict[str, Any]] = []
+        for line in log.read_text().splitlines():
+            try:
+                event = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if event.get("event") == "cycle.done":
+                done.append(event)
+        if len(done) >= count:
+            return done[count - 1]
+        time.sleep(0.2)
+    raise SystemExit(f"no cycle.done #{count} within {timeout_s} s; see {log}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--partitions", type=int, default=10_000)
+    parser.add_argument("--seconds", type=float, default=60.0)
+    parser.add_argument("--dir", type=Path, default=Path("/tmp/cleanerd-idle"))
+    args = parser.parse_args()
+
+    root = args.dir / str(args.partitions)
+    data, state = root / "data", root / "state"
+    t0 = time.monotonic()
+    write_partitions(data, state, args.partitions)
+    built_s = time.monotonic() - t0
+    cfg_path = root / "cleanerd.yaml"
+    cfg_path.write_text(yaml.safe_dump(config(data, state, backoff_ms=15_000)))
+    log = root / "cleanerd.log"
+
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    with open(log, "wb") as err:
+        daemon = subprocess.Popen(
+            [sys.executable, "-m", "cleanerd", "run", "-c", str(cfg_path)],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+        )
+    proc = psutil.Process(daemon.pid)
+    try:
+        t_start = time.monotonic()
+        first = wait_for_cycles(log, 1, timeout_s=1800)
+        startup_s = time.monotonic() - t_start
+        startup_cpu = tree_cpu(proc)
+        time.sleep(5)  # let follow-ups of the startup cycle (if any) and the first scans pass
+
+        cpu0, wall0 = tree_cpu(proc), time.monotonic()
+        cycles0 = sum(1 for line in log.read_text().splitlines() if '"cycle.done"' in line)
+        time.sleep(args.seconds)
+        idle_cpu, idle_wall = tree_cpu(proc) - cpu0, time.monotonic() - wall0
+        cycles1 = sum(1 for line in log.read_text().splitlines() if '"cycle.done"' in line)
+
+        cfg_path.write_text(yaml.safe_dump(config(data, state, backoff_ms=15_001)))
+        cpu2 = tree_cpu(proc)
+        daemon.send_signal(signal.SIGHUP)
+        revisit = wait_for_cycles(log, cycles1 + 1, timeout_s=600)
+        revisit_cpu = tree_cpu(proc) - cpu2
+    finally:
+        daemon.send_signal(signal.SIGTERM)
+        status = daemon.wait(timeout=120)
+
+    rows = [
+        ("build the partitions (once, cached)", built_s, None),
+        (
+            f"startup + first cycle ({first['partitions']} partitions)",
+            startup_s,
+            startup_cpu,
+        ),
+        (f"idle, {idle_wall:.0f} s, {cycles1 - cycles0} cycles", idle_wall, idle_cpu),
+        (f"one revisit cycle ({revisit['duration_s']} s)", revisit["duration_s"], revisit_cpu),
+    ]
+    print(f"{'phase':<48} {'wall s':>8} {'cpu s':>8} {'% core':>7}")
+    for name, wall, cpu in rows:
+        cpu_text = "" if cpu is None else f"{cpu:8.2f}"
+        share = "" if cpu is None or not wall else f"{100 * cpu / wall:6.2f}%"
+        print(f"{name:<48} {wall:8.2f} {cpu_text:>8} {share:>7}")
+    amortised = 100 * revisit_cpu / RETENTION_CHECK_S
+    print(
+        f"\nidle CPU: {100 * idle_cpu / idle_wall:.2f}% of a core "
+        f"(target < 2%); with the revisit cycle every {RETENTION_CHECK_S} s amortised in: "
+        f"{100 * idle_cpu / idle_wall + amortised:.2f}%; daemon exit status {status}"
+    )
+
+
+if __name__ == "__main__":
+    main()
