@@ -215,6 +215,7 @@ def child(method: str, d: Path, repeat: int) -> None:
             with tempfile.TemporaryDirectory() as tmp:
                 run_cleanerd(generate(Path(tmp), CASES[warm], 2000, 100), m)
         pristine = d.parent.parent / "cleanerd-pristine"
+        shutil.rmtree(pristine, ignore_errors=True)  # an earlier round's
         shutil.copytree(d.parent, pristine)
         extra["cold_s"] = run_cleanerd(d, m)["seconds"]
         for _ in range(repeat):

@@ -39,7 +39,13 @@ from cleanerd.records.header import (
 
 def _memcpy_typer(
     typingctx: Any, dst: Any, dst_at: Any, src: Any, src_at: Any, n: Any
-) -> tuple[Any, Any]:
+) -> tuple[Any, Any] | None:
+    # Byte arrays whose elements are adjacent only: the pointer arithmetic assumes it.
+    for array in (dst, src):
+        if not (isinstance(array, types.Array) and array.layout == "C" and array.ndim == 1):
+            return None
+        if array.dtype != types.uint8:
+            return None
     sig = types.void(dst, dst_at, src, src_at, n)
 
     def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
@@ -66,14 +72,16 @@ def _memcpy(src: NDArray[np.uint8], s: int, dst: NDArray[np.uint8], d: int, n: i
 
 
 @jit
-def skip_varint(buf: NDArray[np.uint8], p: int) -> int:
+def _skip_varint(buf: NDArray[np.uint8], p: int) -> int:
+    """The position after the varint at `p`."""
     while buf[p] >= 0x80:
         p += 1
     return p + 1
 
 
 @jit
-def put_varint(out: NDArray[np.uint8], p: int, value: int) -> int:
+def _put_varint(out: NDArray[np.uint8], p: int, value: int) -> int:
+    """Write `value` zig-zag encoded at `p`; returns the position after it."""
     u = (value << 1) ^ (value >> 63)
     while True:
         b = u & 0x7F
@@ -99,11 +107,11 @@ def _rewrite_record(
     """Write the v2 record buf[start:end] at out[o] with the timestamp delta `ts_delta`;
     returns where it ends. Only the length and timestamp-delta varints change: the
     offset delta stays valid because the batch keeps its base offset."""
-    attr = skip_varint(buf, start)
-    ts_end = skip_varint(buf, attr + 1)
-    ts_len = put_varint(tmp, 0, ts_delta)
+    attr = _skip_varint(buf, start)
+    ts_end = _skip_varint(buf, attr + 1)
+    ts_len = _put_varint(tmp, 0, ts_delta)
     tail = end - ts_end
-    o = put_varint(out, o, 1 + ts_len + tail)
+    o = _put_varint(out, o, 1 + ts_len + tail)
     out[o] = buf[attr]
     o = _memcpy(tmp, 0, out, o + 1, ts_len)
     return _memcpy(buf, ts_end, out, o, tail)
@@ -129,6 +137,7 @@ def rewrite_records(
 
 @jit
 def _put_be(out: NDArray[np.uint8], p: int, value: int, width: int) -> None:
+    """Write the `width` low bytes of `value` big-endian at `p`."""
     for k in range(width):
         out[p + width - 1 - k] = (value >> (8 * k)) & 0xFF
 

@@ -16,13 +16,14 @@ When a cycle runs. A cycle over every partition costs CPU in proportion to the p
 count even when nothing changed, so the daemon does not repeat it blindly: it runs one at
 startup, then whenever one of these holds (`cycle_due`):
 
-- a command or a reload asked for one;
+- a command or a reload asked for one, or a device went above
+  `log.retention.disk.usage.percent` (probed every tick);
 - a pass of the previous cycle made progress (more may be eligible);
 - a compacted partition's max-lag deadline (active segment counted) has come;
 - after `log.cleaner.backoff.ms` since the previous cycle: the watcher saw partitions,
   segments or appends change (changes the daemon made itself do not count); a device is
-  above `log.retention.disk.usage.percent` (probed every tick); or a partition is past
-  its deadline but its dirty data still waits for its roll or a blocking bound;
+  still above its threshold; or a partition is past its deadline but its dirty data
+  still waits for its roll or a blocking bound;
 - `log.retention.check.interval.ms` has passed since the previous cycle: the revisit that
   evaluates every other time rule (retention by time, `segment.ms`, min lag, delete
   horizons), as a broker's retention check does.
@@ -205,17 +206,15 @@ def touched_partitions(report: CycleReport) -> frozenset[PartitionKey]:
     """The partitions whose files `report`'s cycle changed itself (rolls, deletions,
     passes, unlinked `.deleted` files): the watcher's next scan sees those changes, and
     they must not start another cycle."""
-    keys = [PartitionKey(r.log_dir, r.tp) for r in report.rolled]
-    keys += [
-        PartitionKey(o.log_dir, TopicPartition(o.topic, o.partition)) for o in report.retention
-    ]
-    keys += [PartitionKey(c.log_dir, c.tp) for c in report.cleaned]
+    keys = [PartitionKey.of(r.log_dir, r.tp) for r in report.rolled]
+    keys += [PartitionKey(o.log_dir, o.topic, o.partition) for o in report.retention]
+    keys += [PartitionKey.of(c.log_dir, c.tp) for c in report.cleaned]
     if report.disk_usage is not None:
-        keys += [PartitionKey(d.log_dir, d.topic_partition) for d in report.disk_usage.deletions]
+        keys += [PartitionKey.of(d.log_dir, d.topic_partition) for d in report.disk_usage.deletions]
     for path in report.unlinked:
         with contextlib.suppress(ValueError):
             keys.append(
-                PartitionKey(str(path.parent.parent), parse_topic_partition(path.parent.name))
+                PartitionKey.of(str(path.parent.parent), parse_topic_partition(path.parent.name))
             )
     return frozenset(keys)
 
@@ -341,7 +340,7 @@ class Daemon:
         self._reload_lock = asyncio.Lock()
         self._reload_wanted = False
         self._cycle_task: asyncio.Task[None] | None = None
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks: dict[str, asyncio.Task[None]] = {}
         self._cycle_requested = False
         self._changed = False
         self.cycle_failures = 0
@@ -456,7 +455,7 @@ class Daemon:
         """Tick until asked to stop; a tick only starts background work and never waits
         for it, so signals, commands and the watchdog stay prompt."""
         while not self.should_exit:
-            await self.on_tick()
+            self.on_tick()
             if self.should_exit:
                 break
             self._wake.clear()
@@ -464,32 +463,35 @@ class Daemon:
                 async with asyncio.timeout(self.timings.tick_s):
                     await self._wake.wait()
 
-    async def on_tick(self) -> None:
-        """Housekeeping: reload, watchdog, watcher, disk probe, metrics, cycle."""
+    def on_tick(self) -> None:
+        """Housekeeping: reload, watchdog, watcher, disk probe, metrics, cycle. Each piece
+        of background work runs as its own task, one at a time per kind."""
         now = time.monotonic()
         if self._reload_wanted and not self._reload_lock.locked():
             self._reload_wanted = False
-            self._spawn(self._reload_task(), "reload")
+            self._spawn("reload", self._reload_task)
         if self._watchdog_s is not None and now >= self._next_watchdog and self.healthy():
             self.notifier.watchdog()
             self._next_watchdog = now + self._watchdog_s
         if now >= self._next_scan:
-            self._next_scan = float("inf")  # until this scan is done
-            self._spawn(self._scan(), "watch")
-        self._spawn(self._probe_disks(), "disk-probe")
+            self._spawn("watch", self._scan)
+        self._spawn("disk-probe", self._probe_disks)
         if now >= self._next_metrics:
             self._next_metrics = now + self.config.metrics.refresh_interval_s
-            self._spawn(self._refresh_metrics(), "metrics")
+            self._spawn("metrics", self._refresh_metrics)
         self._maybe_start_cycle()
 
     def healthy(self) -> bool:
         """Whether the watchdog may ping: cycles do not keep failing."""
         return self.cycle_failures < MAX_CYCLE_FAILURES
 
-    def _spawn(self, coro: Coroutine[object, object, None], name: str) -> None:
-        task = asyncio.create_task(coro, name=name)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+    def _spawn(self, name: str, work: Callable[[], Coroutine[object, object, None]]) -> None:
+        """Run `work()` as a task named `name`, unless one by that name still runs."""
+        if name in self._tasks:
+            return
+        task = asyncio.create_task(work(), name=name)
+        self._tasks[name] = task
+        task.add_done_callback(lambda t: self._tasks.pop(t.get_name(), None))
 
     async def _in_thread(self, fn: Callable[[], T]) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._thread, fn)
@@ -535,7 +537,7 @@ class Daemon:
             if u.device in above and u.device not in self._above:
                 self._disk_pressure_event(u)
         if above - self._above:
-            self._wake.set()
+            self.request_cycle()  # a threshold crossing acts at once
         self._above = above
 
     def _disk_pressure_event(self, u: DeviceUsage) -> None:
@@ -905,7 +907,7 @@ class Daemon:
         published, dropped = self._events_base
         self._events_base = (published + old.published, dropped + old.dropped)
         await new.start()
-        self._spawn(old.stop(), "mqtt-retire")
+        self._spawn(f"mqtt-retire-{id(old)}", old.stop)
 
     # -- shutdown ---------------------------------------------------------------------------
 
@@ -924,9 +926,10 @@ class Daemon:
             if not await self._wait_or_force(closing):
                 self.abandoned = True
                 log.warning("shutdown.close_abandoned", forced=self.force_exit)
-        for task in list(self._tasks):
+        tasks = list(self._tasks.values())
+        for task in tasks:
             task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await asyncio.gather(*tasks, return_exceptions=True)
         with contextlib.suppress(Exception):
             await self.publisher.stop()
         await asyncio.to_thread(self.exporter.stop)

@@ -34,7 +34,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from typing import Final
+from typing import Final, NamedTuple
 
 from cleanerd.log.files import (
     LOG_FILE_SUFFIX,
@@ -48,15 +48,25 @@ DEFAULT_MAX_DUTY: Final = 0.005
 DEFAULT_MIN_INTERVAL_S: Final = 2.0
 
 
-@dataclass(frozen=True, slots=True, order=True)
-class PartitionKey:
-    """A partition in one log dir (the same topic-partition may sit in two log dirs)."""
+class PartitionKey(NamedTuple):
+    """A partition in one log dir (the same topic-partition may sit in two log dirs). A
+    tuple of plain values, so hashing and ordering 10,000 of them every scan is cheap."""
 
     log_dir: str
-    tp: TopicPartition
+    topic: str
+    partition: int
+
+    @classmethod
+    def of(cls, log_dir: str, tp: TopicPartition) -> PartitionKey:
+        """The key of `tp` in `log_dir`."""
+        return cls(log_dir, tp.topic, tp.partition)
+
+    @property
+    def tp(self) -> TopicPartition:
+        return TopicPartition(self.topic, self.partition)
 
     def __str__(self) -> str:
-        return f"{self.log_dir}/{self.tp}"
+        return f"{self.log_dir}/{self.topic}-{self.partition}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,22 +81,18 @@ class WatchedPartition:
     active_mtime_ns: int
 
 
-def _frozen(
-    mapping: Mapping[PartitionKey, WatchedPartition],
-) -> Mapping[PartitionKey, WatchedPartition]:
-    return MappingProxyType(dict(mapping))
-
-
 @dataclass(frozen=True, slots=True)
 class WatchSnapshot:
     """Every partition the last scan saw, and the log dirs it could not read."""
 
-    partitions: Mapping[PartitionKey, WatchedPartition] = field(default_factory=lambda: _frozen({}))
+    partitions: Mapping[PartitionKey, WatchedPartition] = field(
+        default_factory=lambda: MappingProxyType({})
+    )
     unreadable_log_dirs: tuple[str, ...] = ()
 
     def topic_partitions(self) -> frozenset[TopicPartition]:
         """The topic-partitions present in any log dir."""
-        return frozenset(key.tp for key in self.partitions)
+        return frozenset(TopicPartition(k.topic, k.partition) for k in self.partitions)
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,17 +131,20 @@ class WatchDelta:
 
 
 def diff_snapshots(old: WatchSnapshot, new: WatchSnapshot) -> WatchDelta:
-    """The changes from `old` to `new`, each list sorted."""
+    """The changes from `old` to `new`, each list sorted. A partition whose state object
+    is the same in both (the scan keeps it when nothing moved) costs one identity test."""
     before, after = old.partitions, new.partitions
     added_segments: list[tuple[PartitionKey, int]] = []
     removed_segments: list[tuple[PartitionKey, int]] = []
     appended: list[PartitionKey] = []
-    for key in sorted(before.keys() & after.keys()):
-        was, now = before[key], after[key]
+    for key, now in after.items():
+        was = before.get(key)
+        if was is None or was is now:
+            continue
         if was.segments != now.segments:
             was_set, now_set = set(was.segments), set(now.segments)
-            added_segments += [(key, base) for base in sorted(now_set - was_set)]
-            removed_segments += [(key, base) for base in sorted(was_set - now_set)]
+            added_segments += [(key, base) for base in now_set - was_set]
+            removed_segments += [(key, base) for base in was_set - now_set]
         same_active = was.segments[-1:] == now.segments[-1:]
         if same_active and (was.active_size, was.active_mtime_ns) != (
             now.active_size,
@@ -145,9 +154,9 @@ def diff_snapshots(old: WatchSnapshot, new: WatchSnapshot) -> WatchDelta:
     return WatchDelta(
         added_partitions=tuple(sorted(after.keys() - before.keys())),
         removed_partitions=tuple(sorted(before.keys() - after.keys())),
-        added_segments=tuple(added_segments),
-        removed_segments=tuple(removed_segments),
-        appended=tuple(appended),
+        added_segments=tuple(sorted(added_segments)),
+        removed_segments=tuple(sorted(removed_segments)),
+        appended=tuple(sorted(appended)),
     )
 
 
@@ -161,19 +170,19 @@ def _active_log(dir_path: str, base: int) -> str:
 
 
 def scan_partition(dir_path: str, previous: WatchedPartition | None) -> WatchedPartition | None:
-    """The state of one partition dir, re-listing it only if it changed since `previous`.
-
-    None when the dir vanished during the scan (a partition deleted meanwhile)."""
+    """The state of one partition dir, re-listing it only if it changed since `previous`
+    (and returning `previous` itself when nothing moved). None when the dir vanished
+    during the scan (a partition deleted meanwhile)."""
     try:
         # str paths and os.stat: building a Path per call costs several times the stat.
         st = os.stat(dir_path)  # noqa: PTH116
-        if (
+        same_dir = (
             previous is not None
             and previous.dir_inode == st.st_ino
             and previous.dir_mtime_ns == st.st_mtime_ns
-        ):
-            segments = previous.segments
-        else:
+        )
+        segments = previous.segments if previous is not None and same_dir else None
+        if segments is None:
             segments = _list_segments(dir_path)
     except FileNotFoundError:
         return None
@@ -186,38 +195,60 @@ def scan_partition(dir_path: str, previous: WatchedPartition | None) -> WatchedP
             # Renamed away (a swap, a deletion) between the listing and now: the dir's
             # mtime moved too, so the next scan lists it again.
             pass
+    if (
+        same_dir
+        and previous is not None
+        and (previous.active_size, previous.active_mtime_ns)
+        == (
+            size,
+            mtime_ns,
+        )
+    ):
+        return previous
     return WatchedPartition(st.st_ino, st.st_mtime_ns, segments, size, mtime_ns)
 
 
-def _partition_dirs(log_dir: str) -> Iterable[tuple[TopicPartition, str]]:
+NameCache = dict[tuple[str, str], PartitionKey | None]
+"""(log dir, entry name) -> its partition key, or None for an entry that is not one."""
+
+
+def _partition_dirs(log_dir: str, names: NameCache) -> Iterable[tuple[PartitionKey, str]]:
     with os.scandir(log_dir) as entries:
         for entry in entries:
-            try:
-                tp = parse_topic_partition(entry.name)
-            except ValueError:
-                continue
+            cache_key = (log_dir, entry.name)
+            if cache_key in names:
+                key = names[cache_key]
+            else:
+                try:
+                    key = PartitionKey.of(log_dir, parse_topic_partition(entry.name))
+                except ValueError:
+                    key = None
+                names[cache_key] = key
             # is_dir() answers from the listing's d_type (a stat only for a symlink).
-            if entry.is_dir():
-                yield tp, entry.path
+            if key is not None and entry.is_dir():
+                yield key, entry.path
 
 
-def scan_log_dirs(log_dirs: Sequence[Path], previous: WatchSnapshot) -> WatchSnapshot:
-    """One scan of every log dir, reusing `previous` for partition dirs that did not change."""
+def scan_log_dirs(
+    log_dirs: Sequence[Path], previous: WatchSnapshot, names: NameCache | None = None
+) -> WatchSnapshot:
+    """One scan of every log dir, reusing `previous` for partition dirs that did not
+    change (and `names` for the parsing of dir names seen before)."""
+    cache: NameCache = {} if names is None else names
     found: dict[PartitionKey, WatchedPartition] = {}
     unreadable: list[str] = []
     for log_dir in log_dirs:
         name = str(log_dir)
         try:
-            dirs = list(_partition_dirs(name))
+            dirs = list(_partition_dirs(name, cache))
         except OSError:
             unreadable.append(name)
             continue
-        for tp, path in dirs:
-            key = PartitionKey(name, tp)
+        for key, path in dirs:
             state = scan_partition(path, previous.partitions.get(key))
             if state is not None:
                 found[key] = state
-    return WatchSnapshot(_frozen(found), tuple(unreadable))
+    return WatchSnapshot(MappingProxyType(found), tuple(unreadable))
 
 
 class LogDirWatcher:
@@ -242,6 +273,7 @@ class LogDirWatcher:
         self.min_interval_s = min_interval_s
         self._cpu_clock = cpu_clock
         self.snapshot = WatchSnapshot()
+        self._names: NameCache = {}
         self.scans = 0
         self.last_scan_cpu_s = 0.0
         self.total_scan_cpu_s = 0.0
@@ -255,7 +287,7 @@ class LogDirWatcher:
         """Scan now; return the changes since the previous scan (the first scan reports
         every partition as added) and keep the new snapshot."""
         start = self._cpu_clock()
-        new = scan_log_dirs(self.log_dirs, self.snapshot)
+        new = scan_log_dirs(self.log_dirs, self.snapshot, self._names)
         delta = diff_snapshots(self.snapshot, new)
         self.snapshot = new
         self.last_scan_cpu_s = self._cpu_clock() - start

@@ -456,7 +456,10 @@ def superseded_rows(cols: Mapping[str, NDArray[Any]], versioned: Bools) -> dict[
     n = offset.shape[0]
     if n == 0:
         return {"pass": pass_ids.astype(np.int32), "seg": pass_ids, "krow": pass_ids}
-    order = np.lexsort((offset, cols["version"], cols["has"], lo, hi, pass_ids))
+    has = cols["has"]
+    # KIP-280's order: a version counts only where the record has one (`_beats`).
+    version = np.where(has, cols["version"], 0)
+    order = np.lexsort((offset, version, has, lo, hi, pass_ids))
     p, h, lw = pass_ids[order], hi[order], lo[order]
     new_key = np.ones(n, np.bool_)
     new_key[1:] = (p[1:] != p[:-1]) | (h[1:] != h[:-1]) | (lw[1:] != lw[:-1])
@@ -617,13 +620,13 @@ def map_segment(path: Path) -> Buffer:
 def pack_tasks(sizes: Sequence[int], parallelism: int) -> list[list[int]]:
     """Segments (by index) grouped into decode tasks: one per segment of `TASK_BYTES` or
     more, small ones together, at least `2 * parallelism` tasks while there are segments
-    to spread (largest first onto the least loaded task)."""
+    to spread (largest first onto the least loaded task, then the one with fewest)."""
     total = sum(sizes)
     n = min(len(sizes), max(2 * parallelism, math.ceil(total / TASK_BYTES)))
     groups: list[list[int]] = [[] for _ in range(n)]
     loads = [0] * n
     for i in sorted(range(len(sizes)), key=lambda i: -sizes[i]):
-        j = loads.index(min(loads))
+        j = min(range(n), key=lambda g: (loads[g], len(groups[g])))
         groups[j].append(i)
         loads[j] += sizes[i]
     return [sorted(g) for g in groups if g]
@@ -825,10 +828,13 @@ def spark_session(master: str, conf: Mapping[str, str], app: str) -> SparkSessio
         .config("spark.ui.enabled", "false")
         .config("spark.sql.execution.arrow.pyspark.enabled", "true")
         .config("spark.python.worker.reuse", "true")
+        .config("spark.ui.showConsoleProgress", "false")
     )
     for key, value in conf.items():
         builder = builder.config(key, value)
-    return builder.getOrCreate()
+    session = builder.getOrCreate()
+    session.sparkContext.setLogLevel("WARN")
+    return session
 
 
 def run_job(spec: JobSpec, *, spark: SparkSession | None = None) -> Manifest:

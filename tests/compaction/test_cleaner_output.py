@@ -83,6 +83,7 @@ def test_crcs_are_checked_once_per_pass(log: LogBuilder, monkeypatch: pytest.Mon
     log.roll()
     d = log.write()
     checked: list[tuple[int, bool]] = []
+
     def spy(raw: Buffer, *, verify_crc: bool) -> SegmentColumns:
         checked.append((len(raw), verify_crc))
         return segment_columns(raw, verify_crc=verify_crc)

@@ -30,7 +30,7 @@ def _segment(log_dir: Path, name: str, base: int, data: bytes = b"") -> Path:
 
 
 def _key(log_dir: Path, topic: str, partition: int) -> PartitionKey:
-    return PartitionKey(str(log_dir), TopicPartition(topic, partition))
+    return PartitionKey(str(log_dir), topic, partition)
 
 
 def _bump_mtime(path: Path) -> None:
@@ -65,8 +65,10 @@ def test_second_scan_of_an_idle_log_dir_reports_nothing(tmp_path: Path) -> None:
     _segment(tmp_path, "orders-0", 0, b"x" * 10)
     w = LogDirWatcher([tmp_path])
     w.scan()
+    (before,) = w.snapshot.partitions.values()
     delta = w.scan()
     assert not delta.changed
+    assert next(iter(w.snapshot.partitions.values())) is before  # kept, not rebuilt
 
 
 def test_append_to_the_active_segment_is_reported(tmp_path: Path) -> None:
@@ -175,7 +177,7 @@ _partition = st.builds(
     active_mtime_ns=st.just(0),
 )
 _snapshot = st.dictionaries(
-    st.sampled_from([PartitionKey("/d", TopicPartition("t", p)) for p in range(4)]),
+    st.sampled_from([PartitionKey("/d", "t", p) for p in range(4)]),
     _partition,
     max_size=4,
 ).map(lambda m: WatchSnapshot(m))
