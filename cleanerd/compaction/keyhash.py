@@ -61,8 +61,26 @@ def _fmix64(k: np.uint64) -> np.uint64:
 
 
 @jit
+def _word8(buf: NDArray[np.uint8], pos: int) -> np.uint64:
+    """The 8 bytes at `pos` as a little-endian integer. Written out byte by byte so the
+    compiler merges them into one unaligned load."""
+    return (
+        np.uint64(buf[pos])
+        | (np.uint64(buf[pos + 1]) << np.uint64(8))
+        | (np.uint64(buf[pos + 2]) << np.uint64(16))
+        | (np.uint64(buf[pos + 3]) << np.uint64(24))
+        | (np.uint64(buf[pos + 4]) << np.uint64(32))
+        | (np.uint64(buf[pos + 5]) << np.uint64(40))
+        | (np.uint64(buf[pos + 6]) << np.uint64(48))
+        | (np.uint64(buf[pos + 7]) << np.uint64(56))
+    )
+
+
+@jit
 def _word_le(buf: NDArray[np.uint8], pos: int, count: int) -> np.uint64:
     """The `count` (0-8) bytes at `pos` as a little-endian integer, zero padded."""
+    if count == 8:
+        return _word8(buf, pos)
     w = np.uint64(0)
     for i in range(count - 1, -1, -1):
         w = (w << np.uint64(8)) | np.uint64(buf[pos + i])
@@ -95,11 +113,11 @@ def murmur3_x64_128(
     nblocks = length // 16
     for b in range(nblocks):
         p = pos + 16 * b
-        h1 ^= _mix_k1(_word_le(buf, p, 8))
+        h1 ^= _mix_k1(_word8(buf, p))
         h1 = _rotl(h1, 27)
         h1 += h2
         h1 = h1 * _FIVE + _ADD1
-        h2 ^= _mix_k2(_word_le(buf, p + 8, 8))
+        h2 ^= _mix_k2(_word8(buf, p + 8))
         h2 = _rotl(h2, 31)
         h2 += h1
         h2 = h2 * _FIVE + _ADD2

@@ -383,13 +383,30 @@ class OffsetMap:
         return v, has
 
 
+@jit
+def _first_empty_hash(hashes: NDArray[np.uint64]) -> int:
+    """The first row that is the empty-slot marker, or -1 (one pass, no temporaries)."""
+    for j in range(hashes.shape[0]):
+        if hashes[j, 0] == _EMPTY and hashes[j, 1] == _EMPTY:
+            return j
+    return -1
+
+
+@jit
+def _first_negative(offsets: NDArray[np.int64]) -> int:
+    for j in range(offsets.shape[0]):
+        if offsets[j] < 0:
+            return j
+    return -1
+
+
 def _hashes(hashes: ArrayLike) -> NDArray[np.uint64]:
     h = np.ascontiguousarray(hashes, dtype=np.uint64)
     if h.ndim != 2 or h.shape[1] != 2:
         raise ValueError(f"hashes must have shape (n, 2), got {h.shape}")
-    empty = (h[:, 0] == 0) & (h[:, 1] == 0)
-    if empty.any():
-        raise ValueError(f"hash {int(np.argmax(empty))} is all zero, the empty-slot marker")
+    empty = _first_empty_hash(h)
+    if empty >= 0:
+        raise ValueError(f"hash {empty} is all zero, the empty-slot marker")
     return h
 
 
@@ -399,6 +416,7 @@ def _records(hashes: ArrayLike, offsets: ArrayLike) -> tuple[NDArray[np.uint64],
     o = np.ascontiguousarray(offsets, dtype=np.int64).reshape(-1)
     if h.shape[0] != o.shape[0]:
         raise ValueError(f"{h.shape[0]} hashes but {o.shape[0]} offsets")
-    if (o < 0).any():
-        raise ValueError(f"negative offset {int(o[np.argmax(o < 0)])}")
+    negative = _first_negative(o)
+    if negative >= 0:
+        raise ValueError(f"negative offset {int(o[negative])}")
     return h, o

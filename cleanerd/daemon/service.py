@@ -52,7 +52,7 @@ import threading
 import time
 from collections.abc import Callable, Coroutine, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Final, TypeVar
 
@@ -355,6 +355,7 @@ class Daemon:
         self._watchdog_s: float | None = None
         self._events_base = (0, 0)
         self._last_stats: tuple[CleanerStats, ...] = ()
+        self._snapshot_source: CycleOutcome | None = None
 
     # -- signals ----------------------------------------------------------------------------
 
@@ -739,17 +740,31 @@ class Daemon:
         )
 
     async def _refresh_metrics(self) -> None:
+        """Publish the metrics model. The partition part is rebuilt only when a new cycle
+        reported or some delay moves with the clock (a partition is overdue); otherwise
+        the last snapshot gets fresh device usage only, which keeps an idle daemon with
+        thousands of partitions cheap."""
         self._record_events()
         outcome, config, usage = self.last_outcome, self.config, self._usage
         if outcome is None:
             return
-        snapshot = await asyncio.to_thread(self._snapshot, outcome, config, usage)
+        now = self.clock_ms()
+        last = self.exporter.snapshot
+        d = self._deadlines
+        moving = d.overdue or (d.next_ms is not None and now >= d.next_ms)
+        if last is None or outcome is not self._snapshot_source or moving:
+            snapshot = await asyncio.to_thread(self._snapshot, outcome, config, usage, now)
+            self._snapshot_source = outcome
+        else:
+            devices = build_snapshot(
+                now_ms=now, partitions=(), devices=usage, device_log_dirs=self._device_dirs()
+            ).devices
+            snapshot = replace(last, now_ms=now, devices=devices)
         self.exporter.update(snapshot)
 
     def _snapshot(
-        self, outcome: CycleOutcome, config: Config, usage: tuple[DeviceUsage, ...]
+        self, outcome: CycleOutcome, config: Config, usage: tuple[DeviceUsage, ...], now: int
     ) -> MetricsSnapshot:
-        now = self.clock_ms()
         return build_snapshot(
             now_ms=now,
             partitions=age_states(outcome.report.states, config, now),
@@ -759,9 +774,12 @@ class Daemon:
             last_run_ms=outcome.last_run_ms,
             dead_workers=outcome.dead_workers,
             devices=usage,
-            device_log_dirs={d.device: [str(p) for p in d.log_dirs] for d in self._devices},
+            device_log_dirs=self._device_dirs(),
             counters=outcome.counters,
         )
+
+    def _device_dirs(self) -> dict[int, list[str]]:
+        return {d.device: [str(p) for p in d.log_dirs] for d in self._devices}
 
     def _record_events(self) -> None:
         published, dropped = self._events_base

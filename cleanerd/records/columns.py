@@ -231,6 +231,95 @@ def _parse_record(
 
 
 @jit
+def _scan_varint(buf: U8, p: Int, stop: Int) -> tuple[Int, Int]:
+    """(zig-zag decoded value, next position) of the varint at p; next position -1 if it
+    is malformed or runs past `stop` (the limits of `_varint`)."""
+    u = np.int64(0)
+    last = min(stop, p + 5)
+    q = p
+    shift = 0
+    while q < last:
+        b = np.int64(buf[q])
+        u |= (b & 0x7F) << shift
+        q += 1
+        if b < 0x80:
+            if u > 0xFFFFFFFF:
+                return 0, -1
+            return (u >> 1) ^ -(u & 1), q
+        shift += 7
+    return 0, -1
+
+
+@jit
+def _scan_varlong(buf: U8, p: Int, stop: Int) -> tuple[Int, Int]:
+    """`_scan_varint` for a varlong (the limits of `_varlong`)."""
+    u = np.uint64(0)
+    last = min(stop, p + 10)
+    q = p
+    shift = 0
+    while q < last:
+        b = np.int64(buf[q])
+        u |= np.uint64(b & 0x7F) << np.uint64(shift)
+        q += 1
+        if b < 0x80:
+            if q - p == 10 and b > 1:
+                return 0, -1
+            return np.int64(u >> np.uint64(1)) ^ -np.int64(u & np.uint64(1)), q
+        shift += 7
+    return 0, -1
+
+
+@jit
+def _parse_record_fast(
+    buf: U8, p: Int, area_end: Int
+) -> tuple[Int, Int, Int, Int, Int, Int, Int, Int, Int, Int, Int]:
+    """`_parse_record` with one pass of plain checks: a record that fails any of them
+    is parsed again by `_parse_record`, which names the exact fault. It is several times
+    faster because no status travels with every field."""
+    length, q = _scan_varint(buf, p, area_end)
+    stop = q + length
+    if q < 0 or length < 1 or stop > area_end:
+        return _parse_record(buf, p, area_end)
+    ts_delta, q = _scan_varlong(buf, q + 1, stop)
+    off_delta, q = _scan_varint(buf, q, stop) if q >= 0 else (0, -1)
+    key_len, q = _scan_varint(buf, q, stop) if q >= 0 else (0, -1)
+    key_pos = q
+    if q < 0 or key_len < -1 or q + max(key_len, 0) > stop:
+        return _parse_record(buf, p, area_end)
+    value_len, q = _scan_varint(buf, q + max(key_len, 0), stop)
+    value_pos = q
+    if q < 0 or value_len < -1 or q + max(value_len, 0) > stop:
+        return _parse_record(buf, p, area_end)
+    count, q = _scan_varint(buf, q + max(value_len, 0), stop)
+    headers_pos = q
+    if q < 0 or count < 0:
+        return _parse_record(buf, p, area_end)
+    for _ in range(count):
+        n, q = _scan_varint(buf, q, stop)
+        if q < 0 or n < 0 or q + n > stop:
+            return _parse_record(buf, p, area_end)
+        n, q = _scan_varint(buf, q + n, stop)
+        if q < 0 or n < -1 or q + max(n, 0) > stop:
+            return _parse_record(buf, p, area_end)
+        q += max(n, 0)
+    if q != stop:
+        return _parse_record(buf, p, area_end)
+    return (
+        0,
+        p,
+        stop,
+        ts_delta,
+        off_delta,
+        key_pos,
+        key_len,
+        value_pos,
+        value_len,
+        headers_pos,
+        count,
+    )
+
+
+@jit
 def _area_kernel(
     buf: U8,
     start: Int,
@@ -251,7 +340,7 @@ def _area_kernel(
     p = start
     n = 0
     while p < end:
-        st, err, nxt, tsd, ofd, kp, kl, vp, vl, hp, hc = _parse_record(buf, p, end)
+        st, err, nxt, tsd, ofd, kp, kl, vp, vl, hp, hc = _parse_record_fast(buf, p, end)
         if st != 0:
             return n, st, err
         if fill:
@@ -307,7 +396,7 @@ def _batches_kernel(
         for _ in range(records_count[row]):
             if p >= end:
                 return 12, p, i
-            st, err, nxt, tsd, ofd, kp, kl, vp, vl, hp, hc = _parse_record(buf, p, end)
+            st, err, nxt, tsd, ofd, kp, kl, vp, vl, hp, hc = _parse_record_fast(buf, p, end)
             if st != 0:
                 return st, err, i
             out_batch[j] = row
