@@ -33,9 +33,10 @@ test can stop the pass at any single one and check recovery.
 
 Segments are memory-mapped and decoded into columns (`cleanerd.records.columns`, numba)
 once per pass where the cache budget allows (the dirty segments decoded for the map are
-reused by the copy; a segment decoded again is not CRC-checked again). Keys are hashed
-once per segment; keep decisions, the assembly of the output and its index arithmetic
-run over whole segments in numba. Python runs per batch only for batches with a
+reused by the copy; a segment decoded again is not CRC-checked again), each mapped once
+per pass. Keys are hashed once per segment; the keep decisions of a dirty segment read
+the map slots its records were put in; keep decisions, the assembly of the output and
+its index arithmetic run over whole segments in numba. Python runs per batch only for batches with a
 producer id, transaction or control flag, to call a codec or CRC-32C (C libraries), and
 for the rare batches written whole (empty headers, legacy entries); never per record.
 """
@@ -121,7 +122,7 @@ from cleanerd.records.record import Record
 
 WRITE_BUFFER_BYTES: Final = 8 * 1024 * 1024
 CACHE_BYTES: Final = 512 * 1024 * 1024  # decoded segments kept from map build to copy
-_DECODED_RECORD_BYTES: Final = SEGMENT_ROW.itemsize + 4 * 8 + 16  # table, columns, hash
+_DECODED_RECORD_BYTES: Final = SEGMENT_ROW.itemsize + 4 * 8 + 16 + 8  # + hash, slot
 DAY_MS: Final = 86_400_000
 
 
@@ -222,6 +223,10 @@ class _MapOracle:
     """The local pass's oracle: the offset map just built."""
 
     offset_map: OffsetMap
+    put_slots: dict[int, tuple[NDArray[np.int64], NDArray[np.int64]]]
+    """Segment base -> (offsets, map slots) of the records the map build put from it.
+    When those are exactly the keyed records asked about (a segment wholly in the
+    dirty range), the answer is read from their slots: no hashing, no probing."""
 
     @property
     def latest_offset(self) -> int:
@@ -230,6 +235,9 @@ class _MapOracle:
     def keep_keyed(
         self, base_offset: int, offsets: NDArray[np.int64], hashes: Callable[[], NDArray[np.uint64]]
     ) -> NDArray[np.bool_]:
+        put = self.put_slots.pop(base_offset, None)
+        if put is not None and np.array_equal(put[0], offsets):
+            return self.offset_map.keep_slots(put[1], offsets)
         return self.offset_map.keep_mask(hashes(), offsets)
 
 
@@ -446,6 +454,7 @@ def _output_chunks(
     actions: NDArray[np.int64],
     keep: NDArray[np.bool_],
     kept: NDArray[np.int64],
+    kept_bytes: NDArray[np.int64],
     horizons: NDArray[np.int64],
 ) -> Iterator[OutputChunk]:
     """The cleaned batches of segment `c`, in chunks of about `WRITE_BUFFER_BYTES`,
@@ -473,8 +482,7 @@ def _output_chunks(
     prebuilt[rows, 0] = prebuilt[rows, 1] - lengths
     blob = np.frombuffer(b"".join(pieces), dtype=np.uint8)
     bound = np.where(actions == WriteAction.COPY, sc.batch_size, 0)
-    record_bytes = np.bincount(c.batch_of[keep], sc.record_size[keep], minlength=c.batches)
-    bound[plain] = RECORD_BATCH_OVERHEAD + record_bytes[plain].astype(np.int64) + 16 * kept[plain]
+    bound[plain] = RECORD_BATCH_OVERHEAD + kept_bytes[plain] + 16 * kept[plain]
     bound[rows] = lengths
     bound[packed] += RECORD_BATCH_OVERHEAD
     heads = np.stack(
@@ -534,6 +542,28 @@ def _output_chunks(
             last_offset=table[:n, 2],
             max_timestamp=table[:n, 3],
         )
+
+
+@jit
+def _kept_per_batch(
+    batch_of: NDArray[np.int64],
+    keep: NDArray[np.bool_],
+    value_len: NDArray[np.int32],
+    record_size: NDArray[np.int32],
+    batches: int,
+) -> tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.int64]]:
+    """Per batch: kept records, kept tombstones and the kept records' bytes (one walk)."""
+    kept = np.zeros(batches, dtype=np.int64)
+    tombstones = np.zeros(batches, dtype=np.int64)
+    size = np.zeros(batches, dtype=np.int64)
+    for i in range(keep.shape[0]):
+        if keep[i]:
+            b = batch_of[i]
+            kept[b] += 1
+            size[b] += record_size[i]
+            if value_len[i] < 0:
+                tombstones[b] += 1
+    return kept, tombstones, size
 
 
 def _fill_crcs(out: NDArray[np.uint8], ends: NDArray[np.int64], rows: NDArray[np.int64]) -> None:
@@ -676,6 +706,11 @@ class _Pass:
     """Base offsets of the segments whose CRCs this pass has checked."""
     last_records: dict[int, LastRecord] = field(default_factory=dict)
     oracle: RetentionOracle | None = None
+    put_slots: dict[int, tuple[NDArray[np.int64], NDArray[np.int64]]] = field(default_factory=dict)
+    """For `_MapOracle`: the map slots of the records put from each cached segment."""
+    mapped: dict[int, Buffer] = field(default_factory=dict)
+    """Segments the producer-state walk mapped, kept for their first decode: faulting a
+    mapping's pages in costs about as much as the walk, so each is faulted in once."""
 
     def upper(self, i: int) -> int:
         """Segment i's offset bound: the next segment's base, or the uncleanable offset."""
@@ -762,7 +797,7 @@ class Cleaner:
             if self.offset_map.versioned:
                 self._update_from_clean_section(p, self.offset_map)
             p.stats.buffer_utilization = self.offset_map.utilization
-            oracle = _MapOracle(self.offset_map)
+            oracle = _MapOracle(self.offset_map, p.put_slots)
         else:
             end_offset = oracle.latest_offset + 1
         p.oracle = oracle
@@ -816,7 +851,9 @@ class Cleaner:
         c = p.cache.pop(seg.base_offset, None)
         if c is None:
             path = log_file(p.dir_path, seg.base_offset)
-            raw = _map_file(path)
+            raw = p.mapped.pop(seg.base_offset, None)
+            if raw is None:
+                raw = _map_file(path)
             self._throttle(len(raw))
             c = _read_columns(raw, path, verify_crc=seg.base_offset not in p.verified)
             p.verified.add(seg.base_offset)
@@ -839,6 +876,8 @@ class Cleaner:
         batches: list[ProducerBatch] = []
         for seg in p.segments:
             raw = _map_file(log_file(p.dir_path, seg.base_offset))
+            if seg.base_offset < p.first_uncleanable:
+                p.mapped[seg.base_offset] = raw
             buf = np.frombuffer(raw, dtype=np.uint8)
             pos = np.empty(len(buf) // RECORD_BATCH_OVERHEAD + 1, dtype=np.int64)
             pos = pos[: _batch_positions(buf, pos)]
@@ -918,12 +957,17 @@ class Cleaner:
                 offsets = c.offsets[rows]
                 rows = rows[(offsets >= start) & (offsets < end)]
             versions = self._versions(p, c, rows) if m.versioned else None
+            offsets = c.select(rows, c.offsets)
+            slots = np.empty(rows.size, np.int64)
             put = m.put_many(
                 c.hashes(rows),
-                c.select(rows, c.offsets),
+                offsets,
                 None if versions is None else versions[0],
                 None if versions is None else versions[1],
+                slots=slots,
             )
+            if seg.base_offset in p.cache:  # budgeted with the segment's decoded columns
+                p.put_slots[seg.base_offset] = (offsets[:put], slots[:put])
             if put == rows.size:
                 p.stats.map_messages_read += c.records
                 m.update_latest_offset(min(p.upper(idx), end) - 1)
@@ -1036,8 +1080,9 @@ class Cleaner:
         tracker.add_aborted(_aborted_between(p.aborted, seg.base_offset, p.upper(idx)))
         decisions = self._batch_decisions(p, c, tracker)
         keep = self._keep_mask(p, c, seg, decisions)
-        bi = c.batch_of
-        kept = np.bincount(bi[keep], minlength=c.batches)
+        kept, kept_tombstone, kept_bytes = _kept_per_batch(
+            c.batch_of, keep, c.sc.value_len, c.sc.record_size, c.batches
+        )
         horizons = np.where(
             (c.sc.attributes & DELETE_HORIZON_MASK) != 0, c.sc.base_timestamp, NO_HORIZON
         )
@@ -1045,13 +1090,13 @@ class Cleaner:
             decisions,
             kept=kept,
             total=c.sc.records_count.astype(np.int64),
-            kept_tombstone=np.bincount(bi[keep & (c.sc.value_len < 0)], minlength=c.batches) > 0,
+            kept_tombstone=kept_tombstone > 0,
             delete_horizon_ms=horizons,
             now_ms=p.now_ms,
             delete_retention_ms=p.config.delete_retention_ms,
         )
         codes = np.asarray(actions, dtype=np.int64)
-        for chunk in _output_chunks(c, codes, keep, kept, new_horizons):
+        for chunk in _output_chunks(c, codes, keep, kept, kept_bytes, new_horizons):
             self._throttle(output.append(chunk))
         p.stats.messages_written += int(kept[actions != WriteAction.SKIP].sum())
 

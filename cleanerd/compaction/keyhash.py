@@ -78,12 +78,10 @@ def _word8(buf: NDArray[np.uint8], pos: int) -> np.uint64:
 
 @jit
 def _word_le(buf: NDArray[np.uint8], pos: int, count: int) -> np.uint64:
-    """The `count` (0-8) bytes at `pos` as a little-endian integer, zero padded."""
-    if count == 8:
-        return _word8(buf, pos)
+    """The `count` (1-8) bytes at `pos` as a little-endian integer, zero padded."""
     w = np.uint64(0)
-    for i in range(count - 1, -1, -1):
-        w = (w << np.uint64(8)) | np.uint64(buf[pos + i])
+    for i in range(count):
+        w |= np.uint64(buf[pos + i]) << np.uint64(8 * i)
     return w
 
 
@@ -110,7 +108,7 @@ def murmur3_x64_128(
     """MurmurHash3 x64_128 of ``buf[pos:pos+length]``: the lanes (h1, h2), unmodified."""
     h1 = np.uint64(seed)
     h2 = np.uint64(seed)
-    nblocks = length // 16
+    nblocks = length >> 4  # length >= 0
     for b in range(nblocks):
         p = pos + 16 * b
         h1 ^= _mix_k1(_word8(buf, p))
@@ -125,8 +123,9 @@ def murmur3_x64_128(
     rest = length - 16 * nblocks
     if rest > 8:
         h2 ^= _mix_k2(_word_le(buf, tail + 8, rest - 8))
-    if rest > 0:
-        h1 ^= _mix_k1(_word_le(buf, tail, min(rest, 8)))
+        h1 ^= _mix_k1(_word8(buf, tail))
+    elif rest > 0:
+        h1 ^= _mix_k1(_word_le(buf, tail, rest))
     h1 ^= np.uint64(length)
     h2 ^= np.uint64(length)
     h1 += h2

@@ -37,6 +37,9 @@ inserts a key, so the map does not grow and `latest_offset` is unchanged. Then e
 keyed record below `latest_offset` survives iff `keep_mask` says so: the offset strategy
 keeps a record whose offset is >= its key's entry (Kafka); the version strategies keep
 only the winner itself (offset equal to the entry). Keys not in the map are kept.
+`put_many` can report the slot each record went to; `keep_slots` then answers
+`keep_mask` for those records by reading their slots, without hashing or probing again
+(the map build's own records are most of what the copy phase asks about).
 
 Kernels are numba-compiled and release the GIL; a map is not safe for concurrent
 mutation (Kafka gives each cleaner thread its own map).
@@ -65,6 +68,7 @@ _OFFSET_BITS: Final = np.int64(2**63 - 1)
 _EMPTY: Final = np.uint64(0)
 _NO_VERSIONS: Final = np.zeros(0, dtype=np.int64)  # passed for the offset strategy
 _NO_FLAGS: Final = np.zeros(0, dtype=np.bool_)
+_NO_SLOTS: Final = np.zeros(0, dtype=np.int64)  # put_many without slot output
 
 
 @jit
@@ -118,13 +122,18 @@ def _put_kernel(
     offsets: NDArray[np.int64],
     versions: NDArray[np.int64],
     has_version: NDArray[np.bool_],
+    slots: NDArray[np.int64],
 ) -> tuple[int, int]:
-    """Put records in order until the map is full; returns (records put, new size)."""
+    """Put records in order until the map is full, writing each put record's slot to
+    `slots` unless it is empty; returns (records put, new size)."""
     n = hashes.shape[0]
+    record = slots.shape[0] > 0
     for j in range(n):
         if size >= max_keys:
             return j, size
         slot = _probe(hi, lo, hashes[j, 0], hashes[j, 1])
+        if record:
+            slots[j] = slot
         has = versioned and has_version[j]
         version = versions[j] if versioned else 0
         if _is_empty(hi, lo, slot):
@@ -209,6 +218,16 @@ def _keep_kernel(
             continue
         found = off[slot] & _OFFSET_BITS
         keep[j] = offsets[j] == found if versioned else offsets[j] >= found
+    return keep
+
+
+@jit
+def _keep_slots_kernel(
+    off: NDArray[np.int64], slots: NDArray[np.int64], offsets: NDArray[np.int64]
+) -> NDArray[np.bool_]:
+    keep = np.empty(slots.shape[0], dtype=np.bool_)
+    for j in range(slots.shape[0]):
+        keep[j] = (off[slots[j]] & _OFFSET_BITS) == offsets[j]
     return keep
 
 
@@ -316,18 +335,34 @@ class OffsetMap:
         offsets: ArrayLike,
         versions: ArrayLike | None = None,
         has_version: ArrayLike | None = None,
+        *,
+        slots: NDArray[np.int64] | None = None,
     ) -> int:
         """Put records in offset order, stopping before the first one that finds the map
         full; return how many were put. `versions` and `has_version` (for version
-        strategies) default to "no version" and "every record has one" respectively."""
+        strategies) default to "no version" and "every record has one" respectively.
+        `slots` (one int64 per record) receives each put record's slot, for
+        `keep_slots`."""
         h, o = _records(hashes, offsets)
         v, has = self._versions(o.size, versions, has_version)
+        if slots is None:
+            slots = _NO_SLOTS
+        elif slots.shape != o.shape or slots.dtype != np.int64:
+            raise ValueError(f"slots must be {o.size} int64 entries")
         count, self._size = _put_kernel(
-            *self._columns(), self.versioned, self._size, self.max_keys, h, o, v, has
+            *self._columns(), self.versioned, self._size, self.max_keys, h, o, v, has, slots
         )
         if count:
             self._latest_offset = int(o[count - 1])
         return int(count)
+
+    def keep_slots(self, slots: NDArray[np.int64], offsets: NDArray[np.int64]) -> NDArray[np.bool_]:
+        """`keep_mask` of records put since the last `clear` (their `slots` from
+        `put_many` and their `offsets`), without a lookup: a record's slot holds its
+        key's entry, so it survives iff it is the entry's own record (for the offset
+        strategy, where the newest offset wins, the same as offset >= the entry's)."""
+        _, _, off, _ = self._columns()
+        return _keep_slots_kernel(off, slots, np.ascontiguousarray(offsets, dtype=np.int64))
 
     def update_existing_many(
         self,

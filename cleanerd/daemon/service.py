@@ -349,6 +349,7 @@ class Daemon:
         self._devices: tuple[Device, ...] = ()
         self._usage: tuple[DeviceUsage, ...] = ()
         self._above: frozenset[int] = frozenset()
+        self._probe_ok = True
         self._next_scan = 0.0
         self._next_metrics = 0.0
         self._next_watchdog = 0.0
@@ -356,6 +357,7 @@ class Daemon:
         self._events_base = (0, 0)
         self._last_stats: tuple[CleanerStats, ...] = ()
         self._snapshot_source: CycleOutcome | None = None
+        self._unreadable: frozenset[str] = frozenset()
 
     # -- signals ----------------------------------------------------------------------------
 
@@ -492,7 +494,12 @@ class Daemon:
             return
         task = asyncio.create_task(work(), name=name)
         self._tasks[name] = task
-        task.add_done_callback(lambda t: self._tasks.pop(t.get_name(), None))
+        task.add_done_callback(self._task_done)
+
+    def _task_done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.pop(task.get_name(), None)
+        if not task.cancelled() and (exc := task.exception()) is not None:
+            log.error("task.failed", task=task.get_name(), exc_info=exc)
 
     async def _in_thread(self, fn: Callable[[], T]) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._thread, fn)
@@ -509,7 +516,8 @@ class Daemon:
             self._next_scan = time.monotonic() + self.watcher.next_interval_s
 
     def _on_delta(self, delta: WatchDelta, *, own: frozenset[PartitionKey] = frozenset()) -> None:
-        """Log partitions that came or went; remember changes the daemon did not make."""
+        """Log partitions that came or went and log dirs that cannot be read; remember
+        changes the daemon did not make."""
         for key in delta.added_partitions:
             log.info(
                 "partition.found",
@@ -526,12 +534,23 @@ class Daemon:
             )
         if delta.partitions() - own:
             self._changed = True
+        unreadable = frozenset(self.watcher.snapshot.unreadable_log_dirs)
+        for path in sorted(unreadable - self._unreadable):
+            log.error("log_dir.unreadable", log_dir=path)
+        self._unreadable = unreadable
 
     async def _probe_disks(self) -> None:
         percent = self.config.log_retention_disk_usage_percent
         if not self._devices:
             return
-        usage = await asyncio.to_thread(measure, self._devices, percent)
+        try:
+            usage = await asyncio.to_thread(measure, self._devices, percent)
+        except OSError as exc:
+            if self._probe_ok:  # log the first failure, not one a second
+                log.error("disk.probe_failed", error=str(exc))
+            self._probe_ok = False
+            return
+        self._probe_ok = True
         self._usage = usage
         above = frozenset(u.device for u in usage if is_above(u))
         for u in usage:

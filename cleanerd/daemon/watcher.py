@@ -172,7 +172,7 @@ def _active_log(dir_path: str, base: int) -> str:
 def scan_partition(dir_path: str, previous: WatchedPartition | None) -> WatchedPartition | None:
     """The state of one partition dir, re-listing it only if it changed since `previous`
     (and returning `previous` itself when nothing moved). None when the dir vanished
-    during the scan (a partition deleted meanwhile)."""
+    during the scan (a partition deleted meanwhile); `previous` when it cannot be read."""
     try:
         # str paths and os.stat: building a Path per call costs several times the stat.
         st = os.stat(dir_path)  # noqa: PTH116
@@ -186,6 +186,8 @@ def scan_partition(dir_path: str, previous: WatchedPartition | None) -> WatchedP
             segments = _list_segments(dir_path)
     except FileNotFoundError:
         return None
+    except OSError:
+        return previous  # unreadable for now (permissions, I/O): keep what was seen
     size, mtime_ns = -1, -1
     if segments:
         try:
@@ -196,13 +198,10 @@ def scan_partition(dir_path: str, previous: WatchedPartition | None) -> WatchedP
             # mtime moved too, so the next scan lists it again.
             pass
     if (
-        same_dir
-        and previous is not None
-        and (previous.active_size, previous.active_mtime_ns)
-        == (
-            size,
-            mtime_ns,
-        )
+        previous is not None
+        and same_dir
+        and previous.active_size == size
+        and previous.active_mtime_ns == mtime_ns
     ):
         return previous
     return WatchedPartition(st.st_ino, st.st_mtime_ns, segments, size, mtime_ns)
@@ -212,18 +211,20 @@ NameCache = dict[tuple[str, str], PartitionKey | None]
 """(log dir, entry name) -> its partition key, or None for an entry that is not one."""
 
 
-def _partition_dirs(log_dir: str, names: NameCache) -> Iterable[tuple[PartitionKey, str]]:
+def _partition_dirs(
+    log_dir: str, known: NameCache, seen: NameCache
+) -> Iterable[tuple[PartitionKey, str]]:
     with os.scandir(log_dir) as entries:
         for entry in entries:
             cache_key = (log_dir, entry.name)
-            if cache_key in names:
-                key = names[cache_key]
+            if cache_key in known:
+                key = known[cache_key]
             else:
                 try:
                     key = PartitionKey.of(log_dir, parse_topic_partition(entry.name))
                 except ValueError:
                     key = None
-                names[cache_key] = key
+            seen[cache_key] = key
             # is_dir() answers from the listing's d_type (a stat only for a symlink).
             if key is not None and entry.is_dir():
                 yield key, entry.path
@@ -233,14 +234,15 @@ def scan_log_dirs(
     log_dirs: Sequence[Path], previous: WatchSnapshot, names: NameCache | None = None
 ) -> WatchSnapshot:
     """One scan of every log dir, reusing `previous` for partition dirs that did not
-    change (and `names` for the parsing of dir names seen before)."""
-    cache: NameCache = {} if names is None else names
+    change, and `names` for dir names parsed before (left holding this scan's names)."""
+    known: NameCache = {} if names is None else names
+    seen: NameCache = {}
     found: dict[PartitionKey, WatchedPartition] = {}
     unreadable: list[str] = []
     for log_dir in log_dirs:
         name = str(log_dir)
         try:
-            dirs = list(_partition_dirs(name, cache))
+            dirs = list(_partition_dirs(name, known, seen))
         except OSError:
             unreadable.append(name)
             continue
@@ -248,6 +250,9 @@ def scan_log_dirs(
             state = scan_partition(path, previous.partitions.get(key))
             if state is not None:
                 found[key] = state
+    if names is not None:
+        names.clear()
+        names.update(seen)
     return WatchSnapshot(MappingProxyType(found), tuple(unreadable))
 
 
@@ -274,9 +279,7 @@ class LogDirWatcher:
         self._cpu_clock = cpu_clock
         self.snapshot = WatchSnapshot()
         self._names: NameCache = {}
-        self.scans = 0
         self.last_scan_cpu_s = 0.0
-        self.total_scan_cpu_s = 0.0
 
     @property
     def next_interval_s(self) -> float:
@@ -291,6 +294,4 @@ class LogDirWatcher:
         delta = diff_snapshots(self.snapshot, new)
         self.snapshot = new
         self.last_scan_cpu_s = self._cpu_clock() - start
-        self.total_scan_cpu_s += self.last_scan_cpu_s
-        self.scans += 1
         return delta

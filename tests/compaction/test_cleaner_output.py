@@ -6,9 +6,12 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from cleanerd.compaction import cleaner
+from cleanerd.compaction.keyhash import hash_keys
+from cleanerd.compaction.offset_map import OffsetMap
 from cleanerd.log.recovery import SegmentOptions, recover_partition
 from cleanerd.records.columns import SegmentColumns, segment_columns
 from cleanerd.records.header import Buffer, Compression
@@ -92,3 +95,48 @@ def test_crcs_are_checked_once_per_pass(log: LogBuilder, monkeypatch: pytest.Mon
     monkeypatch.setattr(cleaner, "CACHE_BYTES", 0)
     clean(d)
     assert [v for _, v in checked] == [True, True, False, False]
+
+
+def test_each_segment_is_mapped_once_per_pass(
+    log: LogBuilder, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The producer-state walk and the decode share one mapping of each segment to clean
+    (its pages are faulted in once); the active segment is mapped for the walk only."""
+    for i in range(6):
+        log.append([(k(i % 2), k(i))])
+        if i == 2:
+            log.roll()
+    log.roll()
+    log.append([(k(0), b"active")])
+    d = log.write()
+    mapped: list[str] = []
+
+    def spy(path: Path) -> Buffer:
+        mapped.append(path.name)
+        return map_file(path)
+
+    map_file = cleaner._map_file
+    monkeypatch.setattr(cleaner, "_map_file", spy)
+    clean(d)
+    assert sorted(mapped) == sorted(set(mapped))
+    assert len(mapped) == 3
+
+
+def test_map_oracle_answers_from_put_slots_for_the_records_put() -> None:
+    """Keep decisions for a segment whose records the map build put come from their map
+    slots, without hashing; other offsets fall back to a lookup by hash."""
+    buf = np.frombuffer(b"abacb", dtype=np.uint8)
+    hashes = hash_keys(buf, np.arange(5), np.ones(5, dtype=np.int64))
+    offsets = np.arange(10, 15, dtype=np.int64)
+    offset_map = OffsetMap(1024)
+    slots = np.empty(5, dtype=np.int64)
+    offset_map.put_many(hashes, offsets, slots=slots)
+    oracle = cleaner._MapOracle(offset_map, {10: (offsets, slots)})
+
+    def no_hashes() -> np.ndarray:
+        raise AssertionError("answered by hash lookup")
+
+    assert oracle.keep_keyed(10, offsets, no_hashes).tolist() == [False, False, True, True, True]
+    oracle = cleaner._MapOracle(offset_map, {10: (offsets, slots)})
+    got = oracle.keep_keyed(10, offsets[2:], lambda: hashes[2:])
+    assert got.tolist() == [True, True, True]

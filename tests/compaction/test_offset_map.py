@@ -327,7 +327,10 @@ def test_winners_match_reference(
     versions = np.array([r.version for r in records])
     has = np.array([r.has for r in records])
     offset_map = OffsetMap(1024, strategy=strategy)
-    assert offset_map.put_many(all_hashes[split:], offsets[split:], versions[split:], has[split:])
+    slots = np.empty(len(dirty), dtype=np.int64)
+    assert offset_map.put_many(
+        all_hashes[split:], offsets[split:], versions[split:], has[split:], slots=slots
+    )
     offset_map.update_existing_many(
         all_hashes[:split], offsets[:split], versions[:split], has[:split]
     )
@@ -341,5 +344,30 @@ def test_winners_match_reference(
             assert got_versions[key] == (w.version if w.has else 0)
     expected_keep = [r.key not in winners or winners[r.key] == r for r in records]
     assert offset_map.keep_mask(all_hashes, offsets).tolist() == expected_keep
+    assert offset_map.keep_slots(slots, offsets[split:]).tolist() == expected_keep[split:]
     assert offset_map.size == len(winners)
     assert offset_map.latest_offset == records[-1].offset
+
+
+def test_put_slots_of_a_partial_put_answer_keep_mask() -> None:
+    """A put stopped by a full map gives slots for the records it took, and keep_slots
+    agrees with keep_mask on them."""
+    offset_map = OffsetMap(24 * 4, load_factor=0.75)  # 4 slots, 3 keys
+    hashes = keys("a", "b", "a", "c", "b")
+    offsets = np.arange(5, dtype=np.int64)
+    slots = np.full(5, -1, dtype=np.int64)
+    put = offset_map.put_many(hashes, offsets, slots=slots)
+    assert put == 4
+    assert (slots[:put] >= 0).all()
+    expected = offset_map.keep_mask(hashes[:put], offsets[:put])
+    assert offset_map.keep_slots(slots[:put], offsets[:put]).tolist() == expected.tolist()
+    assert expected.tolist() == [False, True, True, True]
+
+
+def test_put_many_refuses_slots_of_the_wrong_shape_or_type() -> None:
+    """The slots output must hold one int64 per record."""
+    offset_map = OffsetMap(1024)
+    with pytest.raises(ValueError, match="slots"):
+        offset_map.put_many(keys("a", "b"), [0, 1], slots=np.empty(1, dtype=np.int64))
+    with pytest.raises(ValueError, match="slots"):
+        offset_map.put_many(keys("a", "b"), [0, 1], slots=np.empty(2, dtype=np.int32))
