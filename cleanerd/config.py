@@ -400,10 +400,13 @@ class LoggingConfig(_Section):
 
 
 class SparkConfig(_Section):
-    """The Spark engine's master URL and extra Spark settings."""
+    """The Spark engine's master URL, extra Spark settings, and the routing threshold:
+    a pass goes to Spark when its dirty range's estimated distinct keys exceed
+    `min_keys_over_capacity` times the local offset map's capacity."""
 
     master: str = Field(default="local[*]", min_length=1)
     conf: dict[str, str] = {}
+    min_keys_over_capacity: float = Field(default=1.0, ge=1.0, allow_inf_nan=False)
 
 
 class EngineConfig(_Section):

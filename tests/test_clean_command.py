@@ -169,3 +169,29 @@ def test_clean_topic_limits_the_cycle(tmp_path: Path, capsys: pytest.CaptureFixt
     assert main(["clean", "-c", cfg, "--now-ms", str(NOW), "--topic", "t"]) == 0
     assert "1 cleaning passes" in capsys.readouterr().out
     assert {p.name: p.read_bytes() for p in other.iterdir()} == before
+
+
+def test_no_pass_once_every_passed_horizon_is_acted_on(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Once the tombstones past their horizon are gone, later cycles run no pass."""
+    # The demo topic's shape: 40 keys updated again and again, every 15th write a
+    # tombstone, batches of 20 records; a pass keeps stamped batches whose tombstones a
+    # later pass drops, and their horizon must not make the log look due again.
+    log = LogBuilder(tmp_path / "logs")
+    for b in range(15):
+        kvs = [(k((b * 20 + i) * 7 % 40), None if i % 15 == 14 else b"v") for i in range(20)]
+        log.append(kvs, timestamps=[NOW - HOUR + b * MINUTE] * 20)
+        if b in (6, 13):
+            log.roll()
+    log.write()
+    path = write_config(tmp_path, **{"delete.retention.ms": MINUTE})
+
+    def passes(now_ms: int) -> int:
+        assert main(["clean", "-c", str(path), "--now-ms", str(now_ms), "--json"]) == 0
+        return len(json.loads(capsys.readouterr().out)["cleaned"])
+
+    assert passes(NOW) == 1  # stamps horizons at NOW + 1 min
+    assert passes(NOW + 2 * MINUTE) == 1  # drops the tombstones past their horizon
+    assert passes(NOW + 4 * MINUTE) == 0
+    assert passes(NOW + HOUR) == 0

@@ -20,10 +20,13 @@ absent from the map; the offset map, or the Spark engine's bitmaps, decide) and,
 tombstone, its batch has no delete horizon yet or the horizon is still in the future.
 Control records are always kept unless discarded.
 
-Writing: all records kept and no horizon to stamp -> the batch bytes are copied as they
-are. Some kept -> re-encode, stamping `now + delete.retention.ms` as the delete horizon
-when a kept record is a tombstone or the batch is a marker the tracker no longer needs and
-the batch carries no horizon yet. None kept -> an empty header if RETAIN_EMPTY, else
+Writing: all records kept and no horizon to stamp or drop -> the batch bytes are copied
+as they are. Some kept -> re-encode, stamping `now + delete.retention.ms` as the delete
+horizon when a kept record is a tombstone or the batch is a marker the tracker no longer
+needs and the batch carries no horizon yet. Unlike Kafka, a horizon that guards nothing
+any more (no kept tombstone, not such a marker) is dropped, re-encoding the batch if need
+be: a passed horizon left on disk would make the log look due for a delete-horizon pass
+forever. None kept -> an empty header if RETAIN_EMPTY, else
 nothing.
 """
 
@@ -133,17 +136,21 @@ def plan_batch_writes(
     """Per v2 batch, of which `kept` of `total` records survive: the WriteAction and the
     delete horizon to encode (the batch's own, or a new one when it needs one)."""
     retention = decisions.retention
-    need_horizon = (kept_tombstone | decisions.marker_for_empty_txn) & (
-        delete_horizon_ms == NO_HORIZON
-    )
+    guards = kept_tombstone | decisions.marker_for_empty_txn
+    need_horizon = guards & (delete_horizon_ms == NO_HORIZON)
+    # Kafka re-encodes with the batch's old horizon even when no tombstone or marker is
+    # left for it to guard; that stale passed horizon would keep the log eligible for
+    # horizon passes that can remove nothing (cleanable.eligibility), so it is dropped.
+    stale = ~guards & (delete_horizon_ms != NO_HORIZON)
     action = np.full(kept.shape, WriteAction.REENCODE, dtype=np.int8)
-    action[(kept == total) & ~need_horizon] = WriteAction.COPY
+    action[(kept == total) & ~need_horizon & ~stale] = WriteAction.COPY
     action[kept == 0] = WriteAction.SKIP
     action[(kept == 0) & (retention == BatchRetention.RETAIN_EMPTY)] = WriteAction.EMPTY_HEADER
     action[retention == BatchRetention.DELETE] = WriteAction.SKIP
     # Java's long arithmetic would wrap here; a horizon past the end of time is "never".
     fresh = min(now_ms + delete_retention_ms, LONG_MAX)
-    horizon = np.where(need_horizon, fresh, delete_horizon_ms).astype(np.int64)
+    kept_horizon = np.where(stale, NO_HORIZON, delete_horizon_ms)
+    horizon = np.where(need_horizon, fresh, kept_horizon).astype(np.int64)
     return action, horizon
 
 

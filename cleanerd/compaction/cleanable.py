@@ -55,6 +55,8 @@ class EligibilityReason(enum.StrEnum):
     DIRTY_RATIO = "min.cleanable.dirty.ratio"
     MAX_COMPACTION_LAG = "max.compaction.lag.ms"
     DELETE_HORIZON = "delete.retention.ms"
+    REQUESTED = "requested"
+    """An operator asked for a pass (`LogCleanerManager.force`), whatever the ratio."""
 
 
 @dataclass(frozen=True, slots=True)

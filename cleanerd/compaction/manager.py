@@ -139,6 +139,10 @@ def clean_or_mark(
             config_fingerprint=config_fingerprint,
         )
         _log.warning(
-            "partition.uncleanable", partition=str(tp), log_dir=str(log_dir), reason=reason
+            "partition.uncleanable",
+            topic=tp.topic,
+            partition=tp.partition,
+            log_dir=str(log_dir),
+            reason=reason,
         )
         return None

@@ -30,10 +30,13 @@ one of the crash-safe operations of the log layer (roll, `delete_segments`, the 
 swap), each under its partition lock.
 
 `run_cycles(stop, ...)` repeats cycles until `stop` is set, sleeping
-`log.cleaner.backoff.ms` after a cycle that cleaned nothing. It blocks (the worker
+`log.cleaner.backoff.ms` after a cycle whose passes made no progress. It blocks (the worker
 processes do the heavy work); the daemon runs it in a thread (`asyncio.to_thread`) so
 its event loop never waits on it. Setting `stop` makes the cleaning phase abort the
-passes in flight (each stops before its next swap) and return.
+passes in flight (each stops before its next swap) and return. Setting
+`Maintenance.drain` (the daemon's `pause`) is gentler: the cleaning phase picks no new
+partition, lets the passes in flight finish, and returns; cycles then run without
+cleaning until it is cleared.
 """
 
 from __future__ import annotations
@@ -89,6 +92,11 @@ Clock = Callable[[], int]
 def wall_clock_ms() -> int:
     """Milliseconds since the epoch (the default clock)."""
     return time.time_ns() // 1_000_000
+
+
+def _fields(tp: TopicPartition, log_dir: Path) -> dict[str, str | int]:
+    """The fields every log line about a partition carries (DESIGN 6)."""
+    return {"topic": tp.topic, "partition": tp.partition, "log_dir": str(log_dir)}
 
 
 def cleaner_config_for(topic: TopicConfig, *, producer_id_expiration_ms: int) -> CleanerConfig:
@@ -362,6 +370,9 @@ class Maintenance:
         self._first_seen: dict[Path, FirstSeen] = {}
         self._plogs: dict[tuple[Path, TopicPartition], PartitionLog] = {}
         self._crashes: dict[TopicPartition, int] = {}
+        self.drain = threading.Event()
+        """While set, the cleaning phase starts no pass (those in flight finish). Any
+        thread may set or clear it."""
         try:
             for path in config.log_dirs:
                 self.log_dirs.append(
@@ -619,7 +630,10 @@ class Maintenance:
                 stopping = report.aborted = True
                 for r in running.values():
                     self.engine.abort(r.job.tp)
-            while not stopping and len(running) < self.engine.workers:
+            if self.drain.is_set() and not running:
+                report.skip("", None, "clean", "draining (cleaning paused)")
+                return
+            while not stopping and not self.drain.is_set() and len(running) < self.engine.workers:
                 submitted = self._submit_next()
                 if submitted is None:
                     break
@@ -650,11 +664,10 @@ class Maintenance:
                 item.topic, producer_id_expiration_ms=self.config.producer_id_expiration_ms
             ),
         )
+        where = _fields(job.tp, job.log_dir)
         if job.config.strategy.warning is not None:
-            log.warning(
-                "compaction.strategy", partition=str(job.tp), warning=job.config.strategy.warning
-            )
-        log.debug("clean.submitted", partition=str(job.tp), reason=str(candidate.eligible))
+            log.warning("compaction.strategy", **where, warning=job.config.strategy.warning)
+        log.debug("clean.submitted", **where, reason=str(candidate.eligible))
         return self.engine.submit_clean(job), _Running(candidate, job, now)
 
     def _finished(
@@ -684,7 +697,11 @@ class Maintenance:
             crashes = self._crashes.get(candidate.tp, 0) + 1
             self._crashes[candidate.tp] = crashes
             if crashes <= CRASH_RETRIES:
-                log.warning("clean.worker_died", partition=str(candidate.tp), detail=error.detail)
+                log.warning(
+                    "clean.worker_died",
+                    **_fields(candidate.tp, item.log_dir.path),
+                    detail=error.detail,
+                )
                 if requeue:
                     self.manager.refresh_one(item, now)
                 return
@@ -711,6 +728,13 @@ class Maintenance:
         )
 
 
+def made_progress(c: CleanedLog) -> bool:
+    """Whether a pass moved the cleaner checkpoint or removed a record. A pass that did
+    neither (say, one run for a delete horizon that it could not act on) is no reason to
+    start the next cycle at once: the same candidate would be picked again."""
+    return c.end_offset > c.first_dirty or c.stats.messages_written < c.stats.messages_read
+
+
 def run_cycles(
     maintenance: Maintenance,
     stop: threading.Event,
@@ -718,15 +742,15 @@ def run_cycles(
     backoff_ms: int,
     on_report: Callable[[CycleReport], None] | None = None,
 ) -> int:
-    """Run cycles until `stop` is set; after a cycle that cleaned nothing, wait
-    `backoff_ms` (Kafka's `log.cleaner.backoff.ms`) or until `stop`. Returns how many
-    cycles ran."""
+    """Run cycles until `stop` is set; after a cycle none of whose passes made progress
+    (`made_progress`), wait `backoff_ms` (Kafka's `log.cleaner.backoff.ms`) or until
+    `stop`. Returns how many cycles ran."""
     cycles = 0
     while not stop.is_set():
         report = maintenance.run_once(stop)
         cycles += 1
         if on_report is not None:
             on_report(report)
-        if not report.cleaned:
+        if not any(map(made_progress, report.cleaned)):
             stop.wait(backoff_ms / 1000)
     return cycles

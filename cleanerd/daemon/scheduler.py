@@ -21,6 +21,14 @@ candidates (overdue first, most overdue first; then the nearest deadline; then t
 dirtiest), excluding every partition with a state and every uncleanable one; the pick
 becomes IN_PROGRESS. No partition is therefore handed to two workers at once.
 
+Forced passes (the `clean` command): `force(tp)` asks for one pass of `tp` whatever its
+dirty ratio. Forced partitions go first, in the order asked, when free and not
+uncleanable, and only when a pass has something to do (cleanable bytes, or a passed
+delete horizon); the request is one-shot: it is consumed when its pass is picked, and
+dropped when the next refresh finds the partition gone, uncleanable or with nothing to
+clean. `force` may be called from another thread than the cycle loop's (the daemon's
+event loop): the set of requests has its own lock.
+
 Retention asks first: `begin_deleting` grants a partition only when it has no state,
 and holds it IN_PROGRESS until `done_deleting`, so a pass never starts on a partition
 whose segments retention is deleting and retention never deletes the segments of a
@@ -44,9 +52,10 @@ from __future__ import annotations
 
 import enum
 import hashlib
+import threading
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import structlog
@@ -119,6 +128,11 @@ class Candidate:
         """The partition's identity."""
         return self.ltc.topic_partition
 
+    @property
+    def has_work(self) -> bool:
+        """Whether a pass has something to do: cleanable bytes, or a passed horizon."""
+        return self.ltc.cleanable_bytes > 0 or (self.horizon_due and self.ltc.total_bytes > 0)
+
 
 @dataclass(frozen=True, slots=True)
 class _State:
@@ -141,6 +155,9 @@ class LogCleanerManager:
         """When `grab_next` last looked for work (Kafka's time of last run)."""
         self._states: dict[TopicPartition, _State] = {}
         self._candidates: dict[TopicPartition, Candidate] = {}
+        self._forced: dict[TopicPartition, None] = {}
+        """Forced passes asked for, in order (a dict as an ordered set)."""
+        self._forced_lock = threading.Lock()
 
     # -- the state machine ----------------------------------------------------------------
 
@@ -214,6 +231,7 @@ class LogCleanerManager:
                 candidate = self._evaluate(item, checkpoints.get(item.tp), now_ms)
                 if candidate is not None:
                     self._candidates[item.tp] = candidate
+        self._drop_pointless_forces(now_ms)
         return list(self._candidates.values())
 
     def refresh_one(self, item: CompactedLog, now_ms: int) -> Candidate | None:
@@ -266,7 +284,8 @@ class LogCleanerManager:
             log_dir.update_cleaner_offset(item.tp, first_dirty)
         log.info(
             "cleaner_checkpoint.reset",
-            partition=str(item.tp),
+            topic=item.tp.topic,
+            partition=item.tp.partition,
             log_dir=str(log_dir.path),
             checkpoint=old,
             first_dirty=first_dirty,
@@ -284,9 +303,57 @@ class LogCleanerManager:
             item.tp, now_ms=now_ms, config_fingerprint=item.fingerprint
         )
 
+    # -- forced passes ------------------------------------------------------------------
+
+    def force(self, tp: TopicPartition) -> None:
+        """Ask for one pass of `tp` now, whatever its dirty ratio (see the module
+        docstring). Thread-safe."""
+        with self._forced_lock:
+            self._forced[tp] = None
+
+    @property
+    def forced(self) -> tuple[TopicPartition, ...]:
+        """The forced passes asked for and not yet picked or dropped, in order."""
+        with self._forced_lock:
+            return tuple(self._forced)
+
+    def _drop_pointless_forces(self, now_ms: int) -> None:
+        with self._forced_lock:
+            for tp in list(self._forced):
+                c = self._candidates.get(tp)
+                if tp in self._states:
+                    continue  # busy: its turn comes when it is free
+                if c is None or not c.has_work or self.is_uncleanable(c.log, now_ms):
+                    del self._forced[tp]
+                    log.info(
+                        "clean.request_dropped",
+                        topic=tp.topic,
+                        partition=tp.partition,
+                        log_dir=None if c is None else str(c.log.log_dir.path),
+                        reason="nothing to clean" if c is not None else "no such partition",
+                    )
+
+    def _grab_forced(self, now_ms: int) -> Candidate | None:
+        with self._forced_lock:
+            for tp in list(self._forced):
+                c = self._candidates.get(tp)
+                if c is None or tp in self._states or not c.has_work:
+                    continue
+                if self.is_uncleanable(c.log, now_ms):
+                    continue
+                del self._forced[tp]
+                self._states[tp] = _State(CleaningState.IN_PROGRESS)
+                del self._candidates[tp]
+                return replace(c, eligible=c.eligible or EligibilityReason.REQUESTED)
+        return None
+
     def grab_next(self, now_ms: int) -> Candidate | None:
-        """The next log to clean, now IN_PROGRESS; None when nothing eligible is free."""
+        """The next log to clean, now IN_PROGRESS: a forced one first; None when nothing
+        eligible is free."""
         self.last_run_ms = now_ms
+        forced = self._grab_forced(now_ms)
+        if forced is not None:
+            return forced
         eligible = [c for c in self._candidates.values() if c.eligible is not None]
         busy = {c.tp for c in eligible if c.tp in self._states}
         uncleanable = {c.tp for c in eligible if self.is_uncleanable(c.log, now_ms)}
@@ -315,7 +382,8 @@ class LogCleanerManager:
         self._candidates.pop(item.tp, None)
         log.warning(
             "partition.uncleanable",
-            partition=str(item.tp),
+            topic=item.tp.topic,
+            partition=item.tp.partition,
             log_dir=str(item.log_dir.path),
             reason=reason,
         )

@@ -40,6 +40,11 @@ Lifecycle and signals:
   written, the locks released, exit 0. A second SIGINT forces exit without waiting.
 - `WATCHDOG=1` is sent from the main loop itself while it is healthy, so a stuck loop or
   a cycle that keeps failing stops the pings and systemd restarts the service.
+- commands, from the event loop, through the two thread-safe hooks of the maintenance
+  state: `clean` asks for a forced pass (`LogCleanerManager.force`: first in the next
+  cycle, whatever the dirty ratio, if there is anything to clean) and requests a cycle;
+  `pause` sets `Maintenance.drain` (the running cycle starts no new pass, those in
+  flight finish, no abort) and no cycle starts until `resume` clears it.
 """
 
 from __future__ import annotations
@@ -71,7 +76,7 @@ from cleanerd.daemon.commands import (
     ReloadCommand,
     ResumeCommand,
 )
-from cleanerd.daemon.cycle import CleanedLog, CycleReport, Maintenance, wall_clock_ms
+from cleanerd.daemon.cycle import CycleReport, Maintenance, made_progress, wall_clock_ms
 from cleanerd.daemon.events import Event, EventKind, EventPublisher, MqttPublisher, NullPublisher
 from cleanerd.daemon.logging import configure_logging, partition_context
 from cleanerd.daemon.metrics import MetricsExporter, PassResult
@@ -166,13 +171,6 @@ def cycle_due(c: CycleClock, *, backoff_ms: int, revisit_ms: int) -> CycleTrigge
     if idle_for >= revisit_ms:
         return CycleTrigger.REVISIT
     return None
-
-
-def made_progress(c: CleanedLog) -> bool:
-    """Whether a pass moved the cleaner checkpoint or removed a record. A pass that did
-    neither (say, one run for a delete horizon that it could not act on) is no reason to
-    start the next cycle at once: the same candidate would be picked again."""
-    return c.end_offset > c.first_dirty or c.stats.messages_written < c.stats.messages_read
 
 
 @dataclass(frozen=True, slots=True)
@@ -826,10 +824,15 @@ class Daemon:
             self._clean_command(TopicPartition(command.topic, command.partition))
         elif isinstance(command, PauseCommand):
             self.paused = True
+            if self.maintenance is not None:
+                # The running cycle picks no new partition; its passes in flight finish.
+                self.maintenance.drain.set()
             log.info("cleaning.paused")
             self.notifier.status(self._status_line())
         elif isinstance(command, ResumeCommand):
             self.paused = False
+            if self.maintenance is not None:
+                self.maintenance.drain.clear()
             log.info("cleaning.resumed")
             self.notifier.status(self._status_line())
             self.request_cycle()
@@ -856,6 +859,7 @@ class Daemon:
             raise CommandRejected(f"{tp} is in a log dir this daemon does not own")
         if self.paused:
             raise CommandRejected("cleaning is paused (send resume first)")
+        m.manager.force(tp)
         with partition_context(tp.topic, tp.partition, where[0]):
             log.info("clean.requested")
         self.request_cycle()

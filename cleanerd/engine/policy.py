@@ -1,15 +1,21 @@
 """Which engine cleans a partition: Spark only where the local key map is too small.
 
 With `engine.name: spark`, a pass goes to Spark when its dirty range holds more distinct
-keys than one local worker's offset map can (`local_key_capacity`: Kafka's split of
+keys than `engine.spark.min_keys_over_capacity` (>= 1, default 1) times what one local
+worker's offset map can (`local_key_capacity`: Kafka's split of
 `log.cleaner.dedupe.buffer.size` over `log.cleaner.threads`, entries of 24 or 32 bytes,
 times the load factor); every other pass runs locally, where it costs no JVM start-up.
+At 1 a range goes to Spark as soon as the local engine would need more than one pass;
+`bench/spark.py` puts the crossover at about 4.5 to 7 times the capacity on a 2-core
+host (below it, the local passes together still beat Spark's start-up and shuffle).
 With `engine.name: local` this module is not used and no JVM is ever started.
 
 The key count of a dirty range is known, in order of preference:
 
 1. from the partition's previous local pass: a pass that ended before its first
-   uncleanable offset filled its map, so the keys outgrew it (Spark until a pass fits);
+   uncleanable offset filled its map, so the keys outgrew it; they are estimated as the
+   capacity scaled by the share of the range's offsets that pass covered (keys spread
+   evenly), and the estimate is kept until a local pass covers its range;
 2. from the range's size: a record takes at least `MIN_RECORD_BYTES` on disk, so a range
    smaller than `capacity * MIN_RECORD_BYTES` cannot hold too many keys;
 3. from a sample: up to `SAMPLE_BYTES`, spread as segment prefixes over the dirty range,
@@ -85,9 +91,20 @@ class KeyEstimate:
     """`history`, `size` or `sample`."""
 
 
-def choose_engine(estimate: KeyEstimate, capacity: int) -> str:
-    """`spark` when the estimated keys exceed the local map's capacity, else `local`."""
-    return "spark" if estimate.keys > capacity else "local"
+def choose_engine(
+    estimate: KeyEstimate, capacity: int, *, min_keys_over_capacity: float = 1.0
+) -> str:
+    """`spark` when the estimated keys exceed `min_keys_over_capacity` times the local
+    map's capacity, else `local`."""
+    return "spark" if estimate.keys > capacity * min_keys_over_capacity else "local"
+
+
+def keys_from_filled_map(job: CleanJob, end_offset: int, capacity: int) -> int:
+    """The dirty range's keys, from a local pass whose full map (`capacity` keys) took it
+    from `job.first_dirty` only to `end_offset`."""
+    span = job.first_uncleanable - job.first_dirty
+    covered = max(end_offset - job.first_dirty, 1)
+    return max(capacity + 1, math.ceil(capacity * span / covered))
 
 
 def _dirty_segments(job: CleanJob) -> list[SegmentMeta]:
@@ -161,14 +178,17 @@ class PolicyEngine:
         capacity: Callable[[CleanJob], int],
         *,
         sample_bytes: int = SAMPLE_BYTES,
+        min_keys_over_capacity: float = 1.0,
     ) -> None:
         self.local = local
+        self.min_keys_over_capacity = min_keys_over_capacity
         self._spark_factory = spark_factory
         self._spark: Engine | None = None
         self._capacity = capacity
         self._sample_bytes = sample_bytes
         self._lock = threading.Lock()
-        self._map_filled: set[TopicPartition] = set()
+        self._map_filled: dict[TopicPartition, int] = {}
+        """Keys estimated from the last local pass of a partition that filled its map."""
         self._where: dict[TopicPartition, Engine] = {}
         self.decisions: dict[TopicPartition, tuple[str, KeyEstimate]] = {}
         """The last routing decision per partition, with its estimate (for logs)."""
@@ -191,9 +211,9 @@ class PolicyEngine:
         """The key estimate routing `job`."""
         capacity = self._capacity(job)
         with self._lock:
-            filled = job.tp in self._map_filled
-        if filled:
-            return KeyEstimate(capacity + 1, "history")
+            filled = self._map_filled.get(job.tp)
+        if filled is not None:
+            return KeyEstimate(filled, "history")
         try:
             return estimate_keys(job, capacity=capacity, sample_bytes=self._sample_bytes)
         except (CleanerdError, OSError):
@@ -201,7 +221,9 @@ class PolicyEngine:
 
     def submit_clean(self, job: CleanJob) -> Future[CleanResult]:
         estimate = self.estimate(job)
-        choice = choose_engine(estimate, self._capacity(job))
+        choice = choose_engine(
+            estimate, self._capacity(job), min_keys_over_capacity=self.min_keys_over_capacity
+        )
         engine = self._spark_engine() if choice == "spark" else self.local
         with self._lock:
             self.decisions[job.tp] = (choice, estimate)
@@ -214,11 +236,12 @@ class PolicyEngine:
     def _note_local(self, job: CleanJob, future: Future[CleanResult]) -> None:
         if future.cancelled() or future.exception() is not None:
             return
+        end = future.result().end_offset
         with self._lock:
-            if future.result().end_offset < job.first_uncleanable:
-                self._map_filled.add(job.tp)
+            if end < job.first_uncleanable:
+                self._map_filled[job.tp] = keys_from_filled_map(job, end, self._capacity(job))
             else:
-                self._map_filled.discard(job.tp)
+                self._map_filled.pop(job.tp, None)
 
     def _spark_engine(self) -> Engine:
         with self._lock:
@@ -242,7 +265,8 @@ class PolicyEngine:
 
 def policy_engine(config: Config) -> PolicyEngine:
     """The engine of `engine.name: spark`: local passes on `LocalEngine`, the passes whose
-    keys outgrow its map on `SparkEngine` (checked for PySpark and Java when first used)."""
+    keys outgrow its map by `engine.spark.min_keys_over_capacity` on `SparkEngine`
+    (checked for PySpark and Java when first used)."""
     from cleanerd.engine.local import LocalEngine
     from cleanerd.engine.spark import SparkEngine
 
@@ -255,5 +279,8 @@ def policy_engine(config: Config) -> PolicyEngine:
         )
 
     return PolicyEngine(
-        LocalEngine.from_config(config), lambda: SparkEngine.from_config(config), capacity
+        LocalEngine.from_config(config),
+        lambda: SparkEngine.from_config(config),
+        capacity,
+        min_keys_over_capacity=config.engine.spark.min_keys_over_capacity,
     )

@@ -148,3 +148,21 @@ def test_discarded_batches_keep_nothing() -> None:
     )
     assert keep.tolist() == [False, False, True]
     assert invalid == 0
+
+
+def test_a_horizon_that_guards_nothing_is_dropped() -> None:
+    """A batch whose tombstones are gone loses its horizon, copied batches included."""
+    keep = decide()
+    assert plan(keep, kept=2, total=3, kept_tombstone=False, delete_horizon_ms=500) == (
+        WriteAction.REENCODE,
+        NO_HORIZON,
+    )
+    assert plan(keep, kept=3, total=3, kept_tombstone=False, delete_horizon_ms=500) == (
+        WriteAction.REENCODE,
+        NO_HORIZON,
+    )
+    marker = decide(is_control=True, discardable=True, delete_horizon_ms=2000)
+    assert plan(marker, kept=1, total=1, kept_tombstone=False, delete_horizon_ms=2000) == (
+        WriteAction.COPY,
+        2000,
+    )

@@ -8,15 +8,16 @@ import threading
 from collections.abc import Iterator
 from concurrent.futures import Future
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import yaml
 
 from cleanerd.compaction.audit import AuditColumns
 from cleanerd.compaction.cleaner import CleanResult
+from cleanerd.compaction.stats import CleanerStats
 from cleanerd.config import Config, load_config
-from cleanerd.daemon.cycle import Maintenance, run_cycles
+from cleanerd.daemon.cycle import CleanedLog, CycleReport, Maintenance, run_cycles
 from cleanerd.daemon.scheduler import config_fingerprint
 from cleanerd.engine.base import AuditJob, CleanJob
 from cleanerd.engine.local import LocalEngine, WorkerSettings
@@ -392,3 +393,85 @@ def test_a_pass_cut_short_by_a_full_map_is_followed_by_more(tmp_path: Path) -> N
     assert ends == sorted(ends)
     assert ends[-1] == 20
     assert OffsetCheckpointFile(tmp_path / "logs" / CLEANER_OFFSET_CHECKPOINT).read() == {tp: 20}
+
+
+class _RecordingStop(threading.Event):
+    """A stop event that records the backoff waits and stops after `cycles` of them."""
+
+    def __init__(self, cycles: int) -> None:
+        super().__init__()
+        self.cycles, self.waits = cycles, 0
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self.waits += 1
+        if self.waits == self.cycles:
+            self.set()
+        return self.is_set()
+
+
+class _NoOpPasses:
+    """A stand-in for Maintenance whose every cycle runs one pass that changes nothing
+    (it sets `stop` after ten cycles, should they run back to back)."""
+
+    def __init__(self) -> None:
+        self.runs = 0
+
+    def run_once(self, stop: threading.Event | None = None) -> CycleReport:
+        self.runs += 1
+        if stop is not None and self.runs == 10:
+            stop.set()
+        stats = CleanerStats(100, 100, 0, 0, 5, 5, 0, 0.0, T0, T0, T0)
+        cleaned = CleanedLog("logs", TopicPartition("t", 0), "", None, 0, 7, 7, stats, T0, T0)
+        return CycleReport(T0, T0, (), (), False, None, (cleaned,), (), (), (), ())
+
+
+def test_run_cycles_backs_off_after_passes_that_made_no_progress() -> None:
+    """A cycle whose passes neither moved the checkpoint nor removed a record is idle."""
+    stop = _RecordingStop(cycles=3)
+    assert run_cycles(cast(Maintenance, _NoOpPasses()), stop, backoff_ms=60_000) == 3
+    assert stop.waits == 3
+
+
+class _DrainOnSubmit:
+    """An engine that sets the cycle's drain flag as it accepts its first pass."""
+
+    def __init__(self, inner: LocalEngine) -> None:
+        self.inner = inner
+        self.drain: threading.Event | None = None
+        self.name, self.workers, self.dead_workers = "local", 1, 0
+
+    def submit_clean(self, job: CleanJob) -> Future[CleanResult]:
+        assert self.drain is not None
+        self.drain.set()
+        return self.inner.submit_clean(job)
+
+    def submit_audit(self, job: AuditJob) -> Future[AuditColumns]:
+        return self.inner.submit_audit(job)
+
+    def abort(self, tp: TopicPartition) -> bool:
+        return self.inner.abort(tp)
+
+    def shutdown(self, *, abort: bool = False) -> None:
+        self.inner.shutdown(abort=abort)
+
+
+def test_drain_finishes_the_pass_in_flight_and_picks_no_more(
+    tmp_path: Path, engine: LocalEngine
+) -> None:
+    """With `drain` set mid-cycle the running pass completes, no other starts, and
+    clearing it lets the next cycle clean the rest."""
+    tps = [TopicPartition("t", i) for i in range(2)]
+    for tp in tps:
+        build(tmp_path, tp, [records(range(5), T0) * 2, records([0], T0)])
+    cfg = write_config(tmp_path, {"t": {"cleanup.policy": "compact"}})
+    draining = _DrainOnSubmit(engine)
+    with Maintenance(cfg, draining, clock=lambda: T0) as m:
+        draining.drain = m.drain
+        report = m.run_once(threading.Event())
+        assert len(report.cleaned) == 1
+        assert not report.aborted
+        assert any(s.phase == "clean" and "draining" in s.reason for s in report.skipped)
+        m.drain.clear()
+        draining.drain = threading.Event()
+        again = m.run_once()
+    assert [c.tp for c in again.cleaned] == [t for t in tps if t != report.cleaned[0].tp]

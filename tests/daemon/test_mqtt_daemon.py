@@ -52,6 +52,8 @@ def _config(tmp_path: Path, broker: Broker) -> Path:
         "topics": {
             "users": {"cleanup.policy": "compact"},
             "sessions": {"cleanup.policy": "compact", "segment.ms": 1000},
+            # Never eligible by ratio (1.0 is never exceeded) nor by lag: only forced.
+            "ledger": {"cleanup.policy": "compact", "min.cleanable.dirty.ratio": 1.0},
             "events": {"cleanup.policy": "delete", "retention.ms": HOUR},
         },
     }
@@ -119,13 +121,15 @@ async def test_events_commands_and_a_broker_outage(
     broker: Broker, tmp_path: Path, notify_socket: NotifyReceiver
 ) -> None:
     """1. the startup cycle's roll, pass and deletion arrive as events;
-    2. a `clean` command for a new partition is accepted and its pass follows;
+    2. a `clean` command for a new partition is accepted and its pass follows, and so
+    does one for a partition whose dirty ratio is below its threshold;
     3. a path-like topic and a missing partition are rejected, nothing is done;
     4. with the broker killed, a cycle still cleans;
     5. once the broker is back the daemon reconnects (retained status `online` again)
     and answers commands."""
     now = _now_ms()
     _dirty(tmp_path, TopicPartition("users", 0), timestamp=now - HOUR)
+    _dirty(tmp_path, TopicPartition("ledger", 0), timestamp=now - HOUR)
     sessions = build_log(
         tmp_path / "data",
         [[[kv("s", "1", timestamp=now - HOUR)]]],
@@ -162,6 +166,10 @@ async def test_events_commands_and_a_broker_outage(
         await sub.publish(f"{BASE}/commands/clean", b'{"topic": "users", "partition": 1}', qos=1)
         await inbox.wait(_kind("command.accepted", "users", 1), "command.accepted")
         await inbox.wait(_kind("log.cleaned", "users", 1), "the commanded pass")
+        assert not any(_kind("log.cleaned", "ledger", 0)(e) for e in inbox.events)
+        await sub.publish(f"{BASE}/commands/clean", b'{"topic": "ledger", "partition": 0}', qos=1)
+        forced = await inbox.wait(_kind("log.cleaned", "ledger", 0), "the forced pass")
+        assert forced["data"]["reason"] == "requested"
 
         await sub.publish(f"{BASE}/commands/clean", b'{"topic": "../etc", "partition": 0}', qos=1)
         await sub.publish(f"{BASE}/commands/clean", b'{"topic": "users", "partition": 9}', qos=1)

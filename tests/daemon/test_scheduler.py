@@ -8,7 +8,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from structlog.testing import capture_logs
 
+from cleanerd.compaction.cleanable import EligibilityReason
 from cleanerd.config import BrokerConfig, TopicConfig
 from cleanerd.daemon.scheduler import (
     CleanerStateError,
@@ -261,3 +263,67 @@ def test_failure_while_evaluating_marks_only_that_log(make_dir: Any) -> None:
     picked = m.grab_next(NOW)
     assert picked is not None
     assert picked.tp == B
+
+
+def test_forced_logs_go_first_whatever_their_ratio(make_dir: Any) -> None:
+    """A forced log below its ratio is picked before the dirtiest, once, as `requested`."""
+    d = make_dir({A: 21, C: 30}, checkpoints={A: 16, C: 20})
+    items = [d.item(A, topic(min_cleanable_dirty_ratio=0.99)), d.item(C)]
+    m = d.manager
+    m.refresh(items, NOW)
+    assert m.candidates[A].eligible is None
+    m.force(A)
+    assert m.forced == (A,)
+    picked = m.grab_next(NOW)
+    assert picked is not None
+    assert (picked.tp, picked.eligible) == (A, EligibilityReason.REQUESTED)
+    assert m.forced == ()
+    assert (picked := m.grab_next(NOW)) is not None
+    assert picked.tp == C
+    m.done_cleaning(A)
+    m.done_cleaning(C)
+    m.refresh(items, NOW)
+    assert m.grab_next(NOW) is not None  # C is still the dirtiest: the force is spent
+    assert m.grab_next(NOW) is None
+
+
+def test_a_forced_log_with_nothing_to_clean_is_dropped(make_dir: Any) -> None:
+    """Forcing a log with no cleanable bytes, or one that does not exist, does nothing."""
+    d = make_dir({A: 20}, checkpoints={A: 20})
+    m = d.manager
+    m.force(A)
+    m.force(B)
+    m.refresh(d.items(A), NOW)
+    assert m.forced == ()
+    assert m.grab_next(NOW) is None
+
+
+def test_a_force_waits_while_the_log_is_busy(make_dir: Any) -> None:
+    """A log forced while retention holds it is picked once it is free."""
+    d = make_dir({A: 21}, checkpoints={A: 16})
+    items = [d.item(A, topic(min_cleanable_dirty_ratio=0.99))]
+    m = d.manager
+    m.refresh(items, NOW)
+    with m.retention_hold([(A, topic())], NOW):
+        m.force(A)
+        m.refresh(items, NOW)
+        assert m.grab_next(NOW) is None
+        assert m.forced == (A,)
+    m.refresh(items, NOW)
+    assert (picked := m.grab_next(NOW)) is not None
+    assert picked.eligible is EligibilityReason.REQUESTED
+
+
+def test_partition_log_lines_carry_topic_partition_and_log_dir(make_dir: Any) -> None:
+    """`cleaner_checkpoint.reset` and `partition.uncleanable` name the partition in
+    three fields: topic, partition (an int) and log_dir."""
+    d = make_dir({A: 30}, checkpoints={A: 200})
+    items = d.items(A)
+    with capture_logs() as logs:
+        d.manager.refresh(items, NOW)
+        d.manager.mark_uncleanable(items[0], "corrupt", NOW)
+    lines = {e["event"]: e for e in logs}
+    for event in ("cleaner_checkpoint.reset", "partition.uncleanable"):
+        line = lines[event]
+        assert (line["topic"], line["partition"]) == ("a", 0), event
+        assert line["log_dir"] == str(d.log_dir.path)

@@ -7,6 +7,7 @@ import time
 import urllib.request
 from concurrent.futures import Future
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,7 @@ import pytest
 import structlog
 import yaml
 
+from cleanerd.cli import main
 from cleanerd.compaction.audit import AuditColumns
 from cleanerd.compaction.cleanable import log_to_clean
 from cleanerd.compaction.cleaner import CleaningAborted, CleanResult
@@ -26,7 +28,7 @@ from cleanerd.daemon.commands import (
     ReloadCommand,
     ResumeCommand,
 )
-from cleanerd.daemon.cycle import CleanedLog
+from cleanerd.daemon.cycle import CleanedLog, made_progress
 from cleanerd.daemon.service import (
     CycleClock,
     CycleTrigger,
@@ -37,7 +39,6 @@ from cleanerd.daemon.service import (
     age_states,
     cycle_due,
     deadlines,
-    made_progress,
 )
 from cleanerd.daemon.systemd import Notifier
 from cleanerd.engine.base import AuditJob, CleanJob
@@ -545,3 +546,53 @@ def test_deadlines_summarise_upcoming_and_overdue_partitions(tmp_path: Path) -> 
     assert deadlines([state], now_ms=101_000, uncleanable=none) == Deadlines(None, True)
     marked = frozenset({USERS})
     assert deadlines([state], now_ms=101_000, uncleanable=marked) == Deadlines(None, False)
+
+
+async def test_pause_lets_the_pass_in_flight_finish_and_starts_no_other(
+    config_path: Path, notify_socket: NotifyReceiver, tmp_path: Path
+) -> None:
+    """`pause` during a cycle: the running pass is not aborted, the cycle ends when it
+    does, without starting the other eligible partition; after `resume` passes start."""
+    now = _now_ms()
+    keys = [[[kv(f"k{i}", f"v{n}", timestamp=now - HOUR) for i in range(10)]] for n in range(3)]
+    build_log(tmp_path / "data", keys, state_dir=tmp_path / "state", tp=TopicPartition("users", 1))
+    engine = BlockingEngine()
+    daemon = _blocking_daemon(config_path, notify_socket, engine, FAST)
+    async with running(daemon):
+        await eventually(lambda: len(engine.submitted) == 1, "the first pass to start")
+        await daemon.on_command(PauseCommand())
+        engine.release()  # the pass in flight reports back
+        await eventually(lambda: daemon.cycles == 1, "the drained cycle to end")
+        assert len(engine.submitted) == 1
+        assert engine.aborted == []
+        await daemon.on_command(ResumeCommand())
+        await eventually(lambda: len(engine.submitted) == 2, "a pass after resume")
+        engine.release()
+
+
+async def test_no_pass_is_rerun_once_the_passed_horizons_are_acted_on(
+    tmp_path: Path, notify_socket: NotifyReceiver
+) -> None:
+    """A log whose tombstones went at their horizon gets no further pass, cycle after
+    cycle (the demo topic's shape: batches of 20 over 40 keys, every 15th a tombstone)."""
+    minute, t0 = 60_000, _now_ms() - HOUR
+    data, state = tmp_path / "data", tmp_path / "state"
+    batches = [
+        [
+            kv(f"k{(b * 20 + i) * 7 % 40}", None if i % 15 == 14 else "v", timestamp=t0 + b)
+            for i in range(20)
+        ]
+        for b in range(15)
+    ]
+    build_log(data, [batches[:7], batches[7:14], batches[14:]], state_dir=state, tp=USERS)
+    settings = _settings(tmp_path, topics={"users": {"cleanup.policy": "compact"}})
+    settings["topics"]["users"]["delete.retention.ms"] = minute
+    path = _write(tmp_path / "cleanerd.yaml", settings)
+    for at in (t0, t0 + 2 * minute):  # stamp the horizons, then act on them
+        assert main(["clean", "-c", str(path), "--now-ms", str(at)]) == 0
+    daemon, events = _daemon(path, notify_socket)
+    async with running(daemon):
+        for n in range(1, 4):
+            await eventually(partial(lambda n: daemon.cycles >= n, n), f"cycle {n}")
+            daemon.request_cycle()
+    assert events.of("log.cleaned") == []

@@ -7,9 +7,12 @@ import shutil
 from concurrent.futures import Future
 from pathlib import Path
 
+import pytest
+
 from cleanerd.compaction.audit import AuditColumns
 from cleanerd.compaction.cleaner import CleanerConfig, CleanResult
 from cleanerd.compaction.stats import CleanerStats
+from cleanerd.config import config_from_data
 from cleanerd.engine.base import AuditJob, CleanJob
 from cleanerd.engine.policy import (
     KeyEstimate,
@@ -17,8 +20,11 @@ from cleanerd.engine.policy import (
     choose_engine,
     estimate_keys,
     gee_distinct,
+    keys_from_filled_map,
     local_key_capacity,
+    policy_engine,
 )
+from cleanerd.errors import ConfigError
 from cleanerd.log.files import TopicPartition
 from tests.compaction.conftest import TP, LogBuilder, k, segment_metas
 
@@ -139,3 +145,42 @@ def test_policy_routes_big_ranges_and_learns_from_a_filled_map(tmp_path: Path) -
     policy.shutdown()
     assert local.shut
     assert spark.shut
+
+
+def test_choose_engine_with_a_threshold_above_the_capacity() -> None:
+    """With min_keys_over_capacity 5, Spark only above five maps' worth of keys."""
+    assert choose_engine(KeyEstimate(50, "sample"), 10, min_keys_over_capacity=5.0) == "local"
+    assert choose_engine(KeyEstimate(51, "sample"), 10, min_keys_over_capacity=5.0) == "spark"
+
+
+def test_a_filled_map_scales_the_history_estimate(tmp_path: Path) -> None:
+    """A local pass whose full map covered a quarter of the range counts 4x the capacity
+    (local under a threshold of 5); one that covered an eighth, 8x (Spark)."""
+    job = build(tmp_path, keys=400)
+    span = job.first_uncleanable - job.first_dirty
+    for divisor, where in ((4, "local"), (8, "spark")):
+        end = job.first_dirty + span // divisor
+        assert keys_from_filled_map(job, end, 100) == 100 * divisor
+        policy = PolicyEngine(
+            FakeEngine("local", end=end),
+            lambda: FakeEngine("spark"),
+            lambda j: 100,
+            sample_bytes=10**9,  # the whole range: exactly 400 keys
+            min_keys_over_capacity=5.0,
+        )
+        policy.submit_clean(job)
+        assert policy.decisions[TP] == ("local", KeyEstimate(400, "sample"))
+        policy.submit_clean(job)
+        assert policy.decisions[TP] == (where, KeyEstimate(100 * divisor, "history"))
+
+
+def test_min_keys_over_capacity_reaches_the_policy_engine() -> None:
+    """engine.spark.min_keys_over_capacity is validated (>= 1, finite) and applied."""
+    data = {"log.dirs": ["/nonexistent"], "engine": {"spark": {"min_keys_over_capacity": 5.5}}}
+    engine = policy_engine(config_from_data(data))
+    engine.shutdown()
+    assert engine.min_keys_over_capacity == 5.5
+    for bad in (0.5, float("inf")):
+        data["engine"] = {"spark": {"min_keys_over_capacity": bad}}
+        with pytest.raises(ConfigError, match="min_keys_over_capacity"):
+            config_from_data(data)
