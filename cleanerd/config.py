@@ -542,7 +542,10 @@ def default_config_data() -> dict[str, Any]:
             },
             "demo-events": {
                 "cleanup.policy": "delete",
-                "segment.bytes": small_segments,
+                # Several small segments and a one-minute roll, so time retention has whole
+                # segments to delete in the demo (it never deletes the active segment).
+                "segment.bytes": 4096,
+                "segment.ms": 60_000,
                 "retention.ms": 600_000,
             },
             "demo-prices": {
