@@ -6,9 +6,7 @@ import asyncio
 import contextlib
 import getpass
 import json
-import os
 import random
-import shutil
 import signal
 import socket
 import subprocess
@@ -42,14 +40,11 @@ from cleanerd.daemon.events import (
     topic_level,
 )
 from cleanerd.errors import ConfigError
+from tests.tools import require_tool
 
 HOST = "testhost"
 FAST = Backoff(initial_s=0.05, max_s=0.2)
 WAIT_S = 15.0  # an upper bound for things that take milliseconds, never an assertion
-
-
-def _mosquitto() -> str | None:
-    return shutil.which("mosquitto") or shutil.which("mosquitto", path="/usr/sbin:/sbin")
 
 
 def _free_port() -> int:
@@ -90,11 +85,7 @@ class Broker:
 
 
 def _broker(tmp_path: Path, extra: str = "") -> Iterator[Broker]:
-    binary = _mosquitto()
-    if binary is None:
-        if os.environ.get("CI"):
-            pytest.fail("mosquitto is not installed (apt-get install mosquitto mosquitto-clients)")
-        pytest.skip("mosquitto is not installed (apt-get install mosquitto mosquitto-clients)")
+    binary = require_tool("mosquitto", "mosquitto")
     port = _free_port()
     conf = tmp_path / "mosquitto.conf"
     # As root mosquitto would switch to its own user, who cannot read tmp_path.
@@ -427,9 +418,7 @@ async def test_will_is_offline_when_the_connection_dies(broker: Broker, tmp_path
 @pytest.fixture(name="password_broker")
 def _password_broker(tmp_path: Path) -> Iterator[Broker]:
     """mosquitto that accepts only user `cleanerd` with password `pw-123`."""
-    passwd = shutil.which("mosquitto_passwd")
-    if passwd is None:
-        pytest.skip("mosquitto_passwd is not installed (apt-get install mosquitto)")
+    passwd = require_tool("mosquitto_passwd", "mosquitto")
     users = tmp_path / "users"
     subprocess.run([passwd, "-c", "-b", str(users), "cleanerd", "pw-123"], check=True)
     users.chmod(0o600)
@@ -542,9 +531,7 @@ async def test_retained_command_is_rejected(broker: Broker) -> None:
 
 def _make_certs(tmp_path: Path) -> dict[str, Path]:
     """A throwaway CA, a server certificate for 127.0.0.1 and a client certificate."""
-    openssl = shutil.which("openssl")
-    if openssl is None:
-        pytest.skip("openssl is not installed (apt-get install openssl)")
+    openssl = require_tool("openssl", "openssl")
     files = {name: tmp_path / f"{name}.pem" for name in ("ca", "ca-key", "server", "server-key")}
     files |= {"client": tmp_path / "client.pem", "client-key": tmp_path / "client-key.pem"}
     ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]

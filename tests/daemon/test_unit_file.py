@@ -2,28 +2,17 @@
 
 from __future__ import annotations
 
-import os
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
-import pytest
+from tests.tools import require_tool
 
 SYSTEMD_DIR = Path(__file__).resolve().parents[2] / "systemd"
 UNIT = SYSTEMD_DIR / "cleanerd.service"
 SYSUSERS = SYSTEMD_DIR / "cleanerd.sysusers"
 MAX_EXPOSURE = 2.0
-
-
-def _tool(name: str) -> str:
-    path = shutil.which(name)
-    if path is None:
-        if os.environ.get("CI"):
-            pytest.fail(f"{name} is missing (apt-get install systemd)")
-        pytest.skip(f"{name} is missing (it comes with systemd)")
-    return path
 
 
 def _settings(text: str) -> dict[str, list[str]]:
@@ -75,7 +64,7 @@ def test_unit_has_the_lifecycle_and_hardening_settings() -> None:
 
 def test_systemd_analyze_verify_passes(tmp_path: Path) -> None:
     """`systemd-analyze verify` reports nothing for the unit."""
-    analyze = _tool("systemd-analyze")
+    analyze = require_tool("systemd-analyze", "systemd")
     result = subprocess.run(
         [analyze, "verify", str(_runnable_copy(tmp_path))],
         capture_output=True,
@@ -88,7 +77,7 @@ def test_systemd_analyze_verify_passes(tmp_path: Path) -> None:
 
 def test_systemd_analyze_security_rates_it_ok(tmp_path: Path) -> None:
     """`systemd-analyze security --offline=true` rates the unit's exposure at most 2.0."""
-    analyze = _tool("systemd-analyze")
+    analyze = require_tool("systemd-analyze", "systemd")
     result = subprocess.run(
         [analyze, "security", "--offline=true", str(_runnable_copy(tmp_path))],
         capture_output=True,
@@ -102,7 +91,7 @@ def test_systemd_analyze_security_rates_it_ok(tmp_path: Path) -> None:
 
 def test_sysusers_entry_parses(tmp_path: Path) -> None:
     """systemd-sysusers accepts the entry and would create the `cleanerd` user."""
-    sysusers = _tool("systemd-sysusers")
+    sysusers = require_tool("systemd-sysusers", "systemd")
     (tmp_path / "etc").mkdir()
     result = subprocess.run(
         [sysusers, f"--root={tmp_path}", "--dry-run", str(SYSUSERS)],
