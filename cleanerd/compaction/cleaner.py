@@ -34,11 +34,12 @@ test can stop the pass at any single one and check recovery.
 Segments are memory-mapped and decoded into columns (`cleanerd.records.columns`, numba)
 once per pass where the cache budget allows (the dirty segments decoded for the map are
 reused by the copy; a segment decoded again is not CRC-checked again), each mapped once
-per pass. Keys are hashed once per segment; the keep decisions of a dirty segment read
-the map slots its records were put in; keep decisions, the assembly of the output and
-its index arithmetic run over whole segments in numba. Python runs per batch only for batches with a
-producer id, transaction or control flag, to call a codec or CRC-32C (C libraries), and
-for the rare batches written whole (empty headers, legacy entries); never per record.
+per pass. Keys are hashed once per segment, and the copy reads a dirty segment's keep
+decisions from the map slots its records were put in; keep decisions, the assembly of
+the output and its index arithmetic run over whole segments in numba. Python runs per
+batch only for batches with a producer id, transaction or control flag, to call a codec
+or CRC-32C (C libraries), and for the rare batches written whole (empty headers, legacy
+entries); never per record.
 """
 
 from __future__ import annotations

@@ -98,6 +98,7 @@ def test_removed_topic_entry_lists_the_keys_it_had_set() -> None:
         "topics.demo-events.cleanup.policy": ABSENT,
         "topics.demo-events.retention.ms": ABSENT,
         "topics.demo-events.segment.bytes": ABSENT,
+        "topics.demo-events.segment.ms": ABSENT,
     }
     assert plan.config.topic_config("demo-events").retention_ms == 7 * 24 * 3_600_000
 
