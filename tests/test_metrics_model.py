@@ -108,6 +108,25 @@ def test_worker_gauges_as_kafka_computes_them() -> None:
     assert (empty.recopy_ratio, empty.kafka_time_since_last_run_ms) == (0.0, 0)
 
 
+def test_scenario_43_worker_gauges_are_maxima_and_zero_without_runs() -> None:
+    """Kafka scenario 43: with no rounds the buffer, clean-time and delay gauges read 0;
+    with three workers they are the maxima of the last rounds (0.75/0.85/0.65 => 85, a
+    0.9 round => 90, all 0.5 => 50; 1/2/3 s => 3, a 4 s round => 4, all 1.5 s => 1)."""
+    none = build_snapshot(now_ms=NOW, partitions=[])
+    assert none.kafka_max_buffer_utilization_percent == 0
+    assert none.kafka_max_clean_time_secs == 0
+    assert none.kafka_max_compaction_delay_secs == 0
+
+    def gauges(utils: list[float], secs: list[float]) -> tuple[int, int]:
+        runs = [stats(1, 1, u, int(t * 1000)) for u, t in zip(utils, secs, strict=True)]
+        snap = build_snapshot(now_ms=NOW, partitions=[], last_runs=runs)
+        return snap.kafka_max_buffer_utilization_percent, snap.kafka_max_clean_time_secs
+
+    assert gauges([0.75, 0.85, 0.65], [1, 2, 3]) == (85, 3)
+    assert gauges([0.75, 0.9, 0.65], [1, 4, 3]) == (90, 4)
+    assert gauges([0.5, 0.5, 0.5], [1.5, 1.5, 1.5]) == (50, 1)
+
+
 def test_counters_and_devices() -> None:
     """Rolls and deletions are counted by reason (a dry run counts nothing); devices
     report usage and threshold as ratios."""
