@@ -1,23 +1,55 @@
-"""Finding the system programs that integration tests drive for real (promtool, prometheus).
+"""What integration tests need from the system: programs they drive for real (promtool,
+prometheus, mosquitto ...) and real tmpfs mounts (root).
 
-`scripts/test` installs them (Debian packages); elsewhere a test that needs a missing one
-skips, except under CI (`CI` set), where a missing tool is a failure, not a silent skip.
+`scripts/test` installs the programs (Debian packages) and CI runs as root; elsewhere a test
+whose need is not met skips, except under CI (`CI` set), where it is a failure, not a
+silent skip.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
+
+
+def unavailable(message: str) -> None:
+    """Skip the test, or fail it under CI, where every requirement must be met."""
+    if os.environ.get("CI"):
+        pytest.fail(message)
+    pytest.skip(message)
 
 
 def require_tool(name: str, package: str) -> str:
     """The path of the program `name`, or skip (fail under CI) naming its `package`."""
     path = shutil.which(name) or shutil.which(name, path="/usr/sbin:/sbin")
     if path is None:
-        message = f"{name} is missing (apt-get install {package})"
-        if os.environ.get("CI"):
-            pytest.fail(message)
-        pytest.skip(message)
+        unavailable(f"{name} is missing (apt-get install {package})")
+    assert path is not None
     return path
+
+
+@contextlib.contextmanager
+def tmpfs(path: Path, size: str) -> Iterator[Path]:
+    """A real tmpfs of `size` (mount's syntax: 512k, 4m) mounted at `path` (created) for
+    the block; skip (fail under CI) when not root or the mount is refused."""
+    if os.geteuid() != 0:
+        unavailable("mounting a tmpfs needs root")
+    path.mkdir()
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if done.returncode != 0:
+        unavailable(f"cannot mount a tmpfs at {path}: {done.stderr.strip()}")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", str(path)], check=True)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import errno
 import os
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -29,6 +28,7 @@ from tests.compaction.conftest import (
     read_batches,
     segment_metas,
 )
+from tests.tools import tmpfs
 
 
 def build(root: Path, n: int = 40, value_size: int = 10) -> Path:
@@ -113,18 +113,7 @@ def fill_disk(path: Path) -> int | None:
 @pytest.mark.root
 def test_enospc_on_tmpfs(tmp_path: Path) -> None:
     """A full disk (a real tmpfs) aborts the pass: `.cleaned` gone, originals intact."""
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root")
-    mnt = tmp_path / "mnt"
-    mnt.mkdir()
-    mounted = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=512k", "tmpfs", str(mnt)],
-        check=False,
-        capture_output=True,
-    )
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
-    try:
+    with tmpfs(tmp_path / "mnt", "512k") as mnt:
         d = build(mnt / "logs", n=200, value_size=500)
         filler = mnt / "filler"
         assert fill_disk(filler) == errno.ENOSPC
@@ -136,8 +125,6 @@ def test_enospc_on_tmpfs(tmp_path: Path) -> None:
         assert not [p for p in d.iterdir() if p.name.endswith((".cleaned", ".swap"))]
         filler.unlink()
         assert run_marked(d, UncleanablePartitions()) is not None
-    finally:
-        subprocess.run(["umount", str(mnt)], check=True)
 
 
 def big_log(root: Path) -> Path:

@@ -3,10 +3,7 @@ simulated usage probe and on real tmpfs devices."""
 
 from __future__ import annotations
 
-import contextlib
 import multiprocessing
-import os
-import subprocess
 import time
 from collections.abc import Callable, Iterator, Sequence
 from multiprocessing.synchronize import Event
@@ -29,6 +26,7 @@ from cleanerd.retention.disk import (
 )
 from cleanerd.retention.policy import DeletionReason
 from tests.builders import kv
+from tests.tools import tmpfs
 
 HOUR = 3_600_000
 NOW = 1_700_000_000_000
@@ -234,23 +232,6 @@ def test_check_due() -> None:
 # Real devices: two tmpfs mounts
 
 
-@contextlib.contextmanager
-def tmpfs(path: Path, size: str) -> Iterator[Path]:
-    path.mkdir()
-    done = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount tmpfs at {path}: {done.stderr.strip()}")
-    try:
-        yield path
-    finally:
-        subprocess.run(["umount", str(path)], check=True)
-
-
 def produce(log_dir: str, state_dir: str, acked: str, stop: Event, count: int) -> None:
     """A producer in its own process: appends through the partition lock of a log dir the
     test process owns, and records each acknowledged offset."""
@@ -281,8 +262,6 @@ def test_tmpfs_devices_oldest_first_with_concurrent_producer(tmp_path: Path) -> 
     or active segments) until usage is under the threshold; the other device is
     untouched, and a concurrent producer loses no acknowledged record except ones
     deleted as oldest."""
-    if os.geteuid() != 0:
-        pytest.skip("mounting tmpfs needs root")
     state = tmp_path / "state"
     now = time.time_ns() // 1_000_000
     with tmpfs(tmp_path / "dev-a", "4m") as dev_a, tmpfs(tmp_path / "dev-b", "4m") as dev_b:
