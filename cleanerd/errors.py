@@ -6,6 +6,9 @@ position or offset, so an operator can find the bad bytes with `cleanerd dump`.
 
 from __future__ import annotations
 
+import errno as errno_codes
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 
@@ -87,3 +90,33 @@ class ConfigError(CleanerdError):
         self.path = str(path) if path is not None else None
         head = f"invalid configuration {self.path}" if self.path else "invalid configuration"
         super().__init__(head + ":\n" + "\n".join(f"  {e}" for e in errors))
+
+
+class FileStepError(CleanerdError):
+    """A file operation that failed (a full disk, a read-only file system, an I/O
+    error), naming the file and the step of the work it was part of."""
+
+    def __init__(self, step: str, path: Path | str, cause: OSError) -> None:
+        self.step = step
+        self.path = str(path)
+        self.errno = cause.errno
+        name = errno_codes.errorcode.get(cause.errno or 0, "error")
+        reason = cause.strerror or str(cause)
+        super().__init__(f"{reason} ({name}) while {step}: {self.path}")
+
+    @property
+    def no_space(self) -> bool:
+        """The disk (or a quota) was full."""
+        return self.errno in (errno_codes.ENOSPC, errno_codes.EDQUOT)
+
+
+@contextmanager
+def file_step(step: str, path: Path | str) -> Iterator[None]:
+    """Turn an OSError raised in the block into a FileStepError naming `step` and
+    `path` (an error that already names its step passes through)."""
+    try:
+        yield
+    except FileStepError:
+        raise
+    except OSError as exc:
+        raise FileStepError(step, path, exc) from exc

@@ -12,9 +12,11 @@ import contextlib
 import os
 import shutil
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 
 
@@ -53,3 +55,27 @@ def tmpfs(path: Path, size: str) -> Iterator[Path]:
         yield path
     finally:
         subprocess.run(["umount", str(path)], check=True)
+
+
+def session_processes(sid: int) -> list[int]:
+    """The live processes of session `sid` (a process started with
+    `start_new_session=True` leads one): whatever a command started and left behind."""
+    found = []
+    for proc in psutil.process_iter(["status"]):
+        try:
+            if os.getsid(proc.pid) == sid and proc.info["status"] != psutil.STATUS_ZOMBIE:
+                found.append(proc.pid)
+        except (ProcessLookupError, PermissionError, psutil.NoSuchProcess):
+            continue
+    return found
+
+
+def wait_for_session_end(sid: int, timeout_s: float) -> float:
+    """Wait until no process of session `sid` is alive; returns how long that took.
+    Fails (with the survivors) after `timeout_s`."""
+    start = time.monotonic()
+    while alive := session_processes(sid):
+        if time.monotonic() - start > timeout_s:
+            pytest.fail(f"processes of session {sid} outlived it by {timeout_s} s: {alive}")
+        time.sleep(0.02)
+    return time.monotonic() - start

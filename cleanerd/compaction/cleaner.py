@@ -44,6 +44,8 @@ entries); never per record.
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import mmap
 import os
 import threading
@@ -84,11 +86,18 @@ from cleanerd.compaction.producers import (
 )
 from cleanerd.compaction.stats import CleanerStats, StatsAccumulator
 from cleanerd.compaction.strategy import CompactionStrategy, ResolvedStrategy, record_versions
-from cleanerd.compaction.swap import FileOps, remove_stale_cleaned, replace_segments
+from cleanerd.compaction.swap import (
+    FileOps,
+    SwapProof,
+    cleaner_offset,
+    remove_cleaned,
+    remove_stale_cleaned,
+    replace_segments,
+)
 from cleanerd.compaction.throttle import Throttler
 from cleanerd.compaction.transactions import TransactionTracker
 from cleanerd.compaction.writer import CleanedOutput, OutputChunk, OutputLimits
-from cleanerd.errors import CleanerdError, CorruptRecordError
+from cleanerd.errors import CleanerdError, CorruptRecordError, FileStepError, file_step
 from cleanerd.log.checkpoint import (
     CLEANER_OFFSET_CHECKPOINT,
     OffsetCheckpointFile,
@@ -100,6 +109,7 @@ from cleanerd.log.files import (
     txn_index_file,
 )
 from cleanerd.log.meta import SegmentMeta
+from cleanerd.log.ownership import OwnerProof, SegmentsChanged
 from cleanerd.log.txnindex import AbortedTxn, TransactionIndex
 from cleanerd.records.batch import decode_batch, empty_batch_of, encode_batch, encode_empty_batch
 from cleanerd.records.columns import SEGMENT_ROW, SIDE, SegmentColumns, segment_columns
@@ -386,15 +396,24 @@ def _record_columns(
     return k
 
 
-def _map_file(path: Path) -> Buffer:
-    """The file's bytes, memory-mapped read-only (no copy; the pages come from the page
-    cache). A segment is never modified in place, only replaced by rename, so the mapping
-    stays valid for the pass."""
-    with open(path, "rb") as f:
-        size = os.fstat(f.fileno()).st_size
-        if size == 0:
+def _map_file(path: Path, seg: SegmentMeta, *, active: bool) -> Buffer:
+    """The segment's `.log` bytes, memory-mapped read-only (no copy; the pages come from
+    the page cache). A segment is never modified in place, only replaced by rename, so
+    the mapping stays valid for the pass. Raises SegmentsChanged unless the file is the
+    one of the snapshot `seg` (its inode, its size; the `active` segment may have grown)."""
+    try:
+        f = open(path, "rb")  # noqa: SIM115 - closed below; the mapping outlives it
+    except FileNotFoundError:
+        raise SegmentsChanged(f"{path} was removed since the pass was planned") from None
+    with f:
+        st = os.fstat(f.fileno())
+        if (seg.inode is not None and st.st_ino != seg.inode) or not (
+            st.st_size == seg.size_bytes or (active and st.st_size > seg.size_bytes)
+        ):
+            raise SegmentsChanged(f"{path} is not the file the pass was planned on")
+        if st.st_size == 0:
             return b""
-        return mmap.mmap(f.fileno(), size, access=mmap.ACCESS_READ)
+        return mmap.mmap(f.fileno(), st.st_size, access=mmap.ACCESS_READ)
 
 
 @jit
@@ -699,6 +718,7 @@ class _Pass:
     config: CleanerConfig
     stats: StatsAccumulator
     swap_lock: AbstractContextManager[object]
+    proof: SwapProof
     aborted: list[AbortedTxn] = field(default_factory=list)
     legacy_delete_horizon_ms: int = 0
     cache: dict[int, _Columns] = field(default_factory=dict)
@@ -712,6 +732,11 @@ class _Pass:
     mapped: dict[int, Buffer] = field(default_factory=dict)
     """Segments the producer-state walk mapped, kept for their first decode: faulting a
     mapping's pages in costs about as much as the walk, so each is faulted in once."""
+    deleted: list[Path] = field(default_factory=list)
+    """The `.deleted` files of the groups swapped so far."""
+    no_space: bool = False
+    """The disk ran full during this pass: from then on each group's `.deleted` files
+    are unlinked right after its swap instead of after `file.delete.delay.ms`."""
 
     def upper(self, i: int) -> int:
         """Segment i's offset bound: the next segment's base, or the uncleanable offset."""
@@ -762,11 +787,18 @@ class Cleaner:
         swap_lock: AbstractContextManager[object] | None = None,
         oracle: RetentionOracle | None = None,
         install: bool = True,
+        owner: OwnerProof | None = None,
     ) -> CleanResult:
         """Clean [first_dirty, first_uncleanable) of the partition `tp` under `log_dir`,
         whose segments (ascending, the active one last) are `segments`; swap the result
         in (holding `swap_lock`, the partition lock, for the renames only) and move the
         cleaner checkpoint to the returned end offset.
+
+        Before every swap and the checkpoint move the pass proves under the lock that it
+        may (`SwapProof`: `owner` still holds the log dir, the segments are the files it
+        read, the checkpoint entry has not moved); otherwise it raises a StaleWork error
+        and changes nothing more. A failure after some groups were swapped carries their
+        `.deleted` files (`swapped_files`).
 
         With an `oracle` the map is not built: the oracle decides the keyed records and
         the pass ends after its `latest_offset`. With `install=False` the `.cleaned`
@@ -782,13 +814,25 @@ class Cleaner:
             config=config,
             stats=StatsAccumulator(start_ms=self.clock_ms()),
             swap_lock=swap_lock if swap_lock is not None else nullcontext(),
+            proof=SwapProof(log_dir, tp, tuple(segments), cleaner_offset(log_dir, tp), owner),
         )
+        # Proven once before anything is written, so a pass planned on a state that is
+        # already gone (or for an owner that is) does no work and removes nothing.
+        p.proof.verify()
         remove_stale_cleaned(p.dir_path, self.ops)
+        try:
+            return self._clean(p, oracle, install=install)
+        except BaseException as exc:
+            if p.deleted:
+                exc.cleanerd_deleted_files = tuple(p.deleted)  # type: ignore[attr-defined]
+            raise
+
+    def _clean(self, p: _Pass, oracle: RetentionOracle | None, *, install: bool) -> CleanResult:
         p.aborted = self._load_aborted(p)
-        clean_section = [s for s in segments if s.base_offset < first_dirty]
+        clean_section = [s for s in p.segments if s.base_offset < p.first_dirty]
         if clean_section:
             p.legacy_delete_horizon_ms = (
-                clean_section[-1].last_modified_ms - config.delete_retention_ms
+                clean_section[-1].last_modified_ms - p.config.delete_retention_ms
             )
         p.last_records = self._producer_state(p)
         if oracle is None:
@@ -803,26 +847,51 @@ class Cleaner:
             end_offset = oracle.latest_offset + 1
         p.oracle = oracle
         p.stats.map_complete_ms = self.clock_ms()
-        to_clean = [s for s in segments if s.base_offset < end_offset]
+        to_clean = [s for s in p.segments if s.base_offset < end_offset]
         groups = group_segments_by_size(
             to_clean,
-            max_size=config.segment_bytes,
-            max_index_size=config.max_index_size,
-            first_uncleanable_offset=first_uncleanable,
+            max_size=p.config.segment_bytes,
+            max_index_size=p.config.max_index_size,
+            first_uncleanable_offset=p.first_uncleanable,
         )
         tracker = TransactionTracker()
-        deleted: list[Path] = []
         cleaned: list[CleanedGroup] = []
         for group in groups:
-            output = self._clean_group(p, group, tracker)
+            output, tracker = self._clean_group_or_free_space(p, group, tracker)
             if install:
-                deleted += self._swap(p.dir_path, output, p.swap_lock)
+                self._swap(p.dir_path, output, p.swap_lock, p.proof, p.deleted)
+                if p.no_space:
+                    self._unlink_now(p.deleted)
             else:
                 cleaned.append(output)
         if install:
-            self._write_checkpoint(log_dir, tp, end_offset)
+            self._write_checkpoint(p.proof.log_dir, p.tp, end_offset, p.proof)
         stats = p.stats.freeze(self.clock_ms())
-        return CleanResult(first_dirty, end_offset, stats, tuple(deleted), tuple(cleaned))
+        return CleanResult(p.first_dirty, end_offset, stats, tuple(p.deleted), tuple(cleaned))
+
+    def _clean_group_or_free_space(
+        self, p: _Pass, group: list[SegmentMeta], tracker: TransactionTracker
+    ) -> tuple[CleanedGroup, TransactionTracker]:
+        """`_clean_group`, and the tracker to go on with. When the disk runs full, the
+        `.deleted` files of this pass's earlier groups (which only wait for readers) are
+        unlinked at once and the group is written once more, from the tracker and
+        statistics it started with; a second full disk fails the pass."""
+        before, stats_before = copy.deepcopy(tracker), dataclasses.replace(p.stats)
+        try:
+            return self._clean_group(p, group, tracker), tracker
+        except FileStepError as exc:
+            if not exc.no_space or not any(path.exists() for path in p.deleted):
+                raise
+        p.no_space = True
+        self._unlink_now(p.deleted)
+        p.stats = stats_before
+        return self._clean_group(p, group, before), before
+
+    def _unlink_now(self, deleted: list[Path]) -> None:
+        for path in deleted:
+            if path.exists():
+                with file_step("unlinking a replaced segment under disk pressure", path):
+                    self.ops.unlink(path)
 
     def install(
         self,
@@ -831,14 +900,21 @@ class Cleaner:
         tp: TopicPartition,
         cleaned: Sequence[CleanedGroup],
         end_offset: int,
+        proof: SwapProof,
         swap_lock: AbstractContextManager[object] | None = None,
     ) -> tuple[Path, ...]:
         """Swap in the verified output of a pass run with install=False, group by group,
-        then move the cleaner checkpoint to `end_offset`; returns the `.deleted` files."""
+        each after `proof` (the snapshot the pass was planned on), then move the cleaner
+        checkpoint to `end_offset`; returns the `.deleted` files."""
         deleted: list[Path] = []
-        for output in cleaned:
-            deleted += self._swap(log_dir / str(tp), output, swap_lock or nullcontext())
-        self._write_checkpoint(log_dir, tp, end_offset)
+        try:
+            for output in cleaned:
+                self._swap(log_dir / str(tp), output, swap_lock or nullcontext(), proof, deleted)
+            self._write_checkpoint(log_dir, tp, end_offset, proof)
+        except BaseException as exc:
+            if deleted:
+                exc.cleanerd_deleted_files = tuple(deleted)  # type: ignore[attr-defined]
+            raise
         return tuple(deleted)
 
     # -- reading ------------------------------------------------------------------------
@@ -854,7 +930,7 @@ class Cleaner:
             path = log_file(p.dir_path, seg.base_offset)
             raw = p.mapped.pop(seg.base_offset, None)
             if raw is None:
-                raw = _map_file(path)
+                raw = _map_file(path, seg, active=seg is p.segments[-1])
             self._throttle(len(raw))
             c = _read_columns(raw, path, verify_crc=seg.base_offset not in p.verified)
             p.verified.add(seg.base_offset)
@@ -876,7 +952,9 @@ class Cleaner:
     def _producer_state(self, p: _Pass) -> dict[int, LastRecord]:
         batches: list[ProducerBatch] = []
         for seg in p.segments:
-            raw = _map_file(log_file(p.dir_path, seg.base_offset))
+            raw = _map_file(
+                log_file(p.dir_path, seg.base_offset), seg, active=seg is p.segments[-1]
+            )
             if seg.base_offset < p.first_uncleanable:
                 p.mapped[seg.base_offset] = raw
             buf = np.frombuffer(raw, dtype=np.uint8)
@@ -1052,10 +1130,23 @@ class Cleaner:
         )
 
     def _swap(
-        self, dir_path: Path, output: CleanedGroup, swap_lock: AbstractContextManager[object]
-    ) -> list[Path]:
+        self,
+        dir_path: Path,
+        output: CleanedGroup,
+        swap_lock: AbstractContextManager[object],
+        proof: SwapProof,
+        deleted: list[Path],
+    ) -> None:
+        """Prove, then swap one group's output in; its `.deleted` files go to `deleted`.
+        A failed proof removes the group's output first."""
         with swap_lock:
-            return replace_segments(
+            try:
+                proof.verify(from_base=output.old_bases[0])
+            except BaseException:
+                for base in output.bases:
+                    remove_cleaned(dir_path, base, self.ops)
+                raise
+            deleted += replace_segments(
                 dir_path,
                 new_bases=output.bases,
                 new_next_offset=output.next_offset,
@@ -1179,14 +1270,26 @@ class Cleaner:
 
     # -- checkpoint ---------------------------------------------------------------------
 
-    def _write_checkpoint(self, log_dir: Path, tp: TopicPartition, end_offset: int) -> None:
+    def _write_checkpoint(
+        self, log_dir: Path, tp: TopicPartition, end_offset: int, proof: SwapProof
+    ) -> None:
         path = log_dir / CLEANER_OFFSET_CHECKPOINT
-        with _CHECKPOINT_LOCK:
+        with _CHECKPOINT_LOCK, file_step("writing the cleaner checkpoint", path):
+            if proof.owner is not None:
+                proof.owner.verify()
+            proof.verify_checkpoint()
             offsets = OffsetCheckpointFile(path).read() if path.exists() else {}
             offsets = {t: o for t, o in offsets.items() if (log_dir / str(t)).is_dir()}
             offsets[tp] = end_offset
             lines = [f"{t.topic} {t.partition} {offsets[t]}" for t in sorted(offsets)]
             self.ops.atomic_write(path, format_checkpoint(lines))
+
+
+def swapped_files(exc: BaseException) -> tuple[Path, ...]:
+    """The `.deleted` files of the groups that a failed pass (or install) had swapped in
+    before it failed: to be unlinked like those of a finished pass."""
+    files: tuple[Path, ...] = getattr(exc, "cleanerd_deleted_files", ())
+    return files
 
 
 _CHECKPOINT_LOCK: Final = threading.Lock()

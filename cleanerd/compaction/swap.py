@@ -13,6 +13,14 @@ is complete and fsynced (one segment, or several when the output overflowed one)
 2. rename every old segment's files to `.deleted`, then fsync the dir;
 3. rename the output's files `.swap` -> final names, then fsync the dir.
 
+Before step 1, under the partition lock, the pass proves that it may swap (`SwapProof`,
+`cleanerd.log.ownership`): the owner it works for still holds the log dir, every segment
+it read is still the same file, and the partition's `cleaner-offset-checkpoint` entry is
+the one it started from. A pass planned on a state that no longer holds (its owner died
+or another process cleaned the partition meanwhile) then removes its `.cleaned` output
+and changes nothing (`StaleWork`). The proof is given again, under the checkpoint lock,
+before the checkpoint entry is moved.
+
 Why each prefix recovers (Kafka's LogLoader, `cleanerd.log.recovery`): a crash in step 1
 leaves at least one `.cleaned` file of the output, at a base no higher than any `.swap`
 of it (renames go high to low), and recovery deletes every `.swap` at or above the
@@ -43,6 +51,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from cleanerd.errors import file_step
+from cleanerd.log.checkpoint import CLEANER_OFFSET_CHECKPOINT, OffsetCheckpointFile
 from cleanerd.log.files import (
     CLEANED_FILE_SUFFIX,
     DELETED_FILE_SUFFIX,
@@ -52,9 +62,12 @@ from cleanerd.log.files import (
     SWAP_FILE_SUFFIX,
     TIME_INDEX_FILE_SUFFIX,
     TXN_INDEX_FILE_SUFFIX,
+    TopicPartition,
     segment_file,
 )
 from cleanerd.log.fsutil import TMP_SUFFIX, fsync_dir, safe_unlink
+from cleanerd.log.meta import SegmentMeta
+from cleanerd.log.ownership import OwnerProof, StaleWork, verify_segments
 
 SEGMENT_KINDS = (LOG_FILE_SUFFIX, INDEX_FILE_SUFFIX, TIME_INDEX_FILE_SUFFIX, TXN_INDEX_FILE_SUFFIX)
 
@@ -115,6 +128,49 @@ class FileOps:
         self.fsync_dir(path.parent)
 
 
+def cleaner_offset(log_dir: Path, tp: TopicPartition) -> int | None:
+    """`tp`'s entry in `log_dir`'s `cleaner-offset-checkpoint`, None when it has none."""
+    path = log_dir / CLEANER_OFFSET_CHECKPOINT
+    return OffsetCheckpointFile(path).read().get(tp) if path.exists() else None
+
+
+@dataclass(frozen=True, slots=True)
+class SwapProof:
+    """What a pass shows, under the partition lock, before it changes the partition:
+    see the module docstring (picklable: a Spark pass is proven by the owner).
+
+    `owner` is None for a pass run by the owning process without one (tests, and the
+    owner's own in-process passes hold the dir by construction)."""
+
+    log_dir: Path
+    tp: TopicPartition
+    segments: tuple[SegmentMeta, ...]
+    """The snapshot the pass read (ascending, the active segment last)."""
+    checkpoint_offset: int | None
+    """The partition's `cleaner-offset-checkpoint` entry when the pass began."""
+    owner: OwnerProof | None = None
+
+    def verify(self, from_base: int = 0) -> None:
+        """Raise a StaleWork error (OwnershipLost, SegmentsChanged) if the pass may not
+        change the partition: before swapping the group that starts at `from_base`
+        (the segments below it are the pass's own earlier groups)."""
+        if self.owner is not None:
+            self.owner.verify()
+        verify_segments(
+            self.log_dir / str(self.tp), [s for s in self.segments if s.base_offset >= from_base]
+        )
+        self.verify_checkpoint()
+
+    def verify_checkpoint(self) -> None:
+        """Raise StaleWork if the partition's cleaner checkpoint entry moved."""
+        now = cleaner_offset(self.log_dir, self.tp)
+        if now != self.checkpoint_offset:
+            raise StaleWork(
+                f"{self.log_dir / CLEANER_OFFSET_CHECKPOINT}: the entry of {self.tp} moved "
+                f"from {self.checkpoint_offset} to {now} during the pass (another cleaner?)"
+            )
+
+
 def cleaned_files(dir_path: Path, base_offset: int) -> list[Path]:
     """The four `.cleaned` files of an output segment."""
     return [segment_file(dir_path, base_offset, k, CLEANED_FILE_SUFFIX) for k in SEGMENT_KINDS]
@@ -159,12 +215,22 @@ def replace_segments(
     """Install the cleaned segments `new_bases` (ascending; several when the output
     overflowed one segment), which end at `new_next_offset`, in place of the segments
     `old_bases` (ascending); returns the `.deleted` files to unlink later. See the module
-    docstring."""
+    docstring. A failed file operation raises FileStepError naming the file and step."""
+
+    def rename(src: Path, dst: Path, step: str) -> None:
+        with file_step(step, src):
+            ops.rename(src, dst)
+
+    def sync(step: str) -> None:
+        with file_step(step, dir_path):
+            ops.fsync_dir(dir_path)
+
     for base in sorted(new_bases, reverse=True):
         for path in cleaned_files(dir_path, base):
             if path.exists():
-                ops.rename(path, _add_suffix(path.with_suffix(""), SWAP_FILE_SUFFIX))
-    ops.fsync_dir(dir_path)
+                swap = _add_suffix(path.with_suffix(""), SWAP_FILE_SUFFIX)
+                rename(path, swap, "renaming cleaned output to .swap")
+    sync("syncing the .swap renames")
 
     uncovered = [b for b in old_bases if b >= new_next_offset and b not in new_bases]
     covered = [b for b in old_bases if b not in uncovered]
@@ -172,16 +238,16 @@ def replace_segments(
     for base in [*reversed(uncovered), *covered]:
         for path in _existing_files(dir_path, base, with_snapshot=base not in new_bases):
             target = _add_suffix(path, DELETED_FILE_SUFFIX)
-            ops.rename(path, target)
+            rename(path, target, "renaming a replaced segment to .deleted")
             deleted.append(target)
-    ops.fsync_dir(dir_path)
+    sync("syncing the .deleted renames")
 
     for base in new_bases:
         for kind in SEGMENT_KINDS:
             swap = segment_file(dir_path, base, kind, SWAP_FILE_SUFFIX)
             if swap.exists():
-                ops.rename(swap, segment_file(dir_path, base, kind))
-    ops.fsync_dir(dir_path)
+                rename(swap, segment_file(dir_path, base, kind), "renaming .swap into place")
+    sync("syncing the swapped-in segments")
     return deleted
 
 

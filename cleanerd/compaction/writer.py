@@ -44,6 +44,7 @@ from numpy.typing import NDArray
 
 from cleanerd._jit import jit
 from cleanerd.compaction.swap import FileOps, remove_cleaned
+from cleanerd.errors import file_step
 from cleanerd.log.files import (
     CLEANED_FILE_SUFFIX,
     INDEX_FILE_SUFFIX,
@@ -242,9 +243,10 @@ class CleanedOutput:
         return sum(s.position for s in self.segments)
 
     def _start(self, base: int) -> None:
-        remove_cleaned(self.dir_path, base, self.ops)
         path = log_file(self.dir_path, base, CLEANED_FILE_SUFFIX)
-        self.segments.append(_Segment(base, path, self.ops.create(path)))
+        with file_step("creating the cleaned segment", path):
+            remove_cleaned(self.dir_path, base, self.ops)
+            self.segments.append(_Segment(base, path, self.ops.create(path)))
 
     def append(self, chunk: OutputChunk) -> int:
         """Append the chunk's batches, starting a new segment at each overflow; returns
@@ -269,7 +271,8 @@ class CleanedOutput:
             )
             if stop > first:
                 begin, end = chunk.start(first), chunk.start(stop)
-                self.ops.write(seg.fd, chunk.data[begin:end].data)
+                with file_step("writing the cleaned segment", seg.log_path):
+                    self.ops.write(seg.fd, chunk.data[begin:end].data)
                 seg.position += end - begin
                 seg.next_offset = int(chunk.last_offset[stop - 1]) + 1
             if stop < chunk.batches:
@@ -282,8 +285,9 @@ class CleanedOutput:
         the indexes, each segment's share of `aborted` (by its ABORT marker's offset) as
         its `.txnindex`; every file takes `mtime_ns` (the last source segment's)."""
         for seg in self.segments:
-            self.ops.fsync(seg.fd)
-            self.ops.close(seg.fd)
+            with file_step("syncing the cleaned segment", seg.log_path):
+                self.ops.fsync(seg.fd)
+                self.ops.close(seg.fd)
             seg.fd = -1
             files = seg.index_bytes(self.dir_path)
             mine = [t for t in aborted if seg.base <= t.last_offset < seg.next_offset]
@@ -291,9 +295,11 @@ class CleanedOutput:
                 txn = txn_index_file(self.dir_path, seg.base, CLEANED_FILE_SUFFIX)
                 files.append((txn, b"".join(t.to_bytes() for t in mine)))
             for path, data in files:
-                self.ops.write_file(path, data)
+                with file_step("writing the cleaned index", path):
+                    self.ops.write_file(path, data)
             for path in (seg.log_path, files[0][0], files[1][0]):
-                self.ops.set_mtime(path, mtime_ns)
+                with file_step("setting the cleaned file's mtime", path):
+                    self.ops.set_mtime(path, mtime_ns)
 
     def abandon(self) -> None:
         """Close and remove everything written (the pass failed or was aborted)."""

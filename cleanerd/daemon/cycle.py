@@ -51,16 +51,22 @@ from typing import Any, Final
 
 import structlog
 
-from cleanerd.compaction.cleaner import CleanerConfig, CleaningAborted, CleanResult
+from cleanerd.compaction.cleaner import (
+    CleanerConfig,
+    CleaningAborted,
+    CleanResult,
+    swapped_files,
+)
 from cleanerd.compaction.stats import CleanerStats
 from cleanerd.compaction.strategy import resolve_strategy
 from cleanerd.compaction.swap import PendingDeletions
 from cleanerd.config import Config, TopicConfig
 from cleanerd.daemon.scheduler import Candidate, CompactedLog, LogCleanerManager
 from cleanerd.engine.base import CleanJob, Engine, WorkerCrashed
-from cleanerd.errors import CleanerdError
+from cleanerd.errors import CleanerdError, FileStepError
 from cleanerd.log.files import METADATA_TOPIC, TopicPartition
 from cleanerd.log.log_dir import LogDir, Mode
+from cleanerd.log.ownership import StaleWork
 from cleanerd.log.partition_log import PartitionLog
 from cleanerd.log.roller import FirstSeen, maybe_roll
 from cleanerd.metrics_model import MaintenanceCounters, PartitionState
@@ -81,6 +87,9 @@ log = structlog.get_logger(__name__)
 
 CRASH_RETRIES: Final = 1
 """Passes of a partition retried after their worker died, before it is marked."""
+CYCLE_RETRIES: Final = 1
+"""Passes of a partition retried in one cycle after a stale plan or, once space was
+freed, a full disk."""
 POLL_S: Final = 0.2
 """How often the cleaning phase looks at the stop event while passes run."""
 
@@ -370,6 +379,8 @@ class Maintenance:
         self._first_seen: dict[Path, FirstSeen] = {}
         self._plogs: dict[tuple[Path, TopicPartition], PartitionLog] = {}
         self._crashes: dict[TopicPartition, int] = {}
+        self._retries: dict[TopicPartition, int] = {}
+        """Passes retried this cycle, by partition (`CYCLE_RETRIES`)."""
         self.drain = threading.Event()
         """While set, the cleaning phase starts no pass (those in flight finish). Any
         thread may set or clear it."""
@@ -418,6 +429,7 @@ class Maintenance:
     def run_once(self, stop: threading.Event | None = None) -> CycleReport:
         """One cycle (see the module docstring)."""
         report = _Builder(now_ms=self.clock())
+        self._retries.clear()
         partitions = self._discover(report)
         self._roll(partitions, report)
         self._retention(partitions, report)
@@ -691,23 +703,80 @@ class Maintenance:
             if requeue and partial:
                 self.manager.refresh_one(item, now)
             return
+        # Groups a failed pass had swapped in are done: their old files go as usual.
+        self.pending.schedule(
+            list(swapped_files(error)), now_ms=now, delay_ms=item.topic.file_delete_delay_ms
+        )
+        where = _fields(candidate.tp, item.log_dir.path)
         if isinstance(error, CleaningAborted):
             return
+        if isinstance(error, StaleWork):
+            # Planned on a state that no longer holds: nothing changed; plan it again
+            # from the dir as it is now.
+            log.warning("clean.stale", **where, detail=str(error))
+            self._reopen(item, now, report, requeue=requeue and self._may_retry(candidate.tp))
+            return
         if isinstance(error, WorkerCrashed):
+            # The worker may have died between two renames of its swap: recovery (under
+            # the partition lock) completes or rolls that back before anything reads it.
+            fresh = self._reopen(item, now, report, requeue=False)
             crashes = self._crashes.get(candidate.tp, 0) + 1
             self._crashes[candidate.tp] = crashes
-            if crashes <= CRASH_RETRIES:
-                log.warning(
-                    "clean.worker_died",
-                    **_fields(candidate.tp, item.log_dir.path),
-                    detail=error.detail,
-                )
+            if crashes <= CRASH_RETRIES and fresh is not None:
+                log.warning("clean.worker_died", **where, detail=error.detail)
                 if requeue:
-                    self.manager.refresh_one(item, now)
+                    self.manager.refresh_one(fresh, now)
                 return
+        if (
+            isinstance(error, FileStepError)
+            and error.no_space
+            and self._free_space(error, r)
+            and self._may_retry(candidate.tp)
+        ):
+            log.warning("clean.no_space_retry", **where, detail=str(error))
+            if requeue:
+                self.manager.refresh_one(item, now)
+            return
         reason = f"{type(error).__name__}: {error}"
         self.manager.mark_uncleanable(item, reason, now)
         report.failed.append(FailedLog(str(item.log_dir.path), candidate.tp, reason))
+
+    def _may_retry(self, tp: TopicPartition) -> bool:
+        """Count a retry of `tp` in this cycle; False once it had its `CYCLE_RETRIES`."""
+        self._retries[tp] = self._retries.get(tp, 0) + 1
+        return self._retries[tp] <= CYCLE_RETRIES
+
+    def _free_space(self, error: FileStepError, r: _Running) -> bool:
+        """A pass ran out of space: unlink at once every file waiting for
+        `file.delete.delay.ms` on its device (KIP-61's rule: under disk pressure the
+        delay yields). Returns whether anything was freed."""
+        try:
+            device = r.job.dir_path.stat().st_dev
+        except OSError:
+            return False
+        freed = self.pending.unlink_on_device(device)
+        for path in freed:
+            log.info("segment.unlinked_early", path=str(path), reason=str(error))
+        return bool(freed)
+
+    def _reopen(
+        self, item: CompactedLog, now: int, report: _Builder, *, requeue: bool
+    ) -> CompactedLog | None:
+        """Open the partition of `item` again (recovering what a dead pass left) and, with
+        `requeue`, plan it again; None when it cannot be opened."""
+        key = (item.log_dir.path, item.tp)
+        try:
+            plog = item.log_dir.open_partition(item.tp, config=log_config_for(item.topic))
+        except (CleanerdError, OSError) as exc:
+            reason = f"cannot reopen after a failed pass: {exc}"
+            self.manager.mark_uncleanable(item, reason, now)
+            report.failed.append(FailedLog(str(item.log_dir.path), item.tp, reason))
+            return None
+        self._plogs[key] = plog
+        fresh = CompactedLog(item.log_dir, plog, item.topic)
+        if requeue:
+            self.manager.refresh_one(fresh, now)
+        return fresh
 
     @staticmethod
     def _cleaned(r: _Running, result: CleanResult, now: int) -> CleanedLog:

@@ -320,6 +320,8 @@ class Daemon:
         self.abandoned = False
         """Shutdown gave up waiting for the maintenance thread (forced, or past the
         timeout): the process must exit without joining it."""
+        self.failed_at_shutdown = False
+        """A checkpoint could not be written at shutdown (exit status 1)."""
         self.paused = False
         self.started = asyncio.Event()
         self.exporter = MetricsExporter(config.metrics)
@@ -421,7 +423,7 @@ class Daemon:
             self.remove_signal_handlers()
         if self.force_exit:
             return FORCED_EXIT
-        return 1 if self.abandoned else 0
+        return 1 if self.abandoned or self.failed_at_shutdown else 0
 
     async def startup(self) -> None:
         """Open the log dirs, bind the metrics endpoint, start MQTT, first scan, READY."""
@@ -967,6 +969,9 @@ class Daemon:
             if not await self._wait_or_force(closing):
                 self.abandoned = True
                 log.warning("shutdown.close_abandoned", forced=self.force_exit)
+            elif (error := closing.exception()) is not None:
+                self.failed_at_shutdown = True
+                log.error("shutdown.close_failed", error=str(error), exc_info=error)
         tasks = list(self._tasks.values())
         for task in tasks:
             task.cancel()
@@ -987,11 +992,17 @@ class Daemon:
         return task.done()
 
     def _close_maintenance(self) -> None:
-        """Write recovery-point and log-start-offset checkpoints, release the log dirs."""
+        """Write recovery-point and log-start-offset checkpoints, unlink the `.deleted`
+        files that wait for `file.delete.delay.ms` (nobody is left to honour it, and a
+        stopped service should not hold disk space), release the log dirs. A checkpoint
+        that cannot be written is an error naming the file, and the exit status says so."""
         m = self.maintenance
         assert m is not None
         try:
             m.checkpoint()
+        except (CleanerdError, OSError) as exc:
+            self.failed_at_shutdown = True
+            log.error("shutdown.checkpoint_failed", error=str(exc))
         finally:
-            m.close(unlink_pending=False)
+            m.close(unlink_pending=True)
             m.engine.shutdown(abort=True)

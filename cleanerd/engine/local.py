@@ -55,15 +55,18 @@ from pathlib import Path
 from typing import Any, Final, Literal
 
 from cleanerd.compaction.audit import AuditColumns, read_audit_columns
-from cleanerd.compaction.cleaner import Cleaner, CleaningAborted, CleanResult
+from cleanerd.compaction.cleaner import Cleaner, CleaningAborted, CleanResult, swapped_files
 from cleanerd.compaction.offset_map import OffsetMap
 from cleanerd.compaction.strategy import CompactionStrategy
+from cleanerd.compaction.swap import SwapProof
 from cleanerd.compaction.throttle import Throttler
 from cleanerd.config import Config
 from cleanerd.engine.base import AuditJob, CleanJob, WorkerCrashed, checkpoint_lock
+from cleanerd.engine.lifeline import die_with, set_parent_death_signal
 from cleanerd.errors import CleanerdError
 from cleanerd.log.files import TopicPartition
 from cleanerd.log.lock import PartitionLock
+from cleanerd.log.ownership import OwnerProof, ProcessId
 from cleanerd.log.segment import LogSegment
 
 RECENT_RUNS: Final = 1024
@@ -109,6 +112,8 @@ class _Worker:
     """One worker process's state, set up by `_init_worker`."""
 
     settings: WorkerSettings
+    owner: ProcessId
+    """The process that started the pool and holds the log dirs."""
     abort_ids: Any
     started_ids: Any
     started_pids: Any
@@ -136,6 +141,7 @@ _worker: _Worker | None = None
 
 def _init_worker(
     settings: WorkerSettings,
+    owner: ProcessId,
     abort_ids: Any,
     started_ids: Any,
     started_pids: Any,
@@ -144,8 +150,11 @@ def _init_worker(
     global _worker
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    set_parent_death_signal()
+    die_with(owner)
     _worker = _Worker(
         settings,
+        owner,
         abort_ids,
         started_ids,
         started_pids,
@@ -162,9 +171,11 @@ class _CheckpointLockedCleaner(Cleaner):
         super().__init__(offset_map, **kwargs)
         self.state_dir = state_dir
 
-    def _write_checkpoint(self, log_dir: Path, tp: TopicPartition, end_offset: int) -> None:
+    def _write_checkpoint(
+        self, log_dir: Path, tp: TopicPartition, end_offset: int, proof: SwapProof
+    ) -> None:
         with checkpoint_lock(self.state_dir, log_dir):
-            super()._write_checkpoint(log_dir, tp, end_offset)
+            super()._write_checkpoint(log_dir, tp, end_offset, proof)
 
 
 def _portable(exc: BaseException) -> BaseException:
@@ -176,7 +187,9 @@ def _portable(exc: BaseException) -> BaseException:
         back = None
     if type(back) is type(exc):
         return exc
-    return CleanerdError(f"{type(exc).__name__}: {exc}")
+    portable = CleanerdError(f"{type(exc).__name__}: {exc}")
+    portable.cleanerd_deleted_files = swapped_files(exc)  # type: ignore[attr-defined]
+    return portable
 
 
 def _run_job(
@@ -212,6 +225,7 @@ def _clean_in_worker(slot: int, job_id: int, job: CleanJob) -> tuple[Any, Worker
             now_ms=job.now_ms,
             config=job.config,
             swap_lock=PartitionLock(job.state_dir, job.log_dir, job.tp),
+            owner=OwnerProof(job.log_dir, w.owner),
         )
 
     return _run_job("clean", slot, job_id, job.tp, work)
@@ -377,6 +391,7 @@ class LocalEngine:
             initializer=_init_worker,
             initargs=(
                 self.settings,
+                ProcessId.current(),
                 self._abort_ids,
                 self._started_ids,
                 self._started_pids,

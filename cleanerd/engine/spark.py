@@ -58,8 +58,10 @@ from cleanerd.compaction.cleaner import (
     CleaningAborted,
     CleanResult,
 )
+from cleanerd.compaction.swap import SwapProof, cleaner_offset
 from cleanerd.config import Config
 from cleanerd.engine.base import AuditJob, CleanJob, checkpoint_lock
+from cleanerd.engine.lifeline import owner_env
 from cleanerd.engine.spark_job import (
     MANIFEST,
     JobSpec,
@@ -80,7 +82,7 @@ from cleanerd.log.files import (
 )
 from cleanerd.log.index import OffsetIndex, TimeIndex
 from cleanerd.log.lock import PartitionLock
-from cleanerd.log.meta import SegmentMeta
+from cleanerd.log.ownership import OwnerProof
 from cleanerd.records.columns import segment_columns
 
 MISSING_MESSAGE: Final = "the spark engine needs `pip install cleanerd[spark]` and Java 17"
@@ -146,9 +148,10 @@ def launch_job(
     module: str = "cleanerd.engine.spark_job",
 ) -> None:
     """Run ``python -m MODULE SPEC`` in its own session (its own process group, so a
-    kill reaches the JVM and Python workers too) and wait for it."""
+    kill reaches the JVM and Python workers too) and wait for it. The job dies with this
+    process, whole session (`lifeline.die_with_owner_from_env`)."""
     log_path = staging / "job.log"
-    env = {**os.environ, **python_path_env()}
+    env = {**os.environ, **python_path_env(), **owner_env()}
     with open(log_path, "wb") as out:
         proc = subprocess.Popen(  # noqa: S603 - this interpreter, our module, our spec file
             [sys.executable, "-m", module, str(spec_path)],
@@ -194,19 +197,9 @@ def _tail(path: Path) -> str:
 
 def verify_cleaned(job: CleanJob, outcome: PassOutcome) -> None:
     """Raise CleanerdError unless the manifest's output of `job` is sound (see the module
-    docstring)."""
-    dir_path = job.dir_path
-    planned = {s.base_offset: s for s in job.segments}
+    docstring; that the sources are unchanged is the install's `SwapProof`)."""
     for group in outcome.cleaned:
-        for base in group.old_bases:
-            _check_source(dir_path, planned.get(base), base)
-        _check_group(dir_path, group, job.config.max_index_size)
-
-
-def _check_source(dir_path: Path, seg: SegmentMeta | None, base: int) -> None:
-    path = log_file(dir_path, base)
-    if seg is None or not path.exists() or path.stat().st_size != seg.size_bytes:
-        raise CleanerdError(f"{path} changed while the spark job cleaned it")
+        _check_group(job.dir_path, group, job.config.max_index_size)
 
 
 def _check_group(dir_path: Path, group: CleanedGroup, max_index_size: int) -> None:
@@ -260,14 +253,20 @@ class _Installer(Cleaner):
         super().__init__(None)
         self.state_dir = state_dir
 
-    def _write_checkpoint(self, log_dir: Path, tp: TopicPartition, end_offset: int) -> None:
+    def _write_checkpoint(
+        self, log_dir: Path, tp: TopicPartition, end_offset: int, proof: SwapProof
+    ) -> None:
         with checkpoint_lock(self.state_dir, log_dir):
-            super()._write_checkpoint(log_dir, tp, end_offset)
+            super()._write_checkpoint(log_dir, tp, end_offset, proof)
 
 
-def install_outcome(job: CleanJob, outcome: PassOutcome, *, extra_index_ms: int = 0) -> CleanResult:
-    """Verify and swap in one pass's output; raise CleanerdError (output removed) if the
-    job reported the pass failed or its output is not sound."""
+def install_outcome(
+    job: CleanJob, outcome: PassOutcome, proof: SwapProof, *, extra_index_ms: int = 0
+) -> CleanResult:
+    """Verify and swap in one pass's output, proving `proof` (taken when the pass was
+    submitted) under the partition lock first; raise CleanerdError (output removed) if
+    the job reported the pass failed or its output is not sound, StaleWork (output
+    removed) if the partition changed since."""
     try:
         if outcome.error is not None or outcome.stats is None:
             raise CleanerdError(outcome.error or "the job reported no statistics")
@@ -282,6 +281,7 @@ def install_outcome(job: CleanJob, outcome: PassOutcome, *, extra_index_ms: int 
         tp=job.tp,
         cleaned=outcome.cleaned,
         end_offset=outcome.end_offset,
+        proof=proof,
         swap_lock=PartitionLock(job.state_dir, job.log_dir, job.tp),
     )
     stats = dataclasses.replace(
@@ -316,6 +316,7 @@ def _pass_spec(job: CleanJob) -> PassSpec:
 class _Pending:
     job: CleanJob
     future: Future[CleanResult]
+    proof: SwapProof
     aborted: bool = False
 
 
@@ -369,7 +370,7 @@ class SparkEngine:
         with self._lock:
             if self._closed:
                 raise RuntimeError("the spark engine is shut down")
-            self._queue.append(_Pending(job, future))
+            self._queue.append(_Pending(job, future, _proof_of(job)))
             self._wake.notify_all()
         return future
 
@@ -485,11 +486,23 @@ class SparkEngine:
             p.future.set_exception(CleaningAborted(p.job.tp))
             return
         try:
-            result = install_outcome(p.job, outcome, extra_index_ms=index_ms)
+            result = install_outcome(p.job, outcome, p.proof, extra_index_ms=index_ms)
         except (CleanerdError, OSError) as exc:
             p.future.set_exception(exc)
             return
         p.future.set_result(result)
+
+
+def _proof_of(job: CleanJob) -> SwapProof:
+    """What the install proves: this process (the owner) still holds the dir, the
+    segments and the checkpoint entry are those of the moment the pass was submitted."""
+    return SwapProof(
+        job.log_dir,
+        job.tp,
+        job.segments,
+        cleaner_offset(job.log_dir, job.tp),
+        OwnerProof.of_this_process(job.log_dir),
+    )
 
 
 def _staging_dir(state_dir: Path, n: int) -> Path:

@@ -55,6 +55,7 @@ from cleanerd.compaction.cleanable import NO_MAX_COMPACTION_LAG
 from cleanerd.compaction.strategy import CompactionStrategy, ResolvedStrategy, resolve_strategy
 from cleanerd.compaction.transactions import TransactionTracker
 from cleanerd.config import TopicConfig
+from cleanerd.engine.lifeline import die_with_owner_from_env
 from cleanerd.engine.spark_job import pack_tasks
 from cleanerd.errors import CleanerdError, CorruptRecordError
 from cleanerd.log.files import TopicPartition, log_file
@@ -643,9 +644,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if len(args) != 1:
         print("usage: python -m cleanerd.engine.spark_audit SPEC.json", file=sys.stderr)
         return 2
-    from cleanerd.engine.spark_job import exit_with_parent
-
-    exit_with_parent()
+    die_with_owner_from_env(whole_session=True)
     run_audit(AuditSpec.read(Path(args[0])))
     return 0
 

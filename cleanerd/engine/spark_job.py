@@ -57,7 +57,6 @@ import mmap
 import os
 import posixpath
 import sys
-import threading
 import time
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -76,6 +75,7 @@ from cleanerd.compaction.stats import CleanerStats
 from cleanerd.compaction.strategy import CompactionStrategy, ResolvedStrategy, record_versions
 from cleanerd.compaction.swap import FileOps
 from cleanerd.compaction.transactions import ABORT, TransactionTracker
+from cleanerd.engine.lifeline import die_with_owner_from_env
 from cleanerd.errors import CleanerdError, CorruptIndexError, CorruptRecordError
 from cleanerd.log.files import CLEANED_FILE_SUFFIX, TopicPartition, log_file, txn_index_file
 from cleanerd.log.meta import SegmentMeta
@@ -870,20 +870,6 @@ def run_job(spec: JobSpec, *, spark: SparkSession | None = None) -> Manifest:
     return manifest
 
 
-def exit_with_parent() -> None:
-    """Exit at once when the process that started the job dies: an orphan must not write
-    `.cleaned` files after the daemon restarted and recovered the partition."""
-    parent = os.getppid()
-
-    def watch() -> None:
-        while True:
-            time.sleep(0.5)
-            if os.getppid() != parent:
-                os._exit(3)
-
-    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """`python -m cleanerd.engine.spark_job SPEC.json`: exit 0 once the manifest is
     written (failed passes are reported in it), non-zero if the job itself failed."""
@@ -891,7 +877,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if len(args) != 1:
         print("usage: python -m cleanerd.engine.spark_job SPEC.json", file=sys.stderr)
         return 2
-    exit_with_parent()
+    die_with_owner_from_env(whole_session=True)
     run_job(JobSpec.read(Path(args[0])))
     return 0
 

@@ -17,7 +17,9 @@ Ownership (DESIGN section 2):
 - `OWNER`: this process holds `.lock` (and the owner marker in the state dir); it may
   recover, roll, clean, delete and write the root checkpoints.
 - `SHARED`: `.lock` is held by another cleanerd process (its owner marker is held);
-  this process may only append, coordinated by partition locks (`cleanerd produce`).
+  this process may only append, coordinated by partition locks (`cleanerd produce`),
+  and proves before each roll that the same owner still holds the dir
+  (`ownership.OwnerProof`).
 - `OBSERVE`: read only. Chosen, or forced when `.lock` is held by anything else (a live
   broker), with a warning naming the dir.
 
@@ -35,7 +37,7 @@ from typing import Self
 
 import structlog
 
-from cleanerd.errors import LogDirLockedError
+from cleanerd.errors import LogDirLockedError, file_step
 from cleanerd.log.checkpoint import (
     CLEANER_OFFSET_CHECKPOINT,
     LOG_START_OFFSET_CHECKPOINT,
@@ -45,6 +47,7 @@ from cleanerd.log.checkpoint import (
 )
 from cleanerd.log.files import METADATA_TOPIC, TopicPartition, parse_topic_partition
 from cleanerd.log.lock import LogDirLock, OwnerLock, default_state_dir
+from cleanerd.log.ownership import OwnerProof, ProcessId, lock_holder, start_ticks
 from cleanerd.log.partition_log import LogConfig, PartitionLog
 from cleanerd.log.properties import META_PROPERTIES, MetaProperties, read_meta_properties
 
@@ -70,9 +73,12 @@ class LogDir:
         state_dir: Path,
         dir_lock: LogDirLock | None = None,
         owner_lock: OwnerLock | None = None,
+        owner: OwnerProof | None = None,
     ) -> None:
         self.path = path
         self.mode = mode
+        self.owner = owner
+        """Shared mode: the cleanerd process that owns the dir, proven before each roll."""
         self.state_dir = state_dir
         self._dir_lock = dir_lock
         self._owner_lock = owner_lock
@@ -97,9 +103,11 @@ class LogDir:
         try:
             dir_lock.acquire()
         except LogDirLockedError:
-            if allow_shared and OwnerLock(state, path).held_elsewhere():
-                log.info("log_dir.shared", log_dir=str(path))
-                return cls(path, Mode.SHARED, state_dir=state)
+            holder = lock_holder(path)
+            if allow_shared and holder is not None and OwnerLock(state, path).held_elsewhere():
+                log.info("log_dir.shared", log_dir=str(path), owner_pid=holder)
+                owner = OwnerProof(path, ProcessId(holder, start_ticks(holder)))
+                return cls(path, Mode.SHARED, state_dir=state, owner=owner)
             log.warning(
                 "log_dir.observe_forced",
                 log_dir=str(path),
@@ -170,6 +178,7 @@ class LogDir:
             recover=self.mode is Mode.OWNER and not read_only,
             checkpoints=self.checkpoints,
             full_check=full_check,
+            owner=self.owner,
         )
 
     def create_partition(
@@ -181,7 +190,12 @@ class LogDir:
         if (self.path / str(tp)).exists():
             return self.open_partition(tp, config=config)
         return PartitionLog.create(
-            self.path, tp, config=config, state_dir=self.state_dir, checkpoints=self.checkpoints
+            self.path,
+            tp,
+            config=config,
+            state_dir=self.state_dir,
+            checkpoints=self.checkpoints,
+            owner=self.owner,
         )
 
     # -- root checkpoints --------------------------------------------------------------------
@@ -195,9 +209,9 @@ class LogDir:
         if self.mode is not Mode.OWNER:
             raise PermissionError(f"only the owner writes {name} in {self.path}")
         live = self.partitions()
-        OffsetCheckpointFile(self.path / name).write(
-            {tp: o for tp, o in offsets.items() if tp in live}
-        )
+        path = self.path / name
+        with file_step(f"writing {name}", path):
+            OffsetCheckpointFile(path).write({tp: o for tp, o in offsets.items() if tp in live})
 
     def write_cleaner_offsets(self, offsets: Mapping[TopicPartition, int]) -> None:
         """Replace `cleaner-offset-checkpoint` (entries of vanished partitions dropped)."""

@@ -7,7 +7,8 @@ clocks. The snapshot holds only what Kafka's decisions read:
 - per segment (`<20-digit base>.log` with its `.index` and `.timeindex`): base offset,
   the offset after its last batch, its `.log` size, Kafka's `largestTimestamp` (max
   record timestamp, or the `.log` mtime when the segment holds no timestamp), the first
-  batch's maxTimestamp (KIP-354's rolling and max-lag clock), index sizes and mtime;
+  batch's maxTimestamp (KIP-354's rolling and max-lag clock), index sizes, mtime and
+  the `.log` file's inode (which file was seen);
 - per partition: the log start offset (max of `log-start-offset-checkpoint` and the
   first base), the log end offset, the high watermark from
   `replication-offset-checkpoint` when the dir has one, and the first offset of the
@@ -47,6 +48,9 @@ class SegmentMeta:
     offset_index_bytes: int
     time_index_bytes: int
     last_modified_ms: int
+    inode: int | None = None
+    """The `.log` file's inode number when read from disk: with the size, which file the
+    snapshot saw (a cleaned or recovered segment is a new file at the same name)."""
 
     def __post_init__(self) -> None:
         if self.next_offset < self.base_offset:

@@ -75,6 +75,7 @@ from cleanerd.log.lock import (
     log_dir_key,
 )
 from cleanerd.log.meta import PartitionMeta
+from cleanerd.log.ownership import OwnerProof, SegmentsChanged
 from cleanerd.log.recovery import (
     RecoveryReport,
     SegmentOptions,
@@ -138,8 +139,11 @@ class PartitionLog:
         checkpoints: RootCheckpoints,
         report: RecoveryReport,
         quarantine_dir: Path | None,
+        owner: OwnerProof | None = None,
     ) -> None:
         self.dir = path
+        self.owner = owner
+        """The owner this process writes beside (shared mode): proven before each roll."""
         self.topic_partition = parse_topic_partition(path.name)
         self.config = config
         self.recovery_report = report
@@ -168,6 +172,7 @@ class PartitionLog:
         recover: bool | None = None,
         checkpoints: RootCheckpoints | None = None,
         full_check: bool = False,
+        owner: OwnerProof | None = None,
     ) -> PartitionLog:
         """Open the partition dir `path`.
 
@@ -179,7 +184,9 @@ class PartitionLog:
         `checkpoints` defaults to reading the parent log dir's root checkpoint files.
         `state_dir` holds partition locks and quarantined bytes; without one, locks go to
         `default_state_dir()` and nothing is quarantined. A writable log with no segment
-        gets an empty one at its log start offset, as a broker does.
+        gets an empty one at its log start offset, as a broker does. `owner` is the
+        cleanerd process that holds the log dir when this one only appends beside it
+        (shared mode): every roll first proves that it still does.
         """
         config = LogConfig() if config is None else config
         tp = parse_topic_partition(path.name)
@@ -199,12 +206,12 @@ class PartitionLog:
         )
         with (
             lock if lock is not None else nullcontext(),
-            _ownership(log_dir, False if read_only else recover) as owner,
+            _ownership(log_dir, False if read_only else recover) as owns,
         ):
             segments, report = recover_partition(
                 path,
                 options,
-                recover=owner,
+                recover=owns,
                 recovery_point=checkpoints.recovery_points.get(tp, 0),
                 full_check=full_check,
                 quarantine_dir=quarantine,
@@ -221,6 +228,7 @@ class PartitionLog:
             checkpoints=checkpoints,
             report=report,
             quarantine_dir=quarantine,
+            owner=owner,
         )
 
     @classmethod
@@ -232,6 +240,7 @@ class PartitionLog:
         config: LogConfig | None = None,
         state_dir: Path | None = None,
         checkpoints: RootCheckpoints | None = None,
+        owner: OwnerProof | None = None,
     ) -> PartitionLog:
         """Open `<log_dir>/<topic>-<partition>`, creating the dir if needed."""
         if parse_topic_partition(str(tp)) != tp or "/" in tp.topic or tp.topic in (".", ".."):
@@ -240,7 +249,9 @@ class PartitionLog:
         if not path.exists():
             path.mkdir()
             fsync_dir(log_dir)
-        return cls.open(path, config=config, state_dir=state_dir, checkpoints=checkpoints)
+        return cls.open(
+            path, config=config, state_dir=state_dir, checkpoints=checkpoints, owner=owner
+        )
 
     @staticmethod
     def _new_segment(path: Path, base_offset: int, config: LogConfig) -> LogSegment:
@@ -544,6 +555,8 @@ class PartitionLog:
     def _roll_locked(
         self, base_offset: int, *, reason: str, now_ms: int | None = None
     ) -> LogSegment:
+        if self.owner is not None:
+            self.owner.verify()
         old = self.active_segment
         old.close_for_roll()
         segment = self._new_segment(self.dir, base_offset, self.config)
@@ -639,11 +652,20 @@ class PartitionLog:
         """Remove `segments` (never the active one) from the log, as retention does: their
         files are renamed to `.deleted` (durably) and the log start offset moves up to the
         first remaining segment. Returns the `.deleted` files, which the caller unlinks
-        after `file.delete.delay.ms`, or at once under disk pressure."""
+        after `file.delete.delay.ms`, or at once under disk pressure. Raises
+        SegmentsChanged, deleting nothing, when one of `segments` is no longer the file
+        at its base (a swap replaced it since it was chosen)."""
         with self._write_lock():
             active_base = self.active_segment.base_offset
             if any(s.base_offset == active_base for s in segments):
                 raise ValueError(f"the active segment of {self.dir} cannot be deleted")
+            current = {s.base_offset: s for s in self._segments}
+            for s in segments:
+                now = current.get(s.base_offset)
+                if now is None or now.inode != s.inode:
+                    raise SegmentsChanged(
+                        f"{s.log_path} was replaced or removed since it was chosen for deletion"
+                    )
             bases = {s.base_offset for s in segments}
             doomed = [s for s in self._segments if s.base_offset in bases]
             for segment in doomed:

@@ -96,7 +96,8 @@ class LogSegment:
         self.index_interval_bytes = index_interval_bytes
         self.max_index_size = max_index_size
         self.read_only = read_only
-        self._size = self.log_path.stat().st_size
+        st = self.log_path.stat()
+        self._size, self.inode = st.st_size, st.st_ino
         self._reset_caches()
 
     def _reset_caches(self) -> None:
@@ -180,10 +181,10 @@ class LogSegment:
     def refresh(self) -> bool:
         """Re-stat the `.log`; if another process changed it, drop cached state. Returns
         whether it changed."""
-        size = self.log_path.stat().st_size
-        if size == self._size:
+        st = self.log_path.stat()
+        if st.st_size == self._size and st.st_ino == self.inode:
             return False
-        self._size = size
+        self._size, self.inode = st.st_size, st.st_ino
         self._reset_caches()
         return True
 
@@ -293,6 +294,7 @@ class LogSegment:
             offset_index_bytes=self.offset_index.size_in_bytes,
             time_index_bytes=self.time_index.size_in_bytes,
             last_modified_ms=self.last_modified_ms,
+            inode=self.inode,
         )
 
     # -- reading -------------------------------------------------------------------

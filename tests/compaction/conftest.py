@@ -191,6 +191,7 @@ def segment_metas(dir_path: Path) -> list[SegmentMeta]:
                 offset_index_bytes=oi.stat().st_size if oi.exists() else 0,
                 time_index_bytes=ti.stat().st_size if ti.exists() else 0,
                 last_modified_ms=st.st_mtime_ns // 1_000_000,
+                inode=st.st_ino,
             )
         )
     return metas

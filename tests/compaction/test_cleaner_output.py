@@ -12,6 +12,7 @@ import pytest
 from cleanerd.compaction import cleaner
 from cleanerd.compaction.keyhash import hash_keys
 from cleanerd.compaction.offset_map import OffsetMap
+from cleanerd.log.meta import SegmentMeta
 from cleanerd.log.recovery import SegmentOptions, recover_partition
 from cleanerd.records.columns import SegmentColumns, segment_columns
 from cleanerd.records.header import Buffer, Compression
@@ -111,9 +112,9 @@ def test_each_segment_is_mapped_once_per_pass(
     d = log.write()
     mapped: list[str] = []
 
-    def spy(path: Path) -> Buffer:
+    def spy(path: Path, seg: SegmentMeta, *, active: bool) -> Buffer:
         mapped.append(path.name)
-        return map_file(path)
+        return map_file(path, seg, active=active)
 
     map_file = cleaner._map_file
     monkeypatch.setattr(cleaner, "_map_file", spy)

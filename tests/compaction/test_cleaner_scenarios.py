@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import shutil
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from cleanerd.compaction.cleaner import Cleaner, CleanerConfig
 from cleanerd.compaction.keyhash import hash_key
 from cleanerd.compaction.offset_map import OffsetMap
+from cleanerd.log.ownership import SegmentsChanged
 from cleanerd.log.partition_log import PartitionLog
 from cleanerd.log.txnindex import AbortedTxn
 from cleanerd.records.batch import RecordBatch, decode_batch
@@ -731,8 +731,10 @@ def test_35_offset_map_ranges(tmp_path: Path) -> None:
 
 def test_42_retention_during_swap_is_serialised(tmp_path: Path) -> None:
     """Scenario 42: retention that takes the partition lock just before the swap (log
-    start moved to the active base) renames each old segment to `.deleted` once; the
-    swap renames only what is left, and the cleaned segment and the active one remain."""
+    start moved to the active base) renames each old segment to `.deleted` once. Kafka
+    then swaps the cleaned segment in anyway, below the new log start; cleanerd's pass
+    proves its sources under the lock first (`SwapProof`), finds them gone, removes its
+    output and changes nothing more: only the active segment remains."""
     log = LogBuilder(tmp_path / "logs")
     for i in range(6):
         log.append([kv(i % 2, i)])
@@ -741,28 +743,36 @@ def test_42_retention_during_swap_is_serialised(tmp_path: Path) -> None:
     d = log.write()
     plog = PartitionLog.open(d, state_dir=tmp_path / "state")
     active = plog.segments[-1].base_offset
-
-    @contextmanager
-    def retention_first() -> Iterator[None]:
-        deleted.extend(plog.delete_segments(plog.segments[:-1], reason="log.start.offset"))
-        with plog.lock:
-            yield
-
     deleted: list[Path] = []
-    result = Cleaner(OffsetMap(1024 * 24)).clean(
-        log_dir=d.parent,
-        tp=TP,
-        segments=segment_metas(d),
-        first_dirty=0,
-        first_uncleanable=active,
-        now_ms=T,
-        config=CleanerConfig(producer_id_expiration_ms=LONG_MAX),
-        swap_lock=retention_first(),
-    )
+
+    class RetentionAtSwap:
+        """The partition lock, taken first by retention when the swap wants it."""
+
+        entries = 0
+
+        def __enter__(self) -> None:
+            self.entries += 1
+            if self.entries == 1:
+                deleted.extend(plog.delete_segments(plog.segments[:-1], reason="retention"))
+            plog.lock.acquire()
+
+        def __exit__(self, *exc: object) -> None:
+            plog.lock.release()
+
+    with pytest.raises(SegmentsChanged, match="removed"):
+        Cleaner(OffsetMap(1024 * 24)).clean(
+            log_dir=d.parent,
+            tp=TP,
+            segments=segment_metas(d),
+            first_dirty=0,
+            first_uncleanable=active,
+            now_ms=T,
+            config=CleanerConfig(producer_id_expiration_ms=LONG_MAX),
+            swap_lock=RetentionAtSwap(),
+        )
     names = sorted(p.name for p in d.iterdir())
-    assert [n for n in names if n.endswith(".log")] == [f"{0:020d}.log", f"{active:020d}.log"]
+    assert [n for n in names if n.endswith(".log")] == [f"{active:020d}.log"]
     assert sorted(p.name for p in deleted).count(f"{0:020d}.log.deleted") == 1
-    assert not any(n.endswith(".deleted.deleted") for n in names)
-    assert set(result.deleted_files).isdisjoint(deleted)
+    assert not any(n.endswith((".deleted.deleted", ".cleaned", ".swap")) for n in names)
     plog.refresh()
     assert plog.log_start_offset == active

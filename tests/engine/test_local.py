@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -23,8 +25,11 @@ from cleanerd.errors import CorruptRecordError
 from cleanerd.log.checkpoint import CLEANER_OFFSET_CHECKPOINT, OffsetCheckpointFile
 from cleanerd.log.files import TopicPartition
 from cleanerd.log.lock import PartitionLock
+from cleanerd.log.ownership import OwnershipLost, SegmentsChanged, StaleWork
 from cleanerd.log.partition_log import PartitionLog
 from tests.compaction.conftest import TP, LogBuilder, k, segment_metas, view
+from tests.engine.owned import own
+from tests.tools import session_processes, wait_for_session_end
 
 NOW = 1_700_000_000_000
 MAP_BYTES = 1 << 20
@@ -47,6 +52,9 @@ def build(log_dir: Path, tp: TopicPartition = TP, *, segments: int = 3) -> Path:
 
 
 def job_for(log_dir: Path, state_dir: Path, tp: TopicPartition = TP, **kw: object) -> CleanJob:
+    """A job for the whole dirty range of `tp`, planned by this process as the owner of
+    `log_dir`."""
+    own(log_dir)
     metas = tuple(segment_metas(log_dir / str(tp)))
     fields: dict[str, object] = {
         "log_dir": log_dir,
@@ -276,3 +284,122 @@ def test_checkpoint_rewrite_waits_for_the_cross_process_lock(
         assert not future.done()
     assert future.result().end_offset == 30
     assert OffsetCheckpointFile(logs / CLEANER_OFFSET_CHECKPOINT).read() == {TP: 30}
+
+
+# -- what a pass proves before it swaps (SwapProof) ---------------------------------------
+
+
+def _blocked_at_first_swap(
+    engine: LocalEngine, logs: Path, state: Path
+) -> tuple[Path, dict[str, bytes], PartitionLock]:
+    """A pass over 4 one-segment groups, held at its first swap by the partition lock
+    (returned, held); the partition dir and its files before."""
+    d = build(logs, segments=4)
+    before = files(d)
+    lock = PartitionLock(state, logs, TP)
+    lock.acquire()
+    return d, before, lock
+
+
+def test_pass_of_an_owner_that_let_go_of_the_dir_changes_nothing(
+    tmp_path: Path, engine: LocalEngine
+) -> None:
+    """The owner releases the log dir while its worker's pass waits to swap: the pass
+    proves ownership under the lock, fails, removes its output; nothing changed."""
+    logs, state = tmp_path / "logs", tmp_path / "state"
+    d, before, lock = _blocked_at_first_swap(engine, logs, state)
+    future = engine.submit_clean(job_for(logs, state, config=CleanerConfig(segment_bytes=600)))
+    wait_until(lambda: any(p.name.endswith(".cleaned") for p in d.iterdir()))
+    own(logs).release()
+    lock.release()
+    with pytest.raises(OwnershipLost, match="nobody holds it"):
+        future.result(timeout=WAIT_S)
+    assert files(d) == before
+    assert not (logs / CLEANER_OFFSET_CHECKPOINT).exists()
+
+
+def test_pass_whose_segment_was_replaced_meanwhile_changes_nothing(
+    tmp_path: Path, engine: LocalEngine
+) -> None:
+    """Another process replaces a segment the pass read (same bytes, a new file, as a
+    swap or recovery makes): the pass's proof fails before its first rename."""
+    logs, state = tmp_path / "logs", tmp_path / "state"
+    d, before, lock = _blocked_at_first_swap(engine, logs, state)
+    future = engine.submit_clean(job_for(logs, state, config=CleanerConfig(segment_bytes=600)))
+    wait_until(lambda: any(p.name.endswith(".cleaned") for p in d.iterdir()))
+    seg = d / "00000000000000000020.log"
+    copy = seg.with_name("copy")
+    copy.write_bytes(seg.read_bytes())
+    copy.replace(seg)
+    lock.release()
+    with pytest.raises(SegmentsChanged, match=r"00000000000000000020\.log was replaced"):
+        future.result(timeout=WAIT_S)
+    assert files(d) == before
+
+
+def test_pass_whose_checkpoint_entry_moved_meanwhile_changes_nothing(
+    tmp_path: Path, engine: LocalEngine
+) -> None:
+    """Another cleaner moved the partition's cleaner-offset-checkpoint entry during the
+    pass: the pass does not swap."""
+    logs, state = tmp_path / "logs", tmp_path / "state"
+    d, before, lock = _blocked_at_first_swap(engine, logs, state)
+    future = engine.submit_clean(job_for(logs, state, config=CleanerConfig(segment_bytes=600)))
+    wait_until(lambda: any(p.name.endswith(".cleaned") for p in d.iterdir()))
+    OffsetCheckpointFile(logs / CLEANER_OFFSET_CHECKPOINT).write({TP: 20})
+    lock.release()
+    with pytest.raises(StaleWork, match="moved from None to 20"):
+        future.result(timeout=WAIT_S)
+    assert files(d) == before
+
+
+_OWNER = """
+import sys, time
+from pathlib import Path
+from cleanerd.compaction.cleaner import CleanerConfig
+from cleanerd.engine.local import LocalEngine, WorkerSettings
+from tests.engine.test_local import job_for
+
+logs, state = Path(sys.argv[1]), Path(sys.argv[2])
+engine = LocalEngine(WorkerSettings(workers=1, dedupe_buffer_size=1 << 20,
+                                    io_max_bytes_per_second=2_000))
+future = engine.submit_clean(job_for(logs, state, config=CleanerConfig(segment_bytes=600)))
+while not engine.running_pids():
+    time.sleep(0.01)
+print("running", flush=True)
+future.result()
+print("finished", flush=True)
+"""
+
+
+def test_killed_owner_takes_its_worker_fork_server_and_tracker_along(tmp_path: Path) -> None:
+    """SIGKILL of the process that owns the dir and started the pool ends every process
+    it started (worker, fork server, resource tracker) within seconds, and the pass it
+    had running never swaps: the partition is as it was, now and later."""
+    logs, state = tmp_path / "logs", tmp_path / "state"
+    d = build(logs, segments=4)
+    before = files(d)
+    owner = subprocess.Popen(
+        [sys.executable, "-c", _OWNER, str(logs), str(state)],
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        cwd=Path(__file__).resolve().parents[2],
+    )
+    try:
+        assert owner.stdout is not None
+        assert owner.stdout.readline().strip() == "running"
+        session = session_processes(owner.pid)
+        assert len(session) >= 3  # owner, fork server, worker (and the resource tracker)
+        os.kill(owner.pid, signal.SIGKILL)
+        owner.wait()
+        wait_for_session_end(owner.pid, WAIT_S / 6)
+    finally:
+        if owner.poll() is None:
+            owner.kill()
+            owner.wait()
+        if owner.stdout is not None:
+            owner.stdout.close()
+    time.sleep(1)  # the pass's throttle would have let it swap by now
+    PartitionLog.open(d, state_dir=state, recover=True)  # as the next owner does
+    assert files(d) == before

@@ -19,12 +19,14 @@ import pytest
 from cleanerd.cli import main
 from cleanerd.compaction.cleaner import Cleaner, CleanerConfig
 from cleanerd.compaction.offset_map import OffsetMap
+from cleanerd.compaction.swap import SwapProof
 from cleanerd.engine import spark as spark_engine
 from cleanerd.engine.base import CleanJob
 from cleanerd.engine.spark import SparkEngine, SparkJobFailed, SparkSettings
 from cleanerd.engine.spark_job import JobSpec, PassSpec, run_job
 from cleanerd.errors import CleanerdError
 from tests.compaction.conftest import TP, LogBuilder, k, read_batches, segment_metas
+from tests.engine.owned import own
 from tests.engine.spark_support import (
     NOW,
     in_process_runner,
@@ -148,6 +150,7 @@ def _json_docs(out: str) -> list[str]:
 
 
 def job_for(log_dir: Path, state: Path) -> CleanJob:
+    own(log_dir)
     dir_path = log_dir / str(TP)
     metas = tuple(segment_metas(dir_path))
     return CleanJob(
@@ -272,8 +275,13 @@ def test_uri_reads_and_a_corrupt_segment_fail_only_their_pass(spark: Any, tmp_pa
     assert bad.name in failed.error
     assert not list((tmp_path / "bad" / str(TP)).glob("*.cleaned"))
     assert good.error is None
+    uri_segments = tuple(segment_metas(tmp_path / "uri" / str(TP)))
     Cleaner(None).install(
-        log_dir=tmp_path / "uri", tp=TP, cleaned=good.cleaned, end_offset=good.end_offset
+        log_dir=tmp_path / "uri",
+        tp=TP,
+        cleaned=good.cleaned,
+        end_offset=good.end_offset,
+        proof=SwapProof(tmp_path / "uri", TP, uri_segments, None),
     )
     job = job_for(tmp_path / "local", tmp_path)
     Cleaner(OffsetMap(1 << 20)).clean(

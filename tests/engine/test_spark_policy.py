@@ -27,6 +27,7 @@ from cleanerd.engine.policy import (
 from cleanerd.errors import ConfigError
 from cleanerd.log.files import TopicPartition
 from tests.compaction.conftest import TP, LogBuilder, k, segment_metas
+from tests.engine.owned import own
 
 STATS = CleanerStats(0, 0, 0, 0, 0, 0, 0, 0.0, 0, 0, 0)
 
@@ -72,6 +73,7 @@ def build(tmp_path: Path, keys: int, *, per_batch: int = 50) -> CleanJob:
     d = tmp_path / "logs" / str(TP)
     d.parent.mkdir(parents=True)
     shutil.move(log.write(), d)
+    own(d.parent)
     metas = tuple(segment_metas(d))
     return CleanJob(
         log_dir=d.parent,

@@ -1,0 +1,162 @@
+"""The proof a process gives before it changes a log dir in another process's name.
+
+A log dir has one owner: the process holding the POSIX lock on its `.lock`
+(`lock.LogDirLock`). Helper processes (a clean pass in a worker, a Spark job's output
+installed later, an append through `cleanerd produce` beside a daemon) change the dir
+in the owner's name, on a snapshot the owner planned. Their right to do so ends with
+the owner: once it has died (the kernel dropped its lock) or let go of the dir, a new
+owner may be recovering, rolling or cleaning the same partitions, and a stale swap
+would destroy its work. So, under the partition lock and right before its first rename,
+such a process proves two things:
+
+1. **the owner still holds the dir** (`OwnerProof.verify`): the process that holds the
+   lock on `.lock` is the owner named when the work was planned. The holder is asked of
+   the kernel (`fcntl(F_GETLK)`, which reports the pid of a conflicting POSIX lock);
+   the owner itself looks in its own registry of held locks instead, because opening
+   and closing `.lock` in the owning process would drop its lock. A pid is matched with
+   its start time (`ProcessId`), so a later process that reuses the owner's pid is not
+   taken for it;
+2. **its inputs are still the files on disk** (`verify_segments`): each segment it read
+   is the same file (inode) with the same size (the active segment may have grown).
+   Segment files are never modified in place once inactive, only replaced by renames,
+   so inode and size name their content.
+
+Neither proof can stop the owner from dying a moment after it was given; that is the
+lifeline's job (`cleanerd.engine.lifeline`: helpers are killed with their owner), and
+every change is a sequence of renames whose every prefix recovery completes or rolls
+back, under the partition lock that the next owner's recovery also takes.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final, Self
+
+from cleanerd.errors import CleanerdError
+from cleanerd.log.files import LOCK_FILE_NAME, log_file
+from cleanerd.log.lock import holds_log_dir_lock
+from cleanerd.log.meta import SegmentMeta
+
+_FLOCK: Final = struct.Struct("hhqqi")
+"""`struct flock` on Linux: l_type, l_whence, l_start, l_len, l_pid (native alignment)."""
+
+
+class StaleWork(CleanerdError):
+    """Work planned on a state of the log dir that no longer holds; nothing was changed.
+    Not a fault of the partition: the owner plans it again."""
+
+
+class OwnershipLost(StaleWork):
+    """The owner named when the work was planned no longer holds the log dir."""
+
+
+class SegmentsChanged(StaleWork):
+    """A segment the work read was replaced, removed or changed size since."""
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessId:
+    """One process for the life of the machine: its pid and its start time (field 22 of
+    `/proc/<pid>/stat`, clock ticks since boot). A pid alone is reused."""
+
+    pid: int
+    start_ticks: int | None
+
+    @classmethod
+    def current(cls) -> Self:
+        """This process."""
+        return cls(os.getpid(), start_ticks(os.getpid()))
+
+    def alive(self) -> bool:
+        """Whether this very process still runs (without `/proc`: whether any process has
+        the pid)."""
+        if self.start_ticks is None:
+            try:
+                os.kill(self.pid, 0)
+            except ProcessLookupError:
+                return False
+            except PermissionError:
+                return True
+            return True
+        return start_ticks(self.pid) == self.start_ticks
+
+
+def start_ticks(pid: int) -> int | None:
+    """The start time of `pid` in clock ticks since boot, or None when no such process
+    exists (or there is no `/proc`)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_bytes()
+    except OSError:
+        return None
+    # The command name (field 2) may hold spaces and parentheses: split after its end.
+    fields = stat[stat.rindex(b")") + 2 :].split()
+    return int(fields[19])
+
+
+def lock_holder(log_dir: Path) -> int | None:
+    """The pid of the process holding the POSIX lock on `log_dir`'s `.lock`, None when
+    nobody holds it (or it does not exist)."""
+    if holds_log_dir_lock(log_dir):
+        return os.getpid()
+    try:
+        fd = os.open(log_dir / LOCK_FILE_NAME, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    try:
+        probe = _FLOCK.pack(fcntl.F_WRLCK, os.SEEK_SET, 0, 0, 0)
+        kind, _, _, _, pid = _FLOCK.unpack(fcntl.fcntl(fd, fcntl.F_GETLK, probe))
+    finally:
+        os.close(fd)  # this process holds no lock on the file: closing drops nothing
+    return None if kind == fcntl.F_UNLCK else int(pid)
+
+
+@dataclass(frozen=True, slots=True)
+class OwnerProof:
+    """The owner of `log_dir` named when work on it was planned (picklable)."""
+
+    log_dir: Path
+    owner: ProcessId
+
+    @classmethod
+    def of_this_process(cls, log_dir: Path) -> Self:
+        """Work planned by this process, which must hold `log_dir`."""
+        return cls(log_dir, ProcessId.current())
+
+    def verify(self) -> None:
+        """Raise OwnershipLost unless the owner is alive and holds the dir's `.lock`."""
+        if not self.owner.alive():
+            raise OwnershipLost(
+                f"the owner of {self.log_dir} (pid {self.owner.pid}) has exited; "
+                "its planned work is dropped"
+            )
+        holder = lock_holder(self.log_dir)
+        if holder != self.owner.pid:
+            held = "nobody holds it" if holder is None else f"pid {holder} holds it"
+            raise OwnershipLost(
+                f"{self.log_dir / LOCK_FILE_NAME} is no longer held by its owner "
+                f"(pid {self.owner.pid}): {held}; the planned work is dropped"
+            )
+
+
+def verify_segments(dir_path: Path, segments: Sequence[SegmentMeta]) -> None:
+    """Raise SegmentsChanged unless every segment of `segments` (a snapshot, ascending,
+    the active one last) is still the same `.log` file: the same inode where the
+    snapshot has one, the same size (the last, active one: at least that size)."""
+    for n, seg in enumerate(segments):
+        path = log_file(dir_path, seg.base_offset)
+        try:
+            st = path.stat()
+        except FileNotFoundError:
+            raise SegmentsChanged(f"{path} was removed since it was read") from None
+        if seg.inode is not None and st.st_ino != seg.inode:
+            raise SegmentsChanged(f"{path} was replaced since it was read")
+        grown = n == len(segments) - 1 and st.st_size > seg.size_bytes
+        if st.st_size != seg.size_bytes and not grown:
+            raise SegmentsChanged(
+                f"{path} is {st.st_size} bytes, {seg.size_bytes} when it was read"
+            )
