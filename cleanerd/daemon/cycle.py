@@ -707,38 +707,42 @@ class Maintenance:
         self.pending.schedule(
             list(swapped_files(error)), now_ms=now, delay_ms=item.topic.file_delete_delay_ms
         )
-        where = _fields(candidate.tp, item.log_dir.path)
         if isinstance(error, CleaningAborted):
+            return  # stopped before its next swap: nothing to recover
+        # The pass may have stopped between two renames of a swap (its worker died, the
+        # disk filled): recovery, under the partition lock, completes or rolls that back
+        # before anything plans on the partition again.
+        fresh = self._reopen(item, now, report)
+        if fresh is None:
             return
+        where = _fields(candidate.tp, item.log_dir.path)
+        retry = False
         if isinstance(error, StaleWork):
-            # Planned on a state that no longer holds: nothing changed; plan it again
-            # from the dir as it is now.
+            # Planned on a state that no longer holds; nothing was changed.
             log.warning("clean.stale", **where, detail=str(error))
-            self._reopen(item, now, report, requeue=requeue and self._may_retry(candidate.tp))
-            return
-        if isinstance(error, WorkerCrashed):
-            # The worker may have died between two renames of its swap: recovery (under
-            # the partition lock) completes or rolls that back before anything reads it.
-            fresh = self._reopen(item, now, report, requeue=False)
+            retry = self._may_retry(candidate.tp)
+            if not retry:
+                return
+        elif isinstance(error, WorkerCrashed):
             crashes = self._crashes.get(candidate.tp, 0) + 1
             self._crashes[candidate.tp] = crashes
-            if crashes <= CRASH_RETRIES and fresh is not None:
+            if crashes <= CRASH_RETRIES:
                 log.warning("clean.worker_died", **where, detail=error.detail)
-                if requeue:
-                    self.manager.refresh_one(fresh, now)
-                return
-        if (
+                retry = True
+        elif (
             isinstance(error, FileStepError)
             and error.no_space
             and self._free_space(error, r)
             and self._may_retry(candidate.tp)
         ):
             log.warning("clean.no_space_retry", **where, detail=str(error))
+            retry = True
+        if retry:
             if requeue:
-                self.manager.refresh_one(item, now)
+                self.manager.refresh_one(fresh, now)
             return
         reason = f"{type(error).__name__}: {error}"
-        self.manager.mark_uncleanable(item, reason, now)
+        self.manager.mark_uncleanable(fresh, reason, now)
         report.failed.append(FailedLog(str(item.log_dir.path), candidate.tp, reason))
 
     def _may_retry(self, tp: TopicPartition) -> bool:
@@ -759,11 +763,9 @@ class Maintenance:
             log.info("segment.unlinked_early", path=str(path), reason=str(error))
         return bool(freed)
 
-    def _reopen(
-        self, item: CompactedLog, now: int, report: _Builder, *, requeue: bool
-    ) -> CompactedLog | None:
-        """Open the partition of `item` again (recovering what a dead pass left) and, with
-        `requeue`, plan it again; None when it cannot be opened."""
+    def _reopen(self, item: CompactedLog, now: int, report: _Builder) -> CompactedLog | None:
+        """Open the partition of `item` again (recovering what a failed pass left); None,
+        with the partition marked, when it cannot be opened."""
         key = (item.log_dir.path, item.tp)
         try:
             plog = item.log_dir.open_partition(item.tp, config=log_config_for(item.topic))
@@ -773,10 +775,7 @@ class Maintenance:
             report.failed.append(FailedLog(str(item.log_dir.path), item.tp, reason))
             return None
         self._plogs[key] = plog
-        fresh = CompactedLog(item.log_dir, plog, item.topic)
-        if requeue:
-            self.manager.refresh_one(fresh, now)
-        return fresh
+        return CompactedLog(item.log_dir, plog, item.topic)
 
     @staticmethod
     def _cleaned(r: _Running, result: CleanResult, now: int) -> CleanedLog:
