@@ -57,6 +57,7 @@ from cleanerd.log.files import (
     PRODUCER_SNAPSHOT_FILE_SUFFIX,
     TopicPartition,
     is_log_file,
+    is_segment_file_name,
     offset_from_filename,
     parse_topic_partition,
 )
@@ -480,7 +481,8 @@ class PartitionLog:
         snapshots = sorted(
             (offset_from_filename(p.name), p)
             for p in self.dir.glob(f"*{PRODUCER_SNAPSHOT_FILE_SUFFIX}")
-            if p.name.endswith(PRODUCER_SNAPSHOT_FILE_SUFFIX)
+            # A malformed name (reported when the partition was opened) is no snapshot.
+            if p.name.endswith(PRODUCER_SNAPSHOT_FILE_SUFFIX) and is_segment_file_name(p.name)
         )
         for offset, path in reversed(snapshots):
             if not self.log_start_offset <= offset <= end:

@@ -18,6 +18,12 @@ Every prefix of that sequence is recovered by:
 4. every remaining `*.swap` (including a lone index `.swap`) is renamed to its final
    name, and the dir is fsynced. Index files without a `.log` are deleted, as Kafka does.
 
+Only well-formed segment file names (20 digits, a kind, at most one state suffix: see
+`files.py`) take part in these steps. A file whose name ends like a segment file but
+is not one (`00000000000000000abc.log`, `42.log.deleted`) was not written by Kafka or
+cleanerd: it is reported with a warning each time the partition is opened, in every
+mode, and never deleted or renamed, whatever its suffix.
+
 Then the segments are validated. The active segment, and every segment holding offsets
 at or above the recovery point, is scanned in full with CRC checks; the others get the
 cheap check of `LogSegment.sanity_check`. Kafka truncates any invalid tail; cleanerd only
@@ -52,7 +58,9 @@ from cleanerd.log.files import (
     SWAP_FILE_SUFFIX,
     is_index_file,
     is_log_file,
+    is_segment_file_name,
     log_file,
+    malformed_segment_file_name,
     offset_from_filename,
 )
 from cleanerd.log.fsutil import atomic_write, fsync_dir, safe_unlink
@@ -95,6 +103,8 @@ class RecoveryReport:
     truncated: list[TruncatedTail] = field(default_factory=list)
     rebuilt_indexes: list[str] = field(default_factory=list)
     errors: list[CleanerdError] = field(default_factory=list)
+    malformed: list[str] = field(default_factory=list)
+    """Files named like segment files that are not (reported, left alone)."""
 
     @property
     def corrupt(self) -> CleanerdError | None:
@@ -106,14 +116,24 @@ class RecoveryReport:
 
 
 def _files(dir_path: Path) -> list[Path]:
-    return sorted(p for p in dir_path.iterdir() if p.is_file())
+    """The well-formed segment files of the dir: nothing else is ever deleted or renamed."""
+    return sorted(p for p in dir_path.iterdir() if is_segment_file_name(p.name) and p.is_file())
 
 
-def _offset_or_none(path: Path) -> int | None:
-    try:
-        return offset_from_filename(path.name)
-    except ValueError:
-        return None
+def _offset(path: Path) -> int:
+    return offset_from_filename(path.name)
+
+
+def report_malformed_names(dir_path: Path, report: RecoveryReport) -> None:
+    """Warn about every file named like a segment file that is not one (see the module
+    docstring); they are left as they are."""
+    for path in sorted(dir_path.iterdir()):
+        reason = malformed_segment_file_name(path.name)
+        if reason is not None:
+            log.warning(
+                "partition.malformed_file_name", path=str(path), reason=reason, action="left alone"
+            )
+            report.malformed.append(str(path))
 
 
 def _delete(path: Path, report: RecoveryReport, why: str) -> None:
@@ -135,12 +155,10 @@ def _remove_temp_files(dir_path: Path, report: RecoveryReport) -> list[Path]:
             cleaned.append(path)
         elif name.endswith(SWAP_FILE_SUFFIX):
             swaps.append(path)
-    cleaned_offsets = [o for o in map(_offset_or_none, cleaned) if o is not None]
-    min_cleaned = min(cleaned_offsets, default=None)
+    min_cleaned = min(map(_offset, cleaned), default=None)
     valid_swaps = []
     for path in swaps:
-        offset = _offset_or_none(path)
-        if min_cleaned is not None and offset is not None and offset >= min_cleaned:
+        if min_cleaned is not None and _offset(path) >= min_cleaned:
             _delete(path, report, "swap of an unfinished .cleaned -> .swap step")
         else:
             valid_swaps.append(path)
@@ -155,7 +173,7 @@ def _swap_range(dir_path: Path, swaps: list[Path], options: SegmentOptions) -> t
     for path in swaps:
         if not path.name.endswith(LOG_FILE_SUFFIX + SWAP_FILE_SUFFIX):
             continue
-        base = offset_from_filename(path.name)
+        base = _offset(path)
         segment = LogSegment(
             dir_path,
             base,
@@ -183,10 +201,7 @@ def recover_leftovers(
     swaps = _remove_temp_files(dir_path, report)
     low, high = _swap_range(dir_path, swaps, options)
     for path in _files(dir_path):
-        offset = _offset_or_none(path)
-        if path.name.endswith(SWAP_FILE_SUFFIX) or offset is None:
-            continue
-        if low <= offset < high:
+        if not path.name.endswith(SWAP_FILE_SUFFIX) and low <= _offset(path) < high:
             _delete(path, report, "old segment replaced by a swap but not yet renamed")
     for path in _files(dir_path):
         if path.name.endswith(SWAP_FILE_SUFFIX):
@@ -195,9 +210,7 @@ def recover_leftovers(
             path.replace(final)
             report.renamed.append((str(path), str(final)))
     for path in _files(dir_path):
-        offset = _offset_or_none(path)
-        orphan = offset is not None and not log_file(dir_path, offset).exists()
-        if orphan and is_index_file(path.name):
+        if is_index_file(path.name) and not log_file(dir_path, _offset(path)).exists():
             _delete(path, report, "orphan index without a .log")
     fsync_dir(dir_path)
     return report
@@ -411,6 +424,7 @@ def recover_partition(
     first finish interrupted swaps, then validate and repair what a crash can leave;
     without it, only check (nothing on disk changes)."""
     report = RecoveryReport()
+    report_malformed_names(dir_path, report)
     if recover and not options.read_only:
         recover_leftovers(dir_path, options, report)
     segments = open_segments(dir_path, options)

@@ -186,6 +186,17 @@ def test_transactions_tracked_and_aborts_indexed(tmp_path: Path) -> None:
     assert _open(tmp_path, LogConfig()).meta().first_unstable_offset == 5
 
 
+def test_malformed_snapshot_name_is_no_snapshot(tmp_path: Path) -> None:
+    """A file named like a producer snapshot without the 20-digit stem is not read as one
+    (the partition's transactions are still tracked from the log) and stays on disk."""
+    plog = build_log(tmp_path / "logs", [[[kv("x", "0")]]], state_dir=tmp_path / "state")
+    stray = plog.dir / "00000000000000000abc.snapshot"
+    stray.write_bytes(b"not a snapshot")
+    plog.append([kv("a", "1")], producer_id=7, producer_epoch=0, is_transactional=True)
+    assert _open(tmp_path, LogConfig()).meta().first_unstable_offset == 1
+    assert stray.read_bytes() == b"not a snapshot"
+
+
 def test_read_only_log_refuses_writes(tmp_path: Path) -> None:
     """A log opened read-only cannot be appended to or rolled."""
     build_log(tmp_path / "logs", [[[kv("a", "1")]]], state_dir=tmp_path / "state")

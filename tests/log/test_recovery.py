@@ -193,6 +193,46 @@ def test_orphan_index_is_deleted(tmp_path: Path) -> None:
     assert not orphan.exists()
 
 
+MALFORMED = [
+    "00000000000000000abc.log",
+    "0000000000000000002.log.deleted",
+    "4.index.swap",
+    "000000000000000000004.snapshot",
+    "orders.log.cleaned",
+]
+
+
+@pytest.mark.parametrize("read_only", [False, True], ids=["owner", "observe"])
+def test_malformed_segment_names_are_reported_never_touched(
+    tmp_path: Path, read_only: bool
+) -> None:
+    """Files named like segment files without the 20-digit stem are warned about, by
+    path, in every mode, and survive recovery byte for byte: not deleted as `.deleted`
+    or `.cleaned` leftovers, not renamed as a `.swap`, not deleted as an old segment in a
+    swap's range (the 21-digit snapshot reads as offset 4, inside [2, 7))."""
+    path = _build(tmp_path)
+    for n, name in enumerate(MALFORMED):
+        (path / name).write_bytes(f"not Kafka's {n}".encode())
+    write_segment(
+        path,
+        2,
+        [encode_records([kv("k3", "v3")], 3), encode_records([kv("k6", "v6")], 6)],
+        suffix=".swap",
+    )
+    before = {name: (path / name).read_bytes() for name in MALFORMED}
+    with capture_logs() as logs:
+        if read_only:
+            plog = PartitionLog.open(path, read_only=True, config=CONFIG)
+        else:
+            plog = _open(path)
+    assert {name: (path / name).read_bytes() for name in MALFORMED} == before
+    warned = {e["path"] for e in logs if e["event"] == "partition.malformed_file_name"}
+    assert warned == {str(path / name) for name in MALFORMED}
+    assert sorted(plog.recovery_report.malformed) == sorted(str(path / n) for n in MALFORMED)
+    if not read_only:
+        assert [s.base_offset for s in plog.segments] == [0, 2, 8, 10, 12, 14, 16, 18]
+
+
 def _active_log(path: Path) -> Path:
     return log_file(path, 18)
 
