@@ -18,6 +18,17 @@ Every prefix of that sequence is recovered by:
 4. every remaining `*.swap` (including a lone index `.swap`) is renamed to its final
    name, and the dir is fsynced. Index files without a `.log` are deleted, as Kafka does.
 
+Before any of this, and in every mode (observe too), symbolic links are refused: if the
+partition dir, or any file in it named like a segment file (log, index, time index,
+transaction index or snapshot, with or without a state suffix), is a symlink, the link
+and its target are reported and `SymlinkRefused` is raised, so the partition is skipped
+and nothing is ever created, renamed, deleted or even read through the link. This holds
+wherever the link points, inside the log dir or not: a partition whose files live
+elsewhere is not one cleanerd may maintain, and telling a harmless link from a harmful
+one would need the target's ownership rules, which cleanerd does not know. Other links
+(a `leader-epoch-checkpoint` link, say) are never touched, so they do not matter. The log
+dir itself may be a link: only what is inside it is checked.
+
 Only well-formed segment file names (20 digits, a kind, at most one state suffix: see
 `files.py`) take part in these steps. A file whose name ends like a segment file but
 is not one (`00000000000000000abc.log`, `42.log.deleted`) was not written by Kafka or
@@ -44,8 +55,10 @@ are missing or merely inconsistent are rebuilt from the log.
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NoReturn
 
 import numpy as np
 import structlog
@@ -60,6 +73,7 @@ from cleanerd.log.files import (
     is_log_file,
     is_segment_file_name,
     log_file,
+    looks_like_segment_file,
     malformed_segment_file_name,
     offset_from_filename,
 )
@@ -72,6 +86,19 @@ from cleanerd.records.scan import ScanResult, scan_batches, scan_valid_prefix
 log = structlog.get_logger(__name__)
 
 ZERO_TAIL = "zero bytes after the last batch"
+
+
+class SymlinkRefused(CleanerdError):
+    """A partition dir, or a segment file in one, that is a symbolic link: never followed,
+    and the partition is skipped (see the module docstring)."""
+
+    def __init__(self, path: Path | str, target: str) -> None:
+        self.path = str(path)
+        self.target = target
+        super().__init__(
+            f"{self.path} is a symlink to {target}: cleanerd never follows links in a log "
+            "dir, so the partition is skipped"
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,6 +149,36 @@ def _files(dir_path: Path) -> list[Path]:
 
 def _offset(path: Path) -> int:
     return offset_from_filename(path.name)
+
+
+def refuse_link(link: Path, log_dir: Path) -> NoReturn:
+    """Report the symlink `link` (its target, and whether that resolves inside `log_dir`)
+    and raise SymlinkRefused."""
+    target = str(link.readlink())
+    # realpath, not Path.resolve: a link loop must be reported, not raise RuntimeError.
+    resolved = Path(os.path.realpath(link))
+    log.warning(
+        "partition.symlink_refused",
+        path=str(link),
+        target=target,
+        resolved=str(resolved),
+        inside_log_dir=resolved.is_relative_to(os.path.realpath(log_dir)),
+        action="partition skipped",
+    )
+    raise SymlinkRefused(link, target)
+
+
+def refuse_links(dir_path: Path) -> None:
+    """Raise SymlinkRefused if the partition dir or a file in it named like a segment file
+    is a symlink (the check before anything else, in every mode)."""
+    log_dir = dir_path.parent
+    if dir_path.is_symlink():
+        refuse_link(dir_path, log_dir)
+    with os.scandir(dir_path) as entries:
+        for entry in entries:
+            # is_symlink() answers from the listing's d_type: no stat per file.
+            if entry.is_symlink() and looks_like_segment_file(entry.name):
+                refuse_link(Path(entry.path), log_dir)
 
 
 def report_malformed_names(dir_path: Path, report: RecoveryReport) -> None:
@@ -420,9 +477,10 @@ def recover_partition(
     full_check: bool = False,
     quarantine_dir: Path | None = None,
 ) -> tuple[list[LogSegment], RecoveryReport]:
-    """Open a partition dir's segments. With `recover` (the caller owns the log dir),
-    first finish interrupted swaps, then validate and repair what a crash can leave;
-    without it, only check (nothing on disk changes)."""
+    """Open a partition dir's segments. Links are refused first (SymlinkRefused). With
+    `recover` (the caller owns the log dir), then finish interrupted swaps, validate and
+    repair what a crash can leave; without it, only check (nothing on disk changes)."""
+    refuse_links(dir_path)
     report = RecoveryReport()
     report_malformed_names(dir_path, report)
     if recover and not options.read_only:
