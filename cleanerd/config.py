@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import copy
 import math
+import os
 import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
@@ -236,12 +237,35 @@ TOPIC_CONFIG_SYNONYMS: Final[dict[str, tuple[str, ...]]] = {
 # Broker-level settings (server.properties names and defaults)
 
 
+def max_cleaner_threads(cpus: int | None = None) -> int:
+    """The most `log.cleaner.threads` accepted: max(8, 4 x CPUs), with `os.cpu_count()`
+    CPUs unless `cpus` is given."""
+    return max(8, 4 * (cpus if cpus is not None else os.cpu_count() or 1))
+
+
+def _check_threads(value: int) -> int:
+    bound = max_cleaner_threads()
+    if value > bound:
+        raise PydanticCustomError(
+            "threads_bound",
+            "must be <= {bound}: at most max(8, 4 x CPUs) workers ({cpus} CPUs here)",
+            {"bound": bound, "cpus": os.cpu_count() or 1},
+        )
+    return value
+
+
 class BrokerConfig(_KafkaKeys):
     """The broker-level settings cleanerd honours, with Kafka's defaults."""
 
     log_dirs: LogDirs = ()
     log_cleaner_enable: bool = True
-    log_cleaner_threads: int = Field(default=1, ge=1, le=INT_MAX)
+    log_cleaner_threads: Annotated[int, Field(ge=1), AfterValidator(_check_threads)] = 1
+    """Cleaning worker processes, 1 to `max_cleaner_threads()` = max(8, 4 x CPUs). Each is
+    a process with its own share of the offset-map memory, so more workers than the
+    host's CPUs can keep busy only divide that memory into smaller maps and make the
+    passes contend; a larger value is more likely a typo than a plan. (Kafka has no
+    fixed bound: its LogCleaner only refuses a dynamic update that would more than double
+    the running thread count, or cut it below half.)"""
     log_cleaner_dedupe_buffer_size: int = Field(default=134217728, ge=1, le=LONG_MAX)
     log_cleaner_io_buffer_load_factor: float = Field(default=0.9, gt=0, le=1)
     log_cleaner_io_buffer_size: int = Field(default=524288, ge=1, le=INT_MAX)

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import math
+import os
 import re
 from collections.abc import Iterator
 from dataclasses import fields, replace
@@ -22,6 +23,7 @@ from cleanerd.config import (
     TopicOverride,
     config_from_data,
     load_config,
+    max_cleaner_threads,
 )
 from cleanerd.errors import ConfigError
 from tests.conftest import REPO_ROOT
@@ -407,6 +409,23 @@ class TestValidation:
             assert config_from_data(data).topic_config("t").max_compaction_lag_ms == max_lag
         else:
             assert len(errors_of(data)) == 1
+
+
+@pytest.mark.parametrize(("cpus", "bound"), [(None, 8), (1, 8), (2, 8), (4, 16), (16, 64)])
+def test_cleaner_threads_are_bounded_by_the_cpus(
+    monkeypatch: pytest.MonkeyPatch, cpus: int | None, bound: int
+) -> None:
+    """log.cleaner.threads is at most max(8, 4 x os.cpu_count()); one more is an error
+    naming the key, the value and the bound."""
+    monkeypatch.setattr(os, "cpu_count", lambda: cpus)
+    assert max_cleaner_threads() == bound
+    ok = config_from_data({"log.dirs": ["/nonexistent/kafka"], "log.cleaner.threads": bound})
+    assert ok.log_cleaner_threads == bound
+    errors = errors_of({"log.dirs": ["/nonexistent/kafka"], "log.cleaner.threads": bound + 1})
+    assert errors == [
+        f"log.cleaner.threads: {bound + 1} must be <= {bound}: at most max(8, 4 x CPUs) "
+        f"workers ({cpus or 1} CPUs here)"
+    ]
 
 
 class TestYaml:
