@@ -11,9 +11,9 @@ one-shot process has nobody left to honour `file.delete.delay.ms` for it.
 horizons, expiry): the cycle's clock stands still at it. `--topic` (repeatable) limits
 rolls, retention and cleaning to those topics; disk usage, which orders segments across
 every topic of a device, is then not enforced. Output: the rolls, deletions, disk usage,
-Kafka's stats block for each pass, partitions found uncleanable (with the reason) and
-the partitions left alone; `--json` prints the `CycleReport` as one JSON document.
-Exit status 1 when a partition could not be cleaned.
+Kafka's stats block for each pass, partitions found uncleanable or that could not be
+opened (with the reason) and the partitions left alone; `--json` prints the `CycleReport`
+as one JSON document. Exit status 1 when a partition could not be opened or cleaned.
 """
 
 from __future__ import annotations
@@ -105,6 +105,7 @@ def render_text(report: CycleReport) -> list[str]:
         if warning is not None:
             lines.append(warning)
     lines += [f"{f.tp}: uncleanable: {f.reason}" for f in report.failed]
+    lines += [f"{u.tp}: cannot open: {u.reason}" for u in report.unopened]
     for s in report.skipped:
         where = str(s.tp) if s.tp is not None else (s.log_dir or "cycle")
         lines.append(f"{where}: {s.phase} skipped: {s.reason}")
@@ -114,8 +115,10 @@ def render_text(report: CycleReport) -> list[str]:
         f"{len(disk.deletions) if disk is not None and not disk.dry_run else 0} "
         f"deleted for disk usage"
     )
+    unopened = f", {len(report.unopened)} could not be opened" if report.unopened else ""
     lines.append(
         f"{len(report.cleaned)} cleaning passes, {len(report.failed)} partitions uncleanable"
+        + unopened
     )
     return lines
 
@@ -139,7 +142,8 @@ def _percent(used: int, total: int) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    """The `clean` subcommand; exit status 1 if any partition could not be cleaned."""
+    """The `clean` subcommand; exit status 1 if any partition could not be opened or
+    cleaned."""
     config = load_config(args.config)
     # Log lines go to stderr, so stdout holds only the report (`--json` stays parseable).
     configure_logging(config.logging.format, config.logging.level, cast(TextIO, _Stderr()))
@@ -167,4 +171,4 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(doc, indent=1))
     else:
         print("\n".join(render_text(report)))
-    return 1 if report.failed else 0
+    return 1 if report.failed or report.unopened else 0

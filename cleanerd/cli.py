@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from cleanerd import __version__, audit_command, clean_command, plan_command, run_command
-from cleanerd.config import load_config
+from cleanerd.config import check_paths, load_config
 from cleanerd.dump import DumpOptions, dump_file
 from cleanerd.errors import CleanerdError
 from cleanerd.produce import open_for_append, produce
@@ -58,7 +58,8 @@ CONFIG_ARG: Final = arg(
 
 
 def _check_config(args: argparse.Namespace) -> int:
-    load_config(args.file)
+    # The file first; its dirs only once it is valid (they are named by its keys).
+    check_paths(load_config(args.file), path=args.file)
     print(f"{args.file}: OK")
     return 0
 
@@ -137,7 +138,7 @@ COMMANDS: Final[tuple[Command, ...]] = (
     ),
     Command(
         "check-config",
-        "validate a config file; exit 0, or 1 listing every error",
+        "validate a config file and the dirs it names; exit 0, or 1 listing every error",
         _check_config,
         (arg("file", type=Path, metavar="FILE", help="the YAML config file"),),
     ),

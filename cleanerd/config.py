@@ -22,14 +22,28 @@ Consistency: `load_config` either returns a complete, immutable `Config` or rais
 `ConfigError` that lists every problem (each naming the key path, the bad value and the
 rule), field errors and cross-field checks together. A daemon can therefore swap
 snapshots atomically on reload and keep the old one when the new file is refused.
+
+Paths on this host: loading never requires the dirs a config names to exist (a file can
+be checked, and tests can load one, anywhere). `check_paths` is the separate check of a
+loaded config against this host's filesystem, as the current user, that `check-config`
+and `run` make: every `log.dirs` entry must be an existing directory, readable, and in
+`mode: owner` writable too (observe mode only reads). A missing log dir is an error, not
+something cleanerd creates: `run` could not lock it, and a missing mount point or a typo
+is likelier than a new dir, which would land on whatever filesystem holds its parent. A
+configured `state_dir` must be a directory or creatable as one, and in owner mode
+writable (cleanerd creates it on first use); in observe mode nothing is written there.
 """
 
 from __future__ import annotations
 
 import copy
+import errno
 import math
+import os
+import pwd
 import re
-from collections.abc import Iterable, Iterator
+import stat
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, replace
 from fnmatch import fnmatchcase
 from pathlib import Path
@@ -236,12 +250,35 @@ TOPIC_CONFIG_SYNONYMS: Final[dict[str, tuple[str, ...]]] = {
 # Broker-level settings (server.properties names and defaults)
 
 
+def max_cleaner_threads(cpus: int | None = None) -> int:
+    """The most `log.cleaner.threads` accepted: max(8, 4 x CPUs), with `os.cpu_count()`
+    CPUs unless `cpus` is given."""
+    return max(8, 4 * (cpus if cpus is not None else os.cpu_count() or 1))
+
+
+def _check_threads(value: int) -> int:
+    bound = max_cleaner_threads()
+    if value > bound:
+        raise PydanticCustomError(
+            "threads_bound",
+            "must be <= {bound}: at most max(8, 4 x CPUs) workers ({cpus} CPUs here)",
+            {"bound": bound, "cpus": os.cpu_count() or 1},
+        )
+    return value
+
+
 class BrokerConfig(_KafkaKeys):
     """The broker-level settings cleanerd honours, with Kafka's defaults."""
 
     log_dirs: LogDirs = ()
     log_cleaner_enable: bool = True
-    log_cleaner_threads: int = Field(default=1, ge=1, le=INT_MAX)
+    log_cleaner_threads: Annotated[int, Field(ge=1), AfterValidator(_check_threads)] = 1
+    """Cleaning worker processes, 1 to `max_cleaner_threads()` = max(8, 4 x CPUs). Each is
+    a process with its own share of the offset-map memory, so more workers than the
+    host's CPUs can keep busy only divide that memory into smaller maps and make the
+    passes contend; a larger value is more likely a typo than a plan. (Kafka has no
+    fixed bound: its LogCleaner only refuses a dynamic update that would more than double
+    the running thread count, or cut it below half.)"""
     log_cleaner_dedupe_buffer_size: int = Field(default=134217728, ge=1, le=LONG_MAX)
     log_cleaner_io_buffer_load_factor: float = Field(default=0.9, gt=0, le=1)
     log_cleaner_io_buffer_size: int = Field(default=524288, ge=1, le=INT_MAX)
@@ -578,6 +615,164 @@ def topics_on_disk(log_dirs: Iterable[Path]) -> dict[str, Path]:
             if entry.is_dir():
                 found.setdefault(topic, entry)
     return found
+
+
+# ---------------------------------------------------------------------------
+# The paths of a loaded config, on this host (not part of validation: see the docstring)
+
+PathKind = Literal["dir", "file", "other", "missing", "unreachable"]
+
+
+@dataclass(frozen=True, slots=True)
+class PathState:
+    """What a path is on this host, and what the current user may do with it."""
+
+    kind: PathKind
+    readable: bool = False
+    """A dir whose entries this user may list and open (r and x)."""
+    writable: bool = False
+    """A dir in which this user may create, rename and delete entries (w and x)."""
+    error: str = ""
+    """Why the path could not be looked at (`unreachable`: no search permission on a
+    parent, a link loop)."""
+
+
+def probe_path(path: Path) -> PathState:
+    """Look at `path` as this process's effective user (the service user under systemd)."""
+    try:
+        st = path.stat()
+    except OSError as e:
+        if e.errno in (errno.ENOENT, errno.ENOTDIR):  # ENOTDIR: a parent is a file
+            return PathState("missing")
+        return PathState("unreachable", error=e.strerror or str(e))
+    if not stat.S_ISDIR(st.st_mode):
+        return PathState("file" if stat.S_ISREG(st.st_mode) else "other")
+    return PathState(
+        "dir",
+        readable=_may(path, os.R_OK | os.X_OK),
+        writable=_may(path, os.W_OK | os.X_OK),
+    )
+
+
+def _may(path: Path, mode: int) -> bool:
+    effective = os.access in os.supports_effective_ids
+    return os.access(path, mode, effective_ids=effective)
+
+
+def current_user() -> str:
+    """`name (uid N)` of the effective user, for messages."""
+    uid = os.geteuid()
+    try:
+        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
+    except KeyError:
+        return f"uid {uid}"
+
+
+def _not_a_dir(path: Path, state: PathState) -> str | None:
+    """What is wrong with an existing path that should be a directory, or None."""
+    shown = repr(str(path))
+    if state.kind == "file":
+        return f"{shown} is a file, not a directory"
+    if state.kind == "other":
+        return f"{shown} is not a directory"
+    if state.kind == "unreachable":
+        return f"{shown} cannot be looked at: {state.error}"
+    return None
+
+
+def log_dir_problem(
+    key: str, path: Path, state: PathState, *, observe: bool, user: str
+) -> str | None:
+    """Why a log dir in `state` cannot be used (None: it can). Owner mode needs to read
+    and write it, observe mode only to read it."""
+    shown = repr(str(path))
+    if state.kind == "missing":
+        return (
+            f"{key}: {shown} does not exist (cleanerd does not create log dirs: a missing "
+            "one is usually an unmounted disk or a typo)"
+        )
+    wrong = _not_a_dir(path, state)
+    if wrong is not None:
+        return f"{key}: {wrong}"
+    if not state.readable:
+        return f"{key}: {shown} is not readable by user {user}"
+    if not observe and not state.writable:
+        return (
+            f"{key}: {shown} is not writable by user {user}, and mode: owner writes "
+            "to it (mode: observe only reads)"
+        )
+    return None
+
+
+def state_dir_problem(
+    path: Path,
+    state: PathState,
+    ancestor: tuple[Path, PathState] | None,
+    *,
+    observe: bool,
+    user: str,
+) -> str | None:
+    """Why `state_dir` cannot be used (None: it can). `ancestor` is its nearest existing
+    ancestor, where a missing state dir would be created (needed only then). Observe mode
+    writes nothing there, so only something other than a dir in its place is a problem."""
+    shown = repr(str(path))
+    if state.kind != "missing":
+        wrong = _not_a_dir(path, state)
+        if wrong is not None:
+            return f"state_dir: {wrong}"
+        if observe or state.writable:
+            return None
+        return f"state_dir: {shown} is not writable by user {user}"
+    if observe or ancestor is None:
+        return None
+    parent, parent_state = ancestor
+    cannot = f"state_dir: {shown} does not exist and cannot be created"
+    wrong = _not_a_dir(parent, parent_state)
+    if wrong is not None:
+        return f"{cannot}: {wrong}"
+    if not parent_state.writable:
+        return f"{cannot}: {str(parent)!r} is not writable by user {user}"
+    return None
+
+
+def _nearest_existing(path: Path, probe: Callable[[Path], PathState]) -> tuple[Path, PathState]:
+    """The closest ancestor of `path` that exists (the root, at worst), and its state."""
+    for parent in path.absolute().parents:
+        state = probe(parent)
+        if state.kind != "missing":
+            return parent, state
+    root = Path(path.absolute().anchor)
+    return root, probe(root)
+
+
+def path_problems(
+    cfg: Config,
+    *,
+    probe: Callable[[Path], PathState] = probe_path,
+    user: str | None = None,
+) -> list[str]:
+    """One line per `log.dirs` entry, and for `state_dir` when the file sets it, that
+    cannot be used as `cfg.mode` needs (see the module docstring), each naming the key."""
+    user = current_user() if user is None else user
+    observe = cfg.mode == "observe"
+    problems = [
+        log_dir_problem(f"log.dirs[{i}]", path, probe(path), observe=observe, user=user)
+        for i, path in enumerate(cfg.log_dirs)
+    ]
+    if "state_dir" in cfg.model_fields_set:
+        state = probe(cfg.state_dir)
+        ancestor = _nearest_existing(cfg.state_dir, probe) if state.kind == "missing" else None
+        problems.append(
+            state_dir_problem(cfg.state_dir, state, ancestor, observe=observe, user=user)
+        )
+    return [p for p in problems if p is not None]
+
+
+def check_paths(cfg: Config, *, path: Path | None = None) -> None:
+    """Raise ConfigError listing `path_problems(cfg)`, if any (`path` names the file)."""
+    problems = path_problems(cfg)
+    if problems:
+        raise ConfigError(problems, path=path)
 
 
 class _Loader(yaml.SafeLoader):

@@ -1,8 +1,10 @@
 """`cleanerd run [-c FILE]`: the daemon in the foreground, on uvloop, until SIGTERM/SIGINT.
 
 Exit status: 0 after a clean stop (passes aborted or finished, checkpoints written,
-locks released); 1 when the config is invalid, startup fails (a log dir another cleanerd
-owns, the metrics port taken, an unreadable MQTT password file) or shutdown had to leave
+locks released); 1 when the config is invalid, startup fails (a log dir or state dir that
+cannot be used, reported as `startup.failed` with its key, say `log.dirs[0]: '/x/y' is a
+file, not a directory`; a log dir another cleanerd owns, the metrics port taken, an
+unreadable MQTT password file) or shutdown had to leave
 a pass behind after `shutdown_timeout_s`; 130 when a second SIGINT forced the exit
 without waiting for the work in flight. Either way every file is in a state that the
 next start recovers (the swap protocol is crash-safe at every step).

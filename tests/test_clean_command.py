@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -107,6 +108,47 @@ def test_corrupt_segment_marks_partition_uncleanable(
     assert "t-0: uncleanable:" in out
     assert "00000000000000000010.log" in out
     assert {p.name: p.read_bytes() for p in d.iterdir()} == before
+
+
+def _symlink_outside(tmp_path: Path) -> str:
+    victim = tmp_path / "outside" / "victim"
+    victim.mkdir(parents=True)
+    (victim / "00000000000000000000.log.deleted").write_bytes(b"keep me")
+    (tmp_path / "logs" / "evil-0").symlink_to(victim)
+    return "is a symlink to"
+
+
+def _log_that_is_a_dir(tmp_path: Path) -> str:
+    d = tmp_path / "logs" / "other-0"
+    d.mkdir()
+    (d / "00000000000000000000.log").mkdir()
+    return "Is a directory"
+
+
+@pytest.mark.parametrize(
+    ("make", "name"), [(_symlink_outside, "evil-0"), (_log_that_is_a_dir, "other-0")]
+)
+def test_partition_that_cannot_be_opened_fails_the_command(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    make: Callable[[Path], str],
+    name: str,
+) -> None:
+    """A partition that cannot be opened makes `clean` exit 1 with the partition and the
+    reason printed (in --json too); the other partitions are still cleaned."""
+    d = build(tmp_path)
+    reason = make(tmp_path)
+    cfg = str(write_config(tmp_path))
+    assert main(["clean", "-c", cfg, "--now-ms", str(NOW)]) == 1
+    out = capsys.readouterr().out
+    line = next(x for x in out.splitlines() if x.startswith(f"{name}: cannot open: "))
+    assert reason in line
+    assert "1 cleaning passes, 0 partitions uncleanable, 1 could not be opened" in out
+    assert view(d).keys == [k(1), k(2), k(9)]
+    assert main(["clean", "-c", cfg, "--now-ms", str(NOW), "--json"]) == 1
+    doc = json.loads(capsys.readouterr().out)
+    assert [(u["topic"], u["partition"]) for u in doc["unopened"]] == [(name[:-2], 0)]
+    assert reason in doc["unopened"][0]["reason"]
 
 
 def build_cycle(tmp_path: Path) -> tuple[Path, Path]:

@@ -73,9 +73,35 @@ class TestHelp:
 
 
 class TestCheckConfig:
-    def test_valid_file(self, capsys: pytest.CaptureFixture[str]) -> None:
-        """A valid file exits 0 and says so."""
-        assert run(capsys, "check-config", str(SAMPLE)) == (0, f"{SAMPLE}: OK\n", "")
+    def test_valid_file(self, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+        """A valid file whose log dir exists exits 0 and says so. (The sample's own
+        /var/lib/kafka/data need not exist here: test_config loads the sample.)"""
+        path = write_config(tmp_path)
+        (tmp_path / "data").mkdir()
+        assert run(capsys, "check-config", str(path)) == (0, f"{path}: OK\n", "")
+
+    def test_unusable_dirs_are_reported_by_key(
+        self, capsys: pytest.CaptureFixture[str], tmp_path: Path
+    ) -> None:
+        """A valid file naming a log dir that is a file, one that is missing and a state
+        dir that cannot be created exits 1 listing each, by key and path."""
+        (tmp_path / "a-file").write_text("x")
+        (tmp_path / "b-file").write_text("x")
+        path = tmp_path / "cleanerd.yaml"
+        path.write_text(
+            f"log.dirs: [{tmp_path / 'a-file'}, {tmp_path / 'gone'}]\n"
+            f"state_dir: {tmp_path / 'b-file' / 'state'}\n"
+        )
+        status, out, err = run(capsys, "check-config", str(path))
+        assert (status, out) == (1, "")
+        assert err.splitlines() == [
+            f"cleanerd check-config: invalid configuration {path}:",
+            f"  log.dirs[0]: {str(tmp_path / 'a-file')!r} is a file, not a directory",
+            f"  log.dirs[1]: {str(tmp_path / 'gone')!r} does not exist (cleanerd does not "
+            "create log dirs: a missing one is usually an unmounted disk or a typo)",
+            f"  state_dir: {str(tmp_path / 'b-file' / 'state')!r} does not exist and cannot "
+            f"be created: {str(tmp_path / 'b-file')!r} is a file, not a directory",
+        ]
 
     def test_invalid_file_lists_every_error(
         self, capsys: pytest.CaptureFixture[str], tmp_path: Path

@@ -1,7 +1,9 @@
 from __future__ import annotations
 
 import math
+import os
 import re
+import subprocess
 from collections.abc import Iterator
 from dataclasses import fields, replace
 from pathlib import Path
@@ -18,13 +20,21 @@ from cleanerd.config import (
     TOPIC_CONFIG_SYNONYMS,
     BrokerConfig,
     Config,
+    PathState,
     TopicConfig,
     TopicOverride,
+    check_paths,
     config_from_data,
     load_config,
+    log_dir_problem,
+    max_cleaner_threads,
+    path_problems,
+    probe_path,
+    state_dir_problem,
 )
 from cleanerd.errors import ConfigError
 from tests.conftest import REPO_ROOT
+from tests.tools import tmpfs
 
 SAMPLE = REPO_ROOT / "config" / "cleanerd.yaml"
 
@@ -409,6 +419,23 @@ class TestValidation:
             assert len(errors_of(data)) == 1
 
 
+@pytest.mark.parametrize(("cpus", "bound"), [(None, 8), (1, 8), (2, 8), (4, 16), (16, 64)])
+def test_cleaner_threads_are_bounded_by_the_cpus(
+    monkeypatch: pytest.MonkeyPatch, cpus: int | None, bound: int
+) -> None:
+    """log.cleaner.threads is at most max(8, 4 x os.cpu_count()); one more is an error
+    naming the key, the value and the bound."""
+    monkeypatch.setattr(os, "cpu_count", lambda: cpus)
+    assert max_cleaner_threads() == bound
+    ok = config_from_data({"log.dirs": ["/nonexistent/kafka"], "log.cleaner.threads": bound})
+    assert ok.log_cleaner_threads == bound
+    errors = errors_of({"log.dirs": ["/nonexistent/kafka"], "log.cleaner.threads": bound + 1})
+    assert errors == [
+        f"log.cleaner.threads: {bound + 1} must be <= {bound}: at most max(8, 4 x CPUs) "
+        f"workers ({cpus or 1} CPUs here)"
+    ]
+
+
 class TestYaml:
     def test_yaml_booleans_do_not_pass_for_strings(self, tmp_path: Path) -> None:
         """YAML 1.1's off/no become booleans, which strict types reject with a hint."""
@@ -485,3 +512,144 @@ def test_broker_config_fields_all_have_kafka_names() -> None:
     keys = [f.alias for f in BrokerConfig.model_fields.values()]
     assert all(k is not None and re.fullmatch(r"[a-z]+(\.[a-z]+)+", k) for k in keys)
     assert yaml.safe_load(SAMPLE.read_text())["log.dirs"]
+
+
+class TestPaths:
+    """`check_paths`: the dirs of a loaded config, on this host (loading needs none)."""
+
+    USER = "svc (uid 999)"
+    DIR = PathState("dir", readable=True, writable=True)
+    READ_ONLY = PathState("dir", readable=True, writable=False)
+
+    @pytest.mark.parametrize(
+        ("state", "observe", "expected"),
+        [
+            (DIR, False, None),
+            (DIR, True, None),
+            (READ_ONLY, True, None),
+            (
+                READ_ONLY,
+                False,
+                "log.dirs[1]: '/d' is not writable by user svc (uid 999), and mode: owner "
+                "writes to it (mode: observe only reads)",
+            ),
+            (
+                PathState("dir", readable=False, writable=True),
+                True,
+                "log.dirs[1]: '/d' is not readable by user svc (uid 999)",
+            ),
+            (PathState("file"), True, "log.dirs[1]: '/d' is a file, not a directory"),
+            (PathState("other"), False, "log.dirs[1]: '/d' is not a directory"),
+            (
+                PathState("missing"),
+                True,
+                "log.dirs[1]: '/d' does not exist (cleanerd does not create log dirs: a "
+                "missing one is usually an unmounted disk or a typo)",
+            ),
+            (
+                PathState("unreachable", error="Permission denied"),
+                False,
+                "log.dirs[1]: '/d' cannot be looked at: Permission denied",
+            ),
+        ],
+    )
+    def test_log_dir_rules(self, state: PathState, observe: bool, expected: str | None) -> None:
+        """A log dir must be a readable dir, and writable in owner mode; each problem
+        names the key, the path and what is wrong."""
+        problem = log_dir_problem("log.dirs[1]", Path("/d"), state, observe=observe, user=self.USER)
+        assert problem == expected
+
+    @pytest.mark.parametrize(
+        ("state", "ancestor", "observe", "expected"),
+        [
+            (DIR, None, False, None),
+            (READ_ONLY, None, True, None),
+            (READ_ONLY, None, False, "state_dir: '/s/t' is not writable by user svc (uid 999)"),
+            (PathState("file"), None, True, "state_dir: '/s/t' is a file, not a directory"),
+            (PathState("missing"), (Path("/s"), DIR), False, None),
+            (PathState("missing"), (Path("/s"), READ_ONLY), True, None),
+            (
+                PathState("missing"),
+                (Path("/s"), READ_ONLY),
+                False,
+                "state_dir: '/s/t' does not exist and cannot be created: '/s' is not "
+                "writable by user svc (uid 999)",
+            ),
+            (
+                PathState("missing"),
+                (Path("/s"), PathState("file")),
+                False,
+                "state_dir: '/s/t' does not exist and cannot be created: '/s' is a file, "
+                "not a directory",
+            ),
+        ],
+    )
+    def test_state_dir_rules(
+        self,
+        state: PathState,
+        ancestor: tuple[Path, PathState] | None,
+        observe: bool,
+        expected: str | None,
+    ) -> None:
+        """The state dir must be a dir or creatable as one under its nearest existing
+        ancestor, and writable, in owner mode; observe mode writes nothing there."""
+        problem = state_dir_problem(Path("/s/t"), state, ancestor, observe=observe, user=self.USER)
+        assert problem == expected
+
+    def test_probe_and_problems_on_real_paths(self, tmp_path: Path) -> None:
+        """Each entry of log.dirs is looked at on disk; a configured state dir whose
+        nearest existing ancestor is a file cannot be created; all problems at once."""
+        good = tmp_path / "good"
+        good.mkdir()
+        a_file = tmp_path / "a-file"
+        a_file.write_text("x")
+        other_file = tmp_path / "other-file"
+        other_file.write_text("x")
+        cfg = config_from_data(
+            {
+                "log.dirs": [str(good), str(a_file), str(tmp_path / "missing")],
+                "state_dir": str(other_file / "state" / "deeper"),
+            }
+        )
+        assert probe_path(good) == PathState("dir", readable=True, writable=True)
+        assert probe_path(a_file) == PathState("file")
+        assert probe_path(a_file / "below") == PathState("missing")
+        assert path_problems(cfg, user=self.USER) == [
+            f"log.dirs[1]: {str(a_file)!r} is a file, not a directory",
+            f"log.dirs[2]: {str(tmp_path / 'missing')!r} does not exist (cleanerd does not "
+            "create log dirs: a missing one is usually an unmounted disk or a typo)",
+            f"state_dir: {str(other_file / 'state' / 'deeper')!r} does not exist and cannot "
+            f"be created: {str(other_file)!r} is a file, not a directory",
+        ]
+        with pytest.raises(ConfigError) as info:
+            check_paths(cfg, path=Path("c.yaml"))
+        assert str(info.value).startswith("invalid configuration c.yaml:\n  log.dirs[1]: ")
+
+    def test_state_dir_is_checked_only_when_configured(self, tmp_path: Path) -> None:
+        """The default state dir is relative to wherever the command runs: it is looked
+        at only when the file names one."""
+        (tmp_path / "logs").mkdir()
+        cfg = config_from_data({"log.dirs": [str(tmp_path / "logs")]})
+        looked_at: list[Path] = []
+
+        def probe(path: Path) -> PathState:
+            looked_at.append(path)
+            return probe_path(path)
+
+        assert path_problems(cfg, probe=probe) == []
+        assert looked_at == [tmp_path / "logs"]
+
+    @pytest.mark.parametrize(("mode", "problems"), [("owner", 2), ("observe", 0)])
+    def test_read_only_filesystem(self, tmp_path: Path, mode: str, problems: int) -> None:
+        """On a read-only mount (not writable even for root) the log dir and the state
+        dir are errors in owner mode and fine in observe mode."""
+        with tmpfs(tmp_path / "mnt", "64k") as mnt:
+            (mnt / "logs").mkdir()
+            (mnt / "state").mkdir()
+            subprocess.run(["mount", "-o", "remount,ro", str(mnt)], check=True)
+            cfg = config_from_data(
+                {"log.dirs": [str(mnt / "logs")], "state_dir": str(mnt / "state"), "mode": mode}
+            )
+            found = path_problems(cfg)
+        assert len(found) == problems
+        assert all("is not writable by user" in p for p in found)

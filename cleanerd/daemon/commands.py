@@ -1,7 +1,9 @@
 """Commands received over MQTT, validated like any untrusted input.
 
 Wire format: a message on `<prefix>/<host>/commands/<name>` whose payload is a JSON
-object (an empty payload counts as `{}`), at most 4 KiB of UTF-8:
+object (an empty payload counts as `{}`), at most 4 KiB of UTF-8. The name is exactly one
+topic level: a message on a deeper topic (`commands/clean/extra`) or on `commands` itself
+is rejected like an unknown command, never taken for the command above it.
 
 - `clean`: `{"topic": "<kafka topic>", "partition": <int >= 0>}` clean that partition now;
 - `pause`, `resume`, `reload`: `{}`;
@@ -10,8 +12,9 @@ object (an empty payload counts as `{}`), at most 4 KiB of UTF-8:
 Types are strict (`"3"` is not a partition, `true` is not a number), unknown keys are
 errors, and a topic must be a legal Kafka topic name: 1 to 249 characters of
 `[a-zA-Z0-9._-]` and neither `.` nor `..`, so no name can reach a path outside a log dir.
-An unknown command, a malformed payload or a retained message is rejected with the reason
-and never reaches the daemon; a valid command goes to the daemon's handler, which may
+An unknown command, a malformed payload or a retained message (whether delivered live or
+when the subscription is made: `events.py` tells both) is rejected with the reason and
+never reaches the daemon; a valid command goes to the daemon's handler, which may
 reject it in turn (say, a partition that does not exist) by raising `CommandRejected`.
 Either way exactly one `CommandReply` results, published as a `command.accepted` or
 `command.rejected` event.
@@ -116,8 +119,7 @@ def parse_command(name: str, payload: bytes, *, retained: bool = False) -> Comma
     """The command `name` with `payload`; raises CommandRejected with the reason."""
     model = COMMANDS.get(name)
     if model is None:
-        known = ", ".join(sorted(COMMANDS))
-        raise CommandRejected(f"unknown command {_shown(name)} (known: {known})")
+        raise CommandRejected(_unknown(name))
     if retained:
         raise CommandRejected("retained command messages are refused: they would replay")
     if len(payload) > MAX_PAYLOAD_BYTES:
@@ -127,6 +129,19 @@ def parse_command(name: str, payload: bytes, *, retained: bool = False) -> Comma
         return model.model_validate(document)
     except ValidationError as e:
         raise CommandRejected("; ".join(_problem(d) for d in e.errors())) from None
+
+
+def _unknown(name: str) -> str:
+    """Why `name` is no command, with the known ones."""
+    known = f"(known: {', '.join(sorted(COMMANDS))})"
+    if not name:
+        return f"no command name: publish to commands/<name> {known}"
+    if "/" in name:
+        return (
+            f"unknown command {_shown(name)}: the name is the one topic level after "
+            f"commands/, with nothing below it {known}"
+        )
+    return f"unknown command {_shown(name)} {known}"
 
 
 def _json_object(payload: bytes) -> dict[str, Any]:

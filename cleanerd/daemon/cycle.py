@@ -5,7 +5,9 @@ A cycle, at the instant `now = clock()` it starts:
 1. **discover**: list the partitions of each log dir (owner mode; a dir whose `.lock`
    another process holds is observed and left alone), open new ones (finishing any
    interrupted swap), forget vanished ones. A topic-partition found in a second log dir
-   is skipped there: cleaning state is per topic-partition, as in Kafka;
+   is skipped there: cleaning state is per topic-partition, as in Kafka. One that cannot
+   be opened (a refused symlink, an unreadable file) is reported in `unopened`, left
+   alone this cycle and tried again the next; the others go on;
 2. **roll** (`roller.maybe_roll`): every active segment due by size or time;
 3. **retention** (`executor.apply_retention`): compacted partitions every cycle (Kafka's
    cleaner-driven retention), the others every `log.retention.check.interval.ms`, each
@@ -163,6 +165,15 @@ class FailedLog:
 
 
 @dataclass(frozen=True, slots=True)
+class UnopenedLog:
+    """A partition discover found but could not open, and why; nothing was done to it."""
+
+    log_dir: str
+    tp: TopicPartition
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
 class SkippedLog:
     """A partition (or log dir) the cycle left alone, and why."""
 
@@ -196,6 +207,9 @@ class CycleReport:
     model's input; uncleanable ones included)."""
     aborted: bool = False
     """The cycle was stopped during its cleaning phase."""
+    unopened: tuple[UnopenedLog, ...] = ()
+    """Partitions that could not be opened (a failure for `cleanerd clean`; the daemon
+    retries them every cycle)."""
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict (`cleanerd clean --json`)."""
@@ -275,6 +289,9 @@ class CycleReport:
             "failed": [
                 {"log_dir": f.log_dir, **tp_of(f.tp), "reason": f.reason} for f in self.failed
             ],
+            "unopened": [
+                {"log_dir": u.log_dir, **tp_of(u.tp), "reason": u.reason} for u in self.unopened
+            ],
             "skipped": [
                 {"log_dir": s.log_dir, **tp_of(s.tp), "phase": s.phase, "reason": s.reason}
                 for s in self.skipped
@@ -294,6 +311,7 @@ class _Builder:
     disk_usage: DiskUsageReport | None = None
     cleaned: list[CleanedLog] = field(default_factory=list)
     failed: list[FailedLog] = field(default_factory=list)
+    unopened: list[UnopenedLog] = field(default_factory=list)
     skipped: list[SkippedLog] = field(default_factory=list)
     unlinked: list[Path] = field(default_factory=list)
     states: list[PartitionState] = field(default_factory=list)
@@ -316,6 +334,7 @@ class _Builder:
             unlinked=tuple(self.unlinked),
             states=tuple(self.states),
             aborted=self.aborted,
+            unopened=tuple(self.unopened),
         )
 
 
@@ -492,7 +511,7 @@ class Maintenance:
                 plog = log_dir.open_partition(tp, config=log_config_for(topic))
                 self._plogs[key] = plog
         except (CleanerdError, OSError) as exc:
-            report.skip(log_dir.path, tp, "discover", f"cannot open: {exc}")
+            report.unopened.append(UnopenedLog(str(log_dir.path), tp, str(exc)))
             return None
         if plog.corrupt is not None and topic.compact:
             item = CompactedLog(log_dir, plog, topic)

@@ -8,6 +8,15 @@ Topics, under `<prefix>/<host>` (prefix `mqtt.topic_prefix`, default `cleanerd`)
   the same as the last will, which the broker publishes when the connection dies;
 - `commands/<name>`: subscribed (QoS 1) when the daemon gives a command handler; each
   message gets a `command.accepted` or `command.rejected` event back (see `commands`).
+  The subscription is `commands/#`, so a message on a deeper topic, or on `commands`
+  itself, is answered with a rejection too rather than going unnoticed.
+
+Retained commands are refused, because they would run again at every reconnect. A broker
+marks a retained message as such when it delivers it because a subscription was just
+made, but MQTT 3.1.1 has it clear the flag when it forwards a message live, so a
+retained command sent while the daemon is subscribed would look like any other. The
+client therefore speaks MQTT 5 (mosquitto 1.6 and later, and the other current brokers)
+and subscribes with Retain As Published: the flag then reaches the daemon either way.
 
 Why cleaning never waits for the broker: `publish()` is synchronous and only puts the
 event into a bounded queue; when the queue is full it drops the oldest event and counts
@@ -33,6 +42,7 @@ from typing import Final, Literal, Protocol
 
 import aiomqtt
 import structlog
+from paho.mqtt.subscribeoptions import SubscribeOptions
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, model_validator
 
 from cleanerd.config import MqttConfig, TlsConfig
@@ -153,6 +163,18 @@ class Backoff:
         """Seconds to wait before reconnect attempt `attempt` (0 is the first retry)."""
         ceiling = min(self.max_s, self.initial_s * 2 ** min(attempt, 64))
         return rng.uniform(ceiling / 2, ceiling)
+
+
+def command_name(topic: str, base_topic: str) -> str | None:
+    """The command a message on `topic` asks for: everything after
+    `<base_topic>/commands/` (empty for `commands` itself; it may hold `/`, which
+    `parse_command` rejects), or None for a topic outside `commands`."""
+    commands = f"{base_topic}/commands"
+    if topic == commands:
+        return ""
+    if topic.startswith(commands + "/"):
+        return topic.removeprefix(commands + "/")
+    return None
 
 
 def topic_level(name: str) -> str:
@@ -317,6 +339,7 @@ class MqttPublisher:
             username=settings.username,
             password=self._password,
             identifier=self._client_id,
+            protocol=aiomqtt.ProtocolVersion.V5,  # for Retain As Published: see the docstring
             will=aiomqtt.Will(self.status_topic, OFFLINE, qos=1, retain=True),
             keepalive=settings.keepalive_s,
             tls_context=self._tls,
@@ -327,7 +350,10 @@ class MqttPublisher:
         async with client:
             await client.publish(self.status_topic, ONLINE, qos=1, retain=True)
             if self._on_command is not None:
-                await client.subscribe(f"{self.base_topic}/commands/+", qos=1)
+                await client.subscribe(
+                    f"{self.base_topic}/commands/#",
+                    options=SubscribeOptions(qos=1, retainAsPublished=True),
+                )
             self._client = client
             self._attempt = 0
             self._overflowing = False
@@ -349,11 +375,10 @@ class MqttPublisher:
     async def _receive_commands(self, client: aiomqtt.Client) -> None:
         """Answer commands; also ends the session (by raising) when the connection drops,
         which cancels a publish that waits for an acknowledgement that will never come."""
-        prefix = f"{self.base_topic}/commands/"
         async for message in client.messages:
-            if self._on_command is None or not message.topic.value.startswith(prefix):
+            name = command_name(message.topic.value, self.base_topic)
+            if self._on_command is None or name is None:
                 continue
-            name = message.topic.value.removeprefix(prefix)
             reply = await handle_command(
                 name, _payload_bytes(message.payload), self._on_command, retained=message.retain
             )

@@ -30,8 +30,9 @@ startup, then whenever one of these holds (`cycle_due`):
 
 Lifecycle and signals:
 
-- startup: open the log dirs, bind the metrics endpoint, start MQTT (in the background:
-  a missing broker never delays startup), first watcher scan, then `READY=1`;
+- startup: check the configured dirs (`config.check_paths`, so an unusable one is
+  reported by its key), open the log dirs, bind the metrics endpoint, start MQTT (in the
+  background: a missing broker never delays startup), first watcher scan, then `READY=1`;
 - SIGHUP (or the `reload` command): `RELOADING=1` with `MONOTONIC_USEC`, read and validate
   the whole file (`reload.plan_reload`), apply it or keep the old one, `READY=1`;
 - SIGTERM, SIGINT: `STOPPING=1`; stop taking work; passes in flight are aborted at their
@@ -67,7 +68,7 @@ from pydantic import JsonValue
 from cleanerd.compaction.cleanable import log_to_clean
 from cleanerd.compaction.manager import UncleanablePartitions
 from cleanerd.compaction.stats import CleanerStats
-from cleanerd.config import Config, load_config
+from cleanerd.config import Config, check_paths, load_config
 from cleanerd.daemon.commands import (
     CleanCommand,
     Command,
@@ -426,7 +427,8 @@ class Daemon:
         return 1 if self.abandoned or self.failed_at_shutdown else 0
 
     async def startup(self) -> None:
-        """Open the log dirs, bind the metrics endpoint, start MQTT, first scan, READY."""
+        """Check and open the log dirs, bind the metrics endpoint, start MQTT, first scan,
+        READY."""
         cfg = self.config
         log.info(
             "startup.begin",
@@ -434,6 +436,7 @@ class Daemon:
             mode=cfg.mode,
             config=str(self.config_path) if self.config_path else "embedded default",
         )
+        await asyncio.to_thread(check_paths, cfg, path=self.config_path)
         self.maintenance = await self._in_thread(self._open_maintenance)
         self._devices = await asyncio.to_thread(group_devices, cfg.log_dirs)
         self.exporter.start()

@@ -14,6 +14,13 @@ A rewrite appends a state suffix after the extension: `.cleaned` (output being w
 `.swap` (output complete, replacing old segments), `.deleted` (old files awaiting
 deletion). The offset of any such file is the text before its first `.`.
 
+cleanerd only ever renames, rewrites or deletes files whose names are exactly that
+shape: 20 ASCII digits, a kind, at most one state suffix (`is_segment_file_name`). Kafka
+itself parses any run of digits before the first `.`, but never writes anything but 20,
+so a name that ends like a segment file and does not have that stem
+(`00000000000000000abc.log`, `123.log`, `orders.index.swap`) was put there by something
+else: `malformed_segment_file_name` says why, recovery reports it and leaves it alone.
+
 A partition dir is `<topic>-<partition>`, split at the last `-` because topic names may
 contain `-` and `.`. A dir that the broker is deleting, moving between log dirs or found
 stray is renamed `<topic>-<partition>.<32 hex uuid>-delete` (`-future`, `-stray`); those
@@ -43,6 +50,8 @@ STRAY_DIR_SUFFIX: Final = "-stray"
 SPECIAL_DIR_SUFFIXES: Final = (DELETE_DIR_SUFFIX, FUTURE_DIR_SUFFIX, STRAY_DIR_SUFFIX)
 
 INDEX_SUFFIXES: Final = (INDEX_FILE_SUFFIX, TIME_INDEX_FILE_SUFFIX, TXN_INDEX_FILE_SUFFIX)
+SEGMENT_FILE_KINDS: Final = (LOG_FILE_SUFFIX, *INDEX_SUFFIXES, PRODUCER_SNAPSHOT_FILE_SUFFIX)
+STATE_SUFFIXES: Final = (CLEANED_FILE_SUFFIX, SWAP_FILE_SUFFIX, DELETED_FILE_SUFFIX)
 
 METADATA_TOPIC: Final = "__cluster_metadata"
 LOCK_FILE_NAME: Final = ".lock"
@@ -50,6 +59,11 @@ LOCK_FILE_NAME: Final = ".lock"
 OFFSET_DIGITS: Final = 20
 
 _SPECIAL_DIR = re.compile(r"^(\S+)-(\S+)\.(\S+)(-delete|-future|-stray)$")
+_KINDS = "|".join(re.escape(k) for k in SEGMENT_FILE_KINDS)
+_STATES = "|".join(re.escape(s) for s in STATE_SUFFIXES)
+# What follows a segment file's stem: a kind and at most one state suffix.
+_SEGMENT_TAIL = re.compile(rf"(?:{_KINDS})(?:{_STATES})?")
+_SEGMENT_FILE = re.compile(rf"[0-9]{{{OFFSET_DIGITS}}}{_SEGMENT_TAIL.pattern}")
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -107,22 +121,39 @@ def parse_topic_partition(dirname: str) -> TopicPartition:
     return TopicPartition(topic, int(partition))
 
 
+def is_segment_file_name(filename: str) -> bool:
+    """`<20 ASCII digits><kind>[<state suffix>]`: the only names cleanerd ever renames,
+    rewrites or deletes (kinds `.log`, `.index`, `.timeindex`, `.txnindex`, `.snapshot`;
+    states `.cleaned`, `.swap`, `.deleted`)."""
+    return _SEGMENT_FILE.fullmatch(filename) is not None
+
+
+def looks_like_segment_file(filename: str) -> bool:
+    """Whether the text from the first `.` on is a segment file's kind and optional state
+    suffix, whatever comes before it."""
+    _, dot, tail = filename.partition(".")
+    return bool(dot) and _SEGMENT_TAIL.fullmatch(dot + tail) is not None
+
+
+def malformed_segment_file_name(filename: str) -> str | None:
+    """Why a name that ends like a segment file is not one, or None (a well-formed segment
+    file name, or a name that does not end like one, such as `leader-epoch-checkpoint`)."""
+    if not looks_like_segment_file(filename) or is_segment_file_name(filename):
+        return None
+    stem = filename.split(".", 1)[0]
+    if stem.isascii() and stem.isdigit():
+        return f"its offset {stem!r} has {len(stem)} digits, not {OFFSET_DIGITS}"
+    return f"{stem!r} before the first '.' is not a {OFFSET_DIGITS}-digit offset"
+
+
 def is_log_file(filename: str) -> bool:
-    """A segment data file (`.log`, no state suffix)."""
-    return filename.endswith(LOG_FILE_SUFFIX) and _has_offset(filename)
+    """A well-formed segment data file name (`.log`, no state suffix)."""
+    return filename.endswith(LOG_FILE_SUFFIX) and is_segment_file_name(filename)
 
 
 def is_index_file(filename: str) -> bool:
-    """An offset, time or transaction index file (no state suffix)."""
-    return filename.endswith(INDEX_SUFFIXES) and _has_offset(filename)
-
-
-def _has_offset(filename: str) -> bool:
-    try:
-        offset_from_filename(filename)
-    except ValueError:
-        return False
-    return True
+    """A well-formed offset, time or transaction index file name (no state suffix)."""
+    return filename.endswith(INDEX_SUFFIXES) and is_segment_file_name(filename)
 
 
 def segment_file(dir_path: Path, base_offset: int, kind: str, suffix: str = "") -> Path:

@@ -25,6 +25,13 @@ Ownership (DESIGN section 2):
 
 `__cluster_metadata` is always opened read-only, and nothing of cleanerd's own is ever
 written inside a partition dir: locks and quarantined bytes live in the state dir.
+
+Symbolic links: the log dir itself may be one (a data disk mounted elsewhere). Inside it,
+an entry named `<topic>-<partition>` that is a link (to a dir or not, inside the log dir
+or not) is listed by `partitions` so that opening it reports it: `PartitionLog.open`
+refuses it with a warning naming the link and its target (`SymlinkRefused`), in every
+mode, and the partition is skipped. Nothing is ever created, renamed or deleted through
+such a link, so a link to a foreign dir can never turn recovery or retention on it.
 """
 
 from __future__ import annotations
@@ -153,10 +160,12 @@ class LogDir:
 
     def partitions(self) -> dict[TopicPartition, Path]:
         """Every live partition dir, by topic-partition; `-delete`, `-future`, `-stray`
-        dirs and anything that is not `<topic>-<partition>` are skipped."""
+        dirs and anything that is not `<topic>-<partition>` are skipped. Links with a
+        partition dir's name are listed, whatever they point to, so that opening them
+        reports and refuses them (see the module docstring)."""
         found: dict[TopicPartition, Path] = {}
         for entry in sorted(self.path.iterdir()):
-            if not entry.is_dir():
+            if not (entry.is_symlink() or entry.is_dir()):
                 continue
             try:
                 found[parse_topic_partition(entry.name)] = entry

@@ -15,6 +15,11 @@ after the active segment's last index entry are checked under the lock before wr
 a partial batch left by a writer that was killed mid-write is cut (quarantined first),
 anything else refuses the append.
 
+Symbolic links: a partition dir that is a link, or a link among its segment files, is
+refused when the partition is opened and again whenever the segment list is re-read
+(`SymlinkRefused`, see `recovery.py`), so no append, roll, swap or deletion ever goes
+through one.
+
 Crash safety of each mutation:
 
 - append: batch bytes, then index entries (see `segment.py`);
@@ -57,6 +62,7 @@ from cleanerd.log.files import (
     PRODUCER_SNAPSHOT_FILE_SUFFIX,
     TopicPartition,
     is_log_file,
+    is_segment_file_name,
     offset_from_filename,
     parse_topic_partition,
 )
@@ -80,6 +86,7 @@ from cleanerd.log.recovery import (
     RecoveryReport,
     SegmentOptions,
     recover_partition,
+    refuse_link,
     torn_tail_reason,
     truncate_torn_tail,
 )
@@ -246,7 +253,8 @@ class PartitionLog:
         if parse_topic_partition(str(tp)) != tp or "/" in tp.topic or tp.topic in (".", ".."):
             raise ValueError(f"{tp.topic!r} / {tp.partition} cannot name a partition dir")
         path = log_dir / str(tp)
-        if not path.exists():
+        # A dangling link is not "missing": `open` refuses it rather than mkdir failing.
+        if not path.exists() and not path.is_symlink():
             path.mkdir()
             fsync_dir(log_dir)
         return cls.open(
@@ -323,8 +331,20 @@ class PartitionLog:
         return min(ongoing.values()) if ongoing else None
 
     def _scan_dir(self) -> dict[int, int]:
+        # Links were refused when the partition was opened; checked again on every re-read
+        # (one lstat, and d_type for the files) so one put in place since is refused too,
+        # before anything is written through it.
+        if self.dir.is_symlink():
+            refuse_link(self.dir, self.log_dir)
+        found: dict[int, int] = {}
         with os.scandir(self.dir) as entries:
-            return {offset_from_filename(e.name): e.inode() for e in entries if is_log_file(e.name)}
+            for entry in entries:
+                if not is_log_file(entry.name):
+                    continue
+                if entry.is_symlink():
+                    refuse_link(Path(entry.path), self.log_dir)
+                found[offset_from_filename(entry.name)] = entry.inode()
+        return found
 
     def _locked(self) -> AbstractContextManager[object]:
         return self._lock if self._lock is not None else nullcontext()
@@ -491,7 +511,8 @@ class PartitionLog:
         snapshots = sorted(
             (offset_from_filename(p.name), p)
             for p in self.dir.glob(f"*{PRODUCER_SNAPSHOT_FILE_SUFFIX}")
-            if p.name.endswith(PRODUCER_SNAPSHOT_FILE_SUFFIX)
+            # A malformed name (reported when the partition was opened) is no snapshot.
+            if p.name.endswith(PRODUCER_SNAPSHOT_FILE_SUFFIX) and is_segment_file_name(p.name)
         )
         for offset, path in reversed(snapshots):
             if not self.log_start_offset <= offset <= end:

@@ -18,6 +18,23 @@ Every prefix of that sequence is recovered by:
 4. every remaining `*.swap` (including a lone index `.swap`) is renamed to its final
    name, and the dir is fsynced. Index files without a `.log` are deleted, as Kafka does.
 
+Before any of this, and in every mode (observe too), symbolic links are refused: if the
+partition dir, or any file in it named like a segment file (log, index, time index,
+transaction index or snapshot, with or without a state suffix), is a symlink, the link
+and its target are reported and `SymlinkRefused` is raised, so the partition is skipped
+and nothing is ever created, renamed, deleted or even read through the link. This holds
+wherever the link points, inside the log dir or not: a partition whose files live
+elsewhere is not one cleanerd may maintain, and telling a harmless link from a harmful
+one would need the target's ownership rules, which cleanerd does not know. Other links
+(a `leader-epoch-checkpoint` link, say) are never touched, so they do not matter. The log
+dir itself may be a link: only what is inside it is checked.
+
+Only well-formed segment file names (20 digits, a kind, at most one state suffix: see
+`files.py`) take part in these steps. A file whose name ends like a segment file but
+is not one (`00000000000000000abc.log`, `42.log.deleted`) was not written by Kafka or
+cleanerd: it is reported with a warning each time the partition is opened, in every
+mode, and never deleted or renamed, whatever its suffix.
+
 Then the segments are validated. The active segment, and every segment holding offsets
 at or above the recovery point, is scanned in full with CRC checks; the others get the
 cheap check of `LogSegment.sanity_check`. Kafka truncates any invalid tail; cleanerd only
@@ -38,8 +55,10 @@ are missing or merely inconsistent are rebuilt from the log.
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NoReturn
 
 import numpy as np
 import structlog
@@ -52,7 +71,10 @@ from cleanerd.log.files import (
     SWAP_FILE_SUFFIX,
     is_index_file,
     is_log_file,
+    is_segment_file_name,
     log_file,
+    looks_like_segment_file,
+    malformed_segment_file_name,
     offset_from_filename,
 )
 from cleanerd.log.fsutil import atomic_write, fsync_dir, safe_unlink
@@ -64,6 +86,19 @@ from cleanerd.records.scan import ScanResult, scan_batches, scan_valid_prefix
 log = structlog.get_logger(__name__)
 
 ZERO_TAIL = "zero bytes after the last batch"
+
+
+class SymlinkRefused(CleanerdError):
+    """A partition dir, or a segment file in one, that is a symbolic link: never followed,
+    and the partition is skipped (see the module docstring)."""
+
+    def __init__(self, path: Path | str, target: str) -> None:
+        self.path = str(path)
+        self.target = target
+        super().__init__(
+            f"{self.path} is a symlink to {target}: cleanerd never follows links in a log "
+            "dir, so the partition is skipped"
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,6 +130,8 @@ class RecoveryReport:
     truncated: list[TruncatedTail] = field(default_factory=list)
     rebuilt_indexes: list[str] = field(default_factory=list)
     errors: list[CleanerdError] = field(default_factory=list)
+    malformed: list[str] = field(default_factory=list)
+    """Files named like segment files that are not (reported, left alone)."""
 
     @property
     def corrupt(self) -> CleanerdError | None:
@@ -106,14 +143,54 @@ class RecoveryReport:
 
 
 def _files(dir_path: Path) -> list[Path]:
-    return sorted(p for p in dir_path.iterdir() if p.is_file())
+    """The well-formed segment files of the dir: nothing else is ever deleted or renamed."""
+    return sorted(p for p in dir_path.iterdir() if is_segment_file_name(p.name) and p.is_file())
 
 
-def _offset_or_none(path: Path) -> int | None:
-    try:
-        return offset_from_filename(path.name)
-    except ValueError:
-        return None
+def _offset(path: Path) -> int:
+    return offset_from_filename(path.name)
+
+
+def refuse_link(link: Path, log_dir: Path) -> NoReturn:
+    """Report the symlink `link` (its target, and whether that resolves inside `log_dir`)
+    and raise SymlinkRefused."""
+    target = str(link.readlink())
+    # realpath, not Path.resolve: a link loop must be reported, not raise RuntimeError.
+    resolved = Path(os.path.realpath(link))
+    log.warning(
+        "partition.symlink_refused",
+        path=str(link),
+        target=target,
+        resolved=str(resolved),
+        inside_log_dir=resolved.is_relative_to(os.path.realpath(log_dir)),
+        action="partition skipped",
+    )
+    raise SymlinkRefused(link, target)
+
+
+def refuse_links(dir_path: Path) -> None:
+    """Raise SymlinkRefused if the partition dir or a file in it named like a segment file
+    is a symlink (the check before anything else, in every mode)."""
+    log_dir = dir_path.parent
+    if dir_path.is_symlink():
+        refuse_link(dir_path, log_dir)
+    with os.scandir(dir_path) as entries:
+        for entry in entries:
+            # is_symlink() answers from the listing's d_type: no stat per file.
+            if entry.is_symlink() and looks_like_segment_file(entry.name):
+                refuse_link(Path(entry.path), log_dir)
+
+
+def report_malformed_names(dir_path: Path, report: RecoveryReport) -> None:
+    """Warn about every file named like a segment file that is not one (see the module
+    docstring); they are left as they are."""
+    for path in sorted(dir_path.iterdir()):
+        reason = malformed_segment_file_name(path.name)
+        if reason is not None:
+            log.warning(
+                "partition.malformed_file_name", path=str(path), reason=reason, action="left alone"
+            )
+            report.malformed.append(str(path))
 
 
 def _delete(path: Path, report: RecoveryReport, why: str) -> None:
@@ -135,12 +212,10 @@ def _remove_temp_files(dir_path: Path, report: RecoveryReport) -> list[Path]:
             cleaned.append(path)
         elif name.endswith(SWAP_FILE_SUFFIX):
             swaps.append(path)
-    cleaned_offsets = [o for o in map(_offset_or_none, cleaned) if o is not None]
-    min_cleaned = min(cleaned_offsets, default=None)
+    min_cleaned = min(map(_offset, cleaned), default=None)
     valid_swaps = []
     for path in swaps:
-        offset = _offset_or_none(path)
-        if min_cleaned is not None and offset is not None and offset >= min_cleaned:
+        if min_cleaned is not None and _offset(path) >= min_cleaned:
             _delete(path, report, "swap of an unfinished .cleaned -> .swap step")
         else:
             valid_swaps.append(path)
@@ -155,7 +230,7 @@ def _swap_range(dir_path: Path, swaps: list[Path], options: SegmentOptions) -> t
     for path in swaps:
         if not path.name.endswith(LOG_FILE_SUFFIX + SWAP_FILE_SUFFIX):
             continue
-        base = offset_from_filename(path.name)
+        base = _offset(path)
         segment = LogSegment(
             dir_path,
             base,
@@ -183,10 +258,7 @@ def recover_leftovers(
     swaps = _remove_temp_files(dir_path, report)
     low, high = _swap_range(dir_path, swaps, options)
     for path in _files(dir_path):
-        offset = _offset_or_none(path)
-        if path.name.endswith(SWAP_FILE_SUFFIX) or offset is None:
-            continue
-        if low <= offset < high:
+        if not path.name.endswith(SWAP_FILE_SUFFIX) and low <= _offset(path) < high:
             _delete(path, report, "old segment replaced by a swap but not yet renamed")
     for path in _files(dir_path):
         if path.name.endswith(SWAP_FILE_SUFFIX):
@@ -195,9 +267,7 @@ def recover_leftovers(
             path.replace(final)
             report.renamed.append((str(path), str(final)))
     for path in _files(dir_path):
-        offset = _offset_or_none(path)
-        orphan = offset is not None and not log_file(dir_path, offset).exists()
-        if orphan and is_index_file(path.name):
+        if is_index_file(path.name) and not log_file(dir_path, _offset(path)).exists():
             _delete(path, report, "orphan index without a .log")
     fsync_dir(dir_path)
     return report
@@ -407,10 +477,12 @@ def recover_partition(
     full_check: bool = False,
     quarantine_dir: Path | None = None,
 ) -> tuple[list[LogSegment], RecoveryReport]:
-    """Open a partition dir's segments. With `recover` (the caller owns the log dir),
-    first finish interrupted swaps, then validate and repair what a crash can leave;
-    without it, only check (nothing on disk changes)."""
+    """Open a partition dir's segments. Links are refused first (SymlinkRefused). With
+    `recover` (the caller owns the log dir), then finish interrupted swaps, validate and
+    repair what a crash can leave; without it, only check (nothing on disk changes)."""
+    refuse_links(dir_path)
     report = RecoveryReport()
+    report_malformed_names(dir_path, report)
     if recover and not options.read_only:
         recover_leftovers(dir_path, options, report)
     segments = open_segments(dir_path, options)

@@ -90,6 +90,23 @@ def test_retained_commands_are_rejected() -> None:
         parse_command("reload", b"{}", retained=True)
 
 
+@pytest.mark.parametrize(
+    ("name", "reason"),
+    [
+        ("clean/extra", "unknown command 'clean/extra': the name is the one topic level after"),
+        ("pause/", "unknown command 'pause/': the name is the one topic level after"),
+        ("", "no command name: publish to commands/<name>"),
+    ],
+)
+def test_deeper_or_missing_command_names_are_rejected(name: str, reason: str) -> None:
+    """A topic below a command's (`commands/clean/extra`) or `commands` itself is no
+    command, even with a valid payload for the command above it, and the reason says so."""
+    with pytest.raises(CommandRejected) as info:
+        parse_command(name, b'{"topic": "orders", "partition": 0}')
+    assert info.value.reason.startswith(reason)
+    assert info.value.reason.endswith("(known: clean, pause, reload, resume)")
+
+
 def test_payload_limit_is_inclusive() -> None:
     """A payload of exactly the limit is parsed (and judged on its content)."""
     payload = b'{"topic": "orders", "partition": 0}'

@@ -319,6 +319,39 @@ def test_second_copy_and_observed_dirs_are_left_alone(tmp_path: Path, engine: Lo
     assert [x.log_dir for x in report.cleaned] == [str(tmp_path / "logs")]
 
 
+def test_partition_that_cannot_be_opened_is_reported_and_the_others_go_on(
+    tmp_path: Path, engine: LocalEngine
+) -> None:
+    """A symlinked partition dir is reported in `unopened` with the reason, every cycle,
+    is not counted as an uncleanable pass (the daemon's events and metrics stay as they
+    were), and the other partitions are cleaned; nothing happens at the link's target."""
+    tp = TopicPartition("t", 0)
+    build(tmp_path, tp, [records([0, 0], T0), records([1], T0)])
+    victim = tmp_path / "outside" / "victim"
+    victim.mkdir(parents=True)
+    (victim / "00000000000000000000.log.deleted").write_bytes(b"keep me")
+    (tmp_path / "logs" / "evil-0").symlink_to(victim)
+    cfg = write_config(tmp_path, {"*": {"cleanup.policy": "compact"}})
+    with Maintenance(cfg, engine, clock=lambda: T0) as m:
+        reports = [m.run_once(), m.run_once()]
+    for report in reports:
+        assert [(u.log_dir, u.tp) for u in report.unopened] == [
+            (str(tmp_path / "logs"), TopicPartition("evil", 0))
+        ]
+        assert "is a symlink to" in report.unopened[0].reason
+        assert report.failed == ()
+    assert [c.tp for c in reports[0].cleaned] == [tp]
+    assert reports[0].to_json()["unopened"] == [
+        {
+            "log_dir": str(tmp_path / "logs"),
+            "topic": "evil",
+            "partition": 0,
+            "reason": reports[0].unopened[0].reason,
+        }
+    ]
+    assert [p.name for p in victim.iterdir()] == ["00000000000000000000.log.deleted"]
+
+
 def test_disk_usage_deletes_the_oldest_segments_across_topics(
     tmp_path: Path, engine: LocalEngine
 ) -> None:

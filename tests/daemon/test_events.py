@@ -33,6 +33,7 @@ from cleanerd.daemon.events import (
     EventPublisher,
     MqttPublisher,
     NullPublisher,
+    command_name,
     make_publisher,
     read_password,
     reply_event,
@@ -217,6 +218,19 @@ def test_backoff_jitter_spreads_delays() -> None:
     """Two daemons with different random streams do not retry in lockstep."""
     delays = {Backoff().delay(3, random.Random(seed)) for seed in range(10)}
     assert len(delays) == 10
+
+
+def test_command_name_is_everything_below_commands() -> None:
+    """The name is the rest of the topic after `<base>/commands/`, deeper levels included
+    (for parse_command to reject); `commands` itself gives an empty name; anything else
+    is not a command."""
+    base = "cleanerd/h"
+    assert command_name("cleanerd/h/commands/clean", base) == "clean"
+    assert command_name("cleanerd/h/commands/clean/extra", base) == "clean/extra"
+    assert command_name("cleanerd/h/commands/", base) == ""
+    assert command_name("cleanerd/h/commands", base) == ""
+    assert command_name("cleanerd/h/commandsx/clean", base) is None
+    assert command_name("cleanerd/h/events/log.cleaned", base) is None
 
 
 def test_topic_level_removes_mqtt_specials() -> None:
@@ -525,6 +539,54 @@ async def test_retained_command_is_rejected(broker: Broker) -> None:
             reply = json.loads((await _next(sub)).payload)
         await sub.publish(f"{base}/commands/reload", b"", qos=1, retain=True)  # clear it
     assert reply["kind"] == "command.rejected"
+    assert "retained" in reply["data"]["reason"]
+    assert received == []
+
+
+@pytest.mark.network
+async def test_deeper_command_topics_are_rejected(broker: Broker) -> None:
+    """A message on a topic below a command's, or on `commands` itself, gets a
+    `command.rejected` reply saying why, even with a valid payload; the handler never
+    sees it."""
+    received: list[Command] = []
+
+    async def handler(command: Command) -> None:
+        received.append(command)
+
+    base = f"cleanerd/{HOST}"
+    payload = b'{"topic": "orders", "partition": 0}'
+    publisher = MqttPublisher(_settings(broker), host=HOST, backoff=FAST, on_command=handler)
+    async with _subscriber(broker, f"{base}/events/#") as sub, _running(publisher):
+        await _until(lambda: publisher.connected)
+        await sub.publish(f"{base}/commands/clean/extra", payload, qos=1)
+        deeper = json.loads((await _next(sub)).payload)
+        await sub.publish(f"{base}/commands", payload, qos=1)
+        bare = json.loads((await _next(sub)).payload)
+    assert (deeper["kind"], deeper["data"]["command"]) == ("command.rejected", "'clean/extra'")
+    assert "the one topic level after commands/" in deeper["data"]["reason"]
+    assert (bare["kind"], bare["data"]["command"]) == ("command.rejected", "''")
+    assert "no command name" in bare["data"]["reason"]
+    assert received == []
+
+
+@pytest.mark.network
+async def test_retained_command_published_while_subscribed_is_rejected(broker: Broker) -> None:
+    """A command published with the retain flag while the daemon is already subscribed
+    (a live delivery, whose flag MQTT 3.1.1 would clear) is refused as well."""
+    received: list[Command] = []
+
+    async def handler(command: Command) -> None:
+        received.append(command)
+
+    base = f"cleanerd/{HOST}"
+    publisher = MqttPublisher(_settings(broker), host=HOST, backoff=FAST, on_command=handler)
+    async with _subscriber(broker, f"{base}/events/#") as sub:
+        async with _running(publisher):
+            await _until(lambda: publisher.connected)
+            await sub.publish(f"{base}/commands/pause", b"{}", qos=1, retain=True)
+            reply = json.loads((await _next(sub)).payload)
+        await sub.publish(f"{base}/commands/pause", b"", qos=1, retain=True)  # clear it
+    assert (reply["kind"], reply["data"]["command"]) == ("command.rejected", "pause")
     assert "retained" in reply["data"]["reason"]
     assert received == []
 

@@ -70,15 +70,15 @@ class Inbox:
         self.events: list[Any] = []
         """Event objects, and `status` payloads as plain strings."""
 
-    async def wait(self, predicate: Callable[[Any], bool], what: str) -> Any:
-        """The first event (received so far or next) satisfying `predicate`."""
+    async def wait(self, predicate: Callable[[Any], bool], what: str, nth: int = 1) -> Any:
+        """The `nth` event (received so far or next) satisfying `predicate`."""
         messages = aiter(self.client.messages)
         try:
             async with asyncio.timeout(WAIT_S):
                 while True:
-                    for event in self.events:
-                        if predicate(event):
-                            return event
+                    matching = [event for event in self.events if predicate(event)]
+                    if len(matching) >= nth:
+                        return matching[nth - 1]
                     message = await anext(messages)
                     payload = message.payload
                     assert isinstance(payload, bytes | bytearray)
@@ -197,3 +197,47 @@ async def test_events_commands_and_a_broker_outage(
             reply = await inbox.wait(_kind("command.accepted"), "the reply after reconnecting")
             assert reply["data"]["id"] == "after-outage"
             assert daemon.paused
+
+
+async def test_deeper_topics_and_retained_commands_live_and_at_reconnect(
+    broker: Broker, tmp_path: Path, notify_socket: NotifyReceiver
+) -> None:
+    """Against the running daemon: a `clean` on a topic below `commands/clean` is
+    rejected; a retained `pause` is rejected when it arrives live, and again when the
+    daemon reconnects (the broker hands it over with the new subscription), and the
+    daemon never pauses; a plain `pause` after the reconnect is accepted."""
+    _dirty(tmp_path, TopicPartition("users", 0), timestamp=_now_ms() - HOUR)
+    daemon = _daemon(tmp_path, broker, notify_socket)
+
+    def retained_pause_rejected(e: Any) -> bool:
+        return _kind("command.rejected")(e) and e["data"]["command"] == "pause"
+
+    async with contextlib.AsyncExitStack() as stack:
+        sub = await stack.enter_async_context(_subscriber(broker, f"{BASE}/events/#"))
+        await stack.enter_async_context(running(daemon))
+        inbox = Inbox(sub)
+        await eventually(lambda: daemon.publisher.connected, "the broker connection")
+        clean = b'{"topic": "users", "partition": 0}'
+        await sub.publish(f"{BASE}/commands/clean/extra", clean, qos=1)
+        deeper = await inbox.wait(_kind("command.rejected"), "the deeper topic rejected")
+        assert deeper["data"]["command"] == "'clean/extra'"
+        assert "the one topic level after commands/" in deeper["data"]["reason"]
+
+        await sub.publish(f"{BASE}/commands/pause", b"{}", qos=1, retain=True)
+        live = await inbox.wait(retained_pause_rejected, "the live retained pause rejected")
+        assert "retained" in live["data"]["reason"]
+
+        # A client taking over the daemon's client id makes the broker drop the daemon's
+        # connection; the daemon reconnects and subscribes again.
+        intruder = aiomqtt.Client("127.0.0.1", broker.port, identifier=f"cleanerd-{HOST}")
+        with contextlib.suppress(aiomqtt.MqttError):
+            async with intruder:
+                pass
+        again = await inbox.wait(retained_pause_rejected, "the retained pause at reconnect", 2)
+        assert "retained" in again["data"]["reason"]
+        assert not daemon.paused
+
+        await sub.publish(f"{BASE}/commands/pause", b'{"id": "plain"}', qos=1)
+        accepted = await inbox.wait(_kind("command.accepted"), "the plain pause accepted")
+        assert accepted["data"]["id"] == "plain"
+        assert daemon.paused

@@ -198,3 +198,33 @@ def test_invalid_config_fails_startup_with_every_error(tmp_path: Path) -> None:
     assert result.returncode == 1
     assert "log.cleaner.threads" in result.stderr
     assert "mode" in result.stderr
+
+
+def test_unusable_log_dir_fails_startup_naming_the_key(tmp_path: Path) -> None:
+    """`cleanerd run` with a file where a log dir should be exits 1 and its
+    `startup.failed` line names the key and the path."""
+    (tmp_path / "data").write_text("not a dir")
+    config = tmp_path / "cleanerd.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "log.dirs": [str(tmp_path / "data")],
+                "state_dir": str(tmp_path / "state"),
+                "metrics": {"listen": "127.0.0.1:0"},
+                "logging": {"format": "json"},
+            }
+        )
+    )
+    result = subprocess.run(
+        [sys.executable, "-m", "cleanerd", "run", "-c", str(config)],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=WAIT_S,
+        check=False,
+    )
+    assert result.returncode == 1
+    lines = [json.loads(x) for x in result.stderr.splitlines() if x.startswith("{")]
+    failed = next(x for x in lines if x["event"] == "startup.failed")
+    assert f"log.dirs[0]: {str(tmp_path / 'data')!r} is a file, not a directory" in failed["error"]

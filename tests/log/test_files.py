@@ -11,7 +11,10 @@ from cleanerd.log.files import (
     filename_prefix_from_offset,
     is_index_file,
     is_log_file,
+    is_segment_file_name,
     log_file,
+    looks_like_segment_file,
+    malformed_segment_file_name,
     offset_from_filename,
     offset_index_file,
     parse_topic_partition,
@@ -118,3 +121,63 @@ def test_kinds_and_state_suffixes() -> None:
     assert is_index_file("00000000000000000005.timeindex")
     assert is_index_file("00000000000000000005.txnindex")
     assert not is_index_file("00000000000000000005.index.deleted")
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "00000000000000000005.log",
+        "00000000000000000005.index.swap",
+        "00000000000000000005.timeindex.cleaned",
+        "00000000000000000005.txnindex.deleted",
+        "00000000000000000005.snapshot",
+        "09223372036854775807.log",
+    ],
+)
+def test_well_formed_segment_file_names(name: str) -> None:
+    """Twenty ASCII digits, a kind and at most one state suffix: a segment file name."""
+    assert is_segment_file_name(name)
+    assert looks_like_segment_file(name)
+    assert malformed_segment_file_name(name) is None
+
+
+@pytest.mark.parametrize(
+    ("name", "reason"),
+    [
+        ("00000000000000000abc.log", "'00000000000000000abc' before the first '.' is not"),
+        ("123.log", "'123' has 3 digits, not 20"),
+        ("000000000000000000005.index", "has 21 digits, not 20"),
+        ("0000000000000000005.log.deleted", "has 19 digits, not 20"),
+        ("orders.index.swap", "'orders' before the first '.' is not a 20-digit offset"),
+        ("\u0661\u0662.log", "is not a 20-digit offset"),  # Arabic-Indic digits
+        (".log", "'' before the first '.' is not"),
+    ],
+)
+def test_malformed_segment_file_names_say_why(name: str, reason: str) -> None:
+    """A name that ends like a segment file but lacks the 20-digit stem is malformed,
+    and is neither a log nor an index file (nothing will rename or delete it)."""
+    assert looks_like_segment_file(name)
+    assert not is_segment_file_name(name)
+    message = malformed_segment_file_name(name)
+    assert message is not None
+    assert reason in message
+    assert not is_log_file(name)
+    assert not is_index_file(name)
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "leader-epoch-checkpoint",
+        "partition.metadata",
+        ".lock",
+        "00000000000000000005.log.swap.deleted",
+        "00000000000000000005.log.bak",
+        "00000000000000000005",
+    ],
+)
+def test_other_names_are_not_segment_like(name: str) -> None:
+    """Kafka's other files, and names not ending in a kind and one state, are neither
+    segment files nor malformed ones."""
+    assert not is_segment_file_name(name)
+    assert malformed_segment_file_name(name) is None

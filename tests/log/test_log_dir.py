@@ -18,6 +18,7 @@ from cleanerd.log.checkpoint import (
 from cleanerd.log.files import TopicPartition
 from cleanerd.log.lock import LogDirLock
 from cleanerd.log.log_dir import LogDir, Mode
+from cleanerd.log.recovery import SymlinkRefused
 from tests.builders import kv
 
 _CTX = multiprocessing.get_context("spawn")
@@ -165,3 +166,83 @@ def test_partition_dirs_hold_only_kafka_files(tmp_path: Path) -> None:
     assert all(n.endswith((".log", ".index", ".timeindex")) for n in names)
     assert sorted(p.name for p in root.iterdir()) == [".lock", "orders-0"]
     assert any(state.rglob("orders-0.lock"))
+
+
+# What an interrupted swap leaves, and index files without a `.log`: recovery would
+# delete or rename every one of these, and create an empty segment, in a partition dir.
+VICTIM_FILES = {
+    "00000000000000000000.log.deleted": b"old",
+    "00000000000000000000.log.cleaned": b"half-written",
+    "00000000000000000005.log.swap": b"swap",
+    "00000000000000000007.index": b"index",
+    "00000000000000000007.timeindex": b"timeindex",
+}
+
+
+def _victim(tmp_path: Path) -> Path:
+    victim = tmp_path / "outside" / "victim"
+    victim.mkdir(parents=True)
+    for name, data in VICTIM_FILES.items():
+        (victim / name).write_bytes(data)
+    return victim
+
+
+def _contents(path: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(path.iterdir())}
+
+
+@pytest.mark.parametrize("observe", [False, True], ids=["owner", "observe"])
+def test_symlinked_partition_dir_outside_is_reported_and_never_followed(
+    tmp_path: Path, observe: bool
+) -> None:
+    """`evil-0 -> <outside>/victim` is listed (so it is reported), but opening it, or
+    asking to create it, raises SymlinkRefused after a warning naming the link and its
+    target; the target's files are left byte for byte and nothing is added there."""
+    root, state = tmp_path / "logs", tmp_path / "state"
+    root.mkdir()
+    victim = _victim(tmp_path)
+    evil = TopicPartition("evil", 0)
+    (root / "evil-0").symlink_to(victim)
+    with LogDir.open(root, observe=observe, state_dir=state) as log_dir:
+        assert list(log_dir.partitions()) == [evil]
+        with capture_logs() as logs, pytest.raises(SymlinkRefused, match="evil-0 is a symlink"):
+            log_dir.open_partition(evil)
+        if not observe:
+            with pytest.raises(SymlinkRefused):
+                log_dir.create_partition(evil)
+    assert _contents(victim) == VICTIM_FILES
+    warning = next(e for e in logs if e["event"] == "partition.symlink_refused")
+    assert warning["log_level"] == "warning"
+    assert (warning["path"], warning["target"]) == (str(root / "evil-0"), str(victim))
+    assert warning["inside_log_dir"] is False
+
+
+def test_symlinked_partition_dir_inside_the_log_dir_is_refused_too(tmp_path: Path) -> None:
+    """A link that resolves inside the log dir (`alias-0 -> orders-0`) is refused the same
+    way: the rule is about links, not where they point. The real dir opens as usual."""
+    root, state = tmp_path / "logs", tmp_path / "state"
+    root.mkdir()
+    with LogDir.open(root, state_dir=state) as log_dir:
+        log_dir.create_partition(TP).append([kv("a", "1")])
+        (root / "alias-0").symlink_to("orders-0")
+        before = _contents(root / "orders-0")
+        with capture_logs() as logs, pytest.raises(SymlinkRefused):
+            log_dir.open_partition(TopicPartition("alias", 0))
+        assert [r.key for r in log_dir.open_partition(TP).records()] == [b"a"]
+    assert _contents(root / "orders-0") == before
+    warning = next(e for e in logs if e["event"] == "partition.symlink_refused")
+    assert warning["inside_log_dir"] is True
+
+
+def test_dangling_partition_link_is_listed_and_refused(tmp_path: Path) -> None:
+    """A link to nothing with a partition dir's name is reported, not silently skipped,
+    and `create_partition` does not create its target."""
+    root, state = tmp_path / "logs", tmp_path / "state"
+    root.mkdir()
+    gone = tmp_path / "outside" / "gone"
+    (root / "orders-0").symlink_to(gone)
+    with LogDir.open(root, state_dir=state) as log_dir:
+        assert list(log_dir.partitions()) == [TP]
+        with pytest.raises(SymlinkRefused):
+            log_dir.create_partition(TP)
+    assert not gone.exists()

@@ -20,6 +20,7 @@ from cleanerd.log.checkpoint import (
 from cleanerd.log.files import TopicPartition
 from cleanerd.log.lock import LogDirLock
 from cleanerd.log.partition_log import LogConfig, PartitionLog
+from cleanerd.log.recovery import SymlinkRefused
 from cleanerd.log.txnindex import AbortedTxn
 from cleanerd.records.header import Compression
 from cleanerd.records.record import Record
@@ -184,6 +185,47 @@ def test_transactions_tracked_and_aborts_indexed(tmp_path: Path) -> None:
     assert reopened.collect_aborted_transactions(0, 10) == [AbortedTxn(1, 7, 3, 2)]
     reopened.append([kv("c", "3")], producer_id=9, producer_epoch=0, is_transactional=True)
     assert _open(tmp_path, LogConfig()).meta().first_unstable_offset == 5
+
+
+def test_malformed_snapshot_name_is_no_snapshot(tmp_path: Path) -> None:
+    """A file named like a producer snapshot without the 20-digit stem is not read as one
+    (the partition's transactions are still tracked from the log) and stays on disk."""
+    plog = build_log(tmp_path / "logs", [[[kv("x", "0")]]], state_dir=tmp_path / "state")
+    stray = plog.dir / "00000000000000000abc.snapshot"
+    stray.write_bytes(b"not a snapshot")
+    plog.append([kv("a", "1")], producer_id=7, producer_epoch=0, is_transactional=True)
+    assert _open(tmp_path, LogConfig()).meta().first_unstable_offset == 1
+    assert stray.read_bytes() == b"not a snapshot"
+
+
+def test_partition_dir_swapped_for_a_link_after_open_is_refused(tmp_path: Path) -> None:
+    """A partition dir replaced by a link once open: the next roll or append re-reads the
+    dir, refuses the link and creates nothing at its target."""
+    plog = build_log(tmp_path / "logs", [[[kv("x", "0")]]], state_dir=tmp_path / "state")
+    elsewhere = tmp_path / "elsewhere"
+    plog.dir.rename(elsewhere)
+    plog.dir.symlink_to(elsewhere)
+    before = sorted(p.name for p in elsewhere.iterdir())
+    with pytest.raises(SymlinkRefused):
+        plog.roll()
+    with pytest.raises(SymlinkRefused):
+        plog.append([kv("y", "1")])
+    assert sorted(p.name for p in elsewhere.iterdir()) == before
+
+
+def test_active_segment_swapped_for_a_link_after_open_is_refused(tmp_path: Path) -> None:
+    """An active `.log` replaced by a link to a file outside once the log is open: the
+    next append refuses it instead of writing through it."""
+    plog = build_log(tmp_path / "logs", [[[kv("x", "0")]]], state_dir=tmp_path / "state")
+    outside = tmp_path / "outside.log"
+    active = plog.active_segment.log_path
+    outside.write_bytes(active.read_bytes())
+    active.unlink()
+    active.symlink_to(outside)
+    before = outside.read_bytes()
+    with pytest.raises(SymlinkRefused, match=active.name):
+        plog.append([kv("y", "1")])
+    assert outside.read_bytes() == before
 
 
 def test_read_only_log_refuses_writes(tmp_path: Path) -> None:

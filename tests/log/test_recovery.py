@@ -13,6 +13,7 @@ from cleanerd.errors import CorruptRecordError
 from cleanerd.log.files import log_file, offset_index_file, time_index_file
 from cleanerd.log.index import IndexPastLogError
 from cleanerd.log.partition_log import LogConfig, PartitionLog
+from cleanerd.log.recovery import SymlinkRefused
 from tests.builders import build_log, encode_records, kv, offsets_and_values, write_segment
 
 CONFIG = LogConfig(index_interval_bytes=100)
@@ -191,6 +192,82 @@ def test_orphan_index_is_deleted(tmp_path: Path) -> None:
     orphan.write_bytes(b"")
     _open(path)
     assert not orphan.exists()
+
+
+MALFORMED = [
+    "00000000000000000abc.log",
+    "0000000000000000002.log.deleted",
+    "4.index.swap",
+    "000000000000000000004.snapshot",
+    "orders.log.cleaned",
+]
+
+
+@pytest.mark.parametrize("read_only", [False, True], ids=["owner", "observe"])
+def test_malformed_segment_names_are_reported_never_touched(
+    tmp_path: Path, read_only: bool
+) -> None:
+    """Files named like segment files without the 20-digit stem are warned about, by
+    path, in every mode, and survive recovery byte for byte: not deleted as `.deleted`
+    or `.cleaned` leftovers, not renamed as a `.swap`, not deleted as an old segment in a
+    swap's range (the 21-digit snapshot reads as offset 4, inside [2, 7))."""
+    path = _build(tmp_path)
+    for n, name in enumerate(MALFORMED):
+        (path / name).write_bytes(f"not Kafka's {n}".encode())
+    write_segment(
+        path,
+        2,
+        [encode_records([kv("k3", "v3")], 3), encode_records([kv("k6", "v6")], 6)],
+        suffix=".swap",
+    )
+    before = {name: (path / name).read_bytes() for name in MALFORMED}
+    with capture_logs() as logs:
+        if read_only:
+            plog = PartitionLog.open(path, read_only=True, config=CONFIG)
+        else:
+            plog = _open(path)
+    assert {name: (path / name).read_bytes() for name in MALFORMED} == before
+    warned = {e["path"] for e in logs if e["event"] == "partition.malformed_file_name"}
+    assert warned == {str(path / name) for name in MALFORMED}
+    assert sorted(plog.recovery_report.malformed) == sorted(str(path / n) for n in MALFORMED)
+    if not read_only:
+        assert [s.base_offset for s in plog.segments] == [0, 2, 8, 10, 12, 14, 16, 18]
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "00000000000000000018.log",  # the active segment: appends would go through it
+        "00000000000000000004.index",
+        "00000000000000000030.timeindex",  # an orphan index: recovery would delete it
+        "00000000000000000000.log.deleted",
+        "00000000000000000006.snapshot",
+        "00000000000000000abc.log",  # malformed names are no exception
+    ],
+)
+@pytest.mark.parametrize("read_only", [False, True], ids=["owner", "observe"])
+def test_symlinked_segment_files_are_refused(tmp_path: Path, name: str, read_only: bool) -> None:
+    """A link among the segment files (any kind, any state suffix) makes the whole
+    partition refused, in every mode, before recovery changes anything in the dir or at
+    the link's target."""
+    path = _build(tmp_path)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    target = outside / "file"
+    target.write_bytes(b"not yours")
+    link = path / name
+    if link.exists():
+        link.unlink()
+    link.symlink_to(target)
+    (path / "00000000000000000002.log.deleted").write_bytes(b"a leftover recovery deletes")
+    before = _files(path)
+    with capture_logs() as logs, pytest.raises(SymlinkRefused, match=name):
+        PartitionLog.open(path, state_dir=tmp_path / "state", config=CONFIG, read_only=read_only)
+    assert _files(path) == before
+    assert target.read_bytes() == b"not yours"
+    assert _names(outside) == ["file"]
+    warning = next(e for e in logs if e["event"] == "partition.symlink_refused")
+    assert (warning["path"], warning["target"]) == (str(link), str(target))
 
 
 def _active_log(path: Path) -> Path:
