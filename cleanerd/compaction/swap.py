@@ -63,6 +63,7 @@ from cleanerd.log.files import (
     TIME_INDEX_FILE_SUFFIX,
     TXN_INDEX_FILE_SUFFIX,
     TopicPartition,
+    is_segment_file_name,
     segment_file,
 )
 from cleanerd.log.fsutil import TMP_SUFFIX, fsync_dir, safe_unlink
@@ -188,8 +189,11 @@ def remove_stale_cleaned(dir_path: Path, ops: FileOps) -> list[Path]:
     (a killed process or engine job; an output split at an overflow has bases no source
     segment has). A partition has one pass at a time, so none is in use. Left in place,
     such a file would make recovery after a crash mid-swap take a later swap for an
-    unfinished one. Returns the files."""
-    stale = sorted(dir_path.glob(f"*{CLEANED_FILE_SUFFIX}"))
+    unfinished one. Only names Kafka gives segment files are touched; any other is an
+    operator's, which recovery reports and nothing removes. Returns the files."""
+    stale = sorted(
+        p for p in dir_path.glob(f"*{CLEANED_FILE_SUFFIX}") if is_segment_file_name(p.name)
+    )
     for path in stale:
         ops.unlink(path)
     return stale

@@ -73,11 +73,11 @@ from cleanerd.compaction.cleaner import CleanedGroup, Cleaner, CleanerConfig, Cl
 from cleanerd.compaction.keyhash import hash_keys
 from cleanerd.compaction.stats import CleanerStats
 from cleanerd.compaction.strategy import CompactionStrategy, ResolvedStrategy, record_versions
-from cleanerd.compaction.swap import FileOps
+from cleanerd.compaction.swap import FileOps, remove_stale_cleaned
 from cleanerd.compaction.transactions import ABORT, TransactionTracker
 from cleanerd.engine.lifeline import die_with_owner_from_env
 from cleanerd.errors import CleanerdError, CorruptIndexError, CorruptRecordError
-from cleanerd.log.files import CLEANED_FILE_SUFFIX, TopicPartition, log_file, txn_index_file
+from cleanerd.log.files import TopicPartition, log_file, txn_index_file
 from cleanerd.log.meta import SegmentMeta
 from cleanerd.log.txnindex import AbortedTxn, TransactionIndex
 from cleanerd.records.columns import SIDE, SegmentColumns, segment_columns
@@ -797,12 +797,10 @@ def copy_pass(spec: JobSpec, index: int) -> PassOutcome:
 
 
 def remove_outputs(p: PassSpec) -> None:
-    """Remove every `.cleaned` file of the partition: only its pass (which the scheduler
-    runs one at a time) writes them, and outside a pass they are garbage (recovery deletes
-    them too). An output that overflowed a segment is based at offsets of no source."""
-    ops = FileOps()
-    for path in sorted(p.dir_path.glob(f"*{CLEANED_FILE_SUFFIX}")):
-        ops.unlink(path)
+    """Remove every `.cleaned` file of the partition (`swap.remove_stale_cleaned`): only
+    its pass (which the scheduler runs one at a time) writes them, and outside a pass they
+    are garbage. An output that overflowed a segment is based at offsets of no source."""
+    remove_stale_cleaned(p.dir_path, FileOps())
 
 
 def python_path_env() -> dict[str, str]:

@@ -100,12 +100,14 @@ def test_replace_with_several_new_segments(tmp_path: Path) -> None:
 
 
 def test_remove_stale_cleaned(tmp_path: Path) -> None:
-    """Every `.cleaned` file of the dir goes, whatever its base; nothing else does."""
+    """Every `.cleaned` segment file of the dir goes, whatever its base; nothing else
+    does, not even a file whose name is not a segment file's (an operator's)."""
     seg(tmp_path, 0)
     seg(tmp_path, 7, suffix=".cleaned")
     seg(tmp_path, 9, suffix=".cleaned")
+    (tmp_path / "orders.log.cleaned").write_bytes(b"keep")
     gone = remove_stale_cleaned(tmp_path, FileOps())
     assert len(gone) == 6
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
-        f"{0:020d}{k}" for k in (".log", ".index", ".timeindex")
+        [*(f"{0:020d}{k}" for k in (".log", ".index", ".timeindex")), "orders.log.cleaned"]
     )
