@@ -11,9 +11,12 @@ one-shot process has nobody left to honour `file.delete.delay.ms` for it.
 horizons, expiry): the cycle's clock stands still at it. `--topic` (repeatable) limits
 rolls, retention and cleaning to those topics; disk usage, which orders segments across
 every topic of a device, is then not enforced. Output: the rolls, deletions, disk usage,
-Kafka's stats block for each pass, partitions found uncleanable or that could not be
-opened (with the reason) and the partitions left alone; `--json` prints the `CycleReport`
-as one JSON document. Exit status 1 when a partition could not be opened or cleaned.
+Kafka's stats block for each pass, partitions found uncleanable, steps that failed (a
+partition that could not be opened, rolled or retained, with the reason) and the
+partitions left alone; `--json` prints the `CycleReport` as one JSON document. Exit
+status 1 when a pass or a step failed, or a log dir could not be owned: one that another
+cleanerd process owns (a running daemon) is an error before anything is done, naming its
+pid; one that another program holds (a Kafka broker) is only observed.
 """
 
 from __future__ import annotations
@@ -105,7 +108,7 @@ def render_text(report: CycleReport) -> list[str]:
         if warning is not None:
             lines.append(warning)
     lines += [f"{f.tp}: uncleanable: {f.reason}" for f in report.failed]
-    lines += [f"{u.tp}: cannot open: {u.reason}" for u in report.unopened]
+    lines += [f"{e.tp}: {e.phase} failed: {e.reason}" for e in report.errors]
     for s in report.skipped:
         where = str(s.tp) if s.tp is not None else (s.log_dir or "cycle")
         lines.append(f"{where}: {s.phase} skipped: {s.reason}")
@@ -115,10 +118,10 @@ def render_text(report: CycleReport) -> list[str]:
         f"{len(disk.deletions) if disk is not None and not disk.dry_run else 0} "
         f"deleted for disk usage"
     )
-    unopened = f", {len(report.unopened)} could not be opened" if report.unopened else ""
+    errors = f", {len(report.errors)} steps failed" if report.errors else ""
     lines.append(
         f"{len(report.cleaned)} cleaning passes, {len(report.failed)} partitions uncleanable"
-        + unopened
+        + errors
     )
     return lines
 
@@ -142,8 +145,8 @@ def _percent(used: int, total: int) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    """The `clean` subcommand; exit status 1 if any partition could not be opened or
-    cleaned."""
+    """The `clean` subcommand; exit status 1 if any step failed (opening, rolling,
+    retention, cleaning a partition) or a log dir could not be owned (see above)."""
     config = load_config(args.config)
     # Log lines go to stderr, so stdout holds only the report (`--json` stays parseable).
     configure_logging(config.logging.format, config.logging.level, cast(TextIO, _Stderr()))
@@ -161,6 +164,9 @@ def run(args: argparse.Namespace) -> int:
                 engine.shutdown(abort=True)
                 raise
             engine.shutdown()
+            # A dir the config says to own, held by another process (a broker): not
+            # cleaned, and the exit status says so.
+            held = any(d.held_by is not None for d in maintenance.log_dirs)
             unlinked = maintenance.close(unlink_pending=True)
     finally:
         if progress.segments_total:
@@ -171,4 +177,4 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(doc, indent=1))
     else:
         print("\n".join(render_text(report)))
-    return 1 if report.failed or report.unopened else 0
+    return 1 if report.failed or report.errors or held else 0

@@ -77,9 +77,9 @@ class CheckpointError(CleanerdError):
 class LogDirLockedError(CleanerdError):
     """A log dir whose `.lock` another process (a broker, another cleanerd) holds."""
 
-    def __init__(self, path: Path | str) -> None:
+    def __init__(self, path: Path | str, detail: str | None = None) -> None:
         self.path = str(path)
-        super().__init__(f"log dir {self.path} is locked by another process")
+        super().__init__(detail or f"log dir {self.path} is locked by another process")
 
 
 class ConfigError(CleanerdError):

@@ -14,6 +14,7 @@ import yaml
 from cleanerd.cli import main
 from cleanerd.log.checkpoint import CLEANER_OFFSET_CHECKPOINT, OffsetCheckpointFile
 from cleanerd.log.files import TopicPartition
+from cleanerd.log.lock import LogDirLock
 from tests.builders import build_log, kv
 from tests.compaction.conftest import TP, LogBuilder, k, view
 
@@ -141,14 +142,16 @@ def test_partition_that_cannot_be_opened_fails_the_command(
     cfg = str(write_config(tmp_path))
     assert main(["clean", "-c", cfg, "--now-ms", str(NOW)]) == 1
     out = capsys.readouterr().out
-    line = next(x for x in out.splitlines() if x.startswith(f"{name}: cannot open: "))
+    line = next(x for x in out.splitlines() if x.startswith(f"{name}: open failed: "))
     assert reason in line
-    assert "1 cleaning passes, 0 partitions uncleanable, 1 could not be opened" in out
+    assert "1 cleaning passes, 0 partitions uncleanable, 1 steps failed" in out
     assert view(d).keys == [k(1), k(2), k(9)]
     assert main(["clean", "-c", cfg, "--now-ms", str(NOW), "--json"]) == 1
     doc = json.loads(capsys.readouterr().out)
-    assert [(u["topic"], u["partition"]) for u in doc["unopened"]] == [(name[:-2], 0)]
-    assert reason in doc["unopened"][0]["reason"]
+    assert [(e["topic"], e["partition"], e["phase"]) for e in doc["errors"]] == [
+        (name[:-2], 0, "open")
+    ]
+    assert reason in doc["errors"][0]["reason"]
 
 
 def build_cycle(tmp_path: Path) -> tuple[Path, Path]:
@@ -237,3 +240,23 @@ def test_no_pass_once_every_passed_horizon_is_acted_on(
     assert passes(NOW + 2 * MINUTE) == 1  # drops the tombstones past their horizon
     assert passes(NOW + 4 * MINUTE) == 0
     assert passes(NOW + HOUR) == 0
+
+
+def test_dir_a_broker_holds_is_observed_and_fails_the_command(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A log dir whose `.lock` another program holds (a broker: no cleanerd owner marker)
+    is observed only: `clean` says who holds it, changes nothing and exits 1."""
+    d = build(tmp_path)
+    before = {p.name: p.read_bytes() for p in d.iterdir()}
+    holder = LogDirLock(tmp_path / "logs")  # this process, without cleanerd's owner marker
+    holder.acquire()
+    try:
+        assert main(["clean", "-c", str(write_config(tmp_path))]) == 1
+    finally:
+        holder.release()
+    out = capsys.readouterr().out
+    lock = tmp_path / "logs" / ".lock"
+    assert f"is held by pid {os.getpid()} (a running Kafka broker?): observed only" in out
+    assert str(lock) in out
+    assert {p.name: p.read_bytes() for p in d.iterdir()} == before

@@ -6,7 +6,7 @@ A cycle, at the instant `now = clock()` it starts:
    another process holds is observed and left alone), open new ones (finishing any
    interrupted swap), forget vanished ones. A topic-partition found in a second log dir
    is skipped there: cleaning state is per topic-partition, as in Kafka. One that cannot
-   be opened (a refused symlink, an unreadable file) is reported in `unopened`, left
+   be opened (a refused symlink, an unreadable file) is reported in `errors`, left
    alone this cycle and tried again the next; the others go on;
 2. **roll** (`roller.maybe_roll`): every active segment due by size or time;
 3. **retention** (`executor.apply_retention`): compacted partitions every cycle (Kafka's
@@ -65,7 +65,7 @@ from cleanerd.compaction.swap import PendingDeletions
 from cleanerd.config import Config, TopicConfig
 from cleanerd.daemon.scheduler import Candidate, CompactedLog, LogCleanerManager
 from cleanerd.engine.base import CleanJob, Engine, WorkerCrashed
-from cleanerd.errors import CleanerdError, FileStepError
+from cleanerd.errors import CleanerdError, FileStepError, LogDirLockedError
 from cleanerd.log.files import METADATA_TOPIC, TopicPartition
 from cleanerd.log.log_dir import LogDir, Mode
 from cleanerd.log.ownership import StaleWork
@@ -165,11 +165,14 @@ class FailedLog:
 
 
 @dataclass(frozen=True, slots=True)
-class UnopenedLog:
-    """A partition discover found but could not open, and why; nothing was done to it."""
+class StepError:
+    """A step the cycle could not carry out on a partition (an I/O error, a refused
+    file): `phase` is `open`, `roll`, `retention` or `reopen`. Unlike a skip, never by
+    design; the step is tried again the next cycle, and `cleanerd clean` exits 1."""
 
     log_dir: str
     tp: TopicPartition
+    phase: str
     reason: str
 
 
@@ -207,9 +210,9 @@ class CycleReport:
     model's input; uncleanable ones included)."""
     aborted: bool = False
     """The cycle was stopped during its cleaning phase."""
-    unopened: tuple[UnopenedLog, ...] = ()
-    """Partitions that could not be opened (a failure for `cleanerd clean`; the daemon
-    retries them every cycle)."""
+    errors: tuple[StepError, ...] = ()
+    """Steps that failed (a failure for `cleanerd clean`; the daemon tries them again
+    every cycle)."""
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict (`cleanerd clean --json`)."""
@@ -289,8 +292,9 @@ class CycleReport:
             "failed": [
                 {"log_dir": f.log_dir, **tp_of(f.tp), "reason": f.reason} for f in self.failed
             ],
-            "unopened": [
-                {"log_dir": u.log_dir, **tp_of(u.tp), "reason": u.reason} for u in self.unopened
+            "errors": [
+                {"log_dir": e.log_dir, **tp_of(e.tp), "phase": e.phase, "reason": e.reason}
+                for e in self.errors
             ],
             "skipped": [
                 {"log_dir": s.log_dir, **tp_of(s.tp), "phase": s.phase, "reason": s.reason}
@@ -311,7 +315,7 @@ class _Builder:
     disk_usage: DiskUsageReport | None = None
     cleaned: list[CleanedLog] = field(default_factory=list)
     failed: list[FailedLog] = field(default_factory=list)
-    unopened: list[UnopenedLog] = field(default_factory=list)
+    errors: list[StepError] = field(default_factory=list)
     skipped: list[SkippedLog] = field(default_factory=list)
     unlinked: list[Path] = field(default_factory=list)
     states: list[PartitionState] = field(default_factory=list)
@@ -319,6 +323,12 @@ class _Builder:
 
     def skip(self, log_dir: Path | str, tp: TopicPartition | None, phase: str, reason: str) -> None:
         self.skipped.append(SkippedLog(str(log_dir), tp, phase, reason))
+
+    def error(self, log_dir: Path, tp: TopicPartition, phase: str, exc: BaseException) -> None:
+        """Record a failed step, logged as an error naming the partition (and, through
+        the exception's text, the file)."""
+        log.error(f"{phase}.failed", **_fields(tp, log_dir), error=str(exc))
+        self.errors.append(StepError(str(log_dir), tp, phase, str(exc)))
 
     def build(self, finished_ms: int) -> CycleReport:
         return CycleReport(
@@ -334,7 +344,7 @@ class _Builder:
             unlinked=tuple(self.unlinked),
             states=tuple(self.states),
             aborted=self.aborted,
-            unopened=tuple(self.unopened),
+            errors=tuple(self.errors),
         )
 
 
@@ -405,11 +415,19 @@ class Maintenance:
         thread may set or clear it."""
         try:
             for path in config.log_dirs:
-                self.log_dirs.append(
-                    LogDir.open(
-                        Path(path), observe=config.mode == "observe", state_dir=config.state_dir
-                    )
+                log_dir = LogDir.open(
+                    Path(path), observe=config.mode == "observe", state_dir=config.state_dir
                 )
+                self.log_dirs.append(log_dir)
+                if log_dir.held_by is not None and log_dir.held_by.cleanerd:
+                    # Two cleanerd owners of one state dir would each believe they own
+                    # the dir: the second is refused, naming the first.
+                    who = log_dir.held_by.pid
+                    raise LogDirLockedError(
+                        log_dir.path,
+                        f"log dir {log_dir.path} is owned by another cleanerd process "
+                        f"(pid {who}; a running daemon?): not starting a second owner",
+                    )
         except BaseException:
             self.close(unlink_pending=False)
             raise
@@ -470,7 +488,8 @@ class Maintenance:
         live: set[tuple[Path, TopicPartition]] = set()
         for log_dir in self.log_dirs:
             if log_dir.mode is not Mode.OWNER:
-                report.skip(log_dir.path, None, "discover", f"{log_dir.mode.value} mode")
+                why = str(log_dir.held_by or f"{log_dir.mode.value} mode")
+                report.skip(log_dir.path, None, "discover", why)
                 continue
             log_dir.reload_checkpoints()
             for tp in log_dir.partitions():
@@ -511,7 +530,7 @@ class Maintenance:
                 plog = log_dir.open_partition(tp, config=log_config_for(topic))
                 self._plogs[key] = plog
         except (CleanerdError, OSError) as exc:
-            report.unopened.append(UnopenedLog(str(log_dir.path), tp, str(exc)))
+            report.error(log_dir.path, tp, "open", exc)
             return None
         if plog.corrupt is not None and topic.compact:
             item = CompactedLog(log_dir, plog, topic)
@@ -533,7 +552,7 @@ class Maintenance:
                 try:
                     decision = maybe_roll(p.plog, p.topic, first_seen, now_ms=report.now_ms)
                 except (CleanerdError, OSError) as exc:
-                    report.skip(path, p.tp, "roll", f"roll failed: {exc}")
+                    report.error(path, p.tp, "roll", exc)
                     continue
                 if decision is not None:
                     self.counters.count_roll(decision)
@@ -589,7 +608,7 @@ class Maintenance:
                         p.plog, p.log_dir, p.topic, now_ms=now, pending=self.pending
                     )
                 except (CleanerdError, OSError) as exc:
-                    report.skip(p.log_dir.path, tp, "retention", f"retention failed: {exc}")
+                    report.error(p.log_dir.path, tp, "retention", exc)
                     continue
                 self.counters.count_retention(outcome)
                 if outcome.rolled and outcome.deletions:

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Self
@@ -52,7 +53,12 @@ from cleanerd.log.checkpoint import (
     OffsetCheckpointFile,
     RootCheckpoints,
 )
-from cleanerd.log.files import METADATA_TOPIC, TopicPartition, parse_topic_partition
+from cleanerd.log.files import (
+    LOCK_FILE_NAME,
+    METADATA_TOPIC,
+    TopicPartition,
+    parse_topic_partition,
+)
 from cleanerd.log.lock import LogDirLock, OwnerLock, default_state_dir
 from cleanerd.log.ownership import OwnerProof, ProcessId, lock_holder, start_ticks
 from cleanerd.log.partition_log import LogConfig, PartitionLog
@@ -69,6 +75,25 @@ class Mode(enum.Enum):
     OBSERVE = "observe"
 
 
+@dataclass(frozen=True, slots=True)
+class Holder:
+    """Another process holding a log dir's `.lock`: a cleanerd owner (it holds the owner
+    marker in the same state dir), or anything else (a Kafka broker)."""
+
+    log_dir: Path
+    pid: int | None
+    """None when the holder is in another pid namespace (a container) or let go since."""
+    cleanerd: bool
+
+    def __str__(self) -> str:
+        pid = f"pid {self.pid}" if self.pid is not None else "a process of another namespace"
+        if self.cleanerd:
+            who = f"cleanerd ({pid}: a running daemon or another command owns it)"
+        else:
+            who = f"{pid} (a running Kafka broker?)"
+        return f"{self.log_dir / LOCK_FILE_NAME} is held by {who}: observed only"
+
+
 class LogDir:
     """A log dir opened in one of the three modes; use `open`, and `close` when done."""
 
@@ -81,11 +106,14 @@ class LogDir:
         dir_lock: LogDirLock | None = None,
         owner_lock: OwnerLock | None = None,
         owner: OwnerProof | None = None,
+        held_by: Holder | None = None,
     ) -> None:
         self.path = path
         self.mode = mode
         self.owner = owner
         """Shared mode: the cleanerd process that owns the dir, proven before each roll."""
+        self.held_by = held_by
+        """Observe mode forced by another holder of `.lock`: who it is."""
         self.state_dir = state_dir
         self._dir_lock = dir_lock
         self._owner_lock = owner_lock
@@ -110,17 +138,14 @@ class LogDir:
         try:
             dir_lock.acquire()
         except LogDirLockedError:
-            holder = lock_holder(path)
-            if allow_shared and holder is not None and OwnerLock(state, path).held_elsewhere():
-                log.info("log_dir.shared", log_dir=str(path), owner_pid=holder)
-                owner = OwnerProof(path, ProcessId(holder, start_ticks(holder)))
+            pid = lock_holder(path)
+            held = Holder(path, pid, pid is not None and OwnerLock(state, path).held_elsewhere())
+            if allow_shared and held.pid is not None and held.cleanerd:
+                log.info("log_dir.shared", log_dir=str(path), owner_pid=held.pid)
+                owner = OwnerProof(path, ProcessId(held.pid, start_ticks(held.pid)))
                 return cls(path, Mode.SHARED, state_dir=state, owner=owner)
-            log.warning(
-                "log_dir.observe_forced",
-                log_dir=str(path),
-                reason=f"{path / '.lock'} is locked by another process (a running broker?)",
-            )
-            return cls(path, Mode.OBSERVE, state_dir=state)
+            log.warning("log_dir.observe_forced", log_dir=str(path), reason=str(held))
+            return cls(path, Mode.OBSERVE, state_dir=state, held_by=held)
         owner_lock = OwnerLock(state, path)
         if not owner_lock.acquire():
             dir_lock.release()

@@ -315,14 +315,16 @@ def test_second_copy_and_observed_dirs_are_left_alone(tmp_path: Path, engine: Lo
         report = m.run_once()
     skipped = {(s.log_dir, str(s.tp)): s.reason for s in report.skipped}
     assert skipped[(str(tmp_path / "logs2"), "t-0")] == f"also in log dir {tmp_path / 'logs'}"
-    assert skipped[(str(tmp_path / "logs3"), "None")] == "observe mode"
+    held = skipped[(str(tmp_path / "logs3"), "None")]
+    lock = tmp_path / "logs3" / ".lock"
+    assert held == f"{lock} is held by pid {os.getpid()} (a running Kafka broker?): observed only"
     assert [x.log_dir for x in report.cleaned] == [str(tmp_path / "logs")]
 
 
 def test_partition_that_cannot_be_opened_is_reported_and_the_others_go_on(
     tmp_path: Path, engine: LocalEngine
 ) -> None:
-    """A symlinked partition dir is reported in `unopened` with the reason, every cycle,
+    """A symlinked partition dir is reported in `errors` with the reason, every cycle,
     is not counted as an uncleanable pass (the daemon's events and metrics stay as they
     were), and the other partitions are cleaned; nothing happens at the link's target."""
     tp = TopicPartition("t", 0)
@@ -335,18 +337,19 @@ def test_partition_that_cannot_be_opened_is_reported_and_the_others_go_on(
     with Maintenance(cfg, engine, clock=lambda: T0) as m:
         reports = [m.run_once(), m.run_once()]
     for report in reports:
-        assert [(u.log_dir, u.tp) for u in report.unopened] == [
-            (str(tmp_path / "logs"), TopicPartition("evil", 0))
+        assert [(e.log_dir, e.tp, e.phase) for e in report.errors] == [
+            (str(tmp_path / "logs"), TopicPartition("evil", 0), "open")
         ]
-        assert "is a symlink to" in report.unopened[0].reason
+        assert "is a symlink to" in report.errors[0].reason
         assert report.failed == ()
     assert [c.tp for c in reports[0].cleaned] == [tp]
-    assert reports[0].to_json()["unopened"] == [
+    assert reports[0].to_json()["errors"] == [
         {
             "log_dir": str(tmp_path / "logs"),
             "topic": "evil",
             "partition": 0,
-            "reason": reports[0].unopened[0].reason,
+            "phase": "open",
+            "reason": reports[0].errors[0].reason,
         }
     ]
     assert [p.name for p in victim.iterdir()] == ["00000000000000000000.log.deleted"]

@@ -22,6 +22,7 @@ import yaml
 from cleanerd.daemon.systemd import monotonic_usec
 from cleanerd.log.checkpoint import OffsetCheckpointFile
 from cleanerd.log.files import TopicPartition
+from cleanerd.log.log_dir import LogDir, Mode
 from tests.builders import build_log, kv
 from tests.daemon.conftest import WAIT_S, NotifyReceiver
 
@@ -228,3 +229,39 @@ def test_unusable_log_dir_fails_startup_naming_the_key(tmp_path: Path) -> None:
     lines = [json.loads(x) for x in result.stderr.splitlines() if x.startswith("{")]
     failed = next(x for x in lines if x["event"] == "startup.failed")
     assert f"log.dirs[0]: {str(tmp_path / 'data')!r} is a file, not a directory" in failed["error"]
+
+
+def test_second_owner_is_refused_naming_the_first(tmp_path: Path) -> None:
+    """While one cleanerd process owns the log dir (here this test, through the same state
+    dir, as a running daemon would), `cleanerd run` and `cleanerd clean` on the same
+    config exit 1 naming its pid, and write nothing."""
+    data, state = tmp_path / "data", tmp_path / "state"
+    data.mkdir()
+    config = tmp_path / "cleanerd.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "log.dirs": [str(data)],
+                "state_dir": str(state),
+                "metrics": {"listen": "127.0.0.1:0"},
+                "logging": {"format": "json"},
+            }
+        )
+    )
+    with LogDir.open(data, state_dir=state) as first:
+        assert first.mode is Mode.OWNER
+        before = sorted(p.name for p in data.iterdir())
+        for command in ("run", "clean"):
+            result = subprocess.run(
+                [sys.executable, "-m", "cleanerd", command, "-c", str(config)],
+                cwd=tmp_path,
+                env={**os.environ, "PYTHONPATH": str(REPO)},
+                capture_output=True,
+                text=True,
+                timeout=WAIT_S,
+                check=False,
+            )
+            assert result.returncode == 1, (command, result.stdout, result.stderr)
+            said = result.stdout + result.stderr
+            assert f"owned by another cleanerd process (pid {os.getpid()}" in said, command
+            assert sorted(p.name for p in data.iterdir()) == before
