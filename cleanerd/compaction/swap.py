@@ -51,6 +51,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import structlog
+
 from cleanerd.errors import file_step
 from cleanerd.log.checkpoint import CLEANER_OFFSET_CHECKPOINT, OffsetCheckpointFile
 from cleanerd.log.files import (
@@ -69,6 +71,8 @@ from cleanerd.log.files import (
 from cleanerd.log.fsutil import TMP_SUFFIX, fsync_dir, safe_unlink
 from cleanerd.log.meta import SegmentMeta
 from cleanerd.log.ownership import OwnerProof, StaleWork, verify_segments
+
+log = structlog.get_logger(__name__)
 
 SEGMENT_KINDS = (LOG_FILE_SUFFIX, INDEX_FILE_SUFFIX, TIME_INDEX_FILE_SUFFIX, TXN_INDEX_FILE_SUFFIX)
 
@@ -318,5 +322,10 @@ class PendingDeletions:
                 self.ops.unlink(item.path)
             except FileNotFoundError:
                 continue  # recovery on a restart, or an operator, removed it already
+            except OSError as exc:
+                # A read-only or failing file system: the file stays, and the next open
+                # of its partition (startup recovery) removes it; the others still go.
+                log.error("segment.unlink_failed", path=str(item.path), error=str(exc))
+                continue
             done.append(item.path)
         return done

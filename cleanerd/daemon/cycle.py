@@ -441,19 +441,25 @@ class Maintenance:
         self.log_dirs = []
         return unlinked
 
-    def checkpoint(self) -> None:
+    def checkpoint(self) -> list[CleanerdError | OSError]:
         """Write each owned log dir's `recovery-point-offset-checkpoint` and
         `log-start-offset-checkpoint` for the open partitions, as a broker does on a clean
         shutdown. Nothing is fsynced first (on a big host that would take longer than a
         service stop may): each recovery point says what is already known durable, and
-        the next open recovers the rest, as after a crash."""
+        the next open recovers the rest, as after a crash. Returns the errors (each names
+        its file), one log dir's failure not stopping the others."""
         by_dir: dict[Path, list[PartitionLog]] = {}
         for (path, _), plog in self._plogs.items():
             if not plog.read_only:
                 by_dir.setdefault(path, []).append(plog)
+        errors: list[CleanerdError | OSError] = []
         for log_dir in self.log_dirs:
             if log_dir.mode is Mode.OWNER and log_dir.path in by_dir:
-                log_dir.checkpoint_logs(by_dir[log_dir.path])
+                try:
+                    log_dir.checkpoint_logs(by_dir[log_dir.path])
+                except (CleanerdError, OSError) as exc:
+                    errors.append(exc)
+        return errors
 
     def __enter__(self) -> Maintenance:
         return self

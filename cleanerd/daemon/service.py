@@ -1002,10 +1002,9 @@ class Daemon:
         m = self.maintenance
         assert m is not None
         try:
-            m.checkpoint()
-        except (CleanerdError, OSError) as exc:
-            self.failed_at_shutdown = True
-            log.error("shutdown.checkpoint_failed", error=str(exc))
+            for exc in m.checkpoint():
+                self.failed_at_shutdown = True
+                log.error("shutdown.checkpoint_failed", error=str(exc))
         finally:
             m.close(unlink_pending=True)
             m.engine.shutdown(abort=True)

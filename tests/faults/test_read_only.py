@@ -1,0 +1,161 @@
+"""Read-only file systems, for real (tmpfs remounted read-only, a read-only bind mount):
+a step that cannot write is an error naming the file, the exit status says so, and
+nothing is half done."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from cleanerd.log.files import TopicPartition
+from tests.faults.workload import (
+    TP,
+    cleanerd,
+    dir_state,
+    start,
+    verify,
+    write_config,
+    write_partition,
+)
+from tests.tools import unavailable
+
+pytestmark = pytest.mark.root
+
+TS = 1_700_000_000_000
+SEGMENT_BYTES = 1024 * 1024
+WAIT_S = 60.0
+
+
+def mount(*args: str) -> None:
+    done = subprocess.run(["mount", *args], capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        unavailable(f"mount {' '.join(args)}: {done.stderr.strip()}")
+
+
+@contextlib.contextmanager
+def read_only_bind(path: Path) -> Iterator[None]:
+    """`path` as a read-only bind mount of itself for the block."""
+    mount("--bind", str(path), str(path))
+    try:
+        mount("-o", "remount,bind,ro", str(path))
+        yield
+    finally:
+        subprocess.run(["umount", str(path)], check=True)
+
+
+class Lines:
+    """A process's output, read as it comes (JSON log lines parsed)."""
+
+    def __init__(self, proc: subprocess.Popen[str]) -> None:
+        self.proc = proc
+        self.text: list[str] = []
+        self._thread = threading.Thread(target=self._read, daemon=True)
+        self._thread.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.text.append(line)
+
+    def events(self) -> list[dict[str, object]]:
+        return [json.loads(x) for x in list(self.text) if x.startswith("{")]
+
+    def wait_for(self, event: str) -> None:
+        for _ in range(int(WAIT_S / 0.1)):
+            if any(e.get("event") == event for e in self.events()):
+                return
+            if self.proc.poll() is not None:
+                break
+            time.sleep(0.1)
+        raise AssertionError(f"no {event} in {''.join(self.text)[-3000:]}")
+
+    def close(self) -> str:
+        self._thread.join(WAIT_S)
+        assert self.proc.stdout is not None
+        self.proc.stdout.close()
+        return "".join(self.text)
+
+
+@contextlib.contextmanager
+def immutable(path: Path) -> Iterator[None]:
+    """`chattr +i path` for the block: no file can be created, renamed or removed in the
+    dir, by root either (ext4, xfs, btrfs; tmpfs has no such attribute)."""
+    done = subprocess.run(["chattr", "+i", str(path)], capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        unavailable(f"chattr +i {path}: {done.stderr.strip()}")
+    try:
+        yield
+    finally:
+        subprocess.run(["chattr", "-i", str(path)], check=True)
+
+
+def test_unwritable_checkpoint_at_shutdown_is_an_error_and_fails_the_exit(
+    tmp_path: Path,
+) -> None:
+    """The log dir's root turns unwritable under a running daemon (an immutable dir, on
+    which root gets EPERM too): SIGTERM gives exit status 1 and an error line naming the
+    `recovery-point-offset-checkpoint` file; no traceback, no unretrieved task exception,
+    and the partition is intact."""
+    data, state = tmp_path / "data", tmp_path / "state"
+    work = write_partition(
+        data, state, records=20_000, keys=2_000, segment_bytes=SEGMENT_BYTES, ts=TS
+    )
+    config = write_config(
+        tmp_path / "c.yaml",
+        data,
+        state,
+        **{"log.segment.bytes": SEGMENT_BYTES, "metrics": {"listen": "127.0.0.1:0"}},
+    )
+    daemon = start("run", "-c", str(config))
+    lines = Lines(daemon)
+    try:
+        lines.wait_for("cycle.done")
+        with immutable(data):
+            daemon.send_signal(signal.SIGTERM)
+            assert daemon.wait(WAIT_S) == 1
+    finally:
+        if daemon.poll() is None:
+            daemon.kill()
+            daemon.wait()
+        out = lines.close()
+    failed = [e for e in lines.events() if e["event"] == "shutdown.checkpoint_failed"]
+    assert failed, out[-3000:]
+    assert str(data / "recovery-point-offset-checkpoint") in str(failed[0]["error"])
+    assert failed[0]["level"] == "error"
+    assert "Traceback" not in out
+    assert "never retrieved" not in out
+    verify(data / str(TP), work)
+
+
+def test_read_only_partition_dir_fails_clean_naming_the_file(tmp_path: Path) -> None:
+    """One partition dir is a read-only mount: its pass fails naming the `.cleaned` file
+    it could not create, `clean` exits 1, the partition is byte for byte as it was, and
+    the other partition is cleaned."""
+    data, state = tmp_path / "data", tmp_path / "state"
+    other = TopicPartition("other", 0)
+    work = {
+        tp: write_partition(
+            data, state, records=20_000, keys=2_000, segment_bytes=SEGMENT_BYTES, ts=TS, tp=tp
+        )
+        for tp in (TP, other)
+    }
+    config = write_config(tmp_path / "c.yaml", data, state, **{"log.segment.bytes": SEGMENT_BYTES})
+    before = dir_state(data / str(TP))
+    with read_only_bind(data / str(TP)):
+        done = cleanerd("clean", "-c", str(config))
+        assert done.returncode == 1, done.stdout + done.stderr
+        line = next(x for x in done.stdout.splitlines() if x.startswith(f"{TP}: uncleanable"))
+        assert "Read-only file system (EROFS) while creating the cleaned segment" in line
+        assert f"{data / str(TP)}/00000000000000000000.log.cleaned" in line
+        assert dir_state(data / str(TP)) == before
+    assert f"{other}: cleaned" in done.stdout
+    for tp in (TP, other):
+        verify(data / str(tp), work[tp])
