@@ -37,7 +37,7 @@ from tests.faults.workload import (
     cleanerd,
     dir_state,
     extra_records,
-    start,
+    started,
     verify,
     wait_for,
     write_config,
@@ -48,9 +48,11 @@ from tests.tools import session_processes, wait_for_session_end
 pytestmark = pytest.mark.slow
 
 RECORDS, KEYS, SEGMENT_BYTES = 200_000, 20_000, 4 * 1024 * 1024
-SLOW_RATE = 5_000_000
+SLOW_RATE = 2_000_000
 """Bytes/s of the throttled pass: about 9 s for the workload's map and copy."""
 PASS_S = 9.0
+KILL_BEFORE_S = 6.0
+"""Kills fall in [0.2, KILL_BEFORE_S) s after the worker started: inside the pass."""
 LATER_S = 60.0
 """How long after a kill the partition is looked at again."""
 SESSION_END_S = 5.0
@@ -138,10 +140,8 @@ def kill_owner(pid: int) -> float:
     return wait_for_session_end(pid, SESSION_END_S)
 
 
-def then_clean_append_clean(s: Setup) -> None:
-    """The rest of the field report's sequence, each command checked."""
-    done = cleanerd("clean", "-c", str(s.fast))
-    assert done.returncode == 0, done.stdout + done.stderr
+def append_extra(s: Setup) -> int:
+    """`cleanerd produce` of EXTRA records of new keys at the log end; returns that end."""
     end = log_end(s)
     appended = cleanerd(
         "produce",
@@ -153,6 +153,14 @@ def then_clean_append_clean(s: Setup) -> None:
         stdin=extra_records(s.work, end, EXTRA, NOW_MS),
     )
     assert appended.returncode == 0, appended.stderr
+    return end
+
+
+def then_clean_append_clean(s: Setup) -> None:
+    """The rest of the field report's sequence, each command checked."""
+    done = cleanerd("clean", "-c", str(s.fast))
+    assert done.returncode == 0, done.stdout + done.stderr
+    append_extra(s)
     time.sleep(1.5)  # past segment.ms: the next clean rolls the appended segment
     done = cleanerd("clean", "-c", str(s.fast))
     assert done.returncode == 0, done.stdout + done.stderr
@@ -194,14 +202,11 @@ def test_sigkill_of_clean_at_random_points_loses_nothing(
     points = []
     for n in range(4):
         s = setup(pristine, tmp_path / f"run{n}")
-        proc = start("clean", "-c", str(s.slow))
-        wait_for_worker(proc.pid)
-        time.sleep(rng.uniform(0.2, PASS_S))
-        phase = on_disk(s)
-        lived = kill_owner(proc.pid)
-        proc.wait()
-        assert proc.stdout is not None
-        proc.stdout.close()
+        with started("clean", "-c", str(s.slow)) as proc:
+            wait_for_worker(proc.pid)
+            time.sleep(rng.uniform(0.2, KILL_BEFORE_S))
+            phase = on_disk(s)
+            lived = kill_owner(proc.pid)
         first_kill = first_kill or time.monotonic()
         points.append((phase, round(lived, 3)))
         then_clean_append_clean(s)
@@ -217,19 +222,19 @@ def test_sigkill_of_a_worker_alone_loses_nothing(
     """The worker running the pass is killed, its owner lives: the owner recovers the
     partition, retries the pass and exits 0; every key intact."""
     s = setup(pristine, tmp_path / "run")
-    proc = start("clean", "-c", str(s.slow))
-    owner = psutil.Process(proc.pid)
+    with started("clean", "-c", str(s.slow)) as proc:
+        owner = psutil.Process(proc.pid)
 
-    def worker() -> psutil.Process | None:
-        grandchildren = [c for c in owner.children(recursive=True) if c.ppid() != owner.pid]
-        return grandchildren[0] if grandchildren else None
+        def worker() -> psutil.Process | None:
+            grandchildren = [c for c in owner.children(recursive=True) if c.ppid() != owner.pid]
+            return grandchildren[0] if grandchildren else None
 
-    wait_for(lambda: worker() is not None, 30, "the pass's worker")
-    time.sleep(rng.uniform(0.2, PASS_S))
-    victim = worker()
-    assert victim is not None
-    victim.kill()
-    out, _ = proc.communicate(timeout=120)
+        wait_for(lambda: worker() is not None, 30, "the pass's worker")
+        time.sleep(rng.uniform(0.2, KILL_BEFORE_S))
+        victim = worker()
+        assert victim is not None, "the pass ended before the kill"
+        victim.kill()
+        out, _ = proc.communicate(timeout=120)
     assert proc.returncode == 0, out
     assert "clean.worker_died" in out
     then_clean_append_clean(s)
@@ -243,22 +248,22 @@ def test_stopped_owner_keeps_the_dir_and_a_second_clean_says_so(
     refused with the holder named and changes nothing, and once continued the first
     run ends normally."""
     s = setup(pristine, tmp_path / "run")
-    proc = start("clean", "-c", str(s.slow))
-    wait_for_worker(proc.pid)
-    time.sleep(1.0)
-    os.kill(proc.pid, signal.SIGSTOP)
-    try:
-        checkpoint = s.data / CLEANER_OFFSET_CHECKPOINT
-        # the worker's pass ends in the stopped owner's name: the checkpoint moves
-        wait_for(lambda: TP in _checkpoint(checkpoint), 3 * PASS_S + 30, "the worker's swap")
-        before = dir_state(s.partition)
-        second = cleanerd("clean", "-c", str(s.fast))
-        assert second.returncode != 0
-        assert f"pid {proc.pid}" in second.stdout + second.stderr
-        assert dir_state(s.partition) == before
-    finally:
-        os.kill(proc.pid, signal.SIGCONT)
-    out, _ = proc.communicate(timeout=120)
+    with started("clean", "-c", str(s.slow)) as proc:
+        wait_for_worker(proc.pid)
+        time.sleep(1.0)
+        os.kill(proc.pid, signal.SIGSTOP)
+        try:
+            checkpoint = s.data / CLEANER_OFFSET_CHECKPOINT
+            # the worker's pass ends in the stopped owner's name: the checkpoint moves
+            wait_for(lambda: TP in _checkpoint(checkpoint), 3 * PASS_S + 30, "the worker's swap")
+            before = dir_state(s.partition)
+            second = cleanerd("clean", "-c", str(s.fast))
+            assert second.returncode != 0
+            assert f"pid {proc.pid}" in second.stdout + second.stderr
+            assert dir_state(s.partition) == before
+        finally:
+            os.kill(proc.pid, signal.SIGCONT)
+        out, _ = proc.communicate(timeout=120)
     assert proc.returncode == 0, out
     then_clean_append_clean(s)
 
@@ -274,36 +279,23 @@ def test_sigkill_of_run_and_a_restart_lose_nothing(
     the killed daemon lives on, the new one cleans, appends are cleaned too, and a
     minute after the kill the partition is intact."""
     s = setup(pristine, tmp_path / "run")
-    proc = start("run", "-c", str(s.slow))
-    wait_for_worker(proc.pid)
-    time.sleep(rng.uniform(0.2, PASS_S))
-    lived = kill_owner(proc.pid)
-    proc.wait()
-    assert proc.stdout is not None
-    proc.stdout.close()
+    with started("run", "-c", str(s.slow)) as proc:
+        wait_for_worker(proc.pid)
+        time.sleep(rng.uniform(0.2, KILL_BEFORE_S))
+        lived = kill_owner(proc.pid)
     killed = time.monotonic()
     print(f"the killed daemon's session outlived it by {lived:.3f} s")
-    daemon = start("run", "-c", str(s.fast))
-    try:
-        checkpoint = s.data / CLEANER_OFFSET_CHECKPOINT
-        wait_for(lambda: _checkpoint(checkpoint).get(TP, 0) >= RECORDS, 120, "the first clean")
-        end = log_end(s)
-        appended = cleanerd(
-            "produce",
-            "-c",
-            str(s.fast),
-            "--batch-size",
-            "100",
-            str(TP),
-            stdin=extra_records(s.work, end, EXTRA, NOW_MS),
-        )
-        assert appended.returncode == 0, appended.stderr
-        wait_for(
-            lambda: _checkpoint(checkpoint).get(TP, 0) >= end + EXTRA, 120, "the appends' clean"
-        )
-    finally:
-        daemon.send_signal(signal.SIGTERM)
-        out, _ = daemon.communicate(timeout=60)
+    with started("run", "-c", str(s.fast)) as daemon:
+        try:
+            checkpoint = s.data / CLEANER_OFFSET_CHECKPOINT
+            wait_for(lambda: _checkpoint(checkpoint).get(TP, 0) >= RECORDS, 120, "the first clean")
+            end = append_extra(s)
+            wait_for(
+                lambda: _checkpoint(checkpoint).get(TP, 0) >= end + EXTRA, 120, "the appends' clean"
+            )
+        finally:
+            daemon.send_signal(signal.SIGTERM)
+            out, _ = daemon.communicate(timeout=60)
     assert daemon.returncode == 0, out[-4000:]
     verify(s.partition, s.work)
     later([(s, dir_state(s.partition))], killed)

@@ -20,7 +20,7 @@ from tests.faults.workload import (
     TP,
     cleanerd,
     dir_state,
-    start,
+    started,
     verify,
     write_config,
     write_partition,
@@ -77,10 +77,9 @@ class Lines:
             time.sleep(0.1)
         raise AssertionError(f"no {event} in {''.join(self.text)[-3000:]}")
 
-    def close(self) -> str:
+    def join(self) -> str:
+        """All of the output, once the process has closed it."""
         self._thread.join(WAIT_S)
-        assert self.proc.stdout is not None
-        self.proc.stdout.close()
         return "".join(self.text)
 
 
@@ -114,18 +113,13 @@ def test_unwritable_checkpoint_at_shutdown_is_an_error_and_fails_the_exit(
         state,
         **{"log.segment.bytes": SEGMENT_BYTES, "metrics": {"listen": "127.0.0.1:0"}},
     )
-    daemon = start("run", "-c", str(config))
-    lines = Lines(daemon)
-    try:
+    with started("run", "-c", str(config)) as daemon:
+        lines = Lines(daemon)
         lines.wait_for("cycle.done")
         with immutable(data):
             daemon.send_signal(signal.SIGTERM)
             assert daemon.wait(WAIT_S) == 1
-    finally:
-        if daemon.poll() is None:
-            daemon.kill()
-            daemon.wait()
-        out = lines.close()
+        out = lines.join()
     failed = [e for e in lines.events() if e["event"] == "shutdown.checkpoint_failed"]
     assert failed, out[-3000:]
     assert str(data / "recovery-point-offset-checkpoint") in str(failed[0]["error"])

@@ -10,7 +10,10 @@ never with cleanerd's.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -170,16 +173,26 @@ def cleanerd(
     )
 
 
-def start(*args: str) -> subprocess.Popen[str]:
-    """Start `cleanerd ARGS` in a session of its own (the session holds whatever it
-    starts: the fork server, workers, a Spark job)."""
-    return subprocess.Popen(
+@contextlib.contextmanager
+def started(*args: str) -> Iterator[subprocess.Popen[str]]:
+    """`cleanerd ARGS` started in a session of its own (the session holds whatever it
+    starts: the fork server, workers, a Spark job); at the end of the block whatever of
+    the session still runs is killed and reaped."""
+    proc = subprocess.Popen(
         [sys.executable, "-m", "cleanerd", *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
         start_new_session=True,
     )
+    try:
+        yield proc
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()
 
 
 def dir_state(dir_path: Path) -> dict[str, tuple[int, int]]:
