@@ -131,15 +131,15 @@ class OwnerProof:
         """Raise OwnershipLost unless the owner is alive and holds the dir's `.lock`."""
         if not self.owner.alive():
             raise OwnershipLost(
-                f"the owner of {self.log_dir} (pid {self.owner.pid}) has exited; "
-                "its planned work is dropped"
+                f"the owner of {self.log_dir} (pid {self.owner.pid}) has exited: "
+                "nothing is changed in its name"
             )
         holder = lock_holder(self.log_dir)
         if holder != self.owner.pid:
             held = "nobody holds it" if holder is None else f"pid {holder} holds it"
             raise OwnershipLost(
                 f"{self.log_dir / LOCK_FILE_NAME} is no longer held by its owner "
-                f"(pid {self.owner.pid}): {held}; the planned work is dropped"
+                f"(pid {self.owner.pid}): {held}; nothing is changed in its name"
             )
 
 

@@ -14,12 +14,13 @@ import pytest
 import yaml
 
 from cleanerd.compaction.audit import AuditColumns
-from cleanerd.compaction.cleaner import CleanResult
+from cleanerd.compaction.cleaner import Cleaner, CleanResult
+from cleanerd.compaction.offset_map import OffsetMap
 from cleanerd.compaction.stats import CleanerStats
 from cleanerd.config import Config, load_config
 from cleanerd.daemon.cycle import CleanedLog, CycleReport, Maintenance, run_cycles
 from cleanerd.daemon.scheduler import config_fingerprint
-from cleanerd.engine.base import AuditJob, CleanJob
+from cleanerd.engine.base import AuditJob, CleanJob, WorkerCrashed
 from cleanerd.engine.local import LocalEngine, WorkerSettings
 from cleanerd.log.checkpoint import (
     CLEANER_OFFSET_CHECKPOINT,
@@ -34,6 +35,7 @@ from cleanerd.metrics_model import build_snapshot
 from cleanerd.records.record import Record
 from cleanerd.retention.disk import DiskSpace
 from tests.builders import build_log, kv, offsets_and_values
+from tests.compaction.crashing_ops import CrashingOps, SimulatedCrash
 
 MIN = 60_000
 HOUR = 60 * MIN
@@ -511,3 +513,81 @@ def test_drain_finishes_the_pass_in_flight_and_picks_no_more(
         draining.drain = threading.Event()
         again = m.run_once()
     assert [c.tp for c in again.cleaned] == [t for t in tps if t != report.cleaned[0].tp]
+
+
+class _DiesMidSwap:
+    """An engine whose first pass dies between two renames of its swap (the `.swap`
+    files in place, an old segment already `.deleted`), as a worker killed there leaves
+    it; later passes run on `inner`."""
+
+    def __init__(self, inner: LocalEngine) -> None:
+        self.inner = inner
+        self.name, self.workers, self.dead_workers = "local", 1, 0
+
+    def submit_clean(self, job: CleanJob) -> Future[CleanResult]:
+        future: Future[CleanResult] = Future()
+        if self.dead_workers:
+            return self.inner.submit_clean(job)
+        self.dead_workers += 1
+        ops = CrashingOps()
+        first_deleted = None
+        try:
+            Cleaner(OffsetMap(1 << 20), ops=_DieAt(".deleted", ops)).clean(
+                log_dir=job.log_dir,
+                tp=job.tp,
+                segments=job.segments,
+                first_dirty=job.first_dirty,
+                first_uncleanable=job.first_uncleanable,
+                now_ms=job.now_ms,
+                config=job.config,
+            )
+        except SimulatedCrash as crash:
+            first_deleted = str(crash)
+        assert first_deleted is not None
+        future.set_exception(WorkerCrashed(job.tp, f"killed at {first_deleted}"))
+        return future
+
+    def submit_audit(self, job: AuditJob) -> Future[AuditColumns]:
+        return self.inner.submit_audit(job)
+
+    def abort(self, tp: TopicPartition) -> bool:
+        return self.inner.abort(tp)
+
+    def shutdown(self, *, abort: bool = False) -> None:
+        self.inner.shutdown(abort=abort)
+
+
+class _DieAt(CrashingOps):
+    """Dies at the second rename whose target ends with `suffix`."""
+
+    def __init__(self, suffix: str, _: CrashingOps) -> None:
+        super().__init__()
+        self.suffix, self.seen = suffix, 0
+
+    def rename(self, src: Path, dst: Path) -> None:
+        if dst.name.endswith(self.suffix):
+            self.seen += 1
+            if self.seen == 2:
+                raise SimulatedCrash(f"rename {src.name} -> {dst.name}")
+        super().rename(src, dst)
+
+
+def test_a_pass_whose_worker_died_mid_swap_is_recovered_before_it_is_retried(
+    tmp_path: Path, engine: LocalEngine
+) -> None:
+    """The worker dies between two renames of its swap: the cycle recovers the partition
+    (the swap completed from its `.swap` files) before the retried pass plans on it, so
+    the log ends compacted with nothing left behind and no record lost."""
+    tp = TopicPartition("t", 0)
+    d = build(tmp_path, tp, [records(range(10), T0), records(range(10), T0, "w"), records([0], T0)])
+    cfg = write_config(tmp_path, {"t": {"cleanup.policy": "compact"}})
+    with Maintenance(cfg, _DiesMidSwap(engine), clock=lambda: T0) as m:
+        report = m.run_once()
+        m.close(unlink_pending=True)
+    assert report.failed == ()
+    assert [c.tp for c in report.cleaned] == [tp]
+    assert not [p.name for p in d.iterdir() if p.name.endswith((".cleaned", ".swap", ".deleted"))]
+    assert [v for _, _, v in values(d, tmp_path / "state")] == [
+        *(f"w{i}".encode() for i in range(10)),
+        b"v0",  # in the active segment, which is never cleaned
+    ]

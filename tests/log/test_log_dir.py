@@ -18,6 +18,8 @@ from cleanerd.log.checkpoint import (
 from cleanerd.log.files import TopicPartition
 from cleanerd.log.lock import LogDirLock
 from cleanerd.log.log_dir import LogDir, Mode
+from cleanerd.log.ownership import OwnershipLost
+from cleanerd.log.partition_log import LogConfig
 from cleanerd.log.recovery import SymlinkRefused
 from tests.builders import kv
 
@@ -103,6 +105,38 @@ def test_shared_mode_appends_without_recovery(tmp_path: Path) -> None:
         assert owner_log.append([kv("c", "3")]) == (2, 2)
         with LogDir.open(root, state_dir=state) as second:
             assert second.mode is Mode.OBSERVE
+
+
+def _own_dir(root: Path, state: Path, held: Event, done: Event) -> None:
+    with LogDir.open(root, state_dir=state) as owner:
+        owner.create_partition(TP)
+        held.set()
+        done.wait(30)
+
+
+def test_shared_mode_roll_proves_the_owner_still_holds_the_dir(tmp_path: Path) -> None:
+    """An appender beside a cleanerd owner (shared mode) rolls only while that owner
+    still holds the log dir: once the owner is gone, the roll is refused naming the lock,
+    and no segment is created."""
+    root, state = tmp_path / "logs", tmp_path / "state"
+    root.mkdir()
+    held, done = _CTX.Event(), _CTX.Event()
+    owner = _CTX.Process(target=_own_dir, args=(root, state, held, done))
+    owner.start()
+    try:
+        assert held.wait(30)
+        with LogDir.open(root, allow_shared=True, state_dir=state) as producer:
+            assert producer.mode is Mode.SHARED
+            plog = producer.open_partition(TP, config=LogConfig(segment_bytes=200))
+            plog.append([kv("a", "x" * 100)])
+            owner.kill()
+            owner.join(30)
+            with pytest.raises(OwnershipLost, match=r"\(pid \d+\) has exited"):
+                plog.append([kv("b", "y" * 100)])
+            assert [p.name for p in plog.dir.glob("*.log")] == ["00000000000000000000.log"]
+    finally:
+        done.set()
+        owner.join(30)
 
 
 def test_cleaner_offsets_round_trip_and_drop_vanished(tmp_path: Path) -> None:
