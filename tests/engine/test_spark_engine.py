@@ -8,6 +8,8 @@ import os
 import random
 import shutil
 import signal
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -15,6 +17,7 @@ from typing import Any
 
 import psutil
 import pytest
+import yaml
 
 from cleanerd.cli import main
 from cleanerd.compaction.cleaner import Cleaner, CleanerConfig
@@ -25,6 +28,7 @@ from cleanerd.engine.base import CleanJob
 from cleanerd.engine.spark import SparkEngine, SparkJobFailed, SparkSettings
 from cleanerd.engine.spark_job import JobSpec, PassSpec, run_job
 from cleanerd.errors import CleanerdError
+from cleanerd.log.partition_log import PartitionLog
 from tests.compaction.conftest import TP, LogBuilder, k, read_batches, segment_metas
 from tests.engine.owned import own
 from tests.engine.spark_support import (
@@ -35,6 +39,7 @@ from tests.engine.spark_support import (
     tree,
     write_config,
 )
+from tests.tools import wait_for_session_end
 
 pytestmark = pytest.mark.spark
 spark = spark_fixture
@@ -179,6 +184,60 @@ def _kill_job_when_running(stop: threading.Event) -> None:
                 os.killpg(child.pid, signal.SIGKILL)
                 return
         time.sleep(0.05)
+
+
+@pytest.mark.slow
+def test_spark_job_dies_with_its_owner(spark: Any, tmp_path: Path) -> None:
+    """`cleanerd clean --engine spark` killed (SIGKILL) while its job runs: the job's
+    whole session (the driver, its JVM, Spark's Python workers) ends within seconds, and
+    the partition is as it was."""
+    random_partition(tmp_path / "logs" / str(TP), random.Random(5), batches=200)
+    before = tree(tmp_path / "logs")
+    config = tmp_path / "c.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "log.dirs": [str(tmp_path / "logs")],
+                "state_dir": str(tmp_path / "state"),
+                "log.cleanup.policy": ["compact"],
+                "log.cleaner.min.cleanable.ratio": 0.01,
+                "engine": {"spark": {"master": "local[1]"}},
+            }
+        )
+    )
+    owner = subprocess.Popen(
+        [sys.executable, "-m", "cleanerd", "clean", "-c", str(config), "--engine", "spark"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        job = _wait_for_job_jvm(psutil.Process(owner.pid))
+        owner.kill()
+        owner.wait()
+        wait_for_session_end(job, 20)
+    finally:
+        if owner.poll() is None:
+            owner.kill()
+            owner.wait()
+    recovered = PartitionLog.open(tmp_path / "logs" / str(TP), state_dir=tmp_path / "state")
+    assert not recovered.recovery_report.errors
+    assert tree(tmp_path / "logs") == before
+
+
+def _wait_for_job_jvm(owner: psutil.Process) -> int:
+    """The pid of `owner`'s Spark job process (a session leader) once its JVM runs."""
+    deadline = time.monotonic() + WAIT_S
+    while time.monotonic() < deadline:
+        for child in owner.children():
+            try:
+                if any("spark_job" in part for part in child.cmdline()) and any(
+                    "java" in c.name() for c in child.children(recursive=True)
+                ):
+                    return child.pid
+            except psutil.Error:
+                continue
+        time.sleep(0.05)
+    pytest.fail("the spark job never started its JVM")
 
 
 @pytest.mark.slow
