@@ -23,8 +23,9 @@ import random
 import time
 
 from cleanerd.compaction.horizon import SegmentHorizon
-from cleanerd.config import BrokerConfig, TopicConfig
+from cleanerd.config import BrokerConfig
 from cleanerd.log.meta import PartitionMeta, SegmentMeta
+from cleanerd.log.topic_config import TopicConfig
 from cleanerd.plan_command import PlanInput, plan_cycle
 from cleanerd.retention.disk_usage import DeviceUsage
 

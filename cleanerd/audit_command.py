@@ -39,12 +39,12 @@ from pathlib import Path
 from typing import Any, Final
 
 from cleanerd.compaction.audit import DEFAULT_MAX_LISTED, PartitionAudit, audit_partition
-from cleanerd.config import Config, TopicConfig, load_config
+from cleanerd.config import Config, load_config
 from cleanerd.errors import CleanerdError
 from cleanerd.log.files import METADATA_TOPIC, parse_topic_partition
 from cleanerd.log.log_dir import LogDir
-from cleanerd.log.partition_log import PartitionLog
-from cleanerd.produce import log_config_for
+from cleanerd.log.partition_log import LogConfig, PartitionLog
+from cleanerd.log.topic_config import TopicConfig
 from cleanerd.progress import Progress
 
 CLEAN_TIME_ALLOWANCE_MS: Final = 300_000
@@ -131,7 +131,7 @@ def compacted_partitions(cfg: Config, run: AuditRun) -> Iterator[tuple[Partition
                     if not topic.compact or tp.topic == METADATA_TOPIC:
                         continue
                     try:
-                        plog = log_dir.open_partition(tp, config=log_config_for(topic))
+                        plog = log_dir.open_partition(tp, config=LogConfig.of_topic(topic))
                     except (CleanerdError, OSError) as exc:
                         run.errors.append(f"{log_dir.path / str(tp)}: {exc}")
                         continue

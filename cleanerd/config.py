@@ -63,13 +63,11 @@ from pydantic_core import ErrorDetails, PydanticCustomError
 
 from cleanerd.errors import ConfigError
 from cleanerd.log.files import parse_topic_partition
-from cleanerd.log.roll import max_segment_ms
+from cleanerd.log.topic_config import CleanupPolicy, CompactionStrategyName, TopicConfig
 
 LONG_MAX: Final = 2**63 - 1  # Java's Long.MAX_VALUE, Kafka's "no limit" for longs
 INT_MAX: Final = 2**31 - 1
 
-CleanupPolicy = Literal["delete", "compact"]
-CompactionStrategyName = Literal["offset", "timestamp", "header"]
 Mode = Literal["owner", "observe"]
 
 # Kafka's legal topic names (Topic.validate): at most 249 of these characters.
@@ -156,44 +154,6 @@ class _KafkaKeys(_Section):
 
 # ---------------------------------------------------------------------------
 # Per-topic settings
-
-
-@dataclass(frozen=True, slots=True)
-class TopicConfig:
-    """The effective settings of one topic, under Kafka's topic-config names in snake case."""
-
-    cleanup_policy: tuple[CleanupPolicy, ...]
-    segment_bytes: int
-    segment_ms: int
-    segment_jitter_ms: int
-    segment_index_bytes: int
-    index_interval_bytes: int
-    retention_ms: int
-    retention_bytes: int
-    min_compaction_lag_ms: int
-    max_compaction_lag_ms: int
-    min_cleanable_dirty_ratio: float
-    delete_retention_ms: int
-    file_delete_delay_ms: int
-    max_message_bytes: int
-    compaction_strategy: CompactionStrategyName
-    compaction_strategy_header: str
-    preallocate: bool
-
-    @property
-    def compact(self) -> bool:
-        """`compact` is in cleanup.policy."""
-        return "compact" in self.cleanup_policy
-
-    @property
-    def delete(self) -> bool:
-        """`delete` is in cleanup.policy."""
-        return "delete" in self.cleanup_policy
-
-    @property
-    def max_segment_ms(self) -> int:
-        """KIP-354's roll limit: min(segment.ms, max.compaction.lag.ms) when compacted."""
-        return max_segment_ms(self.segment_ms, self.max_compaction_lag_ms, compact=self.compact)
 
 
 class TopicOverride(_KafkaKeys):

@@ -48,14 +48,15 @@ from cleanerd.compaction.cleanable import (
 )
 from cleanerd.compaction.horizon import HorizonCache, SegmentHorizon, horizon_due
 from cleanerd.compaction.schedule import order_for_cleaning
-from cleanerd.config import Config, TopicConfig, load_config
+from cleanerd.config import Config, load_config
 from cleanerd.errors import CleanerdError
 from cleanerd.log.files import METADATA_TOPIC, TopicPartition
 from cleanerd.log.log_dir import LogDir
 from cleanerd.log.meta import PartitionMeta, SegmentMeta
+from cleanerd.log.partition_log import LogConfig
 from cleanerd.log.roll import DEFAULT_MIN_ROLL_INTERVAL_MS, RollDecision, rolling_timestamp
 from cleanerd.log.roller import FirstSeen, roll_decision, time_rule
-from cleanerd.produce import log_config_for
+from cleanerd.log.topic_config import TopicConfig
 from cleanerd.retention.disk import device_of, group_devices, measure
 from cleanerd.retention.disk_usage import (
     DeviceOutcome,
@@ -369,7 +370,7 @@ def _gather_dir(cfg: Config, log_dir: LogDir, now_ms: int, out: Gathered) -> Non
     for tp in log_dir.partitions():
         topic = cfg.topic_config(tp.topic)
         try:
-            plog = log_dir.open_partition(tp, config=log_config_for(topic))
+            plog = log_dir.open_partition(tp, config=LogConfig.of_topic(topic))
             meta = plog.meta()
             compacted = topic.compact and tp.topic != METADATA_TOPIC
             segment_horizons = horizons.partition(plog) if compacted else ()

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
-from cleanerd.config import LONG_MAX, Config, TopicConfig
+from cleanerd.config import LONG_MAX, Config
 from cleanerd.errors import CleanerdError
 from cleanerd.log.files import LOCK_FILE_NAME, METADATA_TOPIC, parse_topic_partition
 from cleanerd.log.log_dir import LogDir
@@ -107,17 +107,7 @@ def open_for_append(
                 f"{target / LOCK_FILE_NAME} is held by a process that is not a cleanerd "
                 "daemon (a running Kafka broker?): not writing to that log dir"
             )
-        yield opened.create_partition(tp, config=log_config_for(cfg.topic_config(tp.topic)))
-
-
-def log_config_for(topic: TopicConfig) -> LogConfig:
-    """The settings the log layer needs, from a topic's effective config."""
-    return LogConfig(
-        segment_bytes=topic.segment_bytes,
-        segment_index_bytes=topic.segment_index_bytes,
-        index_interval_bytes=topic.index_interval_bytes,
-        file_delete_delay_ms=topic.file_delete_delay_ms,
-    )
+        yield opened.create_partition(tp, config=LogConfig.of_topic(cfg.topic_config(tp.topic)))
 
 
 def produce(

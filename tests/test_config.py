@@ -21,7 +21,6 @@ from cleanerd.config import (
     BrokerConfig,
     Config,
     PathState,
-    TopicConfig,
     TopicOverride,
     check_paths,
     config_from_data,
@@ -33,6 +32,7 @@ from cleanerd.config import (
     state_dir_problem,
 )
 from cleanerd.errors import ConfigError
+from cleanerd.log.topic_config import TopicConfig
 from tests.conftest import REPO_ROOT
 from tests.tools import tmpfs
 

@@ -12,10 +12,11 @@ import pytest
 import yaml
 
 from cleanerd.cli import main
-from cleanerd.config import BrokerConfig, TopicConfig
+from cleanerd.config import BrokerConfig
 from cleanerd.log.files import TopicPartition
 from cleanerd.log.log_dir import LogDir
 from cleanerd.log.meta import PartitionMeta, SegmentMeta
+from cleanerd.log.topic_config import TopicConfig
 from cleanerd.plan_command import PlanInput, plan_cycle, plan_partition
 from cleanerd.retention.disk_usage import DeviceUsage
 from tests.builders import build_log, kv

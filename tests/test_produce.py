@@ -15,14 +15,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cleanerd.config import Config, config_from_data, load_config
+from cleanerd.config import Config, config_from_data
 from cleanerd.errors import CleanerdError
 from cleanerd.log.files import TopicPartition
 from cleanerd.log.partition_log import PartitionLog
 from cleanerd.produce import (
     Appended,
     ProduceInputError,
-    log_config_for,
     open_for_append,
     parse_record,
     produce,
@@ -266,13 +265,3 @@ class TestOpenForAppend:
         ):
             pass
         assert not (tmp_path / "data").exists()
-
-
-def test_log_config_follows_the_topic_config() -> None:
-    """The log layer gets the topic's segment, index and deletion settings."""
-    topic = load_config(None).topic_config("demo-users")
-    log_config = log_config_for(topic)
-    assert log_config.segment_bytes == topic.segment_bytes == 16 * 1024
-    assert log_config.segment_index_bytes == topic.segment_index_bytes
-    assert log_config.index_interval_bytes == topic.index_interval_bytes
-    assert log_config.file_delete_delay_ms == topic.file_delete_delay_ms

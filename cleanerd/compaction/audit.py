@@ -64,10 +64,10 @@ from cleanerd.compaction.strategy import (
     timestamp_versions,
 )
 from cleanerd.compaction.transactions import TransactionTracker
-from cleanerd.config import TopicConfig
 from cleanerd.errors import CleanerdError, CorruptRecordError
 from cleanerd.log.partition_log import PartitionLog
 from cleanerd.log.segment import LogSegment
+from cleanerd.log.topic_config import TopicConfig
 from cleanerd.log.txnindex import AbortedTxn
 from cleanerd.records.columns import SegmentColumns, segment_columns
 from cleanerd.records.header import (

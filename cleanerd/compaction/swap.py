@@ -1,5 +1,4 @@
-"""Installing cleaned segments crash-safely (Kafka's replaceSegments), and the queue of
-old files awaiting deletion.
+"""Installing cleaned segments crash-safely (Kafka's replaceSegments).
 
 Every file operation of a pass goes through a `FileOps` object (create, write, fsync,
 close, rename, unlink, directory fsync, mtime), so tests can stop a pass at any single
@@ -37,21 +36,16 @@ closes that window except for a crash in the middle of those first renames. Step
 dir fsync makes the final names durable before the cleaner checkpoint moves past the
 cleaned range.
 
-`.deleted` files, of swaps and of retention alike, are unlinked after
-`file.delete.delay.ms` by one `PendingDeletions` queue owned by whoever owns the process
-lifetime (the daemon, or the one-shot CLI which flushes it before it exits). Under disk
-pressure `unlink_on_device` frees at once the files waiting on one device (the KIP-61
-enforcement), `unlink_all` everything (process exit).
+The `.deleted` files a swap leaves are unlinked later by the owner's
+`cleanerd.log.deletions.PendingDeletions`, as retention's are.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-
-import structlog
 
 from cleanerd.errors import file_step
 from cleanerd.log.checkpoint import CLEANER_OFFSET_CHECKPOINT, OffsetCheckpointFile
@@ -71,8 +65,6 @@ from cleanerd.log.files import (
 from cleanerd.log.fsutil import TMP_SUFFIX, fsync_dir, safe_unlink
 from cleanerd.log.meta import SegmentMeta
 from cleanerd.log.ownership import OwnerProof, StaleWork, verify_segments
-
-log = structlog.get_logger(__name__)
 
 SEGMENT_KINDS = (LOG_FILE_SUFFIX, INDEX_FILE_SUFFIX, TIME_INDEX_FILE_SUFFIX, TXN_INDEX_FILE_SUFFIX)
 
@@ -257,75 +249,3 @@ def replace_segments(
                 rename(swap, segment_file(dir_path, base, kind), "renaming .swap into place")
     sync("syncing the swapped-in segments")
     return deleted
-
-
-NO_DEVICE = -1
-"""The device of a file whose directory was already gone when it was scheduled."""
-
-
-@dataclass(order=True, frozen=True, slots=True)
-class _Pending:
-    due_ms: int
-    path: Path = field(compare=False)
-    device: int = field(compare=False)
-
-
-def _device_of_dir(path: Path) -> int:
-    try:
-        return path.stat().st_dev
-    except FileNotFoundError:
-        return NO_DEVICE
-
-
-@dataclass(slots=True)
-class PendingDeletions:
-    """`.deleted` files, the time each may be unlinked (`file.delete.delay.ms`) and the
-    device (`st_dev` of its directory, taken when scheduled) it frees space on."""
-
-    ops: FileOps = field(default_factory=FileOps)
-    _queue: list[_Pending] = field(default_factory=list)
-
-    def schedule(self, paths: Sequence[Path], *, now_ms: int, delay_ms: int) -> None:
-        """Unlink `paths` at or after `now_ms + delay_ms`."""
-        devices: dict[Path, int] = {}
-        for path in paths:
-            if path.parent not in devices:
-                devices[path.parent] = _device_of_dir(path.parent)
-            self._queue.append(_Pending(now_ms + delay_ms, path, devices[path.parent]))
-        self._queue.sort()
-
-    def __len__(self) -> int:
-        return len(self._queue)
-
-    def run_due(self, now_ms: int) -> list[Path]:
-        """Unlink every file due at `now_ms`; returns them."""
-        due = [p for p in self._queue if p.due_ms <= now_ms]
-        self._queue = [p for p in self._queue if p.due_ms > now_ms]
-        return self._unlink(due)
-
-    def unlink_all(self) -> list[Path]:
-        """Unlink everything now (process exit); returns the files."""
-        due, self._queue = self._queue, []
-        return self._unlink(due)
-
-    def unlink_on_device(self, device: int) -> list[Path]:
-        """Unlink now every file waiting on `device` (an `st_dev`), whatever its due
-        time: the space is needed (disk pressure); returns the files."""
-        due = [p for p in self._queue if p.device == device]
-        self._queue = [p for p in self._queue if p.device != device]
-        return self._unlink(due)
-
-    def _unlink(self, items: list[_Pending]) -> list[Path]:
-        done = []
-        for item in items:
-            try:
-                self.ops.unlink(item.path)
-            except FileNotFoundError:
-                continue  # recovery on a restart, or an operator, removed it already
-            except OSError as exc:
-                # A read-only or failing file system: the file stays, and the next open
-                # of its partition (startup recovery) removes it; the others still go.
-                log.error("segment.unlink_failed", path=str(item.path), error=str(exc))
-                continue
-            done.append(item.path)
-        return done

@@ -61,18 +61,18 @@ from cleanerd.compaction.cleaner import (
 )
 from cleanerd.compaction.stats import CleanerStats
 from cleanerd.compaction.strategy import resolve_strategy
-from cleanerd.compaction.swap import PendingDeletions
-from cleanerd.config import Config, TopicConfig
+from cleanerd.config import Config
 from cleanerd.daemon.scheduler import Candidate, CompactedLog, LogCleanerManager
 from cleanerd.engine.base import CleanJob, Engine, WorkerCrashed
 from cleanerd.errors import CleanerdError, FileStepError, LogDirLockedError
+from cleanerd.log.deletions import PendingDeletions
 from cleanerd.log.files import METADATA_TOPIC, TopicPartition
 from cleanerd.log.log_dir import LogDir, Mode
 from cleanerd.log.ownership import StaleWork
-from cleanerd.log.partition_log import PartitionLog
+from cleanerd.log.partition_log import LogConfig, PartitionLog
 from cleanerd.log.roller import FirstSeen, maybe_roll
+from cleanerd.log.topic_config import TopicConfig
 from cleanerd.metrics_model import MaintenanceCounters, PartitionState
-from cleanerd.produce import log_config_for
 from cleanerd.retention.disk import (
     DiskUsageReport,
     UsageProbe,
@@ -521,7 +521,7 @@ class Maintenance:
         key = (log_dir.path, tp)
         plog = self._plogs.get(key)
         stale = plog is not None and (
-            plog.config != log_config_for(topic)
+            plog.config != LogConfig.of_topic(topic)
             # Found corrupt when opened, and the mark has expired: look again (the
             # operator may have repaired it); the reopen checks the segments anew.
             or (
@@ -533,7 +533,7 @@ class Maintenance:
         )
         try:
             if plog is None or stale:
-                plog = log_dir.open_partition(tp, config=log_config_for(topic))
+                plog = log_dir.open_partition(tp, config=LogConfig.of_topic(topic))
                 self._plogs[key] = plog
         except (CleanerdError, OSError) as exc:
             report.error(log_dir.path, tp, "open", exc)
@@ -812,7 +812,7 @@ class Maintenance:
         with the partition marked, when it cannot be opened."""
         key = (item.log_dir.path, item.tp)
         try:
-            plog = item.log_dir.open_partition(item.tp, config=log_config_for(item.topic))
+            plog = item.log_dir.open_partition(item.tp, config=LogConfig.of_topic(item.topic))
         except (CleanerdError, OSError) as exc:
             reason = f"cannot reopen after a failed pass: {exc}"
             self.manager.mark_uncleanable(item, reason, now)

@@ -64,13 +64,13 @@ from cleanerd.compaction.cleanable import EligibilityReason, LogToClean, eligibi
 from cleanerd.compaction.horizon import HorizonCache
 from cleanerd.compaction.manager import UncleanablePartitions
 from cleanerd.compaction.schedule import select_next
-from cleanerd.config import TopicConfig
 from cleanerd.engine.base import checkpoint_lock
 from cleanerd.errors import CleanerdError
 from cleanerd.log.files import TopicPartition
 from cleanerd.log.log_dir import LogDir
 from cleanerd.log.meta import PartitionMeta
 from cleanerd.log.partition_log import PartitionLog
+from cleanerd.log.topic_config import TopicConfig
 
 log = structlog.get_logger(__name__)
 

@@ -54,12 +54,12 @@ from cleanerd.compaction.audit import (
 from cleanerd.compaction.cleanable import NO_MAX_COMPACTION_LAG
 from cleanerd.compaction.strategy import CompactionStrategy, ResolvedStrategy, resolve_strategy
 from cleanerd.compaction.transactions import TransactionTracker
-from cleanerd.config import TopicConfig
 from cleanerd.engine.lifeline import die_with_owner_from_env
 from cleanerd.engine.spark_job import pack_tasks
 from cleanerd.errors import CleanerdError, CorruptRecordError
 from cleanerd.log.files import TopicPartition, log_file
 from cleanerd.log.partition_log import PartitionLog
+from cleanerd.log.topic_config import TopicConfig
 from cleanerd.log.txnindex import AbortedTxn
 from cleanerd.records.columns import segment_columns
 from cleanerd.records.header import Buffer

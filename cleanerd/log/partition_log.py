@@ -91,6 +91,7 @@ from cleanerd.log.recovery import (
     truncate_torn_tail,
 )
 from cleanerd.log.segment import LogSegment
+from cleanerd.log.topic_config import TopicConfig
 from cleanerd.log.txnindex import AbortedTxn, ongoing_txns_from_snapshot
 from cleanerd.records.batch import encode_batch, iter_records
 from cleanerd.records.control import ControlRecordType, control_type, encode_end_txn_marker
@@ -131,6 +132,16 @@ class LogConfig:
                 raise ValueError(f"invalid value {value} for {key}: must be at least {minimum}")
         if self.lock_timeout_s <= 0:
             raise ValueError(f"invalid lock timeout {self.lock_timeout_s}: must be positive")
+
+    @classmethod
+    def of_topic(cls, topic: TopicConfig) -> LogConfig:
+        """The part of a topic's effective settings the log layer reads."""
+        return cls(
+            segment_bytes=topic.segment_bytes,
+            segment_index_bytes=topic.segment_index_bytes,
+            index_interval_bytes=topic.index_interval_bytes,
+            file_delete_delay_ms=topic.file_delete_delay_ms,
+        )
 
 
 class PartitionLog:

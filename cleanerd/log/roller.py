@@ -44,7 +44,6 @@ from typing import Final
 
 import structlog
 
-from cleanerd.config import TopicConfig
 from cleanerd.log.files import METADATA_TOPIC, TopicPartition, parse_topic_partition
 from cleanerd.log.fsutil import atomic_write
 from cleanerd.log.lock import log_dir_key
@@ -59,6 +58,7 @@ from cleanerd.log.roll import (
     should_roll,
     time_roll_limit,
 )
+from cleanerd.log.topic_config import TopicConfig
 
 log = structlog.get_logger(__name__)
 

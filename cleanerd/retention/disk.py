@@ -52,7 +52,7 @@ from typing import Final
 import psutil
 import structlog
 
-from cleanerd.compaction.swap import PendingDeletions
+from cleanerd.log.deletions import PendingDeletions
 from cleanerd.log.files import TopicPartition
 from cleanerd.log.fsutil import safe_unlink
 from cleanerd.log.log_dir import LogDir, Mode

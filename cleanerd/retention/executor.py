@@ -35,11 +35,11 @@ from pathlib import Path
 
 import structlog
 
-from cleanerd.compaction.swap import PendingDeletions
-from cleanerd.config import TopicConfig
+from cleanerd.log.deletions import PendingDeletions
 from cleanerd.log.log_dir import LogDir
 from cleanerd.log.meta import PartitionMeta
 from cleanerd.log.partition_log import PartitionLog
+from cleanerd.log.topic_config import TopicConfig
 from cleanerd.retention.policy import Deletion, RetentionPlan, deletable_segments
 
 log = structlog.get_logger(__name__)

@@ -17,8 +17,9 @@ from cleanerd.compaction.audit import (
     audit_partition,
     superseded_at,
 )
-from cleanerd.config import BrokerConfig, TopicConfig
+from cleanerd.config import BrokerConfig
 from cleanerd.log.partition_log import PartitionLog
+from cleanerd.log.topic_config import TopicConfig
 from cleanerd.records.header import Compression
 from cleanerd.records.record import RecordHeader
 from tests.compaction.conftest import LogBuilder, k

@@ -11,7 +11,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from cleanerd.compaction.cleanable import EligibilityReason
-from cleanerd.config import BrokerConfig, TopicConfig
+from cleanerd.config import BrokerConfig
 from cleanerd.daemon.scheduler import (
     CleanerStateError,
     CleaningState,
@@ -25,6 +25,7 @@ from cleanerd.log.checkpoint import (
 )
 from cleanerd.log.files import TopicPartition
 from cleanerd.log.log_dir import LogDir
+from cleanerd.log.topic_config import TopicConfig
 from tests.builders import build_log, kv
 
 NOW = 1_700_000_000_000

@@ -12,6 +12,7 @@ from aiokafka.record.default_records import DefaultRecordBatch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from cleanerd.config import load_config
 from cleanerd.log.checkpoint import (
     LOG_START_OFFSET_CHECKPOINT,
     REPLICATION_OFFSET_CHECKPOINT,
@@ -392,3 +393,13 @@ def test_random_appends_rolls_reopens_keep_log_consistent(
             segment.offset_index_path.read_bytes(),
             segment.time_index_path.read_bytes(),
         ) == on_disk
+
+
+def test_log_config_follows_the_topic_config() -> None:
+    """The log layer gets the topic's segment, index and deletion settings."""
+    topic = load_config(None).topic_config("demo-users")
+    log_config = LogConfig.of_topic(topic)
+    assert log_config.segment_bytes == topic.segment_bytes == 16 * 1024
+    assert log_config.segment_index_bytes == topic.segment_index_bytes
+    assert log_config.index_interval_bytes == topic.index_interval_bytes
+    assert log_config.file_delete_delay_ms == topic.file_delete_delay_ms

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from cleanerd.config import BrokerConfig, TopicConfig
+from cleanerd.config import BrokerConfig
 from cleanerd.log.files import TopicPartition
 from cleanerd.log.meta import SegmentMeta
 from cleanerd.log.partition_log import LogConfig, PartitionLog
@@ -22,6 +22,7 @@ from cleanerd.log.roller import (
     maybe_roll,
     roll_decision,
 )
+from cleanerd.log.topic_config import TopicConfig
 from tests.builders import build_log, kv
 
 T0 = 1_700_000_000_000

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from structlog.testing import capture_logs
 
-from cleanerd.compaction.swap import PendingDeletions
+from cleanerd.log.deletions import PendingDeletions
 from cleanerd.log.files import TopicPartition
 from cleanerd.log.log_dir import LogDir
 from cleanerd.log.partition_log import LogConfig, PartitionLog

@@ -9,16 +9,17 @@ from typing import Any
 import pytest
 from structlog.testing import capture_logs
 
-from cleanerd.compaction.swap import PendingDeletions
-from cleanerd.config import BrokerConfig, TopicConfig
+from cleanerd.config import BrokerConfig
 from cleanerd.log.checkpoint import (
     LOG_START_OFFSET_CHECKPOINT,
     REPLICATION_OFFSET_CHECKPOINT,
     OffsetCheckpointFile,
 )
+from cleanerd.log.deletions import PendingDeletions
 from cleanerd.log.files import TopicPartition
 from cleanerd.log.log_dir import LogDir
 from cleanerd.log.partition_log import PartitionLog
+from cleanerd.log.topic_config import TopicConfig
 from cleanerd.retention.executor import apply_retention
 from cleanerd.retention.policy import DeletionReason
 from tests.builders import build_log, kv

@@ -1,0 +1,97 @@
+"""The queue of `.deleted` files waiting for `file.delete.delay.ms`.
+
+Swaps and retention rename the files they remove to `.deleted` (durably, under the
+partition lock) and hand them here; one queue, owned by whoever owns the process
+lifetime (the daemon, or a one-shot command, which empties it before it exits), unlinks
+each once its delay has passed. The delay exists for readers that still have an old file
+open; under disk pressure it yields: `unlink_on_device` frees at once the files waiting
+on one device (the KIP-61 enforcement, a pass that ran out of space), `unlink_all`
+everything (process exit).
+
+Crash consistency: nothing here is persisted. A file still waiting when the process dies
+is a `.deleted` leftover, which the next open of its partition removes (startup
+recovery, as Kafka's loader does): the rename made the deletion durable already.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import structlog
+
+from cleanerd.log.fsutil import safe_unlink
+
+log = structlog.get_logger(__name__)
+
+
+NO_DEVICE = -1
+"""The device of a file whose directory was already gone when it was scheduled."""
+
+
+@dataclass(order=True, frozen=True, slots=True)
+class _Pending:
+    due_ms: int
+    path: Path = field(compare=False)
+    device: int = field(compare=False)
+
+
+def _device_of_dir(path: Path) -> int:
+    try:
+        return path.stat().st_dev
+    except FileNotFoundError:
+        return NO_DEVICE
+
+
+@dataclass(slots=True)
+class PendingDeletions:
+    """`.deleted` files, the time each may be unlinked (`file.delete.delay.ms`) and the
+    device (`st_dev` of its directory, taken when scheduled) it frees space on."""
+
+    _queue: list[_Pending] = field(default_factory=list)
+
+    def schedule(self, paths: Sequence[Path], *, now_ms: int, delay_ms: int) -> None:
+        """Unlink `paths` at or after `now_ms + delay_ms`."""
+        devices: dict[Path, int] = {}
+        for path in paths:
+            if path.parent not in devices:
+                devices[path.parent] = _device_of_dir(path.parent)
+            self._queue.append(_Pending(now_ms + delay_ms, path, devices[path.parent]))
+        self._queue.sort()
+
+    def __len__(self) -> int:
+        return len(self._queue)
+
+    def run_due(self, now_ms: int) -> list[Path]:
+        """Unlink every file due at `now_ms`; returns them."""
+        due = [p for p in self._queue if p.due_ms <= now_ms]
+        self._queue = [p for p in self._queue if p.due_ms > now_ms]
+        return self._unlink(due)
+
+    def unlink_all(self) -> list[Path]:
+        """Unlink everything now (process exit); returns the files."""
+        due, self._queue = self._queue, []
+        return self._unlink(due)
+
+    def unlink_on_device(self, device: int) -> list[Path]:
+        """Unlink now every file waiting on `device` (an `st_dev`), whatever its due
+        time: the space is needed (disk pressure); returns the files."""
+        due = [p for p in self._queue if p.device == device]
+        self._queue = [p for p in self._queue if p.device != device]
+        return self._unlink(due)
+
+    def _unlink(self, items: list[_Pending]) -> list[Path]:
+        done = []
+        for item in items:
+            try:
+                safe_unlink(item.path)
+            except FileNotFoundError:
+                continue  # recovery on a restart, or an operator, removed it already
+            except OSError as exc:
+                # A read-only or failing file system: the file stays, and the next open
+                # of its partition (startup recovery) removes it; the others still go.
+                log.error("segment.unlink_failed", path=str(item.path), error=str(exc))
+                continue
+            done.append(item.path)
+        return done

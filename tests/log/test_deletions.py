@@ -1,0 +1,47 @@
+"""Tests of the queue of `.deleted` files waiting for their delay."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from cleanerd.log.deletions import PendingDeletions
+from cleanerd.log.files import segment_file
+
+
+def seg(d: Path, base: int, *, suffix: str = "", content: bytes = b"x") -> None:
+    for kind in (".log", ".index", ".timeindex"):
+        segment_file(d, base, kind, suffix).write_bytes(content)
+
+
+def test_pending_deletions_wait_for_delay(tmp_path: Path) -> None:
+    """Files are unlinked once their delay has passed, or all at once when asked."""
+    a, b = tmp_path / "a.deleted", tmp_path / "b.deleted"
+    a.write_bytes(b"1")
+    b.write_bytes(b"2")
+    q = PendingDeletions()
+    q.schedule([a], now_ms=0, delay_ms=100)
+    q.schedule([b], now_ms=50, delay_ms=100)
+    assert q.run_due(99) == []
+    assert q.run_due(100) == [a]
+    assert not a.exists()
+    assert b.exists()
+    b.unlink()  # removed by someone else: not an error
+    assert q.unlink_all() == []
+    assert len(q) == 0
+
+
+def test_unlink_on_device_frees_only_that_device(tmp_path: Path) -> None:
+    """Under disk pressure the files waiting on one device go at once, due or not; the
+    others keep waiting."""
+    a, b = tmp_path / "a.deleted", tmp_path / "b.deleted"
+    a.write_bytes(b"1")
+    b.write_bytes(b"2")
+    q = PendingDeletions()
+    q.schedule([a, b], now_ms=0, delay_ms=60_000)
+    device = tmp_path.stat().st_dev
+    assert q.unlink_on_device(device + 1) == []
+    assert len(q) == 2
+    assert q.unlink_on_device(device) == [a, b]
+    assert not a.exists()
+    assert not b.exists()
+    assert len(q) == 0
