@@ -47,7 +47,7 @@ from cleanerd.compaction.cleanable import (
     log_to_clean,
 )
 from cleanerd.compaction.horizon import HorizonCache, SegmentHorizon, horizon_due
-from cleanerd.compaction.schedule import order_for_cleaning
+from cleanerd.compaction.manager import order_for_cleaning
 from cleanerd.config import Config, load_config
 from cleanerd.errors import CleanerdError
 from cleanerd.log.files import METADATA_TOPIC, TopicPartition

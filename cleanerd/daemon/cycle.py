@@ -62,7 +62,7 @@ from cleanerd.compaction.cleaner import (
 from cleanerd.compaction.stats import CleanerStats
 from cleanerd.compaction.strategy import resolve_strategy
 from cleanerd.config import Config
-from cleanerd.daemon.scheduler import Candidate, CompactedLog, LogCleanerManager
+from cleanerd.compaction.manager import Candidate, CompactedLog, LogCleanerManager
 from cleanerd.engine.base import CleanJob, Engine, WorkerCrashed
 from cleanerd.errors import CleanerdError, FileStepError, LogDirLockedError
 from cleanerd.log.deletions import PendingDeletions

@@ -26,12 +26,8 @@ The crash-consistency contract every engine keeps, whatever runs the pass:
   (the scheduler's in-progress set guarantees it), and an engine never reorders the
   renames of one partition with another pass of it.
 
-The `cleaner-offset-checkpoint` of a log dir is rewritten whole (read, change one entry,
-tmp file, fsync, rename) by every pass and by the scheduler's resets. With passes in
-several processes the read-modify-write must be serialized across processes, or one
-pass's entry can be lost to another's rewrite: `checkpoint_lock` is an `flock` on
-`<state dir>/locks/<log dir key>/cleaner-offset-checkpoint.lock` that every writer holds
-around it.
+The `cleaner-offset-checkpoint` of a log dir is rewritten whole by every pass and by the
+manager's resets, under the cross-process `cleanerd.log.lock.checkpoint_lock`.
 
 Futures are `concurrent.futures.Future`s, so synchronous callers wait on them and an
 asyncio daemon awaits them with `asyncio.wrap_future` without blocking its loop.
@@ -39,40 +35,18 @@ asyncio daemon awaits them with `asyncio.wrap_future` without blocking its loop.
 
 from __future__ import annotations
 
-import fcntl
-import os
-from collections.abc import Iterator
 from concurrent.futures import Future
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Final, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 from cleanerd.compaction.audit import AuditColumns
 from cleanerd.compaction.cleaner import CleanerConfig, CleanResult
 from cleanerd.compaction.strategy import ResolvedStrategy
 from cleanerd.errors import CleanerdError
 from cleanerd.log.files import TopicPartition
-from cleanerd.log.lock import log_dir_key
 from cleanerd.log.meta import SegmentMeta
 from cleanerd.log.txnindex import AbortedTxn
-
-CHECKPOINT_LOCK_NAME: Final = "cleaner-offset-checkpoint.lock"
-"""Not `<topic>-<partition>.lock`: it cannot collide with a partition lock."""
-
-
-@contextmanager
-def checkpoint_lock(state_dir: Path, log_dir: Path) -> Iterator[None]:
-    """Hold the cross-process lock on `log_dir`'s cleaner checkpoint (blocking: every
-    holder only rewrites one small file)."""
-    path = state_dir / "locks" / log_dir_key(log_dir) / CHECKPOINT_LOCK_NAME
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)  # closing the description drops the flock
 
 
 @dataclass(frozen=True, slots=True)

@@ -61,11 +61,11 @@ from cleanerd.compaction.strategy import CompactionStrategy
 from cleanerd.compaction.swap import SwapProof
 from cleanerd.compaction.throttle import Throttler
 from cleanerd.config import Config
-from cleanerd.engine.base import AuditJob, CleanJob, WorkerCrashed, checkpoint_lock
+from cleanerd.engine.base import AuditJob, CleanJob, WorkerCrashed
 from cleanerd.engine.lifeline import die_with, set_parent_death_signal
 from cleanerd.errors import CleanerdError
 from cleanerd.log.files import TopicPartition
-from cleanerd.log.lock import PartitionLock
+from cleanerd.log.lock import PartitionLock, checkpoint_lock
 from cleanerd.log.ownership import OwnerProof, ProcessId
 from cleanerd.log.segment import LogSegment
 

@@ -60,7 +60,7 @@ from cleanerd.compaction.cleaner import (
 )
 from cleanerd.compaction.swap import SwapProof, cleaner_offset
 from cleanerd.config import Config
-from cleanerd.engine.base import AuditJob, CleanJob, checkpoint_lock
+from cleanerd.engine.base import AuditJob, CleanJob
 from cleanerd.engine.lifeline import owner_env
 from cleanerd.engine.spark_job import (
     MANIFEST,
@@ -81,7 +81,7 @@ from cleanerd.log.files import (
     segment_file,
 )
 from cleanerd.log.index import OffsetIndex, TimeIndex
-from cleanerd.log.lock import PartitionLock
+from cleanerd.log.lock import PartitionLock, checkpoint_lock
 from cleanerd.log.ownership import OwnerProof
 from cleanerd.records.columns import segment_columns
 

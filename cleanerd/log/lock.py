@@ -19,6 +19,14 @@ produce`) that finds `.lock` taken checks that file: held means a cleanerd owner
 which appends are coordinated through partition locks; free means a broker or another
 program, whose dir is only observed.
 
+`checkpoint_lock` serializes the rewrites of a log dir's `cleaner-offset-checkpoint`
+across processes: the file is rewritten whole (read, change one entry, tmp file, fsync,
+rename) by every pass, in whichever worker process it runs, and by the manager's
+resets, so without it one writer's entry could be lost to another's rewrite. It is an
+`flock` on `<state dir>/locks/<log dir key>/cleaner-offset-checkpoint.lock` (not a
+`<topic>-<partition>.lock` name, so it never collides with a partition lock), held for
+the one small rewrite.
+
 `PartitionLock` coordinates cleanerd processes (the daemon and `cleanerd produce`) on
 one partition: appends, rolls, swaps and deletions take it for their short critical
 section. It is an `flock` on `<state dir>/locks/<log dir key>/<topic>-<partition>.lock`,
@@ -38,6 +46,8 @@ import os
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from types import TracebackType
 from typing import Final, Self
@@ -258,3 +268,21 @@ class PartitionLock:
         tb: TracebackType | None,
     ) -> None:
         self.release()
+
+
+CHECKPOINT_LOCK_NAME: Final = "cleaner-offset-checkpoint.lock"
+"""Not `<topic>-<partition>.lock`: it cannot collide with a partition lock."""
+
+
+@contextmanager
+def checkpoint_lock(state_dir: Path, log_dir: Path) -> Iterator[None]:
+    """Hold the cross-process lock on `log_dir`'s cleaner checkpoint (blocking: every
+    holder only rewrites one small file)."""
+    path = state_dir / "locks" / log_dir_key(log_dir) / CHECKPOINT_LOCK_NAME
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing the description drops the flock

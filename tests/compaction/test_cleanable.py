@@ -20,7 +20,7 @@ from cleanerd.compaction.cleanable import (
     log_to_clean,
     max_compaction_delay,
 )
-from cleanerd.compaction.schedule import select_next
+from cleanerd.compaction.manager import select_next
 from cleanerd.log.files import TopicPartition
 from cleanerd.log.meta import PartitionMeta, SegmentMeta
 

@@ -6,17 +6,20 @@ from __future__ import annotations
 
 import errno
 import os
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
 
-from cleanerd.compaction.cleaner import Cleaner, CleanerConfig, CleaningAborted
-from cleanerd.compaction.manager import UncleanablePartitions, clean_or_mark
+from cleanerd.compaction.cleaner import Cleaner, CleanerConfig, CleaningAborted, CleanResult
+from cleanerd.compaction.manager import UncleanablePartitions
 from cleanerd.compaction.offset_map import OffsetMap
 from cleanerd.compaction.swap import FileOps
 from cleanerd.config import config_from_data
 from cleanerd.daemon.cycle import cleaner_config_for
-from cleanerd.errors import CorruptRecordError
+from cleanerd.errors import CleanerdError, CorruptRecordError
+from cleanerd.log.files import TopicPartition
+from cleanerd.log.meta import SegmentMeta
 from tests.compaction.conftest import (
     LONG_MAX,
     TP,
@@ -29,6 +32,39 @@ from tests.compaction.conftest import (
     segment_metas,
 )
 from tests.tools import tmpfs
+
+
+def clean_or_mark(
+    cleaner: Cleaner,
+    registry: UncleanablePartitions,
+    *,
+    log_dir: Path,
+    tp: TopicPartition,
+    segments: Sequence[SegmentMeta],
+    first_dirty: int,
+    first_uncleanable: int,
+    now_ms: int,
+    config: CleanerConfig,
+) -> CleanResult | None:
+    """One pass; a failure marks `tp` uncleanable with its reason, as the cycle does
+    (`Maintenance._finished`); a requested stop propagates without a mark."""
+    try:
+        return cleaner.clean(
+            log_dir=log_dir,
+            tp=tp,
+            segments=segments,
+            first_dirty=first_dirty,
+            first_uncleanable=first_uncleanable,
+            now_ms=now_ms,
+            config=config,
+        )
+    except CleaningAborted:
+        raise
+    except (CleanerdError, OSError) as exc:
+        registry.mark(
+            tp, log_dir=str(log_dir), reason=f"{type(exc).__name__}: {exc}", now_ms=now_ms
+        )
+        return None
 
 
 def build(root: Path, n: int = 40, value_size: int = 10) -> Path:

@@ -19,7 +19,7 @@ from cleanerd.compaction.offset_map import OffsetMap
 from cleanerd.compaction.stats import CleanerStats
 from cleanerd.config import Config, load_config
 from cleanerd.daemon.cycle import CleanedLog, CycleReport, Maintenance, run_cycles
-from cleanerd.daemon.scheduler import config_fingerprint
+from cleanerd.compaction.manager import config_fingerprint
 from cleanerd.engine.base import AuditJob, CleanJob, WorkerCrashed
 from cleanerd.engine.local import LocalEngine, WorkerSettings
 from cleanerd.log.checkpoint import (

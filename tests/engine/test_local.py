@@ -19,12 +19,12 @@ from cleanerd.compaction.cleaner import Cleaner, CleanerConfig, CleaningAborted
 from cleanerd.compaction.offset_map import OffsetMap
 from cleanerd.compaction.strategy import CompactionStrategy, ResolvedStrategy
 from cleanerd.engine import Engine
-from cleanerd.engine.base import AuditJob, CleanJob, WorkerCrashed, checkpoint_lock
+from cleanerd.engine.base import AuditJob, CleanJob, WorkerCrashed
 from cleanerd.engine.local import LocalEngine, WorkerSettings
 from cleanerd.errors import CorruptRecordError
 from cleanerd.log.checkpoint import CLEANER_OFFSET_CHECKPOINT, OffsetCheckpointFile
 from cleanerd.log.files import TopicPartition
-from cleanerd.log.lock import PartitionLock
+from cleanerd.log.lock import PartitionLock, checkpoint_lock
 from cleanerd.log.ownership import OwnershipLost, SegmentsChanged, StaleWork
 from cleanerd.log.partition_log import PartitionLog
 from tests.compaction.conftest import TP, LogBuilder, k, segment_metas, view

@@ -5,12 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 from cleanerd.log.deletions import PendingDeletions
-from cleanerd.log.files import segment_file
-
-
-def seg(d: Path, base: int, *, suffix: str = "", content: bytes = b"x") -> None:
-    for kind in (".log", ".index", ".timeindex"):
-        segment_file(d, base, kind, suffix).write_bytes(content)
 
 
 def test_pending_deletions_wait_for_delay(tmp_path: Path) -> None:
