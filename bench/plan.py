@@ -26,7 +26,7 @@ from cleanerd.compaction.horizon import SegmentHorizon
 from cleanerd.config import BrokerConfig
 from cleanerd.log.meta import PartitionMeta, SegmentMeta
 from cleanerd.log.topic_config import TopicConfig
-from cleanerd.plan_command import PlanInput, plan_cycle
+from cleanerd.maintenance.plan import PlanInput, plan_cycle
 from cleanerd.retention.disk_usage import DeviceUsage
 
 NOW = 1_700_000_000_000

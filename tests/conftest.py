@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-KAFKA_REAL = REPO_ROOT.parent / "shared" / "fixtures" / "kafka-real"
+from tests.paths import REPO
+
+KAFKA_REAL = REPO.parent / "shared" / "fixtures" / "kafka-real"
 
 
 @pytest.fixture(name="kafka_real")

@@ -11,10 +11,11 @@ from pathlib import Path
 import pytest
 
 from cleanerd import __version__
-from cleanerd.cli import COMMANDS, main
-from tests.conftest import REPO_ROOT
+from cleanerd.cli import main
+from cleanerd.commands import COMMANDS
+from tests.paths import REPO
 
-SAMPLE = REPO_ROOT / "config" / "cleanerd.yaml"
+SAMPLE = REPO / "config" / "cleanerd.yaml"
 FOO_LOG = Path("kraft-combined-logs") / "foo-0" / "00000000000000000000.log"
 
 
@@ -216,7 +217,7 @@ class TestProduce:
 
 def test_module_entry_point_runs(kafka_real: Path) -> None:
     """`python -m cleanerd` runs the same command line in a fresh interpreter."""
-    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
     result = subprocess.run(
         [sys.executable, "-m", "cleanerd", "dump", str(kafka_real / FOO_LOG)],
         capture_output=True,

@@ -33,10 +33,10 @@ from cleanerd.config import (
 )
 from cleanerd.errors import ConfigError
 from cleanerd.log.topic_config import TopicConfig
-from tests.conftest import REPO_ROOT
+from tests.paths import REPO
 from tests.tools import tmpfs
 
-SAMPLE = REPO_ROOT / "config" / "cleanerd.yaml"
+SAMPLE = REPO / "config" / "cleanerd.yaml"
 
 KAFKA_TOPIC_DEFAULTS = TopicConfig(
     cleanup_policy=("delete",),
@@ -147,7 +147,7 @@ class TestDefaults:
 
     def test_readme_documents_every_key(self) -> None:
         """README.md names every config key path in backticks."""
-        text = (REPO_ROOT / "README.md").read_text()
+        text = (REPO / "README.md").read_text()
         paths = [*model_keys(Config), *model_keys(TopicOverride)]
         assert [path for path in paths if f"`{'.'.join(path)}`" not in text] == []
 

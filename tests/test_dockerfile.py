@@ -8,8 +8,8 @@ import subprocess
 from pathlib import Path
 
 from cleanerd.config import MetricsConfig, load_config
+from tests.paths import REPO
 
-REPO = Path(__file__).resolve().parents[1]
 DOCKERFILE = REPO / "Dockerfile"
 SAMPLE = REPO / "config" / "cleanerd.yaml"
 

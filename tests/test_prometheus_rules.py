@@ -4,15 +4,14 @@ from __future__ import annotations
 
 import re
 import subprocess
-from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
+from tests.paths import REPO
 from tests.tools import require_tool
 
-REPO = Path(__file__).resolve().parents[1]
 RULES = REPO / "config" / "prometheus" / "alerts.yml"
 RULE_TESTS = REPO / "config" / "prometheus" / "alerts.test.yml"
 README = REPO / "README.md"

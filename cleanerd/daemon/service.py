@@ -77,10 +77,10 @@ from cleanerd.daemon.commands import (
     ReloadCommand,
     ResumeCommand,
 )
-from cleanerd.daemon.cycle import CycleReport, Maintenance, made_progress, wall_clock_ms
 from cleanerd.daemon.events import Event, EventKind, EventPublisher, MqttPublisher, NullPublisher
 from cleanerd.daemon.logging import configure_logging, partition_context
-from cleanerd.daemon.metrics import MetricsExporter, PassResult
+from cleanerd.daemon.metrics.exporter import MetricsExporter, PassResult
+from cleanerd.daemon.metrics.model import MetricsSnapshot, build_snapshot
 from cleanerd.daemon.reload import ReloadPlan, plain, plan_reload
 from cleanerd.daemon.systemd import Notifier, watchdog_interval
 from cleanerd.daemon.watcher import LogDirWatcher, PartitionKey, WatchDelta
@@ -88,7 +88,8 @@ from cleanerd.engine import Engine, create_engine
 from cleanerd.errors import CleanerdError, ConfigError
 from cleanerd.log.files import TopicPartition, parse_topic_partition
 from cleanerd.log.log_dir import Mode
-from cleanerd.metrics_model import Counters, MetricsSnapshot, PartitionState, build_snapshot
+from cleanerd.maintenance.cycle import Maintenance, wall_clock_ms
+from cleanerd.maintenance.report import Counters, CycleReport, PartitionState, made_progress
 from cleanerd.retention.disk import Device, group_devices, is_above, measure
 from cleanerd.retention.disk_usage import DeviceUsage
 
@@ -667,8 +668,6 @@ class Daemon:
             retired.shutdown()  # between cycles: no pass is running on it
             log.info("engine.replaced", workers=m.engine.workers)
         m.config = config
-        # A reloaded policy applies now, not at the next retention check interval.
-        m.last_retention_check_ms = None
 
     def _report(self, report: CycleReport) -> None:
         """Events and log lines for what the cycle did (rolls and deletions are logged
@@ -701,7 +700,8 @@ class Daemon:
                     {
                         "reason": dd.reason.value,
                         "base_offset": dd.base_offset,
-                        "size_bytes": dd.freed_bytes,
+                        "size_bytes": dd.size_bytes,
+                        "freed_bytes": dd.freed_bytes,
                         "device": dd.device,
                     },
                     tp=dd.topic_partition,

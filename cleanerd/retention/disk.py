@@ -127,13 +127,6 @@ def is_above(usage: DeviceUsage) -> bool:
     )
 
 
-def check_due(*, now_ms: int, last_check_ms: int | None, interval_ms: int, any_above: bool) -> bool:
-    """Whether a retention check runs now: every `log.retention.check.interval.ms`, and
-    at once when a device went above its threshold since the last check (the daemon
-    polls `measure`, one statvfs per device, much more often than it checks)."""
-    return last_check_ms is None or any_above or now_ms - last_check_ms >= interval_ms
-
-
 @dataclass(frozen=True, slots=True)
 class DiskUsageReport:
     """What one enforcement did (or, in dry-run mode, would do)."""

@@ -16,8 +16,8 @@ from cleanerd.log.checkpoint import CLEANER_OFFSET_CHECKPOINT, OffsetCheckpointF
 from cleanerd.log.recovery import SegmentOptions, recover_partition
 from tests.compaction.conftest import LONG_MAX, TP, LogBuilder, clean, k, read_batches
 from tests.compaction.crashing_ops import CrashingOps, SimulatedCrash
+from tests.paths import REPO
 
-REPO = Path(__file__).resolve().parents[2]
 OPTIONS = SegmentOptions(index_interval_bytes=64, max_index_size=10 * 1024 * 1024)
 
 Records = frozenset[tuple[int, bytes | None, bytes | None]]

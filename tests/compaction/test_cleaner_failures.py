@@ -16,10 +16,10 @@ from cleanerd.compaction.manager import UncleanablePartitions
 from cleanerd.compaction.offset_map import OffsetMap
 from cleanerd.compaction.swap import FileOps
 from cleanerd.config import config_from_data
-from cleanerd.daemon.cycle import cleaner_config_for
 from cleanerd.errors import CleanerdError, CorruptRecordError
 from cleanerd.log.files import TopicPartition
 from cleanerd.log.meta import SegmentMeta
+from cleanerd.maintenance.cycle import cleaner_config_for
 from tests.compaction.conftest import (
     LONG_MAX,
     TP,

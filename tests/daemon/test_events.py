@@ -41,6 +41,7 @@ from cleanerd.daemon.events import (
     topic_level,
 )
 from cleanerd.errors import ConfigError
+from tests.paths import REPO
 from tests.tools import require_tool
 
 HOST = "testhost"
@@ -410,7 +411,7 @@ async def test_will_is_offline_when_the_connection_dies(broker: Broker, tmp_path
     )
     status = f"cleanerd/{HOST}/status"
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-c", script, stdout=subprocess.PIPE, cwd=Path(__file__).parents[2]
+        sys.executable, "-c", script, stdout=subprocess.PIPE, cwd=REPO
     )
     try:
         assert proc.stdout is not None

@@ -29,11 +29,11 @@ import pytest
 
 from cleanerd.log.files import TopicPartition
 from tests.builders import build_log, kv
+from tests.paths import REPO
 from tests.tools import require_tool
 
 pytestmark = pytest.mark.network
 
-REPO = Path(__file__).resolve().parents[2]
 ALERTS = REPO / "config" / "prometheus" / "alerts.yml"
 DASHBOARD = REPO / "config" / "grafana" / "cleanerd-dashboard.json"
 TOPIC = "orders"

@@ -25,8 +25,8 @@ from cleanerd.log.files import TopicPartition
 from cleanerd.log.log_dir import LogDir, Mode
 from tests.builders import build_log, kv
 from tests.daemon.conftest import WAIT_S, NotifyReceiver
+from tests.paths import REPO
 
-REPO = Path(__file__).resolve().parents[2]
 HOUR = 3_600_000
 USERS = TopicPartition("users", 0)
 EVENTS = TopicPartition("events", 0)

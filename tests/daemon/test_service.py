@@ -28,7 +28,6 @@ from cleanerd.daemon.commands import (
     ReloadCommand,
     ResumeCommand,
 )
-from cleanerd.daemon.cycle import CleanedLog, made_progress
 from cleanerd.daemon.service import (
     CycleClock,
     CycleTrigger,
@@ -45,7 +44,7 @@ from cleanerd.engine.base import AuditJob, CleanJob
 from cleanerd.log.checkpoint import OffsetCheckpointFile
 from cleanerd.log.files import TopicPartition
 from cleanerd.log.lock import holds_log_dir_lock
-from cleanerd.metrics_model import PartitionState
+from cleanerd.maintenance.report import CleanedLog, PartitionState, made_progress
 from tests.builders import build_log, kv
 from tests.daemon.conftest import NotifyReceiver, RecordingPublisher, eventually, running
 

@@ -7,9 +7,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.paths import REPO
 from tests.tools import require_tool
 
-SYSTEMD_DIR = Path(__file__).resolve().parents[2] / "systemd"
+SYSTEMD_DIR = REPO / "systemd"
 UNIT = SYSTEMD_DIR / "cleanerd.service"
 SYSUSERS = SYSTEMD_DIR / "cleanerd.sysusers"
 MAX_EXPOSURE = 2.0

@@ -29,6 +29,7 @@ from cleanerd.log.ownership import OwnershipLost, SegmentsChanged, StaleWork
 from cleanerd.log.partition_log import PartitionLog
 from tests.compaction.conftest import TP, LogBuilder, k, segment_metas, view
 from tests.engine.owned import own
+from tests.paths import REPO
 from tests.tools import session_processes, wait_for_session_end
 
 NOW = 1_700_000_000_000
@@ -384,7 +385,7 @@ def test_killed_owner_takes_its_worker_fork_server_and_tracker_along(tmp_path: P
         stdout=subprocess.PIPE,
         text=True,
         start_new_session=True,
-        cwd=Path(__file__).resolve().parents[2],
+        cwd=REPO,
     )
     try:
         assert owner.stdout is not None

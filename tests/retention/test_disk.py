@@ -19,7 +19,6 @@ from cleanerd.log.partition_log import LogConfig, PartitionLog
 from cleanerd.records.record import Record
 from cleanerd.retention.disk import (
     DiskSpace,
-    check_due,
     enforce_disk_usage,
     group_devices,
     psutil_space,
@@ -218,18 +217,6 @@ def test_observed_dirs_are_never_touched(tmp_path: Path) -> None:
     )
     assert report.deletions == ()
     assert report.before == ()
-
-
-def test_check_due() -> None:
-    """A check runs every interval, and at once when a device went above its threshold."""
-    assert check_due(now_ms=0, last_check_ms=None, interval_ms=300_000, any_above=False)
-    assert not check_due(now_ms=1000, last_check_ms=0, interval_ms=300_000, any_above=False)
-    assert check_due(now_ms=1000, last_check_ms=0, interval_ms=300_000, any_above=True)
-    assert check_due(now_ms=300_000, last_check_ms=0, interval_ms=300_000, any_above=False)
-
-
-# ---------------------------------------------------------------------------------------
-# Real devices: two tmpfs mounts
 
 
 def produce(log_dir: str, state_dir: str, acked: str, stop: Event, count: int) -> None:

@@ -8,18 +8,17 @@ import threading
 from collections.abc import Iterator
 from concurrent.futures import Future
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import pytest
 import yaml
 
 from cleanerd.compaction.audit import AuditColumns
 from cleanerd.compaction.cleaner import Cleaner, CleanResult
-from cleanerd.compaction.offset_map import OffsetMap
-from cleanerd.compaction.stats import CleanerStats
-from cleanerd.config import Config, load_config
-from cleanerd.daemon.cycle import CleanedLog, CycleReport, Maintenance, run_cycles
 from cleanerd.compaction.manager import config_fingerprint
+from cleanerd.compaction.offset_map import OffsetMap
+from cleanerd.config import Config, load_config
+from cleanerd.daemon.metrics.model import build_snapshot
 from cleanerd.engine.base import AuditJob, CleanJob, WorkerCrashed
 from cleanerd.engine.local import LocalEngine, WorkerSettings
 from cleanerd.log.checkpoint import (
@@ -31,7 +30,7 @@ from cleanerd.log.files import TopicPartition
 from cleanerd.log.lock import PartitionLock
 from cleanerd.log.log_dir import LogDir
 from cleanerd.log.partition_log import PartitionLog
-from cleanerd.metrics_model import build_snapshot
+from cleanerd.maintenance.cycle import Maintenance
 from cleanerd.records.record import Record
 from cleanerd.retention.disk import DiskSpace
 from tests.builders import build_log, kv, offsets_and_values
@@ -186,8 +185,10 @@ def test_max_lag_forces_cleaning_only_at_the_deadline(tmp_path: Path, engine: Lo
 def test_cleaner_driven_retention_skips_delete_and_uncleanable_logs(
     tmp_path: Path, engine: LocalEngine
 ) -> None:
-    """Scenario 48 end to end: between retention checks only compacted logs get
-    retention (here the log-start-offset rule), and not one marked uncleanable."""
+    """Scenario 48 end to end: which logs get cleaner-driven retention (here the
+    log-start-offset rule): compacted ones, not one marked uncleanable. A delete topic
+    gets its own retention in the same step, at every cycle (cleanerd's retention
+    acts when due, not at the next `log.retention.check.interval.ms`)."""
     topics = {
         "del": {"cleanup.policy": "delete"},
         "cd": {"cleanup.policy": "compact,delete"},
@@ -201,7 +202,6 @@ def test_cleaner_driven_retention_skips_delete_and_uncleanable_logs(
     )
     cfg = write_config(tmp_path, topics)
     with Maintenance(cfg, engine, clock=lambda: T0) as m:
-        m.last_retention_check_ms = T0  # the interval check is not due
         bad = TopicPartition("bad", 0)
         m.manager.registry.mark(
             bad,
@@ -211,7 +211,7 @@ def test_cleaner_driven_retention_skips_delete_and_uncleanable_logs(
             config_fingerprint=config_fingerprint(cfg.topic_config("bad")),
         )
         report = m.run_once()
-    assert sorted(o.topic for o in report.retention) == ["c", "cd"]
+    assert sorted(o.topic for o in report.retention) == ["c", "cd", "del"]
     assert [(s.tp, s.reason) for s in report.skipped if s.phase == "retention"] == [
         (bad, "partition is uncleanable")
     ]
@@ -400,22 +400,6 @@ def test_disk_usage_deletes_the_oldest_segments_across_topics(
     assert not disk.still_above
 
 
-def test_run_cycles_repeats_until_stopped(tmp_path: Path, engine: LocalEngine) -> None:
-    """run_cycles calls back with each report and returns once the event is set."""
-    build(tmp_path, TopicPartition("t", 0), [records([0], T0)])
-    cfg = write_config(tmp_path, {"t": {"cleanup.policy": "compact"}})
-    stop = threading.Event()
-    seen: list[int] = []
-
-    def on_report(_report: object) -> None:
-        seen.append(1)
-        if len(seen) == 3:
-            stop.set()
-
-    with Maintenance(cfg, engine, clock=lambda: T0) as m:
-        assert run_cycles(m, stop, backoff_ms=1, on_report=on_report) == 3
-
-
 def test_a_pass_cut_short_by_a_full_map_is_followed_by_more(tmp_path: Path) -> None:
     """With a map too small for the dirty range, the partition is cleaned pass after pass
     in the same cycle while it stays eligible, here until its whole range is done."""
@@ -431,43 +415,6 @@ def test_a_pass_cut_short_by_a_full_map_is_followed_by_more(tmp_path: Path) -> N
     assert ends == sorted(ends)
     assert ends[-1] == 20
     assert OffsetCheckpointFile(tmp_path / "logs" / CLEANER_OFFSET_CHECKPOINT).read() == {tp: 20}
-
-
-class _RecordingStop(threading.Event):
-    """A stop event that records the backoff waits and stops after `cycles` of them."""
-
-    def __init__(self, cycles: int) -> None:
-        super().__init__()
-        self.cycles, self.waits = cycles, 0
-
-    def wait(self, timeout: float | None = None) -> bool:
-        self.waits += 1
-        if self.waits == self.cycles:
-            self.set()
-        return self.is_set()
-
-
-class _NoOpPasses:
-    """A stand-in for Maintenance whose every cycle runs one pass that changes nothing
-    (it sets `stop` after ten cycles, should they run back to back)."""
-
-    def __init__(self) -> None:
-        self.runs = 0
-
-    def run_once(self, stop: threading.Event | None = None) -> CycleReport:
-        self.runs += 1
-        if stop is not None and self.runs == 10:
-            stop.set()
-        stats = CleanerStats(100, 100, 0, 0, 5, 5, 0, 0.0, T0, T0, T0)
-        cleaned = CleanedLog("logs", TopicPartition("t", 0), "", None, 0, 7, 7, stats, T0, T0)
-        return CycleReport(T0, T0, (), (), False, None, (cleaned,), (), (), (), ())
-
-
-def test_run_cycles_backs_off_after_passes_that_made_no_progress() -> None:
-    """A cycle whose passes neither moved the checkpoint nor removed a record is idle."""
-    stop = _RecordingStop(cycles=3)
-    assert run_cycles(cast(Maintenance, _NoOpPasses()), stop, backoff_ms=60_000) == 3
-    assert stop.waits == 3
 
 
 class _DrainOnSubmit:

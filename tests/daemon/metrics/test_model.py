@@ -1,14 +1,15 @@
-"""Tests of cleanerd.metrics_model: the snapshot's numbers, Kafka's and cleanerd's."""
+"""Tests of cleanerd.daemon.metrics.model: the snapshot's numbers, Kafka's and cleanerd's."""
 
 from __future__ import annotations
 
 from cleanerd.compaction.cleanable import log_to_clean
 from cleanerd.compaction.manager import UncleanablePartitions
 from cleanerd.compaction.stats import CleanerStats
+from cleanerd.daemon.metrics.model import build_snapshot
 from cleanerd.log.files import TopicPartition
 from cleanerd.log.meta import PartitionMeta, SegmentMeta
 from cleanerd.log.roll import RollDecision, RollReason
-from cleanerd.metrics_model import MaintenanceCounters, PartitionState, build_snapshot
+from cleanerd.maintenance.report import MaintenanceCounters, PartitionState
 from cleanerd.retention.disk import DiskUsageReport
 from cleanerd.retention.disk_usage import DeviceUsage, DiskDeletion
 from cleanerd.retention.executor import RetentionOutcome

@@ -1,6 +1,6 @@
 """`cleanerd clean`: one full maintenance cycle, then exit; prints what it did.
 
-The cycle is the daemon's (`cleanerd.daemon.cycle`): rolls, retention, KIP-61 disk usage,
+The cycle is the daemon's (`cleanerd.maintenance.cycle`): rolls, retention, KIP-61 disk usage,
 then cleaning by the schedule (overdue first, then nearest deadline, then dirtiest) with
 `log.cleaner.threads` workers on the chosen engine, until nothing is eligible. Each log
 dir of the config is opened in owner mode; a dir whose `.lock` another process holds is
@@ -25,16 +25,18 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any, Final, TextIO, cast
+from typing import Final, TextIO, cast
 
+from cleanerd.commands import Arg
+from cleanerd.commands.progress import Progress, TrackedEngine
 from cleanerd.compaction.stats import render_invalid_warning, render_stats
 from cleanerd.config import load_config
-from cleanerd.daemon.cycle import CycleReport, Maintenance, wall_clock_ms
 from cleanerd.daemon.logging import configure_logging
 from cleanerd.engine import create_engine
-from cleanerd.progress import Progress, TrackedEngine
+from cleanerd.maintenance.cycle import Maintenance, wall_clock_ms
+from cleanerd.maintenance.report import CycleReport
 
-ARGS: Final[tuple[tuple[tuple[str, ...], dict[str, Any]], ...]] = (
+ARGS: Final[tuple[Arg, ...]] = (
     (
         ("-c", "--config"),
         {"type": Path, "metavar": "FILE", "help": "the YAML config file"},

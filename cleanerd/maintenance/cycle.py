@@ -1,44 +1,37 @@
-"""One maintenance cycle over every log dir, and the loop of cycles.
+"""One maintenance cycle over every log dir: the steps of `steps`, carried out.
 
 A cycle, at the instant `now = clock()` it starts:
 
-1. **discover**: list the partitions of each log dir (owner mode; a dir whose `.lock`
-   another process holds is observed and left alone), open new ones (finishing any
-   interrupted swap), forget vanished ones. A topic-partition found in a second log dir
-   is skipped there: cleaning state is per topic-partition, as in Kafka. One that cannot
-   be opened (a refused symlink, an unreadable file) is reported in `errors`, left
-   alone this cycle and tried again the next; the others go on;
+1. **discover**: list the partitions of each log dir (owner mode; a dir a broker holds
+   is observed and left alone), open new ones (finishing any interrupted swap), forget
+   vanished ones. A topic-partition found in a second log dir is skipped there: cleaning
+   state is per topic-partition, as in Kafka. One that cannot be opened (a refused
+   symlink, an unreadable file) is reported in `errors`, left alone this cycle and tried
+   again the next; the others go on;
 2. **roll** (`roller.maybe_roll`): every active segment due by size or time;
-3. **retention** (`executor.apply_retention`): compacted partitions every cycle (Kafka's
-   cleaner-driven retention), the others every `log.retention.check.interval.ms`, each
-   only when the scheduler grants it (`LogCleanerManager.retention_hold`: not while a
-   pass holds it; not a compacted partition marked uncleanable);
-4. **disk usage** (KIP-61, `disk.enforce_disk_usage`) with the same check interval, and
-   at once when a device is above `log.retention.disk.usage.percent`, over the
-   partitions the scheduler grants;
-5. **clean**: every compacted partition's candidate is computed; while the scheduler has
+3. **retention** (`executor.apply_retention`) on every partition the step applies to
+   (`steps.retention_applies`), each only when the manager grants it
+   (`LogCleanerManager.retention_hold`: not while a pass holds it; not a compacted
+   partition marked uncleanable);
+4. **disk usage** (KIP-61, `disk.enforce_disk_usage`) when a device is above
+   `log.retention.disk.usage.percent` (`steps.disk_usage_applies`), over the partitions
+   the manager grants;
+5. **clean**: every compacted partition's candidate is computed; while the manager has
    an eligible free partition (`grab_next`: overdue first, then nearest deadline, then
    dirtiest) and the engine a free worker, a pass is submitted; each finished pass
    re-evaluates its partition, which goes back in the queue while it is still eligible
    (a pass whose offset map filled up ends early). The phase ends when nothing eligible
-   is left and no pass is running. A failed pass marks its partition uncleanable; a
-   pass whose worker died is retried once, and marked on a second death in a row;
+   is left and no pass is running. A failed pass is recovered (its partition reopened)
+   and marks its partition uncleanable; a pass whose worker died, that was planned on a
+   stale state, or that ran out of space after space was freed is retried once;
 6. **flush**: `.deleted` files whose `file.delete.delay.ms` has passed are unlinked.
 
 Everything done is returned as a `CycleReport`. Nothing here decides: the decisions are
-the pure functions of `roll.py`, `policy.py`, `disk_usage.py`, `cleanable.py` and
-`schedule.py`; this module only orders them and carries them out, and every mutation is
-one of the crash-safe operations of the log layer (roll, `delete_segments`, the pass's
-swap), each under its partition lock.
-
-`run_cycles(stop, ...)` repeats cycles until `stop` is set, sleeping
-`log.cleaner.backoff.ms` after a cycle whose passes made no progress. It blocks (the worker
-processes do the heavy work); the daemon runs it in a thread (`asyncio.to_thread`) so
-its event loop never waits on it. Setting `stop` makes the cleaning phase abort the
-passes in flight (each stops before its next swap) and return. Setting
-`Maintenance.drain` (the daemon's `pause`) is gentler: the cleaning phase picks no new
-partition, lets the passes in flight finish, and returns; cycles then run without
-cleaning until it is cleared.
+the pure functions `steps` names; this module only orders them and carries them out, and
+every mutation is one of the crash-safe operations of the log layer (roll,
+`delete_segments`, the pass's swap), each under its partition lock. `Maintenance.drain`
+(the daemon's `pause`) makes the cleaning phase pick no new partition and let the
+passes in flight finish; a `stop` event given to `run_once` aborts them instead.
 """
 
 from __future__ import annotations
@@ -47,9 +40,9 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, wait
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final
+from typing import Final
 
 import structlog
 
@@ -59,10 +52,9 @@ from cleanerd.compaction.cleaner import (
     CleanResult,
     swapped_files,
 )
-from cleanerd.compaction.stats import CleanerStats
+from cleanerd.compaction.manager import Candidate, CompactedLog, LogCleanerManager
 from cleanerd.compaction.strategy import resolve_strategy
 from cleanerd.config import Config
-from cleanerd.compaction.manager import Candidate, CompactedLog, LogCleanerManager
 from cleanerd.engine.base import CleanJob, Engine, WorkerCrashed
 from cleanerd.errors import CleanerdError, FileStepError, LogDirLockedError
 from cleanerd.log.deletions import PendingDeletions
@@ -72,11 +64,20 @@ from cleanerd.log.ownership import StaleWork
 from cleanerd.log.partition_log import LogConfig, PartitionLog
 from cleanerd.log.roller import FirstSeen, maybe_roll
 from cleanerd.log.topic_config import TopicConfig
-from cleanerd.metrics_model import MaintenanceCounters, PartitionState
+from cleanerd.maintenance.report import (
+    CleanedLog,
+    CycleReport,
+    FailedLog,
+    MaintenanceCounters,
+    PartitionState,
+    RolledSegment,
+    SkippedLog,
+    StepError,
+)
+from cleanerd.maintenance.steps import disk_usage_applies, retention_applies
 from cleanerd.retention.disk import (
     DiskUsageReport,
     UsageProbe,
-    check_due,
     enforce_disk_usage,
     group_devices,
     is_above,
@@ -122,188 +123,6 @@ def cleaner_config_for(topic: TopicConfig, *, producer_id_expiration_ms: int) ->
     )
 
 
-# ---------------------------------------------------------------------------------------
-# The report
-
-
-@dataclass(frozen=True, slots=True)
-class RolledSegment:
-    """An active segment the cycle rolled."""
-
-    log_dir: str
-    tp: TopicPartition
-    base_offset: int
-    reason: str
-    waited_ms: int | None
-
-
-@dataclass(frozen=True, slots=True)
-class CleanedLog:
-    """One pass the cycle ran."""
-
-    log_dir: str
-    tp: TopicPartition
-    reason: str
-    """Why the partition was eligible (`min.cleanable.dirty.ratio`, ...)."""
-    deadline_ms: int | None
-    overdue_ms: int
-    """How far past its deadline it was when picked (0: not overdue)."""
-    first_dirty: int
-    end_offset: int
-    stats: CleanerStats
-    started_ms: int
-    finished_ms: int
-
-
-@dataclass(frozen=True, slots=True)
-class FailedLog:
-    """A pass that failed: the partition is marked uncleanable with `reason`."""
-
-    log_dir: str
-    tp: TopicPartition
-    reason: str
-
-
-@dataclass(frozen=True, slots=True)
-class StepError:
-    """A step the cycle could not carry out on a partition (an I/O error, a refused
-    file): `phase` is `open`, `roll`, `retention` or `reopen`. Unlike a skip, never by
-    design; the step is tried again the next cycle, and `cleanerd clean` exits 1."""
-
-    log_dir: str
-    tp: TopicPartition
-    phase: str
-    reason: str
-
-
-@dataclass(frozen=True, slots=True)
-class SkippedLog:
-    """A partition (or log dir) the cycle left alone, and why."""
-
-    log_dir: str
-    tp: TopicPartition | None
-    phase: str
-    reason: str
-
-
-@dataclass(frozen=True, slots=True)
-class CycleReport:
-    """What one cycle did."""
-
-    now_ms: int
-    """The instant rolls and retention were evaluated at."""
-    finished_ms: int
-    rolled: tuple[RolledSegment, ...]
-    retention: tuple[RetentionOutcome, ...]
-    """Partitions retention changed (deleted segments or rolled first)."""
-    retention_checked: bool
-    """Whether the time/size retention of non-compacted topics was due this cycle."""
-    disk_usage: DiskUsageReport | None
-    """None when KIP-61 is off or not due."""
-    cleaned: tuple[CleanedLog, ...]
-    failed: tuple[FailedLog, ...]
-    skipped: tuple[SkippedLog, ...]
-    unlinked: tuple[Path, ...]
-    """`.deleted` files removed at the end of the cycle."""
-    states: tuple[PartitionState, ...]
-    """Each compacted partition's snapshot and candidate before cleaning (the metrics
-    model's input; uncleanable ones included)."""
-    aborted: bool = False
-    """The cycle was stopped during its cleaning phase."""
-    errors: tuple[StepError, ...] = ()
-    """Steps that failed (a failure for `cleanerd clean`; the daemon tries them again
-    every cycle)."""
-
-    def to_json(self) -> dict[str, Any]:
-        """A JSON-ready dict (`cleanerd clean --json`)."""
-
-        def tp_of(tp: TopicPartition | None) -> dict[str, Any]:
-            return {} if tp is None else {"topic": tp.topic, "partition": tp.partition}
-
-        disk = self.disk_usage
-        return {
-            "now_ms": self.now_ms,
-            "finished_ms": self.finished_ms,
-            "aborted": self.aborted,
-            "rolled": [
-                {
-                    "log_dir": r.log_dir,
-                    **tp_of(r.tp),
-                    "base_offset": r.base_offset,
-                    "reason": r.reason,
-                    "waited_ms": r.waited_ms,
-                }
-                for r in self.rolled
-            ],
-            "retention_checked": self.retention_checked,
-            "deleted": [
-                {
-                    "log_dir": o.log_dir,
-                    "topic": o.topic,
-                    "partition": o.partition,
-                    "base_offset": d.base_offset,
-                    "size_bytes": d.size_bytes,
-                    "reason": d.reason.value,
-                }
-                for o in self.retention
-                for d in o.deletions
-            ]
-            + [
-                {
-                    "log_dir": d.log_dir,
-                    **tp_of(d.topic_partition),
-                    "base_offset": d.base_offset,
-                    "size_bytes": d.freed_bytes,
-                    "reason": d.reason.value,
-                }
-                for d in (disk.deletions if disk is not None and not disk.dry_run else ())
-            ],
-            "disk_usage": None
-            if disk is None
-            else {
-                "dry_run": disk.dry_run,
-                "devices": [
-                    {
-                        "device": b.device,
-                        "used_bytes_before": b.used_bytes,
-                        "used_bytes_after": a.used_bytes,
-                        "total_bytes": b.total_bytes,
-                        "threshold_percent": b.threshold_percent,
-                    }
-                    for b, a in zip(disk.before, disk.after, strict=True)
-                ],
-                "still_above": list(disk.still_above),
-            },
-            "cleaned": [
-                {
-                    "log_dir": c.log_dir,
-                    **tp_of(c.tp),
-                    "reason": c.reason,
-                    "deadline_ms": c.deadline_ms,
-                    "overdue_ms": c.overdue_ms,
-                    "first_dirty": c.first_dirty,
-                    "end_offset": c.end_offset,
-                    "started_ms": c.started_ms,
-                    "finished_ms": c.finished_ms,
-                    "stats": asdict(c.stats),
-                }
-                for c in self.cleaned
-            ],
-            "failed": [
-                {"log_dir": f.log_dir, **tp_of(f.tp), "reason": f.reason} for f in self.failed
-            ],
-            "errors": [
-                {"log_dir": e.log_dir, **tp_of(e.tp), "phase": e.phase, "reason": e.reason}
-                for e in self.errors
-            ],
-            "skipped": [
-                {"log_dir": s.log_dir, **tp_of(s.tp), "phase": s.phase, "reason": s.reason}
-                for s in self.skipped
-            ],
-            "unlinked": [str(p) for p in self.unlinked],
-        }
-
-
 @dataclass(slots=True)
 class _Builder:
     """The report of the cycle in progress."""
@@ -311,7 +130,6 @@ class _Builder:
     now_ms: int
     rolled: list[RolledSegment] = field(default_factory=list)
     retention: list[RetentionOutcome] = field(default_factory=list)
-    retention_checked: bool = False
     disk_usage: DiskUsageReport | None = None
     cleaned: list[CleanedLog] = field(default_factory=list)
     failed: list[FailedLog] = field(default_factory=list)
@@ -336,7 +154,6 @@ class _Builder:
             finished_ms=finished_ms,
             rolled=tuple(self.rolled),
             retention=tuple(self.retention),
-            retention_checked=self.retention_checked,
             disk_usage=self.disk_usage,
             cleaned=tuple(self.cleaned),
             failed=tuple(self.failed),
@@ -403,7 +220,6 @@ class Maintenance:
         self.manager = LogCleanerManager()
         self.pending = PendingDeletions()
         self.counters = MaintenanceCounters()
-        self.last_retention_check_ms: int | None = None
         self.log_dirs: list[LogDir] = []
         self._first_seen: dict[Path, FirstSeen] = {}
         self._plogs: dict[tuple[Path, TopicPartition], PartitionLog] = {}
@@ -585,21 +401,9 @@ class Maintenance:
 
     def _retention(self, partitions: list[_Partition], report: _Builder) -> None:
         now = report.now_ms
-        above = self._devices_above()
-        due = check_due(
-            now_ms=now,
-            last_check_ms=self.last_retention_check_ms,
-            interval_ms=self.config.log_retention_check_interval_ms,
-            any_above=above,
-        )
-        report.retention_checked = due
-        if due:
-            self.last_retention_check_ms = now
-        cleaner_driven = self.config.log_cleaner_enable
+        cleaner_enabled = self.config.log_cleaner_enable
         wanted = [
-            p
-            for p in partitions
-            if (due and not p.topic.compact) or (p.topic.compact and cleaner_driven)
+            p for p in partitions if retention_applies(p.topic, cleaner_enabled=cleaner_enabled)
         ]
         by_tp = {p.tp: p for p in wanted}
         with self.manager.retention_hold([(p.tp, p.topic) for p in wanted], now) as granted:
@@ -626,9 +430,10 @@ class Maintenance:
                     )
                 if outcome.deletions or outcome.rolled:
                     report.retention.append(outcome)
-        if due and above and self.topics is None:
+        above = self._devices_above()
+        if disk_usage_applies(any_device_above=above, all_topics=self.topics is None):
             self._disk_usage(partitions, report)
-        elif due and above:
+        elif above:
             report.skip("", None, "disk usage", "not enforced for a --topic subset")
 
     def _why_held(self, p: _Partition) -> str:
@@ -838,31 +643,3 @@ class Maintenance:
             started_ms=r.started_ms,
             finished_ms=now,
         )
-
-
-def made_progress(c: CleanedLog) -> bool:
-    """Whether a pass moved the cleaner checkpoint or removed a record. A pass that did
-    neither (say, one run for a delete horizon that it could not act on) is no reason to
-    start the next cycle at once: the same candidate would be picked again."""
-    return c.end_offset > c.first_dirty or c.stats.messages_written < c.stats.messages_read
-
-
-def run_cycles(
-    maintenance: Maintenance,
-    stop: threading.Event,
-    *,
-    backoff_ms: int,
-    on_report: Callable[[CycleReport], None] | None = None,
-) -> int:
-    """Run cycles until `stop` is set; after a cycle none of whose passes made progress
-    (`made_progress`), wait `backoff_ms` (Kafka's `log.cleaner.backoff.ms`) or until
-    `stop`. Returns how many cycles ran."""
-    cycles = 0
-    while not stop.is_set():
-        report = maintenance.run_once(stop)
-        cycles += 1
-        if on_report is not None:
-            on_report(report)
-        if not any(map(made_progress, report.cleaned)):
-            stop.wait(backoff_ms / 1000)
-    return cycles

@@ -55,8 +55,8 @@ from prometheus_client.core import (
 from cleanerd import __version__
 from cleanerd.compaction.stats import CleanerStats
 from cleanerd.config import MetricsConfig
+from cleanerd.daemon.metrics.model import LogDirMetrics, MetricsSnapshot
 from cleanerd.log.roll import RollReason
-from cleanerd.metrics_model import LogDirMetrics, MetricsSnapshot
 from cleanerd.retention.policy import DeletionReason
 
 # Pass durations range from milliseconds (a small partition) to an hour (a large one

@@ -31,27 +31,13 @@ deleted by reason. Devices: used and total bytes, usage and threshold as ratios.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
-from types import MappingProxyType
+from dataclasses import dataclass, replace
 
-from cleanerd.compaction.cleanable import LogToClean
 from cleanerd.compaction.manager import UncleanablePartitions
 from cleanerd.compaction.stats import CleanerStats
 from cleanerd.log.files import TopicPartition
-from cleanerd.log.meta import PartitionMeta
-from cleanerd.log.roll import RollDecision
-from cleanerd.retention.disk import DiskUsageReport
+from cleanerd.maintenance.report import Counters, PartitionState
 from cleanerd.retention.disk_usage import DeviceUsage
-from cleanerd.retention.executor import RetentionOutcome
-
-
-@dataclass(frozen=True, slots=True)
-class PartitionState:
-    """The input for one partition: its snapshot and, when compacted, its LogToClean."""
-
-    meta: PartitionMeta
-    ltc: LogToClean | None = None
-    """None for a topic without `compact` in its cleanup policy."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,54 +90,6 @@ class DeviceMetrics:
     def usage_ratio(self) -> float:
         """used / total (0 for a device of no size)."""
         return self.used_bytes / self.total_bytes if self.total_bytes > 0 else 0.0
-
-
-@dataclass(frozen=True, slots=True)
-class Counters:
-    """Monotonic counts since the process started, by reason."""
-
-    segments_rolled: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
-    segments_deleted: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
-    bytes_deleted: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
-
-
-class MaintenanceCounters:
-    """The mutable counters the executors' outcomes are added to; `snapshot` freezes."""
-
-    def __init__(self) -> None:
-        self._rolled: dict[str, int] = {}
-        self._deleted: dict[str, int] = {}
-        self._bytes: dict[str, int] = {}
-
-    def count_roll(self, decision: RollDecision) -> None:
-        """One segment rolled, for the decision's reason."""
-        reason = decision.reason.value
-        self._rolled[reason] = self._rolled.get(reason, 0) + 1
-
-    def count_deletion(self, reason: str, size_bytes: int) -> None:
-        """One segment deleted for `reason`, freeing `size_bytes` of `.log`."""
-        self._deleted[reason] = self._deleted.get(reason, 0) + 1
-        self._bytes[reason] = self._bytes.get(reason, 0) + size_bytes
-
-    def count_retention(self, outcome: RetentionOutcome) -> None:
-        """Every deletion of a retention check."""
-        for d in outcome.deletions:
-            self.count_deletion(d.reason.value, d.size_bytes)
-
-    def count_disk_usage(self, report: DiskUsageReport) -> None:
-        """Every deletion of a disk-usage enforcement (nothing for a dry run)."""
-        if report.dry_run:
-            return
-        for d in report.deletions:
-            self.count_deletion(d.reason.value, d.size_bytes)
-
-    def snapshot(self) -> Counters:
-        """The counts now, frozen."""
-        return Counters(
-            MappingProxyType(dict(self._rolled)),
-            MappingProxyType(dict(self._deleted)),
-            MappingProxyType(dict(self._bytes)),
-        )
 
 
 @dataclass(frozen=True, slots=True)

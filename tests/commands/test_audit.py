@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from cleanerd.audit_command import CLEAN_TIME_ALLOWANCE_MS
 from cleanerd.cli import main
+from cleanerd.commands.audit import CLEAN_TIME_ALLOWANCE_MS
 from cleanerd.log.files import TopicPartition
 from tests.builders import build_log, kv
 from tests.compaction.conftest import LogBuilder, k

@@ -36,8 +36,10 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final
+from typing import Final
 
+from cleanerd.commands import Arg
+from cleanerd.commands.progress import Progress
 from cleanerd.compaction.audit import DEFAULT_MAX_LISTED, PartitionAudit, audit_partition
 from cleanerd.config import Config, load_config
 from cleanerd.errors import CleanerdError
@@ -45,11 +47,10 @@ from cleanerd.log.files import METADATA_TOPIC, parse_topic_partition
 from cleanerd.log.log_dir import LogDir
 from cleanerd.log.partition_log import LogConfig, PartitionLog
 from cleanerd.log.topic_config import TopicConfig
-from cleanerd.progress import Progress
 
 CLEAN_TIME_ALLOWANCE_MS: Final = 300_000
 
-ARGS: Final[tuple[tuple[tuple[str, ...], dict[str, Any]], ...]] = (
+ARGS: Final[tuple[Arg, ...]] = (
     (("-c", "--config"), {"type": Path, "metavar": "FILE", "help": "the YAML config file"}),
     (
         ("--now-ms",),

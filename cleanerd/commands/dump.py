@@ -32,11 +32,13 @@ it is produced per record in Python; this is a diagnostic tool, not a hot path.
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
+from cleanerd.commands import Arg, print_error
 from cleanerd.errors import CleanerdError, CorruptRecordError
 from cleanerd.log.files import (
     INDEX_FILE_SUFFIX,
@@ -322,3 +324,40 @@ _DUMPERS: Final[dict[str, _Dumper]] = {
     TIME_INDEX_FILE_SUFFIX: _time_index_lines,
     TXN_INDEX_FILE_SUFFIX: _txn_index_lines,
 }
+
+
+ARGS: Final[tuple[Arg, ...]] = (
+    (
+        ("files",),
+        {
+            "type": Path,
+            "nargs": "+",
+            "metavar": "FILE",
+            "help": ".log, .index, .timeindex or .txnindex files",
+        },
+    ),
+    (("--deep-iteration",), {"action": "store_true", "help": "also print every record"}),
+    (
+        ("--print-data-log",),
+        {
+            "action": "store_true",
+            "help": "also print every record's key and value (implies --deep-iteration)",
+        },
+    ),
+)
+
+
+def run(args: argparse.Namespace) -> int:
+    """The `dump` command: every file in turn; exit 1 if any could not be read whole."""
+    options = DumpOptions(deep_iteration=args.deep_iteration, print_data_log=args.print_data_log)
+    status = 0
+    for path in args.files:
+        try:
+            for line in dump_file(path, options):
+                print(line)
+        except BrokenPipeError:
+            raise  # the reader is gone: stop (the CLI exits as SIGPIPE would)
+        except (CleanerdError, OSError) as e:
+            print_error("dump", e)
+            status = 1
+    return status

@@ -35,15 +35,16 @@ from pathlib import Path
 import pytest
 import yaml
 
-from cleanerd.audit_command import audit_log_dirs
+from cleanerd.commands.audit import audit_log_dirs
 from cleanerd.config import load_config
-from cleanerd.daemon.cycle import CycleReport, Maintenance, run_cycles, wall_clock_ms
 from cleanerd.engine import create_engine
 from cleanerd.log.files import TopicPartition
 from cleanerd.log.partition_log import PartitionLog
+from cleanerd.maintenance.cycle import Maintenance, wall_clock_ms
+from cleanerd.maintenance.report import CycleReport, made_progress
 from tests.builders import kv
+from tests.paths import REPO
 
-REPO = Path(__file__).resolve().parents[2]
 PARTITIONS = 50
 BUSY = range(40, 50)
 """Partitions the producer process writes all along; the others are written once."""
@@ -150,7 +151,10 @@ def test_deadline_holds_for_idle_and_busy_partitions(tmp_path: Path) -> None:
             timer = threading.Timer(RUN_S, stop_loop.set)
             timer.start()
             try:
-                run_cycles(maintenance, stop_loop, backoff_ms=BACKOFF_MS, on_report=reports.append)
+                while not stop_loop.is_set():
+                    reports.append(report := maintenance.run_once(stop_loop))
+                    if not any(map(made_progress, report.cleaned)):
+                        stop_loop.wait(BACKOFF_MS / 1000)  # the daemon's backoff
             finally:
                 timer.cancel()
                 stop_audit.set()

@@ -6,12 +6,7 @@ import io
 from concurrent.futures import Future
 from pathlib import Path
 
-from cleanerd.compaction.cleaner import CleanerConfig, CleanResult
-from cleanerd.compaction.stats import CleanerStats
-from cleanerd.engine.base import CleanJob
-from cleanerd.log.files import TopicPartition
-from cleanerd.log.meta import SegmentMeta
-from cleanerd.progress import (
+from cleanerd.commands.progress import (
     PLAIN_INTERVAL_S,
     Progress,
     Snapshot,
@@ -20,6 +15,11 @@ from cleanerd.progress import (
     human_duration,
     render,
 )
+from cleanerd.compaction.cleaner import CleanerConfig, CleanResult
+from cleanerd.compaction.stats import CleanerStats
+from cleanerd.engine.base import CleanJob
+from cleanerd.log.files import TopicPartition
+from cleanerd.log.meta import SegmentMeta
 
 GIB = 1 << 30
 

@@ -17,11 +17,12 @@ import os
 import resource
 import sys
 from pathlib import Path
-from typing import Any, Final
+from typing import Final
 
+from cleanerd.commands import Arg
 from cleanerd.config import load_config
 
-ARGS: Final[tuple[tuple[tuple[str, ...], dict[str, Any]], ...]] = (
+ARGS: Final[tuple[Arg, ...]] = (
     (
         ("-c", "--config"),
         {

@@ -23,16 +23,20 @@ path.
 
 from __future__ import annotations
 
+import argparse
 import base64
 import binascii
 import json
+import sys
+import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
-from cleanerd.config import LONG_MAX, Config
+from cleanerd.commands import CONFIG_OPTIONS, Arg, positive_int
+from cleanerd.config import LONG_MAX, Config, load_config
 from cleanerd.errors import CleanerdError
 from cleanerd.log.files import LOCK_FILE_NAME, METADATA_TOPIC, parse_topic_partition
 from cleanerd.log.log_dir import LogDir
@@ -236,3 +240,50 @@ def _json_kind(value: object) -> str:
     if isinstance(value, list):
         return "an array"
     return "a string" if isinstance(value, str) else "a number"
+
+
+ARGS: Final[tuple[Arg, ...]] = (
+    (("-c", "--config"), CONFIG_OPTIONS),
+    (("partition",), {"metavar": "TOPIC-PARTITION", "help": "e.g. orders-0"}),
+    (
+        ("--log-dir",),
+        {
+            "type": Path,
+            "metavar": "DIR",
+            "help": "the log dir to write in (default: the first of log.dirs)",
+        },
+    ),
+    (
+        ("--compression",),
+        {
+            "choices": [c.name.lower() for c in Compression],
+            "default": "none",
+            "help": "batch codec (default: none)",
+        },
+    ),
+    (
+        ("--batch-size",),
+        {
+            "type": positive_int,
+            "default": 100,
+            "metavar": "N",
+            "help": "records per batch (default: 100)",
+        },
+    ),
+)
+
+
+def run(args: argparse.Namespace) -> int:
+    """The `produce` command: append stdin's records, printing each batch's offsets."""
+    cfg = load_config(args.config)
+    with open_for_append(cfg, args.partition, log_dir=args.log_dir) as log:
+        batches = produce(
+            sys.stdin,
+            log,
+            batch_size=args.batch_size,
+            compression=Compression[args.compression.upper()],
+            now_ms=time.time_ns() // 1_000_000,
+        )
+        for batch in batches:
+            print(f"{log.topic_partition}: offsets {batch.first_offset}..{batch.last_offset}")
+    return 0

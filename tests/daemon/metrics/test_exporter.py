@@ -21,25 +21,21 @@ from cleanerd.compaction.cleanable import log_to_clean
 from cleanerd.compaction.manager import UncleanablePartitions
 from cleanerd.compaction.stats import CleanerStats
 from cleanerd.config import MetricsConfig
-from cleanerd.daemon.metrics import (
+from cleanerd.daemon.metrics.exporter import (
     CLEAN_DURATION_BUCKETS_S,
     DurationHistogram,
     MetricsExporter,
     PassResult,
     ServiceMetrics,
 )
+from cleanerd.daemon.metrics.model import MetricsSnapshot, build_snapshot
 from cleanerd.log.files import TopicPartition
-from cleanerd.metrics_model import (
-    MaintenanceCounters,
-    MetricsSnapshot,
-    PartitionState,
-    build_snapshot,
-)
+from cleanerd.maintenance.report import MaintenanceCounters, PartitionState
 from cleanerd.retention.disk_usage import DeviceUsage
 from tests.builders import build_log, kv
+from tests.paths import REPO
 from tests.tools import require_tool
 
-REPO = Path(__file__).resolve().parents[2]
 ALERTS = REPO / "config" / "prometheus" / "alerts.yml"
 DASHBOARD = REPO / "config" / "grafana" / "cleanerd-dashboard.json"
 

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 from aiokafka.record.legacy_records import LegacyRecordBatchBuilder
 
-from cleanerd.dump import DumpOptions, UnsupportedFileError, dump_file
+from cleanerd.commands.dump import DumpOptions, UnsupportedFileError, dump_file
 from cleanerd.errors import CorruptIndexError, CorruptRecordError
 from cleanerd.records.batch import encode_batch
 from cleanerd.records.control import ControlRecordType, encode_end_txn_marker

@@ -12,10 +12,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from cleanerd.config import load_config
-from cleanerd.daemon.cycle import Maintenance
 from cleanerd.engine.local import LocalEngine, WorkerSettings
 from cleanerd.log.files import TopicPartition
 from cleanerd.log.partition_log import LogConfig, PartitionLog
+from cleanerd.maintenance.cycle import Maintenance
 from tests.builders import kv
 
 MIN_LAG_MS = 10_000

@@ -15,21 +15,21 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cleanerd.config import Config, config_from_data
-from cleanerd.errors import CleanerdError
-from cleanerd.log.files import TopicPartition
-from cleanerd.log.partition_log import PartitionLog
-from cleanerd.produce import (
+from cleanerd.commands.produce import (
     Appended,
     ProduceInputError,
     open_for_append,
     parse_record,
     produce,
 )
+from cleanerd.config import Config, config_from_data
+from cleanerd.errors import CleanerdError
+from cleanerd.log.files import TopicPartition
+from cleanerd.log.partition_log import PartitionLog
 from cleanerd.records.header import Compression
 from cleanerd.records.record import Record, RecordHeader
 from cleanerd.records.scan import scan_batches
-from tests.conftest import REPO_ROOT
+from tests.paths import REPO
 
 NOW = 1_700_000_000_000
 
@@ -204,7 +204,7 @@ with LogDir.open(Path(sys.argv[1]), state_dir=Path(sys.argv[2])):
 def held_by_other_process(script: str, *args: Path) -> Iterator[None]:
     """Run `script` in another process until the block ends (it prints `ready` once it
     holds its locks, then waits for stdin to close)."""
-    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
     argv = [sys.executable, "-c", script, *map(str, args)]
     with subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env) as proc:
         assert proc.stdout is not None

@@ -17,7 +17,7 @@ from cleanerd.log.files import TopicPartition
 from cleanerd.log.log_dir import LogDir
 from cleanerd.log.meta import PartitionMeta, SegmentMeta
 from cleanerd.log.topic_config import TopicConfig
-from cleanerd.plan_command import PlanInput, plan_cycle, plan_partition
+from cleanerd.maintenance.plan import PlanInput, plan_cycle, plan_partition
 from cleanerd.retention.disk_usage import DeviceUsage
 from tests.builders import build_log, kv
 
@@ -216,3 +216,23 @@ def test_plan_reports_unreadable_log_dir(
     captured = capsys.readouterr()
     assert "users-0 in" in captured.out
     assert "missing: cannot read the log dir" in captured.err
+
+
+def test_plan_json_lists_what_clean_then_does_under_the_same_names(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`plan --json --now-ms T` and `clean --json --now-ms T` share one schema: the rolls
+    and deletions plan lists are exactly the ones clean reports, field for field."""
+    now = time.time_ns() // 1_000_000 + 2 * HOUR
+    logs = build(tmp_path, now)
+    path = config_file(tmp_path, [logs])
+    capsys.readouterr()  # the builder's log lines
+    assert main(["plan", "-c", str(path), "--now-ms", str(now), "--json"]) == 0
+    planned = json.loads(capsys.readouterr().out)
+    assert main(["clean", "-c", str(path), "--now-ms", str(now), "--json"]) == 0
+    done = json.loads(capsys.readouterr().out)
+    assert planned["rolled"] == done["rolled"] != []
+    assert planned["deleted"] == done["deleted"] != []
+    assert [c["topic"] + "-" + str(c["partition"]) for c in done["cleaned"]] == planned[
+        "cleaning_order"
+    ]

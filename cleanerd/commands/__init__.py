@@ -1,0 +1,94 @@
+"""The command-line commands: one module each, named in `COMMANDS`.
+
+A command is a module `cleanerd.commands.<module>` with `ARGS` (its arguments, as
+`(flags, options)` pairs for `argparse.add_argument`) and `run(args) -> exit status`, and
+one `CommandInfo` entry below naming it. `cleanerd.cli` imports only the module of the
+command being run, so a command pays for no other's imports (`plan` never loads Spark or
+the audit). Exit statuses: 0 success, 1 a cleanerd error (bad config, corrupt data, bad
+input, a failed step), 2 a usage error (argparse's), 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+
+Arg = tuple[tuple[str, ...], dict[str, Any]]
+"""One `add_argument(*flags, **options)` call."""
+
+CONFIG_OPTIONS: Final[dict[str, Any]] = {
+    "type": Path,
+    "metavar": "FILE",
+    "help": "the YAML config file (default: the embedded demo config: ./data, ./state)",
+}
+"""The options of every command's `-c`/`--config`."""
+
+
+@dataclass(frozen=True, slots=True)
+class CommandInfo:
+    """A subcommand: its name, one-line help and the module that implements it."""
+
+    name: str
+    help: str
+    module: str
+    description: str | None = None
+
+
+COMMANDS: Final[tuple[CommandInfo, ...]] = (
+    CommandInfo(
+        "run",
+        "run the daemon: watch, roll, retain and compact until SIGTERM (SIGHUP reloads)",
+        "run",
+    ),
+    CommandInfo(
+        "clean",
+        "run one maintenance cycle (roll, retention, disk usage, cleaning) and print it",
+        "clean",
+    ),
+    CommandInfo(
+        "plan", "print what one cycle would do to each partition, and why (changes nothing)", "plan"
+    ),
+    CommandInfo(
+        "audit", "report superseded records still on disk and deletion-deadline violations", "audit"
+    ),
+    CommandInfo(
+        "check-config",
+        "validate a config file and the dirs it names; exit 0, or 1 listing every error",
+        "check_config",
+    ),
+    CommandInfo(
+        "produce",
+        "append JSON-lines records from stdin to a partition",
+        "produce",
+        description=(
+            "Append records to TOPIC-PARTITION, one JSON object per stdin line: "
+            '{"key": str|null, "value": str|null, "headers": {k: v} or [[k, v], ...], '
+            '"timestamp": ms}; key_b64/value_b64 for bytes; a null value is a tombstone. '
+            "Prints the offsets assigned to each batch."
+        ),
+    ),
+    CommandInfo(
+        "dump", "print segment and index files the way Kafka's kafka-dump-log does", "dump"
+    ),
+)
+
+
+def print_error(command: str, e: Exception) -> None:
+    """Print `e` as `cleanerd COMMAND: message` on stderr, after the output so far."""
+    sys.stdout.flush()
+    if isinstance(e, OSError) and e.filename is not None:
+        message = f"{e.filename}: {e.strerror}"
+    else:
+        message = str(e)
+    print(f"cleanerd {command}: {message}", file=sys.stderr)
+
+
+def positive_int(text: str) -> int:
+    """An argparse type: an integer of at least 1."""
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is not a positive integer")
+    return value

@@ -1,0 +1,160 @@
+"""`cleanerd plan`: what one maintenance cycle would do at `--now-ms`, and why, per
+partition; nothing is modified (every log dir is read in observe mode, see
+`cleanerd.maintenance.plan`). Text for a terminal, or `--json` in the schema `clean
+--json` shares (`cleanerd.maintenance.report`). Exit status 1 when a log dir or a
+partition could not be read.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Final
+
+from cleanerd.commands import Arg
+from cleanerd.config import load_config
+from cleanerd.maintenance.plan import (
+    CyclePlan,
+    PartitionPlan,
+    cycle_json,
+    gather,
+    plan_cycle,
+)
+from cleanerd.maintenance.steps import RollPlan
+from cleanerd.retention.policy import Deletion
+
+ARGS: Final[tuple[Arg, ...]] = (
+    (("-c", "--config"), {"type": Path, "metavar": "FILE", "help": "the YAML config file"}),
+    (
+        ("--now-ms",),
+        {
+            "type": int,
+            "metavar": "T",
+            "help": "evaluate every time rule at T (ms since the epoch; default now)",
+        },
+    ),
+    (("--json",), {"action": "store_true", "help": "print one JSON document"}),
+)
+
+
+def _roll_text(roll: RollPlan, now_ms: int) -> str:
+    d = roll.decision
+    if d is not None:
+        waited = "" if d.waited_ms is None else f", waited {d.waited_ms} ms of {roll.limit_ms} ms"
+        return f"roll: due now ({d.reason.value}{waited})"
+    if roll.due_at_ms is None:
+        return "roll: no (the active segment is empty)"
+    return (
+        f"roll: not yet; {roll.limit_reason} rolls it at {roll.due_at_ms} "
+        f"(in {roll.due_at_ms - now_ms} ms)"
+    )
+
+
+def _retention_text(p: PartitionPlan) -> str:
+    r = p.retention
+    if not r.deletions:
+        text = "retention: nothing to delete"
+    else:
+        by_reason: dict[str, list[Deletion]] = {}
+        for d in r.deletions:
+            by_reason.setdefault(d.reason.value, []).append(d)
+        parts = ", ".join(
+            f"{reason}: {len(ds)} ({sum(d.size_bytes for d in ds)} bytes)"
+            for reason, ds in by_reason.items()
+        )
+        first = "roll first, then " if p.rolled_for_retention else ""
+        text = f"retention: {first}delete {parts}; log start offset -> {r.log_start_offset}"
+    if r.future_timestamp_base is not None:
+        text += (
+            f"; segment {r.future_timestamp_base} has a future timestamp and blocks retention.ms"
+        )
+    return text
+
+
+def _compaction_text(p: PartitionPlan) -> str:
+    c = p.compaction
+    if c is None:
+        return "compaction: no (cleanup.policy has no compact)"
+    ltc = c.ltc
+    if c.uncleanable is not None:
+        verdict = f"uncleanable ({c.uncleanable})"
+    elif c.eligible is not None:
+        verdict = f"eligible ({c.eligible.value}), order {p.order}"
+    else:
+        verdict = "not eligible"
+    deadline = "no deadline"
+    if ltc.deadline_ms is not None:
+        deadline = f"deadline {ltc.deadline_ms}"
+        if ltc.compaction_delay_ms > 0:
+            deadline += (
+                f" overdue by {ltc.compaction_delay_ms} ms "
+                f"(Kafka sees {ltc.kafka_compaction_delay_ms} ms)"
+            )
+        else:
+            deadline += " not yet passed"
+    horizon = "; a delete horizon has passed" if c.horizon_due else ""
+    return (
+        f"compaction: {verdict}; dirty ratio {ltc.cleanable_ratio:.3f} vs "
+        f"{c.min_cleanable_ratio:g}; cleanable [{ltc.first_dirty}, {ltc.first_uncleanable}) "
+        f"{ltc.cleanable_bytes} bytes, blocked by {', '.join(c.blocked_by)}; "
+        f"{deadline}{horizon}"
+    )
+
+
+def render_text(plan: CyclePlan) -> list[str]:
+    """The plan as lines for a terminal."""
+    lines = []
+    for p in plan.partitions:
+        head = f"{p.topic_partition} in {p.log_dir}"
+        if p.roll is None:
+            lines.append(f"{head}: the KRaft metadata log, never modified")
+            continue
+        lines.append(f"{head} ({','.join(p.policy)})")
+        lines.append(f"  {_roll_text(p.roll, plan.now_ms)}")
+        lines.append(f"  {_retention_text(p)}")
+        lines.append(f"  {_compaction_text(p)}")
+    outcomes = {o.device: o for o in plan.disk_outcomes}
+    for u in plan.devices:
+        pct = 100 * u.used_bytes / u.total_bytes if u.total_bytes else 0.0
+        line = (
+            f"device {u.device}: {pct:.1f}% used ({u.used_bytes} of {u.total_bytes} bytes), "
+            f"threshold {u.threshold_percent:g}%"
+        )
+        o = outcomes.get(u.device)
+        if o is not None:
+            count = sum(1 for d in plan.disk_deletions if d.device == u.device)
+            line += f"; disk usage would delete {count} segments -> {o.used_bytes_after} bytes used"
+            if o.above_threshold:
+                line += ", still above the threshold"
+        lines.append(line)
+    lines.extend(
+        f"  disk.usage: delete {d.topic_partition} segment {d.base_offset} in {d.log_dir} "
+        f"({d.freed_bytes} bytes)"
+        for d in plan.disk_deletions
+    )
+    return lines
+
+
+def run(args: argparse.Namespace) -> int:
+    """The `plan` subcommand: exit 1 when a log dir or partition could not be read."""
+    cfg = load_config(args.config)
+    now_ms = args.now_ms if args.now_ms is not None else time.time_ns() // 1_000_000
+    gathered = gather(cfg, now_ms=now_ms)
+    plan = plan_cycle(
+        gathered.inputs,
+        now_ms=now_ms,
+        devices=gathered.devices,
+        device_of_dir=gathered.device_of_dir,
+        protects=cfg.disk_usage.protects,
+    )
+    if args.json:
+        print(json.dumps(cycle_json(plan, gathered.errors), indent=2))
+    else:
+        for line in render_text(plan):
+            print(line)
+        for error in gathered.errors:
+            print(f"cleanerd plan: {error}", file=sys.stderr)
+    return 1 if gathered.errors else 0

@@ -1,0 +1,1 @@
+"""Prometheus metrics: the pure model of what is exported (`model`) and the exporter."""

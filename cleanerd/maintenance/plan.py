@@ -1,0 +1,379 @@
+"""`cleanerd plan`'s core: what one maintenance cycle would do at an instant, and why,
+per partition.
+
+Nothing is modified: every log dir is opened in observe mode (no `.lock` taken, no
+recovery, partitions read-only), the first-seen registry is read but never saved.
+
+The plan runs the cycle's steps (`steps`) in the cycle's order over simulated snapshots
+(pure functions over `PartitionMeta`, no files): a due roll is applied to the snapshot
+(the active segment becomes inactive and an empty one follows it), then retention's
+deletions, and KIP-61 plans over the snapshots that are left; compaction reports the
+dirty ratio against `min.cleanable.dirty.ratio`, the cleanable range and what bounds it,
+the max-lag deadline and how overdue it is (cleanerd's honest delay, and Kafka's),
+whether a delete horizon has passed, whether the partition is eligible and in which
+order the workers would take it; a partition found corrupt is reported uncleanable.
+
+`plan_cycle` is the pure core (`bench/plan.py` times it); `gather` reads its inputs from
+the log dirs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from cleanerd.compaction.horizon import HorizonCache, SegmentHorizon
+from cleanerd.compaction.manager import order_for_cleaning
+from cleanerd.config import Config
+from cleanerd.errors import CleanerdError
+from cleanerd.log.files import METADATA_TOPIC, TopicPartition
+from cleanerd.log.log_dir import LogDir
+from cleanerd.log.meta import PartitionMeta
+from cleanerd.log.partition_log import LogConfig
+from cleanerd.log.roll import DEFAULT_MIN_ROLL_INTERVAL_MS
+from cleanerd.log.roller import FirstSeen
+from cleanerd.log.topic_config import TopicConfig
+from cleanerd.maintenance.report import deleted_json, disk_deleted_json, rolled_json
+from cleanerd.maintenance.steps import (
+    CompactionPlan,
+    RollPlan,
+    compaction_plan,
+    retention_applies,
+    retention_step,
+    roll_plan,
+    simulate_roll,
+)
+from cleanerd.retention.disk import device_of, group_devices, measure
+from cleanerd.retention.disk_usage import (
+    DeviceOutcome,
+    DeviceUsage,
+    DiskDeletion,
+    PartitionOnDevice,
+    plan_disk_usage_deletions,
+)
+from cleanerd.retention.policy import RetentionPlan
+
+# ---------------------------------------------------------------------------------------
+# The pure planning core
+
+
+@dataclass(frozen=True, slots=True)
+class PlanInput:
+    """What planning one partition needs, all plain data."""
+
+    meta: PartitionMeta
+    topic: TopicConfig
+    checkpoint: int | None
+    """The partition's `cleaner-offset-checkpoint` entry."""
+    first_seen_ms: int
+    """When cleanerd first saw the active segment (`FirstSeen`)."""
+    horizons: tuple[SegmentHorizon, ...] = ()
+    """Delete horizons of the non-active segments (`HorizonCache`)."""
+    uncleanable: str | None = None
+    """Why the partition is uncleanable, or None."""
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionPlan:
+    """What a cycle does to one partition."""
+
+    log_dir: str
+    topic: str
+    partition: int
+    policy: tuple[str, ...]
+    roll: RollPlan | None
+    """None for `__cluster_metadata` (never rolled)."""
+    retention: RetentionPlan
+    rolled_for_retention: bool
+    """Retention would take every segment: the executor rolls first."""
+    compaction: CompactionPlan | None
+    """None for topics without `compact`."""
+    order: int | None = None
+    """Position in the cleaning order (1 first), None when not eligible."""
+
+    @property
+    def topic_partition(self) -> TopicPartition:
+        return TopicPartition(self.topic, self.partition)
+
+
+@dataclass(frozen=True, slots=True)
+class CyclePlan:
+    """The whole cycle: partition plans (by log dir, topic, partition) and KIP-61."""
+
+    now_ms: int
+    partitions: tuple[PartitionPlan, ...]
+    devices: tuple[DeviceUsage, ...]
+    disk_outcomes: tuple[DeviceOutcome, ...]
+    disk_deletions: tuple[DiskDeletion, ...]
+
+
+def plan_partition(
+    inp: PlanInput,
+    *,
+    now_ms: int,
+    cleaner_enabled: bool = True,
+    min_roll_interval_ms: int = DEFAULT_MIN_ROLL_INTERVAL_MS,
+) -> tuple[PartitionPlan, PartitionMeta]:
+    """The steps of one partition over its snapshot, and the snapshot after the cycle's
+    roll and retention (the input of KIP-61 planning)."""
+    meta, topic = inp.meta, inp.topic
+    nothing = RetentionPlan((), meta.log_start_offset, False, None)
+    if meta.never_touched:
+        return _partition_plan(inp, None, nothing, rolled=False, compaction=None), meta
+    roll = roll_plan(
+        meta.topic_partition,
+        meta.active,
+        topic,
+        now_ms=now_ms,
+        first_seen_ms=inp.first_seen_ms,
+        min_roll_interval_ms=min_roll_interval_ms,
+    )
+    current = simulate_roll(meta, now_ms) if roll.decision is not None else meta
+    retention, rolled = nothing, False
+    if retention_applies(topic, cleaner_enabled=cleaner_enabled):
+        retention, rolled, current = retention_step(current, topic, now_ms=now_ms)
+    compaction = None
+    if topic.compact:
+        compaction = compaction_plan(
+            current,
+            topic,
+            now_ms=now_ms,
+            checkpoint=inp.checkpoint,
+            horizons=inp.horizons,
+            uncleanable=inp.uncleanable,
+        )
+    return _partition_plan(inp, roll, retention, rolled=rolled, compaction=compaction), current
+
+
+def _partition_plan(
+    inp: PlanInput,
+    roll: RollPlan | None,
+    retention: RetentionPlan,
+    *,
+    rolled: bool,
+    compaction: CompactionPlan | None,
+) -> PartitionPlan:
+    return PartitionPlan(
+        log_dir=inp.meta.log_dir,
+        topic=inp.meta.topic,
+        partition=inp.meta.partition,
+        policy=inp.topic.cleanup_policy,
+        roll=roll,
+        retention=retention,
+        rolled_for_retention=rolled,
+        compaction=compaction,
+    )
+
+
+def plan_cycle(
+    inputs: Sequence[PlanInput],
+    *,
+    now_ms: int,
+    devices: Sequence[DeviceUsage] = (),
+    device_of_dir: Mapping[str, int] | None = None,
+    protects: Callable[[str], bool] = lambda _topic: False,
+    cleaner_enabled: bool = True,
+    min_roll_interval_ms: int = DEFAULT_MIN_ROLL_INTERVAL_MS,
+) -> CyclePlan:
+    """Plan every partition (`steps`), order the eligible ones for cleaning, and plan
+    KIP-61 over the post-retention snapshots of the partitions on `devices` when one is
+    above its threshold."""
+    planned = [
+        plan_partition(
+            i,
+            now_ms=now_ms,
+            cleaner_enabled=cleaner_enabled,
+            min_roll_interval_ms=min_roll_interval_ms,
+        )
+        for i in inputs
+    ]
+    eligible = [
+        p.compaction.ltc
+        for p, _ in planned
+        if cleaner_enabled and p.compaction is not None and p.compaction.eligible is not None
+    ]
+    order_of = {
+        ltc.topic_partition: n
+        for n, ltc in enumerate(order_for_cleaning(eligible, now_ms), start=1)
+    }
+    plans = tuple(
+        dataclasses.replace(p, order=order_of[p.topic_partition])
+        if p.topic_partition in order_of
+        else p
+        for p, _ in planned
+    )
+    where = device_of_dir or {}
+    on_devices = [
+        PartitionOnDevice(where[meta.log_dir], meta) for _, meta in planned if meta.log_dir in where
+    ]
+    disk = plan_disk_usage_deletions(
+        devices,
+        on_devices,
+        protected_topics={i.meta.topic for i in inputs if protects(i.meta.topic)},
+        now_ms=now_ms,
+    )
+    return CyclePlan(now_ms, plans, tuple(devices), disk.devices, disk.deletions)
+
+
+# ---------------------------------------------------------------------------------------
+# Gathering the inputs (observe mode)
+
+
+@dataclass(slots=True)
+class Gathered:
+    """The planning inputs read from the log dirs, and what could not be read."""
+
+    inputs: list[PlanInput]
+    device_of_dir: dict[str, int]
+    devices: tuple[DeviceUsage, ...]
+    errors: list[str]
+
+
+def gather(cfg: Config, *, now_ms: int) -> Gathered:
+    """Read every log dir of `cfg` in observe mode into planning inputs."""
+    out = Gathered([], {}, (), [])
+    readable: list[Path] = []
+    for path in cfg.log_dirs:
+        try:
+            with LogDir.open(Path(path), observe=True, state_dir=cfg.state_dir) as log_dir:
+                _gather_dir(cfg, log_dir, now_ms, out)
+                out.device_of_dir[str(log_dir.path)] = device_of(log_dir.path)
+                readable.append(log_dir.path)
+        except OSError as exc:
+            out.errors.append(f"{path}: cannot read the log dir: {exc.strerror or exc}")
+    out.devices = measure(group_devices(readable), cfg.log_retention_disk_usage_percent)
+    return out
+
+
+def _gather_dir(cfg: Config, log_dir: LogDir, now_ms: int, out: Gathered) -> None:
+    first_seen = FirstSeen.load(cfg.state_dir, log_dir.path)
+    horizons = HorizonCache()
+    for tp in log_dir.partitions():
+        topic = cfg.topic_config(tp.topic)
+        try:
+            plog = log_dir.open_partition(tp, config=LogConfig.of_topic(topic))
+            meta = plog.meta()
+            compacted = topic.compact and tp.topic != METADATA_TOPIC
+            segment_horizons = horizons.partition(plog) if compacted else ()
+        except (CleanerdError, OSError) as exc:
+            out.errors.append(f"{log_dir.path / str(tp)}: {exc}")
+            continue
+        out.inputs.append(
+            PlanInput(
+                meta=meta,
+                topic=topic,
+                checkpoint=log_dir.checkpoints.cleaner_offsets.get(tp),
+                first_seen_ms=first_seen.peek(tp, meta.active, now_ms),
+                horizons=segment_horizons,
+                uncleanable=None if plog.corrupt is None else str(plog.corrupt),
+            )
+        )
+
+
+# ---------------------------------------------------------------------------------------
+# JSON (the schema `clean --json` shares, `report`)
+
+
+def _deletions_json(plan: RetentionPlan) -> list[dict[str, Any]]:
+    return [
+        {"base_offset": d.base_offset, "size_bytes": d.size_bytes, "reason": d.reason.value}
+        for d in plan.deletions
+    ]
+
+
+def _rolled(p: PartitionPlan) -> list[dict[str, Any]]:
+    """The rolls the cycle would report for `p`, as `CycleReport` reports them."""
+    out = []
+    d = None if p.roll is None else p.roll.decision
+    if d is not None:
+        out.append(
+            rolled_json(p.log_dir, p.topic_partition, d.base_offset, d.reason.value, d.waited_ms)
+        )
+    if p.rolled_for_retention and p.retention.deletions:
+        old_active = max(x.base_offset for x in p.retention.deletions)
+        out.append(rolled_json(p.log_dir, p.topic_partition, old_active, "retention", None))
+    return out
+
+
+def partition_json(p: PartitionPlan) -> dict[str, Any]:
+    """One partition's plan as a JSON-ready dict."""
+    out: dict[str, Any] = {
+        "log_dir": p.log_dir,
+        "topic": p.topic,
+        "partition": p.partition,
+        "cleanup_policy": list(p.policy),
+        "roll": None,
+        "retention": {
+            "deletions": _deletions_json(p.retention),
+            "log_start_offset": p.retention.log_start_offset,
+            "roll_first": p.rolled_for_retention,
+            "future_timestamp_base": p.retention.future_timestamp_base,
+        },
+        "compaction": None,
+    }
+    if p.roll is not None:
+        d = p.roll.decision
+        out["roll"] = {
+            "due": d is not None,
+            "reason": None if d is None else d.reason.value,
+            "waited_ms": None if d is None else d.waited_ms,
+            "limit_ms": p.roll.limit_ms,
+            "limit_reason": p.roll.limit_reason,
+            "due_at_ms": p.roll.due_at_ms,
+        }
+    c = p.compaction
+    if c is not None:
+        ltc = c.ltc
+        out["compaction"] = {
+            "eligible": c.eligible is not None,
+            "reason": None if c.eligible is None else c.eligible.value,
+            "order": p.order,
+            "dirty_ratio": ltc.cleanable_ratio,
+            "min_cleanable_dirty_ratio": c.min_cleanable_ratio,
+            "first_dirty_offset": ltc.first_dirty,
+            "first_uncleanable_offset": ltc.first_uncleanable,
+            "checkpoint_reset": ltc.cleanable_range.checkpoint_reset,
+            "clean_bytes": ltc.clean_bytes,
+            "cleanable_bytes": ltc.cleanable_bytes,
+            "blocked_by": list(c.blocked_by),
+            "earliest_dirty_timestamp_ms": ltc.earliest_dirty_timestamp_ms,
+            "deadline_ms": ltc.deadline_ms,
+            "overdue_ms": ltc.compaction_delay_ms,
+            "kafka_overdue_ms": ltc.kafka_compaction_delay_ms,
+            "horizon_due": c.horizon_due,
+            "uncleanable": c.uncleanable,
+        }
+    return out
+
+
+def cycle_json(plan: CyclePlan, errors: Sequence[str] = ()) -> dict[str, Any]:
+    """The whole plan as a JSON-ready dict."""
+    return {
+        "now_ms": plan.now_ms,
+        "rolled": [r for p in plan.partitions for r in _rolled(p)],
+        "deleted": [
+            deleted_json(p.log_dir, p.topic_partition, d)
+            for p in plan.partitions
+            for d in p.retention.deletions
+        ]
+        + [disk_deleted_json(d) for d in plan.disk_deletions],
+        "partitions": [partition_json(p) for p in plan.partitions],
+        "cleaning_order": [
+            str(p.topic_partition)
+            for p in sorted((p for p in plan.partitions if p.order), key=lambda p: p.order or 0)
+        ],
+        "devices": [
+            {
+                "device": u.device,
+                "total_bytes": u.total_bytes,
+                "used_bytes": u.used_bytes,
+                "threshold_percent": u.threshold_percent,
+            }
+            for u in plan.devices
+        ],
+        "disk_usage": {"devices": [dataclasses.asdict(o) for o in plan.disk_outcomes]},
+        "errors": list(errors),
+    }

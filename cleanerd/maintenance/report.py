@@ -1,0 +1,291 @@
+"""What a maintenance cycle reports, and the one JSON schema that `cleanerd clean --json`
+(what a cycle did) and `cleanerd plan --json` (what the next cycle would do) share.
+
+A cycle's report (`CycleReport`) lists the segments rolled, the segments deleted (by
+retention, with its rule as the reason, and by KIP-61 disk usage), the passes run, the
+partitions marked uncleanable, the steps that failed and the partitions left alone, and
+the state of every compacted partition before cleaning (`PartitionState`, the metrics'
+input). The counters (`MaintenanceCounters`) add up rolls and deletions by reason over
+the process's life.
+
+JSON: one name per field in both documents. A rolled segment is `{log_dir, topic,
+partition, base_offset, reason, waited_ms}`; a deleted segment `{log_dir, topic,
+partition, base_offset, size_bytes, reason}` (`device` too for `disk.usage`); `plan`
+adds its explanations per partition (`partitions`) and the order passes would run in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+from cleanerd.compaction.cleanable import LogToClean
+from cleanerd.compaction.stats import CleanerStats
+from cleanerd.log.files import TopicPartition
+from cleanerd.log.meta import PartitionMeta
+from cleanerd.log.roll import RollDecision
+from cleanerd.retention.disk import DiskUsageReport
+from cleanerd.retention.disk_usage import DiskDeletion
+from cleanerd.retention.executor import RetentionOutcome
+from cleanerd.retention.policy import Deletion
+
+
+@dataclass(frozen=True, slots=True)
+class RolledSegment:
+    """An active segment the cycle rolled."""
+
+    log_dir: str
+    tp: TopicPartition
+    base_offset: int
+    reason: str
+    waited_ms: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class CleanedLog:
+    """One pass the cycle ran."""
+
+    log_dir: str
+    tp: TopicPartition
+    reason: str
+    """Why the partition was eligible (`min.cleanable.dirty.ratio`, ...)."""
+    deadline_ms: int | None
+    overdue_ms: int
+    """How far past its deadline it was when picked (0: not overdue)."""
+    first_dirty: int
+    end_offset: int
+    stats: CleanerStats
+    started_ms: int
+    finished_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class FailedLog:
+    """A pass that failed: the partition is marked uncleanable with `reason`."""
+
+    log_dir: str
+    tp: TopicPartition
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class StepError:
+    """A step the cycle could not carry out on a partition (an I/O error, a refused
+    file): `phase` is `open`, `roll`, `retention` or `reopen`. Unlike a skip, never by
+    design; the step is tried again the next cycle, and `cleanerd clean` exits 1."""
+
+    log_dir: str
+    tp: TopicPartition
+    phase: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class SkippedLog:
+    """A partition (or log dir) the cycle left alone, and why."""
+
+    log_dir: str
+    tp: TopicPartition | None
+    phase: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class CycleReport:
+    """What one cycle did."""
+
+    now_ms: int
+    """The instant rolls and retention were evaluated at."""
+    finished_ms: int
+    rolled: tuple[RolledSegment, ...]
+    retention: tuple[RetentionOutcome, ...]
+    """Partitions retention changed (deleted segments or rolled first)."""
+    disk_usage: DiskUsageReport | None
+    """None when KIP-61 is off or not due."""
+    cleaned: tuple[CleanedLog, ...]
+    failed: tuple[FailedLog, ...]
+    skipped: tuple[SkippedLog, ...]
+    unlinked: tuple[Path, ...]
+    """`.deleted` files removed at the end of the cycle."""
+    states: tuple[PartitionState, ...]
+    """Each compacted partition's snapshot and candidate before cleaning (the metrics
+    model's input; uncleanable ones included)."""
+    aborted: bool = False
+    """The cycle was stopped during its cleaning phase."""
+    errors: tuple[StepError, ...] = ()
+    """Steps that failed (a failure for `cleanerd clean`; the daemon tries them again
+    every cycle)."""
+
+    def to_json(self) -> dict[str, Any]:
+        """The report as a JSON-ready dict (`cleanerd clean --json`; see the module
+        docstring for the fields it shares with `cleanerd plan --json`)."""
+        disk = self.disk_usage
+        done = disk is not None and not disk.dry_run
+        return {
+            "now_ms": self.now_ms,
+            "finished_ms": self.finished_ms,
+            "aborted": self.aborted,
+            "rolled": [
+                rolled_json(r.log_dir, r.tp, r.base_offset, r.reason, r.waited_ms)
+                for r in self.rolled
+            ],
+            "deleted": [
+                deleted_json(o.log_dir, TopicPartition(o.topic, o.partition), d)
+                for o in self.retention
+                for d in o.deletions
+            ]
+            + [disk_deleted_json(d) for d in (disk.deletions if done and disk else ())],
+            "disk_usage": None
+            if disk is None
+            else {
+                "dry_run": disk.dry_run,
+                "devices": [
+                    {
+                        "device": b.device,
+                        "used_bytes_before": b.used_bytes,
+                        "used_bytes_after": a.used_bytes,
+                        "total_bytes": b.total_bytes,
+                        "threshold_percent": b.threshold_percent,
+                    }
+                    for b, a in zip(disk.before, disk.after, strict=True)
+                ],
+                "still_above": list(disk.still_above),
+            },
+            "cleaned": [
+                {
+                    **_where(c.log_dir, c.tp),
+                    "reason": c.reason,
+                    "deadline_ms": c.deadline_ms,
+                    "overdue_ms": c.overdue_ms,
+                    "first_dirty": c.first_dirty,
+                    "end_offset": c.end_offset,
+                    "started_ms": c.started_ms,
+                    "finished_ms": c.finished_ms,
+                    "stats": asdict(c.stats),
+                }
+                for c in self.cleaned
+            ],
+            "failed": [{**_where(f.log_dir, f.tp), "reason": f.reason} for f in self.failed],
+            "errors": [
+                {**_where(e.log_dir, e.tp), "phase": e.phase, "reason": e.reason}
+                for e in self.errors
+            ],
+            "skipped": [
+                {**_where(s.log_dir, s.tp), "phase": s.phase, "reason": s.reason}
+                for s in self.skipped
+            ],
+            "unlinked": [str(p) for p in self.unlinked],
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionState:
+    """The input for one partition: its snapshot and, when compacted, its LogToClean."""
+
+    meta: PartitionMeta
+    ltc: LogToClean | None = None
+    """None for a topic without `compact` in its cleanup policy."""
+
+
+@dataclass(frozen=True, slots=True)
+class Counters:
+    """Monotonic counts since the process started, by reason."""
+
+    segments_rolled: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
+    segments_deleted: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
+    bytes_deleted: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
+
+
+class MaintenanceCounters:
+    """The mutable counters the executors' outcomes are added to; `snapshot` freezes."""
+
+    def __init__(self) -> None:
+        self._rolled: dict[str, int] = {}
+        self._deleted: dict[str, int] = {}
+        self._bytes: dict[str, int] = {}
+
+    def count_roll(self, decision: RollDecision) -> None:
+        """One segment rolled, for the decision's reason."""
+        reason = decision.reason.value
+        self._rolled[reason] = self._rolled.get(reason, 0) + 1
+
+    def count_deletion(self, reason: str, size_bytes: int) -> None:
+        """One segment deleted for `reason`, freeing `size_bytes` of `.log`."""
+        self._deleted[reason] = self._deleted.get(reason, 0) + 1
+        self._bytes[reason] = self._bytes.get(reason, 0) + size_bytes
+
+    def count_retention(self, outcome: RetentionOutcome) -> None:
+        """Every deletion of a retention check."""
+        for d in outcome.deletions:
+            self.count_deletion(d.reason.value, d.size_bytes)
+
+    def count_disk_usage(self, report: DiskUsageReport) -> None:
+        """Every deletion of a disk-usage enforcement (nothing for a dry run)."""
+        if report.dry_run:
+            return
+        for d in report.deletions:
+            self.count_deletion(d.reason.value, d.size_bytes)
+
+    def snapshot(self) -> Counters:
+        """The counts now, frozen."""
+        return Counters(
+            MappingProxyType(dict(self._rolled)),
+            MappingProxyType(dict(self._deleted)),
+            MappingProxyType(dict(self._bytes)),
+        )
+
+
+def made_progress(c: CleanedLog) -> bool:
+    """Whether a pass moved the cleaner checkpoint or removed a record. A pass that did
+    neither (say, one run for a delete horizon that it could not act on) is no reason to
+    start the next cycle at once: the same candidate would be picked again."""
+    return c.end_offset > c.first_dirty or c.stats.messages_written < c.stats.messages_read
+
+
+# -- JSON, shared by `clean --json` and `plan --json` -------------------------------------
+
+
+def _where(log_dir: str, tp: TopicPartition | None) -> dict[str, Any]:
+    where: dict[str, Any] = {"log_dir": log_dir}
+    if tp is not None:
+        where |= {"topic": tp.topic, "partition": tp.partition}
+    return where
+
+
+def rolled_json(
+    log_dir: str, tp: TopicPartition, base_offset: int, reason: str, waited_ms: int | None
+) -> dict[str, Any]:
+    """A rolled segment."""
+    return {
+        **_where(log_dir, tp),
+        "base_offset": base_offset,
+        "reason": reason,
+        "waited_ms": waited_ms,
+    }
+
+
+def deleted_json(log_dir: str, tp: TopicPartition, d: Deletion) -> dict[str, Any]:
+    """A segment deleted by retention (`size_bytes`: its `.log`)."""
+    return {
+        **_where(log_dir, tp),
+        "base_offset": d.base_offset,
+        "size_bytes": d.size_bytes,
+        "reason": d.reason.value,
+    }
+
+
+def disk_deleted_json(d: DiskDeletion) -> dict[str, Any]:
+    """A segment deleted for disk usage: as `deleted_json`, with the device, the bytes
+    given back to it (`.log` and indexes) and the partition's new log start offset."""
+    return {
+        **_where(d.log_dir, d.topic_partition),
+        "base_offset": d.base_offset,
+        "size_bytes": d.size_bytes,
+        "reason": d.reason.value,
+        "device": d.device,
+        "freed_bytes": d.freed_bytes,
+        "log_start_offset": d.log_start_offset,
+    }

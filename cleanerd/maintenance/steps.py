@@ -1,0 +1,183 @@
+"""The steps of a maintenance cycle, in their order, and the rules that decide each: one
+list for the cycle that carries them out (`cycle.Maintenance`, on the files, each step
+under its partition lock) and for `cleanerd plan`, which predicts them over snapshots
+(`plan.plan_cycle`, pure). Both take each decision from the same function:
+
+1. **roll** (`roller.roll_decision`): `segment.bytes`, or `segment.ms` /
+   `max.compaction.lag.ms` (KIP-354) after the minimum roll interval;
+2. **retention** (`retention_applies`, then `executor.retention_plan`): every partition
+   of a `delete` topic, and compacted partitions while `log.cleaner.enable` is on
+   (Kafka's cleaner-driven retention: only the log start offset rule without `delete`),
+   at every cycle; a plan that would take the active segment rolls it first
+   (`retention_step`);
+3. **disk usage** (`disk_usage_applies`): KIP-61, whenever a device is above
+   `log.retention.disk.usage.percent`, over every partition's snapshot after retention;
+4. **clean** (`compaction_plan`; the manager computes the same `log_to_clean` and
+   `eligibility`): compacted partitions, in the deadline-first order.
+
+When each step's time rules fall due is the daemon's business (`cleanerd.daemon`), not
+a gate here: a cycle applies every step to every partition it is given.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Final
+
+from cleanerd.compaction.cleanable import EligibilityReason, LogToClean, eligibility, log_to_clean
+from cleanerd.compaction.horizon import SegmentHorizon, horizon_due
+from cleanerd.log.files import TopicPartition
+from cleanerd.log.meta import PartitionMeta, SegmentMeta
+from cleanerd.log.roll import DEFAULT_MIN_ROLL_INTERVAL_MS, RollDecision, rolling_timestamp
+from cleanerd.log.roller import roll_decision, time_rule
+from cleanerd.log.topic_config import TopicConfig
+from cleanerd.retention.executor import retention_plan
+from cleanerd.retention.policy import RetentionPlan
+
+STEPS: Final = ("roll", "retention", "disk usage", "clean")
+"""The steps of a cycle, in order."""
+
+
+def retention_applies(topic: TopicConfig, *, cleaner_enabled: bool) -> bool:
+    """Whether the retention step acts on a partition of `topic`: always for a topic
+    without `compact`; for a compacted one only while the cleaner runs (Kafka)."""
+    return not topic.compact or cleaner_enabled
+
+
+def disk_usage_applies(*, any_device_above: bool, all_topics: bool) -> bool:
+    """Whether the disk-usage step runs: a device is above its threshold, and the cycle
+    covers every topic (KIP-61 orders segments across all topics of a device)."""
+    return any_device_above and all_topics
+
+
+@dataclass(frozen=True, slots=True)
+class RollPlan:
+    """The active segment's roll: due now, or when."""
+
+    decision: RollDecision | None
+    limit_ms: int
+    """Kafka's maxSegmentMs for the topic."""
+    limit_reason: str
+    due_at_ms: int | None
+    """When the time rule will roll the segment (None: empty segment, never)."""
+
+
+@dataclass(frozen=True, slots=True)
+class CompactionPlan:
+    """The cleaning candidate's numbers and verdict."""
+
+    ltc: LogToClean
+    min_cleanable_ratio: float
+    eligible: EligibilityReason | None
+    horizon_due: bool
+    uncleanable: str | None
+
+    @property
+    def blocked_by(self) -> tuple[str, ...]:
+        """What set the first uncleanable offset (LSO, active segment, min lag)."""
+        return tuple(b.value for b in self.ltc.cleanable_range.blocked_by)
+
+
+def _empty_segment(base: int, now_ms: int) -> SegmentMeta:
+    return SegmentMeta(
+        base_offset=base,
+        next_offset=base,
+        size_bytes=0,
+        largest_timestamp_ms=now_ms,
+        first_batch_timestamp_ms=None,
+        offset_index_bytes=0,
+        time_index_bytes=0,
+        last_modified_ms=now_ms,
+    )
+
+
+def simulate_roll(meta: PartitionMeta, now_ms: int) -> PartitionMeta:
+    """`meta` after a roll: an empty active segment at the log end offset."""
+    if meta.active.is_empty:
+        return meta
+    segments = (*meta.segments, _empty_segment(meta.log_end_offset, now_ms))
+    return dataclasses.replace(meta, segments=segments)
+
+
+def simulate_deletions(meta: PartitionMeta, plan: RetentionPlan) -> PartitionMeta:
+    """`meta` after the plan's deletions (always a prefix of the segments)."""
+    if not plan.deletions:
+        return meta
+    gone = len(plan.deletions)
+    return dataclasses.replace(
+        meta, segments=meta.segments[gone:], log_start_offset=plan.log_start_offset
+    )
+
+
+def roll_plan(
+    tp: TopicPartition,
+    active: SegmentMeta,
+    topic: TopicConfig,
+    *,
+    now_ms: int,
+    first_seen_ms: int,
+    min_roll_interval_ms: int = DEFAULT_MIN_ROLL_INTERVAL_MS,
+) -> RollPlan:
+    """The roll decision at `now_ms` and, by the time rule, when it falls due."""
+    limit, jitter = time_rule(tp, active.base_offset, topic)
+    decision = roll_decision(
+        tp,
+        active,
+        topic,
+        now_ms=now_ms,
+        first_seen_ms=first_seen_ms,
+        min_roll_interval_ms=min_roll_interval_ms,
+    )
+    due_at = None
+    if not active.is_empty:
+        due_at = max(
+            rolling_timestamp(active, first_seen_ms) + limit.ms - jitter,
+            first_seen_ms + min(min_roll_interval_ms, limit.ms),
+        )
+    return RollPlan(decision, limit.ms, limit.reason.value, due_at)
+
+
+def retention_step(
+    meta: PartitionMeta, topic: TopicConfig, *, now_ms: int
+) -> tuple[RetentionPlan, bool, PartitionMeta]:
+    """The retention step over `meta`: the plan, whether the active segment is rolled
+    first (every segment was due), and the snapshot after it."""
+    plan = retention_plan(meta, topic, now_ms=now_ms)
+    rolled = plan.roll_needed
+    if rolled:
+        meta = simulate_roll(meta, now_ms)
+        plan = retention_plan(meta, topic, now_ms=now_ms)
+    return plan, rolled, simulate_deletions(meta, plan)
+
+
+def compaction_plan(
+    meta: PartitionMeta,
+    topic: TopicConfig,
+    *,
+    now_ms: int,
+    checkpoint: int | None,
+    horizons: Iterable[SegmentHorizon],
+    uncleanable: str | None,
+) -> CompactionPlan:
+    """The clean step of a compacted partition: its cleaning candidate (the manager's
+    `log_to_clean` and `eligibility`, as a cycle computes them) over the snapshot left
+    by the roll and retention steps."""
+    ltc = log_to_clean(
+        meta,
+        checkpoint=checkpoint,
+        now_ms=now_ms,
+        min_compaction_lag_ms=topic.min_compaction_lag_ms,
+        max_compaction_lag_ms=topic.max_compaction_lag_ms,
+    )
+    live = {s.base_offset for s in meta.segments}
+    due = horizon_due(
+        (h for h in horizons if h.base_offset in live),
+        now_ms=now_ms,
+        end_offset=ltc.first_uncleanable,
+    )
+    eligible = None
+    if uncleanable is None:
+        eligible = eligibility(ltc, topic.min_cleanable_dirty_ratio, horizon_due=due)
+    return CompactionPlan(ltc, topic.min_cleanable_dirty_ratio, eligible, due, uncleanable)
