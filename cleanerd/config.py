@@ -63,12 +63,12 @@ from pydantic_core import ErrorDetails, PydanticCustomError
 
 from cleanerd.errors import ConfigError
 from cleanerd.log.files import parse_topic_partition
+from cleanerd.log.log_dir import Mode
 from cleanerd.log.topic_config import CleanupPolicy, CompactionStrategyName, TopicConfig
 
 LONG_MAX: Final = 2**63 - 1  # Java's Long.MAX_VALUE, Kafka's "no limit" for longs
 INT_MAX: Final = 2**31 - 1
 
-Mode = Literal["owner", "observe"]
 
 # Kafka's legal topic names (Topic.validate): at most 249 of these characters.
 _TOPIC_NAME: Final = re.compile(r"[a-zA-Z0-9._-]{1,249}")
@@ -431,7 +431,9 @@ class DiskUsageConfig(_Section):
 class Config(BrokerConfig):
     """The whole file: broker settings, topic overrides and cleanerd's own sections."""
 
-    mode: Mode = "owner"
+    mode: Literal["owner", "observe"] = "owner"
+    """What this process asks of its log dirs: the values of `log_dir.Mode` a config may
+    choose (shared mode is never configured: it is how an appender meets an owner)."""
     state_dir: FsPath = Field(default=Path("state"), alias="state_dir")
     metrics: MetricsConfig = MetricsConfig()
     mqtt: MqttConfig = MqttConfig()
@@ -443,6 +445,11 @@ class Config(BrokerConfig):
     _defaults: TopicConfig = PrivateAttr()
     _entries: dict[str, TopicConfig] = PrivateAttr()
     _globs: tuple[str, ...] = PrivateAttr()
+
+    @property
+    def observe(self) -> bool:
+        """`mode: observe`: every log dir is only read."""
+        return self.mode == Mode.OBSERVE.value
 
     def model_post_init(self, context: Any, /) -> None:
         # Resolve every entry once: the daemon asks for topic configs every cycle.
@@ -714,7 +721,7 @@ def path_problems(
     """One line per `log.dirs` entry, and for `state_dir` when the file sets it, that
     cannot be used as `cfg.mode` needs (see the module docstring), each naming the key."""
     user = current_user() if user is None else user
-    observe = cfg.mode == "observe"
+    observe = cfg.observe
     problems = [
         log_dir_problem(f"log.dirs[{i}]", path, probe(path), observe=observe, user=user)
         for i, path in enumerate(cfg.log_dirs)

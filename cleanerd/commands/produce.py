@@ -101,7 +101,7 @@ def open_for_append(
         raise CleanerdError(str(e)) from None
     if tp.topic == METADATA_TOPIC:
         raise CleanerdError(f"{METADATA_TOPIC} is the KRaft metadata log: cleanerd never writes it")
-    if cfg.mode == "observe":
+    if cfg.observe:
         raise CleanerdError("mode is observe: cleanerd does not write to its log dirs")
     target = cfg.log_dirs[0] if log_dir is None else log_dir
     target.mkdir(parents=True, exist_ok=True)

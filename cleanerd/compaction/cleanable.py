@@ -30,6 +30,7 @@ Kafka's LogCleanerManager math over a `PartitionMeta` snapshot:
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 from dataclasses import dataclass
 from typing import Final
@@ -106,6 +107,22 @@ class LogToClean:
     needs_compaction_now: bool
     """Kafka's needCompactionNow: its delay is positive."""
     cleanable_range: CleanableRange
+    kafka_deadline_ms: int | None = None
+    """Kafka's deadline (dirty non-active segments only); None without one."""
+
+    def aged(self, now_ms: int) -> LogToClean:
+        """The same candidate with its delays at `now_ms` (the deadlines do not move
+        with the clock, so no snapshot is read again)."""
+        delay = 0 if self.deadline_ms is None else max(0, now_ms - self.deadline_ms)
+        kafka = 0 if self.kafka_deadline_ms is None else max(0, now_ms - self.kafka_deadline_ms)
+        if (delay, kafka) == (self.compaction_delay_ms, self.kafka_compaction_delay_ms):
+            return self
+        return dataclasses.replace(
+            self,
+            compaction_delay_ms=delay,
+            kafka_compaction_delay_ms=kafka,
+            needs_compaction_now=kafka > 0,
+        )
 
 
 def _segment_floor_base(meta: PartitionMeta, offset: int) -> int:
@@ -252,6 +269,7 @@ def log_to_clean(
         deadline_ms=honest.deadline_ms,
         needs_compaction_now=kafka.delay_ms > 0,
         cleanable_range=rng,
+        kafka_deadline_ms=kafka.deadline_ms,
     )
 
 
@@ -270,8 +288,3 @@ def eligibility(
     if horizon_due and ltc.total_bytes > 0:
         return EligibilityReason.DELETE_HORIZON
     return None
-
-
-def is_eligible(ltc: LogToClean, min_cleanable_ratio: float, *, horizon_due: bool) -> bool:
-    """Kafka's eligibility rule, plus cleanerd's passed-delete-horizon extension."""
-    return eligibility(ltc, min_cleanable_ratio, horizon_due=horizon_due) is not None

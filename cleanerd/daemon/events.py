@@ -386,12 +386,13 @@ class MqttPublisher:
 
 
 def make_publisher(
-    settings: MqttConfig, *, on_command: CommandHandler | None = None
+    settings: MqttConfig, *, host: str | None = None, on_command: CommandHandler | None = None
 ) -> EventPublisher:
-    """An MqttPublisher when `mqtt.enabled`, else a NullPublisher."""
+    """An MqttPublisher when `mqtt.enabled` (its password and TLS files are read here:
+    ConfigError), else a NullPublisher."""
     if not settings.enabled:
         return NullPublisher()
-    return MqttPublisher(settings, on_command=on_command)
+    return MqttPublisher(settings, host=host, on_command=on_command)
 
 
 def _payload_bytes(payload: object) -> bytes:

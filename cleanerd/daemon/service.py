@@ -4,7 +4,7 @@ Threads and what each may touch:
 
 - the **event loop** (uvloop) runs the main loop, signal handlers, MQTT, reloads and the
   metrics refresh timer; it never reads or writes a log dir itself;
-- the **maintenance thread** (one thread, so J2's `Maintenance`, which is not thread-safe,
+- the **maintenance thread** (one thread, so `Maintenance`, which is not thread-safe,
   is only ever driven from it) opens the log dirs (taking their `.lock`s), runs each
   cycle (`Maintenance.run_once`: rolls, retention, disk usage, then cleaning with the
   engine's worker processes), applies a reloaded config between cycles, and at shutdown
@@ -56,18 +56,15 @@ import enum
 import signal
 import threading
 import time
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Final, TypeVar
 
 import structlog
 from pydantic import JsonValue
 
-from cleanerd.compaction.cleanable import log_to_clean
-from cleanerd.compaction.manager import UncleanablePartitions
-from cleanerd.compaction.stats import CleanerStats
 from cleanerd.config import Config, check_paths, load_config
 from cleanerd.daemon.commands import (
     CleanCommand,
@@ -77,19 +74,27 @@ from cleanerd.daemon.commands import (
     ReloadCommand,
     ResumeCommand,
 )
-from cleanerd.daemon.events import Event, EventKind, EventPublisher, MqttPublisher, NullPublisher
+from cleanerd.daemon.events import EventKind, EventPublisher, make_publisher
 from cleanerd.daemon.logging import configure_logging, partition_context
-from cleanerd.daemon.metrics.exporter import MetricsExporter, PassResult
-from cleanerd.daemon.metrics.model import MetricsSnapshot, build_snapshot
+from cleanerd.daemon.metrics.exporter import MetricsExporter
+from cleanerd.daemon.metrics.model import build_snapshot
 from cleanerd.daemon.reload import ReloadPlan, plain, plan_reload
+from cleanerd.daemon.reporting import Reporter
 from cleanerd.daemon.systemd import Notifier, watchdog_interval
+from cleanerd.daemon.triggers import (
+    CycleClock,
+    CycleTrigger,
+    Deadlines,
+    cycle_due,
+    deadlines,
+    touched_partitions,
+)
 from cleanerd.daemon.watcher import LogDirWatcher, PartitionKey, WatchDelta
 from cleanerd.engine import Engine, create_engine
 from cleanerd.errors import CleanerdError, ConfigError
-from cleanerd.log.files import TopicPartition, parse_topic_partition
-from cleanerd.log.log_dir import Mode
-from cleanerd.maintenance.cycle import Maintenance, wall_clock_ms
-from cleanerd.maintenance.report import Counters, CycleReport, PartitionState, made_progress
+from cleanerd.log.files import TopicPartition
+from cleanerd.maintenance.cycle import Maintenance, MaintenanceStatus, wall_clock_ms
+from cleanerd.maintenance.report import CycleReport, made_progress
 from cleanerd.retention.disk import Device, group_devices, is_above, measure
 from cleanerd.retention.disk_usage import DeviceUsage
 
@@ -102,14 +107,6 @@ FORCED_EXIT: Final = 130
 MAX_CYCLE_FAILURES: Final = 3
 """Cycles in a row that may fail with an unexpected error before the watchdog stops."""
 
-ENGINE_KEYS: Final = (
-    "log_cleaner_threads",
-    "log_cleaner_dedupe_buffer_size",
-    "log_cleaner_io_buffer_load_factor",
-    "log_cleaner_io_max_bytes_per_second",
-)
-"""The settings a worker pool is built with: a change gives the next cycle a new pool."""
-
 
 class ServiceState(enum.Enum):
     """Where the daemon is in its lifecycle."""
@@ -120,139 +117,13 @@ class ServiceState(enum.Enum):
     STOPPED = "stopped"
 
 
-class CycleTrigger(enum.StrEnum):
-    """Why a cycle starts (logged with it)."""
-
-    STARTUP = "startup"
-    MORE_WORK = "more-work"
-    CHANGED = "changed"
-    DEADLINE = "deadline"
-    OVERDUE = "overdue"
-    DISK_PRESSURE = "disk-pressure"
-    REVISIT = "revisit"
-    REQUESTED = "requested"
-
-
-@dataclass(frozen=True, slots=True)
-class CycleClock:
-    """What `cycle_due` decides on (all times in wall-clock milliseconds)."""
-
-    now_ms: int
-    last_end_ms: int | None
-    """When the previous cycle ended; None before the first."""
-    last_cleaned: bool
-    """A pass of the previous cycle made progress (`made_progress`)."""
-    changed: bool
-    """The watcher saw a change since the previous cycle started."""
-    next_deadline_ms: int | None
-    """The earliest max-lag deadline after the previous cycle's instant."""
-    overdue: bool
-    """A partition was past its deadline after the previous cycle and not marked
-    uncleanable (its dirty data waits for a roll, or for a blocking bound to move)."""
-    disk_pressure: bool
-    requested: bool
-
-
-def cycle_due(c: CycleClock, *, backoff_ms: int, revisit_ms: int) -> CycleTrigger | None:
-    """Whether a cycle starts now, and why (see the module docstring)."""
-    if c.last_end_ms is None:
-        return CycleTrigger.STARTUP
-    if c.requested:
-        return CycleTrigger.REQUESTED
-    if c.last_cleaned:
-        return CycleTrigger.MORE_WORK
-    idle_for = c.now_ms - c.last_end_ms
-    if c.disk_pressure and idle_for >= backoff_ms:
-        return CycleTrigger.DISK_PRESSURE
-    if c.next_deadline_ms is not None and c.now_ms >= c.next_deadline_ms:
-        return CycleTrigger.DEADLINE
-    if c.overdue and idle_for >= backoff_ms:
-        return CycleTrigger.OVERDUE
-    if c.changed and idle_for >= backoff_ms:
-        return CycleTrigger.CHANGED
-    if idle_for >= revisit_ms:
-        return CycleTrigger.REVISIT
-    return None
-
-
-@dataclass(frozen=True, slots=True)
-class Deadlines:
-    """What the last cycle's states say about max-lag deadlines."""
-
-    next_ms: int | None = None
-    """The earliest deadline still to come."""
-    overdue: bool = False
-    """Some partition not marked uncleanable is past its deadline."""
-
-
-def deadlines(
-    states: Sequence[PartitionState], *, now_ms: int, uncleanable: frozenset[TopicPartition]
-) -> Deadlines:
-    """The deadlines of `states` seen from `now_ms` (the cycle's instant)."""
-    upcoming: list[int] = []
-    overdue = False
-    for s in states:
-        deadline = None if s.ltc is None else s.ltc.deadline_ms
-        if deadline is None:
-            continue
-        if deadline > now_ms:
-            upcoming.append(deadline)
-        elif s.meta.topic_partition not in uncleanable:
-            overdue = True
-    return Deadlines(min(upcoming, default=None), overdue)
-
-
-def touched_partitions(report: CycleReport) -> frozenset[PartitionKey]:
-    """The partitions whose files `report`'s cycle changed itself (rolls, deletions,
-    passes, unlinked `.deleted` files): the watcher's next scan sees those changes, and
-    they must not start another cycle."""
-    keys = [PartitionKey.of(r.log_dir, r.tp) for r in report.rolled]
-    keys += [PartitionKey(o.log_dir, o.topic, o.partition) for o in report.retention]
-    keys += [PartitionKey.of(c.log_dir, c.tp) for c in report.cleaned]
-    if report.disk_usage is not None:
-        keys += [PartitionKey.of(d.log_dir, d.topic_partition) for d in report.disk_usage.deletions]
-    for path in report.unlinked:
-        with contextlib.suppress(ValueError):
-            keys.append(
-                PartitionKey.of(str(path.parent.parent), parse_topic_partition(path.parent.name))
-            )
-    return frozenset(keys)
-
-
-def age_states(
-    states: Sequence[PartitionState], config: Config, now_ms: int
-) -> tuple[PartitionState, ...]:
-    """`states` with the compaction delays of every overdue partition recomputed at
-    `now_ms` (pure, from the cached snapshots: no file is read). A partition whose
-    deadline has not come has a delay of 0 under both definitions (Kafka's deadline is
-    never earlier than cleanerd's), so it is kept as is."""
-    aged = []
-    for s in states:
-        ltc = s.ltc
-        if ltc is not None and ltc.deadline_ms is not None and ltc.deadline_ms <= now_ms:
-            topic = config.topic_config(s.meta.topic)
-            ltc = log_to_clean(
-                s.meta,
-                checkpoint=ltc.first_dirty,
-                now_ms=now_ms,
-                min_compaction_lag_ms=topic.min_compaction_lag_ms,
-                max_compaction_lag_ms=topic.max_compaction_lag_ms,
-            )
-            s = PartitionState(s.meta, ltc)
-        aged.append(s)
-    return tuple(aged)
-
-
 @dataclass(frozen=True, slots=True)
 class CycleOutcome:
-    """A cycle's report and copies of the maintenance state the metrics read, taken in
+    """A cycle's report and a copy of the maintenance state the metrics read, taken in
     the maintenance thread so the loop never reads state that thread mutates."""
 
     report: CycleReport
-    uncleanable: UncleanablePartitions
-    counters: Counters
-    last_run_ms: int | None
-    dead_workers: int
+    status: MaintenanceStatus
     changes: WatchDelta
     """The watcher's scan right after the cycle (so the next one starts from there)."""
 
@@ -267,22 +138,6 @@ class Timings:
     """How long shutdown waits for aborted passes (below systemd's TimeoutStopSec=60s)."""
     watch_min_interval_s: float = 2.0
     watch_max_duty: float = 0.005
-
-
-def _copy_registry(
-    registry: UncleanablePartitions, log_dirs: Sequence[str]
-) -> UncleanablePartitions:
-    copy = UncleanablePartitions(backoff_ms=registry.backoff_ms)
-    for log_dir in log_dirs:
-        for tp, mark in registry.in_dir(log_dir).items():
-            copy.mark(
-                tp,
-                log_dir=mark.log_dir,
-                reason=mark.reason,
-                now_ms=mark.since_ms,
-                config_fingerprint=mark.config_fingerprint,
-            )
-    return copy
 
 
 class Daemon:
@@ -333,6 +188,7 @@ class Daemon:
             min_interval_s=timings.watch_min_interval_s,
         )
         self.publisher = self._new_publisher(config)
+        self.reporter = Reporter(self.exporter, lambda: self.publisher, clock_ms)
         self.maintenance: Maintenance | None = None
         self.last_outcome: CycleOutcome | None = None
         self.cycles = 0
@@ -357,7 +213,6 @@ class Daemon:
         self._next_watchdog = 0.0
         self._watchdog_s: float | None = None
         self._events_base = (0, 0)
-        self._last_stats: tuple[CleanerStats, ...] = ()
         self._snapshot_source: CycleOutcome | None = None
         self._unreadable: frozenset[str] = frozenset()
 
@@ -559,20 +414,10 @@ class Daemon:
         above = frozenset(u.device for u in usage if is_above(u))
         for u in usage:
             if u.device in above and u.device not in self._above:
-                self._disk_pressure_event(u)
+                self.reporter.disk_pressure(u)
         if above - self._above:
             self.request_cycle()  # a threshold crossing acts at once
         self._above = above
-
-    def _disk_pressure_event(self, u: DeviceUsage) -> None:
-        data: dict[str, JsonValue] = {
-            "device": u.device,
-            "used_bytes": u.used_bytes,
-            "total_bytes": u.total_bytes,
-            "threshold_percent": u.threshold_percent,
-        }
-        log.warning("disk.pressure_detected", **data)
-        self.emit("disk.pressure", data)
 
     # -- cycles -----------------------------------------------------------------------------
 
@@ -626,10 +471,10 @@ class Daemon:
         self.last_outcome = outcome
         report = outcome.report
         marked = frozenset(
-            tp for d in self.config.log_dirs for tp in outcome.uncleanable.in_dir(str(d))
+            tp for d in self.config.log_dirs for tp in outcome.status.uncleanable.in_dir(str(d))
         )
         self._deadlines = deadlines(report.states, now_ms=report.now_ms, uncleanable=marked)
-        self._report(report)
+        self.reporter.cycle(report, workers=self.config.log_cleaner_threads)
         self._on_delta(outcome.changes, own=touched_partitions(outcome.report))
         log.info(
             "cycle.done",
@@ -650,94 +495,9 @@ class Daemon:
         m = self.maintenance
         assert m is not None
         if m.config is not config:
-            self._apply_to_maintenance(m, config)
+            m.reconfigure(config, self._engine_factory)
         report = m.run_once(self._abort)
-        return CycleOutcome(
-            report=report,
-            uncleanable=_copy_registry(m.manager.registry, [str(p) for p in config.log_dirs]),
-            counters=m.counters.snapshot(),
-            last_run_ms=m.manager.last_run_ms,
-            dead_workers=m.engine.dead_workers,
-            changes=self.watcher.scan(),
-        )
-
-    def _apply_to_maintenance(self, m: Maintenance, config: Config) -> None:
-        old = m.config
-        if any(getattr(old, k) != getattr(config, k) for k in ENGINE_KEYS):
-            retired, m.engine = m.engine, self._engine_factory(config)
-            retired.shutdown()  # between cycles: no pass is running on it
-            log.info("engine.replaced", workers=m.engine.workers)
-        m.config = config
-
-    def _report(self, report: CycleReport) -> None:
-        """Events and log lines for what the cycle did (rolls and deletions are logged
-        by the log layer as they happen; passes and failures here)."""
-        for r in report.rolled:
-            self.emit(
-                "segment.rolled",
-                {"base_offset": r.base_offset, "reason": r.reason, "waited_ms": r.waited_ms},
-                tp=r.tp,
-                log_dir=r.log_dir,
-            )
-        for o in report.retention:
-            tp = TopicPartition(o.topic, o.partition)
-            for d in o.deletions:
-                self.emit(
-                    "segment.deleted",
-                    {
-                        "reason": d.reason.value,
-                        "base_offset": d.base_offset,
-                        "size_bytes": d.size_bytes,
-                    },
-                    tp=tp,
-                    log_dir=o.log_dir,
-                )
-        disk = report.disk_usage
-        if disk is not None and not disk.dry_run:
-            for dd in disk.deletions:
-                self.emit(
-                    "segment.deleted",
-                    {
-                        "reason": dd.reason.value,
-                        "base_offset": dd.base_offset,
-                        "size_bytes": dd.size_bytes,
-                        "freed_bytes": dd.freed_bytes,
-                        "device": dd.device,
-                    },
-                    tp=dd.topic_partition,
-                    log_dir=dd.log_dir,
-                )
-        for c in report.cleaned:
-            stats = asdict(c.stats)
-            with partition_context(c.tp.topic, c.tp.partition, c.log_dir):
-                log.info(
-                    "log.cleaned",
-                    reason=c.reason,
-                    overdue_ms=c.overdue_ms,
-                    first_dirty=c.first_dirty,
-                    end_offset=c.end_offset,
-                    **stats,
-                )
-            self.exporter.record_pass(PassResult.SUCCESS, c.stats)
-            self.emit(
-                "log.cleaned",
-                {
-                    "reason": c.reason,
-                    "overdue_ms": c.overdue_ms,
-                    "first_dirty": c.first_dirty,
-                    "end_offset": c.end_offset,
-                    "stats": stats,
-                },
-                tp=c.tp,
-                log_dir=c.log_dir,
-            )
-        if report.cleaned:
-            self._last_stats = tuple(
-                c.stats for c in report.cleaned[-self.config.log_cleaner_threads :]
-            )
-        for f in report.failed:
-            self.exporter.record_pass(PassResult.ERROR)
-            self.emit("partition.uncleanable", {"reason": f.reason}, tp=f.tp, log_dir=f.log_dir)
+        return CycleOutcome(report, m.status(), self.watcher.scan())
 
     # -- events and metrics -----------------------------------------------------------------
 
@@ -749,17 +509,8 @@ class Daemon:
         tp: TopicPartition | None = None,
         log_dir: str | None = None,
     ) -> None:
-        """Queue an event (never blocks; dropped and counted when the queue is full)."""
-        self.publisher.publish(
-            Event(
-                kind=kind,
-                time_ms=self.clock_ms(),
-                topic=None if tp is None else tp.topic,
-                partition=None if tp is None else tp.partition,
-                log_dir=log_dir,
-                data=data,
-            )
-        )
+        """Queue an event (`Reporter.emit`)."""
+        self.reporter.emit(kind, data, tp=tp, log_dir=log_dir)
 
     async def _refresh_metrics(self) -> None:
         """Publish the metrics model. The partition part is rebuilt only when a new cycle
@@ -775,7 +526,15 @@ class Daemon:
         d = self._deadlines
         moving = d.overdue or (d.next_ms is not None and now >= d.next_ms)
         if last is None or outcome is not self._snapshot_source or moving:
-            snapshot = await asyncio.to_thread(self._snapshot, outcome, config, usage, now)
+            snapshot = await asyncio.to_thread(
+                self.reporter.snapshot,
+                outcome.report,
+                outcome.status,
+                now_ms=now,
+                log_dirs=[str(p) for p in config.log_dirs],
+                usage=usage,
+                device_dirs=self._device_dirs(),
+            )
             self._snapshot_source = outcome
         else:
             devices = build_snapshot(
@@ -783,22 +542,6 @@ class Daemon:
             ).devices
             snapshot = replace(last, now_ms=now, devices=devices)
         self.exporter.update(snapshot)
-
-    def _snapshot(
-        self, outcome: CycleOutcome, config: Config, usage: tuple[DeviceUsage, ...], now: int
-    ) -> MetricsSnapshot:
-        return build_snapshot(
-            now_ms=now,
-            partitions=age_states(outcome.report.states, config, now),
-            log_dirs=[str(p) for p in config.log_dirs],
-            uncleanable=outcome.uncleanable,
-            last_runs=self._last_stats,
-            last_run_ms=outcome.last_run_ms,
-            dead_workers=outcome.dead_workers,
-            devices=usage,
-            device_log_dirs=self._device_dirs(),
-            counters=outcome.counters,
-        )
 
     def _device_dirs(self) -> dict[int, list[str]]:
         return {d.device: [str(p) for p in d.log_dirs] for d in self._devices}
@@ -850,21 +593,17 @@ class Daemon:
         where = [k.log_dir for k in self.watcher.snapshot.partitions if k.tp == tp]
         if not where:
             raise CommandRejected(f"partition {tp} does not exist in any log dir")
-        try:
-            topic = self.config.topic_config(tp.topic)
-        except ConfigError as exc:
-            raise CommandRejected("; ".join(exc.errors)) from None
-        if not topic.compact:
-            raise CommandRejected(
-                f"topic {tp.topic!r} is not compacted (cleanup.policy "
-                f"{','.join(topic.cleanup_policy)})"
-            )
-        m = self.maintenance
-        if m is None or not any(d.mode is Mode.OWNER and str(d.path) in where for d in m.log_dirs):
-            raise CommandRejected(f"{tp} is in a log dir this daemon does not own")
         if self.paused:
             raise CommandRejected("cleaning is paused (send resume first)")
-        m.manager.force(tp)
+        m = self.maintenance
+        if m is None:
+            raise CommandRejected("the daemon is starting")
+        try:
+            m.request_clean(tp, where)
+        except ConfigError as exc:
+            raise CommandRejected("; ".join(exc.errors)) from None
+        except CleanerdError as exc:
+            raise CommandRejected(str(exc)) from None
         with partition_context(tp.topic, tp.partition, where[0]):
             log.info("clean.requested")
         self.request_cycle()
@@ -942,10 +681,7 @@ class Daemon:
         return config, errors
 
     def _new_publisher(self, config: Config) -> EventPublisher:
-        """MQTT when enabled (its password and TLS files are read here: ConfigError)."""
-        if not config.mqtt.enabled:
-            return NullPublisher()
-        return MqttPublisher(config.mqtt, host=self.host, on_command=self.on_command)
+        return make_publisher(config.mqtt, host=self.host, on_command=self.on_command)
 
     async def _replace_publisher(self, config: Config) -> None:
         new = self._new_publisher(config)
@@ -1001,10 +737,6 @@ class Daemon:
         that cannot be written is an error naming the file, and the exit status says so."""
         m = self.maintenance
         assert m is not None
-        try:
-            for exc in m.checkpoint():
-                self.failed_at_shutdown = True
-                log.error("shutdown.checkpoint_failed", error=str(exc))
-        finally:
-            m.close(unlink_pending=True)
-            m.engine.shutdown(abort=True)
+        for exc in m.shutdown():
+            self.failed_at_shutdown = True
+            log.error("shutdown.checkpoint_failed", error=str(exc))

@@ -16,7 +16,6 @@ restarts the service.
 
 from __future__ import annotations
 
-import asyncio
 import os
 import socket
 import time
@@ -155,16 +154,3 @@ class Notifier:
         if status is not None:
             fields["STATUS"] = status
         return notify(environ=self._environ, **fields)
-
-
-async def run_watchdog(notifier: Notifier, interval: float, healthy: Callable[[], bool]) -> None:
-    """Ping `WATCHDOG=1` every `interval` seconds while `healthy()` says so, forever.
-
-    Runs as a task on the daemon's event loop: if the loop blocks, the pings stop, and so
-    they do while `healthy()` is False (say, a dead worker pool); systemd then restarts
-    the service after `WatchdogSec=`.
-    """
-    while True:
-        if healthy():
-            notifier.watchdog()
-        await asyncio.sleep(interval)

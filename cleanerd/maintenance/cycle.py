@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -52,7 +52,12 @@ from cleanerd.compaction.cleaner import (
     CleanResult,
     swapped_files,
 )
-from cleanerd.compaction.manager import Candidate, CompactedLog, LogCleanerManager
+from cleanerd.compaction.manager import (
+    Candidate,
+    CompactedLog,
+    LogCleanerManager,
+    UncleanablePartitions,
+)
 from cleanerd.compaction.strategy import resolve_strategy
 from cleanerd.config import Config
 from cleanerd.engine.base import CleanJob, Engine, WorkerCrashed
@@ -66,6 +71,7 @@ from cleanerd.log.roller import FirstSeen, maybe_roll
 from cleanerd.log.topic_config import TopicConfig
 from cleanerd.maintenance.report import (
     CleanedLog,
+    Counters,
     CycleReport,
     FailedLog,
     MaintenanceCounters,
@@ -88,6 +94,13 @@ from cleanerd.retention.executor import RetentionOutcome, apply_retention
 
 log = structlog.get_logger(__name__)
 
+ENGINE_KEYS: Final = (
+    "log_cleaner_threads",
+    "log_cleaner_dedupe_buffer_size",
+    "log_cleaner_io_buffer_load_factor",
+    "log_cleaner_io_max_bytes_per_second",
+)
+"""The settings a worker pool is built with: a change gives the next cycle a new engine."""
 CRASH_RETRIES: Final = 1
 """Passes of a partition retried after their worker died, before it is marked."""
 CYCLE_RETRIES: Final = 1
@@ -170,6 +183,17 @@ class _Builder:
 
 
 @dataclass(frozen=True, slots=True)
+class MaintenanceStatus:
+    """What the metrics read of the maintenance state between cycles (`status`)."""
+
+    uncleanable: UncleanablePartitions
+    counters: Counters
+    last_run_ms: int | None
+    """When the manager last looked for work (Kafka's time of last run)."""
+    dead_workers: int
+
+
+@dataclass(frozen=True, slots=True)
 class _Partition:
     log_dir: LogDir
     plog: PartitionLog
@@ -232,7 +256,7 @@ class Maintenance:
         try:
             for path in config.log_dirs:
                 log_dir = LogDir.open(
-                    Path(path), observe=config.mode == "observe", state_dir=config.state_dir
+                    Path(path), observe=config.observe, state_dir=config.state_dir
                 )
                 self.log_dirs.append(log_dir)
                 if log_dir.held_by is not None and log_dir.held_by.cleanerd:
@@ -276,6 +300,62 @@ class Maintenance:
                 except (CleanerdError, OSError) as exc:
                     errors.append(exc)
         return errors
+
+    def shutdown(self) -> list[CleanerdError | OSError]:
+        """The end of a clean stop: write the checkpoints (`checkpoint`), unlink the
+        `.deleted` files still waiting (nobody is left to honour their delay, and a
+        stopped service should not hold disk space), release the log dirs, stop the
+        engine (aborting anything still running). Returns the checkpoint errors."""
+        try:
+            return self.checkpoint()
+        finally:
+            self.close(unlink_pending=True)
+            self.engine.shutdown(abort=True)
+
+    def reconfigure(self, config: Config, make_engine: Callable[[Config], Engine]) -> None:
+        """Run the next cycles under `config` (between cycles: no pass is running); a
+        change of the worker settings gets a new engine."""
+        old, self.config = self.config, config
+        if any(getattr(old, k) != getattr(config, k) for k in ENGINE_KEYS):
+            retired, self.engine = self.engine, make_engine(config)
+            retired.shutdown()
+            log.info("engine.replaced", workers=self.engine.workers)
+
+    def status(self) -> MaintenanceStatus:
+        """A copy of what the metrics read of the maintenance state (taken in the thread
+        that drives the cycles, so readers elsewhere never see it change under them)."""
+        registry = self.manager.registry
+        copy = UncleanablePartitions(backoff_ms=registry.backoff_ms)
+        for log_dir in self.log_dirs:
+            for tp, mark in registry.in_dir(str(log_dir.path)).items():
+                copy.mark(
+                    tp,
+                    log_dir=mark.log_dir,
+                    reason=mark.reason,
+                    now_ms=mark.since_ms,
+                    config_fingerprint=mark.config_fingerprint,
+                )
+        return MaintenanceStatus(
+            uncleanable=copy,
+            counters=self.counters.snapshot(),
+            last_run_ms=self.manager.last_run_ms,
+            dead_workers=self.engine.dead_workers,
+        )
+
+    def request_clean(self, tp: TopicPartition, log_dirs: Iterable[str]) -> None:
+        """Ask for one pass of `tp` (found in `log_dirs`) in the next cycle, whatever its
+        dirty ratio; raise CleanerdError with the reason when it cannot be cleaned here
+        (not a compacted topic, or in no log dir this process owns). Thread-safe."""
+        topic = self.config.topic_config(tp.topic)
+        if not topic.compact:
+            raise CleanerdError(
+                f"topic {tp.topic!r} is not compacted (cleanup.policy "
+                f"{','.join(topic.cleanup_policy)})"
+            )
+        where = set(log_dirs)
+        if not any(d.mode is Mode.OWNER and str(d.path) in where for d in self.log_dirs):
+            raise CleanerdError(f"{tp} is in a log dir this process does not own")
+        self.manager.force(tp)
 
     def __enter__(self) -> Maintenance:
         return self

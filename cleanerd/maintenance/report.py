@@ -189,6 +189,13 @@ class PartitionState:
     ltc: LogToClean | None = None
     """None for a topic without `compact` in its cleanup policy."""
 
+    def aged(self, now_ms: int) -> PartitionState:
+        """The state with its compaction delays at `now_ms` (`LogToClean.aged`)."""
+        if self.ltc is None:
+            return self
+        ltc = self.ltc.aged(now_ms)
+        return self if ltc is self.ltc else PartitionState(self.meta, ltc)
+
 
 @dataclass(frozen=True, slots=True)
 class Counters:

@@ -62,11 +62,6 @@ class RetentionOutcome:
     deleted_files: tuple[Path, ...]
     """The `.deleted` files handed to the pending-deletion queue."""
 
-    @property
-    def deleted_bytes(self) -> int:
-        """`.log` bytes removed from the partition."""
-        return sum(d.size_bytes for d in self.deletions)
-
 
 def retention_plan(meta: PartitionMeta, topic: TopicConfig, *, now_ms: int) -> RetentionPlan:
     """Kafka's deleteOldSegments over `meta` with `topic`'s settings (pure)."""

@@ -15,7 +15,6 @@ from cleanerd.compaction.cleanable import (
     cleanable_bytes,
     cleanable_range,
     eligibility,
-    is_eligible,
     kafka_max_compaction_delay,
     log_to_clean,
     max_compaction_delay,
@@ -120,7 +119,7 @@ def grab_filthiest(
     in_progress: frozenset[TopicPartition] = frozenset(),
     uncleanable: frozenset[TopicPartition] = frozenset(),
 ) -> LogToClean | None:
-    eligible = [c for c in candidates if is_eligible(c, ratio, horizon_due=False)]
+    eligible = [c for c in candidates if (eligibility(c, ratio, horizon_due=False) is not None)]
     return select_next(eligible, in_progress, uncleanable, T0)
 
 
@@ -330,7 +329,7 @@ def test_max_lag_forces_cleaning_despite_ratio_one():
         log.append(100, ts=T0).roll()
     log.append(10, ts=T0)
     at_3h = ltc(log.build(), None, now=T0 + 3 * HOUR, min_lag=min_lag, max_lag=max_lag)
-    assert not is_eligible(at_3h, 1.0, horizon_due=False)
+    assert not (eligibility(at_3h, 1.0, horizon_due=False) is not None)
 
     t1 = T0 + max_lag + 1
     first_block_end = log.next_offset
@@ -343,7 +342,7 @@ def test_max_lag_forces_cleaning_despite_ratio_one():
     t2 = t1 + max_lag + 1
     cleaned_once = ltc(meta, forced.first_uncleanable, now=t2, min_lag=min_lag, max_lag=max_lag)
     assert cleaned_once.needs_compaction_now
-    assert is_eligible(cleaned_once, 1.0, horizon_due=False)
+    assert eligibility(cleaned_once, 1.0, horizon_due=False) is not None
     assert cleaned_once.first_uncleanable == meta.active.base_offset
 
 
@@ -408,7 +407,7 @@ def test_ratio_must_be_strictly_above_threshold():
     meta = LogBuilder().append(size=50).roll().append(size=50).roll().append(1).build()
     candidate = ltc(meta, 1)
     assert candidate.cleanable_ratio == 0.5
-    assert not is_eligible(candidate, 0.5, horizon_due=False)
+    assert not (eligibility(candidate, 0.5, horizon_due=False) is not None)
     assert eligibility(candidate, 0.49, horizon_due=False) is EligibilityReason.DIRTY_RATIO
 
 
@@ -418,7 +417,7 @@ def test_forced_log_needs_cleanable_bytes():
     candidate = ltc(meta, None, now=T0, min_lag=6 * HOUR, max_lag=HOUR)
     assert candidate.needs_compaction_now
     assert candidate.cleanable_bytes == 0
-    assert not is_eligible(candidate, 0.5, horizon_due=False)
+    assert not (eligibility(candidate, 0.5, horizon_due=False) is not None)
 
 
 def test_passed_delete_horizon_makes_a_clean_log_eligible():
@@ -426,10 +425,10 @@ def test_passed_delete_horizon_makes_a_clean_log_eligible():
     meta = LogBuilder().append(4).roll().append(1).build()
     candidate = ltc(meta, 4)
     assert candidate.cleanable_bytes == 0
-    assert not is_eligible(candidate, 0.5, horizon_due=False)
+    assert not (eligibility(candidate, 0.5, horizon_due=False) is not None)
     assert eligibility(candidate, 0.5, horizon_due=True) is EligibilityReason.DELETE_HORIZON
     empty = dataclasses.replace(candidate, clean_bytes=0, total_bytes=0)
-    assert not is_eligible(empty, 0.5, horizon_due=True)
+    assert not (eligibility(empty, 0.5, horizon_due=True) is not None)
 
 
 @st.composite

@@ -19,7 +19,6 @@ from cleanerd.cli import main
 from cleanerd.compaction.audit import AuditColumns
 from cleanerd.compaction.cleanable import log_to_clean
 from cleanerd.compaction.cleaner import CleaningAborted, CleanResult
-from cleanerd.compaction.stats import CleanerStats
 from cleanerd.config import Config, load_config
 from cleanerd.daemon.commands import (
     CleanCommand,
@@ -28,23 +27,13 @@ from cleanerd.daemon.commands import (
     ReloadCommand,
     ResumeCommand,
 )
-from cleanerd.daemon.service import (
-    CycleClock,
-    CycleTrigger,
-    Daemon,
-    Deadlines,
-    ServiceState,
-    Timings,
-    age_states,
-    cycle_due,
-    deadlines,
-)
+from cleanerd.daemon.service import Daemon, ServiceState, Timings
 from cleanerd.daemon.systemd import Notifier
 from cleanerd.engine.base import AuditJob, CleanJob
 from cleanerd.log.checkpoint import OffsetCheckpointFile
 from cleanerd.log.files import TopicPartition
 from cleanerd.log.lock import holds_log_dir_lock
-from cleanerd.maintenance.report import CleanedLog, PartitionState, made_progress
+from cleanerd.maintenance.report import PartitionState
 from tests.builders import build_log, kv
 from tests.daemon.conftest import NotifyReceiver, RecordingPublisher, eventually, running
 
@@ -449,59 +438,6 @@ async def test_watchdog_pings_stop_when_cycles_keep_failing(
 # -- the pure parts -----------------------------------------------------------------------
 
 
-def _clock(**changes: Any) -> CycleClock:
-    base: dict[str, Any] = {
-        "now_ms": 10_000,
-        "last_end_ms": 9_000,
-        "last_cleaned": False,
-        "changed": False,
-        "next_deadline_ms": None,
-        "overdue": False,
-        "disk_pressure": False,
-        "requested": False,
-    }
-    base.update(changes)
-    return CycleClock(**base)
-
-
-@pytest.mark.parametrize(
-    ("changes", "expected"),
-    [
-        ({"last_end_ms": None}, CycleTrigger.STARTUP),
-        ({"requested": True}, CycleTrigger.REQUESTED),
-        ({"last_cleaned": True}, CycleTrigger.MORE_WORK),
-        ({"changed": True}, None),  # within the backoff
-        ({"changed": True, "now_ms": 9_500}, None),
-        ({"changed": True, "now_ms": 11_000}, CycleTrigger.CHANGED),
-        ({"next_deadline_ms": 10_000}, CycleTrigger.DEADLINE),
-        ({"next_deadline_ms": 10_001}, None),
-        ({"overdue": True}, None),  # within the backoff
-        ({"overdue": True, "now_ms": 11_000}, CycleTrigger.OVERDUE),
-        ({"disk_pressure": True, "now_ms": 11_000}, CycleTrigger.DISK_PRESSURE),
-        ({"now_ms": 9_000 + 60_000}, CycleTrigger.REVISIT),
-        ({}, None),
-    ],
-)
-def test_cycle_due(changes: dict[str, Any], expected: CycleTrigger | None) -> None:
-    """A cycle starts for a request, more work, a deadline, and, after the backoff, a
-    change, disk pressure or an overdue partition waiting for its roll; otherwise at the
-    revisit interval."""
-    assert cycle_due(_clock(**changes), backoff_ms=2_000, revisit_ms=60_000) == expected
-
-
-def _cleaned(first_dirty: int, end_offset: int, read: int, written: int) -> CleanedLog:
-    stats = CleanerStats(0, 0, 0, 0, read, written, 0, 0.0, 0, 0, 0)
-    return CleanedLog("/d", USERS, "r", None, 0, first_dirty, end_offset, stats, 0, 0)
-
-
-def test_made_progress() -> None:
-    """A pass made progress when it moved the checkpoint or removed records; a pass that
-    rewrote the same records over an empty dirty range did not."""
-    assert made_progress(_cleaned(0, 10, read=10, written=10))
-    assert made_progress(_cleaned(10, 10, read=10, written=9))
-    assert not made_progress(_cleaned(10, 10, read=10, written=10))
-
-
 def _state(tmp_path: Path, config: Config, *, first_ts: int, now_ms: int) -> PartitionState:
     batches = [[[kv("k", "v", timestamp=first_ts)]], [[kv("k", "w", timestamp=first_ts)]]]
     plog = build_log(tmp_path / "data", batches, state_dir=tmp_path / "state", tp=USERS)
@@ -517,7 +453,7 @@ def _state(tmp_path: Path, config: Config, *, first_ts: int, now_ms: int) -> Par
     return PartitionState(meta, ltc)
 
 
-def test_age_states_grows_the_delay_of_an_overdue_partition(tmp_path: Path) -> None:
+def test_aged_states_grow_the_delay_of_an_overdue_partition(tmp_path: Path) -> None:
     """Between cycles the cached snapshots are aged: an overdue partition's delay grows
     with the clock, a partition before its deadline is kept as it is."""
     data = _settings(tmp_path)
@@ -526,25 +462,11 @@ def test_age_states_grows_the_delay_of_an_overdue_partition(tmp_path: Path) -> N
     state = _state(tmp_path, config, first_ts=100_000, now_ms=100_500)
     assert state.ltc is not None
     assert state.ltc.deadline_ms == 101_000
-    assert age_states([state], config, 100_900) == (state,)
-    (aged,) = age_states([state], config, 104_000)
+    assert state.aged(100_900) == state
+    aged = state.aged(104_000)
     assert aged.ltc is not None
     assert aged.ltc.compaction_delay_ms == 3_000
     assert aged.ltc.kafka_compaction_delay_ms == 3_000
-
-
-def test_deadlines_summarise_upcoming_and_overdue_partitions(tmp_path: Path) -> None:
-    """The next deadline is the earliest still to come; a partition past its deadline
-    makes the daemon retry, unless it is marked uncleanable."""
-    data = _settings(tmp_path)
-    data["topics"]["users"]["max.compaction.lag.ms"] = 1_000
-    config = load_config(_write(tmp_path / "c.yaml", data))
-    state = _state(tmp_path, config, first_ts=100_000, now_ms=100_500)
-    none: frozenset[TopicPartition] = frozenset()
-    assert deadlines([state], now_ms=100_500, uncleanable=none) == Deadlines(101_000, False)
-    assert deadlines([state], now_ms=101_000, uncleanable=none) == Deadlines(None, True)
-    marked = frozenset({USERS})
-    assert deadlines([state], now_ms=101_000, uncleanable=marked) == Deadlines(None, False)
 
 
 async def test_pause_lets_the_pass_in_flight_finish_and_starts_no_other(

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
 import socket
 import uuid
@@ -17,7 +16,6 @@ from cleanerd.daemon.systemd import (
     monotonic_usec,
     notify,
     notify_address,
-    run_watchdog,
     watchdog_interval,
 )
 
@@ -167,29 +165,3 @@ def test_watchdog_interval_rejects_garbage(value: str) -> None:
     """A WATCHDOG_USEC that is not a positive integer is an error, not silence."""
     with pytest.raises(ValueError, match="WATCHDOG_USEC"):
         watchdog_interval({"WATCHDOG_USEC": value}, pid=1)
-
-
-async def test_watchdog_task_pings_only_while_healthy(path_socket: socket.socket) -> None:
-    """The watchdog task sends WATCHDOG=1 while healthy() holds and stops when it fails."""
-    rounds: list[bool] = [True] * 3 + [False] * 3
-    done = asyncio.Event()
-
-    def check() -> bool:
-        if len(rounds) == 1:
-            done.set()
-        return rounds.pop(0) if rounds else False
-
-    task = asyncio.create_task(run_watchdog(Notifier(), 0.001, check))
-    try:
-        async with asyncio.timeout(10):
-            await done.wait()
-    finally:
-        task.cancel()
-    path_socket.setblocking(False)
-    received = []
-    while True:
-        try:
-            received.append(_fields(path_socket))
-        except BlockingIOError:
-            break
-    assert received == [[("WATCHDOG", "1")]] * 3

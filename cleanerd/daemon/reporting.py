@@ -1,0 +1,163 @@
+"""What the daemon tells the world about its cycles: events, log lines, metrics.
+
+After each cycle `Reporter.cycle` turns the `CycleReport` into MQTT events (a roll, a
+deletion with its reason, a pass with its statistics, a partition found uncleanable),
+`log.cleaned` lines (rolls and deletions are logged by the log layer as they happen) and
+the pass counters of the exporter. `Reporter.snapshot` builds the metrics model from the
+last cycle's states aged to the present (`PartitionState.aged`: delays grow with the
+clock without reading a file), the maintenance status, the devices' usage and the last
+passes' statistics (Kafka's cleaner gauges are maxima over each worker's last round).
+Events are queued, never awaited: a slow or absent broker never slows a cycle.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict
+
+import structlog
+from pydantic import JsonValue
+
+from cleanerd.compaction.stats import CleanerStats
+from cleanerd.daemon.events import Event, EventKind, EventPublisher
+from cleanerd.daemon.logging import partition_context
+from cleanerd.daemon.metrics.exporter import MetricsExporter, PassResult
+from cleanerd.daemon.metrics.model import MetricsSnapshot, build_snapshot
+from cleanerd.log.files import TopicPartition
+from cleanerd.maintenance.cycle import MaintenanceStatus
+from cleanerd.maintenance.report import CycleReport
+from cleanerd.retention.disk_usage import DeviceUsage
+
+log = structlog.get_logger("cleanerd.service")
+
+
+class Reporter:
+    """Events and metrics of the daemon's cycles (see the module docstring).
+
+    Args:
+        exporter: the Prometheus exporter (pass counters).
+        publisher: the current event publisher (it is replaced on an MQTT reload).
+        clock_ms: wall-clock milliseconds, the time of each event.
+    """
+
+    def __init__(
+        self,
+        exporter: MetricsExporter,
+        publisher: Callable[[], EventPublisher],
+        clock_ms: Callable[[], int],
+    ) -> None:
+        self.exporter = exporter
+        self.publisher = publisher
+        self.clock_ms = clock_ms
+        self.last_stats: tuple[CleanerStats, ...] = ()
+        """The statistics of the last pass of each worker."""
+
+    def emit(
+        self,
+        kind: EventKind,
+        data: dict[str, JsonValue],
+        *,
+        tp: TopicPartition | None = None,
+        log_dir: str | None = None,
+    ) -> None:
+        """Queue an event (never blocks; dropped and counted when the queue is full)."""
+        self.publisher().publish(
+            Event(
+                kind=kind,
+                time_ms=self.clock_ms(),
+                topic=None if tp is None else tp.topic,
+                partition=None if tp is None else tp.partition,
+                log_dir=log_dir,
+                data=data,
+            )
+        )
+
+    def disk_pressure(self, u: DeviceUsage) -> None:
+        """A device went above `log.retention.disk.usage.percent`."""
+        data: dict[str, JsonValue] = {
+            "device": u.device,
+            "used_bytes": u.used_bytes,
+            "total_bytes": u.total_bytes,
+            "threshold_percent": u.threshold_percent,
+        }
+        log.warning("disk.pressure_detected", **data)
+        self.emit("disk.pressure", data)
+
+    def cycle(self, report: CycleReport, *, workers: int) -> None:
+        """Events, log lines and pass counters for what one cycle did."""
+        for r in report.rolled:
+            self.emit(
+                "segment.rolled",
+                {"base_offset": r.base_offset, "reason": r.reason, "waited_ms": r.waited_ms},
+                tp=r.tp,
+                log_dir=r.log_dir,
+            )
+        for o in report.retention:
+            tp = TopicPartition(o.topic, o.partition)
+            for d in o.deletions:
+                data: dict[str, JsonValue] = {
+                    "reason": d.reason.value,
+                    "base_offset": d.base_offset,
+                    "size_bytes": d.size_bytes,
+                }
+                self.emit("segment.deleted", data, tp=tp, log_dir=o.log_dir)
+        disk = report.disk_usage
+        if disk is not None and not disk.dry_run:
+            for dd in disk.deletions:
+                data = {
+                    "reason": dd.reason.value,
+                    "base_offset": dd.base_offset,
+                    "size_bytes": dd.size_bytes,
+                    "freed_bytes": dd.freed_bytes,
+                    "device": dd.device,
+                }
+                self.emit("segment.deleted", data, tp=dd.topic_partition, log_dir=dd.log_dir)
+        for c in report.cleaned:
+            stats = asdict(c.stats)
+            with partition_context(c.tp.topic, c.tp.partition, c.log_dir):
+                log.info(
+                    "log.cleaned",
+                    reason=c.reason,
+                    overdue_ms=c.overdue_ms,
+                    first_dirty=c.first_dirty,
+                    end_offset=c.end_offset,
+                    **stats,
+                )
+            self.exporter.record_pass(PassResult.SUCCESS, c.stats)
+            data = {
+                "reason": c.reason,
+                "overdue_ms": c.overdue_ms,
+                "first_dirty": c.first_dirty,
+                "end_offset": c.end_offset,
+                "stats": stats,
+            }
+            self.emit("log.cleaned", data, tp=c.tp, log_dir=c.log_dir)
+        if report.cleaned:
+            self.last_stats = tuple(c.stats for c in report.cleaned[-workers:])
+        for f in report.failed:
+            self.exporter.record_pass(PassResult.ERROR)
+            self.emit("partition.uncleanable", {"reason": f.reason}, tp=f.tp, log_dir=f.log_dir)
+
+    def snapshot(
+        self,
+        report: CycleReport,
+        status: MaintenanceStatus,
+        *,
+        now_ms: int,
+        log_dirs: Sequence[str],
+        usage: Sequence[DeviceUsage],
+        device_dirs: Mapping[int, Sequence[str]],
+    ) -> MetricsSnapshot:
+        """The metrics model at `now_ms` from the last cycle (see the module docstring)."""
+        return build_snapshot(
+            now_ms=now_ms,
+            partitions=[s.aged(now_ms) for s in report.states],
+            log_dirs=log_dirs,
+            uncleanable=status.uncleanable,
+            last_runs=self.last_stats,
+            last_run_ms=status.last_run_ms,
+            dead_workers=status.dead_workers,
+            devices=usage,
+            device_log_dirs=device_dirs,
+            counters=status.counters,
+        )

@@ -1,0 +1,118 @@
+"""When the daemon runs a cycle, and why (pure decisions over plain data).
+
+A cycle over every partition costs CPU in proportion to the partition count even when
+nothing changed, so the daemon does not repeat it blindly: it runs one at startup, then
+whenever `cycle_due` finds a reason (see `cleanerd.daemon.service` for the list). The
+deadlines come from the last cycle's states (`deadlines`); the changes the daemon made
+itself (`touched_partitions`) never start another cycle.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from cleanerd.daemon.watcher import PartitionKey
+from cleanerd.log.files import TopicPartition, parse_topic_partition
+from cleanerd.maintenance.report import CycleReport, PartitionState
+
+
+class CycleTrigger(enum.StrEnum):
+    """Why a cycle starts (logged with it)."""
+
+    STARTUP = "startup"
+    MORE_WORK = "more-work"
+    CHANGED = "changed"
+    DEADLINE = "deadline"
+    OVERDUE = "overdue"
+    DISK_PRESSURE = "disk-pressure"
+    REVISIT = "revisit"
+    REQUESTED = "requested"
+
+
+@dataclass(frozen=True, slots=True)
+class CycleClock:
+    """What `cycle_due` decides on (all times in wall-clock milliseconds)."""
+
+    now_ms: int
+    last_end_ms: int | None
+    """When the previous cycle ended; None before the first."""
+    last_cleaned: bool
+    """A pass of the previous cycle made progress (`made_progress`)."""
+    changed: bool
+    """The watcher saw a change since the previous cycle started."""
+    next_deadline_ms: int | None
+    """The earliest max-lag deadline after the previous cycle's instant."""
+    overdue: bool
+    """A partition was past its deadline after the previous cycle and not marked
+    uncleanable (its dirty data waits for a roll, or for a blocking bound to move)."""
+    disk_pressure: bool
+    requested: bool
+
+
+def cycle_due(c: CycleClock, *, backoff_ms: int, revisit_ms: int) -> CycleTrigger | None:
+    """Whether a cycle starts now, and why (see the module docstring)."""
+    if c.last_end_ms is None:
+        return CycleTrigger.STARTUP
+    if c.requested:
+        return CycleTrigger.REQUESTED
+    if c.last_cleaned:
+        return CycleTrigger.MORE_WORK
+    idle_for = c.now_ms - c.last_end_ms
+    if c.disk_pressure and idle_for >= backoff_ms:
+        return CycleTrigger.DISK_PRESSURE
+    if c.next_deadline_ms is not None and c.now_ms >= c.next_deadline_ms:
+        return CycleTrigger.DEADLINE
+    if c.overdue and idle_for >= backoff_ms:
+        return CycleTrigger.OVERDUE
+    if c.changed and idle_for >= backoff_ms:
+        return CycleTrigger.CHANGED
+    if idle_for >= revisit_ms:
+        return CycleTrigger.REVISIT
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class Deadlines:
+    """What the last cycle's states say about max-lag deadlines."""
+
+    next_ms: int | None = None
+    """The earliest deadline still to come."""
+    overdue: bool = False
+    """Some partition not marked uncleanable is past its deadline."""
+
+
+def deadlines(
+    states: Sequence[PartitionState], *, now_ms: int, uncleanable: frozenset[TopicPartition]
+) -> Deadlines:
+    """The deadlines of `states` seen from `now_ms` (the cycle's instant)."""
+    upcoming: list[int] = []
+    overdue = False
+    for s in states:
+        deadline = None if s.ltc is None else s.ltc.deadline_ms
+        if deadline is None:
+            continue
+        if deadline > now_ms:
+            upcoming.append(deadline)
+        elif s.meta.topic_partition not in uncleanable:
+            overdue = True
+    return Deadlines(min(upcoming, default=None), overdue)
+
+
+def touched_partitions(report: CycleReport) -> frozenset[PartitionKey]:
+    """The partitions whose files `report`'s cycle changed itself (rolls, deletions,
+    passes, unlinked `.deleted` files): the watcher's next scan sees those changes, and
+    they must not start another cycle."""
+    keys = [PartitionKey.of(r.log_dir, r.tp) for r in report.rolled]
+    keys += [PartitionKey(o.log_dir, o.topic, o.partition) for o in report.retention]
+    keys += [PartitionKey.of(c.log_dir, c.tp) for c in report.cleaned]
+    if report.disk_usage is not None:
+        keys += [PartitionKey.of(d.log_dir, d.topic_partition) for d in report.disk_usage.deletions]
+    for path in report.unlinked:
+        with contextlib.suppress(ValueError):
+            keys.append(
+                PartitionKey.of(str(path.parent.parent), parse_topic_partition(path.parent.name))
+            )
+    return frozenset(keys)

@@ -1,0 +1,82 @@
+"""Tests of cleanerd.daemon.triggers: when a cycle starts and why."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cleanerd.compaction.stats import CleanerStats
+from cleanerd.config import load_config
+from cleanerd.daemon.triggers import CycleClock, CycleTrigger, Deadlines, cycle_due, deadlines
+from cleanerd.log.files import TopicPartition
+from cleanerd.maintenance.report import CleanedLog, made_progress
+from tests.daemon.test_service import USERS, _settings, _state, _write
+
+
+def _clock(**changes: Any) -> CycleClock:
+    base: dict[str, Any] = {
+        "now_ms": 10_000,
+        "last_end_ms": 9_000,
+        "last_cleaned": False,
+        "changed": False,
+        "next_deadline_ms": None,
+        "overdue": False,
+        "disk_pressure": False,
+        "requested": False,
+    }
+    base.update(changes)
+    return CycleClock(**base)
+
+
+@pytest.mark.parametrize(
+    ("changes", "expected"),
+    [
+        ({"last_end_ms": None}, CycleTrigger.STARTUP),
+        ({"requested": True}, CycleTrigger.REQUESTED),
+        ({"last_cleaned": True}, CycleTrigger.MORE_WORK),
+        ({"changed": True}, None),  # within the backoff
+        ({"changed": True, "now_ms": 9_500}, None),
+        ({"changed": True, "now_ms": 11_000}, CycleTrigger.CHANGED),
+        ({"next_deadline_ms": 10_000}, CycleTrigger.DEADLINE),
+        ({"next_deadline_ms": 10_001}, None),
+        ({"overdue": True}, None),  # within the backoff
+        ({"overdue": True, "now_ms": 11_000}, CycleTrigger.OVERDUE),
+        ({"disk_pressure": True, "now_ms": 11_000}, CycleTrigger.DISK_PRESSURE),
+        ({"now_ms": 9_000 + 60_000}, CycleTrigger.REVISIT),
+        ({}, None),
+    ],
+)
+def test_cycle_due(changes: dict[str, Any], expected: CycleTrigger | None) -> None:
+    """A cycle starts for a request, more work, a deadline, and, after the backoff, a
+    change, disk pressure or an overdue partition waiting for its roll; otherwise at the
+    revisit interval."""
+    assert cycle_due(_clock(**changes), backoff_ms=2_000, revisit_ms=60_000) == expected
+
+
+def _cleaned(first_dirty: int, end_offset: int, read: int, written: int) -> CleanedLog:
+    stats = CleanerStats(0, 0, 0, 0, read, written, 0, 0.0, 0, 0, 0)
+    return CleanedLog("/d", USERS, "r", None, 0, first_dirty, end_offset, stats, 0, 0)
+
+
+def test_made_progress() -> None:
+    """A pass made progress when it moved the checkpoint or removed records; a pass that
+    rewrote the same records over an empty dirty range did not."""
+    assert made_progress(_cleaned(0, 10, read=10, written=10))
+    assert made_progress(_cleaned(10, 10, read=10, written=9))
+    assert not made_progress(_cleaned(10, 10, read=10, written=10))
+
+
+def test_deadlines_summarise_upcoming_and_overdue_partitions(tmp_path: Path) -> None:
+    """The next deadline is the earliest still to come; a partition past its deadline
+    makes the daemon retry, unless it is marked uncleanable."""
+    data = _settings(tmp_path)
+    data["topics"]["users"]["max.compaction.lag.ms"] = 1_000
+    config = load_config(_write(tmp_path / "c.yaml", data))
+    state = _state(tmp_path, config, first_ts=100_000, now_ms=100_500)
+    none: frozenset[TopicPartition] = frozenset()
+    assert deadlines([state], now_ms=100_500, uncleanable=none) == Deadlines(101_000, False)
+    assert deadlines([state], now_ms=101_000, uncleanable=none) == Deadlines(None, True)
+    marked = frozenset({USERS})
+    assert deadlines([state], now_ms=101_000, uncleanable=marked) == Deadlines(None, False)
