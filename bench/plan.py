@@ -25,6 +25,7 @@ import time
 from cleanerd.compaction.horizon import SegmentHorizon
 from cleanerd.config import BrokerConfig
 from cleanerd.log.meta import PartitionMeta, SegmentMeta
+from cleanerd.log.roll import SegmentAge
 from cleanerd.log.topic_config import TopicConfig
 from cleanerd.maintenance.plan import PlanInput, plan_cycle
 from cleanerd.retention.disk_usage import DeviceUsage
@@ -85,7 +86,10 @@ def generate(partitions: int, segments: int, seed: int = 1) -> list[PlanInput]:
                 meta=meta,
                 topic=configs[p % len(configs)],
                 checkpoint=dirty_from,
-                first_seen_ms=metas[-1].first_batch_timestamp_ms or NOW,
+                age=SegmentAge(
+                    metas[-1].first_batch_timestamp_ms or NOW,
+                    metas[-2].last_modified_ms if len(metas) > 1 else None,
+                ),
                 horizons=horizons,
             )
         )

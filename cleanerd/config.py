@@ -64,6 +64,7 @@ from pydantic_core import ErrorDetails, PydanticCustomError
 from cleanerd.errors import ConfigError
 from cleanerd.log.files import parse_topic_partition
 from cleanerd.log.log_dir import Mode
+from cleanerd.log.roll import DEFAULT_MIN_ROLL_INTERVAL_MS
 from cleanerd.log.topic_config import CleanupPolicy, CompactionStrategyName, TopicConfig
 
 LONG_MAX: Final = 2**63 - 1  # Java's Long.MAX_VALUE, Kafka's "no limit" for longs
@@ -413,6 +414,16 @@ class EngineConfig(_Section):
     spark: SparkConfig = SparkConfig()
 
 
+class RollsConfig(_Section):
+    """cleanerd's own roll settings (Kafka rolls only on append and has none of them)."""
+
+    min_interval_ms: int = Field(default=DEFAULT_MIN_ROLL_INTERVAL_MS, ge=0)
+    """A segment rolls by time (`segment.ms`, `max.compaction.lag.ms`) only this long
+    after the partition's last roll, and never later than `maxSegmentMs` after it (so a
+    deadline is kept): a guard against a roll per batch when producer timestamps lie in
+    the past (linkedin/kafka#521). 15 minutes by default; 0 turns it off."""
+
+
 class DiskUsageConfig(_Section):
     """KIP-61 disk-usage retention (`log.retention.disk.usage.percent`)."""
 
@@ -440,6 +451,7 @@ class Config(BrokerConfig):
     logging: LoggingConfig = LoggingConfig()
     engine: EngineConfig = EngineConfig()
     disk_usage: DiskUsageConfig = Field(default=DiskUsageConfig(), alias="disk_usage")
+    rolls: RollsConfig = RollsConfig()
     topics: dict[str, TopicOverride] = {}
 
     _defaults: TopicConfig = PrivateAttr()

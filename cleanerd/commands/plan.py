@@ -47,6 +47,12 @@ def _roll_text(roll: RollPlan, now_ms: int) -> str:
         return f"roll: due now ({d.reason.value}{waited})"
     if roll.due_at_ms is None:
         return "roll: no (the active segment is empty)"
+    if roll.held_by_min_interval:
+        return (
+            f"roll: not yet; the minimum roll interval (rolls.min_interval_ms, "
+            f"{roll.min_interval_ms} ms after the last roll) holds the {roll.limit_reason} "
+            f"roll until {roll.due_at_ms} (in {roll.due_at_ms - now_ms} ms)"
+        )
     return (
         f"roll: not yet; {roll.limit_reason} rolls it at {roll.due_at_ms} "
         f"(in {roll.due_at_ms - now_ms} ms)"
@@ -149,6 +155,8 @@ def run(args: argparse.Namespace) -> int:
         devices=gathered.devices,
         device_of_dir=gathered.device_of_dir,
         protects=cfg.disk_usage.protects,
+        cleaner_enabled=cfg.log_cleaner_enable,
+        min_roll_interval_ms=cfg.rolls.min_interval_ms,
     )
     if args.json:
         print(json.dumps(cycle_json(plan, gathered.errors), indent=2))

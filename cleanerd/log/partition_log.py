@@ -335,6 +335,14 @@ class PartitionLog:
         first = self._segments[0].base_offset if self._segments else 0
         return max(self._log_start_offset, first)
 
+    def last_roll_ms(self) -> int | None:
+        """When the active segment was rolled in, by the evidence on disk: the previous
+        segment's last modification (a roll writes the old segment last; a cleaned
+        segment keeps its sources' mtime). None for a lone segment."""
+        if len(self._segments) < 2:
+            return None
+        return self._segments[-2].last_modified_ms
+
     @property
     def first_unstable_offset(self) -> int | None:
         """First offset of the earliest open transaction, or None."""

@@ -24,13 +24,18 @@ time.
 
 Minimum roll interval: LinkedIn saw a max compaction lag smaller than the roll jitter
 make brokers roll a segment per message, exhausting file handles (linkedin/kafka#521;
-they added a 15-minute floor). cleanerd rolls by time only once the segment has existed
-(on cleanerd's clock, since `first_seen_ms`) for
-`min(min_roll_interval_ms, maxSegmentMs)`. Capping the floor at `maxSegmentMs` keeps the
-compaction deadline: a topic that asks for a one-minute lag gets one-minute segments, but
-neither jitter nor producer timestamps far in the past (which make every new segment look
-overdue) can roll faster than that. Size rolls are never delayed: a full segment cannot
-take more data. An empty segment never rolls.
+they added a 15-minute floor). cleanerd rolls a segment by time only once
+`min(min_roll_interval_ms, maxSegmentMs)` (`rolls.min_interval_ms`, 15 minutes by
+default) have passed since the partition's last roll, read from evidence on disk that a
+restart or a one-shot run finds the same: the previous segment's last modification (a
+roll writes the old segment last, and a cleaned segment keeps its sources' mtime;
+`SegmentAge.last_roll_ms`). A lone segment (the first
+of a partition, or the last one retention left) has no such floor: rolling it once cannot
+start a roll per batch, since the segment after it has a previous segment. Capping the
+floor at `maxSegmentMs` keeps the compaction deadline: a topic that asks for a one-minute
+lag gets one-minute segments, but neither jitter nor producer timestamps far in the past
+(which make every new segment look overdue) can roll faster than that. Size rolls are
+never delayed: a full segment cannot take more data. An empty segment never rolls.
 """
 
 from __future__ import annotations
@@ -100,6 +105,46 @@ def segment_jitter(segment_ms: int, jitter_ms: int, rng_seed: int | str | bytes)
     return random.Random(rng_seed).randrange(bound)
 
 
+@dataclass(frozen=True, slots=True)
+class SegmentAge:
+    """What tells how old an active segment is (see the module docstring)."""
+
+    first_seen_ms: int
+    """When cleanerd first saw it holding a batch: clamps a future first-batch timestamp."""
+    last_roll_ms: int | None
+    """When it was rolled in, by the evidence on disk (None: a lone segment); the
+    minimum roll interval counts from here."""
+
+
+@dataclass(frozen=True, slots=True)
+class TimeRollDue:
+    """When the time rule rolls a segment, and what sets that instant."""
+
+    at_ms: int
+    rolling_timestamp_ms: int
+    held_by_min_interval: bool
+    """The minimum roll interval, not the time rule itself, sets `at_ms`."""
+
+
+def time_roll_due(
+    segment: SegmentMeta,
+    *,
+    max_segment_ms: int,
+    jitter_ms: int,
+    age: SegmentAge,
+    min_roll_interval_ms: int = DEFAULT_MIN_ROLL_INTERVAL_MS,
+) -> TimeRollDue:
+    """The instant the time rule rolls the (non-empty) `segment`: its rolling timestamp
+    plus `maxSegmentMs - jitter`, but not before `min(min_roll_interval_ms,
+    maxSegmentMs)` after the partition's last roll."""
+    rolling = rolling_timestamp(segment, age.first_seen_ms)
+    by_time = rolling + max_segment_ms - jitter_ms
+    if age.last_roll_ms is None:
+        return TimeRollDue(by_time, rolling, False)
+    floor = age.last_roll_ms + min(min_roll_interval_ms, max_segment_ms)
+    return TimeRollDue(max(by_time, floor), rolling, floor > by_time)
+
+
 def rolling_timestamp(segment: SegmentMeta, first_seen_ms: int) -> int:
     """The time the segment counts as started: first batch maxTimestamp, clamped."""
     ts = segment.first_batch_timestamp_ms
@@ -115,23 +160,27 @@ def should_roll(
     segment_bytes: int,
     max_segment_ms: int,
     jitter_ms: int,
-    first_seen_ms: int,
+    age: SegmentAge,
     min_roll_interval_ms: int = DEFAULT_MIN_ROLL_INTERVAL_MS,
     time_reason: RollReason = RollReason.SEGMENT_MS,
 ) -> RollDecision | None:
     """Whether the active `segment` must roll at `now_ms`, and why; None to keep it.
 
-    `jitter_ms` is the segment's drawn jitter (`segment_jitter`), `first_seen_ms` the
-    wall-clock time cleanerd first saw the segment, and `time_reason` names the config
-    behind `max_segment_ms` (`time_roll_limit(...).reason`).
+    `jitter_ms` is the segment's drawn jitter (`segment_jitter`), `age` what tells how
+    old it is, and `time_reason` names the config behind `max_segment_ms`
+    (`time_roll_limit(...).reason`).
     """
     if segment.is_empty:
         return None
     if segment.size_bytes >= segment_bytes:
         return RollDecision(segment.base_offset, RollReason.SEGMENT_BYTES, None)
-    waited = now_ms - rolling_timestamp(segment, first_seen_ms)
-    if waited < max_segment_ms - jitter_ms:
+    due = time_roll_due(
+        segment,
+        max_segment_ms=max_segment_ms,
+        jitter_ms=jitter_ms,
+        age=age,
+        min_roll_interval_ms=min_roll_interval_ms,
+    )
+    if now_ms < due.at_ms:
         return None
-    if now_ms - first_seen_ms < min(min_roll_interval_ms, max_segment_ms):
-        return None
-    return RollDecision(segment.base_offset, time_reason, waited)
+    return RollDecision(segment.base_offset, time_reason, now_ms - due.rolling_timestamp_ms)

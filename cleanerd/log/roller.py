@@ -10,7 +10,8 @@ due. An empty active segment never rolls, and `__cluster_metadata` or a read-onl
 partition is never rolled.
 
 First-seen clock. `should_roll` clamps a first-batch timestamp in the future to the time
-cleanerd first saw the segment, and measures the minimum roll interval from that time.
+cleanerd first saw the segment (the minimum roll interval counts from the partition's
+last roll instead, `PartitionLog.last_roll_ms`: evidence on disk).
 `FirstSeen` keeps it per partition, for the active segment only (one base offset and one
 time), and persists it so that a restart of the daemon does not restart the clock:
 
@@ -19,8 +20,8 @@ time), and persists it so that a restart of the daemon does not restart the cloc
      "segments": {"<topic>-<partition>": [<active base offset>, <first seen ms>], ...}}
 
 Written with `fsutil.atomic_write` (tmp file, fsync, rename, dir fsync): a crash leaves
-the old or the new file, never a mix. The file is advisory: losing it only delays rolls
-by the minimum roll interval, so an unreadable file is logged and replaced, not fatal.
+the old or the new file, never a mix. The file is advisory: losing it only weakens the clamp
+of a future timestamp, so an unreadable file is logged and replaced, not fatal.
 
 A segment counts as seen once it holds its first batch: the clamp replaces the first
 batch's timestamp, so it must be a time at which that batch already existed (an empty
@@ -52,6 +53,7 @@ from cleanerd.log.partition_log import PartitionLog
 from cleanerd.log.roll import (
     DEFAULT_MIN_ROLL_INTERVAL_MS,
     RollDecision,
+    SegmentAge,
     TimeRollLimit,
     segment_jitter,
     segment_jitter_seed,
@@ -206,7 +208,7 @@ def roll_decision(
     topic: TopicConfig,
     *,
     now_ms: int,
-    first_seen_ms: int,
+    age: SegmentAge,
     min_roll_interval_ms: int = DEFAULT_MIN_ROLL_INTERVAL_MS,
 ) -> RollDecision | None:
     """Whether the active segment of `tp` must roll at `now_ms` under `topic`'s settings:
@@ -220,10 +222,19 @@ def roll_decision(
         segment_bytes=topic.segment_bytes,
         max_segment_ms=limit.ms,
         jitter_ms=jitter,
-        first_seen_ms=first_seen_ms,
+        age=age,
         min_roll_interval_ms=min_roll_interval_ms,
         time_reason=limit.reason,
     )
+
+
+def segment_age(
+    plog: PartitionLog, first_seen: FirstSeen, active: SegmentMeta, now_ms: int
+) -> SegmentAge:
+    """How old the active segment `active` of `plog` is (`roll.SegmentAge`), without
+    recording anything (for `plan`)."""
+    tp = plog.topic_partition
+    return SegmentAge(first_seen.peek(tp, active, now_ms), plog.last_roll_ms())
 
 
 def maybe_roll(
@@ -245,14 +256,9 @@ def maybe_roll(
     with plog.lock:
         plog.refresh()
         active = plog.active_segment.meta()
-        first = first_seen.observe(tp, active, now_ms)
+        age = SegmentAge(first_seen.observe(tp, active, now_ms), plog.last_roll_ms())
         decision = roll_decision(
-            tp,
-            active,
-            topic,
-            now_ms=now_ms,
-            first_seen_ms=first,
-            min_roll_interval_ms=min_roll_interval_ms,
+            tp, active, topic, now_ms=now_ms, age=age, min_roll_interval_ms=min_roll_interval_ms
         )
         if decision is None:
             return None

@@ -452,7 +452,13 @@ class Maintenance:
                 self._first_seen[path] = first_seen
             for p in items:
                 try:
-                    decision = maybe_roll(p.plog, p.topic, first_seen, now_ms=report.now_ms)
+                    decision = maybe_roll(
+                        p.plog,
+                        p.topic,
+                        first_seen,
+                        now_ms=report.now_ms,
+                        min_roll_interval_ms=self.config.rolls.min_interval_ms,
+                    )
                 except (CleanerdError, OSError) as exc:
                     report.error(path, p.tp, "roll", exc)
                     continue

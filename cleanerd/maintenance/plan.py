@@ -33,8 +33,8 @@ from cleanerd.log.files import METADATA_TOPIC, TopicPartition
 from cleanerd.log.log_dir import LogDir
 from cleanerd.log.meta import PartitionMeta
 from cleanerd.log.partition_log import LogConfig
-from cleanerd.log.roll import DEFAULT_MIN_ROLL_INTERVAL_MS
-from cleanerd.log.roller import FirstSeen
+from cleanerd.log.roll import DEFAULT_MIN_ROLL_INTERVAL_MS, SegmentAge
+from cleanerd.log.roller import FirstSeen, segment_age
 from cleanerd.log.topic_config import TopicConfig
 from cleanerd.maintenance.report import deleted_json, disk_deleted_json, rolled_json
 from cleanerd.maintenance.steps import (
@@ -68,8 +68,8 @@ class PlanInput:
     topic: TopicConfig
     checkpoint: int | None
     """The partition's `cleaner-offset-checkpoint` entry."""
-    first_seen_ms: int
-    """When cleanerd first saw the active segment (`FirstSeen`)."""
+    age: SegmentAge
+    """How old the active segment is (`roller.segment_age`)."""
     horizons: tuple[SegmentHorizon, ...] = ()
     """Delete horizons of the non-active segments (`HorizonCache`)."""
     uncleanable: str | None = None
@@ -128,7 +128,7 @@ def plan_partition(
         meta.active,
         topic,
         now_ms=now_ms,
-        first_seen_ms=inp.first_seen_ms,
+        age=inp.age,
         min_roll_interval_ms=min_roll_interval_ms,
     )
     current = simulate_roll(meta, now_ms) if roll.decision is not None else meta
@@ -266,7 +266,7 @@ def _gather_dir(cfg: Config, log_dir: LogDir, now_ms: int, out: Gathered) -> Non
                 meta=meta,
                 topic=topic,
                 checkpoint=log_dir.checkpoints.cleaner_offsets.get(tp),
-                first_seen_ms=first_seen.peek(tp, meta.active, now_ms),
+                age=segment_age(plog, first_seen, meta.active, now_ms),
                 horizons=segment_horizons,
                 uncleanable=None if plog.corrupt is None else str(plog.corrupt),
             )
@@ -323,6 +323,7 @@ def partition_json(p: PartitionPlan) -> dict[str, Any]:
             "limit_ms": p.roll.limit_ms,
             "limit_reason": p.roll.limit_reason,
             "due_at_ms": p.roll.due_at_ms,
+            "held_by_min_interval": p.roll.held_by_min_interval,
         }
     c = p.compaction
     if c is not None:

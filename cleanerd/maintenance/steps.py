@@ -30,7 +30,12 @@ from cleanerd.compaction.cleanable import EligibilityReason, LogToClean, eligibi
 from cleanerd.compaction.horizon import SegmentHorizon, horizon_due
 from cleanerd.log.files import TopicPartition
 from cleanerd.log.meta import PartitionMeta, SegmentMeta
-from cleanerd.log.roll import DEFAULT_MIN_ROLL_INTERVAL_MS, RollDecision, rolling_timestamp
+from cleanerd.log.roll import (
+    DEFAULT_MIN_ROLL_INTERVAL_MS,
+    RollDecision,
+    SegmentAge,
+    time_roll_due,
+)
 from cleanerd.log.roller import roll_decision, time_rule
 from cleanerd.log.topic_config import TopicConfig
 from cleanerd.retention.executor import retention_plan
@@ -62,6 +67,10 @@ class RollPlan:
     limit_reason: str
     due_at_ms: int | None
     """When the time rule will roll the segment (None: empty segment, never)."""
+    held_by_min_interval: bool = False
+    """The minimum roll interval (`rolls.min_interval_ms`), not the time rule, sets
+    `due_at_ms`."""
+    min_interval_ms: int = DEFAULT_MIN_ROLL_INTERVAL_MS
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,26 +126,31 @@ def roll_plan(
     topic: TopicConfig,
     *,
     now_ms: int,
-    first_seen_ms: int,
+    age: SegmentAge,
     min_roll_interval_ms: int = DEFAULT_MIN_ROLL_INTERVAL_MS,
 ) -> RollPlan:
     """The roll decision at `now_ms` and, by the time rule, when it falls due."""
     limit, jitter = time_rule(tp, active.base_offset, topic)
     decision = roll_decision(
-        tp,
+        tp, active, topic, now_ms=now_ms, age=age, min_roll_interval_ms=min_roll_interval_ms
+    )
+    if active.is_empty:
+        return RollPlan(decision, limit.ms, limit.reason.value, None)
+    due = time_roll_due(
         active,
-        topic,
-        now_ms=now_ms,
-        first_seen_ms=first_seen_ms,
+        max_segment_ms=limit.ms,
+        jitter_ms=jitter,
+        age=age,
         min_roll_interval_ms=min_roll_interval_ms,
     )
-    due_at = None
-    if not active.is_empty:
-        due_at = max(
-            rolling_timestamp(active, first_seen_ms) + limit.ms - jitter,
-            first_seen_ms + min(min_roll_interval_ms, limit.ms),
-        )
-    return RollPlan(decision, limit.ms, limit.reason.value, due_at)
+    return RollPlan(
+        decision,
+        limit.ms,
+        limit.reason.value,
+        due.at_ms,
+        due.held_by_min_interval,
+        min_roll_interval_ms,
+    )
 
 
 def retention_step(

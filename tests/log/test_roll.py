@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 from cleanerd.log.meta import SegmentMeta
 from cleanerd.log.roll import (
     RollReason,
+    SegmentAge,
     max_segment_ms,
     segment_jitter,
     segment_jitter_seed,
@@ -35,10 +36,19 @@ def active(size: int = 500, first_ts: int | None = T0) -> SegmentMeta:
     )
 
 
-def roll(segment: SegmentMeta, *, now: int, max_seg: int = WEEK, **kw: Any):
-    args: dict[str, Any] = {"segment_bytes": MB, "jitter_ms": 0, "first_seen_ms": T0}
+def roll(
+    segment: SegmentMeta,
+    *,
+    now: int,
+    max_seg: int = WEEK,
+    first_seen_ms: int = T0,
+    last_roll_ms: int | None = T0,
+    **kw: Any,
+):
+    args: dict[str, Any] = {"segment_bytes": MB, "jitter_ms": 0}
     args.update(kw)
-    return should_roll(segment, now_ms=now, max_segment_ms=max_seg, **args)
+    age = SegmentAge(first_seen_ms, last_roll_ms)
+    return should_roll(segment, now_ms=now, max_segment_ms=max_seg, age=age, **args)
 
 
 def test_size_rolls_once_segment_bytes_is_reached():
@@ -108,8 +118,8 @@ def test_min_roll_interval_stops_a_segment_per_append():
     """Old producer timestamps cannot roll a segment younger than the minimum interval."""
     old = active(first_ts=T0 - 365 * DAY)
     seen = T0
-    assert roll(old, now=seen + 14 * 60_000, first_seen_ms=seen) is None
-    assert roll(old, now=seen + 15 * 60_000, first_seen_ms=seen) is not None
+    assert roll(old, now=seen + 14 * 60_000, last_roll_ms=seen) is None
+    assert roll(old, now=seen + 15 * 60_000, last_roll_ms=seen) is not None
 
 
 def test_min_roll_interval_is_capped_by_max_segment_ms():

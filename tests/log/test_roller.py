@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,7 @@ from cleanerd.config import BrokerConfig
 from cleanerd.log.files import TopicPartition
 from cleanerd.log.meta import SegmentMeta
 from cleanerd.log.partition_log import LogConfig, PartitionLog
-from cleanerd.log.roll import RollReason, segment_jitter, segment_jitter_seed
+from cleanerd.log.roll import RollReason, SegmentAge, segment_jitter, segment_jitter_seed
 from cleanerd.log.roller import (
     FirstSeen,
     SeenSegment,
@@ -108,15 +109,33 @@ def test_full_segment_rolls_by_size(tmp_path: Path) -> None:
     assert len(plog.segments) == 2
 
 
-def test_minimum_roll_interval_since_first_sighting(tmp_path: Path) -> None:
-    """Old producer timestamps cannot make a segment roll before it has existed for the
-    minimum roll interval on cleanerd's clock."""
+def rolled_at(plog: PartitionLog, ms: int) -> None:
+    """Date the segment before the active one as written at `ms` (the test's clock): the
+    roll that created the active segment happened then, as its files show."""
+    previous = plog.segments[-2]
+    for path in previous.paths:
+        if path.exists():
+            os.utime(path, ns=(ms * 1_000_000, ms * 1_000_000))
+
+
+def test_minimum_roll_interval_counts_from_the_last_roll(tmp_path: Path) -> None:
+    """Old producer timestamps roll a lone segment at once (one roll cannot become a roll
+    per batch), but the segment that roll started waits the minimum interval after it,
+    read from the files (the previous segment's mtime): the same in a fresh process."""
     plog = one_batch_log(tmp_path, ts=T0 - 100 * HOUR)
-    seen = FirstSeen(None, plog.log_dir)
     cfg = topic(max_compaction_lag_ms=HOUR)
-    assert maybe_roll(plog, cfg, seen, now_ms=T0, min_roll_interval_ms=15 * MINUTE) is None
-    later = T0 + 15 * MINUTE
-    assert maybe_roll(plog, cfg, seen, now_ms=later, min_roll_interval_ms=15 * MINUTE)
+    interval = 15 * MINUTE
+    fresh = FirstSeen(None, plog.log_dir)
+    assert maybe_roll(plog, cfg, fresh, now_ms=T0, min_roll_interval_ms=interval)
+    rolled_at(plog, T0)
+    plog.append([kv("k", "w", timestamp=T0 - 99 * HOUR)])
+    for _ in range(2):  # a second, new process decides alike
+        seen = FirstSeen(None, plog.log_dir)
+        now = T0 + interval - 1
+        assert maybe_roll(plog, cfg, seen, now_ms=now, min_roll_interval_ms=interval) is None
+    decision = maybe_roll(plog, cfg, seen, now_ms=T0 + interval, min_roll_interval_ms=interval)
+    assert decision is not None
+    assert decision.reason is RollReason.MAX_COMPACTION_LAG_MS
 
 
 def test_segment_counts_as_seen_from_its_first_batch(tmp_path: Path) -> None:
@@ -126,6 +145,7 @@ def test_segment_counts_as_seen_from_its_first_batch(tmp_path: Path) -> None:
     seen = FirstSeen(None, plog.log_dir)
     seen.observe(TP, plog.active_segment.meta(), T0)
     assert maybe_roll(plog, topic(), seen, now_ms=T0 + HOUR) is not None
+    rolled_at(plog, T0 + HOUR)
     assert maybe_roll(plog, topic(), seen, now_ms=T0 + 5 * HOUR) is None
     assert seen.get(TP) == SeenSegment(0, T0)
     plog.append([kv("k", "w", timestamp=T0 + 5 * HOUR)])
@@ -143,7 +163,9 @@ def test_read_only_and_metadata_logs_never_roll(tmp_path: Path) -> None:
     assert maybe_roll(ro, topic(), seen, now_ms=T0 + 100 * HOUR) is None
     meta_tp = TopicPartition("__cluster_metadata", 0)
     assert (
-        roll_decision(meta_tp, active_meta(), topic(), now_ms=T0 + 100 * HOUR, first_seen_ms=T0)
+        roll_decision(
+            meta_tp, active_meta(), topic(), now_ms=T0 + 100 * HOUR, age=SegmentAge(T0, T0)
+        )
         is None
     )
     assert len(PartitionLog.open(plog.dir, read_only=True).segments) == 1
@@ -159,8 +181,8 @@ def test_jitter_rolls_early_and_is_stable() -> None:
         assert 0 <= jitter < 30 * MINUTE
         due = T0 + HOUR - jitter
         seg = active_meta(base)
-        assert roll_decision(TP, seg, cfg, now_ms=due - 1, first_seen_ms=T0) is None
-        assert roll_decision(TP, seg, cfg, now_ms=due, first_seen_ms=T0) is not None
+        assert roll_decision(TP, seg, cfg, now_ms=due - 1, age=SegmentAge(T0, T0)) is None
+        assert roll_decision(TP, seg, cfg, now_ms=due, age=SegmentAge(T0, T0)) is not None
         jitters.append(jitter)
     assert jitters[0] != jitters[1]
 

@@ -16,6 +16,7 @@ from cleanerd.config import BrokerConfig
 from cleanerd.log.files import TopicPartition
 from cleanerd.log.log_dir import LogDir
 from cleanerd.log.meta import PartitionMeta, SegmentMeta
+from cleanerd.log.roll import SegmentAge
 from cleanerd.log.topic_config import TopicConfig
 from cleanerd.maintenance.plan import PlanInput, plan_cycle, plan_partition
 from cleanerd.retention.disk_usage import DeviceUsage
@@ -56,7 +57,10 @@ def test_due_roll_opens_the_idle_segment_to_compaction() -> None:
     it, and the rolled segment becomes cleanable and eligible by max lag."""
     m = meta("idle", [T0 - 2 * HOUR, T0 - 90 * MIN])
     inp = PlanInput(
-        m, topic(min_cleanable_dirty_ratio=1.0), checkpoint=10, first_seen_ms=T0 - 90 * MIN
+        m,
+        topic(min_cleanable_dirty_ratio=1.0),
+        checkpoint=10,
+        age=SegmentAge(T0 - 90 * MIN, T0 - 90 * MIN),
     )
     plan, after = plan_partition(inp, now_ms=T0)
     assert plan.roll is not None
@@ -83,7 +87,7 @@ def test_retention_plan_rolls_first_and_moves_the_start() -> None:
     goes; the log start offset moves to the log end offset."""
     m = meta("old", [T0 - 9 * HOUR, T0 - 8 * HOUR])
     cfg = topic(cleanup_policy=("delete",), retention_ms=HOUR, segment_ms=100 * HOUR)
-    plan, after = plan_partition(PlanInput(m, cfg, None, T0), now_ms=T0)
+    plan, after = plan_partition(PlanInput(m, cfg, None, SegmentAge(T0, T0)), now_ms=T0)
     assert plan.roll is not None
     assert plan.roll.decision is None
     assert plan.rolled_for_retention
@@ -96,12 +100,13 @@ def test_retention_plan_rolls_first_and_moves_the_start() -> None:
 def test_cycle_orders_overdue_first_and_plans_disk_usage() -> None:
     """Eligible partitions are ranked overdue first, then by dirtiness; KIP-61 is planned
     over the post-retention snapshots of each device, sparing protected topics."""
-    overdue = PlanInput(meta("late", [T0 - 3 * HOUR, T0]), topic(), None, T0)
+    overdue = PlanInput(meta("late", [T0 - 3 * HOUR, T0]), topic(), None, SegmentAge(T0, T0))
+    age = SegmentAge(T0, T0)
     dirty = PlanInput(
-        meta("dirty", [T0 - 5 * MIN, T0]), topic(max_compaction_lag_ms=10 * HOUR), None, T0
+        meta("dirty", [T0 - 5 * MIN, T0]), topic(max_compaction_lag_ms=10 * HOUR), None, age
     )
     spared = PlanInput(
-        meta("vip", [T0 - 99 * HOUR, T0]), topic(cleanup_policy=("delete",)), None, T0
+        meta("vip", [T0 - 99 * HOUR, T0]), topic(cleanup_policy=("delete",)), None, age
     )
     cycle = plan_cycle(
         [dirty, overdue, spared],
@@ -122,7 +127,9 @@ def test_cycle_orders_overdue_first_and_plans_disk_usage() -> None:
 def test_metadata_log_is_never_planned() -> None:
     """The KRaft metadata log gets no roll, retention or compaction."""
     m = meta("__cluster_metadata", [T0 - 99 * HOUR, T0 - 98 * HOUR])
-    plan, _ = plan_partition(PlanInput(m, topic(retention_ms=1), None, T0), now_ms=T0)
+    plan, _ = plan_partition(
+        PlanInput(m, topic(retention_ms=1), None, SegmentAge(T0, T0)), now_ms=T0
+    )
     assert plan.roll is None
     assert plan.retention.deletions == ()
     assert plan.compaction is None
