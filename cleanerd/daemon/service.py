@@ -560,7 +560,9 @@ class Daemon:
         partitions = len(self.watcher.snapshot.partitions)
         dirs = len(self.config.log_dirs)
         state = "paused" if self.paused else "watching"
-        return f"{state} {dirs} log dir(s), {partitions} partition(s)"
+        observed = len(self.maintenance.observed_dirs) if self.maintenance is not None else 0
+        only = f" ({observed} observed only: nothing is written there)" if observed else ""
+        return f"{state} {dirs} log dir(s){only}, {partitions} partition(s)"
 
     # -- commands ---------------------------------------------------------------------------
 

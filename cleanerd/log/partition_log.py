@@ -87,10 +87,10 @@ from cleanerd.log.recovery import (
     SegmentOptions,
     recover_partition,
     refuse_link,
-    torn_tail_reason,
     truncate_torn_tail,
 )
 from cleanerd.log.segment import LogSegment
+from cleanerd.log.tail import torn_tail_reason
 from cleanerd.log.topic_config import TopicConfig
 from cleanerd.log.txnindex import AbortedTxn, ongoing_txns_from_snapshot
 from cleanerd.records.batch import encode_batch, iter_records

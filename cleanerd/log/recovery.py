@@ -60,7 +60,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NoReturn
 
-import numpy as np
 import structlog
 
 from cleanerd.errors import CleanerdError, CorruptIndexError, CorruptRecordError
@@ -80,12 +79,10 @@ from cleanerd.log.files import (
 from cleanerd.log.fsutil import atomic_write, fsync_dir, safe_unlink
 from cleanerd.log.index import IndexPastLogError
 from cleanerd.log.segment import LogSegment
-from cleanerd.records.header import LOG_OVERHEAD, MAGIC_OFFSET, RECORD_BATCH_OVERHEAD, Buffer
-from cleanerd.records.scan import ScanResult, scan_batches, scan_valid_prefix
+from cleanerd.log.tail import ZERO_TAIL, torn_tail_reason
+from cleanerd.records.scan import ScanResult, scan_valid_prefix
 
 log = structlog.get_logger(__name__)
-
-ZERO_TAIL = "zero bytes after the last batch"
 
 
 class SymlinkRefused(CleanerdError):
@@ -289,59 +286,6 @@ def open_segments(dir_path: Path, options: SegmentOptions) -> list[LogSegment]:
         )
         for base in bases
     ]
-
-
-def _valid_batch_after(buf: Buffer, start: int) -> int | None:
-    """Position of the first whole v2 batch with a valid CRC starting after `start`.
-
-    A crash mid-append leaves one partial batch as the very last bytes, so a valid batch
-    further on means the bytes at `start` are damage in the middle, not a torn tail."""
-    data = np.frombuffer(buf, dtype=np.uint8)
-    end = data.size
-    if end - start < RECORD_BATCH_OVERHEAD + 1:
-        return None
-    candidates = np.flatnonzero(
-        data[start + 1 + MAGIC_OFFSET : end - RECORD_BATCH_OVERHEAD + 1 + MAGIC_OFFSET] == 2
-    )
-    positions = candidates + start + 1
-    lengths = (
-        data[positions + 8].astype(np.int64) << 24
-        | data[positions + 9].astype(np.int64) << 16
-        | data[positions + 10].astype(np.int64) << 8
-        | data[positions + 11].astype(np.int64)
-    )
-    sizes = lengths + LOG_OVERHEAD
-    plausible = (sizes >= RECORD_BATCH_OVERHEAD) & (positions + sizes <= end)
-    for position in positions[plausible].tolist():
-        try:
-            next(scan_batches(buf, start=position, end=end))
-        except CorruptRecordError:
-            continue
-        return int(position)
-    return None
-
-
-def torn_tail_reason(buf: Buffer, scan: ScanResult) -> str | None:
-    """Why the bytes after the valid prefix are a crash-interrupted append, or None when
-    they are something else (corruption that must be reported, not cut)."""
-    if scan.error is None:
-        return None
-    start = scan.valid_bytes
-    if not np.frombuffer(buf, dtype=np.uint8)[start:].any():
-        return ZERO_TAIL
-    if _valid_batch_after(buf, start) is not None:
-        return None
-    if scan.incomplete_tail:
-        return f"incomplete batch: {scan.error.reason}"
-    if len(buf) - start >= MAGIC_OFFSET + 1:
-        declared = int.from_bytes(buf[start + 8 : start + 12], "big", signed=True)
-        if declared + LOG_OVERHEAD == len(buf) - start:
-            try:
-                list(scan_batches(buf, start=start, verify_crc=False))
-            except CorruptRecordError:
-                return None
-            return f"last batch fails its CRC: {scan.error.reason}"
-    return None
 
 
 def _quarantine(

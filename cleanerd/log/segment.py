@@ -62,6 +62,7 @@ from cleanerd.log.index import (
     TimeIndex,
 )
 from cleanerd.log.meta import SegmentMeta
+from cleanerd.log.tail import torn_tail_reason
 from cleanerd.log.txnindex import AbortedTxn, TransactionIndex, TxnIndexSearchResult
 from cleanerd.records.header import Buffer
 from cleanerd.records.record import Record
@@ -222,7 +223,7 @@ class LogSegment:
             oi, ti = self.offset_index, self.time_index
             oi.check_within(self._size)
             last = oi.last_entry
-            tail = list(self.batches(start_position=last.position))
+            tail = self._whole_batches_from(last.position)
             if oi.entries and not tail[0].last_offset <= last.offset <= tail[-1].last_offset:
                 raise CorruptIndexError(
                     f"last entry (offset {last.offset}, position {last.position}) does not "
@@ -245,6 +246,24 @@ class LogSegment:
             self._next_offset = tail[-1].next_offset if tail else self.base_offset
             self._builder = builder
         return self._builder
+
+    def _whole_batches_from(self, position: int) -> list[BatchInfo]:
+        """The batches from `position` to the end. A read-only segment belongs to another
+        writer (observe mode: a live broker), which may be in the middle of an append:
+        such a tail (`tail.torn_tail_reason`) ends the segment for now, and its size is
+        the end of its last whole batch; any other bad bytes raise as usual."""
+        if not self.read_only:
+            return list(self.batches(start_position=position))
+        with self.open_buffer() as buf:
+            scan = scan_valid_prefix(buf, start=position)
+            if scan.error is None:
+                return scan.batches
+            end = position + scan.valid_bytes
+            whole = ScanResult(scan.batches, end, scan.error, scan.incomplete_tail)
+            if torn_tail_reason(buf, whole) is None:
+                raise scan.error.located(self.log_path)
+        self._size = end
+        return scan.batches
 
     @property
     def next_offset(self) -> int:
@@ -272,9 +291,16 @@ class LogSegment:
 
     @property
     def first_batch(self) -> BatchInfo | None:
-        """The first batch, or None when the segment is empty."""
+        """The first batch, or None when the segment is empty (or, read-only, holds only
+        an append in flight)."""
         if self._first_batch is None and self._size:
-            self._first_batch = next(self.batches(), None)
+            try:
+                self._first_batch = next(self.batches(), None)
+            except CorruptRecordError:
+                if not self.read_only:
+                    raise
+                whole = self._whole_batches_from(0)  # raises unless it is a torn tail
+                self._first_batch = whole[0] if whole else None
         return self._first_batch
 
     @property

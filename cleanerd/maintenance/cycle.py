@@ -46,6 +46,7 @@ from typing import Final
 
 import structlog
 
+from cleanerd.compaction.cleanable import log_to_clean
 from cleanerd.compaction.cleaner import (
     CleanerConfig,
     CleaningAborted,
@@ -150,6 +151,7 @@ class _Builder:
     skipped: list[SkippedLog] = field(default_factory=list)
     unlinked: list[Path] = field(default_factory=list)
     states: list[PartitionState] = field(default_factory=list)
+    observed: list[str] = field(default_factory=list)
     aborted: bool = False
 
     def skip(self, log_dir: Path | str, tp: TopicPartition | None, phase: str, reason: str) -> None:
@@ -173,6 +175,7 @@ class _Builder:
             skipped=tuple(self.skipped),
             unlinked=tuple(self.unlinked),
             states=tuple(self.states),
+            observed=tuple(self.observed),
             aborted=self.aborted,
             errors=tuple(self.errors),
         )
@@ -259,6 +262,8 @@ class Maintenance:
                     Path(path), observe=config.observe, state_dir=config.state_dir
                 )
                 self.log_dirs.append(log_dir)
+                if log_dir.mode is Mode.OBSERVE and log_dir.held_by is None:
+                    log.info("log_dir.observed", log_dir=str(log_dir.path), reason="mode: observe")
                 if log_dir.held_by is not None and log_dir.held_by.cleanerd:
                     # Two cleanerd owners of one state dir would each believe they own
                     # the dir: the second is refused, naming the first.
@@ -300,6 +305,11 @@ class Maintenance:
                 except (CleanerdError, OSError) as exc:
                     errors.append(exc)
         return errors
+
+    @property
+    def observed_dirs(self) -> list[Path]:
+        """The log dirs only observed (nothing is written there)."""
+        return [d.path for d in self.log_dirs if d.mode is Mode.OBSERVE]
 
     def shutdown(self) -> list[CleanerdError | OSError]:
         """The end of a clean stop: write the checkpoints (`checkpoint`), unlink the
@@ -377,6 +387,7 @@ class Maintenance:
             for p in partitions
             if p.topic.compact and not p.plog.is_metadata
         ]
+        report.states += self._plain_states(partitions)
         self._clean(compacted, report, stop)
         report.unlinked += self.pending.run_due(self.clock())
         return report.build(self.clock())
@@ -392,6 +403,8 @@ class Maintenance:
             if log_dir.mode is not Mode.OWNER:
                 why = str(log_dir.held_by or f"{log_dir.mode.value} mode")
                 report.skip(log_dir.path, None, "discover", why)
+                report.observed.append(str(log_dir.path))
+                report.states += self._observe(log_dir, report.now_ms, live)
                 continue
             log_dir.reload_checkpoints()
             for tp in log_dir.partitions():
@@ -411,6 +424,59 @@ class Maintenance:
         if self.topics is None:
             self.manager.registry.retain_only(seen)
         return found
+
+    @staticmethod
+    def _plain_states(partitions: list[_Partition]) -> list[PartitionState]:
+        """The snapshots of the partitions that are not compacted (sizes and counts for
+        the metrics); compacted ones get theirs with their candidate."""
+        states = []
+        for p in partitions:
+            if p.topic.compact or p.plog.is_metadata:
+                continue
+            try:
+                states.append(PartitionState(p.plog.meta()))
+            except (CleanerdError, OSError) as exc:
+                log.warning("partition.unreadable", **_fields(p.tp, p.log_dir.path), error=str(exc))
+        return states
+
+    def _observe(
+        self, log_dir: LogDir, now_ms: int, live: set[tuple[Path, TopicPartition]]
+    ) -> list[PartitionState]:
+        """The state of every partition of an observed log dir (a live broker's), read
+        without writing a byte there: the same snapshot and cleaning candidate owner mode
+        computes, for the metrics. The broker changes the files as they are read (a
+        segment renamed or deleted between listing and opening, an append in flight):
+        a partition that cannot be read whole now is skipped this cycle and read again
+        the next, never marked."""
+        states: list[PartitionState] = []
+        checkpoints = log_dir.reload_checkpoints().cleaner_offsets
+        for tp in log_dir.partitions():
+            if tp.topic == METADATA_TOPIC or not self._selected(tp):
+                continue
+            key = (log_dir.path, tp)
+            live.add(key)
+            topic = self.config.topic_config(tp.topic)
+            try:
+                plog = self._plogs.get(key)
+                if plog is None:
+                    plog = log_dir.open_partition(tp, config=LogConfig.of_topic(topic))
+                    self._plogs[key] = plog
+                meta = plog.meta()
+            except (CleanerdError, OSError) as exc:
+                self._plogs.pop(key, None)
+                log.debug("observe.skipped", **_fields(tp, log_dir.path), reason=str(exc))
+                continue
+            ltc = None
+            if topic.compact:
+                ltc = log_to_clean(
+                    meta,
+                    checkpoint=checkpoints.get(tp),
+                    now_ms=now_ms,
+                    min_compaction_lag_ms=topic.min_compaction_lag_ms,
+                    max_compaction_lag_ms=topic.max_compaction_lag_ms,
+                )
+            states.append(PartitionState(meta, ltc))
+        return states
 
     def _open(self, log_dir: LogDir, tp: TopicPartition, report: _Builder) -> _Partition | None:
         topic = self.config.topic_config(tp.topic)

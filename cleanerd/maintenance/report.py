@@ -111,10 +111,13 @@ class CycleReport:
     unlinked: tuple[Path, ...]
     """`.deleted` files removed at the end of the cycle."""
     states: tuple[PartitionState, ...]
-    """Each compacted partition's snapshot and candidate before cleaning (the metrics
-    model's input; uncleanable ones included)."""
+    """Each partition's snapshot and, when compacted, its candidate before cleaning (the
+    metrics' input; uncleanable and observed partitions included)."""
     aborted: bool = False
     """The cycle was stopped during its cleaning phase."""
+    observed: tuple[str, ...] = ()
+    """Log dirs only observed (configured so, or held by another process: a broker);
+    their partitions' states are in `states` too, nothing else concerns them."""
     errors: tuple[StepError, ...] = ()
     """Steps that failed (a failure for `cleanerd clean`; the daemon tries them again
     every cycle)."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import shutil
 import threading
@@ -538,3 +539,52 @@ def test_a_pass_whose_worker_died_mid_swap_is_recovered_before_it_is_retried(
         *(f"w{i}".encode() for i in range(10)),
         b"v0",  # in the active segment, which is never cleaned
     ]
+
+
+def _hold(log_dir: Path, held: Any, done: Any) -> None:
+    with LogDir.open(log_dir, state_dir=log_dir.parent / "broker-state"):
+        held.set()
+        done.wait(30)
+
+
+def test_an_observed_dir_reports_its_states_and_nothing_in_it_changes(
+    tmp_path: Path, engine: LocalEngine
+) -> None:
+    """A log dir another process holds (as a broker does) is observed: the cycle reports
+    every partition's state, the overdue compacted one with its honest delay, and writes
+    not a byte there (no roll, no pass, no checkpoint, no index)."""
+    c, d = TopicPartition("c", 0), TopicPartition("d", 0)
+    build(tmp_path, c, [records(range(6), T0 - 3 * HOUR) + records(range(3), T0 - 2 * HOUR)])
+    build(tmp_path, d, [records(range(3), T0 - 3 * HOUR), records(range(3), T0)])
+    cfg = write_config(
+        tmp_path,
+        {
+            "c": {"cleanup.policy": "compact", "max.compaction.lag.ms": HOUR},
+            "d": {"cleanup.policy": "delete", "retention.ms": HOUR},
+        },
+    )
+    logs = tmp_path / "logs"
+    before = {p: (p.stat().st_size, p.stat().st_mtime_ns) for p in logs.rglob("*")}
+    ctx = multiprocessing.get_context("spawn")
+    held, done = ctx.Event(), ctx.Event()
+    holder = ctx.Process(target=_hold, args=(logs, held, done))
+    holder.start()
+    try:
+        assert held.wait(30)
+        with Maintenance(cfg, engine, clock=lambda: T0) as m:
+            report = m.run_once()
+            assert m.observed_dirs == [logs]
+    finally:
+        done.set()
+        holder.join(30)
+    assert report.observed == (str(logs),)
+    assert (report.rolled, report.retention, report.cleaned, report.failed) == ((), (), (), ())
+    states = {s.meta.topic: s for s in report.states}
+    assert set(states) == {"c", "d"}
+    assert states["d"].ltc is None
+    overdue = states["c"].ltc
+    assert overdue is not None
+    assert overdue.compaction_delay_ms == 2 * HOUR
+    assert overdue.kafka_compaction_delay_ms == 0  # Kafka ignores the active segment
+    after = {p: (p.stat().st_size, p.stat().st_mtime_ns) for p in logs.rglob("*")}
+    assert after == before

@@ -257,6 +257,12 @@ _LOG_DIR_GAUGES: Final[tuple[tuple[str, str, Callable[[LogDirMetrics], float]], 
     ),
     ("cleanerd_log_dir_size_bytes", "Bytes of segments in the log dir.", lambda d: d.size_bytes),
     ("cleanerd_log_dir_partitions", "Partitions in the log dir.", lambda d: d.partitions),
+    (
+        "cleanerd_log_dir_observed",
+        "1 when the log dir is only observed (mode: observe, or its .lock is held by "
+        "another process: a running broker); nothing is written there.",
+        lambda d: float(d.observed),
+    ),
 )
 
 

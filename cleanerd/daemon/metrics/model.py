@@ -73,6 +73,8 @@ class LogDirMetrics:
     max_dirty_ratio: float
     uncleanable_partitions: int
     uncleanable_bytes: int
+    observed: bool = False
+    """Only observed (nothing is written there)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -205,10 +207,12 @@ def build_snapshot(
     devices: Sequence[DeviceUsage] = (),
     device_log_dirs: Mapping[int, Sequence[str]] | None = None,
     counters: Counters | None = None,
+    observed_log_dirs: Iterable[str] = (),
 ) -> MetricsSnapshot:
     """The snapshot at `now_ms`. `log_dirs` lists dirs to report even when they hold no
     partition (so their series exist); `last_runs` holds each worker's last round."""
     states = list(partitions)
+    observed = set(observed_log_dirs)
     dirs = list(dict.fromkeys([*log_dirs, *(s.meta.log_dir for s in states)]))
     marks = {d: uncleanable.in_dir(d) for d in dirs} if uncleanable is not None else {}
     per_partition = []
@@ -229,7 +233,7 @@ def build_snapshot(
         unseen = set(marks.get(d, {})) - seen
         if unseen:
             m = replace(m, uncleanable_partitions=m.uncleanable_partitions + len(unseen))
-        dir_metrics.append(m)
+        dir_metrics.append(replace(m, observed=d in observed))
     read = sum(r.bytes_read for r in last_runs)
     written = sum(r.bytes_written for r in last_runs)
     where = device_log_dirs or {}

@@ -541,3 +541,15 @@ def test_reload_to_an_address_in_use_keeps_the_old_endpoint() -> None:
             assert b"cleanerd_build_info" in _get(address)
         finally:
             ex.stop()
+
+
+def test_observed_log_dirs_say_so(tmp_path: Path) -> None:
+    """`cleanerd_log_dir_observed` is 1 for a log dir only observed (a broker's), 0 for
+    one this process owns; the observed dir's other gauges are there as in owner mode."""
+    data, empty = str(tmp_path / "data"), str(tmp_path / "empty")
+    ex = _exporter(_snapshot(tmp_path, observed_log_dirs=[data]))
+    assert _value(ex, "cleanerd_log_dir_observed", log_dir=data) == 1
+    assert _value(ex, "cleanerd_log_dir_observed", log_dir=empty) == 0
+    delay = _value(ex, "cleanerd_max_compaction_delay_seconds", log_dir=data)
+    assert delay is not None
+    assert delay > 0

@@ -1,0 +1,76 @@
+"""What the bytes after a segment's last whole batch are.
+
+A writer appends a batch with one write; a reader of the file while it happens (an
+observer beside a live broker), or a loader after a crash in the middle of one, finds a
+valid prefix followed by part of a batch: zeros (blocks allocated, not yet written), a
+batch whose declared length runs past the end of the file, or a last batch whose bytes
+are all there but whose CRC does not match yet. `torn_tail_reason` tells such a tail
+from damage: a tail is an append in flight (or cut short) only when nothing valid
+follows it and it has one of those shapes; anything else is corruption to report, never
+to cut or skip.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+import numpy as np
+
+from cleanerd.errors import CorruptRecordError
+from cleanerd.records.header import LOG_OVERHEAD, MAGIC_OFFSET, RECORD_BATCH_OVERHEAD, Buffer
+from cleanerd.records.scan import ScanResult, scan_batches
+
+ZERO_TAIL: Final = "zero bytes after the last batch"
+
+
+def torn_tail_reason(buf: Buffer, scan: ScanResult) -> str | None:
+    """Why the bytes after the valid prefix are a crash-interrupted append, or None when
+    they are something else (corruption that must be reported, not cut)."""
+    if scan.error is None:
+        return None
+    start = scan.valid_bytes
+    if not np.frombuffer(buf, dtype=np.uint8)[start:].any():
+        return ZERO_TAIL
+    if _valid_batch_after(buf, start) is not None:
+        return None
+    if scan.incomplete_tail:
+        return f"incomplete batch: {scan.error.reason}"
+    if len(buf) - start >= MAGIC_OFFSET + 1:
+        declared = int.from_bytes(buf[start + 8 : start + 12], "big", signed=True)
+        if declared + LOG_OVERHEAD == len(buf) - start:
+            try:
+                list(scan_batches(buf, start=start, verify_crc=False))
+            except CorruptRecordError:
+                return None
+            return f"last batch fails its CRC: {scan.error.reason}"
+    return None
+
+
+def _valid_batch_after(buf: Buffer, start: int) -> int | None:
+    """Position of the first whole v2 batch with a valid CRC starting after `start`.
+
+    A crash mid-append leaves one partial batch as the very last bytes, so a valid batch
+    further on means the bytes at `start` are damage in the middle, not a torn tail."""
+    data = np.frombuffer(buf, dtype=np.uint8)
+    end = data.size
+    if end - start < RECORD_BATCH_OVERHEAD + 1:
+        return None
+    candidates = np.flatnonzero(
+        data[start + 1 + MAGIC_OFFSET : end - RECORD_BATCH_OVERHEAD + 1 + MAGIC_OFFSET] == 2
+    )
+    positions = candidates + start + 1
+    lengths = (
+        data[positions + 8].astype(np.int64) << 24
+        | data[positions + 9].astype(np.int64) << 16
+        | data[positions + 10].astype(np.int64) << 8
+        | data[positions + 11].astype(np.int64)
+    )
+    sizes = lengths + LOG_OVERHEAD
+    plausible = (sizes >= RECORD_BATCH_OVERHEAD) & (positions + sizes <= end)
+    for position in positions[plausible].tolist():
+        try:
+            next(scan_batches(buf, start=position, end=end))
+        except CorruptRecordError:
+            continue
+        return int(position)
+    return None
