@@ -20,13 +20,17 @@ startup, then whenever one of these holds (`cycle_due`):
   `log.retention.disk.usage.percent` (probed every tick);
 - a pass of the previous cycle made progress (more may be eligible);
 - a compacted partition's max-lag deadline (active segment counted) has come;
+- a time rule falls due (`CycleReport.next_due_ms`): a `segment.ms` or max-lag roll,
+  `retention.ms` reaching the oldest segment, a delete horizon or the min lag passing, a
+  `.deleted` file's `file.delete.delay.ms`; so each acts within a tick plus one cycle of
+  its due time, and a reload (which asks for a cycle) recomputes them all;
 - after `log.cleaner.backoff.ms` since the previous cycle: the watcher saw partitions,
-  segments or appends change (changes the daemon made itself do not count); a device is
-  still above its threshold; or a partition is past its deadline but its dirty data
-  still waits for its roll or a blocking bound;
-- `log.retention.check.interval.ms` has passed since the previous cycle: the revisit that
-  evaluates every other time rule (retention by time, `segment.ms`, min lag, delete
-  horizons), as a broker's retention check does.
+  segments, appends or a log start offset change (changes the daemon made itself do not
+  count); a device is still above its threshold; or a partition is past its deadline but
+  its dirty data still waits for its roll or a blocking bound;
+- `log.retention.check.interval.ms` has passed since the previous cycle: the revisit, a
+  safety net for what neither a deadline nor a scan sees (a clock step, a file changed
+  in place without moving its size or mtime).
 
 Lifecycle and signals:
 
@@ -391,7 +395,7 @@ class Daemon:
                 partition=key.tp.partition,
                 log_dir=key.log_dir,
             )
-        if delta.partitions() - own:
+        if delta.partitions() - own or delta.start_offsets:
             self._changed = True
         unreadable = frozenset(self.watcher.snapshot.unreadable_log_dirs)
         for path in sorted(unreadable - self._unreadable):
@@ -436,6 +440,7 @@ class Daemon:
             last_cleaned=last is not None and any(map(made_progress, last.report.cleaned)),
             changed=self._changed,
             next_deadline_ms=self._deadlines.next_ms,
+            next_due_ms=self._deadlines.due_ms,
             overdue=self._deadlines.overdue,
             disk_pressure=bool(self._above),
             requested=self._cycle_requested,
@@ -473,7 +478,7 @@ class Daemon:
         marked = frozenset(
             tp for d in self.config.log_dirs for tp in outcome.status.uncleanable.in_dir(str(d))
         )
-        self._deadlines = deadlines(report.states, now_ms=report.now_ms, uncleanable=marked)
+        self._deadlines = deadlines(report, uncleanable=marked)
         self.reporter.cycle(report, workers=self.config.log_cleaner_threads)
         self._on_delta(outcome.changes, own=touched_partitions(outcome.report))
         log.info(

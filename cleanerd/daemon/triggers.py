@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import contextlib
 import enum
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 from cleanerd.daemon.watcher import PartitionKey
 from cleanerd.log.files import TopicPartition, parse_topic_partition
-from cleanerd.maintenance.report import CycleReport, PartitionState
+from cleanerd.maintenance.report import CycleReport
 
 
 class CycleTrigger(enum.StrEnum):
@@ -26,6 +25,7 @@ class CycleTrigger(enum.StrEnum):
     MORE_WORK = "more-work"
     CHANGED = "changed"
     DEADLINE = "deadline"
+    DUE = "due"
     OVERDUE = "overdue"
     DISK_PRESSURE = "disk-pressure"
     REVISIT = "revisit"
@@ -45,6 +45,9 @@ class CycleClock:
     """The watcher saw a change since the previous cycle started."""
     next_deadline_ms: int | None
     """The earliest max-lag deadline after the previous cycle's instant."""
+    next_due_ms: int | None
+    """The earliest time-rule deadline after the previous cycle's instant (a roll, a
+    retention, a delete horizon, a min lag, a `.deleted` file: `CycleReport.next_due_ms`)."""
     overdue: bool
     """A partition was past its deadline after the previous cycle and not marked
     uncleanable (its dirty data waits for a roll, or for a blocking bound to move)."""
@@ -65,6 +68,8 @@ def cycle_due(c: CycleClock, *, backoff_ms: int, revisit_ms: int) -> CycleTrigge
         return CycleTrigger.DISK_PRESSURE
     if c.next_deadline_ms is not None and c.now_ms >= c.next_deadline_ms:
         return CycleTrigger.DEADLINE
+    if c.next_due_ms is not None and c.now_ms >= c.next_due_ms:
+        return CycleTrigger.DUE
     if c.overdue and idle_for >= backoff_ms:
         return CycleTrigger.OVERDUE
     if c.changed and idle_for >= backoff_ms:
@@ -76,21 +81,22 @@ def cycle_due(c: CycleClock, *, backoff_ms: int, revisit_ms: int) -> CycleTrigge
 
 @dataclass(frozen=True, slots=True)
 class Deadlines:
-    """What the last cycle's states say about max-lag deadlines."""
+    """What the last cycle says about deadlines."""
 
     next_ms: int | None = None
-    """The earliest deadline still to come."""
+    """The earliest max-lag deadline still to come."""
     overdue: bool = False
-    """Some partition not marked uncleanable is past its deadline."""
+    """Some partition not marked uncleanable is past its max-lag deadline."""
+    due_ms: int | None = None
+    """The earliest time-rule deadline (`CycleReport.next_due_ms`)."""
 
 
-def deadlines(
-    states: Sequence[PartitionState], *, now_ms: int, uncleanable: frozenset[TopicPartition]
-) -> Deadlines:
-    """The deadlines of `states` seen from `now_ms` (the cycle's instant)."""
+def deadlines(report: CycleReport, *, uncleanable: frozenset[TopicPartition]) -> Deadlines:
+    """The deadlines after `report`'s cycle, seen from its instant."""
     upcoming: list[int] = []
     overdue = False
-    for s in states:
+    now_ms = report.now_ms
+    for s in report.states:
         deadline = None if s.ltc is None else s.ltc.deadline_ms
         if deadline is None:
             continue
@@ -98,7 +104,7 @@ def deadlines(
             upcoming.append(deadline)
         elif s.meta.topic_partition not in uncleanable:
             overdue = True
-    return Deadlines(min(upcoming, default=None), overdue)
+    return Deadlines(min(upcoming, default=None), overdue, report.next_due_ms)
 
 
 def touched_partitions(report: CycleReport) -> frozenset[PartitionKey]:

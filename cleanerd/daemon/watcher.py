@@ -8,7 +8,10 @@ What one scan reads, per log dir and per partition dir in it:
   the dir's mtime (and a dir deleted and re-created has a new inode), so only a dir whose
   `(inode, mtime)` changed since the last scan is listed again for its `<base>.log` files;
 - one `stat` of each partition's active (highest-base) `.log`: an append moves its size
-  and mtime.
+  and mtime;
+- one `stat` of each log dir's `log-start-offset-checkpoint`: an application (or a
+  retired broker's last write) that advances a log start offset replaces the file, and
+  the segments below the new start are due for deletion at once.
 
 So an idle partition costs two `stat` calls a scan, and a scan of N idle partitions is
 O(N) system calls and no reads. Why a poll and not inotify (watchfiles): one inotify
@@ -36,6 +39,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Final, NamedTuple
 
+from cleanerd.log.checkpoint import LOG_START_OFFSET_CHECKPOINT
 from cleanerd.log.files import (
     LOG_FILE_SUFFIX,
     TopicPartition,
@@ -69,6 +73,14 @@ class PartitionKey(NamedTuple):
         return f"{self.log_dir}/{self.topic}-{self.partition}"
 
 
+class FileStamp(NamedTuple):
+    """A file's identity and last write, as `stat` gives them."""
+
+    inode: int
+    mtime_ns: int
+    size: int
+
+
 @dataclass(frozen=True, slots=True)
 class WatchedPartition:
     """What a scan saw of one partition dir."""
@@ -89,6 +101,8 @@ class WatchSnapshot:
         default_factory=lambda: MappingProxyType({})
     )
     unreadable_log_dirs: tuple[str, ...] = ()
+    start_offsets: Mapping[str, FileStamp] = field(default_factory=lambda: MappingProxyType({}))
+    """Each log dir's `log-start-offset-checkpoint` as last seen (absent: no file)."""
 
     def topic_partitions(self) -> frozenset[TopicPartition]:
         """The topic-partitions present in any log dir."""
@@ -105,6 +119,8 @@ class WatchDelta:
     removed_segments: tuple[tuple[PartitionKey, int], ...] = ()
     appended: tuple[PartitionKey, ...] = ()
     """Partitions whose active segment grew or was rewritten in place."""
+    start_offsets: tuple[str, ...] = ()
+    """Log dirs whose `log-start-offset-checkpoint` was written."""
 
     @property
     def changed(self) -> bool:
@@ -115,6 +131,7 @@ class WatchDelta:
             or self.added_segments
             or self.removed_segments
             or self.appended
+            or self.start_offsets
         )
 
     def partitions(self) -> frozenset[PartitionKey]:
@@ -157,6 +174,13 @@ def diff_snapshots(old: WatchSnapshot, new: WatchSnapshot) -> WatchDelta:
         added_segments=tuple(sorted(added_segments)),
         removed_segments=tuple(sorted(removed_segments)),
         appended=tuple(sorted(appended)),
+        start_offsets=tuple(
+            sorted(
+                d
+                for d in old.start_offsets.keys() | new.start_offsets.keys()
+                if old.start_offsets.get(d) != new.start_offsets.get(d)
+            )
+        ),
     )
 
 
@@ -239,6 +263,7 @@ def scan_log_dirs(
     seen: NameCache = {}
     found: dict[PartitionKey, WatchedPartition] = {}
     unreadable: list[str] = []
+    starts: dict[str, FileStamp] = {}
     for log_dir in log_dirs:
         name = str(log_dir)
         try:
@@ -246,6 +271,11 @@ def scan_log_dirs(
         except OSError:
             unreadable.append(name)
             continue
+        try:
+            st = os.stat(f"{name}/{LOG_START_OFFSET_CHECKPOINT}")  # noqa: PTH116
+            starts[name] = FileStamp(st.st_ino, st.st_mtime_ns, st.st_size)
+        except OSError:
+            pass  # no checkpoint (yet), or unreadable: no start offset to act on
         for key, path in dirs:
             state = scan_partition(path, previous.partitions.get(key))
             if state is not None:
@@ -253,7 +283,7 @@ def scan_log_dirs(
     if names is not None:
         names.clear()
         names.update(seen)
-    return WatchSnapshot(MappingProxyType(found), tuple(unreadable))
+    return WatchSnapshot(MappingProxyType(found), tuple(unreadable), MappingProxyType(starts))
 
 
 class LogDirWatcher:

@@ -63,6 +63,10 @@ class PendingDeletions:
     def __len__(self) -> int:
         return len(self._queue)
 
+    def next_due_ms(self) -> int | None:
+        """When the next file may be unlinked (None: nothing waits)."""
+        return self._queue[0].due_ms if self._queue else None
+
     def run_due(self, now_ms: int) -> list[Path]:
         """Unlink every file due at `now_ms`; returns them."""
         due = [p for p in self._queue if p.due_ms <= now_ms]

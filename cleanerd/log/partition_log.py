@@ -168,6 +168,7 @@ class PartitionLog:
         self._lock = lock
         self._quarantine_dir = quarantine_dir
         self._segments = segments
+        self._mark_growing()
         self._inodes = self._scan_dir()
         tp = self.topic_partition
         self._log_start_offset = checkpoints.log_start_offsets.get(tp, 0)
@@ -335,6 +336,18 @@ class PartitionLog:
         first = self._segments[0].base_offset if self._segments else 0
         return max(self._log_start_offset, first)
 
+    def follow_checkpoints(self, checkpoints: RootCheckpoints) -> None:
+        """Take up the dir's checkpoint files as re-read since the partition was opened:
+        a log start offset raised there (a DeleteRecords result an application or a
+        retired broker wrote) moves this one up, never down and never past the log end
+        offset, as Kafka's maybeIncrementLogStartOffset; the high watermark follows the
+        file."""
+        tp = self.topic_partition
+        start = checkpoints.log_start_offsets.get(tp)
+        if start is not None:
+            self._log_start_offset = max(self._log_start_offset, min(start, self.log_end_offset))
+        self.high_watermark = checkpoints.high_watermarks.get(tp, self.high_watermark)
+
     def last_roll_ms(self) -> int | None:
         """When the active segment was rolled in, by the evidence on disk: the previous
         segment's last modification (a roll writes the old segment last; a cleaned
@@ -397,6 +410,14 @@ class PartitionLog:
         if scanned_base in self._inodes and current.get(scanned_base) != self._inodes[scanned_base]:
             self._ongoing = None  # the segment the scan stopped in was rewritten
         self._segments, self._inodes = segments, current
+        self._mark_growing()
+
+    def _mark_growing(self) -> None:
+        """Read-only, the active segment is the one another writer may be appending to."""
+        for segment in self._segments:
+            segment.growing = False
+        if self.read_only and self._segments:
+            self._segments[-1].growing = True
 
     # -- appending -------------------------------------------------------------------------
 

@@ -97,6 +97,10 @@ class LogSegment:
         self.index_interval_bytes = index_interval_bytes
         self.max_index_size = max_index_size
         self.read_only = read_only
+        self.growing = False
+        """Another writer may be appending to it now: the active segment of a partition
+        open read-only beside a live broker. Only then is a torn tail an append in
+        flight that ends the segment for now; in any other segment it is corruption."""
         st = self.log_path.stat()
         self._size, self.inode = st.st_size, st.st_ino
         self._reset_caches()
@@ -248,11 +252,11 @@ class LogSegment:
         return self._builder
 
     def _whole_batches_from(self, position: int) -> list[BatchInfo]:
-        """The batches from `position` to the end. A read-only segment belongs to another
-        writer (observe mode: a live broker), which may be in the middle of an append:
-        such a tail (`tail.torn_tail_reason`) ends the segment for now, and its size is
-        the end of its last whole batch; any other bad bytes raise as usual."""
-        if not self.read_only:
+        """The batches from `position` to the end. A `growing` read-only segment belongs
+        to another writer (observe mode: a live broker), which may be in the middle of an
+        append: such a tail (`tail.torn_tail_reason`) ends the segment for now, and its
+        size is the end of its last whole batch; any other bad bytes raise as usual."""
+        if not (self.read_only and self.growing):
             return list(self.batches(start_position=position))
         with self.open_buffer() as buf:
             scan = scan_valid_prefix(buf, start=position)
@@ -297,7 +301,7 @@ class LogSegment:
             try:
                 self._first_batch = next(self.batches(), None)
             except CorruptRecordError:
-                if not self.read_only:
+                if not (self.read_only and self.growing):
                     raise
                 whole = self._whole_batches_from(0)  # raises unless it is a torn tail
                 self._first_batch = whole[0] if whole else None

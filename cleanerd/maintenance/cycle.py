@@ -68,7 +68,7 @@ from cleanerd.log.files import METADATA_TOPIC, TopicPartition
 from cleanerd.log.log_dir import LogDir, Mode
 from cleanerd.log.ownership import StaleWork
 from cleanerd.log.partition_log import LogConfig, PartitionLog
-from cleanerd.log.roller import FirstSeen, maybe_roll
+from cleanerd.log.roller import FirstSeen, maybe_roll, segment_age
 from cleanerd.log.topic_config import TopicConfig
 from cleanerd.maintenance.report import (
     CleanedLog,
@@ -81,7 +81,7 @@ from cleanerd.maintenance.report import (
     SkippedLog,
     StepError,
 )
-from cleanerd.maintenance.steps import disk_usage_applies, retention_applies
+from cleanerd.maintenance.steps import disk_usage_applies, next_due_ms, retention_applies
 from cleanerd.retention.disk import (
     DiskUsageReport,
     UsageProbe,
@@ -153,6 +153,7 @@ class _Builder:
     states: list[PartitionState] = field(default_factory=list)
     observed: list[str] = field(default_factory=list)
     aborted: bool = False
+    next_due_ms: int | None = None
 
     def skip(self, log_dir: Path | str, tp: TopicPartition | None, phase: str, reason: str) -> None:
         self.skipped.append(SkippedLog(str(log_dir), tp, phase, reason))
@@ -178,6 +179,7 @@ class _Builder:
             observed=tuple(self.observed),
             aborted=self.aborted,
             errors=tuple(self.errors),
+            next_due_ms=self.next_due_ms,
         )
 
 
@@ -390,7 +392,36 @@ class Maintenance:
         report.states += self._plain_states(partitions)
         self._clean(compacted, report, stop)
         report.unlinked += self.pending.run_due(self.clock())
+        report.next_due_ms = self._next_due(partitions, report.now_ms)
         return report.build(self.clock())
+
+    def _next_due(self, partitions: list[_Partition], now_ms: int) -> int | None:
+        """The first time-rule deadline after `now_ms` (the cycle's instant, so one that
+        came while the cycle ran starts the next cycle at once), over the partitions as
+        the cycle left them."""
+        due = [] if (d := self.pending.next_due_ms()) is None else [d]
+        for p in partitions:
+            try:
+                meta = p.plog.meta()
+                compacted = p.topic.compact and not p.plog.is_metadata
+                horizons = self.manager.horizons.partition(p.plog) if compacted else ()
+            except (CleanerdError, OSError):
+                continue  # the next cycle reports the partition's error
+            first_seen = self._first_seen.get(p.log_dir.path)
+            if first_seen is None:
+                continue  # the roll step did not reach its dir
+            d = next_due_ms(
+                meta,
+                p.topic,
+                now_ms=now_ms,
+                age=segment_age(p.plog, first_seen, meta.active, now_ms),
+                horizons=horizons,
+                cleaner_enabled=self.config.log_cleaner_enable,
+                min_roll_interval_ms=self.config.rolls.min_interval_ms,
+            )
+            if d is not None:
+                due.append(d)
+        return min(due, default=None)
 
     def _selected(self, tp: TopicPartition) -> bool:
         return self.topics is None or tp.topic in self.topics
@@ -461,6 +492,8 @@ class Maintenance:
                 if plog is None:
                     plog = log_dir.open_partition(tp, config=LogConfig.of_topic(topic))
                     self._plogs[key] = plog
+                else:
+                    plog.follow_checkpoints(log_dir.checkpoints)
                 meta = plog.meta()
             except (CleanerdError, OSError) as exc:
                 self._plogs.pop(key, None)
@@ -497,6 +530,8 @@ class Maintenance:
             if plog is None or stale:
                 plog = log_dir.open_partition(tp, config=LogConfig.of_topic(topic))
                 self._plogs[key] = plog
+            else:
+                plog.follow_checkpoints(log_dir.checkpoints)
         except (CleanerdError, OSError) as exc:
             report.error(log_dir.path, tp, "open", exc)
             return None

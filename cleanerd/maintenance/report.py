@@ -121,6 +121,10 @@ class CycleReport:
     errors: tuple[StepError, ...] = ()
     """Steps that failed (a failure for `cleanerd clean`; the daemon tries them again
     every cycle)."""
+    next_due_ms: int | None = None
+    """The first instant after `now_ms` at which a time rule may act on an owned
+    partition (`steps.next_due_ms`) or a `.deleted` file falls due: the daemon's next
+    time-rule deadline."""
 
     def to_json(self) -> dict[str, Any]:
         """The report as a JSON-ready dict (`cleanerd clean --json`; see the module

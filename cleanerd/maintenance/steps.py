@@ -195,3 +195,54 @@ def compaction_plan(
     if uncleanable is None:
         eligible = eligibility(ltc, topic.min_cleanable_dirty_ratio, horizon_due=due)
     return CompactionPlan(ltc, topic.min_cleanable_dirty_ratio, eligible, due, uncleanable)
+
+
+def next_due_ms(
+    meta: PartitionMeta,
+    topic: TopicConfig,
+    *,
+    now_ms: int,
+    age: SegmentAge,
+    horizons: Iterable[SegmentHorizon] = (),
+    cleaner_enabled: bool = True,
+    min_roll_interval_ms: int = DEFAULT_MIN_ROLL_INTERVAL_MS,
+) -> int | None:
+    """The first instant after `now_ms` at which a time rule may act on the partition:
+    its active segment's time roll (`segment.ms` / `max.compaction.lag.ms`),
+    `retention.ms` reaching the oldest segment, a delete horizon passing or a segment
+    leaving the `min.compaction.lag.ms` bound (a compacted partition may become
+    eligible). The daemon runs a cycle then, so each rule acts within a cycle's slack of
+    its due time (max-lag deadlines come with the cleaning candidates, `.deleted` files
+    with `PendingDeletions.next_due_ms`)."""
+    if meta.never_touched:
+        return None
+    due: list[int] = []
+    if not meta.active.is_empty:
+        tp = meta.topic_partition
+        plan = roll_plan(
+            tp,
+            meta.active,
+            topic,
+            now_ms=now_ms,
+            age=age,
+            min_roll_interval_ms=min_roll_interval_ms,
+        )
+        if plan.due_at_ms is not None:
+            due.append(plan.due_at_ms)
+    oldest = meta.segments[0]
+    if (
+        topic.delete
+        and topic.retention_ms >= 0
+        and retention_applies(topic, cleaner_enabled=cleaner_enabled)
+        and not oldest.is_empty
+    ):
+        # Deletion takes a prefix, so the oldest segment's breach is the next one; Kafka
+        # deletes once now - largest timestamp > retention.ms.
+        due.append(oldest.largest_timestamp_ms + topic.retention_ms + 1)
+    if topic.compact and cleaner_enabled:
+        due += [h.earliest_ms for h in horizons if h.earliest_ms is not None]
+        if topic.min_compaction_lag_ms > 0:
+            # A segment leaves the min-lag bound once now - lag >= its largest timestamp.
+            lag = topic.min_compaction_lag_ms
+            due += [s.largest_timestamp_ms + lag for s in meta.segments[:-1]]
+    return min((d for d in due if d > now_ms), default=None)

@@ -11,7 +11,7 @@ from cleanerd.compaction.stats import CleanerStats
 from cleanerd.config import load_config
 from cleanerd.daemon.triggers import CycleClock, CycleTrigger, Deadlines, cycle_due, deadlines
 from cleanerd.log.files import TopicPartition
-from cleanerd.maintenance.report import CleanedLog, made_progress
+from cleanerd.maintenance.report import CleanedLog, CycleReport, PartitionState, made_progress
 from tests.daemon.test_service import USERS, _settings, _state, _write
 
 
@@ -22,6 +22,7 @@ def _clock(**changes: Any) -> CycleClock:
         "last_cleaned": False,
         "changed": False,
         "next_deadline_ms": None,
+        "next_due_ms": None,
         "overdue": False,
         "disk_pressure": False,
         "requested": False,
@@ -41,6 +42,8 @@ def _clock(**changes: Any) -> CycleClock:
         ({"changed": True, "now_ms": 11_000}, CycleTrigger.CHANGED),
         ({"next_deadline_ms": 10_000}, CycleTrigger.DEADLINE),
         ({"next_deadline_ms": 10_001}, None),
+        ({"next_due_ms": 10_000}, CycleTrigger.DUE),
+        ({"next_due_ms": 10_001}, None),
         ({"overdue": True}, None),  # within the backoff
         ({"overdue": True, "now_ms": 11_000}, CycleTrigger.OVERDUE),
         ({"disk_pressure": True, "now_ms": 11_000}, CycleTrigger.DISK_PRESSURE),
@@ -49,7 +52,8 @@ def _clock(**changes: Any) -> CycleClock:
     ],
 )
 def test_cycle_due(changes: dict[str, Any], expected: CycleTrigger | None) -> None:
-    """A cycle starts for a request, more work, a deadline, and, after the backoff, a
+    """A cycle starts for a request, more work, a max-lag or time-rule deadline, and,
+    after the backoff, a
     change, disk pressure or an overdue partition waiting for its roll; otherwise at the
     revisit interval."""
     assert cycle_due(_clock(**changes), backoff_ms=2_000, revisit_ms=60_000) == expected
@@ -76,7 +80,25 @@ def test_deadlines_summarise_upcoming_and_overdue_partitions(tmp_path: Path) -> 
     config = load_config(_write(tmp_path / "c.yaml", data))
     state = _state(tmp_path, config, first_ts=100_000, now_ms=100_500)
     none: frozenset[TopicPartition] = frozenset()
-    assert deadlines([state], now_ms=100_500, uncleanable=none) == Deadlines(101_000, False)
-    assert deadlines([state], now_ms=101_000, uncleanable=none) == Deadlines(None, True)
+    assert deadlines(_report(state, 100_500), uncleanable=none) == Deadlines(101_000, False)
+    assert deadlines(_report(state, 101_000), uncleanable=none) == Deadlines(None, True)
     marked = frozenset({USERS})
-    assert deadlines([state], now_ms=101_000, uncleanable=marked) == Deadlines(None, False)
+    assert deadlines(_report(state, 101_000), uncleanable=marked) == Deadlines(None, False)
+    due = deadlines(_report(state, 100_500, next_due_ms=100_700), uncleanable=none)
+    assert due == Deadlines(101_000, False, 100_700)
+
+
+def _report(state: PartitionState, now_ms: int, next_due_ms: int | None = None) -> CycleReport:
+    return CycleReport(
+        now_ms=now_ms,
+        finished_ms=now_ms,
+        rolled=(),
+        retention=(),
+        disk_usage=None,
+        cleaned=(),
+        failed=(),
+        skipped=(),
+        unlinked=(),
+        states=(state,),
+        next_due_ms=next_due_ms,
+    )

@@ -18,6 +18,7 @@ from cleanerd.daemon.watcher import (
     WatchSnapshot,
     diff_snapshots,
 )
+from cleanerd.log.checkpoint import LOG_START_OFFSET_CHECKPOINT, OffsetCheckpointFile
 from cleanerd.log.files import TopicPartition, log_file
 
 
@@ -69,6 +70,20 @@ def test_second_scan_of_an_idle_log_dir_reports_nothing(tmp_path: Path) -> None:
     delta = w.scan()
     assert not delta.changed
     assert next(iter(w.snapshot.partitions.values())) is before  # kept, not rebuilt
+
+
+def test_a_written_log_start_offset_checkpoint_is_reported(tmp_path: Path) -> None:
+    """Writing `log-start-offset-checkpoint` (replaced by a rename, as Kafka and
+    cleanerd write it) is a change of the log dir; an idle one is not."""
+    _segment(tmp_path, "orders-0", 0, b"x" * 10)
+    checkpoint = OffsetCheckpointFile(tmp_path / LOG_START_OFFSET_CHECKPOINT)
+    w = LogDirWatcher([tmp_path])
+    w.scan()
+    checkpoint.write({TopicPartition("orders", 0): 5})
+    assert w.scan().start_offsets == (str(tmp_path),)
+    assert not w.scan().changed
+    checkpoint.write({TopicPartition("orders", 0): 6})
+    assert w.scan().changed
 
 
 def test_append_to_the_active_segment_is_reported(tmp_path: Path) -> None:

@@ -39,3 +39,14 @@ def test_unlink_on_device_frees_only_that_device(tmp_path: Path) -> None:
     assert not a.exists()
     assert not b.exists()
     assert len(q) == 0
+
+
+def test_next_due_is_the_earliest_waiting_file(tmp_path: Path) -> None:
+    """The daemon's deadline for the queue: the earliest due time, None when empty."""
+    q = PendingDeletions()
+    assert q.next_due_ms() is None
+    q.schedule([tmp_path / "b.deleted"], now_ms=50, delay_ms=100)
+    q.schedule([tmp_path / "a.deleted"], now_ms=0, delay_ms=100)
+    assert q.next_due_ms() == 100
+    q.run_due(100)
+    assert q.next_due_ms() == 150

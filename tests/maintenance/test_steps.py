@@ -1,0 +1,58 @@
+"""Tests of `steps.next_due_ms`: when a time rule may next act on a partition (pure)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from cleanerd.compaction.horizon import SegmentHorizon
+from cleanerd.config import load_config
+from cleanerd.log.roll import SegmentAge
+from cleanerd.log.topic_config import TopicConfig
+from cleanerd.maintenance.steps import next_due_ms
+from tests.retention.test_policy import DAY, HOUR, NOW, partition
+
+AGE = SegmentAge(first_seen_ms=NOW, last_roll_ms=NOW - HOUR)
+
+
+def _topic(**changes: Any) -> TopicConfig:
+    base = load_config(None).topic_config("any")
+    return dataclasses.replace(base, **changes)
+
+
+def test_retention_ms_is_due_when_the_oldest_segment_passes_it() -> None:
+    """Kafka deletes once now - largest timestamp > retention.ms: one millisecond after
+    the oldest segment's timestamp plus retention.ms (deletion takes a prefix)."""
+    meta = partition([5, 20])  # oldest first: 5 h old, then a segment 20 h old
+    topic = _topic(cleanup_policy=("delete",), retention_ms=DAY, segment_ms=7 * DAY)
+    assert next_due_ms(meta, topic, now_ms=NOW, age=AGE) == NOW - 5 * HOUR + DAY + 1
+
+
+def test_rolls_horizons_and_min_lag_are_deadlines_of_a_compacted_partition() -> None:
+    """A compacted partition is next due at the earliest of its time roll, a delete
+    horizon and a segment leaving the min-lag bound; passed instants are not deadlines."""
+    meta = partition([1, 2])
+    topic = _topic(
+        cleanup_policy=("compact",),
+        segment_ms=7 * DAY,
+        max_compaction_lag_ms=3 * HOUR,
+        min_compaction_lag_ms=2 * HOUR,
+        segment_jitter_ms=0,
+    )
+    due = next_due_ms(meta, topic, now_ms=NOW, age=AGE)
+    assert due == NOW + HOUR  # the 1 h old segment leaves the 2 h min lag
+    horizon = SegmentHorizon(0, NOW + 60_000, 1)
+    assert next_due_ms(meta, topic, now_ms=NOW, age=AGE, horizons=[horizon]) == NOW + 60_000
+    passed = SegmentHorizon(0, NOW - 1, 1)
+    assert next_due_ms(meta, topic, now_ms=NOW, age=AGE, horizons=[passed]) == due
+    # With the cleaner off only the roll is left: max.compaction.lag.ms after the active
+    # segment's first batch.
+    off = next_due_ms(meta, topic, now_ms=NOW, age=AGE, horizons=[horizon], cleaner_enabled=False)
+    assert off == NOW + 3 * HOUR
+
+
+def test_nothing_is_due_for_a_partition_without_time_rules() -> None:
+    """No retention by time, an empty active segment, no horizon: no deadline."""
+    meta = partition([1], active_records=0)
+    topic = _topic(cleanup_policy=("delete",), retention_ms=-1)
+    assert next_due_ms(meta, topic, now_ms=NOW, age=AGE) is None
