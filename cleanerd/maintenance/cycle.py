@@ -66,7 +66,7 @@ from cleanerd.errors import CleanerdError, FileStepError, LogDirLockedError
 from cleanerd.log.deletions import PendingDeletions
 from cleanerd.log.files import METADATA_TOPIC, TopicPartition
 from cleanerd.log.log_dir import LogDir, Mode
-from cleanerd.log.ownership import StaleWork
+from cleanerd.log.ownership import StaleWork, lock_holder
 from cleanerd.log.partition_log import LogConfig, PartitionLog
 from cleanerd.log.roller import FirstSeen, maybe_roll, segment_age
 from cleanerd.log.topic_config import TopicConfig
@@ -426,7 +426,29 @@ class Maintenance:
     def _selected(self, tp: TopicPartition) -> bool:
         return self.topics is None or tp.topic in self.topics
 
+    def _reclaim(self) -> None:
+        """Own again a log dir that another process held when it was opened and has let
+        go of since (a tool, a retired broker's last run): from this cycle on it is
+        maintained, not only observed. A dir observed by config stays observed."""
+        for i, log_dir in enumerate(self.log_dirs):
+            if log_dir.held_by is None or lock_holder(log_dir.path) is not None:
+                continue
+            try:
+                mine = LogDir.open(log_dir.path, state_dir=self.config.state_dir)
+            except (CleanerdError, OSError) as exc:
+                log.warning("log_dir.reclaim_failed", log_dir=str(log_dir.path), error=str(exc))
+                continue
+            if mine.mode is not Mode.OWNER:
+                mine.close()  # taken again between the probe and the lock
+                continue
+            log_dir.close()
+            self.log_dirs[i] = mine
+            for key in [k for k in self._plogs if k[0] == log_dir.path]:
+                del self._plogs[key]  # opened read-only: reopened as the owner's
+            log.info("log_dir.owned", log_dir=str(log_dir.path), was_held_by=str(log_dir.held_by))
+
     def _discover(self, report: _Builder) -> list[_Partition]:
+        self._reclaim()
         found: list[_Partition] = []
         seen: dict[TopicPartition, Path] = {}
         live: set[tuple[Path, TopicPartition]] = set()

@@ -2,13 +2,8 @@ from __future__ import annotations
 
 import base64
 import json
-import os
 import re
-import subprocess
-import sys
 import tempfile
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -29,7 +24,7 @@ from cleanerd.log.partition_log import PartitionLog
 from cleanerd.records.header import Compression
 from cleanerd.records.record import Record, RecordHeader
 from cleanerd.records.scan import scan_batches
-from tests.paths import REPO
+from tests.holders import HOLD_BROKER_LOCK, HOLD_OWNER_LOCK, held_by_other_process
 
 NOW = 1_700_000_000_000
 
@@ -181,40 +176,6 @@ class TestProduce:
 
 def _b64(data: bytes | None) -> str | None:
     return None if data is None else base64.b64encode(data).decode()
-
-
-HOLD_BROKER_LOCK = """
-import fcntl, os, sys
-fd = os.open(sys.argv[1] + "/.lock", os.O_RDWR | os.O_CREAT)
-fcntl.lockf(fd, fcntl.LOCK_EX)
-print("ready", flush=True)
-sys.stdin.read()
-"""
-HOLD_OWNER_LOCK = """
-import sys
-from pathlib import Path
-from cleanerd.log.log_dir import LogDir
-with LogDir.open(Path(sys.argv[1]), state_dir=Path(sys.argv[2])):
-    print("ready", flush=True)
-    sys.stdin.read()
-"""
-
-
-@contextmanager
-def held_by_other_process(script: str, *args: Path) -> Iterator[None]:
-    """Run `script` in another process until the block ends (it prints `ready` once it
-    holds its locks, then waits for stdin to close)."""
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    argv = [sys.executable, "-c", script, *map(str, args)]
-    with subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env) as proc:
-        assert proc.stdout is not None
-        assert proc.stdin is not None
-        try:
-            assert proc.stdout.readline() == b"ready\n"
-            yield
-        finally:
-            proc.stdin.close()
-            proc.wait(timeout=30)
 
 
 class TestOpenForAppend:

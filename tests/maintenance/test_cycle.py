@@ -36,6 +36,8 @@ from cleanerd.records.record import Record
 from cleanerd.retention.disk import DiskSpace
 from tests.builders import build_log, kv, offsets_and_values
 from tests.compaction.crashing_ops import CrashingOps, SimulatedCrash
+from tests.faults.workload import dir_state
+from tests.holders import HOLD_BROKER_LOCK, held_by_other_process
 
 MIN = 60_000
 HOUR = 60 * MIN
@@ -124,6 +126,34 @@ def test_one_cycle_rolls_deletes_and_cleans(tmp_path: Path, engine: LocalEngine)
     doc = report.to_json()
     assert doc["cleaned"][0]["topic"] == "c"
     assert doc["deleted"][0]["reason"] == "retention.ms"
+
+
+def test_a_dir_held_at_start_is_observed_then_owned_once_let_go(
+    tmp_path: Path, engine: LocalEngine
+) -> None:
+    """A log dir whose `.lock` another process holds (`fcntl.lockf`, as a broker) is
+    observed: its overdue partition is reported, nothing is written there. Once the
+    holder lets go, the next cycle owns the dir and rolls and cleans the partition."""
+    c = TopicPartition("c", 0)
+    d = build(tmp_path, c, [records(range(6), T0 - 3 * HOUR) + records(range(3), T0 - 2 * HOUR)])
+    cfg = write_config(
+        tmp_path, {"c": {"cleanup.policy": "compact", "max.compaction.lag.ms": HOUR}}
+    )
+    with held_by_other_process(HOLD_BROKER_LOCK, tmp_path / "logs"):
+        m = Maintenance(cfg, engine, clock=lambda: T0)
+        before = dir_state(d)
+        held = m.run_once()
+        assert held.observed == (str(tmp_path / "logs"),)
+        assert (held.rolled, held.cleaned) == ((), ())
+        (state,) = held.states
+        assert state.ltc is not None
+        assert state.ltc.compaction_delay_ms == 2 * HOUR
+        assert dir_state(d) == before
+    with m:
+        owned = m.run_once()
+    assert owned.observed == ()
+    assert [(r.tp, r.reason) for r in owned.rolled] == [(c, "max.compaction.lag.ms")]
+    assert [x.tp for x in owned.cleaned] == [c]
 
 
 def test_overdue_logs_are_cleaned_first_most_overdue_first(

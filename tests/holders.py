@@ -1,0 +1,47 @@
+"""Other processes that hold a log dir's locks, for the tests of what cleanerd does
+beside them: a stand-in broker's `.lock` (`fcntl.lockf`, as Kafka takes it) and another
+cleanerd owner's."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from tests.paths import REPO
+
+HOLD_BROKER_LOCK = """
+import fcntl, os, sys
+fd = os.open(sys.argv[1] + "/.lock", os.O_RDWR | os.O_CREAT)
+fcntl.lockf(fd, fcntl.LOCK_EX)
+print("ready", flush=True)
+sys.stdin.read()
+"""
+HOLD_OWNER_LOCK = """
+import sys
+from pathlib import Path
+from cleanerd.log.log_dir import LogDir
+with LogDir.open(Path(sys.argv[1]), state_dir=Path(sys.argv[2])):
+    print("ready", flush=True)
+    sys.stdin.read()
+"""
+
+
+@contextmanager
+def held_by_other_process(script: str, *args: Path) -> Iterator[None]:
+    """Run `script` in another process until the block ends (it prints `ready` once it
+    holds its locks, then waits for stdin to close)."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    argv = [sys.executable, "-c", script, *map(str, args)]
+    with subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env) as proc:
+        assert proc.stdout is not None
+        assert proc.stdin is not None
+        try:
+            assert proc.stdout.readline() == b"ready\n"
+            yield
+        finally:
+            proc.stdin.close()
+            proc.wait(timeout=30)
