@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -13,6 +14,7 @@ from tests.tools import require_tool
 SYSTEMD_DIR = REPO / "systemd"
 UNIT = SYSTEMD_DIR / "cleanerd.service"
 SYSUSERS = SYSTEMD_DIR / "cleanerd.sysusers"
+OBSERVE = SYSTEMD_DIR / "observe.conf"
 MAX_EXPOSURE = 2.0
 
 
@@ -71,6 +73,29 @@ def test_systemd_analyze_verify_passes(tmp_path: Path) -> None:
         capture_output=True,
         text=True,
         check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.strip() == ""
+
+
+def test_observe_drop_in_makes_the_log_dirs_read_only(tmp_path: Path) -> None:
+    """The drop-in for running beside a broker drops every writable path but the
+    service's own state and cache, makes the Kafka data read-only, and verifies with the
+    unit."""
+    settings = _settings(OBSERVE.read_text())
+    assert settings["ReadWritePaths"] == [""]
+    assert settings["ReadOnlyPaths"] == ["/var/lib/kafka"]
+    unit = _runnable_copy(tmp_path)
+    drop_ins = tmp_path / "cleanerd.service.d"
+    drop_ins.mkdir()
+    (drop_ins / "observe.conf").write_text(OBSERVE.read_text())
+    analyze = require_tool("systemd-analyze", "systemd")
+    result = subprocess.run(
+        [analyze, "verify", str(unit)],
+        capture_output=True,
+        text=True,
+        check=False,
+        env={**os.environ, "SYSTEMD_UNIT_PATH": f"{tmp_path}:"},
     )
     assert result.returncode == 0, result.stderr
     assert result.stderr.strip() == ""
