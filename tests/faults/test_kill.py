@@ -249,8 +249,9 @@ def test_stopped_owner_keeps_the_dir_and_a_second_clean_says_so(
     run ends normally."""
     s = setup(pristine, tmp_path / "run")
     with started("clean", "-c", str(s.slow)) as proc:
-        wait_for_worker(proc.pid)
-        time.sleep(1.0)
+        # The worker is in the pass once it writes the `.cleaned` output (a fork server
+        # and a resource tracker start before any job is handed out).
+        wait_for(lambda: on_disk(s) != "map", 3 * PASS_S + 30, "the pass's output")
         os.kill(proc.pid, signal.SIGSTOP)
         try:
             checkpoint = s.data / CLEANER_OFFSET_CHECKPOINT
