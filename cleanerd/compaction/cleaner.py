@@ -75,7 +75,7 @@ from cleanerd.compaction.batch_retention import (
     keep_records,
     plan_batch_writes,
 )
-from cleanerd.compaction.grouping import INT32_MAX, group_segments_by_size
+from cleanerd.compaction.grouping import group_segments_by_size
 from cleanerd.compaction.keyhash import hash_record_keys
 from cleanerd.compaction.offset_map import OffsetMap
 from cleanerd.compaction.producers import (
@@ -117,11 +117,23 @@ from cleanerd.records.compression import compress
 from cleanerd.records.control import control_type
 from cleanerd.records.header import (
     ATTRIBUTES_OFFSET,
+    BASE_OFFSET_OFFSET,
     COMPRESSION_MASK,
     CONTROL_MASK,
     CRC_OFFSET,
     DELETE_HORIZON_MASK,
+    INT32_MAX,
+    LAST_OFFSET_DELTA_OFFSET,
+    LEGACY_V0_MIN_SIZE,
+    LENGTH_OFFSET,
+    LOG_OVERHEAD,
+    MAGIC_OFFSET,
+    MAX_TIMESTAMP_OFFSET,
+    PREFIX_SIZE,
+    PRODUCER_EPOCH_OFFSET,
+    PRODUCER_ID_OFFSET,
     RECORD_BATCH_OVERHEAD,
+    RECORDS_COUNT_OFFSET,
     TIMESTAMP_TYPE_MASK,
     TRANSACTIONAL_MASK,
     BatchHeader,
@@ -423,16 +435,17 @@ def _batch_positions(buf: NDArray[np.uint8], out: NDArray[np.int64]) -> int:
     n = 0
     p = 0
     end = buf.shape[0]
-    while end - p >= 17:
-        size = 12 + (
-            (int(buf[p + 8]) << 24)
-            | (int(buf[p + 9]) << 16)
-            | (int(buf[p + 10]) << 8)
-            | int(buf[p + 11])
+    while end - p >= PREFIX_SIZE:
+        at = p + LENGTH_OFFSET
+        size = LOG_OVERHEAD + (
+            (int(buf[at]) << 24)
+            | (int(buf[at + 1]) << 16)
+            | (int(buf[at + 2]) << 8)
+            | int(buf[at + 3])
         )
-        if size < 26 or size > end - p:
+        if size < LEGACY_V0_MIN_SIZE or size > end - p:  # below every format's minimum
             break
-        if buf[p + 16] == 2 and size >= 61:
+        if buf[p + MAGIC_OFFSET] == 2 and size >= RECORD_BATCH_OVERHEAD:
             out[n] = p
             n += 1
         p += size
@@ -672,7 +685,7 @@ def _legacy_as_v2(c: _Columns, i: int, kept: NDArray[np.int64]) -> tuple[bytes, 
         base_offset=int(sc.base_offset[i]),
         last_offset_delta=int(sc.last_offset_delta[i]),
         compression=Compression(attributes & COMPRESSION_MASK),
-        timestamp_type=TimestampType((attributes & TIMESTAMP_TYPE_MASK) >> 3),
+        timestamp_type=TimestampType.of(attributes),
     )
     return batch, max(r.timestamp for r in records)
 
@@ -960,17 +973,20 @@ class Cleaner:
             buf = np.frombuffer(raw, dtype=np.uint8)
             pos = np.empty(len(buf) // RECORD_BATCH_OVERHEAD + 1, dtype=np.int64)
             pos = pos[: _batch_positions(buf, pos)]
-            pos = pos[_field(buf, pos, 43, ">i8") >= 0]
+            pos = pos[_field(buf, pos, PRODUCER_ID_OFFSET, ">i8") >= 0]
             if not pos.size:
                 continue
+            last_offsets = _field(buf, pos, BASE_OFFSET_OFFSET, ">i8") + _field(
+                buf, pos, LAST_OFFSET_DELTA_OFFSET, ">i4"
+            )
             fields = zip(
                 pos.tolist(),
-                _field(buf, pos, 43, ">i8").tolist(),
-                _field(buf, pos, 51, ">i2").tolist(),
-                (_field(buf, pos, 0, ">i8") + _field(buf, pos, 23, ">i4")).tolist(),
-                _field(buf, pos, 35, ">i8").tolist(),
-                _field(buf, pos, 21, ">i2").tolist(),
-                _field(buf, pos, 57, ">i4").tolist(),
+                _field(buf, pos, PRODUCER_ID_OFFSET, ">i8").tolist(),
+                _field(buf, pos, PRODUCER_EPOCH_OFFSET, ">i2").tolist(),
+                last_offsets.tolist(),
+                _field(buf, pos, MAX_TIMESTAMP_OFFSET, ">i8").tolist(),
+                _field(buf, pos, ATTRIBUTES_OFFSET, ">i2").tolist(),
+                _field(buf, pos, RECORDS_COUNT_OFFSET, ">i4").tolist(),
                 strict=True,
             )
             for position, pid, epoch, last, max_ts, attributes, count in fields:
