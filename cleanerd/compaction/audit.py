@@ -70,6 +70,7 @@ from cleanerd.log.partition_log import PartitionLog
 from cleanerd.log.segment import LogSegment
 from cleanerd.log.txnindex import AbortedTxn
 from cleanerd.records.columns import SegmentColumns, segment_columns
+from cleanerd.records.control import control_types
 from cleanerd.records.header import (
     CONTROL_MASK,
     DELETE_HORIZON_MASK,
@@ -291,30 +292,18 @@ def audit_columns(
 # Reading a partition into columns
 
 
-def _control_type(sc: SegmentColumns, b: int) -> int | None:
-    """The type in a control batch's record key (None for an emptied marker)."""
-    if int(sc.batch_magic[b]) != 2 or int(sc.records_count[b]) == 0:
-        return None
-    key = sc.key(int(sc.batch_first_record[b]))
-    if key is None or len(key) < 4:
-        raise CorruptRecordError(
-            f"control record key of {0 if key is None else len(key)} bytes",
-            position=int(sc.batch_position[b]),
-        )
-    return int.from_bytes(key[2:4], "big", signed=True)
-
-
 def _aborted_batches(sc: SegmentColumns, tracker: TransactionTracker | None) -> Bools:
     """Per batch: transactional data of an aborted transaction."""
     aborted = np.zeros(sc.num_batches, np.bool_)
     if tracker is None:
         return aborted
     attrs = sc.attributes.astype(np.int64)
+    types = control_types(sc)
     for b in range(sc.num_batches):
         pid = int(sc.producer_id[b])
         last = int(sc.base_offset[b]) + int(sc.last_offset_delta[b])
         if attrs[b] & CONTROL_MASK:
-            tracker.on_control_batch(pid, _control_type(sc, b), last)
+            tracker.on_control_batch(pid, types[b], last)
         else:
             aborted[b] = tracker.on_data_batch(pid, bool(attrs[b] & TRANSACTIONAL_MASK), last)
     return aborted

@@ -114,7 +114,7 @@ from cleanerd.log.txnindex import AbortedTxn, TransactionIndex
 from cleanerd.records.batch import decode_batch, empty_batch_of, encode_batch, encode_empty_batch
 from cleanerd.records.columns import SEGMENT_ROW, SIDE, SegmentColumns, segment_columns
 from cleanerd.records.compression import compress
-from cleanerd.records.control import control_type
+from cleanerd.records.control import control_type, control_types
 from cleanerd.records.header import (
     ATTRIBUTES_OFFSET,
     BASE_OFFSET_OFFSET,
@@ -459,23 +459,6 @@ def _field(
     width = np.dtype(dtype).itemsize
     raw = buf[pos[:, None] + np.arange(at, at + width)]
     return np.ascontiguousarray(raw).view(dtype).reshape(-1).astype(np.int64)
-
-
-def _control_types(c: _Columns) -> dict[int, int | None]:
-    """Batch row -> the type in its control record's key (None for an emptied marker)."""
-    out: dict[int, int | None] = {}
-    for i in np.flatnonzero(c.sc.attributes & CONTROL_MASK).tolist():
-        if not c.is_v2(i) or c.sc.records_count[i] == 0:
-            out[i] = None
-            continue
-        j = int(c.sc.batch_first_record[i])
-        key_pos, key_len = int(c.key_pos[j]), int(c.sc.key_len[j])
-        if key_len < 4:
-            raise CorruptRecordError(
-                f"control record key of {key_len} bytes", position=int(c.sc.batch_position[i])
-            )
-        out[i] = int.from_bytes(c.buf[key_pos + 2 : key_pos + 4].tobytes(), "big", signed=True)
-    return out
 
 
 # ---------------------------------------------------------------------------------------
@@ -1107,7 +1090,7 @@ class Cleaner:
         flagged = np.flatnonzero(c.sc.attributes & (CONTROL_MASK | TRANSACTIONAL_MASK))
         if not flagged.size:
             return mappable
-        types = _control_types(c)
+        types = control_types(c.sc)
         lasts = c.last_offsets()
         for i in flagged.tolist():
             pid, last = int(c.sc.producer_id[i]), int(lasts[i])
@@ -1220,7 +1203,7 @@ class Cleaner:
         special = np.flatnonzero(flagged | (c.sc.producer_id >= 0))
         if not special.size:
             return decisions
-        types = _control_types(c)
+        types = control_types(c.sc)
         for i in special.tolist():
             pid, last, attributes = int(c.sc.producer_id[i]), int(lasts[i]), c.attributes(i)
             is_control = bool(attributes & CONTROL_MASK)

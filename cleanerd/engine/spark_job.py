@@ -81,6 +81,7 @@ from cleanerd.log.files import TopicPartition, log_file, txn_index_file
 from cleanerd.log.meta import SegmentMeta
 from cleanerd.log.txnindex import AbortedTxn, TransactionIndex
 from cleanerd.records.columns import SIDE, SegmentColumns, segment_columns
+from cleanerd.records.control import control_types
 from cleanerd.records.header import (
     CONTROL_MASK,
     TIMESTAMP_TYPE_MASK,
@@ -343,18 +344,6 @@ def _one_buffer(sc: SegmentColumns, raw_len: int) -> tuple[NDArray[np.uint8], I6
     return np.concatenate([sc.segment, sc.side]), record_pos + shift, key_pos + shift, headers
 
 
-def _control_type(sc: SegmentColumns, b: int) -> int | None:
-    if int(sc.batch_magic[b]) != 2 or int(sc.records_count[b]) == 0:
-        return None
-    key = sc.key(int(sc.batch_first_record[b]))
-    if key is None or len(key) < 4:
-        raise CorruptRecordError(
-            f"control record key of {0 if key is None else len(key)} bytes",
-            position=int(sc.batch_position[b]),
-        )
-    return int.from_bytes(key[2:4], "big", signed=True)
-
-
 def aborted_batches(sc: SegmentColumns, task: SegmentTask) -> Bools:
     """Per batch: transactional data of an aborted transaction (see the module docstring
     on why one tracker per segment decides as the pass's one tracker does)."""
@@ -366,10 +355,11 @@ def aborted_batches(sc: SegmentColumns, task: SegmentTask) -> Bools:
     tracker = TransactionTracker()
     tracker.add_aborted(list(task.aborted))
     markers: set[tuple[int, int]] = set()
+    types = control_types(sc)
     for b in np.flatnonzero(attrs & (CONTROL_MASK | TRANSACTIONAL_MASK)).tolist():
         pid, last = int(sc.producer_id[b]), lasts[b]
         if attrs[b] & CONTROL_MASK:
-            kind = _control_type(sc, b)
+            kind = types[b]
             tracker.on_control_batch(pid, kind, last)
             if kind == ABORT:
                 markers.add((pid, last))
