@@ -46,8 +46,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import mmap
-import os
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -106,11 +104,18 @@ from cleanerd.log.checkpoint import (
 from cleanerd.log.files import (
     TopicPartition,
     log_file,
-    txn_index_file,
 )
 from cleanerd.log.meta import SegmentMeta
-from cleanerd.log.ownership import OwnerProof, SegmentsChanged
-from cleanerd.log.txnindex import AbortedTxn, TransactionIndex
+from cleanerd.log.ownership import OwnerProof
+from cleanerd.log.segment_reader import (
+    JoinedBuffer,
+    aborted_between,
+    join_buffers,
+    load_aborted,
+    map_segment,
+    segment_upper,
+)
+from cleanerd.log.txnindex import AbortedTxn
 from cleanerd.records.batch import decode_batch, empty_batch_of, encode_batch, encode_empty_batch
 from cleanerd.records.columns import SEGMENT_ROW, SIDE, SegmentColumns, segment_columns
 from cleanerd.records.compression import compress
@@ -270,21 +275,15 @@ class _MapOracle:
 
 @dataclass(slots=True)
 class _Columns:
-    """A segment's columns (`cleanerd.records.columns`) with every record position made
-    relative to one buffer `buf`, so a kernel needs a single buffer: the segment bytes
-    (no batch compressed), the side buffer of decompressed records areas (every record
-    decompressed), or the segment followed by the side buffer (a mixed segment, where
-    `side_shift` is the segment's length, by which side positions moved)."""
+    """A segment's columns (`cleanerd.records.columns`) with every record in one buffer
+    (`segment_reader.join_buffers`), so a kernel needs a single buffer."""
 
     raw: Buffer
     sc: SegmentColumns
-    buf: NDArray[np.uint8]
+    joined: JoinedBuffer
     batch_of: NDArray[np.int64]
-    record_pos: NDArray[np.int64]
     record_end: NDArray[np.int64]
-    key_pos: NDArray[np.int64]
-    headers_pos: NDArray[np.int64]
-    side_shift: int
+    """Where each record ends in the joined buffer."""
     offsets: NDArray[np.int64]
     """Record offsets, contiguous (the record table's columns are strided)."""
     keyed: NDArray[np.int64]
@@ -295,7 +294,7 @@ class _Columns:
         """Key hashes of the keyed records `rows` (ascending); every key of the segment
         is hashed once per pass, on first use."""
         if self._hashes is None:
-            self._hashes = hash_record_keys(self.buf, self.key_pos, self.sc.key_len)
+            self._hashes = hash_record_keys(self.joined.buf, self.joined.key_pos, self.sc.key_len)
         if rows.size == self.records:  # every record, in order
             return self._hashes
         return self._hashes[rows]
@@ -305,7 +304,7 @@ class _Columns:
         """What the decoded segment holds in memory besides the mapped file: the side
         buffer (and the joined buffer), the record table, the pass's own per-record
         columns and the key hashes (counted for the cache budget)."""
-        joined = self.buf.nbytes if self.side_shift else 0
+        joined = self.joined.buf.nbytes if self.joined.side_shift else 0
         return self.sc.side.nbytes + joined + self.records * _DECODED_RECORD_BYTES
 
     def select(self, rows: NDArray[np.int64], column: NDArray[np.int64]) -> NDArray[np.int64]:
@@ -348,15 +347,7 @@ def _read_columns(raw: Buffer, path: Path, *, verify_crc: bool) -> _Columns:
         sc = segment_columns(raw, verify_crc=verify_crc)
     except CorruptRecordError as exc:
         raise exc.located(path) from exc
-    record_pos, key_pos, headers_pos = sc.record_pos, sc.key_pos, sc.headers_pos
-    buf, side_shift = sc.segment, 0
-    if sc.side.size and not sc.records_count[(sc.attributes & COMPRESSION_MASK) == 0].any():
-        buf = sc.side  # every record was decompressed: positions are the side buffer's
-    elif sc.side.size:  # one buffer for the kernels: the side areas after the segment
-        buf, side_shift = np.concatenate([sc.segment, sc.side]), len(raw)
-        shift = np.where(sc.buffer_id == SIDE, side_shift, 0).astype(np.int64)
-        record_pos, key_pos = record_pos + shift, key_pos + shift
-        headers_pos = np.where(headers_pos >= 0, headers_pos + shift, -1)
+    joined = join_buffers(sc)
     n = sc.num_records
     batch_of, record_end, offsets, keyed = (
         np.empty(n, np.int64),
@@ -365,19 +356,15 @@ def _read_columns(raw: Buffer, path: Path, *, verify_crc: bool) -> _Columns:
         np.empty(n, np.int64),
     )
     keyed_count = _record_columns(
-        sc.batch_index, record_pos, sc.record_size, sc.offset, sc.key_len,
+        sc.batch_index, joined.record_pos, sc.record_size, sc.offset, sc.key_len,
         batch_of, record_end, offsets, keyed,
     )  # fmt: skip
     return _Columns(
         raw=raw,
         sc=sc,
-        buf=buf,
+        joined=joined,
         batch_of=batch_of,
-        record_pos=record_pos,
         record_end=record_end,
-        key_pos=key_pos,
-        headers_pos=headers_pos,
-        side_shift=side_shift,
         offsets=offsets,
         keyed=keyed[:keyed_count],
     )
@@ -406,26 +393,6 @@ def _record_columns(
             keyed[k] = i
             k += 1
     return k
-
-
-def _map_file(path: Path, seg: SegmentMeta, *, active: bool) -> Buffer:
-    """The segment's `.log` bytes, memory-mapped read-only (no copy; the pages come from
-    the page cache). A segment is never modified in place, only replaced by rename, so
-    the mapping stays valid for the pass. Raises SegmentsChanged unless the file is the
-    one of the snapshot `seg` (its inode, its size; the `active` segment may have grown)."""
-    try:
-        f = open(path, "rb")  # noqa: SIM115 - closed below; the mapping outlives it
-    except FileNotFoundError:
-        raise SegmentsChanged(f"{path} was removed since the pass was planned") from None
-    with f:
-        st = os.fstat(f.fileno())
-        if (seg.inode is not None and st.st_ino != seg.inode) or not (
-            st.st_size == seg.size_bytes or (active and st.st_size > seg.size_bytes)
-        ):
-            raise SegmentsChanged(f"{path} is not the file the pass was planned on")
-        if st.st_size == 0:
-            return b""
-        return mmap.mmap(f.fileno(), st.st_size, access=mmap.ACCESS_READ)
 
 
 @jit
@@ -530,14 +497,14 @@ def _output_chunks(
             int(x)
             for x in assemble_chunk(
                 sc.segment,
-                c.buf,
+                c.joined.buf,
                 b0,
                 b1,
                 actions,
                 heads,
                 horizons,
                 keep,
-                c.record_pos,
+                c.joined.record_pos,
                 c.record_end,
                 c.timestamps,
                 prebuilt,
@@ -615,11 +582,11 @@ def _compressed_bodies(
     ts = c.timestamps[records]
     horizon = horizons[batches]
     base_ts = np.where(horizon != NO_HORIZON, horizon, ts[starts])
-    positions, record_end = c.record_pos[records], c.record_end[records]
+    positions, record_end = c.joined.record_pos[records], c.record_end[records]
     area = np.empty(int((record_end - positions).sum()) + 16 * records.size, np.uint8)
     written = np.empty(records.size, dtype=np.int64)
     rewrite_records(
-        c.buf, positions, record_end, ts - np.repeat(base_ts, ends - starts), area, written
+        c.joined.buf, positions, record_end, ts - np.repeat(base_ts, ends - starts), area, written
     )
     stops = written[ends - 1].tolist()
     begins = [0, *stops[:-1]]
@@ -648,15 +615,15 @@ def _legacy_as_v2(c: _Columns, i: int, kept: NDArray[np.int64]) -> tuple[bytes, 
     sc = c.sc
 
     def part(pos: int, length: int) -> bytes | None:
-        return None if length < 0 else c.buf[pos : pos + length].tobytes()
+        return None if length < 0 else c.joined.buf[pos : pos + length].tobytes()
 
     records = [
         Record(
             int(sc.offset[j]),
             int(sc.timestamp[j]),
-            part(int(c.key_pos[j]), int(sc.key_len[j])),
+            part(int(c.joined.key_pos[j]), int(sc.key_len[j])),
             part(
-                int(sc.value_pos[j]) + (c.side_shift if sc.buffer_id[j] == SIDE else 0),
+                int(sc.value_pos[j]) + (c.joined.side_shift if sc.buffer_id[j] == SIDE else 0),
                 int(sc.value_len[j]),
             ),
         )
@@ -679,11 +646,6 @@ def _legacy_as_v2(c: _Columns, i: int, kept: NDArray[np.int64]) -> tuple[bytes, 
 
 def _monotonic_ms() -> int:
     return time.monotonic_ns() // 1_000_000
-
-
-def _aborted_between(entries: list[AbortedTxn], start: int, end: int) -> list[AbortedTxn]:
-    """Aborted transactions overlapping [start, end) (Kafka's collectAbortedTransactions)."""
-    return [t for t in entries if t.last_offset >= start and t.first_offset < end]
 
 
 def _empty_header(c: _Columns, i: int) -> bytes:
@@ -733,12 +695,6 @@ class _Pass:
     no_space: bool = False
     """The disk ran full during this pass: from then on each group's `.deleted` files
     are unlinked right after its swap instead of after `file.delete.delay.ms`."""
-
-    def upper(self, i: int) -> int:
-        """Segment i's offset bound: the next segment's base, or the uncleanable offset."""
-        if i + 1 < len(self.segments):
-            return self.segments[i + 1].base_offset
-        return max(self.first_uncleanable, self.segments[i].next_offset)
 
 
 class Cleaner:
@@ -824,7 +780,7 @@ class Cleaner:
             raise
 
     def _clean(self, p: _Pass, oracle: RetentionOracle | None, *, install: bool) -> CleanResult:
-        p.aborted = self._load_aborted(p)
+        p.aborted = load_aborted(p.dir_path, p.segments)
         clean_section = [s for s in p.segments if s.base_offset < p.first_dirty]
         if clean_section:
             p.legacy_delete_horizon_ms = (
@@ -926,7 +882,7 @@ class Cleaner:
             path = log_file(p.dir_path, seg.base_offset)
             raw = p.mapped.pop(seg.base_offset, None)
             if raw is None:
-                raw = _map_file(path, seg, active=seg is p.segments[-1])
+                raw = map_segment(path, seg, active=seg is p.segments[-1])
             self._throttle(len(raw))
             c = _read_columns(raw, path, verify_crc=seg.base_offset not in p.verified)
             p.verified.add(seg.base_offset)
@@ -937,18 +893,10 @@ class Cleaner:
             p.cached_bytes += c.memory_bytes
         return c
 
-    def _load_aborted(self, p: _Pass) -> list[AbortedTxn]:
-        entries: list[AbortedTxn] = []
-        for seg in p.segments:
-            path = txn_index_file(p.dir_path, seg.base_offset)
-            if path.exists():
-                entries += TransactionIndex.load(path, seg.base_offset).entries
-        return sorted(set(entries))
-
     def _producer_state(self, p: _Pass) -> dict[int, LastRecord]:
         batches: list[ProducerBatch] = []
         for seg in p.segments:
-            raw = _map_file(
+            raw = map_segment(
                 log_file(p.dir_path, seg.base_offset), seg, active=seg is p.segments[-1]
             )
             if seg.base_offset < p.first_uncleanable:
@@ -1003,8 +951,8 @@ class Cleaner:
             timestamps=c.timestamps[rows],
             batch_max_timestamps=c.sc.max_timestamp[bi],
             log_append_time=(c.sc.attributes[bi] & TIMESTAMP_TYPE_MASK) != 0,
-            buf=c.buf,
-            headers_pos=c.headers_pos[rows],
+            buf=c.joined.buf,
+            headers_pos=c.joined.headers_pos[rows],
             header_count=c.sc.header_count[rows],
             headers_end=c.record_end[rows],
         )
@@ -1021,17 +969,18 @@ class Cleaner:
         for idx, seg in enumerate(p.segments):
             if seg.base_offset >= end:
                 break
-            if p.upper(idx) <= start:
+            upper = segment_upper(p.segments, idx, end)
+            if upper <= start:
                 continue
             c = self._columns(p, seg, keep=True)
             p.stats.map_bytes_read += len(c.raw)
-            tracker.add_aborted(_aborted_between(p.aborted, seg.base_offset, p.upper(idx)))
+            tracker.add_aborted(aborted_between(p.aborted, seg.base_offset, upper))
             mappable = self._mappable_batches(c, tracker)
             bi = c.batch_of
             rows = c.keyed
             if not mappable.all():
                 rows = rows[mappable[bi[rows]]]
-            if seg.base_offset < start or p.upper(idx) > end:
+            if seg.base_offset < start or upper > end:
                 offsets = c.offsets[rows]
                 rows = rows[(offsets >= start) & (offsets < end)]
             versions = self._versions(p, c, rows) if m.versioned else None
@@ -1048,7 +997,7 @@ class Cleaner:
                 p.put_slots[seg.base_offset] = (offsets[:put], slots[:put])
             if put == rows.size:
                 p.stats.map_messages_read += c.records
-                m.update_latest_offset(min(p.upper(idx), end) - 1)
+                m.update_latest_offset(min(upper, end) - 1)
                 continue
             stop_batch = int(bi[rows[put]])
             p.stats.map_messages_read += int(np.searchsorted(bi, stop_batch)) + int(
@@ -1168,7 +1117,8 @@ class Cleaner:
         c = self._columns(p, seg, keep=False)
         p.stats.bytes_read += len(c.raw)
         p.stats.messages_read += c.records
-        tracker.add_aborted(_aborted_between(p.aborted, seg.base_offset, p.upper(idx)))
+        upper = segment_upper(p.segments, idx, p.first_uncleanable)
+        tracker.add_aborted(aborted_between(p.aborted, seg.base_offset, upper))
         decisions = self._batch_decisions(p, c, tracker)
         keep = self._keep_mask(p, c, seg, decisions)
         kept, kept_tombstone, kept_bytes = _kept_per_batch(

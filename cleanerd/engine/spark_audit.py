@@ -60,6 +60,7 @@ from cleanerd.engine.spark_job import pack_tasks
 from cleanerd.errors import CleanerdError, CorruptRecordError
 from cleanerd.log.files import TopicPartition, log_file
 from cleanerd.log.partition_log import PartitionLog
+from cleanerd.log.segment_reader import map_file
 from cleanerd.log.txnindex import AbortedTxn
 from cleanerd.records.columns import segment_columns
 from cleanerd.records.header import Buffer
@@ -365,14 +366,14 @@ def _errors_dir(spec: AuditSpec) -> Path:
 def _decode(
     tasks: Sequence[AuditTask], groups: Sequence[Sequence[int]], staging: Path
 ) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
-    from cleanerd.engine.spark_job import arrow_batches, map_segment
+    from cleanerd.engine.spark_job import arrow_batches
 
     def decode(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for batch in batches:
             for group_id in batch.column(0).to_pylist():
                 for task in (tasks[i] for i in groups[group_id]):
                     try:
-                        rows = audit_rows(task, map_segment(Path(task.path)))
+                        rows = audit_rows(task, map_file(Path(task.path)))
                     except (CleanerdError, OSError) as exc:
                         errors = staging / "errors"
                         errors.mkdir(parents=True, exist_ok=True)

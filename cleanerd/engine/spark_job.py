@@ -53,7 +53,6 @@ from __future__ import annotations
 
 import json
 import math
-import mmap
 import os
 import posixpath
 import sys
@@ -77,10 +76,17 @@ from cleanerd.compaction.swap import FileOps, remove_stale_cleaned
 from cleanerd.compaction.transactions import ABORT, TransactionTracker
 from cleanerd.engine.lifeline import die_with_owner_from_env
 from cleanerd.errors import CleanerdError, CorruptIndexError, CorruptRecordError
-from cleanerd.log.files import TopicPartition, log_file, txn_index_file
+from cleanerd.log.files import TopicPartition, log_file
 from cleanerd.log.meta import SegmentMeta
-from cleanerd.log.txnindex import AbortedTxn, TransactionIndex
-from cleanerd.records.columns import SIDE, SegmentColumns, segment_columns
+from cleanerd.log.segment_reader import (
+    aborted_between,
+    join_buffers,
+    load_aborted,
+    map_segment,
+    segment_upper,
+)
+from cleanerd.log.txnindex import AbortedTxn
+from cleanerd.records.columns import SegmentColumns, segment_columns
 from cleanerd.records.control import control_types
 from cleanerd.records.header import (
     CONTROL_MASK,
@@ -168,12 +174,6 @@ class PassSpec:
     def segment(self, base: int) -> SegmentMeta:
         """The segment based at `base`."""
         return next(s for s in self.segments if s.base_offset == base)
-
-    def upper(self, i: int) -> int:
-        """Segment i's offset bound (as the local pass computes it)."""
-        if i + 1 < len(self.segments):
-            return self.segments[i + 1].base_offset
-        return max(self.first_uncleanable, self.segments[i].next_offset)
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict."""
@@ -333,17 +333,6 @@ class SegmentTask:
     """The partition's aborted transactions overlapping [base, upper)."""
 
 
-def _one_buffer(sc: SegmentColumns, raw_len: int) -> tuple[NDArray[np.uint8], I64, I64, I64]:
-    """The segment bytes followed by the side buffer, and (record, key, headers) positions
-    relative to it, as the copy phase sees them."""
-    record_pos, key_pos, headers_pos = sc.record_pos, sc.key_pos, sc.headers_pos
-    if not sc.side.size:
-        return sc.segment, record_pos, key_pos, headers_pos
-    shift = np.where(sc.buffer_id == SIDE, raw_len, 0).astype(np.int64)
-    headers = np.where(headers_pos >= 0, headers_pos + shift, -1)
-    return np.concatenate([sc.segment, sc.side]), record_pos + shift, key_pos + shift, headers
-
-
 def aborted_batches(sc: SegmentColumns, task: SegmentTask) -> Bools:
     """Per batch: transactional data of an aborted transaction (see the module docstring
     on why one tracker per segment decides as the pass's one tracker does)."""
@@ -383,12 +372,12 @@ def segment_rows(task: SegmentTask, raw: Buffer) -> dict[str, NDArray[Any]]:
     names the segment and byte position."""
     try:
         sc = segment_columns(raw, verify_crc=True)
-        return _rows(task, sc, len(raw))
+        return _rows(task, sc)
     except CorruptRecordError as exc:
         raise exc.located(Path(task.path)) from exc
 
 
-def _rows(task: SegmentTask, sc: SegmentColumns, raw_len: int) -> dict[str, NDArray[Any]]:
+def _rows(task: SegmentTask, sc: SegmentColumns) -> dict[str, NDArray[Any]]:
     bi = sc.batch_index.astype(np.int64)
     data = (sc.attributes.astype(np.int64)[bi] & CONTROL_MASK) == 0
     keyed = sc.key_len >= 0
@@ -401,8 +390,8 @@ def _rows(task: SegmentTask, sc: SegmentColumns, raw_len: int) -> dict[str, NDAr
         cand = mappable & (offsets[rows] >= task.first_dirty)
     versioned = task.strategy.versioned
     upd = (offsets[rows] < task.first_dirty) if versioned else np.zeros(rows.size, np.bool_)
-    buf, record_pos, key_pos, headers_pos = _one_buffer(sc, raw_len)
-    hashes = hash_keys(buf, key_pos[rows], sc.key_len[rows])
+    joined = join_buffers(sc)
+    hashes = hash_keys(joined.buf, joined.key_pos[rows], sc.key_len[rows])
     version = np.zeros(rows.size, np.int64)
     has = np.zeros(rows.size, np.bool_)
     if versioned and rows.size:
@@ -412,10 +401,10 @@ def _rows(task: SegmentTask, sc: SegmentColumns, raw_len: int) -> dict[str, NDAr
             timestamps=sc.timestamp[rows],
             batch_max_timestamps=sc.max_timestamp[rb],
             log_append_time=(sc.attributes[rb] & TIMESTAMP_TYPE_MASK) != 0,
-            buf=buf,
-            headers_pos=headers_pos[rows],
+            buf=joined.buf,
+            headers_pos=joined.headers_pos[rows],
             header_count=sc.header_count[rows],
-            headers_end=record_pos[rows] + sc.record_size[rows],
+            headers_end=joined.record_pos[rows] + sc.record_size[rows],
         )
         assert found is not None, "versioned strategies give versions"
         version, has = found
@@ -539,11 +528,11 @@ def segment_tasks(spec: JobSpec) -> list[SegmentTask]:
     """Every segment to decode: those below each pass's end."""
     tasks = []
     for i, p in enumerate(spec.passes):
-        aborted = _load_aborted(p)
+        aborted = load_aborted(p.dir_path, p.segments)
         for idx, seg in enumerate(p.segments):
             if seg.base_offset >= p.first_uncleanable:
                 break
-            upper = p.upper(idx)
+            upper = segment_upper(p.segments, idx, p.first_uncleanable)
             if p.read_root is None:
                 path = str(log_file(p.dir_path, seg.base_offset))
             else:
@@ -557,23 +546,10 @@ def segment_tasks(spec: JobSpec) -> list[SegmentTask]:
                     first_dirty=p.first_dirty,
                     end=p.first_uncleanable,
                     strategy=p.config.strategy,
-                    aborted=tuple(
-                        t
-                        for t in aborted
-                        if t.last_offset >= seg.base_offset and t.first_offset < upper
-                    ),
+                    aborted=tuple(aborted_between(aborted, seg.base_offset, upper)),
                 )
             )
     return tasks
-
-
-def _load_aborted(p: PassSpec) -> list[AbortedTxn]:
-    entries: list[AbortedTxn] = []
-    for seg in p.segments:
-        path = txn_index_file(p.dir_path, seg.base_offset)
-        if path.exists():
-            entries += TransactionIndex.load(path, seg.base_offset).entries
-    return sorted(set(entries))
 
 
 def _uri_path(uri: str) -> str:
@@ -599,14 +575,6 @@ def arrow_batches(cols: Mapping[str, NDArray[Any]]) -> Iterator[pa.RecordBatch]:
         )
 
 
-def map_segment(path: Path) -> Buffer:
-    """The segment's bytes, memory-mapped read-only (b"" when empty); the mapping lives
-    as long as an array made from it."""
-    with open(path, "rb") as f:
-        size = os.fstat(f.fileno()).st_size
-        return mmap.mmap(f.fileno(), size, access=mmap.ACCESS_READ) if size else b""
-
-
 def pack_tasks(sizes: Sequence[int], parallelism: int) -> list[list[int]]:
     """Segments (by index) grouped into decode tasks: one per segment of `TASK_BYTES` or
     more, small ones together, at least `2 * parallelism` tasks while there are segments
@@ -623,14 +591,17 @@ def pack_tasks(sizes: Sequence[int], parallelism: int) -> list[list[int]]:
 
 
 def _decode_local(
-    tasks: Sequence[SegmentTask], groups: Sequence[Sequence[int]], staging: Path
+    spec: JobSpec, tasks: Sequence[SegmentTask], groups: Sequence[Sequence[int]], staging: Path
 ) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
     def decode(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for batch in batches:
             for group_id in batch.column(0).to_pylist():
                 for task in (tasks[i] for i in groups[group_id]):
+                    p = spec.passes[task.pass_index]
+                    active = task.base == p.segments[-1].base_offset
                     try:
-                        cols = segment_rows(task, map_segment(Path(task.path)))
+                        raw = map_segment(Path(task.path), p.segment(task.base), active=active)
+                        cols = segment_rows(task, raw)
                     except (CleanerdError, OSError) as exc:
                         _record_error(staging, task, exc)
                         continue
@@ -745,7 +716,7 @@ def _bitmap_frame(spark: SparkSession, spec: JobSpec, tasks: Sequence[SegmentTas
         groups = pack_tasks(sizes, parallelism)
         # spark.range splits evenly: one id, so one group of segments, per task.
         ids = spark.range(0, len(groups), 1, len(groups))
-        frames.append(ids.mapInArrow(_decode_local(local, groups, staging), ROW_SCHEMA))
+        frames.append(ids.mapInArrow(_decode_local(spec, local, groups, staging), ROW_SCHEMA))
     if remote:
         files = spark.read.format("binaryFile").load([t.path for t in remote])
         frames.append(files.mapInArrow(_decode_remote(remote, staging), ROW_SCHEMA))

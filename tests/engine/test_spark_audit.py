@@ -24,9 +24,9 @@ from cleanerd.engine.spark_audit import (
     audit_tasks,
     columns_of,
 )
-from cleanerd.engine.spark_job import map_segment
 from cleanerd.log.files import TopicPartition, log_file
 from cleanerd.log.segment import LogSegment
+from cleanerd.log.segment_reader import map_file
 from tests.compaction.conftest import segment_metas
 from tests.engine.spark_support import (
     NOW,
@@ -124,7 +124,7 @@ def test_segment_rows_rebuild_the_local_columns(tmp_path: Path) -> None:
         max_compaction_lag_ms=1,
     )
     spec = AuditSpec((part,), now_ms=NOW, slack_ms=0, max_listed=5, staging=str(tmp_path))
-    parts = [audit_rows(t, map_segment(Path(t.path))) for t in audit_tasks(spec)]
+    parts = [audit_rows(t, map_file(Path(t.path))) for t in audit_tasks(spec)]
     rows = {k: np.concatenate([p[k] for p in parts[::-1]]) for k in parts[0]}
     expected = read_audit_columns(
         [LogSegment(d, m.base_offset, read_only=True) for m in metas],
