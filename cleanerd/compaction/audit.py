@@ -56,25 +56,19 @@ from numpy.typing import NDArray
 from cleanerd._jit import jit
 from cleanerd.compaction.cleanable import NO_MAX_COMPACTION_LAG
 from cleanerd.compaction.keyhash import hash_keys
-from cleanerd.compaction.strategy import (
-    CompactionStrategy,
-    ResolvedStrategy,
-    header_versions,
-    resolve_strategy,
-    timestamp_versions,
-)
+from cleanerd.compaction.strategy import ResolvedStrategy, resolve_strategy, segment_versions
 from cleanerd.compaction.transactions import TransactionTracker
 from cleanerd.config import TopicConfig
 from cleanerd.errors import CleanerdError, CorruptRecordError
 from cleanerd.log.partition_log import PartitionLog
 from cleanerd.log.segment import LogSegment
+from cleanerd.log.segment_reader import join_buffers
 from cleanerd.log.txnindex import AbortedTxn
 from cleanerd.records.columns import SegmentColumns, segment_columns
 from cleanerd.records.control import control_types
 from cleanerd.records.header import (
     CONTROL_MASK,
     DELETE_HORIZON_MASK,
-    TIMESTAMP_TYPE_MASK,
     TRANSACTIONAL_MASK,
 )
 
@@ -309,33 +303,6 @@ def _aborted_batches(sc: SegmentColumns, tracker: TransactionTracker | None) -> 
     return aborted
 
 
-def _per_buffer(sc: SegmentColumns, rows: I64) -> list[tuple[Bools, NDArray[np.uint8]]]:
-    """`rows` split by the buffer their bytes live in: (mask over `rows`, buffer)."""
-    ids = sc.buffer_id[rows]
-    return [(ids == bid, buf) for bid, buf in enumerate(sc.buffers) if np.any(ids == bid)]
-
-
-def _versions(sc: SegmentColumns, rows: I64, strategy: ResolvedStrategy) -> tuple[I64, Bools]:
-    if strategy.strategy is CompactionStrategy.TIMESTAMP:
-        bi = sc.batch_index[rows]
-        return timestamp_versions(
-            sc.timestamp[rows],
-            sc.max_timestamp[bi],
-            (sc.attributes[bi] & TIMESTAMP_TYPE_MASK) != 0,
-        )
-    versions = np.zeros(rows.size, np.int64)
-    has = np.zeros(rows.size, np.bool_)
-    if strategy.strategy is CompactionStrategy.HEADER and strategy.header is not None:
-        for mask, buf in _per_buffer(sc, rows):
-            sel = rows[mask]
-            end = sc.record_pos[sel] + sc.record_size[sel]
-            v, h = header_versions(
-                buf, sc.headers_pos[sel], sc.header_count[sel], strategy.header, end
-            )
-            versions[mask], has[mask] = v, h
-    return versions, has
-
-
 def segment_audit_columns(
     sc: SegmentColumns,
     *,
@@ -354,11 +321,9 @@ def segment_audit_columns(
     bi = sc.batch_index.astype(np.int64)
     candidate = ~control[bi] & ~aborted[bi] & (sc.key_len >= 0) & (sc.offset < stable_offset)
     rows = np.flatnonzero(candidate).astype(np.int64)
-    hashes = np.zeros((rows.size, 2), np.uint64)
-    for mask, buf in _per_buffer(sc, rows):
-        sel = rows[mask]
-        hashes[mask] = hash_keys(buf, sc.key_pos[sel], sc.key_len[sel])
-    versions, has = _versions(sc, rows, strategy)
+    joined = join_buffers(sc)
+    hashes = hash_keys(joined.buf, joined.key_pos[rows], sc.key_len[rows])
+    versions, has = segment_versions(strategy, sc, joined, rows)
     markers = control & (sc.base_offset < stable_offset) & (horizon_of_batch != NEVER)
     return AuditColumns(
         hash_hi=hashes[:, 0].copy(),

@@ -83,7 +83,7 @@ from cleanerd.compaction.producers import (
     last_records_of_active_producers,
 )
 from cleanerd.compaction.stats import CleanerStats, StatsAccumulator
-from cleanerd.compaction.strategy import CompactionStrategy, ResolvedStrategy, record_versions
+from cleanerd.compaction.strategy import CompactionStrategy, ResolvedStrategy, segment_versions
 from cleanerd.compaction.swap import (
     FileOps,
     SwapProof,
@@ -139,7 +139,6 @@ from cleanerd.records.header import (
     PRODUCER_ID_OFFSET,
     RECORD_BATCH_OVERHEAD,
     RECORDS_COUNT_OFFSET,
-    TIMESTAMP_TYPE_MASK,
     TRANSACTIONAL_MASK,
     BatchHeader,
     Buffer,
@@ -942,21 +941,6 @@ class Cleaner:
             batches, now_ms=p.now_ms, expiration_ms=p.config.producer_id_expiration_ms
         )
 
-    def _versions(
-        self, p: _Pass, c: _Columns, rows: NDArray[np.int64]
-    ) -> tuple[NDArray[np.int64], NDArray[np.bool_]] | None:
-        bi = c.batch_of[rows]
-        return record_versions(
-            p.config.strategy,
-            timestamps=c.timestamps[rows],
-            batch_max_timestamps=c.sc.max_timestamp[bi],
-            log_append_time=(c.sc.attributes[bi] & TIMESTAMP_TYPE_MASK) != 0,
-            buf=c.joined.buf,
-            headers_pos=c.joined.headers_pos[rows],
-            header_count=c.sc.header_count[rows],
-            headers_end=c.record_end[rows],
-        )
-
     # -- map build ----------------------------------------------------------------------
 
     def _build_offset_map(self, p: _Pass, m: OffsetMap) -> int:
@@ -983,16 +967,14 @@ class Cleaner:
             if seg.base_offset < start or upper > end:
                 offsets = c.offsets[rows]
                 rows = rows[(offsets >= start) & (offsets < end)]
-            versions = self._versions(p, c, rows) if m.versioned else None
+            versions, has = (
+                segment_versions(p.config.strategy, c.sc, c.joined, rows)
+                if m.versioned
+                else (None, None)
+            )
             offsets = c.select(rows, c.offsets)
             slots = np.empty(rows.size, np.int64)
-            put = m.put_many(
-                c.hashes(rows),
-                offsets,
-                None if versions is None else versions[0],
-                None if versions is None else versions[1],
-                slots=slots,
-            )
+            put = m.put_many(c.hashes(rows), offsets, versions, has, slots=slots)
             if seg.base_offset in p.cache:  # budgeted with the segment's decoded columns
                 p.put_slots[seg.base_offset] = (offsets[:put], slots[:put])
             if put == rows.size:
@@ -1022,13 +1004,8 @@ class Cleaner:
             c = self._columns(p, seg, keep=True)
             data = (c.sc.attributes[c.batch_of] & CONTROL_MASK) == 0
             rows = np.flatnonzero(data & (c.sc.key_len >= 0) & (c.offsets < p.first_dirty))
-            versions = self._versions(p, c, rows)
-            m.update_existing_many(
-                c.hashes(rows),
-                c.offsets[rows],
-                None if versions is None else versions[0],
-                None if versions is None else versions[1],
-            )
+            versions, has = segment_versions(p.config.strategy, c.sc, c.joined, rows)
+            m.update_existing_many(c.hashes(rows), c.offsets[rows], versions, has)
 
     @staticmethod
     def _mappable_batches(c: _Columns, tracker: TransactionTracker) -> NDArray[np.bool_]:

@@ -53,7 +53,7 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from cleanerd._jit import jit
-from cleanerd.compaction.strategy import CompactionStrategy
+from cleanerd.compaction.strategy import CompactionStrategy, is_versioned
 from cleanerd.records.header import INT32_MAX
 
 OFFSET_ENTRY: Final = np.dtype([("hash_hi", "<u8"), ("hash_lo", "<u8"), ("offset", "<i8")])
@@ -259,7 +259,7 @@ class OffsetMap:
         if not 0.0 < load_factor <= 1.0:
             raise ValueError(f"load factor {load_factor} is not in (0, 1]")
         self.strategy = strategy
-        self.versioned = strategy is not CompactionStrategy.OFFSET
+        self.versioned = is_versioned(strategy)
         dtype = VERSIONED_ENTRY if self.versioned else OFFSET_ENTRY
         self.slots = max(memory_bytes, 0) // dtype.itemsize
         if self.slots * load_factor <= 1:

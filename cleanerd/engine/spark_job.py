@@ -71,7 +71,7 @@ import cleanerd
 from cleanerd.compaction.cleaner import CleanedGroup, Cleaner, CleanerConfig, CleanResult
 from cleanerd.compaction.keyhash import hash_keys
 from cleanerd.compaction.stats import CleanerStats
-from cleanerd.compaction.strategy import CompactionStrategy, ResolvedStrategy, record_versions
+from cleanerd.compaction.strategy import CompactionStrategy, ResolvedStrategy, segment_versions
 from cleanerd.compaction.swap import FileOps, remove_stale_cleaned
 from cleanerd.compaction.transactions import ABORT, TransactionTracker
 from cleanerd.engine.lifeline import die_with_owner_from_env
@@ -90,7 +90,6 @@ from cleanerd.records.columns import SegmentColumns, segment_columns
 from cleanerd.records.control import control_types
 from cleanerd.records.header import (
     CONTROL_MASK,
-    TIMESTAMP_TYPE_MASK,
     TRANSACTIONAL_MASK,
     Buffer,
 )
@@ -392,22 +391,7 @@ def _rows(task: SegmentTask, sc: SegmentColumns) -> dict[str, NDArray[Any]]:
     upd = (offsets[rows] < task.first_dirty) if versioned else np.zeros(rows.size, np.bool_)
     joined = join_buffers(sc)
     hashes = hash_keys(joined.buf, joined.key_pos[rows], sc.key_len[rows])
-    version = np.zeros(rows.size, np.int64)
-    has = np.zeros(rows.size, np.bool_)
-    if versioned and rows.size:
-        rb = bi[rows]
-        found = record_versions(
-            task.strategy,
-            timestamps=sc.timestamp[rows],
-            batch_max_timestamps=sc.max_timestamp[rb],
-            log_append_time=(sc.attributes[rb] & TIMESTAMP_TYPE_MASK) != 0,
-            buf=joined.buf,
-            headers_pos=joined.headers_pos[rows],
-            header_count=sc.header_count[rows],
-            headers_end=joined.record_pos[rows] + sc.record_size[rows],
-        )
-        assert found is not None, "versioned strategies give versions"
-        version, has = found
+    version, has = segment_versions(task.strategy, sc, joined, rows)
     return {
         "pass": np.full(rows.size, task.pass_index, np.int32),
         "seg": np.full(rows.size, task.base, np.int64),
