@@ -39,7 +39,7 @@ from cleanerd.compaction.cleaner import Cleaner, CleanerConfig
 from cleanerd.compaction.offset_map import OffsetMap
 from cleanerd.engine.base import CleanJob
 from cleanerd.engine.policy import local_key_capacity
-from cleanerd.engine.spark import SparkEngine, SparkSettings
+from cleanerd.engine.spark.engine import SparkEngine, SparkSettings
 from cleanerd.log.files import TopicPartition
 from cleanerd.log.partition_log import PartitionLog
 

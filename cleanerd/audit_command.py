@@ -164,8 +164,8 @@ def audit_log_dirs_on_spark(
     cfg: Config, *, now_ms: int, slack_ms: int, max_listed: int, parquet: str | None
 ) -> AuditRun:
     """`audit_log_dirs` with the scan on Spark (`engine.spark_audit`), in a job process."""
-    from cleanerd.engine.spark import SparkSettings, check_spark_available
-    from cleanerd.engine.spark_audit import audit_on_spark, audit_partition_spec
+    from cleanerd.engine.spark.engine import SparkSettings, audit_on_spark, check_spark_available
+    from cleanerd.engine.spark.specs import audit_partition_spec
 
     check_spark_available()
     run = AuditRun()

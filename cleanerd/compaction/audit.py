@@ -60,6 +60,8 @@ from cleanerd.compaction.strategy import ResolvedStrategy, resolve_strategy, seg
 from cleanerd.compaction.transactions import TransactionTracker
 from cleanerd.config import TopicConfig
 from cleanerd.errors import CleanerdError, CorruptRecordError
+from cleanerd.log.files import TopicPartition
+from cleanerd.log.meta import SegmentMeta
 from cleanerd.log.partition_log import PartitionLog
 from cleanerd.log.segment import LogSegment
 from cleanerd.log.segment_reader import join_buffers
@@ -405,6 +407,61 @@ class PartitionAudit:
         return out
 
 
+@dataclass(frozen=True, slots=True)
+class AuditScope:
+    """What the audit of a partition needs of the whole partition: the segments to read
+    (the active one too), the last stable offset and the aborted transactions below it."""
+
+    segments: tuple[SegmentMeta, ...]
+    stable_offset: int
+    aborted: tuple[AbortedTxn, ...]
+
+
+def audit_scope(plog: PartitionLog) -> AuditScope:
+    """`plog`'s audit scope now; CleanerdError if its metadata cannot be read."""
+    meta = plog.meta()
+    stable = meta.last_stable_offset
+    aborted = plog.collect_aborted_transactions(meta.log_start_offset, stable)
+    return AuditScope(meta.segments, stable, tuple(aborted))
+
+
+def partition_audit(
+    log_dir: str,
+    tp: TopicPartition,
+    strategy: ResolvedStrategy,
+    max_compaction_lag_ms: int,
+    read: AuditColumns | str,
+    *,
+    now_ms: int,
+    slack_ms: int,
+    max_listed: int = DEFAULT_MAX_LISTED,
+) -> PartitionAudit:
+    """The audit of partition `tp` of `log_dir` at `now_ms`: of its candidate rows `read`,
+    or, when they could not be read, an audit whose `error` is `read`."""
+    lag = max_compaction_lag_ms
+    audit = PartitionAudit(
+        log_dir=log_dir,
+        topic=tp.topic,
+        partition=tp.partition,
+        strategy=strategy.strategy.value,
+        now_ms=now_ms,
+        max_compaction_lag_ms=None if lag >= NO_MAX_COMPACTION_LAG else lag,
+        slack_ms=slack_ms,
+        result=None,
+    )
+    if isinstance(read, str):
+        return dataclasses.replace(audit, error=read)
+    result = audit_columns(
+        read,
+        versioned=strategy.versioned,
+        now_ms=now_ms,
+        max_compaction_lag_ms=lag,
+        slack_ms=slack_ms,
+        max_listed=max_listed,
+    )
+    return dataclasses.replace(audit, result=result)
+
+
 def audit_partition(
     plog: PartitionLog,
     topic: TopicConfig,
@@ -415,37 +472,25 @@ def audit_partition(
 ) -> PartitionAudit:
     """Audit every segment of `plog` (the active one too) under `topic`'s strategy and
     max lag. A corrupt segment gives a PartitionAudit with `error` set."""
-    tp = plog.topic_partition
     strategy = resolve_strategy(topic.compaction_strategy, topic.compaction_strategy_header)
-    lag = topic.max_compaction_lag_ms
-    audit = PartitionAudit(
-        log_dir=str(plog.log_dir),
-        topic=tp.topic,
-        partition=tp.partition,
-        strategy=strategy.strategy.value,
-        now_ms=now_ms,
-        max_compaction_lag_ms=None if lag >= NO_MAX_COMPACTION_LAG else lag,
-        slack_ms=slack_ms,
-        result=None,
-    )
+    read: AuditColumns | str
     try:
-        meta = plog.meta()
-        stable = meta.last_stable_offset
-        aborted = plog.collect_aborted_transactions(meta.log_start_offset, stable)
-        cols = read_audit_columns(
-            plog.segments[: len(meta.segments)],
+        scope = audit_scope(plog)
+        read = read_audit_columns(
+            plog.segments[: len(scope.segments)],
             strategy=strategy,
-            stable_offset=stable,
-            aborted=aborted,
+            stable_offset=scope.stable_offset,
+            aborted=scope.aborted,
         )
     except CleanerdError as exc:
-        return dataclasses.replace(audit, error=str(exc))
-    result = audit_columns(
-        cols,
-        versioned=strategy.versioned,
+        read = str(exc)
+    return partition_audit(
+        str(plog.log_dir),
+        plog.topic_partition,
+        strategy,
+        topic.max_compaction_lag_ms,
+        read,
         now_ms=now_ms,
-        max_compaction_lag_ms=lag,
         slack_ms=slack_ms,
         max_listed=max_listed,
     )
-    return dataclasses.replace(audit, result=result)

@@ -215,11 +215,6 @@ class CleanedGroup:
     size_bytes: int
     split_bases: tuple[int, ...] = ()
 
-    def __post_init__(self) -> None:
-        # A group read back from JSON carries lists.
-        object.__setattr__(self, "old_bases", tuple(self.old_bases))
-        object.__setattr__(self, "split_bases", tuple(self.split_bases))
-
     @property
     def bases(self) -> tuple[int, ...]:
         """Base offsets of every output segment, ascending."""

@@ -20,7 +20,7 @@ def create_engine(config: Config, name: str | None = None) -> Engine:
 
         return LocalEngine.from_config(config)
     if chosen == "spark" and name == "spark":
-        from cleanerd.engine.spark import SparkEngine
+        from cleanerd.engine.spark.engine import SparkEngine
 
         return SparkEngine.from_config(config)
     if chosen == "spark":

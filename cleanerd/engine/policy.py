@@ -268,7 +268,7 @@ def policy_engine(config: Config) -> PolicyEngine:
     keys outgrow its map by `engine.spark.min_keys_over_capacity` on `SparkEngine`
     (checked for PySpark and Java when first used)."""
     from cleanerd.engine.local import LocalEngine
-    from cleanerd.engine.spark import SparkEngine
+    from cleanerd.engine.spark.engine import SparkEngine
 
     def capacity(job: CleanJob) -> int:
         return local_key_capacity(
