@@ -83,9 +83,10 @@ ARGS: Final[tuple[tuple[tuple[str, ...], dict[str, Any]], ...]] = (
     (
         ("--engine",),
         {
-            "choices": ["local", "spark"],
+            "choices": ["local", "spark", "auto"],
             "default": "local",
-            "help": "where the scan runs (default local; spark for many log dirs)",
+            "help": "where the scan runs (default local; spark for many log dirs; auto, "
+            "like the auto engine, scans locally)",
         },
     ),
     (

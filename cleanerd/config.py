@@ -437,8 +437,8 @@ class LoggingConfig(_Section):
 
 
 class SparkConfig(_Section):
-    """The Spark engine's master URL, extra Spark settings, and the routing threshold:
-    a pass goes to Spark when its dirty range's estimated distinct keys exceed
+    """The Spark engine's master URL, extra Spark settings, and the `auto` engine's
+    threshold: a pass goes to Spark when its dirty range's estimated distinct keys exceed
     `min_keys_over_capacity` times the local offset map's capacity."""
 
     master: str = Field(default="local[*]", min_length=1)
@@ -447,9 +447,11 @@ class SparkConfig(_Section):
 
 
 class EngineConfig(_Section):
-    """Which engine runs the clean pass."""
+    """Which engine runs the clean passes, by the names `--engine` takes too: `local`
+    (worker processes on this host), `spark` (every pass on Spark) or `auto` (a pass on
+    Spark only when its keys outgrow the local offset map, see `spark`)."""
 
-    name: Literal["local", "spark"] = "local"
+    name: Literal["local", "spark", "auto"] = "local"
     spark: SparkConfig = SparkConfig()
 
 

@@ -2,9 +2,10 @@
 
 The scheduler decides *what* to clean (a partition, its segments, the range
 [first_dirty, first_uncleanable), the instant `now_ms`); an engine decides *where* the work
-runs: `local` in a pool of worker processes on this host, `spark` on a Spark cluster. Both
-take the same plain, picklable job descriptions and answer with the same results, so the
-scheduler, the `clean` command and the `audit` command never know which engine they use.
+runs: `local` in a pool of worker processes on this host, `spark` on a Spark cluster,
+`auto` on either, pass by pass. All take the same plain, picklable job descriptions and
+answer with the same results, so the scheduler, the `clean` command and the `audit`
+command never know which engine they use.
 
 The crash-consistency contract every engine keeps, whatever runs the pass:
 
@@ -137,7 +138,7 @@ class Engine(Protocol):
 
     @property
     def name(self) -> str:
-        """`local` or `spark` (the `engine.name` config value)."""
+        """`local`, `spark` or `auto` (the `engine.name` config value)."""
         ...
 
     @property
