@@ -32,7 +32,7 @@ tmp file, fsync, rename) by every pass and by the scheduler's resets. With passe
 several processes the read-modify-write must be serialized across processes, or one
 pass's entry can be lost to another's rewrite: `checkpoint_lock` is an `flock` on
 `<state dir>/locks/<log dir key>/cleaner-offset-checkpoint.lock` that every writer holds
-around it.
+around it (the engines' passes and installs through `CheckpointLockedCleaner`).
 
 Futures are `concurrent.futures.Future`s, so synchronous callers wait on them and an
 asyncio daemon awaits them with `asyncio.wrap_future` without blocking its loop.
@@ -47,11 +47,13 @@ from concurrent.futures import Future
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Final, Protocol, runtime_checkable
+from typing import Any, Final, Protocol, runtime_checkable
 
 from cleanerd.compaction.audit import AuditColumns
-from cleanerd.compaction.cleaner import CleanerConfig, CleanResult
+from cleanerd.compaction.cleaner import Cleaner, CleanerConfig, CleanResult
+from cleanerd.compaction.offset_map import OffsetMap
 from cleanerd.compaction.strategy import ResolvedStrategy
+from cleanerd.compaction.swap import SwapProof
 from cleanerd.errors import CleanerdError
 from cleanerd.log.files import TopicPartition
 from cleanerd.log.lock import log_dir_key
@@ -74,6 +76,22 @@ def checkpoint_lock(state_dir: Path, log_dir: Path) -> Iterator[None]:
         yield
     finally:
         os.close(fd)  # closing the description drops the flock
+
+
+class CheckpointLockedCleaner(Cleaner):
+    """A `Cleaner` that holds the log dir's cross-process `checkpoint_lock` around its
+    rewrite of `cleaner-offset-checkpoint` (its own lock covers the threads of one
+    process): what every engine runs its passes and installs with."""
+
+    def __init__(self, state_dir: Path, offset_map: OffsetMap | None, **kwargs: Any) -> None:
+        super().__init__(offset_map, **kwargs)
+        self.state_dir = state_dir
+
+    def _write_checkpoint(
+        self, log_dir: Path, tp: TopicPartition, end_offset: int, proof: SwapProof
+    ) -> None:
+        with checkpoint_lock(self.state_dir, log_dir):
+            super()._write_checkpoint(log_dir, tp, end_offset, proof)
 
 
 @dataclass(frozen=True, slots=True)

@@ -66,13 +66,12 @@ from cleanerd.compaction.audit import AuditColumns, PartitionAudit
 from cleanerd.compaction.cleanable import NO_MAX_COMPACTION_LAG
 from cleanerd.compaction.cleaner import (
     CleanedGroup,
-    Cleaner,
     CleaningAborted,
     CleanResult,
 )
 from cleanerd.compaction.swap import FileOps, SwapProof, cleaner_offset, remove_stale_cleaned
 from cleanerd.config import Config
-from cleanerd.engine.base import AuditJob, CleanJob, checkpoint_lock
+from cleanerd.engine.base import AuditJob, CheckpointLockedCleaner, CleanJob
 from cleanerd.engine.lifeline import owner_env
 from cleanerd.engine.spark.specs import (
     MANIFEST,
@@ -267,20 +266,6 @@ def _check_indexes(dir_path: Path, base: int, log_size: int, max_index_size: int
     ).sanity_check()
 
 
-class _Installer(Cleaner):
-    """`Cleaner.install` with the log dir's cross-process checkpoint lock."""
-
-    def __init__(self, state_dir: Path) -> None:
-        super().__init__(None)
-        self.state_dir = state_dir
-
-    def _write_checkpoint(
-        self, log_dir: Path, tp: TopicPartition, end_offset: int, proof: SwapProof
-    ) -> None:
-        with checkpoint_lock(self.state_dir, log_dir):
-            super()._write_checkpoint(log_dir, tp, end_offset, proof)
-
-
 def install_outcome(
     job: CleanJob, outcome: PassOutcome, proof: SwapProof, *, extra_index_ms: int = 0
 ) -> CleanResult:
@@ -297,7 +282,7 @@ def install_outcome(
         raise
     # From here on a failure is the local pass's: whatever prefix of the renames happened
     # is finished or rolled back by the next open of the partition (Kafka's recovery).
-    deleted = _Installer(job.state_dir).install(
+    deleted = CheckpointLockedCleaner(job.state_dir, None).install(
         log_dir=job.log_dir,
         tp=job.tp,
         cleaned=outcome.cleaned,
