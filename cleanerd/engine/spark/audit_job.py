@@ -50,7 +50,6 @@ from cleanerd.compaction.audit import (
 )
 from cleanerd.compaction.strategy import ResolvedStrategy
 from cleanerd.compaction.transactions import TransactionTracker
-from cleanerd.engine.lifeline import die_with_owner_from_env
 from cleanerd.engine.spark.specs import (
     REPORT,
     AuditPartition,
@@ -60,7 +59,7 @@ from cleanerd.engine.spark.specs import (
     recorded_errors,
     stage_columns,
 )
-from cleanerd.engine.spark.tasks import Columns, decode_groups, pack_tasks
+from cleanerd.engine.spark.tasks import AUDIT_JOB, Columns, decode_groups, job_main, pack_tasks
 from cleanerd.errors import CorruptRecordError
 from cleanerd.log.files import log_file
 from cleanerd.log.segment_reader import map_file
@@ -332,13 +331,7 @@ def _top_level_fields(schema: str) -> list[str]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """`python -m cleanerd.engine.spark.audit_job SPEC.json`."""
-    args = list(sys.argv[1:] if argv is None else argv)
-    if len(args) != 1:
-        print("usage: python -m cleanerd.engine.spark.audit_job SPEC.json", file=sys.stderr)
-        return 2
-    die_with_owner_from_env(whole_session=True)
-    run_audit(AuditSpec.read(Path(args[0])))
-    return 0
+    return job_main(AUDIT_JOB, argv, lambda path: run_audit(AuditSpec.read(path)))
 
 
 if __name__ == "__main__":

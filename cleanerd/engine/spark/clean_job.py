@@ -72,7 +72,6 @@ from cleanerd.compaction.keyhash import hash_keys
 from cleanerd.compaction.strategy import ResolvedStrategy, segment_versions
 from cleanerd.compaction.swap import FileOps, remove_stale_cleaned
 from cleanerd.compaction.transactions import ABORT, TransactionTracker
-from cleanerd.engine.lifeline import die_with_owner_from_env
 from cleanerd.engine.spark.specs import (
     MANIFEST,
     JobSpec,
@@ -81,7 +80,7 @@ from cleanerd.engine.spark.specs import (
     record_error,
     recorded_errors,
 )
-from cleanerd.engine.spark.tasks import Columns, decode_groups, pack_tasks
+from cleanerd.engine.spark.tasks import CLEAN_JOB, Columns, decode_groups, job_main, pack_tasks
 from cleanerd.errors import CleanerdError, CorruptIndexError, CorruptRecordError
 from cleanerd.log.files import log_file
 from cleanerd.log.segment_reader import (
@@ -501,13 +500,7 @@ def run_job(spec: JobSpec, *, spark: SparkSession | None = None) -> Manifest:
 def main(argv: Sequence[str] | None = None) -> int:
     """`python -m cleanerd.engine.spark.clean_job SPEC.json`: exit 0 once the manifest is
     written (failed passes are reported in it), non-zero if the job itself failed."""
-    args = list(sys.argv[1:] if argv is None else argv)
-    if len(args) != 1:
-        print("usage: python -m cleanerd.engine.spark.clean_job SPEC.json", file=sys.stderr)
-        return 2
-    die_with_owner_from_env(whole_session=True)
-    run_job(JobSpec.read(Path(args[0])))
-    return 0
+    return job_main(CLEAN_JOB, argv, lambda path: run_job(JobSpec.read(path)))
 
 
 if __name__ == "__main__":

@@ -87,7 +87,7 @@ from cleanerd.engine.spark.specs import (
     load_columns,
     recorded_errors,
 )
-from cleanerd.engine.spark.tasks import python_path_env
+from cleanerd.engine.spark.tasks import AUDIT_JOB, CLEAN_JOB, python_path_env
 from cleanerd.errors import CleanerdError
 from cleanerd.log.files import (
     CLEANED_FILE_SUFFIX,
@@ -102,9 +102,6 @@ from cleanerd.log.lock import PartitionLock
 from cleanerd.log.ownership import OwnerProof
 from cleanerd.records.columns import segment_columns
 
-CLEAN_JOB: Final = "cleanerd.engine.spark.clean_job"
-AUDIT_JOB: Final = "cleanerd.engine.spark.audit_job"
-"""The modules a job process runs (``python -m``)."""
 MISSING_MESSAGE: Final = "the spark engine needs `pip install cleanerd[spark]` and Java 17"
 BATCH_WINDOW_S: Final = 0.2
 MAX_PASSES_PER_JOB: Final = 64

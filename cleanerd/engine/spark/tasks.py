@@ -1,7 +1,9 @@
 """What the engine and both jobs share about running cleanerd's code on Spark.
 
-- The environment of a job process and of Spark's Python workers (`python_path_env`):
-  this interpreter, and cleanerd importable even from a source checkout.
+- The job processes: their modules (`CLEAN_JOB`, `AUDIT_JOB`), what they do when started
+  (`job_main`), and their environment and that of Spark's Python workers
+  (`python_path_env`): this interpreter, and cleanerd importable even from a source
+  checkout.
 - How segments become decode tasks (`pack_tasks`): a task costs tens of milliseconds, so
   small segments share one, while there are enough tasks to keep every core busy.
 - How an executor decodes a group of segments (`decode_groups`): a segment that cannot be
@@ -24,8 +26,12 @@ from typing import Any, Final, TypeAlias
 from numpy.typing import NDArray
 
 import cleanerd
+from cleanerd.engine.lifeline import die_with_owner_from_env
 from cleanerd.errors import CleanerdError
 
+CLEAN_JOB: Final = "cleanerd.engine.spark.clean_job"
+AUDIT_JOB: Final = "cleanerd.engine.spark.audit_job"
+"""The modules the job processes run (``python -m MODULE SPEC.json``)."""
 TASK_BYTES: Final = 64 * 1024 * 1024
 """Segments smaller than this share a decode task."""
 
@@ -43,6 +49,19 @@ def python_path_env() -> dict[str, str]:
         "PYSPARK_DRIVER_PYTHON": sys.executable,
         "PYTHONPATH": os.pathsep.join(dict.fromkeys(paths)),
     }
+
+
+def job_main(module: str, argv: Sequence[str] | None, run: Callable[[Path], object]) -> int:
+    """What ``python -m MODULE SPEC.json`` does: `run` the job of the spec file, in a
+    process that dies with the one that launched it, whole session (exit 2 on a usage
+    error)."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if len(args) != 1:
+        print(f"usage: python -m {module} SPEC.json", file=sys.stderr)
+        return 2
+    die_with_owner_from_env(whole_session=True)
+    run(Path(args[0]))
+    return 0
 
 
 def pack_tasks(sizes: Sequence[int], parallelism: int) -> list[list[int]]:

@@ -21,6 +21,7 @@ import yaml
 from cleanerd.engine.spark import engine as spark_engine
 from cleanerd.engine.spark.engine import JobRunner
 from cleanerd.engine.spark.specs import AuditSpec, JobSpec
+from cleanerd.engine.spark.tasks import AUDIT_JOB, CLEAN_JOB
 from cleanerd.records.header import Compression
 from cleanerd.records.record import RecordHeader
 from tests.compaction.conftest import TP, LogBuilder
@@ -73,9 +74,9 @@ def in_process_runner(session: Any) -> JobRunner:
         staging: Path,
         kill: threading.Event,
         *,
-        module: str = spark_engine.CLEAN_JOB,
+        module: str = CLEAN_JOB,
     ) -> None:
-        if module == spark_engine.AUDIT_JOB:
+        if module == AUDIT_JOB:
             run_audit(AuditSpec.read(spec_path), spark=session)
         else:
             run_job(JobSpec.read(spec_path), spark=session)
