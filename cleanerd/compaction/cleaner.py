@@ -31,10 +31,12 @@ leaves its source segments as they were; the error propagates (the caller marks 
 partition uncleanable). Every file operation goes through the injected `FileOps`, so a
 test can stop the pass at any single one and check recovery.
 
-Segments are memory-mapped and decoded into columns (`cleanerd.records.columns`, numba)
-once per pass where the cache budget allows (the dirty segments decoded for the map are
-reused by the copy; a segment decoded again is not CRC-checked again), each mapped once
-per pass. Keys are hashed once per segment, and the copy reads a dirty segment's keep
+Segments are read through `cleanerd.log.segment_reader` (mapped once per pass, each
+checked to be the file of the pass's snapshot, with its aborted transactions and offset
+bound, its records joined into one buffer) and decoded into columns
+(`cleanerd.records.columns`, numba) once per pass where the cache budget allows (the
+dirty segments decoded for the map are reused by the copy; a segment decoded again is not
+CRC-checked again). Keys are hashed once per segment, and the copy reads a dirty segment's keep
 decisions from the map slots its records were put in; keep decisions, the assembly of
 the output and its index arithmetic run over whole segments in numba. Python runs per
 batch only for batches with a producer id, transaction or control flag, to call a codec
