@@ -351,11 +351,11 @@ def segment_versions(
     """The versions of the records `rows` (record table rows) of the decoded segment `sc`,
     whose bytes are all in `joined` (`segment_reader.join_buffers(sc)`): those of
     `record_versions`, or none (all 0, absent) for a strategy without versions."""
-    rule = STRATEGIES[resolved.strategy]
-    if rule is None:
+    if not resolved.versioned:
         return np.zeros(rows.size, np.int64), np.zeros(rows.size, np.bool_)
     bi = sc.batch_index[rows]
-    inputs = VersionInputs(
+    versions = record_versions(
+        resolved,
         timestamps=sc.timestamp[rows],
         batch_max_timestamps=sc.max_timestamp[bi],
         log_append_time=(sc.attributes[bi] & TIMESTAMP_TYPE_MASK) != 0,
@@ -364,4 +364,5 @@ def segment_versions(
         header_count=sc.header_count[rows],
         headers_end=joined.record_pos[rows] + sc.record_size[rows],
     )
-    return rule(resolved, inputs)
+    assert versions is not None, "a versioned strategy has a version rule"
+    return versions

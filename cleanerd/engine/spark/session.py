@@ -59,7 +59,7 @@ def _arrow_batches(cols: Columns) -> Iterator[pa.RecordBatch]:
         )
 
 
-def table_columns(batches: Sequence[pa.RecordBatch]) -> dict[str, NDArray[Any]] | None:
+def _table_columns(batches: Sequence[pa.RecordBatch]) -> dict[str, NDArray[Any]] | None:
     """The rows of `batches` as numpy columns; None when there are none."""
     if not sum(b.num_rows for b in batches):
         return None
@@ -75,7 +75,7 @@ def numpy_stage(stage: Callable[[dict[str, NDArray[Any]]], Iterable[Columns]]) -
     a partition without rows), for `mapInArrow`."""
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        cols = table_columns(list(batches))
+        cols = _table_columns(list(batches))
         if cols is None:
             return
         for out in stage(cols):

@@ -2,19 +2,21 @@
 
 The engine (`engine.py`, in the daemon's or a command's process) writes a spec into a
 fresh staging dir and starts a job process on it; the job writes its results there and
-exits; the engine reads them, then removes the dir. Files, all written whole (a tmp file
-renamed, so a reader never sees half of one):
+exits; the engine reads them once the job has ended, then removes the dir. Files:
 
-    spec.json        a clean job's `JobSpec` or an audit job's `AuditSpec`
-    manifest.json    the clean job's `Manifest`: per pass its `.cleaned` output or error
-    report.json      the audit job's `AuditReport` (mode `report`)
-    columns/<part>.npz   an audit job's `AuditColumns` of partition <part> (mode `columns`)
-    errors/<group>-<segment>.txt   why segment <segment> of pass or partition <group>
-                                   could not be decoded
+    spec.json                  a clean job's `JobSpec` or an audit job's `AuditSpec`
+    manifest.json              the clean job's `Manifest`: per pass its `.cleaned` output
+                               or why it failed
+    report.json                the audit job's `AuditReport` (mode `report`)
+    columns/<part>.npz         the `AuditColumns` of partition <part> (mode `columns`)
+    errors/<group>-<seg>.txt   why segment <seg> of pass or partition <group> could not be
+                               decoded (the first of a group is the group's error)
+    pass-<i>/<base>.superseded the clean job's own bitmaps (`clean_job`)
 
 The JSON documents are these pydantic dataclasses as pydantic serializes them (tuples as
 lists, paths as strings, header names as hex), validated when read back, so a value read
-is a value written. Each carries `version`; a job of another version is refused.
+is a value written; each is written whole (a tmp file renamed) and carries `version`, so
+a document of another version is refused.
 """
 
 from __future__ import annotations
@@ -208,14 +210,14 @@ class AuditReport(_Document):
     version: Literal[1] = SPEC_VERSION
 
 
-def columns_path(staging: Path, part: int) -> Path:
+def _columns_path(staging: Path, part: int) -> Path:
     """Where mode `columns` stages partition `part`'s columns."""
     return staging / "columns" / f"{part:08d}.npz"
 
 
 def stage_columns(staging: Path, part: int, cols: AuditColumns) -> None:
     """Stage partition `part`'s columns (mode `columns`)."""
-    path = columns_path(staging, part)
+    path = _columns_path(staging, part)
     path.parent.mkdir(parents=True, exist_ok=True)
     arrays = {f.name: getattr(cols, f.name) for f in dataclasses.fields(cols)}
     with open(path, "wb") as f:
@@ -224,7 +226,7 @@ def stage_columns(staging: Path, part: int, cols: AuditColumns) -> None:
 
 def load_columns(staging: Path, part: int) -> AuditColumns:
     """The columns staged for `part` (no rows when none were staged)."""
-    path = columns_path(staging, part)
+    path = _columns_path(staging, part)
     if not path.exists():
         return AuditColumns.empty()
     with np.load(path) as z:
