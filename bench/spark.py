@@ -19,7 +19,7 @@ the map holds takes several passes. The local engine is run to completion with m
 The crossover is the smallest keys-per-map-capacity ratio at which the local passes take
 longer than Spark local[2]; multiplied by the capacity of the default map
 (`log.cleaner.dedupe.buffer.size` 128 MiB, one thread) it is the key count from which
-`engine.name: spark` should send a partition to Spark on this machine.
+`engine.name: auto` should send a partition to Spark on this machine.
 
     python -m bench.spark [--gb 1] [--keys 1000000] [--tiny-mb 2] [--ratios 2,4]
 """
@@ -38,8 +38,8 @@ from bench.clean import CASES, TOPIC_DIR, generate, sources
 from cleanerd.compaction.cleaner import Cleaner, CleanerConfig
 from cleanerd.compaction.offset_map import OffsetMap
 from cleanerd.engine.base import CleanJob
-from cleanerd.engine.policy import local_key_capacity
-from cleanerd.engine.spark import SparkEngine, SparkSettings
+from cleanerd.engine.routing import local_key_capacity
+from cleanerd.engine.spark.engine import SparkEngine, SparkSettings
 from cleanerd.log.files import TopicPartition
 from cleanerd.log.partition_log import PartitionLog
 

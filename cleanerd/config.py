@@ -66,9 +66,9 @@ from cleanerd.log.files import parse_topic_partition
 from cleanerd.log.log_dir import Mode
 from cleanerd.log.roll import DEFAULT_MIN_ROLL_INTERVAL_MS
 from cleanerd.log.topic_config import CleanupPolicy, CompactionStrategyName, TopicConfig
+from cleanerd.records.header import INT32_MAX
 
 LONG_MAX: Final = 2**63 - 1  # Java's Long.MAX_VALUE, Kafka's "no limit" for longs
-INT_MAX: Final = 2**31 - 1
 
 
 # Kafka's legal topic names (Topic.validate): at most 249 of these characters.
@@ -119,10 +119,10 @@ Ms = Annotated[int, Field(ge=0, le=LONG_MAX)]
 PositiveMs = Annotated[int, Field(ge=1, le=LONG_MAX)]
 RetentionMs = Annotated[int, Field(ge=-1, le=LONG_MAX)]  # -1: no time limit
 RetentionBytes = Annotated[int, Field(ge=-1, le=LONG_MAX)]  # -1: no size limit
-SegmentBytes = Annotated[int, Field(ge=14, le=INT_MAX)]  # Kafka 3.x minimum; 4.x: 1 MiB
-IndexBytes = Annotated[int, Field(ge=4, le=INT_MAX)]
-IntervalBytes = Annotated[int, Field(ge=0, le=INT_MAX)]
-MessageBytes = Annotated[int, Field(ge=0, le=INT_MAX)]
+SegmentBytes = Annotated[int, Field(ge=14, le=INT32_MAX)]  # Kafka 3.x minimum; 4.x: 1 MiB
+IndexBytes = Annotated[int, Field(ge=4, le=INT32_MAX)]
+IntervalBytes = Annotated[int, Field(ge=0, le=INT32_MAX)]
+MessageBytes = Annotated[int, Field(ge=0, le=INT32_MAX)]
 Ratio = Annotated[float, Field(ge=0, le=1)]
 CleanupPolicies = Annotated[
     tuple[CleanupPolicy, ...],
@@ -242,7 +242,7 @@ class BrokerConfig(_KafkaKeys):
     the running thread count, or cut it below half.)"""
     log_cleaner_dedupe_buffer_size: int = Field(default=134217728, ge=1, le=LONG_MAX)
     log_cleaner_io_buffer_load_factor: float = Field(default=0.9, gt=0, le=1)
-    log_cleaner_io_buffer_size: int = Field(default=524288, ge=1, le=INT_MAX)
+    log_cleaner_io_buffer_size: int = Field(default=524288, ge=1, le=INT32_MAX)
     log_cleaner_io_max_bytes_per_second: float = Field(default=math.inf, gt=0)
     log_cleaner_backoff_ms: Ms = 15000
     log_cleaner_min_cleanable_ratio: Ratio = 0.5
@@ -253,21 +253,21 @@ class BrokerConfig(_KafkaKeys):
     log_cleaner_compaction_strategy_header: str = ""
     log_cleanup_policy: CleanupPolicies = ("delete",)
     log_roll_ms: PositiveMs | None = None
-    log_roll_hours: int = Field(default=168, ge=1, le=INT_MAX)
+    log_roll_hours: int = Field(default=168, ge=1, le=INT32_MAX)
     log_roll_jitter_ms: Ms | None = None
-    log_roll_jitter_hours: int = Field(default=0, ge=0, le=INT_MAX)
+    log_roll_jitter_hours: int = Field(default=0, ge=0, le=INT32_MAX)
     log_segment_bytes: SegmentBytes = 1073741824
     log_index_size_max_bytes: IndexBytes = 10485760
     log_index_interval_bytes: IntervalBytes = 4096
     log_segment_delete_delay_ms: Ms = 60000
     log_retention_ms: RetentionMs | None = None
-    log_retention_minutes: int | None = Field(default=None, ge=-1, le=INT_MAX)
-    log_retention_hours: int = Field(default=168, ge=-1, le=INT_MAX)
+    log_retention_minutes: int | None = Field(default=None, ge=-1, le=INT32_MAX)
+    log_retention_hours: int = Field(default=168, ge=-1, le=INT32_MAX)
     log_retention_bytes: RetentionBytes = -1
     log_retention_check_interval_ms: PositiveMs = 300000
     log_retention_disk_usage_percent: int = Field(default=100, ge=1, le=100)
     message_max_bytes: MessageBytes = 1048588
-    producer_id_expiration_ms: int = Field(default=86400000, ge=1, le=INT_MAX)
+    producer_id_expiration_ms: int = Field(default=86400000, ge=1, le=INT32_MAX)
     log_preallocate: bool = False
 
     @property
@@ -398,8 +398,8 @@ class LoggingConfig(_Section):
 
 
 class SparkConfig(_Section):
-    """The Spark engine's master URL, extra Spark settings, and the routing threshold:
-    a pass goes to Spark when its dirty range's estimated distinct keys exceed
+    """The Spark engine's master URL, extra Spark settings, and the `auto` engine's
+    threshold: a pass goes to Spark when its dirty range's estimated distinct keys exceed
     `min_keys_over_capacity` times the local offset map's capacity."""
 
     master: str = Field(default="local[*]", min_length=1)
@@ -408,9 +408,11 @@ class SparkConfig(_Section):
 
 
 class EngineConfig(_Section):
-    """Which engine runs the clean pass."""
+    """Which engine runs the clean passes, by the names `--engine` takes too: `local`
+    (worker processes on this host), `spark` (every pass on Spark) or `auto` (a pass on
+    Spark only when its keys outgrow the local offset map, see `spark`)."""
 
-    name: Literal["local", "spark"] = "local"
+    name: Literal["local", "spark", "auto"] = "local"
     spark: SparkConfig = SparkConfig()
 
 

@@ -84,9 +84,10 @@ ARGS: Final[tuple[Arg, ...]] = (
     (
         ("--engine",),
         {
-            "choices": ["local", "spark"],
+            "choices": ["local", "spark", "auto"],
             "default": "local",
-            "help": "where the scan runs (default local; spark for many log dirs)",
+            "help": "where the scan runs (default local; spark for many log dirs; auto, "
+            "like the auto engine, scans locally)",
         },
     ),
     (
@@ -165,8 +166,8 @@ def audit_log_dirs_on_spark(
     cfg: Config, *, now_ms: int, slack_ms: int, max_listed: int, parquet: str | None
 ) -> AuditRun:
     """`audit_log_dirs` with the scan on Spark (`engine.spark_audit`), in a job process."""
-    from cleanerd.engine.spark import SparkSettings, check_spark_available
-    from cleanerd.engine.spark_audit import audit_on_spark, audit_partition_spec
+    from cleanerd.engine.spark.engine import SparkSettings, audit_on_spark, check_spark_available
+    from cleanerd.engine.spark.specs import audit_partition_spec
 
     check_spark_available()
     run = AuditRun()

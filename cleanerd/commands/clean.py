@@ -60,8 +60,9 @@ ARGS: Final[tuple[Arg, ...]] = (
     (
         ("--engine",),
         {
-            "choices": ["local", "spark"],
-            "help": "where passes run (default: the config's engine.name)",
+            "choices": ["local", "spark", "auto"],
+            "help": "where passes run: local, spark (every pass) or auto (Spark for passes "
+            "whose keys outgrow the local map); default: the config's engine.name",
         },
     ),
     (("--json",), {"action": "store_true", "help": "print one JSON document"}),

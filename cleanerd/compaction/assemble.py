@@ -30,9 +30,22 @@ from numpy.typing import NDArray
 from cleanerd._jit import jit
 from cleanerd.compaction.batch_retention import NO_HORIZON
 from cleanerd.records.header import (
+    ATTRIBUTES_OFFSET,
+    BASE_OFFSET_OFFSET,
+    BASE_SEQUENCE_OFFSET,
+    BASE_TIMESTAMP_OFFSET,
+    CRC_OFFSET,
     DELETE_HORIZON_MASK,
+    LAST_OFFSET_DELTA_OFFSET,
+    LENGTH_OFFSET,
     LOG_OVERHEAD,
+    MAGIC_OFFSET,
+    MAX_TIMESTAMP_OFFSET,
+    PARTITION_LEADER_EPOCH_OFFSET,
+    PRODUCER_EPOCH_OFFSET,
+    PRODUCER_ID_OFFSET,
     RECORD_BATCH_OVERHEAD,
+    RECORDS_COUNT_OFFSET,
     TIMESTAMP_TYPE_MASK,
 )
 
@@ -223,19 +236,19 @@ def assemble_chunk(
                         q = _rewrite_record(
                             buf, record_pos[j], record_end[j], timestamps[j] - base_ts, out, q, tmp
                         )
-            _put_be(out, o, base, 8)
-            _put_be(out, o + 8, q - o - LOG_OVERHEAD, 4)
-            _put_be(out, o + 12, heads[i, 1], 4)
-            out[o + 16] = 2
-            _put_be(out, o + 17, 0, 4)
-            _put_be(out, o + 21, attributes, 2)
-            _put_be(out, o + 23, heads[i, 3], 4)
-            _put_be(out, o + 27, base_ts, 8)
-            _put_be(out, o + 35, max_ts, 8)
-            _put_be(out, o + 43, heads[i, 5], 8)
-            _put_be(out, o + 51, heads[i, 6], 2)
-            _put_be(out, o + 53, heads[i, 7], 4)
-            _put_be(out, o + 57, kept, 4)
+            _put_be(out, o + BASE_OFFSET_OFFSET, base, 8)
+            _put_be(out, o + LENGTH_OFFSET, q - o - LOG_OVERHEAD, 4)
+            _put_be(out, o + PARTITION_LEADER_EPOCH_OFFSET, heads[i, 1], 4)
+            out[o + MAGIC_OFFSET] = 2
+            _put_be(out, o + CRC_OFFSET, 0, 4)
+            _put_be(out, o + ATTRIBUTES_OFFSET, attributes, 2)
+            _put_be(out, o + LAST_OFFSET_DELTA_OFFSET, heads[i, 3], 4)
+            _put_be(out, o + BASE_TIMESTAMP_OFFSET, base_ts, 8)
+            _put_be(out, o + MAX_TIMESTAMP_OFFSET, max_ts, 8)
+            _put_be(out, o + PRODUCER_ID_OFFSET, heads[i, 5], 8)
+            _put_be(out, o + PRODUCER_EPOCH_OFFSET, heads[i, 6], 2)
+            _put_be(out, o + BASE_SEQUENCE_OFFSET, heads[i, 7], 4)
+            _put_be(out, o + RECORDS_COUNT_OFFSET, kept, 4)
             o = q
             crc_rows[n_crc] = n
             n_crc += 1

@@ -56,24 +56,21 @@ from numpy.typing import NDArray
 from cleanerd._jit import jit
 from cleanerd.compaction.cleanable import NO_MAX_COMPACTION_LAG
 from cleanerd.compaction.keyhash import hash_keys
-from cleanerd.compaction.strategy import (
-    CompactionStrategy,
-    ResolvedStrategy,
-    header_versions,
-    resolve_strategy,
-    timestamp_versions,
-)
+from cleanerd.compaction.strategy import ResolvedStrategy, resolve_strategy, segment_versions
 from cleanerd.compaction.transactions import TransactionTracker
 from cleanerd.errors import CleanerdError, CorruptRecordError
+from cleanerd.log.files import TopicPartition
+from cleanerd.log.meta import SegmentMeta
 from cleanerd.log.partition_log import PartitionLog
 from cleanerd.log.segment import LogSegment
+from cleanerd.log.segment_reader import join_buffers
 from cleanerd.log.topic_config import TopicConfig
 from cleanerd.log.txnindex import AbortedTxn
 from cleanerd.records.columns import SegmentColumns, segment_columns
+from cleanerd.records.control import control_types
 from cleanerd.records.header import (
     CONTROL_MASK,
     DELETE_HORIZON_MASK,
-    TIMESTAMP_TYPE_MASK,
     TRANSACTIONAL_MASK,
 )
 
@@ -291,60 +288,21 @@ def audit_columns(
 # Reading a partition into columns
 
 
-def _control_type(sc: SegmentColumns, b: int) -> int | None:
-    """The type in a control batch's record key (None for an emptied marker)."""
-    if int(sc.batch_magic[b]) != 2 or int(sc.records_count[b]) == 0:
-        return None
-    key = sc.key(int(sc.batch_first_record[b]))
-    if key is None or len(key) < 4:
-        raise CorruptRecordError(
-            f"control record key of {0 if key is None else len(key)} bytes",
-            position=int(sc.batch_position[b]),
-        )
-    return int.from_bytes(key[2:4], "big", signed=True)
-
-
 def _aborted_batches(sc: SegmentColumns, tracker: TransactionTracker | None) -> Bools:
     """Per batch: transactional data of an aborted transaction."""
     aborted = np.zeros(sc.num_batches, np.bool_)
     if tracker is None:
         return aborted
     attrs = sc.attributes.astype(np.int64)
+    types = control_types(sc)
     for b in range(sc.num_batches):
         pid = int(sc.producer_id[b])
         last = int(sc.base_offset[b]) + int(sc.last_offset_delta[b])
         if attrs[b] & CONTROL_MASK:
-            tracker.on_control_batch(pid, _control_type(sc, b), last)
+            tracker.on_control_batch(pid, types[b], last)
         else:
             aborted[b] = tracker.on_data_batch(pid, bool(attrs[b] & TRANSACTIONAL_MASK), last)
     return aborted
-
-
-def _per_buffer(sc: SegmentColumns, rows: I64) -> list[tuple[Bools, NDArray[np.uint8]]]:
-    """`rows` split by the buffer their bytes live in: (mask over `rows`, buffer)."""
-    ids = sc.buffer_id[rows]
-    return [(ids == bid, buf) for bid, buf in enumerate(sc.buffers) if np.any(ids == bid)]
-
-
-def _versions(sc: SegmentColumns, rows: I64, strategy: ResolvedStrategy) -> tuple[I64, Bools]:
-    if strategy.strategy is CompactionStrategy.TIMESTAMP:
-        bi = sc.batch_index[rows]
-        return timestamp_versions(
-            sc.timestamp[rows],
-            sc.max_timestamp[bi],
-            (sc.attributes[bi] & TIMESTAMP_TYPE_MASK) != 0,
-        )
-    versions = np.zeros(rows.size, np.int64)
-    has = np.zeros(rows.size, np.bool_)
-    if strategy.strategy is CompactionStrategy.HEADER and strategy.header is not None:
-        for mask, buf in _per_buffer(sc, rows):
-            sel = rows[mask]
-            end = sc.record_pos[sel] + sc.record_size[sel]
-            v, h = header_versions(
-                buf, sc.headers_pos[sel], sc.header_count[sel], strategy.header, end
-            )
-            versions[mask], has[mask] = v, h
-    return versions, has
 
 
 def segment_audit_columns(
@@ -365,11 +323,9 @@ def segment_audit_columns(
     bi = sc.batch_index.astype(np.int64)
     candidate = ~control[bi] & ~aborted[bi] & (sc.key_len >= 0) & (sc.offset < stable_offset)
     rows = np.flatnonzero(candidate).astype(np.int64)
-    hashes = np.zeros((rows.size, 2), np.uint64)
-    for mask, buf in _per_buffer(sc, rows):
-        sel = rows[mask]
-        hashes[mask] = hash_keys(buf, sc.key_pos[sel], sc.key_len[sel])
-    versions, has = _versions(sc, rows, strategy)
+    joined = join_buffers(sc)
+    hashes = hash_keys(joined.buf, joined.key_pos[rows], sc.key_len[rows])
+    versions, has = segment_versions(strategy, sc, joined, rows)
     markers = control & (sc.base_offset < stable_offset) & (horizon_of_batch != NEVER)
     return AuditColumns(
         hash_hi=hashes[:, 0].copy(),
@@ -451,6 +407,61 @@ class PartitionAudit:
         return out
 
 
+@dataclass(frozen=True, slots=True)
+class AuditScope:
+    """What the audit of a partition needs of the whole partition: the segments to read
+    (the active one too), the last stable offset and the aborted transactions below it."""
+
+    segments: tuple[SegmentMeta, ...]
+    stable_offset: int
+    aborted: tuple[AbortedTxn, ...]
+
+
+def audit_scope(plog: PartitionLog) -> AuditScope:
+    """`plog`'s audit scope now; CleanerdError if its metadata cannot be read."""
+    meta = plog.meta()
+    stable = meta.last_stable_offset
+    aborted = plog.collect_aborted_transactions(meta.log_start_offset, stable)
+    return AuditScope(meta.segments, stable, tuple(aborted))
+
+
+def partition_audit(
+    log_dir: str,
+    tp: TopicPartition,
+    strategy: ResolvedStrategy,
+    max_compaction_lag_ms: int,
+    read: AuditColumns | str,
+    *,
+    now_ms: int,
+    slack_ms: int,
+    max_listed: int = DEFAULT_MAX_LISTED,
+) -> PartitionAudit:
+    """The audit of partition `tp` of `log_dir` at `now_ms`: of its candidate rows `read`,
+    or, when they could not be read, an audit whose `error` is `read`."""
+    lag = max_compaction_lag_ms
+    audit = PartitionAudit(
+        log_dir=log_dir,
+        topic=tp.topic,
+        partition=tp.partition,
+        strategy=strategy.strategy.value,
+        now_ms=now_ms,
+        max_compaction_lag_ms=None if lag >= NO_MAX_COMPACTION_LAG else lag,
+        slack_ms=slack_ms,
+        result=None,
+    )
+    if isinstance(read, str):
+        return dataclasses.replace(audit, error=read)
+    result = audit_columns(
+        read,
+        versioned=strategy.versioned,
+        now_ms=now_ms,
+        max_compaction_lag_ms=lag,
+        slack_ms=slack_ms,
+        max_listed=max_listed,
+    )
+    return dataclasses.replace(audit, result=result)
+
+
 def audit_partition(
     plog: PartitionLog,
     topic: TopicConfig,
@@ -461,37 +472,25 @@ def audit_partition(
 ) -> PartitionAudit:
     """Audit every segment of `plog` (the active one too) under `topic`'s strategy and
     max lag. A corrupt segment gives a PartitionAudit with `error` set."""
-    tp = plog.topic_partition
     strategy = resolve_strategy(topic.compaction_strategy, topic.compaction_strategy_header)
-    lag = topic.max_compaction_lag_ms
-    audit = PartitionAudit(
-        log_dir=str(plog.log_dir),
-        topic=tp.topic,
-        partition=tp.partition,
-        strategy=strategy.strategy.value,
-        now_ms=now_ms,
-        max_compaction_lag_ms=None if lag >= NO_MAX_COMPACTION_LAG else lag,
-        slack_ms=slack_ms,
-        result=None,
-    )
+    read: AuditColumns | str
     try:
-        meta = plog.meta()
-        stable = meta.last_stable_offset
-        aborted = plog.collect_aborted_transactions(meta.log_start_offset, stable)
-        cols = read_audit_columns(
-            plog.segments[: len(meta.segments)],
+        scope = audit_scope(plog)
+        read = read_audit_columns(
+            plog.segments[: len(scope.segments)],
             strategy=strategy,
-            stable_offset=stable,
-            aborted=aborted,
+            stable_offset=scope.stable_offset,
+            aborted=scope.aborted,
         )
     except CleanerdError as exc:
-        return dataclasses.replace(audit, error=str(exc))
-    result = audit_columns(
-        cols,
-        versioned=strategy.versioned,
+        read = str(exc)
+    return partition_audit(
+        str(plog.log_dir),
+        plog.topic_partition,
+        strategy,
+        topic.max_compaction_lag_ms,
+        read,
         now_ms=now_ms,
-        max_compaction_lag_ms=lag,
         slack_ms=slack_ms,
         max_listed=max_listed,
     )
-    return dataclasses.replace(audit, result=result)

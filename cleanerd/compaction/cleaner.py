@@ -31,10 +31,12 @@ leaves its source segments as they were; the error propagates (the caller marks 
 partition uncleanable). Every file operation goes through the injected `FileOps`, so a
 test can stop the pass at any single one and check recovery.
 
-Segments are memory-mapped and decoded into columns (`cleanerd.records.columns`, numba)
-once per pass where the cache budget allows (the dirty segments decoded for the map are
-reused by the copy; a segment decoded again is not CRC-checked again), each mapped once
-per pass. Keys are hashed once per segment, and the copy reads a dirty segment's keep
+Segments are read through `cleanerd.log.segment_reader` (mapped once per pass, each
+checked to be the file of the pass's snapshot, with its aborted transactions and offset
+bound, its records joined into one buffer) and decoded into columns
+(`cleanerd.records.columns`, numba) once per pass where the cache budget allows (the
+dirty segments decoded for the map are reused by the copy; a segment decoded again is not
+CRC-checked again). Keys are hashed once per segment, and the copy reads a dirty segment's keep
 decisions from the map slots its records were put in; keep decisions, the assembly of
 the output and its index arithmetic run over whole segments in numba. Python runs per
 batch only for batches with a producer id, transaction or control flag, to call a codec
@@ -46,8 +48,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import mmap
-import os
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -75,7 +75,7 @@ from cleanerd.compaction.batch_retention import (
     keep_records,
     plan_batch_writes,
 )
-from cleanerd.compaction.grouping import INT32_MAX, group_segments_by_size
+from cleanerd.compaction.grouping import group_segments_by_size
 from cleanerd.compaction.keyhash import hash_record_keys
 from cleanerd.compaction.offset_map import OffsetMap
 from cleanerd.compaction.producers import (
@@ -85,7 +85,7 @@ from cleanerd.compaction.producers import (
     last_records_of_active_producers,
 )
 from cleanerd.compaction.stats import CleanerStats, StatsAccumulator
-from cleanerd.compaction.strategy import CompactionStrategy, ResolvedStrategy, record_versions
+from cleanerd.compaction.strategy import CompactionStrategy, ResolvedStrategy, segment_versions
 from cleanerd.compaction.swap import (
     FileOps,
     SwapProof,
@@ -106,23 +106,41 @@ from cleanerd.log.checkpoint import (
 from cleanerd.log.files import (
     TopicPartition,
     log_file,
-    txn_index_file,
 )
 from cleanerd.log.meta import SegmentMeta
-from cleanerd.log.ownership import OwnerProof, SegmentsChanged
-from cleanerd.log.txnindex import AbortedTxn, TransactionIndex
+from cleanerd.log.ownership import OwnerProof
+from cleanerd.log.segment_reader import (
+    JoinedBuffer,
+    aborted_between,
+    join_buffers,
+    load_aborted,
+    map_segment,
+    segment_upper,
+)
+from cleanerd.log.txnindex import AbortedTxn
 from cleanerd.records.batch import decode_batch, empty_batch_of, encode_batch, encode_empty_batch
 from cleanerd.records.columns import SEGMENT_ROW, SIDE, SegmentColumns, segment_columns
 from cleanerd.records.compression import compress
-from cleanerd.records.control import control_type
+from cleanerd.records.control import control_type, control_types
 from cleanerd.records.header import (
     ATTRIBUTES_OFFSET,
+    BASE_OFFSET_OFFSET,
     COMPRESSION_MASK,
     CONTROL_MASK,
     CRC_OFFSET,
     DELETE_HORIZON_MASK,
+    INT32_MAX,
+    LAST_OFFSET_DELTA_OFFSET,
+    LEGACY_V0_MIN_SIZE,
+    LENGTH_OFFSET,
+    LOG_OVERHEAD,
+    MAGIC_OFFSET,
+    MAX_TIMESTAMP_OFFSET,
+    PREFIX_SIZE,
+    PRODUCER_EPOCH_OFFSET,
+    PRODUCER_ID_OFFSET,
     RECORD_BATCH_OVERHEAD,
-    TIMESTAMP_TYPE_MASK,
+    RECORDS_COUNT_OFFSET,
     TRANSACTIONAL_MASK,
     BatchHeader,
     Buffer,
@@ -199,11 +217,6 @@ class CleanedGroup:
     size_bytes: int
     split_bases: tuple[int, ...] = ()
 
-    def __post_init__(self) -> None:
-        # A group read back from JSON carries lists.
-        object.__setattr__(self, "old_bases", tuple(self.old_bases))
-        object.__setattr__(self, "split_bases", tuple(self.split_bases))
-
     @property
     def bases(self) -> tuple[int, ...]:
         """Base offsets of every output segment, ascending."""
@@ -258,21 +271,15 @@ class _MapOracle:
 
 @dataclass(slots=True)
 class _Columns:
-    """A segment's columns (`cleanerd.records.columns`) with every record position made
-    relative to one buffer `buf`, so a kernel needs a single buffer: the segment bytes
-    (no batch compressed), the side buffer of decompressed records areas (every record
-    decompressed), or the segment followed by the side buffer (a mixed segment, where
-    `side_shift` is the segment's length, by which side positions moved)."""
+    """A segment's columns (`cleanerd.records.columns`) with every record in one buffer
+    (`segment_reader.join_buffers`), so a kernel needs a single buffer."""
 
     raw: Buffer
     sc: SegmentColumns
-    buf: NDArray[np.uint8]
+    joined: JoinedBuffer
     batch_of: NDArray[np.int64]
-    record_pos: NDArray[np.int64]
     record_end: NDArray[np.int64]
-    key_pos: NDArray[np.int64]
-    headers_pos: NDArray[np.int64]
-    side_shift: int
+    """Where each record ends in the joined buffer."""
     offsets: NDArray[np.int64]
     """Record offsets, contiguous (the record table's columns are strided)."""
     keyed: NDArray[np.int64]
@@ -283,7 +290,7 @@ class _Columns:
         """Key hashes of the keyed records `rows` (ascending); every key of the segment
         is hashed once per pass, on first use."""
         if self._hashes is None:
-            self._hashes = hash_record_keys(self.buf, self.key_pos, self.sc.key_len)
+            self._hashes = hash_record_keys(self.joined.buf, self.joined.key_pos, self.sc.key_len)
         if rows.size == self.records:  # every record, in order
             return self._hashes
         return self._hashes[rows]
@@ -293,7 +300,7 @@ class _Columns:
         """What the decoded segment holds in memory besides the mapped file: the side
         buffer (and the joined buffer), the record table, the pass's own per-record
         columns and the key hashes (counted for the cache budget)."""
-        joined = self.buf.nbytes if self.side_shift else 0
+        joined = self.joined.buf.nbytes if self.joined.side_shift else 0
         return self.sc.side.nbytes + joined + self.records * _DECODED_RECORD_BYTES
 
     def select(self, rows: NDArray[np.int64], column: NDArray[np.int64]) -> NDArray[np.int64]:
@@ -336,15 +343,7 @@ def _read_columns(raw: Buffer, path: Path, *, verify_crc: bool) -> _Columns:
         sc = segment_columns(raw, verify_crc=verify_crc)
     except CorruptRecordError as exc:
         raise exc.located(path) from exc
-    record_pos, key_pos, headers_pos = sc.record_pos, sc.key_pos, sc.headers_pos
-    buf, side_shift = sc.segment, 0
-    if sc.side.size and not sc.records_count[(sc.attributes & COMPRESSION_MASK) == 0].any():
-        buf = sc.side  # every record was decompressed: positions are the side buffer's
-    elif sc.side.size:  # one buffer for the kernels: the side areas after the segment
-        buf, side_shift = np.concatenate([sc.segment, sc.side]), len(raw)
-        shift = np.where(sc.buffer_id == SIDE, side_shift, 0).astype(np.int64)
-        record_pos, key_pos = record_pos + shift, key_pos + shift
-        headers_pos = np.where(headers_pos >= 0, headers_pos + shift, -1)
+    joined = join_buffers(sc)
     n = sc.num_records
     batch_of, record_end, offsets, keyed = (
         np.empty(n, np.int64),
@@ -353,19 +352,15 @@ def _read_columns(raw: Buffer, path: Path, *, verify_crc: bool) -> _Columns:
         np.empty(n, np.int64),
     )
     keyed_count = _record_columns(
-        sc.batch_index, record_pos, sc.record_size, sc.offset, sc.key_len,
+        sc.batch_index, joined.record_pos, sc.record_size, sc.offset, sc.key_len,
         batch_of, record_end, offsets, keyed,
     )  # fmt: skip
     return _Columns(
         raw=raw,
         sc=sc,
-        buf=buf,
+        joined=joined,
         batch_of=batch_of,
-        record_pos=record_pos,
         record_end=record_end,
-        key_pos=key_pos,
-        headers_pos=headers_pos,
-        side_shift=side_shift,
         offsets=offsets,
         keyed=keyed[:keyed_count],
     )
@@ -396,26 +391,6 @@ def _record_columns(
     return k
 
 
-def _map_file(path: Path, seg: SegmentMeta, *, active: bool) -> Buffer:
-    """The segment's `.log` bytes, memory-mapped read-only (no copy; the pages come from
-    the page cache). A segment is never modified in place, only replaced by rename, so
-    the mapping stays valid for the pass. Raises SegmentsChanged unless the file is the
-    one of the snapshot `seg` (its inode, its size; the `active` segment may have grown)."""
-    try:
-        f = open(path, "rb")  # noqa: SIM115 - closed below; the mapping outlives it
-    except FileNotFoundError:
-        raise SegmentsChanged(f"{path} was removed since the pass was planned") from None
-    with f:
-        st = os.fstat(f.fileno())
-        if (seg.inode is not None and st.st_ino != seg.inode) or not (
-            st.st_size == seg.size_bytes or (active and st.st_size > seg.size_bytes)
-        ):
-            raise SegmentsChanged(f"{path} is not the file the pass was planned on")
-        if st.st_size == 0:
-            return b""
-        return mmap.mmap(f.fileno(), st.st_size, access=mmap.ACCESS_READ)
-
-
 @jit
 def _batch_positions(buf: NDArray[np.uint8], out: NDArray[np.int64]) -> int:
     """Positions of the v2 batches in `buf` (legacy entries are stepped over; the walk
@@ -423,16 +398,17 @@ def _batch_positions(buf: NDArray[np.uint8], out: NDArray[np.int64]) -> int:
     n = 0
     p = 0
     end = buf.shape[0]
-    while end - p >= 17:
-        size = 12 + (
-            (int(buf[p + 8]) << 24)
-            | (int(buf[p + 9]) << 16)
-            | (int(buf[p + 10]) << 8)
-            | int(buf[p + 11])
+    while end - p >= PREFIX_SIZE:
+        at = p + LENGTH_OFFSET
+        size = LOG_OVERHEAD + (
+            (int(buf[at]) << 24)
+            | (int(buf[at + 1]) << 16)
+            | (int(buf[at + 2]) << 8)
+            | int(buf[at + 3])
         )
-        if size < 26 or size > end - p:
+        if size < LEGACY_V0_MIN_SIZE or size > end - p:  # below every format's minimum
             break
-        if buf[p + 16] == 2 and size >= 61:
+        if buf[p + MAGIC_OFFSET] == 2 and size >= RECORD_BATCH_OVERHEAD:
             out[n] = p
             n += 1
         p += size
@@ -446,23 +422,6 @@ def _field(
     width = np.dtype(dtype).itemsize
     raw = buf[pos[:, None] + np.arange(at, at + width)]
     return np.ascontiguousarray(raw).view(dtype).reshape(-1).astype(np.int64)
-
-
-def _control_types(c: _Columns) -> dict[int, int | None]:
-    """Batch row -> the type in its control record's key (None for an emptied marker)."""
-    out: dict[int, int | None] = {}
-    for i in np.flatnonzero(c.sc.attributes & CONTROL_MASK).tolist():
-        if not c.is_v2(i) or c.sc.records_count[i] == 0:
-            out[i] = None
-            continue
-        j = int(c.sc.batch_first_record[i])
-        key_pos, key_len = int(c.key_pos[j]), int(c.sc.key_len[j])
-        if key_len < 4:
-            raise CorruptRecordError(
-                f"control record key of {key_len} bytes", position=int(c.sc.batch_position[i])
-            )
-        out[i] = int.from_bytes(c.buf[key_pos + 2 : key_pos + 4].tobytes(), "big", signed=True)
-    return out
 
 
 # ---------------------------------------------------------------------------------------
@@ -534,14 +493,14 @@ def _output_chunks(
             int(x)
             for x in assemble_chunk(
                 sc.segment,
-                c.buf,
+                c.joined.buf,
                 b0,
                 b1,
                 actions,
                 heads,
                 horizons,
                 keep,
-                c.record_pos,
+                c.joined.record_pos,
                 c.record_end,
                 c.timestamps,
                 prebuilt,
@@ -619,11 +578,11 @@ def _compressed_bodies(
     ts = c.timestamps[records]
     horizon = horizons[batches]
     base_ts = np.where(horizon != NO_HORIZON, horizon, ts[starts])
-    positions, record_end = c.record_pos[records], c.record_end[records]
+    positions, record_end = c.joined.record_pos[records], c.record_end[records]
     area = np.empty(int((record_end - positions).sum()) + 16 * records.size, np.uint8)
     written = np.empty(records.size, dtype=np.int64)
     rewrite_records(
-        c.buf, positions, record_end, ts - np.repeat(base_ts, ends - starts), area, written
+        c.joined.buf, positions, record_end, ts - np.repeat(base_ts, ends - starts), area, written
     )
     stops = written[ends - 1].tolist()
     begins = [0, *stops[:-1]]
@@ -652,15 +611,15 @@ def _legacy_as_v2(c: _Columns, i: int, kept: NDArray[np.int64]) -> tuple[bytes, 
     sc = c.sc
 
     def part(pos: int, length: int) -> bytes | None:
-        return None if length < 0 else c.buf[pos : pos + length].tobytes()
+        return None if length < 0 else c.joined.buf[pos : pos + length].tobytes()
 
     records = [
         Record(
             int(sc.offset[j]),
             int(sc.timestamp[j]),
-            part(int(c.key_pos[j]), int(sc.key_len[j])),
+            part(int(c.joined.key_pos[j]), int(sc.key_len[j])),
             part(
-                int(sc.value_pos[j]) + (c.side_shift if sc.buffer_id[j] == SIDE else 0),
+                int(sc.value_pos[j]) + (c.joined.side_shift if sc.buffer_id[j] == SIDE else 0),
                 int(sc.value_len[j]),
             ),
         )
@@ -672,7 +631,7 @@ def _legacy_as_v2(c: _Columns, i: int, kept: NDArray[np.int64]) -> tuple[bytes, 
         base_offset=int(sc.base_offset[i]),
         last_offset_delta=int(sc.last_offset_delta[i]),
         compression=Compression(attributes & COMPRESSION_MASK),
-        timestamp_type=TimestampType((attributes & TIMESTAMP_TYPE_MASK) >> 3),
+        timestamp_type=TimestampType.of(attributes),
     )
     return batch, max(r.timestamp for r in records)
 
@@ -683,11 +642,6 @@ def _legacy_as_v2(c: _Columns, i: int, kept: NDArray[np.int64]) -> tuple[bytes, 
 
 def _monotonic_ms() -> int:
     return time.monotonic_ns() // 1_000_000
-
-
-def _aborted_between(entries: list[AbortedTxn], start: int, end: int) -> list[AbortedTxn]:
-    """Aborted transactions overlapping [start, end) (Kafka's collectAbortedTransactions)."""
-    return [t for t in entries if t.last_offset >= start and t.first_offset < end]
 
 
 def _empty_header(c: _Columns, i: int) -> bytes:
@@ -737,12 +691,6 @@ class _Pass:
     no_space: bool = False
     """The disk ran full during this pass: from then on each group's `.deleted` files
     are unlinked right after its swap instead of after `file.delete.delay.ms`."""
-
-    def upper(self, i: int) -> int:
-        """Segment i's offset bound: the next segment's base, or the uncleanable offset."""
-        if i + 1 < len(self.segments):
-            return self.segments[i + 1].base_offset
-        return max(self.first_uncleanable, self.segments[i].next_offset)
 
 
 class Cleaner:
@@ -828,7 +776,7 @@ class Cleaner:
             raise
 
     def _clean(self, p: _Pass, oracle: RetentionOracle | None, *, install: bool) -> CleanResult:
-        p.aborted = self._load_aborted(p)
+        p.aborted = load_aborted(p.dir_path, p.segments)
         clean_section = [s for s in p.segments if s.base_offset < p.first_dirty]
         if clean_section:
             p.legacy_delete_horizon_ms = (
@@ -930,7 +878,7 @@ class Cleaner:
             path = log_file(p.dir_path, seg.base_offset)
             raw = p.mapped.pop(seg.base_offset, None)
             if raw is None:
-                raw = _map_file(path, seg, active=seg is p.segments[-1])
+                raw = map_segment(path, seg, active=seg is p.segments[-1])
             self._throttle(len(raw))
             c = _read_columns(raw, path, verify_crc=seg.base_offset not in p.verified)
             p.verified.add(seg.base_offset)
@@ -941,18 +889,10 @@ class Cleaner:
             p.cached_bytes += c.memory_bytes
         return c
 
-    def _load_aborted(self, p: _Pass) -> list[AbortedTxn]:
-        entries: list[AbortedTxn] = []
-        for seg in p.segments:
-            path = txn_index_file(p.dir_path, seg.base_offset)
-            if path.exists():
-                entries += TransactionIndex.load(path, seg.base_offset).entries
-        return sorted(set(entries))
-
     def _producer_state(self, p: _Pass) -> dict[int, LastRecord]:
         batches: list[ProducerBatch] = []
         for seg in p.segments:
-            raw = _map_file(
+            raw = map_segment(
                 log_file(p.dir_path, seg.base_offset), seg, active=seg is p.segments[-1]
             )
             if seg.base_offset < p.first_uncleanable:
@@ -960,17 +900,20 @@ class Cleaner:
             buf = np.frombuffer(raw, dtype=np.uint8)
             pos = np.empty(len(buf) // RECORD_BATCH_OVERHEAD + 1, dtype=np.int64)
             pos = pos[: _batch_positions(buf, pos)]
-            pos = pos[_field(buf, pos, 43, ">i8") >= 0]
+            pos = pos[_field(buf, pos, PRODUCER_ID_OFFSET, ">i8") >= 0]
             if not pos.size:
                 continue
+            last_offsets = _field(buf, pos, BASE_OFFSET_OFFSET, ">i8") + _field(
+                buf, pos, LAST_OFFSET_DELTA_OFFSET, ">i4"
+            )
             fields = zip(
                 pos.tolist(),
-                _field(buf, pos, 43, ">i8").tolist(),
-                _field(buf, pos, 51, ">i2").tolist(),
-                (_field(buf, pos, 0, ">i8") + _field(buf, pos, 23, ">i4")).tolist(),
-                _field(buf, pos, 35, ">i8").tolist(),
-                _field(buf, pos, 21, ">i2").tolist(),
-                _field(buf, pos, 57, ">i4").tolist(),
+                _field(buf, pos, PRODUCER_ID_OFFSET, ">i8").tolist(),
+                _field(buf, pos, PRODUCER_EPOCH_OFFSET, ">i2").tolist(),
+                last_offsets.tolist(),
+                _field(buf, pos, MAX_TIMESTAMP_OFFSET, ">i8").tolist(),
+                _field(buf, pos, ATTRIBUTES_OFFSET, ">i2").tolist(),
+                _field(buf, pos, RECORDS_COUNT_OFFSET, ">i4").tolist(),
                 strict=True,
             )
             for position, pid, epoch, last, max_ts, attributes, count in fields:
@@ -995,21 +938,6 @@ class Cleaner:
             batches, now_ms=p.now_ms, expiration_ms=p.config.producer_id_expiration_ms
         )
 
-    def _versions(
-        self, p: _Pass, c: _Columns, rows: NDArray[np.int64]
-    ) -> tuple[NDArray[np.int64], NDArray[np.bool_]] | None:
-        bi = c.batch_of[rows]
-        return record_versions(
-            p.config.strategy,
-            timestamps=c.timestamps[rows],
-            batch_max_timestamps=c.sc.max_timestamp[bi],
-            log_append_time=(c.sc.attributes[bi] & TIMESTAMP_TYPE_MASK) != 0,
-            buf=c.buf,
-            headers_pos=c.headers_pos[rows],
-            header_count=c.sc.header_count[rows],
-            headers_end=c.record_end[rows],
-        )
-
     # -- map build ----------------------------------------------------------------------
 
     def _build_offset_map(self, p: _Pass, m: OffsetMap) -> int:
@@ -1022,34 +950,33 @@ class Cleaner:
         for idx, seg in enumerate(p.segments):
             if seg.base_offset >= end:
                 break
-            if p.upper(idx) <= start:
+            upper = segment_upper(p.segments, idx, end)
+            if upper <= start:
                 continue
             c = self._columns(p, seg, keep=True)
             p.stats.map_bytes_read += len(c.raw)
-            tracker.add_aborted(_aborted_between(p.aborted, seg.base_offset, p.upper(idx)))
+            tracker.add_aborted(aborted_between(p.aborted, seg.base_offset, upper))
             mappable = self._mappable_batches(c, tracker)
             bi = c.batch_of
             rows = c.keyed
             if not mappable.all():
                 rows = rows[mappable[bi[rows]]]
-            if seg.base_offset < start or p.upper(idx) > end:
+            if seg.base_offset < start or upper > end:
                 offsets = c.offsets[rows]
                 rows = rows[(offsets >= start) & (offsets < end)]
-            versions = self._versions(p, c, rows) if m.versioned else None
+            versions, has = (
+                segment_versions(p.config.strategy, c.sc, c.joined, rows)
+                if m.versioned
+                else (None, None)
+            )
             offsets = c.select(rows, c.offsets)
             slots = np.empty(rows.size, np.int64)
-            put = m.put_many(
-                c.hashes(rows),
-                offsets,
-                None if versions is None else versions[0],
-                None if versions is None else versions[1],
-                slots=slots,
-            )
+            put = m.put_many(c.hashes(rows), offsets, versions, has, slots=slots)
             if seg.base_offset in p.cache:  # budgeted with the segment's decoded columns
                 p.put_slots[seg.base_offset] = (offsets[:put], slots[:put])
             if put == rows.size:
                 p.stats.map_messages_read += c.records
-                m.update_latest_offset(min(p.upper(idx), end) - 1)
+                m.update_latest_offset(min(upper, end) - 1)
                 continue
             stop_batch = int(bi[rows[put]])
             p.stats.map_messages_read += int(np.searchsorted(bi, stop_batch)) + int(
@@ -1074,13 +1001,8 @@ class Cleaner:
             c = self._columns(p, seg, keep=True)
             data = (c.sc.attributes[c.batch_of] & CONTROL_MASK) == 0
             rows = np.flatnonzero(data & (c.sc.key_len >= 0) & (c.offsets < p.first_dirty))
-            versions = self._versions(p, c, rows)
-            m.update_existing_many(
-                c.hashes(rows),
-                c.offsets[rows],
-                None if versions is None else versions[0],
-                None if versions is None else versions[1],
-            )
+            versions, has = segment_versions(p.config.strategy, c.sc, c.joined, rows)
+            m.update_existing_many(c.hashes(rows), c.offsets[rows], versions, has)
 
     @staticmethod
     def _mappable_batches(c: _Columns, tracker: TransactionTracker) -> NDArray[np.bool_]:
@@ -1091,7 +1013,7 @@ class Cleaner:
         flagged = np.flatnonzero(c.sc.attributes & (CONTROL_MASK | TRANSACTIONAL_MASK))
         if not flagged.size:
             return mappable
-        types = _control_types(c)
+        types = control_types(c.sc)
         lasts = c.last_offsets()
         for i in flagged.tolist():
             pid, last = int(c.sc.producer_id[i]), int(lasts[i])
@@ -1169,7 +1091,8 @@ class Cleaner:
         c = self._columns(p, seg, keep=False)
         p.stats.bytes_read += len(c.raw)
         p.stats.messages_read += c.records
-        tracker.add_aborted(_aborted_between(p.aborted, seg.base_offset, p.upper(idx)))
+        upper = segment_upper(p.segments, idx, p.first_uncleanable)
+        tracker.add_aborted(aborted_between(p.aborted, seg.base_offset, upper))
         decisions = self._batch_decisions(p, c, tracker)
         keep = self._keep_mask(p, c, seg, decisions)
         kept, kept_tombstone, kept_bytes = _kept_per_batch(
@@ -1204,7 +1127,7 @@ class Cleaner:
         special = np.flatnonzero(flagged | (c.sc.producer_id >= 0))
         if not special.size:
             return decisions
-        types = _control_types(c)
+        types = control_types(c.sc)
         for i in special.tolist():
             pid, last, attributes = int(c.sc.producer_id[i]), int(lasts[i]), c.attributes(i)
             is_control = bool(attributes & CONTROL_MASK)

@@ -14,11 +14,9 @@ sparse logs do not leave an empty segment behind every 2^31 offsets forever.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Final
 
 from cleanerd.log.meta import SegmentMeta
-
-INT32_MAX: Final = 2**31 - 1
+from cleanerd.records.header import INT32_MAX
 
 
 def _estimated_last_offset(

@@ -31,6 +31,7 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from cleanerd._jit import jit
+from cleanerd.records.header import INT32_MAX
 
 ZERO_KEY_HASH: Final = (0, 1)
 """What a key whose Murmur3 hash is all zero (the empty key) hashes to instead."""
@@ -42,7 +43,7 @@ _FMIX2: Final = np.uint64(0xC4CEB9FE1A85EC53)
 _ADD1: Final = np.uint64(0x52DCE729)
 _ADD2: Final = np.uint64(0x38495AB5)
 _FIVE: Final = np.uint64(5)
-_MAX_LEN: Final = 2**31 - 1  # a Kafka record key length is an int32
+_MAX_LEN: Final = INT32_MAX  # a Kafka record key length is an int32
 
 
 @jit

@@ -53,7 +53,8 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from cleanerd._jit import jit
-from cleanerd.compaction.strategy import CompactionStrategy
+from cleanerd.compaction.strategy import CompactionStrategy, is_versioned
+from cleanerd.records.header import INT32_MAX
 
 OFFSET_ENTRY: Final = np.dtype([("hash_hi", "<u8"), ("hash_lo", "<u8"), ("offset", "<i8")])
 VERSIONED_ENTRY: Final = np.dtype(
@@ -62,7 +63,7 @@ VERSIONED_ENTRY: Final = np.dtype(
 assert OFFSET_ENTRY.itemsize == 24
 assert VERSIONED_ENTRY.itemsize == 32
 
-MAX_MEMORY_PER_THREAD: Final = 2**31 - 1  # Kafka sizes the map buffer with an Int
+MAX_MEMORY_PER_THREAD: Final = INT32_MAX  # Kafka sizes the map buffer with an Int
 _HAS_VERSION: Final = np.int64(-(2**63))  # the sign bit of a stored offset
 _OFFSET_BITS: Final = np.int64(2**63 - 1)
 _EMPTY: Final = np.uint64(0)
@@ -258,7 +259,7 @@ class OffsetMap:
         if not 0.0 < load_factor <= 1.0:
             raise ValueError(f"load factor {load_factor} is not in (0, 1]")
         self.strategy = strategy
-        self.versioned = strategy is not CompactionStrategy.OFFSET
+        self.versioned = is_versioned(strategy)
         dtype = VERSIONED_ENTRY if self.versioned else OFFSET_ENTRY
         self.slots = max(memory_bytes, 0) // dtype.itemsize
         if self.slots * load_factor <= 1:

@@ -24,19 +24,27 @@ extension and pins this encoding:
 Header areas are checked as they are walked: a varint longer than 5 bytes, a negative key
 length, a value length below -1, or a field running past the record's header area raises
 CorruptRecordError with the byte position in the buffer given.
+
+Which strategy computes versions how is one registry, `STRATEGIES`; the local pass, the
+Spark clean job and the audit all rank records through it (`segment_versions`).
 """
 
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Final
+from types import MappingProxyType
+from typing import Final, TypeAlias
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from cleanerd._jit import jit
 from cleanerd.errors import ConfigError, CorruptRecordError
+from cleanerd.log.segment_reader import JoinedBuffer
+from cleanerd.records.columns import SegmentColumns
+from cleanerd.records.header import TIMESTAMP_TYPE_MASK
 
 STRATEGY_KEY: Final = "compaction.strategy"
 STRATEGY_HEADER_KEY: Final = "compaction.strategy.header"
@@ -65,7 +73,12 @@ class ResolvedStrategy:
     @property
     def versioned(self) -> bool:
         """Whether records carry a version (every strategy but offset)."""
-        return self.strategy is not CompactionStrategy.OFFSET
+        return is_versioned(self.strategy)
+
+
+def is_versioned(strategy: CompactionStrategy) -> bool:
+    """Whether the records of `strategy` carry versions (`STRATEGIES`)."""
+    return STRATEGIES[strategy] is not None
 
 
 def resolve_strategy(name: str, header: str | None) -> ResolvedStrategy:
@@ -240,6 +253,62 @@ def header_versions(
     return versions, has
 
 
+Versions: TypeAlias = tuple[NDArray[np.int64], NDArray[np.bool_]]
+"""(versions, has_version), one row per record."""
+
+
+@dataclass(frozen=True, slots=True)
+class VersionInputs:
+    """The per-record columns a strategy's versions are computed from; None where the
+    caller has not supplied one (a strategy that needs it raises ValueError)."""
+
+    timestamps: ArrayLike | None = None
+    batch_max_timestamps: ArrayLike | None = None
+    log_append_time: ArrayLike | None = None
+    buf: ArrayLike | None = None
+    headers_pos: ArrayLike | None = None
+    header_count: ArrayLike | None = None
+    headers_end: ArrayLike | None = None
+
+
+def _by_timestamp(resolved: ResolvedStrategy, cols: VersionInputs) -> Versions:
+    if cols.timestamps is None or cols.batch_max_timestamps is None or cols.log_append_time is None:
+        raise ValueError(
+            "the timestamp strategy needs timestamps, batch_max_timestamps and log_append_time"
+        )
+    return timestamp_versions(cols.timestamps, cols.batch_max_timestamps, cols.log_append_time)
+
+
+def _by_header(resolved: ResolvedStrategy, cols: VersionInputs) -> Versions:
+    if (
+        cols.buf is None
+        or cols.headers_pos is None
+        or cols.header_count is None
+        or resolved.header is None
+    ):
+        raise ValueError(
+            "the header strategy needs a header name, buf, headers_pos and header_count"
+        )
+    return header_versions(
+        cols.buf, cols.headers_pos, cols.header_count, resolved.header, cols.headers_end
+    )
+
+
+VersionRule: TypeAlias = Callable[[ResolvedStrategy, VersionInputs], Versions]
+
+STRATEGIES: Final[Mapping[CompactionStrategy, VersionRule | None]] = MappingProxyType(
+    {
+        CompactionStrategy.OFFSET: None,
+        CompactionStrategy.TIMESTAMP: _by_timestamp,
+        CompactionStrategy.HEADER: _by_header,
+    }
+)
+"""The strategy registry: how each strategy computes its records' versions (None: its
+records have none, and the highest offset wins). Every engine and the audit rank records
+through it (`record_versions`, `segment_versions`), so a new strategy is a
+`CompactionStrategy` value (and its resolution in `resolve_strategy`) plus an entry here."""
+
+
 def record_versions(
     resolved: ResolvedStrategy,
     *,
@@ -250,24 +319,50 @@ def record_versions(
     headers_pos: ArrayLike | None = None,
     header_count: ArrayLike | None = None,
     headers_end: ArrayLike | None = None,
-) -> tuple[NDArray[np.int64], NDArray[np.bool_]] | None:
+) -> Versions | None:
     """The (versions, has_version) columns of a run of records under `resolved`, or None
-    for the offset strategy (which has no versions).
+    for a strategy without versions (offset).
 
     The timestamp strategy needs `timestamps`, `batch_max_timestamps` and
     `log_append_time` (per record); the header strategy needs `buf`, `headers_pos` and
     `header_count` (and takes `headers_end`). Raises ValueError if those are missing.
     """
-    if resolved.strategy is CompactionStrategy.TIMESTAMP:
-        if timestamps is None or batch_max_timestamps is None or log_append_time is None:
-            raise ValueError(
-                "the timestamp strategy needs timestamps, batch_max_timestamps and log_append_time"
-            )
-        return timestamp_versions(timestamps, batch_max_timestamps, log_append_time)
-    if resolved.strategy is CompactionStrategy.HEADER:
-        if buf is None or headers_pos is None or header_count is None or resolved.header is None:
-            raise ValueError(
-                "the header strategy needs a header name, buf, headers_pos and header_count"
-            )
-        return header_versions(buf, headers_pos, header_count, resolved.header, headers_end)
-    return None
+    rule = STRATEGIES[resolved.strategy]
+    if rule is None:
+        return None
+    inputs = VersionInputs(
+        timestamps=timestamps,
+        batch_max_timestamps=batch_max_timestamps,
+        log_append_time=log_append_time,
+        buf=buf,
+        headers_pos=headers_pos,
+        header_count=header_count,
+        headers_end=headers_end,
+    )
+    return rule(resolved, inputs)
+
+
+def segment_versions(
+    resolved: ResolvedStrategy,
+    sc: SegmentColumns,
+    joined: JoinedBuffer,
+    rows: NDArray[np.int64],
+) -> Versions:
+    """The versions of the records `rows` (record table rows) of the decoded segment `sc`,
+    whose bytes are all in `joined` (`segment_reader.join_buffers(sc)`): those of
+    `record_versions`, or none (all 0, absent) for a strategy without versions."""
+    if not resolved.versioned:
+        return np.zeros(rows.size, np.int64), np.zeros(rows.size, np.bool_)
+    bi = sc.batch_index[rows]
+    versions = record_versions(
+        resolved,
+        timestamps=sc.timestamp[rows],
+        batch_max_timestamps=sc.max_timestamp[bi],
+        log_append_time=(sc.attributes[bi] & TIMESTAMP_TYPE_MASK) != 0,
+        buf=joined.buf,
+        headers_pos=joined.headers_pos[rows],
+        header_count=sc.header_count[rows],
+        headers_end=joined.record_pos[rows] + sc.record_size[rows],
+    )
+    assert versions is not None, "a versioned strategy has a version rule"
+    return versions

@@ -55,9 +55,8 @@ from cleanerd.log.files import (
 )
 from cleanerd.log.index import OFFSET_ENTRY, TIME_ENTRY
 from cleanerd.log.txnindex import AbortedTxn
+from cleanerd.records.header import INT32_MAX, NO_TIMESTAMP
 
-INT32_MAX: Final = 2**31 - 1
-NO_TIMESTAMP: Final = -1
 _OFFSET_ROW: Final = np.dtype([("offset", ">i4"), ("position", ">i4")])
 _TIME_ROW: Final = np.dtype([("timestamp", ">i8"), ("offset", ">i4")])
 assert _OFFSET_ROW.itemsize == OFFSET_ENTRY.size

@@ -2,9 +2,10 @@
 
 The scheduler decides *what* to clean (a partition, its segments, the range
 [first_dirty, first_uncleanable), the instant `now_ms`); an engine decides *where* the work
-runs: `local` in a pool of worker processes on this host, `spark` on a Spark cluster. Both
-take the same plain, picklable job descriptions and answer with the same results, so the
-scheduler, the `clean` command and the `audit` command never know which engine they use.
+runs: `local` in a pool of worker processes on this host, `spark` on a Spark cluster,
+`auto` on either, pass by pass. All take the same plain, picklable job descriptions and
+answer with the same results, so the scheduler, the `clean` command and the `audit`
+command never know which engine they use.
 
 The crash-consistency contract every engine keeps, whatever runs the pass:
 
@@ -27,7 +28,8 @@ The crash-consistency contract every engine keeps, whatever runs the pass:
   renames of one partition with another pass of it.
 
 The `cleaner-offset-checkpoint` of a log dir is rewritten whole by every pass and by the
-manager's resets, under the cross-process `cleanerd.log.lock.checkpoint_lock`.
+manager's resets, under the cross-process `cleanerd.log.lock.checkpoint_lock` (the
+engines' passes and installs through `CheckpointLockedCleaner`).
 
 Futures are `concurrent.futures.Future`s, so synchronous callers wait on them and an
 asyncio daemon awaits them with `asyncio.wrap_future` without blocking its loop.
@@ -38,15 +40,34 @@ from __future__ import annotations
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from cleanerd.compaction.audit import AuditColumns
-from cleanerd.compaction.cleaner import CleanerConfig, CleanResult
+from cleanerd.compaction.cleaner import Cleaner, CleanerConfig, CleanResult
+from cleanerd.compaction.offset_map import OffsetMap
 from cleanerd.compaction.strategy import ResolvedStrategy
+from cleanerd.compaction.swap import SwapProof
 from cleanerd.errors import CleanerdError
 from cleanerd.log.files import TopicPartition
+from cleanerd.log.lock import checkpoint_lock
 from cleanerd.log.meta import SegmentMeta
 from cleanerd.log.txnindex import AbortedTxn
+
+
+class CheckpointLockedCleaner(Cleaner):
+    """A `Cleaner` that holds the log dir's cross-process `checkpoint_lock` around its
+    rewrite of `cleaner-offset-checkpoint` (its own lock covers the threads of one
+    process): what every engine runs its passes and installs with."""
+
+    def __init__(self, state_dir: Path, offset_map: OffsetMap | None, **kwargs: Any) -> None:
+        super().__init__(offset_map, **kwargs)
+        self.state_dir = state_dir
+
+    def _write_checkpoint(
+        self, log_dir: Path, tp: TopicPartition, end_offset: int, proof: SwapProof
+    ) -> None:
+        with checkpoint_lock(self.state_dir, log_dir):
+            super()._write_checkpoint(log_dir, tp, end_offset, proof)
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,7 +132,7 @@ class Engine(Protocol):
 
     @property
     def name(self) -> str:
-        """`local` or `spark` (the `engine.name` config value)."""
+        """`local`, `spark` or `auto` (the `engine.name` config value)."""
         ...
 
     @property

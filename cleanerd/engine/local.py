@@ -51,21 +51,19 @@ from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from ctypes import c_int64
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Final, Literal
 
 from cleanerd.compaction.audit import AuditColumns, read_audit_columns
-from cleanerd.compaction.cleaner import Cleaner, CleaningAborted, CleanResult, swapped_files
+from cleanerd.compaction.cleaner import CleaningAborted, CleanResult, swapped_files
 from cleanerd.compaction.offset_map import OffsetMap
 from cleanerd.compaction.strategy import CompactionStrategy
-from cleanerd.compaction.swap import SwapProof
 from cleanerd.compaction.throttle import Throttler
 from cleanerd.config import Config
-from cleanerd.engine.base import AuditJob, CleanJob, WorkerCrashed
+from cleanerd.engine.base import AuditJob, CheckpointLockedCleaner, CleanJob, WorkerCrashed
 from cleanerd.engine.lifeline import die_with, set_parent_death_signal
 from cleanerd.errors import CleanerdError
 from cleanerd.log.files import TopicPartition
-from cleanerd.log.lock import PartitionLock, checkpoint_lock
+from cleanerd.log.lock import PartitionLock
 from cleanerd.log.ownership import OwnerProof, ProcessId
 from cleanerd.log.segment import LogSegment
 
@@ -163,21 +161,6 @@ def _init_worker(
     )
 
 
-class _CheckpointLockedCleaner(Cleaner):
-    """The pass, with the log dir's cross-process checkpoint lock around the rewrite of
-    `cleaner-offset-checkpoint` (the pass's own lock covers threads of one process)."""
-
-    def __init__(self, state_dir: Path, offset_map: OffsetMap, **kwargs: Any) -> None:
-        super().__init__(offset_map, **kwargs)
-        self.state_dir = state_dir
-
-    def _write_checkpoint(
-        self, log_dir: Path, tp: TopicPartition, end_offset: int, proof: SwapProof
-    ) -> None:
-        with checkpoint_lock(self.state_dir, log_dir):
-            super()._write_checkpoint(log_dir, tp, end_offset, proof)
-
-
 def _portable(exc: BaseException) -> BaseException:
     """`exc` if it survives pickling unchanged in kind, else a CleanerdError with its
     text: an exception the parent cannot unpickle would break the whole pool."""
@@ -210,7 +193,7 @@ def _run_job(
 
 def _clean_in_worker(slot: int, job_id: int, job: CleanJob) -> tuple[Any, WorkerRun]:
     def work(w: _Worker) -> CleanResult:
-        cleaner = _CheckpointLockedCleaner(
+        cleaner = CheckpointLockedCleaner(
             job.state_dir,
             w.map_for(job.config.strategy.strategy),
             throttler=w.throttler,

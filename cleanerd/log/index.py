@@ -53,9 +53,8 @@ from numpy.typing import NDArray
 
 from cleanerd.errors import CorruptIndexError
 from cleanerd.log.fsutil import atomic_write, fsync_file
+from cleanerd.records.header import INT32_MAX, NO_TIMESTAMP
 
-INT32_MAX: Final = 2**31 - 1
-NO_TIMESTAMP: Final = -1
 DEFAULT_MAX_INDEX_SIZE: Final = 10 * 1024 * 1024
 DEFAULT_INDEX_INTERVAL_BYTES: Final = 4096
 

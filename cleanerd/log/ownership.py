@@ -153,10 +153,15 @@ def verify_segments(dir_path: Path, segments: Sequence[SegmentMeta]) -> None:
             st = path.stat()
         except FileNotFoundError:
             raise SegmentsChanged(f"{path} was removed since it was read") from None
-        if seg.inode is not None and st.st_ino != seg.inode:
-            raise SegmentsChanged(f"{path} was replaced since it was read")
-        grown = n == len(segments) - 1 and st.st_size > seg.size_bytes
-        if st.st_size != seg.size_bytes and not grown:
-            raise SegmentsChanged(
-                f"{path} is {st.st_size} bytes, {seg.size_bytes} when it was read"
-            )
+        check_same_file(path, st, seg, active=n == len(segments) - 1)
+
+
+def check_same_file(path: Path, st: os.stat_result, seg: SegmentMeta, *, active: bool) -> None:
+    """Raise SegmentsChanged unless `st` (of `path`) is the `.log` file the snapshot `seg`
+    saw: the same inode where the snapshot has one, the same size (the `active` segment,
+    the only one appended to: at least that size)."""
+    if seg.inode is not None and st.st_ino != seg.inode:
+        raise SegmentsChanged(f"{path} was replaced since it was read")
+    grown = active and st.st_size > seg.size_bytes
+    if st.st_size != seg.size_bytes and not grown:
+        raise SegmentsChanged(f"{path} is {st.st_size} bytes, {seg.size_bytes} when it was read")

@@ -54,8 +54,6 @@ from cleanerd.log.fsutil import fsync_dir, fsync_file, safe_unlink
 from cleanerd.log.index import (
     DEFAULT_INDEX_INTERVAL_BYTES,
     DEFAULT_MAX_INDEX_SIZE,
-    INT32_MAX,
-    NO_TIMESTAMP,
     IndexBuilder,
     IndexPastLogError,
     OffsetIndex,
@@ -64,7 +62,7 @@ from cleanerd.log.index import (
 from cleanerd.log.meta import SegmentMeta
 from cleanerd.log.tail import torn_tail_reason
 from cleanerd.log.txnindex import AbortedTxn, TransactionIndex, TxnIndexSearchResult
-from cleanerd.records.header import Buffer
+from cleanerd.records.header import INT32_MAX, NO_TIMESTAMP, Buffer
 from cleanerd.records.record import Record
 from cleanerd.records.scan import BatchInfo, ScanResult, scan_batches, scan_valid_prefix
 

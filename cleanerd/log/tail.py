@@ -17,7 +17,14 @@ from typing import Final
 import numpy as np
 
 from cleanerd.errors import CorruptRecordError
-from cleanerd.records.header import LOG_OVERHEAD, MAGIC_OFFSET, RECORD_BATCH_OVERHEAD, Buffer
+from cleanerd.records.header import (
+    LENGTH_OFFSET,
+    LOG_OVERHEAD,
+    MAGIC_OFFSET,
+    PREFIX_SIZE,
+    RECORD_BATCH_OVERHEAD,
+    Buffer,
+)
 from cleanerd.records.scan import ScanResult, scan_batches
 
 ZERO_TAIL: Final = "zero bytes after the last batch"
@@ -35,8 +42,9 @@ def torn_tail_reason(buf: Buffer, scan: ScanResult) -> str | None:
         return None
     if scan.incomplete_tail:
         return f"incomplete batch: {scan.error.reason}"
-    if len(buf) - start >= MAGIC_OFFSET + 1:
-        declared = int.from_bytes(buf[start + 8 : start + 12], "big", signed=True)
+    if len(buf) - start >= PREFIX_SIZE:
+        at = start + LENGTH_OFFSET
+        declared = int.from_bytes(buf[at : at + 4], "big", signed=True)
         if declared + LOG_OVERHEAD == len(buf) - start:
             try:
                 list(scan_batches(buf, start=start, verify_crc=False))
@@ -59,11 +67,12 @@ def _valid_batch_after(buf: Buffer, start: int) -> int | None:
         data[start + 1 + MAGIC_OFFSET : end - RECORD_BATCH_OVERHEAD + 1 + MAGIC_OFFSET] == 2
     )
     positions = candidates + start + 1
+    at = positions + LENGTH_OFFSET
     lengths = (
-        data[positions + 8].astype(np.int64) << 24
-        | data[positions + 9].astype(np.int64) << 16
-        | data[positions + 10].astype(np.int64) << 8
-        | data[positions + 11].astype(np.int64)
+        data[at].astype(np.int64) << 24
+        | data[at + 1].astype(np.int64) << 16
+        | data[at + 2].astype(np.int64) << 8
+        | data[at + 3].astype(np.int64)
     )
     sizes = lengths + LOG_OVERHEAD
     plausible = (sizes >= RECORD_BATCH_OVERHEAD) & (positions + sizes <= end)

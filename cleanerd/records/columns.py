@@ -47,10 +47,26 @@ from cleanerd.records import legacy
 from cleanerd.records.compression import decompress, decompress_into
 from cleanerd.records.header import (
     ATTRIBUTES_OFFSET,
+    BASE_OFFSET_OFFSET,
+    BASE_SEQUENCE_OFFSET,
+    BASE_TIMESTAMP_OFFSET,
     COMPRESSION_MASK,
+    CRC_OFFSET,
+    LAST_OFFSET_DELTA_OFFSET,
+    LEGACY_V0_MIN_SIZE,
+    LEGACY_V1_MIN_SIZE,
+    LENGTH_OFFSET,
     LOG_OVERHEAD,
+    MAGIC_OFFSET,
+    MAX_TIMESTAMP_OFFSET,
     NO_TIMESTAMP,
+    PARTITION_LEADER_EPOCH_OFFSET,
+    PREFIX_SIZE,
+    PRODUCER_EPOCH_OFFSET,
+    PRODUCER_ID_OFFSET,
     RECORD_BATCH_OVERHEAD,
+    RECORDS_COUNT_OFFSET,
+    TIMESTAMP_TYPE_MASK,
     BatchHeader,
     Buffer,
     Compression,
@@ -293,7 +309,7 @@ def _batches_kernel(
         row = rows[i]
         p = area_start[i]
         end = area_end[i]
-        log_append = (attributes[row] & 0x08) != 0
+        log_append = (attributes[row] & TIMESTAMP_TYPE_MASK) != 0
         j = first_record[row]
         for _ in range(records_count[row]):
             if p >= end:
@@ -350,39 +366,42 @@ def _walk_batches(
     n = 0
     while p < end:
         left = end - p
-        if left < 17:
+        if left < PREFIX_SIZE:
             return n, p, 1
-        length = _be_i32(buf, p + 8)
-        m = np.int64(buf[p + 16])
+        length = _be_i32(buf, p + LENGTH_OFFSET)
+        m = np.int64(buf[p + MAGIC_OFFSET])
         if m > 2:
             return n, p, 2
-        total = length + 12
-        minimum = 61 if m == 2 else (26 if m == 0 else 34)
+        total = length + LOG_OVERHEAD
+        if m == 2:
+            minimum = RECORD_BATCH_OVERHEAD
+        else:
+            minimum = LEGACY_V0_MIN_SIZE if m == 0 else LEGACY_V1_MIN_SIZE
         if total < minimum:
             return n, p, 3
         if total > left:
             return n, p, 4
         if m == 2:
-            lod = _be_i32(buf, p + 23)
-            count = _be_i32(buf, p + 57)
+            lod = _be_i32(buf, p + LAST_OFFSET_DELTA_OFFSET)
+            count = _be_i32(buf, p + RECORDS_COUNT_OFFSET)
             if lod < 0 or count < 0 or count > lod + 1:
                 return n, p, 5
         if fill:
             position[n] = p
             size[n] = total
             magic[n] = m
-            base_offset[n] = _be_i64(buf, p)
+            base_offset[n] = _be_i64(buf, p + BASE_OFFSET_OFFSET)
             if m == 2:
-                partition_leader_epoch[n] = _be_i32(buf, p + 12)
-                crc[n] = _be_u32(buf, p + 17)
-                attributes[n] = _be_i16(buf, p + 21)
-                last_offset_delta[n] = _be_i32(buf, p + 23)
-                base_timestamp[n] = _be_i64(buf, p + 27)
-                max_timestamp[n] = _be_i64(buf, p + 35)
-                producer_id[n] = _be_i64(buf, p + 43)
-                producer_epoch[n] = _be_i16(buf, p + 51)
-                base_sequence[n] = _be_i32(buf, p + 53)
-                records_count[n] = _be_i32(buf, p + 57)
+                partition_leader_epoch[n] = _be_i32(buf, p + PARTITION_LEADER_EPOCH_OFFSET)
+                crc[n] = _be_u32(buf, p + CRC_OFFSET)
+                attributes[n] = _be_i16(buf, p + ATTRIBUTES_OFFSET)
+                last_offset_delta[n] = _be_i32(buf, p + LAST_OFFSET_DELTA_OFFSET)
+                base_timestamp[n] = _be_i64(buf, p + BASE_TIMESTAMP_OFFSET)
+                max_timestamp[n] = _be_i64(buf, p + MAX_TIMESTAMP_OFFSET)
+                producer_id[n] = _be_i64(buf, p + PRODUCER_ID_OFFSET)
+                producer_epoch[n] = _be_i16(buf, p + PRODUCER_EPOCH_OFFSET)
+                base_sequence[n] = _be_i32(buf, p + BASE_SEQUENCE_OFFSET)
+                records_count[n] = _be_i32(buf, p + RECORDS_COUNT_OFFSET)
         n += 1
         p += total
     return n, p, 0

@@ -11,7 +11,10 @@ Value of an ABORT or COMMIT marker (Kafka's EndTransactionMarker)::
     version           int16  0
     coordinatorEpoch  int32
 
-Types this code does not know are kept as plain ints so they survive a rewrite.
+Types this code does not know are kept as plain ints so they survive a rewrite. The
+key is decoded here only: `control_type` for a decoded `Record`, `control_types` for
+the control batches of a segment decoded into columns (`columns.SegmentColumns`), which
+is how both engines and the audit read them.
 """
 
 from __future__ import annotations
@@ -21,7 +24,11 @@ import struct
 from dataclasses import dataclass
 from typing import Final
 
+import numpy as np
+
 from cleanerd.errors import CorruptRecordError
+from cleanerd.records.columns import SegmentColumns
+from cleanerd.records.header import CONTROL_MASK
 from cleanerd.records.record import Record
 
 CONTROL_KEY: Final = struct.Struct(">hh")
@@ -66,25 +73,42 @@ class EndTxnMarker:
     coordinator_epoch: int
 
 
-def control_type(record: Record) -> ControlRecordType | int:
-    """The type of the control record `record` (an int if Kafka added it after us).
-
-    Raise CorruptRecordError (position = the record's offset) if the key is malformed."""
-    key = record.key
+def _key_type(key: bytes | None, where: str, position: int | None) -> ControlRecordType | int:
+    """The type in control record key `key` (an int if Kafka added it after us), checked
+    as Kafka's ControlRecordType.parse does; CorruptRecordError names `where`."""
     if key is None or len(key) < CONTROL_KEY.size:
         size = "null" if key is None else f"{len(key)} bytes"
-        raise CorruptRecordError(
-            f"control record at offset {record.offset} has a {size} key, 4 bytes needed"
-        )
+        raise CorruptRecordError(f"{where} has a {size} key, 4 bytes needed", position=position)
     version, code = CONTROL_KEY.unpack_from(key)
     if version < 0:
-        raise CorruptRecordError(
-            f"control record at offset {record.offset} has invalid key version {version}"
-        )
+        raise CorruptRecordError(f"{where} has invalid key version {version}", position=position)
     try:
         return ControlRecordType(code)
     except ValueError:
         return int(code)
+
+
+def control_type(record: Record) -> ControlRecordType | int:
+    """The type of the control record `record` (an int if Kafka added it after us).
+
+    Raise CorruptRecordError (position = the record's offset) if the key is malformed."""
+    return _key_type(record.key, f"control record at offset {record.offset}", None)
+
+
+def control_types(sc: SegmentColumns) -> dict[int, ControlRecordType | int | None]:
+    """Batch row -> the type of its control record, for every control batch of the decoded
+    segment `sc`; None for a control batch without a record (a marker the cleaner emptied).
+
+    One key is read per control batch (they hold a single record and are rare). Raise
+    CorruptRecordError (position = the batch's) if a key is malformed."""
+    out: dict[int, ControlRecordType | int | None] = {}
+    for b in np.flatnonzero(sc.attributes & CONTROL_MASK).tolist():
+        if int(sc.batch_magic[b]) != 2 or int(sc.records_count[b]) == 0:
+            out[b] = None
+            continue
+        key = sc.key(int(sc.batch_first_record[b]))
+        out[b] = _key_type(key, "control record", int(sc.batch_position[b]))
+    return out
 
 
 def decode_end_txn_marker(record: Record) -> EndTxnMarker:

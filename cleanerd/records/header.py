@@ -20,7 +20,12 @@ On-disk layout of one batch, all integers big-endian (Kafka's DefaultRecordBatch
 
 Legacy message sets share the first 17 bytes' meaning for scanning purposes: an int64
 offset at 0, an int32 size at 8 (bytes after it) and the magic byte at 16, which is how a
-scan tells the formats apart.
+scan tells the formats apart; their smallest entries are 26 bytes (v0) and 34 (v1).
+
+This module owns every position, mask and size limit above as a named module-level
+`Final` int: the numba kernels that read headers byte by byte (`columns.py`,
+`compaction/assemble.py`, ...) use the same names as the Python codec's `HEADER` struct,
+which is built from them.
 """
 
 from __future__ import annotations
@@ -35,29 +40,52 @@ import crc32c
 
 from cleanerd.errors import CorruptRecordError
 
-HEADER: Final = struct.Struct(
-    ">q"  # baseOffset
-    "i"  # batchLength
-    "i"  # partitionLeaderEpoch
-    "b"  # magic
-    "I"  # crc
-    "h"  # attributes
-    "i"  # lastOffsetDelta
-    "q"  # baseTimestamp
-    "q"  # maxTimestamp
-    "q"  # producerId
-    "h"  # producerEpoch
-    "i"  # baseSequence
-    "i"  # recordsCount
-)
-assert HEADER.size == 61
-
-LOG_OVERHEAD: Final = 12  # baseOffset + batchLength: bytes before the length-counted part
-RECORD_BATCH_OVERHEAD: Final = HEADER.size  # an empty batch is exactly this long
-MAGIC_OFFSET: Final = 16
+BASE_OFFSET_OFFSET: Final = 0
+LENGTH_OFFSET: Final = 8  # batchLength; a legacy entry's size too
+PARTITION_LEADER_EPOCH_OFFSET: Final = 12
+MAGIC_OFFSET: Final = 16  # the same in legacy entries: it tells the formats apart
 CRC_OFFSET: Final = 17
 ATTRIBUTES_OFFSET: Final = 21  # the CRC covers [ATTRIBUTES_OFFSET, end)
-LEGACY_MIN_SIZE: Final = 26  # smallest legacy v0 message incl. offset+size: 12 + 4+1+1+4+4
+LAST_OFFSET_DELTA_OFFSET: Final = 23
+BASE_TIMESTAMP_OFFSET: Final = 27
+MAX_TIMESTAMP_OFFSET: Final = 35
+PRODUCER_ID_OFFSET: Final = 43
+PRODUCER_EPOCH_OFFSET: Final = 51
+BASE_SEQUENCE_OFFSET: Final = 53
+RECORDS_COUNT_OFFSET: Final = 57
+RECORD_BATCH_OVERHEAD: Final = 61  # an empty batch is exactly this long
+
+_LAYOUT: Final = (  # (position, struct code) of each header field, in order
+    (BASE_OFFSET_OFFSET, "q"),
+    (LENGTH_OFFSET, "i"),
+    (PARTITION_LEADER_EPOCH_OFFSET, "i"),
+    (MAGIC_OFFSET, "b"),
+    (CRC_OFFSET, "I"),
+    (ATTRIBUTES_OFFSET, "h"),
+    (LAST_OFFSET_DELTA_OFFSET, "i"),
+    (BASE_TIMESTAMP_OFFSET, "q"),
+    (MAX_TIMESTAMP_OFFSET, "q"),
+    (PRODUCER_ID_OFFSET, "q"),
+    (PRODUCER_EPOCH_OFFSET, "h"),
+    (BASE_SEQUENCE_OFFSET, "i"),
+    (RECORDS_COUNT_OFFSET, "i"),
+)
+HEADER: Final = struct.Struct(">" + "".join(code for _, code in _LAYOUT))
+# The named positions are what the numba kernels read; the struct is what Python reads.
+# They cannot disagree: every position is the size of the fields before it.
+assert all(
+    position == struct.calcsize(">" + "".join(code for _, code in _LAYOUT[:i]))
+    for i, (position, _) in enumerate(_LAYOUT)
+)
+assert HEADER.size == RECORD_BATCH_OVERHEAD
+
+LOG_OVERHEAD: Final = LENGTH_OFFSET + 4  # baseOffset + batchLength: before the counted part
+PREFIX_SIZE: Final = MAGIC_OFFSET + 1
+"""Bytes a scan reads to learn a batch's size and format (v2 or legacy)."""
+# The smallest legacy entries: after the log overhead, v0 has a crc, magic, attributes
+# and the key and value lengths; v1 adds a timestamp.
+LEGACY_V0_MIN_SIZE: Final = LOG_OVERHEAD + 4 + 1 + 1 + 4 + 4
+LEGACY_V1_MIN_SIZE: Final = LEGACY_V0_MIN_SIZE + 8
 
 COMPRESSION_MASK: Final = 0x07
 TIMESTAMP_TYPE_MASK: Final = 0x08
@@ -74,6 +102,8 @@ NO_SEQUENCE: Final = -1
 NO_PARTITION_LEADER_EPOCH: Final = -1
 NO_TIMESTAMP: Final = -1
 INT32_MAX: Final = 2**31 - 1
+"""Kafka's Int.MaxValue: the bound of every int32 of the format (offset deltas, sequence
+numbers, lengths, and the relative offsets and positions of the indexes)."""
 
 
 class Compression(enum.IntEnum):
@@ -96,6 +126,11 @@ class TimestampType(enum.IntEnum):
 
     CREATE_TIME = 0
     LOG_APPEND_TIME = 1
+
+    @classmethod
+    def of(cls, attributes: int) -> TimestampType:
+        """The timestamp type that batch (or legacy message) `attributes` name."""
+        return cls((attributes & TIMESTAMP_TYPE_MASK) >> 3)
 
     @property
     def kafka_name(self) -> str:
@@ -140,7 +175,7 @@ class BatchHeader:
 
     @property
     def timestamp_type(self) -> TimestampType:
-        return TimestampType((self.attributes & TIMESTAMP_TYPE_MASK) >> 3)
+        return TimestampType.of(self.attributes)
 
     @property
     def is_transactional(self) -> bool:
@@ -215,9 +250,9 @@ def check_crc(buf: Buffer, h: BatchHeader) -> bool:
 def batch_size_at(buf: Buffer, position: int) -> int | None:
     """The total size of the batch (or legacy message) starting at `position`, or None if
     fewer than 17 bytes remain (a partial header: an incomplete tail)."""
-    if len(buf) - position < MAGIC_OFFSET + 1:
+    if len(buf) - position < PREFIX_SIZE:
         return None
-    (length,) = struct.unpack_from(">i", buf, position + 8)
+    (length,) = struct.unpack_from(">i", buf, position + LENGTH_OFFSET)
     return int(length) + LOG_OVERHEAD
 
 

@@ -32,9 +32,11 @@ from cleanerd.errors import CorruptRecordError
 from cleanerd.records.compression import decompress
 from cleanerd.records.header import (
     COMPRESSION_MASK,
+    LEGACY_V0_MIN_SIZE,
+    LEGACY_V1_MIN_SIZE,
     LOG_OVERHEAD,
+    MAGIC_OFFSET,
     NO_TIMESTAMP,
-    TIMESTAMP_TYPE_MASK,
     Buffer,
     Compression,
     TimestampType,
@@ -44,9 +46,7 @@ from cleanerd.records.record import Record
 ENTRY_HEAD: Final = struct.Struct(">qiIbb")  # offset, size, crc, magic, attributes
 TIMESTAMP: Final = struct.Struct(">q")
 LENGTH: Final = struct.Struct(">i")
-CRC_START: Final = 16  # the CRC covers [magic, end)
-MIN_SIZE_V0: Final = LOG_OVERHEAD + 4 + 1 + 1 + 4 + 4
-MIN_SIZE_V1: Final = MIN_SIZE_V0 + 8
+CRC_START: Final = MAGIC_OFFSET  # the CRC covers [magic, end)
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,12 +74,12 @@ class LegacyEntry:
         """None for magic 0, which has no timestamps."""
         if self.magic == 0:
             return None
-        return TimestampType((self.attributes & TIMESTAMP_TYPE_MASK) >> 3)
+        return TimestampType.of(self.attributes)
 
 
 def min_entry_size(magic: int) -> int:
     """The smallest legal entry (log overhead included) for `magic` 0 or 1."""
-    return MIN_SIZE_V0 if magic == 0 else MIN_SIZE_V1
+    return LEGACY_V0_MIN_SIZE if magic == 0 else LEGACY_V1_MIN_SIZE
 
 
 def _bytes_field(

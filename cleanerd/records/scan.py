@@ -27,9 +27,10 @@ from typing import Final
 from cleanerd.errors import CorruptRecordError
 from cleanerd.records import legacy
 from cleanerd.records.header import (
+    LENGTH_OFFSET,
     LOG_OVERHEAD,
-    MAGIC_OFFSET,
     NO_TIMESTAMP,
+    PREFIX_SIZE,
     RECORD_BATCH_OVERHEAD,
     BatchHeader,
     Buffer,
@@ -38,8 +39,7 @@ from cleanerd.records.header import (
     validate_v2_header,
 )
 
-PREFIX_SIZE: Final = MAGIC_OFFSET + 1
-_SIZE_AND_MAGIC: Final = struct.Struct(">i4xb")  # length at 8, magic at 16
+_SIZE_AND_MAGIC: Final = struct.Struct(">i4xb")  # from LENGTH_OFFSET: length, epoch, magic
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,7 +109,7 @@ def check_batch_at(buf: Buffer, position: int, end: int, *, verify_crc: bool) ->
             f"incomplete batch header: only {left} bytes left, {PREFIX_SIZE} needed",
             position=position,
         )
-    length, magic = _SIZE_AND_MAGIC.unpack_from(buf, position + 8)
+    length, magic = _SIZE_AND_MAGIC.unpack_from(buf, position + LENGTH_OFFSET)
     if magic not in (0, 1, 2):
         raise CorruptRecordError(f"unexpected magic {magic}", position=position)
     size = length + LOG_OVERHEAD

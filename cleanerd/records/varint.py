@@ -15,10 +15,9 @@ from __future__ import annotations
 from typing import Final
 
 from cleanerd.errors import CorruptRecordError
-from cleanerd.records.header import Buffer
+from cleanerd.records.header import INT32_MAX, Buffer
 
 INT32_MIN: Final = -(2**31)
-INT32_MAX: Final = 2**31 - 1
 INT64_MIN: Final = -(2**63)
 INT64_MAX: Final = 2**63 - 1
 MAX_VARINT_BYTES: Final = 5

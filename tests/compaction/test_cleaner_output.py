@@ -14,6 +14,7 @@ from cleanerd.compaction.keyhash import hash_keys
 from cleanerd.compaction.offset_map import OffsetMap
 from cleanerd.log.meta import SegmentMeta
 from cleanerd.log.recovery import SegmentOptions, recover_partition
+from cleanerd.log.segment_reader import map_segment
 from cleanerd.records.columns import SegmentColumns, segment_columns
 from cleanerd.records.header import Buffer, Compression
 from cleanerd.records.scan import scan_batches
@@ -114,10 +115,9 @@ def test_each_segment_is_mapped_once_per_pass(
 
     def spy(path: Path, seg: SegmentMeta, *, active: bool) -> Buffer:
         mapped.append(path.name)
-        return map_file(path, seg, active=active)
+        return map_segment(path, seg, active=active)
 
-    map_file = cleaner._map_file
-    monkeypatch.setattr(cleaner, "_map_file", spy)
+    monkeypatch.setattr(cleaner, "map_segment", spy)
     clean(d)
     assert sorted(mapped) == sorted(set(mapped))
     assert len(mapped) == 3

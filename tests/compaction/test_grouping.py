@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from cleanerd.compaction.grouping import INT32_MAX, group_segments_by_size
+from cleanerd.compaction.grouping import group_segments_by_size
 from cleanerd.log.meta import SegmentMeta
+from cleanerd.records.header import INT32_MAX
 
 
 def seg(base: int, size: int = 100, nxt: int | None = None, idx: int = 8) -> SegmentMeta:

@@ -1,5 +1,5 @@
-"""The Spark job's pure parts: the reduce rule against the offset map, the bitmaps, the
-per-segment transaction check, task packing and the spec/manifest round trip."""
+"""The Spark clean job's pure parts: the reduce rule against the offset map, the bitmaps
+and the per-segment transaction check."""
 
 from __future__ import annotations
 
@@ -10,28 +10,19 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cleanerd.compaction.cleaner import CleanedGroup, CleanerConfig
 from cleanerd.compaction.keyhash import hash_key
 from cleanerd.compaction.offset_map import OffsetMap
-from cleanerd.compaction.stats import CleanerStats
 from cleanerd.compaction.strategy import CompactionStrategy, resolve_strategy
-from cleanerd.engine.spark_job import (
-    JobSpec,
-    Manifest,
-    PassOutcome,
-    PassSpec,
+from cleanerd.engine.spark.clean_job import (
     SegmentTask,
     SupersededBitmaps,
     aborted_batches,
     bitmap_path,
-    pack_tasks,
     read_bitmap,
     superseded_rows,
     write_bitmap,
 )
 from cleanerd.errors import CleanerdError, CorruptIndexError
-from cleanerd.log.files import TopicPartition
-from cleanerd.log.meta import SegmentMeta
 from cleanerd.log.txnindex import AbortedTxn
 from cleanerd.records.batch import encode_batch
 from cleanerd.records.columns import segment_columns
@@ -111,28 +102,6 @@ def test_bitmap_round_trip_and_oracle(tmp_path: Path) -> None:
         oracle.keep_keyed(100, np.arange(5, dtype=np.int64), no_hashes)
 
 
-def test_spec_and_manifest_round_trip(tmp_path: Path) -> None:
-    """Spec and manifest survive their JSON files unchanged."""
-    seg = SegmentMeta(0, 10, 700, 5, 5, 24, 12, 99)
-    p = PassSpec(
-        log_dir="/x",
-        tp=TopicPartition("a-b", 3),
-        segments=(seg,),
-        first_dirty=2,
-        first_uncleanable=10,
-        now_ms=123,
-        config=CleanerConfig(strategy=resolve_strategy("header", "vé")),
-    )
-    spec = JobSpec(passes=(p,), staging="/s", master="local[2]", conf={"k": "v"})
-    spec.write(tmp_path / "spec.json")
-    assert JobSpec.read(tmp_path / "spec.json") == spec
-    stats = CleanerStats(1, 2, 3, 4, 5, 6, 7, 0.5, 8, 9, 10)
-    group = CleanedGroup(0, 10, (0, 5), 3, 300, (7,))
-    manifest = Manifest((PassOutcome(10, (group,), stats), PassOutcome(4, error="bad")), 1, 2, 3)
-    manifest.write(tmp_path / "m.json")
-    assert Manifest.read(tmp_path / "m.json") == manifest
-
-
 def _segment(batches: list[bytes]) -> np.ndarray:
     return np.frombuffer(b"".join(batches), np.uint8)
 
@@ -157,16 +126,3 @@ def test_missing_abort_marker_is_a_corrupt_index() -> None:
     assert aborted_batches(sc, task).tolist() == [True, False]
     with pytest.raises(CorruptIndexError, match="no ABORT marker at 1"):
         aborted_batches(segment_columns(_segment([data])), task)
-
-
-@given(
-    sizes=st.lists(st.integers(0, 300 << 20), min_size=1, max_size=30),
-    parallelism=st.integers(1, 8),
-)
-@settings(max_examples=50, deadline=None)
-def test_pack_tasks_covers_every_segment_once(sizes: list[int], parallelism: int) -> None:
-    """Every segment is in exactly one task, and there are never more tasks than segments."""
-    groups = pack_tasks(sizes, parallelism)
-    assert sorted(i for g in groups for i in g) == list(range(len(sizes)))
-    assert len(groups) <= len(sizes)
-    assert len(groups) >= min(len(sizes), 2 * parallelism)

@@ -14,15 +14,15 @@ from cleanerd.compaction.cleaner import CleanerConfig, CleanResult
 from cleanerd.compaction.stats import CleanerStats
 from cleanerd.config import config_from_data
 from cleanerd.engine.base import AuditJob, CleanJob
-from cleanerd.engine.policy import (
+from cleanerd.engine.routing import (
+    AutoEngine,
     KeyEstimate,
-    PolicyEngine,
+    auto_engine,
     choose_engine,
     estimate_keys,
     gee_distinct,
     keys_from_filled_map,
     local_key_capacity,
-    policy_engine,
 )
 from cleanerd.errors import ConfigError
 from cleanerd.log.files import TopicPartition
@@ -118,7 +118,7 @@ def test_estimate_from_size_and_sample(tmp_path: Path) -> None:
     assert 1000 <= sampled.keys <= 4000
 
 
-def test_policy_routes_big_ranges_and_learns_from_a_filled_map(tmp_path: Path) -> None:
+def test_auto_engine_routes_big_ranges_and_learns_from_a_filled_map(tmp_path: Path) -> None:
     """Small ranges stay local without creating a Spark engine; a local pass that ended
     early sends the partition's next pass to Spark; audits run locally."""
     job = build(tmp_path, keys=400)
@@ -130,13 +130,13 @@ def test_policy_routes_big_ranges_and_learns_from_a_filled_map(tmp_path: Path) -
         made.append(spark)
         return spark
 
-    policy = PolicyEngine(local, factory, lambda j: 10**6)
+    policy = AutoEngine(local, factory, lambda j: 10**6)
     policy.submit_clean(job)
     assert (len(local.jobs), made) == (1, [])
     policy.submit_clean(job)  # the first pass filled the map (ended at 10)
     assert (len(local.jobs), len(spark.jobs)) == (1, 1)
     assert policy.decisions[TP][1].source == "history"
-    tight = PolicyEngine(FakeEngine("local"), lambda: spark, lambda j: 50, sample_bytes=4000)
+    tight = AutoEngine(FakeEngine("local"), lambda: spark, lambda j: 50, sample_bytes=4000)
     tight.submit_clean(job)
     assert len(spark.jobs) == 2
     assert tight.decisions[TP][0] == "spark"
@@ -163,7 +163,7 @@ def test_a_filled_map_scales_the_history_estimate(tmp_path: Path) -> None:
     for divisor, where in ((4, "local"), (8, "spark")):
         end = job.first_dirty + span // divisor
         assert keys_from_filled_map(job, end, 100) == 100 * divisor
-        policy = PolicyEngine(
+        policy = AutoEngine(
             FakeEngine("local", end=end),
             lambda: FakeEngine("spark"),
             lambda j: 100,
@@ -176,10 +176,10 @@ def test_a_filled_map_scales_the_history_estimate(tmp_path: Path) -> None:
         assert policy.decisions[TP] == (where, KeyEstimate(100 * divisor, "history"))
 
 
-def test_min_keys_over_capacity_reaches_the_policy_engine() -> None:
+def test_min_keys_over_capacity_reaches_the_auto_engine() -> None:
     """engine.spark.min_keys_over_capacity is validated (>= 1, finite) and applied."""
     data = {"log.dirs": ["/nonexistent"], "engine": {"spark": {"min_keys_over_capacity": 5.5}}}
-    engine = policy_engine(config_from_data(data))
+    engine = auto_engine(config_from_data(data))
     engine.shutdown()
     assert engine.min_keys_over_capacity == 5.5
     for bad in (0.5, float("inf")):

@@ -15,20 +15,16 @@ import pytest
 from cleanerd.cli import main
 from cleanerd.compaction.audit import read_audit_columns
 from cleanerd.compaction.strategy import resolve_strategy
-from cleanerd.engine import spark as spark_engine
 from cleanerd.engine.base import AuditJob
-from cleanerd.engine.spark_audit import (
-    AuditSpec,
-    audit_columns_on_spark,
-    audit_rows,
-    audit_tasks,
-    columns_of,
-)
-from cleanerd.engine.spark_job import map_segment
+from cleanerd.engine.spark import engine as spark_engine
+from cleanerd.engine.spark.audit_job import audit_rows, audit_tasks, columns_of
+from cleanerd.engine.spark.engine import audit_columns_on_spark
+from cleanerd.engine.spark.specs import AuditPartition, AuditSpec
 from cleanerd.log.files import TopicPartition, log_file
 from cleanerd.log.segment import LogSegment
+from cleanerd.log.segment_reader import map_file
 from tests.compaction.conftest import segment_metas
-from tests.engine.spark_support import (
+from tests.engine.spark.support import (
     NOW,
     in_process_runner,
     random_partition,
@@ -112,10 +108,8 @@ def test_segment_rows_rebuild_the_local_columns(tmp_path: Path) -> None:
     random_partition(d, random.Random(5), roll=0.3)
     strategy = resolve_strategy("header", "v")
     metas = segment_metas(d)
-    from cleanerd.engine.spark_audit import AuditPartition
-
     part = AuditPartition(
-        log_dir=str(d.parent),
+        log_dir=d.parent,
         tp=TopicPartition("t", 0),
         segments=tuple(m.base_offset for m in metas),
         strategy=strategy,
@@ -123,8 +117,8 @@ def test_segment_rows_rebuild_the_local_columns(tmp_path: Path) -> None:
         aborted=(),
         max_compaction_lag_ms=1,
     )
-    spec = AuditSpec((part,), now_ms=NOW, slack_ms=0, max_listed=5, staging=str(tmp_path))
-    parts = [audit_rows(t, map_segment(Path(t.path))) for t in audit_tasks(spec)]
+    spec = AuditSpec((part,), now_ms=NOW, slack_ms=0, max_listed=5, staging=tmp_path)
+    parts = [audit_rows(t, map_file(Path(t.path))) for t in audit_tasks(spec)]
     rows = {k: np.concatenate([p[k] for p in parts[::-1]]) for k in parts[0]}
     expected = read_audit_columns(
         [LogSegment(d, m.base_offset, read_only=True) for m in metas],

@@ -23,15 +23,16 @@ from cleanerd.cli import main
 from cleanerd.compaction.cleaner import Cleaner, CleanerConfig
 from cleanerd.compaction.offset_map import OffsetMap
 from cleanerd.compaction.swap import SwapProof
-from cleanerd.engine import spark as spark_engine
 from cleanerd.engine.base import CleanJob
-from cleanerd.engine.spark import SparkEngine, SparkJobFailed, SparkSettings
-from cleanerd.engine.spark_job import JobSpec, PassSpec, run_job
+from cleanerd.engine.spark import engine as spark_engine
+from cleanerd.engine.spark.clean_job import run_job
+from cleanerd.engine.spark.engine import SparkEngine, SparkJobFailed, SparkSettings
+from cleanerd.engine.spark.specs import JobSpec, PassSpec
 from cleanerd.errors import CleanerdError
 from cleanerd.log.partition_log import PartitionLog
 from tests.compaction.conftest import TP, LogBuilder, k, read_batches, segment_metas
 from tests.engine.owned import own
-from tests.engine.spark_support import (
+from tests.engine.spark.support import (
     NOW,
     in_process_runner,
     random_partition,
@@ -180,7 +181,7 @@ def _kill_job_when_running(stop: threading.Event) -> None:
                 cmd = child.cmdline()
             except psutil.Error:
                 continue
-            if any("spark_job" in part for part in cmd) and child.children(recursive=True):
+            if any("clean_job" in part for part in cmd) and child.children(recursive=True):
                 os.killpg(child.pid, signal.SIGKILL)
                 return
         time.sleep(0.05)
@@ -230,7 +231,7 @@ def _wait_for_job_jvm(owner: psutil.Process) -> int:
     while time.monotonic() < deadline:
         for child in owner.children():
             try:
-                if any("spark_job" in part for part in child.cmdline()) and any(
+                if any("clean_job" in part for part in child.cmdline()) and any(
                     "java" in c.name() for c in child.children(recursive=True)
                 ):
                     return child.pid
@@ -287,7 +288,7 @@ def test_tampered_output_is_refused(spark: Any, tmp_path: Path) -> None:
     inner = in_process_runner(spark)
 
     def tamper(
-        spec_path: Path, staging: Path, kill: threading.Event, *, module: str = "spark_job"
+        spec_path: Path, staging: Path, kill: threading.Event, *, module: str = "clean_job"
     ) -> None:
         inner(spec_path, staging, kill, module=module)
         cleaned = sorted((tmp_path / "logs" / str(TP)).glob("*.log.cleaned"))
@@ -303,7 +304,7 @@ def test_tampered_output_is_refused(spark: Any, tmp_path: Path) -> None:
 def pass_spec(log_dir: Path, *, read_root: str | None = None) -> PassSpec:
     job = job_for(log_dir, log_dir)
     return PassSpec(
-        log_dir=str(log_dir),
+        log_dir=log_dir,
         tp=TP,
         segments=job.segments,
         first_dirty=0,
@@ -326,7 +327,7 @@ def test_uri_reads_and_a_corrupt_segment_fail_only_their_pass(spark: Any, tmp_pa
     uri = (tmp_path / "uri" / str(TP)).as_uri()
     spec = JobSpec(
         passes=(pass_spec(tmp_path / "uri", read_root=uri), pass_spec(tmp_path / "bad")),
-        staging=str(tmp_path / "staging"),
+        staging=tmp_path / "staging",
     )
     manifest = run_job(spec, spark=spark)
     good, failed = manifest.outcomes

@@ -1,13 +1,17 @@
 """The `spark` engine: clean passes whose winners are found by a Spark job, installed here.
 
+This module runs in the daemon's (or a command's) process and never imports Spark: it
+writes a spec into a staging dir (`specs.py`), starts a job process on it
+(`launch_job`: ``python -m cleanerd.engine.spark.clean_job SPEC.json`` or
+``... .audit_job``, in its own session) and reads the results back.
+
 Submitted passes are batched: the dispatcher thread waits `batch_window_s` after the first
 one, then hands everything queued (up to `max_passes`) to one job process, so the JVM's
 start-up is paid once per batch rather than once per partition. Jobs run one after
 another; passes submitted while a job runs go into the next.
 
-The job (`spark_job`, launched as ``python -m cleanerd.engine.spark_job SPEC.json`` in
-its own session, never in the daemon's process) writes every pass's `.cleaned`
-segments and a manifest. This process then, per pass:
+The clean job (`clean_job.py`) writes every pass's `.cleaned` segments and a manifest.
+This process then, per pass:
 
 1. **verifies** the output against the manifest and the snapshot the pass was planned on:
    every replaced segment still has the size it had; every `.cleaned` log has the
@@ -26,7 +30,13 @@ are untouched, nothing is marked, and the next cycle plans the partition again. 
 the job itself reports failed (a corrupt segment) or whose output fails verification
 fails with a `CleanerdError`, which marks the partition uncleanable as a local pass
 would. `abort(tp)` of a pass whose job is running lets the job finish and discards that
-pass's output; `shutdown(abort=True)` kills the job's process group.
+pass's output; `shutdown(abort=True)` kills the job's process group. Removing a pass's
+output removes every `.cleaned` file of its partition (`swap.remove_stale_cleaned`): only
+the pass writes them (the scheduler runs one pass of a partition at a time), and an
+output that overflowed a segment is based at offsets of no source segment.
+
+Audits (`submit_audit`, and `audit_on_spark` for `cleanerd audit --engine spark`) run the
+audit job (`audit_job.py`) the same way, one job per call.
 """
 
 from __future__ import annotations
@@ -41,6 +51,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Sequence
@@ -51,26 +62,32 @@ from typing import Final, Protocol
 
 import numpy as np
 
-from cleanerd.compaction.audit import AuditColumns
+from cleanerd.compaction.audit import AuditColumns, PartitionAudit
+from cleanerd.compaction.cleanable import NO_MAX_COMPACTION_LAG
 from cleanerd.compaction.cleaner import (
     CleanedGroup,
-    Cleaner,
     CleaningAborted,
     CleanResult,
 )
-from cleanerd.compaction.swap import SwapProof, cleaner_offset
+from cleanerd.compaction.swap import FileOps, SwapProof, cleaner_offset, remove_stale_cleaned
 from cleanerd.config import Config
-from cleanerd.engine.base import AuditJob, CleanJob
+from cleanerd.engine.base import AuditJob, CheckpointLockedCleaner, CleanJob
 from cleanerd.engine.lifeline import owner_env
-from cleanerd.engine.spark_job import (
+from cleanerd.engine.spark.specs import (
     MANIFEST,
+    REPORT,
+    SPEC,
+    AuditPartition,
+    AuditReport,
+    AuditSpec,
     JobSpec,
     Manifest,
     PassOutcome,
     PassSpec,
-    python_path_env,
-    remove_outputs,
+    load_columns,
+    recorded_errors,
 )
+from cleanerd.engine.spark.tasks import AUDIT_JOB, CLEAN_JOB, python_path_env
 from cleanerd.errors import CleanerdError
 from cleanerd.log.files import (
     CLEANED_FILE_SUFFIX,
@@ -81,7 +98,7 @@ from cleanerd.log.files import (
     segment_file,
 )
 from cleanerd.log.index import OffsetIndex, TimeIndex
-from cleanerd.log.lock import PartitionLock, checkpoint_lock
+from cleanerd.log.lock import PartitionLock
 from cleanerd.log.ownership import OwnerProof
 from cleanerd.records.columns import segment_columns
 
@@ -145,7 +162,7 @@ def launch_job(
     staging: Path,
     kill: threading.Event,
     *,
-    module: str = "cleanerd.engine.spark_job",
+    module: str = CLEAN_JOB,
 ) -> None:
     """Run ``python -m MODULE SPEC`` in its own session (its own process group, so a
     kill reaches the JVM and Python workers too) and wait for it. The job dies with this
@@ -246,20 +263,6 @@ def _check_indexes(dir_path: Path, base: int, log_size: int, max_index_size: int
     ).sanity_check()
 
 
-class _Installer(Cleaner):
-    """`Cleaner.install` with the log dir's cross-process checkpoint lock."""
-
-    def __init__(self, state_dir: Path) -> None:
-        super().__init__(None)
-        self.state_dir = state_dir
-
-    def _write_checkpoint(
-        self, log_dir: Path, tp: TopicPartition, end_offset: int, proof: SwapProof
-    ) -> None:
-        with checkpoint_lock(self.state_dir, log_dir):
-            super()._write_checkpoint(log_dir, tp, end_offset, proof)
-
-
 def install_outcome(
     job: CleanJob, outcome: PassOutcome, proof: SwapProof, *, extra_index_ms: int = 0
 ) -> CleanResult:
@@ -272,11 +275,11 @@ def install_outcome(
             raise CleanerdError(outcome.error or "the job reported no statistics")
         verify_cleaned(job, outcome)
     except BaseException:
-        remove_outputs(_pass_spec(job))
+        _remove_output(job)
         raise
     # From here on a failure is the local pass's: whatever prefix of the renames happened
     # is finished or rolled back by the next open of the partition (Kafka's recovery).
-    deleted = _Installer(job.state_dir).install(
+    deleted = CheckpointLockedCleaner(job.state_dir, None).install(
         log_dir=job.log_dir,
         tp=job.tp,
         cleaned=outcome.cleaned,
@@ -296,9 +299,14 @@ def install_outcome(
     return CleanResult(job.first_dirty, outcome.end_offset, stats, deleted)
 
 
+def _remove_output(job: CleanJob) -> None:
+    """Remove the `.cleaned` output of `job`'s pass (see the module docstring)."""
+    remove_stale_cleaned(job.dir_path, FileOps())
+
+
 def _pass_spec(job: CleanJob) -> PassSpec:
     return PassSpec(
-        log_dir=str(job.log_dir),
+        log_dir=job.log_dir,
         tp=job.tp,
         segments=job.segments,
         first_dirty=job.first_dirty,
@@ -375,8 +383,6 @@ class SparkEngine:
         return future
 
     def submit_audit(self, job: AuditJob) -> Future[AuditColumns]:
-        from cleanerd.engine.spark_audit import audit_columns_on_spark
-
         future: Future[AuditColumns] = Future()
 
         def run() -> None:
@@ -455,7 +461,7 @@ class SparkEngine:
             self._failed_jobs += 1
             for p in batch:
                 if not p.future.done():
-                    remove_outputs(_pass_spec(p.job))
+                    _remove_output(p.job)
                     p.future.set_exception(SparkJobFailed(p.job.tp, str(exc)))
         finally:
             shutil.rmtree(staging, ignore_errors=True)
@@ -463,11 +469,11 @@ class SparkEngine:
     def _run_job(self, batch: Sequence[_Pending], staging: Path) -> Manifest:
         spec = JobSpec(
             passes=tuple(_pass_spec(p.job) for p in batch),
-            staging=str(staging),
+            staging=staging,
             master=self.settings.master,
             conf=dict(self.settings.conf),
         )
-        spec_path = staging / "spec.json"
+        spec_path = staging / SPEC
         spec.write(spec_path)
         self._runner(spec_path, staging, self._kill)
         manifest_path = staging / MANIFEST
@@ -482,7 +488,7 @@ class SparkEngine:
     @staticmethod
     def _finish(p: _Pending, outcome: PassOutcome, index_ms: int) -> None:
         if p.aborted:
-            remove_outputs(_pass_spec(p.job))
+            _remove_output(p.job)
             p.future.set_exception(CleaningAborted(p.job.tp))
             return
         try:
@@ -510,3 +516,79 @@ def _staging_dir(state_dir: Path, n: int) -> Path:
     shutil.rmtree(path, ignore_errors=True)
     path.mkdir(parents=True)
     return path
+
+
+# ---------------------------------------------------------------------------------------
+# Audits.
+
+
+def audit_columns_on_spark(
+    jobs: Sequence[AuditJob], settings: SparkSettings, *, runner: JobRunner | None = None
+) -> list[AuditColumns]:
+    """The engine's `submit_audit`: the jobs' columns, decoded by an audit job in mode
+    `columns` (in a job process, or with `runner`); a segment that cannot be read raises
+    CleanerdError with its reason."""
+    partitions = tuple(
+        AuditPartition(
+            log_dir=j.log_dir,
+            tp=j.tp,
+            segments=tuple(s.base_offset for s in j.segments),
+            strategy=j.strategy,
+            stable_offset=j.stable_offset,
+            aborted=tuple(j.aborted),
+            max_compaction_lag_ms=NO_MAX_COMPACTION_LAG,
+        )
+        for j in jobs
+    )
+    staging = Path(tempfile.mkdtemp(prefix="cleanerd-audit-"))
+    try:
+        spec = AuditSpec(
+            partitions=partitions,
+            now_ms=0,
+            slack_ms=0,
+            max_listed=0,
+            staging=staging,
+            mode="columns",
+            master=settings.master,
+            conf=dict(settings.conf),
+        )
+        spec.write(staging / SPEC)
+        (runner or launch_job)(staging / SPEC, staging, threading.Event(), module=AUDIT_JOB)
+        errors = recorded_errors(staging)
+        out = []
+        for i in range(len(jobs)):
+            if i in errors:
+                raise CleanerdError(errors[i])
+            out.append(load_columns(staging, i))
+        return out
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def audit_on_spark(
+    partitions: Sequence[AuditPartition],
+    *,
+    now_ms: int,
+    slack_ms: int,
+    max_listed: int,
+    parquet: str | None,
+    settings: SparkSettings,
+    staging: Path,
+    runner: JobRunner | None = None,
+) -> list[PartitionAudit]:
+    """Audit `partitions` in an audit job process (or with `runner`); the reports in
+    order, as `audit.audit_partition` gives them."""
+    staging.mkdir(parents=True, exist_ok=True)
+    spec = AuditSpec(
+        partitions=tuple(partitions),
+        now_ms=now_ms,
+        slack_ms=slack_ms,
+        max_listed=max_listed,
+        staging=staging,
+        parquet=parquet,
+        master=settings.master,
+        conf=dict(settings.conf),
+    )
+    spec.write(staging / SPEC)
+    (runner or launch_job)(staging / SPEC, staging, threading.Event(), module=AUDIT_JOB)
+    return list(AuditReport.read(staging / REPORT).audits)

@@ -1,14 +1,15 @@
-"""Which engine cleans a partition: Spark only where the local key map is too small.
+"""The `auto` engine: each pass on Spark only where the local key map is too small.
 
-With `engine.name: spark`, a pass goes to Spark when its dirty range holds more distinct
-keys than `engine.spark.min_keys_over_capacity` (>= 1, default 1) times what one local
-worker's offset map can (`local_key_capacity`: Kafka's split of
+With `engine.name: auto` (or `--engine auto`), a pass goes to Spark when its dirty range
+holds more distinct keys than `engine.spark.min_keys_over_capacity` (>= 1, default 1)
+times what one local worker's offset map can (`local_key_capacity`: Kafka's split of
 `log.cleaner.dedupe.buffer.size` over `log.cleaner.threads`, entries of 24 or 32 bytes,
 times the load factor); every other pass runs locally, where it costs no JVM start-up.
 At 1 a range goes to Spark as soon as the local engine would need more than one pass;
 `bench/spark.py` puts the crossover at about 4.5 to 7 times the capacity on a 2-core
 host (below it, the local passes together still beat Spark's start-up and shuffle).
-With `engine.name: local` this module is not used and no JVM is ever started.
+The `local` engine runs every pass locally and never starts a JVM; the `spark` engine
+runs every pass on Spark.
 
 The key count of a dirty range is known, in order of preference:
 
@@ -25,7 +26,7 @@ The key count of a dirty range is known, in order of preference:
    `N` records, `d` distinct keys in the sample, `f1` of them seen once. Its error is
    within a factor sqrt(N/n) either way, which is what a routing choice needs.
 
-`choose_engine` is the pure decision; `PolicyEngine` is the `Engine` that applies it,
+`choose_engine` is the pure decision; `AutoEngine` is the `Engine` that applies it,
 delegating to a local engine and to a Spark engine made on first use.
 """
 
@@ -49,6 +50,8 @@ from cleanerd.compaction.keyhash import hash_keys
 from cleanerd.compaction.offset_map import OFFSET_ENTRY, VERSIONED_ENTRY, memory_per_thread
 from cleanerd.config import Config
 from cleanerd.engine.base import AuditJob, CleanJob, Engine
+from cleanerd.engine.local import LocalEngine
+from cleanerd.engine.spark.engine import SparkEngine
 from cleanerd.errors import CleanerdError
 from cleanerd.log.files import TopicPartition, log_file
 from cleanerd.log.meta import SegmentMeta
@@ -167,9 +170,9 @@ def estimate_keys(job: CleanJob, *, capacity: int, sample_bytes: int = SAMPLE_BY
     return KeyEstimate(gee_distinct(counts, population), "sample")
 
 
-class PolicyEngine:
-    """The `Engine` of `engine.name: spark`: each pass on the engine `choose_engine`
-    picks; audits run locally. `spark_factory` is called on the first Spark pass."""
+class AutoEngine:
+    """The `auto` engine: each pass on the engine `choose_engine` picks; audits run
+    locally. `spark_factory` is called on the first Spark pass."""
 
     def __init__(
         self,
@@ -195,7 +198,7 @@ class PolicyEngine:
 
     @property
     def name(self) -> str:
-        return "spark"
+        return "auto"
 
     @property
     def workers(self) -> int:
@@ -263,12 +266,10 @@ class PolicyEngine:
             self._spark.shutdown(abort=abort)
 
 
-def policy_engine(config: Config) -> PolicyEngine:
-    """The engine of `engine.name: spark`: local passes on `LocalEngine`, the passes whose
-    keys outgrow its map by `engine.spark.min_keys_over_capacity` on `SparkEngine`
-    (checked for PySpark and Java when first used)."""
-    from cleanerd.engine.local import LocalEngine
-    from cleanerd.engine.spark import SparkEngine
+def auto_engine(config: Config) -> AutoEngine:
+    """The `auto` engine of `config`: local passes on `LocalEngine`, the passes whose keys
+    outgrow its map by `engine.spark.min_keys_over_capacity` on `SparkEngine` (checked
+    for PySpark and Java when first used)."""
 
     def capacity(job: CleanJob) -> int:
         return local_key_capacity(
@@ -278,7 +279,7 @@ def policy_engine(config: Config) -> PolicyEngine:
             versioned=job.config.strategy.versioned,
         )
 
-    return PolicyEngine(
+    return AutoEngine(
         LocalEngine.from_config(config),
         lambda: SparkEngine.from_config(config),
         capacity,

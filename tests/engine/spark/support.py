@@ -18,8 +18,10 @@ from typing import Any
 import pytest
 import yaml
 
-from cleanerd.engine import spark as spark_engine
-from cleanerd.engine.spark import JobRunner
+from cleanerd.engine.spark import engine as spark_engine
+from cleanerd.engine.spark.engine import JobRunner
+from cleanerd.engine.spark.specs import AuditSpec, JobSpec
+from cleanerd.engine.spark.tasks import AUDIT_JOB, CLEAN_JOB
 from cleanerd.records.header import Compression
 from cleanerd.records.record import RecordHeader
 from tests.compaction.conftest import TP, LogBuilder
@@ -54,7 +56,7 @@ def require_spark() -> None:
 def spark_fixture() -> Iterator[Any]:
     """One `local[2]` session for the whole test module."""
     require_spark()
-    from cleanerd.engine.spark_job import spark_session
+    from cleanerd.engine.spark.session import spark_session
 
     session = spark_session("local[2]", SPARK_CONF, "cleanerd-tests")
     session.sparkContext.setLogLevel("ERROR")
@@ -64,17 +66,17 @@ def spark_fixture() -> Iterator[Any]:
 
 def in_process_runner(session: Any) -> JobRunner:
     """A `JobRunner` that runs the job (clean or audit) on `session` in this process."""
-    from cleanerd.engine.spark_audit import AuditSpec, run_audit
-    from cleanerd.engine.spark_job import JobSpec, run_job
+    from cleanerd.engine.spark.audit_job import run_audit
+    from cleanerd.engine.spark.clean_job import run_job
 
     def run(
         spec_path: Path,
         staging: Path,
         kill: threading.Event,
         *,
-        module: str = "cleanerd.engine.spark_job",
+        module: str = CLEAN_JOB,
     ) -> None:
-        if module.endswith("spark_audit"):
+        if module == AUDIT_JOB:
             run_audit(AuditSpec.read(spec_path), spark=session)
         else:
             run_job(JobSpec.read(spec_path), spark=session)
