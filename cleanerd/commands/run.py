@@ -19,8 +19,13 @@ import sys
 from pathlib import Path
 from typing import Final
 
+import structlog
+import uvloop
+
 from cleanerd.commands import Arg
 from cleanerd.config import load_config
+from cleanerd.daemon.logging import configure_logging
+from cleanerd.daemon.service import Daemon
 
 ARGS: Final[tuple[Arg, ...]] = (
     (
@@ -45,13 +50,6 @@ def raise_open_files_limit() -> None:
 
 def run(args: argparse.Namespace) -> int:
     """The `run` subcommand."""
-    # Imported here: the other subcommands need neither uvloop nor the daemon's modules.
-    import structlog
-    import uvloop
-
-    from cleanerd.daemon.logging import configure_logging
-    from cleanerd.daemon.service import Daemon
-
     config = load_config(args.config)
     configure_logging(config.logging.format, config.logging.level)
     raise_open_files_limit()
