@@ -46,8 +46,9 @@ never per record. `read_audit_columns` decodes a partition's segments with
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
+from types import MappingProxyType
 from typing import Any, Final
 
 import numpy as np
@@ -83,6 +84,23 @@ NEVER: Final = 2**63 - 1
 DEFAULT_MAX_LISTED: Final = 20
 
 
+_DTYPES: Final[Mapping[str, type[Any]]] = MappingProxyType(
+    {
+        "hash_hi": np.uint64,
+        "hash_lo": np.uint64,
+        "offset": np.int64,
+        "timestamp": np.int64,
+        "version": np.int64,
+        "has_version": np.bool_,
+        "size": np.int64,
+        "tombstone": np.bool_,
+        "horizon": np.int64,
+        "marker_horizon": np.int64,
+    }
+)
+"""Each `AuditColumns` field's dtype."""
+
+
 @dataclass(frozen=True, slots=True)
 class AuditColumns:
     """One row per candidate record of a partition (see the module docstring)."""
@@ -109,6 +127,11 @@ class AuditColumns:
         return cls.concat([])
 
     @classmethod
+    def build(cls, column: Callable[[str, type[Any]], NDArray[Any]]) -> AuditColumns:
+        """The columns `column(name, dtype)` gives for each field, as that dtype."""
+        return cls(**{name: column(name, dtype) for name, dtype in _DTYPES.items()})
+
+    @classmethod
     def concat(cls, parts: Sequence[AuditColumns]) -> AuditColumns:
         """The rows of `parts`, in order."""
 
@@ -116,18 +139,7 @@ class AuditColumns:
             arrays = [getattr(p, name) for p in parts]
             return np.concatenate(arrays).astype(dtype) if arrays else np.empty(0, dtype)
 
-        return cls(
-            hash_hi=cat("hash_hi", np.uint64),
-            hash_lo=cat("hash_lo", np.uint64),
-            offset=cat("offset", np.int64),
-            timestamp=cat("timestamp", np.int64),
-            version=cat("version", np.int64),
-            has_version=cat("has_version", np.bool_),
-            size=cat("size", np.int64),
-            tombstone=cat("tombstone", np.bool_),
-            horizon=cat("horizon", np.int64),
-            marker_horizon=cat("marker_horizon", np.int64),
-        )
+        return cls.build(cat)
 
     def __len__(self) -> int:
         return len(self.offset)

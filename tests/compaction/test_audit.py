@@ -242,3 +242,13 @@ def test_corrupt_segment_is_reported(tmp_path: Path) -> None:
     assert audit.error is not None
     assert str(first) in audit.error
     assert audit.violations == 0
+
+
+def test_audit_columns_build_covers_every_field() -> None:
+    """`AuditColumns.build` (what the local scan and the Spark audit job both build
+    with) fills every field with its dtype."""
+    built = AuditColumns.build(lambda _name, dtype: np.zeros(2, dtype))
+    for f in dataclasses.fields(AuditColumns):
+        assert len(getattr(built, f.name)) == 2, f.name
+    assert built.hash_hi.dtype == np.uint64
+    assert built.tombstone.dtype == np.bool_

@@ -145,21 +145,14 @@ def columns_of(rows: Mapping[str, NDArray[Any]]) -> AuditColumns:
     marker = rows["marker"][order]
     data = order[~marker]
 
-    def col(name: str, dtype: Any) -> NDArray[Any]:
+    def col(name: str, dtype: type[Any]) -> NDArray[Any]:
+        # Marker rows carry their horizon in the horizon column; int64 hashes cast to
+        # uint64 keep their bits.
+        if name == "marker_horizon":
+            return np.ascontiguousarray(rows["horizon"][order[marker]]).astype(dtype)
         return np.ascontiguousarray(rows[name][data]).astype(dtype)
 
-    return AuditColumns(
-        hash_hi=col("hash_hi", np.int64).view(np.uint64),
-        hash_lo=col("hash_lo", np.int64).view(np.uint64),
-        offset=col("offset", np.int64),
-        timestamp=col("timestamp", np.int64),
-        version=col("version", np.int64),
-        has_version=col("has_version", np.bool_),
-        size=col("size", np.int64),
-        tombstone=col("tombstone", np.bool_),
-        horizon=col("horizon", np.int64),
-        marker_horizon=np.ascontiguousarray(rows["horizon"][order[marker]]).astype(np.int64),
-    )
+    return AuditColumns.build(col)
 
 
 def _audit_of(p: AuditPartition, read: AuditColumns | str, spec: AuditSpec) -> PartitionAudit:
