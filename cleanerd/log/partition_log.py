@@ -97,7 +97,8 @@ from cleanerd.records.batch import encode_batch, iter_records
 from cleanerd.records.control import ControlRecordType, control_type, encode_end_txn_marker
 from cleanerd.records.header import Compression, TimestampType
 from cleanerd.records.record import Record
-from cleanerd.records.scan import BatchInfo, scan_batches, scan_valid_prefix
+from cleanerd.records.scan import BatchInfo
+from cleanerd.records.walker import scan_batches, scan_valid_prefix
 
 log = structlog.get_logger(__name__)
 

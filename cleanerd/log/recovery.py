@@ -80,7 +80,8 @@ from cleanerd.log.fsutil import atomic_write, fsync_dir, safe_unlink
 from cleanerd.log.index import IndexPastLogError
 from cleanerd.log.segment import LogSegment
 from cleanerd.log.tail import ZERO_TAIL, torn_tail_reason
-from cleanerd.records.scan import ScanResult, scan_valid_prefix
+from cleanerd.records.scan import ScanResult
+from cleanerd.records.walker import scan_valid_prefix
 
 log = structlog.get_logger(__name__)
 

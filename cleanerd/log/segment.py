@@ -64,7 +64,8 @@ from cleanerd.log.tail import torn_tail_reason
 from cleanerd.log.txnindex import AbortedTxn, TransactionIndex, TxnIndexSearchResult
 from cleanerd.records.header import INT32_MAX, NO_TIMESTAMP, Buffer
 from cleanerd.records.record import Record
-from cleanerd.records.scan import BatchInfo, ScanResult, scan_batches, scan_valid_prefix
+from cleanerd.records.scan import BatchInfo, ScanResult
+from cleanerd.records.walker import scan_batches, scan_valid_prefix
 
 log = structlog.get_logger(__name__)
 

@@ -25,7 +25,8 @@ from cleanerd.records.header import (
     RECORD_BATCH_OVERHEAD,
     Buffer,
 )
-from cleanerd.records.scan import ScanResult, scan_batches
+from cleanerd.records.scan import ScanResult
+from cleanerd.records.walker import scan_batches
 
 ZERO_TAIL: Final = "zero bytes after the last batch"
 
