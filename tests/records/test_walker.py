@@ -102,8 +102,11 @@ def test_a_bad_crc_stops_the_walk_at_that_batch() -> None:
     data = bytearray(b"".join(batches))
     data[len(batches[0]) + 70] ^= 1  # inside the second batch's record
     w = walk(bytes(data))
-    assert len(w.table) == 1 and w.stop == len(batches[0])
-    assert w.error is not None and "CRC mismatch" in str(w.error) and not w.incomplete_tail
+    assert len(w.table) == 1
+    assert w.stop == len(batches[0])
+    assert w.error is not None
+    assert "CRC mismatch" in str(w.error)
+    assert not w.incomplete_tail
     assert len(walk(bytes(data), verify_crc=False).table) == 3
 
 
