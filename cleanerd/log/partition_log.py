@@ -47,6 +47,7 @@ from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import structlog
 
 from cleanerd.errors import (
@@ -98,7 +99,7 @@ from cleanerd.records.control import ControlRecordType, control_type, encode_end
 from cleanerd.records.header import Compression, TimestampType
 from cleanerd.records.record import Record
 from cleanerd.records.scan import BatchInfo
-from cleanerd.records.walker import scan_batches, scan_valid_prefix
+from cleanerd.records.walker import BatchTable, Walker, scan_batches, walk
 
 log = structlog.get_logger(__name__)
 
@@ -442,10 +443,10 @@ class PartitionLog:
             raise
         except (CorruptRecordError, CorruptIndexError):
             with active.open_buffer() as buf:
-                scan = scan_valid_prefix(buf)
+                scan = walk(buf)
                 reason = torn_tail_reason(buf, scan)
             if scan.error is None:
-                active.rebuild_indexes(scan.batches, reason="index does not match the log")
+                active.rebuild_indexes(scan.table, reason="index does not match the log")
             elif reason is None:
                 raise scan.error.located(active.log_path) from None
             else:
@@ -577,9 +578,14 @@ class PartitionLog:
             if segment.base_offset < scanned_base or below_floor:
                 continue
             start = scanned_pos if segment.base_offset == scanned_base else 0
-            for info in segment.batches(start_position=start, verify_crc=False):
-                if info.base_offset >= self._txn_floor:
-                    _apply_txn_batch(self._ongoing, info)
+            with segment.open_buffer() as buf:
+                walker = Walker(buf, start=start, verify_crc=False)
+                for chunk in walker:
+                    _apply_txn_rows(self._ongoing, chunk, self._txn_floor)
+                error = walker.error
+                del walker  # its view of `buf` must go before the mmap closes
+            if error is not None:
+                raise error.located(segment.log_path)
             self._txn_scanned = (segment.base_offset, segment.size)
         return self._ongoing
 
@@ -783,3 +789,30 @@ def _apply_txn_batch(ongoing: dict[int, int], info: BatchInfo) -> None:
         ongoing.pop(header.producer_id, None)
     else:
         ongoing.setdefault(header.producer_id, header.base_offset)
+
+
+def _apply_txn_rows(ongoing: dict[int, int], table: BatchTable, floor: int) -> None:
+    """`_apply_txn_batch` for every row of `table` from offset `floor` on, in file order,
+    with Python per producer rather than per batch: per producer, a marker ends what was
+    open, and the first data batch after its last marker opens a transaction."""
+    rows = np.flatnonzero(
+        table.is_transactional & (table.producer_id >= 0) & (table.base_offset >= floor)
+    )
+    if not len(rows):
+        return
+    order = np.argsort(table.producer_id[rows], kind="stable")
+    pids = table.producer_id[rows][order]
+    control = table.is_control[rows][order]
+    base = table.base_offset[rows][order]
+    index = np.arange(len(rows))
+    starts = np.flatnonzero(np.r_[True, pids[1:] != pids[:-1]])
+    group = np.repeat(np.arange(len(starts)), np.diff(np.r_[starts, len(rows)]))
+    last_marker = np.maximum.reduceat(np.where(control, index, -1), starts)
+    opening = ~control & (index > last_marker[group])
+    first_open = np.minimum.reduceat(np.where(opening, index, len(rows)), starts)
+    for g, start in enumerate(starts.tolist()):
+        pid = int(pids[start])
+        if last_marker[g] >= 0:
+            ongoing.pop(pid, None)
+        if first_open[g] < len(rows):
+            ongoing.setdefault(pid, int(base[first_open[g]]))

@@ -80,8 +80,7 @@ from cleanerd.log.fsutil import atomic_write, fsync_dir, safe_unlink
 from cleanerd.log.index import IndexPastLogError
 from cleanerd.log.segment import LogSegment
 from cleanerd.log.tail import ZERO_TAIL, torn_tail_reason
-from cleanerd.records.scan import ScanResult
-from cleanerd.records.walker import scan_valid_prefix
+from cleanerd.records.walker import Walk, walk
 
 log = structlog.get_logger(__name__)
 
@@ -237,8 +236,8 @@ def _swap_range(dir_path: Path, swaps: list[Path], options: SegmentOptions) -> t
             max_index_size=options.max_index_size,
             read_only=True,
         )
-        scanned = segment.scan(verify_crc=False)
-        next_offset = scanned.batches[-1].next_offset if scanned.batches else base
+        scanned = segment.scan(verify_crc=False).table
+        next_offset = int(scanned.last_offset[-1]) + 1 if len(scanned) else base
         low = base if low is None else min(low, base)
         high = next_offset if high is None else max(high, next_offset)
         log.info("recovery.swap_found", path=str(path), base_offset=base, next_offset=next_offset)
@@ -307,11 +306,11 @@ def _quarantine(
 
 
 def truncate_torn_tail(
-    segment: LogSegment, scan: ScanResult, reason: str, quarantine_dir: Path | None
+    segment: LogSegment, scan: Walk, reason: str, quarantine_dir: Path | None
 ) -> TruncatedTail:
     """Copy the bytes after the valid prefix to the quarantine dir (unless they are all
     zero: nothing to keep), then cut them off."""
-    position = scan.valid_bytes
+    position = scan.stop
     cut_bytes = segment.size - position
     saved = None
     if reason != ZERO_TAIL:
@@ -347,7 +346,7 @@ def _validate_full(
     report: RecoveryReport,
 ) -> None:
     with segment.open_buffer() as buf:
-        scan = scan_valid_prefix(buf)
+        scan = walk(buf)
         reason = torn_tail_reason(buf, scan) if is_active else None
     if scan.error is not None and reason is None:
         _report(report, scan.error.located(segment.log_path))
@@ -357,7 +356,7 @@ def _validate_full(
         if _indexes_exist(segment):
             segment.offset_index.check_within(segment.size)
             if reason is None:
-                segment.check_indexes_against(scan.batches)
+                segment.check_indexes_against(scan.table)
         elif reason is None:
             raise CorruptIndexError("missing", path=segment.offset_index_path)
     except IndexPastLogError as exc:
@@ -367,7 +366,7 @@ def _validate_full(
         if exc.path == str(segment.txn_index_path):
             _report(report, exc)
             return
-        segment.rebuild_indexes(scan.batches, reason=exc.reason)
+        segment.rebuild_indexes(scan.table, reason=exc.reason)
         report.rebuilt_indexes.append(str(segment.log_path))
         return
     if reason is None:

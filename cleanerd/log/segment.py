@@ -40,6 +40,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
+import numpy as np
 import structlog
 
 from cleanerd.errors import CorruptIndexError, CorruptRecordError
@@ -64,8 +65,8 @@ from cleanerd.log.tail import torn_tail_reason
 from cleanerd.log.txnindex import AbortedTxn, TransactionIndex, TxnIndexSearchResult
 from cleanerd.records.header import INT32_MAX, NO_TIMESTAMP, Buffer
 from cleanerd.records.record import Record
-from cleanerd.records.scan import BatchInfo, ScanResult
-from cleanerd.records.walker import scan_batches, scan_valid_prefix
+from cleanerd.records.scan import BatchInfo
+from cleanerd.records.walker import BatchTable, Walk, Walker, scan_batches, walk
 
 log = structlog.get_logger(__name__)
 
@@ -220,17 +221,20 @@ class LogSegment:
         return self._txn_index
 
     def _tail(self) -> IndexBuilder:
-        """Index-maintenance state, recovered from the last index entries and a scan of the
-        batches after the last offset-index entry."""
+        """Index-maintenance state, recovered from the last index entries and a walk of
+        the batches after the last offset-index entry."""
         if self._builder is None:
             oi, ti = self.offset_index, self.time_index
             oi.check_within(self._size)
             last = oi.last_entry
             tail = self._whole_batches_from(last.position)
-            if oi.entries and not tail[0].last_offset <= last.offset <= tail[-1].last_offset:
+            last_offsets = tail.last_offset
+            if oi.entries and not (
+                len(tail) and last_offsets[0] <= last.offset <= last_offsets[-1]
+            ):
                 raise CorruptIndexError(
                     f"last entry (offset {last.offset}, position {last.position}) does not "
-                    f"match the batch there (last offset {tail[0].last_offset})",
+                    "match the batch there",
                     path=oi.path,
                 )
             ts = ti.last_entry
@@ -242,31 +246,28 @@ class LogSegment:
                 max_timestamp=ts.timestamp,
                 offset_of_max_timestamp=ts.offset,
             )
-            for info in tail:
-                if info.max_timestamp > builder.max_timestamp:
-                    builder.max_timestamp = info.max_timestamp
-                    builder.offset_of_max_timestamp = info.last_offset
-            self._next_offset = tail[-1].next_offset if tail else self.base_offset
+            if len(tail):
+                top = int(np.argmax(tail.max_timestamp))  # the earliest batch holding it
+                if int(tail.max_timestamp[top]) > builder.max_timestamp:
+                    builder.max_timestamp = int(tail.max_timestamp[top])
+                    builder.offset_of_max_timestamp = int(last_offsets[top])
+            self._next_offset = int(last_offsets[-1]) + 1 if len(tail) else self.base_offset
             self._builder = builder
         return self._builder
 
-    def _whole_batches_from(self, position: int) -> list[BatchInfo]:
+    def _whole_batches_from(self, position: int) -> BatchTable:
         """The batches from `position` to the end. A `growing` read-only segment belongs
         to another writer (observe mode: a live broker), which may be in the middle of an
         append: such a tail (`tail.torn_tail_reason`) ends the segment for now, and its
         size is the end of its last whole batch; any other bad bytes raise as usual."""
-        if not (self.read_only and self.growing):
-            return list(self.batches(start_position=position))
         with self.open_buffer() as buf:
-            scan = scan_valid_prefix(buf, start=position)
+            scan = walk(buf, start=position)
             if scan.error is None:
-                return scan.batches
-            end = position + scan.valid_bytes
-            whole = ScanResult(scan.batches, end, scan.error, scan.incomplete_tail)
-            if torn_tail_reason(buf, whole) is None:
+                return scan.table
+            if not (self.read_only and self.growing) or torn_tail_reason(buf, scan) is None:
                 raise scan.error.located(self.log_path)
-        self._size = end
-        return scan.batches
+        self._size = scan.stop
+        return scan.table
 
     @property
     def next_offset(self) -> int:
@@ -297,13 +298,16 @@ class LogSegment:
         """The first batch, or None when the segment is empty (or, read-only, holds only
         an append in flight)."""
         if self._first_batch is None and self._size:
-            try:
-                self._first_batch = next(self.batches(), None)
-            except CorruptRecordError:
-                if not (self.read_only and self.growing):
-                    raise
-                whole = self._whole_batches_from(0)  # raises unless it is a torn tail
-                self._first_batch = whole[0] if whole else None
+            with self.open_buffer() as buf:
+                walker = Walker(buf, rows=1)
+                first = next(iter(walker), None)
+                error = walker.error
+                if error is not None and not (self.read_only and self.growing):
+                    raise error.located(self.log_path)
+                del walker
+            if first is None and error is not None:
+                self._whole_batches_from(0)  # raises unless it is a torn tail
+            self._first_batch = None if first is None else first.info(0)
         return self._first_batch
 
     @property
@@ -408,10 +412,10 @@ class LogSegment:
         translateOffset)."""
         return next(self.batches(offset), None)
 
-    def scan(self, *, verify_crc: bool = True) -> ScanResult:
-        """Scan the whole `.log`, stopping at the first bad batch instead of raising."""
+    def scan(self, *, verify_crc: bool = True) -> Walk:
+        """Walk the whole `.log`, stopping at the first bad batch instead of raising."""
         with self.open_buffer() as buf:
-            return scan_valid_prefix(buf, verify_crc=verify_crc)
+            return walk(buf, verify_crc=verify_crc)
 
     def collect_aborted(self, fetch_offset: int, upper_bound_offset: int) -> TxnIndexSearchResult:
         """Aborted transactions of this segment overlapping the range (Kafka's rule)."""
@@ -543,29 +547,32 @@ class LogSegment:
                 path=self.time_index_path,
             )
 
-    def check_indexes_against(self, batches: Sequence[BatchInfo]) -> None:
-        """Check both indexes entry by entry against the segment's full list of batches.
+    def check_indexes_against(self, batches: BatchTable) -> None:
+        """Check both indexes entry by entry against the segment's full table of batches.
 
         Raises IndexPastLogError for entries beyond the log, CorruptIndexError for
         entries that are not on batch boundaries or out of order.
         """
         oi, ti = self.offset_index, self.time_index
         oi.check_within(self._size)
-        next_offset = batches[-1].next_offset if batches else self.base_offset
+        last_offsets = batches.last_offset
+        next_offset = int(last_offsets[-1]) + 1 if len(batches) else self.base_offset
         self.check_time_index_within(next_offset)
         oi.sanity_check()
         ti.sanity_check()
-        by_position = {b.position: b for b in batches}
-        for n in range(oi.entries):
-            entry = oi.entry_at(n)
-            batch = by_position.get(entry.position)
-            if batch is None or batch.last_offset > entry.offset:
-                raise CorruptIndexError(
-                    f"entry {n} (offset {entry.offset}, position {entry.position}) is not on "
-                    "the batch holding that offset",
-                    path=oi.path,
-                )
-        max_ts = max((b.max_timestamp for b in batches), default=NO_TIMESTAMP)
+        offsets, positions = oi.entry_arrays()
+        row = np.searchsorted(batches.position, positions)
+        found = row < len(batches)
+        found[found] &= batches.position[row[found]] == positions[found]
+        found[found] &= last_offsets[row[found]] <= offsets[found]
+        if not found.all():
+            n = int(np.flatnonzero(~found)[0])
+            raise CorruptIndexError(
+                f"entry {n} (offset {int(offsets[n])}, position {int(positions[n])}) is not on "
+                "the batch holding that offset",
+                path=oi.path,
+            )
+        max_ts = int(batches.max_timestamp.max()) if len(batches) else NO_TIMESTAMP
         if ti.entries and ti.last_entry.timestamp > max_ts:
             raise CorruptIndexError(
                 f"last timestamp {ti.last_entry.timestamp} exceeds the log's max {max_ts}",
@@ -573,20 +580,25 @@ class LogSegment:
             )
 
     def rebuild_indexes(
-        self, batches: Sequence[BatchInfo] | None = None, *, reason: str = "rebuild"
+        self, batches: BatchTable | None = None, *, reason: str = "rebuild"
     ) -> None:
         """Rebuild both indexes from the log (Kafka's recover): the interval rule over
         every batch, then the final time-index entry. Files are replaced atomically
         unless the segment is read-only (then the rebuilt indexes live in memory)."""
         if batches is None:
-            batches = list(self.batches())
+            with self.open_buffer() as buf:
+                scan = walk(buf)
+            if scan.error is not None:
+                raise scan.error.located(self.log_path)
+            batches = scan.table
         oi = OffsetIndex(
             self.offset_index_path, self.base_offset, max_index_size=self.max_index_size
         )
         ti = TimeIndex(self.time_index_path, self.base_offset, max_index_size=self.max_index_size)
         builder = IndexBuilder(oi, ti, self.index_interval_bytes)
-        for info in batches:
-            builder.add_batch(info.position, info.size, info.last_offset, info.max_timestamp)
+        builder.add_batches(
+            batches.position, batches.size, batches.last_offset, batches.max_timestamp
+        )
         builder.finish()
         if not self.read_only:
             oi.write()
@@ -600,7 +612,7 @@ class LogSegment:
             time_index_entries=ti.entries,
         )
         self._offset_index, self._time_index, self._builder = oi, ti, builder
-        self._next_offset = batches[-1].next_offset if batches else self.base_offset
+        self._next_offset = int(batches.last_offset[-1]) + 1 if len(batches) else self.base_offset
 
     def truncate_to_position(self, size: int) -> None:
         """Cut the `.log` to `size` bytes (recovery of a torn tail), then rebuild the

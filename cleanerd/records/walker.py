@@ -369,12 +369,15 @@ class Walker:
 
     def __iter__(self) -> Iterator[BatchTable]:
         reason = FULL
+        rows = 16  # a reader that stops after the first batches walks only a few
         while reason == FULL and self.error is None:
+            scratch = self._scratch.head(rows)
             found = _walk_kernel(
-                self.data, self.stop, self.end, 0, self.verify_crc, *self._scratch.arrays()
+                self.data, self.stop, self.end, 0, self.verify_crc, *scratch.arrays()
             )
+            rows = min(2 * rows, len(self._scratch))
             n, stop, reason = (int(x) for x in found)
-            chunk = self._scratch.head(n)
+            chunk = scratch.head(n)
             if reason not in (DONE, FULL):
                 self.error = _stop_error(self.data, stop, self.end, self.verify_crc, reason)
             legacy_rows = np.flatnonzero(chunk.magic != 2)

@@ -21,7 +21,8 @@ from tests.conftest import KAFKA_REAL
 
 def reference(buf: bytes, verify_crc: bool = True) -> tuple[list[BatchInfo], int, str | None]:
     """One batch at a time in Python: the batches, where the walk stops, and why."""
-    infos, p = [], 0
+    infos: list[BatchInfo] = []
+    p = 0
     while p < len(buf):
         try:
             info = check_batch_at(buf, p, len(buf), verify_crc=verify_crc)
