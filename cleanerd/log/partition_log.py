@@ -47,7 +47,6 @@ from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import structlog
 
 from cleanerd.errors import (
@@ -60,10 +59,8 @@ from cleanerd.log.checkpoint import RootCheckpoints
 from cleanerd.log.files import (
     DELETED_FILE_SUFFIX,
     METADATA_TOPIC,
-    PRODUCER_SNAPSHOT_FILE_SUFFIX,
     TopicPartition,
     is_log_file,
-    is_segment_file_name,
     offset_from_filename,
     parse_topic_partition,
 )
@@ -83,6 +80,13 @@ from cleanerd.log.lock import (
 )
 from cleanerd.log.meta import PartitionMeta
 from cleanerd.log.ownership import OwnerProof, SegmentsChanged
+from cleanerd.log.producer_state import (
+    ProducerState,
+    read_snapshot,
+    snapshot_offsets,
+    snapshot_path,
+    write_snapshot,
+)
 from cleanerd.log.recovery import (
     RecoveryReport,
     SegmentOptions,
@@ -93,13 +97,13 @@ from cleanerd.log.recovery import (
 from cleanerd.log.segment import LogSegment
 from cleanerd.log.tail import torn_tail_reason
 from cleanerd.log.topic_config import TopicConfig
-from cleanerd.log.txnindex import AbortedTxn, ongoing_txns_from_snapshot
+from cleanerd.log.txnindex import AbortedTxn
 from cleanerd.records.batch import encode_batch, iter_records
 from cleanerd.records.control import ControlRecordType, control_type, encode_end_txn_marker
 from cleanerd.records.header import Compression, TimestampType
 from cleanerd.records.record import Record
 from cleanerd.records.scan import BatchInfo
-from cleanerd.records.walker import BatchTable, Walker, scan_batches, walk
+from cleanerd.records.walker import Walker, scan_batches, walk
 
 log = structlog.get_logger(__name__)
 
@@ -176,9 +180,8 @@ class PartitionLog:
         self._log_start_offset = checkpoints.log_start_offsets.get(tp, 0)
         self.high_watermark = checkpoints.high_watermarks.get(tp)
         self.recovery_point = checkpoints.recovery_points.get(tp, 0)
-        self._ongoing: dict[int, int] | None = None
-        self._txn_scanned: tuple[int, int] = (-1, 0)  # (segment base, position)
-        self._txn_floor = 0
+        self._producers: ProducerState | None = None
+        self._txn_scanned: tuple[int, int] = (-1, 0)  # (segment base, position) walked to
 
     # -- opening -----------------------------------------------------------------------
 
@@ -361,7 +364,7 @@ class PartitionLog:
     @property
     def first_unstable_offset(self) -> int | None:
         """First offset of the earliest open transaction, or None."""
-        ongoing = self._ongoing_txns()
+        ongoing = self.producer_state().ongoing()
         return min(ongoing.values()) if ongoing else None
 
     def _scan_dir(self) -> dict[int, int]:
@@ -410,7 +413,7 @@ class PartitionLog:
             segments.append(segment)
         scanned_base = self._txn_scanned[0]
         if scanned_base in self._inodes and current.get(scanned_base) != self._inodes[scanned_base]:
-            self._ongoing = None  # the segment the scan stopped in was rewritten
+            self._producers = None  # the segment the walk stopped in was rewritten
         self._segments, self._inodes = segments, current
         self._mark_growing()
 
@@ -540,57 +543,60 @@ class PartitionLog:
             relative = _at_start(info)
             transactional = info.header is not None and info.header.is_transactional
             if transactional:
-                self._ongoing_txns()  # bring the state up to just before this batch
+                self.producer_state()  # bring the state up to just before this batch
             active.append(chunk, relative)
             if transactional:
                 self._apply_appended_txn_batch(active, chunk, relative)
 
-    # -- transactions ------------------------------------------------------------------------
+    # -- producer state ------------------------------------------------------------------
 
-    def _txn_scan_start(self) -> tuple[dict[int, int], int]:
-        """Open transactions at the latest usable producer snapshot, and its offset."""
+    def _state_at_snapshot(self) -> ProducerState:
+        """The state in the latest usable producer snapshot (empty at 0 without one)."""
         end = self.log_end_offset
-        snapshots = sorted(
-            (offset_from_filename(p.name), p)
-            for p in self.dir.glob(f"*{PRODUCER_SNAPSHOT_FILE_SUFFIX}")
-            # A malformed name (reported when the partition was opened) is no snapshot.
-            if p.name.endswith(PRODUCER_SNAPSHOT_FILE_SUFFIX) and is_segment_file_name(p.name)
-        )
-        for offset, path in reversed(snapshots):
+        for offset in reversed(snapshot_offsets(self.dir)):
             if not self.log_start_offset <= offset <= end:
                 continue
+            path = snapshot_path(self.dir, offset)
             try:
-                return ongoing_txns_from_snapshot(path), offset
-            except CorruptIndexError as exc:
+                return read_snapshot(path)
+            except (CorruptIndexError, OSError) as exc:
                 log.warning("producer_snapshot.unreadable", path=str(path), error=str(exc))
-        return {}, 0
+        return ProducerState()
 
-    def _ongoing_txns(self) -> dict[int, int]:
-        """Producer id -> first offset of its open transaction, scanned incrementally."""
-        if self._ongoing is None:
-            self._ongoing, self._txn_floor = self._txn_scan_start()
+    def producer_state(self) -> ProducerState:
+        """The producer state at the log end offset: the latest snapshot, then a walk of
+        the batches after it (only what was appended since the last call)."""
+        if self._producers is None:
+            self._producers = self._state_at_snapshot()
             self._txn_scanned = (-1, 0)
+        state = self._producers
         scanned_base, scanned_pos = self._txn_scanned
+        floor = state.offset
         for n, segment in enumerate(self._segments):
-            below_floor = n + 1 < len(self._segments) and (
-                self._segments[n + 1].base_offset <= self._txn_floor
-            )
-            if segment.base_offset < scanned_base or below_floor:
+            upper = self._segments[n + 1].base_offset if n + 1 < len(self._segments) else None
+            if segment.base_offset < scanned_base or (upper is not None and upper <= floor):
                 continue
-            start = scanned_pos if segment.base_offset == scanned_base else 0
+            if segment.base_offset == scanned_base:
+                start = scanned_pos
+            elif segment.base_offset < floor:
+                start = segment.position_for(floor)
+            else:
+                start = 0
             with segment.open_buffer() as buf:
                 walker = Walker(buf, start=start, verify_crc=False)
                 for chunk in walker:
-                    _apply_txn_rows(self._ongoing, chunk, self._txn_floor)
+                    state.apply(chunk, buf)
                 error = walker.error
                 del walker  # its view of `buf` must go before the mmap closes
             if error is not None:
                 raise error.located(segment.log_path)
             self._txn_scanned = (segment.base_offset, segment.size)
-        return self._ongoing
+        return state
 
     def _apply_appended_txn_batch(self, segment: LogSegment, chunk: bytes, info: BatchInfo) -> None:
-        ongoing = self._ongoing_txns_without_scan()
+        state = self._producers
+        assert state is not None
+        ongoing = state.ongoing()
         header = info.header
         assert header is not None
         producer_id = header.producer_id
@@ -602,12 +608,22 @@ class PartitionLog:
                 segment.append_aborted_txn(
                     AbortedTxn(ongoing[producer_id], producer_id, info.last_offset, lso)
                 )
-        _apply_txn_batch(ongoing, info)
+        state.apply(walk(chunk).table, chunk)
         self._txn_scanned = (segment.base_offset, segment.size)
 
-    def _ongoing_txns_without_scan(self) -> dict[int, int]:
-        assert self._ongoing is not None
-        return self._ongoing
+    def take_snapshot(self) -> Path | None:
+        """Write the producer state at the log end offset as `<offset>.snapshot` (see
+        `producer_state.py`), unless one is there already; the dir's writer only."""
+        self._check_writer()
+        end = self.log_end_offset
+        if end in snapshot_offsets(self.dir):
+            return None
+        state = ProducerState(end, self.producer_state().entries)
+        return write_snapshot(self.dir, state, log_start_offset=self.log_start_offset)
+
+    def _check_writer(self) -> None:
+        if self._lock is None:
+            raise PermissionError(f"partition {self.dir} is open read-only")
 
     # -- rolling -----------------------------------------------------------------------------
 
@@ -631,6 +647,7 @@ class PartitionLog:
         fsync_dir(self.dir)
         self._segments.append(segment)
         self._inodes = self._scan_dir()
+        self.take_snapshot()  # at the new base offset, as Kafka does at a roll
         log.info(
             "segment.rolled",
             topic=self.topic_partition.topic,
@@ -777,42 +794,3 @@ def _at_start(info: BatchInfo) -> BatchInfo:
     """`info` moved to position 0 (of a buffer holding just this batch)."""
     header = None if info.header is None else dataclasses.replace(info.header, position=0)
     return dataclasses.replace(info, position=0, header=header)
-
-
-def _apply_txn_batch(ongoing: dict[int, int], info: BatchInfo) -> None:
-    """Track open transactions: a transactional data batch opens (or continues) its
-    producer's transaction, a transactional control batch (a marker) ends it."""
-    header = info.header
-    if header is None or not header.is_transactional or header.producer_id < 0:
-        return
-    if header.is_control:
-        ongoing.pop(header.producer_id, None)
-    else:
-        ongoing.setdefault(header.producer_id, header.base_offset)
-
-
-def _apply_txn_rows(ongoing: dict[int, int], table: BatchTable, floor: int) -> None:
-    """`_apply_txn_batch` for every row of `table` from offset `floor` on, in file order,
-    with Python per producer rather than per batch: per producer, a marker ends what was
-    open, and the first data batch after its last marker opens a transaction."""
-    rows = np.flatnonzero(
-        table.is_transactional & (table.producer_id >= 0) & (table.base_offset >= floor)
-    )
-    if not len(rows):
-        return
-    order = np.argsort(table.producer_id[rows], kind="stable")
-    pids = table.producer_id[rows][order]
-    control = table.is_control[rows][order]
-    base = table.base_offset[rows][order]
-    index = np.arange(len(rows))
-    starts = np.flatnonzero(np.r_[True, pids[1:] != pids[:-1]])
-    group = np.repeat(np.arange(len(starts)), np.diff(np.r_[starts, len(rows)]))
-    last_marker = np.maximum.reduceat(np.where(control, index, -1), starts)
-    opening = ~control & (index > last_marker[group])
-    first_open = np.minimum.reduceat(np.where(opening, index, len(rows)), starts)
-    for g, start in enumerate(starts.tolist()):
-        pid = int(pids[start])
-        if last_marker[g] >= 0:
-            ongoing.pop(pid, None)
-        if first_open[g] < len(rows):
-            ongoing.setdefault(pid, int(base[first_open[g]]))

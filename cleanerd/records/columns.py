@@ -56,7 +56,7 @@ from cleanerd.records.header import (
 )
 from cleanerd.records.record import RecordHeader
 from cleanerd.records.varint import decode_varint
-from cleanerd.records.walker import BatchTable, as_uint8, walk_strict
+from cleanerd.records.walker import BatchTable, as_uint8, be_i32, walk_strict
 
 I64 = npt.NDArray[np.int64]
 I32 = npt.NDArray[np.int32]
@@ -741,3 +741,28 @@ def _fill_legacy(rec: list[Array], old: _Legacy, first: I64) -> None:
     ]
     for target, values in zip(rec, columns, strict=True):
         target[slots] = values
+
+
+@jit
+def _coordinator_epochs(buf: U8, position: I64, size: I64, out: I32) -> tuple[Int, Int]:
+    """For each uncompressed control batch at position[i], the coordinator epoch in the
+    value of its first record (an EndTxnMarker: version int16 | coordinatorEpoch int32),
+    or -1 when the value is shorter; (status, failing i)."""
+    for i in range(position.shape[0]):
+        p = position[i] + RECORD_BATCH_OVERHEAD
+        st, _, _, _, _, _, _, vp, vl, _, _ = _parse_record(buf, p, position[i] + size[i])
+        if st != 0:
+            return st, i
+        out[i] = be_i32(buf, vp + 2) if vl >= 6 else -1
+    return 0, 0
+
+
+def marker_coordinator_epochs(buf: Buffer | U8, position: I64, size: I64) -> I32:
+    """The coordinator epochs of the transaction markers at `position` (batch starts in
+    `buf`, markers are never compressed), in one compiled call; CorruptRecordError names
+    the position of a marker whose record does not parse."""
+    out = np.empty(len(position), np.int32)
+    status, i = (int(x) for x in _coordinator_epochs(as_uint8(buf), position, size, out))
+    if status != 0:
+        raise CorruptRecordError(_MESSAGES[status], position=int(position[i]))
+    return out

@@ -1,4 +1,4 @@
-"""State the log layer derives from walked batch tables (open transactions, index
+"""State the log layer derives from walked batch tables (producer state, index
 entries) equals the batch-at-a-time rules it replaces."""
 
 from __future__ import annotations
@@ -10,37 +10,84 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cleanerd.log.index import IndexBuilder, OffsetIndex, TimeIndex
-from cleanerd.log.partition_log import _apply_txn_batch, _apply_txn_rows
-from cleanerd.records.batch import encode_batch
+from cleanerd.log.producer_state import ProducerEntry, ProducerState
+from cleanerd.records.batch import encode_batch, iter_records
+from cleanerd.records.control import ControlRecordType, encode_end_txn_marker
 from cleanerd.records.record import Record
+from cleanerd.records.scan import BatchInfo
 from cleanerd.records.walker import walk
 
-BATCH = st.tuples(st.integers(-1, 3), st.booleans(), st.booleans())  # pid, txn, control
+BATCH = st.tuples(st.integers(-1, 3), st.booleans(), st.booleans(), st.integers(0, 2))
+
+
+def kafka_rules(state: dict[int, ProducerEntry], info: BatchInfo, data: bytes) -> None:
+    """Kafka's ProducerAppendInfo, one batch at a time (the reference)."""
+    h = info.header
+    assert h is not None
+    if h.producer_id < 0:
+        return
+    e = state.setdefault(h.producer_id, ProducerEntry(h.producer_id))
+    e.epoch, e.timestamp = h.producer_epoch, h.max_timestamp
+    if h.is_control:
+        value = next(iter_records(data, info)).value
+        assert value is not None
+        e.coordinator_epoch = int.from_bytes(value[2:6], "big", signed=True)
+        e.txn_first_offset = -1
+        return
+    e.last_sequence = (h.base_sequence + h.last_offset_delta) % 2**31
+    e.last_offset, e.offset_delta = h.last_offset, h.last_offset_delta
+    if h.is_transactional and e.txn_first_offset < 0:
+        e.txn_first_offset = h.base_offset
 
 
 @settings(max_examples=120, deadline=None)
-@given(st.lists(BATCH, max_size=25), st.dictionaries(st.integers(0, 3), st.integers(0, 5)))
-def test_open_transactions_from_a_table_match_batch_by_batch(
-    specs: list[tuple[int, bool, bool]], before: dict[int, int]
+@given(st.lists(BATCH, max_size=25))
+def test_producer_state_from_a_table_follows_kafkas_rules_batch_by_batch(
+    specs: list[tuple[int, bool, bool, int]],
 ) -> None:
-    data = b"".join(
-        encode_batch(
-            [Record(offset=100 + i, timestamp=i, key=b"k", value=b"v")],
-            base_offset=100 + i,
-            producer_id=pid,
-            producer_epoch=0 if pid >= 0 else -1,
-            is_transactional=txn,
-            is_control=control,
-        )
-        for i, (pid, txn, control) in enumerate(specs)
-    )
+    batches = []
+    for i, (pid, txn, control, epoch) in enumerate(specs):
+        offset = 100 + 2 * i
+        producer_epoch = epoch if pid >= 0 else -1
+        if control and pid >= 0:
+            record = encode_end_txn_marker(
+                ControlRecordType.COMMIT, 7 + i, offset=offset, timestamp=10 + i
+            )
+            batches.append(
+                encode_batch(
+                    [record],
+                    base_offset=offset,
+                    is_transactional=True,
+                    is_control=True,
+                    producer_id=pid,
+                    producer_epoch=producer_epoch,
+                )
+            )
+        else:
+            records = [
+                Record(offset=offset + j, timestamp=i, key=b"k", value=b"v") for j in range(2)
+            ]
+            seq = 2**31 - 2 if i % 5 == 4 else i
+            batches.append(
+                encode_batch(
+                    records,
+                    base_offset=offset,
+                    is_transactional=txn and pid >= 0,
+                    base_sequence=seq if pid >= 0 else -1,
+                    producer_id=pid,
+                    producer_epoch=producer_epoch,
+                )
+            )
+    data = b"".join(batches)
     table = walk(data).table
-    expected = dict(before)
+    expected: dict[int, ProducerEntry] = {}
     for info in table.infos():
-        _apply_txn_batch(expected, info)
-    got = dict(before)
-    _apply_txn_rows(got, table, 0)
-    assert got == expected
+        kafka_rules(expected, info, data)
+    state = ProducerState()
+    state.apply(table, data)
+    assert state.entries == expected
+    restored = ProducerState.from_bytes(state.to_bytes(), state.offset, Path("x.snapshot"))
+    assert restored.entries == expected
 
 
 @settings(max_examples=80, deadline=None)
