@@ -197,6 +197,7 @@ class PartitionLog:
         checkpoints: RootCheckpoints | None = None,
         full_check: bool = False,
         owner: OwnerProof | None = None,
+        clean_shutdown: bool = False,
     ) -> PartitionLog:
         """Open the partition dir `path`.
 
@@ -210,7 +211,8 @@ class PartitionLog:
         `default_state_dir()` and nothing is quarantined. A writable log with no segment
         gets an empty one at its log start offset, as a broker does. `owner` is the
         cleanerd process that holds the log dir when this one only appends beside it
-        (shared mode): every roll first proves that it still does.
+        (shared mode): every roll first proves that it still does. `clean_shutdown`: the
+        log dir's owner found Kafka's clean-shutdown marker, so recovery scans nothing.
         """
         config = LogConfig() if config is None else config
         tp = parse_topic_partition(path.name)
@@ -239,6 +241,7 @@ class PartitionLog:
                 recovery_point=checkpoints.recovery_points.get(tp, 0),
                 full_check=full_check,
                 quarantine_dir=quarantine,
+                clean_shutdown=clean_shutdown,
             )
             if not segments and not read_only:
                 start = checkpoints.log_start_offsets.get(tp, 0)
@@ -613,17 +616,26 @@ class PartitionLog:
 
     def take_snapshot(self) -> Path | None:
         """Write the producer state at the log end offset as `<offset>.snapshot` (see
-        `producer_state.py`), unless one is there already; the dir's writer only."""
-        self._check_writer()
+        `producer_state.py`), unless one is there already; the dir's writer only. A
+        snapshot only saves the next open a walk, so a failure to write one is logged
+        (naming the file) and returns None."""
+        with self._write_lock():
+            return self._take_snapshot_locked()
+
+    def _take_snapshot_locked(self) -> Path | None:
         end = self.log_end_offset
         if end in snapshot_offsets(self.dir):
             return None
         state = ProducerState(end, self.producer_state().entries)
-        return write_snapshot(self.dir, state, log_start_offset=self.log_start_offset)
-
-    def _check_writer(self) -> None:
-        if self._lock is None:
-            raise PermissionError(f"partition {self.dir} is open read-only")
+        try:
+            return write_snapshot(self.dir, state, log_start_offset=self.log_start_offset)
+        except OSError as exc:
+            log.warning(
+                "producer_snapshot.write_failed",
+                path=str(snapshot_path(self.dir, end)),
+                error=str(exc),
+            )
+            return None
 
     # -- rolling -----------------------------------------------------------------------------
 
@@ -647,7 +659,7 @@ class PartitionLog:
         fsync_dir(self.dir)
         self._segments.append(segment)
         self._inodes = self._scan_dir()
-        self.take_snapshot()  # at the new base offset, as Kafka does at a roll
+        self._take_snapshot_locked()  # at the new base offset, as Kafka does at a roll
         log.info(
             "segment.rolled",
             topic=self.topic_partition.topic,
@@ -732,6 +744,17 @@ class PartitionLog:
             self.active_segment.flush()
             fsync_dir(self.dir)
             self.recovery_point = self.log_end_offset
+
+    def prepare_clean_shutdown(self) -> None:
+        """What a clean stop leaves behind (Kafka's LogManager.shutdown): everything
+        appended is durable, so the recovery point is the log end offset, and a producer
+        snapshot is there at that offset."""
+        with self._write_lock():
+            if self.recovery_point < self.log_end_offset:
+                self.active_segment.flush()
+                fsync_dir(self.dir)
+                self.recovery_point = self.log_end_offset
+            self._take_snapshot_locked()
 
     def delete_segments(self, segments: Sequence[LogSegment], *, reason: str) -> list[Path]:
         """Remove `segments` (never the active one) from the log, as retention does: their
