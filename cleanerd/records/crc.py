@@ -109,36 +109,38 @@ def _load_u8(typingctx: Any, address: Any) -> Any:
     return types.uint8(types.intp), codegen
 
 
+LIBRARY_ADDRESS, LIBRARY_ROUTINE = _library_routine()
+llvm.add_symbol(SYMBOL, LIBRARY_ADDRESS)
+_extend: Any = types.ExternalFunction(SYMBOL, types.uint32(types.uint32, types.intp, types.uintp))
+
+
+@jit
+def crc32c_library_at(address: Int, length: Int) -> Int:
+    """CRC-32C through the package's C routine (the fallback; `bench/walker.py` compares)."""
+    return np.int64(_extend(np.uint32(0xFFFFFFFF), address, length) ^ np.uint32(0xFFFFFFFF))
+
+
+@jit
+def crc32c_inline_at(address: Int, length: Int) -> Int:
+    """CRC-32C from the SSE 4.2 `crc32` instruction (only where `SSE42`)."""
+    c = np.uint64(0xFFFFFFFF)
+    p = address
+    end = address + length
+    while p + 8 <= end:
+        c = _crc32_u64(c, _load_u64(p))
+        p += 8
+    c32 = np.uint32(c)
+    while p < end:
+        c32 = _crc32_u8(c32, _load_u8(p))
+        p += 1
+    return np.int64(c32 ^ np.uint32(0xFFFFFFFF))
+
+
 SSE42: Final = _has_sse42()
-if SSE42:
-    ROUTINE: str = "inline sse4.2 crc32"
-
-    @jit
-    def crc32c_at(address: Int, length: Int) -> Int:
-        """CRC-32C of `length` bytes at `address` (e.g. ``array.ctypes.data + start``)."""
-        c = np.uint64(0xFFFFFFFF)
-        p = address
-        end = address + length
-        while p + 8 <= end:
-            c = _crc32_u64(c, _load_u64(p))
-            p += 8
-        c32 = np.uint32(c)
-        while p < end:
-            c32 = _crc32_u8(c32, _load_u8(p))
-            p += 1
-        return np.int64(c32 ^ np.uint32(0xFFFFFFFF))
-
-else:
-    _address, ROUTINE = _library_routine()
-    llvm.add_symbol(SYMBOL, _address)
-    _extend: Any = types.ExternalFunction(
-        SYMBOL, types.uint32(types.uint32, types.intp, types.uintp)
-    )
-
-    @jit
-    def crc32c_at(address: Int, length: Int) -> Int:
-        """CRC-32C of `length` bytes at `address` (e.g. ``array.ctypes.data + start``)."""
-        return np.int64(_extend(np.uint32(0xFFFFFFFF), address, length) ^ np.uint32(0xFFFFFFFF))
+ROUTINE: Final = "inline sse4.2 crc32" if SSE42 else LIBRARY_ROUTINE
+crc32c_at = crc32c_inline_at if SSE42 else crc32c_library_at
+"""CRC-32C of `length` bytes at `address` (e.g. ``array.ctypes.data + start``): what the
+kernels call. Chosen at import, so each process compiles (or loads) only what it runs."""
 
 
 @jit
