@@ -103,7 +103,7 @@ from cleanerd.records.control import ControlRecordType, control_type, encode_end
 from cleanerd.records.header import Compression, TimestampType
 from cleanerd.records.record import Record
 from cleanerd.records.scan import BatchInfo
-from cleanerd.records.walker import Walker, scan_batches, walk
+from cleanerd.records.walker import Walker, scan_batches, walk, walk_prefix
 
 log = structlog.get_logger(__name__)
 
@@ -449,10 +449,10 @@ class PartitionLog:
             raise
         except (CorruptRecordError, CorruptIndexError):
             with active.open_buffer() as buf:
-                scan = walk(buf)
+                scan = walk_prefix(buf)
                 reason = torn_tail_reason(buf, scan)
             if scan.error is None:
-                active.rebuild_indexes(scan.table, reason="index does not match the log")
+                active.rebuild_indexes(reason="index does not match the log")
             elif reason is None:
                 raise scan.error.located(active.log_path) from None
             else:

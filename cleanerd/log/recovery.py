@@ -84,7 +84,7 @@ from cleanerd.log.fsutil import atomic_write, fsync_dir, safe_unlink
 from cleanerd.log.index import IndexPastLogError
 from cleanerd.log.segment import LogSegment
 from cleanerd.log.tail import ZERO_TAIL, torn_tail_reason
-from cleanerd.records.walker import Walk, walk
+from cleanerd.records.walker import Walk, walk, walk_prefix
 
 log = structlog.get_logger(__name__)
 
@@ -350,7 +350,7 @@ def _validate_full(
     report: RecoveryReport,
 ) -> None:
     with segment.open_buffer() as buf:
-        scan = walk(buf)
+        scan = walk_prefix(buf)
         reason = torn_tail_reason(buf, scan) if is_active else None
     if scan.error is not None and reason is None:
         _report(report, scan.error.located(segment.log_path))
@@ -360,7 +360,7 @@ def _validate_full(
         if _indexes_exist(segment):
             segment.offset_index.check_within(segment.size)
             if reason is None:
-                segment.check_indexes_against(scan.table)
+                segment.check_indexes_against(segment.walked(verify_crc=False))
         elif reason is None:
             raise CorruptIndexError("missing", path=segment.offset_index_path)
     except IndexPastLogError as exc:
@@ -370,7 +370,7 @@ def _validate_full(
         if exc.path == str(segment.txn_index_path):
             _report(report, exc)
             return
-        segment.rebuild_indexes(scan.table, reason=exc.reason)
+        segment.rebuild_indexes(reason=exc.reason)
         report.rebuilt_indexes.append(str(segment.log_path))
         return
     if reason is None:

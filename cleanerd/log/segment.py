@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import mmap
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -547,24 +547,44 @@ class LogSegment:
                 path=self.time_index_path,
             )
 
-    def check_indexes_against(self, batches: BatchTable) -> None:
-        """Check both indexes entry by entry against the segment's full table of batches.
+    def walked(self, *, verify_crc: bool = True) -> Iterator[BatchTable]:
+        """The batches as the walker's tables (each valid until the next is taken); the
+        file stays mapped until the iteration ends. CorruptRecordError names the file."""
+        with self.open_buffer() as buf:
+            walker = Walker(buf, verify_crc=verify_crc)
+            yield from walker
+            error = walker.error
+            del walker  # its view of `buf` must go before the mmap closes
+        if error is not None:
+            raise error.located(self.log_path)
+
+    def check_indexes_against(self, tables: Iterable[BatchTable]) -> None:
+        """Check both indexes entry by entry against the segment's batches (all of them,
+        as walked tables in file order).
 
         Raises IndexPastLogError for entries beyond the log, CorruptIndexError for
         entries that are not on batch boundaries or out of order.
         """
         oi, ti = self.offset_index, self.time_index
         oi.check_within(self._size)
-        last_offsets = batches.last_offset
-        next_offset = int(last_offsets[-1]) + 1 if len(batches) else self.base_offset
-        self.check_time_index_within(next_offset)
         oi.sanity_check()
         ti.sanity_check()
         offsets, positions = oi.entry_arrays()
-        row = np.searchsorted(batches.position, positions)
-        found = row < len(batches)
-        found[found] &= batches.position[row[found]] == positions[found]
-        found[found] &= last_offsets[row[found]] <= offsets[found]
+        found = np.zeros(len(positions), bool)
+        next_offset, max_ts = self.base_offset, NO_TIMESTAMP
+        for table in tables:
+            if not len(table):
+                continue
+            last_offsets = table.last_offset
+            mine = np.flatnonzero((positions >= table.position[0]) & (positions < table.end[-1]))
+            row = np.searchsorted(table.position, positions[mine])
+            row = np.minimum(row, len(table) - 1)
+            found[mine] = (table.position[row] == positions[mine]) & (
+                last_offsets[row] <= offsets[mine]
+            )
+            next_offset = int(last_offsets[-1]) + 1
+            max_ts = max(max_ts, int(table.max_timestamp.max()))
+        self.check_time_index_within(next_offset)
         if not found.all():
             n = int(np.flatnonzero(~found)[0])
             raise CorruptIndexError(
@@ -572,7 +592,6 @@ class LogSegment:
                 "the batch holding that offset",
                 path=oi.path,
             )
-        max_ts = int(batches.max_timestamp.max()) if len(batches) else NO_TIMESTAMP
         if ti.entries and ti.last_entry.timestamp > max_ts:
             raise CorruptIndexError(
                 f"last timestamp {ti.last_entry.timestamp} exceeds the log's max {max_ts}",
@@ -580,25 +599,22 @@ class LogSegment:
             )
 
     def rebuild_indexes(
-        self, batches: BatchTable | None = None, *, reason: str = "rebuild"
+        self, tables: Iterable[BatchTable] | None = None, *, reason: str = "rebuild"
     ) -> None:
         """Rebuild both indexes from the log (Kafka's recover): the interval rule over
-        every batch, then the final time-index entry. Files are replaced atomically
-        unless the segment is read-only (then the rebuilt indexes live in memory)."""
-        if batches is None:
-            with self.open_buffer() as buf:
-                scan = walk(buf)
-            if scan.error is not None:
-                raise scan.error.located(self.log_path)
-            batches = scan.table
+        every batch (`tables`, or a walk of the file), then the final time-index entry.
+        Files are replaced atomically unless the segment is read-only (then the rebuilt
+        indexes live in memory)."""
         oi = OffsetIndex(
             self.offset_index_path, self.base_offset, max_index_size=self.max_index_size
         )
         ti = TimeIndex(self.time_index_path, self.base_offset, max_index_size=self.max_index_size)
         builder = IndexBuilder(oi, ti, self.index_interval_bytes)
-        builder.add_batches(
-            batches.position, batches.size, batches.last_offset, batches.max_timestamp
-        )
+        next_offset = self.base_offset
+        for t in self.walked() if tables is None else tables:
+            if len(t):
+                builder.add_batches(t.position, t.size, t.last_offset, t.max_timestamp)
+                next_offset = int(t.last_offset[-1]) + 1
         builder.finish()
         if not self.read_only:
             oi.write()
@@ -612,7 +628,7 @@ class LogSegment:
             time_index_entries=ti.entries,
         )
         self._offset_index, self._time_index, self._builder = oi, ti, builder
-        self._next_offset = int(batches.last_offset[-1]) + 1 if len(batches) else self.base_offset
+        self._next_offset = next_offset
 
     def truncate_to_position(self, size: int) -> None:
         """Cut the `.log` to `size` bytes (recovery of a torn tail), then rebuild the

@@ -340,6 +340,17 @@ def walk(
     return Walk(table, start, walker.stop, walker.error)
 
 
+def walk_prefix(
+    buf: Buffer | U8, *, start: int = 0, end: int | None = None, verify_crc: bool = True
+) -> Walk:
+    """Like `walk`, keeping no table (`table` is empty): where the valid prefix ends, and
+    why. A whole segment costs no more memory than one scratch table."""
+    walker = Walker(buf, start=start, end=end, verify_crc=verify_crc)
+    for _ in walker:
+        pass
+    return Walk(BatchTable.empty(0), start, walker.stop, walker.error)
+
+
 class Walker:
     """The batches of `buf[start:end]` as a sequence of tables of at most `rows` rows,
     each a view of one scratch table that the next step overwrites: a consumer that only
