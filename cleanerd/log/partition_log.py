@@ -585,6 +585,8 @@ class PartitionLog:
                 start = segment.position_for(floor)
             else:
                 start = 0
+            if start >= segment.size:
+                continue  # nothing appended since the last walk
             with segment.open_buffer() as buf:
                 walker = Walker(buf, start=start, verify_crc=False)
                 for chunk in walker:
@@ -745,16 +747,17 @@ class PartitionLog:
             fsync_dir(self.dir)
             self.recovery_point = self.log_end_offset
 
-    def prepare_clean_shutdown(self) -> None:
+    def prepare_clean_shutdown(self, *, snapshot: bool = True) -> None:
         """What a clean stop leaves behind (Kafka's LogManager.shutdown): everything
-        appended is durable, so the recovery point is the log end offset, and a producer
-        snapshot is there at that offset."""
+        appended is durable, so the recovery point is the log end offset, and (with
+        `snapshot`) a producer snapshot is there at that offset."""
         with self._write_lock():
             if self.recovery_point < self.log_end_offset:
                 self.active_segment.flush()
                 fsync_dir(self.dir)
                 self.recovery_point = self.log_end_offset
-            self._take_snapshot_locked()
+            if snapshot:
+                self._take_snapshot_locked()
 
     def delete_segments(self, segments: Sequence[LogSegment], *, reason: str) -> list[Path]:
         """Remove `segments` (never the active one) from the log, as retention does: their

@@ -112,6 +112,8 @@ class LogSegment:
         self._builder: IndexBuilder | None = None
         self._next_offset: int | None = None
         self._first_batch: BatchInfo | None = None
+        self._summary: tuple[int, int, int] | None = None  # end, without a builder
+        self._appended_from: tuple[int, tuple[int, int, int]] | None = None
 
     @classmethod
     def create(
@@ -185,13 +187,44 @@ class LogSegment:
 
     def refresh(self) -> bool:
         """Re-stat the `.log`; if another process changed it, drop cached state. Returns
-        whether it changed."""
+        whether it changed. A file that only grew (same inode, more bytes: appends) keeps
+        what is known of its head, and only the appended bytes are walked when its end
+        is next asked for."""
         st = self.log_path.stat()
         if st.st_size == self._size and st.st_ino == self.inode:
             return False
+        grown = st.st_ino == self.inode and st.st_size > self._size
+        known = (self._size, self._end_summary()) if grown else None
+        first = self._first_batch
         self._size, self.inode = st.st_size, st.st_ino
         self._reset_caches()
+        if known is not None and known[1] is not None:
+            self._first_batch = first
+            self._appended_from = (known[0], known[1])
         return True
+
+    def _end_summary(self) -> tuple[int, int, int] | None:
+        """(next offset, max timestamp, its offset) if known without reading anything."""
+        if self._builder is not None and self._next_offset is not None:
+            b = self._builder
+            return self._next_offset, b.max_timestamp, b.offset_of_max_timestamp
+        return self._summary
+
+    def _summarize_appended(self) -> None:
+        """The end of a file that grew since it was last read: walk only what was
+        appended (a torn tail of a growing segment ends it for now, as in
+        `_whole_batches_from`)."""
+        assert self._appended_from is not None
+        position, (next_offset, max_ts, max_ts_offset) = self._appended_from
+        tail = self._whole_batches_from(position)
+        if len(tail):
+            top = int(np.argmax(tail.max_timestamp))
+            if int(tail.max_timestamp[top]) > max_ts:
+                max_ts, max_ts_offset = int(tail.max_timestamp[top]), int(tail.last_offset[top])
+            next_offset = int(tail.last_offset[-1]) + 1
+        self._summary = (next_offset, max_ts, max_ts_offset)
+        self._next_offset = next_offset
+        self._appended_from = None
 
     # -- indexes -------------------------------------------------------------------
 
@@ -269,23 +302,31 @@ class LogSegment:
         self._size = scan.stop
         return scan.table
 
+    def _end(self) -> tuple[int, int, int]:
+        """(next offset, max timestamp, its offset): from what was known before the
+        file grew plus its appended bytes, else from the index-maintenance state."""
+        if self._appended_from is not None:
+            self._summarize_appended()
+        if self._builder is None and self._summary is not None:
+            return self._summary
+        b = self._tail()
+        assert self._next_offset is not None
+        return self._next_offset, b.max_timestamp, b.offset_of_max_timestamp
+
     @property
     def next_offset(self) -> int:
         """The offset after the last batch; the base offset when empty (readNextOffset)."""
-        if self._next_offset is None:
-            self._tail()
-        assert self._next_offset is not None
-        return self._next_offset
+        return self._end()[0]
 
     @property
     def max_timestamp_so_far(self) -> int:
         """The largest batch max timestamp in the segment, or -1."""
-        return self._tail().max_timestamp
+        return self._end()[1]
 
     @property
     def offset_of_max_timestamp(self) -> int:
         """Last offset of the earliest batch holding the max timestamp."""
-        return self._tail().offset_of_max_timestamp
+        return self._end()[2]
 
     @property
     def largest_timestamp(self) -> int:

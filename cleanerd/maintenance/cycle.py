@@ -309,8 +309,12 @@ class Maintenance:
             plogs = by_dir[log_dir.path]
             try:
                 if clean_stop:
+                    marked = self.manager.registry.in_dir(str(log_dir.path))
                     for plog in plogs:
-                        plog.prepare_clean_shutdown()
+                        # A damaged partition is left byte for byte as it is, and an
+                        # uncleanable one gets no snapshot (it is flushed all the same).
+                        if plog.corrupt is None:
+                            plog.prepare_clean_shutdown(snapshot=plog.topic_partition not in marked)
                 log_dir.checkpoint_logs(plogs)
                 if clean_stop and _all_sound(log_dir, plogs):
                     log_dir.mark_clean_shutdown()

@@ -152,3 +152,30 @@ def test_clean_writes_the_marker_and_the_next_clean_takes_it(tmp_path: Path) -> 
     (other / "00000000000000000000.log").write_bytes(b"\x00" * 10 + b"\xff" * 80)
     assert main(["clean", "-c", str(config)]) == 1
     assert not (root / CLEAN_SHUTDOWN_FILE_NAME).exists()
+
+
+def test_a_cycle_reads_only_the_bytes_appended_since_the_last(
+    tmp_path: Path, walked: list[int]
+) -> None:
+    root, state = tmp_path / "logs", tmp_path / "state"
+    root.mkdir()
+    build(root, state)
+    with LogDir.open(root, observe=True, state_dir=state) as observer:
+        seen = observer.open_partition(TP, config=CONFIG)
+        seen.meta()
+        active = seen.active_segment
+        with LogDir.open(root, state_dir=state) as owner:
+            writer = owner.open_partition(TP, config=CONFIG)
+            size_before = writer.active_segment.size
+            writer.append([kv("late", "x" * 60, timestamp=10**13)])
+            appended = writer.active_segment.size - size_before
+        walked.clear()
+        meta = seen.meta()
+        assert seen.active_segment is active  # same segment object, its head kept
+        # The segment's end and the producer state each walk the new batch, only it.
+        assert walked == [appended, appended]
+        assert meta.log_end_offset == writer.log_end_offset
+        assert meta.segments[-1].largest_timestamp_ms == 10**13
+        walked.clear()
+        seen.meta()
+        assert walked == []  # nothing changed, nothing read
