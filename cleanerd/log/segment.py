@@ -63,6 +63,7 @@ from cleanerd.log.index import (
 from cleanerd.log.meta import SegmentMeta
 from cleanerd.log.tail import torn_tail_reason
 from cleanerd.log.txnindex import AbortedTxn, TransactionIndex, TxnIndexSearchResult
+from cleanerd.records.batch import iter_records
 from cleanerd.records.header import INT32_MAX, NO_TIMESTAMP, Buffer
 from cleanerd.records.record import Record
 from cleanerd.records.scan import BatchInfo
@@ -429,8 +430,6 @@ class LogSegment:
 
     def records(self, start_offset: int | None = None) -> Iterator[Record]:
         """Records in offset order from `start_offset` (all when None)."""
-        from cleanerd.records.batch import iter_records
-
         with self.open_buffer() as buf:
             start = 0 if start_offset is None else self.position_for(start_offset)
             it = scan_batches(buf, start=start)
