@@ -36,10 +36,9 @@ header walker reads ``header_count`` times: key length varint, key, value length
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import Any, Final, TypeAlias
+from typing import Final
 
 import numpy as np
-import numpy.typing as npt
 
 from cleanerd._jit import jit
 from cleanerd.errors import CorruptRecordError
@@ -56,15 +55,19 @@ from cleanerd.records.header import (
 )
 from cleanerd.records.record import RecordHeader
 from cleanerd.records.varint import decode_varint
-from cleanerd.records.walker import BatchTable, as_uint8, be_i32, walk_strict
-
-I64 = npt.NDArray[np.int64]
-I32 = npt.NDArray[np.int32]
-I16 = npt.NDArray[np.int16]
-I8 = npt.NDArray[np.int8]
-U8 = npt.NDArray[np.uint8]
-Array: TypeAlias = npt.NDArray[Any]
-Int: TypeAlias = int | np.signedinteger[Any]  # what a kernel returns, seen from Python
+from cleanerd.records.walker import (
+    I8,
+    I16,
+    I32,
+    I64,
+    U8,
+    Array,
+    BatchTable,
+    Int,
+    as_uint8,
+    be_i32,
+    walk_strict,
+)
 
 MIN_RECORD_SIZE: Final = 7  # length, attributes, ts, offset, key len, value len, count
 SEGMENT: Final = 0

@@ -67,7 +67,7 @@ I16 = npt.NDArray[np.int16]
 I8 = npt.NDArray[np.int8]
 U8 = npt.NDArray[np.uint8]
 Array: TypeAlias = npt.NDArray[Any]
-Int: TypeAlias = int | np.signedinteger[Any]
+Int: TypeAlias = int | np.signedinteger[Any]  # what a kernel returns, seen from Python
 
 # Kernel stop reasons. Incomplete ones (a batch cut short by the end of the data) are
 # what a crash mid-append leaves; the others are bad bytes.
