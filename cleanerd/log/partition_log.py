@@ -31,10 +31,10 @@ Crash safety of each mutation:
 - deletion: files are renamed to `.deleted` and the dir fsynced; the caller unlinks them
   after `file.delete.delay.ms`, or at once under disk pressure.
 
-Producer snapshots are not written on roll: cleanerd does not track full producer state,
-and a broker rebuilds a missing snapshot from the log, whereas an incomplete one would
-mislead it. Kafka's snapshots are read, to find open transactions without scanning the
-whole log.
+Producer state (`producer_state.py`): read from the latest Kafka-format snapshot, then
+kept current by walking only what was appended since; the writer of the dir writes a
+snapshot at the log end offset on each roll, after each clean and at a clean stop, so an
+open reads the snapshot instead of every batch.
 """
 
 from __future__ import annotations
