@@ -656,9 +656,10 @@ class PartitionLog:
         if self.owner is not None:
             self.owner.verify()
         old = self.active_segment
-        old.close_for_roll()
+        old.close_for_roll()  # fsynced: everything below the new base is durable
         segment = self._new_segment(self.dir, base_offset, self.config)
         fsync_dir(self.dir)
+        self.recovery_point = max(self.recovery_point, base_offset)
         self._segments.append(segment)
         self._inodes = self._scan_dir()
         self._take_snapshot_locked()  # at the new base offset, as Kafka does at a roll

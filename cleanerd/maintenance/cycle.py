@@ -406,8 +406,31 @@ class Maintenance:
         report.states += self._plain_states(partitions)
         self._clean(compacted, report, stop)
         report.unlinked += self.pending.run_due(self.clock())
+        self._checkpoint_recovery_points()
         report.next_due_ms = self._next_due(partitions, report.now_ms)
         return report.build(self.clock())
+
+    def _checkpoint_recovery_points(self) -> None:
+        """Keep `recovery-point-offset-checkpoint` current (Kafka writes it every
+        `log.flush.offset.checkpoint.interval.ms`): a dir where a roll or flush moved a
+        partition's recovery point gets its checkpoints written at the end of the cycle,
+        so an open after a crash walks only what was not yet durable. A failure is
+        logged (naming the file) and tried again after the next cycle."""
+        for log_dir in self.log_dirs:
+            if log_dir.mode is not Mode.OWNER:
+                continue
+            plogs = [
+                plog
+                for (path, _), plog in self._plogs.items()
+                if path == log_dir.path and not plog.read_only
+            ]
+            known = log_dir.checkpoints.recovery_points
+            if all(known.get(p.topic_partition, 0) == p.recovery_point for p in plogs):
+                continue
+            try:
+                log_dir.checkpoint_logs(plogs)
+            except (CleanerdError, OSError) as exc:
+                log.error("checkpoint.failed", log_dir=str(log_dir.path), error=str(exc))
 
     def _next_due(self, partitions: list[_Partition], now_ms: int) -> int | None:
         """The first time-rule deadline after `now_ms` (the cycle's instant, so one that
