@@ -63,6 +63,17 @@ class CorruptIndexError(CleanerdError):
         super().__init__(f"corrupt index {self.path}: {reason}")
 
 
+class FileChangedError(CleanerdError):
+    """A file another process replaced or cut while it was read: a live broker's
+    segment swapped in or truncated under an observer. Not corruption: the reader skips
+    it for this round and reads it again."""
+
+    def __init__(self, reason: str, *, path: Path | str) -> None:
+        self.reason = reason
+        self.path = str(path)
+        super().__init__(f"{self.path} changed while read: {reason}")
+
+
 class CheckpointError(CleanerdError):
     """A checkpoint file whose text is not in Kafka's checkpoint format."""
 
