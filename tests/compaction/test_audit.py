@@ -270,7 +270,7 @@ def test_segment_deleted_by_a_live_broker_after_the_listing_is_read_again(
     log.append([(k("a"), b"2"), (k("a"), b"3")], timestamps=[NOW - 30 * MIN] * 2)
     plog = open_log(log)
     read = audit_module.read_audit_columns
-    calls = []
+    calls: list[int] = []
 
     def broker_deletes_first(segments: Sequence[LogSegment], **kw: Any) -> AuditColumns:
         if not calls:
