@@ -63,8 +63,9 @@ from cleanerd.log.files import TopicPartition
 from cleanerd.log.partition_log import PartitionLog
 from cleanerd.maintenance.cycle import wall_clock_ms
 from tests.builders import kv
-from tests.faults.workload import Daemon, free_port, records_on_disk, wait_for
+from tests.faults.workload import Daemon, records_on_disk, wait_for
 from tests.paths import REPO
+from tests.tools import free_port
 
 L_MS = 3_000
 BACKOFF_MS = 500

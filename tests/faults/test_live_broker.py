@@ -43,8 +43,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from cleanerd.maintenance.cycle import wall_clock_ms
 from tests.faults.test_read_only import read_only_bind
-from tests.faults.workload import Daemon, free_port, wait_for
+from tests.faults.workload import Daemon, wait_for
 from tests.paths import REPO
+from tests.tools import free_port
 
 BROKER_S = 20.0
 MAX_LAG_MS = 2_000
