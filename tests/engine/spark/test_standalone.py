@@ -117,7 +117,7 @@ def standalone_cluster(work: Path) -> Iterator[tuple[str, int]]:
     try:
         for name, argv in argvs.items():
             with open(work / f"{name}.log", "wb") as out:
-                procs[name] = subprocess.Popen(  # noqa: S603 - pyspark's own launcher
+                procs[name] = subprocess.Popen(
                     argv,
                     stdin=subprocess.DEVNULL,
                     stdout=out,
