@@ -35,8 +35,8 @@ def spark_session(master: str, conf: Mapping[str, str], app: str) -> SparkSessio
     """A session on `master` with cleanerd's defaults (no UI, Arrow on) under `conf`.
 
     On a cluster, executors start their Python workers with the interpreter this
-    process names (`PYSPARK_PYTHON`, unless `spark.pyspark.python` says otherwise) but
-    not with this process's environment: the driver's `PYTHONPATH` does not reach them.
+    process names (`PYSPARK_PYTHON`, `tasks.python_path_env`) but not with this
+    process's environment: the driver's `PYTHONPATH` does not reach them.
     `spark.executorEnv.PYTHONPATH` carries it, so executors that see this cleanerd at
     the same path (the same host, a shared mount) import this very code, not whatever
     version their interpreter has installed; paths they lack are ignored by Python."""

@@ -2,7 +2,8 @@
 processes on loopback, started from the installed pyspark's `spark-class` with an
 environment of their own (no `PYTHONPATH`: what they know of cleanerd is only what a
 job tells them). The real `cleanerd clean --engine spark` and `cleanerd audit --engine
-spark` processes run against `spark://127.0.0.1:PORT` (`engine.spark.master`); the
+spark` processes run against `spark://127.0.0.1:PORT` (`engine.spark.master`), their
+executors' interpreter named by `PYSPARK_PYTHON`; the
 cleaned files are byte-identical to the local engine's on a copy of the same data, the
 audit's report equals the local audit's, and the master lists both applications as
 completed (the work ran on the cluster, not in a local Spark)."""
@@ -142,7 +143,7 @@ def standalone_cluster(work: Path) -> Iterator[tuple[str, int]]:
             _stop(proc)
 
 
-def cleanerd(*args: str) -> subprocess.CompletedProcess[str]:
+def cleanerd(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "cleanerd", *args],
         capture_output=True,
@@ -150,7 +151,17 @@ def cleanerd(*args: str) -> subprocess.CompletedProcess[str]:
         cwd=REPO,
         timeout=900,
         check=False,
+        env=env,
     )
+
+
+def executor_python(tmp_path: Path) -> tuple[Path, Path]:
+    """An interpreter for the executors (`PYSPARK_PYTHON`): this one, behind a script
+    that leaves a mark when an executor starts it."""
+    mark, script = tmp_path / "executor-python-ran", tmp_path / "executor-python"
+    script.write_text(f'#!/bin/sh\ntouch "{mark}"\nexec "{sys.executable}" "$@"\n')
+    script.chmod(0o755)
+    return script, mark
 
 
 def test_clean_and_audit_on_a_standalone_cluster(tmp_path: Path) -> None:
@@ -168,14 +179,18 @@ def test_clean_and_audit_on_a_standalone_cluster(tmp_path: Path) -> None:
             tmp_path / "b.yaml", tmp_path / "b", tmp_path / "st-b", topics=TOPICS, engine=engine
         )
         now = ["--now-ms", str(NOW)]
+        python, ran = executor_python(tmp_path)
+        env = {**os.environ, "PYSPARK_PYTHON": str(python)}
         on_local = cleanerd("clean", "-c", str(local), *now, "--engine", "local", "--json")
         assert on_local.returncode == 0, on_local.stderr
         t0 = time.monotonic()
-        on_cluster = cleanerd("clean", "-c", str(cluster), *now, "--engine", "spark", "--json")
+        on_cluster = cleanerd(
+            "clean", "-c", str(cluster), *now, "--engine", "spark", "--json", env=env
+        )
         clean_s = time.monotonic() - t0
         assert on_cluster.returncode == 0, on_cluster.stderr[-3000:]
         t0 = time.monotonic()
-        audit = cleanerd("audit", "-c", str(cluster), *now, "--json", "--engine", "spark")
+        audit = cleanerd("audit", "-c", str(cluster), *now, "--json", "--engine", "spark", env=env)
         audit_s = time.monotonic() - t0
         apps = [a["name"] for a in _master_state(webui)["completedapps"]]
     local_report, cluster_report = json.loads(on_local.stdout), json.loads(on_cluster.stdout)
@@ -190,6 +205,7 @@ def test_clean_and_audit_on_a_standalone_cluster(tmp_path: Path) -> None:
     assert json.loads(audit.stdout) == json.loads(local_audit.stdout)
     assert " done in " in audit.stderr.splitlines()[-1]  # the progress line's last state
     assert sorted(apps) == ["cleanerd-audit", "cleanerd-clean"]
+    assert ran.exists()  # the executors ran the interpreter PYSPARK_PYTHON named
     print(
         f"cluster up in {up_s:.0f} s, clean on it {clean_s:.0f} s, audit {audit_s:.0f} s, "
         f"{len(cluster_report['cleaned'])} passes"
