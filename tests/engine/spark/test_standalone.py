@@ -2,11 +2,12 @@
 processes on loopback, started from the installed pyspark's `spark-class` with an
 environment of their own (no `PYTHONPATH`: what they know of cleanerd is only what a
 job tells them). The real `cleanerd clean --engine spark` and `cleanerd audit --engine
-spark` processes run against `spark://127.0.0.1:PORT` (`engine.spark.master`), their
-executors' interpreter named by `PYSPARK_PYTHON`; the
-cleaned files are byte-identical to the local engine's on a copy of the same data, the
-audit's report equals the local audit's, and the master lists both applications as
-completed (the work ran on the cluster, not in a local Spark)."""
+spark` processes run against `spark://127.0.0.1:PORT` (`engine.spark.master`), the
+executors' interpreter named by `PYSPARK_PYTHON`. The cleaned files are byte-identical
+to the local engine's on a copy of the same data, the audit's report equals the local
+audit's, its progress line ends done, the master lists both applications as completed
+(the work ran on the cluster, not in a local Spark) and the executors ran the named
+interpreter."""
 
 from __future__ import annotations
 
