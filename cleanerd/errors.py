@@ -10,6 +10,7 @@ import errno as errno_codes
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Final
 
 
 class CleanerdError(Exception):
@@ -61,6 +62,11 @@ class CorruptIndexError(CleanerdError):
         self.reason = reason
         self.path = str(path)
         super().__init__(f"corrupt index {self.path}: {reason}")
+
+
+CHANGED_READ_ATTEMPTS: Final = 3
+"""Reads of a partition whose files another process (a live broker) changes meanwhile:
+each attempt lists the partition again."""
 
 
 class FileChangedError(CleanerdError):

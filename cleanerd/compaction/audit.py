@@ -59,7 +59,12 @@ from cleanerd.compaction.cleanable import NO_MAX_COMPACTION_LAG
 from cleanerd.compaction.keyhash import hash_keys
 from cleanerd.compaction.strategy import ResolvedStrategy, resolve_strategy, segment_versions
 from cleanerd.compaction.transactions import TransactionTracker
-from cleanerd.errors import CleanerdError, CorruptRecordError, FileChangedError
+from cleanerd.errors import (
+    CHANGED_READ_ATTEMPTS,
+    CleanerdError,
+    CorruptRecordError,
+    FileChangedError,
+)
 from cleanerd.log.files import TopicPartition
 from cleanerd.log.meta import SegmentMeta
 from cleanerd.log.partition_log import PartitionLog
@@ -82,8 +87,6 @@ Bools = NDArray[np.bool_]
 NEVER: Final = 2**63 - 1
 """Sentinel time: not superseded, superseded at an unknown time, or no horizon."""
 DEFAULT_MAX_LISTED: Final = 20
-CHANGED_RETRIES: Final = 3
-"""Reads of a partition whose files another process changes meanwhile (observe mode)."""
 
 
 _DTYPES: Final[Mapping[str, type[Any]]] = MappingProxyType(
@@ -488,7 +491,7 @@ def audit_partition(
     max lag. A corrupt segment gives a PartitionAudit with `error` set."""
     strategy = resolve_strategy(topic.compaction_strategy, topic.compaction_strategy_header)
     read: AuditColumns | str = ""
-    for _ in range(CHANGED_RETRIES):
+    for _ in range(CHANGED_READ_ATTEMPTS):
         try:
             scope = audit_scope(plog)
             read = read_audit_columns(
