@@ -10,6 +10,7 @@ import errno as errno_codes
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Final
 
 
 class CleanerdError(Exception):
@@ -61,6 +62,22 @@ class CorruptIndexError(CleanerdError):
         self.reason = reason
         self.path = str(path)
         super().__init__(f"corrupt index {self.path}: {reason}")
+
+
+CHANGED_READ_ATTEMPTS: Final = 3
+"""Reads of a partition whose files another process (a live broker) changes meanwhile:
+each attempt lists the partition again."""
+
+
+class FileChangedError(CleanerdError):
+    """A file another process replaced or cut while it was read: a live broker's
+    segment swapped in or truncated under an observer. Not corruption: the reader skips
+    it for this round and reads it again."""
+
+    def __init__(self, reason: str, *, path: Path | str) -> None:
+        self.reason = reason
+        self.path = str(path)
+        super().__init__(f"{self.path} changed while read: {reason}")
 
 
 class CheckpointError(CleanerdError):

@@ -4,6 +4,7 @@ cleanerd owner's."""
 
 from __future__ import annotations
 
+import fcntl
 import os
 import subprocess
 import sys
@@ -14,9 +15,10 @@ from pathlib import Path
 from tests.paths import REPO
 
 HOLD_BROKER_LOCK = """
-import fcntl, os, sys
-fd = os.open(sys.argv[1] + "/.lock", os.O_RDWR | os.O_CREAT)
-fcntl.lockf(fd, fcntl.LOCK_EX)
+import sys
+from pathlib import Path
+from tests.holders import lock_like_kafka
+lock_like_kafka(Path(sys.argv[1]))
 print("ready", flush=True)
 sys.stdin.read()
 """
@@ -28,6 +30,14 @@ with LogDir.open(Path(sys.argv[1]), state_dir=Path(sys.argv[2])):
     print("ready", flush=True)
     sys.stdin.read()
 """
+
+
+def lock_like_kafka(log_dir: Path) -> int:
+    """Take `<log_dir>/.lock` as a Kafka broker does (created if missing, an exclusive
+    `fcntl.lockf`); held until the returned descriptor is closed or the process ends."""
+    fd = os.open(log_dir / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+    fcntl.lockf(fd, fcntl.LOCK_EX)
+    return fd
 
 
 @contextmanager

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -79,3 +80,10 @@ def wait_for_session_end(sid: int, timeout_s: float) -> float:
             pytest.fail(f"processes of session {sid} outlived it by {timeout_s} s: {alive}")
         time.sleep(0.02)
     return time.monotonic() - start
+
+
+def free_port() -> int:
+    """A TCP port free on loopback now (for a server a test starts)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])

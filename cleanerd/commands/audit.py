@@ -163,17 +163,29 @@ def audit_log_dirs(
 
 
 def audit_log_dirs_on_spark(
-    cfg: Config, *, now_ms: int, slack_ms: int, max_listed: int, parquet: str | None
+    cfg: Config,
+    *,
+    now_ms: int,
+    slack_ms: int,
+    max_listed: int,
+    parquet: str | None,
+    progress: Progress | None = None,
 ) -> AuditRun:
-    """`audit_log_dirs` with the scan on Spark (`engine.spark_audit`), in a job process."""
+    """`audit_log_dirs` with the scan on Spark (`engine.spark_audit`), in a job process;
+    `progress` counts the segments as the executors finish them."""
     from cleanerd.engine.spark.engine import SparkSettings, audit_on_spark, check_spark_available
     from cleanerd.engine.spark.specs import audit_partition_spec
 
     check_spark_available()
     run = AuditRun()
-    partitions = [
-        audit_partition_spec(plog, topic) for plog, topic in compacted_partitions(cfg, run)
-    ]
+    partitions = []
+    for plog, topic in compacted_partitions(cfg, run):
+        spec = audit_partition_spec(plog, topic)
+        partitions.append(spec)
+        if spec.error is not None and progress is not None:
+            # Not decoded on Spark (it could not be opened whole): done already.
+            sizes = [s.size for s in plog.segments]
+            progress.advance(segments=len(sizes), size=sum(sizes))
     staging = Path(cfg.state_dir) / "spark" / f"audit-{time.time_ns()}"
     try:
         run.audits = audit_on_spark(
@@ -186,6 +198,9 @@ def audit_log_dirs_on_spark(
                 master=cfg.engine.spark.master, conf=tuple(sorted(cfg.engine.spark.conf.items()))
             ),
             staging=staging,
+            on_progress=None
+            if progress is None
+            else lambda segments, size: progress.advance(segments=segments, size=size),
         )
     finally:
         shutil.rmtree(staging, ignore_errors=True)
@@ -252,17 +267,18 @@ def run(args: argparse.Namespace) -> int:
     if args.parquet is not None and args.engine != "spark":
         print("cleanerd audit: --parquet needs --engine spark", file=sys.stderr)
         return 2
-    if args.engine == "spark":
-        result = audit_log_dirs_on_spark(
-            cfg,
-            now_ms=now_ms,
-            slack_ms=slack_ms,
-            max_listed=args.max_listed,
-            parquet=args.parquet,
-        )
-    else:
-        segments, size = _total_segments(cfg)
-        with Progress("audit", segments=segments, total_bytes=size) as progress:
+    segments, size = _total_segments(cfg)
+    with Progress("audit", segments=segments, total_bytes=size) as progress:
+        if args.engine == "spark":
+            result = audit_log_dirs_on_spark(
+                cfg,
+                now_ms=now_ms,
+                slack_ms=slack_ms,
+                max_listed=args.max_listed,
+                parquet=args.parquet,
+                progress=progress,
+            )
+        else:
             result = audit_log_dirs(
                 cfg,
                 now_ms=now_ms,

@@ -59,7 +59,12 @@ from cleanerd.compaction.cleanable import NO_MAX_COMPACTION_LAG
 from cleanerd.compaction.keyhash import hash_keys
 from cleanerd.compaction.strategy import ResolvedStrategy, resolve_strategy, segment_versions
 from cleanerd.compaction.transactions import TransactionTracker
-from cleanerd.errors import CleanerdError, CorruptRecordError
+from cleanerd.errors import (
+    CHANGED_READ_ATTEMPTS,
+    CleanerdError,
+    CorruptRecordError,
+    FileChangedError,
+)
 from cleanerd.log.files import TopicPartition
 from cleanerd.log.meta import SegmentMeta
 from cleanerd.log.partition_log import PartitionLog
@@ -485,17 +490,30 @@ def audit_partition(
     """Audit every segment of `plog` (the active one too) under `topic`'s strategy and
     max lag. A corrupt segment gives a PartitionAudit with `error` set."""
     strategy = resolve_strategy(topic.compaction_strategy, topic.compaction_strategy_header)
-    read: AuditColumns | str
-    try:
-        scope = audit_scope(plog)
-        read = read_audit_columns(
-            plog.segments[: len(scope.segments)],
-            strategy=strategy,
-            stable_offset=scope.stable_offset,
-            aborted=scope.aborted,
-        )
-    except CleanerdError as exc:
-        read = str(exc)
+    read: AuditColumns | str = ""
+    for _ in range(CHANGED_READ_ATTEMPTS):
+        try:
+            scope = audit_scope(plog)
+            read = read_audit_columns(
+                plog.segments[: len(scope.segments)],
+                strategy=strategy,
+                stable_offset=scope.stable_offset,
+                aborted=scope.aborted,
+            )
+            break
+        except (FileChangedError, FileNotFoundError) as exc:
+            # A live broker (observe mode) swapped or deleted a segment between the
+            # listing and the read: list again and read what is there now.
+            read = f"{exc} (changed by another process while read)"
+            if not plog.read_only:
+                break
+            try:
+                plog.refresh()
+            except OSError:
+                break
+        except CleanerdError as exc:
+            read = str(exc)
+            break
     return partition_audit(
         str(plog.log_dir),
         plog.topic_partition,

@@ -158,6 +158,11 @@ class _Index(ABC):
 
     def _strip_preallocated(self, raw: bytes) -> None:
         size = self.entry.size
+        # The file can shrink while it is read: a live broker trims an active segment's
+        # preallocated index when it rolls it out. What was read is then a prefix of the
+        # file before the trim (ending anywhere in its zero tail) or the trimmed file;
+        # both hold the same entries, and a part entry at the end can only be zeros.
+        raw = raw[: len(raw) - len(raw) % size]
         rows = np.frombuffer(raw, dtype=np.uint8).reshape(-1, size)
         nonzero = np.flatnonzero(rows.any(axis=1))
         used = int(nonzero[-1]) + 1 if nonzero.size else self._zero_entries_kept(len(rows))

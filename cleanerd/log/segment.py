@@ -43,7 +43,7 @@ from pathlib import Path
 import numpy as np
 import structlog
 
-from cleanerd.errors import CorruptIndexError, CorruptRecordError
+from cleanerd.errors import CorruptIndexError, CorruptRecordError, FileChangedError
 from cleanerd.log.files import (
     INDEX_FILE_SUFFIX,
     LOG_FILE_SUFFIX,
@@ -263,9 +263,13 @@ class LogSegment:
             last = oi.last_entry
             tail = self._whole_batches_from(last.position)
             last_offsets = tail.last_offset
-            if oi.entries and not (
-                len(tail) and last_offsets[0] <= last.offset <= last_offsets[-1]
-            ):
+            if oi.entries and not len(tail):
+                raise CorruptIndexError(
+                    f"last entry (offset {last.offset}, position {last.position}) points "
+                    "to no whole batch",
+                    path=oi.path,
+                )
+            if oi.entries and not last_offsets[0] <= last.offset <= last_offsets[-1]:
                 raise CorruptIndexError(
                     f"last entry (offset {last.offset}, position {last.position}) does not "
                     "match the batch there",
@@ -383,13 +387,20 @@ class LogSegment:
         if size == 0:
             yield b""
             return
-        with (
-            open(self.log_path, "rb") as f,
-            mmap.mmap(
-                f.fileno(), min(size, os.fstat(f.fileno()).st_size), access=mmap.ACCESS_READ
-            ) as buf,
-        ):
-            yield buf
+        with open(self.log_path, "rb") as f:
+            st = os.fstat(f.fileno())
+            if self.read_only and (st.st_ino != self.inode or st.st_size < size):
+                # Another writer (a live broker) renamed a new file over this segment's
+                # name or cut it since it was listed: these bytes are not the segment
+                # whose size and indexes were read.
+                now = "another file" if st.st_ino != self.inode else f"{st.st_size} bytes"
+                raise FileChangedError(f"{size} bytes when listed, now {now}", path=self.log_path)
+            mapped = min(size, st.st_size)
+            if mapped == 0:
+                yield b""
+                return
+            with mmap.mmap(f.fileno(), mapped, access=mmap.ACCESS_READ) as buf:
+                yield buf
 
     def read(self, position: int, size: int) -> bytes:
         """Up to `size` bytes of the `.log` from `position`."""

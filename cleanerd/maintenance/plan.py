@@ -28,11 +28,11 @@ from typing import Any
 from cleanerd.compaction.horizon import HorizonCache, SegmentHorizon
 from cleanerd.compaction.manager import order_for_cleaning
 from cleanerd.config import Config
-from cleanerd.errors import CleanerdError
+from cleanerd.errors import CHANGED_READ_ATTEMPTS, CleanerdError, FileChangedError
 from cleanerd.log.files import METADATA_TOPIC, TopicPartition
 from cleanerd.log.log_dir import LogDir
 from cleanerd.log.meta import PartitionMeta
-from cleanerd.log.partition_log import LogConfig
+from cleanerd.log.partition_log import LogConfig, PartitionLog
 from cleanerd.log.roll import DEFAULT_MIN_ROLL_INTERVAL_MS, SegmentAge
 from cleanerd.log.roller import FirstSeen, segment_age
 from cleanerd.log.topic_config import TopicConfig
@@ -248,16 +248,31 @@ def gather(cfg: Config, *, now_ms: int) -> Gathered:
     return out
 
 
+def _read_partition(
+    log_dir: LogDir, tp: TopicPartition, topic: TopicConfig, horizons: HorizonCache
+) -> tuple[PartitionLog, PartitionMeta, tuple[SegmentHorizon, ...]]:
+    """The partition opened and read whole. A live broker may rename or delete a segment
+    while it is read (observe mode): the partition is listed and read again, up to
+    CHANGED_READ_ATTEMPTS times, before that is an error."""
+    compacted = topic.compact and tp.topic != METADATA_TOPIC
+    for attempt in range(1, CHANGED_READ_ATTEMPTS + 1):
+        try:
+            plog = log_dir.open_partition(tp, config=LogConfig.of_topic(topic))
+            meta = plog.meta()
+            return plog, meta, horizons.partition(plog) if compacted else ()
+        except (FileChangedError, FileNotFoundError):
+            if attempt == CHANGED_READ_ATTEMPTS:
+                raise
+    raise AssertionError("unreachable")
+
+
 def _gather_dir(cfg: Config, log_dir: LogDir, now_ms: int, out: Gathered) -> None:
     first_seen = FirstSeen.load(cfg.state_dir, log_dir.path)
     horizons = HorizonCache()
     for tp in log_dir.partitions():
         topic = cfg.topic_config(tp.topic)
         try:
-            plog = log_dir.open_partition(tp, config=LogConfig.of_topic(topic))
-            meta = plog.meta()
-            compacted = topic.compact and tp.topic != METADATA_TOPIC
-            segment_horizons = horizons.partition(plog) if compacted else ()
+            plog, meta, segment_horizons = _read_partition(log_dir, tp, topic, horizons)
         except (CleanerdError, OSError) as exc:
             out.errors.append(f"{log_dir.path / str(tp)}: {exc}")
             continue

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from cleanerd.compaction import audit as audit_module
 from cleanerd.compaction.audit import (
     NEVER,
     AuditColumns,
@@ -19,6 +22,7 @@ from cleanerd.compaction.audit import (
 )
 from cleanerd.config import BrokerConfig
 from cleanerd.log.partition_log import PartitionLog
+from cleanerd.log.segment import LogSegment
 from cleanerd.log.topic_config import TopicConfig
 from cleanerd.records.header import Compression
 from cleanerd.records.record import RecordHeader
@@ -252,3 +256,32 @@ def test_audit_columns_build_covers_every_field() -> None:
         assert len(getattr(built, f.name)) == 2, f.name
     assert built.hash_hi.dtype == np.uint64
     assert built.tombstone.dtype == np.bool_
+
+
+def test_segment_deleted_by_a_live_broker_after_the_listing_is_read_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Observe mode: a broker deletes the oldest segment (retention) between the
+    partition's listing and the read of its records; the audit lists the partition
+    again and audits what is there, not a FileNotFoundError."""
+    log = LogBuilder(tmp_path / "logs")
+    log.append([(k("a"), b"1")], timestamps=[NOW - 60 * MIN])
+    log.roll()
+    log.append([(k("a"), b"2"), (k("a"), b"3")], timestamps=[NOW - 30 * MIN] * 2)
+    plog = open_log(log)
+    read = audit_module.read_audit_columns
+    calls: list[int] = []
+
+    def broker_deletes_first(segments: Sequence[LogSegment], **kw: Any) -> AuditColumns:
+        if not calls:
+            for path in segments[0].paths:
+                path.unlink(missing_ok=True)
+        calls.append(len(segments))
+        return read(segments, **kw)
+
+    monkeypatch.setattr(audit_module, "read_audit_columns", broker_deletes_first)
+    audit = audit_partition(plog, topic(), now_ms=NOW, slack_ms=0)
+    assert calls == [2, 1]
+    assert audit.error is None
+    assert audit.result is not None
+    assert (audit.result.records, audit.result.superseded) == (2, 1)

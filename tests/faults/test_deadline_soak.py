@@ -42,9 +42,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import json
-import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -52,7 +50,6 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -66,8 +63,9 @@ from cleanerd.log.files import TopicPartition
 from cleanerd.log.partition_log import PartitionLog
 from cleanerd.maintenance.cycle import wall_clock_ms
 from tests.builders import kv
-from tests.faults.workload import records_on_disk, wait_for
+from tests.faults.workload import Daemon, records_on_disk, wait_for
 from tests.paths import REPO
+from tests.tools import free_port
 
 L_MS = 3_000
 BACKOFF_MS = 500
@@ -107,72 +105,6 @@ with open(acks, "a") as out:
         time.sleep(0.02)
 print(json.dumps({"rounds": n, "worst_append_wait_ms": worst}), flush=True)
 """
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@dataclass
-class Daemon:
-    """A `cleanerd run` process in a session of its own, its JSON log lines collected."""
-
-    proc: subprocess.Popen[str]
-    events: list[dict[str, Any]] = field(default_factory=list)
-    reader: threading.Thread | None = None
-
-    @classmethod
-    def start(cls, config: Path) -> Daemon:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "cleanerd", "run", "-c", str(config)],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            cwd=REPO,
-            start_new_session=True,
-        )
-        daemon = cls(proc)
-        daemon.reader = threading.Thread(target=daemon._read, daemon=True)
-        daemon.reader.start()
-        wait_for(lambda: daemon.saw("startup.done"), 60, "the daemon's startup")
-        return daemon
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            with contextlib.suppress(ValueError):
-                self.events.append(json.loads(line))
-
-    def saw(self, event: str) -> bool:
-        return any(e.get("event") == event for e in list(self.events))
-
-    def kill(self) -> None:
-        """SIGKILL the daemon alone (its workers die with it: `engine.lifeline`)."""
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(self.proc.pid, signal.SIGKILL)
-        self.proc.wait()
-
-    def reap(self) -> None:
-        """Kill whatever of the daemon's session still runs; close its output."""
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        self.proc.wait()
-        if self.reader is not None:
-            self.reader.join(timeout=10)
-        if self.proc.stdout is not None:
-            self.proc.stdout.close()
-
-    def cycle_starts_and_lengths(self) -> list[tuple[int, int]]:
-        """(start ms, duration ms) of each finished cycle, from its `cycle.done` line."""
-        out = []
-        for e in list(self.events):
-            if e.get("event") == "cycle.done":
-                end = int(datetime.fromisoformat(e["timestamp"]).timestamp() * 1000)
-                length = int(e["duration_s"] * 1000)
-                out.append((end - length, length))
-        return out
 
 
 @contextlib.contextmanager
@@ -313,7 +245,7 @@ def test_deadline_soak_with_sighup_kill_and_a_held_dir(tmp_path: Path) -> None:
     a.mkdir()
     b.mkdir()
     latest = _setup(a, b, state)
-    port = _free_port()
+    port = free_port()
     cfg_path = tmp_path / "cleanerd.yaml"
     _write_config(cfg_path, a, b, state, port)
     acks_a, acks_b = tmp_path / "acks-a", tmp_path / "acks-b"

@@ -41,9 +41,9 @@ def mount(*args: str) -> None:
 
 
 @contextlib.contextmanager
-def read_only_bind(path: Path) -> Iterator[None]:
-    """`path` as a read-only bind mount of itself for the block."""
-    mount("--bind", str(path), str(path))
+def read_only_bind(path: Path, source: Path | None = None) -> Iterator[None]:
+    """`path` as a read-only bind mount of `source` (default: of itself) for the block."""
+    mount("--bind", str(path if source is None else source), str(path))
     try:
         mount("-o", "remount,bind,ro", str(path))
         yield

@@ -16,10 +16,12 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import warnings
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +30,7 @@ import yaml
 from cleanerd.log.checkpoint import CLEANER_OFFSET_CHECKPOINT, OffsetCheckpointFile
 from cleanerd.log.files import TopicPartition, parse_topic_partition
 from cleanerd.log.partition_log import LogConfig, PartitionLog
+from tests.paths import REPO
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore", DeprecationWarning)
@@ -206,3 +209,66 @@ def wait_for(condition: Any, timeout_s: float, what: str) -> None:
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
         time.sleep(0.02)
+
+
+@dataclass
+class Daemon:
+    """A `cleanerd run` process in a session of its own, its JSON log lines collected."""
+
+    proc: subprocess.Popen[str]
+    events: list[dict[str, Any]] = field(default_factory=list)
+    lines: list[str] = field(default_factory=list)
+    """Every line of its output, JSON or not (a traceback is not)."""
+    reader: threading.Thread | None = None
+
+    @classmethod
+    def start(cls, config: Path) -> Daemon:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "cleanerd", "run", "-c", str(config)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            cwd=REPO,
+            start_new_session=True,
+        )
+        daemon = cls(proc)
+        daemon.reader = threading.Thread(target=daemon._read, daemon=True)
+        daemon.reader.start()
+        wait_for(lambda: daemon.saw("startup.done"), 60, "the daemon's startup")
+        return daemon
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.append(line)
+            with contextlib.suppress(ValueError):
+                self.events.append(json.loads(line))
+
+    def saw(self, event: str) -> bool:
+        return any(e.get("event") == event for e in list(self.events))
+
+    def kill(self) -> None:
+        """SIGKILL the daemon alone (its workers die with it: `engine.lifeline`)."""
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()
+
+    def reap(self) -> None:
+        """Kill whatever of the daemon's session still runs; close its output."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()
+        if self.reader is not None:
+            self.reader.join(timeout=10)
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+
+    def cycle_starts_and_lengths(self) -> list[tuple[int, int]]:
+        """(start ms, duration ms) of each finished cycle, from its `cycle.done` line."""
+        out = []
+        for e in list(self.events):
+            if e.get("event") == "cycle.done":
+                end = int(datetime.fromisoformat(e["timestamp"]).timestamp() * 1000)
+                length = int(e["duration_s"] * 1000)
+                out.append((end - length, length))
+        return out

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -142,6 +143,31 @@ def test_preallocated_zero_tail_is_ignored(tmp_path: Path) -> None:
     assert index.last_entry == OffsetPosition(1, 70)
     index.flush_entries()
     assert path.stat().st_size == 8
+
+
+def test_preallocated_index_trimmed_while_read_loads_its_entries(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A live broker trims an active segment's preallocated time index when it rolls
+    it, maybe while an observer reads it: the read then ends part-way into the zero
+    tail, at a size that is no whole number of entries. The real entries load."""
+    path = tmp_path / "x.timeindex"
+    entries = [(1_000 + i, i) for i in range(3)]
+    content = b"".join(t.to_bytes(8, "big") + o.to_bytes(4, "big") for t, o in entries)
+    path.write_bytes(content + bytes(12 * 20_000))
+    read_bytes = Path.read_bytes
+
+    def trimmed_mid_read(self: Path) -> bytes:
+        raw = read_bytes(self)
+        if self == path:
+            os.truncate(path, len(content))  # the broker's trim, during the read
+            return raw[:131_072]  # 131072 = 12 x 10922 + 8
+        return raw
+
+    monkeypatch.setattr(Path, "read_bytes", trimmed_mid_read)
+    index = TimeIndex.load(path, 0)
+    assert index.entries == 3
+    assert index.last_entry == TimestampOffset(1_002, 2)
 
 
 def test_single_zero_time_entry_is_real(tmp_path: Path) -> None:

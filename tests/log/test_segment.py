@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from cleanerd.errors import CorruptRecordError
+from cleanerd.errors import CorruptIndexError, CorruptRecordError, FileChangedError
 from cleanerd.log.index import IndexPastLogError, OffsetIndex, TimeIndex
 from cleanerd.log.segment import LogSegment
 from cleanerd.records.record import Record
@@ -224,3 +224,31 @@ def test_read_only_segment_refuses_writes(tmp_path: Path) -> None:
     data = encode_records([Record(0, 0, b"k", b"v")], 2)
     with pytest.raises(PermissionError, match="read-only"):
         seg.append(data, list(scan_batches(data)))
+
+
+def test_read_only_segment_replaced_while_read_is_a_changed_file(tmp_path: Path) -> None:
+    """Observe mode beside a live broker: a segment listed, then replaced by another
+    file under the same name (a cleaned segment renamed over it, here an empty one)
+    raises FileChangedError, which the observer skips for the round, not a ValueError
+    from mapping the new file."""
+    write_segment(tmp_path, 0, _batches(3))
+    seg = LogSegment(tmp_path, 0, read_only=True)
+    swap = tmp_path / "swap"
+    swap.write_bytes(b"")
+    swap.rename(seg.log_path)
+    with pytest.raises(FileChangedError, match=r"changed while read: .* now another file"):
+        seg.meta()
+
+
+def test_growing_segment_whose_last_index_entry_points_at_a_torn_batch(tmp_path: Path) -> None:
+    """An index entry that points at bytes holding no whole batch (a read-only active
+    segment whose index was read from another version of the file) is a
+    CorruptIndexError naming the index, not an IndexError."""
+    batches = _batches(6)
+    write_segment(tmp_path, 0, batches, index_interval_bytes=1)
+    with open(tmp_path / "00000000000000000000.log", "r+b") as f:
+        f.truncate(sum(map(len, batches)) - 10)  # the last batch, indexed, now torn
+    seg = LogSegment(tmp_path, 0, read_only=True)
+    seg.growing = True
+    with pytest.raises(CorruptIndexError, match="points to no whole batch"):
+        seg.meta()

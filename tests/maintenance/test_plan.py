@@ -12,13 +12,14 @@ import pytest
 import yaml
 
 from cleanerd.cli import main
-from cleanerd.config import BrokerConfig
+from cleanerd.config import BrokerConfig, Config
 from cleanerd.log.files import TopicPartition
 from cleanerd.log.log_dir import LogDir
 from cleanerd.log.meta import PartitionMeta, SegmentMeta
 from cleanerd.log.roll import SegmentAge
+from cleanerd.log.segment import LogSegment
 from cleanerd.log.topic_config import TopicConfig
-from cleanerd.maintenance.plan import PlanInput, plan_cycle, plan_partition
+from cleanerd.maintenance.plan import PlanInput, gather, plan_cycle, plan_partition
 from cleanerd.retention.disk_usage import DeviceUsage
 from tests.builders import build_log, kv
 
@@ -243,3 +244,36 @@ def test_plan_json_lists_what_clean_then_does_under_the_same_names(
     assert [c["topic"] + "-" + str(c["partition"]) for c in done["cleaned"]] == planned[
         "cleaning_order"
     ]
+
+
+def test_segment_deleted_by_a_live_broker_while_read_is_read_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`plan` beside a live broker: the oldest segment is deleted (retention) just as it
+    is read; the partition is listed and read again, no error, the segment is gone from
+    the plan's input."""
+    logs, state = tmp_path / "logs", tmp_path / "state"
+    tp = TopicPartition("users", 0)
+    build_log(
+        logs,
+        [[[kv("a", "1")]], [[kv("a", "2")]], [[kv("b", "1")]]],
+        state_dir=state,
+        tp=tp,
+    )
+    cfg = Config.model_validate({"log.dirs": [str(logs)], "state_dir": str(state)})
+    read = LogSegment.meta
+    deleted: list[int] = []
+
+    def broker_deletes_oldest(segment: LogSegment) -> SegmentMeta:
+        if not deleted and segment.base_offset == 0:
+            deleted.append(segment.base_offset)
+            for path in segment.paths:
+                path.unlink(missing_ok=True)
+        return read(segment)
+
+    monkeypatch.setattr(LogSegment, "meta", broker_deletes_oldest)
+    gathered = gather(cfg, now_ms=T0)
+    assert deleted == [0]
+    assert gathered.errors == []
+    (only,) = gathered.inputs
+    assert [s.base_offset for s in only.meta.segments] == [1, 2]

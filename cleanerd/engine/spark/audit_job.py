@@ -56,6 +56,7 @@ from cleanerd.engine.spark.specs import (
     AuditReport,
     AuditSpec,
     record_error,
+    record_progress,
     recorded_errors,
     stage_columns,
 )
@@ -221,10 +222,18 @@ def _decode(
     spec: AuditSpec, tasks: Sequence[AuditTask], groups: Sequence[Sequence[int]]
 ) -> Callable[[Columns], Iterator[Columns]]:
     def decode(i: int) -> Columns:
-        return audit_rows(tasks[i], map_file(Path(tasks[i].path)))
+        raw = map_file(Path(tasks[i].path))
+        rows = audit_rows(tasks[i], raw)
+        record_progress(spec.staging, tasks[i].part, tasks[i].seg, len(raw))
+        return rows
 
     def failed(i: int, exc: BaseException) -> None:
         record_error(spec.staging, tasks[i].part, tasks[i].seg, exc)
+        try:
+            size = Path(tasks[i].path).stat().st_size
+        except OSError:
+            size = 0
+        record_progress(spec.staging, tasks[i].part, tasks[i].seg, size)
 
     return decode_groups(groups, decode, failed)
 

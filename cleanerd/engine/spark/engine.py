@@ -54,7 +54,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
@@ -85,6 +85,7 @@ from cleanerd.engine.spark.specs import (
     PassOutcome,
     PassSpec,
     load_columns,
+    progress_marks,
     recorded_errors,
 )
 from cleanerd.engine.spark.tasks import AUDIT_JOB, CLEAN_JOB, python_path_env
@@ -107,6 +108,7 @@ BATCH_WINDOW_S: Final = 0.2
 MAX_PASSES_PER_JOB: Final = 64
 KILL_GRACE_S: Final = 10.0
 LOG_TAIL_LINES: Final = 20
+PROGRESS_POLL_S: Final = 0.5
 
 
 class SparkUnavailable(CleanerdError):
@@ -575,9 +577,12 @@ def audit_on_spark(
     settings: SparkSettings,
     staging: Path,
     runner: JobRunner | None = None,
+    on_progress: Callable[[int, int], None] | None = None,
 ) -> list[PartitionAudit]:
     """Audit `partitions` in an audit job process (or with `runner`); the reports in
-    order, as `audit.audit_partition` gives them."""
+    order, as `audit.audit_partition` gives them. While the job runs, `on_progress`
+    gets every `PROGRESS_POLL_S` the segments and bytes the executors finished since
+    the last call (zeros too: the caller's sign of life while Spark starts)."""
     staging.mkdir(parents=True, exist_ok=True)
     spec = AuditSpec(
         partitions=tuple(partitions),
@@ -590,5 +595,26 @@ def audit_on_spark(
         conf=dict(settings.conf),
     )
     spec.write(staging / SPEC)
-    (runner or launch_job)(staging / SPEC, staging, threading.Event(), module=AUDIT_JOB)
+    done = threading.Event()
+    counted: set[str] = set()
+
+    def report() -> None:
+        marks = progress_marks(staging)
+        new = marks.keys() - counted
+        counted.update(new)
+        if on_progress is not None:
+            on_progress(len(new), sum(marks[name] for name in new))
+
+    def watch() -> None:
+        while not done.wait(PROGRESS_POLL_S):
+            report()
+
+    watcher = threading.Thread(target=watch, name="spark-audit-progress", daemon=True)
+    watcher.start()
+    try:
+        (runner or launch_job)(staging / SPEC, staging, threading.Event(), module=AUDIT_JOB)
+    finally:
+        done.set()
+        watcher.join()
+    report()
     return list(AuditReport.read(staging / REPORT).audits)

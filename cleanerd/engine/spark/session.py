@@ -32,8 +32,16 @@ ArrowFunction: TypeAlias = Callable[[Iterator[pa.RecordBatch]], Iterator[pa.Reco
 
 
 def spark_session(master: str, conf: Mapping[str, str], app: str) -> SparkSession:
-    """A session on `master` with cleanerd's defaults (no UI, Arrow on) under `conf`."""
-    os.environ.update(python_path_env())
+    """A session on `master` with cleanerd's defaults (no UI, Arrow on) under `conf`.
+
+    On a cluster, executors start their Python workers with the interpreter this
+    process names (`PYSPARK_PYTHON`, `tasks.python_path_env`) but not with this
+    process's environment: the driver's `PYTHONPATH` does not reach them.
+    `spark.executorEnv.PYTHONPATH` carries it, so executors that see this cleanerd at
+    the same path (the same host, a shared mount) import this very code, not whatever
+    version their interpreter has installed; paths they lack are ignored by Python."""
+    env = python_path_env()
+    os.environ.update(env)
     builder = (
         SparkSession.builder.master(master)
         .appName(app)
@@ -41,6 +49,7 @@ def spark_session(master: str, conf: Mapping[str, str], app: str) -> SparkSessio
         .config("spark.sql.execution.arrow.pyspark.enabled", "true")
         .config("spark.python.worker.reuse", "true")
         .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.executorEnv.PYTHONPATH", env["PYTHONPATH"])
     )
     for key, value in conf.items():
         builder = builder.config(key, value)

@@ -12,6 +12,10 @@ exits; the engine reads them once the job has ended, then removes the dir. Files
     errors/<group>-<seg>.txt   why segment <seg> of pass or partition <group> could not be
                                decoded (the first of a group is the group's error)
     pass-<i>/<base>.superseded the clean job's own bitmaps (`clean_job`)
+    progress/<group>-<seg>-<bytes>
+                               empty: segment <seg> of partition <group>, of <bytes>
+                               bytes, was decoded (or found unreadable) by an executor;
+                               the caller counts them while the job runs (progress)
 
 The JSON documents are these pydantic dataclasses as pydantic serializes them (tuples as
 lists, paths as strings, header names as hex), validated when read back, so a value read
@@ -252,3 +256,25 @@ def recorded_errors(staging: Path) -> dict[int, str]:
         for path in sorted(errors.iterdir()):
             found.setdefault(int(path.name.split("-")[0]), path.read_text())
     return found
+
+
+# ---------------------------------------------------------------------------------------
+# Progress: the segments executors are done with
+
+
+def record_progress(staging: Path, group: int, segment: int, size: int) -> None:
+    """Mark segment `segment` (of `size` bytes) of pass or partition `group` as decoded.
+    One empty file per segment: a retried Spark task marks the same name again, and a
+    reader lists the dir without reading any file."""
+    done = staging / "progress"
+    done.mkdir(parents=True, exist_ok=True)
+    (done / f"{group:08d}-{segment:020d}-{size}").touch()
+
+
+def progress_marks(staging: Path) -> dict[str, int]:
+    """The segments marked so far: mark name -> its bytes."""
+    try:
+        names = [entry.name for entry in (staging / "progress").iterdir()]
+    except FileNotFoundError:
+        return {}
+    return {name: int(name.rsplit("-", 1)[1]) for name in names}

@@ -40,12 +40,15 @@ Columns: TypeAlias = Mapping[str, NDArray[Any]]
 
 
 def python_path_env() -> dict[str, str]:
-    """Environment for a job process and Spark's Python workers: this interpreter, and
-    cleanerd importable even when it is not installed (a source checkout)."""
+    """Environment for a job process and Spark's Python workers: the driver runs this
+    interpreter; executors run `PYSPARK_PYTHON` when cleanerd's environment sets it (an
+    interpreter path that exists on the executors, with cleanerd's dependencies), else
+    this interpreter's path; and cleanerd is importable even when it is not installed
+    (a source checkout)."""
     root = str(Path(cleanerd.__file__).resolve().parent.parent)
     paths = [root, *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
     return {
-        "PYSPARK_PYTHON": sys.executable,
+        "PYSPARK_PYTHON": os.environ.get("PYSPARK_PYTHON") or sys.executable,
         "PYSPARK_DRIVER_PYTHON": sys.executable,
         "PYTHONPATH": os.pathsep.join(dict.fromkeys(paths)),
     }

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import random
+import re
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -18,8 +20,14 @@ from cleanerd.compaction.strategy import resolve_strategy
 from cleanerd.engine.base import AuditJob
 from cleanerd.engine.spark import engine as spark_engine
 from cleanerd.engine.spark.audit_job import audit_rows, audit_tasks, columns_of
-from cleanerd.engine.spark.engine import audit_columns_on_spark
-from cleanerd.engine.spark.specs import AuditPartition, AuditSpec
+from cleanerd.engine.spark.engine import SparkSettings, audit_columns_on_spark, audit_on_spark
+from cleanerd.engine.spark.specs import (
+    REPORT,
+    AuditPartition,
+    AuditReport,
+    AuditSpec,
+    record_progress,
+)
 from cleanerd.log.files import TopicPartition, log_file
 from cleanerd.log.segment import LogSegment
 from cleanerd.log.segment_reader import map_file
@@ -153,3 +161,60 @@ def test_submit_audit_columns_match_local(spark: Any, tmp_path: Path) -> None:
     )
     for name in expected.__dataclass_fields__:
         assert np.array_equal(getattr(got, name), getattr(expected, name)), name
+
+
+def test_audit_on_spark_reports_progress_while_the_job_runs(tmp_path: Path) -> None:
+    """`audit_on_spark` hands its caller the segments and bytes the executors marked
+    done while the job still runs (the job here waits until the caller has seen its
+    first marks), then the rest once it has ended; each segment counted once."""
+    seen: list[tuple[int, int]] = []
+    first_seen = threading.Event()
+
+    def on_progress(segments: int, size: int) -> None:
+        seen.append((segments, size))
+        if segments:
+            first_seen.set()
+
+    def job(spec_path: Path, staging: Path, kill: threading.Event, *, module: str = "") -> None:
+        record_progress(staging, 0, 0, 100)
+        record_progress(staging, 0, 1, 50)
+        assert first_seen.wait(60), "no progress while the job ran"
+        record_progress(staging, 0, 1, 50)  # a retried task marks its segment again
+        record_progress(staging, 1, 0, 7)
+        AuditReport((), 0).write(staging / REPORT)
+
+    audits = audit_on_spark(
+        [],
+        now_ms=NOW,
+        slack_ms=0,
+        max_listed=1,
+        parquet=None,
+        settings=SparkSettings(),
+        staging=tmp_path / "staging",
+        runner=job,
+        on_progress=on_progress,
+    )
+    assert audits == []
+    assert sum(s for s, _ in seen) == 3
+    assert sum(b for _, b in seen) == 157
+    assert seen.index(next(x for x in seen if x[0])) < len(seen) - 1  # before the end
+
+
+@pytest.mark.spark
+def test_spark_audit_command_shows_progress(
+    spark: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`cleanerd audit --engine spark` writes the progress line the local audit writes,
+    counting every segment the executors decoded (the corrupt one included)."""
+    monkeypatch.setattr(spark_engine, "launch_job", in_process_runner(spark))
+    cfg = fleet(tmp_path)
+    main(["audit", "-c", str(cfg), "--now-ms", str(NOW), "--json"])
+    local = capsys.readouterr().err.strip().splitlines()[-1]
+    main(["audit", "-c", str(cfg), "--now-ms", str(NOW), "--json", "--engine", "spark"])
+    on_spark = capsys.readouterr().err.strip().splitlines()[-1]
+    done = re.compile(r"^audit +100\.0% (\d+)/\1 segments (\S+ \S+)/\2 .* done in ")
+    local_done, spark_done = done.match(local), done.match(on_spark)
+    assert local_done is not None, local
+    assert spark_done is not None, on_spark
+    assert spark_done.groups() == local_done.groups()
+    assert int(local_done[1]) > 6
