@@ -15,7 +15,7 @@ idle segment cleanable and one cleaning pass over a partition of a few GiB at th
 measured throughput (`bench/clean.py`); set it explicitly for larger partitions or
 slower disks.
 
-`--engine spark` runs the scan on Spark (`engine.spark_audit`: one task per segment, a
+`--engine spark` runs the scan on Spark (`engine/spark/audit_job.py`: one task per segment, a
 shuffle by partition, the same pure `audit_columns` core, so the report is the same,
 record for record) in a job process, for fleets of log dirs; `--parquet PATH` (any Hadoop
 filesystem URI) also writes the report as a Parquet table there. Without `--engine` the
@@ -171,7 +171,7 @@ def audit_log_dirs_on_spark(
     parquet: str | None,
     progress: Progress | None = None,
 ) -> AuditRun:
-    """`audit_log_dirs` with the scan on Spark (`engine.spark_audit`), in a job process;
+    """`audit_log_dirs` with the scan on Spark (`engine/spark/audit_job.py`), in a job process;
     `progress` counts the segments as the executors finish them."""
     from cleanerd.engine.spark.engine import SparkSettings, audit_on_spark, check_spark_available
     from cleanerd.engine.spark.specs import audit_partition_spec

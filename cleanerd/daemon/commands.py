@@ -33,9 +33,9 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 from pydantic_core import ErrorDetails, PydanticCustomError
 
 from cleanerd.errors import CleanerdError
+from cleanerd.records.header import INT32_MAX
 
 MAX_PAYLOAD_BYTES: Final = 4096
-INT_MAX: Final = 2**31 - 1
 _TOPIC_NAME: Final = re.compile(r"[a-zA-Z0-9._-]{1,249}")
 _REQUEST_ID: Final = re.compile(r"[a-zA-Z0-9._-]{1,64}")
 _SHOWN_NAME_CHARS: Final = 64
@@ -83,7 +83,7 @@ class CleanCommand(_Command):
 
     name: ClassVar[str] = "clean"
     topic: TopicName
-    partition: int = Field(ge=0, le=INT_MAX)
+    partition: int = Field(ge=0, le=INT32_MAX)
 
 
 class PauseCommand(_Command):
