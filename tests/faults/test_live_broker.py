@@ -16,7 +16,10 @@ What must hold:
 - the delay gauges agree with `cleanerd plan --json --now-ms T` run afterwards: the
   gauge was computed at most one refresh period R (refresh interval + a tick) before
   T, and the stand-in's dirty records no longer change, so per partition and for the
-  dir, 0 <= plan's overdue_ms - gauge <= R.
+  dir, 0 <= plan's overdue_ms - gauge <= R;
+- and with what `cleanerd audit --json --now-ms T` finds on disk: the oldest superseded
+  record's age past the max lag is at most the gauge + R (the gauge never reads less
+  than what is really overdue).
 
 Variant (root): the daemon reads the dir through a read-only bind mount of it
 (`mode: observe`, as the systemd unit for this case has it).
@@ -218,6 +221,27 @@ def observe_live_broker(tmp_path: Path, data: Path, seen_as: Path, **extra: Any)
         timeout=120,
     )
 
+    audit = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "cleanerd",
+            "audit",
+            "-c",
+            str(config),
+            "--json",
+            "--slack-ms",
+            "0",
+            "--now-ms",
+            str(scraped_ms),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        check=False,
+        timeout=120,
+    )
+
     text = "".join(daemon.lines)
     assert "Traceback" not in text, text[-5000:]
     bad = [
@@ -260,10 +284,27 @@ def observe_live_broker(tmp_path: Path, data: Path, seen_as: Path, **extra: Any)
     dir_gauge_ms = final[("cleanerd_max_compaction_delay_seconds", (("log_dir", log_dir),))] * 1000
     assert max(planned.values()) > 0
     assert 0 <= max(planned.values()) - dir_gauge_ms <= refresh_ms
+    # What `audit` finds on disk at the same instant: the oldest superseded record's age
+    # past the max lag. The gauge, computed at most R earlier from the oldest dirty
+    # record (never younger than the oldest superseded one), is within R of it or above.
+    assert audit.returncode in (0, 1), audit.stdout + audit.stderr
+    audited = {
+        f"{a['topic']}-{a['partition']}": max(0, (a["oldest_superseded_age_ms"] or 0) - MAX_LAG_MS)
+        for a in json.loads(audit.stdout)["partitions"]
+        if a["error"] is None and a["topic"] == "t"
+    }
+    assert audited.keys() == planned.keys()
+    for name, overdue_ms in audited.items():
+        topic, _, partition = name.rpartition("-")
+        labels = (("log_dir", log_dir), ("partition", partition), ("topic", topic))
+        gauge_ms = final[("cleanerd_partition_compaction_delay_seconds", labels)] * 1000
+        assert gauge_ms >= overdue_ms - refresh_ms, (name, overdue_ms, gauge_ms)
+    assert dir_gauge_ms >= max(audited.values()) - refresh_ms
     print(
         f"cycles while the stand-in wrote: {during}, scrapes {len(scraper.scrapes)}, "
         f"partitions skipped for a round: {skipped}, files it changed: {len(journaled)}, "
-        f"plan overdue ms {planned}, dir gauge ms {dir_gauge_ms:.0f}"
+        f"plan overdue ms {planned}, audit overdue ms {audited}, "
+        f"dir gauge ms {dir_gauge_ms:.0f}"
     )
 
 
