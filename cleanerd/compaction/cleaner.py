@@ -71,19 +71,14 @@ from cleanerd.compaction.batch_retention import (
     NO_HORIZON,
     BatchDecisions,
     WriteAction,
-    check_batch_retention,
+    decide_batches,
     keep_records,
     plan_batch_writes,
 )
 from cleanerd.compaction.grouping import group_segments_by_size
 from cleanerd.compaction.keyhash import hash_record_keys
 from cleanerd.compaction.offset_map import OffsetMap
-from cleanerd.compaction.producers import (
-    LastRecord,
-    ProducerBatch,
-    is_last_batch_of_producer,
-    last_records_of_active_producers,
-)
+from cleanerd.compaction.producers import ActiveProducers, ProducerColumns, active_producers
 from cleanerd.compaction.stats import CleanerStats, StatsAccumulator
 from cleanerd.compaction.strategy import CompactionStrategy, ResolvedStrategy, segment_versions
 from cleanerd.compaction.swap import (
@@ -118,10 +113,18 @@ from cleanerd.log.segment_reader import (
     segment_upper,
 )
 from cleanerd.log.txnindex import AbortedTxn
-from cleanerd.records.batch import decode_batch, empty_batch_of, encode_batch, encode_empty_batch
-from cleanerd.records.columns import SEGMENT_ROW, SIDE, SegmentColumns, segment_columns
+from cleanerd.records.batch import empty_batch_of, encode_batch, encode_empty_batch
+from cleanerd.records.columns import (
+    SEGMENT_ROW,
+    SIDE,
+    SegmentColumns,
+    _be_i16,
+    _be_i32,
+    _be_i64,
+    segment_columns,
+)
 from cleanerd.records.compression import compress
-from cleanerd.records.control import control_type, control_types
+from cleanerd.records.control import control_types, control_types_at
 from cleanerd.records.header import (
     ATTRIBUTES_OFFSET,
     BASE_OFFSET_OFFSET,
@@ -391,37 +394,64 @@ def _record_columns(
     return k
 
 
+_HEAD_COLUMNS: Final = 8  # position, size, pid, epoch, last offset, max ts, attrs, count
+
+
 @jit
-def _batch_positions(buf: NDArray[np.uint8], out: NDArray[np.int64]) -> int:
-    """Positions of the v2 batches in `buf` (legacy entries are stepped over; the walk
-    stops at the first incomplete entry); returns how many."""
+def _producer_headers(buf: NDArray[np.uint8]) -> NDArray[np.int64]:
+    """One row per v2 batch of `buf` with a producer id (legacy entries are stepped over;
+    the walk stops at the first incomplete entry): position, size, producer id and
+    epoch, last offset, max timestamp, attributes, record count."""
+    rows = np.empty((64, _HEAD_COLUMNS), np.int64)
     n = 0
     p = 0
     end = buf.shape[0]
     while end - p >= PREFIX_SIZE:
-        at = p + LENGTH_OFFSET
-        size = LOG_OVERHEAD + (
-            (int(buf[at]) << 24)
-            | (int(buf[at + 1]) << 16)
-            | (int(buf[at + 2]) << 8)
-            | int(buf[at + 3])
-        )
+        size = LOG_OVERHEAD + int(_be_i32(buf, p + LENGTH_OFFSET))
         if size < LEGACY_V0_MIN_SIZE or size > end - p:  # below every format's minimum
             break
         if buf[p + MAGIC_OFFSET] == 2 and size >= RECORD_BATCH_OVERHEAD:
-            out[n] = p
-            n += 1
+            pid = _be_i64(buf, p + PRODUCER_ID_OFFSET)
+            if pid >= 0:
+                if n == rows.shape[0]:
+                    grown = np.empty((2 * n, _HEAD_COLUMNS), np.int64)
+                    grown[:n] = rows
+                    rows = grown
+                rows[n, 0] = p
+                rows[n, 1] = size
+                rows[n, 2] = pid
+                rows[n, 3] = _be_i16(buf, p + PRODUCER_EPOCH_OFFSET)
+                base = _be_i64(buf, p + BASE_OFFSET_OFFSET)
+                rows[n, 4] = base + _be_i32(buf, p + LAST_OFFSET_DELTA_OFFSET)
+                rows[n, 5] = _be_i64(buf, p + MAX_TIMESTAMP_OFFSET)
+                rows[n, 6] = _be_i16(buf, p + ATTRIBUTES_OFFSET)
+                rows[n, 7] = _be_i32(buf, p + RECORDS_COUNT_OFFSET)
+                n += 1
         p += size
-    return n
+    return rows[:n]
 
 
-def _field(
-    buf: NDArray[np.uint8], pos: NDArray[np.int64], at: int, dtype: str
-) -> NDArray[np.int64]:
-    """The big-endian header field at byte `at` of each batch at `pos`, as int64."""
-    width = np.dtype(dtype).itemsize
-    raw = buf[pos[:, None] + np.arange(at, at + width)]
-    return np.ascontiguousarray(raw).view(dtype).reshape(-1).astype(np.int64)
+def _producer_columns(raw: Buffer) -> ProducerColumns:
+    """The producer columns of the batches of one segment with a producer id."""
+    heads = _producer_headers(np.frombuffer(raw, dtype=np.uint8))
+    attributes = heads[:, 6]
+    is_control = (attributes & CONTROL_MASK) != 0
+    types = np.zeros(heads.shape[0], np.int64)
+    if is_control.any():
+        rows = np.flatnonzero(is_control)
+        types[rows] = control_types_at(
+            raw,
+            *(np.ascontiguousarray(heads[rows, k]) for k in (0, 1, 6, 7)),
+        )
+    return ProducerColumns(
+        producer_id=np.ascontiguousarray(heads[:, 2]),
+        producer_epoch=np.ascontiguousarray(heads[:, 3]),
+        last_offset=np.ascontiguousarray(heads[:, 4]),
+        max_timestamp=np.ascontiguousarray(heads[:, 5]),
+        is_transactional=(attributes & TRANSACTIONAL_MASK) != 0,
+        is_control=is_control,
+        control_type=types,
+    )
 
 
 # ---------------------------------------------------------------------------------------
@@ -655,8 +685,11 @@ def _empty_header(c: _Columns, i: int) -> bytes:
     )
 
 
-def _horizon(attributes: int, base_timestamp: int) -> int:
-    return base_timestamp if attributes & DELETE_HORIZON_MASK else NO_HORIZON
+def _horizons(c: _Columns) -> NDArray[np.int64]:
+    """Per batch: its delete horizon (its base timestamp when it has one) or NO_HORIZON."""
+    flag = (c.sc.attributes & DELETE_HORIZON_MASK) != 0
+    horizons: NDArray[np.int64] = np.where(flag, c.sc.base_timestamp, NO_HORIZON)
+    return horizons
 
 
 @dataclass(slots=True)
@@ -679,7 +712,7 @@ class _Pass:
     cached_bytes: int = 0
     verified: set[int] = field(default_factory=set)
     """Base offsets of the segments whose CRCs this pass has checked."""
-    last_records: dict[int, LastRecord] = field(default_factory=dict)
+    producers: ActiveProducers = field(default_factory=lambda: ActiveProducers.of({}))
     oracle: RetentionOracle | None = None
     put_slots: dict[int, tuple[NDArray[np.int64], NDArray[np.int64]]] = field(default_factory=dict)
     """For `_MapOracle`: the map slots of the records put from each cached segment."""
@@ -782,7 +815,7 @@ class Cleaner:
             p.legacy_delete_horizon_ms = (
                 clean_section[-1].last_modified_ms - p.config.delete_retention_ms
             )
-        p.last_records = self._producer_state(p)
+        p.producers = self._producer_state(p)
         if oracle is None:
             if self.offset_map is None:
                 raise ValueError("a cleaner without an offset map needs a retention oracle")
@@ -889,53 +922,19 @@ class Cleaner:
             p.cached_bytes += c.memory_bytes
         return c
 
-    def _producer_state(self, p: _Pass) -> dict[int, LastRecord]:
-        batches: list[ProducerBatch] = []
+    def _producer_state(self, p: _Pass) -> ActiveProducers:
+        parts: list[ProducerColumns] = []
         for seg in p.segments:
             raw = map_segment(
                 log_file(p.dir_path, seg.base_offset), seg, active=seg is p.segments[-1]
             )
             if seg.base_offset < p.first_uncleanable:
                 p.mapped[seg.base_offset] = raw
-            buf = np.frombuffer(raw, dtype=np.uint8)
-            pos = np.empty(len(buf) // RECORD_BATCH_OVERHEAD + 1, dtype=np.int64)
-            pos = pos[: _batch_positions(buf, pos)]
-            pos = pos[_field(buf, pos, PRODUCER_ID_OFFSET, ">i8") >= 0]
-            if not pos.size:
-                continue
-            last_offsets = _field(buf, pos, BASE_OFFSET_OFFSET, ">i8") + _field(
-                buf, pos, LAST_OFFSET_DELTA_OFFSET, ">i4"
-            )
-            fields = zip(
-                pos.tolist(),
-                _field(buf, pos, PRODUCER_ID_OFFSET, ">i8").tolist(),
-                _field(buf, pos, PRODUCER_EPOCH_OFFSET, ">i2").tolist(),
-                last_offsets.tolist(),
-                _field(buf, pos, MAX_TIMESTAMP_OFFSET, ">i8").tolist(),
-                _field(buf, pos, ATTRIBUTES_OFFSET, ">i2").tolist(),
-                _field(buf, pos, RECORDS_COUNT_OFFSET, ">i4").tolist(),
-                strict=True,
-            )
-            for position, pid, epoch, last, max_ts, attributes, count in fields:
-                is_control = bool(attributes & CONTROL_MASK)
-                kind = None
-                if is_control and count:
-                    kind = int(
-                        control_type(decode_batch(raw, position, verify_crc=False).records[0])
-                    )
-                batches.append(
-                    ProducerBatch(
-                        producer_id=pid,
-                        producer_epoch=epoch,
-                        last_offset=last,
-                        max_timestamp=max_ts,
-                        is_transactional=bool(attributes & TRANSACTIONAL_MASK),
-                        is_control=is_control,
-                        control_type=kind,
-                    )
-                )
-        return last_records_of_active_producers(
-            batches, now_ms=p.now_ms, expiration_ms=p.config.producer_id_expiration_ms
+            parts.append(_producer_columns(raw))
+        return active_producers(
+            ProducerColumns.concat(parts),
+            now_ms=p.now_ms,
+            expiration_ms=p.config.producer_id_expiration_ms,
         )
 
     # -- map build ----------------------------------------------------------------------
@@ -1098,9 +1097,7 @@ class Cleaner:
         kept, kept_tombstone, kept_bytes = _kept_per_batch(
             c.batch_of, keep, c.sc.value_len, c.sc.record_size, c.batches
         )
-        horizons = np.where(
-            (c.sc.attributes & DELETE_HORIZON_MASK) != 0, c.sc.base_timestamp, NO_HORIZON
-        )
+        horizons = _horizons(c)
         actions, new_horizons = plan_batch_writes(
             decisions,
             kept=kept,
@@ -1118,42 +1115,34 @@ class Cleaner:
     def _batch_decisions(
         self, p: _Pass, c: _Columns, tracker: TransactionTracker
     ) -> BatchDecisions:
-        """Batch-level outcomes. Batches without producer id, transaction or control flag
-        get rule 2 or DELETE_EMPTY at once; the others go through the tracker and the
-        producer state in order (see `_mappable_batches` on skipping the tracker)."""
+        """Batch-level outcomes, over the whole segment at once; only transactional and
+        control batches go through the tracker (see `_mappable_batches` on skipping it
+        for the others)."""
+        sc = c.sc
         lasts = c.last_offsets()
-        decisions = BatchDecisions.plain(lasts + 1, p.first_uncleanable)
-        flagged = (c.sc.attributes & (CONTROL_MASK | TRANSACTIONAL_MASK)) != 0
-        special = np.flatnonzero(flagged | (c.sc.producer_id >= 0))
-        if not special.size:
-            return decisions
-        types = control_types(c.sc)
-        for i in special.tolist():
-            pid, last, attributes = int(c.sc.producer_id[i]), int(lasts[i]), c.attributes(i)
-            is_control = bool(attributes & CONTROL_MASK)
-            if is_control:
-                discardable = tracker.on_control_batch(pid, types[i], last)
-            else:
-                txn = bool(attributes & TRANSACTIONAL_MASK)
-                discardable = tracker.on_data_batch(pid, txn, last)
-            is_last = pid >= 0 and is_last_batch_of_producer(
-                p.last_records,
-                producer_id=pid,
-                producer_epoch=int(c.sc.producer_epoch[i]),
-                last_offset=last,
-                is_control=is_control,
-            )
-            decision = check_batch_retention(
-                is_control=is_control,
-                is_last_of_producer=is_last,
-                next_offset=last + 1,
-                upper_bound_offset=p.first_uncleanable,
-                discardable=discardable,
-                delete_horizon_ms=_horizon(attributes, int(c.sc.base_timestamp[i])),
-                now_ms=p.now_ms,
-            )
-            decisions.set(i, decision)
-        return decisions
+        is_control = (sc.attributes & CONTROL_MASK) != 0
+        discardable = np.zeros(c.batches, np.bool_)
+        flagged = np.flatnonzero(sc.attributes & (CONTROL_MASK | TRANSACTIONAL_MASK))
+        if flagged.size:
+            types = control_types(sc)
+            for i in flagged.tolist():
+                pid, last = int(sc.producer_id[i]), int(lasts[i])
+                if is_control[i]:
+                    discardable[i] = tracker.on_control_batch(pid, types[i], last)
+                else:
+                    discardable[i] = tracker.on_data_batch(pid, True, last)
+        is_last = p.producers.last_batch_mask(
+            sc.producer_id, sc.producer_epoch.astype(np.int64), lasts, is_control
+        )
+        return decide_batches(
+            is_control=is_control,
+            is_last_of_producer=is_last & (sc.producer_id >= 0),
+            next_offset=lasts + 1,
+            upper_bound_offset=p.first_uncleanable,
+            discardable=discardable,
+            delete_horizon_ms=_horizons(c),
+            now_ms=p.now_ms,
+        )
 
     def _keep_mask(
         self, p: _Pass, c: _Columns, seg: SegmentMeta, decisions: BatchDecisions
@@ -1169,9 +1158,7 @@ class Cleaner:
                 survives = verdict
             else:
                 survives[keyed] = verdict
-        horizons = np.where(
-            (c.sc.attributes & DELETE_HORIZON_MASK) != 0, c.sc.base_timestamp, NO_HORIZON
-        )
+        horizons = _horizons(c)
         retain_deletes = (horizons == NO_HORIZON) | (p.now_ms < horizons)
         # Legacy (magic 0/1) tombstones have no horizon: Kafka keeps them while their
         # segment is newer than the legacy delete horizon.
