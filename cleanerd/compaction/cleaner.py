@@ -124,7 +124,7 @@ from cleanerd.records.columns import (
     segment_columns,
 )
 from cleanerd.records.compression import compress
-from cleanerd.records.control import control_types, control_types_at
+from cleanerd.records.control import control_type_column, control_types_at
 from cleanerd.records.header import (
     ATTRIBUTES_OFFSET,
     BASE_OFFSET_OFFSET,
@@ -685,6 +685,26 @@ def _empty_header(c: _Columns, i: int) -> bytes:
     )
 
 
+def _track_flagged(
+    c: _Columns, tracker: TransactionTracker
+) -> tuple[NDArray[np.int64], NDArray[np.bool_]]:
+    """The transactional and control batches of `c`, and the tracker's verdict on each
+    (whether it may be discarded), in one tracker call."""
+    attributes = c.sc.attributes
+    flagged = np.flatnonzero(attributes & (CONTROL_MASK | TRANSACTIONAL_MASK))
+    if not flagged.size:
+        return flagged, np.zeros(0, np.bool_)
+    is_control = (attributes[flagged] & CONTROL_MASK) != 0
+    verdicts = tracker.on_batches(
+        producer_id=c.sc.producer_id[flagged],
+        is_control=is_control,
+        is_transactional=np.ones(flagged.size, np.bool_),
+        control_type=control_type_column(c.sc)[flagged],
+        last_offset=c.last_offsets()[flagged],
+    )
+    return flagged, verdicts
+
+
 def _horizons(c: _Columns) -> NDArray[np.int64]:
     """Per batch: its delete horizon (its base timestamp when it has one) or NO_HORIZON."""
     flag = (c.sc.attributes & DELETE_HORIZON_MASK) != 0
@@ -1009,17 +1029,8 @@ class Cleaner:
         Only transactional and control batches need the tracker; the tracker consumes
         aborted-transaction entries by offset, so skipping the others changes nothing."""
         mappable: NDArray[np.bool_] = np.asarray((c.sc.attributes & CONTROL_MASK) == 0)
-        flagged = np.flatnonzero(c.sc.attributes & (CONTROL_MASK | TRANSACTIONAL_MASK))
-        if not flagged.size:
-            return mappable
-        types = control_types(c.sc)
-        lasts = c.last_offsets()
-        for i in flagged.tolist():
-            pid, last = int(c.sc.producer_id[i]), int(lasts[i])
-            if c.attributes(i) & CONTROL_MASK:
-                tracker.on_control_batch(pid, types[i], last)
-            else:
-                mappable[i] = not tracker.on_data_batch(pid, True, last)
+        flagged, discardable = _track_flagged(c, tracker)
+        mappable[flagged] &= ~discardable
         return mappable
 
     # -- copy ---------------------------------------------------------------------------
@@ -1122,15 +1133,8 @@ class Cleaner:
         lasts = c.last_offsets()
         is_control = (sc.attributes & CONTROL_MASK) != 0
         discardable = np.zeros(c.batches, np.bool_)
-        flagged = np.flatnonzero(sc.attributes & (CONTROL_MASK | TRANSACTIONAL_MASK))
-        if flagged.size:
-            types = control_types(sc)
-            for i in flagged.tolist():
-                pid, last = int(sc.producer_id[i]), int(lasts[i])
-                if is_control[i]:
-                    discardable[i] = tracker.on_control_batch(pid, types[i], last)
-                else:
-                    discardable[i] = tracker.on_data_batch(pid, True, last)
+        flagged, verdicts = _track_flagged(c, tracker)
+        discardable[flagged] = verdicts
         is_last = p.producers.last_batch_mask(
             sc.producer_id, sc.producer_epoch.astype(np.int64), lasts, is_control
         )

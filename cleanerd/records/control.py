@@ -12,7 +12,7 @@ Value of an ABORT or COMMIT marker (Kafka's EndTransactionMarker)::
     coordinatorEpoch  int32
 
 Types this code does not know are kept as plain ints so they survive a rewrite. The
-key is decoded here only: `control_type` for a decoded `Record`, `control_types` for
+key is decoded here only: `control_type` for a decoded `Record`, `control_type_column` for
 the control batches of a segment decoded into columns (`columns.SegmentColumns`), which
 is how both engines and the audit read them, and `control_types_at` for control batches
 found by a header walk (a compiled kernel reads the key of each well-formed uncompressed
@@ -105,19 +105,31 @@ def control_type(record: Record) -> ControlRecordType | int:
     return _key_type(record.key, f"control record at offset {record.offset}", None)
 
 
-def control_types(sc: SegmentColumns) -> dict[int, ControlRecordType | int | None]:
-    """Batch row -> the type of its control record, for every control batch of the decoded
-    segment `sc`; None for a control batch without a record (a marker the cleaner emptied).
+def control_type_column(sc: SegmentColumns) -> NDArray[np.int64]:
+    """Per batch row of the decoded segment `sc`: the type of a control batch's record,
+    NO_CONTROL_RECORD for a control batch without a record (or a legacy entry); 0 (not to
+    be read) for the other batches. Well-formed markers in the segment's own bytes are
+    read by a kernel, the rest one key at a time.
 
-    One key is read per control batch (they hold a single record and are rare). Raise
-    CorruptRecordError (position = the batch's) if a key is malformed."""
-    out: dict[int, ControlRecordType | int | None] = {}
-    for b in np.flatnonzero(sc.attributes & CONTROL_MASK).tolist():
-        if int(sc.batch_magic[b]) != 2 or int(sc.records_count[b]) == 0:
-            out[b] = None
-            continue
+    Raise CorruptRecordError (position = the batch's) if a key is malformed."""
+    out = np.zeros(sc.num_batches, np.int64)
+    control = np.flatnonzero(sc.attributes & CONTROL_MASK)
+    out[control] = NO_CONTROL_RECORD
+    rows = control[(sc.batch_magic[control] == 2) & (sc.records_count[control] > 0)]
+    types = np.empty(rows.size, np.int64)
+    _control_key_types(
+        sc.segment,
+        sc.batch_position[rows],
+        sc.batch_size[rows],
+        sc.attributes[rows].astype(np.int64),
+        sc.records_count[rows].astype(np.int64),
+        types,
+    )
+    for i in np.flatnonzero(types == _UNREAD).tolist():
+        b = int(rows[i])
         key = sc.key(int(sc.batch_first_record[b]))
-        out[b] = _key_type(key, "control record", int(sc.batch_position[b]))
+        types[i] = int(_key_type(key, "control record", int(sc.batch_position[b])))
+    out[rows] = types
     return out
 
 
