@@ -10,12 +10,14 @@ from numpy.typing import NDArray
 
 from cleanerd.errors import CorruptRecordError
 from cleanerd.records.batch import decode_batch, empty_batch_of, encode_batch
+from cleanerd.records.columns import segment_columns
 from cleanerd.records.control import (
     CONTROL_KEY,
     NO_CONTROL_RECORD,
     ControlRecordType,
     EndTxnMarker,
     control_type,
+    control_type_column,
     control_types_at,
     decode_end_txn_marker,
     encode_end_txn_marker,
@@ -198,3 +200,47 @@ def test_control_types_at_reads_what_control_type_reads(
         assert str(info.value) == error
         return
     assert control_types_at(raw, *args, column("records_count")).tolist() == expected
+
+
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["record", "empty", "data"]),
+            _KEYS,
+            st.sampled_from([Compression.NONE, Compression.NONE, Compression.LZ4]),
+        ),
+        min_size=1,
+        max_size=8,
+    )
+)
+@settings(max_examples=200, deadline=None)
+def test_control_type_column_of_a_decoded_segment(
+    batches: list[tuple[str, bytes | None, Compression]],
+) -> None:
+    """Per batch of a decoded segment: a control batch's key type (NO_CONTROL_RECORD when
+    emptied), 0 for data; a malformed key is corrupt at its batch's position."""
+    parts = []
+    for i, (kind, key, codec) in enumerate(batches):
+        if kind == "data":
+            parts.append(encode_batch([Record(i, 5, key, b"v")], base_offset=i, compression=codec))
+        else:
+            parts.append(_control_batch(kind, key, codec, i))
+    sc = segment_columns(b"".join(parts))
+    expected: list[int] = []
+    bad: int | None = None
+    for i, (kind, key, _) in enumerate(batches):
+        if kind == "data":
+            expected.append(0)
+        elif kind == "empty":
+            expected.append(NO_CONTROL_RECORD)
+        elif key is None or len(key) < 4 or CONTROL_KEY.unpack_from(key)[0] < 0:
+            bad = int(sc.batch_position[i])
+            break
+        else:
+            expected.append(CONTROL_KEY.unpack_from(key)[1])
+    if bad is not None:
+        with pytest.raises(CorruptRecordError, match="control record has") as info:
+            control_type_column(sc)
+        assert info.value.position == bad
+        return
+    assert control_type_column(sc).tolist() == expected
