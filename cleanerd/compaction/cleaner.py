@@ -64,6 +64,7 @@ from cleanerd._jit import jit
 from cleanerd.compaction.assemble import (
     PREBUILT_BATCH,
     PREBUILT_BODY,
+    BatchHeads,
     assemble_chunk,
     rewrite_records,
 )
@@ -494,23 +495,20 @@ def _output_chunks(
     bound[plain] = RECORD_BATCH_OVERHEAD + kept_bytes[plain] + 16 * kept[plain]
     bound[rows] = lengths
     bound[packed] += RECORD_BATCH_OVERHEAD
-    heads = np.stack(
-        [
-            sc.base_offset,
-            sc.partition_leader_epoch,
-            sc.attributes,
-            sc.last_offset_delta,
-            sc.max_timestamp,
-            sc.producer_id,
-            sc.producer_epoch,
-            sc.base_sequence,
-            sc.batch_position,
-            sc.batch_size,
-            sc.batch_first_record,
-            sc.records_count,
-        ],
-        axis=1,
-    ).astype(np.int64)
+    heads: BatchHeads = (
+        sc.base_offset,
+        sc.partition_leader_epoch,
+        sc.attributes,
+        sc.last_offset_delta,
+        sc.max_timestamp,
+        sc.producer_id,
+        sc.producer_epoch,
+        sc.base_sequence,
+        sc.batch_position,
+        sc.batch_size,
+        sc.batch_first_record,
+        sc.records_count,
+    )
     ends = np.cumsum(bound)
     b0 = 0
     while b0 < c.batches:
