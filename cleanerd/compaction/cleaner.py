@@ -3,7 +3,7 @@
 A pass over the dirty range [first_dirty, first_uncleanable):
 
 1. Producer state: every batch header of the log (all segments, the active one too) is
-   walked to find each active producer's last batch (`producers.py`).
+   walked by a kernel to find each active producer's last batch (`producers.py`).
 2. Map build: the records of the dirty range go into the `OffsetMap` in offset order
    (aborted transactional batches and control batches skipped, keyless records never
    put). When the map fills, the round ends at the last record put: `end_offset =
@@ -37,11 +37,12 @@ bound, its records joined into one buffer) and decoded into columns
 (`cleanerd.records.columns`, numba) once per pass where the cache budget allows (the
 dirty segments decoded for the map are reused by the copy; a segment decoded again is not
 CRC-checked again). Keys are hashed once per segment, and the copy reads a dirty segment's keep
-decisions from the map slots its records were put in; keep decisions, the assembly of
-the output and its index arithmetic run over whole segments in numba. Python runs per
-batch only for batches with a producer id, transaction or control flag, to call a codec
-or CRC-32C (C libraries), and for the rare batches written whole (empty headers, legacy
-entries); never per record.
+decisions from the map slots its records were put in; keep decisions, the producer
+state, the transaction tracker, the batch rules, the assembly of the output and its index
+arithmetic run over whole segments in numba, so 1-record batches cost about what the
+same bytes in big batches cost. Python runs per batch only to call a codec or CRC-32C (C
+libraries) on a batch decoded or re-encoded, and for the rare batches written whole
+(empty headers, legacy entries); never per record.
 """
 
 from __future__ import annotations
