@@ -19,7 +19,7 @@ LLVM's memcpy, which a loop over bytes in numba does not become.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeAlias
 
 import numpy as np
 from numba import types
@@ -155,6 +155,23 @@ def _put_be(out: NDArray[np.uint8], p: int, value: int, width: int) -> None:
         out[p + width - 1 - k] = (value >> (8 * k)) & 0xFF
 
 
+BatchHeads: TypeAlias = tuple[
+    NDArray[np.int64],  # base offset
+    NDArray[np.int32],  # partition leader epoch
+    NDArray[np.int16],  # attributes
+    NDArray[np.int32],  # last offset delta
+    NDArray[np.int64],  # max timestamp
+    NDArray[np.int64],  # producer id
+    NDArray[np.int16],  # producer epoch
+    NDArray[np.int32],  # base sequence
+    NDArray[np.int64],  # position in the segment
+    NDArray[np.int64],  # size
+    NDArray[np.int64],  # first record row
+    NDArray[np.int32],  # record count
+]
+"""The columns of a segment's batch table that `assemble_chunk` reads, as they are
+(a tuple of arrays: gathering them into one table costs more than the assembly)."""
+
 PREBUILT_BATCH = 0
 """`prebuilt[i, 3]`: the blob holds batch i whole."""
 PREBUILT_BODY = 1
@@ -169,7 +186,7 @@ def assemble_chunk(
     b0: int,
     b1: int,
     actions: NDArray[np.int64],
-    heads: NDArray[np.int64],
+    heads: BatchHeads,
     horizons: NDArray[np.int64],
     keep: NDArray[np.bool_],
     record_pos: NDArray[np.int64],
@@ -186,9 +203,8 @@ def assemble_chunk(
     timestamp, PREBUILT_BATCH) in `blob`; start -1 for none) from `blob`; the other
     REENCODE batches with the header of their kept records and, as records area, either
     their prebuilt (compressed) body from `blob` (PREBUILT_BODY) or their kept records
-    rewritten here from `buf` (uncompressed v2), the CRC left zero. `heads[i]` = (base
-    offset, leader epoch, attributes, last offset delta, max timestamp, producer id,
-    producer epoch, base sequence, position, size, first record, record count).
+    rewritten here from `buf` (uncompressed v2), the CRC left zero. `heads` are the
+    source batch table's columns (`BatchHeads`).
 
     Returns (bytes written, output batches, batches needing a CRC); `table[n]` = (end,
     base offset, last offset, max timestamp) of output batch n, `crc_rows` the output
@@ -201,16 +217,16 @@ def assemble_chunk(
         action = actions[i]
         if action == 0:  # SKIP
             continue
-        base = heads[i, 0]
-        max_ts = heads[i, 4]
+        base = heads[0][i]
+        max_ts = heads[4][i]
         if prebuilt[i, 3] == PREBUILT_BATCH:
             o = _memcpy(blob, prebuilt[i, 0], out, o, prebuilt[i, 1] - prebuilt[i, 0])
             max_ts = prebuilt[i, 2]
         elif action == 1:  # COPY
-            o = _memcpy(segment, heads[i, 8], out, o, heads[i, 9])
+            o = _memcpy(segment, heads[8][i], out, o, heads[9][i])
         else:  # REENCODE
-            first, count = heads[i, 10], heads[i, 11]
-            attributes = heads[i, 2]
+            first, count = heads[10][i], heads[11][i]
+            attributes = heads[2][i]
             horizon = horizons[i]
             base_ts = horizon
             kept_max = np.int64(-(2**63))
@@ -238,23 +254,23 @@ def assemble_chunk(
                         )
             _put_be(out, o + BASE_OFFSET_OFFSET, base, 8)
             _put_be(out, o + LENGTH_OFFSET, q - o - LOG_OVERHEAD, 4)
-            _put_be(out, o + PARTITION_LEADER_EPOCH_OFFSET, heads[i, 1], 4)
+            _put_be(out, o + PARTITION_LEADER_EPOCH_OFFSET, heads[1][i], 4)
             out[o + MAGIC_OFFSET] = 2
             _put_be(out, o + CRC_OFFSET, 0, 4)
             _put_be(out, o + ATTRIBUTES_OFFSET, attributes, 2)
-            _put_be(out, o + LAST_OFFSET_DELTA_OFFSET, heads[i, 3], 4)
+            _put_be(out, o + LAST_OFFSET_DELTA_OFFSET, heads[3][i], 4)
             _put_be(out, o + BASE_TIMESTAMP_OFFSET, base_ts, 8)
             _put_be(out, o + MAX_TIMESTAMP_OFFSET, max_ts, 8)
-            _put_be(out, o + PRODUCER_ID_OFFSET, heads[i, 5], 8)
-            _put_be(out, o + PRODUCER_EPOCH_OFFSET, heads[i, 6], 2)
-            _put_be(out, o + BASE_SEQUENCE_OFFSET, heads[i, 7], 4)
+            _put_be(out, o + PRODUCER_ID_OFFSET, heads[5][i], 8)
+            _put_be(out, o + PRODUCER_EPOCH_OFFSET, heads[6][i], 2)
+            _put_be(out, o + BASE_SEQUENCE_OFFSET, heads[7][i], 4)
             _put_be(out, o + RECORDS_COUNT_OFFSET, kept, 4)
             o = q
             crc_rows[n_crc] = n
             n_crc += 1
         table[n, 0] = o
         table[n, 1] = base
-        table[n, 2] = base + heads[i, 3]
+        table[n, 2] = base + heads[3][i]
         table[n, 3] = max_ts
         n += 1
     return o, n, n_crc

@@ -73,7 +73,7 @@ from cleanerd.log.segment_reader import join_buffers
 from cleanerd.log.topic_config import TopicConfig
 from cleanerd.log.txnindex import AbortedTxn
 from cleanerd.records.columns import SegmentColumns, segment_columns
-from cleanerd.records.control import control_types
+from cleanerd.records.control import control_type_column
 from cleanerd.records.header import (
     CONTROL_MASK,
     DELETE_HORIZON_MASK,
@@ -306,19 +306,25 @@ def audit_columns(
 
 
 def _aborted_batches(sc: SegmentColumns, tracker: TransactionTracker | None) -> Bools:
-    """Per batch: transactional data of an aborted transaction."""
+    """Per batch: transactional data of an aborted transaction. Only transactional and
+    control batches go to the tracker: it consumes aborted-transaction entries by offset,
+    so skipping the others changes nothing."""
     aborted = np.zeros(sc.num_batches, np.bool_)
     if tracker is None:
         return aborted
     attrs = sc.attributes.astype(np.int64)
-    types = control_types(sc)
-    for b in range(sc.num_batches):
-        pid = int(sc.producer_id[b])
-        last = int(sc.base_offset[b]) + int(sc.last_offset_delta[b])
-        if attrs[b] & CONTROL_MASK:
-            tracker.on_control_batch(pid, types[b], last)
-        else:
-            aborted[b] = tracker.on_data_batch(pid, bool(attrs[b] & TRANSACTIONAL_MASK), last)
+    flagged = np.flatnonzero(attrs & (CONTROL_MASK | TRANSACTIONAL_MASK))
+    if not flagged.size:
+        return aborted
+    is_control = (attrs[flagged] & CONTROL_MASK) != 0
+    discardable = tracker.on_batches(
+        producer_id=sc.producer_id[flagged],
+        is_control=is_control,
+        is_transactional=np.ones(flagged.size, np.bool_),
+        control_type=control_type_column(sc)[flagged],
+        last_offset=(sc.base_offset + sc.last_offset_delta)[flagged],
+    )
+    aborted[flagged] = discardable & ~is_control
     return aborted
 
 

@@ -83,13 +83,16 @@ class BatchDecisions:
     def plain(cls, next_offsets: npt.NDArray[np.int64], upper_bound_offset: int) -> BatchDecisions:
         """The outcome of batches without producer, transaction or control flag: rule 2
         or DELETE_EMPTY (what `check_batch_retention` gives them)."""
-        retention = np.where(
-            next_offsets == upper_bound_offset,
-            BatchRetention.RETAIN_EMPTY,
-            BatchRetention.DELETE_EMPTY,
-        ).astype(np.int8)
         n = next_offsets.shape[0]
-        return cls(retention, np.zeros(n, np.bool_), np.zeros(n, np.bool_))
+        return decide_batches(
+            is_control=np.zeros(n, np.bool_),
+            is_last_of_producer=np.zeros(n, np.bool_),
+            next_offset=next_offsets,
+            upper_bound_offset=upper_bound_offset,
+            discardable=np.zeros(n, np.bool_),
+            delete_horizon_ms=np.full(n, NO_HORIZON, np.int64),
+            now_ms=0,
+        )
 
     def set(self, i: int, d: BatchDecision) -> None:
         """Store the outcome of batch `i`."""
@@ -108,19 +111,42 @@ def check_batch_retention(
     delete_horizon_ms: int,
     now_ms: int,
 ) -> BatchDecision:
-    """Rules 1-4 of the module docstring; `discardable` is the tracker's verdict and
-    `delete_horizon_ms` the batch's horizon or NO_HORIZON."""
-    if is_control:
-        discard = discardable and delete_horizon_ms != NO_HORIZON and delete_horizon_ms <= now_ms
-    else:
-        discard = discardable
-    if is_last_of_producer or next_offset == upper_bound_offset:
-        retention = BatchRetention.RETAIN_EMPTY
-    elif discard:
-        retention = BatchRetention.DELETE
-    else:
-        retention = BatchRetention.DELETE_EMPTY
-    return BatchDecision(retention, discard, is_control and discardable)
+    """Rules 1-4 of the module docstring for one batch (`decide_batches` of one row)."""
+    d = decide_batches(
+        is_control=np.array([is_control]),
+        is_last_of_producer=np.array([is_last_of_producer]),
+        next_offset=np.array([next_offset], np.int64),
+        upper_bound_offset=upper_bound_offset,
+        discardable=np.array([discardable]),
+        delete_horizon_ms=np.array([delete_horizon_ms], np.int64),
+        now_ms=now_ms,
+    )
+    return BatchDecision(
+        BatchRetention(int(d.retention[0])),
+        bool(d.discard_records[0]),
+        bool(d.marker_for_empty_txn[0]),
+    )
+
+
+def decide_batches(
+    *,
+    is_control: npt.NDArray[np.bool_],
+    is_last_of_producer: npt.NDArray[np.bool_],
+    next_offset: npt.NDArray[np.int64],
+    upper_bound_offset: int,
+    discardable: npt.NDArray[np.bool_],
+    delete_horizon_ms: npt.NDArray[np.int64],
+    now_ms: int,
+) -> BatchDecisions:
+    """Rules 1-4 of the module docstring, per batch of a segment: `discardable` is the
+    transaction tracker's verdict and `delete_horizon_ms` the batch's horizon or
+    NO_HORIZON."""
+    passed = (delete_horizon_ms != NO_HORIZON) & (delete_horizon_ms <= now_ms)
+    discard = discardable & (~is_control | passed)
+    retention = np.where(discard, BatchRetention.DELETE, BatchRetention.DELETE_EMPTY)
+    retained = is_last_of_producer | (next_offset == upper_bound_offset)
+    retention[retained] = BatchRetention.RETAIN_EMPTY
+    return BatchDecisions(retention.astype(np.int8), discard, is_control & discardable)
 
 
 def plan_batch_writes(

@@ -3,7 +3,7 @@
 A pass over the dirty range [first_dirty, first_uncleanable):
 
 1. Producer state: every batch header of the log (all segments, the active one too) is
-   walked to find each active producer's last batch (`producers.py`).
+   walked by a kernel to find each active producer's last batch (`producers.py`).
 2. Map build: the records of the dirty range go into the `OffsetMap` in offset order
    (aborted transactional batches and control batches skipped, keyless records never
    put). When the map fills, the round ends at the last record put: `end_offset =
@@ -37,11 +37,12 @@ bound, its records joined into one buffer) and decoded into columns
 (`cleanerd.records.columns`, numba) once per pass where the cache budget allows (the
 dirty segments decoded for the map are reused by the copy; a segment decoded again is not
 CRC-checked again). Keys are hashed once per segment, and the copy reads a dirty segment's keep
-decisions from the map slots its records were put in; keep decisions, the assembly of
-the output and its index arithmetic run over whole segments in numba. Python runs per
-batch only for batches with a producer id, transaction or control flag, to call a codec
-or CRC-32C (C libraries), and for the rare batches written whole (empty headers, legacy
-entries); never per record.
+decisions from the map slots its records were put in; keep decisions, the producer
+state, the transaction tracker, the batch rules, the assembly of the output and its index
+arithmetic run over whole segments in numba, so 1-record batches cost about what the
+same bytes in big batches cost. Python runs per batch only to call a codec or CRC-32C (C
+libraries) on a batch decoded or re-encoded, and for the rare batches written whole
+(empty headers, legacy entries); never per record.
 """
 
 from __future__ import annotations
@@ -64,6 +65,7 @@ from cleanerd._jit import jit
 from cleanerd.compaction.assemble import (
     PREBUILT_BATCH,
     PREBUILT_BODY,
+    BatchHeads,
     assemble_chunk,
     rewrite_records,
 )
@@ -71,19 +73,14 @@ from cleanerd.compaction.batch_retention import (
     NO_HORIZON,
     BatchDecisions,
     WriteAction,
-    check_batch_retention,
+    decide_batches,
     keep_records,
     plan_batch_writes,
 )
 from cleanerd.compaction.grouping import group_segments_by_size
 from cleanerd.compaction.keyhash import hash_record_keys
 from cleanerd.compaction.offset_map import OffsetMap
-from cleanerd.compaction.producers import (
-    LastRecord,
-    ProducerBatch,
-    is_last_batch_of_producer,
-    last_records_of_active_producers,
-)
+from cleanerd.compaction.producers import ActiveProducers, ProducerColumns, active_producers
 from cleanerd.compaction.stats import CleanerStats, StatsAccumulator
 from cleanerd.compaction.strategy import CompactionStrategy, ResolvedStrategy, segment_versions
 from cleanerd.compaction.swap import (
@@ -118,10 +115,18 @@ from cleanerd.log.segment_reader import (
     segment_upper,
 )
 from cleanerd.log.txnindex import AbortedTxn
-from cleanerd.records.batch import decode_batch, empty_batch_of, encode_batch, encode_empty_batch
-from cleanerd.records.columns import SEGMENT_ROW, SIDE, SegmentColumns, segment_columns
+from cleanerd.records.batch import empty_batch_of, encode_batch, encode_empty_batch
+from cleanerd.records.columns import (
+    SEGMENT_ROW,
+    SIDE,
+    SegmentColumns,
+    _be_i16,
+    _be_i32,
+    _be_i64,
+    segment_columns,
+)
 from cleanerd.records.compression import compress
-from cleanerd.records.control import control_type, control_types
+from cleanerd.records.control import control_type_column, control_types_at
 from cleanerd.records.header import (
     ATTRIBUTES_OFFSET,
     BASE_OFFSET_OFFSET,
@@ -391,37 +396,64 @@ def _record_columns(
     return k
 
 
+_HEAD_COLUMNS: Final = 8  # position, size, pid, epoch, last offset, max ts, attrs, count
+
+
 @jit
-def _batch_positions(buf: NDArray[np.uint8], out: NDArray[np.int64]) -> int:
-    """Positions of the v2 batches in `buf` (legacy entries are stepped over; the walk
-    stops at the first incomplete entry); returns how many."""
+def _producer_headers(buf: NDArray[np.uint8]) -> NDArray[np.int64]:
+    """One row per v2 batch of `buf` with a producer id (legacy entries are stepped over;
+    the walk stops at the first incomplete entry): position, size, producer id and
+    epoch, last offset, max timestamp, attributes, record count."""
+    rows = np.empty((64, _HEAD_COLUMNS), np.int64)
     n = 0
     p = 0
     end = buf.shape[0]
     while end - p >= PREFIX_SIZE:
-        at = p + LENGTH_OFFSET
-        size = LOG_OVERHEAD + (
-            (int(buf[at]) << 24)
-            | (int(buf[at + 1]) << 16)
-            | (int(buf[at + 2]) << 8)
-            | int(buf[at + 3])
-        )
+        size = LOG_OVERHEAD + int(_be_i32(buf, p + LENGTH_OFFSET))
         if size < LEGACY_V0_MIN_SIZE or size > end - p:  # below every format's minimum
             break
         if buf[p + MAGIC_OFFSET] == 2 and size >= RECORD_BATCH_OVERHEAD:
-            out[n] = p
-            n += 1
+            pid = _be_i64(buf, p + PRODUCER_ID_OFFSET)
+            if pid >= 0:
+                if n == rows.shape[0]:
+                    grown = np.empty((2 * n, _HEAD_COLUMNS), np.int64)
+                    grown[:n] = rows
+                    rows = grown
+                rows[n, 0] = p
+                rows[n, 1] = size
+                rows[n, 2] = pid
+                rows[n, 3] = _be_i16(buf, p + PRODUCER_EPOCH_OFFSET)
+                base = _be_i64(buf, p + BASE_OFFSET_OFFSET)
+                rows[n, 4] = base + _be_i32(buf, p + LAST_OFFSET_DELTA_OFFSET)
+                rows[n, 5] = _be_i64(buf, p + MAX_TIMESTAMP_OFFSET)
+                rows[n, 6] = _be_i16(buf, p + ATTRIBUTES_OFFSET)
+                rows[n, 7] = _be_i32(buf, p + RECORDS_COUNT_OFFSET)
+                n += 1
         p += size
-    return n
+    return rows[:n]
 
 
-def _field(
-    buf: NDArray[np.uint8], pos: NDArray[np.int64], at: int, dtype: str
-) -> NDArray[np.int64]:
-    """The big-endian header field at byte `at` of each batch at `pos`, as int64."""
-    width = np.dtype(dtype).itemsize
-    raw = buf[pos[:, None] + np.arange(at, at + width)]
-    return np.ascontiguousarray(raw).view(dtype).reshape(-1).astype(np.int64)
+def _producer_columns(raw: Buffer) -> ProducerColumns:
+    """The producer columns of the batches of one segment with a producer id."""
+    heads = _producer_headers(np.frombuffer(raw, dtype=np.uint8))
+    attributes = heads[:, 6]
+    is_control = (attributes & CONTROL_MASK) != 0
+    types = np.zeros(heads.shape[0], np.int64)
+    if is_control.any():
+        rows = np.flatnonzero(is_control)
+        types[rows] = control_types_at(
+            raw,
+            *(np.ascontiguousarray(heads[rows, k]) for k in (0, 1, 6, 7)),
+        )
+    return ProducerColumns(
+        producer_id=np.ascontiguousarray(heads[:, 2]),
+        producer_epoch=np.ascontiguousarray(heads[:, 3]),
+        last_offset=np.ascontiguousarray(heads[:, 4]),
+        max_timestamp=np.ascontiguousarray(heads[:, 5]),
+        is_transactional=(attributes & TRANSACTIONAL_MASK) != 0,
+        is_control=is_control,
+        control_type=types,
+    )
 
 
 # ---------------------------------------------------------------------------------------
@@ -464,23 +496,20 @@ def _output_chunks(
     bound[plain] = RECORD_BATCH_OVERHEAD + kept_bytes[plain] + 16 * kept[plain]
     bound[rows] = lengths
     bound[packed] += RECORD_BATCH_OVERHEAD
-    heads = np.stack(
-        [
-            sc.base_offset,
-            sc.partition_leader_epoch,
-            sc.attributes,
-            sc.last_offset_delta,
-            sc.max_timestamp,
-            sc.producer_id,
-            sc.producer_epoch,
-            sc.base_sequence,
-            sc.batch_position,
-            sc.batch_size,
-            sc.batch_first_record,
-            sc.records_count,
-        ],
-        axis=1,
-    ).astype(np.int64)
+    heads: BatchHeads = (
+        sc.base_offset,
+        sc.partition_leader_epoch,
+        sc.attributes,
+        sc.last_offset_delta,
+        sc.max_timestamp,
+        sc.producer_id,
+        sc.producer_epoch,
+        sc.base_sequence,
+        sc.batch_position,
+        sc.batch_size,
+        sc.batch_first_record,
+        sc.records_count,
+    )
     ends = np.cumsum(bound)
     b0 = 0
     while b0 < c.batches:
@@ -655,8 +684,31 @@ def _empty_header(c: _Columns, i: int) -> bytes:
     )
 
 
-def _horizon(attributes: int, base_timestamp: int) -> int:
-    return base_timestamp if attributes & DELETE_HORIZON_MASK else NO_HORIZON
+def _track_flagged(
+    c: _Columns, tracker: TransactionTracker
+) -> tuple[NDArray[np.int64], NDArray[np.bool_]]:
+    """The transactional and control batches of `c`, and the tracker's verdict on each
+    (whether it may be discarded), in one tracker call."""
+    attributes = c.sc.attributes
+    flagged = np.flatnonzero(attributes & (CONTROL_MASK | TRANSACTIONAL_MASK))
+    if not flagged.size:
+        return flagged, np.zeros(0, np.bool_)
+    is_control = (attributes[flagged] & CONTROL_MASK) != 0
+    verdicts = tracker.on_batches(
+        producer_id=c.sc.producer_id[flagged],
+        is_control=is_control,
+        is_transactional=np.ones(flagged.size, np.bool_),
+        control_type=control_type_column(c.sc)[flagged],
+        last_offset=c.last_offsets()[flagged],
+    )
+    return flagged, verdicts
+
+
+def _horizons(c: _Columns) -> NDArray[np.int64]:
+    """Per batch: its delete horizon (its base timestamp when it has one) or NO_HORIZON."""
+    flag = (c.sc.attributes & DELETE_HORIZON_MASK) != 0
+    horizons: NDArray[np.int64] = np.where(flag, c.sc.base_timestamp, NO_HORIZON)
+    return horizons
 
 
 @dataclass(slots=True)
@@ -679,7 +731,7 @@ class _Pass:
     cached_bytes: int = 0
     verified: set[int] = field(default_factory=set)
     """Base offsets of the segments whose CRCs this pass has checked."""
-    last_records: dict[int, LastRecord] = field(default_factory=dict)
+    producers: ActiveProducers = field(default_factory=lambda: ActiveProducers.of({}))
     oracle: RetentionOracle | None = None
     put_slots: dict[int, tuple[NDArray[np.int64], NDArray[np.int64]]] = field(default_factory=dict)
     """For `_MapOracle`: the map slots of the records put from each cached segment."""
@@ -782,7 +834,7 @@ class Cleaner:
             p.legacy_delete_horizon_ms = (
                 clean_section[-1].last_modified_ms - p.config.delete_retention_ms
             )
-        p.last_records = self._producer_state(p)
+        p.producers = self._producer_state(p)
         if oracle is None:
             if self.offset_map is None:
                 raise ValueError("a cleaner without an offset map needs a retention oracle")
@@ -889,53 +941,19 @@ class Cleaner:
             p.cached_bytes += c.memory_bytes
         return c
 
-    def _producer_state(self, p: _Pass) -> dict[int, LastRecord]:
-        batches: list[ProducerBatch] = []
+    def _producer_state(self, p: _Pass) -> ActiveProducers:
+        parts: list[ProducerColumns] = []
         for seg in p.segments:
             raw = map_segment(
                 log_file(p.dir_path, seg.base_offset), seg, active=seg is p.segments[-1]
             )
             if seg.base_offset < p.first_uncleanable:
                 p.mapped[seg.base_offset] = raw
-            buf = np.frombuffer(raw, dtype=np.uint8)
-            pos = np.empty(len(buf) // RECORD_BATCH_OVERHEAD + 1, dtype=np.int64)
-            pos = pos[: _batch_positions(buf, pos)]
-            pos = pos[_field(buf, pos, PRODUCER_ID_OFFSET, ">i8") >= 0]
-            if not pos.size:
-                continue
-            last_offsets = _field(buf, pos, BASE_OFFSET_OFFSET, ">i8") + _field(
-                buf, pos, LAST_OFFSET_DELTA_OFFSET, ">i4"
-            )
-            fields = zip(
-                pos.tolist(),
-                _field(buf, pos, PRODUCER_ID_OFFSET, ">i8").tolist(),
-                _field(buf, pos, PRODUCER_EPOCH_OFFSET, ">i2").tolist(),
-                last_offsets.tolist(),
-                _field(buf, pos, MAX_TIMESTAMP_OFFSET, ">i8").tolist(),
-                _field(buf, pos, ATTRIBUTES_OFFSET, ">i2").tolist(),
-                _field(buf, pos, RECORDS_COUNT_OFFSET, ">i4").tolist(),
-                strict=True,
-            )
-            for position, pid, epoch, last, max_ts, attributes, count in fields:
-                is_control = bool(attributes & CONTROL_MASK)
-                kind = None
-                if is_control and count:
-                    kind = int(
-                        control_type(decode_batch(raw, position, verify_crc=False).records[0])
-                    )
-                batches.append(
-                    ProducerBatch(
-                        producer_id=pid,
-                        producer_epoch=epoch,
-                        last_offset=last,
-                        max_timestamp=max_ts,
-                        is_transactional=bool(attributes & TRANSACTIONAL_MASK),
-                        is_control=is_control,
-                        control_type=kind,
-                    )
-                )
-        return last_records_of_active_producers(
-            batches, now_ms=p.now_ms, expiration_ms=p.config.producer_id_expiration_ms
+            parts.append(_producer_columns(raw))
+        return active_producers(
+            ProducerColumns.concat(parts),
+            now_ms=p.now_ms,
+            expiration_ms=p.config.producer_id_expiration_ms,
         )
 
     # -- map build ----------------------------------------------------------------------
@@ -1010,17 +1028,8 @@ class Cleaner:
         Only transactional and control batches need the tracker; the tracker consumes
         aborted-transaction entries by offset, so skipping the others changes nothing."""
         mappable: NDArray[np.bool_] = np.asarray((c.sc.attributes & CONTROL_MASK) == 0)
-        flagged = np.flatnonzero(c.sc.attributes & (CONTROL_MASK | TRANSACTIONAL_MASK))
-        if not flagged.size:
-            return mappable
-        types = control_types(c.sc)
-        lasts = c.last_offsets()
-        for i in flagged.tolist():
-            pid, last = int(c.sc.producer_id[i]), int(lasts[i])
-            if c.attributes(i) & CONTROL_MASK:
-                tracker.on_control_batch(pid, types[i], last)
-            else:
-                mappable[i] = not tracker.on_data_batch(pid, True, last)
+        flagged, discardable = _track_flagged(c, tracker)
+        mappable[flagged] &= ~discardable
         return mappable
 
     # -- copy ---------------------------------------------------------------------------
@@ -1098,9 +1107,7 @@ class Cleaner:
         kept, kept_tombstone, kept_bytes = _kept_per_batch(
             c.batch_of, keep, c.sc.value_len, c.sc.record_size, c.batches
         )
-        horizons = np.where(
-            (c.sc.attributes & DELETE_HORIZON_MASK) != 0, c.sc.base_timestamp, NO_HORIZON
-        )
+        horizons = _horizons(c)
         actions, new_horizons = plan_batch_writes(
             decisions,
             kept=kept,
@@ -1118,42 +1125,27 @@ class Cleaner:
     def _batch_decisions(
         self, p: _Pass, c: _Columns, tracker: TransactionTracker
     ) -> BatchDecisions:
-        """Batch-level outcomes. Batches without producer id, transaction or control flag
-        get rule 2 or DELETE_EMPTY at once; the others go through the tracker and the
-        producer state in order (see `_mappable_batches` on skipping the tracker)."""
+        """Batch-level outcomes, over the whole segment at once; only transactional and
+        control batches go through the tracker (see `_mappable_batches` on skipping it
+        for the others)."""
+        sc = c.sc
         lasts = c.last_offsets()
-        decisions = BatchDecisions.plain(lasts + 1, p.first_uncleanable)
-        flagged = (c.sc.attributes & (CONTROL_MASK | TRANSACTIONAL_MASK)) != 0
-        special = np.flatnonzero(flagged | (c.sc.producer_id >= 0))
-        if not special.size:
-            return decisions
-        types = control_types(c.sc)
-        for i in special.tolist():
-            pid, last, attributes = int(c.sc.producer_id[i]), int(lasts[i]), c.attributes(i)
-            is_control = bool(attributes & CONTROL_MASK)
-            if is_control:
-                discardable = tracker.on_control_batch(pid, types[i], last)
-            else:
-                txn = bool(attributes & TRANSACTIONAL_MASK)
-                discardable = tracker.on_data_batch(pid, txn, last)
-            is_last = pid >= 0 and is_last_batch_of_producer(
-                p.last_records,
-                producer_id=pid,
-                producer_epoch=int(c.sc.producer_epoch[i]),
-                last_offset=last,
-                is_control=is_control,
-            )
-            decision = check_batch_retention(
-                is_control=is_control,
-                is_last_of_producer=is_last,
-                next_offset=last + 1,
-                upper_bound_offset=p.first_uncleanable,
-                discardable=discardable,
-                delete_horizon_ms=_horizon(attributes, int(c.sc.base_timestamp[i])),
-                now_ms=p.now_ms,
-            )
-            decisions.set(i, decision)
-        return decisions
+        is_control = (sc.attributes & CONTROL_MASK) != 0
+        discardable = np.zeros(c.batches, np.bool_)
+        flagged, verdicts = _track_flagged(c, tracker)
+        discardable[flagged] = verdicts
+        is_last = p.producers.last_batch_mask(
+            sc.producer_id, sc.producer_epoch.astype(np.int64), lasts, is_control
+        )
+        return decide_batches(
+            is_control=is_control,
+            is_last_of_producer=is_last & (sc.producer_id >= 0),
+            next_offset=lasts + 1,
+            upper_bound_offset=p.first_uncleanable,
+            discardable=discardable,
+            delete_horizon_ms=_horizons(c),
+            now_ms=p.now_ms,
+        )
 
     def _keep_mask(
         self, p: _Pass, c: _Columns, seg: SegmentMeta, decisions: BatchDecisions
@@ -1169,9 +1161,7 @@ class Cleaner:
                 survives = verdict
             else:
                 survives[keyed] = verdict
-        horizons = np.where(
-            (c.sc.attributes & DELETE_HORIZON_MASK) != 0, c.sc.base_timestamp, NO_HORIZON
-        )
+        horizons = _horizons(c)
         retain_deletes = (horizons == NO_HORIZON) | (p.now_ms < horizons)
         # Legacy (magic 0/1) tombstones have no horizon: Kafka keeps them while their
         # segment is newer than the legacy delete horizon.

@@ -20,14 +20,33 @@ producer.id.expiration.ms`. The cleaner keeps, for every producer that has not e
 the batch holding its last data offset (or, for a producer whose current epoch has only
 markers, its control batches of that epoch) as at least an empty header, so that
 duplicate detection of a retried batch still works after cleaning.
+
+The rules run in one compiled kernel over the header columns of all the log's batches
+with a producer id (`active_producers`): the batches are ordered by producer (stably, so
+each producer's stay in offset order) and each producer's run is folded into its final
+state. The result is columnar (`ActiveProducers`, sorted by producer id) so that the pass
+asks "is this batch its producer's last?" of a whole segment at once; since idempotent
+producers (every Kafka client's default) put a producer id on every batch, one Python
+step per batch here would cost more than the rest of a pass over small batches.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from typing import Final
 
+import numpy as np
+from numpy.typing import NDArray
+
+from cleanerd._jit import jit
 from cleanerd.compaction.transactions import ABORT, COMMIT
+from cleanerd.records.control import NO_CONTROL_RECORD
+
+INT64_MAX: Final = 2**63 - 1
+
+NO_OFFSET: Final = -1
+"""`ActiveProducers.last_data_offset` of a producer with no data in its current epoch."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,37 +71,189 @@ class LastRecord:
     producer_epoch: int
 
 
-@dataclass(slots=True)
-class _Entry:
-    epoch: int
-    last_data_offset: int | None
-    last_timestamp: int
-    txn_open: bool
+@dataclass(frozen=True, slots=True)
+class ProducerColumns:
+    """Header columns of batches with a producer id, in offset order: producer id and
+    epoch, last offset, max timestamp, whether transactional / control, and a control
+    batch's type (`NO_CONTROL_RECORD` for an emptied one; not read for data)."""
 
+    producer_id: NDArray[np.int64]
+    producer_epoch: NDArray[np.int64]
+    last_offset: NDArray[np.int64]
+    max_timestamp: NDArray[np.int64]
+    is_transactional: NDArray[np.bool_]
+    is_control: NDArray[np.bool_]
+    control_type: NDArray[np.int64]
 
-def _apply(entries: dict[int, _Entry], b: ProducerBatch) -> None:
-    entry = entries.get(b.producer_id)
-    if b.is_control:
-        if b.control_type is not None and b.control_type not in (ABORT, COMMIT):
-            return
-        if entry is None:
-            entries[b.producer_id] = _Entry(b.producer_epoch, None, b.max_timestamp, False)
-            return
-        if entry.epoch != b.producer_epoch:
-            entry.last_data_offset = None
-        entry.epoch = b.producer_epoch
-        entry.last_timestamp = b.max_timestamp
-        entry.txn_open = False
-        return
-    if entry is None:
-        entries[b.producer_id] = _Entry(
-            b.producer_epoch, b.last_offset, b.max_timestamp, b.is_transactional
+    @classmethod
+    def of(cls, batches: Iterable[ProducerBatch]) -> ProducerColumns:
+        rows = [
+            (
+                b.producer_id,
+                b.producer_epoch,
+                b.last_offset,
+                b.max_timestamp,
+                b.is_transactional,
+                b.is_control,
+                NO_CONTROL_RECORD if b.control_type is None else b.control_type,
+            )
+            for b in batches
+        ]
+        table = np.array(rows, dtype=np.int64).reshape(-1, 7)
+        column = [np.ascontiguousarray(table[:, k]) for k in range(7)]
+        return cls(
+            column[0],
+            column[1],
+            column[2],
+            column[3],
+            table[:, 4] != 0,
+            table[:, 5] != 0,
+            column[6],
         )
-        return
-    entry.epoch = b.producer_epoch
-    entry.last_data_offset = b.last_offset
-    entry.last_timestamp = b.max_timestamp
-    entry.txn_open = entry.txn_open or b.is_transactional
+
+    @classmethod
+    def concat(cls, parts: list[ProducerColumns]) -> ProducerColumns:
+        if not parts:
+            return cls.of(())
+        return cls(*(np.concatenate([getattr(p, f.name) for p in parts]) for f in fields(cls)))
+
+
+@dataclass(frozen=True, slots=True)
+class ActiveProducers:
+    """The producers that have not expired, sorted by id: each one's current epoch and
+    its last data offset in that epoch (`NO_OFFSET` if none)."""
+
+    producer_id: NDArray[np.int64]
+    producer_epoch: NDArray[np.int64]
+    last_data_offset: NDArray[np.int64]
+
+    def as_dict(self) -> dict[int, LastRecord]:
+        return {
+            pid: LastRecord(None if last == NO_OFFSET else last, epoch)
+            for pid, epoch, last in zip(
+                self.producer_id.tolist(),
+                self.producer_epoch.tolist(),
+                self.last_data_offset.tolist(),
+                strict=True,
+            )
+        }
+
+    @classmethod
+    def of(cls, last_records: dict[int, LastRecord]) -> ActiveProducers:
+        pids = sorted(last_records)
+        return cls(
+            np.array(pids, np.int64),
+            np.array([last_records[p].producer_epoch for p in pids], np.int64),
+            np.array([_or_none(last_records[p].last_data_offset) for p in pids], np.int64),
+        )
+
+    def last_batch_mask(
+        self,
+        producer_id: NDArray[np.int64],
+        producer_epoch: NDArray[np.int64],
+        last_offset: NDArray[np.int64],
+        is_control: NDArray[np.bool_],
+    ) -> NDArray[np.bool_]:
+        """Per batch: whether it is its producer's last record (Kafka's
+        isBatchLastRecordOfProducer): the producer's last data offset where it has one,
+        else any control batch of its current epoch. A batch without producer id, or of
+        an expired producer, is not."""
+        n = self.producer_id.shape[0]
+        at = np.minimum(np.searchsorted(self.producer_id, producer_id), max(n - 1, 0))
+        if not n:
+            return np.zeros(producer_id.shape[0], np.bool_)
+        found = self.producer_id[at] == producer_id
+        last = self.last_data_offset[at]
+        by_data = (last != NO_OFFSET) & (last_offset == last)
+        by_marker = (last == NO_OFFSET) & is_control & (producer_epoch == self.producer_epoch[at])
+        mask: NDArray[np.bool_] = found & (by_data | by_marker)
+        return mask
+
+
+def _or_none(offset: int | None) -> int:
+    return NO_OFFSET if offset is None else offset
+
+
+@jit
+def _fold_producers(
+    order: NDArray[np.int64],
+    producer_id: NDArray[np.int64],
+    producer_epoch: NDArray[np.int64],
+    last_offset: NDArray[np.int64],
+    max_timestamp: NDArray[np.int64],
+    is_transactional: NDArray[np.bool_],
+    is_control: NDArray[np.bool_],
+    control_type: NDArray[np.int64],
+    now_ms: int,
+    expiration_ms: int,
+    out: NDArray[np.int64],
+) -> int:
+    """Fold each producer's batches (`order`: by producer, offset order within) into its
+    final state; `out[k]` = (producer id, epoch, last data offset) of the k-th producer
+    that has not expired. Returns how many."""
+    k = 0
+    i = 0
+    n = order.shape[0]
+    while i < n:
+        pid = producer_id[order[i]]
+        exists = False
+        epoch = np.int64(0)
+        last_data = np.int64(NO_OFFSET)
+        last_ts = np.int64(0)
+        txn_open = False
+        while i < n and producer_id[order[i]] == pid:
+            b = order[i]
+            i += 1
+            if is_control[b]:
+                t = control_type[b]
+                if t != NO_CONTROL_RECORD and t != ABORT and t != COMMIT:
+                    continue
+                if exists and epoch != producer_epoch[b]:
+                    last_data = np.int64(NO_OFFSET)
+                exists = True
+                epoch = producer_epoch[b]
+                last_ts = max_timestamp[b]
+                txn_open = False
+            else:
+                epoch = producer_epoch[b]
+                last_data = last_offset[b]
+                last_ts = max_timestamp[b]
+                txn_open = txn_open or is_transactional[b]
+                exists = True
+        # now - last < expiration, where now - last may not fit in an int64 (a corrupt
+        # timestamp far in the past: then it is long expired); now_ms is a clock, >= 0.
+        recent = last_ts >= now_ms - INT64_MAX and now_ms - last_ts < expiration_ms
+        if exists and (txn_open or recent):
+            out[k, 0] = pid
+            out[k, 1] = epoch
+            out[k, 2] = last_data
+            k += 1
+    return k
+
+
+def active_producers(
+    batches: ProducerColumns, *, now_ms: int, expiration_ms: int
+) -> ActiveProducers:
+    """Every producer that has not expired at `now_ms`, with its last record (see the
+    module docstring). `batches` are the log's batches with a producer id."""
+    order = np.argsort(batches.producer_id, kind="stable").astype(np.int64)
+    out = np.empty((order.shape[0], 3), np.int64)
+    k = int(
+        _fold_producers(
+            order,
+            batches.producer_id,
+            batches.producer_epoch,
+            batches.last_offset,
+            batches.max_timestamp,
+            batches.is_transactional,
+            batches.is_control,
+            batches.control_type,
+            now_ms,
+            expiration_ms,
+            out,
+        )
+    )
+    return ActiveProducers(*(np.ascontiguousarray(out[:k, j]) for j in range(3)))
 
 
 def last_records_of_active_producers(
@@ -93,14 +264,8 @@ def last_records_of_active_producers(
     `batches` are the log's batches in offset order; batches without a producer id must
     not be passed.
     """
-    entries: dict[int, _Entry] = {}
-    for b in batches:
-        _apply(entries, b)
-    return {
-        pid: LastRecord(e.last_data_offset, e.epoch)
-        for pid, e in entries.items()
-        if e.txn_open or now_ms - e.last_timestamp < expiration_ms
-    }
+    columns = ProducerColumns.of(batches)
+    return active_producers(columns, now_ms=now_ms, expiration_ms=expiration_ms).as_dict()
 
 
 def is_last_batch_of_producer(
@@ -112,9 +277,10 @@ def is_last_batch_of_producer(
     is_control: bool,
 ) -> bool:
     """Whether a batch is its producer's last record (Kafka's isBatchLastRecordOfProducer)."""
-    last = last_records.get(producer_id)
-    if last is None:
-        return False
-    if last.last_data_offset is not None:
-        return last_offset == last.last_data_offset
-    return is_control and producer_epoch == last.producer_epoch
+    mask = ActiveProducers.of(last_records).last_batch_mask(
+        np.array([producer_id], np.int64),
+        np.array([producer_epoch], np.int64),
+        np.array([last_offset], np.int64),
+        np.array([is_control], np.bool_),
+    )
+    return bool(mask[0])

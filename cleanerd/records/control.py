@@ -12,9 +12,11 @@ Value of an ABORT or COMMIT marker (Kafka's EndTransactionMarker)::
     coordinatorEpoch  int32
 
 Types this code does not know are kept as plain ints so they survive a rewrite. The
-key is decoded here only: `control_type` for a decoded `Record`, `control_types` for
+key is decoded here only: `control_type` for a decoded `Record`, `control_type_column` for
 the control batches of a segment decoded into columns (`columns.SegmentColumns`), which
-is how both engines and the audit read them.
+is how both engines and the audit read them, and `control_types_at` for control batches
+found by a header walk (a compiled kernel reads the key of each well-formed uncompressed
+marker; anything else is decoded in Python, which raises what `control_type` raises).
 """
 
 from __future__ import annotations
@@ -25,16 +27,24 @@ from dataclasses import dataclass
 from typing import Final
 
 import numpy as np
+from numpy.typing import NDArray
 
+from cleanerd._jit import jit
 from cleanerd.errors import CorruptRecordError
-from cleanerd.records.columns import SegmentColumns
-from cleanerd.records.header import CONTROL_MASK
+from cleanerd.records.batch import decode_batch
+from cleanerd.records.columns import SegmentColumns, _be_i16, _parse_record
+from cleanerd.records.header import COMPRESSION_MASK, CONTROL_MASK, RECORD_BATCH_OVERHEAD, Buffer
 from cleanerd.records.record import Record
 
 CONTROL_KEY: Final = struct.Struct(">hh")
 END_TXN_VALUE: Final = struct.Struct(">hi")
 CONTROL_KEY_VERSION: Final = 0
 END_TXN_MARKER_VERSION: Final = 0
+NO_CONTROL_RECORD: Final = -(1 << 16)
+"""`control_types_at`'s type of a control batch without a record (a marker the cleaner
+emptied); outside int16, so never a real type."""
+_UNREAD: Final = NO_CONTROL_RECORD - 1
+_KEY_SIZE: Final = CONTROL_KEY.size
 
 
 class ControlRecordType(enum.IntEnum):
@@ -95,19 +105,31 @@ def control_type(record: Record) -> ControlRecordType | int:
     return _key_type(record.key, f"control record at offset {record.offset}", None)
 
 
-def control_types(sc: SegmentColumns) -> dict[int, ControlRecordType | int | None]:
-    """Batch row -> the type of its control record, for every control batch of the decoded
-    segment `sc`; None for a control batch without a record (a marker the cleaner emptied).
+def control_type_column(sc: SegmentColumns) -> NDArray[np.int64]:
+    """Per batch row of the decoded segment `sc`: the type of a control batch's record,
+    NO_CONTROL_RECORD for a control batch without a record (or a legacy entry); 0 (not to
+    be read) for the other batches. Well-formed markers in the segment's own bytes are
+    read by a kernel, the rest one key at a time.
 
-    One key is read per control batch (they hold a single record and are rare). Raise
-    CorruptRecordError (position = the batch's) if a key is malformed."""
-    out: dict[int, ControlRecordType | int | None] = {}
-    for b in np.flatnonzero(sc.attributes & CONTROL_MASK).tolist():
-        if int(sc.batch_magic[b]) != 2 or int(sc.records_count[b]) == 0:
-            out[b] = None
-            continue
+    Raise CorruptRecordError (position = the batch's) if a key is malformed."""
+    out = np.zeros(sc.num_batches, np.int64)
+    control = np.flatnonzero(sc.attributes & CONTROL_MASK)
+    out[control] = NO_CONTROL_RECORD
+    rows = control[(sc.batch_magic[control] == 2) & (sc.records_count[control] > 0)]
+    types = np.empty(rows.size, np.int64)
+    _control_key_types(
+        sc.segment,
+        sc.batch_position[rows],
+        sc.batch_size[rows],
+        sc.attributes[rows].astype(np.int64),
+        sc.records_count[rows].astype(np.int64),
+        types,
+    )
+    for i in np.flatnonzero(types == _UNREAD).tolist():
+        b = int(rows[i])
         key = sc.key(int(sc.batch_first_record[b]))
-        out[b] = _key_type(key, "control record", int(sc.batch_position[b]))
+        types[i] = int(_key_type(key, "control record", int(sc.batch_position[b])))
+    out[rows] = types
     return out
 
 
@@ -144,3 +166,49 @@ def encode_end_txn_marker(
         CONTROL_KEY.pack(CONTROL_KEY_VERSION, marker_type),
         END_TXN_VALUE.pack(END_TXN_MARKER_VERSION, coordinator_epoch),
     )
+
+
+@jit
+def _control_key_types(
+    buf: NDArray[np.uint8],
+    position: NDArray[np.int64],
+    size: NDArray[np.int64],
+    attributes: NDArray[np.int64],
+    records_count: NDArray[np.int64],
+    out: NDArray[np.int64],
+) -> None:
+    """The key type of each control batch's record; NO_CONTROL_RECORD for an empty
+    batch, _UNREAD where the batch is compressed or its single record or key is not
+    well formed (left to Python)."""
+    for i in range(position.shape[0]):
+        if records_count[i] == 0:
+            out[i] = NO_CONTROL_RECORD
+            continue
+        out[i] = _UNREAD
+        end = position[i] + size[i]
+        if records_count[i] != 1 or attributes[i] & COMPRESSION_MASK != 0:
+            continue
+        st, _, nxt, _, _, key_pos, key_len, _, _, _, _ = _parse_record(
+            buf, position[i] + RECORD_BATCH_OVERHEAD, end
+        )
+        if st != 0 or nxt != end or key_len < _KEY_SIZE or _be_i16(buf, key_pos) < 0:
+            continue
+        out[i] = _be_i16(buf, key_pos + 2)
+
+
+def control_types_at(
+    raw: Buffer,
+    position: NDArray[np.int64],
+    size: NDArray[np.int64],
+    attributes: NDArray[np.int64],
+    records_count: NDArray[np.int64],
+) -> NDArray[np.int64]:
+    """The type of each control batch at `position` of `raw` (sizes, attributes and
+    record counts from their headers), NO_CONTROL_RECORD for one without a record.
+    Raise CorruptRecordError as `control_type` does if a key is malformed."""
+    out = np.empty(position.shape[0], np.int64)
+    _control_key_types(np.frombuffer(raw, np.uint8), position, size, attributes, records_count, out)
+    for i in np.flatnonzero(out == _UNREAD).tolist():
+        record = decode_batch(raw, int(position[i]), verify_crc=False).records[0]
+        out[i] = int(control_type(record))
+    return out

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from cleanerd.compaction.batch_retention import (
     NO_HORIZON,
@@ -11,6 +13,7 @@ from cleanerd.compaction.batch_retention import (
     BatchRetention,
     WriteAction,
     check_batch_retention,
+    decide_batches,
     keep_records,
     plan_batch_writes,
 )
@@ -166,3 +169,59 @@ def test_a_horizon_that_guards_nothing_is_dropped() -> None:
         WriteAction.COPY,
         2000,
     )
+
+
+def _reference_decision(
+    is_control: bool,
+    is_last: bool,
+    next_offset: int,
+    upper: int,
+    discardable: bool,
+    horizon: int,
+    now_ms: int,
+) -> tuple[BatchRetention, bool, bool]:
+    """Rules 1-4 of the module docstring, written out for one batch."""
+    if is_control:
+        discard = discardable and horizon != NO_HORIZON and horizon <= now_ms
+    else:
+        discard = discardable
+    if is_last or next_offset == upper:
+        retention = BatchRetention.RETAIN_EMPTY
+    elif discard:
+        retention = BatchRetention.DELETE
+    else:
+        retention = BatchRetention.DELETE_EMPTY
+    return retention, discard, is_control and discardable
+
+
+@given(
+    st.lists(
+        st.tuples(
+            st.booleans(),
+            st.booleans(),
+            st.integers(0, 6),
+            st.booleans(),
+            st.sampled_from([NO_HORIZON, 0, 999, 1000, 1001]),
+        ),
+        max_size=30,
+    ),
+    st.integers(0, 6),
+)
+@settings(max_examples=200, deadline=None)
+def test_decide_batches_matches_the_rules(
+    rows: list[tuple[bool, bool, int, bool, int]], upper: int
+) -> None:
+    """The columnar rules give, batch by batch, what the rules give one batch at a time."""
+    d = decide_batches(
+        is_control=np.array([r[0] for r in rows], np.bool_),
+        is_last_of_producer=np.array([r[1] for r in rows], np.bool_),
+        next_offset=np.array([r[2] for r in rows], np.int64),
+        upper_bound_offset=upper,
+        discardable=np.array([r[3] for r in rows], np.bool_),
+        delete_horizon_ms=np.array([r[4] for r in rows], np.int64),
+        now_ms=1000,
+    )
+    for i, (control, last, nxt, discardable, horizon) in enumerate(rows):
+        want = _reference_decision(control, last, nxt, upper, discardable, horizon, 1000)
+        got = (d.retention[i], bool(d.discard_records[i]), bool(d.marker_for_empty_txn[i]))
+        assert got == want

@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from cleanerd.compaction.transactions import (
     ABORT,
     COMMIT,
     TransactionTracker,
 )
 from cleanerd.log.txnindex import AbortedTxn
+from cleanerd.records.control import NO_CONTROL_RECORD
 
 
 def test_aborted_data_is_discardable_and_marker_kept_with_index_entry() -> None:
@@ -71,3 +78,101 @@ def test_empty_control_batch_is_discardable_and_unknown_types_kept() -> None:
     t = TransactionTracker()
     assert t.on_control_batch(1, None, 0) is True
     assert t.on_control_batch(1, 2, 1) is False
+
+
+class _ReferenceTracker:
+    """The module docstring's rules, one batch at a time, in plain Python."""
+
+    def __init__(self) -> None:
+        self.pending: list[AbortedTxn] = []
+        self.seen: set[tuple[int, int]] = set()
+        self.aborted: dict[int, tuple[AbortedTxn, int | None]] = {}
+        self.committed: set[int] = set()
+        self.cleaned: list[AbortedTxn] = []
+
+    def add_aborted(self, entries: list[AbortedTxn]) -> None:
+        for txn in entries:
+            if (txn.producer_id, txn.first_offset) not in self.seen:
+                self.seen.add((txn.producer_id, txn.first_offset))
+                self.pending.append(txn)
+        self.pending.sort()
+
+    def batch(self, pid: int, control: bool, txn: bool, kind: int | None, last: int) -> bool:
+        while self.pending and self.pending[0].first_offset <= last:
+            t = self.pending.pop(0)
+            self.aborted.setdefault(t.producer_id, (t, None))
+        if not control:
+            if not txn:
+                return False
+            if pid in self.aborted:
+                self.aborted[pid] = (self.aborted[pid][0], last)
+                return True
+            self.committed.add(pid)
+            return False
+        if kind is None:
+            return True
+        if kind == ABORT:
+            entry = self.aborted.pop(pid, None)
+            if entry is not None and entry[1] is not None:
+                self.cleaned.append(entry[0])
+                return False
+            return True
+        if kind == COMMIT:
+            if pid in self.committed:
+                self.committed.discard(pid)
+                return False
+            return True
+        return False
+
+
+# A step: ("txns", entries) or ("run", batches), a batch being (pid, control, txn,
+# control type or None, offset gap)
+_TXN = st.builds(
+    lambda pid, first, length: AbortedTxn(first, pid, first + length, first + length + 1),
+    st.integers(0, 3),
+    st.integers(0, 40),
+    st.integers(0, 5),
+)
+_BATCH = st.tuples(
+    st.integers(0, 3),
+    st.booleans(),
+    st.booleans(),
+    st.sampled_from([None, ABORT, COMMIT, 2, 9]),
+    st.integers(0, 3),
+)
+_STEP = st.one_of(
+    st.tuples(st.just("txns"), st.lists(_TXN, max_size=4)),
+    st.tuples(st.just("run"), st.lists(_BATCH, max_size=10)),
+)
+
+
+@given(st.lists(_STEP, max_size=10))
+@settings(max_examples=300, deadline=None)
+def test_runs_of_batches_match_the_rules_batch_by_batch(
+    steps: list[tuple[str, list[Any]]],
+) -> None:
+    """Runs of batches given to the kernel get the verdicts, and leave the `.txnindex`
+    entries, that the rules give one batch at a time; the state carries across runs."""
+    t, ref = TransactionTracker(), _ReferenceTracker()
+    offset = 0
+    for kind, items in steps:
+        if kind == "txns":
+            t.add_aborted(items)
+            ref.add_aborted(items)
+            continue
+        rows = []
+        for pid, control, txn, ctype, gap in items:
+            offset += gap
+            rows.append((pid, control, txn, ctype if control else None, offset))
+        got = t.on_batches(
+            producer_id=np.array([r[0] for r in rows], np.int64),
+            is_control=np.array([r[1] for r in rows], np.bool_),
+            is_transactional=np.array([r[2] for r in rows], np.bool_),
+            control_type=np.array(
+                [NO_CONTROL_RECORD if r[3] is None else r[3] for r in rows], np.int64
+            ),
+            last_offset=np.array([r[4] for r in rows], np.int64),
+        )
+        assert got.tolist() == [ref.batch(*r) for r in rows]
+        assert t.drain_cleaned_index() == ref.cleaned
+        ref.cleaned = []

@@ -92,7 +92,7 @@ from cleanerd.log.segment_reader import (
 )
 from cleanerd.log.txnindex import AbortedTxn
 from cleanerd.records.columns import SegmentColumns, segment_columns
-from cleanerd.records.control import control_types
+from cleanerd.records.control import control_type_column
 from cleanerd.records.header import CONTROL_MASK, TRANSACTIONAL_MASK, Buffer
 
 if TYPE_CHECKING:
@@ -142,20 +142,22 @@ def aborted_batches(sc: SegmentColumns, task: SegmentTask) -> Bools:
     if not task.aborted:
         return aborted
     attrs = sc.attributes.astype(np.int64)
-    lasts = (sc.base_offset + sc.last_offset_delta).tolist()
+    lasts = sc.base_offset + sc.last_offset_delta
     tracker = TransactionTracker()
     tracker.add_aborted(list(task.aborted))
-    markers: set[tuple[int, int]] = set()
-    types = control_types(sc)
-    for b in np.flatnonzero(attrs & (CONTROL_MASK | TRANSACTIONAL_MASK)).tolist():
-        pid, last = int(sc.producer_id[b]), lasts[b]
-        if attrs[b] & CONTROL_MASK:
-            kind = types[b]
-            tracker.on_control_batch(pid, kind, last)
-            if kind == ABORT:
-                markers.add((pid, last))
-        else:
-            aborted[b] = tracker.on_data_batch(pid, True, last)
+    flagged = np.flatnonzero(attrs & (CONTROL_MASK | TRANSACTIONAL_MASK))
+    is_control = (attrs[flagged] & CONTROL_MASK) != 0
+    types = control_type_column(sc)[flagged]
+    discardable = tracker.on_batches(
+        producer_id=sc.producer_id[flagged],
+        is_control=is_control,
+        is_transactional=np.ones(flagged.size, np.bool_),
+        control_type=types,
+        last_offset=lasts[flagged],
+    )
+    aborted[flagged] = discardable & ~is_control
+    abort = flagged[is_control & (types == ABORT)]
+    markers = set(zip(sc.producer_id[abort].tolist(), lasts[abort].tolist(), strict=True))
     for t in task.aborted:
         if (
             task.base <= t.last_offset < task.upper

@@ -1,0 +1,160 @@
+"""Small batches vs big ones: the shapes matrix of one partition's compaction.
+
+For every codec of `--codecs` and every batch size of `--batches` (records per batch), a
+partition of `--records` records with `--value-size`-byte values over `--keys` keys is
+generated (`bench/compaction.py`; `--idempotent` puts a producer id on every batch, as
+Kafka's default producer does), and on fresh copies of it, in turn:
+
+- `whole`: the whole `cleanerd clean` process (`python -m cleanerd clean --engine local`
+  with a config naming the log dir): interpreter start, imports, opening and recovering
+  the dir, planning, the pass, the report. Wall time and the CPU time of the process and
+  its children (the worker pool);
+- `pass`: the pass alone, in-process (`bench/compaction.py`'s `cleanerd`: numba kernels
+  already loaded, the offset map warm, as in a running daemon);
+- `aiokafka`: a plain-Python compaction on aiokafka's C record reader;
+- `copy`: a copy of the same segment bytes, fsynced (the floor).
+
+The references' times are their work alone (in a process already started), so the
+ratios of `whole` against them are conservative. Each method runs `--repeat` times and
+the best counts; MB/s is the segment bytes over the wall time. `whole/aio` is how many
+times faster the whole clean is than the aiokafka compaction (the issue's target: at
+least 10x for 1- and 100-record batches), `whole/copy` how many times slower than the
+copy (target: within 2x for 100-record batches); `pass/aio` and `pass/copy` the same for
+the pass alone. `load` is the 1-minute load average after the row (the machine is
+shared: a row measured under load varies by tens of percent).
+
+    python -m bench.shapes [--records 100000] [--keys N] [--batches 1,10,100,1000]
+                           [--codecs none,lz4,zstd] [--value-size 100] [--repeat 2]
+                           [--idempotent] [--dir DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from bench.compaction import NOW_MS, TOPIC, TOPIC_DIR, generate, measure, sources
+from cleanerd.records.header import Compression
+
+CODECS = {"none": Compression.NONE, "lz4": Compression.LZ4, "zstd": Compression.ZSTD}
+
+
+@dataclass(frozen=True)
+class Timing:
+    seconds: float
+    cpu_s: float
+
+
+def children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def run_whole(template: Path, work: Path) -> Timing:
+    """One `cleanerd clean` process over a fresh copy of the log dir `template`; fails
+    unless it cleaned the partition up to its active segment."""
+    if work.exists():
+        shutil.rmtree(work)
+    logs = work / "logs"
+    shutil.copytree(template, logs)
+    config = work / "cleanerd.yaml"
+    config.write_text(
+        f"log.dirs: [{logs}]\nstate_dir: {work / 'state'}\n"
+        f"topics:\n  {TOPIC}: {{cleanup.policy: compact}}\n"
+    )
+    command = [sys.executable, "-m", "cleanerd", "clean", "-c", str(config), "--json"]
+    command += ["--engine", "local", "--now-ms", str(NOW_MS)]
+    cpu, start = children_cpu(), time.perf_counter()
+    proc = subprocess.run(command, capture_output=True, text=True, check=False)
+    wall, cpu = time.perf_counter() - start, children_cpu() - cpu
+    if proc.returncode != 0:
+        raise SystemExit(f"cleanerd clean failed ({proc.returncode}):\n{proc.stderr[-2000:]}")
+    report = json.loads(proc.stdout)
+    active = sources(logs / TOPIC_DIR)  # the cleaned segments; the active one follows
+    cleaned = [c["end_offset"] for c in report["cleaned"]]
+    if not cleaned or not active:
+        raise SystemExit(f"cleanerd clean did not clean {logs / TOPIC_DIR}: {proc.stdout}")
+    return Timing(wall, cpu)
+
+
+def best(runs: list[Timing]) -> Timing:
+    return min(runs, key=lambda t: t.seconds)
+
+
+def row(codec: str, per_batch: int, args: argparse.Namespace, root: Path) -> dict[str, float | str]:
+    template = root / "template"
+    d = generate(
+        template,
+        value_size=args.value_size,
+        codec=CODECS[codec],
+        records=args.records,
+        keys=args.keys,
+        per_batch=per_batch,
+        idempotent=args.idempotent,
+    )
+    mb = sum(p.stat().st_size for p in sources(d)) / 1e6
+    whole = best([run_whole(template, root / "whole") for _ in range(args.repeat)])
+    results = {
+        method: measure(method, template, root / method, args.repeat)
+        for method in ("cleanerd", "aiokafka", "copy")
+    }
+    shutil.rmtree(root)
+    return {
+        "mb": mb,
+        "whole_s": whole.seconds,
+        "whole_cpu": whole.cpu_s,
+        "pass_s": results["cleanerd"]["seconds"],
+        "aio_s": results["aiokafka"]["seconds"],
+        "copy_s": results["copy"]["seconds"],
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--records", type=int, default=100_000)
+    parser.add_argument("--keys", type=int, default=None, help="default: records / 10")
+    parser.add_argument("--batches", default="1,10,100,1000", help="records per batch")
+    parser.add_argument("--codecs", default="none,lz4,zstd", help=", ".join(CODECS))
+    parser.add_argument("--value-size", type=int, default=100)
+    parser.add_argument("--repeat", type=int, default=2, help="runs per method (best)")
+    parser.add_argument("--idempotent", action="store_true", help="producer ids on batches")
+    parser.add_argument("--dir", default=os.environ.get("BENCH_DIR"), help="scratch dir")
+    args = parser.parse_args()
+    if args.keys is None:
+        args.keys = max(1, args.records // 10)
+    print(
+        f"{args.records:,} records, {args.keys:,} keys, {args.value_size}-byte values"
+        f"{', idempotent producers' if args.idempotent else ''}; best of {args.repeat}; "
+        f"{os.cpu_count()} CPUs"
+    )
+    header = f"{'codec':<5} {'rec/b':>5} {'MB':>6} {'whole s':>7} {'cpu s':>6} {'MB/s':>6} "
+    header += f"{'pass s':>6} {'MB/s':>6} {'aio s':>6} {'MB/s':>6} {'copy s':>6} {'MB/s':>6} "
+    header += f"{'whole/aio':>9} {'whole/copy':>10} {'pass/aio':>8} {'pass/copy':>9} {'load':>5}"
+    print(header)
+    for codec in args.codecs.split(","):
+        for per_batch in (int(b) for b in args.batches.split(",")):
+            with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
+                r = row(codec, per_batch, args, Path(tmp) / "case")
+            mb, whole, pass_s = float(r["mb"]), float(r["whole_s"]), float(r["pass_s"])
+            aio, copy = float(r["aio_s"]), float(r["copy_s"])
+            print(
+                f"{codec:<5} {per_batch:>5} {mb:>6.1f} {whole:>7.2f} {float(r['whole_cpu']):>6.2f} "
+                f"{mb / whole:>6.1f} {pass_s:>6.2f} {mb / pass_s:>6.1f} {aio:>6.2f} "
+                f"{mb / aio:>6.1f} {copy:>6.3f} {mb / copy:>6.0f} {aio / whole:>8.1f}x "
+                f"{whole / copy:>9.1f}x {aio / pass_s:>7.1f}x {pass_s / copy:>8.1f}x "
+                f"{os.getloadavg()[0]:>5.1f}",
+                flush=True,
+            )
+
+
+if __name__ == "__main__":
+    main()
