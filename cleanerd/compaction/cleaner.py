@@ -57,7 +57,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final, Protocol
 
-import crc32c
 import numpy as np
 from numpy.typing import NDArray
 
@@ -120,13 +119,11 @@ from cleanerd.records.columns import (
     SEGMENT_ROW,
     SIDE,
     SegmentColumns,
-    _be_i16,
-    _be_i32,
-    _be_i64,
     segment_columns,
 )
 from cleanerd.records.compression import compress
 from cleanerd.records.control import control_type_column, control_types_at
+from cleanerd.records.crc import crc32c_at
 from cleanerd.records.header import (
     ATTRIBUTES_OFFSET,
     BASE_OFFSET_OFFSET,
@@ -153,6 +150,7 @@ from cleanerd.records.header import (
     TimestampType,
 )
 from cleanerd.records.record import Record
+from cleanerd.records.walker import be_i16, be_i32, be_i64
 
 WRITE_BUFFER_BYTES: Final = 8 * 1024 * 1024
 CACHE_BYTES: Final = 512 * 1024 * 1024  # decoded segments kept from map build to copy
@@ -409,11 +407,11 @@ def _producer_headers(buf: NDArray[np.uint8]) -> NDArray[np.int64]:
     p = 0
     end = buf.shape[0]
     while end - p >= PREFIX_SIZE:
-        size = LOG_OVERHEAD + int(_be_i32(buf, p + LENGTH_OFFSET))
+        size = LOG_OVERHEAD + int(be_i32(buf, p + LENGTH_OFFSET))
         if size < LEGACY_V0_MIN_SIZE or size > end - p:  # below every format's minimum
             break
         if buf[p + MAGIC_OFFSET] == 2 and size >= RECORD_BATCH_OVERHEAD:
-            pid = _be_i64(buf, p + PRODUCER_ID_OFFSET)
+            pid = be_i64(buf, p + PRODUCER_ID_OFFSET)
             if pid >= 0:
                 if n == rows.shape[0]:
                     grown = np.empty((2 * n, _HEAD_COLUMNS), np.int64)
@@ -422,12 +420,12 @@ def _producer_headers(buf: NDArray[np.uint8]) -> NDArray[np.int64]:
                 rows[n, 0] = p
                 rows[n, 1] = size
                 rows[n, 2] = pid
-                rows[n, 3] = _be_i16(buf, p + PRODUCER_EPOCH_OFFSET)
-                base = _be_i64(buf, p + BASE_OFFSET_OFFSET)
-                rows[n, 4] = base + _be_i32(buf, p + LAST_OFFSET_DELTA_OFFSET)
-                rows[n, 5] = _be_i64(buf, p + MAX_TIMESTAMP_OFFSET)
-                rows[n, 6] = _be_i16(buf, p + ATTRIBUTES_OFFSET)
-                rows[n, 7] = _be_i32(buf, p + RECORDS_COUNT_OFFSET)
+                rows[n, 3] = be_i16(buf, p + PRODUCER_EPOCH_OFFSET)
+                base = be_i64(buf, p + BASE_OFFSET_OFFSET)
+                rows[n, 4] = base + be_i32(buf, p + LAST_OFFSET_DELTA_OFFSET)
+                rows[n, 5] = be_i64(buf, p + MAX_TIMESTAMP_OFFSET)
+                rows[n, 6] = be_i16(buf, p + ATTRIBUTES_OFFSET)
+                rows[n, 7] = be_i32(buf, p + RECORDS_COUNT_OFFSET)
                 n += 1
         p += size
     return rows[:n]
@@ -579,13 +577,21 @@ def _fill_crcs(out: NDArray[np.uint8], ends: NDArray[np.int64], rows: NDArray[np
     if not rows.size:
         return
     starts = np.concatenate([[0], ends[:-1]])[rows]
-    view = memoryview(out)  # type: ignore[arg-type]
-    crcs = [
-        crc32c.crc32c(view[a + ATTRIBUTES_OFFSET : b])
-        for a, b in zip(starts.tolist(), ends[rows].tolist(), strict=True)
-    ]
-    packed = np.array(crcs, dtype=">u4").view(np.uint8).reshape(-1, 4)
-    out[starts[:, None] + np.arange(CRC_OFFSET, CRC_OFFSET + 4)] = packed
+    _crc_fill(out, starts, ends[rows])
+
+
+@jit
+def _crc_fill(out: NDArray[np.uint8], starts: NDArray[np.int64], ends: NDArray[np.int64]) -> None:
+    """Write each batch's CRC-32C (of [attributes, end)) into its CRC field, big-endian."""
+    base = out.ctypes.data
+    for i in range(starts.shape[0]):
+        covered = starts[i] + ATTRIBUTES_OFFSET
+        crc = crc32c_at(base + covered, ends[i] - covered)
+        p = starts[i] + CRC_OFFSET
+        out[p] = (crc >> 24) & 0xFF
+        out[p + 1] = (crc >> 16) & 0xFF
+        out[p + 2] = (crc >> 8) & 0xFF
+        out[p + 3] = crc & 0xFF
 
 
 def _compressed_bodies(

@@ -134,7 +134,7 @@ def _varlong(buf: U8, p: Int, end: Int) -> tuple[Int, Int, Int]:
 
 
 @jit
-def _parse_record(
+def parse_record(
     buf: U8, p: Int, area_end: Int
 ) -> tuple[Int, Int, Int, Int, Int, Int, Int, Int, Int, Int, Int]:
     """Decode the record at p. Returns (status, error position, next position, timestamp
@@ -226,7 +226,7 @@ def _area_kernel(
     p = start
     n = 0
     while p < end:
-        st, err, nxt, tsd, ofd, kp, kl, vp, vl, hp, hc = _parse_record(buf, p, end)
+        st, err, nxt, tsd, ofd, kp, kl, vp, vl, hp, hc = parse_record(buf, p, end)
         if st != 0:
             return n, st, err
         if fill:
@@ -273,7 +273,7 @@ def _batches_kernel(
         for _ in range(records_count[row]):
             if p >= end:
                 return 12, p, i
-            st, err, nxt, tsd, ofd, kp, kl, vp, vl, hp, hc = _parse_record(buf, p, end)
+            st, err, nxt, tsd, ofd, kp, kl, vp, vl, hp, hc = parse_record(buf, p, end)
             if st != 0:
                 return st, err, i
             r = out[j]
@@ -753,7 +753,7 @@ def _coordinator_epochs(buf: U8, position: I64, size: I64, out: I32) -> tuple[In
     or -1 when the value is shorter; (status, failing i)."""
     for i in range(position.shape[0]):
         p = position[i] + RECORD_BATCH_OVERHEAD
-        st, _, _, _, _, _, _, vp, vl, _, _ = _parse_record(buf, p, position[i] + size[i])
+        st, _, _, _, _, _, _, vp, vl, _, _ = parse_record(buf, p, position[i] + size[i])
         if st != 0:
             return st, i
         out[i] = be_i32(buf, vp + 2) if vl >= 6 else -1

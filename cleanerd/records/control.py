@@ -32,9 +32,10 @@ from numpy.typing import NDArray
 from cleanerd._jit import jit
 from cleanerd.errors import CorruptRecordError
 from cleanerd.records.batch import decode_batch
-from cleanerd.records.columns import SegmentColumns, _be_i16, _parse_record
+from cleanerd.records.columns import SegmentColumns, parse_record
 from cleanerd.records.header import COMPRESSION_MASK, CONTROL_MASK, RECORD_BATCH_OVERHEAD, Buffer
 from cleanerd.records.record import Record
+from cleanerd.records.walker import be_i16
 
 CONTROL_KEY: Final = struct.Struct(">hh")
 END_TXN_VALUE: Final = struct.Struct(">hi")
@@ -188,12 +189,12 @@ def _control_key_types(
         end = position[i] + size[i]
         if records_count[i] != 1 or attributes[i] & COMPRESSION_MASK != 0:
             continue
-        st, _, nxt, _, _, key_pos, key_len, _, _, _, _ = _parse_record(
+        st, _, nxt, _, _, key_pos, key_len, _, _, _, _ = parse_record(
             buf, position[i] + RECORD_BATCH_OVERHEAD, end
         )
-        if st != 0 or nxt != end or key_len < _KEY_SIZE or _be_i16(buf, key_pos) < 0:
+        if st != 0 or nxt != end or key_len < _KEY_SIZE or be_i16(buf, key_pos) < 0:
             continue
-        out[i] = _be_i16(buf, key_pos + 2)
+        out[i] = be_i16(buf, key_pos + 2)
 
 
 def control_types_at(
