@@ -62,7 +62,7 @@ from cleanerd.compaction.manager import (
 from cleanerd.compaction.strategy import resolve_strategy
 from cleanerd.config import Config
 from cleanerd.engine.base import CleanJob, Engine, WorkerCrashed
-from cleanerd.errors import CleanerdError, FileStepError, LogDirLockedError
+from cleanerd.errors import CleanerdError, FileStepError
 from cleanerd.log.deletions import PendingDeletions
 from cleanerd.log.files import METADATA_TOPIC, TopicPartition
 from cleanerd.log.log_dir import LogDir, Mode
@@ -266,15 +266,6 @@ class Maintenance:
                 self.log_dirs.append(log_dir)
                 if log_dir.mode is Mode.OBSERVE and log_dir.held_by is None:
                     log.info("log_dir.observed", log_dir=str(log_dir.path), reason="mode: observe")
-                if log_dir.held_by is not None and log_dir.held_by.cleanerd:
-                    # Two cleanerd owners of one state dir would each believe they own
-                    # the dir: the second is refused, naming the first.
-                    who = log_dir.held_by.pid
-                    raise LogDirLockedError(
-                        log_dir.path,
-                        f"log dir {log_dir.path} is owned by another cleanerd process "
-                        f"(pid {who}; a running daemon?): not starting a second owner",
-                    )
         except BaseException:
             self.close(unlink_pending=False)
             raise
