@@ -17,7 +17,7 @@ adds its explanations per partition (`partitions`) and the order passes would ru
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -171,7 +171,7 @@ class CycleReport:
                     "end_offset": c.end_offset,
                     "started_ms": c.started_ms,
                     "finished_ms": c.finished_ms,
-                    "stats": asdict(c.stats),
+                    "stats": c.stats.fields(),
                 }
                 for c in self.cleaned
             ],

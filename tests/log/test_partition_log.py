@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import multiprocessing
+from collections.abc import MutableMapping
 from multiprocessing.synchronize import Event
 from pathlib import Path
 from typing import Any
@@ -33,7 +34,7 @@ _CTX = multiprocessing.get_context("spawn")
 SMALL = LogConfig(segment_bytes=1024, index_interval_bytes=128)
 
 
-def rolled_reasons(logs: list[dict[str, Any]]) -> list[str]:
+def rolled_reasons(logs: list[MutableMapping[str, Any]]) -> list[str]:
     """The `reason` of each `segment.rolled` line."""
     return [e["reason"] for e in logs if e["event"] == "segment.rolled"]
 
