@@ -206,6 +206,8 @@ class Daemon:
         self._cycle_requested = False
         self._changed = False
         self.cycle_failures = 0
+        self._idle_cycles = 0
+        """Idle cycles since the last `cycle.done` line at info."""
         self._last_cycle_end_ms: int | None = None
         self._deadlines = Deadlines()
         self._devices: tuple[Device, ...] = ()
@@ -481,18 +483,26 @@ class Daemon:
         self._deadlines = deadlines(report, uncleanable=marked)
         self.reporter.cycle(report, workers=self.config.log_cleaner_threads)
         self._on_delta(outcome.changes, own=touched_partitions(outcome.report))
-        log.info(
-            "cycle.done",
-            trigger=trigger.value,
-            duration_s=round(time.monotonic() - started, 3),
-            partitions=len(self.watcher.snapshot.partitions),
-            rolled=len(report.rolled),
-            deleted=sum(len(o.deletions) for o in report.retention),
-            disk_deleted=0 if report.disk_usage is None else len(report.disk_usage.deletions),
-            cleaned=len(report.cleaned),
-            failed=len(report.failed),
-            aborted=report.aborted,
-        )
+        fields = {
+            "trigger": trigger.value,
+            "duration_s": round(time.monotonic() - started, 3),
+            "partitions": len(self.watcher.snapshot.partitions),
+            "rolled": len(report.rolled),
+            "deleted": sum(len(o.deletions) for o in report.retention),
+            "disk_deleted": 0 if report.disk_usage is None else len(report.disk_usage.deletions),
+            "cleaned": len(report.cleaned),
+            "failed": len(report.failed),
+            "aborted": report.aborted,
+        }
+        if report.idle and self.cycles > 1:
+            # An idle cycle (the watcher's, the safety net's) says nothing new: at debug,
+            # counted on the next line that reports work, so a quiet daemon's log is not
+            # one identical line per interval. The first cycle is always reported.
+            self._idle_cycles += 1
+            log.debug("cycle.done", **fields)
+        else:
+            log.info("cycle.done", **fields, idle_cycles_before=self._idle_cycles)
+            self._idle_cycles = 0
         self._next_metrics = 0.0  # publish the new states at the next tick
 
     def _run_cycle(self, config: Config) -> CycleOutcome:
