@@ -92,6 +92,10 @@ def _daemon(
     return daemon, events
 
 
+def _cycles_above(daemon: Daemon, count: int) -> bool:
+    return daemon.cycles > count
+
+
 def _scrape(daemon: Daemon) -> str:
     address = daemon.exporter.address
     assert address is not None
@@ -320,9 +324,8 @@ async def test_idle_cycles_are_logged_at_debug_and_counted_on_the_next_busy_one(
         async with running(daemon):
             await eventually(lambda: daemon.cycles >= 2, "the startup cycle and its follow-up")
             for n in range(3):
-                done = daemon.cycles
                 daemon.request_cycle()
-                await eventually(lambda d=done: daemon.cycles > d, f"requested cycle {n}")
+                await eventually(partial(_cycles_above, daemon, daemon.cycles), f"cycle {n}")
             idle = [e for e in logs if e["event"] == "cycle.done" and e["log_level"] == "debug"]
             assert len(idle) >= 3
             old = [[[kv(None, "late", timestamp=_now_ms() - 3 * HOUR)]]]
