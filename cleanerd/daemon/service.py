@@ -142,6 +142,8 @@ class Timings:
     """How long shutdown waits for aborted passes (below systemd's TimeoutStopSec=60s)."""
     watch_min_interval_s: float = 2.0
     watch_max_duty: float = 0.005
+    progress_interval_s: float = 5.0
+    """A cycle running longer logs `cycle.progress` this often."""
 
 
 class Daemon:
@@ -314,7 +316,12 @@ class Daemon:
     def _open_maintenance(self) -> Maintenance:
         engine = self._engine_factory(self.config)
         try:
-            return Maintenance(self.config, engine, clock=self.clock_ms)
+            return Maintenance(
+                self.config,
+                engine,
+                clock=self.clock_ms,
+                progress_interval_s=self.timings.progress_interval_s,
+            )
         except BaseException:
             engine.shutdown()
             raise
