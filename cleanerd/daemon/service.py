@@ -101,6 +101,7 @@ from cleanerd.maintenance.cycle import Maintenance, MaintenanceStatus, wall_cloc
 from cleanerd.maintenance.report import CycleReport, made_progress
 from cleanerd.retention.disk import Device, group_devices, is_above, measure
 from cleanerd.retention.disk_usage import DeviceUsage
+from cleanerd.wording import count
 
 log = structlog.get_logger("cleanerd.service")
 
@@ -584,7 +585,7 @@ class Daemon:
         state = "paused" if self.paused else "watching"
         observed = len(self.maintenance.observed_dirs) if self.maintenance is not None else 0
         only = f" ({observed} observed only: nothing is written there)" if observed else ""
-        return f"{state} {dirs} log dir(s){only}, {partitions} partition(s)"
+        return f"{state} {count(dirs, 'log dir')}{only}, {count(partitions, 'partition')}"
 
     # -- commands ---------------------------------------------------------------------------
 

@@ -130,7 +130,7 @@ class TestProduce:
             next(output)
         assert info.value.line_number == 4
         assert str(info.value) == (
-            "line 4: invalid JSON: Expecting value (column 1); the 3 record(s) before it were "
+            "line 4: invalid JSON: Expecting value (column 1); the 3 records before it were "
             "appended (offsets 0..2), nothing from line 4 on"
         )
         assert log.log_end_offset == 3

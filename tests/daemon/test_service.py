@@ -117,7 +117,7 @@ async def test_startup_holds_the_log_dirs_and_sends_ready(
     daemon, _ = _daemon(config_path, notify_socket)
     async with running(daemon) as task:
         ready = await notify_socket.await_for("READY")
-        assert ready["STATUS"] == "watching 1 log dir(s), 2 partition(s)"
+        assert ready["STATUS"] == "watching 1 log dir, 2 partitions"
         assert daemon.state is ServiceState.RUNNING
         assert holds_log_dir_lock(tmp_path / "data")
         assert "cleanerd_build_info" in _scrape(daemon)
