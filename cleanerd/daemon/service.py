@@ -500,6 +500,7 @@ class Daemon:
             "disk_deleted": 0 if report.disk_usage is None else len(report.disk_usage.deletions),
             "cleaned": len(report.cleaned),
             "failed": len(report.failed),
+            "unlinked": len(report.unlinked),
             "aborted": report.aborted,
         }
         if report.idle and self.cycles > 1:
