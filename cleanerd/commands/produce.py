@@ -167,7 +167,8 @@ def parse_record(line: str, *, now_ms: int) -> Record:
     unknown = sorted(set(obj) - _FIELDS)
     if unknown:
         raise _BadLine(
-            f"unknown field(s) {', '.join(unknown)}; known: {', '.join(sorted(_FIELDS))}"
+            f"unknown {'field' if len(unknown) == 1 else 'fields'} {', '.join(unknown)}; "
+            f"known: {', '.join(sorted(_FIELDS))}"
         )
     if "value" not in obj and "value_b64" not in obj:
         raise _BadLine('"value" is missing (use null for a tombstone)')
