@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from aiokafka.record.legacy_records import LegacyRecordBatchBuilder
 from aiokafka.record.memory_records import MemoryRecords
 
 from cleanerd.cli import main
@@ -271,7 +272,10 @@ class TestBatchKinds:
             timestamp_type=TimestampType.LOG_APPEND_TIME,
             max_timestamp=99,
         )
-        printed = objects(write_segment(tmp_path, batch), utf8=True)
+        path = write_segment(tmp_path, batch)
+        for obj, want in zip(objects(path), independent_reading(batch), strict=True):
+            assert {k: obj[k] for k in want} == want
+        printed = objects(path, utf8=True)
         assert (printed[0]["codec"], printed[0]["timestamp_type"]) == (
             codec.name.lower(),
             "LogAppendTime",
@@ -280,6 +284,29 @@ class TestBatchKinds:
             (0, 99, "v" * 100),
             (1, 99, "w"),
         ]
+
+    def test_legacy_message_set(self, tmp_path: Path) -> None:
+        """A magic 1 entry: its CRC checked, its count from the decoded messages, the
+        fields v2 alone has null."""
+        builder = LegacyRecordBatchBuilder(magic=1, compression_type=0, batch_size=1 << 20)
+        meta = builder.append(0, timestamp=1000, key=b"k", value=b"v")
+        data = bytes(builder.build())
+        batch, record = objects(write_segment(tmp_path, data), utf8=True)
+        assert (batch["magic"], batch["crc"], batch["crc_valid"], batch["count"]) == (
+            1,
+            meta.crc,
+            True,
+            1,
+        )
+        assert batch["producer_id"] is None
+        assert batch["base_timestamp"] is None
+        assert (record["offset"], record["timestamp"], record["key"], record["value"]) == (
+            0,
+            1000,
+            "k",
+            "v",
+        )
+        assert record["sequence"] == -1
 
 
 class TestIndexes:
