@@ -192,7 +192,10 @@ def _decode_runs(
                 )
             except CorruptRecordError as e:
                 position = first.position if e.position is None else e.position
-                problems[_batch_at(batches, position)] = e
+                bad = _batch_at(batches, position)
+                # A position outside the run cannot be placed: blame its first batch,
+                # so that every round takes one batch out and the loop ends.
+                problems[bad if bad in run else run[0]] = e
                 break
             out.update((b, (cols, row)) for row, b in enumerate(run))
         else:

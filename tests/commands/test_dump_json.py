@@ -16,7 +16,7 @@ from cleanerd.commands.dump_json import dump_file_json
 from cleanerd.errors import CorruptRecordError
 from cleanerd.records.batch import encode_batch
 from cleanerd.records.control import ControlRecordType, encode_end_txn_marker
-from cleanerd.records.header import Compression, TimestampType
+from cleanerd.records.header import Compression, TimestampType, compute_crc
 from cleanerd.records.record import Record, RecordHeader
 
 SHALLOW = DumpOptions()
@@ -284,6 +284,23 @@ class TestBatchKinds:
             (0, 99, "v" * 100),
             (1, 99, "w"),
         ]
+
+    def test_records_that_do_not_decode_in_a_batch_with_a_good_crc(self, tmp_path: Path) -> None:
+        """A batch whose CRC matches but whose record lengths lie: printed with the
+        decoder's error and no records; the next batch and its records still follow."""
+        bad = bytearray(encode_batch([Record(0, 1, b"k", b"v")], base_offset=0))
+        bad[61] = 0x7E  # the first record's length varint: 63 bytes, past the batch end
+        bad[17:21] = compute_crc(bad).to_bytes(4, "big")
+        good = encode_batch([Record(1, 2, b"k", b"w")], base_offset=1)
+        path = write_segment(tmp_path, bytes(bad), good)
+        listing = dump_file_json(path, DATA, utf8=True)
+        printed = [next(listing) for _ in range(3)]
+        with pytest.raises(CorruptRecordError, match="1 batch is invalid"):
+            next(listing)
+        assert [o["type"] for o in printed] == ["batch", "batch", "record"]
+        assert printed[0]["crc_valid"] is True
+        assert "runs past the end" in printed[0]["error"]
+        assert (printed[2]["offset"], printed[2]["value"]) == (1, "w")
 
     def test_legacy_message_set(self, tmp_path: Path) -> None:
         """A magic 1 entry: its CRC checked, its count from the decoded messages, the
