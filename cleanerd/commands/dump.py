@@ -23,6 +23,9 @@ Output per file, in Kafka's words and order, so the two tools' output can be dif
   `.timeindex`: `timestamp: T offset: O`; `.txnindex`: `version: 0 producerId: P
   firstOffset: F lastOffset: L lastStableOffset: S`.
 
+With `--json`, `dump_json` prints the same files as one JSON object per batch, record or
+index entry instead (its docstring lists the fields), built on the readers here.
+
 Corruption (a bad CRC, a batch or record whose bytes disagree with its lengths, an
 index whose size is not whole entries) ends the file's listing with an exception naming
 the file and the byte position; a batch with a bad CRC still gets its line first, with
