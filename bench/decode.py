@@ -23,12 +23,12 @@ from typing import Any, cast
 
 import numpy as np
 
-from cleanerd.records import columns
+from cleanerd.records import columns, walker
 from cleanerd.records.batch import encode_batch, iter_records
 from cleanerd.records.columns import segment_columns
 from cleanerd.records.header import Compression
 from cleanerd.records.record import Record
-from cleanerd.records.scan import scan_batches
+from cleanerd.records.walker import scan_batches
 
 BATCH_BYTES = 16 * 1024
 VALUE_BYTES = 100
@@ -131,7 +131,7 @@ def main() -> None:
     warm = time.perf_counter()
     segment_columns(data, end=first.size)
     warm_s = time.perf_counter() - warm
-    kernels = [columns._walk_batches, columns._batches_kernel]
+    kernels = [walker._walk_kernel, columns._batches_kernel]
     compiled = sum(len(cast(Any, k).stats.cache_misses) for k in kernels)
 
     readers: list[tuple[str, Callable[[bytes], int]]] = [

@@ -1,18 +1,22 @@
-"""Idle cost: the daemon's CPU while it watches many partitions that nothing writes to.
+"""Start-up and idle cost: the daemon on many partitions that nothing writes to.
 
-`--partitions` idle partitions (half compacted, half deleted by time; each one active
-segment of a few records, so no rule is due: nothing to roll, retain or clean) are
-written once into `--dir` (kept between runs). Then `cleanerd run` starts as a
-subprocess on them; after its startup cycle the CPU time of the daemon's process tree
-(the daemon, the worker pool's fork server and workers: psutil's user + system time) is
-measured over `--seconds` of idleness. Finally a SIGHUP with a changed policy forces
+`--partitions` idle partitions of `--segments` segments each (5-record batches, as
+`bench/broker_dir.py` builds them: a clean stop left a producer snapshot, the recovery
+point at the end and Kafka's clean-shutdown marker; compacted, nothing dirty enough to
+clean) are written once into `--dir` (kept between runs). Then `cleanerd run` starts as
+a subprocess on them: its start-up to the end of its first cycle (wall, CPU, peak RSS
+of the process tree) is measured; then the CPU time of the daemon's process tree (the
+daemon, the worker pool's fork server and workers: psutil's user + system time) over
+`--seconds` of idleness. Finally a SIGHUP with a changed policy forces
 one full cycle over every partition, the revisit the daemon runs every
 `log.retention.check.interval.ms` (300 s by default), whose CPU is also shown amortised
 over that interval.
 
-    python -m bench.idle [--partitions 10000] [--seconds 60] [--dir /tmp/cleanerd-idle]
+    python -m bench.idle [--partitions 10000] [--segments 10] [--seconds 60]
+                         [--dir /tmp/cleanerd-idle]
 
-Target (DESIGN section 8): idle CPU under 2% of a core.
+Targets (issue 12): on 10,000 partitions / 100,000 segments, start-up under 10 s, peak
+RSS under 1 GB, idle CPU under 1% of a core.
 """
 
 from __future__ import annotations
@@ -30,25 +34,19 @@ from typing import Any
 import psutil
 import yaml
 
-from cleanerd.log.files import TopicPartition
-from cleanerd.log.partition_log import PartitionLog
-from cleanerd.records.record import Record
+from bench.broker_dir import TOPIC, build
 
 REPO = Path(__file__).resolve().parents[1]
 RETENTION_CHECK_S = 300
+SEGMENT_BYTES = 2048  # a few 5-record batches per segment
 
 
-def write_partitions(data: Path, state: Path, count: int) -> None:
-    """`count` partitions of one active segment each, unless `data` already has them."""
-    marker = data / f".bench-idle-{count}"
+def write_partitions(data: Path, count: int, segments: int) -> None:
+    """`count` partitions of `segments` segments, unless `data` already has them."""
+    marker = data.parent / f".bench-idle-{count}x{segments}"
     if marker.exists():
         return
-    data.mkdir(parents=True, exist_ok=True)
-    now = time.time_ns() // 1_000_000
-    for n in range(count):
-        topic = f"compacted-{n % 10}" if n % 2 == 0 else f"deleted-{n % 10}"
-        plog = PartitionLog.create(data, TopicPartition(topic, n), state_dir=state)
-        plog.append([Record(0, now, f"k{i}".encode(), b"v" * 50, ()) for i in range(10)])
+    build(data.parent, count, mb=segments * SEGMENT_BYTES / 1e6, segment_bytes=SEGMENT_BYTES)
     marker.touch()
 
 
@@ -59,11 +57,19 @@ def config(data: Path, state: Path, backoff_ms: int) -> dict[str, Any]:
         "log.cleaner.backoff.ms": backoff_ms,
         "logging": {"format": "json", "level": "info"},
         "metrics": {"listen": "127.0.0.1:0"},
-        "topics": {
-            "compacted-*": {"cleanup.policy": "compact"},
-            "deleted-*": {"cleanup.policy": "delete", "retention.ms": 7 * 24 * 3_600_000},
-        },
+        "topics": {TOPIC: {"cleanup.policy": "compact", "min.cleanable.dirty.ratio": 0.99}},
     }
+
+
+def tree_rss(proc: psutil.Process) -> int:
+    """Resident bytes of `proc` and its live children."""
+    total = 0
+    for p in [proc, *proc.children(recursive=True)]:
+        try:
+            total += p.memory_info().rss
+        except psutil.NoSuchProcess:
+            continue
+    return total
 
 
 def tree_cpu(proc: psutil.Process) -> float:
@@ -78,10 +84,18 @@ def tree_cpu(proc: psutil.Process) -> float:
     return total
 
 
-def wait_for_cycles(log: Path, count: int, timeout_s: float) -> dict[str, Any]:
-    """The `count`-th `cycle.done` line of the daemon's log."""
+_peak: dict[int, int] = {0: 0}
+
+
+def wait_for_cycles(
+    log: Path, count: int, timeout_s: float, proc: psutil.Process | None = None
+) -> dict[str, Any]:
+    """The `count`-th `cycle.done` line of the daemon's log (sampling the peak RSS of
+    `proc`'s tree meanwhile)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
+        if proc is not None:
+            _peak[0] = max(_peak[0], tree_rss(proc))
         done: list[dict[str, Any]] = []
         for line in log.read_text().splitlines():
             try:
@@ -92,21 +106,22 @@ def wait_for_cycles(log: Path, count: int, timeout_s: float) -> dict[str, Any]:
                 done.append(event)
         if len(done) >= count:
             return done[count - 1]
-        time.sleep(0.2)
+        time.sleep(0.05 if proc is not None else 0.2)
     raise SystemExit(f"no cycle.done #{count} within {timeout_s} s; see {log}")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--partitions", type=int, default=10_000)
+    parser.add_argument("--segments", type=int, default=10)
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--dir", type=Path, default=Path("/tmp/cleanerd-idle"))
     args = parser.parse_args()
 
-    root = args.dir / str(args.partitions)
-    data, state = root / "data", root / "state"
+    root = args.dir / f"{args.partitions}x{args.segments}"
+    data, state = root / "logs", root / "state"
     t0 = time.monotonic()
-    write_partitions(data, state, args.partitions)
+    write_partitions(data, args.partitions, args.segments)
     built_s = time.monotonic() - t0
     cfg_path = root / "cleanerd.yaml"
     cfg_path.write_text(yaml.safe_dump(config(data, state, backoff_ms=15_000)))
@@ -123,9 +138,10 @@ def main() -> None:
     proc = psutil.Process(daemon.pid)
     try:
         t_start = time.monotonic()
-        first = wait_for_cycles(log, 1, timeout_s=1800)
+        first = wait_for_cycles(log, 1, timeout_s=1800, proc=proc)
         startup_s = time.monotonic() - t_start
         startup_cpu = tree_cpu(proc)
+        peak_rss = max(_peak.values())
         time.sleep(5)  # let follow-ups of the startup cycle (if any) and the first scans pass
 
         cpu0, wall0 = tree_cpu(proc), time.monotonic()
@@ -146,7 +162,8 @@ def main() -> None:
     rows = [
         ("build the partitions (once, cached)", built_s, None),
         (
-            f"startup + first cycle ({first['partitions']} partitions)",
+            f"startup + first cycle ({first['partitions']} partitions, "
+            f"{args.partitions * args.segments} segments)",
             startup_s,
             startup_cpu,
         ),
@@ -159,8 +176,9 @@ def main() -> None:
         share = "" if cpu is None or not wall else f"{100 * cpu / wall:6.2f}%"
         print(f"{name:<48} {wall:8.2f} {cpu_text:>8} {share:>7}")
     amortised = 100 * revisit_cpu / RETENTION_CHECK_S
+    print(f"peak RSS of the daemon's process tree up to its first cycle: {peak_rss / 2**20:.0f} MB")
     print(
-        f"\nidle CPU: {100 * idle_cpu / idle_wall:.2f}% of a core "
+        f"idle CPU: {100 * idle_cpu / idle_wall:.2f}% of a core "
         f"(target < 2%); with the revisit cycle every {RETENTION_CHECK_S} s amortised in: "
         f"{100 * idle_cpu / idle_wall + amortised:.2f}%; daemon exit status {status}"
     )

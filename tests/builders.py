@@ -21,7 +21,7 @@ from cleanerd.log.partition_log import LogConfig, PartitionLog
 from cleanerd.log.segment import LogSegment
 from cleanerd.records.batch import encode_batch
 from cleanerd.records.record import Record, RecordHeader
-from cleanerd.records.scan import scan_batches
+from cleanerd.records.walker import scan_batches
 
 DEFAULT_TP = TopicPartition("topic", 0)
 

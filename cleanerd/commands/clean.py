@@ -27,6 +27,8 @@ import sys
 from pathlib import Path
 from typing import Final, TextIO, cast
 
+import structlog
+
 from cleanerd.commands import Arg
 from cleanerd.commands.progress import Progress, TrackedEngine
 from cleanerd.compaction.stats import render_invalid_warning, render_stats
@@ -36,6 +38,8 @@ from cleanerd.engine import create_engine
 from cleanerd.maintenance.cycle import Maintenance, wall_clock_ms
 from cleanerd.maintenance.report import CycleReport
 from cleanerd.wording import count
+
+log = structlog.get_logger(__name__)
 
 ARGS: Final[tuple[Arg, ...]] = (
     (
@@ -171,6 +175,11 @@ def run(args: argparse.Namespace) -> int:
             # A dir the config says to own, held by another process (a broker): not
             # cleaned, and the exit status says so.
             held = any(d.held_by is not None for d in maintenance.log_dirs)
+            # What a clean stop leaves (flushed, snapshots, checkpoints, Kafka's marker),
+            # so the next open of these dirs reads no segment it need not.
+            stop_errors = maintenance.checkpoint(clean_stop=True)
+            for exc in stop_errors:
+                log.error("shutdown.checkpoint_failed", error=str(exc))
             unlinked = maintenance.close(unlink_pending=True)
     finally:
         if progress.segments_total:
@@ -181,4 +190,4 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(doc, indent=1))
     else:
         print("\n".join(render_text(report)))
-    return 1 if report.failed or report.errors or held else 0
+    return 1 if report.failed or report.errors or held or stop_errors else 0

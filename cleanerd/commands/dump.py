@@ -64,7 +64,8 @@ from cleanerd.records.header import (
     validate_v2_header,
 )
 from cleanerd.records.record import Record
-from cleanerd.records.scan import BatchInfo, scan_valid_prefix
+from cleanerd.records.scan import BatchInfo
+from cleanerd.records.walker import scan_valid_prefix
 
 _SEQUENCE_MODULUS: Final = 2**31  # sequences wrap from Int.MAX to 0, as in Kafka
 

@@ -76,7 +76,8 @@ from cleanerd.records.control import (
 )
 from cleanerd.records.header import NO_SEQUENCE, check_crc
 from cleanerd.records.record import Record
-from cleanerd.records.scan import BatchInfo, scan_valid_prefix
+from cleanerd.records.scan import BatchInfo
+from cleanerd.records.walker import scan_valid_prefix
 
 JsonObject = dict[str, Any]
 

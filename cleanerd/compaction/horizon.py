@@ -34,7 +34,7 @@ from numpy.typing import NDArray
 from cleanerd._jit import jit
 from cleanerd.log.partition_log import PartitionLog
 from cleanerd.log.segment import LogSegment
-from cleanerd.records.columns import Int, as_uint8
+from cleanerd.records.columns import Int
 from cleanerd.records.header import (
     ATTRIBUTES_OFFSET,
     DELETE_HORIZON_MASK,
@@ -43,6 +43,7 @@ from cleanerd.records.header import (
     RECORD_BATCH_OVERHEAD,
     Buffer,
 )
+from cleanerd.records.walker import as_uint8
 
 NO_HORIZON: Final = 2**63 - 1
 _BASE_TIMESTAMP_OFFSET: Final = 27

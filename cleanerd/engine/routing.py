@@ -57,7 +57,7 @@ from cleanerd.log.files import TopicPartition, log_file
 from cleanerd.log.meta import SegmentMeta
 from cleanerd.records.columns import segment_columns
 from cleanerd.records.header import CONTROL_MASK
-from cleanerd.records.scan import scan_batches
+from cleanerd.records.walker import scan_batches
 
 SAMPLE_BYTES: Final = 8 * 1024 * 1024
 MIN_RECORD_BYTES: Final = 8

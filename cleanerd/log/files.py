@@ -55,6 +55,7 @@ STATE_SUFFIXES: Final = (CLEANED_FILE_SUFFIX, SWAP_FILE_SUFFIX, DELETED_FILE_SUF
 
 METADATA_TOPIC: Final = "__cluster_metadata"
 LOCK_FILE_NAME: Final = ".lock"
+CLEAN_SHUTDOWN_FILE_NAME: Final = ".kafka_cleanshutdown"  # Kafka's marker of a clean stop
 
 OFFSET_DIGITS: Final = 20
 

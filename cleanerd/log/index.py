@@ -51,6 +51,7 @@ from typing import ClassVar, Final, Self
 import numpy as np
 from numpy.typing import NDArray
 
+from cleanerd._jit import jit
 from cleanerd.errors import CorruptIndexError
 from cleanerd.log.fsutil import atomic_write, fsync_file
 from cleanerd.records.header import INT32_MAX, NO_TIMESTAMP
@@ -258,6 +259,11 @@ class OffsetIndex(_Index):
         """Offset of the last entry, or the base offset when empty."""
         return self.last_entry.offset
 
+    def entry_arrays(self) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
+        """Every entry as columns: absolute offsets and positions."""
+        rel, pos = self._columns_all()
+        return rel + self.base_offset, pos
+
     def entry_at(self, n: int) -> OffsetPosition:
         """Entry number `n`."""
         rel, pos = self._columns_all()
@@ -426,8 +432,77 @@ class IndexBuilder:
             self.bytes_since_last_entry = 0
         self.bytes_since_last_entry += size
 
+    def add_batches(
+        self,
+        position: NDArray[np.int64],
+        size: NDArray[np.int64],
+        last_offset: NDArray[np.int64],
+        max_timestamp: NDArray[np.int64],
+    ) -> None:
+        """`add_batch` for every row of a batch table, the rule run compiled; Python runs
+        once per index entry (one per `interval_bytes`), not per batch."""
+        n = len(position)
+        rows = np.empty(n, np.int64)
+        entry_max = np.empty(n, np.int64)
+        entry_offset = np.empty(n, np.int64)
+        found = _index_entries(
+            position,
+            size,
+            last_offset,
+            max_timestamp,
+            self.interval_bytes,
+            self.bytes_since_last_entry,
+            self.max_timestamp,
+            self.offset_of_max_timestamp,
+            rows,
+            entry_max,
+            entry_offset,
+        )
+        k, since, top, top_offset = (int(x) for x in found)
+        for row, ts, ts_offset in zip(
+            rows[:k].tolist(), entry_max[:k].tolist(), entry_offset[:k].tolist(), strict=True
+        ):
+            self.offset_index.append(int(last_offset[row]), int(position[row]))
+            self.time_index.maybe_append(ts, ts_offset)
+        self.bytes_since_last_entry, self.max_timestamp, self.offset_of_max_timestamp = (
+            since,
+            top,
+            top_offset,
+        )
+
     def finish(self) -> None:
         """Add the final time-index entry (the max timestamp), ignoring fullness."""
         self.time_index.maybe_append(
             self.max_timestamp, self.offset_of_max_timestamp, skip_full_check=True
         )
+
+
+@jit
+def _index_entries(
+    position: NDArray[np.int64],
+    size: NDArray[np.int64],
+    last_offset: NDArray[np.int64],
+    max_timestamp: NDArray[np.int64],
+    interval: int,
+    since: int,
+    top: int,
+    top_offset: int,
+    rows: NDArray[np.int64],
+    entry_max: NDArray[np.int64],
+    entry_offset: NDArray[np.int64],
+) -> tuple[int, int, int, int]:
+    """`IndexBuilder.add_batch`'s rule over rows: which rows earn an offset-index entry,
+    with the time-index candidate at each; (entries, bytes since, max ts, its offset)."""
+    k = 0
+    for i in range(position.shape[0]):
+        if max_timestamp[i] > top:
+            top = max_timestamp[i]
+            top_offset = last_offset[i]
+        if since > interval:
+            rows[k] = i
+            entry_max[k] = top
+            entry_offset[k] = top_offset
+            k += 1
+            since = 0
+        since += size[i]
+    return k, since, top, top_offset

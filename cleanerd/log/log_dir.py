@@ -4,6 +4,8 @@ and ownership.
 Layout of the root (Kafka's LogManager)::
 
     .lock                              POSIX-locked by whoever owns the dir
+    .kafka_cleanshutdown               present only while nobody owns the dir after a
+                                       clean stop (Kafka's marker)
     meta.properties                    identity (read only)
     cleaner-offset-checkpoint          first dirty offset per compacted partition
     log-start-offset-checkpoint        log start offsets above the first segment base
@@ -27,6 +29,16 @@ A second would-be owner when a cleanerd process already owns the dir (a second d
 on the same state dir, or `cleanerd clean` beside the daemon) is refused with
 `LogDirLockedError` naming the owner's pid, not demoted to observe mode: observing would
 let it exit 0 having done nothing.
+
+Clean shutdown (Kafka's rule): an owner that stops cleanly flushes every partition it
+opened, writes a producer snapshot and the root checkpoints, then writes
+`.kafka_cleanshutdown` (`{"version":0,"BrokerEpoch":-1}`, the content Kafka writes,
+with no broker epoch). The next owner (cleanerd or a broker) that finds it skips the
+recovery walk of unflushed segments; cleanerd removes it (and fsyncs the dir) as soon
+as it owns the dir, before any write, so a crash after that start is never taken for a
+clean stop, and trusts it only for the first open of each partition. A stop that
+failed to flush or checkpoint a partition, or that did not open every partition of the
+dir (one was refused or damaged), writes no marker.
 
 `__cluster_metadata` is always opened read-only, and nothing of cleanerd's own is ever
 written inside a partition dir: locks and quarantined bytes live in the state dir.
@@ -59,11 +71,13 @@ from cleanerd.log.checkpoint import (
     RootCheckpoints,
 )
 from cleanerd.log.files import (
+    CLEAN_SHUTDOWN_FILE_NAME,
     LOCK_FILE_NAME,
     METADATA_TOPIC,
     TopicPartition,
     parse_topic_partition,
 )
+from cleanerd.log.fsutil import atomic_write, fsync_dir
 from cleanerd.log.lock import LogDirLock, OwnerLock, default_state_dir
 from cleanerd.log.ownership import OwnerProof, ProcessId, lock_holder, start_ticks
 from cleanerd.log.partition_log import LogConfig, PartitionLog
@@ -132,6 +146,9 @@ class LogDir:
         self._dir_lock = dir_lock
         self._owner_lock = owner_lock
         self.checkpoints = RootCheckpoints.read(path)
+        self.had_clean_shutdown = False
+        """Owner mode: the previous owner stopped cleanly (its marker was found)."""
+        self._opened: set[TopicPartition] = set()
 
     @classmethod
     def open(
@@ -168,7 +185,34 @@ class LogDir:
         if not owner_lock.acquire():
             dir_lock.release()
             raise LogDirLockedError(path)
-        return cls(path, Mode.OWNER, state_dir=state, dir_lock=dir_lock, owner_lock=owner_lock)
+        owned = cls(path, Mode.OWNER, state_dir=state, dir_lock=dir_lock, owner_lock=owner_lock)
+        try:
+            owned.had_clean_shutdown = owned._take_clean_shutdown_marker()
+        except BaseException:
+            owned.close()
+            raise
+        return owned
+
+    def _take_clean_shutdown_marker(self) -> bool:
+        """Remove the clean-shutdown marker before anything is written; whether it was
+        there."""
+        marker = self.path / CLEAN_SHUTDOWN_FILE_NAME
+        if not marker.exists():
+            return False
+        with file_step("removing the clean-shutdown marker", marker):
+            marker.unlink()
+            fsync_dir(self.path)
+        log.info("log_dir.clean_shutdown_found", log_dir=str(self.path))
+        return True
+
+    def mark_clean_shutdown(self) -> None:
+        """Write the clean-shutdown marker (owner mode; the caller has flushed and
+        checkpointed every partition of the dir)."""
+        if self.mode is not Mode.OWNER:
+            raise PermissionError(f"only the owner marks {self.path} cleanly stopped")
+        marker = self.path / CLEAN_SHUTDOWN_FILE_NAME
+        with file_step("writing the clean-shutdown marker", marker):
+            atomic_write(marker, b'{"version":0,"BrokerEpoch":-1}')
 
     def close(self) -> None:
         """Release the locks (owner mode)."""
@@ -222,6 +266,8 @@ class LogDir:
         """Open an existing partition with this dir's mode (the metadata log is always
         read-only; only the owner recovers)."""
         read_only = self.read_only or tp.topic == METADATA_TOPIC
+        first_open = tp not in self._opened
+        self._opened.add(tp)
         return PartitionLog.open(
             self.path / str(tp),
             config=config,
@@ -231,6 +277,7 @@ class LogDir:
             checkpoints=self.checkpoints,
             full_check=full_check,
             owner=self.owner,
+            clean_shutdown=self.had_clean_shutdown and first_open,
         )
 
     def create_partition(

@@ -59,10 +59,8 @@ from cleanerd.log.checkpoint import RootCheckpoints
 from cleanerd.log.files import (
     DELETED_FILE_SUFFIX,
     METADATA_TOPIC,
-    PRODUCER_SNAPSHOT_FILE_SUFFIX,
     TopicPartition,
     is_log_file,
-    is_segment_file_name,
     offset_from_filename,
     parse_topic_partition,
 )
@@ -82,6 +80,13 @@ from cleanerd.log.lock import (
 )
 from cleanerd.log.meta import PartitionMeta
 from cleanerd.log.ownership import OwnerProof, SegmentsChanged
+from cleanerd.log.producer_state import (
+    ProducerState,
+    read_snapshot,
+    snapshot_offsets,
+    snapshot_path,
+    write_snapshot,
+)
 from cleanerd.log.recovery import (
     RecoveryReport,
     SegmentOptions,
@@ -92,12 +97,13 @@ from cleanerd.log.recovery import (
 from cleanerd.log.segment import LogSegment
 from cleanerd.log.tail import torn_tail_reason
 from cleanerd.log.topic_config import TopicConfig
-from cleanerd.log.txnindex import AbortedTxn, ongoing_txns_from_snapshot
+from cleanerd.log.txnindex import AbortedTxn
 from cleanerd.records.batch import encode_batch, iter_records
 from cleanerd.records.control import ControlRecordType, control_type, encode_end_txn_marker
 from cleanerd.records.header import Compression, TimestampType
 from cleanerd.records.record import Record
-from cleanerd.records.scan import BatchInfo, scan_batches, scan_valid_prefix
+from cleanerd.records.scan import BatchInfo
+from cleanerd.records.walker import Walker, scan_batches, walk, walk_prefix
 
 log = structlog.get_logger(__name__)
 
@@ -174,9 +180,8 @@ class PartitionLog:
         self._log_start_offset = checkpoints.log_start_offsets.get(tp, 0)
         self.high_watermark = checkpoints.high_watermarks.get(tp)
         self.recovery_point = checkpoints.recovery_points.get(tp, 0)
-        self._ongoing: dict[int, int] | None = None
-        self._txn_scanned: tuple[int, int] = (-1, 0)  # (segment base, position)
-        self._txn_floor = 0
+        self._producers: ProducerState | None = None
+        self._txn_scanned: tuple[int, int] = (-1, 0)  # (segment base, position) walked to
 
     # -- opening -----------------------------------------------------------------------
 
@@ -192,6 +197,7 @@ class PartitionLog:
         checkpoints: RootCheckpoints | None = None,
         full_check: bool = False,
         owner: OwnerProof | None = None,
+        clean_shutdown: bool = False,
     ) -> PartitionLog:
         """Open the partition dir `path`.
 
@@ -205,7 +211,8 @@ class PartitionLog:
         `default_state_dir()` and nothing is quarantined. A writable log with no segment
         gets an empty one at its log start offset, as a broker does. `owner` is the
         cleanerd process that holds the log dir when this one only appends beside it
-        (shared mode): every roll first proves that it still does.
+        (shared mode): every roll first proves that it still does. `clean_shutdown`: the
+        log dir's owner found Kafka's clean-shutdown marker, so recovery scans nothing.
         """
         config = LogConfig() if config is None else config
         tp = parse_topic_partition(path.name)
@@ -234,6 +241,7 @@ class PartitionLog:
                 recovery_point=checkpoints.recovery_points.get(tp, 0),
                 full_check=full_check,
                 quarantine_dir=quarantine,
+                clean_shutdown=clean_shutdown,
             )
             if not segments and not read_only:
                 start = checkpoints.log_start_offsets.get(tp, 0)
@@ -359,7 +367,7 @@ class PartitionLog:
     @property
     def first_unstable_offset(self) -> int | None:
         """First offset of the earliest open transaction, or None."""
-        ongoing = self._ongoing_txns()
+        ongoing = self.producer_state().ongoing()
         return min(ongoing.values()) if ongoing else None
 
     def _scan_dir(self) -> dict[int, int]:
@@ -408,7 +416,7 @@ class PartitionLog:
             segments.append(segment)
         scanned_base = self._txn_scanned[0]
         if scanned_base in self._inodes and current.get(scanned_base) != self._inodes[scanned_base]:
-            self._ongoing = None  # the segment the scan stopped in was rewritten
+            self._producers = None  # the segment the walk stopped in was rewritten
         self._segments, self._inodes = segments, current
         self._mark_growing()
 
@@ -441,10 +449,10 @@ class PartitionLog:
             raise
         except (CorruptRecordError, CorruptIndexError):
             with active.open_buffer() as buf:
-                scan = scan_valid_prefix(buf)
+                scan = walk_prefix(buf)
                 reason = torn_tail_reason(buf, scan)
             if scan.error is None:
-                active.rebuild_indexes(scan.batches, reason="index does not match the log")
+                active.rebuild_indexes(reason="index does not match the log")
             elif reason is None:
                 raise scan.error.located(active.log_path) from None
             else:
@@ -537,52 +545,62 @@ class PartitionLog:
             relative = _at_start(info)
             transactional = info.header is not None and info.header.is_transactional
             if transactional:
-                self._ongoing_txns()  # bring the state up to just before this batch
+                self.producer_state()  # bring the state up to just before this batch
             active.append(chunk, relative)
             if transactional:
                 self._apply_appended_txn_batch(active, chunk, relative)
 
-    # -- transactions ------------------------------------------------------------------------
+    # -- producer state ------------------------------------------------------------------
 
-    def _txn_scan_start(self) -> tuple[dict[int, int], int]:
-        """Open transactions at the latest usable producer snapshot, and its offset."""
+    def _state_at_snapshot(self) -> ProducerState:
+        """The state in the latest usable producer snapshot (empty at 0 without one)."""
         end = self.log_end_offset
-        snapshots = sorted(
-            (offset_from_filename(p.name), p)
-            for p in self.dir.glob(f"*{PRODUCER_SNAPSHOT_FILE_SUFFIX}")
-            # A malformed name (reported when the partition was opened) is no snapshot.
-            if p.name.endswith(PRODUCER_SNAPSHOT_FILE_SUFFIX) and is_segment_file_name(p.name)
-        )
-        for offset, path in reversed(snapshots):
+        for offset in reversed(snapshot_offsets(self.dir)):
             if not self.log_start_offset <= offset <= end:
                 continue
+            path = snapshot_path(self.dir, offset)
             try:
-                return ongoing_txns_from_snapshot(path), offset
-            except CorruptIndexError as exc:
+                return read_snapshot(path)
+            except (CorruptIndexError, OSError) as exc:
                 log.warning("producer_snapshot.unreadable", path=str(path), error=str(exc))
-        return {}, 0
+        return ProducerState()
 
-    def _ongoing_txns(self) -> dict[int, int]:
-        """Producer id -> first offset of its open transaction, scanned incrementally."""
-        if self._ongoing is None:
-            self._ongoing, self._txn_floor = self._txn_scan_start()
+    def producer_state(self) -> ProducerState:
+        """The producer state at the log end offset: the latest snapshot, then a walk of
+        the batches after it (only what was appended since the last call)."""
+        if self._producers is None:
+            self._producers = self._state_at_snapshot()
             self._txn_scanned = (-1, 0)
+        state = self._producers
         scanned_base, scanned_pos = self._txn_scanned
+        floor = state.offset
         for n, segment in enumerate(self._segments):
-            below_floor = n + 1 < len(self._segments) and (
-                self._segments[n + 1].base_offset <= self._txn_floor
-            )
-            if segment.base_offset < scanned_base or below_floor:
+            upper = self._segments[n + 1].base_offset if n + 1 < len(self._segments) else None
+            if segment.base_offset < scanned_base or (upper is not None and upper <= floor):
                 continue
-            start = scanned_pos if segment.base_offset == scanned_base else 0
-            for info in segment.batches(start_position=start, verify_crc=False):
-                if info.base_offset >= self._txn_floor:
-                    _apply_txn_batch(self._ongoing, info)
+            if segment.base_offset == scanned_base:
+                start = scanned_pos
+            elif segment.base_offset < floor:
+                start = segment.position_for(floor)
+            else:
+                start = 0
+            if start >= segment.size:
+                continue  # nothing appended since the last walk
+            with segment.open_buffer() as buf:
+                walker = Walker(buf, start=start, verify_crc=False)
+                for chunk in walker:
+                    state.apply(chunk, buf)
+                error = walker.error
+                del walker  # its view of `buf` must go before the mmap closes
+            if error is not None:
+                raise error.located(segment.log_path)
             self._txn_scanned = (segment.base_offset, segment.size)
-        return self._ongoing
+        return state
 
     def _apply_appended_txn_batch(self, segment: LogSegment, chunk: bytes, info: BatchInfo) -> None:
-        ongoing = self._ongoing_txns_without_scan()
+        state = self._producers
+        assert state is not None
+        ongoing = state.ongoing()
         header = info.header
         assert header is not None
         producer_id = header.producer_id
@@ -594,12 +612,31 @@ class PartitionLog:
                 segment.append_aborted_txn(
                     AbortedTxn(ongoing[producer_id], producer_id, info.last_offset, lso)
                 )
-        _apply_txn_batch(ongoing, info)
+        state.apply(walk(chunk).table, chunk)
         self._txn_scanned = (segment.base_offset, segment.size)
 
-    def _ongoing_txns_without_scan(self) -> dict[int, int]:
-        assert self._ongoing is not None
-        return self._ongoing
+    def take_snapshot(self) -> Path | None:
+        """Write the producer state at the log end offset as `<offset>.snapshot` (see
+        `producer_state.py`), unless one is there already; the dir's writer only. A
+        snapshot only saves the next open a walk, so a failure to write one is logged
+        (naming the file) and returns None."""
+        with self._write_lock():
+            return self._take_snapshot_locked()
+
+    def _take_snapshot_locked(self) -> Path | None:
+        end = self.log_end_offset
+        if end in snapshot_offsets(self.dir):
+            return None
+        state = ProducerState(end, self.producer_state().entries)
+        try:
+            return write_snapshot(self.dir, state, log_start_offset=self.log_start_offset)
+        except OSError as exc:
+            log.warning(
+                "producer_snapshot.write_failed",
+                path=str(snapshot_path(self.dir, end)),
+                error=str(exc),
+            )
+            return None
 
     # -- rolling -----------------------------------------------------------------------------
 
@@ -624,6 +661,7 @@ class PartitionLog:
         fsync_dir(self.dir)
         self._segments.append(segment)
         self._inodes = self._scan_dir()
+        self._take_snapshot_locked()  # at the new base offset, as Kafka does at a roll
         log.info(
             "segment.rolled",
             topic=self.topic_partition.topic,
@@ -709,6 +747,18 @@ class PartitionLog:
             fsync_dir(self.dir)
             self.recovery_point = self.log_end_offset
 
+    def prepare_clean_shutdown(self, *, snapshot: bool = True) -> None:
+        """What a clean stop leaves behind (Kafka's LogManager.shutdown): everything
+        appended is durable, so the recovery point is the log end offset, and (with
+        `snapshot`) a producer snapshot is there at that offset."""
+        with self._write_lock():
+            if self.recovery_point < self.log_end_offset:
+                self.active_segment.flush()
+                fsync_dir(self.dir)
+                self.recovery_point = self.log_end_offset
+            if snapshot:
+                self._take_snapshot_locked()
+
     def delete_segments(self, segments: Sequence[LogSegment], *, reason: str) -> list[Path]:
         """Remove `segments` (never the active one) from the log, as retention does: their
         files are renamed to `.deleted` (durably) and the log start offset moves up to the
@@ -770,15 +820,3 @@ def _at_start(info: BatchInfo) -> BatchInfo:
     """`info` moved to position 0 (of a buffer holding just this batch)."""
     header = None if info.header is None else dataclasses.replace(info.header, position=0)
     return dataclasses.replace(info, position=0, header=header)
-
-
-def _apply_txn_batch(ongoing: dict[int, int], info: BatchInfo) -> None:
-    """Track open transactions: a transactional data batch opens (or continues) its
-    producer's transaction, a transactional control batch (a marker) ends it."""
-    header = info.header
-    if header is None or not header.is_transactional or header.producer_id < 0:
-        return
-    if header.is_control:
-        ongoing.pop(header.producer_id, None)
-    else:
-        ongoing.setdefault(header.producer_id, header.base_offset)

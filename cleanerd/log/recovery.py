@@ -35,10 +35,14 @@ is not one (`00000000000000000abc.log`, `42.log.deleted`) was not written by Kaf
 cleanerd: it is reported with a warning each time the partition is opened, in every
 mode, and never deleted or renamed, whatever its suffix.
 
-Then the segments are validated. The active segment, and every segment holding offsets
-at or above the recovery point, is scanned in full with CRC checks; the others get the
-cheap check of `LogSegment.sanity_check`. Kafka truncates any invalid tail; cleanerd only
-truncates what a crash mid-append can leave at the end of the **active** segment:
+Then the segments are validated. Every segment holding offsets at or above the recovery
+point is walked in full with CRC checks (for the one holding the recovery point itself,
+only its bytes from the recovery point on, when the rest passes the cheap check); the
+others get the cheap check of `LogSegment.sanity_check`. After a clean shutdown (the
+owner found Kafka's `.kafka_cleanshutdown` marker, see `log_dir.py`) every segment gets
+only the cheap check, as Kafka's loader skips recovery then. Kafka truncates any
+invalid tail; cleanerd only truncates what a crash mid-append can leave at the end of
+the **active** segment:
 
 - a partial batch (fewer bytes than the header or the declared size),
 - a last batch whose CRC fails with nothing after it,
@@ -80,7 +84,7 @@ from cleanerd.log.fsutil import atomic_write, fsync_dir, safe_unlink
 from cleanerd.log.index import IndexPastLogError
 from cleanerd.log.segment import LogSegment
 from cleanerd.log.tail import ZERO_TAIL, torn_tail_reason
-from cleanerd.records.scan import ScanResult, scan_valid_prefix
+from cleanerd.records.walker import Walk, walk, walk_prefix
 
 log = structlog.get_logger(__name__)
 
@@ -236,8 +240,8 @@ def _swap_range(dir_path: Path, swaps: list[Path], options: SegmentOptions) -> t
             max_index_size=options.max_index_size,
             read_only=True,
         )
-        scanned = segment.scan(verify_crc=False)
-        next_offset = scanned.batches[-1].next_offset if scanned.batches else base
+        scanned = segment.scan(verify_crc=False).table
+        next_offset = int(scanned.last_offset[-1]) + 1 if len(scanned) else base
         low = base if low is None else min(low, base)
         high = next_offset if high is None else max(high, next_offset)
         log.info("recovery.swap_found", path=str(path), base_offset=base, next_offset=next_offset)
@@ -306,11 +310,11 @@ def _quarantine(
 
 
 def truncate_torn_tail(
-    segment: LogSegment, scan: ScanResult, reason: str, quarantine_dir: Path | None
+    segment: LogSegment, scan: Walk, reason: str, quarantine_dir: Path | None
 ) -> TruncatedTail:
     """Copy the bytes after the valid prefix to the quarantine dir (unless they are all
     zero: nothing to keep), then cut them off."""
-    position = scan.valid_bytes
+    position = scan.stop
     cut_bytes = segment.size - position
     saved = None
     if reason != ZERO_TAIL:
@@ -346,7 +350,7 @@ def _validate_full(
     report: RecoveryReport,
 ) -> None:
     with segment.open_buffer() as buf:
-        scan = scan_valid_prefix(buf)
+        scan = walk_prefix(buf)
         reason = torn_tail_reason(buf, scan) if is_active else None
     if scan.error is not None and reason is None:
         _report(report, scan.error.located(segment.log_path))
@@ -356,7 +360,7 @@ def _validate_full(
         if _indexes_exist(segment):
             segment.offset_index.check_within(segment.size)
             if reason is None:
-                segment.check_indexes_against(scan.batches)
+                segment.check_indexes_against(segment.walked(verify_crc=False))
         elif reason is None:
             raise CorruptIndexError("missing", path=segment.offset_index_path)
     except IndexPastLogError as exc:
@@ -366,7 +370,7 @@ def _validate_full(
         if exc.path == str(segment.txn_index_path):
             _report(report, exc)
             return
-        segment.rebuild_indexes(scan.batches, reason=exc.reason)
+        segment.rebuild_indexes(reason=exc.reason)
         report.rebuilt_indexes.append(str(segment.log_path))
         return
     if reason is None:
@@ -395,6 +399,7 @@ def validate_segments(
     full_check: bool = False,
     quarantine_dir: Path | None = None,
     report: RecoveryReport | None = None,
+    clean_shutdown: bool = False,
 ) -> RecoveryReport:
     """Validate every segment (see the module docstring); never raises for damage found
     in the data, which goes to `report.errors` instead."""
@@ -402,14 +407,33 @@ def validate_segments(
     for n, segment in enumerate(segments):
         is_active = n == len(segments) - 1
         upper = segments[n + 1].base_offset if not is_active else None
-        full = full_check or is_active or upper is None or upper > recovery_point
-        if full:
+        unflushed = upper is None or upper > recovery_point
+        if full_check or (
+            unflushed and not clean_shutdown and not _flushed_head(segment, recovery_point)
+        ):
             _validate_full(
                 segment, is_active=is_active, quarantine_dir=quarantine_dir, report=report
             )
         else:
             _validate_cheap(segment, report)
     return report
+
+
+def _flushed_head(segment: LogSegment, recovery_point: int) -> bool:
+    """Whether the segment holding the recovery point is sound up to it (the cheap check)
+    and its bytes after it walk clean, CRCs checked: then only that unflushed tail needed
+    reading. False sends the segment to the full validation, which tells a torn tail
+    from damage."""
+    if recovery_point <= segment.base_offset:
+        return False
+    try:
+        if segment.sanity_check():
+            return False  # indexes rebuilt: the full validation re-reads it all anyway
+        start = segment.position_for(recovery_point)
+    except (CorruptIndexError, CorruptRecordError):
+        return False
+    with segment.open_buffer() as buf:
+        return walk(buf, start=start).error is None
 
 
 def recover_partition(
@@ -420,6 +444,7 @@ def recover_partition(
     recovery_point: int = 0,
     full_check: bool = False,
     quarantine_dir: Path | None = None,
+    clean_shutdown: bool = False,
 ) -> tuple[list[LogSegment], RecoveryReport]:
     """Open a partition dir's segments. Links are refused first (SymlinkRefused). With
     `recover` (the caller owns the log dir), then finish interrupted swaps, validate and
@@ -438,5 +463,6 @@ def recover_partition(
             full_check=full_check,
             quarantine_dir=quarantine_dir,
             report=report,
+            clean_shutdown=clean_shutdown and recover,
         )
     return segments, report

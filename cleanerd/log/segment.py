@@ -36,10 +36,11 @@ from __future__ import annotations
 
 import mmap
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
+import numpy as np
 import structlog
 
 from cleanerd.errors import CorruptIndexError, CorruptRecordError
@@ -62,9 +63,11 @@ from cleanerd.log.index import (
 from cleanerd.log.meta import SegmentMeta
 from cleanerd.log.tail import torn_tail_reason
 from cleanerd.log.txnindex import AbortedTxn, TransactionIndex, TxnIndexSearchResult
+from cleanerd.records.batch import iter_records
 from cleanerd.records.header import INT32_MAX, NO_TIMESTAMP, Buffer
 from cleanerd.records.record import Record
-from cleanerd.records.scan import BatchInfo, ScanResult, scan_batches, scan_valid_prefix
+from cleanerd.records.scan import BatchInfo
+from cleanerd.records.walker import BatchTable, Walk, Walker, scan_batches, walk
 
 log = structlog.get_logger(__name__)
 
@@ -110,6 +113,8 @@ class LogSegment:
         self._builder: IndexBuilder | None = None
         self._next_offset: int | None = None
         self._first_batch: BatchInfo | None = None
+        self._summary: tuple[int, int, int] | None = None  # end, without a builder
+        self._appended_from: tuple[int, tuple[int, int, int]] | None = None
 
     @classmethod
     def create(
@@ -183,13 +188,44 @@ class LogSegment:
 
     def refresh(self) -> bool:
         """Re-stat the `.log`; if another process changed it, drop cached state. Returns
-        whether it changed."""
+        whether it changed. A file that only grew (same inode, more bytes: appends) keeps
+        what is known of its head, and only the appended bytes are walked when its end
+        is next asked for."""
         st = self.log_path.stat()
         if st.st_size == self._size and st.st_ino == self.inode:
             return False
+        grown = st.st_ino == self.inode and st.st_size > self._size
+        known = (self._size, self._end_summary()) if grown else None
+        first = self._first_batch
         self._size, self.inode = st.st_size, st.st_ino
         self._reset_caches()
+        if known is not None and known[1] is not None:
+            self._first_batch = first
+            self._appended_from = (known[0], known[1])
         return True
+
+    def _end_summary(self) -> tuple[int, int, int] | None:
+        """(next offset, max timestamp, its offset) if known without reading anything."""
+        if self._builder is not None and self._next_offset is not None:
+            b = self._builder
+            return self._next_offset, b.max_timestamp, b.offset_of_max_timestamp
+        return self._summary
+
+    def _summarize_appended(self) -> None:
+        """The end of a file that grew since it was last read: walk only what was
+        appended (a torn tail of a growing segment ends it for now, as in
+        `_whole_batches_from`)."""
+        assert self._appended_from is not None
+        position, (next_offset, max_ts, max_ts_offset) = self._appended_from
+        tail = self._whole_batches_from(position)
+        if len(tail):
+            top = int(np.argmax(tail.max_timestamp))
+            if int(tail.max_timestamp[top]) > max_ts:
+                max_ts, max_ts_offset = int(tail.max_timestamp[top]), int(tail.last_offset[top])
+            next_offset = int(tail.last_offset[-1]) + 1
+        self._summary = (next_offset, max_ts, max_ts_offset)
+        self._next_offset = next_offset
+        self._appended_from = None
 
     # -- indexes -------------------------------------------------------------------
 
@@ -219,17 +255,20 @@ class LogSegment:
         return self._txn_index
 
     def _tail(self) -> IndexBuilder:
-        """Index-maintenance state, recovered from the last index entries and a scan of the
-        batches after the last offset-index entry."""
+        """Index-maintenance state, recovered from the last index entries and a walk of
+        the batches after the last offset-index entry."""
         if self._builder is None:
             oi, ti = self.offset_index, self.time_index
             oi.check_within(self._size)
             last = oi.last_entry
             tail = self._whole_batches_from(last.position)
-            if oi.entries and not tail[0].last_offset <= last.offset <= tail[-1].last_offset:
+            last_offsets = tail.last_offset
+            if oi.entries and not (
+                len(tail) and last_offsets[0] <= last.offset <= last_offsets[-1]
+            ):
                 raise CorruptIndexError(
                     f"last entry (offset {last.offset}, position {last.position}) does not "
-                    f"match the batch there (last offset {tail[0].last_offset})",
+                    "match the batch there",
                     path=oi.path,
                 )
             ts = ti.last_entry
@@ -241,49 +280,54 @@ class LogSegment:
                 max_timestamp=ts.timestamp,
                 offset_of_max_timestamp=ts.offset,
             )
-            for info in tail:
-                if info.max_timestamp > builder.max_timestamp:
-                    builder.max_timestamp = info.max_timestamp
-                    builder.offset_of_max_timestamp = info.last_offset
-            self._next_offset = tail[-1].next_offset if tail else self.base_offset
+            if len(tail):
+                top = int(np.argmax(tail.max_timestamp))  # the earliest batch holding it
+                if int(tail.max_timestamp[top]) > builder.max_timestamp:
+                    builder.max_timestamp = int(tail.max_timestamp[top])
+                    builder.offset_of_max_timestamp = int(last_offsets[top])
+            self._next_offset = int(last_offsets[-1]) + 1 if len(tail) else self.base_offset
             self._builder = builder
         return self._builder
 
-    def _whole_batches_from(self, position: int) -> list[BatchInfo]:
+    def _whole_batches_from(self, position: int) -> BatchTable:
         """The batches from `position` to the end. A `growing` read-only segment belongs
         to another writer (observe mode: a live broker), which may be in the middle of an
         append: such a tail (`tail.torn_tail_reason`) ends the segment for now, and its
         size is the end of its last whole batch; any other bad bytes raise as usual."""
-        if not (self.read_only and self.growing):
-            return list(self.batches(start_position=position))
         with self.open_buffer() as buf:
-            scan = scan_valid_prefix(buf, start=position)
+            scan = walk(buf, start=position)
             if scan.error is None:
-                return scan.batches
-            end = position + scan.valid_bytes
-            whole = ScanResult(scan.batches, end, scan.error, scan.incomplete_tail)
-            if torn_tail_reason(buf, whole) is None:
+                return scan.table
+            if not (self.read_only and self.growing) or torn_tail_reason(buf, scan) is None:
                 raise scan.error.located(self.log_path)
-        self._size = end
-        return scan.batches
+        self._size = scan.stop
+        return scan.table
+
+    def _end(self) -> tuple[int, int, int]:
+        """(next offset, max timestamp, its offset): from what was known before the
+        file grew plus its appended bytes, else from the index-maintenance state."""
+        if self._appended_from is not None:
+            self._summarize_appended()
+        if self._builder is None and self._summary is not None:
+            return self._summary
+        b = self._tail()
+        assert self._next_offset is not None
+        return self._next_offset, b.max_timestamp, b.offset_of_max_timestamp
 
     @property
     def next_offset(self) -> int:
         """The offset after the last batch; the base offset when empty (readNextOffset)."""
-        if self._next_offset is None:
-            self._tail()
-        assert self._next_offset is not None
-        return self._next_offset
+        return self._end()[0]
 
     @property
     def max_timestamp_so_far(self) -> int:
         """The largest batch max timestamp in the segment, or -1."""
-        return self._tail().max_timestamp
+        return self._end()[1]
 
     @property
     def offset_of_max_timestamp(self) -> int:
         """Last offset of the earliest batch holding the max timestamp."""
-        return self._tail().offset_of_max_timestamp
+        return self._end()[2]
 
     @property
     def largest_timestamp(self) -> int:
@@ -296,13 +340,16 @@ class LogSegment:
         """The first batch, or None when the segment is empty (or, read-only, holds only
         an append in flight)."""
         if self._first_batch is None and self._size:
-            try:
-                self._first_batch = next(self.batches(), None)
-            except CorruptRecordError:
-                if not (self.read_only and self.growing):
-                    raise
-                whole = self._whole_batches_from(0)  # raises unless it is a torn tail
-                self._first_batch = whole[0] if whole else None
+            with self.open_buffer() as buf:
+                walker = Walker(buf, rows=1)
+                first = next(iter(walker), None)
+                error = walker.error
+                if error is not None and not (self.read_only and self.growing):
+                    raise error.located(self.log_path)
+                del walker
+            if first is None and error is not None:
+                self._whole_batches_from(0)  # raises unless it is a torn tail
+            self._first_batch = None if first is None else first.info(0)
         return self._first_batch
 
     @property
@@ -383,8 +430,6 @@ class LogSegment:
 
     def records(self, start_offset: int | None = None) -> Iterator[Record]:
         """Records in offset order from `start_offset` (all when None)."""
-        from cleanerd.records.batch import iter_records
-
         with self.open_buffer() as buf:
             start = 0 if start_offset is None else self.position_for(start_offset)
             it = scan_batches(buf, start=start)
@@ -407,10 +452,10 @@ class LogSegment:
         translateOffset)."""
         return next(self.batches(offset), None)
 
-    def scan(self, *, verify_crc: bool = True) -> ScanResult:
-        """Scan the whole `.log`, stopping at the first bad batch instead of raising."""
+    def scan(self, *, verify_crc: bool = True) -> Walk:
+        """Walk the whole `.log`, stopping at the first bad batch instead of raising."""
         with self.open_buffer() as buf:
-            return scan_valid_prefix(buf, verify_crc=verify_crc)
+            return walk(buf, verify_crc=verify_crc)
 
     def collect_aborted(self, fetch_offset: int, upper_bound_offset: int) -> TxnIndexSearchResult:
         """Aborted transactions of this segment overlapping the range (Kafka's rule)."""
@@ -544,29 +589,51 @@ class LogSegment:
                 path=self.time_index_path,
             )
 
-    def check_indexes_against(self, batches: Sequence[BatchInfo]) -> None:
-        """Check both indexes entry by entry against the segment's full list of batches.
+    def walked(self, *, verify_crc: bool = True) -> Iterator[BatchTable]:
+        """The batches as the walker's tables (each valid until the next is taken); the
+        file stays mapped until the iteration ends. CorruptRecordError names the file."""
+        with self.open_buffer() as buf:
+            walker = Walker(buf, verify_crc=verify_crc)
+            yield from walker
+            error = walker.error
+            del walker  # its view of `buf` must go before the mmap closes
+        if error is not None:
+            raise error.located(self.log_path)
+
+    def check_indexes_against(self, tables: Iterable[BatchTable]) -> None:
+        """Check both indexes entry by entry against the segment's batches (all of them,
+        as walked tables in file order).
 
         Raises IndexPastLogError for entries beyond the log, CorruptIndexError for
         entries that are not on batch boundaries or out of order.
         """
         oi, ti = self.offset_index, self.time_index
         oi.check_within(self._size)
-        next_offset = batches[-1].next_offset if batches else self.base_offset
-        self.check_time_index_within(next_offset)
         oi.sanity_check()
         ti.sanity_check()
-        by_position = {b.position: b for b in batches}
-        for n in range(oi.entries):
-            entry = oi.entry_at(n)
-            batch = by_position.get(entry.position)
-            if batch is None or batch.last_offset > entry.offset:
-                raise CorruptIndexError(
-                    f"entry {n} (offset {entry.offset}, position {entry.position}) is not on "
-                    "the batch holding that offset",
-                    path=oi.path,
-                )
-        max_ts = max((b.max_timestamp for b in batches), default=NO_TIMESTAMP)
+        offsets, positions = oi.entry_arrays()
+        found = np.zeros(len(positions), bool)
+        next_offset, max_ts = self.base_offset, NO_TIMESTAMP
+        for table in tables:
+            if not len(table):
+                continue
+            last_offsets = table.last_offset
+            mine = np.flatnonzero((positions >= table.position[0]) & (positions < table.end[-1]))
+            row = np.searchsorted(table.position, positions[mine])
+            row = np.minimum(row, len(table) - 1)
+            found[mine] = (table.position[row] == positions[mine]) & (
+                last_offsets[row] <= offsets[mine]
+            )
+            next_offset = int(last_offsets[-1]) + 1
+            max_ts = max(max_ts, int(table.max_timestamp.max()))
+        self.check_time_index_within(next_offset)
+        if not found.all():
+            n = int(np.flatnonzero(~found)[0])
+            raise CorruptIndexError(
+                f"entry {n} (offset {int(offsets[n])}, position {int(positions[n])}) is not on "
+                "the batch holding that offset",
+                path=oi.path,
+            )
         if ti.entries and ti.last_entry.timestamp > max_ts:
             raise CorruptIndexError(
                 f"last timestamp {ti.last_entry.timestamp} exceeds the log's max {max_ts}",
@@ -574,20 +641,22 @@ class LogSegment:
             )
 
     def rebuild_indexes(
-        self, batches: Sequence[BatchInfo] | None = None, *, reason: str = "rebuild"
+        self, tables: Iterable[BatchTable] | None = None, *, reason: str = "rebuild"
     ) -> None:
         """Rebuild both indexes from the log (Kafka's recover): the interval rule over
-        every batch, then the final time-index entry. Files are replaced atomically
-        unless the segment is read-only (then the rebuilt indexes live in memory)."""
-        if batches is None:
-            batches = list(self.batches())
+        every batch (`tables`, or a walk of the file), then the final time-index entry.
+        Files are replaced atomically unless the segment is read-only (then the rebuilt
+        indexes live in memory)."""
         oi = OffsetIndex(
             self.offset_index_path, self.base_offset, max_index_size=self.max_index_size
         )
         ti = TimeIndex(self.time_index_path, self.base_offset, max_index_size=self.max_index_size)
         builder = IndexBuilder(oi, ti, self.index_interval_bytes)
-        for info in batches:
-            builder.add_batch(info.position, info.size, info.last_offset, info.max_timestamp)
+        next_offset = self.base_offset
+        for t in self.walked() if tables is None else tables:
+            if len(t):
+                builder.add_batches(t.position, t.size, t.last_offset, t.max_timestamp)
+                next_offset = int(t.last_offset[-1]) + 1
         builder.finish()
         if not self.read_only:
             oi.write()
@@ -601,7 +670,7 @@ class LogSegment:
             time_index_entries=ti.entries,
         )
         self._offset_index, self._time_index, self._builder = oi, ti, builder
-        self._next_offset = batches[-1].next_offset if batches else self.base_offset
+        self._next_offset = next_offset
 
     def truncate_to_position(self, size: int) -> None:
         """Cut the `.log` to `size` bytes (recovery of a torn tail), then rebuild the

@@ -16,7 +16,6 @@ from typing import Final
 
 import numpy as np
 
-from cleanerd.errors import CorruptRecordError
 from cleanerd.records.header import (
     LENGTH_OFFSET,
     LOG_OVERHEAD,
@@ -25,17 +24,17 @@ from cleanerd.records.header import (
     RECORD_BATCH_OVERHEAD,
     Buffer,
 )
-from cleanerd.records.scan import ScanResult, scan_batches
+from cleanerd.records.walker import Walk, walk
 
 ZERO_TAIL: Final = "zero bytes after the last batch"
 
 
-def torn_tail_reason(buf: Buffer, scan: ScanResult) -> str | None:
+def torn_tail_reason(buf: Buffer, scan: Walk) -> str | None:
     """Why the bytes after the valid prefix are a crash-interrupted append, or None when
     they are something else (corruption that must be reported, not cut)."""
     if scan.error is None:
         return None
-    start = scan.valid_bytes
+    start = scan.stop
     if not np.frombuffer(buf, dtype=np.uint8)[start:].any():
         return ZERO_TAIL
     if _valid_batch_after(buf, start) is not None:
@@ -46,9 +45,7 @@ def torn_tail_reason(buf: Buffer, scan: ScanResult) -> str | None:
         at = start + LENGTH_OFFSET
         declared = int.from_bytes(buf[at : at + 4], "big", signed=True)
         if declared + LOG_OVERHEAD == len(buf) - start:
-            try:
-                list(scan_batches(buf, start=start, verify_crc=False))
-            except CorruptRecordError:
+            if walk(buf, start=start, verify_crc=False).error is not None:
                 return None
             return f"last batch fails its CRC: {scan.error.reason}"
     return None
@@ -76,10 +73,9 @@ def _valid_batch_after(buf: Buffer, start: int) -> int | None:
     )
     sizes = lengths + LOG_OVERHEAD
     plausible = (sizes >= RECORD_BATCH_OVERHEAD) & (positions + sizes <= end)
-    for position in positions[plausible].tolist():
-        try:
-            next(scan_batches(buf, start=position, end=end))
-        except CorruptRecordError:
-            continue
-        return int(position)
+    for position, size in zip(
+        positions[plausible].tolist(), sizes[plausible].tolist(), strict=True
+    ):
+        if walk(buf, start=position, end=position + size).error is None:
+            return int(position)
     return None

@@ -22,14 +22,8 @@ Appends go to the end of the file right after the marker batch is in the log, so
 crash leaves at most an entry missing, which Kafka rebuilds from the log on recovery.
 
 Which transactions are still open is the other half of a partition's transaction state
-(it bounds the last stable offset). Kafka's producer snapshot (`<offset>.snapshot`)
-records it at the snapshot's offset, so a reader only needs to scan the log after the
-latest snapshot. Its format, big-endian::
-
-    version:int16 (1) | crc:uint32 (CRC-32C of everything after it) | count:int32
-    count x [producerId:int64 | epoch:int16 | lastSequence:int32 | lastOffset:int64 |
-             offsetDelta:int32 | timestamp:int64 | coordinatorEpoch:int32 |
-             currentTxnFirstOffset:int64 (-1: no open transaction)]
+(it bounds the last stable offset): `producer_state.py` keeps it, with Kafka's producer
+snapshots.
 """
 
 from __future__ import annotations
@@ -40,8 +34,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
-
-import crc32c
 
 from cleanerd.errors import CorruptIndexError
 from cleanerd.log.fsutil import atomic_write, fsync_file
@@ -55,13 +47,6 @@ TXN_ENTRY: Final = struct.Struct(
 )
 assert TXN_ENTRY.size == 34
 TXN_ENTRY_VERSION: Final = 0
-
-SNAPSHOT_HEADER: Final = struct.Struct(">hIi")  # version, crc, entry count
-SNAPSHOT_ENTRY: Final = struct.Struct(">qhiqiqiq")
-assert SNAPSHOT_HEADER.size == 10
-assert SNAPSHOT_ENTRY.size == 46
-SNAPSHOT_VERSION: Final = 1
-_SNAPSHOT_CRC_START: Final = 6
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -184,27 +169,3 @@ class TransactionIndex:
         """fsync the file if it exists."""
         if self.path.exists():
             fsync_file(self.path)
-
-
-def ongoing_txns_from_snapshot(path: Path) -> dict[int, int]:
-    """Open transactions recorded in a producer snapshot: producer id -> first offset.
-
-    Raises CorruptIndexError (naming the file) for a wrong version, size or CRC."""
-    data = path.read_bytes()
-    if len(data) < SNAPSHOT_HEADER.size:
-        raise CorruptIndexError(f"only {len(data)} bytes, no snapshot header", path=path)
-    version, crc, count = SNAPSHOT_HEADER.unpack_from(data)
-    if version != SNAPSHOT_VERSION:
-        raise CorruptIndexError(f"unsupported snapshot version {version}", path=path)
-    computed = crc32c.crc32c(memoryview(data)[_SNAPSHOT_CRC_START:])
-    if computed != crc:
-        raise CorruptIndexError(f"CRC mismatch: stored {crc}, computed {computed}", path=path)
-    if count < 0 or len(data) != SNAPSHOT_HEADER.size + count * SNAPSHOT_ENTRY.size:
-        raise CorruptIndexError(f"{count} entries do not match size {len(data)}", path=path)
-    ongoing = {}
-    for n in range(count):
-        fields = SNAPSHOT_ENTRY.unpack_from(data, SNAPSHOT_HEADER.size + n * SNAPSHOT_ENTRY.size)
-        producer_id, first_offset = fields[0], fields[7]
-        if first_offset >= 0:
-            ongoing[producer_id] = first_offset
-    return ongoing

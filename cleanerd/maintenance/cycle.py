@@ -286,24 +286,38 @@ class Maintenance:
         self.log_dirs = []
         return unlinked
 
-    def checkpoint(self) -> list[CleanerdError | OSError]:
+    def checkpoint(self, *, clean_stop: bool = False) -> list[CleanerdError | OSError]:
         """Write each owned log dir's `recovery-point-offset-checkpoint` and
-        `log-start-offset-checkpoint` for the open partitions, as a broker does on a clean
-        shutdown. Nothing is fsynced first (on a big host that would take longer than a
-        service stop may): each recovery point says what is already known durable, and
-        the next open recovers the rest, as after a crash. Returns the errors (each names
-        its file), one log dir's failure not stopping the others."""
+        `log-start-offset-checkpoint` for the open partitions. Each recovery point says
+        what is already known durable, and the next open recovers the rest, as after a
+        crash. With `clean_stop`, first make each partition what a clean stop leaves
+        (flushed where it was not, a producer snapshot at its end: only partitions
+        appended to since their last flush cost an fsync), and after the checkpoints
+        write Kafka's clean-shutdown marker in every dir where all of that worked for
+        every partition (`log_dir.py`). Returns the errors (each names its file), one
+        log dir's failure not stopping the others."""
         by_dir: dict[Path, list[PartitionLog]] = {}
         for (path, _), plog in self._plogs.items():
             if not plog.read_only:
                 by_dir.setdefault(path, []).append(plog)
         errors: list[CleanerdError | OSError] = []
         for log_dir in self.log_dirs:
-            if log_dir.mode is Mode.OWNER and log_dir.path in by_dir:
-                try:
-                    log_dir.checkpoint_logs(by_dir[log_dir.path])
-                except (CleanerdError, OSError) as exc:
-                    errors.append(exc)
+            if log_dir.mode is not Mode.OWNER or log_dir.path not in by_dir:
+                continue
+            plogs = by_dir[log_dir.path]
+            try:
+                if clean_stop:
+                    marked = self.manager.registry.in_dir(str(log_dir.path))
+                    for plog in plogs:
+                        # A damaged partition is left byte for byte as it is, and an
+                        # uncleanable one gets no snapshot (it is flushed all the same).
+                        if plog.corrupt is None:
+                            plog.prepare_clean_shutdown(snapshot=plog.topic_partition not in marked)
+                log_dir.checkpoint_logs(plogs)
+                if clean_stop and _all_sound(log_dir, plogs):
+                    log_dir.mark_clean_shutdown()
+            except (CleanerdError, OSError) as exc:
+                errors.append(exc)
         return errors
 
     @property
@@ -317,7 +331,7 @@ class Maintenance:
         stopped service should not hold disk space), release the log dirs, stop the
         engine (aborting anything still running). Returns the checkpoint errors."""
         try:
-            return self.checkpoint()
+            return self.checkpoint(clean_stop=True)
         finally:
             self.close(unlink_pending=True)
             self.engine.shutdown(abort=True)
@@ -769,6 +783,8 @@ class Maintenance:
                 list(result.deleted_files), now_ms=now, delay_ms=item.topic.file_delete_delay_ms
             )
             report.cleaned.append(self._cleaned(r, result, now))
+            if not item.plog.read_only:
+                item.plog.take_snapshot()  # the state at the end of the cleaned log
             # A pass that stopped short of its range (the offset map filled up) made
             # progress and has more to do: the partition goes back in the queue. One that
             # covered its range is done for this cycle, as is one that made no progress.
@@ -867,3 +883,11 @@ class Maintenance:
             started_ms=r.started_ms,
             finished_ms=now,
         )
+
+
+def _all_sound(log_dir: LogDir, plogs: list[PartitionLog]) -> bool:
+    """Every writable partition of the dir is open here and none is damaged: only then
+    may the next owner skip recovery."""
+    opened = {p.topic_partition for p in plogs if p.corrupt is None}
+    writable = {tp for tp in log_dir.partitions() if tp.topic != METADATA_TOPIC}
+    return writable <= opened

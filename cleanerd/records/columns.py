@@ -7,13 +7,14 @@ Two entry points:
   its key, value and headers are, its timestamp and offset deltas. The record layout is
   documented in `record.py`.
 - `segment_columns(buf)` decodes a whole segment (a numpy uint8 view of the file, e.g. of
-  an mmap) into a batch table and a record table with absolute offsets and timestamps.
+  an mmap) into a batch table (`walker.py`'s, CRC checked there) and a record table with
+  absolute offsets and timestamps.
 
-Both run compiled kernels (`cleanerd._jit.jit`) that read big-endian header fields and
-zig-zag varints byte by byte and check every length against its bounds. Python runs once
-per batch only where a C library does the work: CRC-32C (`crc32c`), decompression
-(`cramjam`), and, for legacy magic 0/1 entries, the reader in `legacy.py` (old data is
-rare, so per-message Python is fine there).
+Both run compiled kernels (`cleanerd._jit.jit`) that read zig-zag varints byte by byte
+and check every length against its bounds. Python runs once per batch only where a C
+library does the work: decompression (`cramjam`, compressed batches only), and, for
+legacy magic 0/1 entries, the reader in `legacy.py` (old data is rare, so per-message
+Python is fine there).
 
 Positions in the record table point into one of two buffers, named by `buffer_id`:
 0 = the segment buffer itself (uncompressed v2 batches, uncompressed legacy messages),
@@ -37,7 +38,6 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any, Final, TypeAlias
 
-import crc32c
 import numpy as np
 import numpy.typing as npt
 
@@ -46,34 +46,17 @@ from cleanerd.errors import CorruptRecordError
 from cleanerd.records import legacy
 from cleanerd.records.compression import decompress, decompress_into
 from cleanerd.records.header import (
-    ATTRIBUTES_OFFSET,
-    BASE_OFFSET_OFFSET,
-    BASE_SEQUENCE_OFFSET,
-    BASE_TIMESTAMP_OFFSET,
     COMPRESSION_MASK,
-    CRC_OFFSET,
-    LAST_OFFSET_DELTA_OFFSET,
-    LEGACY_V0_MIN_SIZE,
-    LEGACY_V1_MIN_SIZE,
-    LENGTH_OFFSET,
     LOG_OVERHEAD,
-    MAGIC_OFFSET,
-    MAX_TIMESTAMP_OFFSET,
-    NO_TIMESTAMP,
-    PARTITION_LEADER_EPOCH_OFFSET,
-    PREFIX_SIZE,
-    PRODUCER_EPOCH_OFFSET,
-    PRODUCER_ID_OFFSET,
     RECORD_BATCH_OVERHEAD,
-    RECORDS_COUNT_OFFSET,
     TIMESTAMP_TYPE_MASK,
     BatchHeader,
     Buffer,
     Compression,
 )
 from cleanerd.records.record import RecordHeader
-from cleanerd.records.scan import check_batch_at
 from cleanerd.records.varint import decode_varint
+from cleanerd.records.walker import BatchTable, as_uint8, be_i32, walk_strict
 
 I64 = npt.NDArray[np.int64]
 I32 = npt.NDArray[np.int32]
@@ -106,33 +89,6 @@ _MESSAGES: Final = {
 
 # ---------------------------------------------------------------------------------------
 # Kernels. Everything is int64 arithmetic: numba turns mixed int64/uint64 into floats.
-
-
-@jit
-def _be_i64(buf: U8, p: Int) -> Int:
-    u = np.uint64(0)
-    for i in range(8):
-        u = (u << np.uint64(8)) | np.uint64(buf[p + i])
-    return np.int64(u)
-
-
-@jit
-def _be_i32(buf: U8, p: Int) -> Int:
-    v = (np.int64(buf[p]) << 24) | (np.int64(buf[p + 1]) << 16)
-    v |= (np.int64(buf[p + 2]) << 8) | np.int64(buf[p + 3])
-    return v - (1 << 32) if v >= (1 << 31) else v
-
-
-@jit
-def _be_u32(buf: U8, p: Int) -> Int:
-    v = (np.int64(buf[p]) << 24) | (np.int64(buf[p + 1]) << 16)
-    return v | (np.int64(buf[p + 2]) << 8) | np.int64(buf[p + 3])
-
-
-@jit
-def _be_i16(buf: U8, p: Int) -> Int:
-    v = (np.int64(buf[p]) << 8) | np.int64(buf[p + 1])
-    return v - (1 << 16) if v >= (1 << 15) else v
 
 
 @jit
@@ -337,87 +293,8 @@ def _batches_kernel(
     return 0, 0, 0
 
 
-@jit
-def _walk_batches(
-    buf: U8,
-    start: Int,
-    end: Int,
-    fill: bool,
-    position: I64,
-    size: I64,
-    magic: I8,
-    base_offset: I64,
-    partition_leader_epoch: I32,
-    crc: I64,
-    attributes: I16,
-    last_offset_delta: I32,
-    base_timestamp: I64,
-    max_timestamp: I64,
-    producer_id: I64,
-    producer_epoch: I16,
-    base_sequence: I32,
-    records_count: I32,
-) -> tuple[Int, Int, Int]:
-    """Walk batch headers in buf[start:end] with scan.py's structural checks; (batches,
-    stop position, status). status 0 = reached `end`; otherwise the batch at the stop
-    position fails a check and `check_batch_at` says which. v2 fields are read here;
-    legacy rows get only position, size, magic and offset."""
-    p = start
-    n = 0
-    while p < end:
-        left = end - p
-        if left < PREFIX_SIZE:
-            return n, p, 1
-        length = _be_i32(buf, p + LENGTH_OFFSET)
-        m = np.int64(buf[p + MAGIC_OFFSET])
-        if m > 2:
-            return n, p, 2
-        total = length + LOG_OVERHEAD
-        if m == 2:
-            minimum = RECORD_BATCH_OVERHEAD
-        else:
-            minimum = LEGACY_V0_MIN_SIZE if m == 0 else LEGACY_V1_MIN_SIZE
-        if total < minimum:
-            return n, p, 3
-        if total > left:
-            return n, p, 4
-        if m == 2:
-            lod = _be_i32(buf, p + LAST_OFFSET_DELTA_OFFSET)
-            count = _be_i32(buf, p + RECORDS_COUNT_OFFSET)
-            if lod < 0 or count < 0 or count > lod + 1:
-                return n, p, 5
-        if fill:
-            position[n] = p
-            size[n] = total
-            magic[n] = m
-            base_offset[n] = _be_i64(buf, p + BASE_OFFSET_OFFSET)
-            if m == 2:
-                partition_leader_epoch[n] = _be_i32(buf, p + PARTITION_LEADER_EPOCH_OFFSET)
-                crc[n] = _be_u32(buf, p + CRC_OFFSET)
-                attributes[n] = _be_i16(buf, p + ATTRIBUTES_OFFSET)
-                last_offset_delta[n] = _be_i32(buf, p + LAST_OFFSET_DELTA_OFFSET)
-                base_timestamp[n] = _be_i64(buf, p + BASE_TIMESTAMP_OFFSET)
-                max_timestamp[n] = _be_i64(buf, p + MAX_TIMESTAMP_OFFSET)
-                producer_id[n] = _be_i64(buf, p + PRODUCER_ID_OFFSET)
-                producer_epoch[n] = _be_i16(buf, p + PRODUCER_EPOCH_OFFSET)
-                base_sequence[n] = _be_i32(buf, p + BASE_SEQUENCE_OFFSET)
-                records_count[n] = _be_i32(buf, p + RECORDS_COUNT_OFFSET)
-        n += 1
-        p += total
-    return n, p, 0
-
-
 # ---------------------------------------------------------------------------------------
 # Python side: one call per segment, loops per batch only.
-
-
-def as_uint8(buf: Buffer | U8) -> U8:
-    """A zero-copy 1-D uint8 numpy view of `buf` (bytes, bytearray, memoryview, mmap)."""
-    if isinstance(buf, np.ndarray):
-        if buf.dtype != np.uint8 or buf.ndim != 1:
-            raise TypeError(f"expected a 1-D uint8 array, got {buf.dtype} with {buf.ndim} dims")
-        return np.ascontiguousarray(buf)
-    return np.frombuffer(buf, dtype=np.uint8)
 
 
 @dataclass(frozen=True, slots=True)
@@ -612,56 +489,6 @@ class SegmentColumns:
 
 
 @dataclass(slots=True)
-class _BatchTable:
-    position: I64
-    size: I64
-    magic: I8
-    base_offset: I64
-    partition_leader_epoch: I32
-    crc: I64
-    attributes: I16
-    last_offset_delta: I32
-    base_timestamp: I64
-    max_timestamp: I64
-    producer_id: I64
-    producer_epoch: I16
-    base_sequence: I32
-    records_count: I32
-
-    @classmethod
-    def empty(cls, n: int) -> _BatchTable:
-        dtypes = [np.int64, np.int64, np.int8, np.int64, np.int32, np.int64, np.int16]
-        dtypes += [np.int32, np.int64, np.int64, np.int64, np.int16, np.int32, np.int32]
-        return cls(*(np.full(n, -1, dtype=d) for d in dtypes))
-
-    def arrays(self) -> list[Array]:
-        return [getattr(self, f.name) for f in fields(self)]
-
-
-def _walk(buf: U8, start: int, end: int, verify_crc: bool) -> _BatchTable:
-    found = _walk_batches(buf, start, end, False, *_BatchTable.empty(0).arrays())
-    n, stop, status = (int(x) for x in found)
-    table = _BatchTable.empty(n)
-    _walk_batches(buf, start, end, True, *table.arrays())
-    view = buf.data
-    if verify_crc:
-        v2 = table.magic == 2
-        checked = zip(
-            table.position[v2].tolist(),
-            table.size[v2].tolist(),
-            table.crc[v2].tolist(),
-            strict=True,
-        )
-        for p, size, crc in checked:
-            if crc32c.crc32c(view[p + ATTRIBUTES_OFFSET : p + size]) != crc:
-                check_batch_at(view, p, end, verify_crc=True)
-    if status != 0:
-        check_batch_at(view, stop, end, verify_crc=verify_crc)
-        raise CorruptRecordError(f"batch fails the scan (status {status})", position=stop)
-    return table
-
-
-@dataclass(slots=True)
 class _Legacy:
     """Records of legacy rows, gathered in Python."""
 
@@ -720,7 +547,7 @@ class _SideBuffer:
 
 
 def _read_legacy(
-    view: memoryview, table: _BatchTable, side: _SideBuffer, verify_crc: bool
+    view: memoryview, table: BatchTable, side: _SideBuffer, verify_crc: bool
 ) -> _Legacy:
     out = _Legacy([], [], [], [], [], [], [], [], [], [])
     for row in np.flatnonzero(table.magic != 2).tolist():
@@ -734,12 +561,6 @@ def _read_legacy(
             offsets = legacy.inner_offsets(entry, entries)
             timestamps = legacy.inner_timestamps(entry, entries)
             base, bid = side.append(inner), SIDE
-        table.attributes[row] = entry.attributes
-        table.crc[row] = entry.crc
-        table.base_offset[row] = offsets[0]
-        table.last_offset_delta[row] = entry.offset - offsets[0]
-        table.max_timestamp[row] = entry.timestamp if entry.magic == 1 else NO_TIMESTAMP
-        table.records_count[row] = len(entries)
         for e, offset, ts in zip(entries, offsets, timestamps, strict=True):
             out.rows.append(row)
             out.offset.append(offset)
@@ -754,7 +575,7 @@ def _read_legacy(
     return out
 
 
-def _check_counts(table: _BatchTable, rows: I64, area_len: I64) -> None:
+def _check_counts(table: BatchTable, rows: I64, area_len: I64) -> None:
     """Refuse record counts the areas cannot hold, before allocating the record table."""
     bad = np.flatnonzero(table.records_count[rows].astype(np.int64) * MIN_RECORD_SIZE > area_len)
     if len(bad):
@@ -776,7 +597,7 @@ def segment_columns(
     the decompressed records)."""
     seg = as_uint8(buf)
     stop = len(seg) if end is None else min(end, len(seg))
-    table = _walk(seg, start, stop, verify_crc)
+    table = walk_strict(seg, start=start, end=stop, verify_crc=verify_crc)
     view = seg.data
     v2 = table.magic == 2
     compressed = v2 & ((table.attributes & COMPRESSION_MASK) != 0)
@@ -920,3 +741,28 @@ def _fill_legacy(rec: list[Array], old: _Legacy, first: I64) -> None:
     ]
     for target, values in zip(rec, columns, strict=True):
         target[slots] = values
+
+
+@jit
+def _coordinator_epochs(buf: U8, position: I64, size: I64, out: I32) -> tuple[Int, Int]:
+    """For each uncompressed control batch at position[i], the coordinator epoch in the
+    value of its first record (an EndTxnMarker: version int16 | coordinatorEpoch int32),
+    or -1 when the value is shorter; (status, failing i)."""
+    for i in range(position.shape[0]):
+        p = position[i] + RECORD_BATCH_OVERHEAD
+        st, _, _, _, _, _, _, vp, vl, _, _ = _parse_record(buf, p, position[i] + size[i])
+        if st != 0:
+            return st, i
+        out[i] = be_i32(buf, vp + 2) if vl >= 6 else -1
+    return 0, 0
+
+
+def marker_coordinator_epochs(buf: Buffer | U8, position: I64, size: I64) -> I32:
+    """The coordinator epochs of the transaction markers at `position` (batch starts in
+    `buf`, markers are never compressed), in one compiled call; CorruptRecordError names
+    the position of a marker whose record does not parse."""
+    out = np.empty(len(position), np.int32)
+    status, i = (int(x) for x in _coordinator_epochs(as_uint8(buf), position, size, out))
+    if status != 0:
+        raise CorruptRecordError(_MESSAGES[status], position=int(position[i]))
+    return out

@@ -1,4 +1,6 @@
-"""Shallow scan of back-to-back batches in a buffer (a segment file's bytes).
+"""The checks a batch in a buffer (a segment file's bytes) must pass, one batch at a time:
+the reference `walker.py`'s compiled walk agrees with, and the source of its error
+messages.
 
 Every batch, v2 or legacy, starts with ``offset int64 | length int32`` (the 12-byte log
 overhead; length counts the bytes after it) and has its magic byte at position 16, so a
@@ -13,14 +15,13 @@ Checks, in order (Kafka's FileLogInputStream and RecordBatch.ensureValid):
 6. offsets consistent (v2: lastOffsetDelta >= 0, 0 <= recordsCount <= lastOffsetDelta + 1).
 
 The first failure raises CorruptRecordError whose position is the batch's position in the
-buffer. `scan_valid_prefix` turns that into a result instead: how many bytes are valid, and
-whether what follows is merely a truncated batch (a crash mid-append) or corruption.
+buffer; `IncompleteBatchError` when the batch is merely cut short (a crash mid-append).
+`walker.scan_valid_prefix` turns that into a result instead.
 """
 
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Final
 
@@ -126,32 +127,3 @@ def check_batch_at(buf: Buffer, position: int, end: int, *, verify_crc: bool) ->
     if magic == 2:
         return _scan_v2(buf, position, verify_crc)
     return _scan_legacy(buf, position, position + size, verify_crc)
-
-
-def scan_batches(
-    buf: Buffer, *, start: int = 0, end: int | None = None, verify_crc: bool = True
-) -> Iterator[BatchInfo]:
-    """Yield every batch in `buf[start:end]` in order; raise CorruptRecordError (position
-    = offset in `buf`) at the first batch that is incomplete or invalid."""
-    stop = len(buf) if end is None else min(end, len(buf))
-    position = start
-    while position < stop:
-        info = check_batch_at(buf, position, stop, verify_crc=verify_crc)
-        yield info
-        position += info.size
-
-
-def scan_valid_prefix(buf: Buffer, *, start: int = 0, verify_crc: bool = True) -> ScanResult:
-    """Scan from `start` to the end of `buf`, stopping at the first bad batch instead of
-    raising (what log recovery needs: everything before it is kept)."""
-    batches: list[BatchInfo] = []
-    position = start
-    try:
-        for info in scan_batches(buf, start=start, verify_crc=verify_crc):
-            batches.append(info)
-            position += info.size
-    except IncompleteBatchError as exc:
-        return ScanResult(batches, position - start, exc, incomplete_tail=True)
-    except CorruptRecordError as exc:
-        return ScanResult(batches, position - start, exc, incomplete_tail=False)
-    return ScanResult(batches, position - start, None, incomplete_tail=False)

@@ -23,7 +23,7 @@ from cleanerd.log.files import TopicPartition
 from cleanerd.log.partition_log import PartitionLog
 from cleanerd.records.header import Compression
 from cleanerd.records.record import Record, RecordHeader
-from cleanerd.records.scan import scan_batches
+from cleanerd.records.walker import scan_batches
 from tests.holders import HOLD_BROKER_LOCK, HOLD_OWNER_LOCK, held_by_other_process
 
 NOW = 1_700_000_000_000

@@ -33,7 +33,7 @@ from cleanerd.records.batch import RecordBatch, decode_batch, encode_batch
 from cleanerd.records.control import ControlRecordType, encode_end_txn_marker
 from cleanerd.records.header import Compression, unpack_header
 from cleanerd.records.record import Record, RecordHeader
-from cleanerd.records.scan import scan_batches, scan_valid_prefix
+from cleanerd.records.walker import scan_batches, scan_valid_prefix
 
 TP = TopicPartition("t", 0)
 DAY = 86_400_000

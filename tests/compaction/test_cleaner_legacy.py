@@ -7,7 +7,7 @@ from aiokafka.record.legacy_records import LegacyRecordBatchBuilder
 
 from cleanerd.records.batch import decode_batch, iter_records
 from cleanerd.records.header import Compression
-from cleanerd.records.scan import scan_batches
+from cleanerd.records.walker import scan_batches
 from tests.compaction.conftest import LogBuilder, clean, k
 
 

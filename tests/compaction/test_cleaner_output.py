@@ -17,7 +17,7 @@ from cleanerd.log.recovery import SegmentOptions, recover_partition
 from cleanerd.log.segment_reader import map_segment
 from cleanerd.records.columns import SegmentColumns, segment_columns
 from cleanerd.records.header import Buffer, Compression
-from cleanerd.records.scan import scan_batches
+from cleanerd.records.walker import scan_batches
 from tests.compaction.conftest import LogBuilder, clean, k, read_batches
 
 

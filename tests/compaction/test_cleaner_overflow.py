@@ -9,7 +9,7 @@ from cleanerd.compaction.cleaner import CleanerConfig
 from cleanerd.log.files import log_file
 from cleanerd.log.recovery import SegmentOptions, recover_partition
 from cleanerd.log.txnindex import AbortedTxn
-from cleanerd.records.scan import scan_batches
+from cleanerd.records.walker import scan_batches
 from tests.compaction.conftest import (
     LONG_MAX,
     LogBuilder,

@@ -15,7 +15,7 @@ from cleanerd.log.ownership import SegmentsChanged
 from cleanerd.log.partition_log import PartitionLog
 from cleanerd.log.txnindex import AbortedTxn
 from cleanerd.records.batch import RecordBatch, decode_batch
-from cleanerd.records.scan import scan_batches
+from cleanerd.records.walker import scan_batches
 from tests.compaction.conftest import (
     DAY,
     LONG_MAX,

@@ -212,7 +212,7 @@ def test_partition_dirs_hold_only_kafka_files(tmp_path: Path) -> None:
         plog.append([kv("a", "1")])
         plog.roll()
     names = sorted(p.name for p in (root / "orders-0").iterdir())
-    assert all(n.endswith((".log", ".index", ".timeindex")) for n in names)
+    assert all(n.endswith((".log", ".index", ".timeindex", ".snapshot")) for n in names)
     assert sorted(p.name for p in root.iterdir()) == [".lock", "orders-0"]
     assert any(state.rglob("orders-0.lock"))
 

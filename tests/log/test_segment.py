@@ -11,7 +11,7 @@ from cleanerd.errors import CorruptRecordError
 from cleanerd.log.index import IndexPastLogError, OffsetIndex, TimeIndex
 from cleanerd.log.segment import LogSegment
 from cleanerd.records.record import Record
-from cleanerd.records.scan import scan_batches
+from cleanerd.records.walker import scan_batches
 from tests.builders import encode_records, kv, write_segment
 
 

@@ -5,11 +5,10 @@ from __future__ import annotations
 import struct
 from pathlib import Path
 
-import crc32c
 import pytest
 
 from cleanerd.errors import CorruptIndexError
-from cleanerd.log.txnindex import AbortedTxn, TransactionIndex, ongoing_txns_from_snapshot
+from cleanerd.log.txnindex import AbortedTxn, TransactionIndex
 
 
 def test_round_trip_and_format(tmp_path: Path) -> None:
@@ -82,30 +81,3 @@ def test_truncate_to(tmp_path: Path) -> None:
     index.append(AbortedTxn(4, 1, 9, 10))
     index.truncate_to(9)
     assert TransactionIndex.load(path, 0).entries == [AbortedTxn(0, 1, 3, 4)]
-
-
-def _snapshot(entries: list[tuple[int, int]], *, version: int = 1) -> bytes:
-    body = struct.pack(">i", len(entries)) + b"".join(
-        struct.pack(">qhiqiqiq", pid, 0, 5, 100, 0, 1000, 0, first) for pid, first in entries
-    )
-    return struct.pack(">hI", version, crc32c.crc32c(body)) + body
-
-
-def test_snapshot_ongoing_transactions(tmp_path: Path) -> None:
-    """A producer snapshot yields the producers with an open transaction."""
-    path = tmp_path / "00000000000000000100.snapshot"
-    path.write_bytes(_snapshot([(7, 90), (8, -1)]))
-    assert ongoing_txns_from_snapshot(path) == {7: 90}
-
-
-def test_snapshot_crc_and_version_checked(tmp_path: Path) -> None:
-    """A snapshot with a bad CRC or version is CorruptIndexError."""
-    path = tmp_path / "s.snapshot"
-    data = bytearray(_snapshot([(7, 90)]))
-    data[-1] ^= 1
-    path.write_bytes(bytes(data))
-    with pytest.raises(CorruptIndexError, match="CRC mismatch"):
-        ongoing_txns_from_snapshot(path)
-    path.write_bytes(_snapshot([], version=2))
-    with pytest.raises(CorruptIndexError, match="version 2"):
-        ongoing_txns_from_snapshot(path)

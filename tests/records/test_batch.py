@@ -28,7 +28,7 @@ from cleanerd.records.header import (
     unpack_header,
 )
 from cleanerd.records.record import Record, RecordHeader
-from cleanerd.records.scan import scan_batches
+from cleanerd.records.walker import scan_batches
 from tests.conftest import KAFKA_REAL
 
 FIXTURES = KAFKA_REAL

@@ -18,8 +18,8 @@ from cleanerd.records.batch import decode_batch, encode_batch, iter_records
 from cleanerd.records.columns import record_columns, segment_columns
 from cleanerd.records.header import RECORD_BATCH_OVERHEAD, Compression, TimestampType, unpack_header
 from cleanerd.records.record import Record, RecordHeader
-from cleanerd.records.scan import scan_batches
 from cleanerd.records.varint import encode_varint
+from cleanerd.records.walker import scan_batches
 from tests.conftest import KAFKA_REAL
 from tests.records.oracles import build_legacy
 

@@ -14,7 +14,7 @@ from cleanerd.records.columns import segment_columns
 from cleanerd.records.control import ControlRecordType, control_type, encode_end_txn_marker
 from cleanerd.records.header import CONTROL_MASK, Compression, TimestampType
 from cleanerd.records.record import Record, RecordHeader
-from cleanerd.records.scan import scan_batches
+from cleanerd.records.walker import scan_batches
 from tests.records.oracles import DEFAULT_BUILDERS, marker_type, read_with
 
 LIBRARIES = ["aiokafka", "kafka-python"]

@@ -13,7 +13,7 @@ from cleanerd.records.compression import compress
 from cleanerd.records.header import Compression
 from cleanerd.records.legacy import iter_legacy_records, read_legacy_entry
 from cleanerd.records.record import Record
-from cleanerd.records.scan import scan_batches, scan_valid_prefix
+from cleanerd.records.walker import scan_batches, scan_valid_prefix
 from tests.records.oracles import build_legacy, read_with
 
 # Message sets written by Kafka 0.10 brokers (kafka-python's test data): values "123", "",

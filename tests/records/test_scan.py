@@ -12,7 +12,8 @@ from cleanerd.errors import CorruptRecordError
 from cleanerd.records.batch import encode_batch, encode_empty_batch
 from cleanerd.records.header import Compression
 from cleanerd.records.record import Record
-from cleanerd.records.scan import BatchInfo, scan_batches, scan_valid_prefix
+from cleanerd.records.scan import BatchInfo
+from cleanerd.records.walker import scan_batches, scan_valid_prefix
 from tests.conftest import KAFKA_REAL
 
 FIXTURES = KAFKA_REAL

@@ -1,0 +1,474 @@
+"""The batch walker: every batch of a segment (or a byte range of one) as columns, in one
+compiled call, CRC included.
+
+Every batch, v2 or legacy, starts with ``offset int64 | length int32`` and has its magic
+byte at position 16 (see `header.py` for the v2 layout, `legacy.py` for magic 0/1). The
+kernel hops from batch to batch, applies the structural checks of `scan.py` (which
+documents them and produces the error message for the batch that fails), checks each v2
+batch's CRC-32C through `crc.py` (no Python per batch), and writes the header fields of
+every batch into a `BatchTable`. It stops at the first batch that fails a check; `walk`
+returns what came before it, where it stopped and why, so log recovery can keep the
+valid prefix, while `walk_strict` raises.
+
+Legacy entries (magic 0/1, written before Kafka 0.11) get their CRC-32 and, for a
+compressed wrapper, their first inner offset from `legacy.py` in Python, one entry at a
+time: such data is rare and read-only here.
+
+The table is the one representation the log layer, the commands and both engines read
+batch metadata from: segment metadata (first and largest timestamps, last offset),
+the tail of a segment, transaction state, index rebuilds, `dump`, `audit`, the record
+decoder in `columns.py`. It costs 72 bytes per batch while it lives.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, fields
+from typing import Any, Final, TypeAlias
+
+import numpy as np
+import numpy.typing as npt
+
+from cleanerd._jit import jit
+from cleanerd.errors import CorruptRecordError
+from cleanerd.records import legacy
+from cleanerd.records.crc import crc32c_at
+from cleanerd.records.header import (
+    ATTRIBUTES_OFFSET,
+    BASE_OFFSET_OFFSET,
+    BASE_SEQUENCE_OFFSET,
+    BASE_TIMESTAMP_OFFSET,
+    CONTROL_MASK,
+    CRC_OFFSET,
+    LAST_OFFSET_DELTA_OFFSET,
+    LEGACY_V0_MIN_SIZE,
+    LEGACY_V1_MIN_SIZE,
+    LENGTH_OFFSET,
+    LOG_OVERHEAD,
+    MAGIC_OFFSET,
+    MAX_TIMESTAMP_OFFSET,
+    NO_TIMESTAMP,
+    PARTITION_LEADER_EPOCH_OFFSET,
+    PREFIX_SIZE,
+    PRODUCER_EPOCH_OFFSET,
+    PRODUCER_ID_OFFSET,
+    RECORD_BATCH_OVERHEAD,
+    RECORDS_COUNT_OFFSET,
+    TRANSACTIONAL_MASK,
+    BatchHeader,
+    Buffer,
+    Compression,
+)
+from cleanerd.records.scan import BatchInfo, IncompleteBatchError, ScanResult, check_batch_at
+
+I64 = npt.NDArray[np.int64]
+I32 = npt.NDArray[np.int32]
+I16 = npt.NDArray[np.int16]
+I8 = npt.NDArray[np.int8]
+U8 = npt.NDArray[np.uint8]
+Array: TypeAlias = npt.NDArray[Any]
+Int: TypeAlias = int | np.signedinteger[Any]
+
+# Kernel stop reasons. Incomplete ones (a batch cut short by the end of the data) are
+# what a crash mid-append leaves; the others are bad bytes.
+DONE: Final = 0
+INCOMPLETE_PREFIX: Final = 1
+BAD_MAGIC: Final = 2
+TOO_SMALL: Final = 3
+INCOMPLETE_BATCH: Final = 4
+BAD_COUNTS: Final = 5
+BAD_CRC: Final = 6
+FULL: Final = 7  # the table is full: hand it over and go on
+
+_SMALL_BATCH_GUESS: Final = 128  # bytes per batch, to size the scratch table of a short walk
+
+
+@jit
+def be_i64(buf: U8, p: Int) -> Int:
+    u = np.uint64(0)
+    for i in range(8):
+        u = (u << np.uint64(8)) | np.uint64(buf[p + i])
+    return np.int64(u)
+
+
+@jit
+def be_i32(buf: U8, p: Int) -> Int:
+    u = (np.int64(buf[p]) << 24) | (np.int64(buf[p + 1]) << 16)
+    u |= (np.int64(buf[p + 2]) << 8) | np.int64(buf[p + 3])
+    return u - (np.int64(1) << 32) if u >= (np.int64(1) << 31) else u
+
+
+@jit
+def be_u32(buf: U8, p: Int) -> Int:
+    u = (np.int64(buf[p]) << 24) | (np.int64(buf[p + 1]) << 16)
+    return u | (np.int64(buf[p + 2]) << 8) | np.int64(buf[p + 3])
+
+
+@jit
+def be_i16(buf: U8, p: Int) -> Int:
+    u = (np.int64(buf[p]) << 8) | np.int64(buf[p + 1])
+    return u - 65536 if u >= 32768 else u
+
+
+@jit
+def _walk_kernel(
+    buf: U8,
+    start: Int,
+    end: Int,
+    n: Int,
+    verify_crc: bool,
+    position: I64,
+    size: I64,
+    magic: I8,
+    base_offset: I64,
+    partition_leader_epoch: I32,
+    crc: I64,
+    attributes: I16,
+    last_offset_delta: I32,
+    base_timestamp: I64,
+    max_timestamp: I64,
+    producer_id: I64,
+    producer_epoch: I16,
+    base_sequence: I32,
+    records_count: I32,
+) -> tuple[Int, Int, Int]:
+    """Walk buf[start:end], filling rows from `n`; (rows filled, stop position, reason)."""
+    p = start
+    capacity = position.shape[0]
+    base = buf.ctypes.data
+    while p < end:
+        if n == capacity:
+            return n, p, FULL
+        left = end - p
+        if left < PREFIX_SIZE:
+            return n, p, INCOMPLETE_PREFIX
+        length = be_i32(buf, p + LENGTH_OFFSET)
+        m = np.int64(buf[p + MAGIC_OFFSET])
+        if m > 2:
+            return n, p, BAD_MAGIC
+        total = length + LOG_OVERHEAD
+        if m == 2:
+            minimum = RECORD_BATCH_OVERHEAD
+        else:
+            minimum = LEGACY_V0_MIN_SIZE if m == 0 else LEGACY_V1_MIN_SIZE
+        if total < minimum:
+            return n, p, TOO_SMALL
+        if total > left:
+            return n, p, INCOMPLETE_BATCH
+        position[n] = p
+        size[n] = total
+        magic[n] = m
+        base_offset[n] = be_i64(buf, p + BASE_OFFSET_OFFSET)
+        if m == 2:
+            lod = be_i32(buf, p + LAST_OFFSET_DELTA_OFFSET)
+            count = be_i32(buf, p + RECORDS_COUNT_OFFSET)
+            if lod < 0 or count < 0 or count > lod + 1:
+                return n, p, BAD_COUNTS
+            stored = be_u32(buf, p + CRC_OFFSET)
+            if verify_crc and crc32c_at(
+                base + p + ATTRIBUTES_OFFSET, total - ATTRIBUTES_OFFSET
+            ) != (stored):
+                return n, p, BAD_CRC
+            partition_leader_epoch[n] = be_i32(buf, p + PARTITION_LEADER_EPOCH_OFFSET)
+            crc[n] = stored
+            attributes[n] = be_i16(buf, p + ATTRIBUTES_OFFSET)
+            last_offset_delta[n] = lod
+            base_timestamp[n] = be_i64(buf, p + BASE_TIMESTAMP_OFFSET)
+            max_timestamp[n] = be_i64(buf, p + MAX_TIMESTAMP_OFFSET)
+            producer_id[n] = be_i64(buf, p + PRODUCER_ID_OFFSET)
+            producer_epoch[n] = be_i16(buf, p + PRODUCER_EPOCH_OFFSET)
+            base_sequence[n] = be_i32(buf, p + BASE_SEQUENCE_OFFSET)
+            records_count[n] = count
+        else:  # legacy: `walk` fills in the rest from legacy.py
+            partition_leader_epoch[n] = -1
+            base_timestamp[n] = -1
+            producer_id[n] = -1
+            producer_epoch[n] = -1
+            base_sequence[n] = -1
+        n += 1
+        p += total
+    return n, p, DONE
+
+
+@dataclass(slots=True)
+class BatchTable:
+    """One row per batch (v2) or shallow legacy entry, in file order; positions are in the
+    walked buffer. Legacy rows: attributes is the message attribute byte, base_offset and
+    last_offset_delta span the inner offsets, records_count counts inner messages,
+    max_timestamp is the v1 timestamp (-1 for v0), producer fields and base_timestamp -1.
+    """
+
+    position: I64
+    size: I64
+    magic: I8
+    base_offset: I64
+    partition_leader_epoch: I32
+    crc: I64
+    attributes: I16
+    last_offset_delta: I32
+    base_timestamp: I64
+    max_timestamp: I64
+    producer_id: I64
+    producer_epoch: I16
+    base_sequence: I32
+    records_count: I32
+
+    @classmethod
+    def empty(cls, n: int) -> BatchTable:
+        dtypes = [np.int64, np.int64, np.int8, np.int64, np.int32, np.int64, np.int16]
+        dtypes += [np.int32, np.int64, np.int64, np.int64, np.int16, np.int32, np.int32]
+        return cls(*(np.empty(n, dtype=d) for d in dtypes))
+
+    def arrays(self) -> list[Array]:
+        return [getattr(self, f.name) for f in fields(self)]
+
+    def __len__(self) -> int:
+        return len(self.position)
+
+    def head(self, n: int) -> BatchTable:
+        """The first `n` rows (views)."""
+        return BatchTable(*(a[:n] for a in self.arrays()))
+
+    def take(self, rows: Array | slice) -> BatchTable:
+        """The rows selected by an index array, mask or slice (copies)."""
+        return BatchTable(*(a[rows].copy() for a in self.arrays()))
+
+    @classmethod
+    def concat(cls, tables: list[BatchTable]) -> BatchTable:
+        if not tables:
+            return cls.empty(0)
+        return cls(
+            *(np.concatenate(cols) for cols in zip(*(t.arrays() for t in tables), strict=True))
+        )
+
+    @property
+    def last_offset(self) -> I64:
+        return self.base_offset + self.last_offset_delta.astype(np.int64)
+
+    @property
+    def end(self) -> I64:
+        """Where each batch ends (the next one's position)."""
+        return self.position + self.size
+
+    @property
+    def is_transactional(self) -> npt.NDArray[np.bool_]:
+        flags: npt.NDArray[np.bool_] = (self.magic == 2) & (
+            self.attributes & TRANSACTIONAL_MASK != 0
+        )
+        return flags
+
+    @property
+    def is_control(self) -> npt.NDArray[np.bool_]:
+        flags: npt.NDArray[np.bool_] = (self.magic == 2) & (self.attributes & CONTROL_MASK != 0)
+        return flags
+
+    def header(self, i: int) -> BatchHeader | None:
+        """The v2 header of row `i` (None for a legacy entry)."""
+        if int(self.magic[i]) != 2:
+            return None
+        return BatchHeader(
+            int(self.base_offset[i]),
+            int(self.size[i]) - LOG_OVERHEAD,
+            int(self.partition_leader_epoch[i]),
+            2,
+            int(self.crc[i]),
+            int(self.attributes[i]),
+            int(self.last_offset_delta[i]),
+            int(self.base_timestamp[i]),
+            int(self.max_timestamp[i]),
+            int(self.producer_id[i]),
+            int(self.producer_epoch[i]),
+            int(self.base_sequence[i]),
+            int(self.records_count[i]),
+            int(self.position[i]),
+        )
+
+    def info(self, i: int) -> BatchInfo:
+        """Row `i` as a `BatchInfo` (for code that handles a few batches as objects)."""
+        return BatchInfo(
+            int(self.position[i]),
+            int(self.size[i]),
+            int(self.magic[i]),
+            int(self.base_offset[i]),
+            int(self.base_offset[i]) + int(self.last_offset_delta[i]),
+            int(self.max_timestamp[i]),
+            self.header(i),
+        )
+
+    def infos(self) -> list[BatchInfo]:
+        """Every row as a `BatchInfo`: Python per batch, so only for short tables."""
+        return [self.info(i) for i in range(len(self))]
+
+
+@dataclass(frozen=True, slots=True)
+class Walk:
+    """The valid prefix of a byte range: its batches, where the walk stopped (the range's
+    end when `error` is None), and, if it stopped early, why and whether what follows is
+    merely an incomplete batch (a crash mid-append) rather than bad bytes."""
+
+    table: BatchTable
+    start: int
+    stop: int
+    error: CorruptRecordError | None
+
+    @property
+    def valid_bytes(self) -> int:
+        return self.stop - self.start
+
+    @property
+    def incomplete_tail(self) -> bool:
+        return isinstance(self.error, IncompleteBatchError)
+
+
+def as_uint8(buf: Buffer | U8) -> U8:
+    """A zero-copy 1-D uint8 numpy view of `buf` (bytes, bytearray, memoryview, mmap)."""
+    if isinstance(buf, np.ndarray):
+        if buf.dtype != np.uint8 or buf.ndim != 1:
+            raise TypeError(f"expected a 1-D uint8 array, got {buf.dtype} with {buf.ndim} dims")
+        return np.ascontiguousarray(buf)
+    return np.frombuffer(buf, dtype=np.uint8)
+
+
+def walk(
+    buf: Buffer | U8, *, start: int = 0, end: int | None = None, verify_crc: bool = True
+) -> Walk:
+    """Walk the batches of `buf[start:end]`, stopping at the first bad one instead of
+    raising (what log recovery needs: everything before it is kept)."""
+    walker = Walker(buf, start=start, end=end, verify_crc=verify_crc)
+    chunks = [chunk.take(slice(None)) for chunk in walker]
+    table = chunks[0] if len(chunks) == 1 else BatchTable.concat(chunks)
+    return Walk(table, start, walker.stop, walker.error)
+
+
+def walk_prefix(
+    buf: Buffer | U8, *, start: int = 0, end: int | None = None, verify_crc: bool = True
+) -> Walk:
+    """Like `walk`, keeping no table (`table` is empty): where the valid prefix ends, and
+    why. A whole segment costs no more memory than one scratch table."""
+    walker = Walker(buf, start=start, end=end, verify_crc=verify_crc)
+    for _ in walker:
+        pass
+    return Walk(BatchTable.empty(0), start, walker.stop, walker.error)
+
+
+class Walker:
+    """The batches of `buf[start:end]` as a sequence of tables of at most `rows` rows,
+    each a view of one scratch table that the next step overwrites: a consumer that only
+    needs totals (a summary, open transactions, index entries) never allocates a table
+    for the whole segment, whose first-touch page faults would cost more than the walk.
+    After iteration, `stop` and `error` tell where and why the walk ended (as in `Walk`).
+    """
+
+    ROWS: Final = 1 << 16
+
+    def __init__(
+        self,
+        buf: Buffer | U8,
+        *,
+        start: int = 0,
+        end: int | None = None,
+        verify_crc: bool = True,
+        rows: int = ROWS,
+    ) -> None:
+        self.data = as_uint8(buf)
+        self.start = self.stop = start
+        self.end = len(self.data) if end is None else min(end, len(self.data))
+        self.verify_crc = verify_crc
+        self.error: CorruptRecordError | None = None
+        guess = (self.end - start) // _SMALL_BATCH_GUESS + 1
+        self._scratch = BatchTable.empty(max(1, min(rows, guess)))
+
+    def __iter__(self) -> Iterator[BatchTable]:
+        reason = FULL
+        rows = 16  # a reader that stops after the first batches walks only a few
+        while reason == FULL and self.error is None:
+            scratch = self._scratch.head(rows)
+            found = _walk_kernel(
+                self.data, self.stop, self.end, 0, self.verify_crc, *scratch.arrays()
+            )
+            rows = min(2 * rows, len(self._scratch))
+            n, stop, reason = (int(x) for x in found)
+            chunk = scratch.head(n)
+            if reason not in (DONE, FULL):
+                self.error = _stop_error(self.data, stop, self.end, self.verify_crc, reason)
+            legacy_rows = np.flatnonzero(chunk.magic != 2)
+            if len(legacy_rows):
+                n_ok, legacy_error = _read_legacy_rows(
+                    self.data, chunk, legacy_rows, self.verify_crc
+                )
+                if legacy_error is not None:
+                    stop, self.error = int(chunk.position[n_ok]), legacy_error
+                    chunk = chunk.head(n_ok)
+            self.stop = stop
+            if len(chunk):
+                yield chunk
+
+
+def walk_strict(
+    buf: Buffer | U8, *, start: int = 0, end: int | None = None, verify_crc: bool = True
+) -> BatchTable:
+    """Every batch of `buf[start:end]`; raise CorruptRecordError (position = offset in
+    `buf`) at the first batch that is incomplete or invalid."""
+    result = walk(buf, start=start, end=end, verify_crc=verify_crc)
+    if result.error is not None:
+        raise result.error
+    return result.table
+
+
+def _stop_error(data: U8, p: int, end: int, verify_crc: bool, reason: int) -> CorruptRecordError:
+    """The error `scan.check_batch_at` gives for the batch the kernel stopped at."""
+    try:
+        check_batch_at(data.data, p, end, verify_crc=verify_crc)
+    except CorruptRecordError as exc:
+        return exc.with_traceback(None)  # its frames hold views of a buffer about to close
+    return CorruptRecordError(f"batch fails the walker's check {reason}", position=p)
+
+
+def _read_legacy_rows(
+    data: U8, table: BatchTable, rows: Array, verify_crc: bool
+) -> tuple[int, CorruptRecordError | None]:
+    """Fill in legacy rows from `legacy.py` (CRC-32, inner offsets); on a bad entry, the
+    number of rows before it and the error."""
+    view = data.data
+    for row in rows.tolist():
+        p = int(table.position[row])
+        try:
+            entry = legacy.read_legacy_entry(
+                view, p, p + int(table.size[row]), verify_crc=verify_crc
+            )
+            first = entry.offset
+            count = 1
+            if entry.compression is not Compression.NONE:
+                inner = legacy.entry_records(entry, verify_crc=verify_crc)
+                first, count = inner[0].offset, len(inner)
+        except CorruptRecordError as exc:
+            return row, exc.with_traceback(None)
+        table.attributes[row] = entry.attributes
+        table.crc[row] = entry.crc
+        table.base_offset[row] = first
+        table.last_offset_delta[row] = entry.offset - first
+        table.max_timestamp[row] = entry.timestamp if entry.magic == 1 else NO_TIMESTAMP
+        table.records_count[row] = count
+    return len(table), None
+
+
+def scan_batches(
+    buf: Buffer | U8, *, start: int = 0, end: int | None = None, verify_crc: bool = True
+) -> Iterator[BatchInfo]:
+    """Every batch in `buf[start:end]` as a `BatchInfo`, in order; raise
+    CorruptRecordError (position = offset in `buf`) at the first incomplete or invalid
+    one. The walk is compiled; the objects cost Python per batch, so hot paths iterate
+    `Walker` tables instead."""
+    walker = Walker(buf, start=start, end=end, verify_crc=verify_crc)
+    for chunk in walker:
+        yield from chunk.infos()
+    error = walker.error
+    del walker  # its view of `buf` must not outlive this frame (an mmap closes after it)
+    if error is not None:
+        raise error
+
+
+def scan_valid_prefix(buf: Buffer | U8, *, start: int = 0, verify_crc: bool = True) -> ScanResult:
+    """Like `walk`, with the batches as `BatchInfo` objects (for short ranges)."""
+    w = walk(buf, start=start, verify_crc=verify_crc)
+    return ScanResult(w.table.infos(), w.valid_bytes, w.error, w.incomplete_tail)

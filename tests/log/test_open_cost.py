@@ -1,0 +1,181 @@
+"""Opening a log reads what the dir says it must, as Kafka's loader does: after a clean
+stop (producer snapshot, recovery point at the end, `.kafka_cleanshutdown`) it walks no
+segment in full; without the marker, only the bytes past the recovery point; without a
+snapshot, every batch (to rebuild the producer state)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cleanerd.cli import main
+from cleanerd.log.files import CLEAN_SHUTDOWN_FILE_NAME, TopicPartition
+from cleanerd.log.log_dir import LogDir
+from cleanerd.log.partition_log import LogConfig, PartitionLog
+from cleanerd.records import walker
+from tests.builders import kv
+
+TP = TopicPartition("orders", 0)
+CONFIG = LogConfig(segment_bytes=16 * 1024, index_interval_bytes=1024)
+
+
+@pytest.fixture
+def walked(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Bytes each walk covered, from every caller of the walker."""
+    sizes: list[int] = []
+    original = walker.Walker.__iter__
+
+    def counting(self: walker.Walker) -> Iterator[walker.BatchTable]:
+        yield from original(self)
+        sizes.append(self.stop - self.start)
+
+    monkeypatch.setattr(walker.Walker, "__iter__", counting)
+    return sizes
+
+
+def build(root: Path, state: Path) -> int:
+    """A partition of many segments with an open transaction; its log bytes."""
+    with LogDir.open(root, state_dir=state) as log_dir:
+        plog = log_dir.create_partition(TP, config=CONFIG)
+        for i in range(600):
+            plog.append([kv(f"k{i % 50}", "v" * 60)])
+        plog.append([kv("t", "open")], producer_id=7, producer_epoch=0, is_transactional=True)
+        for i in range(100):
+            plog.append([kv(f"k{i}", "w" * 60)])
+        return sum(s.size for s in plog.segments)
+
+
+def stop_cleanly(root: Path, state: Path) -> None:
+    with LogDir.open(root, state_dir=state) as log_dir:
+        plog = log_dir.open_partition(TP, config=CONFIG)
+        plog.prepare_clean_shutdown()
+        log_dir.checkpoint_logs([plog])
+        log_dir.mark_clean_shutdown()
+
+
+def reopen(root: Path, state: Path) -> tuple[PartitionLog, bool]:
+    with LogDir.open(root, state_dir=state) as log_dir:
+        plog = log_dir.open_partition(TP, config=CONFIG)
+        plog.meta()
+        return plog, log_dir.had_clean_shutdown
+
+
+def test_after_a_clean_stop_an_open_walks_no_segment(tmp_path: Path, walked: list[int]) -> None:
+    root, state = tmp_path / "logs", tmp_path / "state"
+    root.mkdir()
+    total = build(root, state)
+    stop_cleanly(root, state)
+    assert (root / CLEAN_SHUTDOWN_FILE_NAME).exists()
+    assert list((root / str(TP)).glob("*.snapshot"))
+
+    walked.clear()
+    plog, clean = reopen(root, state)
+    assert clean
+    assert not (root / CLEAN_SHUTDOWN_FILE_NAME).exists()  # taken before any write
+    segments = len(plog.segments)
+    assert segments > 5
+    # Each segment's tail after its last index entry, nothing more.
+    assert sum(walked) <= segments * (CONFIG.index_interval_bytes + 200)
+    assert sum(walked) < total / 5
+    assert plog.first_unstable_offset == 600
+
+
+def test_without_the_marker_only_bytes_past_the_recovery_point_are_walked(
+    tmp_path: Path, walked: list[int]
+) -> None:
+    root, state = tmp_path / "logs", tmp_path / "state"
+    root.mkdir()
+    total = build(root, state)
+    stop_cleanly(root, state)
+    (root / CLEAN_SHUTDOWN_FILE_NAME).unlink()
+
+    walked.clear()
+    plog, clean = reopen(root, state)
+    assert not clean
+    assert sum(walked) < total / 5
+    assert plog.first_unstable_offset == 600
+
+
+def test_without_a_snapshot_the_producer_state_is_rebuilt_from_every_batch(
+    tmp_path: Path, walked: list[int]
+) -> None:
+    root, state = tmp_path / "logs", tmp_path / "state"
+    root.mkdir()
+    total = build(root, state)
+    stop_cleanly(root, state)
+    for snapshot in (root / str(TP)).glob("*.snapshot"):
+        snapshot.unlink()
+
+    walked.clear()
+    plog, _ = reopen(root, state)
+    assert sum(walked) >= total
+    assert plog.first_unstable_offset == 600
+
+
+def test_damage_past_the_recovery_point_is_still_found(tmp_path: Path) -> None:
+    root, state = tmp_path / "logs", tmp_path / "state"
+    root.mkdir()
+    build(root, state)
+    with LogDir.open(root, state_dir=state) as log_dir:
+        plog = log_dir.open_partition(TP, config=CONFIG)
+        active = plog.active_segment
+        plog.recovery_point = active.base_offset + 1
+        log_dir.checkpoint_logs([plog])
+    data = bytearray(active.log_path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    active.log_path.write_bytes(bytes(data))
+    with LogDir.open(root, state_dir=state) as log_dir:
+        assert log_dir.open_partition(TP, config=CONFIG).corrupt is not None
+
+
+def test_clean_writes_the_marker_and_the_next_clean_takes_it(tmp_path: Path) -> None:
+    root = tmp_path / "logs"
+    root.mkdir()
+    build(root, tmp_path / "state")
+    config = tmp_path / "cleanerd.yaml"
+    config.write_text(
+        f"log.dirs: [{root}]\nstate_dir: {tmp_path / 'state'}\n"
+        "log.retention.disk.usage.percent: 99\n"
+        "topics: {orders: {cleanup.policy: compact, segment.bytes: 16384}}\n"
+    )
+    assert main(["clean", "-c", str(config)]) == 0
+    assert (root / CLEAN_SHUTDOWN_FILE_NAME).read_bytes() == b'{"version":0,"BrokerEpoch":-1}'
+    snapshots: Any = sorted(p.name for p in (root / str(TP)).glob("*.snapshot"))
+    assert snapshots
+
+    # A damaged partition in the dir: the stop is not clean, so no marker.
+    other = root / "orders-1"
+    other.mkdir()
+    (other / "00000000000000000000.log").write_bytes(b"\x00" * 10 + b"\xff" * 80)
+    assert main(["clean", "-c", str(config)]) == 1
+    assert not (root / CLEAN_SHUTDOWN_FILE_NAME).exists()
+
+
+def test_a_cycle_reads_only_the_bytes_appended_since_the_last(
+    tmp_path: Path, walked: list[int]
+) -> None:
+    root, state = tmp_path / "logs", tmp_path / "state"
+    root.mkdir()
+    build(root, state)
+    with LogDir.open(root, observe=True, state_dir=state) as observer:
+        seen = observer.open_partition(TP, config=CONFIG)
+        seen.meta()
+        active = seen.active_segment
+        with LogDir.open(root, state_dir=state) as owner:
+            writer = owner.open_partition(TP, config=CONFIG)
+            size_before = writer.active_segment.size
+            writer.append([kv("late", "x" * 60, timestamp=10**13)])
+            appended = writer.active_segment.size - size_before
+        walked.clear()
+        meta = seen.meta()
+        assert seen.active_segment is active  # same segment object, its head kept
+        # The segment's end and the producer state each walk the new batch, only it.
+        assert walked == [appended, appended]
+        assert meta.log_end_offset == writer.log_end_offset
+        assert meta.segments[-1].largest_timestamp_ms == 10**13
+        walked.clear()
+        seen.meta()
+        assert walked == []  # nothing changed, nothing read

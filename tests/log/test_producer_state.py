@@ -1,0 +1,51 @@
+"""Producer snapshots in Kafka's format: read, checked, written."""
+
+from __future__ import annotations
+
+import struct
+from pathlib import Path
+
+import crc32c
+import pytest
+
+from cleanerd.errors import CorruptIndexError
+from cleanerd.log.producer_state import ProducerEntry, ProducerState, read_snapshot, write_snapshot
+
+
+def _snapshot(entries: list[tuple[int, int]], *, version: int = 1) -> bytes:
+    body = struct.pack(">i", len(entries)) + b"".join(
+        struct.pack(">qhiqiqiq", pid, 0, 5, 100, 0, 1000, 0, first) for pid, first in entries
+    )
+    return struct.pack(">hI", version, crc32c.crc32c(body)) + body
+
+
+def test_snapshot_ongoing_transactions(tmp_path: Path) -> None:
+    """A producer snapshot yields the producers with an open transaction."""
+    path = tmp_path / "00000000000000000100.snapshot"
+    path.write_bytes(_snapshot([(7, 90), (8, -1)]))
+    assert read_snapshot(path).ongoing() == {7: 90}
+
+
+def test_snapshot_crc_and_version_checked(tmp_path: Path) -> None:
+    """A snapshot with a bad CRC or version is CorruptIndexError."""
+    path = tmp_path / "00000000000000000007.snapshot"
+    data = bytearray(_snapshot([(7, 90)]))
+    data[-1] ^= 1
+    path.write_bytes(bytes(data))
+    with pytest.raises(CorruptIndexError, match="CRC mismatch"):
+        read_snapshot(path)
+    path.write_bytes(_snapshot([], version=2))
+    with pytest.raises(CorruptIndexError, match="version 2"):
+        read_snapshot(path)
+
+
+def test_write_keeps_the_newest_two_and_none_below_the_log_start(tmp_path: Path) -> None:
+    for offset in (10, 20, 30, 40):
+        write_snapshot(tmp_path, ProducerState(offset, {1: ProducerEntry(1)}), log_start_offset=0)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "00000000000000000030.snapshot",
+        "00000000000000000040.snapshot",
+    ]
+    write_snapshot(tmp_path, ProducerState(50), log_start_offset=45)
+    assert [p.name for p in tmp_path.iterdir()] == ["00000000000000000050.snapshot"]
+    assert read_snapshot(tmp_path / "00000000000000000050.snapshot").entries == {}

@@ -1,0 +1,125 @@
+"""State the log layer derives from walked batch tables (producer state, index
+entries) equals the batch-at-a-time rules it replaces."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from cleanerd.log.index import IndexBuilder, OffsetIndex, TimeIndex
+from cleanerd.log.producer_state import ProducerEntry, ProducerState
+from cleanerd.records.batch import encode_batch, iter_records
+from cleanerd.records.control import ControlRecordType, encode_end_txn_marker
+from cleanerd.records.record import Record
+from cleanerd.records.scan import BatchInfo
+from cleanerd.records.walker import walk
+
+BATCH = st.tuples(st.integers(-1, 3), st.booleans(), st.booleans(), st.integers(0, 2))
+
+
+def kafka_rules(state: dict[int, ProducerEntry], info: BatchInfo, data: bytes) -> None:
+    """Kafka's ProducerAppendInfo, one batch at a time (the reference)."""
+    h = info.header
+    assert h is not None
+    if h.producer_id < 0:
+        return
+    e = state.setdefault(h.producer_id, ProducerEntry(h.producer_id))
+    e.epoch, e.timestamp = h.producer_epoch, h.max_timestamp
+    if h.is_control:
+        value = next(iter_records(data, info)).value
+        assert value is not None
+        e.coordinator_epoch = int.from_bytes(value[2:6], "big", signed=True)
+        e.txn_first_offset = -1
+        return
+    e.last_sequence = (h.base_sequence + h.last_offset_delta) % 2**31
+    e.last_offset, e.offset_delta = h.last_offset, h.last_offset_delta
+    if h.is_transactional and e.txn_first_offset < 0:
+        e.txn_first_offset = h.base_offset
+
+
+@settings(max_examples=120, deadline=None)
+@given(st.lists(BATCH, max_size=25))
+def test_producer_state_from_a_table_follows_kafkas_rules_batch_by_batch(
+    specs: list[tuple[int, bool, bool, int]],
+) -> None:
+    batches = []
+    for i, (pid, txn, control, epoch) in enumerate(specs):
+        offset = 100 + 2 * i
+        producer_epoch = epoch if pid >= 0 else -1
+        if control and pid >= 0:
+            record = encode_end_txn_marker(
+                ControlRecordType.COMMIT, 7 + i, offset=offset, timestamp=10 + i
+            )
+            batches.append(
+                encode_batch(
+                    [record],
+                    base_offset=offset,
+                    is_transactional=True,
+                    is_control=True,
+                    producer_id=pid,
+                    producer_epoch=producer_epoch,
+                )
+            )
+        else:
+            records = [
+                Record(offset=offset + j, timestamp=i, key=b"k", value=b"v") for j in range(2)
+            ]
+            seq = 2**31 - 2 if i % 5 == 4 else i
+            batches.append(
+                encode_batch(
+                    records,
+                    base_offset=offset,
+                    is_transactional=txn and pid >= 0,
+                    base_sequence=seq if pid >= 0 else -1,
+                    producer_id=pid,
+                    producer_epoch=producer_epoch,
+                )
+            )
+    data = b"".join(batches)
+    table = walk(data).table
+    expected: dict[int, ProducerEntry] = {}
+    for info in table.infos():
+        kafka_rules(expected, info, data)
+    state = ProducerState()
+    state.apply(table, data)
+    assert state.entries == expected
+    restored = ProducerState.from_bytes(state.to_bytes(), state.offset, Path("x.snapshot"))
+    assert restored.entries == expected
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(61, 3000), st.integers(-1, 50)), max_size=60),
+    st.integers(0, 4096),
+)
+def test_index_entries_from_a_table_match_batch_by_batch(
+    batches: list[tuple[int, int]], interval: int
+) -> None:
+    sizes = np.array([s for s, _ in batches], np.int64)
+    position = (np.cumsum(sizes) - sizes).astype(np.int64)
+    last = np.arange(len(batches), dtype=np.int64) * 2 + 1
+    ts = np.array([t for _, t in batches], np.int64)
+
+    def builder() -> IndexBuilder:
+        d = Path("/nonexistent")
+        return IndexBuilder(OffsetIndex(d / "a", 0), TimeIndex(d / "b", 0), interval)
+
+    one, bulk = builder(), builder()
+    for p, s, lo, t in zip(
+        position.tolist(), sizes.tolist(), last.tolist(), ts.tolist(), strict=True
+    ):
+        one.add_batch(p, s, lo, t)
+    bulk.add_batches(position, sizes, last, ts)
+    for index in ("offset_index", "time_index"):
+        a, b = getattr(one, index), getattr(bulk, index)
+        assert [a.entry_at(n) for n in range(a.entries)] == [
+            b.entry_at(n) for n in range(b.entries)
+        ]
+    assert (one.max_timestamp, one.offset_of_max_timestamp, one.bytes_since_last_entry) == (
+        bulk.max_timestamp,
+        bulk.offset_of_max_timestamp,
+        bulk.bytes_since_last_entry,
+    )

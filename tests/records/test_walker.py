@@ -1,0 +1,120 @@
+"""The compiled walker agrees with the per-batch reference checks (`scan.check_batch_at`)
+on valid and damaged data, chunked or not, and its CRC-32C agrees with the `crc32c`
+package."""
+
+from __future__ import annotations
+
+import crc32c
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from cleanerd.errors import CorruptRecordError
+from cleanerd.records.batch import encode_batch
+from cleanerd.records.crc import crc32c_of
+from cleanerd.records.header import Compression
+from cleanerd.records.record import Record
+from cleanerd.records.scan import BatchInfo, check_batch_at
+from cleanerd.records.walker import Walker, walk
+from tests.conftest import KAFKA_REAL
+
+
+def reference(buf: bytes, verify_crc: bool = True) -> tuple[list[BatchInfo], int, str | None]:
+    """One batch at a time in Python: the batches, where the walk stops, and why."""
+    infos: list[BatchInfo] = []
+    p = 0
+    while p < len(buf):
+        try:
+            info = check_batch_at(buf, p, len(buf), verify_crc=verify_crc)
+        except CorruptRecordError as exc:
+            return infos, p, str(exc)
+        infos.append(info)
+        p += info.size
+    return infos, p, None
+
+
+@st.composite
+def segments(draw: st.DrawFn) -> bytes:
+    out, offset = [], draw(st.integers(0, 2**40))
+    for _ in range(draw(st.integers(0, 12))):
+        n = draw(st.integers(1, 5))
+        records = [
+            Record(
+                offset=offset + i,
+                timestamp=draw(st.integers(-1, 2**41)),
+                key=draw(st.binary(max_size=8)),
+                value=draw(st.one_of(st.none(), st.binary(max_size=40))),
+            )
+            for i in range(n)
+        ]
+        codec = draw(st.sampled_from([Compression.NONE, Compression.GZIP, Compression.ZSTD]))
+        out.append(encode_batch(records, base_offset=offset, compression=codec))
+        offset += n + draw(st.integers(0, 3))
+    return b"".join(out)
+
+
+@st.composite
+def damaged(draw: st.DrawFn) -> bytes:
+    data = bytearray(draw(segments()))
+    if data and draw(st.booleans()):
+        at = draw(st.integers(0, len(data) - 1))
+        data[at] ^= draw(st.integers(1, 255))
+    if data and draw(st.booleans()):
+        del data[draw(st.integers(0, len(data) - 1)) :]
+    return bytes(data)
+
+
+def same(buf: bytes, verify_crc: bool = True, rows: int | None = None) -> None:
+    infos, stop, error = reference(buf, verify_crc)
+    if rows is None:
+        w = walk(buf, verify_crc=verify_crc)
+        got, got_stop, got_error = w.table.infos(), w.stop, w.error
+    else:
+        walker = Walker(buf, verify_crc=verify_crc, rows=rows)
+        got = [info for chunk in walker for info in chunk.infos()]
+        got_stop, got_error = walker.stop, walker.error
+    assert got == infos
+    assert got_stop == stop
+    assert (None if got_error is None else str(got_error)) == error
+
+
+@settings(max_examples=150, deadline=None)
+@given(damaged(), st.booleans())
+def test_walk_agrees_with_the_reference_checks(buf: bytes, verify_crc: bool) -> None:
+    same(buf, verify_crc)
+
+
+@settings(max_examples=60, deadline=None)
+@given(damaged(), st.integers(1, 4))
+def test_chunked_walk_agrees_too(buf: bytes, rows: int) -> None:
+    same(buf, rows=rows)
+
+
+def test_real_broker_segments_walk_like_the_reference() -> None:
+    for path in sorted(KAFKA_REAL.rglob("*.log")):
+        same(path.read_bytes())
+
+
+def test_a_bad_crc_stops_the_walk_at_that_batch() -> None:
+    batches = [
+        encode_batch([Record(offset=i, timestamp=i, key=b"k", value=b"v" * 50)], base_offset=i)
+        for i in range(3)
+    ]
+    data = bytearray(b"".join(batches))
+    data[len(batches[0]) + 70] ^= 1  # inside the second batch's record
+    w = walk(bytes(data))
+    assert len(w.table) == 1
+    assert w.stop == len(batches[0])
+    assert w.error is not None
+    assert "CRC mismatch" in str(w.error)
+    assert not w.incomplete_tail
+    assert len(walk(bytes(data), verify_crc=False).table) == 3
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.binary(max_size=600), st.data())
+def test_compiled_crc32c_matches_the_package(data: bytes, draw: st.DataObject) -> None:
+    start = draw.draw(st.integers(0, len(data)))
+    end = draw.draw(st.integers(start, len(data)))
+    buf = np.frombuffer(data, np.uint8)
+    assert crc32c_of(buf, start, end) == crc32c.crc32c(data[start:end])
