@@ -67,6 +67,7 @@ from cleanerd.log.log_dir import Mode
 from cleanerd.log.roll import DEFAULT_MIN_ROLL_INTERVAL_MS
 from cleanerd.log.topic_config import CleanupPolicy, CompactionStrategyName, TopicConfig
 from cleanerd.records.header import INT32_MAX
+from cleanerd.wording import count
 
 LONG_MAX: Final = 2**63 - 1  # Java's Long.MAX_VALUE, Kafka's "no limit" for longs
 
@@ -900,7 +901,7 @@ def _field_error(d: ErrorDetails) -> str:
     elif kind == "literal_error":
         rule = f"must be {ctx['expected']}"
     elif kind == "too_short":
-        rule = f"must have at least {ctx['min_length']} item(s)"
+        rule = f"must have at least {count(ctx['min_length'], 'item')}"
     elif kind in _TYPE_RULES:
         rule = _TYPE_RULES[kind]
     else:  # our own PydanticCustomErrors and anything unforeseen: pydantic's text

@@ -203,7 +203,7 @@ class TestProduce:
         assert out == "t-0: offsets 0..1\n"
         assert err == (
             "cleanerd produce: line 3: invalid JSON: Expecting value (column 11); the 2 "
-            "record(s) before it were appended (offsets 0..1), nothing from line 3 on\n"
+            "records before it were appended (offsets 0..1), nothing from line 3 on\n"
         )
 
     def test_log_dir_option(self, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:

@@ -331,7 +331,7 @@ class TestValidation:
             ),
             (
                 {"topics": {"t": {"cleanup.policy": []}}},
-                "topics.t.cleanup.policy: [] must have at least 1 item(s)",
+                "topics.t.cleanup.policy: [] must have at least 1 item",
             ),
             (
                 {"topics": {"t": {"retention.msx": 3}}},

@@ -71,7 +71,9 @@ COMMANDS: Final[tuple[CommandInfo, ...]] = (
         ),
     ),
     CommandInfo(
-        "dump", "print segment and index files the way Kafka's kafka-dump-log does", "dump"
+        "dump",
+        "print segment and index files the way Kafka's kafka-dump-log does, or as JSON lines",
+        "dump",
     ),
 )
 

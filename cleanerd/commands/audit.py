@@ -47,6 +47,7 @@ from cleanerd.log.files import METADATA_TOPIC, parse_topic_partition
 from cleanerd.log.log_dir import LogDir
 from cleanerd.log.partition_log import LogConfig, PartitionLog
 from cleanerd.log.topic_config import TopicConfig
+from cleanerd.wording import count
 
 CLEAN_TIME_ALLOWANCE_MS: Final = 300_000
 
@@ -209,7 +210,7 @@ def audit_log_dirs_on_spark(
 
 def _total_segments(cfg: Config) -> tuple[int, int]:
     """(segments, bytes) of the compacted partitions' `.log` files: the progress total."""
-    count = size = 0
+    segments = size = 0
     for path in cfg.log_dirs:
         for log in Path(path).glob("*/*.log"):
             try:
@@ -219,8 +220,8 @@ def _total_segments(cfg: Config) -> tuple[int, int]:
                 size += log.stat().st_size
             except (CleanerdError, ValueError, OSError):
                 continue
-            count += 1
-    return count, size
+            segments += 1
+    return segments, size
 
 
 def render_text(a: PartitionAudit) -> list[str]:
@@ -237,19 +238,23 @@ def render_text(a: PartitionAudit) -> list[str]:
         deadline = "no max.compaction.lag.ms: no deadline"
     else:
         deadline = (
-            f"{r.violations} deadline violations (max.compaction.lag.ms "
+            f"{count(r.violations, 'deadline violation')} (max.compaction.lag.ms "
             f"{a.max_compaction_lag_ms} + slack {a.slack_ms} ms)"
         )
     lines = [
-        f"{head}: {r.records} records, {r.keys} keys, {r.superseded} superseded "
+        f"{head}: {count(r.records, 'record')}, {count(r.keys, 'key')}, {r.superseded} superseded "
         f"({r.superseded_bytes} bytes){oldest}{unknown}; {deadline}"
     ]
-    if r.tombstones_past_horizon or r.markers_past_horizon:
-        lines.append(
-            f"  past their delete horizon: {r.tombstones_past_horizon} tombstones "
-            f"(oldest by {r.oldest_tombstone_overdue_ms} ms), {r.markers_past_horizon} markers "
-            f"(oldest by {r.oldest_marker_overdue_ms} ms)"
+    past = [
+        f"{count(n, noun)} (oldest by {overdue_ms} ms)"
+        for n, noun, overdue_ms in (
+            (r.tombstones_past_horizon, "tombstone", r.oldest_tombstone_overdue_ms),
+            (r.markers_past_horizon, "marker", r.oldest_marker_overdue_ms),
         )
+        if n
+    ]
+    if past:
+        lines.append(f"  past their delete horizon: {', '.join(past)}")
     lines.extend(
         f"  violation: offset {v.offset} superseded at {v.superseded_at_ms}, age {v.age_ms} ms"
         for v in r.listed_violations
@@ -299,7 +304,10 @@ def run(args: argparse.Namespace) -> int:
         for a in result.audits:
             for line in render_text(a):
                 print(line)
-        print(f"{len(result.audits)} partitions audited, {result.violations} deadline violations")
+        print(
+            f"{count(len(result.audits), 'partition')} audited, "
+            f"{count(result.violations, 'deadline violation')}"
+        )
         for error in result.errors:
             print(f"cleanerd audit: {error}", file=sys.stderr)
     return 1 if result.failed else 0

@@ -37,6 +37,7 @@ from cleanerd.daemon.logging import configure_logging
 from cleanerd.engine import create_engine
 from cleanerd.maintenance.cycle import Maintenance, wall_clock_ms
 from cleanerd.maintenance.report import CycleReport
+from cleanerd.wording import count
 
 log = structlog.get_logger(__name__)
 
@@ -120,15 +121,15 @@ def render_text(report: CycleReport) -> list[str]:
         where = str(s.tp) if s.tp is not None else (s.log_dir or "cycle")
         lines.append(f"{where}: {s.phase} skipped: {s.reason}")
     lines.append(
-        f"{len(report.rolled)} segments rolled, "
+        f"{count(len(report.rolled), 'segment')} rolled, "
         f"{sum(len(o.deletions) for o in report.retention)} deleted by retention, "
         f"{len(disk.deletions) if disk is not None and not disk.dry_run else 0} "
         f"deleted for disk usage"
     )
-    errors = f", {len(report.errors)} steps failed" if report.errors else ""
+    errors = f", {count(len(report.errors), 'step')} failed" if report.errors else ""
     lines.append(
-        f"{len(report.cleaned)} cleaning passes, {len(report.failed)} partitions uncleanable"
-        + errors
+        f"{count(len(report.cleaned), 'cleaning pass', 'cleaning passes')}, "
+        f"{count(len(report.failed), 'partition')} uncleanable" + errors
     )
     return lines
 

@@ -23,6 +23,9 @@ Output per file, in Kafka's words and order, so the two tools' output can be dif
   `.timeindex`: `timestamp: T offset: O`; `.txnindex`: `version: 0 producerId: P
   firstOffset: F lastOffset: L lastStableOffset: S`.
 
+With `--json`, `dump_json` prints the same files as one JSON object per batch, record or
+index entry instead (its docstring lists the fields), built on the readers here.
+
 Corruption (a bad CRC, a batch or record whose bytes disagree with its lengths, an
 index whose size is not whole entries) ends the file's listing with an exception naming
 the file and the byte position; a batch with a bad CRC still gets its line first, with
@@ -33,6 +36,7 @@ it is produced per record in Python; this is a diagnostic tool, not a hot path.
 from __future__ import annotations
 
 import argparse
+import json
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,8 +51,8 @@ from cleanerd.log.files import (
     TXN_INDEX_FILE_SUFFIX,
     offset_from_filename,
 )
-from cleanerd.log.index import OffsetIndex, TimeIndex
-from cleanerd.log.txnindex import TXN_ENTRY_VERSION, TransactionIndex
+from cleanerd.log.index import OffsetIndex, OffsetPosition, TimeIndex, TimestampOffset
+from cleanerd.log.txnindex import TXN_ENTRY_VERSION, AbortedTxn, TransactionIndex
 from cleanerd.records import legacy
 from cleanerd.records.batch import iter_records
 from cleanerd.records.control import ControlRecordType, control_type, decode_end_txn_marker
@@ -114,7 +118,7 @@ def _log_lines(path: Path, base_offset: int, options: DumpOptions) -> Iterator[s
     # CRCs are checked per batch below, so a bad one still gets its line as in Kafka.
     scan = scan_valid_prefix(data, verify_crc=False)
     for info in scan.batches:
-        problem = _batch_problem(data, info)
+        problem = batch_problem(data, info)
         yield _batch_line(data, info, valid=problem is None)
         if problem is not None:
             raise _at_batch(problem, path, info)
@@ -129,7 +133,7 @@ def _log_lines(path: Path, base_offset: int, options: DumpOptions) -> Iterator[s
         yield f"Found {len(data) - scan.valid_bytes} invalid bytes at the end of {path.name}"
 
 
-def _batch_problem(data: bytes, info: BatchInfo) -> CorruptRecordError | None:
+def batch_problem(data: bytes, info: BatchInfo) -> CorruptRecordError | None:
     """What makes a structurally sound batch invalid: its CRC, or an unknown codec."""
     try:
         if info.header is not None:
@@ -160,13 +164,13 @@ def _batch_line(data: bytes, info: BatchInfo, *, valid: bool) -> str:
         timestamp_type = h.timestamp_type.kafka_name
         attributes, crc = h.attributes, h.crc
     else:
-        entry = _legacy_entry(data, info)
+        entry = legacy_entry(data, info)
         head = f"offset: {info.last_offset}"
-        timestamp_type = _legacy_timestamp_type(entry)
+        timestamp_type = legacy_timestamp_type(entry)
         attributes, crc = entry.attributes, entry.crc
     return (
         f"{head} position: {info.position} {timestamp_type}: {info.max_timestamp} "
-        f"size: {info.size} magic: {info.magic} compresscodec: {_codec_name(attributes)} "
+        f"size: {info.size} magic: {info.magic} compresscodec: {codec_name(attributes)} "
         f"crc: {crc} isvalid: {_bool(valid)}"
     )
 
@@ -205,8 +209,8 @@ def _record_lines(data: bytes, info: BatchInfo, options: DumpOptions) -> Iterato
 
 
 def _legacy_record_lines(data: bytes, info: BatchInfo, options: DumpOptions) -> Iterator[str]:
-    wrapper = _legacy_entry(data, info)
-    timestamp_type = _legacy_timestamp_type(wrapper)
+    wrapper = legacy_entry(data, info)
+    timestamp_type = legacy_timestamp_type(wrapper)
     if wrapper.compression is Compression.NONE:
         entries, offsets, timestamps = [wrapper], [wrapper.offset], [wrapper.timestamp]
     else:
@@ -223,12 +227,12 @@ def _legacy_record_lines(data: bytes, info: BatchInfo, options: DumpOptions) -> 
         yield line + (_contents(entry.key, entry.value) if options.print_data_log else "")
 
 
-def _legacy_entry(data: bytes, info: BatchInfo) -> legacy.LegacyEntry:
+def legacy_entry(data: bytes, info: BatchInfo) -> legacy.LegacyEntry:
     end = info.position + info.size
     return legacy.read_legacy_entry(data, info.position, end, verify_crc=False)
 
 
-def _legacy_timestamp_type(entry: legacy.LegacyEntry) -> str:
+def legacy_timestamp_type(entry: legacy.LegacyEntry) -> str:
     kind = entry.timestamp_type
     return "NoTimestampType" if kind is None else kind.kafka_name
 
@@ -276,7 +280,7 @@ def _codec(attributes: int) -> Compression:
         raise CorruptRecordError(f"unknown compression codec id {codec_id}") from None
 
 
-def _codec_name(attributes: int) -> str:
+def codec_name(attributes: int) -> str:
     """Kafka's CompressionType name (none, gzip, snappy, lz4, zstd)."""
     try:
         return _codec(attributes).name.lower()
@@ -288,28 +292,47 @@ def _codec_name(attributes: int) -> str:
 # Indexes
 
 
-def _offset_index_lines(path: Path, base_offset: int, options: DumpOptions) -> Iterator[str]:
+def offset_index_entries(path: Path, base_offset: int) -> Iterator[OffsetPosition]:
+    """The entries of the `.index` at `path`, up to a zero-filled preallocated tail."""
     index = OffsetIndex.load(path, base_offset)
-    if index.entries == 0:
-        yield f"{path} is empty."
     for n in range(index.entries):
         entry = index.entry_at(n)
         if n > 0 and entry.offset == base_offset:
             return  # the zero-filled tail of a preallocated index, as Kafka stops there
-        yield f"offset: {entry.offset} position: {entry.position}"
+        yield entry
 
 
-def _time_index_lines(path: Path, base_offset: int, options: DumpOptions) -> Iterator[str]:
+def time_index_entries(path: Path, base_offset: int) -> Iterator[TimestampOffset]:
+    """The entries of the `.timeindex` at `path`, up to a zero-filled preallocated tail."""
     index = TimeIndex.load(path, base_offset)
     for n in range(index.entries):
         entry = index.entry_at(n)
         if n > 0 and entry.offset == base_offset:
             return
+        yield entry
+
+
+def txn_index_entries(path: Path, base_offset: int) -> list[AbortedTxn]:
+    """The aborted transactions of the `.txnindex` at `path`."""
+    return TransactionIndex.load(path, base_offset).entries
+
+
+def _offset_index_lines(path: Path, base_offset: int, options: DumpOptions) -> Iterator[str]:
+    empty = True
+    for entry in offset_index_entries(path, base_offset):
+        empty = False
+        yield f"offset: {entry.offset} position: {entry.position}"
+    if empty:
+        yield f"{path} is empty."
+
+
+def _time_index_lines(path: Path, base_offset: int, options: DumpOptions) -> Iterator[str]:
+    for entry in time_index_entries(path, base_offset):
         yield f"timestamp: {entry.timestamp} offset: {entry.offset}"
 
 
 def _txn_index_lines(path: Path, base_offset: int, options: DumpOptions) -> Iterator[str]:
-    for txn in TransactionIndex.load(path, base_offset).entries:
+    for txn in txn_index_entries(path, base_offset):
         yield (
             f"version: {TXN_ENTRY_VERSION} producerId: {txn.producer_id} "
             f"firstOffset: {txn.first_offset} lastOffset: {txn.last_offset} "
@@ -345,17 +368,44 @@ ARGS: Final[tuple[Arg, ...]] = (
             "help": "also print every record's key and value (implies --deep-iteration)",
         },
     ),
+    (
+        ("--json",),
+        {
+            "action": "store_true",
+            "help": "print one JSON object per line for each batch, record and index entry "
+            "(fields: see the README's `dump --json`)",
+        },
+    ),
+    (
+        ("--utf8",),
+        {
+            "action": "store_true",
+            "help": "with --json --print-data-log: keys, values and header values as UTF-8 "
+            "text (key, value, headers) where valid, base64 (key_b64, ...) where not; "
+            "default: always base64",
+        },
+    ),
 )
 
 
 def run(args: argparse.Namespace) -> int:
     """The `dump` command: every file in turn; exit 1 if any could not be read whole."""
     options = DumpOptions(deep_iteration=args.deep_iteration, print_data_log=args.print_data_log)
+    if args.utf8 and not args.json:
+        print_error("dump", CleanerdError("--utf8 applies to --json output only"))
+        return 2
     status = 0
     for path in args.files:
         try:
-            for line in dump_file(path, options):
-                print(line)
+            if args.json:
+                # dump_json builds on this module's readers, so it is imported here
+                from cleanerd.commands.dump_json import dump_file_json
+
+                for obj in dump_file_json(path, options, utf8=args.utf8):
+                    print(json.dumps(obj, ensure_ascii=False))
+            else:
+                for line in dump_file(path, options):
+                    print(line)
         except BrokenPipeError:
             raise  # the reader is gone: stop (the CLI exits as SIGPIPE would)
         except (CleanerdError, OSError) as e:

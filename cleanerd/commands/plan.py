@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 from typing import Final
 
+from cleanerd import wording
 from cleanerd.commands import Arg
 from cleanerd.config import load_config
 from cleanerd.maintenance.plan import (
@@ -132,7 +133,10 @@ def render_text(plan: CyclePlan) -> list[str]:
         o = outcomes.get(u.device)
         if o is not None:
             count = sum(1 for d in plan.disk_deletions if d.device == u.device)
-            line += f"; disk usage would delete {count} segments -> {o.used_bytes_after} bytes used"
+            line += (
+                f"; disk usage would delete {wording.count(count, 'segment')} -> "
+                f"{o.used_bytes_after} bytes used"
+            )
             if o.above_threshold:
                 line += ", still above the threshold"
         lines.append(line)

@@ -43,6 +43,7 @@ from cleanerd.log.log_dir import LogDir
 from cleanerd.log.partition_log import LogConfig, PartitionLog
 from cleanerd.records.header import Compression
 from cleanerd.records.record import Record, RecordHeader
+from cleanerd.wording import count
 
 _FIELDS: Final = frozenset({"key", "key_b64", "value", "value_b64", "headers", "timestamp"})
 
@@ -69,7 +70,8 @@ class ProduceInputError(CleanerdError):
         records = sum(a.count for a in appended)
         if records:
             done = (
-                f"the {records} record(s) before it were appended "
+                f"the {count(records, 'record')} before it "
+                f"{'was' if records == 1 else 'were'} appended "
                 f"(offsets {appended[0].first_offset}..{appended[-1].last_offset})"
             )
         else:
@@ -165,7 +167,8 @@ def parse_record(line: str, *, now_ms: int) -> Record:
     unknown = sorted(set(obj) - _FIELDS)
     if unknown:
         raise _BadLine(
-            f"unknown field(s) {', '.join(unknown)}; known: {', '.join(sorted(_FIELDS))}"
+            f"unknown {'field' if len(unknown) == 1 else 'fields'} {', '.join(unknown)}; "
+            f"known: {', '.join(sorted(_FIELDS))}"
         )
     if "value" not in obj and "value_b64" not in obj:
         raise _BadLine('"value" is missing (use null for a tombstone)')

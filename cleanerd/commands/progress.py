@@ -68,7 +68,8 @@ def render(s: Snapshot, *, bar: bool) -> str:
         filled = round(share * BAR_WIDTH)
         parts.append("[" + "#" * filled + "-" * (BAR_WIDTH - filled) + "]")
     parts.append(f"{share * 100:5.1f}%")
-    parts.append(f"{s.segments_done}/{s.segments_total} segments")
+    noun = "segment" if s.segments_total == 1 else "segments"
+    parts.append(f"{s.segments_done}/{s.segments_total} {noun}")
     parts.append(f"{human_bytes(s.bytes_done)}/{human_bytes(s.bytes_total)}")
     rate = s.bytes_done / s.elapsed_s if s.elapsed_s > 0 else 0.0
     parts.append(f"{human_bytes(rate)}/s")

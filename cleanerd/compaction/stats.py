@@ -33,6 +33,25 @@ class CleanerStats:
     map_complete_ms: int
     end_ms: int
 
+    def fields(self) -> dict[str, int | float]:
+        """The numbers as the `log.cleaned` line, its event and `clean --json` give them:
+        the counts and the durations `duration_ms` (the whole pass) and
+        `map_duration_ms` (building the offset map). The three instants they come from
+        are read from a monotonic clock, meaningless outside the pass, so they are not
+        given (the line's own timestamp says when the pass ended)."""
+        return {
+            "bytes_read": self.bytes_read,
+            "bytes_written": self.bytes_written,
+            "map_bytes_read": self.map_bytes_read,
+            "map_messages_read": self.map_messages_read,
+            "messages_read": self.messages_read,
+            "messages_written": self.messages_written,
+            "invalid_messages_read": self.invalid_messages_read,
+            "buffer_utilization": self.buffer_utilization,
+            "duration_ms": self.end_ms - self.start_ms,
+            "map_duration_ms": self.map_complete_ms - self.start_ms,
+        }
+
     @property
     def elapsed_secs(self) -> float:
         """Whole pass, seconds."""

@@ -13,7 +13,6 @@ Events are queued, never awaited: a slow or absent broker never slows a cycle.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict
 
 import structlog
 from pydantic import JsonValue
@@ -113,7 +112,7 @@ class Reporter:
                 }
                 self.emit("segment.deleted", data, tp=dd.topic_partition, log_dir=dd.log_dir)
         for c in report.cleaned:
-            stats = asdict(c.stats)
+            stats: dict[str, JsonValue] = dict(c.stats.fields())
             with partition_context(c.tp.topic, c.tp.partition, c.log_dir):
                 log.info(
                     "log.cleaned",

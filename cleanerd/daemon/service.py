@@ -101,6 +101,7 @@ from cleanerd.maintenance.cycle import Maintenance, MaintenanceStatus, wall_cloc
 from cleanerd.maintenance.report import CycleReport, made_progress
 from cleanerd.retention.disk import Device, group_devices, is_above, measure
 from cleanerd.retention.disk_usage import DeviceUsage
+from cleanerd.wording import count
 
 log = structlog.get_logger("cleanerd.service")
 
@@ -142,6 +143,8 @@ class Timings:
     """How long shutdown waits for aborted passes (below systemd's TimeoutStopSec=60s)."""
     watch_min_interval_s: float = 2.0
     watch_max_duty: float = 0.005
+    progress_interval_s: float = 5.0
+    """A cycle running longer logs `cycle.progress` this often."""
 
 
 class Daemon:
@@ -206,6 +209,8 @@ class Daemon:
         self._cycle_requested = False
         self._changed = False
         self.cycle_failures = 0
+        self._idle_cycles = 0
+        """Idle cycles since the last `cycle.done` line at info."""
         self._last_cycle_end_ms: int | None = None
         self._deadlines = Deadlines()
         self._devices: tuple[Device, ...] = ()
@@ -312,7 +317,12 @@ class Daemon:
     def _open_maintenance(self) -> Maintenance:
         engine = self._engine_factory(self.config)
         try:
-            return Maintenance(self.config, engine, clock=self.clock_ms)
+            return Maintenance(
+                self.config,
+                engine,
+                clock=self.clock_ms,
+                progress_interval_s=self.timings.progress_interval_s,
+            )
         except BaseException:
             engine.shutdown()
             raise
@@ -481,18 +491,27 @@ class Daemon:
         self._deadlines = deadlines(report, uncleanable=marked)
         self.reporter.cycle(report, workers=self.config.log_cleaner_threads)
         self._on_delta(outcome.changes, own=touched_partitions(outcome.report))
-        log.info(
-            "cycle.done",
-            trigger=trigger.value,
-            duration_s=round(time.monotonic() - started, 3),
-            partitions=len(self.watcher.snapshot.partitions),
-            rolled=len(report.rolled),
-            deleted=sum(len(o.deletions) for o in report.retention),
-            disk_deleted=0 if report.disk_usage is None else len(report.disk_usage.deletions),
-            cleaned=len(report.cleaned),
-            failed=len(report.failed),
-            aborted=report.aborted,
-        )
+        fields = {
+            "trigger": trigger.value,
+            "duration_s": round(time.monotonic() - started, 3),
+            "partitions": len(self.watcher.snapshot.partitions),
+            "rolled": len(report.rolled),
+            "deleted": sum(len(o.deletions) for o in report.retention),
+            "disk_deleted": 0 if report.disk_usage is None else len(report.disk_usage.deletions),
+            "cleaned": len(report.cleaned),
+            "failed": len(report.failed),
+            "unlinked": len(report.unlinked),
+            "aborted": report.aborted,
+        }
+        if report.idle and self.cycles > 1:
+            # An idle cycle (the watcher's, the safety net's) says nothing new: at debug,
+            # counted on the next line that reports work, so a quiet daemon's log is not
+            # one identical line per interval. The first cycle is always reported.
+            self._idle_cycles += 1
+            log.debug("cycle.done", **fields)
+        else:
+            log.info("cycle.done", **fields, idle_cycles_before=self._idle_cycles)
+            self._idle_cycles = 0
         self._next_metrics = 0.0  # publish the new states at the next tick
 
     def _run_cycle(self, config: Config) -> CycleOutcome:
@@ -567,7 +586,7 @@ class Daemon:
         state = "paused" if self.paused else "watching"
         observed = len(self.maintenance.observed_dirs) if self.maintenance is not None else 0
         only = f" ({observed} observed only: nothing is written there)" if observed else ""
-        return f"{state} {dirs} log dir(s){only}, {partitions} partition(s)"
+        return f"{state} {count(dirs, 'log dir')}{only}, {count(partitions, 'partition')}"
 
     # -- commands ---------------------------------------------------------------------------
 

@@ -25,6 +25,11 @@ Ownership (DESIGN section 2):
 - `OBSERVE`: read only. Chosen, or forced when `.lock` is held by anything else (a live
   broker), with a warning naming the dir.
 
+A second would-be owner when a cleanerd process already owns the dir (a second daemon
+on the same state dir, or `cleanerd clean` beside the daemon) is refused with
+`LogDirLockedError` naming the owner's pid, not demoted to observe mode: observing would
+let it exit 0 having done nothing.
+
 Clean shutdown (Kafka's rule): an owner that stops cleanly flushes every partition it
 opened, writes a producer snapshot and the root checkpoints, then writes
 `.kafka_cleanshutdown` (`{"version":0,"BrokerEpoch":-1}`, the content Kafka writes,
@@ -107,6 +112,15 @@ class Holder:
             who = f"{pid} (a running Kafka broker?)"
         return f"{self.log_dir / LOCK_FILE_NAME} is held by {who}: observed only"
 
+    def refusal(self) -> str:
+        """Why a second cleanerd owner is refused (a cleanerd holder only)."""
+        pid = f"pid {self.pid}" if self.pid is not None else "a process of another namespace"
+        return (
+            f"log dir {self.log_dir} is owned by another cleanerd process ({pid}: a running "
+            "daemon or `cleanerd clean`); only one may own it: stop that one first "
+            "(`cleanerd plan` and `cleanerd audit` only read and can run beside it)"
+        )
+
 
 class LogDir:
     """A log dir opened in one of the three modes; use `open`, and `close` when done."""
@@ -161,6 +175,10 @@ class LogDir:
                 log.info("log_dir.shared", log_dir=str(path), owner_pid=held.pid)
                 owner = OwnerProof(path, ProcessId(held.pid, start_ticks(held.pid)))
                 return cls(path, Mode.SHARED, state_dir=state, owner=owner)
+            if held.cleanerd:
+                # Two cleanerd owners of one state dir would each believe they own the
+                # dir, and observing it would look like success: refuse, naming the first.
+                raise LogDirLockedError(path, held.refusal()) from None
             log.warning("log_dir.observe_forced", log_dir=str(path), reason=str(held))
             return cls(path, Mode.OBSERVE, state_dir=state, held_by=held)
         owner_lock = OwnerLock(state, path)

@@ -537,10 +537,9 @@ class PartitionLog:
             infos = list(scan_batches(data))
         for info in infos:
             active = self.active_segment
-            if not active.can_append(info.size, info.last_offset, self.config.segment_bytes):
-                self._roll_locked(
-                    max(self.log_end_offset, info.base_offset), reason="append does not fit"
-                )
+            why = active.roll_before_append(info.size, info.last_offset, self.config.segment_bytes)
+            if why is not None:
+                self._roll_locked(max(self.log_end_offset, info.base_offset), reason=why)
                 active = self.active_segment
             chunk = data[info.position : info.position + info.size]
             relative = _at_start(info)
@@ -641,14 +640,15 @@ class PartitionLog:
 
     # -- rolling -----------------------------------------------------------------------------
 
-    def roll(self, now_ms: int | None = None) -> LogSegment | None:
+    def roll(self, now_ms: int | None = None, *, reason: str = "requested") -> LogSegment | None:
         """Start a new empty active segment at the log end offset. The old one gets its
         final time-index entry and is fsynced. A roll of an empty active segment does
-        nothing and returns None. `now_ms` is only reported in the log line."""
+        nothing and returns None. `now_ms` and `reason` (the setting that made the roll
+        due, e.g. `segment.ms`) are only reported in the `segment.rolled` line."""
         with self._write_lock():
             if self.active_segment.size == 0:
                 return None
-            return self._roll_locked(self.log_end_offset, reason="requested", now_ms=now_ms)
+            return self._roll_locked(self.log_end_offset, reason=reason, now_ms=now_ms)
 
     def _roll_locked(
         self, base_offset: int, *, reason: str, now_ms: int | None = None

@@ -271,6 +271,6 @@ def maybe_roll(
             reason=decision.reason.value,
             waited_ms=decision.waited_ms,
         )
-        if plog.roll(now_ms) is None:
+        if plog.roll(now_ms, reason=decision.reason.value) is None:
             return None
         return decision

@@ -519,17 +519,19 @@ class LogSegment:
         finally:
             os.close(fd)
 
-    def can_append(self, size: int, last_offset: int, segment_bytes: int) -> bool:
-        """Whether a batch of `size` bytes ending at `last_offset` fits without a roll
-        (Kafka's maybeRoll rules on size, index fullness and relative offsets)."""
+    def roll_before_append(self, size: int, last_offset: int, segment_bytes: int) -> str | None:
+        """Why a batch of `size` bytes ending at `last_offset` needs a roll first, named
+        after the setting or limit (Kafka's maybeRoll rules on size, index fullness and
+        relative offsets); None if it fits."""
         if self._size == 0:
-            return True
-        return not (
-            self._size > segment_bytes - size
-            or self.offset_index.is_full
-            or self.time_index.is_full
-            or last_offset - self.base_offset > INT32_MAX
-        )
+            return None
+        if self._size > segment_bytes - size:
+            return "segment.bytes"
+        if self.offset_index.is_full or self.time_index.is_full:
+            return "segment.index.bytes"
+        if last_offset - self.base_offset > INT32_MAX:
+            return "relative offset overflow"
+        return None
 
     def append_aborted_txn(self, txn: AbortedTxn) -> None:
         """Record an aborted transaction whose marker is in this segment."""

@@ -36,6 +36,7 @@ passes in flight finish; a `stop` event given to `run_once` aborts them instead.
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -62,7 +63,7 @@ from cleanerd.compaction.manager import (
 from cleanerd.compaction.strategy import resolve_strategy
 from cleanerd.config import Config
 from cleanerd.engine.base import CleanJob, Engine, WorkerCrashed
-from cleanerd.errors import CleanerdError, FileStepError, LogDirLockedError
+from cleanerd.errors import CleanerdError, FileStepError
 from cleanerd.log.deletions import PendingDeletions
 from cleanerd.log.files import METADATA_TOPIC, TopicPartition
 from cleanerd.log.log_dir import LogDir, Mode
@@ -70,6 +71,7 @@ from cleanerd.log.ownership import StaleWork, lock_holder
 from cleanerd.log.partition_log import LogConfig, PartitionLog
 from cleanerd.log.roller import FirstSeen, maybe_roll, segment_age
 from cleanerd.log.topic_config import TopicConfig
+from cleanerd.maintenance.progress import CycleProgress
 from cleanerd.maintenance.report import (
     CleanedLog,
     Counters,
@@ -230,6 +232,8 @@ class Maintenance:
             usage, which orders segments across every topic, is then not enforced.
         usage_probe: a device's capacity and usage (statvfs through psutil; tests give
             a model of a small disk).
+        progress_interval_s: log `cycle.progress` this often during a long cycle (the
+            daemon's; None: never, as for `cleanerd clean`, which draws its own).
     """
 
     def __init__(
@@ -240,8 +244,11 @@ class Maintenance:
         clock: Clock = wall_clock_ms,
         topics: frozenset[str] | None = None,
         usage_probe: UsageProbe = psutil_space,
+        progress_interval_s: float | None = None,
     ) -> None:
         self.config = config
+        self.progress_interval_s = progress_interval_s
+        self._progress = CycleProgress(math.inf)
         self.usage_probe = usage_probe
         self.engine = engine
         self.clock = clock
@@ -266,15 +273,6 @@ class Maintenance:
                 self.log_dirs.append(log_dir)
                 if log_dir.mode is Mode.OBSERVE and log_dir.held_by is None:
                     log.info("log_dir.observed", log_dir=str(log_dir.path), reason="mode: observe")
-                if log_dir.held_by is not None and log_dir.held_by.cleanerd:
-                    # Two cleanerd owners of one state dir would each believe they own
-                    # the dir: the second is refused, naming the first.
-                    who = log_dir.held_by.pid
-                    raise LogDirLockedError(
-                        log_dir.path,
-                        f"log dir {log_dir.path} is owned by another cleanerd process "
-                        f"(pid {who}; a running daemon?): not starting a second owner",
-                    )
         except BaseException:
             self.close(unlink_pending=False)
             raise
@@ -395,6 +393,8 @@ class Maintenance:
         """One cycle (see the module docstring)."""
         report = _Builder(now_ms=self.clock())
         self._retries.clear()
+        every = self.progress_interval_s
+        self._progress = CycleProgress(math.inf if every is None else every)
         partitions = self._discover(report)
         self._roll(partitions, report)
         self._retention(partitions, report)
@@ -489,6 +489,7 @@ class Maintenance:
         found: list[_Partition] = []
         seen: dict[TopicPartition, Path] = {}
         live: set[tuple[Path, TopicPartition]] = set()
+        opened = total = 0
         for log_dir in self.log_dirs:
             if log_dir.mode is not Mode.OWNER:
                 why = str(log_dir.held_by or f"{log_dir.mode.value} mode")
@@ -497,7 +498,10 @@ class Maintenance:
                 report.states += self._observe(log_dir, report.now_ms, live)
                 continue
             log_dir.reload_checkpoints()
-            for tp in log_dir.partitions():
+            listed = list(log_dir.partitions())
+            total += len(listed)
+            for n, tp in enumerate(listed):
+                self._progress.tick("open", opened + n, total)
                 if tp.topic == METADATA_TOPIC or not self._selected(tp):
                     continue
                 if tp in seen:
@@ -508,6 +512,7 @@ class Maintenance:
                 partition = self._open(log_dir, tp, report)
                 if partition is not None:
                     found.append(partition)
+            opened += len(listed)
         for key in [k for k in self._plogs if k not in live]:
             del self._plogs[key]
             self.manager.horizons.forget(key[0] / str(key[1]))
@@ -605,12 +610,15 @@ class Maintenance:
         by_dir: dict[Path, list[_Partition]] = {}
         for p in partitions:
             by_dir.setdefault(p.log_dir.path, []).append(p)
+        done = 0
         for path, items in by_dir.items():
             first_seen = self._first_seen.get(path)
             if first_seen is None:
                 first_seen = FirstSeen.load(self.config.state_dir, path)
                 self._first_seen[path] = first_seen
             for p in items:
+                self._progress.tick("roll", done, len(partitions))
+                done += 1
                 try:
                     decision = maybe_roll(
                         p.plog,
@@ -657,7 +665,8 @@ class Maintenance:
             for p in wanted:
                 if p.tp not in held:
                     report.skip(p.log_dir.path, p.tp, "retention", self._why_held(p))
-            for tp in granted:
+            for n, tp in enumerate(granted):
+                self._progress.tick("retention", n, len(granted))
                 p = by_tp[tp]
                 try:
                     outcome = apply_retention(
@@ -752,6 +761,12 @@ class Maintenance:
             )
             for future in done:
                 self._finished(future, running.pop(future), report, requeue=not stopping)
+            self._progress.tick(
+                "clean",
+                len(report.cleaned),
+                None,
+                running=sorted(str(r.job.tp) for r in running.values()),
+            )
 
     def _submit_next(self) -> tuple[Future[CleanResult], _Running] | None:
         now = self.clock()

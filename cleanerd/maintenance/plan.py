@@ -120,7 +120,7 @@ def plan_partition(
     """The steps of one partition over its snapshot, and the snapshot after the cycle's
     roll and retention (the input of KIP-61 planning)."""
     meta, topic = inp.meta, inp.topic
-    nothing = RetentionPlan((), meta.log_start_offset, False, None)
+    nothing = RetentionPlan((), meta.log_start_offset, None, None)
     if meta.never_touched:
         return _partition_plan(inp, None, nothing, rolled=False, compaction=None), meta
     roll = roll_plan(

@@ -17,7 +17,7 @@ adds its explanations per partition (`partitions`) and the order passes would ru
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -126,6 +126,22 @@ class CycleReport:
     partition (`steps.next_due_ms`) or a `.deleted` file falls due: the daemon's next
     time-rule deadline."""
 
+    @property
+    def idle(self) -> bool:
+        """Nothing was rolled, deleted, unlinked, cleaned or found failing, and nothing was
+        cut short: the cycle only looked (the daemon logs such cycles at debug)."""
+        disk_deleted = self.disk_usage is not None and bool(self.disk_usage.deletions)
+        return not (
+            self.rolled
+            or any(o.deletions or o.rolled for o in self.retention)
+            or disk_deleted
+            or self.cleaned
+            or self.failed
+            or self.unlinked
+            or self.errors
+            or self.aborted
+        )
+
     def to_json(self) -> dict[str, Any]:
         """The report as a JSON-ready dict (`cleanerd clean --json`; see the module
         docstring for the fields it shares with `cleanerd plan --json`)."""
@@ -171,7 +187,7 @@ class CycleReport:
                     "end_offset": c.end_offset,
                     "started_ms": c.started_ms,
                     "finished_ms": c.finished_ms,
-                    "stats": asdict(c.stats),
+                    "stats": c.stats.fields(),
                 }
                 for c in self.cleaned
             ],

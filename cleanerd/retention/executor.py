@@ -93,8 +93,9 @@ def apply_retention(
     rolled = False
     with plog.lock:
         plan = retention_plan(plog.meta(), topic, now_ms=now_ms)
-        if plan.roll_needed:
-            rolled = plog.roll(now_ms) is not None
+        if plan.roll_for is not None:
+            # Kafka rolls so that retention can take the whole log; the line names the rule.
+            rolled = plog.roll(now_ms, reason=plan.roll_for.value) is not None
             plan = retention_plan(plog.meta(), topic, now_ms=now_ms)
         if plan.future_timestamp_base is not None:
             log.warning(

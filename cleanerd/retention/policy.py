@@ -58,11 +58,16 @@ class RetentionPlan:
     """Oldest first; always a prefix of the partition's segments."""
     log_start_offset: int
     """The log start offset once the deletions are done."""
-    roll_needed: bool
-    """A pass would also take the active segment: roll, then plan again."""
+    roll_for: DeletionReason | None
+    """The rule that would also take the active segment (roll, then plan again), or
+    None."""
     future_timestamp_base: int | None
     """Base of a segment whose largest timestamp is in the future and that stopped
     time retention; None when none did."""
+
+    @property
+    def roll_needed(self) -> bool:
+        return self.roll_for is not None
 
 
 _Predicate = Callable[[SegmentMeta, SegmentMeta | None], bool]
@@ -103,7 +108,7 @@ class _Walk:
     log_end_offset: int
     high_watermark: int
     deletions: list[Deletion] = field(default_factory=list)
-    roll_needed: bool = False
+    roll_for: DeletionReason | None = None
 
     def delete_while(self, reason: DeletionReason, predicate: _Predicate) -> SegmentMeta | None:
         """Take leading segments as Kafka's deletableSegments does; return the segment
@@ -119,7 +124,7 @@ class _Walk:
             taken += 1
         stopper: SegmentMeta | None = None
         if taken == len(self.remaining):
-            self.roll_needed = True
+            self.roll_for = self.roll_for or reason
             taken -= 1
         else:
             stopper = self.remaining[taken]
@@ -145,7 +150,7 @@ def deletable_segments(
     `policy_delete` False (compact only) only the start-offset pass runs.
     """
     if meta.never_touched:
-        return RetentionPlan((), meta.log_start_offset, False, None)
+        return RetentionPlan((), meta.log_start_offset, None, None)
     hw = meta.high_watermark_or_end if high_watermark is None else high_watermark
     walk = _Walk(meta.segments, meta.log_end_offset, hw)
     walk.delete_while(
@@ -167,6 +172,6 @@ def deletable_segments(
     return RetentionPlan(
         deletions=tuple(walk.deletions),
         log_start_offset=max(meta.log_start_offset, walk.remaining[0].base_offset),
-        roll_needed=walk.roll_needed,
+        roll_for=walk.roll_for,
         future_timestamp_base=future_base,
     )

@@ -9,7 +9,8 @@ import pytest
 import yaml
 
 from cleanerd.cli import main
-from cleanerd.commands.audit import CLEAN_TIME_ALLOWANCE_MS
+from cleanerd.commands.audit import CLEAN_TIME_ALLOWANCE_MS, render_text
+from cleanerd.compaction.audit import AuditResult, PartitionAudit
 from cleanerd.log.files import TopicPartition
 from tests.builders import build_log, kv
 from tests.compaction.conftest import LogBuilder, k
@@ -93,3 +94,47 @@ def test_unreadable_partition_exits_1(tmp_path: Path, capsys: pytest.CaptureFixt
     first.write_bytes(bytes(data))
     assert main(["audit", "-c", str(config_file(tmp_path)), "--now-ms", str(NOW)]) == 1
     assert "not audited" in capsys.readouterr().out
+
+
+def _audit(
+    tombstones: int = 1, markers: int = 0, marker_overdue_ms: int | None = None
+) -> PartitionAudit:
+    result = AuditResult(
+        records=1,
+        keys=1,
+        superseded=0,
+        superseded_bytes=0,
+        superseded_unknown_age=0,
+        oldest_superseded_age_ms=None,
+        violations=1,
+        listed_violations=(),
+        tombstones=1,
+        tombstones_past_horizon=tombstones,
+        oldest_tombstone_overdue_ms=500,
+        markers_past_horizon=markers,
+        oldest_marker_overdue_ms=marker_overdue_ms,
+    )
+    return PartitionAudit("logs", "t", 0, "offset", NOW, 10 * MIN, 1000, result)
+
+
+def test_text_counts_are_singular_for_one_and_absent_parts_are_not_printed() -> None:
+    """ "1 record, 1 key ... 1 deadline violation"; a horizon line names only what has
+    passed it: no "0 markers (oldest by None ms)"."""
+    lines = render_text(_audit())
+    assert "1 record, 1 key, 0 superseded" in lines[0]
+    assert "; 1 deadline violation (max.compaction.lag.ms" in lines[0]
+    assert lines[1] == "  past their delete horizon: 1 tombstone (oldest by 500 ms)"
+    both = render_text(_audit(tombstones=2, markers=1, marker_overdue_ms=7))
+    assert both[1] == (
+        "  past their delete horizon: 2 tombstones (oldest by 500 ms), 1 marker (oldest by 7 ms)"
+    )
+    assert all("None" not in line for line in render_text(_audit()) + both)
+
+
+def test_summary_line_is_singular_for_one_partition(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """One audited partition is "1 partition audited"."""
+    build(tmp_path)
+    main(["audit", "-c", str(config_file(tmp_path)), "--now-ms", str(NOW)])
+    assert "\n1 partition audited, 16 deadline violations\n" in capsys.readouterr().out

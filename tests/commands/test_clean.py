@@ -59,7 +59,7 @@ def test_clean_compacts_prints_stats_and_checkpoints(
     assert main(["clean", "-c", str(write_config(tmp_path)), "--now-ms", str(NOW)]) == 0
     out = capsys.readouterr().out
     assert "Log cleaner thread 0 cleaned log t-0 (dirty section = [0, 31])" in out
-    assert "1 cleaning passes, 0 partitions uncleanable" in out
+    assert "1 cleaning pass, 0 partitions uncleanable" in out
     v = view(d)
     assert v.keys == [k(1), k(2), k(9)]
     checkpoint = OffsetCheckpointFile(tmp_path / "logs" / CLEANER_OFFSET_CHECKPOINT).read()
@@ -148,7 +148,7 @@ def test_partition_that_cannot_be_opened_fails_the_command(
     out = capsys.readouterr().out
     line = next(x for x in out.splitlines() if x.startswith(f"{name}: open failed: "))
     assert reason in line
-    assert "1 cleaning passes, 0 partitions uncleanable, 1 steps failed" in out
+    assert "1 cleaning pass, 0 partitions uncleanable, 1 step failed" in out
     assert view(d).keys == [k(1), k(2), k(9)]
     assert main(["clean", "-c", cfg, "--now-ms", str(NOW), "--json"]) == 1
     doc = json.loads(capsys.readouterr().out)
@@ -190,7 +190,7 @@ def test_clean_runs_one_full_cycle(tmp_path: Path, capsys: pytest.CaptureFixture
     assert "other-0: deleted segment 0 (" in out
     assert "retention.ms); log start offset 1" in out
     assert f"t-0: cleaned (max.compaction.lag.ms, {HOUR - MINUTE} ms overdue)" in out
-    assert "1 segments rolled, 1 deleted by retention, 0 deleted for disk usage" in out
+    assert "1 segment rolled, 1 deleted by retention, 0 deleted for disk usage" in out
     assert view(t).keys == [k(0), k(1)]
     assert not list(other.glob("00000000000000000000.*"))  # unlinked before the exit
 
@@ -216,7 +216,7 @@ def test_clean_topic_limits_the_cycle(tmp_path: Path, capsys: pytest.CaptureFixt
     before = {p.name: p.read_bytes() for p in other.iterdir()}
     cfg = str(cycle_config(tmp_path))
     assert main(["clean", "-c", cfg, "--now-ms", str(NOW), "--topic", "t"]) == 0
-    assert "1 cleaning passes" in capsys.readouterr().out
+    assert "1 cleaning pass," in capsys.readouterr().out
     assert {p.name: p.read_bytes() for p in other.iterdir()} == before
 
 

@@ -78,7 +78,8 @@ class TestParseRecord:
         [
             ('{"key": "a", "value": ', "invalid JSON: Expecting value (column 23)"),
             ("[1, 2]", "expected a JSON object, got an array"),
-            ('{"value": "v", "vaule": 1}', "unknown field(s) vaule"),
+            ('{"value": "v", "vaule": 1}', "unknown field vaule;"),
+            ('{"value": "v", "a": 1, "b": 2}', "unknown fields a, b;"),
             ('{"key": "a"}', '"value" is missing (use null for a tombstone)'),
             ('{"key": "a", "key_b64": "YQ==", "value": null}', 'give "key" or "key_b64", not both'),
             ('{"value_b64": "***"}', '"value_b64" is not valid base64'),
@@ -130,7 +131,7 @@ class TestProduce:
             next(output)
         assert info.value.line_number == 4
         assert str(info.value) == (
-            "line 4: invalid JSON: Expecting value (column 1); the 3 record(s) before it were "
+            "line 4: invalid JSON: Expecting value (column 1); the 3 records before it were "
             "appended (offsets 0..2), nothing from line 4 on"
         )
         assert log.log_end_offset == 3

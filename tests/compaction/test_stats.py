@@ -33,3 +33,14 @@ def test_zero_time_prints_java_nan_and_infinity() -> None:
     assert "(Infinity MB/sec)" in text
     assert "NaN% of total time" in text
     assert render_invalid_warning(s) == "\tFound 3 invalid messages during compaction."
+
+
+def test_fields_give_durations_not_bare_timestamps() -> None:
+    """The log line's and event's numbers: counts, and how long the pass and its map
+    build took (not the monotonic instants start_ms / end_ms, meaningless outside)."""
+    acc = StatsAccumulator(start_ms=1_000_000, messages_read=7, messages_written=3)
+    acc.map_complete_ms = 1_000_400
+    fields = acc.freeze(1_001_500).fields()
+    assert (fields["duration_ms"], fields["map_duration_ms"]) == (1500, 400)
+    assert (fields["messages_read"], fields["messages_written"]) == (7, 3)
+    assert not {"start_ms", "end_ms", "map_complete_ms"} & set(fields)

@@ -92,6 +92,10 @@ def _daemon(
     return daemon, events
 
 
+def _cycles_above(daemon: Daemon, count: int) -> bool:
+    return daemon.cycles > count
+
+
 def _scrape(daemon: Daemon) -> str:
     address = daemon.exporter.address
     assert address is not None
@@ -113,7 +117,7 @@ async def test_startup_holds_the_log_dirs_and_sends_ready(
     daemon, _ = _daemon(config_path, notify_socket)
     async with running(daemon) as task:
         ready = await notify_socket.await_for("READY")
-        assert ready["STATUS"] == "watching 1 log dir(s), 2 partition(s)"
+        assert ready["STATUS"] == "watching 1 log dir, 2 partitions"
         assert daemon.state is ServiceState.RUNNING
         assert holds_log_dir_lock(tmp_path / "data")
         assert "cleanerd_build_info" in _scrape(daemon)
@@ -307,6 +311,38 @@ async def test_new_data_seen_by_the_watcher_starts_a_cycle(
         )
         assert plog.log_end_offset == 1
         await eventually(lambda: daemon.cycles > idle, "a cycle for the new partition")
+
+
+async def test_idle_cycles_are_logged_at_debug_and_counted_on_the_next_busy_one(
+    config_path: Path, notify_socket: NotifyReceiver, tmp_path: Path
+) -> None:
+    """After the startup cycle (always reported), cycles that change nothing log
+    `cycle.done` at debug only; the next cycle that does something logs it at info with
+    the number of idle cycles before it."""
+    daemon, _ = _daemon(config_path, notify_socket)
+    with structlog.testing.capture_logs() as logs:
+        async with running(daemon):
+            await eventually(lambda: daemon.cycles >= 2, "the startup cycle and its follow-up")
+            for n in range(3):
+                daemon.request_cycle()
+                await eventually(partial(_cycles_above, daemon, daemon.cycles), f"cycle {n}")
+            # (whether debug lines reach capture_logs depends on the logging set up
+            # before: the test counts the info lines, which must not grow)
+            info = [e for e in logs if e["event"] == "cycle.done" and e["log_level"] == "info"]
+            assert len(info) == 1
+            assert daemon.cycles >= 5
+            old = [[[kv(None, "late", timestamp=_now_ms() - 3 * HOUR)]]]
+            build_log(tmp_path / "data", old, state_dir=tmp_path / "state", tp=EVENTS)
+            done = daemon.cycles
+            daemon.request_cycle()
+            await eventually(lambda: daemon.cycles > done, "the cycle that deletes")
+    reported = [e for e in logs if e["event"] == "cycle.done" and e["log_level"] == "info"]
+    assert reported[0]["idle_cycles_before"] == 0
+    assert reported[0]["cleaned"] == 1
+    busy = [e for e in reported[1:] if e["deleted"]]
+    assert busy
+    assert busy[0]["idle_cycles_before"] >= 3
+    assert len(reported) == 1 + len(busy)
 
 
 async def test_disk_pressure_is_published_and_acted_on(

@@ -196,7 +196,8 @@ def _write_config(path: Path, a: Path, b: Path, state: Path, port: int, **extra:
         "log.cleaner.backoff.ms": BACKOFF_MS,
         "log.cleaner.dedupe.buffer.size": 16 * 1024 * 1024,
         "metrics": {"listen": f"127.0.0.1:{port}", "refresh_interval_s": REFRESH_S},
-        "logging": {"format": "json"},
+        # debug: idle cycles log `cycle.done` at debug, and every cycle's is needed
+        "logging": {"format": "json", "level": "debug"},
         "topics": {
             "d": {
                 "cleanup.policy": "compact",

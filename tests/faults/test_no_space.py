@@ -64,7 +64,7 @@ def test_clean_on_a_nearly_full_disk_frees_its_own_leftovers_and_finishes(
         assert psutil.disk_usage(str(mnt)).free < log_bytes
         done = cleanerd("clean", "-c", str(config))
         assert done.returncode == 0, done.stdout + done.stderr
-        assert "1 cleaning passes, 0 partitions uncleanable" in done.stdout
+        assert "1 cleaning pass, 0 partitions uncleanable" in done.stdout
         verify(data / str(TP), work)
         assert used(mnt) <= before + 64 * 1024  # + the checkpoint files
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import multiprocessing
+import os
 import time
 from multiprocessing.synchronize import Event
 from pathlib import Path
@@ -10,6 +11,7 @@ from pathlib import Path
 import pytest
 from structlog.testing import capture_logs
 
+from cleanerd.errors import LogDirLockedError
 from cleanerd.log.checkpoint import (
     CLEANER_OFFSET_CHECKPOINT,
     LOG_START_OFFSET_CHECKPOINT,
@@ -104,8 +106,20 @@ def test_shared_mode_appends_without_recovery(tmp_path: Path) -> None:
             assert plog.append([kv("b", "2")]) == (1, 1)
             assert in_flight.exists()
         assert owner_log.append([kv("c", "3")]) == (2, 2)
-        with LogDir.open(root, state_dir=state) as second:
-            assert second.mode is Mode.OBSERVE
+        with pytest.raises(LogDirLockedError) as refused:
+            LogDir.open(root, state_dir=state)
+        assert f"owned by another cleanerd process (pid {os.getpid()}" in str(refused.value)
+
+
+def test_a_second_owner_is_refused_without_an_observe_warning(tmp_path: Path) -> None:
+    """A second would-be owner (a second daemon, `clean` beside the daemon) gets an error
+    naming the owner, not observe mode and a warning about a broker."""
+    root, state = tmp_path / "logs", tmp_path / "state"
+    root.mkdir()
+    refused = pytest.raises(LogDirLockedError, match=f"pid {os.getpid()}: a running daemon")
+    with LogDir.open(root, state_dir=state), capture_logs() as logs, refused:
+        LogDir.open(root, state_dir=state)
+    assert logs == []
 
 
 def _own_dir(root: Path, state: Path, held: Event) -> None:

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import itertools
 import multiprocessing
+from collections.abc import MutableMapping
 from multiprocessing.synchronize import Event
 from pathlib import Path
+from typing import Any
 
 import pytest
 from aiokafka.record.default_records import DefaultRecordBatch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from structlog.testing import capture_logs
 
 from cleanerd.config import load_config
 from cleanerd.log.checkpoint import (
@@ -29,6 +32,11 @@ from tests.builders import build_log, encode_records, kv, offsets_and_values
 
 _CTX = multiprocessing.get_context("spawn")
 SMALL = LogConfig(segment_bytes=1024, index_interval_bytes=128)
+
+
+def rolled_reasons(logs: list[MutableMapping[str, Any]]) -> list[str]:
+    """The `reason` of each `segment.rolled` line."""
+    return [e["reason"] for e in logs if e["event"] == "segment.rolled"]
 
 
 def _open(tmp_path: Path, config: LogConfig = SMALL) -> PartitionLog:
@@ -50,9 +58,11 @@ def test_rolls_when_segment_bytes_would_overflow(tmp_path: Path) -> None:
     """A batch that would push the active segment past segment.bytes goes to a new
     segment whose base is the log end offset; no segment exceeds the limit."""
     plog = build_log(tmp_path / "logs", [[]], state_dir=tmp_path / "state", config=SMALL)
-    for n in range(40):
-        plog.append([kv(f"k{n}", "x" * 50)])
+    with capture_logs() as logs:
+        for n in range(40):
+            plog.append([kv(f"k{n}", "x" * 50)])
     assert len(plog.segments) > 1
+    assert rolled_reasons(logs) == ["segment.bytes"] * (len(plog.segments) - 1)
     assert all(s.size <= 1024 for s in plog.segments)
     for prev, cur in itertools.pairwise(plog.segments):
         assert cur.base_offset == prev.next_offset
@@ -63,10 +73,12 @@ def test_rolls_when_offset_index_full(tmp_path: Path) -> None:
     """A full offset index forces a roll."""
     config = LogConfig(segment_bytes=1 << 20, segment_index_bytes=16, index_interval_bytes=0)
     plog = build_log(tmp_path / "logs", [[]], state_dir=tmp_path / "state", config=config)
-    for n in range(8):
-        plog.append([kv(f"k{n}", "v")])
+    with capture_logs() as logs:
+        for n in range(8):
+            plog.append([kv(f"k{n}", "v")])
     assert all(s.offset_index.entries <= 2 for s in plog.segments)
     assert len(plog.segments) > 1
+    assert set(rolled_reasons(logs)) == {"segment.index.bytes"}
 
 
 def test_follower_append_rolls_on_relative_offset_overflow(tmp_path: Path) -> None:
@@ -74,7 +86,9 @@ def test_follower_append_rolls_on_relative_offset_overflow(tmp_path: Path) -> No
     segment based at the batch's first offset."""
     plog = build_log(tmp_path / "logs", [[[kv("a", "1")]]], state_dir=tmp_path / "state")
     far = 2**31 + 10
-    assert plog.append_batches(encode_records([kv("b", "2")], far)) == (far, far)
+    with capture_logs() as logs:
+        assert plog.append_batches(encode_records([kv("b", "2")], far)) == (far, far)
+    assert rolled_reasons(logs) == ["relative offset overflow"]
     assert [s.base_offset for s in plog.segments] == [0, far]
     assert plog.log_end_offset == far + 1
 

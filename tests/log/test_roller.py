@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from structlog.testing import capture_logs
 
 from cleanerd.config import BrokerConfig
 from cleanerd.log.files import TopicPartition
@@ -60,9 +61,12 @@ def test_idle_partition_rolls_by_clock(tmp_path: Path) -> None:
     seen = FirstSeen(None, plog.log_dir)
     assert maybe_roll(plog, topic(), seen, now_ms=T0) is None
     assert maybe_roll(plog, topic(), seen, now_ms=T0 + HOUR - 1) is None
-    decision = maybe_roll(plog, topic(), seen, now_ms=T0 + HOUR)
+    with capture_logs() as logs:
+        decision = maybe_roll(plog, topic(), seen, now_ms=T0 + HOUR)
     assert decision is not None
     assert decision.reason is RollReason.MAX_COMPACTION_LAG_MS
+    rolled = [e for e in logs if e["event"] == "segment.rolled"]
+    assert [e["reason"] for e in rolled] == ["max.compaction.lag.ms"]
     assert decision.waited_ms == HOUR
     assert [s.base_offset for s in plog.segments] == [0, 1]
     assert plog.segments[-1].size == 0
@@ -75,9 +79,12 @@ def test_segment_ms_rolls_delete_topics(tmp_path: Path) -> None:
     cfg = topic(cleanup_policy=("delete",), segment_ms=2 * HOUR)
     assert maybe_roll(plog, cfg, seen, now_ms=T0) is None
     assert maybe_roll(plog, cfg, seen, now_ms=T0 + HOUR) is None
-    decision = maybe_roll(plog, cfg, seen, now_ms=T0 + 2 * HOUR)
+    with capture_logs() as logs:
+        decision = maybe_roll(plog, cfg, seen, now_ms=T0 + 2 * HOUR)
     assert decision is not None
     assert decision.reason is RollReason.SEGMENT_MS
+    rolled = [e for e in logs if e["event"] == "segment.rolled"]
+    assert [e["reason"] for e in rolled] == ["segment.ms"]
 
 
 def test_future_timestamp_is_clamped_to_first_sighting(tmp_path: Path) -> None:

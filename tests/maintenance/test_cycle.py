@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 import yaml
+from structlog.testing import capture_logs
 
 from cleanerd.compaction.audit import AuditColumns
 from cleanerd.compaction.cleaner import Cleaner, CleanResult
@@ -83,6 +84,38 @@ def values(d: Path, state: Path) -> list[tuple[int, bytes | None, bytes | None]]
 def _engine() -> Iterator[LocalEngine]:
     with LocalEngine(WorkerSettings(workers=1, dedupe_buffer_size=4 * 1024 * 1024)) as engine:
         yield engine
+
+
+def test_a_long_cycle_logs_its_progress(tmp_path: Path, engine: LocalEngine) -> None:
+    """With a progress interval (0 here: every step is "long"), each phase logs
+    `cycle.progress` with partitions done of the total, and the clean phase the passes
+    finished and those running; without one (`cleanerd clean`) nothing is logged."""
+    c, d = TopicPartition("c", 0), TopicPartition("d", 0)
+    build(tmp_path, c, [records(range(6), T0 - 3 * HOUR) + records(range(3), T0 - 2 * HOUR)])
+    build(tmp_path, d, [records(range(3), T0 - 3 * HOUR), records(range(3), T0)])
+    topics = {
+        "c": {"cleanup.policy": "compact", "max.compaction.lag.ms": HOUR},
+        "d": {"cleanup.policy": "delete", "retention.ms": HOUR},
+    }
+    cfg = write_config(tmp_path, topics)
+    with capture_logs() as quiet, Maintenance(cfg, engine, clock=lambda: T0) as m:
+        m.run_once()
+    assert not [e for e in quiet if e["event"] == "cycle.progress"]
+    build(tmp_path, c, [records(range(6), T0 - 3 * HOUR) + records(range(3), T0 - 2 * HOUR)])
+    with (
+        capture_logs() as logs,
+        Maintenance(cfg, engine, clock=lambda: T0, progress_interval_s=0) as m,
+    ):
+        m.run_once(threading.Event())
+    lines = [e for e in logs if e["event"] == "cycle.progress"]
+    by_phase = {phase: [e for e in lines if e["phase"] == phase] for phase in ("open", "roll")}
+    assert [(e["done"], e["total"]) for e in by_phase["open"]] == [(0, 2), (1, 2)]
+    assert [(e["done"], e["total"]) for e in by_phase["roll"]] == [(0, 2), (1, 2)]
+    cleaning = [e for e in lines if e["phase"] == "clean"]
+    assert cleaning
+    assert cleaning[-1]["done"] == 1
+    assert cleaning[-1]["running"] == []
+    assert all(e["elapsed_s"] >= 0 for e in lines)
 
 
 def test_one_cycle_rolls_deletes_and_cleans(tmp_path: Path, engine: LocalEngine) -> None:

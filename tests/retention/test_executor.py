@@ -119,11 +119,13 @@ def test_rolls_first_when_every_segment_expired(tmp_path: Path) -> None:
     an empty active segment at the log end offset stays."""
     build(tmp_path, [9, 8])
     log_dir, plog = open_owned(tmp_path)
-    with log_dir:
+    with log_dir, capture_logs() as logs:
         out = apply_retention(
             plog, log_dir, topic(retention_ms=HOUR), now_ms=T0, pending=PendingDeletions()
         )
         assert out.rolled
+        rolled = [e for e in logs if e["event"] == "segment.rolled"]
+        assert [e["reason"] for e in rolled] == ["retention.ms"]
         assert [d.base_offset for d in out.deletions] == [0, 10]
         assert [(s.base_offset, s.size) for s in plog.segments] == [(20, 0)]
         assert plog.log_end_offset == 20

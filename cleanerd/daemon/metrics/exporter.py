@@ -545,7 +545,18 @@ class MetricsExporter:
         self.settings = settings
 
     def _bind(self, settings: MetricsConfig) -> tuple[WSGIServer, threading.Thread]:
-        return start_http_server(settings.port, addr=settings.host, registry=self.registry)
+        try:
+            return start_http_server(settings.port, addr=settings.host, registry=self.registry)
+        except OSError as e:
+            raise ListenError(e.errno, e.strerror, settings.listen) from e
+
+
+class ListenError(OSError):
+    """`metrics.listen` could not be bound; the message names the key and the address
+    (the bare `[Errno 98] Address already in use` names neither)."""
+
+    def __str__(self) -> str:
+        return f"metrics.listen {self.filename}: cannot bind: {self.strerror}"
 
 
 def _shutdown(server: tuple[WSGIServer, threading.Thread]) -> None:

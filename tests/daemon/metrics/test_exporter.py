@@ -523,6 +523,17 @@ def test_reload_moves_the_endpoint_to_a_new_address() -> None:
         ex.stop()
 
 
+def test_a_taken_port_names_the_key_and_the_address() -> None:
+    """Binding a port in use fails with an error naming `metrics.listen` and the address."""
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        listen = f"127.0.0.1:{busy.getsockname()[1]}"
+        ex = MetricsExporter(MetricsConfig(listen=listen))
+        with pytest.raises(OSError, match=f"^metrics.listen {listen}: cannot bind: Address "):
+            ex.start()
+
+
 def test_reload_to_an_address_in_use_keeps_the_old_endpoint() -> None:
     """If the new address cannot be bound, OSError is raised and the endpoint keeps
     serving under the old settings."""
