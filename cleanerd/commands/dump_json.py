@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import Any, Final
 
 import numpy as np
+from numpy.typing import NDArray
 
 from cleanerd.commands.dump import (
     DumpOptions,
@@ -70,8 +71,9 @@ from cleanerd.log.txnindex import TXN_ENTRY_VERSION
 from cleanerd.records import legacy
 from cleanerd.records.columns import SegmentColumns, segment_columns
 from cleanerd.records.control import (
+    NO_CONTROL_RECORD,
     ControlRecordType,
-    control_types,
+    control_type_column,
     decode_end_txn_marker,
 )
 from cleanerd.records.header import NO_SEQUENCE, check_crc
@@ -145,10 +147,13 @@ def _log_objects(path: Path, options: DumpOptions, utf8: bool) -> Iterator[JsonO
             problems[i] = problem
     decoded = _decode_runs(data, scan.batches, problems)
     file = str(path)
+    types: dict[int, NDArray[np.int64]] = {}  # per decoded run: its control types
     for i, info in enumerate(scan.batches):
         cols, row = decoded.get(i, (None, -1))
-        kinds = control_types(cols) if cols is not None else {}
-        kind = kinds.get(row)
+        kind = None
+        if cols is not None and info.header is not None and info.header.is_control:
+            column = types.setdefault(id(cols), control_type_column(cols))
+            kind = _known(int(column[row]))
         obj = _batch_object(data, info, kind, file)
         if obj["count"] is None and cols is not None:
             obj["count"] = int(cols.records_count[row])  # a legacy entry's, once decoded
@@ -278,6 +283,16 @@ def _legacy_crc_valid(data: bytes, info: BatchInfo) -> bool:
     except CorruptRecordError:
         return False
     return True
+
+
+def _known(value: int) -> ControlRecordType | int | None:
+    """A value of `control_type_column` as `control_type` gives it (None: no record)."""
+    if value == NO_CONTROL_RECORD:
+        return None
+    try:
+        return ControlRecordType(value)
+    except ValueError:
+        return value
 
 
 def _control_name(kind: ControlRecordType | int | None) -> str | None:
