@@ -63,7 +63,6 @@ from pydantic_core import ErrorDetails, PydanticCustomError
 
 from cleanerd.errors import ConfigError
 from cleanerd.log.files import parse_topic_partition
-from cleanerd.log.log_dir import Mode
 from cleanerd.log.roll import DEFAULT_MIN_ROLL_INTERVAL_MS
 from cleanerd.log.topic_config import CleanupPolicy, CompactionStrategyName, TopicConfig
 from cleanerd.records.header import INT32_MAX
@@ -463,7 +462,7 @@ class Config(BrokerConfig):
     @property
     def observe(self) -> bool:
         """`mode: observe`: every log dir is only read."""
-        return self.mode == Mode.OBSERVE.value
+        return self.mode == "observe"
 
     def model_post_init(self, context: Any, /) -> None:
         # Resolve every entry once: the daemon asks for topic configs every cycle.

@@ -51,9 +51,8 @@ from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from ctypes import c_int64
 from dataclasses import dataclass
-from typing import Any, Final, Literal
+from typing import TYPE_CHECKING, Any, Final, Literal
 
-from cleanerd.compaction.audit import AuditColumns, read_audit_columns
 from cleanerd.compaction.cleaner import CleaningAborted, CleanResult, swapped_files
 from cleanerd.compaction.offset_map import OffsetMap
 from cleanerd.compaction.strategy import CompactionStrategy
@@ -66,6 +65,9 @@ from cleanerd.log.files import TopicPartition
 from cleanerd.log.lock import PartitionLock
 from cleanerd.log.ownership import OwnerProof, ProcessId
 from cleanerd.log.segment import LogSegment
+
+if TYPE_CHECKING:
+    from cleanerd.compaction.audit import AuditColumns
 
 RECENT_RUNS: Final = 1024
 """How many finished jobs `LocalEngine.runs` remembers."""
@@ -215,6 +217,10 @@ def _clean_in_worker(slot: int, job_id: int, job: CleanJob) -> tuple[Any, Worker
 
 
 def _audit_in_worker(slot: int, job_id: int, job: AuditJob) -> tuple[Any, WorkerRun]:
+    # Imported here: a pool that only cleans (the daemon's, `cleanerd clean`'s) never
+    # loads the audit code.
+    from cleanerd.compaction.audit import read_audit_columns
+
     def work(_w: _Worker) -> AuditColumns:
         segments = [LogSegment(job.dir_path, s.base_offset, read_only=True) for s in job.segments]
         return read_audit_columns(
