@@ -16,15 +16,17 @@ from cleanerd.engine.base import AuditJob, CleanJob, Engine, WorkerCrashed
 __all__ = ["AuditJob", "CleanJob", "Engine", "WorkerCrashed", "create_engine"]
 
 
-def create_engine(config: Config, name: str | None = None) -> Engine:
-    """The engine `name` (default: the config's `engine.name`), built from `config`."""
+def create_engine(config: Config, name: str | None = None, *, in_process: bool = False) -> Engine:
+    """The engine `name` (default: the config's `engine.name`), built from `config`.
+    `in_process` (one-shot commands): local passes run in this process where one process
+    does the work faster than a pool it would first start (`local.LocalEngine`)."""
     # Each engine's module is imported only when it is chosen: a local run never loads
     # the Spark engine's code (nor `auto`'s, which loads both).
     chosen = name or config.engine.name
     if chosen == "local":
         from cleanerd.engine.local import LocalEngine
 
-        return LocalEngine.from_config(config)
+        return LocalEngine.from_config(config, in_process=in_process)
     if chosen == "spark":
         from cleanerd.engine.spark.engine import SparkEngine
 
@@ -32,5 +34,5 @@ def create_engine(config: Config, name: str | None = None) -> Engine:
     if chosen == "auto":
         from cleanerd.engine.routing import auto_engine
 
-        return auto_engine(config)
+        return auto_engine(config, in_process=in_process)
     raise ValueError(f"unknown engine {chosen!r} (known: local, spark, auto)")

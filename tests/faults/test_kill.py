@@ -1,8 +1,8 @@
 """Killed and stopped processes lose nothing: the fault matrix, with real processes.
 
 Each test runs the operator's sequence from the field report on a compacted partition
-(200,000 records over 20,000 keys, 4 MiB segments): a throttled `cleanerd clean` (or
-`cleanerd run`) is broken at a random point of its pass, then `cleanerd clean` runs
+(200,000 records over 20,000 keys, 4 MiB segments): a throttled `cleanerd clean --pool`
+(its pass in a worker process, as the daemon's are) or `cleanerd run` is broken at a random point of its pass, then `cleanerd clean` runs
 with a 1 s `segment.ms`, `cleanerd produce` appends 1,000 new keys, and another clean
 runs. Then an independent reader (kafka-python) checks every key's latest record, that
 nothing compacted away came back, the CRCs and that no `.cleaned`, `.swap` or
@@ -202,7 +202,7 @@ def test_sigkill_of_clean_at_random_points_loses_nothing(
     points = []
     for n in range(4):
         s = setup(pristine, tmp_path / f"run{n}")
-        with started("clean", "-c", str(s.slow)) as proc:
+        with started("clean", "--pool", "-c", str(s.slow)) as proc:
             wait_for_worker(proc.pid)
             time.sleep(rng.uniform(0.2, KILL_BEFORE_S))
             phase = on_disk(s)
@@ -222,7 +222,7 @@ def test_sigkill_of_a_worker_alone_loses_nothing(
     """The worker running the pass is killed, its owner lives: the owner recovers the
     partition, retries the pass and exits 0; every key intact."""
     s = setup(pristine, tmp_path / "run")
-    with started("clean", "-c", str(s.slow)) as proc:
+    with started("clean", "--pool", "-c", str(s.slow)) as proc:
         owner = psutil.Process(proc.pid)
 
         def worker() -> psutil.Process | None:
@@ -248,7 +248,7 @@ def test_stopped_owner_keeps_the_dir_and_a_second_clean_says_so(
     refused with the holder named and changes nothing, and once continued the first
     run ends normally."""
     s = setup(pristine, tmp_path / "run")
-    with started("clean", "-c", str(s.slow)) as proc:
+    with started("clean", "--pool", "-c", str(s.slow)) as proc:
         # The worker is in the pass once it writes the `.cleaned` output (a fork server
         # and a resource tracker start before any job is handed out).
         wait_for(lambda: on_disk(s) != "map", 3 * PASS_S + 30, "the pass's output")
