@@ -2,13 +2,14 @@
 
 Each test runs the operator's sequence from the field report on a compacted partition
 (200,000 records over 20,000 keys, 4 MiB segments): a throttled `cleanerd clean --pool`
-(its pass in a worker process, as the daemon's are) or `cleanerd run` is broken at a random point of its pass, then `cleanerd clean` runs
-with a 1 s `segment.ms`, `cleanerd produce` appends 1,000 new keys, and another clean
-runs. Then an independent reader (kafka-python) checks every key's latest record, that
-nothing compacted away came back, the CRCs and that no `.cleaned`, `.swap` or
-`.deleted` file is left (`workload.verify`); and no process of the broken run may still
-be alive a few seconds after it was killed. A stale pass of a killed run once swapped
-its output in about 50 s later, so the kill tests look again a minute after the kill.
+(its pass in a worker process, as the daemon's are) or `cleanerd run` is broken at a
+random point of its pass, then `cleanerd clean` runs with a 1 s `segment.ms`, `cleanerd
+produce` appends 1,000 new keys, and another clean runs. Then an independent reader
+(kafka-python) checks every key's latest record, that nothing compacted away came back,
+the CRCs and that no `.cleaned`, `.swap` or `.deleted` file is left (`workload.verify`);
+and no process of the broken run may still be alive a few seconds after it was killed. A
+stale pass of a killed run once swapped its output in about 50 s later, so the kill
+tests look again a minute after the kill.
 
 The random kill points come from a seeded generator (`CLEANERD_FAULT_SEED` sets the
 seed; the test prints it, with what was on disk at each kill).
