@@ -26,7 +26,7 @@ from __future__ import annotations
 import os
 import tempfile
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar, cast
 
@@ -47,7 +47,9 @@ def _writable(path: Path) -> bool:
     return os.access(path, os.W_OK | os.X_OK)
 
 
-def _cache_dir(env: dict[str, str] | os._Environ[str], package: Path) -> str | None:
+def _cache_dir(
+    env: Mapping[str, str], package: Path, writable: Callable[[Path], bool] = _writable
+) -> str | None:
     """The `NUMBA_CACHE_DIR` to set before numba is imported: None when numba's own
     choice works (the variable is set, or `__pycache__` beside the package or the user's
     cache dir is writable), else the first writable fallback (see the module docstring),
@@ -55,16 +57,13 @@ def _cache_dir(env: dict[str, str] | os._Environ[str], package: Path) -> str | N
     if env.get("NUMBA_CACHE_DIR"):
         return None
     home_cache = Path(env.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    pycache = package / "__pycache__"
-    if os.access(pycache if pycache.exists() else package, os.W_OK | os.X_OK):
-        return None
-    if _writable(home_cache / "numba"):
+    if writable(package / "__pycache__") or writable(home_cache / "numba"):
         return None
     candidates = [home_cache / "cleanerd" / "numba"]
     if systemd := env.get("CACHE_DIRECTORY"):
         candidates.insert(0, Path(systemd.split(":")[0]) / "numba")
     candidates.append(Path(tempfile.gettempdir()) / f"cleanerd-{os.getuid()}" / "numba")
-    return next((str(c) for c in candidates if _writable(c)), "")
+    return next((str(c) for c in candidates if writable(c)), "")
 
 
 def _load_numba() -> None:
