@@ -8,9 +8,12 @@ so a CLI run does not pay the compile time again.
 Importing numba costs a few tenths of a second, more than a command such as
 `check-config` or `plan` on an empty dir takes in all, so numba is imported when the
 first kernel is first called, not when a module defining kernels is imported. A kernel
-is a `Kernel` until then: calling it, or numba typing a call to it from another kernel
-(through `_numba_type_`, which numba's `typeof` asks every object for), makes the real
-dispatcher once; later calls go straight to it through one Python call.
+is a `Kernel` until then. The first call of any kernel (or numba typing a call to one
+from another kernel, through `_numba_type_`, which numba's `typeof` asks every object
+for) makes the dispatchers of all of them and rebinds every module-level name bound to a
+`Kernel` to its dispatcher, so the calls after it carry no cost of their own; a kernel
+kept elsewhere (in a tuple, say) still works, through one more Python call. Kernels
+defined after that are compiled at once, as `numba.njit` does.
 
 Where the cache lives: `NUMBA_CACHE_DIR` when set (the systemd unit and the container
 image set it), else numba's own choice (`__pycache__` beside the module, else the user's
@@ -24,6 +27,7 @@ writable home), numba would refuse to cache at all and fail; `_cache_dir` then p
 from __future__ import annotations
 
 import os
+import sys
 import tempfile
 import threading
 from collections.abc import Callable, Mapping
@@ -36,6 +40,7 @@ _lock = threading.Lock()
 _cache = True
 """Whether kernels are cached on disk (False only when no cache dir is writable)."""
 _numba_loaded = False
+"""Whether every kernel has its dispatcher; later kernels are compiled at once."""
 
 
 def _writable(path: Path) -> bool:
@@ -67,18 +72,47 @@ def _cache_dir(
 
 
 def _load_numba() -> None:
-    """Import numba, once, with a writable cache dir chosen first."""
-    global _cache, _numba_loaded
-    if _numba_loaded:
-        return
+    """Import numba with a writable cache dir (see the module docstring)."""
+    global _cache
     chosen = _cache_dir(os.environ, Path(__file__).parent)
-    if chosen:
-        os.environ["NUMBA_CACHE_DIR"] = chosen
-    elif chosen == "":
+    if chosen == "":
         _cache = False
-    import numba  # noqa: F401 - the import is the point: it is slow, so done here once
+    elif chosen is not None:
+        os.environ["NUMBA_CACHE_DIR"] = chosen
+    import numba.core.config
 
-    _numba_loaded = True
+    if chosen:
+        # numba reads its environment when first imported, which a module using numba's
+        # extension API directly may have done already.
+        vars(numba.core.config)["CACHE_DIR"] = chosen
+
+
+def _compile(fn: Callable[..., Any]) -> Any:
+    import numba
+
+    return numba.njit(cache=_cache, nogil=True)(fn)
+
+
+def _load_all() -> None:
+    """Import numba, make the dispatcher of every kernel so far, and rebind each name
+    bound to a kernel in a loaded module to its dispatcher: calls through those names
+    then go straight to numba, without a Python call in between."""
+    global _numba_loaded
+    with _lock:
+        if _numba_loaded:
+            return
+        _load_numba()
+        for kernel in _kernels:
+            kernel._dispatcher = _compile(kernel.py_func)
+        for module in list(sys.modules.values()):
+            names = getattr(module, "__dict__", None)
+            if not isinstance(names, dict):
+                continue
+            for name, value in list(names.items()):
+                if type(value) is Kernel:
+                    names[name] = value._dispatcher
+        _kernels.clear()
+        _numba_loaded = True
 
 
 class Kernel:
@@ -92,23 +126,16 @@ class Kernel:
         self._dispatcher: Any = None
 
     def dispatcher(self) -> Any:
-        """numba's dispatcher of this kernel, made on first use."""
-        d = self._dispatcher
-        if d is None:
+        """numba's dispatcher of this kernel, made on first use (of any kernel)."""
+        if self._dispatcher is None:
+            _load_all()
             with _lock:
-                if self._dispatcher is None:
-                    _load_numba()
-                    import numba
-
-                    self._dispatcher = numba.njit(cache=_cache, nogil=True)(self.py_func)
-                d = self._dispatcher
-        return d
+                if self._dispatcher is None:  # made directly, after numba was loaded
+                    self._dispatcher = _compile(self.py_func)
+        return self._dispatcher
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        d = self._dispatcher
-        if d is None:
-            d = self.dispatcher()
-        return d(*args, **kwargs)
+        return self.dispatcher()(*args, **kwargs)
 
     def __getattr__(self, name: str) -> Any:
         # numba's typeof asks for `_numba_type_` when a kernel calls this one; the rest
@@ -121,7 +148,16 @@ class Kernel:
         return f"<kernel {self.__qualname__}>"
 
 
+_kernels: list[Kernel] = []
+"""The kernels made before numba was loaded."""
+
+
 def jit(fn: F) -> F:
-    """Compile `fn` in nopython mode, releasing the GIL, with an on-disk cache, when it
-    is first called."""
-    return cast(F, Kernel(fn))
+    """Compile `fn` in nopython mode, releasing the GIL, with an on-disk cache: when any
+    kernel is first called, or at once once one has been."""
+    with _lock:
+        if _numba_loaded:
+            return cast(F, _compile(fn))
+        kernel = Kernel(fn)
+        _kernels.append(kernel)
+    return cast(F, kernel)

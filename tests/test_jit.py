@@ -21,6 +21,10 @@ def _double(x: int) -> int:
     return 2 * x
 
 
+def _triple(x: int) -> int:
+    return 3 * x
+
+
 @jit
 def _sum_doubled(values: npt.NDArray[np.int64]) -> int:
     total = 0
@@ -29,13 +33,47 @@ def _sum_doubled(values: npt.NDArray[np.int64]) -> int:
     return total
 
 
-def test_a_kernel_calling_a_kernel_compiles_on_first_call() -> None:
-    """A kernel is numba-compiled when called, including one that calls another kernel
-    which nothing had called before."""
-    assert isinstance(_sum_doubled, Kernel)
-    assert _sum_doubled(np.arange(5, dtype=np.int64)) == 20
-    assert _double(21) == 42
-    assert _sum_doubled.signatures  # the dispatcher's attributes pass through
+_FIRST_CALL = """
+import json, sys
+import numpy as np
+import tests.test_jit as t
+from tests.test_jit import _sum_doubled as kept
+before = [type(f).__name__ for f in (t._sum_doubled, t._double, kept)]
+total = int(t._sum_doubled(np.arange(5, dtype=np.int64)))
+after = [type(f).__name__ for f in (t._sum_doubled, t._double, kept)]
+later = type(t.jit(t._triple)).__name__
+print(json.dumps([before, total, after, int(kept(np.arange(3, dtype=np.int64))), later]))
+"""
+
+
+def test_first_call_compiles_and_rebinds_every_kernel() -> None:
+    """Kernels are `Kernel`s until one is called; that call compiles the kernel and the
+    kernel it calls (which nothing had called before), and every module-level name bound
+    to a kernel then names numba's dispatcher (this module's, and those imported by
+    name elsewhere); a kernel made later is a dispatcher at once."""
+    before, total, after, kept, later = json.loads(
+        subprocess.run(
+            [sys.executable, "-c", _FIRST_CALL],
+            capture_output=True,
+            text=True,
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+            cwd=REPO,
+            timeout=300,
+            check=True,
+        ).stdout
+    )
+    assert before == ["Kernel", "Kernel", "Kernel"]
+    assert total == 20
+    assert after == ["CPUDispatcher", "CPUDispatcher", "CPUDispatcher"]
+    assert kept == 6
+    assert later == "CPUDispatcher"
+
+
+def test_kernel_passes_the_dispatchers_attributes_through() -> None:
+    """A `Kernel` still held somewhere answers as its dispatcher does."""
+    kernel = Kernel(_triple)
+    assert kernel(14) == 42
+    assert kernel.signatures
 
 
 _PROBE = """

@@ -31,6 +31,7 @@ import pytest
 
 from cleanerd.log.checkpoint import CLEANER_OFFSET_CHECKPOINT, OffsetCheckpointFile
 from cleanerd.log.files import TopicPartition
+from cleanerd.log.ownership import lock_holder
 from cleanerd.log.partition_log import PartitionLog
 from tests.faults.workload import (
     TP,
@@ -192,19 +193,30 @@ def wait_for_worker(pid: int, timeout_s: float = 60) -> None:
     wait_for(lambda: len(session_processes(pid)) >= 3, timeout_s, "the pass's worker")
 
 
+def wait_for_owner(s: Setup, pid: int, timeout_s: float = 60) -> None:
+    """Until the run `pid` holds the log dir (its pass, in its own process, follows)."""
+    wait_for(lambda: lock_holder(s.data) == pid, timeout_s, "the run to own the dir")
+
+
+@pytest.mark.parametrize("where", ["pool", "in-process"])
 def test_sigkill_of_clean_at_random_points_loses_nothing(
-    pristine: tuple[Path, Workload], tmp_path: Path, rng: random.Random
+    pristine: tuple[Path, Workload], tmp_path: Path, rng: random.Random, where: str
 ) -> None:
-    """`cleanerd clean` killed at random points of a throttled pass, then the field
-    report's sequence: every key intact at once and a minute later, and nothing of the
-    killed run alive a few seconds after the kill."""
+    """`cleanerd clean` killed at random points of a throttled pass, run by a worker
+    (`--pool`) or by the command's own process, then the field report's sequence: every
+    key intact at once and a minute later, and nothing of the killed run alive a few
+    seconds after the kill."""
     done: list[tuple[Setup, dict[str, tuple[int, int]]]] = []
     first_kill = None
     points = []
     for n in range(4):
         s = setup(pristine, tmp_path / f"run{n}")
-        with started("clean", "--pool", "-c", str(s.slow)) as proc:
-            wait_for_worker(proc.pid)
+        pool = ["--pool"] if where == "pool" else []
+        with started("clean", *pool, "-c", str(s.slow)) as proc:
+            if pool:
+                wait_for_worker(proc.pid)
+            else:
+                wait_for_owner(s, proc.pid)
             time.sleep(rng.uniform(0.2, KILL_BEFORE_S))
             phase = on_disk(s)
             lived = kill_owner(proc.pid)
