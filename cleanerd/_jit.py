@@ -3,20 +3,161 @@
 Hot loops (varint scans, key hashing, record filtering) never run per record in
 interpreted Python; they are numba-compiled functions over numpy arrays. `jit` keeps the
 compiled function's Python signature visible to mypy, and caches compiled code on disk
-(NUMBA_CACHE_DIR, or `__pycache__` beside the module) so a CLI run does not pay the
-compile time again.
+so a CLI run does not pay the compile time again.
+
+Importing numba costs a few tenths of a second, more than a command such as
+`check-config` or `plan` on an empty dir takes in all, so numba is imported when the
+first kernel is first called, not when a module defining kernels is imported. A kernel
+is a `Kernel` until then. The first call of any kernel (or numba typing a call to one
+from another kernel, through `_numba_type_`, which numba's `typeof` asks every object
+for) makes the dispatchers of all of them and rebinds every module-level name bound to a
+`Kernel` to its dispatcher, so the calls after it carry no cost of their own; a kernel
+kept elsewhere (in a tuple, say) still works, through one more Python call. Kernels
+defined after that are compiled at once, as `numba.njit` does.
+
+Where the cache lives: `NUMBA_CACHE_DIR` when set (the systemd unit and the container
+image set it), else numba's own choice (`__pycache__` beside the module, else the user's
+cache dir). When neither is writable (a root-owned install run by a user without a
+writable home), numba would refuse to cache at all and fail; `_cache_dir` then points
+`NUMBA_CACHE_DIR` at the first writable of `$CACHE_DIRECTORY/numba` (systemd's
+`CacheDirectory=`), `$XDG_CACHE_HOME/cleanerd/numba` (`~/.cache` by default) and
+`<tmp>/cleanerd-<uid>/numba`, and with none writable kernels are compiled uncached.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import os
+import sys
+import tempfile
+import threading
+from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any, TypeVar, cast
-
-import numba
 
 F = TypeVar("F", bound=Callable[..., Any])
 
+_lock = threading.Lock()
+_cache = True
+"""Whether kernels are cached on disk (False only when no cache dir is writable)."""
+_numba_loaded = False
+"""Whether every kernel has its dispatcher; later kernels are compiled at once."""
+
+
+def _writable(path: Path) -> bool:
+    """Whether `path` is (or can be made) a dir this process may create files in."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return False
+    return os.access(path, os.W_OK | os.X_OK)
+
+
+def _cache_dir(
+    env: Mapping[str, str], package: Path, writable: Callable[[Path], bool] = _writable
+) -> str | None:
+    """The `NUMBA_CACHE_DIR` to set before numba is imported: None when numba's own
+    choice works (the variable is set, or `__pycache__` beside the package or the user's
+    cache dir is writable), else the first writable fallback (see the module docstring),
+    else the empty string (nowhere to cache)."""
+    if env.get("NUMBA_CACHE_DIR"):
+        return None
+    home_cache = Path(env.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    if writable(package / "__pycache__") or writable(home_cache / "numba"):
+        return None
+    candidates = [home_cache / "cleanerd" / "numba"]
+    if systemd := env.get("CACHE_DIRECTORY"):
+        candidates.insert(0, Path(systemd.split(":")[0]) / "numba")
+    candidates.append(Path(tempfile.gettempdir()) / f"cleanerd-{os.getuid()}" / "numba")
+    return next((str(c) for c in candidates if writable(c)), "")
+
+
+def _load_numba() -> None:
+    """Import numba with a writable cache dir (see the module docstring)."""
+    global _cache
+    chosen = _cache_dir(os.environ, Path(__file__).parent)
+    if chosen == "":
+        _cache = False
+    elif chosen is not None:
+        os.environ["NUMBA_CACHE_DIR"] = chosen
+    import numba.core.config
+
+    if chosen:
+        # numba reads its environment when first imported, which a module using numba's
+        # extension API directly may have done already.
+        vars(numba.core.config)["CACHE_DIR"] = chosen
+
+
+def _compile(fn: Callable[..., Any]) -> Any:
+    import numba
+
+    return numba.njit(cache=_cache, nogil=True)(fn)
+
+
+def _load_all() -> None:
+    """Import numba, make the dispatcher of every kernel so far, and rebind each name
+    bound to a kernel in a loaded module to its dispatcher: calls through those names
+    then go straight to numba, without a Python call in between."""
+    global _numba_loaded
+    with _lock:
+        if _numba_loaded:
+            return
+        _load_numba()
+        for kernel in _kernels:
+            kernel._dispatcher = _compile(kernel.py_func)
+        for module in list(sys.modules.values()):
+            names = getattr(module, "__dict__", None)
+            if not isinstance(names, dict):
+                continue
+            for name, value in list(names.items()):
+                if type(value) is Kernel:
+                    names[name] = value._dispatcher
+        _kernels.clear()
+        _numba_loaded = True
+
+
+class Kernel:
+    """A function compiled by numba when first called (see the module docstring)."""
+
+    def __init__(self, fn: Callable[..., Any]) -> None:
+        self.py_func = fn
+        self.__name__ = fn.__name__
+        self.__qualname__ = fn.__qualname__
+        self.__doc__ = fn.__doc__
+        self._dispatcher: Any = None
+
+    def dispatcher(self) -> Any:
+        """numba's dispatcher of this kernel, made on first use (of any kernel)."""
+        if self._dispatcher is None:
+            _load_all()
+            with _lock:
+                if self._dispatcher is None:  # made directly, after numba was loaded
+                    self._dispatcher = _compile(self.py_func)
+        return self._dispatcher
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.dispatcher()(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        # numba's typeof asks for `_numba_type_` when a kernel calls this one; the rest
+        # of the dispatcher's attributes (signatures, stats) are passed through too.
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return getattr(self.dispatcher(), name)
+
+    def __repr__(self) -> str:
+        return f"<kernel {self.__qualname__}>"
+
+
+_kernels: list[Kernel] = []
+"""The kernels made before numba was loaded."""
+
 
 def jit(fn: F) -> F:
-    """Compile `fn` in nopython mode, releasing the GIL, with an on-disk cache."""
-    return cast(F, numba.njit(cache=True, nogil=True)(fn))
+    """Compile `fn` in nopython mode, releasing the GIL, with an on-disk cache: when any
+    kernel is first called, or at once once one has been."""
+    with _lock:
+        if _numba_loaded:
+            return cast(F, _compile(fn))
+        kernel = Kernel(fn)
+        _kernels.append(kernel)
+    return cast(F, kernel)

@@ -2,9 +2,12 @@
 
 The cycle is the daemon's (`cleanerd.maintenance.cycle`): rolls, retention, KIP-61 disk usage,
 then cleaning by the schedule (overdue first, then nearest deadline, then dirtiest) with
-`log.cleaner.threads` workers on the chosen engine, until nothing is eligible. Each log
-dir of the config is opened in owner mode; a dir whose `.lock` another process holds is
-observed, not touched. Old segment files are unlinked before the command exits: a
+`log.cleaner.threads` workers on the chosen engine, until nothing is eligible. On the
+local engine one pass at a time runs in this process, and worker processes are started
+only for passes that run beside it (`LocalEngine(in_process=True)`); `--pool` runs every
+pass in a worker process, isolated from the command as the daemon's are. Each log dir of the
+config is opened in owner mode; a dir whose `.lock` another process holds is observed,
+not touched. Old segment files are unlinked before the command exits: a
 one-shot process has nobody left to honour `file.delete.delay.ms` for it.
 
 `--now-ms` is the instant every time rule is evaluated at (rolls, retention, lags,
@@ -68,6 +71,14 @@ ARGS: Final[tuple[Arg, ...]] = (
             "choices": ["local", "spark", "auto"],
             "help": "where passes run: local, spark (every pass) or auto (Spark for passes "
             "whose keys outgrow the local map); default: the config's engine.name",
+        },
+    ),
+    (
+        ("--pool",),
+        {
+            "action": "store_true",
+            "help": "run every pass in a worker process, as the daemon does (default: one "
+            "pass at a time in this process, workers only for passes beside it)",
         },
     ),
     (("--json",), {"action": "store_true", "help": "print one JSON document"}),
@@ -162,7 +173,10 @@ def run(args: argparse.Namespace) -> int:
     clock = wall_clock_ms if now_ms is None else (lambda: now_ms)
     topics = frozenset(args.topic) if args.topic else None
     progress = Progress("clean", segments=0, total_bytes=0)
-    engine = TrackedEngine(create_engine(config, args.engine), progress)
+    # One-shot: a pass runs in this process rather than in a pool started for it, unless
+    # `--pool` asks for a worker's isolation.
+    in_process = not args.pool
+    engine = TrackedEngine(create_engine(config, args.engine, in_process=in_process), progress)
     try:
         # The engine stops before the log dirs are released: no pass outlives the locks.
         with Maintenance(config, engine, clock=clock, topics=topics) as maintenance:

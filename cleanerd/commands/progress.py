@@ -19,12 +19,14 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Final, TextIO
+from typing import TYPE_CHECKING, Final, TextIO
 
-from cleanerd.compaction.audit import AuditColumns
 from cleanerd.compaction.cleaner import CleanResult
 from cleanerd.engine.base import AuditJob, CleanJob, Engine
 from cleanerd.log.files import TopicPartition
+
+if TYPE_CHECKING:  # `clean` shows progress too, and never loads the audit code
+    from cleanerd.compaction.audit import AuditColumns
 
 BAR_WIDTH: Final = 24
 TTY_INTERVAL_S: Final = 0.2

@@ -40,9 +40,8 @@ from __future__ import annotations
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from cleanerd.compaction.audit import AuditColumns
 from cleanerd.compaction.cleaner import Cleaner, CleanerConfig, CleanResult
 from cleanerd.compaction.offset_map import OffsetMap
 from cleanerd.compaction.strategy import ResolvedStrategy
@@ -52,6 +51,9 @@ from cleanerd.log.files import TopicPartition
 from cleanerd.log.lock import checkpoint_lock
 from cleanerd.log.meta import SegmentMeta
 from cleanerd.log.txnindex import AbortedTxn
+
+if TYPE_CHECKING:  # the audit code is loaded only by the commands and jobs that audit
+    from cleanerd.compaction.audit import AuditColumns
 
 
 class CheckpointLockedCleaner(Cleaner):

@@ -32,6 +32,21 @@ workers: the jobs a worker had started fail with `WorkerCrashed` (their partitio
 at most a prefix of the rename protocol, which the next open of the partition completes
 or rolls back), jobs not yet started go back to the queue, the death is counted
 (`dead_workers`, Kafka's DeadThreadCount) and a new pool is started on the next dispatch.
+
+One-shot commands (`in_process`). Starting the pool (a fork server that imports this
+module, a resource tracker, a forked worker) costs about a second before any work, more
+than a small pass takes, and a `cleanerd clean` often has one pass to run. So an engine
+made `in_process` runs one pass at a time in this process, in a thread of its own (slot
+0), and starts a pool only for passes that run beside it: `workers - 1` processes, none
+when `workers` is 1 or this process may use one CPU only. The thread runs the very code
+a worker runs (`_clean_job`), with this process as the owner, so the pass makes the same
+proofs (`OwnerProof` finds the `.lock` in this process's registry of held locks, the
+segments are checked against the snapshot) under the same partition lock and writes the
+same bytes. What it does not have is a worker's isolation: signals are delivered to the
+main thread, which asks the pass to stop (`abort`, `shutdown(abort=True)`) as it would a
+worker, and a crash of the pass is a crash of the command, whose renames the next open
+of the partition completes or rolls back. The daemon keeps its pool: its event loop
+should not share a GIL with a pass.
 """
 
 from __future__ import annotations
@@ -51,9 +66,8 @@ from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from ctypes import c_int64
 from dataclasses import dataclass
-from typing import Any, Final, Literal
+from typing import TYPE_CHECKING, Any, Final, Literal
 
-from cleanerd.compaction.audit import AuditColumns, read_audit_columns
 from cleanerd.compaction.cleaner import CleaningAborted, CleanResult, swapped_files
 from cleanerd.compaction.offset_map import OffsetMap
 from cleanerd.compaction.strategy import CompactionStrategy
@@ -66,6 +80,9 @@ from cleanerd.log.files import TopicPartition
 from cleanerd.log.lock import PartitionLock
 from cleanerd.log.ownership import OwnerProof, ProcessId
 from cleanerd.log.segment import LogSegment
+
+if TYPE_CHECKING:
+    from cleanerd.compaction.audit import AuditColumns
 
 RECENT_RUNS: Final = 1024
 """How many finished jobs `LocalEngine.runs` remembers."""
@@ -175,11 +192,19 @@ def _portable(exc: BaseException) -> BaseException:
     return portable
 
 
+def _pool_worker() -> _Worker:
+    assert _worker is not None, "the pool initializer sets up every worker"
+    return _worker
+
+
 def _run_job(
-    kind: JobKind, slot: int, job_id: int, tp: TopicPartition, work: Callable[[_Worker], Any]
+    w: _Worker,
+    kind: JobKind,
+    slot: int,
+    job_id: int,
+    tp: TopicPartition,
+    work: Callable[[_Worker], Any],
 ) -> tuple[Any, WorkerRun]:
-    w = _worker
-    assert w is not None, "the pool initializer sets up every worker"
     w.started_pids[slot] = os.getpid()
     w.started_ids[slot] = job_id
     started, cpu = time.monotonic_ns(), time.process_time_ns()
@@ -192,6 +217,16 @@ def _run_job(
 
 
 def _clean_in_worker(slot: int, job_id: int, job: CleanJob) -> tuple[Any, WorkerRun]:
+    return _clean_job(_pool_worker(), slot, job_id, job)
+
+
+def _audit_in_worker(slot: int, job_id: int, job: AuditJob) -> tuple[Any, WorkerRun]:
+    return _audit_job(_pool_worker(), slot, job_id, job)
+
+
+def _clean_job(w0: _Worker, slot: int, job_id: int, job: CleanJob) -> tuple[Any, WorkerRun]:
+    """A clean pass, in a pool worker or in this process (`in_process`)."""
+
     def work(w: _Worker) -> CleanResult:
         cleaner = CheckpointLockedCleaner(
             job.state_dir,
@@ -211,10 +246,15 @@ def _clean_in_worker(slot: int, job_id: int, job: CleanJob) -> tuple[Any, Worker
             owner=OwnerProof(job.log_dir, w.owner),
         )
 
-    return _run_job("clean", slot, job_id, job.tp, work)
+    return _run_job(w0, "clean", slot, job_id, job.tp, work)
 
 
-def _audit_in_worker(slot: int, job_id: int, job: AuditJob) -> tuple[Any, WorkerRun]:
+def _audit_job(w0: _Worker, slot: int, job_id: int, job: AuditJob) -> tuple[Any, WorkerRun]:
+    """An audit scan, in a pool worker or in this process (`in_process`)."""
+    # Imported here: a pool that only cleans (the daemon's, `cleanerd clean`'s) never
+    # loads the audit code.
+    from cleanerd.compaction.audit import read_audit_columns
+
     def work(_w: _Worker) -> AuditColumns:
         segments = [LogSegment(job.dir_path, s.base_offset, read_only=True) for s in job.segments]
         return read_audit_columns(
@@ -224,7 +264,7 @@ def _audit_in_worker(slot: int, job_id: int, job: AuditJob) -> tuple[Any, Worker
             aborted=job.aborted,
         )
 
-    return _run_job("audit", slot, job_id, job.tp, work)
+    return _run_job(w0, "audit", slot, job_id, job.tp, work)
 
 
 # ---------------------------------------------------------------------------------------
@@ -243,19 +283,42 @@ class _Job:
     requeues: int = 0
 
 
+IN_PROCESS_SLOT: Final = 0
+"""The slot of the pass an `in_process` engine runs in this process."""
+
+
+def usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity mask, e.g. a container's cpuset)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
 class LocalEngine:
-    """Clean passes and audit scans in `settings.workers` worker processes.
+    """Clean passes and audit scans in `settings.workers` worker processes, or with
+    `in_process`, one of them in this process (see the module docstring).
 
     Thread-safe: jobs may be submitted, aborted and awaited from any thread.
     """
 
-    def __init__(self, settings: WorkerSettings) -> None:
+    def __init__(
+        self, settings: WorkerSettings, *, in_process: bool = False, cpus: int | None = None
+    ) -> None:
+        """`cpus`: the CPUs this process may use (default `usable_cpus()`); with one, an
+        `in_process` engine never starts a pool."""
         if settings.workers < 1:
             raise ValueError(f"a local engine needs at least one worker, not {settings.workers}")
         self.settings = settings
+        self.in_process = in_process
+        self._pool_size = settings.workers
+        if in_process:
+            one_cpu = (usable_cpus() if cpus is None else cpus) == 1
+            self._pool_size = 0 if one_cpu else settings.workers - 1
         self._ctx = multiprocessing.get_context("forkserver")
         self._ctx.set_forkserver_preload([__name__])
-        n = settings.workers
+        n = self._pool_size + in_process
+        self._inline: _Worker | None = None
         self._abort_ids = self._ctx.RawArray(c_int64, n)
         self._started_ids = self._ctx.RawArray(c_int64, n)
         self._started_pids = self._ctx.RawArray(c_int64, n)
@@ -274,7 +337,7 @@ class LocalEngine:
         """The last finished jobs, oldest first."""
 
     @classmethod
-    def from_config(cls, config: Config) -> LocalEngine:
+    def from_config(cls, config: Config, *, in_process: bool = False) -> LocalEngine:
         """An engine with the config's `log.cleaner.*` worker settings."""
         return cls(
             WorkerSettings(
@@ -282,7 +345,8 @@ class LocalEngine:
                 dedupe_buffer_size=config.log_cleaner_dedupe_buffer_size,
                 load_factor=config.log_cleaner_io_buffer_load_factor,
                 io_max_bytes_per_second=config.log_cleaner_io_max_bytes_per_second,
-            )
+            ),
+            in_process=in_process,
         )
 
     # -- the Engine protocol ------------------------------------------------------------
@@ -369,7 +433,7 @@ class LocalEngine:
 
     def _new_pool(self) -> ProcessPoolExecutor:
         return ProcessPoolExecutor(
-            max_workers=self.settings.workers,
+            max_workers=self._pool_size,
             mp_context=self._ctx,
             initializer=_init_worker,
             initargs=(
@@ -390,6 +454,14 @@ class LocalEngine:
             job = self._queue.popleft()
             if not job.future.running() and not job.future.set_running_or_notify_cancel():
                 continue  # cancelled by its caller while queued
+            if self.in_process and IN_PROCESS_SLOT in self._free_slots:
+                self._free_slots.remove(IN_PROCESS_SLOT)
+                job.slot = IN_PROCESS_SLOT
+                self._abort_ids[job.slot] = 0
+                self._started_ids[job.slot] = 0
+                self._running[job.slot] = job
+                started.append((job, self._run_in_process(job)))
+                continue
             if self._pool is None:
                 self._pool = self._new_pool()
                 self._generation += 1
@@ -409,6 +481,40 @@ class LocalEngine:
             self._running[job.slot] = job
             started.append((job, inner))
         return started
+
+    def _run_in_process(self, job: _Job) -> Future[tuple[Any, WorkerRun]]:
+        """Run `job` in a thread of this process (the `in_process` slot); the future
+        resolves as a pool's would."""
+        if self._inline is None:
+            s = self.settings
+            self._inline = _Worker(
+                s,
+                ProcessId.current(),
+                self._abort_ids,
+                self._started_ids,
+                self._started_pids,
+                self._abort_all,
+                Throttler(s.io_max_bytes_per_second / s.workers),
+            )
+        w = self._inline
+        inner: Future[tuple[Any, WorkerRun]] = Future()
+        inner.set_running_or_notify_cancel()
+
+        def run() -> None:
+            try:
+                if isinstance(job.payload, CleanJob):
+                    done = _clean_job(w, job.slot, job.id, job.payload)
+                else:
+                    done = _audit_job(w, job.slot, job.id, job.payload)
+            except BaseException as exc:  # noqa: BLE001 - handed to the caller, as a pool would
+                inner.set_exception(exc)
+            else:
+                inner.set_result(done)
+
+        # Not a daemon thread: the interpreter waits for a pass at exit rather than
+        # stopping it between two renames.
+        threading.Thread(target=run, name=f"cleanerd-pass-{job.tp}").start()
+        return inner
 
     def _watch(self, started: list[tuple[_Job, Future[Any]]]) -> None:
         for job, inner in started:

@@ -266,10 +266,10 @@ class AutoEngine:
             self._spark.shutdown(abort=abort)
 
 
-def auto_engine(config: Config) -> AutoEngine:
-    """The `auto` engine of `config`: local passes on `LocalEngine`, the passes whose keys
-    outgrow its map by `engine.spark.min_keys_over_capacity` on `SparkEngine` (checked
-    for PySpark and Java when first used)."""
+def auto_engine(config: Config, *, in_process: bool = False) -> AutoEngine:
+    """The `auto` engine of `config`: local passes on `LocalEngine` (`in_process` as
+    there), the passes whose keys outgrow its map by `engine.spark.min_keys_over_capacity`
+    on `SparkEngine` (checked for PySpark and Java when first used)."""
 
     def capacity(job: CleanJob) -> int:
         return local_key_capacity(
@@ -280,7 +280,7 @@ def auto_engine(config: Config) -> AutoEngine:
         )
 
     return AutoEngine(
-        LocalEngine.from_config(config),
+        LocalEngine.from_config(config, in_process=in_process),
         lambda: SparkEngine.from_config(config),
         capacity,
         min_keys_over_capacity=config.engine.spark.min_keys_over_capacity,

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -12,11 +14,15 @@ import pytest
 import yaml
 
 from cleanerd.cli import main
+from cleanerd.config import load_config
+from cleanerd.engine.local import LocalEngine
 from cleanerd.log.checkpoint import CLEANER_OFFSET_CHECKPOINT, OffsetCheckpointFile
 from cleanerd.log.files import TopicPartition
 from cleanerd.log.lock import LogDirLock
+from cleanerd.maintenance.cycle import Maintenance
 from tests.builders import build_log, kv
 from tests.compaction.conftest import TP, LogBuilder, k, view
+from tests.paths import REPO
 
 NOW = 1_700_000_000_000
 MINUTE = 60_000
@@ -264,3 +270,49 @@ def test_dir_a_broker_holds_is_observed_and_fails_the_command(
     assert f"is held by pid {os.getpid()} (a running Kafka broker?): observed only" in out
     assert str(lock) in out
     assert {p.name: p.read_bytes() for p in d.iterdir()} == before
+
+
+_CHILDREN_AFTER = """
+import json, sys
+import psutil
+from cleanerd.cli import main
+status = main(sys.argv[1:])
+sys.stdout.flush()
+children = [p.name() for p in psutil.Process().children(recursive=True)]
+print(json.dumps({"status": status, "children": children}), file=sys.stderr)
+"""
+
+
+def test_one_shot_clean_of_one_partition_starts_no_process(tmp_path: Path) -> None:
+    """`clean` runs its one pass in its own process: no fork server, resource tracker or
+    worker is started; the files are those a pass in a pool worker writes."""
+    d = build(tmp_path)
+    pooled = build(tmp_path / "pooled")
+    config = write_config(tmp_path)
+    done = subprocess.run(
+        [sys.executable, "-c", _CHILDREN_AFTER, "clean", "-c", str(config), "--now-ms", str(NOW)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        cwd=REPO,
+        timeout=300,
+        check=False,
+    )
+    report = json.loads(done.stderr.strip().splitlines()[-1])
+    assert report == {"status": 0, "children": []}, done.stderr
+    assert "1 cleaning passes" in done.stdout
+
+    pool_config = write_config(tmp_path / "pooled")
+    with (
+        LocalEngine.from_config(load_config(pool_config)) as engine,
+        Maintenance(load_config(pool_config), engine, clock=lambda: NOW) as maintenance,
+    ):
+        assert len(maintenance.run_once().cleaned) == 1
+        engine.shutdown()
+        maintenance.close(unlink_pending=True)
+    assert engine.runs[0].pid != os.getpid()
+
+    def contents(part: Path) -> dict[str, bytes]:
+        return {p.name: p.read_bytes() for p in sorted(part.iterdir())}
+
+    assert contents(d) == contents(pooled)

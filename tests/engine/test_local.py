@@ -79,9 +79,19 @@ def wait_until(condition: Callable[[], bool]) -> None:
         time.sleep(0.01)
 
 
-@pytest.fixture(name="engine")
-def _engine() -> Iterator[LocalEngine]:
+@pytest.fixture(name="pool_engine")
+def _pool_engine() -> Iterator[LocalEngine]:
     with LocalEngine(WorkerSettings(workers=2, dedupe_buffer_size=MAP_BYTES)) as engine:
+        yield engine
+
+
+@pytest.fixture(name="engine", params=["pool", "in-process"])
+def _engine(request: pytest.FixtureRequest) -> Iterator[LocalEngine]:
+    """Both ways the local engine runs a pass: every pass in the pool, or (one-shot
+    commands) the first in this process and the one beside it in a pool worker. Every
+    test of the pass's proofs and aborts runs both ways."""
+    settings = WorkerSettings(workers=2, dedupe_buffer_size=MAP_BYTES)
+    with LocalEngine(settings, in_process=request.param == "in-process", cpus=2) as engine:
         yield engine
 
 
@@ -96,12 +106,12 @@ def test_local_engine_is_an_engine(engine: LocalEngine) -> None:
 
 
 def test_worker_pass_writes_what_the_in_process_pass_writes(
-    tmp_path: Path, engine: LocalEngine
+    tmp_path: Path, pool_engine: LocalEngine
 ) -> None:
     """A pass in a worker process leaves byte-identical files and the same checkpoint."""
     build(tmp_path / "a")
     build(tmp_path / "b")
-    result = engine.submit_clean(job_for(tmp_path / "a", tmp_path / "state")).result()
+    result = pool_engine.submit_clean(job_for(tmp_path / "a", tmp_path / "state")).result()
     reference = Cleaner(OffsetMap.for_config(MAP_BYTES, 2, 0.9, CompactionStrategy.OFFSET)).clean(
         log_dir=tmp_path / "b",
         tp=TP,
@@ -120,8 +130,8 @@ def test_worker_pass_writes_what_the_in_process_pass_writes(
     assert files(tmp_path / "a" / str(TP)) == files(tmp_path / "b" / str(TP))
     assert OffsetCheckpointFile(tmp_path / "a" / CLEANER_OFFSET_CHECKPOINT).read() == {TP: 30}
     assert view(tmp_path / "a" / str(TP)).keys == [k(1), k(2), k(0), k(9)]
-    assert [r.kind for r in engine.runs] == ["clean"]
-    assert engine.runs[0].pid != os.getpid()
+    assert [r.kind for r in pool_engine.runs] == ["clean"]
+    assert pool_engine.runs[0].pid != os.getpid()
 
 
 def test_two_workers_clean_two_partitions_at_once(tmp_path: Path, engine: LocalEngine) -> None:
@@ -197,7 +207,7 @@ def test_abort_of_a_queued_pass_never_runs_it(tmp_path: Path) -> None:
 
 
 def test_killed_worker_counts_as_dead_and_the_pool_restarts(
-    tmp_path: Path, engine: LocalEngine
+    tmp_path: Path, pool_engine: LocalEngine
 ) -> None:
     """A worker killed mid-pass fails its job with WorkerCrashed; the next job runs on a
     new pool; reopening the partition removes the pass's leftovers."""
@@ -205,18 +215,18 @@ def test_killed_worker_counts_as_dead_and_the_pool_restarts(
     d = build(logs)
     before = view(d)
     with PartitionLock(state, logs, TP):
-        future = engine.submit_clean(job_for(logs, state))
-        wait_until(lambda: TP in engine.running_pids())
-        os.kill(engine.running_pids()[TP], signal.SIGKILL)
+        future = pool_engine.submit_clean(job_for(logs, state))
+        wait_until(lambda: TP in pool_engine.running_pids())
+        os.kill(pool_engine.running_pids()[TP], signal.SIGKILL)
         with pytest.raises(WorkerCrashed):
             future.result(timeout=WAIT_S)
-    assert engine.dead_workers == 1
+    assert pool_engine.dead_workers == 1
     PartitionLog.open(d, state_dir=state, recover=True)
     assert not [p for p in d.iterdir() if p.name.endswith((".cleaned", ".swap"))]
     assert view(d) == before
-    result = engine.submit_clean(job_for(logs, state)).result()
+    result = pool_engine.submit_clean(job_for(logs, state)).result()
     assert result.end_offset == 30
-    assert engine.dead_workers == 1
+    assert pool_engine.dead_workers == 1
 
 
 def test_corrupt_segment_error_names_file_and_position(tmp_path: Path, engine: LocalEngine) -> None:
@@ -404,3 +414,50 @@ def test_killed_owner_takes_its_worker_fork_server_and_tracker_along(tmp_path: P
     time.sleep(1)  # the pass's throttle would have let it swap by now
     PartitionLog.open(d, state_dir=state, recover=True)  # as the next owner does
     assert files(d) == before
+
+
+# -- one-shot commands: passes in this process (in_process) -------------------------------
+
+
+@pytest.mark.parametrize(("workers", "cpus"), [(1, 2), (2, 1)])
+def test_in_process_engine_runs_every_pass_here_with_one_worker_or_one_cpu(
+    tmp_path: Path, workers: int, cpus: int
+) -> None:
+    """With one worker, or one CPU to run on, an in_process engine runs every pass in
+    this process, one after the other, and leaves what a pool worker's pass leaves."""
+    logs, state = tmp_path / "logs", tmp_path / "state"
+    tps = [TopicPartition("t", 0), TopicPartition("t", 1)]
+    for tp in tps:
+        build(logs, tp)
+        build(tmp_path / "pool", tp)
+    settings = WorkerSettings(workers=workers, dedupe_buffer_size=MAP_BYTES)
+    with LocalEngine(settings, in_process=True, cpus=cpus) as engine:
+        results = [
+            f.result() for f in [engine.submit_clean(job_for(logs, state, tp)) for tp in tps]
+        ]
+    with LocalEngine(WorkerSettings(workers=1, dedupe_buffer_size=MAP_BYTES)) as pool:
+        pooled = [pool.submit_clean(job_for(tmp_path / "pool", state, tp)).result() for tp in tps]
+    assert [r.pid for r in engine.runs] == [os.getpid(), os.getpid()]
+    assert [r.pid for r in pool.runs] != [os.getpid(), os.getpid()]
+    a, b = engine.runs
+    assert a.finished_ns <= b.started_ns  # one at a time
+    for r in [*results, *pooled]:
+        for p in r.deleted_files:
+            p.unlink()
+    for tp in tps:
+        assert files(logs / str(tp)) == files(tmp_path / "pool" / str(tp))
+
+
+def test_in_process_pass_runs_beside_the_callers_thread(tmp_path: Path) -> None:
+    """The pass runs in a thread of its own: submit returns at once, and the pass waits
+    for the partition lock the caller holds, as a worker's would."""
+    logs, state = tmp_path / "logs", tmp_path / "state"
+    build(logs)
+    settings = WorkerSettings(workers=1, dedupe_buffer_size=MAP_BYTES)
+    with LocalEngine(settings, in_process=True) as engine:
+        with PartitionLock(state, logs, TP):
+            future = engine.submit_clean(job_for(logs, state))
+            wait_until(lambda: TP in engine.running_pids())
+            assert engine.running_pids()[TP] == os.getpid()
+            assert not future.done()
+        assert future.result().end_offset == 30

@@ -1,14 +1,15 @@
 """Killed and stopped processes lose nothing: the fault matrix, with real processes.
 
 Each test runs the operator's sequence from the field report on a compacted partition
-(200,000 records over 20,000 keys, 4 MiB segments): a throttled `cleanerd clean` (or
-`cleanerd run`) is broken at a random point of its pass, then `cleanerd clean` runs
-with a 1 s `segment.ms`, `cleanerd produce` appends 1,000 new keys, and another clean
-runs. Then an independent reader (kafka-python) checks every key's latest record, that
-nothing compacted away came back, the CRCs and that no `.cleaned`, `.swap` or
-`.deleted` file is left (`workload.verify`); and no process of the broken run may still
-be alive a few seconds after it was killed. A stale pass of a killed run once swapped
-its output in about 50 s later, so the kill tests look again a minute after the kill.
+(200,000 records over 20,000 keys, 4 MiB segments): a throttled `cleanerd clean --pool`
+(its pass in a worker process, as the daemon's are) or `cleanerd run` is broken at a
+random point of its pass, then `cleanerd clean` runs with a 1 s `segment.ms`, `cleanerd
+produce` appends 1,000 new keys, and another clean runs. Then an independent reader
+(kafka-python) checks every key's latest record, that nothing compacted away came back,
+the CRCs and that no `.cleaned`, `.swap` or `.deleted` file is left (`workload.verify`);
+and no process of the broken run may still be alive a few seconds after it was killed. A
+stale pass of a killed run once swapped its output in about 50 s later, so the kill
+tests look again a minute after the kill.
 
 The random kill points come from a seeded generator (`CLEANERD_FAULT_SEED` sets the
 seed; the test prints it, with what was on disk at each kill).
@@ -30,6 +31,7 @@ import pytest
 
 from cleanerd.log.checkpoint import CLEANER_OFFSET_CHECKPOINT, OffsetCheckpointFile
 from cleanerd.log.files import TopicPartition
+from cleanerd.log.ownership import lock_holder
 from cleanerd.log.partition_log import PartitionLog
 from tests.faults.workload import (
     TP,
@@ -191,19 +193,30 @@ def wait_for_worker(pid: int, timeout_s: float = 60) -> None:
     wait_for(lambda: len(session_processes(pid)) >= 3, timeout_s, "the pass's worker")
 
 
+def wait_for_owner(s: Setup, pid: int, timeout_s: float = 60) -> None:
+    """Until the run `pid` holds the log dir (its pass, in its own process, follows)."""
+    wait_for(lambda: lock_holder(s.data) == pid, timeout_s, "the run to own the dir")
+
+
+@pytest.mark.parametrize("where", ["pool", "in-process"])
 def test_sigkill_of_clean_at_random_points_loses_nothing(
-    pristine: tuple[Path, Workload], tmp_path: Path, rng: random.Random
+    pristine: tuple[Path, Workload], tmp_path: Path, rng: random.Random, where: str
 ) -> None:
-    """`cleanerd clean` killed at random points of a throttled pass, then the field
-    report's sequence: every key intact at once and a minute later, and nothing of the
-    killed run alive a few seconds after the kill."""
+    """`cleanerd clean` killed at random points of a throttled pass, run by a worker
+    (`--pool`) or by the command's own process, then the field report's sequence: every
+    key intact at once and a minute later, and nothing of the killed run alive a few
+    seconds after the kill."""
     done: list[tuple[Setup, dict[str, tuple[int, int]]]] = []
     first_kill = None
     points = []
     for n in range(4):
         s = setup(pristine, tmp_path / f"run{n}")
-        with started("clean", "-c", str(s.slow)) as proc:
-            wait_for_worker(proc.pid)
+        pool = ["--pool"] if where == "pool" else []
+        with started("clean", *pool, "-c", str(s.slow)) as proc:
+            if pool:
+                wait_for_worker(proc.pid)
+            else:
+                wait_for_owner(s, proc.pid)
             time.sleep(rng.uniform(0.2, KILL_BEFORE_S))
             phase = on_disk(s)
             lived = kill_owner(proc.pid)
@@ -222,7 +235,7 @@ def test_sigkill_of_a_worker_alone_loses_nothing(
     """The worker running the pass is killed, its owner lives: the owner recovers the
     partition, retries the pass and exits 0; every key intact."""
     s = setup(pristine, tmp_path / "run")
-    with started("clean", "-c", str(s.slow)) as proc:
+    with started("clean", "--pool", "-c", str(s.slow)) as proc:
         owner = psutil.Process(proc.pid)
 
         def worker() -> psutil.Process | None:
@@ -248,7 +261,7 @@ def test_stopped_owner_keeps_the_dir_and_a_second_clean_says_so(
     refused with the holder named and changes nothing, and once continued the first
     run ends normally."""
     s = setup(pristine, tmp_path / "run")
-    with started("clean", "-c", str(s.slow)) as proc:
+    with started("clean", "--pool", "-c", str(s.slow)) as proc:
         # The worker is in the pass once it writes the `.cleaned` output (a fork server
         # and a resource tracker start before any job is handed out).
         wait_for(lambda: on_disk(s) != "map", 3 * PASS_S + 30, "the pass's output")

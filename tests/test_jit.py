@@ -1,0 +1,165 @@
+"""Tests of `cleanerd._jit`: kernels compiled on first call, from a cache that works."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import numpy.typing as npt
+
+from cleanerd._jit import Kernel, _cache_dir, jit
+from tests.paths import REPO
+
+
+@jit
+def _double(x: int) -> int:
+    return 2 * x
+
+
+def _triple(x: int) -> int:
+    return 3 * x
+
+
+@jit
+def _sum_doubled(values: npt.NDArray[np.int64]) -> int:
+    total = 0
+    for v in values:
+        total += _double(v)  # a kernel calling a kernel that may not be compiled yet
+    return total
+
+
+_FIRST_CALL = """
+import json, sys
+import numpy as np
+import tests.test_jit as t
+from tests.test_jit import _sum_doubled as kept
+before = [type(f).__name__ for f in (t._sum_doubled, t._double, kept)]
+total = int(t._sum_doubled(np.arange(5, dtype=np.int64)))
+after = [type(f).__name__ for f in (t._sum_doubled, t._double, kept)]
+later = type(t.jit(t._triple)).__name__
+print(json.dumps([before, total, after, int(kept(np.arange(3, dtype=np.int64))), later]))
+"""
+
+
+def test_first_call_compiles_and_rebinds_every_kernel() -> None:
+    """Kernels are `Kernel`s until one is called; that call compiles the kernel and the
+    kernel it calls (which nothing had called before), and every module-level name bound
+    to a kernel then names numba's dispatcher (this module's, and those imported by
+    name elsewhere); a kernel made later is a dispatcher at once."""
+    before, total, after, kept, later = json.loads(
+        subprocess.run(
+            [sys.executable, "-c", _FIRST_CALL],
+            capture_output=True,
+            text=True,
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+            cwd=REPO,
+            timeout=300,
+            check=True,
+        ).stdout
+    )
+    assert before == ["Kernel", "Kernel", "Kernel"]
+    assert total == 20
+    assert after == ["CPUDispatcher", "CPUDispatcher", "CPUDispatcher"]
+    assert kept == 6
+    assert later == "CPUDispatcher"
+
+
+def test_kernel_passes_the_dispatchers_attributes_through() -> None:
+    """A `Kernel` still held somewhere answers as its dispatcher does."""
+    kernel = Kernel(_triple)
+    assert kernel(14) == 42
+    assert kernel.signatures
+
+
+_PROBE = """
+import json, sys
+import numpy as np
+import cleanerd.records.columns as columns
+kernels = [v for v in vars(columns).values() if type(v).__name__ == "Kernel"]
+imported = "numba" in sys.modules
+columns.segment_columns  # noqa: B018 - a plain attribute: still no numba
+print(json.dumps({"numba": imported, "kernels": len(kernels)}))
+"""
+
+
+def test_importing_kernels_does_not_import_numba() -> None:
+    """A module defining kernels loads without numba; numba comes with the first call."""
+    done = subprocess.run(
+        [sys.executable, "-c", _PROBE],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        cwd=REPO,
+        timeout=120,
+        check=True,
+    )
+    report = json.loads(done.stdout)
+    assert report["kernels"] > 0
+    assert report["numba"] is False
+
+
+def test_cache_dir_is_numbas_own_choice_when_that_works(tmp_path: Path) -> None:
+    """NUMBA_CACHE_DIR set, or `__pycache__` beside the package writable, or the user's
+    cache dir writable: numba's own choice stands."""
+    package = tmp_path / "site-packages" / "cleanerd"
+    package.mkdir(parents=True)
+    env = {"XDG_CACHE_HOME": str(tmp_path / "home-cache")}
+    assert _cache_dir({**env, "NUMBA_CACHE_DIR": "/x"}, package, lambda _: False) is None
+    assert _cache_dir(env, package, lambda p: p == package / "__pycache__") is None
+    assert _cache_dir(env, package, lambda p: p == tmp_path / "home-cache" / "numba") is None
+
+
+def test_cache_dir_falls_back_when_install_and_home_are_read_only(tmp_path: Path) -> None:
+    """A root-owned install run without a writable home: the systemd cache dir, else
+    cleanerd's dir under the XDG cache, else the per-user temp folder, else nowhere."""
+    package = tmp_path / "cleanerd"
+    home = tmp_path / "home-cache"
+    env = {"XDG_CACHE_HOME": str(home), "CACHE_DIRECTORY": str(tmp_path / "var-cache")}
+    only = {
+        tmp_path / "var-cache" / "numba",
+        home / "cleanerd" / "numba",
+    }
+    assert _cache_dir(env, package, only.__contains__) == str(tmp_path / "var-cache" / "numba")
+    del env["CACHE_DIRECTORY"]
+    assert _cache_dir(env, package, only.__contains__) == str(home / "cleanerd" / "numba")
+    temp = _cache_dir(env, package, lambda p: p.name == "numba" and "cleanerd-" in p.parent.name)
+    assert temp == str(Path(tempfile.gettempdir()) / f"cleanerd-{os.getuid()}" / "numba")
+    assert _cache_dir(env, package, lambda _: False) == ""
+
+
+def test_second_process_loads_kernels_from_the_cache(tmp_path: Path) -> None:
+    """A kernel compiled by one process is loaded from the on-disk cache by the next
+    (NUMBA_DEBUG_CACHE reports each load), not compiled again."""
+    code = (
+        "import numpy as np\n"
+        "from tests.test_jit import _sum_doubled\n"
+        "print(_sum_doubled(np.arange(3, dtype=np.int64)))\n"
+    )
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(REPO),
+        "NUMBA_CACHE_DIR": str(tmp_path / "cache"),
+        "NUMBA_DEBUG_CACHE": "1",
+    }
+    runs = [
+        subprocess.run(
+            [sys.executable, "-c", code],
+            capture_output=True,
+            text=True,
+            env=env,
+            cwd=REPO,
+            timeout=300,
+            check=True,
+        ).stdout
+        for _ in range(2)
+    ]
+    first, second = runs
+    assert "data saved" in first
+    assert "data saved" not in second
+    assert "data loaded" in second
+    assert second.strip().endswith("6")
