@@ -87,6 +87,21 @@ def _load_numba() -> None:
         vars(numba.core.config)["CACHE_DIR"] = chosen
 
 
+_on_load: list[Callable[[], None]] = []
+"""What to run once numba is imported (before any kernel is compiled)."""
+
+
+def on_numba_load(fn: Callable[[], None]) -> None:
+    """Run `fn` once numba is imported, or at once if it is: for a module that declares
+    numba objects its kernels use (an external function, say) without importing numba
+    itself at import time."""
+    with _lock:
+        if not _numba_loaded:
+            _on_load.append(fn)
+            return
+    fn()
+
+
 def _compile(fn: Callable[..., Any]) -> Any:
     import numba
 
@@ -102,6 +117,8 @@ def _load_all() -> None:
         if _numba_loaded:
             return
         _load_numba()
+        for fn in _on_load:
+            fn()
         for kernel in _kernels:
             kernel._dispatcher = _compile(kernel.py_func)
         for module in list(sys.modules.values()):

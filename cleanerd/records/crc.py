@@ -5,7 +5,9 @@ through the `crc32c` package costs a Python call per batch (about 400 ns), which
 whole cost on 1-record batches. Kernels instead call the package's own C routine
 directly: its address is registered with LLVM under a fixed symbol name at import, and
 kernels declare that symbol as an external function. Because compiled code refers to the
-symbol by name, not by address, numba's on-disk cache stays valid across processes.
+symbol by name, not by address, numba's on-disk cache stays valid across processes. The
+symbol is registered when numba is first imported (`_jit.on_numba_load`), so a command
+that runs no kernel does not import numba for it.
 
 The routine is the package's hardware one (SSE 4.2 on x86-64, chosen by the package's
 own CPU probe) when the package reports `hardware_based`, else its slicing-by-8 software
@@ -22,11 +24,9 @@ import ctypes
 from typing import Any, Final, TypeAlias
 
 import crc32c as _crc32c_package
-import llvmlite.binding as llvm  # type: ignore[import-untyped]
 import numpy as np
-from numba import types
 
-from cleanerd._jit import jit
+from cleanerd._jit import jit, on_numba_load
 
 Int: TypeAlias = int | np.signedinteger[Any]  # what a kernel takes and returns
 
@@ -49,8 +49,21 @@ def _library_routine() -> tuple[int, str]:
 
 
 ADDRESS, ROUTINE = _library_routine()
-llvm.add_symbol(SYMBOL, ADDRESS)
-_extend: Any = types.ExternalFunction(SYMBOL, types.uint32(types.uint32, types.intp, types.uintp))
+_extend: Any = None
+"""numba's declaration of SYMBOL, made when numba is imported (kernels are compiled, or
+loaded from the cache, only after that)."""
+
+
+def _declare() -> None:
+    global _extend
+    import llvmlite.binding as llvm  # type: ignore[import-untyped]
+    from numba import types
+
+    llvm.add_symbol(SYMBOL, ADDRESS)
+    _extend = types.ExternalFunction(SYMBOL, types.uint32(types.uint32, types.intp, types.uintp))
+
+
+on_numba_load(_declare)
 
 
 @jit
