@@ -47,11 +47,13 @@ from cleanerd.errors import CleanerdError, CorruptRecordError
 from cleanerd.log.files import (
     INDEX_FILE_SUFFIX,
     LOG_FILE_SUFFIX,
+    PRODUCER_SNAPSHOT_FILE_SUFFIX,
     TIME_INDEX_FILE_SUFFIX,
     TXN_INDEX_FILE_SUFFIX,
     offset_from_filename,
 )
 from cleanerd.log.index import OffsetIndex, OffsetPosition, TimeIndex, TimestampOffset
+from cleanerd.log.producer_state import ProducerEntry, read_snapshot
 from cleanerd.log.txnindex import TXN_ENTRY_VERSION, AbortedTxn, TransactionIndex
 from cleanerd.records import legacy
 from cleanerd.records.batch import iter_records
@@ -88,7 +90,8 @@ class DumpOptions:
 
 
 def dump_file(path: Path, options: DumpOptions) -> Iterator[str]:
-    """Yield the dump lines of `path`, a `.log`, `.index`, `.timeindex` or `.txnindex`.
+    """Yield the dump lines of `path`, a `.log`, `.index`, `.timeindex`, `.txnindex` or
+    `.snapshot`.
 
     Raises UnsupportedFileError before any line for a file of another kind or a name
     that does not start with a base offset; OSError if it cannot be read;
@@ -340,6 +343,23 @@ def _txn_index_lines(path: Path, base_offset: int, options: DumpOptions) -> Iter
         )
 
 
+def snapshot_entries(path: Path) -> list[ProducerEntry]:
+    """The producer entries of the `.snapshot` at `path`, by producer id."""
+    state = read_snapshot(path)
+    return [state.entries[pid] for pid in sorted(state.entries)]
+
+
+def _snapshot_lines(path: Path, base_offset: int, options: DumpOptions) -> Iterator[str]:
+    for e in snapshot_entries(path):
+        yield (
+            f"producerId: {e.producer_id} producerEpoch: {e.epoch} "
+            f"coordinatorEpoch: {e.coordinator_epoch} "
+            f"currentTxnFirstOffset: {e.txn_first_offset if e.txn_first_offset >= 0 else None} "
+            f"lastTimestamp: {e.timestamp} lastSequence: {e.last_sequence} "
+            f"lastOffset: {e.last_offset} offsetDelta: {e.offset_delta}"
+        )
+
+
 _Dumper = Callable[[Path, int, DumpOptions], Iterator[str]]
 
 _DUMPERS: Final[dict[str, _Dumper]] = {
@@ -347,7 +367,10 @@ _DUMPERS: Final[dict[str, _Dumper]] = {
     INDEX_FILE_SUFFIX: _offset_index_lines,
     TIME_INDEX_FILE_SUFFIX: _time_index_lines,
     TXN_INDEX_FILE_SUFFIX: _txn_index_lines,
+    PRODUCER_SNAPSHOT_FILE_SUFFIX: _snapshot_lines,
 }
+DUMPABLE: Final = tuple(_DUMPERS)
+"""The file kinds `dump` reads, by suffix."""
 
 
 ARGS: Final[tuple[Arg, ...]] = (
@@ -357,7 +380,7 @@ ARGS: Final[tuple[Arg, ...]] = (
             "type": Path,
             "nargs": "+",
             "metavar": "FILE",
-            "help": ".log, .index, .timeindex or .txnindex files",
+            "help": ".log, .index, .timeindex, .txnindex or .snapshot files",
         },
     ),
     (("--deep-iteration",), {"action": "store_true", "help": "also print every record"}),

@@ -49,6 +49,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from cleanerd.commands.dump import (
+    DUMPABLE,
     DumpOptions,
     UnsupportedFileError,
     batch_problem,
@@ -56,6 +57,7 @@ from cleanerd.commands.dump import (
     legacy_entry,
     legacy_timestamp_type,
     offset_index_entries,
+    snapshot_entries,
     time_index_entries,
     txn_index_entries,
 )
@@ -63,8 +65,8 @@ from cleanerd.errors import CorruptRecordError
 from cleanerd.log.files import (
     INDEX_FILE_SUFFIX,
     LOG_FILE_SUFFIX,
+    PRODUCER_SNAPSHOT_FILE_SUFFIX,
     TIME_INDEX_FILE_SUFFIX,
-    TXN_INDEX_FILE_SUFFIX,
     offset_from_filename,
 )
 from cleanerd.log.txnindex import TXN_ENTRY_VERSION
@@ -87,14 +89,14 @@ _SEQUENCE_MODULUS: Final = 2**31
 
 
 def dump_file_json(path: Path, options: DumpOptions, *, utf8: bool = False) -> Iterator[JsonObject]:
-    """Yield the JSON objects of `path`, a `.log`, `.index`, `.timeindex` or `.txnindex`.
+    """Yield the JSON objects of `path`, a `.log`, `.index`, `.timeindex`, `.txnindex` or
+    `.snapshot`.
 
     Raises as `dump_file` does: UnsupportedFileError before any object, OSError, and
     CorruptRecordError or CorruptIndexError after the objects that precede the bad bytes
     (for a `.log`, after the whole listing when only whole batches are bad)."""
-    kinds = (LOG_FILE_SUFFIX, INDEX_FILE_SUFFIX, TIME_INDEX_FILE_SUFFIX, TXN_INDEX_FILE_SUFFIX)
-    if path.suffix not in kinds:
-        raise UnsupportedFileError(f"cannot dump {path}: not a {', '.join(kinds)} file")
+    if path.suffix not in DUMPABLE:
+        raise UnsupportedFileError(f"cannot dump {path}: not a {', '.join(DUMPABLE)} file")
     try:
         base_offset = offset_from_filename(path.name)
     except ValueError:
@@ -119,6 +121,20 @@ def dump_file_json(path: Path, options: DumpOptions, *, utf8: bool = False) -> I
                 "file": file,
                 "timestamp": time_entry.timestamp,
                 "offset": time_entry.offset,
+            }
+    elif path.suffix == PRODUCER_SNAPSHOT_FILE_SUFFIX:
+        for e in snapshot_entries(path):
+            yield {
+                "type": "producer_snapshot_entry",
+                "file": file,
+                "producer_id": e.producer_id,
+                "producer_epoch": e.epoch,
+                "coordinator_epoch": e.coordinator_epoch,
+                "current_txn_first_offset": e.txn_first_offset if e.txn_first_offset >= 0 else None,
+                "last_timestamp": e.timestamp,
+                "last_sequence": e.last_sequence,
+                "last_offset": e.last_offset,
+                "offset_delta": e.offset_delta,
             }
     else:
         for txn in txn_index_entries(path, base_offset):

@@ -14,6 +14,7 @@ from cleanerd.cli import main
 from cleanerd.commands.dump import DumpOptions
 from cleanerd.commands.dump_json import dump_file_json
 from cleanerd.errors import CorruptRecordError
+from cleanerd.log.producer_state import ProducerEntry, ProducerState, write_snapshot
 from cleanerd.records.batch import encode_batch
 from cleanerd.records.control import ControlRecordType, encode_end_txn_marker
 from cleanerd.records.header import Compression, TimestampType, compute_crc
@@ -377,3 +378,46 @@ class TestCommand:
         path = kafka_real / "kraft-combined-logs" / "foo-0" / "00000000000000000000.log"
         assert main(["dump", "--utf8", str(path)]) == 2
         assert "--utf8 applies to --json" in capsys.readouterr().err
+
+
+def test_a_producer_snapshot_dumps_one_entry_per_producer(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A snapshot cleanerd writes (Kafka's format) dumps as text and as JSON, one line
+    per producer, with the fields Kafka's DumpLogSegments prints."""
+    state = ProducerState(
+        42,
+        {
+            7: ProducerEntry(7, 1, 9, 40, 2, 1_700_000_000_000, 3, 38),
+            5: ProducerEntry(5, 0, -1, 12, 0, 1_600_000_000_000, -1, -1),
+        },
+    )
+    path = write_snapshot(tmp_path, state, log_start_offset=0)
+    assert main(["dump", str(path)]) == 0
+    text = capsys.readouterr().out.splitlines()
+    assert text[1:] == [
+        "producerId: 5 producerEpoch: 0 coordinatorEpoch: -1 currentTxnFirstOffset: None "
+        "lastTimestamp: 1600000000000 lastSequence: -1 lastOffset: 12 offsetDelta: 0",
+        "producerId: 7 producerEpoch: 1 coordinatorEpoch: 3 currentTxnFirstOffset: 38 "
+        "lastTimestamp: 1700000000000 lastSequence: 9 lastOffset: 40 offsetDelta: 2",
+    ]
+    assert main(["dump", "--json", str(path)]) == 0
+    objects = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [o["producer_id"] for o in objects] == [5, 7]
+    assert objects[1] == {
+        "type": "producer_snapshot_entry",
+        "file": str(path),
+        "producer_id": 7,
+        "producer_epoch": 1,
+        "coordinator_epoch": 3,
+        "current_txn_first_offset": 38,
+        "last_timestamp": 1_700_000_000_000,
+        "last_sequence": 9,
+        "last_offset": 40,
+        "offset_delta": 2,
+    }
+    damaged = bytearray(path.read_bytes())
+    damaged[-1] ^= 1
+    path.write_bytes(bytes(damaged))
+    assert main(["dump", "--json", str(path)]) == 1
+    assert "CRC mismatch" in capsys.readouterr().err
