@@ -300,7 +300,7 @@ def test_one_shot_clean_of_one_partition_starts_no_process(tmp_path: Path) -> No
     )
     report = json.loads(done.stderr.strip().splitlines()[-1])
     assert report == {"status": 0, "children": []}, done.stderr
-    assert "1 cleaning passes" in done.stdout
+    assert "1 cleaning pass," in done.stdout
 
     pool_config = write_config(tmp_path / "pooled")
     with (
