@@ -97,18 +97,22 @@ def dump_file(path: Path, options: DumpOptions) -> Iterator[str]:
     that does not start with a base offset; OSError if it cannot be read;
     CorruptRecordError or CorruptIndexError after the lines that precede the bad bytes.
     """
-    dumper = _DUMPERS.get(path.suffix)
-    if dumper is None:
-        kinds = ", ".join(_DUMPERS)
-        raise UnsupportedFileError(f"cannot dump {path}: not a {kinds} file")
+    base_offset = dumpable_base_offset(path)
+    yield f"Dumping {path}"
+    yield from _DUMPERS[path.suffix](path, base_offset, options)
+
+
+def dumpable_base_offset(path: Path) -> int:
+    """The base offset in the name of `path`, a file `dump` reads; UnsupportedFileError
+    for another kind of file or a name that does not start with one."""
+    if path.suffix not in _DUMPERS:
+        raise UnsupportedFileError(f"cannot dump {path}: not a {', '.join(_DUMPERS)} file")
     try:
-        base_offset = offset_from_filename(path.name)
+        return offset_from_filename(path.name)
     except ValueError:
         raise UnsupportedFileError(
             f"cannot dump {path}: its name must start with the segment's base offset"
         ) from None
-    yield f"Dumping {path}"
-    yield from dumper(path, base_offset, options)
 
 
 # ---------------------------------------------------------------------------
@@ -369,8 +373,6 @@ _DUMPERS: Final[dict[str, _Dumper]] = {
     TXN_INDEX_FILE_SUFFIX: _txn_index_lines,
     PRODUCER_SNAPSHOT_FILE_SUFFIX: _snapshot_lines,
 }
-DUMPABLE: Final = tuple(_DUMPERS)
-"""The file kinds `dump` reads, by suffix."""
 
 
 ARGS: Final[tuple[Arg, ...]] = (

@@ -49,11 +49,10 @@ import numpy as np
 from numpy.typing import NDArray
 
 from cleanerd.commands.dump import (
-    DUMPABLE,
     DumpOptions,
-    UnsupportedFileError,
     batch_problem,
     codec_name,
+    dumpable_base_offset,
     legacy_entry,
     legacy_timestamp_type,
     offset_index_entries,
@@ -67,7 +66,6 @@ from cleanerd.log.files import (
     LOG_FILE_SUFFIX,
     PRODUCER_SNAPSHOT_FILE_SUFFIX,
     TIME_INDEX_FILE_SUFFIX,
-    offset_from_filename,
 )
 from cleanerd.log.txnindex import TXN_ENTRY_VERSION
 from cleanerd.records import legacy
@@ -95,14 +93,7 @@ def dump_file_json(path: Path, options: DumpOptions, *, utf8: bool = False) -> I
     Raises as `dump_file` does: UnsupportedFileError before any object, OSError, and
     CorruptRecordError or CorruptIndexError after the objects that precede the bad bytes
     (for a `.log`, after the whole listing when only whole batches are bad)."""
-    if path.suffix not in DUMPABLE:
-        raise UnsupportedFileError(f"cannot dump {path}: not a {', '.join(DUMPABLE)} file")
-    try:
-        base_offset = offset_from_filename(path.name)
-    except ValueError:
-        raise UnsupportedFileError(
-            f"cannot dump {path}: its name must start with the segment's base offset"
-        ) from None
+    base_offset = dumpable_base_offset(path)
     file = str(path)
     if path.suffix == LOG_FILE_SUFFIX:
         yield from _log_objects(path, options, utf8)

@@ -46,7 +46,6 @@ from cleanerd.records import legacy
 from cleanerd.records.compression import decompress, decompress_into
 from cleanerd.records.header import (
     COMPRESSION_MASK,
-    LOG_OVERHEAD,
     RECORD_BATCH_OVERHEAD,
     TIMESTAMP_TYPE_MASK,
     BatchHeader,
@@ -469,26 +468,28 @@ class SegmentColumns:
             out.append(RecordHeader(key, value))
         return tuple(out)
 
+    def batch_table(self) -> BatchTable:
+        """The batch table as `walker.py` has it (views of these columns)."""
+        return BatchTable(
+            self.batch_position,
+            self.batch_size,
+            self.batch_magic,
+            self.base_offset,
+            self.partition_leader_epoch,
+            self.batch_crc,
+            self.attributes,
+            self.last_offset_delta,
+            self.base_timestamp,
+            self.max_timestamp,
+            self.producer_id,
+            self.producer_epoch,
+            self.base_sequence,
+            self.records_count,
+        )
+
     def batch_header(self, b: int) -> BatchHeader | None:
         """The v2 header of batch row `b` as stored (None for a legacy entry)."""
-        if int(self.batch_magic[b]) != 2:
-            return None
-        return BatchHeader(
-            int(self.base_offset[b]),
-            int(self.batch_size[b]) - LOG_OVERHEAD,
-            int(self.partition_leader_epoch[b]),
-            2,
-            int(self.batch_crc[b]),
-            int(self.attributes[b]),
-            int(self.last_offset_delta[b]),
-            int(self.base_timestamp[b]),
-            int(self.max_timestamp[b]),
-            int(self.producer_id[b]),
-            int(self.producer_epoch[b]),
-            int(self.base_sequence[b]),
-            int(self.records_count[b]),
-            int(self.batch_position[b]),
-        )
+        return self.batch_table().header(b)
 
 
 @dataclass(slots=True)

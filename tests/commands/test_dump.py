@@ -254,7 +254,7 @@ class TestIndexes:
 
 
 @pytest.mark.parametrize(
-    "name", ["leader-epoch-checkpoint", "00000000000000000000.snapshot", "abc.log"]
+    "name", ["leader-epoch-checkpoint", "00000000000000000000.log.deleted", "abc.log"]
 )
 def test_unsupported_files_raise_before_any_line(tmp_path: Path, name: str) -> None:
     """Files dump cannot list are refused up front, with the reason."""
