@@ -28,6 +28,7 @@ time over `cat`'s. Targets (issue 12): a later `plan` at most 5 ms per partition
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import random
@@ -37,9 +38,11 @@ import subprocess
 import sys
 import tempfile
 import time
+import tracemalloc
 from pathlib import Path
 from typing import Any
 
+import psutil
 import yaml
 
 from cleanerd.log.files import CLEAN_SHUTDOWN_FILE_NAME, TopicPartition
@@ -137,8 +140,6 @@ def cleanerd(*args: str) -> list[str]:
 
 def first_cycle(cfg: Path, log: Path) -> tuple[float, float]:
     """Seconds from exec to the daemon's first `cycle.done`; its peak RSS (MB)."""
-    import psutil
-
     t = time.perf_counter()
     with open(log, "wb") as err:
         daemon = subprocess.Popen(
@@ -169,9 +170,6 @@ def _is_cycle_done(line: str) -> bool:
 def metadata_memory(logs: Path, state: Path) -> tuple[float, float, int]:
     """Bytes the log layer keeps per partition and per segment once every partition was
     opened and its metadata read (what the daemon caches between cycles), in process."""
-    import gc
-    import tracemalloc
-
     with LogDir.open(logs, observe=True, state_dir=state) as log_dir:
         partitions = list(log_dir.partitions())
         log_dir.open_partition(partitions[0]).meta()  # kernels loaded before counting
