@@ -60,6 +60,11 @@ COMMANDS: Final[tuple[CommandInfo, ...]] = (
         "check_config",
     ),
     CommandInfo(
+        "config",
+        "print a config: --default, the embedded demo config, as a file to edit and reload",
+        "config",
+    ),
+    CommandInfo(
         "produce",
         "append JSON-lines records from stdin to a partition",
         "produce",

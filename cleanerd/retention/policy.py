@@ -167,7 +167,10 @@ def deletable_segments(
             stopper = walk.delete_while(
                 DeletionReason.RETENTION_MS, _time_breached(now_ms, retention_ms)
             )
-            if stopper is not None and stopper.largest_timestamp_ms > now_ms:
+            # An empty segment has no record timestamp: its largest is the file's mtime,
+            # which a fresh roll may leave a moment past the cycle's clock.
+            future = stopper is not None and stopper.largest_timestamp_ms > now_ms
+            if stopper is not None and future and stopper.size_bytes > 0:
                 future_base = stopper.base_offset
     return RetentionPlan(
         deletions=tuple(walk.deletions),

@@ -176,3 +176,14 @@ def test_metadata_log_is_never_touched():
     p = plan(meta, retention_ms=1, retention_bytes=0)
     assert p.deletions == ()
     assert p.log_start_offset == 20
+
+
+def test_an_empty_active_segment_stamped_a_moment_ahead_is_no_future_timestamp():
+    """A freshly rolled empty segment's largest timestamp is its file's mtime, which may
+    be a millisecond past the cycle's clock: no record is in the future, so no warning."""
+    meta = partition([50, 49], active_records=0)
+    empty = dataclasses.replace(meta.segments[-1], largest_timestamp_ms=NOW + 1)
+    meta = dataclasses.replace(meta, segments=(*meta.segments[:-1], empty))
+    p = plan(meta, retention_ms=DAY)
+    assert bases(p) == [0, 10]
+    assert p.future_timestamp_base is None
