@@ -302,6 +302,8 @@ class LocalEngine:
     Thread-safe: jobs may be submitted, aborted and awaited from any thread.
     """
 
+    name: Final = "local"
+
     def __init__(
         self, settings: WorkerSettings, *, in_process: bool = False, cpus: int | None = None
     ) -> None:
@@ -331,7 +333,9 @@ class LocalEngine:
         self._free_slots = list(range(n - 1, -1, -1))
         self._pool: ProcessPoolExecutor | None = None
         self._generation = 0
-        self._dead_workers = 0
+        self.workers = self.settings.workers
+        self.dead_workers = 0
+        """Worker processes that died mid-job, since start (the Engine protocol's)."""
         self._closed = False
         self.runs: collections.deque[WorkerRun] = collections.deque(maxlen=RECENT_RUNS)
         """The last finished jobs, oldest first."""
@@ -350,18 +354,6 @@ class LocalEngine:
         )
 
     # -- the Engine protocol ------------------------------------------------------------
-
-    @property
-    def name(self) -> str:
-        return "local"
-
-    @property
-    def workers(self) -> int:
-        return self.settings.workers
-
-    @property
-    def dead_workers(self) -> int:
-        return self._dead_workers
 
     def submit_clean(self, job: CleanJob) -> Future[CleanResult]:
         future: Future[CleanResult] = Future()
@@ -529,7 +521,7 @@ class LocalEngine:
     def _pool_broke_locked(self, generation: int) -> None:
         """Count the death once per pool and drop the pool; the next dispatch makes one."""
         if generation == self._generation and self._pool is not None:
-            self._dead_workers += 1
+            self.dead_workers += 1
             self._pool.shutdown(wait=False)
             self._pool = None
 

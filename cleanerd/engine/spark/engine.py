@@ -337,6 +337,8 @@ class SparkEngine:
     shared session).
     """
 
+    name: Final = "spark"
+
     def __init__(self, settings: SparkSettings, *, runner: JobRunner | None = None) -> None:
         if runner is None:
             check_spark_available()
@@ -349,7 +351,9 @@ class SparkEngine:
         self._kill = threading.Event()
         self._closed = False
         self._ids = itertools.count(1)
-        self._failed_jobs = 0
+        self.workers = settings.max_passes
+        self.dead_workers = 0
+        """Jobs that failed, since start (the Engine protocol's)."""
         self.manifests: collections.deque[Manifest] = collections.deque(maxlen=64)
         """The manifests of the last jobs (timings for metrics and the bench)."""
         self._thread = threading.Thread(target=self._dispatch, name="spark-engine", daemon=True)
@@ -362,18 +366,6 @@ class SparkEngine:
         return cls(SparkSettings(master=spark.master, conf=tuple(sorted(spark.conf.items()))))
 
     # -- the Engine protocol ------------------------------------------------------------
-
-    @property
-    def name(self) -> str:
-        return "spark"
-
-    @property
-    def workers(self) -> int:
-        return self.settings.max_passes
-
-    @property
-    def dead_workers(self) -> int:
-        return self._failed_jobs
 
     def submit_clean(self, job: CleanJob) -> Future[CleanResult]:
         future: Future[CleanResult] = Future()
@@ -460,7 +452,7 @@ class SparkEngine:
             for p, outcome in zip(batch, manifest.outcomes, strict=True):
                 self._finish(p, outcome, manifest.startup_ms + manifest.reduce_ms)
         except BaseException as exc:  # noqa: BLE001 - every pass of the job fails with it
-            self._failed_jobs += 1
+            self.dead_workers += 1
             for p in batch:
                 if not p.future.done():
                     _remove_output(p.job)
