@@ -240,6 +240,10 @@ def memory_per_thread(dedupe_buffer_size: int, threads: int) -> int:
     return min(dedupe_buffer_size // threads, MAX_MEMORY_PER_THREAD)
 
 
+TRACKED_FRACTION: Final = 16
+"""`clear` zeroes the filled slots one by one while they are at most 1/16 of the map."""
+
+
 class OffsetMap:
     """A fixed-size map from key hash to the winning record's offset (and version).
 
@@ -274,6 +278,9 @@ class OffsetMap:
         self._table = np.zeros(self.slots, dtype=dtype)
         self._size = 0
         self._latest_offset = -1
+        self._touched: list[NDArray[np.int64]] | None = []
+        """The slots filled since the last clear, while few (None: too many to track)."""
+        self._tracked = 0
 
     @classmethod
     def for_config(
@@ -324,11 +331,28 @@ class OffsetMap:
         self._latest_offset = offset
 
     def clear(self) -> None:
-        """Empty the map for the next round."""
-        if self._size:  # entries are only ever added by a put, so an empty map is all zero
-            self._table.view(np.uint8)[:] = 0
+        """Empty the map for the next round. Entries are only ever added by a put, so
+        zeroing the slots the puts filled empties it: a pass over a small partition does
+        not pay for zeroing the whole map (128 MiB by default) again."""
+        if self._size:
+            if self._touched is None:
+                self._table.view(np.uint8)[:] = 0
+            else:
+                for filled in self._touched:
+                    self._table[filled] = 0
         self._size = 0
         self._latest_offset = -1
+        self._touched, self._tracked = [], 0
+
+    def _track(self, slots: NDArray[np.int64], count: int) -> None:
+        """Remember the slots of `count` records just put, while they stay few."""
+        if self._touched is None:
+            return
+        if slots.size < count or self._tracked + count > self.slots // TRACKED_FRACTION:
+            self._touched = None
+            return
+        self._touched.append(slots[:count].copy())
+        self._tracked += count
 
     def put_many(
         self,
@@ -347,12 +371,15 @@ class OffsetMap:
         h, o = _records(hashes, offsets)
         v, has = self._versions(o.size, versions, has_version)
         if slots is None:
-            slots = _NO_SLOTS
+            if self._tracked + o.size > self.slots // TRACKED_FRACTION:
+                self._touched = None  # too many to zero one by one: `clear` zeroes all
+            slots = np.empty(o.size, np.int64) if self._touched is not None else _NO_SLOTS
         elif slots.shape != o.shape or slots.dtype != np.int64:
             raise ValueError(f"slots must be {o.size} int64 entries")
         count, self._size = _put_kernel(
             *self._columns(), self.versioned, self._size, self.max_keys, h, o, v, has, slots
         )
+        self._track(slots, int(count))
         if count:
             self._latest_offset = int(o[count - 1])
         return int(count)
