@@ -81,7 +81,10 @@ def template(root: Path, state: Path, mb: float, segment_bytes: int) -> int:
         return sum(s.size for s in plog.segments)
 
 
-def build(root: Path, count: int, mb: float, segment_bytes: int) -> int:
+def build(root: Path, count: int, mb: float, segment_bytes: int, *, cleaned: bool = False) -> int:
+    """`count` copies of the template partition under `root / "logs"`, checkpointed as a
+    clean stop leaves them; with `cleaned`, also as if compacted up to the active segment
+    (`cleaner-offset-checkpoint`), so nothing is dirty."""
     shutil.rmtree(root, ignore_errors=True)
     logs, state = root / "logs", root / "state"
     logs.mkdir(parents=True)
@@ -94,6 +97,10 @@ def build(root: Path, count: int, mb: float, segment_bytes: int) -> int:
     entry = lines[2].split()
     body = [f"{TOPIC} {n} {entry[2]}" for n in range(count)]
     checkpoint.write_text("\n".join(["0", str(count), *body]) + "\n")
+    if cleaned:
+        active = max(int(p.name.split(".")[0]) for p in first.glob("*.log"))
+        done = [f"{TOPIC} {n} {active}" for n in range(count)]
+        (logs / "cleaner-offset-checkpoint").write_text("\n".join(["0", str(count), *done]) + "\n")
     (logs / CLEAN_SHUTDOWN_FILE_NAME).write_text('{"version":0,"BrokerEpoch":-1}')
     return size * count
 

@@ -2,8 +2,8 @@
 
 `--partitions` idle partitions of `--segments` segments each (5-record batches, as
 `bench/broker_dir.py` builds them: a clean stop left a producer snapshot, the recovery
-point at the end and Kafka's clean-shutdown marker; compacted, nothing dirty enough to
-clean) are written once into `--dir` (kept between runs). Then `cleanerd run` starts as
+point at the end and Kafka's clean-shutdown marker, and a cleaner checkpoint at the
+active segment: compacted, nothing dirty) are written once into `--dir` (kept between runs). Then `cleanerd run` starts as
 a subprocess on them: its start-up to the end of its first cycle (wall, CPU, peak RSS
 of the process tree) is measured; then the CPU time of the daemon's process tree (the
 daemon, the worker pool's fork server and workers: psutil's user + system time) over
@@ -46,7 +46,13 @@ def write_partitions(data: Path, count: int, segments: int) -> None:
     marker = data.parent / f".bench-idle-{count}x{segments}"
     if marker.exists():
         return
-    build(data.parent, count, mb=segments * SEGMENT_BYTES / 1e6, segment_bytes=SEGMENT_BYTES)
+    build(
+        data.parent,
+        count,
+        mb=segments * SEGMENT_BYTES / 1e6,
+        segment_bytes=SEGMENT_BYTES,
+        cleaned=True,
+    )
     marker.touch()
 
 

@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import os
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -1197,11 +1198,16 @@ class Cleaner:
             if proof.owner is not None:
                 proof.owner.verify()
             proof.verify_checkpoint()
-            offsets = OffsetCheckpointFile(path).read() if path.exists() else {}
-            offsets = {t: o for t, o in offsets.items() if (log_dir / str(t)).is_dir()}
+            checkpoint = OffsetCheckpointFile(path)
+            offsets = checkpoint.read() if path.exists() else {}
+            # Entries of partitions whose dirs are gone are dropped, as Kafka does; one
+            # listing of the log dir, not a stat per entry (thousands of partitions).
+            live = {e.name for e in os.scandir(log_dir) if e.is_dir()}
+            offsets = {t: o for t, o in offsets.items() if str(t) in live}
             offsets[tp] = end_offset
             lines = [f"{t.topic} {t.partition} {offsets[t]}" for t in sorted(offsets)]
             self.ops.atomic_write(path, format_checkpoint(lines))
+            checkpoint.written(offsets)
 
 
 def swapped_files(exc: BaseException) -> tuple[Path, ...]:

@@ -149,13 +149,48 @@ class OffsetCheckpointFile:
         self.path = path
 
     def read(self) -> dict[TopicPartition, int]:
-        """Entries by topic-partition; the last line wins if a partition repeats."""
-        return dict(read_checkpoint(self.path, _parse_offset_entry))
+        """Entries by topic-partition; the last line wins if a partition repeats.
+
+        The parsed entries are kept per file identity (inode, size, mtime): a file that
+        has not changed since it was last read or written by this process is not parsed
+        again. Every write replaces the file (a new inode), so a change is never missed;
+        a pass over one of thousands of partitions reads the file several times."""
+        try:
+            st = self.path.stat()
+        except FileNotFoundError:
+            return dict(read_checkpoint(self.path, _parse_offset_entry))
+        identity = (st.st_ino, st.st_size, st.st_mtime_ns)
+        cached = _PARSED.get(self.path)
+        if cached is not None and cached[0] == identity:
+            return dict(cached[1])
+        offsets = dict(read_checkpoint(self.path, _parse_offset_entry))
+        _remember(self.path, identity, offsets)
+        return dict(offsets)
 
     def write(self, offsets: Mapping[TopicPartition, int]) -> None:
         """Atomically replace the file with `offsets` (sorted for stable diffs)."""
         lines = (f"{tp.topic} {tp.partition} {offsets[tp]}" for tp in sorted(offsets))
         atomic_write(self.path, format_checkpoint(lines))
+        self.written(offsets)
+
+    def written(self, offsets: Mapping[TopicPartition, int]) -> None:
+        """Note that the file now holds exactly `offsets` (written by this process), so
+        the next `read` does not parse it again."""
+        st = self.path.stat()
+        _remember(self.path, (st.st_ino, st.st_size, st.st_mtime_ns), dict(offsets))
+
+
+_PARSED: dict[Path, tuple[tuple[int, int, int], dict[TopicPartition, int]]] = {}
+"""Offset checkpoints as last read or written by this process, by path and identity."""
+_PARSED_MAX: Final = 64
+
+
+def _remember(
+    path: Path, identity: tuple[int, int, int], offsets: dict[TopicPartition, int]
+) -> None:
+    if path not in _PARSED and len(_PARSED) >= _PARSED_MAX:
+        _PARSED.pop(next(iter(_PARSED)))
+    _PARSED[path] = (identity, offsets)
 
 
 class LeaderEpochCheckpointFile:
