@@ -3,14 +3,14 @@
 `--partitions` idle partitions of `--segments` segments each (5-record batches, as
 `bench/broker_dir.py` builds them: a clean stop left a producer snapshot, the recovery
 point at the end and Kafka's clean-shutdown marker, and a cleaner checkpoint at the
-active segment: compacted, nothing dirty) are written once into `--dir` (kept between runs). Then `cleanerd run` starts as
-a subprocess on them: its start-up to the end of its first cycle (wall, CPU, peak RSS
-of the process tree) is measured; then the CPU time of the daemon's process tree (the
-daemon, the worker pool's fork server and workers: psutil's user + system time) over
-`--seconds` of idleness. Finally a SIGHUP with a changed policy forces
-one full cycle over every partition, the revisit the daemon runs every
-`log.retention.check.interval.ms` (300 s by default), whose CPU is also shown amortised
-over that interval.
+active segment: compacted, nothing dirty) are written once into `--dir` (kept between
+runs). Then `cleanerd run` starts as a subprocess on them: its start-up to the end of
+its first cycle (wall, CPU, peak RSS of the process tree) is measured; then the CPU
+time of the daemon's process tree (the daemon, the worker pool's fork server and
+workers: psutil's user + system time) over `--seconds` of idleness. Finally a SIGHUP
+with a changed policy forces one full cycle over every partition, the revisit the
+daemon runs every `log.retention.check.interval.ms` (300 s by default), whose CPU is
+also shown amortised over that interval.
 
     python -m bench.idle [--partitions 10000] [--segments 10] [--seconds 60]
                          [--dir /tmp/cleanerd-idle]
