@@ -39,8 +39,10 @@ Then the segments are validated. Every segment holding offsets at or above the r
 point is walked in full with CRC checks (for the one holding the recovery point itself,
 only its bytes from the recovery point on, when the rest passes the cheap check); the
 others get the cheap check of `LogSegment.sanity_check`. After a clean shutdown (the
-owner found Kafka's `.kafka_cleanshutdown` marker, see `log_dir.py`) every segment gets
-only the cheap check, as Kafka's loader skips recovery then. Kafka truncates any
+owner found Kafka's `.kafka_cleanshutdown` marker, see `log_dir.py`) only the active
+segment gets the cheap check and the others none, as Kafka's loader skips recovery then.
+The leftover steps below list the dir once and, finding nothing to do, change and fsync
+nothing. Kafka truncates any
 invalid tail; cleanerd only truncates what a crash mid-append can leave at the end of
 the **active** segment:
 
@@ -144,8 +146,22 @@ class RecoveryReport:
 
 
 def _files(dir_path: Path) -> list[Path]:
-    """The well-formed segment files of the dir: nothing else is ever deleted or renamed."""
-    return sorted(p for p in dir_path.iterdir() if is_segment_file_name(p.name) and p.is_file())
+    """The well-formed segment files of the dir: nothing else is ever deleted or renamed.
+    (`is_file` answers from the listing's d_type where it can: no stat per file.)"""
+    with os.scandir(dir_path) as entries:
+        found = [Path(e.path) for e in entries if is_segment_file_name(e.name) and e.is_file()]
+    return sorted(found)
+
+
+def _needs_leftover_recovery(files: list[Path]) -> bool:
+    """Whether steps 1-4 or the orphan-index rule have anything to do among `files`."""
+    names = {p.name for p in files}
+    for name in names:
+        if name.endswith((DELETED_FILE_SUFFIX, CLEANED_FILE_SUFFIX, SWAP_FILE_SUFFIX)):
+            return True
+        if is_index_file(name) and f"{name.split('.')[0]}{LOG_FILE_SUFFIX}" not in names:
+            return True
+    return False
 
 
 def _offset(path: Path) -> int:
@@ -185,7 +201,9 @@ def refuse_links(dir_path: Path) -> None:
 def report_malformed_names(dir_path: Path, report: RecoveryReport) -> None:
     """Warn about every file named like a segment file that is not one (see the module
     docstring); they are left as they are."""
-    for path in sorted(dir_path.iterdir()):
+    with os.scandir(dir_path) as entries:
+        paths = sorted(Path(e.path) for e in entries)
+    for path in paths:
         reason = malformed_segment_file_name(path.name)
         if reason is not None:
             log.warning(
@@ -256,6 +274,8 @@ def recover_leftovers(
     """Kafka's handling of `.deleted`, `.cleaned` and `.swap` leftovers (steps 1-4 of the
     module docstring), then removal of orphan index files."""
     report = RecoveryReport() if report is None else report
+    if not _needs_leftover_recovery(_files(dir_path)):
+        return report  # the common case: one listing, nothing renamed, nothing to fsync
     swaps = _remove_temp_files(dir_path, report)
     low, high = _swap_range(dir_path, swaps, options)
     for path in _files(dir_path):
@@ -414,8 +434,11 @@ def validate_segments(
             _validate_full(
                 segment, is_active=is_active, quarantine_dir=quarantine_dir, report=report
             )
-        else:
+        elif is_active or not clean_shutdown:
             _validate_cheap(segment, report)
+        # else: an inactive segment after a clean shutdown is trusted, as Kafka's loader
+        # trusts it; its indexes are read when first used (their last entries checked
+        # against the log then).
     return report
 
 
