@@ -53,7 +53,8 @@ from cleanerd.records.record import Record
 
 REPO = Path(__file__).resolve().parents[1]
 TOPIC = "changelog"
-NOW = 1_700_000_000_000
+NOW = time.time_ns() // 1_000_000 - 3_600_000
+"""Record timestamps start an hour ago: a fresh dir, so no time rule (segment.ms) is due."""
 _RSS = (
     "import resource, subprocess, sys\n"
     "r = subprocess.run(sys.argv[1:], stdout=subprocess.DEVNULL)\n"
