@@ -196,7 +196,7 @@ def main() -> None:
     print(f"peak RSS of the daemon's process tree up to its first cycle: {peak_rss / 2**20:.0f} MB")
     print(
         f"idle CPU: {100 * idle_cpu / idle_wall:.2f}% of a core "
-        f"(target < 2%); with the revisit cycle every {RETENTION_CHECK_S} s amortised in: "
+        f"(target < 1%); with the revisit cycle every {RETENTION_CHECK_S} s amortised in: "
         f"{100 * idle_cpu / idle_wall + amortised:.2f}%; daemon exit status {status}"
     )
 
