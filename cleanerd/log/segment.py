@@ -195,7 +195,11 @@ class LogSegment:
         if st.st_size == self._size and st.st_ino == self.inode:
             return False
         grown = st.st_ino == self.inode and st.st_size > self._size
-        known = (self._size, self._end_summary()) if grown else None
+        known = None
+        if grown:
+            # Grown again before the last growth was read: walk from where that began.
+            pending = self._appended_from
+            known = pending if pending is not None else (self._size, self._end_summary())
         first = self._first_batch
         self._size, self.inode = st.st_size, st.st_ino
         self._reset_caches()

@@ -179,3 +179,26 @@ def test_a_cycle_reads_only_the_bytes_appended_since_the_last(
         walked.clear()
         seen.meta()
         assert walked == []  # nothing changed, nothing read
+
+
+def test_two_growths_between_reads_are_both_walked(tmp_path: Path, walked: list[int]) -> None:
+    """A segment that grows twice before its end is read again keeps the first growth:
+    the largest timestamp appended in it still counts."""
+    root, state = tmp_path / "logs", tmp_path / "state"
+    root.mkdir()
+    build(root, state)
+    with LogDir.open(root, observe=True, state_dir=state) as observer:
+        seen = observer.open_partition(TP, config=CONFIG)
+        seen.meta()
+        with LogDir.open(root, state_dir=state) as owner:
+            writer = owner.open_partition(TP, config=CONFIG)
+            before = writer.active_segment.size
+            writer.append([kv("late", "x", timestamp=10**13)])
+            seen.active_segment.refresh()
+            writer.append([kv("later", "y", timestamp=5)])
+            appended = writer.active_segment.size - before
+        walked.clear()
+        meta = seen.meta()
+        assert meta.segments[-1].largest_timestamp_ms == 10**13
+        assert meta.log_end_offset == writer.log_end_offset
+        assert walked[0] == appended  # both growths, in one walk
