@@ -16,9 +16,9 @@ log layer's business, not this scan's).
 
 Caching: a non-active segment's bytes never change in place, only by a swap, which
 gives the file a new inode. Results are kept per segment keyed by the `.log` file's
-(inode, size, mtime), so each non-active segment is scanned once, and a swapped or
-truncated segment is rescanned. The active segment is never scanned: it cannot be
-cleaned until it rolls.
+(inode, size, mtime) as the log layer last saw them (`LogSegment.identity`), so each
+non-active segment is scanned once, and a swapped or truncated segment is rescanned.
+The active segment is never scanned: it cannot be cleaned until it rolls.
 """
 
 from __future__ import annotations
@@ -117,11 +117,6 @@ def horizon_due(
 _Signature = tuple[int, int, int]
 
 
-def _signature(path: Path) -> _Signature:
-    st = path.stat()
-    return (st.st_ino, st.st_size, st.st_mtime_ns)
-
-
 class HorizonCache:
     """Per-segment horizons of many partitions, rescanned only when a segment changes."""
 
@@ -133,7 +128,7 @@ class HorizonCache:
     def segment(self, segment: LogSegment) -> SegmentHorizon:
         """The horizons of one segment, from the cache when its file is unchanged."""
         entries = self._dirs.setdefault(segment.dir, {})
-        signature = _signature(segment.log_path)
+        signature = segment.identity
         cached = entries.get(segment.base_offset)
         if cached is not None and cached[0] == signature:
             return cached[1]

@@ -42,6 +42,8 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import os
+import stat
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
@@ -108,6 +110,9 @@ from cleanerd.records.walker import Walker, scan_batches, walk, walk_prefix
 log = structlog.get_logger(__name__)
 
 DEFAULT_SEGMENT_BYTES = 1024 * 1024 * 1024
+_SETTLED_NS = 2_000_000_000
+"""A dir mtime this much older than a listing is trusted to change with the next entry
+change (far above the coarse kernel clock's tick)."""
 DEFAULT_FILE_DELETE_DELAY_MS = 60_000
 
 
@@ -175,6 +180,8 @@ class PartitionLog:
         self._quarantine_dir = quarantine_dir
         self._segments = segments
         self._mark_growing()
+        self._dir_stamp: tuple[int, int] | None = None
+        self._inodes: dict[int, int] = {}
         self._inodes = self._scan_dir()
         tp = self.topic_partition
         self._log_start_offset = checkpoints.log_start_offsets.get(tp, 0)
@@ -371,11 +378,23 @@ class PartitionLog:
         return min(ongoing.values()) if ongoing else None
 
     def _scan_dir(self) -> dict[int, int]:
+        """The `.log` files of the dir by base offset, with their inodes.
+
+        A dir whose mtime has not changed since a listing that came well after it
+        (`_SETTLED_NS`) is not listed again: creating, renaming or removing an entry sets
+        the dir's mtime to the time of the change, which is then newer than the one kept
+        (git's racy-timestamp rule keeps a change in the same clock tick as the listing
+        from being missed)."""
         # Links were refused when the partition was opened; checked again on every re-read
         # (one lstat, and d_type for the files) so one put in place since is refused too,
         # before anything is written through it.
-        if self.dir.is_symlink():
+        started = time.time_ns()
+        st = self.dir.lstat()
+        if stat.S_ISLNK(st.st_mode):
             refuse_link(self.dir, self.log_dir)
+        stamp = (st.st_ino, st.st_mtime_ns)
+        if stamp == self._dir_stamp:
+            return self._inodes
         found: dict[int, int] = {}
         with os.scandir(self.dir) as entries:
             for entry in entries:
@@ -384,6 +403,7 @@ class PartitionLog:
                 if entry.is_symlink():
                     refuse_link(Path(entry.path), self.log_dir)
                 found[offset_from_filename(entry.name)] = entry.inode()
+        self._dir_stamp = stamp if st.st_mtime_ns < started - _SETTLED_NS else None
         return found
 
     def _locked(self) -> AbstractContextManager[object]:

@@ -145,12 +145,22 @@ class RecoveryReport:
 # -- leftovers (Kafka's LogLoader) -------------------------------------------------------
 
 
-def _files(dir_path: Path) -> list[Path]:
-    """The well-formed segment files of the dir: nothing else is ever deleted or renamed.
-    (`is_file` answers from the listing's d_type where it can: no stat per file.)"""
+Listing = list[os.DirEntry[str]]
+"""A partition dir's entries, sorted by name: names, links, file types and inodes come
+from the listing itself (d_type, d_ino), with no `stat` per file."""
+
+
+def list_partition_dir(dir_path: Path) -> Listing:
+    """One listing of `dir_path`, which the steps of an open share."""
     with os.scandir(dir_path) as entries:
-        found = [Path(e.path) for e in entries if is_segment_file_name(e.name) and e.is_file()]
-    return sorted(found)
+        return sorted(entries, key=lambda e: e.name)
+
+
+def _files(dir_path: Path, listing: Listing | None = None) -> list[Path]:
+    """The well-formed segment files of the dir (listed again unless `listing` is given):
+    nothing else is ever deleted or renamed."""
+    entries = list_partition_dir(dir_path) if listing is None else listing
+    return [Path(e.path) for e in entries if is_segment_file_name(e.name) and e.is_file()]
 
 
 def _needs_leftover_recovery(files: list[Path]) -> bool:
@@ -185,31 +195,29 @@ def refuse_link(link: Path, log_dir: Path) -> NoReturn:
     raise SymlinkRefused(link, target)
 
 
-def refuse_links(dir_path: Path) -> None:
-    """Raise SymlinkRefused if the partition dir or a file in it named like a segment file
-    is a symlink (the check before anything else, in every mode)."""
+def list_refusing_links(dir_path: Path) -> Listing:
+    """The partition dir's listing; raise SymlinkRefused if the dir or a file in it named
+    like a segment file is a symlink (the check before anything else, in every mode)."""
     log_dir = dir_path.parent
     if dir_path.is_symlink():
         refuse_link(dir_path, log_dir)
-    with os.scandir(dir_path) as entries:
-        for entry in entries:
-            # is_symlink() answers from the listing's d_type: no stat per file.
-            if entry.is_symlink() and looks_like_segment_file(entry.name):
-                refuse_link(Path(entry.path), log_dir)
+    listing = list_partition_dir(dir_path)
+    for entry in listing:
+        if entry.is_symlink() and looks_like_segment_file(entry.name):
+            refuse_link(Path(entry.path), log_dir)
+    return listing
 
 
-def report_malformed_names(dir_path: Path, report: RecoveryReport) -> None:
+def report_malformed_names(listing: Listing, report: RecoveryReport) -> None:
     """Warn about every file named like a segment file that is not one (see the module
     docstring); they are left as they are."""
-    with os.scandir(dir_path) as entries:
-        paths = sorted(Path(e.path) for e in entries)
-    for path in paths:
-        reason = malformed_segment_file_name(path.name)
+    for entry in listing:
+        reason = malformed_segment_file_name(entry.name)
         if reason is not None:
             log.warning(
-                "partition.malformed_file_name", path=str(path), reason=reason, action="left alone"
+                "partition.malformed_file_name", path=entry.path, reason=reason, action="left alone"
             )
-            report.malformed.append(str(path))
+            report.malformed.append(entry.path)
 
 
 def _delete(path: Path, report: RecoveryReport, why: str) -> None:
@@ -269,13 +277,17 @@ def _swap_range(dir_path: Path, swaps: list[Path], options: SegmentOptions) -> t
 
 
 def recover_leftovers(
-    dir_path: Path, options: SegmentOptions, report: RecoveryReport | None = None
+    dir_path: Path,
+    options: SegmentOptions,
+    report: RecoveryReport | None = None,
+    listing: Listing | None = None,
 ) -> RecoveryReport:
     """Kafka's handling of `.deleted`, `.cleaned` and `.swap` leftovers (steps 1-4 of the
-    module docstring), then removal of orphan index files."""
+    module docstring), then removal of orphan index files. `listing`: the dir as just
+    listed (listed here otherwise)."""
     report = RecoveryReport() if report is None else report
-    if not _needs_leftover_recovery(_files(dir_path)):
-        return report  # the common case: one listing, nothing renamed, nothing to fsync
+    if not _needs_leftover_recovery(_files(dir_path, listing)):
+        return report  # the common case: nothing renamed, nothing to fsync
     swaps = _remove_temp_files(dir_path, report)
     low, high = _swap_range(dir_path, swaps, options)
     for path in _files(dir_path):
@@ -297,9 +309,13 @@ def recover_leftovers(
 # -- segments ---------------------------------------------------------------------------
 
 
-def open_segments(dir_path: Path, options: SegmentOptions) -> list[LogSegment]:
-    """Every `<base>.log` in the dir as a LogSegment, ascending by base offset."""
-    bases = sorted(offset_from_filename(p.name) for p in dir_path.iterdir() if is_log_file(p.name))
+def open_segments(
+    dir_path: Path, options: SegmentOptions, listing: Listing | None = None
+) -> list[LogSegment]:
+    """Every `<base>.log` in the dir (as `listing` lists it, else as listed now) as a
+    LogSegment, ascending by base offset."""
+    entries = list_partition_dir(dir_path) if listing is None else listing
+    bases = sorted(offset_from_filename(e.name) for e in entries if is_log_file(e.name))
     return [
         LogSegment(
             dir_path,
@@ -472,16 +488,19 @@ def recover_partition(
     """Open a partition dir's segments. Links are refused first (SymlinkRefused). With
     `recover` (the caller owns the log dir), then finish interrupted swaps, validate and
     repair what a crash can leave; without it, only check (nothing on disk changes)."""
-    refuse_links(dir_path)
+    listing = list_refusing_links(dir_path)
     report = RecoveryReport()
-    report_malformed_names(dir_path, report)
+    report_malformed_names(listing, report)
     if recover and not options.read_only:
-        recover_leftovers(dir_path, options, report)
-    segments = open_segments(dir_path, options)
+        changes = len(report.deleted) + len(report.renamed)
+        recover_leftovers(dir_path, options, report, listing)
+        if len(report.deleted) + len(report.renamed) > changes:
+            listing = list_partition_dir(dir_path)
+    segments = open_segments(dir_path, options, listing)
     if recover or full_check:
         read_only = dataclasses.replace(options, read_only=True)
         validate_segments(
-            segments if recover else open_segments(dir_path, read_only),
+            segments if recover else open_segments(dir_path, read_only, listing),
             recovery_point=recovery_point,
             full_check=full_check,
             quarantine_dir=quarantine_dir,

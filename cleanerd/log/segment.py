@@ -67,9 +67,20 @@ from cleanerd.records.batch import iter_records
 from cleanerd.records.header import INT32_MAX, NO_TIMESTAMP, Buffer
 from cleanerd.records.record import Record
 from cleanerd.records.scan import BatchInfo
-from cleanerd.records.walker import BatchTable, Walk, Walker, scan_batches, walk
+from cleanerd.records.walker import (
+    BatchTable,
+    Summary,
+    Walk,
+    Walker,
+    scan_batches,
+    summarize,
+    walk,
+)
 
 log = structlog.get_logger(__name__)
+
+_PREAD_SPAN = 1 << 20
+"""Spans of a `.log` up to this size are read with `pread` rather than mapped."""
 
 
 def _close(it: Iterator[BatchInfo]) -> None:
@@ -102,17 +113,20 @@ class LogSegment:
         """Another writer may be appending to it now: the active segment of a partition
         open read-only beside a live broker. Only then is a torn tail an append in
         flight that ends the segment for now; in any other segment it is corruption."""
+        self._paths: dict[str, Path] = {}
         st = self.log_path.stat()
         self._size, self.inode = st.st_size, st.st_ino
+        self._mtime_ns: int | None = st.st_mtime_ns
         self._reset_caches()
 
     def _reset_caches(self) -> None:
+        self._meta: SegmentMeta | None = None
         self._offset_index: OffsetIndex | None = None
         self._time_index: TimeIndex | None = None
         self._txn_index: TransactionIndex | None = None
         self._builder: IndexBuilder | None = None
         self._next_offset: int | None = None
-        self._first_batch: BatchInfo | None = None
+        self._first: tuple[int | None] | None = None  # (first batch's max timestamp,)
         self._summary: tuple[int, int, int] | None = None  # end, without a builder
         self._appended_from: tuple[int, tuple[int, int, int]] | None = None
 
@@ -146,7 +160,12 @@ class LogSegment:
     # -- paths and plain properties ------------------------------------------------
 
     def _file(self, kind: str) -> Path:
-        return segment_file(self.dir, self.base_offset, kind, self.suffix)
+        # Paths are built once per kind and suffix: a cycle over 100,000 segments asks
+        # for them millions of times.
+        path = self._paths.get(kind)
+        if path is None:
+            path = self._paths[kind] = segment_file(self.dir, self.base_offset, kind, self.suffix)
+        return path
 
     @property
     def log_path(self) -> Path:
@@ -180,8 +199,27 @@ class LogSegment:
 
     @property
     def last_modified_ms(self) -> int:
-        """mtime of the `.log` file, in milliseconds."""
-        return self.log_path.stat().st_mtime_ns // 1_000_000
+        """mtime of the `.log` file, in milliseconds: as of the last `stat` (at open and
+        at each `refresh`), or read again after this process wrote the file."""
+        if self._mtime_ns is None:
+            self._mtime_ns = self.log_path.stat().st_mtime_ns
+        return self._mtime_ns // 1_000_000
+
+    @property
+    def identity(self) -> tuple[int, int, int]:
+        """(inode, size, mtime in ns) of the `.log` as last seen: which file, and whether
+        it changed (a cache key for what is derived from its bytes)."""
+        self.last_modified_ms  # noqa: B018 - reads the mtime if it is not known
+        assert self._mtime_ns is not None
+        return (self.inode, self._size, self._mtime_ns)
+
+    def _written(self) -> None:
+        """This process changed the files: what was derived from them is stale (its
+        head too, when it had no batch)."""
+        self._meta = None
+        self._mtime_ns = None
+        if self._first == (None,):
+            self._first = None
 
     def __repr__(self) -> str:
         return f"LogSegment({self.log_path}, size={self._size})"
@@ -193,6 +231,8 @@ class LogSegment:
         is next asked for."""
         st = self.log_path.stat()
         if st.st_size == self._size and st.st_ino == self.inode:
+            if st.st_mtime_ns != self._mtime_ns:
+                self._mtime_ns, self._meta = st.st_mtime_ns, None
             return False
         grown = st.st_ino == self.inode and st.st_size > self._size
         known = None
@@ -200,11 +240,11 @@ class LogSegment:
             # Grown again before the last growth was read: walk from where that began.
             pending = self._appended_from
             known = pending if pending is not None else (self._size, self._end_summary())
-        first = self._first_batch
-        self._size, self.inode = st.st_size, st.st_ino
+        first = self._first
+        self._size, self.inode, self._mtime_ns = st.st_size, st.st_ino, st.st_mtime_ns
         self._reset_caches()
         if known is not None and known[1] is not None:
-            self._first_batch = first
+            self._first = None if first == (None,) else first  # empty then: read again
             self._appended_from = (known[0], known[1])
         return True
 
@@ -222,11 +262,10 @@ class LogSegment:
         assert self._appended_from is not None
         position, (next_offset, max_ts, max_ts_offset) = self._appended_from
         tail = self._whole_batches_from(position)
-        if len(tail):
-            top = int(np.argmax(tail.max_timestamp))
-            if int(tail.max_timestamp[top]) > max_ts:
-                max_ts, max_ts_offset = int(tail.max_timestamp[top]), int(tail.last_offset[top])
-            next_offset = int(tail.last_offset[-1]) + 1
+        if tail.batches:
+            if tail.max_timestamp > max_ts:
+                max_ts, max_ts_offset = tail.max_timestamp, tail.offset_of_max_timestamp
+            next_offset = tail.last_offset + 1
         self._summary = (next_offset, max_ts, max_ts_offset)
         self._next_offset = next_offset
         self._appended_from = None
@@ -266,14 +305,13 @@ class LogSegment:
             oi.check_within(self._size)
             last = oi.last_entry
             tail = self._whole_batches_from(last.position)
-            last_offsets = tail.last_offset
-            if oi.entries and not len(tail):
+            if oi.entries and not tail.batches:
                 raise CorruptIndexError(
                     f"last entry (offset {last.offset}, position {last.position}) points "
                     "to no whole batch",
                     path=oi.path,
                 )
-            if oi.entries and not last_offsets[0] <= last.offset <= last_offsets[-1]:
+            if oi.entries and not tail.first_last_offset <= last.offset <= tail.last_offset:
                 raise CorruptIndexError(
                     f"last entry (offset {last.offset}, position {last.position}) does not "
                     "match the batch there",
@@ -288,28 +326,38 @@ class LogSegment:
                 max_timestamp=ts.timestamp,
                 offset_of_max_timestamp=ts.offset,
             )
-            if len(tail):
-                top = int(np.argmax(tail.max_timestamp))  # the earliest batch holding it
-                if int(tail.max_timestamp[top]) > builder.max_timestamp:
-                    builder.max_timestamp = int(tail.max_timestamp[top])
-                    builder.offset_of_max_timestamp = int(last_offsets[top])
-            self._next_offset = int(last_offsets[-1]) + 1 if len(tail) else self.base_offset
+            if tail.batches and tail.max_timestamp > builder.max_timestamp:
+                builder.max_timestamp = tail.max_timestamp
+                builder.offset_of_max_timestamp = tail.offset_of_max_timestamp
+            self._next_offset = tail.last_offset + 1 if tail.batches else self.base_offset
+            if last.position == 0 and tail.batches and self._first is None:
+                self._first = (tail.first_max_timestamp,)  # walked from the start
             self._builder = builder
         return self._builder
 
-    def _whole_batches_from(self, position: int) -> BatchTable:
-        """The batches from `position` to the end. A `growing` read-only segment belongs
-        to another writer (observe mode: a live broker), which may be in the middle of an
-        append: such a tail (`tail.torn_tail_reason`) ends the segment for now, and its
-        size is the end of its last whole batch; any other bad bytes raise as usual."""
+    def _whole_batches_from(self, position: int) -> Summary:
+        """The totals of the batches from `position` to the end. A `growing` read-only
+        segment belongs to another writer (observe mode: a live broker), which may be in
+        the middle of an append: such a tail (`tail.torn_tail_reason`) ends the segment for
+        now, and its size is the end of its last whole batch; any other bad bytes raise.
+
+        A short span (an index interval and a batch, the usual case) is read with one
+        `pread`, which costs less than mapping the file; a long one, or one that does not
+        walk clean, is walked in the mapped file, whose positions the errors name."""
+        span = self._size - position
+        if 0 < span <= _PREAD_SPAN:
+            data = self._pread_checked(position, span)
+            summary = None if data is None else summarize(data)
+            if summary is not None:
+                return summary
         with self.open_buffer() as buf:
             scan = walk(buf, start=position)
             if scan.error is None:
-                return scan.table
+                return Summary.of_table(scan.table, scan.stop)
             if not (self.read_only and self.growing) or torn_tail_reason(buf, scan) is None:
                 raise scan.error.located(self.log_path)
         self._size = scan.stop
-        return scan.table
+        return Summary.of_table(scan.table, scan.stop)
 
     def _end(self) -> tuple[int, int, int]:
         """(next offset, max timestamp, its offset): from what was known before the
@@ -344,47 +392,58 @@ class LogSegment:
         return ts if ts >= 0 else self.last_modified_ms
 
     @property
-    def first_batch(self) -> BatchInfo | None:
-        """The first batch, or None when the segment is empty (or, read-only, holds only
-        an append in flight)."""
-        if self._first_batch is None and self._size:
-            with self.open_buffer() as buf:
-                walker = Walker(buf, rows=1)
-                first = next(iter(walker), None)
-                error = walker.error
-                if error is not None and not (self.read_only and self.growing):
-                    raise error.located(self.log_path)
-                del walker
-            if first is None and error is not None:
-                self._whole_batches_from(0)  # raises unless it is a torn tail
-            self._first_batch = None if first is None else first.info(0)
-        return self._first_batch
-
-    @property
     def first_batch_timestamp(self) -> int | None:
-        """maxTimestamp of the first batch (KIP-354's rolling clock), None when empty."""
-        first = self.first_batch
-        return None if first is None else first.max_timestamp
+        """maxTimestamp of the first batch (KIP-354's rolling clock), None when the segment
+        is empty (or, read-only, holds only an append in flight)."""
+        if self._first is None:
+            self._first = (self._read_first_timestamp(),)
+        return self._first[0]
+
+    def _read_first_timestamp(self) -> int | None:
+        if not self._size:
+            return None
+        head = self._pread_checked(0, min(self._size, _PREAD_SPAN // 16))
+        first = None if head is None else summarize(head, limit=1)
+        if first is not None and first.batches:
+            return first.first_max_timestamp
+        # A first batch longer than the read, or no whole valid batch: the mapped file
+        # answers (and names the position of any damage).
+        with self.open_buffer() as buf:
+            walker = Walker(buf, rows=1)
+            chunk = next(iter(walker), None)
+            error = walker.error
+            if error is not None and not (self.read_only and self.growing):
+                raise error.located(self.log_path)
+            found = None if chunk is None else int(chunk.max_timestamp[0])
+            del walker, chunk
+        if found is None and error is not None:
+            self._whole_batches_from(0)  # raises unless it is a torn tail
+        return found
 
     def meta(self) -> SegmentMeta:
-        """The plain snapshot pure decisions take."""
-        return SegmentMeta(
-            base_offset=self.base_offset,
-            next_offset=self.next_offset,
-            size_bytes=self._size,
-            largest_timestamp_ms=self.largest_timestamp,
-            first_batch_timestamp_ms=self.first_batch_timestamp,
-            offset_index_bytes=self.offset_index.size_in_bytes,
-            time_index_bytes=self.time_index.size_in_bytes,
-            last_modified_ms=self.last_modified_ms,
-            inode=self.inode,
-        )
+        """The plain snapshot pure decisions take; kept until the file is seen to change
+        (`refresh`) or this process writes it."""
+        if self._meta is None:
+            next_offset = self.next_offset  # first: a torn tail in flight ends the size
+            self._meta = SegmentMeta(
+                base_offset=self.base_offset,
+                next_offset=next_offset,
+                size_bytes=self._size,
+                largest_timestamp_ms=self.largest_timestamp,
+                first_batch_timestamp_ms=self.first_batch_timestamp,
+                offset_index_bytes=self.offset_index.size_in_bytes,
+                time_index_bytes=self.time_index.size_in_bytes,
+                last_modified_ms=self.last_modified_ms,
+                inode=self.inode,
+            )
+        return self._meta
 
     # -- reading -------------------------------------------------------------------
 
     @contextmanager
     def open_buffer(self) -> Iterator[Buffer]:
-        """Map the `.log` read-only for the duration of the `with` block (b"" if empty).
+        """Map the `.log` read-only for the duration of the `with` block (b"" if empty;
+        a file of at most `_PREAD_SPAN` bytes is read instead).
 
         Do not keep memoryviews of the buffer past the block."""
         size = self._size
@@ -403,8 +462,25 @@ class LogSegment:
             if mapped == 0:
                 yield b""
                 return
+            if mapped <= _PREAD_SPAN:
+                yield os.pread(f.fileno(), mapped, 0)  # cheaper than a mapping
+                return
             with mmap.mmap(f.fileno(), mapped, access=mmap.ACCESS_READ) as buf:
                 yield buf
+
+    def _pread_checked(self, position: int, size: int) -> bytes | None:
+        """`size` bytes of the `.log` from `position`, or None when the file no longer
+        has them or (read-only) is no longer the file that was listed."""
+        fd = os.open(self.log_path, os.O_RDONLY)
+        try:
+            if self.read_only:
+                st = os.fstat(fd)
+                if st.st_ino != self.inode or st.st_size < self._size:
+                    return None  # `open_buffer` reports it
+            data = os.pread(fd, size, position)
+        finally:
+            os.close(fd)
+        return data if len(data) == size else None
 
     def read(self, position: int, size: int) -> bytes:
         """Up to `size` bytes of the `.log` from `position`."""
@@ -501,6 +577,7 @@ class LogSegment:
         self._next_offset = batch_infos[-1].next_offset
         builder.offset_index.flush_entries()
         builder.time_index.flush_entries()
+        self._written()
 
     def _check_offsets(self, first: int, last: int) -> None:
         if first < self.next_offset or not 0 <= last - self.base_offset <= INT32_MAX:
@@ -557,6 +634,7 @@ class LogSegment:
         builder.offset_index.flush_entries()
         builder.time_index.flush_entries()
         self.flush()
+        self._written()
 
     # -- checks and rebuilds ----------------------------------------------------------
 
@@ -686,6 +764,7 @@ class LogSegment:
         )
         self._offset_index, self._time_index, self._builder = oi, ti, builder
         self._next_offset = next_offset
+        self._written()
 
     def truncate_to_position(self, size: int) -> None:
         """Cut the `.log` to `size` bytes (recovery of a torn tail), then rebuild the
@@ -694,6 +773,7 @@ class LogSegment:
         os.truncate(self.log_path, size)
         self._size = size
         self._reset_caches()
+        self._mtime_ns = None
         self.rebuild_indexes(reason=f"log truncated to {size} bytes")
         self.txn_index.truncate_to(self.next_offset)
 
@@ -704,7 +784,7 @@ class LogSegment:
         (Kafka's changeFileSuffixes), then fsync the dir."""
         self._check_writable()
         old_paths = self.paths
-        self.suffix = new_suffix
+        self.suffix, self._paths = new_suffix, {}
         for old, new in zip(old_paths, self.paths, strict=True):
             if old.exists():
                 old.replace(new)

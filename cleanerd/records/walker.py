@@ -79,6 +79,7 @@ INCOMPLETE_BATCH: Final = 4
 BAD_COUNTS: Final = 5
 BAD_CRC: Final = 6
 FULL: Final = 7  # the table is full: hand it over and go on
+LEGACY: Final = 8  # `summarize` only: a legacy entry, which the table walk reads
 
 _SMALL_BATCH_GUESS: Final = 128  # bytes per batch, to size the scratch table of a short walk
 
@@ -111,6 +112,38 @@ def be_i16(buf: U8, p: Int) -> Int:
 
 
 @jit
+def _check_batch(buf: U8, p: Int, end: Int, verify_crc: bool) -> tuple[Int, Int, Int]:
+    """(size, magic, DONE) of the batch at `p` if it passes the structural checks and
+    (v2, `verify_crc`) its CRC-32C; else (0, magic, the stop reason)."""
+    left = end - p
+    if left < PREFIX_SIZE:
+        return 0, 0, INCOMPLETE_PREFIX
+    length = be_i32(buf, p + LENGTH_OFFSET)
+    m = np.int64(buf[p + MAGIC_OFFSET])
+    if m > 2:
+        return 0, m, BAD_MAGIC
+    total = length + LOG_OVERHEAD
+    if m == 2:
+        minimum = RECORD_BATCH_OVERHEAD
+    else:
+        minimum = LEGACY_V0_MIN_SIZE if m == 0 else LEGACY_V1_MIN_SIZE
+    if total < minimum:
+        return 0, m, TOO_SMALL
+    if total > left:
+        return 0, m, INCOMPLETE_BATCH
+    if m == 2:
+        lod = be_i32(buf, p + LAST_OFFSET_DELTA_OFFSET)
+        count = be_i32(buf, p + RECORDS_COUNT_OFFSET)
+        if lod < 0 or count < 0 or count > lod + 1:
+            return 0, m, BAD_COUNTS
+        if verify_crc and crc32c_at(
+            buf.ctypes.data + p + ATTRIBUTES_OFFSET, total - ATTRIBUTES_OFFSET
+        ) != be_u32(buf, p + CRC_OFFSET):
+            return 0, m, BAD_CRC
+    return total, m, DONE
+
+
+@jit
 def _walk_kernel(
     buf: U8,
     start: Int,
@@ -135,50 +168,27 @@ def _walk_kernel(
     """Walk buf[start:end], filling rows from `n`; (rows filled, stop position, reason)."""
     p = start
     capacity = position.shape[0]
-    base = buf.ctypes.data
     while p < end:
         if n == capacity:
             return n, p, FULL
-        left = end - p
-        if left < PREFIX_SIZE:
-            return n, p, INCOMPLETE_PREFIX
-        length = be_i32(buf, p + LENGTH_OFFSET)
-        m = np.int64(buf[p + MAGIC_OFFSET])
-        if m > 2:
-            return n, p, BAD_MAGIC
-        total = length + LOG_OVERHEAD
-        if m == 2:
-            minimum = RECORD_BATCH_OVERHEAD
-        else:
-            minimum = LEGACY_V0_MIN_SIZE if m == 0 else LEGACY_V1_MIN_SIZE
-        if total < minimum:
-            return n, p, TOO_SMALL
-        if total > left:
-            return n, p, INCOMPLETE_BATCH
+        total, m, reason = _check_batch(buf, p, end, verify_crc)
+        if reason != DONE:
+            return n, p, reason
         position[n] = p
         size[n] = total
         magic[n] = m
         base_offset[n] = be_i64(buf, p + BASE_OFFSET_OFFSET)
         if m == 2:
-            lod = be_i32(buf, p + LAST_OFFSET_DELTA_OFFSET)
-            count = be_i32(buf, p + RECORDS_COUNT_OFFSET)
-            if lod < 0 or count < 0 or count > lod + 1:
-                return n, p, BAD_COUNTS
-            stored = be_u32(buf, p + CRC_OFFSET)
-            if verify_crc and crc32c_at(
-                base + p + ATTRIBUTES_OFFSET, total - ATTRIBUTES_OFFSET
-            ) != (stored):
-                return n, p, BAD_CRC
             partition_leader_epoch[n] = be_i32(buf, p + PARTITION_LEADER_EPOCH_OFFSET)
-            crc[n] = stored
+            crc[n] = be_u32(buf, p + CRC_OFFSET)
             attributes[n] = be_i16(buf, p + ATTRIBUTES_OFFSET)
-            last_offset_delta[n] = lod
+            last_offset_delta[n] = be_i32(buf, p + LAST_OFFSET_DELTA_OFFSET)
             base_timestamp[n] = be_i64(buf, p + BASE_TIMESTAMP_OFFSET)
             max_timestamp[n] = be_i64(buf, p + MAX_TIMESTAMP_OFFSET)
             producer_id[n] = be_i64(buf, p + PRODUCER_ID_OFFSET)
             producer_epoch[n] = be_i16(buf, p + PRODUCER_EPOCH_OFFSET)
             base_sequence[n] = be_i32(buf, p + BASE_SEQUENCE_OFFSET)
-            records_count[n] = count
+            records_count[n] = be_i32(buf, p + RECORDS_COUNT_OFFSET)
         else:  # legacy: `walk` fills in the rest from legacy.py
             partition_leader_epoch[n] = -1
             base_timestamp[n] = -1
@@ -188,6 +198,41 @@ def _walk_kernel(
         n += 1
         p += total
     return n, p, DONE
+
+
+@jit
+def _summary_kernel(
+    buf: U8, start: Int, end: Int, limit: Int, verify_crc: bool
+) -> tuple[Int, Int, Int, Int, Int, Int, Int, Int]:
+    """Walk buf[start:end] as `_walk_kernel` does, up to `limit` batches, keeping only
+    totals: (batches, stop, reason, first batch's max timestamp, first batch's last
+    offset, last offset, max timestamp, last offset of the earliest batch holding it).
+    A legacy entry stops it with LEGACY (its CRC and offsets need `legacy.py`)."""
+    p = start
+    n = 0
+    first_ts: Int = -1
+    first_last: Int = -1
+    last: Int = -1
+    max_ts: Int = -1
+    offset_of_max: Int = -1
+    while p < end:
+        if n == limit:
+            return n, p, FULL, first_ts, first_last, last, max_ts, offset_of_max
+        total, m, reason = _check_batch(buf, p, end, verify_crc)
+        if reason == DONE and m != 2:
+            reason = LEGACY
+        if reason != DONE:
+            return n, p, reason, first_ts, first_last, last, max_ts, offset_of_max
+        last = be_i64(buf, p + BASE_OFFSET_OFFSET) + be_i32(buf, p + LAST_OFFSET_DELTA_OFFSET)
+        ts = be_i64(buf, p + MAX_TIMESTAMP_OFFSET)
+        if n == 0:
+            first_ts, first_last = ts, last
+            max_ts, offset_of_max = ts, last
+        elif ts > max_ts:
+            max_ts, offset_of_max = ts, last
+        n += 1
+        p += total
+    return n, p, DONE, first_ts, first_last, last, max_ts, offset_of_max
 
 
 @dataclass(slots=True)
@@ -353,6 +398,53 @@ def walk_prefix(
     for _ in walker:
         pass
     return Walk(BatchTable.empty(0), start, walker.stop, walker.error)
+
+
+@dataclass(frozen=True, slots=True)
+class Summary:
+    """The totals of a walk that needs no table (segment metadata): how many batches,
+    where it ended, the first batch's max timestamp and last offset, the last offset, the
+    max timestamp and the last offset of the earliest batch holding it (-1 each when
+    there is no batch)."""
+
+    batches: int
+    stop: int
+    first_max_timestamp: int
+    first_last_offset: int
+    last_offset: int
+    max_timestamp: int
+    offset_of_max_timestamp: int
+
+    @classmethod
+    def of_table(cls, table: BatchTable, stop: int) -> Summary:
+        """The same totals from a walked table."""
+        if not len(table):
+            return cls(0, stop, -1, -1, -1, -1, -1)
+        last = table.last_offset
+        top = int(np.argmax(table.max_timestamp))  # the earliest batch holding it
+        return cls(
+            len(table),
+            stop,
+            int(table.max_timestamp[0]),
+            int(last[0]),
+            int(last[-1]),
+            int(table.max_timestamp[top]),
+            int(last[top]),
+        )
+
+
+def summarize(
+    buf: Buffer | U8, *, start: int = 0, limit: int | None = None, verify_crc: bool = True
+) -> Summary | None:
+    """The totals of `buf[start:]`'s batches (the first `limit` of them) in one kernel
+    call and no table; None when the walk meets a bad or incomplete batch or a legacy
+    entry before its end (or its limit): `walk` then says what and where, or reads it."""
+    data = as_uint8(buf)
+    found = _summary_kernel(data, start, len(data), -1 if limit is None else limit, verify_crc)
+    batches, stop, reason, first_ts, first_last, last, max_ts, at_max = (int(x) for x in found)
+    if reason not in (DONE, FULL):
+        return None
+    return Summary(batches, stop, first_ts, first_last, last, max_ts, at_max)
 
 
 class Walker:

@@ -32,7 +32,15 @@ def walked(monkeypatch: pytest.MonkeyPatch) -> list[int]:
         yield from original(self)
         sizes.append(self.stop - self.start)
 
+    summary_kernel = walker._summary_kernel
+
+    def counting_summary(data: walker.U8, start: int, *args: object) -> tuple[int, ...]:
+        found: tuple[int, ...] = summary_kernel(data, start, *args)
+        sizes.append(int(found[1]) - start)
+        return found
+
     monkeypatch.setattr(walker.Walker, "__iter__", counting)
+    monkeypatch.setattr(walker, "_summary_kernel", counting_summary)
     return sizes
 
 
