@@ -132,9 +132,15 @@ class HorizonCache:
         cached = entries.get(segment.base_offset)
         if cached is not None and cached[0] == signature:
             return cached[1]
-        with segment.open_buffer() as buf:
-            found = scan_horizons(segment.base_offset, buf)
-        self.scans += 1
+        if segment.delete_horizon is not None:  # read before, or kept from a clean stop
+            earliest, batches = segment.delete_horizon
+            found = SegmentHorizon(segment.base_offset, earliest if batches else None, batches)
+        else:
+            with segment.open_buffer() as buf:
+                found = scan_horizons(segment.base_offset, buf)
+            self.scans += 1
+            earliest = NO_HORIZON if found.earliest_ms is None else found.earliest_ms
+            segment.delete_horizon = (earliest, found.batches)
         entries[segment.base_offset] = (signature, found)
         return found
 

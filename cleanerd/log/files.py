@@ -139,8 +139,8 @@ def looks_like_segment_file(filename: str) -> bool:
 def malformed_segment_file_name(filename: str) -> str | None:
     """Why a name that ends like a segment file is not one, or None (a well-formed segment
     file name, or a name that does not end like one, such as `leader-epoch-checkpoint`)."""
-    if not looks_like_segment_file(filename) or is_segment_file_name(filename):
-        return None
+    if is_segment_file_name(filename) or not looks_like_segment_file(filename):
+        return None  # the common case (a well-formed name) decided by one match
     stem = filename.split(".", 1)[0]
     if stem.isascii() and stem.isdigit():
         return f"its offset {stem!r} has {len(stem)} digits, not {OFFSET_DIGITS}"

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import functools
 import hashlib
 import os
 import tempfile
@@ -73,7 +74,13 @@ class PartitionLockTimeout(CleanerdError):
 
 def log_dir_key(log_dir: Path) -> str:
     """A short stable name for a log dir, used for per-dir folders in the state dir."""
-    return hashlib.sha256(str(log_dir.resolve()).encode()).hexdigest()[:16]
+    return _key_of_resolved(str(log_dir.absolute()))
+
+
+@functools.lru_cache(maxsize=1024)
+def _key_of_resolved(log_dir: str) -> str:
+    # Resolved once per process and dir: opening 10,000 partitions asks 20,000 times.
+    return hashlib.sha256(os.path.realpath(log_dir).encode()).hexdigest()[:16]
 
 
 def default_state_dir() -> Path:
@@ -232,8 +239,11 @@ class PartitionLock:
             raise
 
     def _flock(self, deadline: float) -> int:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        except FileNotFoundError:  # the first lock of this log dir in this state dir
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         delay = _POLL_START_S
         while True:
             try:

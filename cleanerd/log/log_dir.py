@@ -34,7 +34,9 @@ Clean shutdown (Kafka's rule): an owner that stops cleanly flushes every partiti
 opened, writes a producer snapshot and the root checkpoints, then writes
 `.kafka_cleanshutdown` (`{"version":0,"BrokerEpoch":-1}`, the content Kafka writes,
 with no broker epoch). The next owner (cleanerd or a broker) that finds it skips the
-recovery walk of unflushed segments; cleanerd removes it (and fsyncs the dir) as soon
+recovery walk of unflushed segments; cleanerd's stop also keeps what it knew of every
+segment in the state dir (`known_segments.py`), which its next start takes instead of
+reading each segment again. cleanerd removes the marker (and fsyncs the dir) as soon
 as it owns the dir, before any write, so a crash after that start is never taken for a
 clean stop, and trusts it only for the first open of each partition. A stop that
 failed to flush or checkpoint a partition, or that did not open every partition of the
@@ -78,6 +80,12 @@ from cleanerd.log.files import (
     parse_topic_partition,
 )
 from cleanerd.log.fsutil import atomic_write, fsync_dir
+from cleanerd.log.known_segments import (
+    Known,
+    known_segments_path,
+    read_known_segments,
+    write_known_segments,
+)
 from cleanerd.log.lock import LogDirLock, OwnerLock, default_state_dir
 from cleanerd.log.ownership import OwnerProof, ProcessId, lock_holder, start_ticks
 from cleanerd.log.partition_log import LogConfig, PartitionLog
@@ -148,6 +156,9 @@ class LogDir:
         self.checkpoints = RootCheckpoints.read(path)
         self.had_clean_shutdown = False
         """Owner mode: the previous owner stopped cleanly (its marker was found)."""
+        self._known: Known = {}
+        """After a clean stop: what that owner knew of the segments (`known_segments.py`),
+        taken by the first open of each partition."""
         self._opened: set[TopicPartition] = set()
 
     @classmethod
@@ -188,6 +199,8 @@ class LogDir:
         owned = cls(path, Mode.OWNER, state_dir=state, dir_lock=dir_lock, owner_lock=owner_lock)
         try:
             owned.had_clean_shutdown = owned._take_clean_shutdown_marker()
+            if owned.had_clean_shutdown:
+                owned._known = read_known_segments(state, path)
         except BaseException:
             owned.close()
             raise
@@ -204,6 +217,16 @@ class LogDir:
             fsync_dir(self.path)
         log.info("log_dir.clean_shutdown_found", log_dir=str(self.path))
         return True
+
+    def keep_known_segments(self, logs: Iterable[PartitionLog]) -> None:
+        """Keep what is known of the segments of `logs` for the next owner's start (owner
+        mode, at a clean stop, before the marker; see `known_segments.py`)."""
+        if self.mode is not Mode.OWNER:
+            raise PermissionError(f"only the owner keeps what it knew of {self.path}")
+        known = [(str(plog.topic_partition), plog.known_segments()) for plog in logs]
+        path = known_segments_path(self.state_dir, self.path)
+        with file_step("keeping the known segments", path):
+            write_known_segments(self.state_dir, self.path, known)
 
     def mark_clean_shutdown(self) -> None:
         """Write the clean-shutdown marker (owner mode; the caller has flushed and
@@ -268,6 +291,7 @@ class LogDir:
         read_only = self.read_only or tp.topic == METADATA_TOPIC
         first_open = tp not in self._opened
         self._opened.add(tp)
+        known = self._known.pop(str(tp), None)
         return PartitionLog.open(
             self.path / str(tp),
             config=config,
@@ -278,6 +302,7 @@ class LogDir:
             full_check=full_check,
             owner=self.owner,
             clean_shutdown=self.had_clean_shutdown and first_open,
+            known=known if first_open else None,
         )
 
     def create_partition(

@@ -44,7 +44,7 @@ import dataclasses
 import os
 import stat
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
@@ -72,6 +72,7 @@ from cleanerd.log.index import (
     DEFAULT_MAX_INDEX_SIZE,
     IndexPastLogError,
 )
+from cleanerd.log.known_segments import KnownSegment
 from cleanerd.log.lock import (
     DEFAULT_LOCK_TIMEOUT_S,
     LogDirLock,
@@ -205,6 +206,7 @@ class PartitionLog:
         full_check: bool = False,
         owner: OwnerProof | None = None,
         clean_shutdown: bool = False,
+        known: Mapping[int, KnownSegment] | None = None,
     ) -> PartitionLog:
         """Open the partition dir `path`.
 
@@ -219,7 +221,9 @@ class PartitionLog:
         gets an empty one at its log start offset, as a broker does. `owner` is the
         cleanerd process that holds the log dir when this one only appends beside it
         (shared mode): every roll first proves that it still does. `clean_shutdown`: the
-        log dir's owner found Kafka's clean-shutdown marker, so recovery scans nothing.
+        log dir's owner found Kafka's clean-shutdown marker, so recovery scans nothing;
+        `known`: what the owner that stopped then knew of the segments
+        (`known_segments.py`), taken for each segment that is still the file it describes.
         """
         config = LogConfig() if config is None else config
         tp = parse_topic_partition(path.name)
@@ -254,6 +258,13 @@ class PartitionLog:
                 start = checkpoints.log_start_offsets.get(tp, 0)
                 segments = [cls._new_segment(path, start, config)]
                 fsync_dir(path)
+            if known:
+                # A segment whose indexes were just rebuilt is read anew.
+                rebuilt = {offset_from_filename(Path(p).name) for p in report.rebuilt_indexes}
+                for segment in segments:
+                    entry = known.get(segment.base_offset)
+                    if entry is not None and segment.base_offset not in rebuilt:
+                        segment.seed(entry)
         return cls(
             path,
             segments,
@@ -738,6 +749,11 @@ class PartitionLog:
             if result.is_complete:
                 break
         return found
+
+    def known_segments(self) -> list[KnownSegment]:
+        """What is known of the segments without reading them again (those read so far;
+        for `known_segments.py`)."""
+        return [k for s in self._segments if (k := s.known()) is not None]
 
     def meta(self) -> PartitionMeta:
         """The plain snapshot every pure decision takes (re-reads the dir first)."""

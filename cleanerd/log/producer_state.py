@@ -30,6 +30,7 @@ the newest `KEEP`, are deleted.
 
 from __future__ import annotations
 
+import os
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -197,11 +198,9 @@ def snapshot_path(partition_dir: Path, offset: int) -> Path:
 
 def snapshot_offsets(partition_dir: Path) -> list[int]:
     """Offsets of the well-named snapshot files in the dir, ascending."""
-    return sorted(
-        offset_from_filename(p.name)
-        for p in partition_dir.glob(f"*{PRODUCER_SNAPSHOT_FILE_SUFFIX}")
-        if p.name.endswith(PRODUCER_SNAPSHOT_FILE_SUFFIX) and is_segment_file_name(p.name)
-    )
+    with os.scandir(partition_dir) as entries:
+        names = [e.name for e in entries if e.name.endswith(PRODUCER_SNAPSHOT_FILE_SUFFIX)]
+    return sorted(offset_from_filename(name) for name in names if is_segment_file_name(name))
 
 
 def read_snapshot(path: Path) -> ProducerState:

@@ -72,6 +72,7 @@ from cleanerd.errors import CleanerdError, CorruptIndexError, CorruptRecordError
 from cleanerd.log.files import (
     CLEANED_FILE_SUFFIX,
     DELETED_FILE_SUFFIX,
+    INDEX_SUFFIXES,
     LOG_FILE_SUFFIX,
     SWAP_FILE_SUFFIX,
     is_index_file,
@@ -156,20 +157,26 @@ def list_partition_dir(dir_path: Path) -> Listing:
         return sorted(entries, key=lambda e: e.name)
 
 
-def _files(dir_path: Path, listing: Listing | None = None) -> list[Path]:
-    """The well-formed segment files of the dir (listed again unless `listing` is given):
-    nothing else is ever deleted or renamed."""
-    entries = list_partition_dir(dir_path) if listing is None else listing
+def _files(dir_path: Path) -> list[Path]:
+    """The well-formed segment files of the dir, as listed now: nothing else is ever
+    deleted or renamed."""
+    entries = list_partition_dir(dir_path)
     return [Path(e.path) for e in entries if is_segment_file_name(e.name) and e.is_file()]
 
 
-def _needs_leftover_recovery(files: list[Path]) -> bool:
-    """Whether steps 1-4 or the orphan-index rule have anything to do among `files`."""
-    names = {p.name for p in files}
+def _needs_leftover_recovery(listing: Listing) -> bool:
+    """Whether steps 1-4 or the orphan-index rule have anything to do in the dir."""
+    names = {e.name for e in listing if e.is_file()}
     for name in names:
+        # String tests first, the name's full check only for a candidate: this runs over
+        # every file of every partition at each open.
         if name.endswith((DELETED_FILE_SUFFIX, CLEANED_FILE_SUFFIX, SWAP_FILE_SUFFIX)):
-            return True
-        if is_index_file(name) and f"{name.split('.')[0]}{LOG_FILE_SUFFIX}" not in names:
+            found = True
+        elif name.endswith(INDEX_SUFFIXES):
+            found = f"{name.split('.')[0]}{LOG_FILE_SUFFIX}" not in names
+        else:
+            continue
+        if found and is_segment_file_name(name):
             return True
     return False
 
@@ -286,7 +293,7 @@ def recover_leftovers(
     module docstring), then removal of orphan index files. `listing`: the dir as just
     listed (listed here otherwise)."""
     report = RecoveryReport() if report is None else report
-    if not _needs_leftover_recovery(_files(dir_path, listing)):
+    if not _needs_leftover_recovery(list_partition_dir(dir_path) if listing is None else listing):
         return report  # the common case: nothing renamed, nothing to fsync
     swaps = _remove_temp_files(dir_path, report)
     low, high = _swap_range(dir_path, swaps, options)

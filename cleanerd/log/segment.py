@@ -49,6 +49,7 @@ from cleanerd.log.files import (
     LOG_FILE_SUFFIX,
     TIME_INDEX_FILE_SUFFIX,
     TXN_INDEX_FILE_SUFFIX,
+    filename_prefix_from_offset,
     segment_file,
 )
 from cleanerd.log.fsutil import fsync_dir, fsync_file, safe_unlink
@@ -60,6 +61,7 @@ from cleanerd.log.index import (
     OffsetIndex,
     TimeIndex,
 )
+from cleanerd.log.known_segments import KnownSegment
 from cleanerd.log.meta import SegmentMeta
 from cleanerd.log.tail import torn_tail_reason
 from cleanerd.log.txnindex import AbortedTxn, TransactionIndex, TxnIndexSearchResult
@@ -114,13 +116,19 @@ class LogSegment:
         open read-only beside a live broker. Only then is a torn tail an append in
         flight that ends the segment for now; in any other segment it is corruption."""
         self._paths: dict[str, Path] = {}
-        st = self.log_path.stat()
+        # A str, not a Path, for the one stat of an open: building Paths for 100,000
+        # segments costs more than the stats (the Path comes when a caller asks).
+        name = f"{filename_prefix_from_offset(base_offset)}{LOG_FILE_SUFFIX}{suffix}"
+        st = os.stat(os.path.join(dir_path, name))  # noqa: PTH116, PTH118
         self._size, self.inode = st.st_size, st.st_ino
         self._mtime_ns: int | None = st.st_mtime_ns
         self._reset_caches()
 
     def _reset_caches(self) -> None:
         self._meta: SegmentMeta | None = None
+        self.delete_horizon: tuple[int, int] | None = None
+        """(earliest KIP-534 delete horizon, batches carrying one) once the compaction
+        layer scanned the file (`compaction/horizon.py`); None until then."""
         self._offset_index: OffsetIndex | None = None
         self._time_index: TimeIndex | None = None
         self._txn_index: TransactionIndex | None = None
@@ -213,11 +221,54 @@ class LogSegment:
         assert self._mtime_ns is not None
         return (self.inode, self._size, self._mtime_ns)
 
+    def known(self) -> KnownSegment | None:
+        """What is known of the file without reading it again (its metadata once read),
+        for `known_segments.py`; None before it was read."""
+        summary = self._end_summary()
+        if self._meta is None or summary is None or self._appended_from is not None:
+            return None
+        meta = self._meta
+        return KnownSegment(
+            self.base_offset,
+            self.identity,
+            *summary,
+            meta.first_batch_timestamp_ms,
+            meta.offset_index_bytes,
+            meta.time_index_bytes,
+            self.delete_horizon,
+        )
+
+    def seed(self, known: KnownSegment) -> bool:
+        """Take `known` as this segment's metadata if it describes this very file (same
+        inode, size and mtime); whether it did. Nothing is read."""
+        if known.base_offset != self.base_offset or known.identity != self.identity:
+            return False
+        self._summary = (known.next_offset, known.max_timestamp, known.offset_of_max_timestamp)
+        self._next_offset = known.next_offset
+        self._first = (known.first_batch_timestamp,)
+        self.delete_horizon = known.delete_horizon
+        last_modified_ms = self.last_modified_ms
+        self._meta = SegmentMeta(
+            base_offset=self.base_offset,
+            next_offset=known.next_offset,
+            size_bytes=self._size,
+            largest_timestamp_ms=(
+                known.max_timestamp if known.max_timestamp >= 0 else last_modified_ms
+            ),
+            first_batch_timestamp_ms=known.first_batch_timestamp,
+            offset_index_bytes=known.offset_index_bytes,
+            time_index_bytes=known.time_index_bytes,
+            last_modified_ms=last_modified_ms,
+            inode=self.inode,
+        )
+        return True
+
     def _written(self) -> None:
         """This process changed the files: what was derived from them is stale (its
         head too, when it had no batch)."""
         self._meta = None
         self._mtime_ns = None
+        self.delete_horizon = None
         if self._first == (None,):
             self._first = None
 

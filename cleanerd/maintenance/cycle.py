@@ -293,8 +293,9 @@ class Maintenance:
         crash. With `clean_stop`, first make each partition what a clean stop leaves
         (flushed where it was not, a producer snapshot at its end: only partitions
         appended to since their last flush cost an fsync), and after the checkpoints
-        write Kafka's clean-shutdown marker in every dir where all of that worked for
-        every partition (`log_dir.py`). Returns the errors (each names its file), one
+        keep what is known of the segments (`known_segments.py`) and write Kafka's
+        clean-shutdown marker in every dir where all of that worked for every partition
+        (`log_dir.py`). Returns the errors (each names its file), one
         log dir's failure not stopping the others."""
         by_dir: dict[Path, list[PartitionLog]] = {}
         for (path, _), plog in self._plogs.items():
@@ -315,6 +316,7 @@ class Maintenance:
                             plog.prepare_clean_shutdown(snapshot=plog.topic_partition not in marked)
                 log_dir.checkpoint_logs(plogs)
                 if clean_stop and _all_sound(log_dir, plogs):
+                    log_dir.keep_known_segments(plogs)
                     log_dir.mark_clean_shutdown()
             except (CleanerdError, OSError) as exc:
                 errors.append(exc)

@@ -1,0 +1,185 @@
+"""What an owner knew of each segment's bytes when it stopped cleanly, for the next
+owner's start (`<state dir>/known-segments/<log dir key>`).
+
+Metadata of a segment (its next offset, max timestamp, first batch, index sizes, its
+earliest delete horizon) costs a dozen system calls and a walk of its tail to read; on a
+host with 100,000 segments that is most of a start. Kafka's loader trusts a cleanly
+stopped dir's index files instead; cleanerd also keeps what it had read, keyed by each
+`.log` file's identity, and a start after a clean stop (`log_dir.py`'s marker) takes
+each segment's metadata from here when the file is still the one described.
+
+Format (little endian)::
+
+    cleanerd known segments 1\n
+    {"partitions": [<dir name>, ...], "rows": N, "crc32c": C}\n
+    N rows of `ROW` (112 bytes): partition (index into "partitions"), base offset,
+        inode, size, mtime (ns), next offset, max timestamp, its offset, first batch
+        max timestamp, flags (1: there is a first batch, 2: the horizon is known),
+        offset index bytes, time index bytes, earliest delete horizon, batches with one
+
+`C` is the CRC-32C of the rows. A file that does not parse or check out is reported
+and ignored: the start then reads every segment, which is slow but never wrong.
+
+Crash consistency: the file is written whole with `atomic_write` (temp file, fsync,
+rename) by a clean stop, before the clean-shutdown marker, and only read after a start
+that found the marker. An entry is used only for a `.log` whose (inode, size, mtime in
+ns) equal the entry's: a segment appended to, truncated, rewritten or replaced since
+has another identity and is read from its files. A crash after the file was written
+leaves no marker, so nothing of it is used.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
+
+import crc32c
+import numpy as np
+import structlog
+
+from cleanerd.log.fsutil import atomic_write
+from cleanerd.log.lock import log_dir_key
+
+log = structlog.get_logger(__name__)
+
+MAGIC: Final = b"cleanerd known segments 1\n"
+ROW: Final = np.dtype(
+    [
+        ("partition", "<i8"),
+        ("base_offset", "<i8"),
+        ("inode", "<u8"),
+        ("size", "<i8"),
+        ("mtime_ns", "<i8"),
+        ("next_offset", "<i8"),
+        ("max_timestamp", "<i8"),
+        ("offset_of_max_timestamp", "<i8"),
+        ("first_batch_timestamp", "<i8"),
+        ("flags", "<i8"),
+        ("offset_index_bytes", "<i8"),
+        ("time_index_bytes", "<i8"),
+        ("horizon", "<i8"),
+        ("horizon_batches", "<i8"),
+    ]
+)
+_HAS_FIRST: Final = 1
+_HAS_HORIZON: Final = 2
+
+Identity = tuple[int, int, int]
+"""(inode, size, mtime in ns) of a `.log` file."""
+
+
+@dataclass(frozen=True, slots=True)
+class KnownSegment:
+    """What was read of one segment's files, and which `.log` file it describes."""
+
+    base_offset: int
+    identity: Identity
+    next_offset: int
+    max_timestamp: int
+    offset_of_max_timestamp: int
+    first_batch_timestamp: int | None
+    offset_index_bytes: int
+    time_index_bytes: int
+    delete_horizon: tuple[int, int] | None
+    """(earliest KIP-534 delete horizon, batches carrying one), when it was scanned."""
+
+
+Known = dict[str, dict[int, KnownSegment]]
+"""Known segments by partition dir name, then base offset."""
+
+
+def known_segments_path(state_dir: Path, log_dir: Path) -> Path:
+    """Where the known segments of `log_dir` are kept."""
+    return state_dir / "known-segments" / log_dir_key(log_dir)
+
+
+def encode(known: Iterable[tuple[str, Iterable[KnownSegment]]]) -> bytes:
+    """The file's bytes for `known` (partition dir name, its segments)."""
+    names: list[str] = []
+    rows: list[tuple[int, ...]] = []
+    for name, segments in known:
+        index = len(names)
+        names.append(name)
+        for k in segments:
+            horizon, batches = (0, 0) if k.delete_horizon is None else k.delete_horizon
+            flags = (_HAS_FIRST if k.first_batch_timestamp is not None else 0) | (
+                _HAS_HORIZON if k.delete_horizon is not None else 0
+            )
+            rows.append(
+                (
+                    index,
+                    k.base_offset,
+                    *k.identity,
+                    k.next_offset,
+                    k.max_timestamp,
+                    k.offset_of_max_timestamp,
+                    k.first_batch_timestamp or 0,
+                    flags,
+                    k.offset_index_bytes,
+                    k.time_index_bytes,
+                    horizon,
+                    batches,
+                )
+            )
+    body = np.array(rows, dtype=ROW).tobytes()
+    header = {"partitions": names, "rows": len(rows), "crc32c": crc32c.crc32c(body)}
+    return MAGIC + json.dumps(header).encode() + b"\n" + body
+
+
+def decode(data: bytes) -> Known:
+    """The known segments in the file's bytes; ValueError saying what is wrong."""
+    if not data.startswith(MAGIC):
+        raise ValueError("it does not start with the format's first line")
+    end = data.find(b"\n", len(MAGIC))
+    if end < 0:
+        raise ValueError("its header line is cut short")
+    header = json.loads(data[len(MAGIC) : end])
+    names, count = header["partitions"], int(header["rows"])
+    body = data[end + 1 :]
+    if len(body) != count * ROW.itemsize:
+        raise ValueError(f"{len(body)} bytes of rows, not {count} rows of {ROW.itemsize}")
+    if crc32c.crc32c(body) != header["crc32c"]:
+        raise ValueError("the rows' CRC-32C does not match the header")
+    rows = np.frombuffer(body, dtype=ROW)
+    known: Known = {name: {} for name in names}
+    for row in rows.tolist():
+        part, base, inode, size, mtime, nxt, max_ts, at_max, first, flags = row[:10]
+        oi_bytes, ti_bytes, horizon, batches = row[10:]
+        known[names[part]][base] = KnownSegment(
+            base,
+            (inode, size, mtime),
+            nxt,
+            max_ts,
+            at_max,
+            first if flags & _HAS_FIRST else None,
+            oi_bytes,
+            ti_bytes,
+            (horizon, batches) if flags & _HAS_HORIZON else None,
+        )
+    return known
+
+
+def read_known_segments(state_dir: Path, log_dir: Path) -> Known:
+    """The known segments kept for `log_dir` (none when there is no usable file: an
+    unreadable one is reported, naming it and why, and ignored)."""
+    path = known_segments_path(state_dir, log_dir)
+    try:
+        return decode(path.read_bytes())
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError, KeyError, IndexError, TypeError) as exc:
+        log.warning("known_segments.unreadable", path=str(path), error=str(exc), action="ignored")
+        return {}
+
+
+def write_known_segments(
+    state_dir: Path, log_dir: Path, known: Iterable[tuple[str, Iterable[KnownSegment]]]
+) -> Path:
+    """Replace the known segments kept for `log_dir` (atomically)."""
+    path = known_segments_path(state_dir, log_dir)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(path, encode(known))
+    return path
