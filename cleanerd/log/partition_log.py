@@ -170,6 +170,7 @@ class PartitionLog:
         report: RecoveryReport,
         quarantine_dir: Path | None,
         owner: OwnerProof | None = None,
+        listed: tuple[int, int] | None = None,
     ) -> None:
         self.dir = path
         self.owner = owner
@@ -183,7 +184,11 @@ class PartitionLog:
         self._mark_growing()
         self._dir_stamp: tuple[int, int] | None = None
         self._inodes: dict[int, int] = {}
-        self._inodes = self._scan_dir()
+        if listed is None:
+            self._inodes = self._scan_dir()
+        else:  # `open` just listed it, and its segments are what it found
+            self._inodes = {s.base_offset: s.inode for s in segments}
+            self._dir_stamp = listed
         tp = self.topic_partition
         self._log_start_offset = checkpoints.log_start_offsets.get(tp, 0)
         self.high_watermark = checkpoints.high_watermarks.get(tp)
@@ -245,6 +250,7 @@ class PartitionLog:
             lock if lock is not None else nullcontext(),
             _ownership(log_dir, False if read_only else recover) as owns,
         ):
+            _, listed = _dir_stamp(path)  # before the listing of the recovery
             segments, report = recover_partition(
                 path,
                 options,
@@ -258,6 +264,9 @@ class PartitionLog:
                 start = checkpoints.log_start_offsets.get(tp, 0)
                 segments = [cls._new_segment(path, start, config)]
                 fsync_dir(path)
+                listed = None
+            if report.deleted or report.renamed:
+                listed = None  # recovery changed the dir since
             if known:
                 # A segment whose indexes were just rebuilt is read anew.
                 rebuilt = {offset_from_filename(Path(p).name) for p in report.rebuilt_indexes}
@@ -274,6 +283,7 @@ class PartitionLog:
             report=report,
             quarantine_dir=quarantine,
             owner=owner,
+            listed=listed,
         )
 
     @classmethod
@@ -399,12 +409,10 @@ class PartitionLog:
         # Links were refused when the partition was opened; checked again on every re-read
         # (one lstat, and d_type for the files) so one put in place since is refused too,
         # before anything is written through it.
-        started = time.time_ns()
-        st = self.dir.lstat()
+        st, stamp = _dir_stamp(self.dir)
         if stat.S_ISLNK(st.st_mode):
             refuse_link(self.dir, self.log_dir)
-        stamp = (st.st_ino, st.st_mtime_ns)
-        if stamp == self._dir_stamp:
+        if stamp is not None and stamp == self._dir_stamp:
             return self._inodes
         found: dict[int, int] = {}
         with os.scandir(self.dir) as entries:
@@ -414,7 +422,7 @@ class PartitionLog:
                 if entry.is_symlink():
                     refuse_link(Path(entry.path), self.log_dir)
                 found[offset_from_filename(entry.name)] = entry.inode()
-        self._dir_stamp = stamp if st.st_mtime_ns < started - _SETTLED_NS else None
+        self._dir_stamp = stamp
         return found
 
     def _locked(self) -> AbstractContextManager[object]:
@@ -612,6 +620,8 @@ class PartitionLog:
             if segment.base_offset == scanned_base:
                 start = scanned_pos
             elif segment.base_offset < floor:
+                if segment.next_offset <= floor:
+                    continue  # the snapshot is at its end (a clean stop's): nothing after
                 start = segment.position_for(floor)
             else:
                 start = 0
@@ -832,6 +842,16 @@ class PartitionLog:
             self._inodes = self._scan_dir()
             self._log_start_offset = max(self._log_start_offset, self._segments[0].base_offset)
         return [p for s in doomed for p in s.paths if p.exists()]
+
+
+def _dir_stamp(path: Path) -> tuple[os.stat_result, tuple[int, int] | None]:
+    """The dir's `lstat`, and its (inode, mtime) if that mtime is settled: old enough that
+    any later entry change gives the dir another one (`PartitionLog._scan_dir`). Taken
+    before a listing, it vouches for that listing until it changes."""
+    started = time.time_ns()
+    st = path.lstat()
+    settled = st.st_mtime_ns < started - _SETTLED_NS
+    return st, (st.st_ino, st.st_mtime_ns) if settled else None
 
 
 @contextmanager

@@ -5,43 +5,18 @@ snapshot, every batch (to rebuild the producer state)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from cleanerd.cli import main
 from cleanerd.log.files import CLEAN_SHUTDOWN_FILE_NAME, TopicPartition
+from cleanerd.log.known_segments import read_known_segments
 from cleanerd.log.log_dir import LogDir
 from cleanerd.log.partition_log import LogConfig, PartitionLog
-from cleanerd.records import walker
 from tests.builders import kv
 
 TP = TopicPartition("orders", 0)
 CONFIG = LogConfig(segment_bytes=16 * 1024, index_interval_bytes=1024)
-
-
-@pytest.fixture
-def walked(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """Bytes each walk covered, from every caller of the walker."""
-    sizes: list[int] = []
-    original = walker.Walker.__iter__
-
-    def counting(self: walker.Walker) -> Iterator[walker.BatchTable]:
-        yield from original(self)
-        sizes.append(self.stop - self.start)
-
-    summary_kernel = walker._summary_kernel
-
-    def counting_summary(data: walker.U8, start: int, *args: object) -> tuple[int, ...]:
-        found: tuple[int, ...] = summary_kernel(data, start, *args)
-        sizes.append(int(found[1]) - start)
-        return found
-
-    monkeypatch.setattr(walker.Walker, "__iter__", counting)
-    monkeypatch.setattr(walker, "_summary_kernel", counting_summary)
-    return sizes
 
 
 def build(root: Path, state: Path) -> int:
@@ -151,6 +126,8 @@ def test_clean_writes_the_marker_and_the_next_clean_takes_it(tmp_path: Path) -> 
     )
     assert main(["clean", "-c", str(config)]) == 0
     assert (root / CLEAN_SHUTDOWN_FILE_NAME).read_bytes() == b'{"version":0,"BrokerEpoch":-1}'
+    kept = read_known_segments(tmp_path / "state", root)[str(TP)]
+    assert len(kept) >= 2  # every segment the clean read, kept for the next start
     snapshots: Any = sorted(p.name for p in (root / str(TP)).glob("*.snapshot"))
     assert snapshots
 

@@ -1,0 +1,178 @@
+"""What a clean stop keeps of each segment (`known_segments.py`): the next start takes it
+for every `.log` that is still the file described, reads nothing of those segments, and
+ends up with exactly the metadata a full read gives; anything else is read anew."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from hypothesis import given
+from hypothesis import strategies as st
+from structlog.testing import capture_logs
+
+from cleanerd.compaction.horizon import HorizonCache
+from cleanerd.log.files import CLEAN_SHUTDOWN_FILE_NAME, TopicPartition
+from cleanerd.log.known_segments import (
+    KnownSegment,
+    decode,
+    encode,
+    known_segments_path,
+    read_known_segments,
+)
+from cleanerd.log.log_dir import LogDir
+from cleanerd.log.meta import PartitionMeta
+from cleanerd.log.partition_log import LogConfig, PartitionLog
+from tests.builders import kv
+
+TP = TopicPartition("orders", 0)
+CONFIG = LogConfig(segment_bytes=4 * 1024, index_interval_bytes=512)
+I64 = st.integers(-(2**63), 2**63 - 1)
+
+
+def build(root: Path, state: Path) -> None:
+    """Many small segments, with timestamps and a tombstone."""
+    with LogDir.open(root, state_dir=state) as log_dir:
+        plog = log_dir.create_partition(TP, config=CONFIG)
+        for i in range(300):
+            plog.append([kv(f"k{i % 40}", "v" * 50, timestamp=1_700_000_000_000 + i)])
+        plog.append([kv("gone", None, timestamp=1_700_000_001_000)])
+
+
+def stop_cleanly(root: Path, state: Path, *, read_first: bool = True) -> None:
+    """What `Maintenance.checkpoint(clean_stop=True)` does for one partition."""
+    with LogDir.open(root, state_dir=state) as log_dir:
+        plog = log_dir.open_partition(TP, config=CONFIG)
+        if read_first:
+            plog.meta()
+            HorizonCache().partition(plog)
+        plog.prepare_clean_shutdown()
+        log_dir.checkpoint_logs([plog])
+        log_dir.keep_known_segments([plog])
+        log_dir.mark_clean_shutdown()
+
+
+def fresh_meta(root: Path) -> PartitionMeta:
+    """The metadata read from the files alone (observe mode takes nothing known)."""
+    with LogDir.open(root, observe=True, state_dir=root.parent / "elsewhere") as log_dir:
+        return log_dir.open_partition(TP, config=CONFIG).meta()
+
+
+def start(root: Path, state: Path) -> tuple[PartitionLog, PartitionMeta]:
+    with LogDir.open(root, state_dir=state) as log_dir:
+        plog = log_dir.open_partition(TP, config=CONFIG)
+        return plog, plog.meta()
+
+
+def test_a_start_after_a_clean_stop_reads_no_inactive_segment(
+    tmp_path: Path, walked: list[int]
+) -> None:
+    root, state = tmp_path / "logs", tmp_path / "state"
+    root.mkdir()
+    build(root, state)
+    stop_cleanly(root, state)
+    assert known_segments_path(state, root).exists()
+    expected = fresh_meta(root)
+    assert len(expected.segments) > 5
+
+    walked.clear()
+    plog, meta = start(root, state)
+    assert meta == expected
+    # Only the active segment (checked at every open) is walked.
+    assert 0 < sum(walked) <= 2 * plog.active_segment.size
+    horizons = HorizonCache()
+    horizons.partition(plog)
+    assert horizons.scans == 0  # kept from the stop too
+
+
+def test_a_segment_changed_since_the_stop_is_read_anew(tmp_path: Path, walked: list[int]) -> None:
+    root, state = tmp_path / "logs", tmp_path / "state"
+    root.mkdir()
+    build(root, state)
+    stop_cleanly(root, state)
+    # Replace one inactive segment by a copy with another mtime and inode (what a swap
+    # leaves); the marker is still there.
+    with LogDir.open(root, observe=True, state_dir=tmp_path / "peek") as peek:
+        segments = peek.open_partition(TP, config=CONFIG).segments
+    victim = segments[2].log_path
+    copy = victim.with_name(victim.name + ".copy")
+    copy.write_bytes(victim.read_bytes())
+    os.utime(copy, ns=(1_000_000_000, 1_000_000_000))
+    copy.replace(victim)
+
+    walked.clear()
+    plog, meta = start(root, state)
+    assert meta == fresh_meta(root)
+    assert meta.segments[2].last_modified_ms == 1_000
+    # That segment and the active one are read, no other.
+    assert sum(walked) <= 2 * (victim.stat().st_size + plog.active_segment.size)
+    again = plog.segments[2].known()
+    assert again is not None
+    assert again.identity[2] == 1_000_000_000
+
+
+def test_without_the_marker_nothing_kept_is_used(tmp_path: Path, walked: list[int]) -> None:
+    root, state = tmp_path / "logs", tmp_path / "state"
+    root.mkdir()
+    build(root, state)
+    stop_cleanly(root, state)
+    (root / CLEAN_SHUTDOWN_FILE_NAME).unlink()  # as a crash after the stop leaves it
+
+    walked.clear()
+    _, meta = start(root, state)
+    assert meta == fresh_meta(root)
+    assert sum(walked) > 0
+
+
+def test_a_damaged_file_is_reported_and_ignored(tmp_path: Path) -> None:
+    root, state = tmp_path / "logs", tmp_path / "state"
+    root.mkdir()
+    build(root, state)
+    stop_cleanly(root, state)
+    path = known_segments_path(state, root)
+    data = bytearray(path.read_bytes())
+    data[-3] ^= 0x40
+    path.write_bytes(bytes(data))
+
+    with capture_logs() as logs:
+        assert read_known_segments(state, root) == {}
+    assert [e["path"] for e in logs if e["event"] == "known_segments.unreadable"] == [str(path)]
+    _, meta = start(root, state)
+    assert meta == fresh_meta(root)
+
+
+def test_segments_never_read_are_not_kept(tmp_path: Path) -> None:
+    root, state = tmp_path / "logs", tmp_path / "state"
+    root.mkdir()
+    build(root, state)
+    stop_cleanly(root, state, read_first=False)
+    kept = read_known_segments(state, root)[str(TP)]
+    # The stop reads only the active segment (to flush and snapshot it).
+    with LogDir.open(root, observe=True, state_dir=tmp_path / "peek") as peek:
+        active = peek.open_partition(TP, config=CONFIG).active_segment.base_offset
+    assert set(kept) <= {active}
+
+
+@given(
+    st.lists(
+        st.tuples(
+            st.integers(0, 2**62),
+            st.tuples(st.integers(0, 2**64 - 1), st.integers(0, 2**62), I64),
+            I64,
+            I64,
+            I64,
+            st.none() | I64,
+            st.integers(0, 2**31),
+            st.integers(0, 2**31),
+            st.none() | st.tuples(I64, st.integers(0, 2**31)),
+        ),
+        max_size=20,
+    ),
+    st.integers(1, 3),
+)
+def test_the_format_round_trips(rows: list[tuple[object, ...]], partitions: int) -> None:
+    known = {
+        f"t-{p}": {k.base_offset: k for k in (KnownSegment(*r) for r in rows[p::partitions])}  # type: ignore[arg-type]
+        for p in range(partitions)
+    }
+    assert decode(encode((name, segs.values()) for name, segs in known.items())) == known
