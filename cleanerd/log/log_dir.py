@@ -220,13 +220,17 @@ class LogDir:
 
     def keep_known_segments(self, logs: Iterable[PartitionLog]) -> None:
         """Keep what is known of the segments of `logs` for the next owner's start (owner
-        mode, at a clean stop, before the marker; see `known_segments.py`)."""
+        mode, at a clean stop, before the marker; see `known_segments.py`). A failure is
+        logged, naming the file, and stops nothing: the next start then reads the
+        segments (what an older file says is only taken for files it still describes)."""
         if self.mode is not Mode.OWNER:
             raise PermissionError(f"only the owner keeps what it knew of {self.path}")
         known = [(str(plog.topic_partition), plog.known_segments()) for plog in logs]
-        path = known_segments_path(self.state_dir, self.path)
-        with file_step("keeping the known segments", path):
+        try:
             write_known_segments(self.state_dir, self.path, known)
+        except OSError as exc:
+            path = known_segments_path(self.state_dir, self.path)
+            log.warning("known_segments.not_kept", path=str(path), error=str(exc))
 
     def mark_clean_shutdown(self) -> None:
         """Write the clean-shutdown marker (owner mode; the caller has flushed and

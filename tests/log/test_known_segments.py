@@ -176,3 +176,16 @@ def test_the_format_round_trips(rows: list[tuple[object, ...]], partitions: int)
         for p in range(partitions)
     }
     assert decode(encode((name, segs.values()) for name, segs in known.items())) == known
+
+
+def test_a_stop_that_cannot_keep_them_still_stops_cleanly(tmp_path: Path) -> None:
+    root, state = tmp_path / "logs", tmp_path / "state"
+    root.mkdir()
+    build(root, state)
+    (state / "known-segments").write_bytes(b"")  # a file where the dir should be
+    with capture_logs() as logs:
+        stop_cleanly(root, state)
+    assert [e["event"] for e in logs if e["log_level"] == "warning"] == ["known_segments.not_kept"]
+    assert (root / CLEAN_SHUTDOWN_FILE_NAME).exists()
+    _, meta = start(root, state)
+    assert meta == fresh_meta(root)
