@@ -21,11 +21,11 @@ Format (little endian)::
 and ignored: the start then reads every segment, which is slow but never wrong.
 
 Crash consistency: the file is written whole with `atomic_write` (temp file, fsync,
-rename) by a clean stop, before the clean-shutdown marker, and only read after a start
-that found the marker. An entry is used only for a `.log` whose (inode, size, mtime in
-ns) equal the entry's: a segment appended to, truncated, rewritten or replaced since
-has another identity and is read from its files. A crash after the file was written
-leaves no marker, so nothing of it is used.
+rename) by a clean stop, before the clean-shutdown marker, and only read by a start that
+found the marker (or by an observer while it is there). An entry is used only for a
+`.log` whose (inode, size, mtime in ns) equal the entry's: a segment appended to,
+truncated, rewritten or replaced since has another identity and is read from its
+files. A crash after the file was written leaves no marker, so nothing of it is used.
 """
 
 from __future__ import annotations

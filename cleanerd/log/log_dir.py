@@ -35,8 +35,9 @@ opened, writes a producer snapshot and the root checkpoints, then writes
 `.kafka_cleanshutdown` (`{"version":0,"BrokerEpoch":-1}`, the content Kafka writes,
 with no broker epoch). The next owner (cleanerd or a broker) that finds it skips the
 recovery walk of unflushed segments; cleanerd's stop also keeps what it knew of every
-segment in the state dir (`known_segments.py`), which its next start takes instead of
-reading each segment again. cleanerd removes the marker (and fsyncs the dir) as soon
+segment in the state dir (`known_segments.py`), which its next start (and, while the
+marker is there, an observer such as `plan`) takes instead of reading each segment
+again. cleanerd removes the marker (and fsyncs the dir) as soon
 as it owns the dir, before any write, so a crash after that start is never taken for a
 clean stop, and trusts it only for the first open of each partition. A stop that
 failed to flush or checkpoint a partition, or that did not open every partition of the
@@ -158,7 +159,8 @@ class LogDir:
         """Owner mode: the previous owner stopped cleanly (its marker was found)."""
         self._known: Known = {}
         """After a clean stop: what that owner knew of the segments (`known_segments.py`),
-        taken by the first open of each partition."""
+        taken by the first open of each partition (owner mode, which took the marker, or
+        observe mode while the marker is there)."""
         self._opened: set[TopicPartition] = set()
 
     @classmethod
@@ -175,7 +177,10 @@ class LogDir:
         observe mode (with a warning)."""
         state = default_state_dir() if state_dir is None else state_dir
         if observe:
-            return cls(path, Mode.OBSERVE, state_dir=state)
+            observer = cls(path, Mode.OBSERVE, state_dir=state)
+            if (path / CLEAN_SHUTDOWN_FILE_NAME).exists():  # nobody owned it since the stop
+                observer._known = read_known_segments(state, path)
+            return observer
         dir_lock = LogDirLock(path)
         try:
             dir_lock.acquire()

@@ -53,7 +53,7 @@ def stop_cleanly(root: Path, state: Path, *, read_first: bool = True) -> None:
 
 
 def fresh_meta(root: Path) -> PartitionMeta:
-    """The metadata read from the files alone (observe mode takes nothing known)."""
+    """The metadata read from the files alone (another state dir: nothing is known)."""
     with LogDir.open(root, observe=True, state_dir=root.parent / "elsewhere") as log_dir:
         return log_dir.open_partition(TP, config=CONFIG).meta()
 
@@ -189,3 +189,24 @@ def test_a_stop_that_cannot_keep_them_still_stops_cleanly(tmp_path: Path) -> Non
     assert (root / CLEAN_SHUTDOWN_FILE_NAME).exists()
     _, meta = start(root, state)
     assert meta == fresh_meta(root)
+
+
+def test_plan_reads_nothing_of_a_cleanly_stopped_dir(tmp_path: Path, walked: list[int]) -> None:
+    """Observe mode (`plan`, `audit`, a daemon beside a broker) takes what is known while
+    the marker says nobody owned the dir since the stop, and leaves the marker there."""
+    root, state = tmp_path / "logs", tmp_path / "state"
+    root.mkdir()
+    build(root, state)
+    stop_cleanly(root, state)
+    expected = fresh_meta(root)
+
+    walked.clear()
+    with LogDir.open(root, observe=True, state_dir=state) as observer:
+        assert observer.open_partition(TP, config=CONFIG).meta() == expected
+    assert sum(walked) == 0
+    assert (root / CLEAN_SHUTDOWN_FILE_NAME).exists()
+
+    (root / CLEAN_SHUTDOWN_FILE_NAME).unlink()  # an owner started since
+    with LogDir.open(root, observe=True, state_dir=state) as observer:
+        assert observer.open_partition(TP, config=CONFIG).meta() == expected
+    assert sum(walked) > 0
