@@ -42,19 +42,18 @@ from cleanerd.records.header import (
     RECORD_BATCH_OVERHEAD,
     Buffer,
 )
-from cleanerd.records.walker import Int, as_uint8
+from cleanerd.records.walker import NO_DELETE_HORIZON, Int, as_uint8
 
-NO_HORIZON: Final = 2**63 - 1
 _BASE_TIMESTAMP_OFFSET: Final = 27
 _LENGTH_OFFSET: Final = 8
 
 
 @jit
 def _horizon_kernel(buf: NDArray[np.uint8], mask: int) -> tuple[Int, int]:
-    """(earliest horizon or NO_HORIZON, batches with a horizon) over `buf`'s batches."""
+    """(earliest horizon or NO_DELETE_HORIZON, batches with a horizon) over `buf`'s batches."""
     end = buf.shape[0]
     p: Int = 0
-    best: Int = np.int64(NO_HORIZON)
+    best: Int = np.int64(NO_DELETE_HORIZON)
     found = 0
     while end - p >= LOG_OVERHEAD:
         length = np.int64(0)
@@ -139,7 +138,7 @@ class HorizonCache:
             with segment.open_buffer() as buf:
                 found = scan_horizons(segment.base_offset, buf)
             self.scans += 1
-            earliest = NO_HORIZON if found.earliest_ms is None else found.earliest_ms
+            earliest = NO_DELETE_HORIZON if found.earliest_ms is None else found.earliest_ms
             segment.delete_horizon = (earliest, found.batches)
         entries[segment.base_offset] = (signature, found)
         return found

@@ -381,8 +381,11 @@ class LogSegment:
                 builder.max_timestamp = tail.max_timestamp
                 builder.offset_of_max_timestamp = tail.offset_of_max_timestamp
             self._next_offset = tail.last_offset + 1 if tail.batches else self.base_offset
-            if last.position == 0 and tail.batches and self._first is None:
-                self._first = (tail.first_max_timestamp,)  # walked from the start
+            if last.position == 0 and tail.stop == self._size:  # walked it whole
+                if tail.batches and self._first is None:
+                    self._first = (tail.first_max_timestamp,)
+                if self.delete_horizon is None:
+                    self.delete_horizon = tail.delete_horizon
             self._builder = builder
         return self._builder
 

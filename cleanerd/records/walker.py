@@ -40,6 +40,7 @@ from cleanerd.records.header import (
     BASE_TIMESTAMP_OFFSET,
     CONTROL_MASK,
     CRC_OFFSET,
+    DELETE_HORIZON_MASK,
     LAST_OFFSET_DELTA_OFFSET,
     LEGACY_V0_MIN_SIZE,
     LEGACY_V1_MIN_SIZE,
@@ -80,6 +81,8 @@ BAD_COUNTS: Final = 5
 BAD_CRC: Final = 6
 FULL: Final = 7  # the table is full: hand it over and go on
 LEGACY: Final = 8  # `summarize` only: a legacy entry, which the table walk reads
+NO_DELETE_HORIZON: Final = 2**63 - 1
+"""The earliest delete horizon of batches that carry none (later than any time)."""
 
 _SMALL_BATCH_GUESS: Final = 128  # bytes per batch, to size the scratch table of a short walk
 
@@ -203,26 +206,31 @@ def _walk_kernel(
 @jit
 def _summary_kernel(
     buf: U8, start: Int, end: Int, limit: Int, verify_crc: bool
-) -> tuple[Int, Int, Int, Int, Int, Int, Int, Int]:
+) -> tuple[Int, Int, Int, Int, Int, Int, Int, Int, Int, Int]:
     """Walk buf[start:end] as `_walk_kernel` does, up to `limit` batches, keeping only
     totals: (batches, stop, reason, first batch's max timestamp, first batch's last
-    offset, last offset, max timestamp, last offset of the earliest batch holding it).
-    A legacy entry stops it with LEGACY (its CRC and offsets need `legacy.py`)."""
+    offset, last offset, max timestamp, last offset of the earliest batch holding it,
+    earliest KIP-534 delete horizon, batches carrying one). A legacy entry stops it with
+    LEGACY (its CRC and offsets need `legacy.py`)."""
     p = start
     n = 0
+    horizon: Int = NO_DELETE_HORIZON
+    horizons = 0
     first_ts: Int = -1
     first_last: Int = -1
     last: Int = -1
     max_ts: Int = -1
     offset_of_max: Int = -1
+    reason: Int = DONE
     while p < end:
         if n == limit:
-            return n, p, FULL, first_ts, first_last, last, max_ts, offset_of_max
+            reason = FULL
+            break
         total, m, reason = _check_batch(buf, p, end, verify_crc)
         if reason == DONE and m != 2:
             reason = LEGACY
         if reason != DONE:
-            return n, p, reason, first_ts, first_last, last, max_ts, offset_of_max
+            break
         last = be_i64(buf, p + BASE_OFFSET_OFFSET) + be_i32(buf, p + LAST_OFFSET_DELTA_OFFSET)
         ts = be_i64(buf, p + MAX_TIMESTAMP_OFFSET)
         if n == 0:
@@ -230,9 +238,25 @@ def _summary_kernel(
             max_ts, offset_of_max = ts, last
         elif ts > max_ts:
             max_ts, offset_of_max = ts, last
+        if be_i16(buf, p + ATTRIBUTES_OFFSET) & DELETE_HORIZON_MASK:
+            horizon = min(horizon, be_i64(buf, p + BASE_TIMESTAMP_OFFSET))
+            horizons += 1
         n += 1
         p += total
-    return n, p, DONE, first_ts, first_last, last, max_ts, offset_of_max
+    else:
+        reason = DONE
+    return (
+        n,
+        p,
+        reason,
+        first_ts,
+        first_last,
+        last,
+        max_ts,
+        offset_of_max,
+        horizon,
+        horizons,
+    )
 
 
 @dataclass(slots=True)
@@ -414,14 +438,19 @@ class Summary:
     last_offset: int
     max_timestamp: int
     offset_of_max_timestamp: int
+    delete_horizon: tuple[int, int]
+    """(earliest KIP-534 delete horizon, v2 batches carrying one); the horizon is
+    `NO_DELETE_HORIZON` when none does."""
 
     @classmethod
     def of_table(cls, table: BatchTable, stop: int) -> Summary:
         """The same totals from a walked table."""
         if not len(table):
-            return cls(0, stop, -1, -1, -1, -1, -1)
+            return cls(0, stop, -1, -1, -1, -1, -1, (NO_DELETE_HORIZON, 0))
         last = table.last_offset
         top = int(np.argmax(table.max_timestamp))  # the earliest batch holding it
+        stamped = (table.magic == 2) & (table.attributes & DELETE_HORIZON_MASK != 0)
+        horizons = table.base_timestamp[stamped]
         return cls(
             len(table),
             stop,
@@ -430,6 +459,7 @@ class Summary:
             int(last[-1]),
             int(table.max_timestamp[top]),
             int(last[top]),
+            (int(horizons.min()) if len(horizons) else NO_DELETE_HORIZON, len(horizons)),
         )
 
 
@@ -441,10 +471,12 @@ def summarize(
     entry before its end (or its limit): `walk` then says what and where, or reads it."""
     data = as_uint8(buf)
     found = _summary_kernel(data, start, len(data), -1 if limit is None else limit, verify_crc)
-    batches, stop, reason, first_ts, first_last, last, max_ts, at_max = (int(x) for x in found)
+    batches, stop, reason, first_ts, first_last, last, max_ts, at_max, horizon, stamped = (
+        int(x) for x in found
+    )
     if reason not in (DONE, FULL):
         return None
-    return Summary(batches, stop, first_ts, first_last, last, max_ts, at_max)
+    return Summary(batches, stop, first_ts, first_last, last, max_ts, at_max, (horizon, stamped))
 
 
 class Walker:

@@ -105,3 +105,14 @@ def test_cache_rescans_a_replaced_segment(tmp_path: Path) -> None:
     plog.refresh()
     assert not cache.horizon_due(plog, now_ms=NOW)
     assert cache.scans == 3
+
+
+def test_a_segment_read_whole_for_its_metadata_needs_no_scan(tmp_path: Path) -> None:
+    """Reading a small segment's metadata walks all of it (no index entry to start
+    from), which finds its horizons too: the cache scans nothing, and answers the same."""
+    plog = partition(tmp_path, [[None, NOW + 100], [NOW - 1], [NOW - 50]])
+    plog.meta()
+    cache = HorizonCache()
+    assert [h.earliest_ms for h in cache.partition(plog)] == [NOW + 100, NOW - 1]
+    assert [h.batches for h in cache.partition(plog)] == [1, 1]
+    assert cache.scans == 0

@@ -9,13 +9,14 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from cleanerd.compaction.horizon import scan_horizons
 from cleanerd.errors import CorruptRecordError
 from cleanerd.records.batch import encode_batch
 from cleanerd.records.crc import crc32c_of
 from cleanerd.records.header import Compression
 from cleanerd.records.record import Record
 from cleanerd.records.scan import BatchInfo, check_batch_at
-from cleanerd.records.walker import Walker, walk
+from cleanerd.records.walker import Summary, Walker, summarize, walk
 from tests.conftest import KAFKA_REAL
 
 
@@ -48,7 +49,10 @@ def segments(draw: st.DrawFn) -> bytes:
             for i in range(n)
         ]
         codec = draw(st.sampled_from([Compression.NONE, Compression.GZIP, Compression.ZSTD]))
-        out.append(encode_batch(records, base_offset=offset, compression=codec))
+        horizon = draw(st.none() | st.integers(0, 2**41))
+        out.append(
+            encode_batch(records, base_offset=offset, compression=codec, delete_horizon_ms=horizon)
+        )
         offset += n + draw(st.integers(0, 3))
     return b"".join(out)
 
@@ -118,3 +122,25 @@ def test_compiled_crc32c_matches_the_package(data: bytes, draw: st.DataObject) -
     end = draw.draw(st.integers(start, len(data)))
     buf = np.frombuffer(data, np.uint8)
     assert crc32c_of(buf, start, end) == crc32c.crc32c(data[start:end])
+
+
+@settings(max_examples=150, deadline=None)
+@given(damaged(), st.booleans(), st.none() | st.integers(0, 6))
+def test_summarize_agrees_with_the_table_walk(
+    buf: bytes, verify_crc: bool, limit: int | None
+) -> None:
+    """`summarize` gives the totals of the table walk (and the delete horizons the
+    compaction layer's own scan finds), or None exactly where the walk stops early."""
+    got = summarize(buf, verify_crc=verify_crc, limit=limit)
+    w = walk(buf, verify_crc=verify_crc)
+    table = w.table if limit is None else w.table.head(limit)
+    if w.error is not None and (limit is None or len(w.table) < limit):
+        assert got is None
+        return
+    stop = w.stop if limit is None or len(w.table) <= limit else int(w.table.position[limit])
+    assert got == Summary.of_table(table, stop)
+    if limit is None:
+        horizon = scan_horizons(0, buf)
+        assert got.delete_horizon[1] == horizon.batches
+        if horizon.batches:
+            assert got.delete_horizon[0] == horizon.earliest_ms
