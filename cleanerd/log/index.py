@@ -136,25 +136,29 @@ class _Index(ABC):
 
     def _load(self) -> None:
         try:
-            length = self.path.stat().st_size
+            fd = os.open(self.path, os.O_RDONLY)
         except FileNotFoundError:
             return
-        self.file_exists = True
-        self._file_bytes = length
-        size = self.entry.size
-        if length % size:
-            raise CorruptIndexError(
-                f"size {length} is not a multiple of the entry size {size}", path=self.path
-            )
-        count = length // size
-        if count == 0:
-            return
-        last = _pread_exact(self.path, size, length - size)
-        if any(last):
-            self._in_file = count
-            self._last = self.entry.unpack(last)
-        else:
-            self._strip_preallocated(self.path.read_bytes())
+        try:
+            length = os.fstat(fd).st_size
+            self.file_exists = True
+            self._file_bytes = length
+            size = self.entry.size
+            if length % size:
+                raise CorruptIndexError(
+                    f"size {length} is not a multiple of the entry size {size}", path=self.path
+                )
+            count = length // size
+            if count == 0:
+                return
+            last = os.pread(fd, size, length - size)
+            if any(last):
+                self._in_file = count
+                self._last = self.entry.unpack(last)
+            else:
+                self._strip_preallocated(os.pread(fd, length, 0))
+        finally:
+            os.close(fd)
 
     def _strip_preallocated(self, raw: bytes) -> None:
         size = self.entry.size
