@@ -87,6 +87,10 @@ class TimestampOffset:
     offset: int
 
 
+_READ_WHOLE = 4096
+"""An index file up to this size is read whole when loaded (as cheap as its last entry)."""
+
+
 def _pread_exact(path: Path, size: int, position: int) -> bytes:
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -151,6 +155,12 @@ class _Index(ABC):
             count = length // size
             if count == 0:
                 return
+            if length <= _READ_WHOLE:  # one read serves the last entry and any check
+                raw = os.pread(fd, length, 0)
+                self._strip_preallocated(raw)
+                if self._in_file == count:
+                    self._columns = self._parse(raw)
+                return
             last = os.pread(fd, size, length - size)
             if any(last):
                 self._in_file = count
@@ -209,10 +219,13 @@ class _Index(ABC):
             if self._in_file:
                 raw = _pread_exact(self.path, self._in_file * self.entry.size, 0)
             raw += b"".join(self.entry.pack(a, b) for a, b in self._pending)
-            dtype = np.dtype([("a", f">i{self.entry.size - 4}"), ("b", ">i4")])
-            table = np.frombuffer(raw, dtype=dtype)
-            self._columns = (table["a"].astype(np.int64), table["b"].astype(np.int64))
+            self._columns = self._parse(raw)
         return self._columns
+
+    def _parse(self, raw: bytes) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
+        dtype = np.dtype([("a", f">i{self.entry.size - 4}"), ("b", ">i4")])
+        table = np.frombuffer(raw, dtype=dtype)
+        return (table["a"].astype(np.int64), table["b"].astype(np.int64))
 
     def _add(self, first: int, second: int) -> None:
         self._pending.append((first, second))

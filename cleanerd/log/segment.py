@@ -701,7 +701,7 @@ class LogSegment:
         rebuilt from the log alone), CorruptRecordError when the log itself is unreadable.
         """
         self.txn_index.sanity_check()
-        missing = not (self.offset_index_path.exists() and self.time_index_path.exists())
+        missing = not (self.offset_index.file_exists and self.time_index.file_exists)
         problem: CorruptIndexError | None = None
         if not missing:
             try:

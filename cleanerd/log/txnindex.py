@@ -108,7 +108,10 @@ class TransactionIndex:
     @classmethod
     def load(cls, path: Path, base_offset: int) -> TransactionIndex:
         """Read `path`; an absent file holds no entries."""
-        data = path.read_bytes() if path.exists() else b""
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:  # the usual case: one failed open, no stat first
+            data = b""
         return cls(path, base_offset, parse_txn_index(data, path))
 
     @property
