@@ -105,6 +105,8 @@ def on_numba_load(fn: Callable[[], None]) -> None:
 def _compile(fn: Callable[..., Any]) -> Any:
     import numba
 
+    if getattr(fn, "_cleanerd_inline", False):
+        return numba.njit(cache=_cache, nogil=True, inline="always")(fn)
     return numba.njit(cache=_cache, nogil=True)(fn)
 
 
@@ -167,6 +169,13 @@ class Kernel:
 
 _kernels: list[Kernel] = []
 """The kernels made before numba was loaded."""
+
+
+def jit_inline(fn: F) -> F:
+    """`jit`, and inlined into the kernels that call it (numba's `inline="always"`): for
+    a small check that runs once per batch, where a call costs as much as the check."""
+    fn._cleanerd_inline = True  # type: ignore[attr-defined]
+    return jit(fn)
 
 
 def jit(fn: F) -> F:

@@ -29,7 +29,7 @@ from typing import Any, Final, TypeAlias
 import numpy as np
 import numpy.typing as npt
 
-from cleanerd._jit import jit
+from cleanerd._jit import jit, jit_inline
 from cleanerd.errors import CorruptRecordError
 from cleanerd.records import legacy
 from cleanerd.records.crc import crc32c_at
@@ -114,7 +114,7 @@ def be_i16(buf: U8, p: Int) -> Int:
     return u - 65536 if u >= 32768 else u
 
 
-@jit
+@jit_inline
 def _check_batch(buf: U8, p: Int, end: Int, verify_crc: bool) -> tuple[Int, Int, Int]:
     """(size, magic, DONE) of the batch at `p` if it passes the structural checks and
     (v2, `verify_crc`) its CRC-32C; else (0, magic, the stop reason)."""
