@@ -127,8 +127,9 @@ class LogSegment:
     def _reset_caches(self) -> None:
         self._meta: SegmentMeta | None = None
         self.delete_horizon: tuple[int, int] | None = None
-        """(earliest KIP-534 delete horizon, batches carrying one) once the compaction
-        layer scanned the file (`compaction/horizon.py`); None until then."""
+        """(earliest KIP-534 delete horizon, batches carrying one) once known: from a walk
+        of the whole file for its metadata, a scan by the compaction layer
+        (`compaction/horizon.py`) or a clean stop's `known_segments`; None until then."""
         self._offset_index: OffsetIndex | None = None
         self._time_index: TimeIndex | None = None
         self._txn_index: TransactionIndex | None = None
