@@ -26,6 +26,10 @@ found the marker (or by an observer while it is there). An entry is used only fo
 `.log` whose (inode, size, mtime in ns) equal the entry's: a segment appended to,
 truncated, rewritten or replaced since has another identity and is read from its
 files. A crash after the file was written leaves no marker, so nothing of it is used.
+The identity relies on every write moving the mtime, which nanosecond mtimes (ext4,
+xfs, tmpfs) do; on a filesystem with one-second mtimes, a segment replaced within the
+same second by a file of the same size under a reused inode number would pass for the
+old one.
 """
 
 from __future__ import annotations
