@@ -15,17 +15,16 @@ without decoding records and stops at the first incomplete entry (a torn tail is
 log layer's business, not this scan's).
 
 Caching: a non-active segment's bytes never change in place, only by a swap, which
-gives the file a new inode. Results are kept per segment keyed by the `.log` file's
-(inode, size, mtime) as the log layer last saw them (`LogSegment.identity`), so each
-non-active segment is scanned once, and a swapped or truncated segment is rescanned.
-The active segment is never scanned: it cannot be cleaned until it rolls.
+gives the file a new inode and the log layer a new `LogSegment`. The result is kept on
+the segment (`LogSegment.delete_horizon`, dropped whenever the log layer sees the file
+change), so each non-active segment is scanned once, and a swapped or truncated segment
+is rescanned. The active segment is never scanned: it cannot be cleaned until it rolls.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Final
 
 import numpy as np
@@ -113,53 +112,35 @@ def horizon_due(
     return any(h.due(now_ms) for h in horizons if end_offset is None or h.base_offset < end_offset)
 
 
-_Signature = tuple[int, int, int]
-
-
 class HorizonCache:
-    """Per-segment horizons of many partitions, rescanned only when a segment changes."""
+    """Per-segment horizons of many partitions, scanned once per segment file: each
+    `LogSegment` keeps its own (`delete_horizon`), which the log layer drops when the
+    file changes and a swap replaces with a new segment object."""
 
     def __init__(self) -> None:
-        self._dirs: dict[Path, dict[int, tuple[_Signature, SegmentHorizon]]] = {}
         self.scans = 0
         """Segments scanned so far (the cache's misses)."""
 
     def segment(self, segment: LogSegment) -> SegmentHorizon:
-        """The horizons of one segment, from the cache when its file is unchanged."""
-        entries = self._dirs.setdefault(segment.dir, {})
-        signature = segment.identity
-        cached = entries.get(segment.base_offset)
-        if cached is not None and cached[0] == signature:
-            return cached[1]
-        if segment.delete_horizon is not None:  # read before, or kept from a clean stop
-            earliest, batches = segment.delete_horizon
-            found = SegmentHorizon(segment.base_offset, earliest if batches else None, batches)
-        else:
+        """The horizons of one segment, scanned only if not yet known (read before,
+        found by its metadata walk, or kept from a clean stop)."""
+        if segment.delete_horizon is None:
             with segment.open_buffer() as buf:
                 found = scan_horizons(segment.base_offset, buf)
             self.scans += 1
             earliest = NO_DELETE_HORIZON if found.earliest_ms is None else found.earliest_ms
             segment.delete_horizon = (earliest, found.batches)
-        entries[segment.base_offset] = (signature, found)
-        return found
+            return found
+        earliest, batches = segment.delete_horizon
+        return SegmentHorizon(segment.base_offset, earliest if batches else None, batches)
 
     def partition(self, plog: PartitionLog) -> tuple[SegmentHorizon, ...]:
-        """The horizons of every non-active segment of `plog`, as last refreshed; cache
-        entries of segments that are gone are dropped."""
+        """The horizons of every non-active segment of `plog`, as last refreshed."""
         inactive: Sequence[LogSegment] = plog.segments[:-1]
-        out = tuple(self.segment(s) for s in inactive)
-        live = {s.base_offset for s in inactive}
-        entries = self._dirs.get(plog.dir, {})
-        for base in [b for b in entries if b not in live]:
-            del entries[base]
-        return out
+        return tuple(self.segment(s) for s in inactive)
 
     def horizon_due(
         self, plog: PartitionLog, *, now_ms: int, end_offset: int | None = None
     ) -> bool:
         """Whether a non-active segment of `plog` below `end_offset` has a passed horizon."""
         return horizon_due(self.partition(plog), now_ms=now_ms, end_offset=end_offset)
-
-    def forget(self, partition_dir: Path) -> None:
-        """Drop a partition's entries (it was deleted or moved)."""
-        self._dirs.pop(partition_dir, None)

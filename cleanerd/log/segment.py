@@ -283,8 +283,8 @@ class LogSegment:
         is next asked for."""
         st = self.log_path.stat()
         if st.st_size == self._size and st.st_ino == self.inode:
-            if st.st_mtime_ns != self._mtime_ns:
-                self._mtime_ns, self._meta = st.st_mtime_ns, None
+            if st.st_mtime_ns != self._mtime_ns:  # written in place: derived state is stale
+                self._mtime_ns, self._meta, self.delete_horizon = st.st_mtime_ns, None, None
             return False
         grown = st.st_ino == self.inode and st.st_size > self._size
         known = None
@@ -507,11 +507,8 @@ class LogSegment:
             return
         with open(self.log_path, "rb") as f:
             st = os.fstat(f.fileno())
-            if self.read_only and (st.st_ino != self.inode or st.st_size < size):
-                # Another writer (a live broker) renamed a new file over this segment's
-                # name or cut it since it was listed: these bytes are not the segment
-                # whose size and indexes were read.
-                now = "another file" if st.st_ino != self.inode else f"{st.st_size} bytes"
+            now = self._not_as_listed(st)
+            if now is not None:
                 raise FileChangedError(f"{size} bytes when listed, now {now}", path=self.log_path)
             mapped = min(size, st.st_size)
             if mapped == 0:
@@ -523,15 +520,23 @@ class LogSegment:
             with mmap.mmap(f.fileno(), mapped, access=mmap.ACCESS_READ) as buf:
                 yield buf
 
+    def _not_as_listed(self, st: os.stat_result) -> str | None:
+        """What the open `.log` (its `fstat`) is now, if it is not the segment whose size
+        and indexes were read: read-only, another writer (a live broker) may have renamed
+        a new file over this segment's name or cut it since it was listed."""
+        if not self.read_only:
+            return None
+        if st.st_ino != self.inode:
+            return "another file"
+        return f"{st.st_size} bytes" if st.st_size < self._size else None
+
     def _pread_checked(self, position: int, size: int) -> bytes | None:
         """`size` bytes of the `.log` from `position`, or None when the file no longer
         has them or (read-only) is no longer the file that was listed."""
         fd = os.open(self.log_path, os.O_RDONLY)
         try:
-            if self.read_only:
-                st = os.fstat(fd)
-                if st.st_ino != self.inode or st.st_size < self._size:
-                    return None  # `open_buffer` reports it
+            if self.read_only and self._not_as_listed(os.fstat(fd)) is not None:
+                return None  # `open_buffer` reports it
             data = os.pread(fd, size, position)
         finally:
             os.close(fd)

@@ -517,7 +517,6 @@ class Maintenance:
             opened += len(listed)
         for key in [k for k in self._plogs if k not in live]:
             del self._plogs[key]
-            self.manager.horizons.forget(key[0] / str(key[1]))
         if self.topics is None:
             self.manager.registry.retain_only(seen)
         return found
