@@ -299,17 +299,19 @@ def _deletions_json(plan: RetentionPlan) -> list[dict[str, Any]]:
     ]
 
 
-def _rolled(p: PartitionPlan) -> list[dict[str, Any]]:
-    """The rolls the cycle would report for `p`, as `CycleReport` reports them."""
+def _rolled(partitions: Sequence[PartitionPlan]) -> list[dict[str, Any]]:
+    """The rolls the cycle would report, in its order: the roll step's over every
+    partition first, then those retention makes before deleting every segment."""
     out = []
-    d = None if p.roll is None else p.roll.decision
-    if d is not None:
-        out.append(
-            rolled_json(p.log_dir, p.topic_partition, d.base_offset, d.reason.value, d.waited_ms)
-        )
-    if p.rolled_for_retention and p.retention.deletions:
-        old_active = max(x.base_offset for x in p.retention.deletions)
-        out.append(rolled_json(p.log_dir, p.topic_partition, old_active, "retention", None))
+    for p in partitions:
+        d = None if p.roll is None else p.roll.decision
+        if d is not None:
+            tp = p.topic_partition
+            out.append(rolled_json(p.log_dir, tp, d.base_offset, d.reason.value, d.waited_ms))
+    for p in partitions:
+        if p.rolled_for_retention and p.retention.deletions:
+            old_active = max(x.base_offset for x in p.retention.deletions)
+            out.append(rolled_json(p.log_dir, p.topic_partition, old_active, "retention", None))
     return out
 
 
@@ -369,7 +371,7 @@ def cycle_json(plan: CyclePlan, errors: Sequence[str] = ()) -> dict[str, Any]:
     """The whole plan as a JSON-ready dict."""
     return {
         "now_ms": plan.now_ms,
-        "rolled": [r for p in plan.partitions for r in _rolled(p)],
+        "rolled": _rolled(plan.partitions),
         "deleted": [
             deleted_json(p.log_dir, p.topic_partition, d)
             for p in plan.partitions
