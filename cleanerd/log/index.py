@@ -36,11 +36,16 @@ Loading tolerates the one foreign shape a Kafka dir can hold: a preallocated ind
 an active segment (a live broker, or one that did not shut down cleanly) whose unused
 tail is zero bytes. Trailing all-zero entries are ignored: position 0 is never indexed,
 so a zero offset-index entry is never real, and a zero time-index entry can only be
-real as the first entry of a one-entry file (timestamps strictly increase).
+real as the first entry of a one-entry file (timestamps strictly increase). A broker
+preallocates by extending the file (a sparse tail, 10 MiB by default): when the file
+system reports that nothing but holes follows the written part (`SEEK_HOLE`, then no
+`SEEK_DATA` after it), only the written part is read, since a hole reads as zeros;
+otherwise the whole file is.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import struct
 from abc import ABC, abstractmethod
@@ -97,6 +102,22 @@ def _pread_exact(path: Path, size: int, position: int) -> bytes:
         return os.pread(fd, size, position)
     finally:
         os.close(fd)
+
+
+def _read_written(fd: int, length: int) -> bytes:
+    """The file's bytes up to its sparse tail, if all that follows the first hole is
+    hole (which reads as zeros); else all `length` bytes. A live broker's active index is
+    a few written blocks before megabytes of preallocated hole: reading them all cost
+    31 ms per 10 MiB index, this costs two `lseek`s."""
+    hole = length
+    try:
+        hole = os.lseek(fd, 0, os.SEEK_HOLE)
+        if hole < length:
+            os.lseek(fd, hole, os.SEEK_DATA)  # ENXIO: no data after the hole
+    except OSError as exc:
+        if exc.errno == errno.ENXIO:
+            return os.pread(fd, hole, 0)
+    return os.pread(fd, length, 0)
 
 
 def _write_at(path: Path, data: bytes, position: int) -> None:
@@ -166,7 +187,7 @@ class _Index(ABC):
                 self._in_file = count
                 self._last = self.entry.unpack(last)
             else:
-                self._strip_preallocated(os.pread(fd, length, 0))
+                self._strip_preallocated(_read_written(fd, length))
         finally:
             os.close(fd)
 

@@ -274,6 +274,8 @@ class PartitionLog:
                     entry = known.get(segment.base_offset)
                     if entry is not None and segment.base_offset not in rebuilt:
                         segment.seed(entry)
+            for segment in segments[:-1]:
+                segment.prefetch()  # read by the first cycle, after every open
         return cls(
             path,
             segments,

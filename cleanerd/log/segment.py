@@ -12,7 +12,8 @@ Nothing is loaded eagerly: the size comes from `stat`, the next offset and max
 timestamp from the indexes' last entries plus a scan of the bytes after the last
 offset-index entry (at most about `index.interval.bytes` plus one batch), and reads map
 the file (`mmap`) for the duration of one iteration. A 1 GiB segment costs a few
-kilobytes of reads to open. Appends after a reopen continue the interval count from the
+kilobytes of reads to open. A small segment with no offset-index entry (a quiet topic's)
+is read whole instead, once, for all of its metadata, with no index read. Appends after a reopen continue the interval count from the
 last entry's position, so the index of a segment written across reopens (or by several
 processes) equals a rebuild from its log; Kafka restarts the count at zero on reopen,
 which gives a different but equally valid index.
@@ -116,10 +117,10 @@ class LogSegment:
         open read-only beside a live broker. Only then is a torn tail an append in
         flight that ends the segment for now; in any other segment it is corruption."""
         self._paths: dict[str, Path] = {}
-        # A str, not a Path, for the one stat of an open: building Paths for 100,000
-        # segments costs more than the stats (the Path comes when a caller asks).
-        name = f"{filename_prefix_from_offset(base_offset)}{LOG_FILE_SUFFIX}{suffix}"
-        st = os.stat(os.path.join(dir_path, name))  # noqa: PTH116, PTH118
+        # Strs, not Paths, for this object's own syscalls: building Paths for 100,000
+        # segments costs more than the syscalls (a Path comes when a caller asks).
+        self._stem = os.path.join(dir_path, filename_prefix_from_offset(base_offset))  # noqa: PTH118
+        st = self._stat(LOG_FILE_SUFFIX)
         self._size, self.inode = st.st_size, st.st_ino
         self._mtime_ns: int | None = st.st_mtime_ns
         self._reset_caches()
@@ -136,6 +137,7 @@ class LogSegment:
         self._builder: IndexBuilder | None = None
         self._next_offset: int | None = None
         self._first: tuple[int | None] | None = None  # (first batch's max timestamp,)
+        self._index_bytes: tuple[int, int] | None = None  # known without loading them
         self._summary: tuple[int, int, int] | None = None  # end, without a builder
         self._appended_from: tuple[int, tuple[int, int, int]] | None = None
 
@@ -167,6 +169,12 @@ class LogSegment:
         )
 
     # -- paths and plain properties ------------------------------------------------
+
+    def _os_path(self, kind: str) -> str:
+        return self._stem + kind + self.suffix
+
+    def _stat(self, kind: str) -> os.stat_result:
+        return os.stat(self._os_path(kind))  # noqa: PTH116
 
     def _file(self, kind: str) -> Path:
         # Paths are built once per kind and suffix: a cycle over 100,000 segments asks
@@ -211,7 +219,7 @@ class LogSegment:
         """mtime of the `.log` file, in milliseconds: as of the last `stat` (at open and
         at each `refresh`), or read again after this process wrote the file."""
         if self._mtime_ns is None:
-            self._mtime_ns = self.log_path.stat().st_mtime_ns
+            self._mtime_ns = self._stat(LOG_FILE_SUFFIX).st_mtime_ns
         return self._mtime_ns // 1_000_000
 
     @property
@@ -270,6 +278,7 @@ class LogSegment:
         self._meta = None
         self._mtime_ns = None
         self.delete_horizon = None
+        self._index_bytes = None
         if self._first == (None,):
             self._first = None
 
@@ -281,7 +290,7 @@ class LogSegment:
         whether it changed. A file that only grew (same inode, more bytes: appends) keeps
         what is known of its head, and only the appended bytes are walked when its end
         is next asked for."""
-        st = self.log_path.stat()
+        st = self._stat(LOG_FILE_SUFFIX)
         if st.st_size == self._size and st.st_ino == self.inode:
             if st.st_mtime_ns != self._mtime_ns:  # written in place: derived state is stale
                 self._mtime_ns, self._meta, self.delete_horizon = st.st_mtime_ns, None, None
@@ -479,19 +488,73 @@ class LogSegment:
         """The plain snapshot pure decisions take; kept until the file is seen to change
         (`refresh`) or this process writes it."""
         if self._meta is None:
+            if self._end_summary() is None and self._appended_from is None:
+                self._read_small_whole()
             next_offset = self.next_offset  # first: a torn tail in flight ends the size
+            index_bytes = self._index_bytes
+            if index_bytes is None:
+                index_bytes = (self.offset_index.size_in_bytes, self.time_index.size_in_bytes)
             self._meta = SegmentMeta(
                 base_offset=self.base_offset,
                 next_offset=next_offset,
                 size_bytes=self._size,
                 largest_timestamp_ms=self.largest_timestamp,
                 first_batch_timestamp_ms=self.first_batch_timestamp,
-                offset_index_bytes=self.offset_index.size_in_bytes,
-                time_index_bytes=self.time_index.size_in_bytes,
+                offset_index_bytes=index_bytes[0],
+                time_index_bytes=index_bytes[1],
                 last_modified_ms=self.last_modified_ms,
                 inode=self.inode,
             )
         return self._meta
+
+    def prefetch(self) -> None:
+        """Ask the kernel to start reading a small `.log` whose metadata is not known yet
+        (`POSIX_FADV_WILLNEED`, a hint: nothing is written, and a failure only loses the
+        hint). Reads of many segments not in the page cache then overlap, where waiting
+        for each in turn costs a disk round trip per segment (measured: 171 us per cold
+        2 KB segment read one by one, 48 us when advised first)."""
+        if self._meta is not None or not 0 < self._size <= _PREAD_SPAN:
+            return
+        try:
+            fd = os.open(self._os_path(LOG_FILE_SUFFIX), os.O_RDONLY)
+        except OSError:
+            return
+        try:
+            os.posix_fadvise(fd, 0, self._size, os.POSIX_FADV_WILLNEED)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+
+    def _read_small_whole(self) -> None:
+        """The end, head and delete horizons of a small segment with an empty offset index
+        (a quiet topic's rolled segment) from one read of the whole `.log`, its index
+        sizes from two `stat`s: none of its index entries could start the walk later. A
+        segment this does not fit, or whose bytes do not walk clean, is read the usual
+        way (`_tail`), which names any damage."""
+        if self.growing or not 0 < self._size <= _PREAD_SPAN or self._offset_index is not None:
+            return
+        try:
+            offset_index_bytes = self._stat(INDEX_FILE_SUFFIX).st_size
+            time_index_bytes = self._stat(TIME_INDEX_FILE_SUFFIX).st_size
+        except FileNotFoundError:
+            return  # a missing index: the usual way reports or rebuilds it
+        # A trimmed time index of at most one entry (Kafka's final entry at roll) holds no
+        # timestamp the walk misses; a longer or preallocated one is read the usual way.
+        if offset_index_bytes or time_index_bytes not in (0, TimeIndex.entry.size):
+            return
+        data = self._pread_checked(0, self._size)
+        whole = None if data is None else summarize(data)
+        if whole is None or not whole.batches or whole.stop != self._size:
+            return
+        next_offset = whole.last_offset + 1
+        self._summary = (next_offset, whole.max_timestamp, whole.offset_of_max_timestamp)
+        self._next_offset = next_offset
+        if self._first is None:
+            self._first = (whole.first_max_timestamp,)
+        if self.delete_horizon is None:
+            self.delete_horizon = whole.delete_horizon
+        self._index_bytes = (offset_index_bytes, time_index_bytes)
 
     # -- reading -------------------------------------------------------------------
 
@@ -505,7 +568,7 @@ class LogSegment:
         if size == 0:
             yield b""
             return
-        with open(self.log_path, "rb") as f:
+        with open(self._os_path(LOG_FILE_SUFFIX), "rb") as f:
             st = os.fstat(f.fileno())
             now = self._not_as_listed(st)
             if now is not None:
@@ -533,7 +596,7 @@ class LogSegment:
     def _pread_checked(self, position: int, size: int) -> bytes | None:
         """`size` bytes of the `.log` from `position`, or None when the file no longer
         has them or (read-only) is no longer the file that was listed."""
-        fd = os.open(self.log_path, os.O_RDONLY)
+        fd = os.open(self._os_path(LOG_FILE_SUFFIX), os.O_RDONLY)
         try:
             if self.read_only and self._not_as_listed(os.fstat(fd)) is not None:
                 return None  # `open_buffer` reports it

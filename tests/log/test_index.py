@@ -145,6 +145,60 @@ def test_preallocated_zero_tail_is_ignored(tmp_path: Path) -> None:
     assert path.stat().st_size == 8
 
 
+def _preallocated(path: Path, entries: list[tuple[int, int]], *, size: int) -> None:
+    """A live broker's active offset index: entries written, then the file extended to
+    `size` (Java's setLength: a sparse tail)."""
+    with path.open("wb") as f:
+        for offset, position in entries:
+            f.write(offset.to_bytes(4, "big") + position.to_bytes(4, "big"))
+        f.truncate(size)
+
+
+def _pread_sizes(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    sizes: list[int] = []
+    pread = os.pread
+
+    def counting(fd: int, length: int, position: int) -> bytes:
+        sizes.append(length)
+        return pread(fd, length, position)
+
+    monkeypatch.setattr(os, "pread", counting)
+    return sizes
+
+
+def test_sparse_preallocated_index_reads_only_its_written_part(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A broker's 10 MiB preallocated index with a few entries: the hole after them is
+    not read (it reads as zeros), and the entries load as from a whole read."""
+    path = tmp_path / "x.index"
+    entries = [(i * 10, i * 4096) for i in range(1, 50)]
+    _preallocated(path, entries, size=10 * 1024 * 1024)
+    whole = OffsetIndex(path, 0)
+    whole._strip_preallocated(path.read_bytes())
+    sizes = _pread_sizes(monkeypatch)
+    index = OffsetIndex.load(path, 0)
+    assert (index.entries, index.last_entry) == (49, OffsetPosition(490, 49 * 4096))
+    assert (index.entries, index.last_entry) == (whole.entries, whole.last_entry)
+    assert max(sizes) < 1024 * 1024
+
+
+def test_preallocated_index_with_data_after_a_hole_is_read_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Bytes written after a hole (not a preallocated tail) are still seen: the file is
+    read whole, and its last non-zero entry is the last entry."""
+    path = tmp_path / "x.index"
+    _preallocated(path, [(1, 70)], size=4 * 1024 * 1024)
+    with path.open("r+b") as f:
+        f.seek(2 * 1024 * 1024)
+        f.write((9).to_bytes(4, "big") + (900).to_bytes(4, "big"))
+    sizes = _pread_sizes(monkeypatch)
+    index = OffsetIndex.load(path, 0)
+    assert index.last_entry == OffsetPosition(9, 900)
+    assert max(sizes) == 4 * 1024 * 1024
+
+
 def test_preallocated_index_trimmed_while_read_loads_its_entries(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

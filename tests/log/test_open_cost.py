@@ -5,8 +5,11 @@ snapshot, every batch (to rebuild the producer state)."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from cleanerd.cli import main
 from cleanerd.log.files import CLEAN_SHUTDOWN_FILE_NAME, TopicPartition
@@ -187,3 +190,34 @@ def test_two_growths_between_reads_are_both_walked(tmp_path: Path, walked: list[
         assert meta.segments[-1].largest_timestamp_ms == 10**13
         assert meta.log_end_offset == writer.log_end_offset
         assert walked[0] == appended  # both growths, in one walk
+
+
+def test_segments_the_first_cycle_reads_are_prefetched_at_open(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An open asks the kernel to start reading each small inactive segment whose
+    metadata the first cycle will read (so that cold reads overlap); after a clean stop
+    that kept what it read, there is nothing to prefetch."""
+    root, state = tmp_path / "logs", tmp_path / "state"
+    root.mkdir()
+    build(root, state)
+    advised: list[str] = []
+    fadvise = os.posix_fadvise
+
+    def recording(fd: int, offset: int, length: int, advice: int) -> None:
+        if advice == os.POSIX_FADV_WILLNEED:
+            advised.append(Path(f"/proc/self/fd/{fd}").readlink().name)
+        fadvise(fd, offset, length, advice)
+
+    monkeypatch.setattr(os, "posix_fadvise", recording)
+    with LogDir.open(root, state_dir=state) as log_dir:
+        plog = log_dir.open_partition(TP, config=CONFIG)
+        assert sorted(advised) == [s.log_path.name for s in plog.segments[:-1]]
+        plog.meta()
+        plog.prepare_clean_shutdown()
+        log_dir.checkpoint_logs([plog])
+        log_dir.keep_known_segments([plog])
+        log_dir.mark_clean_shutdown()
+    advised.clear()
+    reopen(root, state)
+    assert advised == []

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -215,6 +216,67 @@ def test_meta_snapshot(tmp_path: Path) -> None:
     assert meta.first_batch_timestamp_ms == 1000
     assert meta.offset_index_bytes == seg.offset_index_path.stat().st_size
     assert meta.time_index_bytes == seg.time_index_path.stat().st_size
+
+
+def _index_loads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Names of the index files loaded from now on."""
+    loaded: list[str] = []
+    for cls in (OffsetIndex, TimeIndex):
+        original = cls._load
+
+        def counting(index: OffsetIndex | TimeIndex, original: Any = original) -> None:
+            loaded.append(index.path.name)
+            original(index)
+
+        monkeypatch.setattr(cls, "_load", counting)
+    return loaded
+
+
+def test_a_small_segment_without_offset_index_entries_is_read_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A small rolled segment whose offset index is empty (a quiet topic's) gives its
+    metadata from one read of the `.log`, loading neither index; the same metadata as
+    the usual way, through the indexes and the tail."""
+    write_segment(tmp_path, 0, _batches(10), index_interval_bytes=1 << 20)
+    usual = LogSegment(tmp_path, 0)
+    usual.offset_index  # noqa: B018 - loaded first: the usual way
+    expected = usual.meta()
+    assert expected.time_index_bytes == TimeIndex.entry.size  # the entry written at roll
+
+    loaded = _index_loads(monkeypatch)
+    seg = LogSegment(tmp_path, 0)
+    assert seg.meta() == expected
+    assert loaded == []
+    assert seg.delete_horizon is not None  # the whole walk found them too
+    assert seg.delete_horizon == usual.delete_horizon
+
+
+def test_a_segment_with_offset_index_entries_is_read_through_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With index entries, only the tail after the last one is walked."""
+    write_segment(tmp_path, 0, _batches(30), index_interval_bytes=200)
+    loaded = _index_loads(monkeypatch)
+    seg = LogSegment(tmp_path, 0)
+    assert seg.meta().next_offset == 60
+    assert sorted(loaded) == ["00000000000000000000.index", "00000000000000000000.timeindex"]
+
+
+def test_damage_in_a_small_segment_read_once_is_named(tmp_path: Path) -> None:
+    """A bad CRC in a segment read whole for its metadata is reported with the file and
+    the batch position, as the usual way reports it."""
+    batches = _batches(3)
+    seg = write_segment(tmp_path, 0, batches, index_interval_bytes=1 << 20)
+    with open(seg.log_path, "r+b") as f:
+        f.seek(len(batches[0]) + 70)
+        byte = f.read(1)
+        f.seek(len(batches[0]) + 70)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    with pytest.raises(CorruptRecordError, match="CRC mismatch") as info:
+        LogSegment(tmp_path, 0).meta()
+    assert info.value.path == str(seg.log_path)
+    assert info.value.position == len(batches[0])
 
 
 def test_read_only_segment_refuses_writes(tmp_path: Path) -> None:
