@@ -16,7 +16,10 @@ the process and the workers it waited for):
   then compaction; it ends with a clean stop);
 - `plan, later`: after that clean (snapshots, recovery point, marker): O(segments);
 - `run, start to first cycle` with and without snapshots, recovery point and marker:
-  the daemon from exec to its first `cycle.done`.
+  the daemon from exec to its first `cycle.done`;
+- `plan` and `run` beside a live broker: the bench holds `.lock` (so cleanerd observes),
+  there is no marker, and each active segment's two indexes are preallocated to 10 MiB
+  as a running broker keeps them (a sparse tail after the written entries).
 
 `ms/partition` is the time above the empty-dir plan, per partition; `x cat` is that
 time over `cat`'s. Targets (issue 12): a later `plan` at most 5 ms per partition or 2x
@@ -28,6 +31,8 @@ time over `cat`'s. Targets (issue 12): a later `plan` at most 5 ms per partition
 from __future__ import annotations
 
 import argparse
+import contextlib
+import fcntl
 import gc
 import json
 import os
@@ -39,6 +44,7 @@ import sys
 import tempfile
 import time
 import tracemalloc
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -113,6 +119,21 @@ def crash_state(logs: Path) -> None:
     for name in ("recovery-point-offset-checkpoint", "log-start-offset-checkpoint"):
         (logs / name).unlink(missing_ok=True)
     (logs / CLEAN_SHUTDOWN_FILE_NAME).unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def live_broker(logs: Path) -> Iterator[None]:
+    """The dir as a running broker keeps it: `.lock` held (`lockf`, as the JVM takes it),
+    no clean-shutdown marker, active segments' indexes preallocated (Java's
+    `setLength(segment.index.bytes)`: a sparse extension)."""
+    (logs / CLEAN_SHUTDOWN_FILE_NAME).unlink(missing_ok=True)
+    for partition in logs.glob(f"{TOPIC}-*"):
+        active = max(partition.glob("*.log"), key=lambda p: int(p.name.split(".")[0]))
+        for suffix in (".index", ".timeindex"):
+            os.truncate(active.with_suffix(suffix), 10 * 2**20)
+    with open(logs / ".lock", "a") as lock:
+        fcntl.lockf(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        yield
 
 
 def config(root: Path, logs: Path) -> Path:
@@ -236,6 +257,16 @@ def main() -> None:
             rows.append(
                 ("run, start to first cycle, no snapshots", *first_cycle(cfg, root / "run2.log"))
             )
+            with live_broker(logs):
+                rows.append(
+                    ("plan, beside a live broker", *timed(cleanerd("plan", "-c", str(cfg))))
+                )
+                rows.append(
+                    (
+                        "run beside a live broker, to first cycle",
+                        *first_cycle(cfg, root / "run3.log"),
+                    )
+                )
             per_partition, per_segment, segments = metadata_memory(logs, root / "state")
             print(
                 f"{count:>10} ({total / 1e6:.0f} MB of .log in {segments} segments; metadata "

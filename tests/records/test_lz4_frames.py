@@ -1,0 +1,244 @@
+"""Tests of cleanerd.records.lz4_frames: LZ4 frames decoded in compiled code, checked
+against the codec library (cramjam) and frames written by three encoders."""
+
+from __future__ import annotations
+
+import struct
+from typing import Any
+
+import cramjam
+import lz4.frame
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from cleanerd.errors import CorruptRecordError
+from cleanerd.records.batch import _assemble, encode_batch
+from cleanerd.records.columns import segment_columns
+from cleanerd.records.compression import LZ4_MAGIC, compress, xxhash32
+from cleanerd.records.header import RECORD_BATCH_OVERHEAD, Compression, unpack_header
+from cleanerd.records.lz4_frames import (
+    NEEDS_ROOM,
+    OK,
+    UNDECODED,
+    decompress_frames,
+    xxh32,
+)
+from cleanerd.records.record import Record
+
+payloads = st.one_of(
+    st.binary(max_size=3000),
+    st.builds(lambda b, n: b * n, st.binary(min_size=1, max_size=20), st.integers(1, 5000)),
+)
+
+
+def kernel(frames: list[bytes], room: int = 1 << 20) -> tuple[int, int, list[bytes]]:
+    """(status, frame reached, outputs) of one call over `frames` laid end to end."""
+    src = np.frombuffer(b"".join(frames), np.uint8)
+    ends = np.cumsum([len(f) for f in frames]).astype(np.int64)
+    starts = np.concatenate([[0], ends[:-1]]).astype(np.int64)
+    dst = np.zeros(room, np.uint8)
+    out_start = np.zeros(len(frames), np.int64)
+    out_end = np.zeros(len(frames), np.int64)
+    lz4_rows = np.ones(len(frames), bool)
+    status, reached, _ = (
+        int(x)
+        for x in decompress_frames(src, starts, ends, lz4_rows, dst, 0, out_start, out_end, 0)
+    )
+    outputs = [bytes(dst[a:b]) for a, b in zip(out_start[:reached], out_end[:reached], strict=True)]
+    return status, reached, outputs
+
+
+def library(frame: bytes) -> bytes | None:
+    """What the codec library makes of `frame`, or None when it refuses it."""
+    try:
+        return bytes(cramjam.lz4.decompress(frame))
+    except cramjam.DecompressionError:
+        return None
+
+
+def legacy_header_checksum(frame: bytes) -> bytes:
+    """`frame` with the header checksum Kafka's clients wrote before 0.10 (magic hashed)."""
+    end = 6 + (8 if frame[4] & 0x08 else 0)
+    return frame[:end] + bytes(((xxhash32(frame[:end]) >> 8) & 0xFF,)) + frame[end + 1 :]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.binary(max_size=200))
+def test_xxh32_matches_the_reference(data: bytes) -> None:
+    """The compiled XXH32 equals the plain one on every length (stripes and tails)."""
+    assert xxh32(np.frombuffer(data, np.uint8), 0, len(data)) == xxhash32(data)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    payloads,
+    st.sampled_from([lz4.frame.BLOCKSIZE_MAX64KB, lz4.frame.BLOCKSIZE_MAX256KB]),
+    st.booleans(),
+    st.booleans(),
+    st.booleans(),
+    st.booleans(),
+)
+def test_frames_of_every_shape_decode_as_the_library_does(
+    data: bytes, block_size: int, linked: bool, content_sum: bool, block_sum: bool, sized: bool
+) -> None:
+    """Frames from the `lz4` package with each option, from cleanerd's own Kafka framing,
+    from cramjam, and with Kafka's legacy header checksum: all decode to the data."""
+    frames = [
+        lz4.frame.compress(
+            data,
+            block_size=block_size,
+            block_linked=linked,
+            content_checksum=content_sum,
+            block_checksum=block_sum,
+            store_size=sized,
+        ),
+        compress(Compression.LZ4, data),
+        bytes(cramjam.lz4.compress(data)),
+    ]
+    frames.append(legacy_header_checksum(frames[1]))
+    status, reached, outputs = kernel(frames)
+    assert (status, reached) == (OK, len(frames))
+    assert outputs == [data] * len(frames)
+
+
+def test_linked_blocks_reach_back_into_the_previous_block() -> None:
+    """A frame of dependent blocks (matches into the block before) decodes whole."""
+    data = bytes(range(256)) * 1200  # repeats across the 64 KiB block boundary
+    frame = lz4.frame.compress(data, block_size=lz4.frame.BLOCKSIZE_MAX64KB, block_linked=True)
+    assert kernel([frame]) == (OK, 1, [data])
+
+
+@settings(max_examples=300, deadline=None)
+@given(payloads, st.data())
+def test_a_damaged_frame_is_never_read_differently_from_the_library(
+    data: bytes, draw: st.DataObject
+) -> None:
+    """Bytes changed anywhere in a frame: the kernel either gives what the library gives
+    or leaves the frame to it; it never takes a frame the library refuses."""
+    frame = bytearray(
+        lz4.frame.compress(data, content_checksum=draw.draw(st.booleans()), store_size=False)
+    )
+    for _ in range(draw.draw(st.integers(1, 3))):
+        at = draw.draw(st.integers(0, len(frame) - 1))
+        frame[at] = draw.draw(st.integers(0, 255))
+    cut = draw.draw(st.integers(max(0, len(frame) - 8), len(frame)))
+    damaged = bytes(frame[:cut])
+    status, _, outputs = kernel([damaged])
+    expected = library(damaged)
+    if status == OK:
+        assert expected is not None
+        assert outputs == [expected]
+    else:
+        assert status == UNDECODED
+
+
+def test_a_frame_larger_than_the_room_asks_for_more() -> None:
+    """The frames before the one that does not fit are kept; that one asks for room."""
+    small, big = compress(Compression.LZ4, b"a" * 10), compress(Compression.LZ4, b"b" * 5000)
+    status, reached, outputs = kernel([small, big], room=1000)
+    assert (status, reached, outputs) == (NEEDS_ROOM, 1, [b"a" * 10])
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        lambda f: f[:4] + bytes((f[4] | 0x01,)) + f[5:],  # a dictionary id
+        lambda f: f[:4] + bytes((0x20 | (f[4] & 0x3F),)) + f[5:],  # version 00
+        lambda f: f[:6] + bytes((f[6] ^ 0x55,)) + f[7:],  # a wrong header checksum
+        lambda f: f + b"\x00",  # bytes after the frame
+        lambda f: f[:-4],  # no end mark
+    ],
+    ids=["dictionary-id", "version", "header-checksum", "trailing-bytes", "no-end-mark"],
+)
+def test_what_the_kernel_does_not_take_is_left_to_the_library(change: Any) -> None:
+    frame = compress(Compression.LZ4, b"kafka " * 50)
+    assert kernel([change(frame)])[0] == UNDECODED
+
+
+def _lz4_batch(records: list[Record], base: int, area: bytes | None = None) -> bytes:
+    batch = encode_batch(records, base_offset=base, compression=Compression.LZ4)
+    if area is None:
+        return batch
+    return _assemble(unpack_header(batch), area)
+
+
+def _records(base: int, n: int) -> list[Record]:
+    return [Record(base + i, 1_000 + i, b"k%d" % (base + i), b"v" * 30) for i in range(n)]
+
+
+def test_a_segment_of_one_record_batches_decodes_whole() -> None:
+    """Many 1-record LZ4 batches (a quiet topic), with a zstd and a plain batch among
+    them, and one batch in Kafka's legacy framing: every record, in order."""
+    batches = [_lz4_batch(_records(i, 1), i) for i in range(300)]
+    batches[100] = encode_batch(_records(100, 1), base_offset=100, compression=Compression.ZSTD)
+    batches[200] = encode_batch(_records(200, 1), base_offset=200)
+    area = legacy_header_checksum(compress(Compression.LZ4, _records_area(250)))
+    batches[250] = _lz4_batch(_records(250, 1), 250, area)
+    cols = segment_columns(b"".join(batches))
+    assert cols.offset.tolist() == list(range(300))
+    assert [cols.key(i) for i in (0, 100, 200, 250, 299)] == [
+        b"k0",
+        b"k100",
+        b"k200",
+        b"k250",
+        b"k299",
+    ]
+
+
+def test_lz4_batches_need_no_codec_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A segment of LZ4 batches is decompressed without a codec library call per batch."""
+    from cleanerd.records import columns
+
+    calls: list[int] = []
+    original = columns.decompress_into  # type: ignore[attr-defined]
+
+    def counting(codec: Any, data: Any, out: Any) -> int | None:
+        calls.append(int(codec))
+        return original(codec, data, out)
+
+    monkeypatch.setattr(columns, "decompress_into", counting)
+    cols = segment_columns(b"".join(_lz4_batch(_records(i, 1), i) for i in range(200)))
+    assert cols.num_records == 200
+    assert calls == []
+
+
+def _records_area(base: int) -> bytes:
+    """The uncompressed records area of a 1-record batch at `base`."""
+    plain = encode_batch(_records(base, 1), base_offset=base)
+    return plain[RECORD_BATCH_OVERHEAD:]
+
+
+def test_the_first_bad_batch_is_the_one_named() -> None:
+    """A damaged zstd batch before a damaged LZ4 batch: the zstd one is reported, at its
+    position, as the codec library names it."""
+    good = [_lz4_batch(_records(i, 1), i) for i in range(3)]
+    zstd = encode_batch(_records(3, 1), base_offset=3, compression=Compression.ZSTD)
+    bad_zstd = _assemble(unpack_header(zstd), b"\x28\xb5\x2f\xfd garbage")
+    bad_lz4 = _lz4_batch(_records(4, 1), 4, LZ4_MAGIC + b"\x60\x40\x00garbage")
+    data = b"".join([*good, bad_zstd, bad_lz4])
+    with pytest.raises(CorruptRecordError, match="zstd") as info:
+        segment_columns(data)
+    assert info.value.position == sum(map(len, good))
+    data = b"".join([*good, bad_lz4])
+    with pytest.raises(CorruptRecordError, match="lz4") as info:
+        segment_columns(data)
+    assert info.value.position == sum(map(len, good))
+
+
+def test_highly_compressed_frames_grow_the_side_buffer() -> None:
+    """Frames that expand far past the first guess of the room they need."""
+    records = [Record(i, i, b"k", bytes([i]) * 200_000) for i in range(3)]
+    data = b"".join(_lz4_batch([r], r.offset) for r in records)
+    cols = segment_columns(data)
+    assert [cols.value(i) for i in range(3)] == [r.value for r in records]
+
+
+def test_struct_of_a_kafka_frame() -> None:
+    """cleanerd's frames are what Kafka's client writes: independent 64 KiB blocks, no
+    checksums or size, and the standard header checksum."""
+    frame = compress(Compression.LZ4, b"x" * 100)
+    magic, flg, bd = struct.unpack_from("<IBB", frame)
+    assert (magic, flg, bd) == (0x184D2204, 0x60, 0x40)
+    assert frame[6] == (xxhash32(frame[4:6]) >> 8) & 0xFF
