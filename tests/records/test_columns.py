@@ -7,6 +7,7 @@ import dataclasses
 import mmap
 import struct
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -341,3 +342,61 @@ def test_side_buffer_grows_for_highly_compressed_batches(codec: Compression) -> 
     cols = segment_columns(data)
     assert len(cols.side) > 600_000 > 10 * len(data)
     assert [cols.value(i) for i in range(4)] == [r.value for r in records]
+
+
+def _one_record_batches(count: int, codec: Compression) -> list[bytes]:
+    return [_one_record_batch(i, codec) for i in range(count)]
+
+
+def _one_record_batch(i: int, codec: Compression = Compression.NONE) -> bytes:
+    record = Record(i, 1_000 + i, b"k%d" % i, b"v" * 30)
+    return encode_batch([record], base_offset=i, compression=codec)
+
+
+def _with_area(batch: bytes, area: bytes) -> bytes:
+    from cleanerd.records.batch import _assemble
+
+    return _assemble(unpack_header(batch), area)
+
+
+def test_zstd_batches_of_every_writer_decode_through_one_context(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """One-record zstd batches: frames with their content size (librdkafka, the Python
+    clients, cleanerd), frames without it (Kafka's Java client streams them), and a
+    batch of two frames. All decode, and only the two-frame batch needs the codec
+    library's own call."""
+    import zstandard
+
+    from cleanerd.records import columns
+
+    batches = _one_record_batches(200, Compression.ZSTD)
+    unsized = zstandard.ZstdCompressor(write_content_size=False)
+    area = _one_record_batch(50)[RECORD_BATCH_OVERHEAD:]
+    batches[50] = _with_area(batches[50], unsized.compress(area))
+    area = _one_record_batch(120)[RECORD_BATCH_OVERHEAD:]
+    two = b"".join(zstandard.ZstdCompressor().compress(a) for a in (area[:10], area[10:]))
+    batches[120] = _with_area(batches[120], two)
+    calls: list[int] = []
+    original = columns.decompress_into  # type: ignore[attr-defined]
+
+    def counting(codec: Any, data: Any, out: Any) -> Any:
+        calls.append(1)
+        return original(codec, data, out)
+
+    monkeypatch.setattr(columns, "decompress_into", counting)
+    cols = segment_columns(b"".join(batches))
+    assert cols.offset.tolist() == list(range(200))
+    assert [cols.key(i) for i in (0, 50, 120, 199)] == [b"k0", b"k50", b"k120", b"k199"]
+    assert len(calls) == 1
+
+
+def test_a_cut_zstd_frame_is_named_at_its_batch() -> None:
+    """A zstd frame cut short among good ones: its batch is named, with the library's
+    reason, and nothing after it is read as records."""
+    batches = _one_record_batches(5, Compression.ZSTD)
+    area = batches[3][RECORD_BATCH_OVERHEAD:]
+    batches[3] = _with_area(batches[3], area[:-3])
+    with pytest.raises(CorruptRecordError, match="cannot decompress zstd data") as info:
+        segment_columns(b"".join(batches), verify_crc=False)
+    assert info.value.position == sum(map(len, batches[:3]))
