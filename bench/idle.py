@@ -16,7 +16,10 @@ one full cycle over every partition, the revisit the daemon runs every
 over that interval.
 
     python -m bench.idle [--partitions 10000] [--segments 10] [--seconds 60]
-                         [--dir /tmp/cleanerd-idle]
+                         [--dir /tmp/cleanerd-idle] [--cold]
+
+`--cold` (root only) empties the page cache before each start, as a host's reboot does:
+then every listing, `stat` and read of the start goes to the disk.
 
 Targets (issue 12): on 10,000 partitions / 100,000 segments, start-up under 10 s, peak
 RSS under 1 GB, idle CPU under 1% of a core.
@@ -138,12 +141,21 @@ def first_cycles(log: Path) -> int:
     return sum('"cycle.done"' in line for line in log.read_text().splitlines())
 
 
+def drop_page_cache() -> None:
+    """Write back and drop the page cache, dentries and inodes (needs root)."""
+    os.sync()
+    Path("/proc/sys/vm/drop_caches").write_text("3\n")
+
+
 def start(
-    cfg_path: Path, log: Path, *, cycles: int
+    cfg_path: Path, log: Path, *, cycles: int, cold: bool = False
 ) -> tuple[dict[str, Any], float, float, int, subprocess.Popen[bytes], psutil.Process]:
     """Start `cleanerd run` (appending to `log`) and wait for the `cycles`-th cycle.done
-    of the log: (that event, wall s, CPU s of the tree, peak RSS, the process)."""
+    of the log: (that event, wall s, CPU s of the tree, peak RSS, the process); `cold`:
+    with an empty page cache."""
     env = {**os.environ, "PYTHONPATH": str(REPO)}
+    if cold:
+        drop_page_cache()
     with open(log, "ab") as err:
         daemon = subprocess.Popen(
             [sys.executable, "-m", "cleanerd", "run", "-c", str(cfg_path)],
@@ -168,6 +180,7 @@ def main() -> None:
     parser.add_argument("--segments", type=int, default=10)
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--dir", type=Path, default=Path("/tmp/cleanerd-idle"))
+    parser.add_argument("--cold", action="store_true", help="empty the page cache first")
     args = parser.parse_args()
 
     root = args.dir / f"{args.partitions}x{args.segments}"
@@ -181,7 +194,9 @@ def main() -> None:
     log.write_bytes(b"")
 
     shutil.rmtree(state / "known-segments", ignore_errors=True)  # as another tool left it
-    first, startup_s, startup_cpu, peak_rss, daemon, proc = start(cfg_path, log, cycles=1)
+    first, startup_s, startup_cpu, peak_rss, daemon, proc = start(
+        cfg_path, log, cycles=1, cold=args.cold
+    )
     try:
         time.sleep(5)  # let follow-ups of the startup cycle (if any) and the first scans pass
 
@@ -198,27 +213,28 @@ def main() -> None:
         daemon.send_signal(signal.SIGTERM)
         status = daemon.wait(timeout=300)
     cfg_path.write_text(yaml.safe_dump(config(data, state, backoff_ms=15_000)))
-    again = start(cfg_path, log, cycles=first_cycles(log) + 1)
+    again = start(cfg_path, log, cycles=first_cycles(log) + 1, cold=args.cold)
     again[4].send_signal(signal.SIGTERM)
     status = max(status, again[4].wait(timeout=300))
 
+    cache = ", page cache empty" if args.cold else ""
     rows = [
         ("build the partitions (once, cached)", built_s, None),
         (
             f"start to first cycle ({first['partitions']} partitions, "
-            f"{args.partitions * args.segments} segments), as built",
+            f"{args.partitions * args.segments} segments), as built{cache}",
             startup_s,
             startup_cpu,
         ),
-        ("start to first cycle after the daemon's clean stop", again[1], again[2]),
+        (f"start to first cycle after the daemon's clean stop{cache}", again[1], again[2]),
         (f"idle, {idle_wall:.0f} s", idle_wall, idle_cpu),
         ("one revisit cycle (SIGHUP until idle again)", revisit_wall, revisit_cpu),
     ]
-    print(f"{'phase':<72} {'wall s':>8} {'cpu s':>8} {'% core':>7}")
+    print(f"{'phase':<86} {'wall s':>8} {'cpu s':>8} {'% core':>7}")
     for name, wall, cpu in rows:
         cpu_text = "" if cpu is None else f"{cpu:8.2f}"
         share = "" if cpu is None or not wall else f"{100 * cpu / wall:6.2f}%"
-        print(f"{name:<72} {wall:8.2f} {cpu_text:>8} {share:>7}")
+        print(f"{name:<86} {wall:8.2f} {cpu_text:>8} {share:>7}")
     amortised = 100 * revisit_cpu / RETENTION_CHECK_S
     print(
         "peak RSS of the daemon's process tree up to its first cycle: "
