@@ -125,12 +125,13 @@ def crash_state(logs: Path) -> None:
 def live_broker(logs: Path) -> Iterator[None]:
     """The dir as a running broker keeps it: `.lock` held (`lockf`, as the JVM takes it),
     no clean-shutdown marker, active segments' indexes preallocated (Java's
-    `setLength(segment.index.bytes)`: a sparse extension)."""
+    `setLength` to `segment.index.bytes` in whole entries: a sparse extension)."""
     (logs / CLEAN_SHUTDOWN_FILE_NAME).unlink(missing_ok=True)
     for partition in logs.glob(f"{TOPIC}-*"):
         active = max(partition.glob("*.log"), key=lambda p: int(p.name.split(".")[0]))
-        for suffix in (".index", ".timeindex"):
-            os.truncate(active.with_suffix(suffix), 10 * 2**20)
+        for suffix, entry in ((".index", 8), (".timeindex", 12)):
+            # Kafka rounds segment.index.bytes down to whole entries.
+            os.truncate(active.with_suffix(suffix), 10 * 2**20 // entry * entry)
     with open(logs / ".lock", "a") as lock:
         fcntl.lockf(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         yield
