@@ -42,8 +42,8 @@ import numpy as np
 
 from cleanerd._jit import jit
 from cleanerd.errors import CorruptRecordError
-from cleanerd.records import legacy
-from cleanerd.records.compression import decompress, decompress_into, zstd_frames
+from cleanerd.records import legacy, lz4_frames
+from cleanerd.records.compression import decompress, decompress_frames, decompress_into
 from cleanerd.records.header import (
     COMPRESSION_MASK,
     RECORD_BATCH_OVERHEAD,
@@ -52,7 +52,6 @@ from cleanerd.records.header import (
     Buffer,
     Compression,
 )
-from cleanerd.records.lz4_frames import NEEDS_ROOM, OK, decompress_frames
 from cleanerd.records.record import RecordHeader
 from cleanerd.records.varint import decode_varint
 from cleanerd.records.walker import (
@@ -602,22 +601,21 @@ def _check_counts(table: BatchTable, rows: I64, area_len: I64) -> None:
         )
 
 
-def _run_ends(mask: Array) -> list[int]:
-    """For each position of a true value in `mask`, the end of its run of true values
-    (0 elsewhere)."""
-    edges = np.flatnonzero(np.diff(np.concatenate([[False], mask, [False]]).astype(np.int8)))
-    ends = np.zeros(len(mask), np.int64)
-    for start, end in zip(edges[::2].tolist(), edges[1::2].tolist(), strict=True):
-        ends[start:end] = end
-    return ends.tolist()
+def _run_ends(values: Array) -> list[int]:
+    """For each position of `values`, where its run of equal values ends."""
+    changes = np.flatnonzero(values[1:] != values[:-1]) + 1
+    ends = np.append(changes, len(values))
+    return np.repeat(ends, np.diff(np.concatenate([[0], ends]))).tolist()
 
 
 def _decompress_areas(
     seg: U8, view: memoryview, table: BatchTable, rows: I64, side: _SideBuffer
 ) -> tuple[I64, I64]:
     """Decompress the records areas of the compressed batches `rows` into `side`, in
-    file order: LZ4 frames in compiled code (`lz4_frames.py`), many per call, everything
-    else (and any frame the kernel leaves) through the codec library, one call each.
+    file order: LZ4 frames in compiled code (`lz4_frames.py`), the other codecs' areas a
+    run at a time (`compression.decompress_frames`); whatever those leave (damage, an
+    unusual framing) through `compression.decompress`, one call each, which reads it or
+    names the error.
     Returns where each went in `side`."""
     starts = table.position[rows] + RECORD_BATCH_OVERHEAD
     ends = table.position[rows] + table.size[rows]
@@ -625,24 +623,26 @@ def _decompress_areas(
     out_start = np.empty(len(rows), np.int64)
     out_end = np.empty(len(rows), np.int64)
     lz4 = codecs == Compression.LZ4
-    zstd_end = _run_ends(codecs == Compression.ZSTD)
+    run_end = _run_ends(codecs)
     i = 0
     while i < len(rows):
         if lz4[i]:
             status, i, side.used = (
                 int(x)
-                for x in decompress_frames(
+                for x in lz4_frames.decompress_frames(
                     seg, starts, ends, lz4, side.buf, side.used, out_start, out_end, i
                 )
             )
-            if status == NEEDS_ROOM:
+            if status == lz4_frames.NEEDS_ROOM:
                 side.grow()
                 continue
-            if status == OK:
+            if status == lz4_frames.OK:
                 break
-        if zstd_end[i]:  # many frames per call into this module, through one context
-            run = slice(i, zstd_end[i])
-            frames = zstd_frames(view, starts[run].tolist(), ends[run].tolist())
+        else:  # a run of another codec's batches: many per call
+            run = slice(i, run_end[i])
+            frames = decompress_frames(
+                int(codecs[i]), view, starts[run].tolist(), ends[run].tolist()
+            )
             if frames:
                 out_start[i : i + len(frames)], out_end[i : i + len(frames)] = side.extend(frames)
                 i += len(frames)

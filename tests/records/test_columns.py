@@ -400,3 +400,35 @@ def test_a_cut_zstd_frame_is_named_at_its_batch() -> None:
     with pytest.raises(CorruptRecordError, match="cannot decompress zstd data") as info:
         segment_columns(b"".join(batches), verify_crc=False)
     assert info.value.position == sum(map(len, batches[:3]))
+
+
+@pytest.mark.parametrize(
+    "codec", [Compression.GZIP, Compression.SNAPPY, Compression.ZSTD], ids=lambda c: c.name
+)
+def test_one_record_batches_are_decompressed_a_run_at_a_time(
+    codec: Compression, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A segment of one-record batches needs no call per batch into the codec layer; a
+    gzip batch of two members (Java's reader takes them) goes the general way."""
+    import gzip
+
+    from cleanerd.records import columns
+
+    batches = _one_record_batches(300, codec)
+    expected_calls = 0
+    if codec is Compression.GZIP:
+        area = _one_record_batch(7)[RECORD_BATCH_OVERHEAD:]
+        batches[7] = _with_area(batches[7], gzip.compress(area[:9]) + gzip.compress(area[9:]))
+        expected_calls = 1
+    calls: list[int] = []
+    original = columns.decompress_into  # type: ignore[attr-defined]
+
+    def counting(codec: Any, data: Any, out: Any) -> Any:
+        calls.append(1)
+        return original(codec, data, out)
+
+    monkeypatch.setattr(columns, "decompress_into", counting)
+    cols = segment_columns(b"".join(batches))
+    assert cols.offset.tolist() == list(range(300))
+    assert [cols.key(i) for i in (0, 7, 299)] == [b"k0", b"k7", b"k299"]
+    assert len(calls) == expected_calls
