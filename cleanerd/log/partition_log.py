@@ -87,12 +87,14 @@ from cleanerd.log.producer_state import (
     ProducerState,
     read_snapshot,
     snapshot_offsets,
+    snapshot_offsets_in,
     snapshot_path,
     write_snapshot,
 )
 from cleanerd.log.recovery import (
     RecoveryReport,
     SegmentOptions,
+    list_refusing_links,
     recover_partition,
     refuse_link,
     truncate_torn_tail,
@@ -195,6 +197,9 @@ class PartitionLog:
         self.recovery_point = checkpoints.recovery_points.get(tp, 0)
         self._producers: ProducerState | None = None
         self._txn_scanned: tuple[int, int] = (-1, 0)  # (segment base, position) walked to
+        self._listed_snapshots: tuple[tuple[int, int], list[int]] | None = None
+        """(dir stamp, snapshot offsets) from the open's listing, good while the dir's
+        stamp is that one (saves listing it again for the first producer state)."""
 
     # -- opening -----------------------------------------------------------------------
 
@@ -251,6 +256,7 @@ class PartitionLog:
             _ownership(log_dir, False if read_only else recover) as owns,
         ):
             _, listed = _dir_stamp(path)  # before the listing of the recovery
+            listing = list_refusing_links(path)
             segments, report = recover_partition(
                 path,
                 options,
@@ -259,6 +265,7 @@ class PartitionLog:
                 full_check=full_check,
                 quarantine_dir=quarantine,
                 clean_shutdown=clean_shutdown,
+                listing=listing,
             )
             if not segments and not read_only:
                 start = checkpoints.log_start_offsets.get(tp, 0)
@@ -276,7 +283,7 @@ class PartitionLog:
                         segment.seed(entry)
             for segment in segments[:-1]:
                 segment.prefetch()  # read by the first cycle, after every open
-        return cls(
+        plog = cls(
             path,
             segments,
             config=config,
@@ -287,6 +294,9 @@ class PartitionLog:
             owner=owner,
             listed=listed,
         )
+        if listed is not None:
+            plog._listed_snapshots = (listed, snapshot_offsets_in(e.name for e in listing))
+        return plog
 
     @classmethod
     def create(
@@ -593,10 +603,17 @@ class PartitionLog:
 
     # -- producer state ------------------------------------------------------------------
 
+    def _snapshot_offsets(self) -> list[int]:
+        listed = self._listed_snapshots
+        if listed is not None and _dir_stamp(self.dir)[1] == listed[0]:
+            return listed[1]
+        self._listed_snapshots = None
+        return snapshot_offsets(self.dir)
+
     def _state_at_snapshot(self) -> ProducerState:
         """The state in the latest usable producer snapshot (empty at 0 without one)."""
         end = self.log_end_offset
-        for offset in reversed(snapshot_offsets(self.dir)):
+        for offset in reversed(self._snapshot_offsets()):
             if not self.log_start_offset <= offset <= end:
                 continue
             path = snapshot_path(self.dir, offset)

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import os
 import struct
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
@@ -199,8 +200,16 @@ def snapshot_path(partition_dir: Path, offset: int) -> Path:
 def snapshot_offsets(partition_dir: Path) -> list[int]:
     """Offsets of the well-named snapshot files in the dir, ascending."""
     with os.scandir(partition_dir) as entries:
-        names = [e.name for e in entries if e.name.endswith(PRODUCER_SNAPSHOT_FILE_SUFFIX)]
-    return sorted(offset_from_filename(name) for name in names if is_segment_file_name(name))
+        return snapshot_offsets_in([e.name for e in entries])
+
+
+def snapshot_offsets_in(names: Iterable[str]) -> list[int]:
+    """Offsets of the well-named snapshot files among `names` (a listing), ascending."""
+    return sorted(
+        offset_from_filename(name)
+        for name in names
+        if name.endswith(PRODUCER_SNAPSHOT_FILE_SUFFIX) and is_segment_file_name(name)
+    )
 
 
 def read_snapshot(path: Path) -> ProducerState:

@@ -491,11 +491,13 @@ def recover_partition(
     full_check: bool = False,
     quarantine_dir: Path | None = None,
     clean_shutdown: bool = False,
+    listing: Listing | None = None,
 ) -> tuple[list[LogSegment], RecoveryReport]:
-    """Open a partition dir's segments. Links are refused first (SymlinkRefused). With
-    `recover` (the caller owns the log dir), then finish interrupted swaps, validate and
-    repair what a crash can leave; without it, only check (nothing on disk changes)."""
-    listing = list_refusing_links(dir_path)
+    """Open a partition dir's segments. Links are refused first (SymlinkRefused; or the
+    caller did, making `listing` with `list_refusing_links`). With `recover` (the caller
+    owns the log dir), then finish interrupted swaps, validate and repair what a crash
+    can leave; without it, only check (nothing on disk changes)."""
+    listing = list_refusing_links(dir_path) if listing is None else listing
     report = RecoveryReport()
     report_malformed_names(listing, report)
     if recover and not options.read_only:

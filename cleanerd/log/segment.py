@@ -13,10 +13,11 @@ timestamp from the indexes' last entries plus a scan of the bytes after the last
 offset-index entry (at most about `index.interval.bytes` plus one batch), and reads map
 the file (`mmap`) for the duration of one iteration. A 1 GiB segment costs a few
 kilobytes of reads to open. A small segment with no offset-index entry (a quiet topic's)
-is read whole instead, once, for all of its metadata, with no index read. Appends after a reopen continue the interval count from the
-last entry's position, so the index of a segment written across reopens (or by several
-processes) equals a rebuild from its log; Kafka restarts the count at zero on reopen,
-which gives a different but equally valid index.
+is read whole instead, once, for all of its metadata, with no index read. Appends after
+a reopen continue the interval count from the last entry's position, so the index of a
+segment written across reopens (or by several processes) equals a rebuild from its log;
+Kafka restarts the count at zero on reopen, which gives a different but equally valid
+index.
 
 Crash consistency of an append: the batch bytes are written at the end of the `.log`
 first, then the index entries they earned are appended to the index files. A crash in

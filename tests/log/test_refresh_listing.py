@@ -54,7 +54,7 @@ def writer_and_reader(tmp_path: Path) -> tuple[PartitionLog, PartitionLog]:
 
 def test_a_settled_dir_is_not_listed_again(tmp_path: Path, listings: list[str]) -> None:
     _, reader = writer_and_reader(tmp_path)
-    reader.meta()  # the first also lists the producer snapshots, once
+    reader.meta()
     listings.clear()
     for _ in range(3):
         reader.meta()
@@ -89,3 +89,25 @@ def test_a_link_put_in_place_is_refused(tmp_path: Path) -> None:
     (writer.dir / "00000000000000099999.log").symlink_to(target)
     with pytest.raises(SymlinkRefused):
         reader.meta()
+
+
+def test_the_first_producer_state_takes_the_snapshots_the_open_listed(
+    tmp_path: Path, listings: list[str]
+) -> None:
+    """The open's listing names the producer snapshots: the first producer state needs
+    no second listing of a settled dir; a snapshot written since is found."""
+    writer, _ = writer_and_reader(tmp_path)
+    writer.take_snapshot()
+    settle(writer.dir)
+    listings.clear()
+    reader = LogDir.open(writer.log_dir, observe=True, state_dir=tmp_path / "state")
+    plog = reader.open_partition(TP, config=CONFIG)
+    plog.meta()
+    assert listings == [str(writer.dir)]  # the open's own
+    assert plog.producer_state().offset == writer.log_end_offset
+
+    listings.clear()
+    again = reader.open_partition(TP, config=CONFIG)
+    (writer.dir / "x").touch()  # the dir changes after the open listed it
+    again.producer_state()
+    assert listings == [str(writer.dir)] * 2  # the open's, and the snapshots' again
