@@ -630,6 +630,9 @@ class PartitionLog:
             self._producers = self._state_at_snapshot()
             self._txn_scanned = (-1, 0)
         state = self._producers
+        last = self._segments[-1] if self._segments else None
+        if last is not None and self._txn_scanned == (last.base_offset, last.size):
+            return state  # nothing appended since the last call
         scanned_base, scanned_pos = self._txn_scanned
         floor = state.offset
         for n, segment in enumerate(self._segments):
@@ -655,6 +658,8 @@ class PartitionLog:
             if error is not None:
                 raise error.located(segment.log_path)
             self._txn_scanned = (segment.base_offset, segment.size)
+        if last is not None:  # walked, or covered by the snapshot, to the end of the log
+            self._txn_scanned = (last.base_offset, last.size)
         return state
 
     def _apply_appended_txn_batch(self, segment: LogSegment, chunk: bytes, info: BatchInfo) -> None:
