@@ -42,7 +42,7 @@ import numpy as np
 
 from cleanerd._jit import jit
 from cleanerd.errors import CorruptRecordError
-from cleanerd.records import legacy, lz4_frames
+from cleanerd.records import compiled_codecs, legacy
 from cleanerd.records.compression import decompress, decompress_frames, decompress_into
 from cleanerd.records.header import (
     COMPRESSION_MASK,
@@ -612,8 +612,8 @@ def _decompress_areas(
     seg: U8, view: memoryview, table: BatchTable, rows: I64, side: _SideBuffer
 ) -> tuple[I64, I64]:
     """Decompress the records areas of the compressed batches `rows` into `side`, in
-    file order: LZ4 frames in compiled code (`lz4_frames.py`), the other codecs' areas a
-    run at a time (`compression.decompress_frames`); whatever those leave (damage, an
+    file order: LZ4 and snappy in compiled code (`compiled_codecs.py`), the other codecs'
+    areas a run at a time (`compression.decompress_frames`); whatever those leave (damage, an
     unusual framing) through `compression.decompress`, one call each, which reads it or
     names the error.
     Returns where each went in `side`."""
@@ -622,21 +622,21 @@ def _decompress_areas(
     codecs = table.attributes[rows] & COMPRESSION_MASK
     out_start = np.empty(len(rows), np.int64)
     out_end = np.empty(len(rows), np.int64)
-    lz4 = codecs == Compression.LZ4
+    compiled = (codecs == Compression.LZ4) | (codecs == Compression.SNAPPY)
     run_end = _run_ends(codecs)
     i = 0
     while i < len(rows):
-        if lz4[i]:
+        if compiled[i]:
             status, i, side.used = (
                 int(x)
-                for x in lz4_frames.decompress_frames(
-                    seg, starts, ends, lz4, side.buf, side.used, out_start, out_end, i
+                for x in compiled_codecs.decompress_areas(
+                    seg, starts, ends, codecs, side.buf, side.used, out_start, out_end, i
                 )
             )
-            if status == lz4_frames.NEEDS_ROOM:
+            if status == compiled_codecs.NEEDS_ROOM:
                 side.grow()
                 continue
-            if status == lz4_frames.OK:
+            if status == compiled_codecs.OK:
                 break
         else:  # a run of another codec's batches: many per call
             run = slice(i, run_end[i])

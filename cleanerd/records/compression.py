@@ -18,9 +18,9 @@
   magic as well; reading accepts either checksum.
 - zstd (4): a standard zstd frame, level 3 (Kafka's default).
 
-A segment's batches are decompressed many at a time: LZ4 frames in compiled code
-(`lz4_frames.py`), the other codecs' areas through `decompress_frames`, each with its
-fastest path for small inputs. Every area either does not take whole goes through
+A segment's batches are decompressed many at a time: LZ4 and snappy in compiled code
+(`compiled_codecs.py`), the other codecs' areas through `decompress_frames`, each with its
+fastest path for small inputs. Every area neither takes whole goes through
 `decompress`, one call per batch, which reads it or names what is wrong.
 
 Every decompression failure becomes CorruptRecordError (without a position: the caller

@@ -1,6 +1,14 @@
-"""LZ4 frames decoded in compiled code: every LZ4-compressed batch of a segment in one call.
+"""LZ4 and snappy decoded in compiled code: every such batch of a segment in one call.
 
-A Kafka v2 batch compressed with LZ4 holds one LZ4 frame (format 1.6, the one Kafka's
+Decompressing a quiet topic's 1-record batches through a Python codec call per batch
+costs about 10 us a batch, where the decoding itself is a fraction of a microsecond: so
+the kernel takes the whole list (`decompress_areas`), batch by batch in file order. It
+checks everything the data carries (checksums, sizes, bounds, offsets); anything it
+does not take as valid, and every other codec's batch, it leaves to the caller, which
+goes through the codec library (`compression.py`): that decodes it or names the error,
+so a corrupt batch is reported exactly as before.
+
+LZ4 (codec 3). A batch holds one LZ4 frame (format 1.6, the one Kafka's
 `KafkaLZ4BlockOutputStream` writes and librdkafka and the Java client read):
 
     magic 04 22 4D 18 | FLG | BD | [content size, 8 B LE] | HC |
@@ -8,25 +16,25 @@ A Kafka v2 batch compressed with LZ4 holds one LZ4 frame (format 1.6, the one Ka
     end mark 00 00 00 00 | [xxh32 of the content, 4 B]
 
 FLG: version 01 (bits 7-6), independent blocks (5), block checksums (4), content size
-(3), content checksum (2), a reserved 0 (1), a dictionary id (0). BD: the block maximum
-size id (bits 6-4, 4..7 for 64 KiB..4 MiB), all other bits 0. HC is the second byte of
-the xxh32 of the descriptor (FLG up to HC); Kafka's clients before 0.10 hashed the
-magic number too, and that legacy value is accepted as `compression.py` accepts it.
+(3), content checksum (2), a reserved 0 (1), a dictionary id (0; left to the library).
+BD: the block maximum size id (bits 6-4, 4..7 for 64 KiB..4 MiB), all other bits 0. HC
+is the second byte of the xxh32 of the descriptor (FLG up to HC); Kafka's clients before
+0.10 hashed the magic number too, and that legacy value is accepted as `compression.py`
+accepts it. A block is LZ4's sequence format: a token (literal count high nibble, match
+length low nibble, 15 meaning more length bytes follow, each adding up to 255), the
+literals, then a 2-byte little-endian match offset (1..65535) and the match, copied byte
+by byte since it may overlap its own output. The last sequence of a block is literals
+only. A match reaches back at most to the start of its block when blocks are
+independent, else to the start of the frame.
 
-A block is LZ4's sequence format: a token (literal count high nibble, match length low
-nibble, 15 meaning more length bytes follow, each adding up to 255), the literals, then
-a 2-byte little-endian match offset (1..65535) and the match, copied byte by byte since
-it may overlap its own output. The last sequence of a block is literals only. A match
-reaches back at most to the start of its block when blocks are independent, else to the
-start of the frame.
-
-Decompressing a quiet topic's 1-record batches through a Python codec call per batch
-costs about 10 us a batch, where the decoding itself is a fraction of a microsecond: so
-the kernel takes the whole list. It checks everything the frame carries (header
-checksum, block and content checksums when present, sizes, bounds, offsets); anything
-it does not take as valid, or a frame with a dictionary id, it leaves to the codec
-library (`compression.decompress`), which decodes it or names the error, so a corrupt
-frame is reported exactly as before.
+Snappy (codec 2). A batch holds snappy-java's xerial stream (magic `82 'SNAPPY' 00`,
+version and compat int32 BE, then blocks of an int32 BE length and a raw block) or, from
+some non-Java clients, one raw block. A raw block is a varint of the uncompressed length,
+then elements: a literal (tag low bits 00: length - 1 in the tag's high six bits, or in
+the 1 to 4 little-endian bytes after it when those bits are 60 to 63) or a copy (01: length
+4..11 and an 11-bit offset; 10: length 1..64 and a 2-byte offset; 11: a 4-byte offset),
+whose offset reaches back at most to the start of its block; the output must be exactly
+the stated length.
 """
 
 from __future__ import annotations
@@ -43,6 +51,11 @@ NEEDS_ROOM: Final = 1
 """The output buffer is too small for the frame: grow it and call again from that row."""
 UNDECODED: Final = 2
 """Not a frame this kernel takes as valid: the codec library decides."""
+
+SNAPPY: Final = 2
+LZ4: Final = 3
+"""The codecs decoded here (attribute values)."""
+_XERIAL_MAGIC: Final = np.frombuffer(b"\x82SNAPPY\x00", np.uint8)
 
 _M32: Final = 0xFFFFFFFF
 _P1: Final = 2654435761
@@ -221,27 +234,140 @@ def _frame(src: Any, s: Int, e: Int, dst: Any, o: Int) -> tuple[Int, Int]:
 
 
 @jit
-def decompress_frames(
+def _varint32(src: Any, p: Int, end: Int) -> tuple[Int, Int]:
+    """A little-endian base-128 varint of at most 32 bits: (value, next position), or
+    (-1, p) if it is cut short or too long."""
+    value = np.int64(0)
+    for k in range(5):
+        if p + k >= end:
+            return -1, p
+        b = np.int64(src[p + k])
+        value |= (b & 0x7F) << (7 * k)
+        if b < 0x80:
+            return (value, p + k + 1) if value <= _M32 else (-1, p)
+    return -1, p
+
+
+@jit
+def _snappy_block(src: Any, p: Int, end: Int, dst: Any, o: Int) -> tuple[Int, Int]:
+    """Decode one raw snappy block `src[p:end]` to `dst[o:]`: (status, output end)."""
+    n, p = _varint32(src, p, end)
+    # No element expands more than 64 bytes from 3 (a 2-byte-offset copy): a larger
+    # stated length is damage, which must not size an allocation.
+    if n < 0 or n > 22 * (end - p):
+        return UNDECODED, o
+    if o + n > len(dst):
+        return NEEDS_ROOM, o
+    start, limit = o, o + n
+    while p < end:
+        tag: Int = np.int64(src[p])
+        p += 1
+        kind = tag & 3
+        length: Int = 0
+        offset: Int = 0
+        if kind == 0:
+            length = tag >> 2
+            if length >= 60:
+                extra = length - 59
+                if p + extra > end:
+                    return UNDECODED, o
+                length = 0
+                for k in range(extra):
+                    length |= np.int64(src[p + k]) << (8 * k)
+                p += extra
+            length += 1
+            if p + length > end or o + length > limit:
+                return UNDECODED, o
+            for k in range(length):
+                dst[o + k] = src[p + k]
+            p += length
+            o += length
+            continue
+        if kind == 1:
+            if p >= end:
+                return UNDECODED, o
+            length = ((tag >> 2) & 7) + 4
+            offset = ((tag >> 5) << 8) | np.int64(src[p])
+            p += 1
+        elif kind == 2:
+            if p + 2 > end:
+                return UNDECODED, o
+            length = (tag >> 2) + 1
+            offset = np.int64(src[p]) | (np.int64(src[p + 1]) << 8)
+            p += 2
+        else:
+            if p + 4 > end:
+                return UNDECODED, o
+            length = (tag >> 2) + 1
+            offset = _le32(src, p)
+            p += 4
+        if offset == 0 or offset > o - start or o + length > limit:
+            return UNDECODED, o
+        for k in range(length):  # byte by byte: the copy may overlap what it writes
+            dst[o + k] = dst[o - offset + k]
+        o += length
+    if o != limit:
+        return UNDECODED, o
+    return OK, o
+
+
+@jit
+def _snappy(src: Any, s: Int, e: Int, dst: Any, o: Int) -> tuple[Int, Int]:
+    """Decode the snappy area `src[s:e]` (xerial stream or one raw block) to `dst[o:]`."""
+    xerial = e - s >= 8
+    for k in range(8):
+        if xerial and src[s + k] != _XERIAL_MAGIC[k]:
+            xerial = False
+    if not xerial:
+        return _snappy_block(src, s, e, dst, o)
+    p = s + 16
+    if p > e:
+        return UNDECODED, o
+    while p < e:
+        if p + 4 > e:
+            return UNDECODED, o
+        n = (
+            (np.int64(src[p]) << 24)
+            | (np.int64(src[p + 1]) << 16)
+            | (np.int64(src[p + 2]) << 8)
+            | np.int64(src[p + 3])
+        )
+        p += 4
+        if n < 0 or n >= 0x80000000 or p + n > e:
+            return UNDECODED, o
+        status, o = _snappy_block(src, p, p + n, dst, o)
+        if status != OK:
+            return status, o
+        p += n
+    return OK, o
+
+
+@jit
+def decompress_areas(
     src: Any,
     starts: Any,
     ends: Any,
-    lz4: Any,
+    codecs: Any,
     dst: Any,
     used: Int,
     out_start: Any,
     out_end: Any,
     i: Int,
 ) -> tuple[Int, Int, Int]:
-    """Decode the frames `src[starts[j]:ends[j]]` for j = i, i + 1, ... in order into
-    `dst` from `used`, recording where each went (`out_start[j]`, `out_end[j]`). Stops
-    at the first that does not fit (NEEDS_ROOM) or that is left to the codec library
-    (UNDECODED: also every j whose `lz4[j]` is false, another codec's data): (status,
-    that j, bytes of `dst` used before it); (OK, len, used) when all were decoded. Going
-    in order keeps the first bad batch the one reported."""
+    """Decode the areas `src[starts[j]:ends[j]]` (compressed with `codecs[j]`) for j = i,
+    i + 1, ... in order into `dst` from `used`, recording where each went (`out_start[j]`,
+    `out_end[j]`). Stops at the first that does not fit (NEEDS_ROOM) or that is left to
+    the codec library (UNDECODED: also every area of a codec other than LZ4 and snappy):
+    (status, that j, bytes of `dst` used before it); (OK, len, used) when all were
+    decoded. Going in order keeps the first bad batch the one reported."""
     for j in range(i, len(starts)):
-        if not lz4[j]:
+        codec = codecs[j]
+        if codec == LZ4:
+            status, end = _frame(src, starts[j], ends[j], dst, used)
+        elif codec == SNAPPY:
+            status, end = _snappy(src, starts[j], ends[j], dst, used)
+        else:
             return UNDECODED, j, used
-        status, end = _frame(src, starts[j], ends[j], dst, used)
         if status != OK:
             return status, j, used
         out_start[j] = used

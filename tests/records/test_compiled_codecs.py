@@ -1,5 +1,5 @@
-"""Tests of cleanerd.records.lz4_frames: LZ4 frames decoded in compiled code, checked
-against the codec library (cramjam) and frames written by three encoders."""
+"""Tests of cleanerd.records.compiled_codecs: LZ4 and snappy decoded in compiled code,
+checked against the codec library (cramjam) and data written by several encoders."""
 
 from __future__ import annotations
 
@@ -16,15 +16,21 @@ from hypothesis import strategies as st
 from cleanerd.errors import CorruptRecordError
 from cleanerd.records.batch import _assemble, encode_batch
 from cleanerd.records.columns import segment_columns
-from cleanerd.records.compression import LZ4_MAGIC, compress, xxhash32
-from cleanerd.records.header import RECORD_BATCH_OVERHEAD, Compression, unpack_header
-from cleanerd.records.lz4_frames import (
+from cleanerd.records.compiled_codecs import (
     NEEDS_ROOM,
     OK,
     UNDECODED,
-    decompress_frames,
+    decompress_areas,
     xxh32,
 )
+from cleanerd.records.compression import (
+    LZ4_MAGIC,
+    XERIAL_HEADER,
+    compress,
+    decompress,
+    xxhash32,
+)
+from cleanerd.records.header import RECORD_BATCH_OVERHEAD, Compression, unpack_header
 from cleanerd.records.record import Record
 
 payloads = st.one_of(
@@ -33,18 +39,19 @@ payloads = st.one_of(
 )
 
 
-def kernel(frames: list[bytes], room: int = 1 << 20) -> tuple[int, int, list[bytes]]:
-    """(status, frame reached, outputs) of one call over `frames` laid end to end."""
+def kernel(
+    frames: list[bytes], room: int = 1 << 20, codec: Compression = Compression.LZ4
+) -> tuple[int, int, list[bytes]]:
+    """(status, area reached, outputs) of one call over `frames` laid end to end."""
     src = np.frombuffer(b"".join(frames), np.uint8)
     ends = np.cumsum([len(f) for f in frames]).astype(np.int64)
     starts = np.concatenate([[0], ends[:-1]]).astype(np.int64)
     dst = np.zeros(room, np.uint8)
     out_start = np.zeros(len(frames), np.int64)
     out_end = np.zeros(len(frames), np.int64)
-    lz4_rows = np.ones(len(frames), bool)
+    codecs = np.full(len(frames), int(codec), np.int64)
     status, reached, _ = (
-        int(x)
-        for x in decompress_frames(src, starts, ends, lz4_rows, dst, 0, out_start, out_end, 0)
+        int(x) for x in decompress_areas(src, starts, ends, codecs, dst, 0, out_start, out_end, 0)
     )
     outputs = [bytes(dst[a:b]) for a, b in zip(out_start[:reached], out_end[:reached], strict=True)]
     return status, reached, outputs
@@ -187,8 +194,10 @@ def test_a_segment_of_one_record_batches_decodes_whole() -> None:
     ]
 
 
-def test_lz4_batches_need_no_codec_call(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A segment of LZ4 batches is decompressed without a codec library call per batch."""
+@pytest.mark.parametrize("codec", [Compression.LZ4, Compression.SNAPPY], ids=lambda c: c.name)
+def test_batches_need_no_codec_call(codec: Compression, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A segment of LZ4 or snappy batches is decompressed without a codec library call
+    per batch."""
     from cleanerd.records import columns
 
     calls: list[int] = []
@@ -199,8 +208,11 @@ def test_lz4_batches_need_no_codec_call(monkeypatch: pytest.MonkeyPatch) -> None
         return original(codec, data, out)
 
     monkeypatch.setattr(columns, "decompress_into", counting)
-    cols = segment_columns(b"".join(_lz4_batch(_records(i, 1), i) for i in range(200)))
+    monkeypatch.setattr(columns, "decompress_frames", counting)
+    batches = [encode_batch(_records(i, 1), base_offset=i, compression=codec) for i in range(200)]
+    cols = segment_columns(b"".join(batches))
     assert cols.num_records == 200
+    assert [cols.key(i) for i in (0, 199)] == [b"k0", b"k199"]
     assert calls == []
 
 
@@ -242,3 +254,57 @@ def test_struct_of_a_kafka_frame() -> None:
     magic, flg, bd = struct.unpack_from("<IBB", frame)
     assert (magic, flg, bd) == (0x184D2204, 0x60, 0x40)
     assert frame[6] == (xxhash32(frame[4:6]) >> 8) & 0xFF
+
+
+def snappy_raw(data: bytes) -> bytes:
+    return bytes(cramjam.snappy.compress_raw(data))
+
+
+def snappy_library(area: bytes) -> bytes | None:
+    """What the codec layer makes of a snappy area, or None when it refuses it."""
+    try:
+        return decompress(Compression.SNAPPY, area)
+    except CorruptRecordError:
+        return None
+
+
+@settings(max_examples=150, deadline=None)
+@given(payloads, st.integers(1, 40_000))
+def test_snappy_of_every_framing_decodes_as_the_library_does(data: bytes, block: int) -> None:
+    """Xerial streams from cleanerd's writer, from snappy-java's framing with any block
+    size (python-snappy's `hadoop`-style is not Kafka's), and one raw block."""
+    xerial = XERIAL_HEADER + b"".join(
+        struct.pack(">i", len(c)) + c
+        for c in (snappy_raw(data[k : k + block]) for k in range(0, len(data), block))
+    )
+    areas = [compress(Compression.SNAPPY, data), xerial, snappy_raw(data)]
+    status, reached, outputs = kernel(areas, codec=Compression.SNAPPY)
+    assert (status, reached) == (OK, len(areas))
+    assert outputs == [data] * len(areas)
+
+
+@settings(max_examples=300, deadline=None)
+@given(payloads, st.booleans(), st.data())
+def test_a_damaged_snappy_area_is_never_read_differently_from_the_library(
+    data: bytes, raw: bool, draw: st.DataObject
+) -> None:
+    area = bytearray(snappy_raw(data) if raw else compress(Compression.SNAPPY, data))
+    for _ in range(draw.draw(st.integers(1, 3))):
+        at = draw.draw(st.integers(0, len(area) - 1))
+        area[at] = draw.draw(st.integers(0, 255))
+    cut = draw.draw(st.integers(max(0, len(area) - 8), len(area)))
+    damaged = bytes(area[:cut])
+    status, _, outputs = kernel([damaged], codec=Compression.SNAPPY)
+    expected = snappy_library(damaged)
+    if status == OK:
+        assert expected is not None
+        assert outputs == [expected]
+    else:
+        assert status == UNDECODED
+
+
+def test_snappy_larger_than_the_room_asks_for_more() -> None:
+    small = compress(Compression.SNAPPY, b"a" * 10)
+    big = compress(Compression.SNAPPY, b"b" * 5000)
+    kernel_result = kernel([small, big], room=1000, codec=Compression.SNAPPY)
+    assert kernel_result == (NEEDS_ROOM, 1, [b"a" * 10])
