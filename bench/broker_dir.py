@@ -258,6 +258,8 @@ def main() -> None:
             rows.append(
                 ("run, start to first cycle, no snapshots", *first_cycle(cfg, root / "run2.log"))
             )
+            # What the daemon keeps of a dir it stopped cleanly in; then a live broker's.
+            per_partition, per_segment, segments = metadata_memory(logs, root / "state")
             with live_broker(logs):
                 rows.append(
                     ("plan, beside a live broker", *timed(cleanerd("plan", "-c", str(cfg))))
@@ -268,7 +270,6 @@ def main() -> None:
                         *first_cycle(cfg, root / "run3.log"),
                     )
                 )
-            per_partition, per_segment, segments = metadata_memory(logs, root / "state")
             print(
                 f"{count:>10} ({total / 1e6:.0f} MB of .log in {segments} segments; metadata "
                 f"cached: {per_partition / 1024:.1f} KiB per partition, that is "

@@ -45,7 +45,7 @@ from pathlib import Path
 from bench.compaction import NOW_MS, TOPIC, TOPIC_DIR, generate, measure, sources
 from cleanerd.records.header import Compression
 
-CODECS = {"none": Compression.NONE, "lz4": Compression.LZ4, "zstd": Compression.ZSTD}
+CODECS = {codec.name.lower(): codec for codec in Compression}
 
 
 @dataclass(frozen=True)

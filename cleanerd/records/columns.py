@@ -612,11 +612,10 @@ def _decompress_areas(
     seg: U8, view: memoryview, table: BatchTable, rows: I64, side: _SideBuffer
 ) -> tuple[I64, I64]:
     """Decompress the records areas of the compressed batches `rows` into `side`, in
-    file order: LZ4 and snappy in compiled code (`compiled_codecs.py`), the other codecs'
-    areas a run at a time (`compression.decompress_frames`); whatever those leave (damage, an
-    unusual framing) through `compression.decompress`, one call each, which reads it or
-    names the error.
-    Returns where each went in `side`."""
+    file order; return where each went. LZ4 and snappy in compiled code
+    (`compiled_codecs.py`), gzip and zstd a run of batches per call
+    (`compression.decompress_frames`); whatever those leave (damage, an unusual framing)
+    through `compression.decompress`, one call each, which reads it or names the error."""
     starts = table.position[rows] + RECORD_BATCH_OVERHEAD
     ends = table.position[rows] + table.size[rows]
     codecs = table.attributes[rows] & COMPRESSION_MASK
@@ -638,7 +637,7 @@ def _decompress_areas(
                 continue
             if status == compiled_codecs.OK:
                 break
-        else:  # a run of another codec's batches: many per call
+        else:  # a run of gzip or zstd batches: many per call
             run = slice(i, run_end[i])
             frames = decompress_frames(
                 int(codecs[i]), view, starts[run].tolist(), ends[run].tolist()

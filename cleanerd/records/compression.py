@@ -19,9 +19,9 @@
 - zstd (4): a standard zstd frame, level 3 (Kafka's default).
 
 A segment's batches are decompressed many at a time: LZ4 and snappy in compiled code
-(`compiled_codecs.py`), the other codecs' areas through `decompress_frames`, each with its
-fastest path for small inputs. Every area neither takes whole goes through
-`decompress`, one call per batch, which reads it or names what is wrong.
+(`compiled_codecs.py`), gzip and zstd through `decompress_frames`, each with its fastest
+path for small inputs. Every area neither takes whole goes through `decompress`, one
+call per batch, which reads it or names what is wrong.
 
 Every decompression failure becomes CorruptRecordError (without a position: the caller
 knows which batch it was decoding and adds it).
@@ -274,15 +274,15 @@ def _zstd_context() -> tuple[Any, type[Exception]]:
 def decompress_frames(
     codec: Compression | int, data: Buffer, starts: list[int], ends: list[int]
 ) -> list[bytes]:
-    """The areas `data[starts[k]:ends[k]]`, all compressed with `codec` (gzip, snappy or
-    zstd), decompressed in order, up to the first this cannot take whole: that one, and
-    anything unusual (a gzip stream of several members, a zstd area of several frames,
-    trailing bytes, damage), `decompress` reads or reports. One call for a segment's
-    batches saves the layers a call per batch goes through, and each codec's fastest
-    small-input path is used: zlib for gzip (a 20-byte stream of 108 bytes took 8.8 us
-    through cramjam, 1.1 us through zlib), a zstd context kept per thread (making one is
-    most of a small frame's cost: 13.4 us through cramjam, which makes one per call,
-    against 1.1 us)."""
+    """The areas `data[starts[k]:ends[k]]`, all compressed with `codec` (gzip or zstd;
+    none for any other), decompressed in order, up to the first this cannot take whole:
+    that one, and anything unusual (a gzip stream of several members, a zstd area of
+    several frames, trailing bytes, damage), `decompress` reads or reports. One call for
+    a segment's batches saves the layers a call per batch goes through, and each codec's
+    fastest small-input path is used: zlib for gzip (a 20-byte stream of 108 bytes took
+    8.8 us through cramjam, 1.1 us through zlib), a zstd context kept per thread (making
+    one is most of a small frame's cost: 13.4 us through cramjam, which makes one per
+    call, against 1.1 us)."""
     view = memoryview(data)
     found: list[bytes] = []
     try:
@@ -293,9 +293,6 @@ def decompress_frames(
                 if not stream.eof or stream.unused_data:
                     break
                 found.append(result)
-        elif codec == Compression.SNAPPY:
-            for start, end in zip(starts, ends, strict=True):
-                found.append(_snappy_decompress(view[start:end]))
         elif codec == Compression.ZSTD:
             context, error = _zstd_context()
             for start, end in zip(starts, ends, strict=True):
