@@ -83,7 +83,9 @@ def _le32(buf: Any, p: Int) -> Int:
 @jit
 def xxh32(buf: Any, start: Int, n: Int) -> Int:
     """XXH32 (seed 0) of `buf[start:start + n]`. Products are taken in int64, which wraps;
-    only their low 32 bits are kept."""
+    only their low 32 bits are kept. `compression.xxhash32` is the same function for the
+    codec layer, which hashes a few descriptor bytes and so does not load numba for them;
+    the tests hold the two equal."""
     i, end = start, start + n
     if n >= 16:
         v1: Int = (_P1 + _P2) & _M32
@@ -115,6 +117,22 @@ def xxh32(buf: Any, start: Int, n: Int) -> Int:
 
 
 @jit
+def _length(src: Any, p: Int, end: Int, n: Int) -> tuple[Int, Int]:
+    """A token's length nibble `n`; at 15 it goes on in the bytes from `p`, each adding
+    up to 255 until one below 255: (the length, the position after it), or (-1, p) when
+    the bytes end first."""
+    if n != 15:
+        return n, p
+    while p < end:
+        more = np.int64(src[p])
+        p += 1
+        n += more
+        if more != 255:
+            return n, p
+    return -1, p
+
+
+@jit
 def _block(
     src: Any, p: Int, end: Int, dst: Any, o: Int, cap: Int, floor: Int, room: Int
 ) -> tuple[Int, Int]:
@@ -125,18 +143,8 @@ def _block(
         if p >= end:
             return UNDECODED, o  # an empty block, or one ending after a match
         token = np.int64(src[p])
-        p += 1
-        n = token >> 4
-        if n == 15:
-            while True:
-                if p >= end:
-                    return UNDECODED, o
-                more = np.int64(src[p])
-                p += 1
-                n += more
-                if more != 255:
-                    break
-        if p + n > end or o + n > limit:
+        n, p = _length(src, p + 1, end, token >> 4)
+        if n < 0 or p + n > end or o + n > limit:
             return UNDECODED, o
         if o + n > cap:
             return NEEDS_ROOM, o
@@ -152,18 +160,9 @@ def _block(
         p += 2
         if offset == 0 or offset > o - floor:
             return UNDECODED, o
-        n = token & 15
-        if n == 15:
-            while True:
-                if p >= end:
-                    return UNDECODED, o
-                more = np.int64(src[p])
-                p += 1
-                n += more
-                if more != 255:
-                    break
+        n, p = _length(src, p, end, token & 15)
         n += 4
-        if o + n > limit:
+        if n < 4 or o + n > limit:
             return UNDECODED, o
         if o + n > cap:
             return NEEDS_ROOM, o

@@ -26,6 +26,13 @@ def _batches(count: int, *, base: int = 0, per_batch: int = 2, ts0: int = 1000) 
     return out
 
 
+def _flip_byte(path: Path, at: int) -> None:
+    """Invert the byte at `at` of the file (inside the second batch: a CRC mismatch)."""
+    data = bytearray(path.read_bytes())
+    data[at] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
 def _segment(tmp_path: Path, count: int = 30, interval: int = 200) -> LogSegment:
     return write_segment(tmp_path, 0, _batches(count), index_interval_bytes=interval)
 
@@ -181,11 +188,7 @@ def test_corrupt_batch_error_names_file_and_position(tmp_path: Path) -> None:
     """A flipped byte makes reading fail with the file and the batch position."""
     batches = _batches(3)
     seg = write_segment(tmp_path, 0, batches)
-    with open(seg.log_path, "r+b") as f:
-        f.seek(len(batches[0]) + 70)
-        byte = f.read(1)
-        f.seek(len(batches[0]) + 70)
-        f.write(bytes([byte[0] ^ 0xFF]))
+    _flip_byte(seg.log_path, len(batches[0]) + 70)
     with pytest.raises(CorruptRecordError, match="CRC mismatch") as info:
         list(LogSegment(tmp_path, 0).batches())
     assert info.value.path == str(seg.log_path)
@@ -268,11 +271,7 @@ def test_damage_in_a_small_segment_read_once_is_named(tmp_path: Path) -> None:
     the batch position, as the usual way reports it."""
     batches = _batches(3)
     seg = write_segment(tmp_path, 0, batches, index_interval_bytes=1 << 20)
-    with open(seg.log_path, "r+b") as f:
-        f.seek(len(batches[0]) + 70)
-        byte = f.read(1)
-        f.seek(len(batches[0]) + 70)
-        f.write(bytes([byte[0] ^ 0xFF]))
+    _flip_byte(seg.log_path, len(batches[0]) + 70)
     with pytest.raises(CorruptRecordError, match="CRC mismatch") as info:
         LogSegment(tmp_path, 0).meta()
     assert info.value.path == str(seg.log_path)
