@@ -182,7 +182,7 @@ class LogSegment:
         # for them millions of times.
         path = self._paths.get(kind)
         if path is None:
-            path = self._paths[kind] = segment_file(self.dir, self.base_offset, kind, self.suffix)
+            path = self._paths[kind] = Path(self._os_path(kind))
         return path
 
     @property
@@ -392,11 +392,8 @@ class LogSegment:
                 builder.max_timestamp = tail.max_timestamp
                 builder.offset_of_max_timestamp = tail.offset_of_max_timestamp
             self._next_offset = tail.last_offset + 1 if tail.batches else self.base_offset
-            if last.position == 0 and tail.stop == self._size:  # walked it whole
-                if tail.batches and self._first is None:
-                    self._first = (tail.first_max_timestamp,)
-                if self.delete_horizon is None:
-                    self.delete_horizon = tail.delete_horizon
+            if last.position == 0 and tail.stop == self._size:
+                self._learn_from_whole(tail)
             self._builder = builder
         return self._builder
 
@@ -551,11 +548,16 @@ class LogSegment:
         next_offset = whole.last_offset + 1
         self._summary = (next_offset, whole.max_timestamp, whole.offset_of_max_timestamp)
         self._next_offset = next_offset
-        if self._first is None:
+        self._learn_from_whole(whole)
+        self._index_bytes = (offset_index_bytes, time_index_bytes)
+
+    def _learn_from_whole(self, whole: Summary) -> None:
+        """What a walk of the whole file also tells, kept unless already known: the first
+        batch's timestamp and the delete horizons."""
+        if whole.batches and self._first is None:
             self._first = (whole.first_max_timestamp,)
         if self.delete_horizon is None:
             self.delete_horizon = whole.delete_horizon
-        self._index_bytes = (offset_index_bytes, time_index_bytes)
 
     # -- reading -------------------------------------------------------------------
 

@@ -44,6 +44,7 @@ from typing import Any, Final
 import numpy as np
 
 from cleanerd._jit import jit
+from cleanerd.records.compression import LZ4_MAGIC, XERIAL_MAGIC
 from cleanerd.records.walker import Int
 
 OK: Final = 0
@@ -55,7 +56,8 @@ UNDECODED: Final = 2
 SNAPPY: Final = 2
 LZ4: Final = 3
 """The codecs decoded here (attribute values)."""
-_XERIAL_MAGIC: Final = np.frombuffer(b"\x82SNAPPY\x00", np.uint8)
+_LZ4_MAGIC: Final = np.frombuffer(LZ4_MAGIC, np.uint8)
+_XERIAL_MAGIC: Final = np.frombuffer(XERIAL_MAGIC, np.uint8)
 
 _M32: Final = 0xFFFFFFFF
 _P1: Final = 2654435761
@@ -175,9 +177,7 @@ def _block(
 def _frame(src: Any, s: Int, e: Int, dst: Any, o: Int) -> tuple[Int, Int]:
     """Decode the frame `src[s:e]` to `dst[o:]`: (status, output end)."""
     cap = len(dst)
-    if e - s < 7 or src[s] != 0x04 or src[s + 1] != 0x22 or src[s + 2] != 0x4D:
-        return UNDECODED, o
-    if src[s + 3] != 0x18:
+    if e - s < 7 or not _starts_with(src, s, _LZ4_MAGIC):
         return UNDECODED, o
     flg, bd = np.int64(src[s + 4]), np.int64(src[s + 5])
     if flg >> 6 != 1 or flg & 0x03 or bd & 0x8F or (bd >> 4) & 7 < 4:
@@ -230,6 +230,15 @@ def _frame(src: Any, s: Int, e: Int, dst: Any, o: Int) -> tuple[Int, Int]:
     if p != e or (content_size >= 0 and o - start != content_size):
         return UNDECODED, o
     return OK, o
+
+
+@jit
+def _starts_with(src: Any, s: Int, magic: Any) -> bool:
+    """Whether `src[s:]` begins with `magic` (the caller checked there are enough bytes)."""
+    for k in range(len(magic)):  # noqa: SIM110 - numba compiles no generator in all()
+        if src[s + k] != magic[k]:
+            return False
+    return True
 
 
 @jit
@@ -313,11 +322,7 @@ def _snappy_block(src: Any, p: Int, end: Int, dst: Any, o: Int) -> tuple[Int, In
 @jit
 def _snappy(src: Any, s: Int, e: Int, dst: Any, o: Int) -> tuple[Int, Int]:
     """Decode the snappy area `src[s:e]` (xerial stream or one raw block) to `dst[o:]`."""
-    xerial = e - s >= 8
-    for k in range(8):
-        if xerial and src[s + k] != _XERIAL_MAGIC[k]:
-            xerial = False
-    if not xerial:
+    if e - s < 8 or not _starts_with(src, s, _XERIAL_MAGIC):
         return _snappy_block(src, s, e, dst, o)
     p = s + 16
     if p > e:
