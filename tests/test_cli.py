@@ -227,3 +227,34 @@ def test_module_entry_point_runs(kafka_real: Path) -> None:
     )
     assert (result.returncode, result.stderr) == (0, "")
     assert result.stdout.splitlines()[2].startswith("baseOffset: 0 lastOffset: 0 count: 1")
+
+
+def test_only_the_process_entry_freezes_the_imports_out_of_the_collector(
+    tmp_path: Path,
+) -> None:
+    """`main()` for the process's own arguments freezes what the command imported; a call
+    with an explicit argv (as tests make, many per process) freezes nothing."""
+    config = tmp_path / "c.yaml"
+    (tmp_path / "data").mkdir()
+    config.write_text(f"log.dirs: [{tmp_path / 'data'}]\nstate_dir: {tmp_path / 'state'}\n")
+    probe = (
+        "import gc, sys\n"
+        "from cleanerd.cli import main\n"
+        "explicit = sys.argv.pop() == 'explicit'\n"
+        "status = main(sys.argv[1:]) if explicit else main()\n"
+        "print(status, gc.get_freeze_count(), gc.isenabled())\n"
+    )
+    counts = {}
+    for how in ("explicit", "process"):
+        done = subprocess.run(
+            [sys.executable, "-c", probe, "check-config", str(config), how],
+            capture_output=True,
+            text=True,
+            cwd=REPO,
+            check=True,
+        )
+        status, frozen, enabled = done.stdout.splitlines()[-1].split()
+        assert (status, enabled) == ("0", "True")
+        counts[how] = int(frozen)
+    assert counts["explicit"] == 0
+    assert counts["process"] > 10_000

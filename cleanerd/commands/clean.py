@@ -30,19 +30,18 @@ import sys
 from pathlib import Path
 from typing import Final, TextIO, cast
 
-import structlog
-
 from cleanerd.commands import Arg
 from cleanerd.commands.progress import Progress, TrackedEngine
 from cleanerd.compaction.stats import render_invalid_warning, render_stats
 from cleanerd.config import load_config
 from cleanerd.daemon.logging import configure_logging
 from cleanerd.engine import create_engine
+from cleanerd.logger import get_logger
 from cleanerd.maintenance.cycle import Maintenance, wall_clock_ms
 from cleanerd.maintenance.report import CycleReport
 from cleanerd.wording import count
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 ARGS: Final[tuple[Arg, ...]] = (
     (

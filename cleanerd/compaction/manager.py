@@ -78,8 +78,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-import structlog
-
 from cleanerd.compaction.cleanable import EligibilityReason, LogToClean, eligibility, log_to_clean
 from cleanerd.compaction.horizon import HorizonCache
 from cleanerd.errors import CleanerdError
@@ -89,8 +87,9 @@ from cleanerd.log.log_dir import LogDir
 from cleanerd.log.meta import PartitionMeta
 from cleanerd.log.partition_log import PartitionLog
 from cleanerd.log.topic_config import TopicConfig
+from cleanerd.logger import get_logger
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 DEFAULT_UNCLEANABLE_BACKOFF_MS = 3_600_000
 

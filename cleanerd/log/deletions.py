@@ -19,11 +19,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import structlog
-
 from cleanerd.log.fsutil import safe_unlink
+from cleanerd.logger import get_logger
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 
 NO_DEVICE = -1

@@ -39,14 +39,14 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Final, NamedTuple
 
-import crc32c
 import numpy as np
-import structlog
 
 from cleanerd.log.fsutil import atomic_write
 from cleanerd.log.lock import log_dir_key
+from cleanerd.logger import get_logger
+from cleanerd.records.crc32c_library import crc32c
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 MAGIC: Final = b"cleanerd known segments 1\n"
 ROW: Final = np.dtype(
@@ -129,7 +129,7 @@ def encode(known: Iterable[tuple[str, Iterable[KnownSegment]]]) -> bytes:
                 )
             )
     body = np.array(rows, dtype=ROW).tobytes()
-    header = {"partitions": names, "rows": len(rows), "crc32c": crc32c.crc32c(body)}
+    header = {"partitions": names, "rows": len(rows), "crc32c": crc32c(body)}
     return MAGIC + json.dumps(header).encode() + b"\n" + body
 
 
@@ -145,7 +145,7 @@ def decode(data: bytes) -> Known:
     body = data[end + 1 :]
     if len(body) != count * ROW.itemsize:
         raise ValueError(f"{len(body)} bytes of rows, not {count} rows of {ROW.itemsize}")
-    if crc32c.crc32c(body) != header["crc32c"]:
+    if crc32c(body) != header["crc32c"]:
         raise ValueError("the rows' CRC-32C does not match the header")
     rows = np.frombuffer(body, dtype=ROW)
     known: Known = {name: {} for name in names}

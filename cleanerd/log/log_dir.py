@@ -63,8 +63,6 @@ from pathlib import Path
 from types import TracebackType
 from typing import Self
 
-import structlog
-
 from cleanerd.errors import LogDirLockedError, file_step
 from cleanerd.log.checkpoint import (
     CLEANER_OFFSET_CHECKPOINT,
@@ -91,8 +89,9 @@ from cleanerd.log.lock import LogDirLock, OwnerLock, default_state_dir
 from cleanerd.log.ownership import OwnerProof, ProcessId, lock_holder, start_ticks
 from cleanerd.log.partition_log import LogConfig, PartitionLog
 from cleanerd.log.properties import META_PROPERTIES, MetaProperties, read_meta_properties
+from cleanerd.logger import get_logger
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 
 class Mode(enum.Enum):

@@ -49,8 +49,6 @@ from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
-import structlog
-
 from cleanerd.errors import (
     CleanerdError,
     CorruptIndexError,
@@ -103,6 +101,7 @@ from cleanerd.log.segment import LogSegment
 from cleanerd.log.tail import torn_tail_reason
 from cleanerd.log.topic_config import TopicConfig
 from cleanerd.log.txnindex import AbortedTxn
+from cleanerd.logger import get_logger
 from cleanerd.records.batch import encode_batch, iter_records
 from cleanerd.records.control import ControlRecordType, control_type, encode_end_txn_marker
 from cleanerd.records.header import Compression, TimestampType
@@ -110,7 +109,7 @@ from cleanerd.records.record import Record
 from cleanerd.records.scan import BatchInfo
 from cleanerd.records.walker import Walker, scan_batches, walk, walk_prefix
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 DEFAULT_SEGMENT_BYTES = 1024 * 1024 * 1024
 _SETTLED_NS = 2_000_000_000

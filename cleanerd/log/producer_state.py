@@ -37,7 +37,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
-import crc32c
 import numpy as np
 
 from cleanerd.errors import CorruptIndexError
@@ -49,6 +48,7 @@ from cleanerd.log.files import (
 )
 from cleanerd.log.fsutil import atomic_write, safe_unlink
 from cleanerd.records.columns import marker_coordinator_epochs
+from cleanerd.records.crc32c_library import crc32c
 from cleanerd.records.header import COMPRESSION_MASK, INT32_MAX, NO_SEQUENCE, Buffer
 from cleanerd.records.walker import BatchTable
 
@@ -164,7 +164,7 @@ class ProducerState:
         body = struct.pack(">i", len(self.entries)) + b"".join(
             self.entries[pid].pack() for pid in sorted(self.entries)
         )
-        return struct.pack(">hI", VERSION, crc32c.crc32c(body)) + body
+        return struct.pack(">hI", VERSION, crc32c(body)) + body
 
     @classmethod
     def from_bytes(cls, data: bytes, offset: int, path: Path) -> ProducerState:
@@ -175,7 +175,7 @@ class ProducerState:
         version, crc, count = HEADER.unpack_from(data)
         if version != VERSION:
             raise CorruptIndexError(f"unsupported snapshot version {version}", path=path)
-        computed = crc32c.crc32c(memoryview(data)[_CRC_START:])
+        computed = crc32c(memoryview(data)[_CRC_START:])
         if computed != crc:
             raise CorruptIndexError(f"CRC mismatch: stored {crc}, computed {computed}", path=path)
         if count < 0 or len(data) != HEADER.size + count * ENTRY.size:

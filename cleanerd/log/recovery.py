@@ -66,8 +66,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NoReturn
 
-import structlog
-
 from cleanerd.errors import CleanerdError, CorruptIndexError, CorruptRecordError
 from cleanerd.log.files import (
     CLEANED_FILE_SUFFIX,
@@ -87,9 +85,10 @@ from cleanerd.log.fsutil import atomic_write, fsync_dir, safe_unlink
 from cleanerd.log.index import IndexPastLogError
 from cleanerd.log.segment import LogSegment
 from cleanerd.log.tail import ZERO_TAIL, torn_tail_reason
+from cleanerd.logger import get_logger
 from cleanerd.records.walker import Walk, walk, walk_prefix
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 
 class SymlinkRefused(CleanerdError):

@@ -43,8 +43,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
-import structlog
-
 from cleanerd.log.files import METADATA_TOPIC, TopicPartition, parse_topic_partition
 from cleanerd.log.fsutil import atomic_write
 from cleanerd.log.lock import log_dir_key
@@ -61,8 +59,9 @@ from cleanerd.log.roll import (
     time_roll_limit,
 )
 from cleanerd.log.topic_config import TopicConfig
+from cleanerd.logger import get_logger
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 FIRST_SEEN_DIR: Final = "first-seen"
 FIRST_SEEN_VERSION: Final = 1

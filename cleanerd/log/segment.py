@@ -43,7 +43,6 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
-import structlog
 
 from cleanerd.errors import CorruptIndexError, CorruptRecordError, FileChangedError
 from cleanerd.log.files import (
@@ -67,6 +66,7 @@ from cleanerd.log.known_segments import KnownSegment
 from cleanerd.log.meta import SegmentMeta
 from cleanerd.log.tail import torn_tail_reason
 from cleanerd.log.txnindex import AbortedTxn, TransactionIndex, TxnIndexSearchResult
+from cleanerd.logger import get_logger
 from cleanerd.records.batch import iter_records
 from cleanerd.records.header import INT32_MAX, NO_TIMESTAMP, Buffer
 from cleanerd.records.record import Record
@@ -81,7 +81,7 @@ from cleanerd.records.walker import (
     walk,
 )
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 _PREAD_SPAN = 1 << 20
 """Spans of a `.log` up to this size are read with `pread` rather than mapped."""

@@ -45,8 +45,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
-import structlog
-
 from cleanerd.compaction.cleanable import log_to_clean
 from cleanerd.compaction.cleaner import (
     CleanerConfig,
@@ -71,6 +69,7 @@ from cleanerd.log.ownership import StaleWork, lock_holder
 from cleanerd.log.partition_log import LogConfig, PartitionLog
 from cleanerd.log.roller import FirstSeen, maybe_roll, segment_age
 from cleanerd.log.topic_config import TopicConfig
+from cleanerd.logger import get_logger
 from cleanerd.maintenance.progress import CycleProgress
 from cleanerd.maintenance.report import (
     CleanedLog,
@@ -95,7 +94,7 @@ from cleanerd.retention.disk import (
 )
 from cleanerd.retention.executor import RetentionOutcome, apply_retention
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 ENGINE_KEYS: Final = (
     "log_cleaner_threads",

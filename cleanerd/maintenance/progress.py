@@ -20,9 +20,9 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-import structlog
+from cleanerd.logger import get_logger
 
-log = structlog.get_logger("cleanerd.maintenance")
+log = get_logger("cleanerd.maintenance")
 
 
 class CycleProgress:

@@ -23,11 +23,10 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Final
 
-import crc32c
-
 from cleanerd.errors import CorruptRecordError
 from cleanerd.records import legacy
 from cleanerd.records.compression import compress, decompress
+from cleanerd.records.crc32c_library import crc32c
 from cleanerd.records.header import (
     ATTRIBUTES_OFFSET,
     COMPRESSION_MASK,
@@ -283,7 +282,7 @@ def _assemble(h: BatchHeader, area: bytes) -> bytes:
             h.records_count,
         )
     )
-    crc = crc32c.crc32c(area, crc32c.crc32c(memoryview(head)[ATTRIBUTES_OFFSET:]))
+    crc = crc32c(area, crc32c(memoryview(head)[ATTRIBUTES_OFFSET:]))
     head[CRC_OFFSET : CRC_OFFSET + 4] = crc.to_bytes(4, "big")
     return bytes(head) + area
 

@@ -23,10 +23,10 @@ from __future__ import annotations
 import ctypes
 from typing import Any, Final, TypeAlias
 
-import crc32c as _crc32c_package
 import numpy as np
 
 from cleanerd._jit import jit, on_numba_load
+from cleanerd.records.crc32c_library import EXTENSION, HARDWARE_BASED
 
 Int: TypeAlias = int | np.signedinteger[Any]  # what a kernel takes and returns
 
@@ -37,9 +37,9 @@ SYMBOL: Final = "cleanerd_crc32c_extend"
 def _library_routine() -> tuple[int, str]:
     """The package's C routine: its address and name."""
     names = ["_crc32c_hw_adler", "_crc32c_hw_arm64", "_crc32c_sw_slicing_by_8"]
-    if not getattr(_crc32c_package, "hardware_based", False):
+    if not HARDWARE_BASED:
         names = names[-1:]
-    path = _crc32c_package._crc32c.__file__
+    path = EXTENSION.__file__
     library = ctypes.CDLL(path)
     for name in names:
         fn = getattr(library, name, None)

@@ -36,9 +36,8 @@ import struct
 from dataclasses import dataclass
 from typing import Final, TypeAlias
 
-import crc32c
-
 from cleanerd.errors import CorruptRecordError
+from cleanerd.records.crc32c_library import crc32c
 
 BASE_OFFSET_OFFSET: Final = 0
 LENGTH_OFFSET: Final = 8  # batchLength; a legacy entry's size too
@@ -237,14 +236,14 @@ def pack_header(h: BatchHeader) -> bytes:
 
 def compute_crc(batch: Buffer) -> int:
     """CRC-32C of a whole v2 batch's covered span [21, end)."""
-    return int(crc32c.crc32c(memoryview(batch)[ATTRIBUTES_OFFSET:]))
+    return int(crc32c(memoryview(batch)[ATTRIBUTES_OFFSET:]))
 
 
 def check_crc(buf: Buffer, h: BatchHeader) -> bool:
     """Whether the stored CRC of the v2 batch `h` (read from `buf`) matches its bytes."""
     start = h.position + ATTRIBUTES_OFFSET
     end = h.position + h.size_in_bytes
-    return int(crc32c.crc32c(memoryview(buf)[start:end])) == h.crc
+    return int(crc32c(memoryview(buf)[start:end])) == h.crc
 
 
 def batch_size_at(buf: Buffer, position: int) -> int | None:
@@ -279,7 +278,7 @@ def validate_v2_header(buf: Buffer, h: BatchHeader, *, check: bool) -> None:
     if check and not check_crc(buf, h):
         with memoryview(buf) as view:
             covered = view[h.position + ATTRIBUTES_OFFSET : h.position + h.size_in_bytes]
-            computed = crc32c.crc32c(covered)
+            computed = crc32c(covered)
             covered.release()
         raise CorruptRecordError(
             f"CRC mismatch: stored {h.crc}, computed {computed}", position=h.position

@@ -50,13 +50,13 @@ from pathlib import Path
 from typing import Final
 
 import psutil
-import structlog
 
 from cleanerd.log.deletions import PendingDeletions
 from cleanerd.log.files import TopicPartition
 from cleanerd.log.fsutil import safe_unlink
 from cleanerd.log.log_dir import LogDir, Mode
 from cleanerd.log.partition_log import PartitionLog
+from cleanerd.logger import get_logger
 from cleanerd.retention.disk_usage import (
     DeviceUsage,
     DiskDeletion,
@@ -66,7 +66,7 @@ from cleanerd.retention.disk_usage import (
 )
 from cleanerd.retention.policy import DeletionReason
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 DEFAULT_MAX_ROUNDS: Final = 8
 

@@ -33,16 +33,15 @@ import itertools
 from dataclasses import dataclass
 from pathlib import Path
 
-import structlog
-
 from cleanerd.log.deletions import PendingDeletions
 from cleanerd.log.log_dir import LogDir
 from cleanerd.log.meta import PartitionMeta
 from cleanerd.log.partition_log import PartitionLog
 from cleanerd.log.topic_config import TopicConfig
+from cleanerd.logger import get_logger
 from cleanerd.retention.policy import Deletion, RetentionPlan, deletable_segments
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 
 @dataclass(frozen=True, slots=True)

@@ -86,6 +86,19 @@ def test_plan_on_an_empty_dir_loads_no_numba(config: Path) -> None:
     assert "numba" not in modules
 
 
+def test_commands_that_log_nothing_load_neither_structlog_nor_package_metadata_for_crc(
+    config: Path,
+) -> None:
+    """structlog (with asyncio) is imported by the first log line, not by the log layer's
+    modules; the CRC-32C routine is loaded without the `crc32c` package's `__init__`."""
+    for argv in (("check-config", str(config)), ("plan", "-c", str(config))):
+        modules = loaded(*argv)
+        assert "structlog" not in modules, argv
+        assert "asyncio" not in modules, argv
+        assert "crc32c" not in modules, argv
+    assert "crc32c._crc32c" in modules
+
+
 def test_clean_loads_only_the_local_engine(config: Path) -> None:
     """`clean` on the local engine loads neither the Spark engine nor the audit."""
     modules = loaded("clean", "-c", str(config))

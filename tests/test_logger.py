@@ -1,0 +1,59 @@
+"""The library layers' loggers: structlog imported by the first call, configuration read
+at every call."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from structlog.testing import capture_logs
+
+from cleanerd.logger import get_logger
+from tests.paths import REPO
+
+
+def test_events_reach_structlog_with_the_configuration_made_after_the_logger() -> None:
+    log = get_logger("cleanerd.test")
+    with capture_logs() as first:
+        log.info("segment.rolled", base_offset=120)
+        log.warning("partition.uncleanable", reason="x")
+    with capture_logs() as second:
+        log.error("cycle.failed")
+        log.debug("cycle.detail")
+    assert [(e["event"], e["log_level"]) for e in first] == [
+        ("segment.rolled", "info"),
+        ("partition.uncleanable", "warning"),
+    ]
+    assert first[0]["base_offset"] == 120
+    assert [(e["event"], e["log_level"]) for e in second] == [
+        ("cycle.failed", "error"),
+        ("cycle.detail", "debug"),
+    ]
+
+
+def test_exception_carries_the_exception_being_handled() -> None:
+    log = get_logger("cleanerd.test")
+    with capture_logs() as logs:
+        try:
+            raise ValueError("bad offset 7")
+        except ValueError:
+            log.exception("cycle.failed", partition="t-0")
+    assert logs[0]["log_level"] == "error"
+    assert logs[0]["exc_info"] is True
+    assert logs[0]["partition"] == "t-0"
+
+
+def test_structlog_is_imported_by_the_first_call_only() -> None:
+    probe = (
+        "import sys\n"
+        "from cleanerd.logger import get_logger\n"
+        "log = get_logger('x')\n"
+        "print('structlog' in sys.modules)\n"
+        "log.info('event')\n"
+        "print('structlog' in sys.modules)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, cwd=REPO, check=True
+    )
+    assert done.stdout.splitlines()[:1] == ["False"]
+    assert done.stdout.splitlines()[-1] == "True"
