@@ -5,16 +5,15 @@ command given is imported (see `cleanerd.commands`)."""
 from __future__ import annotations
 
 import argparse
-import gc
 import importlib
 import os
 import signal
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import nullcontext
 from typing import cast
 
 from cleanerd import __version__
+from cleanerd.collector import long_lived_objects
 from cleanerd.commands import COMMANDS, Arg, print_error
 from cleanerd.errors import CleanerdError
 
@@ -46,31 +45,13 @@ def _selected(argv: list[str]) -> str | None:
     return next((word for word in argv if not word.startswith("-")), None)
 
 
-@contextmanager
-def _long_lived_imports() -> Iterator[None]:
-    """The command's imports with the cyclic collector paused, their objects then frozen.
-
-    A command imports some 40,000 objects (modules, classes, functions) that live as long
-    as the process. Made with the collector on, they trigger full collections that walk
-    all of them again and again, and the interpreter walks them once more at exit: about
-    0.1 s of a 0.6 s `plan`. None of them is garbage, so nothing is collected while they
-    are made, and `gc.freeze` then keeps them out of every later collection (which also
-    spares a forked worker from copying their pages when a collection would touch them).
-    """
-    gc.disable()
-    try:
-        yield
-    finally:
-        gc.freeze()
-        gc.enable()
-
-
 def main(argv: list[str] | None = None) -> int:
     """Run the command line (`argv`, or this process's arguments); return the exit code.
-    Only a call for the process's own arguments freezes the imports (a test calling
-    `main` many times in one process must not freeze what each call leaves behind)."""
+    A call for the process's own arguments makes the command's imports as long-lived
+    objects (`cleanerd.collector`: some 40,000 of them, about 0.1 s of collections
+    otherwise); a test calling `main` many times in one process freezes nothing."""
     words = sys.argv[1:] if argv is None else argv
-    with _long_lived_imports() if argv is None else nullcontext():
+    with long_lived_objects() if argv is None else nullcontext():
         parser = build_parser(_selected(words))
     args = parser.parse_args(words)
     try:

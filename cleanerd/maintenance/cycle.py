@@ -39,12 +39,14 @@ from __future__ import annotations
 import math
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import FIRST_COMPLETED, Future, wait
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
+from cleanerd.collector import long_lived_objects
 from cleanerd.compaction.cleanable import log_to_clean
 from cleanerd.compaction.cleaner import (
     CleanerConfig,
@@ -110,6 +112,12 @@ CYCLE_RETRIES: Final = 1
 freed, a full disk."""
 POLL_S: Final = 0.2
 """How often the cleaning phase looks at the stop event while passes run."""
+MANY_OPENS: Final = 1000
+"""Partitions a log dir must have to open (the daemon's first cycle on a storage host)
+for the opening to run as long-lived work (`cleanerd.collector`): the partitions stay
+open for the process's life, and on 10,000 of them the collections cost 2 s. Below this
+the collector costs little, and a cycle that opens a few partitions (a new topic) is
+left to it."""
 
 
 Clock = Callable[[], int]
@@ -501,24 +509,33 @@ class Maintenance:
             log_dir.reload_checkpoints()
             listed = list(log_dir.partitions())
             total += len(listed)
-            for n, tp in enumerate(listed):
-                self._progress.tick("open", opened + n, total)
-                if tp.topic == METADATA_TOPIC or not self._selected(tp):
-                    continue
-                if tp in seen:
-                    report.skip(log_dir.path, tp, "discover", f"also in log dir {seen[tp]}")
-                    continue
-                seen[tp] = log_dir.path
-                live.add((log_dir.path, tp))
-                partition = self._open(log_dir, tp, report)
-                if partition is not None:
-                    found.append(partition)
+            with self._opening(log_dir, listed):
+                for n, tp in enumerate(listed):
+                    self._progress.tick("open", opened + n, total)
+                    if tp.topic == METADATA_TOPIC or not self._selected(tp):
+                        continue
+                    if tp in seen:
+                        report.skip(log_dir.path, tp, "discover", f"also in log dir {seen[tp]}")
+                        continue
+                    seen[tp] = log_dir.path
+                    live.add((log_dir.path, tp))
+                    partition = self._open(log_dir, tp, report)
+                    if partition is not None:
+                        found.append(partition)
             opened += len(listed)
         for key in [k for k in self._plogs if k not in live]:
             del self._plogs[key]
         if self.topics is None:
             self.manager.registry.retain_only(seen)
         return found
+
+    def _opening(
+        self, log_dir: LogDir, listed: list[TopicPartition]
+    ) -> AbstractContextManager[None]:
+        """How to open `log_dir`'s partitions: as long-lived work when `MANY_OPENS` or
+        more of them are not open yet."""
+        unopened = sum((log_dir.path, tp) not in self._plogs for tp in listed)
+        return long_lived_objects() if unopened >= MANY_OPENS else nullcontext()
 
     @staticmethod
     def _plain_states(partitions: list[_Partition]) -> list[PartitionState]:
@@ -543,9 +560,20 @@ class Maintenance:
         segment renamed or deleted between listing and opening, an append in flight):
         a partition that cannot be read whole now is skipped this cycle and read again
         the next, never marked."""
-        states: list[PartitionState] = []
         checkpoints = log_dir.reload_checkpoints().cleaner_offsets
-        for tp in log_dir.partitions():
+        listed = list(log_dir.partitions())
+        with self._opening(log_dir, listed):
+            return list(self._observe_listed(log_dir, listed, checkpoints, now_ms, live))
+
+    def _observe_listed(
+        self,
+        log_dir: LogDir,
+        listed: list[TopicPartition],
+        checkpoints: Mapping[TopicPartition, int],
+        now_ms: int,
+        live: set[tuple[Path, TopicPartition]],
+    ) -> Iterator[PartitionState]:
+        for tp in listed:
             if tp.topic == METADATA_TOPIC or not self._selected(tp):
                 continue
             key = (log_dir.path, tp)
@@ -572,8 +600,7 @@ class Maintenance:
                     min_compaction_lag_ms=topic.min_compaction_lag_ms,
                     max_compaction_lag_ms=topic.max_compaction_lag_ms,
                 )
-            states.append(PartitionState(meta, ltc))
-        return states
+            yield PartitionState(meta, ltc)
 
     def _open(self, log_dir: LogDir, tp: TopicPartition, report: _Builder) -> _Partition | None:
         topic = self.config.topic_config(tp.topic)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
 import shutil
@@ -32,6 +33,7 @@ from cleanerd.log.files import TopicPartition
 from cleanerd.log.lock import PartitionLock
 from cleanerd.log.log_dir import LogDir
 from cleanerd.log.partition_log import PartitionLog
+from cleanerd.maintenance import cycle
 from cleanerd.maintenance.cycle import Maintenance
 from cleanerd.records.record import Record
 from cleanerd.retention.disk import DiskSpace
@@ -651,3 +653,36 @@ def test_an_observed_dir_reports_its_states_and_nothing_in_it_changes(
     assert overdue.kafka_compaction_delay_ms == 0  # Kafka ignores the active segment
     after = {p: (p.stat().st_size, p.stat().st_mtime_ns) for p in logs.rglob("*")}
     assert after == before
+
+
+def test_opening_many_partitions_runs_as_long_lived_work(
+    tmp_path: Path, engine: LocalEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cycle that opens `MANY_OPENS` or more partitions of a dir does so with the
+    collector paused and the opened partitions frozen (`cleanerd.collector`); a cycle
+    with them open already, or with fewer to open, leaves the collector alone."""
+    for n in range(3):
+        build(tmp_path, TopicPartition("d", n), [records(range(3), T0)])
+    cfg = write_config(tmp_path, {"d": {"cleanup.policy": "delete"}})
+    running: list[Maintenance] = []
+    open_at_exit: list[int] = []
+
+    @contextlib.contextmanager
+    def recording() -> Iterator[None]:
+        # Stands in for the real one: this test process must not freeze its objects.
+        yield
+        open_at_exit.append(len(running[-1]._plogs))
+
+    monkeypatch.setattr(cycle, "long_lived_objects", recording)
+    monkeypatch.setattr(cycle, "MANY_OPENS", 3)
+    with Maintenance(cfg, engine, clock=lambda: T0) as m:
+        running.append(m)
+        m.run_once()
+        assert open_at_exit == [3]
+        m.run_once()
+        assert open_at_exit == [3]
+    monkeypatch.setattr(cycle, "MANY_OPENS", 4)
+    with Maintenance(cfg, engine, clock=lambda: T0) as m:
+        running.append(m)
+        m.run_once()
+    assert open_at_exit == [3]
