@@ -265,6 +265,7 @@ class PartitionLog:
                 quarantine_dir=quarantine,
                 clean_shutdown=clean_shutdown,
                 listing=listing,
+                known=known,
             )
             if not segments and not read_only:
                 start = checkpoints.log_start_offsets.get(tp, 0)

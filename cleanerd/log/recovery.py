@@ -40,7 +40,11 @@ point is walked in full with CRC checks (for the one holding the recovery point 
 only its bytes from the recovery point on, when the rest passes the cheap check); the
 others get the cheap check of `LogSegment.sanity_check`. After a clean shutdown (the
 owner found Kafka's `.kafka_cleanshutdown` marker, see `log_dir.py`) only the active
-segment gets the cheap check and the others none, as Kafka's loader skips recovery then.
+segment gets the cheap check and the others none, as Kafka's loader skips recovery then;
+the active one is spared it too when cleanerd's own clean stop recorded it
+(`known_segments.py`) and its `.log` (inode, size, mtime) and both index sizes are still
+as recorded: that stop had checked it, and two `stat`s replace reading both indexes and
+the log's tail (about 0.2 ms a partition, 2 s of a start on 10,000 partitions).
 The leftover steps below list the dir once and, finding nothing to do, change and fsync
 nothing. Kafka truncates any
 invalid tail; cleanerd only truncates what a crash mid-append can leave at the end of
@@ -62,6 +66,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NoReturn
@@ -83,6 +88,7 @@ from cleanerd.log.files import (
 )
 from cleanerd.log.fsutil import atomic_write, fsync_dir, safe_unlink
 from cleanerd.log.index import IndexPastLogError
+from cleanerd.log.known_segments import KnownSegment
 from cleanerd.log.segment import LogSegment
 from cleanerd.log.tail import ZERO_TAIL, torn_tail_reason
 from cleanerd.logger import get_logger
@@ -442,9 +448,11 @@ def validate_segments(
     quarantine_dir: Path | None = None,
     report: RecoveryReport | None = None,
     clean_shutdown: bool = False,
+    known: Mapping[int, KnownSegment] | None = None,
 ) -> RecoveryReport:
     """Validate every segment (see the module docstring); never raises for damage found
-    in the data, which goes to `report.errors` instead."""
+    in the data, which goes to `report.errors` instead. `known`: what cleanerd's own
+    clean stop recorded of the segments (with `clean_shutdown` only)."""
     report = RecoveryReport() if report is None else report
     for n, segment in enumerate(segments):
         is_active = n == len(segments) - 1
@@ -456,12 +464,18 @@ def validate_segments(
             _validate_full(
                 segment, is_active=is_active, quarantine_dir=quarantine_dir, report=report
             )
-        elif is_active or not clean_shutdown:
+        elif not clean_shutdown or (is_active and not _as_known(segment, known)):
             _validate_cheap(segment, report)
-        # else: an inactive segment after a clean shutdown is trusted, as Kafka's loader
-        # trusts it; its indexes are read when first used (their last entries checked
-        # against the log then).
+        # else: a segment after a clean shutdown is trusted, as Kafka's loader trusts it
+        # (the active one only when cleanerd's own clean stop recorded it as it still
+        # is); its indexes are read when first used (their last entries checked against
+        # the log then).
     return report
+
+
+def _as_known(segment: LogSegment, known: Mapping[int, KnownSegment] | None) -> bool:
+    entry = None if known is None else known.get(segment.base_offset)
+    return entry is not None and segment.indexes_as_known(entry)
 
 
 def _flushed_head(segment: LogSegment, recovery_point: int) -> bool:
@@ -491,6 +505,7 @@ def recover_partition(
     quarantine_dir: Path | None = None,
     clean_shutdown: bool = False,
     listing: Listing | None = None,
+    known: Mapping[int, KnownSegment] | None = None,
 ) -> tuple[list[LogSegment], RecoveryReport]:
     """Open a partition dir's segments. Links are refused first (SymlinkRefused; or the
     caller did, making `listing` with `list_refusing_links`). With `recover` (the caller
@@ -514,5 +529,6 @@ def recover_partition(
             quarantine_dir=quarantine_dir,
             report=report,
             clean_shutdown=clean_shutdown and recover,
+            known=known,
         )
     return segments, report

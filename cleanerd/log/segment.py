@@ -248,6 +248,21 @@ class LogSegment:
             self.delete_horizon,
         )
 
+    def indexes_as_known(self, known: KnownSegment) -> bool:
+        """Whether `known` describes this very `.log` (inode, size, mtime) and both index
+        files still have the sizes it recorded (two `stat`s, nothing read): the segment
+        as a clean stop of cleanerd left it, which had checked it before stopping."""
+        if known.base_offset != self.base_offset or known.identity != self.identity:
+            return False
+        try:
+            sizes = (
+                self._stat(INDEX_FILE_SUFFIX).st_size,
+                self._stat(TIME_INDEX_FILE_SUFFIX).st_size,
+            )
+        except FileNotFoundError:
+            return False
+        return sizes == (known.offset_index_bytes, known.time_index_bytes)
+
     def seed(self, known: KnownSegment) -> bool:
         """Take `known` as this segment's metadata if it describes this very file (same
         inode, size and mtime); whether it did. Nothing is read."""

@@ -78,11 +78,35 @@ def test_a_start_after_a_clean_stop_reads_no_inactive_segment(
     walked.clear()
     plog, meta = start(root, state)
     assert meta == expected
-    # Only the active segment (checked at every open) is walked.
-    assert 0 < sum(walked) <= 2 * plog.active_segment.size
+    # Not even the active segment: its `.log` and index sizes are as the stop recorded.
+    assert sum(walked) == 0
+    assert plog.active_segment._offset_index is None
+    assert plog.active_segment._time_index is None
     horizons = HorizonCache()
     horizons.partition(plog)
     assert horizons.scans == 0  # kept from the stop too
+
+
+def test_an_active_segment_whose_index_changed_since_the_stop_is_checked(
+    tmp_path: Path, walked: list[int]
+) -> None:
+    """An offset-index entry added after the stop (pointing past the log's end) changes
+    the index's size: the active segment gets the open's check, which finds it."""
+    root, state = tmp_path / "logs", tmp_path / "state"
+    root.mkdir()
+    build(root, state)
+    stop_cleanly(root, state)
+    with LogDir.open(root, observe=True, state_dir=tmp_path / "peek") as peek:
+        active = peek.open_partition(TP, config=CONFIG).active_segment
+    index = active.offset_index_path
+    entries = index.stat().st_size // 8
+    with index.open("ab") as f:
+        f.write((entries + 1000).to_bytes(4, "big") + (active.size + 4096).to_bytes(4, "big"))
+
+    walked.clear()
+    plog, _ = start(root, state)
+    assert plog.corrupt is not None
+    assert str(index) in str(plog.corrupt)
 
 
 def test_a_segment_changed_since_the_stop_is_read_anew(tmp_path: Path, walked: list[int]) -> None:
