@@ -65,6 +65,7 @@ _STATES = "|".join(re.escape(s) for s in STATE_SUFFIXES)
 # What follows a segment file's stem: a kind and at most one state suffix.
 _SEGMENT_TAIL = re.compile(rf"(?:{_KINDS})(?:{_STATES})?")
 _SEGMENT_FILE = re.compile(rf"[0-9]{{{OFFSET_DIGITS}}}{_SEGMENT_TAIL.pattern}")
+_SEGMENT_FILE_PARTS = re.compile(rf"([0-9]{{{OFFSET_DIGITS}}})({_KINDS})({_STATES})?")
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -127,6 +128,13 @@ def is_segment_file_name(filename: str) -> bool:
     rewrites or deletes (kinds `.log`, `.index`, `.timeindex`, `.txnindex`, `.snapshot`;
     states `.cleaned`, `.swap`, `.deleted`)."""
     return _SEGMENT_FILE.fullmatch(filename) is not None
+
+
+def segment_file_parts(filename: str) -> tuple[str, str, str | None] | None:
+    """(stem, kind, state suffix or None) of a well-formed segment file name, else None:
+    one match where a caller would otherwise test the name several times."""
+    parts = _SEGMENT_FILE_PARTS.fullmatch(filename)
+    return None if parts is None else parts.groups()  # type: ignore[return-value]
 
 
 def looks_like_segment_file(filename: str) -> bool:

@@ -79,12 +79,12 @@ from cleanerd.log.files import (
     LOG_FILE_SUFFIX,
     SWAP_FILE_SUFFIX,
     is_index_file,
-    is_log_file,
     is_segment_file_name,
     log_file,
     looks_like_segment_file,
     malformed_segment_file_name,
     offset_from_filename,
+    segment_file_parts,
 )
 from cleanerd.log.fsutil import atomic_write, fsync_dir, safe_unlink
 from cleanerd.log.index import IndexPastLogError
@@ -169,21 +169,49 @@ def _files(dir_path: Path) -> list[Path]:
     return [Path(e.path) for e in entries if is_segment_file_name(e.name) and e.is_file()]
 
 
-def _needs_leftover_recovery(listing: Listing) -> bool:
-    """Whether steps 1-4 or the orphan-index rule have anything to do in the dir."""
-    names = {e.name for e in listing if e.is_file()}
-    for name in names:
-        # String tests first, the name's full check only for a candidate: this runs over
-        # every file of every partition at each open.
-        if name.endswith((DELETED_FILE_SUFFIX, CLEANED_FILE_SUFFIX, SWAP_FILE_SUFFIX)):
-            found = True
-        elif name.endswith(INDEX_SUFFIXES):
-            found = f"{name.split('.')[0]}{LOG_FILE_SUFFIX}" not in names
-        else:
+@dataclass(frozen=True, slots=True)
+class ListedNames:
+    """What an open needs of a listing's names, sorted out in one pass (`sort_names`): a
+    start opens 10,000 dirs of tens of files, where a pass per question with several
+    tests per name cost 0.1 ms a dir."""
+
+    log_offsets: list[int]
+    """Base offsets of the well-formed `.log` files (no state suffix), ascending."""
+    malformed: list[tuple[str, str]]
+    """(path, why) of each entry named like a segment file that is not one."""
+    leftovers: bool
+    """Whether steps 1-4 or the orphan-index rule have anything to do in the dir: a
+    segment file with a state suffix, or an index file without its `.log`."""
+
+
+def sort_names(listing: Listing) -> ListedNames:
+    """The listing's names sorted out for an open (see `ListedNames`)."""
+    log_offsets: list[int] = []
+    malformed: list[tuple[str, str]] = []
+    leftovers = False
+    log_stems: set[str] = set()
+    index_stems: set[str] = set()
+    for entry in listing:
+        name = entry.name
+        parts = segment_file_parts(name)
+        if parts is None:
+            reason = malformed_segment_file_name(name)
+            if reason is not None:
+                malformed.append((entry.path, reason))
             continue
-        if found and is_segment_file_name(name):
-            return True
-    return False
+        stem, kind, state = parts
+        if state is None and kind == LOG_FILE_SUFFIX:
+            log_offsets.append(int(stem))
+        if not entry.is_file():
+            continue
+        if state is not None:
+            leftovers = True
+        elif kind == LOG_FILE_SUFFIX:
+            log_stems.add(stem)
+        elif kind in INDEX_SUFFIXES:
+            index_stems.add(stem)
+    log_offsets.sort()
+    return ListedNames(log_offsets, malformed, leftovers or not index_stems <= log_stems)
 
 
 def _offset(path: Path) -> int:
@@ -220,16 +248,12 @@ def list_refusing_links(dir_path: Path) -> Listing:
     return listing
 
 
-def report_malformed_names(listing: Listing, report: RecoveryReport) -> None:
+def report_malformed_names(names: ListedNames, report: RecoveryReport) -> None:
     """Warn about every file named like a segment file that is not one (see the module
     docstring); they are left as they are."""
-    for entry in listing:
-        reason = malformed_segment_file_name(entry.name)
-        if reason is not None:
-            log.warning(
-                "partition.malformed_file_name", path=entry.path, reason=reason, action="left alone"
-            )
-            report.malformed.append(entry.path)
+    for path, reason in names.malformed:
+        log.warning("partition.malformed_file_name", path=path, reason=reason, action="left alone")
+        report.malformed.append(path)
 
 
 def _delete(path: Path, report: RecoveryReport, why: str) -> None:
@@ -298,7 +322,7 @@ def recover_leftovers(
     module docstring), then removal of orphan index files. `listing`: the dir as just
     listed (listed here otherwise)."""
     report = RecoveryReport() if report is None else report
-    if not _needs_leftover_recovery(list_partition_dir(dir_path) if listing is None else listing):
+    if not sort_names(list_partition_dir(dir_path) if listing is None else listing).leftovers:
         return report  # the common case: nothing renamed, nothing to fsync
     swaps = _remove_temp_files(dir_path, report)
     low, high = _swap_range(dir_path, swaps, options)
@@ -327,7 +351,10 @@ def open_segments(
     """Every `<base>.log` in the dir (as `listing` lists it, else as listed now) as a
     LogSegment, ascending by base offset."""
     entries = list_partition_dir(dir_path) if listing is None else listing
-    bases = sorted(offset_from_filename(e.name) for e in entries if is_log_file(e.name))
+    return _open_at(dir_path, options, sort_names(entries).log_offsets)
+
+
+def _open_at(dir_path: Path, options: SegmentOptions, bases: list[int]) -> list[LogSegment]:
     return [
         LogSegment(
             dir_path,
@@ -512,18 +539,18 @@ def recover_partition(
     owns the log dir), then finish interrupted swaps, validate and repair what a crash
     can leave; without it, only check (nothing on disk changes)."""
     listing = list_refusing_links(dir_path) if listing is None else listing
+    names = sort_names(listing)
     report = RecoveryReport()
-    report_malformed_names(listing, report)
-    if recover and not options.read_only:
-        changes = len(report.deleted) + len(report.renamed)
+    report_malformed_names(names, report)
+    if recover and not options.read_only and names.leftovers:
         recover_leftovers(dir_path, options, report, listing)
-        if len(report.deleted) + len(report.renamed) > changes:
-            listing = list_partition_dir(dir_path)
-    segments = open_segments(dir_path, options, listing)
+        if report.deleted or report.renamed:
+            names = sort_names(list_partition_dir(dir_path))
+    segments = _open_at(dir_path, options, names.log_offsets)
     if recover or full_check:
         read_only = dataclasses.replace(options, read_only=True)
         validate_segments(
-            segments if recover else open_segments(dir_path, read_only, listing),
+            segments if recover else _open_at(dir_path, read_only, names.log_offsets),
             recovery_point=recovery_point,
             full_check=full_check,
             quarantine_dir=quarantine_dir,

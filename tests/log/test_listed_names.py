@@ -1,0 +1,89 @@
+"""`recovery.sort_names`: one pass over a partition dir's listing gives what the per-name
+tests give (the well-formed `.log` offsets, the malformed names and why, whether leftover
+recovery has anything to do), on listings of every shape."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from cleanerd.log.files import (
+    INDEX_SUFFIXES,
+    LOG_FILE_SUFFIX,
+    SEGMENT_FILE_KINDS,
+    STATE_SUFFIXES,
+    is_log_file,
+    is_segment_file_name,
+    malformed_segment_file_name,
+    offset_from_filename,
+)
+from cleanerd.log.recovery import Listing, list_partition_dir, sort_names
+
+STEMS = st.sampled_from(
+    ["00000000000000000000", "00000000000000000015", "00000000000000000030", "15", "abc", "x"]
+)
+NAMES = st.one_of(
+    st.builds(
+        lambda stem, kind, state: stem + kind + state,
+        STEMS,
+        st.sampled_from([*SEGMENT_FILE_KINDS, ".json"]),
+        st.sampled_from(["", *STATE_SUFFIXES]),
+    ),
+    st.sampled_from(["leader-epoch-checkpoint", "partition.metadata", ".log", "a.b.log"]),
+)
+
+
+def reference(listing: Listing) -> tuple[list[int], list[tuple[str, str]], bool]:
+    """The same three answers, one question and one test per name at a time."""
+    offsets = sorted(offset_from_filename(e.name) for e in listing if is_log_file(e.name))
+    malformed = [
+        (e.path, reason)
+        for e in listing
+        if (reason := malformed_segment_file_name(e.name)) is not None
+    ]
+    files = {e.name for e in listing if e.is_file()}
+    leftovers = any(
+        is_segment_file_name(name)
+        and (
+            name.endswith(STATE_SUFFIXES)
+            or (name.endswith(INDEX_SUFFIXES) and name.split(".")[0] + LOG_FILE_SUFFIX not in files)
+        )
+        for name in files
+    )
+    return offsets, malformed, leftovers
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.sets(NAMES, max_size=14), st.sets(NAMES, max_size=3))
+def test_one_pass_answers_as_the_per_name_tests(files: set[str], dirs: set[str]) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        d = Path(tmp)
+        for name in files:
+            (d / name).write_bytes(b"")
+        for name in dirs - files:
+            (d / name).mkdir()
+        listing = list_partition_dir(d)
+        names = sort_names(listing)
+        assert (names.log_offsets, names.malformed, names.leftovers) == reference(listing)
+
+
+def test_a_quiet_partition_needs_nothing_and_lists_its_segments(tmp_path: Path) -> None:
+    for base in (0, 15, 30):
+        for kind in (".log", ".index", ".timeindex"):
+            (tmp_path / f"{base:020d}{kind}").write_bytes(b"")
+    (tmp_path / "00000000000000000030.snapshot").write_bytes(b"")
+    (tmp_path / "leader-epoch-checkpoint").write_bytes(b"")
+    names = sort_names(list_partition_dir(tmp_path))
+    assert (names.log_offsets, names.malformed, names.leftovers) == ([0, 15, 30], [], False)
+
+
+def test_an_orphan_index_or_a_state_suffix_needs_leftover_recovery(tmp_path: Path) -> None:
+    (tmp_path / "00000000000000000000.log").write_bytes(b"")
+    (tmp_path / "00000000000000000015.timeindex").write_bytes(b"")
+    assert sort_names(list_partition_dir(tmp_path)).leftovers
+    (tmp_path / "00000000000000000015.timeindex").unlink()
+    (tmp_path / "00000000000000000000.log.deleted").write_bytes(b"")
+    assert sort_names(list_partition_dir(tmp_path)).leftovers
