@@ -103,6 +103,27 @@ def test_importing_kernels_does_not_import_numba() -> None:
     assert report["numba"] is False
 
 
+def test_the_daemon_and_the_cleaner_import_without_numba() -> None:
+    """Every module with kernels (the cleaner's output assembly declares a numba
+    intrinsic too) loads without numba: a start whose first cycle runs no kernel (all
+    known from a clean stop) never imports it."""
+    probe = (
+        "import sys\n"
+        "import cleanerd.commands.run, cleanerd.compaction.assemble, cleanerd.engine.local\n"
+        "print('numba' in sys.modules)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        cwd=REPO,
+        timeout=120,
+        check=True,
+    )
+    assert done.stdout.split() == ["False"]
+
+
 def test_cache_dir_is_numbas_own_choice_when_that_works(tmp_path: Path) -> None:
     """NUMBA_CACHE_DIR set, or `__pycache__` beside the package writable, or the user's
     cache dir writable: numba's own choice stands."""

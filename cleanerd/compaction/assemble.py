@@ -22,12 +22,9 @@ from __future__ import annotations
 from typing import Any, TypeAlias
 
 import numpy as np
-from numba import types
-from numba.core import cgutils
-from numba.extending import intrinsic
 from numpy.typing import NDArray
 
-from cleanerd._jit import jit
+from cleanerd._jit import jit, on_numba_load
 from cleanerd.compaction.batch_retention import NO_HORIZON
 from cleanerd.records.header import (
     ATTRIBUTES_OFFSET,
@@ -53,6 +50,9 @@ from cleanerd.records.header import (
 def _memcpy_typer(
     typingctx: Any, dst: Any, dst_at: Any, src: Any, src_at: Any, n: Any
 ) -> tuple[Any, Any] | None:
+    from numba import types
+    from numba.core import cgutils
+
     # Byte arrays whose elements are adjacent only: the pointer arithmetic assumes it.
     for array in (dst, src):
         if not (isinstance(array, types.Array) and array.layout == "C" and array.ndim == 1):
@@ -72,8 +72,20 @@ def _memcpy_typer(
     return sig, codegen
 
 
-_memcpy_at: Any = intrinsic(_memcpy_typer)
-"""memcpy(&dst[dst_at], &src[src_at], n) for two C-contiguous uint8 arrays (jit code only)."""
+_memcpy_at: Any = None
+"""memcpy(&dst[dst_at], &src[src_at], n) for two C-contiguous uint8 arrays (jit code only),
+declared when numba is imported (kernels are compiled, or loaded from the cache, only
+after that): a command that runs no kernel does not import numba for it."""
+
+
+def _declare() -> None:
+    global _memcpy_at
+    from numba.extending import intrinsic
+
+    _memcpy_at = intrinsic(_memcpy_typer)
+
+
+on_numba_load(_declare)
 
 
 @jit
