@@ -14,6 +14,7 @@ from cleanerd import __version__
 from cleanerd.cli import main
 from cleanerd.commands import COMMANDS
 from tests.paths import REPO
+from tests.tools import run_python
 
 SAMPLE = REPO / "config" / "cleanerd.yaml"
 FOO_LOG = Path("kraft-combined-logs") / "foo-0" / "00000000000000000000.log"
@@ -246,14 +247,8 @@ def test_only_the_process_entry_freezes_the_imports_out_of_the_collector(
     )
     counts = {}
     for how in ("explicit", "process"):
-        done = subprocess.run(
-            [sys.executable, "-c", probe, "check-config", str(config), how],
-            capture_output=True,
-            text=True,
-            cwd=REPO,
-            check=True,
-        )
-        status, frozen, enabled = done.stdout.splitlines()[-1].split()
+        out = run_python(probe, "check-config", str(config), how)
+        status, frozen, enabled = out.splitlines()[-1].split()
         assert (status, enabled) == ("0", "True")
         counts[how] = int(frozen)
     assert counts["explicit"] == 0

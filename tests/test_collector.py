@@ -4,10 +4,7 @@ process never freezes its own objects."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
-from tests.paths import REPO
+from tests.tools import run_python
 
 _PROBE = """
 import gc, sys
@@ -27,16 +24,9 @@ except ValueError:
 """
 
 
-def run(state: str) -> list[str]:
-    done = subprocess.run(
-        [sys.executable, "-c", _PROBE, state], capture_output=True, text=True, cwd=REPO, check=True
-    )
-    return done.stdout.split()
-
-
 def test_pauses_the_collector_then_freezes_what_was_made_and_resumes_it() -> None:
-    assert run("enabled") == ["False", "True", "True", "True"]
+    assert run_python(_PROBE, "enabled").split() == ["False", "True", "True", "True"]
 
 
 def test_leaves_a_collector_that_was_off_off() -> None:
-    assert run("disabled") == ["False", "False", "True", "False"]
+    assert run_python(_PROBE, "disabled").split() == ["False", "False", "True", "False"]

@@ -14,6 +14,7 @@ import numpy.typing as npt
 
 from cleanerd._jit import Kernel, _cache_dir, jit
 from tests.paths import REPO
+from tests.tools import run_python
 
 
 @jit
@@ -89,16 +90,7 @@ print(json.dumps({"numba": imported, "kernels": len(kernels)}))
 
 def test_importing_kernels_does_not_import_numba() -> None:
     """A module defining kernels loads without numba; numba comes with the first call."""
-    done = subprocess.run(
-        [sys.executable, "-c", _PROBE],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-        cwd=REPO,
-        timeout=120,
-        check=True,
-    )
-    report = json.loads(done.stdout)
+    report = json.loads(run_python(_PROBE))
     assert report["kernels"] > 0
     assert report["numba"] is False
 
@@ -112,16 +104,7 @@ def test_the_daemon_and_the_cleaner_import_without_numba() -> None:
         "import cleanerd.commands.run, cleanerd.compaction.assemble, cleanerd.engine.local\n"
         "print('numba' in sys.modules)\n"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", probe],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-        cwd=REPO,
-        timeout=120,
-        check=True,
-    )
-    assert done.stdout.split() == ["False"]
+    assert run_python(probe).split() == ["False"]
 
 
 def test_cache_dir_is_numbas_own_choice_when_that_works(tmp_path: Path) -> None:

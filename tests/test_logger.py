@@ -3,13 +3,10 @@ at every call."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 from structlog.testing import capture_logs
 
 from cleanerd.logger import get_logger
-from tests.paths import REPO
+from tests.tools import run_python
 
 
 def test_events_reach_structlog_with_the_configuration_made_after_the_logger() -> None:
@@ -52,8 +49,5 @@ def test_structlog_is_imported_by_the_first_call_only() -> None:
         "log.info('event')\n"
         "print('structlog' in sys.modules)\n"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", probe], capture_output=True, text=True, cwd=REPO, check=True
-    )
-    assert done.stdout.splitlines()[:1] == ["False"]
-    assert done.stdout.splitlines()[-1] == "True"
+    lines = run_python(probe).splitlines()  # structlog's default prints the event too
+    assert (lines[0], lines[-1]) == ("False", "True")

@@ -1,5 +1,5 @@
 """What integration tests need from the system: programs they drive for real (promtool,
-prometheus, mosquitto ...) and real tmpfs mounts (root).
+prometheus, mosquitto ...), real tmpfs mounts (root), and fresh interpreters.
 
 `scripts/test` installs the programs (Debian packages) and CI runs as root; elsewhere a test
 whose need is not met skips, except under CI (`CI` set), where it is a failure, not a
@@ -13,12 +13,15 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
 import pytest
+
+from tests.paths import REPO
 
 
 def unavailable(message: str) -> None:
@@ -87,3 +90,19 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def run_python(code: str, *args: str) -> str:
+    """What a fresh interpreter running `code` (with `args` as `sys.argv[1:]`, this
+    checkout first on its path) prints: for what only a new process shows (the modules
+    an import loads, the collector's state)."""
+    done = subprocess.run(
+        [sys.executable, "-c", code, *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        cwd=REPO,
+        timeout=120,
+        check=True,
+    )
+    return done.stdout

@@ -3,14 +3,11 @@ and the package still importable afterwards."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 from hypothesis import given
 from hypothesis import strategies as st
 
 from cleanerd.records.crc32c_library import HARDWARE_BASED, crc32c
-from tests.paths import REPO
+from tests.tools import run_python
 
 
 def test_known_vector() -> None:
@@ -33,10 +30,7 @@ def test_loaded_without_the_package_init_which_still_imports_after() -> None:
         "same = sys.modules['crc32c._crc32c'] is EXTENSION\n"
         "print(same, package.crc32c(b'abc') == crc32c(b'abc'))\n"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", probe], capture_output=True, text=True, cwd=REPO, check=True
-    )
-    assert done.stdout.split() == ["False", "False", "True", "True"]
+    assert run_python(probe).split() == ["False", "False", "True", "True"]
 
 
 def test_reports_the_package_s_own_choice_of_routine() -> None:
