@@ -16,16 +16,27 @@ def test_events_reach_structlog_with_the_configuration_made_after_the_logger() -
         log.warning("partition.uncleanable", reason="x")
     with capture_logs() as second:
         log.error("cycle.failed")
-        log.debug("cycle.detail")
     assert [(e["event"], e["log_level"]) for e in first] == [
         ("segment.rolled", "info"),
         ("partition.uncleanable", "warning"),
     ]
     assert first[0]["base_offset"] == 120
-    assert [(e["event"], e["log_level"]) for e in second] == [
-        ("cycle.failed", "error"),
-        ("cycle.detail", "debug"),
-    ]
+    assert [(e["event"], e["log_level"]) for e in second] == [("cycle.failed", "error")]
+
+
+def test_each_method_goes_to_structlogs_method_of_that_name() -> None:
+    """(debug included, which the level another test configured may filter out.)"""
+    calls: list[tuple[str, str, dict[str, object]]] = []
+
+    class Bound:
+        def __getattr__(self, method: str) -> object:
+            return lambda event, **fields: calls.append((method, event, fields))
+
+    log = get_logger("cleanerd.test")
+    log._bound = Bound()
+    for method in ("debug", "info", "warning", "error", "exception"):
+        getattr(log, method)("e", n=1)
+    assert calls == [(m, "e", {"n": 1}) for m in ("debug", "info", "warning", "error", "exception")]
 
 
 def test_exception_carries_the_exception_being_handled() -> None:
