@@ -52,17 +52,8 @@ def test_first_call_compiles_and_rebinds_every_kernel() -> None:
     kernel it calls (which nothing had called before), and every module-level name bound
     to a kernel then names numba's dispatcher (this module's, and those imported by
     name elsewhere); a kernel made later is a dispatcher at once."""
-    before, total, after, kept, later = json.loads(
-        subprocess.run(
-            [sys.executable, "-c", _FIRST_CALL],
-            capture_output=True,
-            text=True,
-            env={**os.environ, "PYTHONPATH": str(REPO)},
-            cwd=REPO,
-            timeout=300,
-            check=True,
-        ).stdout
-    )
+    # A timeout for compiling every kernel the call reaches, cold.
+    before, total, after, kept, later = json.loads(run_python(_FIRST_CALL, timeout_s=300))
     assert before == ["Kernel", "Kernel", "Kernel"]
     assert total == 20
     assert after == ["CPUDispatcher", "CPUDispatcher", "CPUDispatcher"]

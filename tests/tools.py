@@ -92,7 +92,7 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def run_python(code: str, *args: str) -> str:
+def run_python(code: str, *args: str, timeout_s: float = 120) -> str:
     """What a fresh interpreter running `code` (with `args` as `sys.argv[1:]`, this
     checkout first on its path) prints: for what only a new process shows (the modules
     an import loads, the collector's state)."""
@@ -102,7 +102,7 @@ def run_python(code: str, *args: str) -> str:
         text=True,
         env={**os.environ, "PYTHONPATH": str(REPO)},
         cwd=REPO,
-        timeout=120,
+        timeout=timeout_s,
         check=True,
     )
     return done.stdout

@@ -345,16 +345,8 @@ def recover_leftovers(
 # -- segments ---------------------------------------------------------------------------
 
 
-def open_segments(
-    dir_path: Path, options: SegmentOptions, listing: Listing | None = None
-) -> list[LogSegment]:
-    """Every `<base>.log` in the dir (as `listing` lists it, else as listed now) as a
-    LogSegment, ascending by base offset."""
-    entries = list_partition_dir(dir_path) if listing is None else listing
-    return _open_at(dir_path, options, sort_names(entries).log_offsets)
-
-
-def _open_at(dir_path: Path, options: SegmentOptions, bases: list[int]) -> list[LogSegment]:
+def open_segments(dir_path: Path, options: SegmentOptions, bases: list[int]) -> list[LogSegment]:
+    """The segments at `bases` (a listing's `.log` offsets, ascending) as LogSegments."""
     return [
         LogSegment(
             dir_path,
@@ -546,11 +538,11 @@ def recover_partition(
         recover_leftovers(dir_path, options, report, listing)
         if report.deleted or report.renamed:
             names = sort_names(list_partition_dir(dir_path))
-    segments = _open_at(dir_path, options, names.log_offsets)
+    segments = open_segments(dir_path, options, names.log_offsets)
     if recover or full_check:
         read_only = dataclasses.replace(options, read_only=True)
         validate_segments(
-            segments if recover else _open_at(dir_path, read_only, names.log_offsets),
+            segments if recover else open_segments(dir_path, read_only, names.log_offsets),
             recovery_point=recovery_point,
             full_check=full_check,
             quarantine_dir=quarantine_dir,

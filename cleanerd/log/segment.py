@@ -254,14 +254,17 @@ class LogSegment:
         as a clean stop of cleanerd left it, which had checked it before stopping."""
         if known.base_offset != self.base_offset or known.identity != self.identity:
             return False
+        return self._index_sizes() == (known.offset_index_bytes, known.time_index_bytes)
+
+    def _index_sizes(self) -> tuple[int, int] | None:
+        """(offset index, time index) file sizes from two `stat`s; None if one is missing."""
         try:
-            sizes = (
+            return (
                 self._stat(INDEX_FILE_SUFFIX).st_size,
                 self._stat(TIME_INDEX_FILE_SUFFIX).st_size,
             )
         except FileNotFoundError:
-            return False
-        return sizes == (known.offset_index_bytes, known.time_index_bytes)
+            return None
 
     def seed(self, known: KnownSegment) -> bool:
         """Take `known` as this segment's metadata if it describes this very file (same
@@ -547,11 +550,10 @@ class LogSegment:
         way (`_tail`), which names any damage."""
         if self.growing or not 0 < self._size <= _PREAD_SPAN or self._offset_index is not None:
             return
-        try:
-            offset_index_bytes = self._stat(INDEX_FILE_SUFFIX).st_size
-            time_index_bytes = self._stat(TIME_INDEX_FILE_SUFFIX).st_size
-        except FileNotFoundError:
+        sizes = self._index_sizes()
+        if sizes is None:
             return  # a missing index: the usual way reports or rebuilds it
+        offset_index_bytes, time_index_bytes = sizes
         # A trimmed time index of at most one entry (Kafka's final entry at roll) holds no
         # timestamp the walk misses; a longer or preallocated one is read the usual way.
         if offset_index_bytes or time_index_bytes not in (0, TimeIndex.entry.size):

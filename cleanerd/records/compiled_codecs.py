@@ -44,7 +44,7 @@ from typing import Any, Final
 import numpy as np
 
 from cleanerd._jit import jit
-from cleanerd.records.compression import LZ4_MAGIC, XERIAL_MAGIC
+from cleanerd.records.compression import LZ4_MAGIC, XERIAL_MAGIC, XXH32_PRIMES
 from cleanerd.records.walker import Int
 
 OK: Final = 0
@@ -60,11 +60,7 @@ _LZ4_MAGIC: Final = np.frombuffer(LZ4_MAGIC, np.uint8)
 _XERIAL_MAGIC: Final = np.frombuffer(XERIAL_MAGIC, np.uint8)
 
 _M32: Final = 0xFFFFFFFF
-_P1: Final = 2654435761
-_P2: Final = 2246822519
-_P3: Final = 3266489917
-_P4: Final = 668265263
-_P5: Final = 374761393
+_P1, _P2, _P3, _P4, _P5 = XXH32_PRIMES
 
 
 @jit

@@ -56,11 +56,9 @@ LZ4_FLG_CONTENT_SIZE: Final = 0x08
 LZ4_UNCOMPRESSED_BIT: Final = 0x80000000
 
 _M32: Final = 0xFFFFFFFF
-_P1: Final = 2654435761
-_P2: Final = 2246822519
-_P3: Final = 3266489917
-_P4: Final = 668265263
-_P5: Final = 374761393
+XXH32_PRIMES: Final = (2654435761, 2246822519, 3266489917, 668265263, 374761393)
+"""XXH32's five primes (`compiled_codecs.xxh32` takes them from here too)."""
+_P1, _P2, _P3, _P4, _P5 = XXH32_PRIMES
 
 
 def _rotl(x: int, r: int) -> int:
