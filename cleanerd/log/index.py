@@ -147,7 +147,10 @@ class _Index(ABC):
         self.file_exists = False
         self._file_bytes = 0
         self._in_file = 0
-        self._pending: list[tuple[int, int]] = []
+        # Entries not yet in the file, one list per field: a rebuild extends them from
+        # arrays (`tolist`, no Python per entry) and `_encode` packs them in one call.
+        self._pending_a: list[int] = []
+        self._pending_b: list[int] = []
         self._last: tuple[int, int] | None = None
         self._columns: tuple[NDArray[np.int64], NDArray[np.int64]] | None = None
 
@@ -217,7 +220,7 @@ class _Index(ABC):
     @property
     def entries(self) -> int:
         """Number of entries."""
-        return self._in_file + len(self._pending)
+        return self._in_file + len(self._pending_a)
 
     @property
     def size_in_bytes(self) -> int:
@@ -245,23 +248,42 @@ class _Index(ABC):
             raw = b""
             if self._in_file:
                 raw = _pread_exact(self.path, self._in_file * self.entry.size, 0)
-            raw += b"".join(self.entry.pack(a, b) for a, b in self._pending)
-            self._columns = self._parse(raw)
+            self._columns = self._parse(raw + self._pending_bytes())
         return self._columns
 
     def _parse(self, raw: bytes) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
         table = np.frombuffer(raw, dtype=self._table_dtype())
         return (table["a"].astype(np.int64), table["b"].astype(np.int64))
 
+    def _encode(self, first: object, second: object) -> bytes:
+        """Entries from two columns (arrays or lists of ints), in the file's format."""
+        a = np.asarray(first, dtype=np.int64)
+        table = np.empty(a.size, dtype=self._table_dtype())
+        table["a"], table["b"] = a, second
+        return table.tobytes()
+
+    def _pending_bytes(self) -> bytes:
+        if not self._pending_a:
+            return b""
+        return self._encode(self._pending_a, self._pending_b)
+
     def _add(self, first: int, second: int) -> None:
-        self._pending.append((first, second))
+        self._pending_a.append(first)
+        self._pending_b.append(second)
         self._last = (first, second)
         self._columns = None
 
+    def _extend(self, first: NDArray[np.int64], second: NDArray[np.int64]) -> None:
+        """`_add` for every row of two checked columns."""
+        if first.size:
+            self._pending_a += first.tolist()
+            self._pending_b += second.tolist()
+            self._last = (self._pending_a[-1], self._pending_b[-1])
+            self._columns = None
+
     def to_bytes(self) -> bytes:
         """The whole trimmed file content."""
-        first, second = self._columns_all()
-        return b"".join(self.entry.pack(a, b) for a, b in zip(first, second, strict=True))
+        return self._encode(*self._columns_all())
 
     def flush_entries(self) -> None:
         """Append the entries the file lacks (creating it), so that it holds exactly the
@@ -269,15 +291,14 @@ class _Index(ABC):
         target = self.entries * self.entry.size
         if self.file_exists and self._file_bytes == target:
             return
-        data = b"".join(self.entry.pack(a, b) for a, b in self._pending)
-        _write_at(self.path, data, self._in_file * self.entry.size)
-        self._in_file, self._pending = self.entries, []
+        _write_at(self.path, self._pending_bytes(), self._in_file * self.entry.size)
+        self._in_file, self._pending_a, self._pending_b = self.entries, [], []
         self._file_bytes, self.file_exists = target, True
 
     def write(self) -> None:
         """Replace the file atomically with the index's entries (after a rebuild)."""
         atomic_write(self.path, self.to_bytes())
-        self._in_file, self._pending = self.entries, []
+        self._in_file, self._pending_a, self._pending_b = self.entries, [], []
         self._file_bytes, self.file_exists = self.entries * self.entry.size, True
 
     def fsync(self) -> None:
@@ -335,6 +356,31 @@ class OffsetIndex(_Index):
                 f"last offset {self.last_offset}"
             )
         self._add(self.relative_offset(offset), position)
+
+    def append_many(self, offsets: NDArray[np.int64], positions: NDArray[np.int64]) -> None:
+        """`append` for every row, checked on the columns: it raises, with nothing
+        added, where `append` would raise for some row."""
+        n = offsets.size
+        if not n:
+            return
+        if self.entries + n > self.max_entries:
+            raise ValueError(
+                f"attempt to append to a full index {self.path} "
+                f"({self.entries} entries, {n} more, room for {self.max_entries})"
+            )
+        floor = self.last_offset if self._last is not None else int(offsets[0]) - 1
+        bad = np.flatnonzero(np.diff(offsets, prepend=floor) <= 0)
+        if bad.size:
+            row = int(bad[0])
+            before = floor if row == 0 else int(offsets[row - 1])
+            raise ValueError(
+                f"attempt to append offset {int(offsets[row])} to {self.path}, no larger "
+                f"than the offset before it ({before})"
+            )
+        rel = offsets - self.base_offset
+        if rel[0] < 0 or rel[-1] > INT32_MAX:
+            self.relative_offset(int(offsets[0] if rel[0] < 0 else offsets[-1]))  # raises
+        self._extend(rel, positions)
 
     def sanity_check(self) -> None:
         """Raise CorruptIndexError unless offsets and positions strictly increase."""
@@ -414,6 +460,32 @@ class TimeIndex(_Index):
         self._add(timestamp, self.relative_offset(offset))
         return True
 
+    def append_increasing(self, timestamps: NDArray[np.int64], offsets: NDArray[np.int64]) -> None:
+        """`maybe_append` for every row of non-decreasing `timestamps` and `offsets`
+        (the running maximum `IndexBuilder` keeps): the rows whose timestamp is above the
+        one before them (and above the last entry) are added. It raises, with nothing
+        added, where `maybe_append` would raise for some row."""
+        if not timestamps.size:
+            return
+        last = self.last_entry
+        if self._last is not None and (offsets[0] < last.offset or timestamps[0] < last.timestamp):
+            self.maybe_append(int(timestamps[0]), int(offsets[0]))  # raises
+        if (np.diff(timestamps) < 0).any() or (np.diff(offsets) < 0).any():
+            raise ValueError(f"timestamps or offsets appended to {self.path} go backwards")
+        before = np.empty_like(timestamps)
+        before[0] = last.timestamp
+        before[1:] = timestamps[:-1]
+        keep = timestamps > before
+        kept = int(np.count_nonzero(keep))
+        # maybe_append checks fullness before it decides; the last row's check is the
+        # last one made, with every earlier kept row already added.
+        if self.entries + kept - int(keep[-1]) >= self.max_entries - 1:
+            raise ValueError(f"attempt to append to a full time index {self.path}")
+        rel = offsets[keep] - self.base_offset
+        if rel.size and (rel[0] < 0 or rel[-1] > INT32_MAX):
+            self.relative_offset(int(rel[0 if rel[0] < 0 else -1]) + self.base_offset)  # raises
+        self._extend(timestamps[keep], rel)
+
     def sanity_check(self) -> None:
         """Raise CorruptIndexError unless timestamps strictly increase and offsets never
         decrease."""
@@ -489,8 +561,8 @@ class IndexBuilder:
         last_offset: NDArray[np.int64],
         max_timestamp: NDArray[np.int64],
     ) -> None:
-        """`add_batch` for every row of a batch table, the rule run compiled; Python runs
-        once per index entry (one per `interval_bytes`), not per batch."""
+        """`add_batch` for every row of a batch table: the rule run compiled, the entries
+        it picks added as columns (no Python per batch or per entry)."""
         n = len(position)
         rows = np.empty(n, np.int64)
         entry_max = np.empty(n, np.int64)
@@ -509,11 +581,9 @@ class IndexBuilder:
             entry_offset,
         )
         k, since, top, top_offset = (int(x) for x in found)
-        for row, ts, ts_offset in zip(
-            rows[:k].tolist(), entry_max[:k].tolist(), entry_offset[:k].tolist(), strict=True
-        ):
-            self.offset_index.append(int(last_offset[row]), int(position[row]))
-            self.time_index.maybe_append(ts, ts_offset)
+        entry_rows = rows[:k]
+        self.offset_index.append_many(last_offset[entry_rows], position[entry_rows])
+        self.time_index.append_increasing(entry_max[:k], entry_offset[:k])
         self.bytes_since_last_entry, self.max_timestamp, self.offset_of_max_timestamp = (
             since,
             top,

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 from pathlib import Path
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -330,3 +332,127 @@ def test_lookup_finds_a_position_at_or_before_every_batch(
             found = builder.offset_index.lookup(offset)
             assert found.position in positions
             assert found.position <= start
+
+
+def _builders(d: Path, interval: int, max_size: int) -> tuple[IndexBuilder, IndexBuilder]:
+    return tuple(  # type: ignore[return-value]
+        IndexBuilder(
+            OffsetIndex(d / f"{n}.index", 10, max_index_size=max_size),
+            TimeIndex(d / f"{n}.timeindex", 10, max_index_size=max_size),
+            interval,
+        )
+        for n in range(2)
+    )
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    rows=st.lists(
+        st.tuples(st.integers(1, 300), st.integers(1, 5), st.integers(-1, 60)),
+        min_size=1,
+        max_size=80,
+    ),
+    cuts=st.lists(st.integers(0, 80), max_size=4),
+    interval=st.integers(0, 700),
+    max_size=st.sampled_from([48, 96, 10 * 1024]),
+)
+def test_add_batches_as_columns_is_add_batch_row_by_row(
+    tmp_path_factory: pytest.TempPathFactory,
+    rows: list[tuple[int, int, int]],
+    cuts: list[int],
+    interval: int,
+    max_size: int,
+) -> None:
+    """The columnar path (the compiled rule, entries appended as columns, in chunks as a
+    walk hands them over) writes the same two files as one `add_batch` per batch, and
+    raises where it does (a full index)."""
+    d = tmp_path_factory.mktemp("cols")
+    by_row, by_columns = _builders(d, interval, max_size)
+    position, last = 0, 9
+    table = []
+    for size, records, ts in rows:
+        last += records
+        table.append((position, size, last, ts))
+        position += size
+    row_error = column_error = None
+    try:
+        for row in table:
+            by_row.add_batch(*row)
+        by_row.finish()
+    except ValueError as exc:
+        row_error = exc
+    try:
+        bounds = sorted({0, len(table), *(c for c in cuts if c <= len(table))})
+        for lo, hi in itertools.pairwise(bounds):
+            columns = np.array(table[lo:hi], dtype=np.int64).T
+            by_columns.add_batches(*columns)
+        by_columns.finish()
+    except ValueError as exc:
+        column_error = exc
+    assert (row_error is None) == (column_error is None), (row_error, column_error)
+    if row_error is None:
+        for a, b in (
+            (by_row.offset_index, by_columns.offset_index),
+            (by_row.time_index, by_columns.time_index),
+        ):
+            assert a.to_bytes() == b.to_bytes()
+            assert a.last_entry == b.last_entry
+        assert by_row.bytes_since_last_entry == by_columns.bytes_since_last_entry
+        by_columns.offset_index.write()
+        by_columns.time_index.write()
+        assert OffsetIndex.load(d / "1.index", 10).to_bytes() == by_row.offset_index.to_bytes()
+
+
+def test_append_many_refuses_what_append_refuses(tmp_path: Path) -> None:
+    """Rows out of order, rows past the capacity and offsets beyond int32 of the base
+    are refused as a whole: nothing is added."""
+    oi = _offset_index(tmp_path, base=100, max_size=8 * 4)
+    oi.append(105, 10)
+    cases = [
+        ([105, 106], "no larger"),  # not above the last entry
+        ([107, 109, 108], "no larger"),  # out of order within
+        ([106, 107, 108, 109], "full index"),  # 1 + 4 > 4 entries
+        ([106, 100 + 2**31], "int32"),
+    ]
+    for offsets, message in cases:
+        column = np.array(offsets, dtype=np.int64)
+        with pytest.raises(ValueError, match=message):
+            oi.append_many(column, column)
+        assert oi.entries == 1
+    oi.append_many(np.array([106, 108], np.int64), np.array([20, 30], np.int64))
+    assert [oi.entry_at(n) for n in range(3)] == [
+        OffsetPosition(105, 10),
+        OffsetPosition(106, 20),
+        OffsetPosition(108, 30),
+    ]
+
+
+def test_append_increasing_keeps_only_new_maxima(tmp_path: Path) -> None:
+    """Each row is kept when its timestamp is above the one before it (and the last
+    entry); a row below the last entry is refused, as `maybe_append` refuses it."""
+    ti = TimeIndex(tmp_path / "t.timeindex", 0)
+    ti.maybe_append(100, 3)
+    ti.append_increasing(np.array([100, 150, 150, 200], np.int64), np.array([3, 7, 7, 9], np.int64))
+    assert [ti.entry_at(n) for n in range(ti.entries)] == [
+        TimestampOffset(100, 3),
+        TimestampOffset(150, 7),
+        TimestampOffset(200, 9),
+    ]
+    with pytest.raises(ValueError, match="below the last"):
+        ti.append_increasing(np.array([250], np.int64), np.array([8], np.int64))
+    assert ti.entries == 3
+
+
+def test_append_increasing_fills_a_time_index_as_maybe_append_does(tmp_path: Path) -> None:
+    """A 48-byte time index is full at 3 of its 4 slots: three new rows fit (the check
+    before the third sees two entries), a fourth is refused, and nothing is added."""
+    for rows, fits in ((3, True), (4, False)):
+        ti = TimeIndex(tmp_path / f"{rows}.timeindex", 0, max_index_size=48)
+        column = np.arange(1, rows + 1, dtype=np.int64)
+        if fits:
+            ti.append_increasing(column, column)
+            assert ti.entries == rows
+        else:
+            with pytest.raises(ValueError, match="full time index"):
+                ti.append_increasing(column, column)
+            assert ti.entries == 0
