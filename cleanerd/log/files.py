@@ -66,6 +66,10 @@ _STATES = "|".join(re.escape(s) for s in STATE_SUFFIXES)
 _SEGMENT_TAIL = re.compile(rf"(?:{_KINDS})(?:{_STATES})?")
 _SEGMENT_FILE = re.compile(rf"[0-9]{{{OFFSET_DIGITS}}}{_SEGMENT_TAIL.pattern}")
 _SEGMENT_FILE_PARTS = re.compile(rf"([0-9]{{{OFFSET_DIGITS}}})({_KINDS})({_STATES})?")
+# A whole `<20 digits>.log` name within names joined by `/` (which no file name holds).
+_LOG_NAME_IN_LISTING = re.compile(
+    rf"(?<![^/])([0-9]{{{OFFSET_DIGITS}}}){re.escape(LOG_FILE_SUFFIX)}(?![^/])"
+)
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -158,6 +162,14 @@ def malformed_segment_file_name(filename: str) -> str | None:
 def is_log_file(filename: str) -> bool:
     """A well-formed segment data file name (`.log`, no state suffix)."""
     return filename.endswith(LOG_FILE_SUFFIX) and is_segment_file_name(filename)
+
+
+def log_file_offsets(names: list[str]) -> list[int]:
+    """The base offsets of the well-formed `.log` names (`is_log_file`) among `names`,
+    ascending. The watcher lists every partition dir of a storage host: a suffix test
+    picks the `.log` names, then one regex pass over them joined checks their stems."""
+    logs = "/".join([name for name in names if name.endswith(LOG_FILE_SUFFIX)])
+    return sorted(map(int, _LOG_NAME_IN_LISTING.findall(logs)))
 
 
 def is_index_file(filename: str) -> bool:

@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from cleanerd.log.files import (
     TopicPartition,
@@ -13,6 +15,7 @@ from cleanerd.log.files import (
     is_log_file,
     is_segment_file_name,
     log_file,
+    log_file_offsets,
     looks_like_segment_file,
     malformed_segment_file_name,
     offset_from_filename,
@@ -181,3 +184,30 @@ def test_other_names_are_not_segment_like(name: str) -> None:
     segment files nor malformed ones."""
     assert not is_segment_file_name(name)
     assert malformed_segment_file_name(name) is None
+
+
+_NAME_PARTS = st.sampled_from(
+    [
+        "00000000000000000042",
+        "0000000000000000004",
+        "000000000000000000042",
+        "12",
+        "x",
+        ".log",
+        ".index",
+        ".log.swap",
+        ".deleted",
+        "\n",
+        "-",
+        "\u0663" * 20,
+    ]
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(names=st.lists(st.lists(_NAME_PARTS, min_size=1, max_size=4).map("".join), max_size=12))
+def test_log_file_offsets_are_those_of_the_well_formed_log_names(names: list[str]) -> None:
+    """The one-pass listing reader agrees with the per-name predicate, whatever the
+    other names in the dir hold (newlines, non-ASCII digits, near-miss stems)."""
+    expected = sorted(offset_from_filename(n) for n in names if is_log_file(n))
+    assert log_file_offsets(names) == expected
