@@ -14,7 +14,8 @@ Format (little endian)::
     {"partitions": [<dir name>, ...], "rows": N, "crc32c": C}\n
     N rows of `ROW` (112 bytes): partition (index into "partitions"), base offset,
         inode, size, mtime (ns), next offset, max timestamp, its offset, first batch
-        max timestamp, flags (1: there is a first batch, 2: the horizon is known),
+        max timestamp, flags (1: there is a first batch, 2: the horizon is known,
+        4: no transaction was open at the segment's next offset, the log end),
         offset index bytes, time index bytes, earliest delete horizon, batches with one
 
 `C` is the CRC-32C of the rows. A file that does not parse or check out is reported
@@ -69,6 +70,7 @@ ROW: Final = np.dtype(
 )
 _HAS_FIRST: Final = 1
 _HAS_HORIZON: Final = 2
+_STABLE_END: Final = 4
 
 Identity = tuple[int, int, int]
 """(inode, size, mtime in ns) of a `.log` file."""
@@ -89,6 +91,10 @@ class KnownSegment(NamedTuple):
     time_index_bytes: int
     delete_horizon: tuple[int, int] | None
     """(earliest KIP-534 delete horizon, batches carrying one), when it was scanned."""
+    stable_end: bool = False
+    """The partition's last segment, and no transaction was open at its end: while the
+    `.log` is this file, the log has no first unstable offset, and the producer snapshot
+    need not be read to say so."""
 
 
 Known = dict[str, dict[int, KnownSegment]]
@@ -109,8 +115,10 @@ def encode(known: Iterable[tuple[str, Iterable[KnownSegment]]]) -> bytes:
         names.append(name)
         for k in segments:
             horizon, batches = (0, 0) if k.delete_horizon is None else k.delete_horizon
-            flags = (_HAS_FIRST if k.first_batch_timestamp is not None else 0) | (
-                _HAS_HORIZON if k.delete_horizon is not None else 0
+            flags = (
+                (_HAS_FIRST if k.first_batch_timestamp is not None else 0)
+                | (_HAS_HORIZON if k.delete_horizon is not None else 0)
+                | (_STABLE_END if k.stable_end else 0)
             )
             rows.append(
                 (
@@ -175,6 +183,7 @@ def decode(data: bytes) -> Known:
             oi_bytes,
             ti_bytes,
             (horizon, batches) if flags & _HAS_HORIZON else None,
+            bool(flags & _STABLE_END),
         )
     return known
 

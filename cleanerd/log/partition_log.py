@@ -195,6 +195,9 @@ class PartitionLog:
         self.high_watermark = checkpoints.high_watermarks.get(tp)
         self.recovery_point = checkpoints.recovery_points.get(tp, 0)
         self._producers: ProducerState | None = None
+        self._stable_end: tuple[int, tuple[int, int, int]] | None = None
+        """(base offset, identity) of a last segment that a clean stop recorded with no
+        transaction open at its end (`KnownSegment.stable_end`), until the state is read."""
         self._txn_scanned: tuple[int, int] = (-1, 0)  # (segment base, position) walked to
         self._listed_snapshots: tuple[tuple[int, int], list[int]] | None = None
         """(dir stamp, snapshot offsets) from the open's listing, good while the dir's
@@ -274,13 +277,16 @@ class PartitionLog:
                 listed = None
             if report.deleted or report.renamed:
                 listed = None  # recovery changed the dir since
+            stable_end = None
             if known:
                 # A segment whose indexes were just rebuilt is read anew.
                 rebuilt = {offset_from_filename(Path(p).name) for p in report.rebuilt_indexes}
                 for segment in segments:
                     entry = known.get(segment.base_offset)
                     if entry is not None and segment.base_offset not in rebuilt:
-                        segment.seed(entry)
+                        seeded = segment.seed(entry)
+                        if seeded and entry.stable_end and segment is segments[-1]:
+                            stable_end = (segment.base_offset, segment.identity)
             for segment in segments[:-1]:
                 segment.prefetch()  # read by the first cycle, after every open
         plog = cls(
@@ -296,6 +302,7 @@ class PartitionLog:
         )
         if listed is not None:
             plog._listed_snapshots = (listed, snapshot_offsets_in(e.name for e in listing))
+        plog._stable_end = stable_end
         return plog
 
     @classmethod
@@ -407,6 +414,11 @@ class PartitionLog:
     @property
     def first_unstable_offset(self) -> int | None:
         """First offset of the earliest open transaction, or None."""
+        if self._producers is None and self._stable_end is not None:
+            last = self._segments[-1] if self._segments else None
+            if last is not None and (last.base_offset, last.identity) == self._stable_end:
+                return None  # the log as a clean stop left it, with no transaction open
+            self._stable_end = None
         ongoing = self.producer_state().ongoing()
         return min(ongoing.values()) if ongoing else None
 
@@ -786,8 +798,21 @@ class PartitionLog:
 
     def known_segments(self) -> list[KnownSegment]:
         """What is known of the segments without reading them again (those read so far;
-        for `known_segments.py`)."""
-        return [k for s in self._segments if (k := s.known()) is not None]
+        for `known_segments.py`), the last one saying whether a transaction is open at
+        its end when that is known without reading."""
+        known = [k for s in self._segments if (k := s.known()) is not None]
+        if known and known[-1].base_offset == self._segments[-1].base_offset:
+            known[-1] = known[-1]._replace(stable_end=self._stable_at_end())
+        return known
+
+    def _stable_at_end(self) -> bool:
+        """Whether no transaction is open at the log end, as far as known without a read:
+        the producer state walked to the end, or the clean stop's record still holding."""
+        last = self._segments[-1]
+        if self._producers is not None:
+            scanned = self._txn_scanned == (last.base_offset, last.size)
+            return scanned and not self._producers.ongoing()
+        return self._stable_end == (last.base_offset, last.identity)
 
     def meta(self) -> PartitionMeta:
         """The plain snapshot every pure decision takes (re-reads the dir first)."""

@@ -4,14 +4,17 @@ ends up with exactly the metadata a full read gives; anything else is read anew.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from structlog.testing import capture_logs
 
 from cleanerd.compaction.horizon import HorizonCache
+from cleanerd.log import partition_log, producer_state
 from cleanerd.log.files import CLEAN_SHUTDOWN_FILE_NAME, TopicPartition
 from cleanerd.log.known_segments import (
     KnownSegment,
@@ -23,6 +26,8 @@ from cleanerd.log.known_segments import (
 from cleanerd.log.log_dir import LogDir
 from cleanerd.log.meta import PartitionMeta
 from cleanerd.log.partition_log import LogConfig, PartitionLog
+from cleanerd.log.producer_state import ProducerState
+from cleanerd.records.batch import encode_batch
 from tests.builders import kv
 
 TP = TopicPartition("orders", 0)
@@ -189,6 +194,7 @@ def test_segments_never_read_are_not_kept(tmp_path: Path) -> None:
             st.integers(0, 2**31),
             st.integers(0, 2**31),
             st.none() | st.tuples(I64, st.integers(0, 2**31)),
+            st.booleans(),
         ),
         max_size=20,
     ),
@@ -234,3 +240,63 @@ def test_plan_reads_nothing_of_a_cleanly_stopped_dir(tmp_path: Path, walked: lis
     with LogDir.open(root, observe=True, state_dir=state) as observer:
         assert observer.open_partition(TP, config=CONFIG).meta() == expected
     assert sum(walked) > 0
+
+
+def test_no_open_transaction_at_the_stop_spares_the_snapshot_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A clean stop with no transaction open records it on the last segment; the next
+    start knows there is no first unstable offset without reading the producer snapshot,
+    until the log changes: a transaction begun since is found."""
+    root, state = tmp_path / "logs", tmp_path / "state"
+    root.mkdir()
+    build(root, state)
+    stop_cleanly(root, state)
+    kept = read_known_segments(state, root)[str(TP)]
+    assert [k.stable_end for k in kept.values()] == [False] * (len(kept) - 1) + [True]
+
+    reads: list[Path] = []
+    real = producer_state.read_snapshot
+
+    def counted(path: Path) -> ProducerState:
+        reads.append(path)
+        return real(path)
+
+    monkeypatch.setattr(partition_log, "read_snapshot", counted)
+    with LogDir.open(root, state_dir=state) as log_dir:
+        plog = log_dir.open_partition(TP, config=CONFIG)
+        assert plog.meta().first_unstable_offset is None
+        assert reads == []
+        # Another writer (an application beside the owner) begins a transaction.
+        first = plog.log_end_offset
+        batch = encode_batch(
+            [dataclasses.replace(kv("t", "1"), offset=first)],
+            base_offset=first,
+            producer_id=7,
+            producer_epoch=0,
+            base_sequence=0,
+            is_transactional=True,
+        )
+        with plog.active_segment.log_path.open("ab") as f:
+            f.write(batch)
+        assert plog.meta().first_unstable_offset == first
+        assert len(reads) == 1
+
+
+def test_a_transaction_open_at_the_stop_is_read_at_the_start(tmp_path: Path) -> None:
+    root, state = tmp_path / "logs", tmp_path / "state"
+    root.mkdir()
+    build(root, state)
+    with LogDir.open(root, state_dir=state) as log_dir:
+        first, _ = log_dir.open_partition(TP, config=CONFIG).append(
+            [kv("t", "1")],
+            producer_id=7,
+            producer_epoch=0,
+            base_sequence=0,
+            is_transactional=True,
+        )
+    stop_cleanly(root, state)
+    kept = read_known_segments(state, root)[str(TP)]
+    assert not any(k.stable_end for k in kept.values())
+    _, meta = start(root, state)
+    assert meta.first_unstable_offset == first
