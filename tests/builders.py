@@ -8,15 +8,21 @@ and names are exactly what the daemon reads:
   batches, rolling between segments;
 - `write_segment` writes a single segment (optionally under a `.cleaned`/`.swap` suffix)
   from encoded batches, for leftover and recovery tests;
-- `offsets_and_values` lists what a log holds, for assertions.
+- `offsets_and_values` lists what a log holds, for assertions;
+- `settle_dir` dates a partition dir's last change back, and `partition_flocks` records
+  the partition locks taken, for tests of what is decided without the lock.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from pathlib import Path
 
+import pytest
+
 from cleanerd.log.files import TopicPartition
+from cleanerd.log.lock import PartitionLock
 from cleanerd.log.partition_log import LogConfig, PartitionLog
 from cleanerd.log.segment import LogSegment
 from cleanerd.records.batch import encode_batch
@@ -98,3 +104,23 @@ def encode_records(records: Sequence[Record], base_offset: int) -> bytes:
 def offsets_and_values(plog: PartitionLog) -> list[tuple[int, bytes | None, bytes | None]]:
     """(offset, key, value) of every record of the log, in order."""
     return [(r.offset, r.key, r.value) for r in plog.records()]
+
+
+def settle_dir(path: Path) -> None:
+    """Date the dir's last change back ten seconds, as on a dir untouched for a while:
+    a change within the last seconds vouches for nothing (`partition_log._dir_stamp`)."""
+    past = path.stat().st_mtime_ns - 10_000_000_000
+    os.utime(path, ns=(past, past))
+
+
+def partition_flocks(monkeypatch: pytest.MonkeyPatch) -> list[Path]:
+    """The partition lock files locked from now on (a re-entry locks nothing)."""
+    taken: list[Path] = []
+    real = PartitionLock._flock
+
+    def counted(self: PartitionLock, deadline: float) -> int:
+        taken.append(self.path)
+        return real(self, deadline)
+
+    monkeypatch.setattr(PartitionLock, "_flock", counted)
+    return taken

@@ -77,9 +77,9 @@ from cleanerd.log.lock import (
     PartitionLock,
     default_state_dir,
     holds_log_dir_lock,
-    log_dir_key,
+    state_subdir,
 )
-from cleanerd.log.meta import PartitionMeta
+from cleanerd.log.meta import PartitionMeta, SegmentMeta
 from cleanerd.log.ownership import OwnerProof, SegmentsChanged
 from cleanerd.log.producer_state import (
     ProducerState,
@@ -199,6 +199,8 @@ class PartitionLog:
         """(base offset, identity) of a last segment that a clean stop recorded with no
         transaction open at its end (`KnownSegment.stable_end`), until the state is read."""
         self._txn_scanned: tuple[int, int] = (-1, 0)  # (segment base, position) walked to
+        self._view: _View | None = None
+        """The last `meta()` and what vouches that it still describes the files."""
         self._listed_snapshots: tuple[tuple[int, int], list[int]] | None = None
         """(dir stamp, snapshot offsets) from the open's listing, good while the dir's
         stamp is that one (saves listing it again for the first producer state)."""
@@ -249,7 +251,7 @@ class PartitionLog:
             lock = PartitionLock(lock_dir, log_dir, tp, timeout_s=config.lock_timeout_s)
         quarantine = None
         if state_dir is not None:
-            quarantine = state_dir / "quarantine" / log_dir_key(log_dir) / str(tp)
+            quarantine = state_subdir(state_dir, "quarantine", log_dir) / str(tp)
         options = SegmentOptions(
             config.index_interval_bytes, config.segment_index_bytes, read_only=read_only
         )
@@ -815,11 +817,23 @@ class PartitionLog:
         return self._stable_end == (last.base_offset, last.identity)
 
     def meta(self) -> PartitionMeta:
-        """The plain snapshot every pure decision takes (re-reads the dir first)."""
+        """The plain snapshot every pure decision takes, as the files are now: the last
+        one when two `stat`s show that nothing changed since (`_View`), else read anew
+        under the partition lock (the dir re-read first)."""
+        view = self._view
+        if view is not None and view.holds(self):
+            return view.meta
         with self._locked():
             self.refresh()
             segments = tuple(s.meta() for s in self._segments)
             first_unstable = self.first_unstable_offset
+            meta = self._partition_meta(segments, first_unstable)
+            self._view = _View.of(self, meta)
+        return meta
+
+    def _partition_meta(
+        self, segments: tuple[SegmentMeta, ...], first_unstable: int | None
+    ) -> PartitionMeta:
         tp = self.topic_partition
         return PartitionMeta(
             topic=tp.topic,
@@ -891,6 +905,60 @@ class PartitionLog:
             self._inodes = self._scan_dir()
             self._log_start_offset = max(self._log_start_offset, self._segments[0].base_offset)
         return [p for s in doomed for p in s.paths if p.exists()]
+
+
+@dataclass(frozen=True, slots=True)
+class _View:
+    """A `PartitionMeta` and what vouches that it still describes the files without the
+    partition lock or a re-read: the dir's settled stamp from the listing it was built
+    from (an entry created, renamed or removed since moves the dir's mtime, see
+    `_scan_dir`), the active `.log`'s identity (an append moves its size and mtime), and
+    this object's own state it was built from. A cycle asks each partition for its
+    metadata in every step; on 10,000 partitions the re-reads under the lock were a
+    second of a start.
+
+    What a writer in the middle of a change leaves is seen either as a change (then
+    the caller waits for the lock and reads anew) or not at all (then the view is the
+    state before the change began, which it was)."""
+
+    meta: PartitionMeta
+    dir_stamp: tuple[int, int]
+    active_path: str
+    active_identity: tuple[int, int, int]
+    segments: list[LogSegment]
+    state: tuple[int, int, int | None]
+
+    @classmethod
+    def of(cls, plog: PartitionLog, meta: PartitionMeta) -> _View | None:
+        """The view of `meta`, just read under the lock; None when the dir changed too
+        recently for its stamp to vouch for anything."""
+        if plog._dir_stamp is None or not plog._segments:
+            return None
+        active = plog._segments[-1]
+        return cls(
+            meta,
+            plog._dir_stamp,
+            str(active.log_path),
+            active.identity,
+            plog._segments,
+            _own_state(plog),
+        )
+
+    def holds(self, plog: PartitionLog) -> bool:
+        """Whether the files and `plog` are still as `meta` describes them."""
+        if plog._segments is not self.segments or _own_state(plog) != self.state:
+            return False
+        try:
+            if _dir_stamp(plog.dir)[1] != self.dir_stamp:
+                return False
+            st = os.stat(self.active_path)  # noqa: PTH116
+        except OSError:
+            return False
+        return (st.st_ino, st.st_size, st.st_mtime_ns) == self.active_identity
+
+
+def _own_state(plog: PartitionLog) -> tuple[int, int, int | None]:
+    return (len(plog._segments), plog._log_start_offset, plog.high_watermark)
 
 
 def _dir_stamp(path: Path) -> tuple[os.stat_result, tuple[int, int] | None]:

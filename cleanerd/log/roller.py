@@ -252,6 +252,17 @@ def maybe_roll(
     if plog.read_only or plog.is_metadata:
         return None
     tp = plog.topic_partition
+    # Decided first on the current metadata without the lock (`PartitionLog.meta`), as
+    # nearly every partition of a cycle is not due; a due one is decided again under it.
+    active = plog.meta().active
+    age = SegmentAge(first_seen.observe(tp, active, now_ms), plog.last_roll_ms())
+    if (
+        roll_decision(
+            tp, active, topic, now_ms=now_ms, age=age, min_roll_interval_ms=min_roll_interval_ms
+        )
+        is None
+    ):
+        return None
     with plog.lock:
         plog.refresh()
         active = plog.active_segment.meta()

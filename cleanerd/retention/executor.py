@@ -90,6 +90,13 @@ def apply_retention(
             str(plog.log_dir), tp.topic, tp.partition, (), False, plog.log_start_offset, None, ()
         )
     rolled = False
+    # Decided first on the current metadata without the lock (`PartitionLog.meta`), as
+    # nearly every partition of a cycle has nothing to delete; then again under it.
+    plan = retention_plan(plog.meta(), topic, now_ms=now_ms)
+    if not plan.deletions and plan.roll_for is None and plan.future_timestamp_base is None:
+        return RetentionOutcome(
+            str(plog.log_dir), tp.topic, tp.partition, (), False, plog.log_start_offset, None, ()
+        )
     with plog.lock:
         plan = retention_plan(plog.meta(), topic, now_ms=now_ms)
         if plan.roll_for is not None:

@@ -28,7 +28,14 @@ from cleanerd.log.recovery import SymlinkRefused
 from cleanerd.log.txnindex import AbortedTxn
 from cleanerd.records.header import Compression
 from cleanerd.records.record import Record
-from tests.builders import build_log, encode_records, kv, offsets_and_values
+from tests.builders import (
+    build_log,
+    encode_records,
+    kv,
+    offsets_and_values,
+    partition_flocks,
+    settle_dir,
+)
 
 _CTX = multiprocessing.get_context("spawn")
 SMALL = LogConfig(segment_bytes=1024, index_interval_bytes=128)
@@ -417,3 +424,42 @@ def test_log_config_follows_the_topic_config() -> None:
     assert log_config.segment_index_bytes == topic.segment_index_bytes
     assert log_config.index_interval_bytes == topic.index_interval_bytes
     assert log_config.file_delete_delay_ms == topic.file_delete_delay_ms
+
+
+def test_meta_is_the_last_one_while_the_files_are_unchanged(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A second meta() with nothing changed is the same snapshot, taken without the
+    partition lock; an append by another writer, a new file in the dir, and this
+    object's own deletions each give a fresh one."""
+    build_log(
+        tmp_path / "logs",
+        [[[kv("a", "1")]], [[kv("b", "2")]], [[kv("c", "3")]]],
+        state_dir=tmp_path / "state",
+    )
+    plog = _open(tmp_path)
+    settle_dir(plog.dir)
+    first = plog.meta()
+    taken = partition_flocks(monkeypatch)
+    assert plog.meta() is first
+    assert taken == []
+
+    other = _open(tmp_path)  # another writer of the same partition
+    other.append([kv("d", "4")])
+    before = len(taken)
+    appended = plog.meta()
+    assert appended.log_end_offset == 4
+    assert len(taken) == before + 1  # read anew, under the lock
+
+    other.roll()
+    rolled = plog.meta()
+    assert [s.base_offset for s in rolled.segments] == [0, 1, 2, 4]
+    settle_dir(plog.dir)
+    assert plog.meta() is not rolled  # read once more under the new stamp
+    settled = plog.meta()
+    assert plog.meta() is settled
+
+    plog.delete_segments(plog.segments[:1], reason="test")
+    after = plog.meta()
+    assert [s.base_offset for s in after.segments] == [1, 2, 4]
+    assert after.log_start_offset == 1

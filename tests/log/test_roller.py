@@ -25,7 +25,7 @@ from cleanerd.log.roller import (
     roll_decision,
 )
 from cleanerd.log.topic_config import TopicConfig
-from tests.builders import build_log, kv
+from tests.builders import build_log, kv, partition_flocks, settle_dir
 
 T0 = 1_700_000_000_000
 MINUTE = 60_000
@@ -245,3 +245,20 @@ def test_unreadable_registry_is_replaced(tmp_path: Path, content: bytes) -> None
     assert seen.get(TopicPartition("t", 0)) is None
     seen.save()
     assert json.loads(path.read_text())["segments"] == {}
+
+
+def test_a_partition_not_due_is_decided_without_the_partition_lock(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Not due: decided on the current metadata, no partition lock taken; due: the lock
+    is taken, the decision made again under it, and the segment rolled."""
+    plog = one_batch_log(tmp_path)
+    settle_dir(plog.dir)
+    plog.meta()
+    taken = partition_flocks(monkeypatch)
+    seen = FirstSeen.load(tmp_path / "state", plog.log_dir)
+    assert maybe_roll(plog, topic(segment_ms=HOUR), seen, now_ms=T0 + 1) is None
+    assert taken == []
+    assert maybe_roll(plog, topic(segment_ms=HOUR), seen, now_ms=T0 + 2 * HOUR) is not None
+    assert taken == [plog.lock.path]
+    assert len(plog.segments) == 2

@@ -22,7 +22,7 @@ from cleanerd.log.partition_log import PartitionLog
 from cleanerd.log.topic_config import TopicConfig
 from cleanerd.retention.executor import apply_retention
 from cleanerd.retention.policy import DeletionReason
-from tests.builders import build_log, kv
+from tests.builders import build_log, kv, partition_flocks, settle_dir
 
 T0 = 1_700_000_000_000
 HOUR = 3_600_000
@@ -193,3 +193,27 @@ def test_metadata_log_untouched_and_read_only_refused(tmp_path: Path) -> None:
             apply_retention(
                 read_only, log_dir, topic(retention_ms=0), now_ms=T0, pending=PendingDeletions()
             )
+
+
+def test_nothing_to_delete_is_decided_without_the_partition_lock(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A partition with nothing due is checked on its current metadata without the
+    partition lock; one with expired segments takes it and deletes."""
+    build(tmp_path, [5, 4, 0])
+    log_dir, plog = open_owned(tmp_path)
+    with log_dir:
+        settle_dir(plog.dir)
+        plog.meta()
+        taken = partition_flocks(monkeypatch)
+        pending = PendingDeletions()
+        out = apply_retention(
+            plog, log_dir, topic(retention_ms=6 * HOUR), now_ms=T0, pending=pending
+        )
+        assert out.deletions == ()
+        assert taken == []
+        out = apply_retention(
+            plog, log_dir, topic(retention_ms=2 * HOUR), now_ms=T0, pending=pending
+        )
+        assert [d.base_offset for d in out.deletions] == [0, 10]
+        assert taken == [plog.lock.path]
