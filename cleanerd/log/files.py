@@ -30,6 +30,7 @@ dirs are never partitions that cleanerd may touch.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
@@ -66,10 +67,23 @@ _STATES = "|".join(re.escape(s) for s in STATE_SUFFIXES)
 _SEGMENT_TAIL = re.compile(rf"(?:{_KINDS})(?:{_STATES})?")
 _SEGMENT_FILE = re.compile(rf"[0-9]{{{OFFSET_DIGITS}}}{_SEGMENT_TAIL.pattern}")
 _SEGMENT_FILE_PARTS = re.compile(rf"([0-9]{{{OFFSET_DIGITS}}})({_KINDS})({_STATES})?")
-# A whole `<20 digits>.log` name within names joined by `/` (which no file name holds).
-_LOG_NAME_IN_LISTING = re.compile(
-    rf"(?<![^/])([0-9]{{{OFFSET_DIGITS}}}){re.escape(LOG_FILE_SUFFIX)}(?![^/])"
+
+# Whole names within a `listing_text`: each pattern starts at a `/` and ends before one.
+_STEM = rf"([0-9]{{{OFFSET_DIGITS}}})"
+LOG_NAMES: Final = re.compile(rf"/{_STEM}{re.escape(LOG_FILE_SUFFIX)}(?=/)")
+"""Well-formed `.log` names (group: the stem)."""
+INDEX_NAMES: Final = re.compile(
+    rf"/{_STEM}(?:{'|'.join(re.escape(k) for k in INDEX_SUFFIXES)})(?=/)"
 )
+"""Well-formed index names, no state suffix (group: the stem)."""
+SNAPSHOT_NAMES: Final = re.compile(rf"/{_STEM}{re.escape(PRODUCER_SNAPSHOT_FILE_SUFFIX)}(?=/)")
+"""Well-formed producer snapshot names (group: the stem)."""
+STATE_NAMES: Final = re.compile(rf"/{_STEM}(?:{_KINDS})(?:{_STATES})(?=/)")
+"""Well-formed segment file names with a state suffix."""
+MALFORMED_NAMES: Final = re.compile(
+    rf"/(?![0-9]{{{OFFSET_DIGITS}}}\.)[^/.]*(?:{_KINDS})(?:{_STATES})?(?=/)"
+)
+"""Names that look like segment files (`looks_like_segment_file`) and are not well formed."""
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -164,12 +178,18 @@ def is_log_file(filename: str) -> bool:
     return filename.endswith(LOG_FILE_SUFFIX) and is_segment_file_name(filename)
 
 
-def log_file_offsets(names: list[str]) -> list[int]:
+def listing_text(names: Iterable[str]) -> str:
+    """A dir's names as one text, `/a/b/c/`: `/` is the one character no file name holds,
+    so the `..._NAMES` patterns, anchored between two, match whole names only. A start
+    reads 10,000 listings of tens of names; one regex pass over each in place of a test
+    per name is several times cheaper."""
+    return "/" + "/".join(names) + "/"
+
+
+def log_file_offsets(names: Iterable[str]) -> list[int]:
     """The base offsets of the well-formed `.log` names (`is_log_file`) among `names`,
-    ascending. The watcher lists every partition dir of a storage host: a suffix test
-    picks the `.log` names, then one regex pass over them joined checks their stems."""
-    logs = "/".join([name for name in names if name.endswith(LOG_FILE_SUFFIX)])
-    return sorted(map(int, _LOG_NAME_IN_LISTING.findall(logs)))
+    ascending."""
+    return sorted(map(int, LOG_NAMES.findall(listing_text(names))))
 
 
 def is_index_file(filename: str) -> bool:

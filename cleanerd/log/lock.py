@@ -78,6 +78,13 @@ def log_dir_key(log_dir: Path) -> str:
 
 
 @functools.lru_cache(maxsize=1024)
+def state_subdir(state_dir: Path, kind: str, log_dir: Path) -> Path:
+    """`<state dir>/<kind>/<log dir key>`, made once per process and dir (a start that
+    opens 10,000 partitions asks for their lock and quarantine dirs 20,000 times)."""
+    return state_dir / kind / log_dir_key(log_dir)
+
+
+@functools.lru_cache(maxsize=1024)
 def _key_of_resolved(log_dir: str) -> str:
     # Resolved once per process and dir: opening 10,000 partitions asks 20,000 times.
     return hashlib.sha256(os.path.realpath(log_dir).encode()).hexdigest()[:16]
@@ -205,7 +212,7 @@ def _file_key(st: os.stat_result) -> tuple[int, int]:
 
 def partition_lock_path(state_dir: Path, log_dir: Path, tp: TopicPartition) -> Path:
     """`<state dir>/locks/<log dir key>/<topic>-<partition>.lock`."""
-    return state_dir / "locks" / log_dir_key(log_dir) / f"{tp}.lock"
+    return state_subdir(state_dir, "locks", log_dir) / f"{tp}.lock"
 
 
 class PartitionLock:

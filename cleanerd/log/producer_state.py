@@ -42,7 +42,8 @@ import numpy as np
 from cleanerd.errors import CorruptIndexError
 from cleanerd.log.files import (
     PRODUCER_SNAPSHOT_FILE_SUFFIX,
-    is_segment_file_name,
+    SNAPSHOT_NAMES,
+    listing_text,
     offset_from_filename,
     segment_file,
 )
@@ -205,11 +206,7 @@ def snapshot_offsets(partition_dir: Path) -> list[int]:
 
 def snapshot_offsets_in(names: Iterable[str]) -> list[int]:
     """Offsets of the well-named snapshot files among `names` (a listing), ascending."""
-    return sorted(
-        offset_from_filename(name)
-        for name in names
-        if name.endswith(PRODUCER_SNAPSHOT_FILE_SUFFIX) and is_segment_file_name(name)
-    )
+    return sorted(map(int, SNAPSHOT_NAMES.findall(listing_text(names))))
 
 
 def read_snapshot(path: Path) -> ProducerState:

@@ -68,6 +68,7 @@ import dataclasses
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from operator import attrgetter
 from pathlib import Path
 from typing import NoReturn
 
@@ -75,11 +76,16 @@ from cleanerd.errors import CleanerdError, CorruptIndexError, CorruptRecordError
 from cleanerd.log.files import (
     CLEANED_FILE_SUFFIX,
     DELETED_FILE_SUFFIX,
+    INDEX_NAMES,
     INDEX_SUFFIXES,
     LOG_FILE_SUFFIX,
+    LOG_NAMES,
+    MALFORMED_NAMES,
+    STATE_NAMES,
     SWAP_FILE_SUFFIX,
     is_index_file,
     is_segment_file_name,
+    listing_text,
     log_file,
     looks_like_segment_file,
     malformed_segment_file_name,
@@ -159,7 +165,7 @@ from the listing itself (d_type, d_ino), with no `stat` per file."""
 def list_partition_dir(dir_path: Path) -> Listing:
     """One listing of `dir_path`, which the steps of an open share."""
     with os.scandir(dir_path) as entries:
-        return sorted(entries, key=lambda e: e.name)
+        return sorted(entries, key=attrgetter("name"))
 
 
 def _files(dir_path: Path) -> list[Path]:
@@ -185,7 +191,19 @@ class ListedNames:
 
 
 def sort_names(listing: Listing) -> ListedNames:
-    """The listing's names sorted out for an open (see `ListedNames`)."""
+    """The listing's names sorted out for an open (see `ListedNames`): by a few regex
+    passes over the names as one text when every entry is a regular file and none is
+    malformed (a partition dir as Kafka and cleanerd leave it), else entry by entry."""
+    text = listing_text([e.name for e in listing])
+    if MALFORMED_NAMES.search(text) or not all([e.is_file() for e in listing]):
+        return _sort_entries(listing)
+    log_stems = LOG_NAMES.findall(text)
+    orphans = not set(INDEX_NAMES.findall(text)) <= set(log_stems)
+    leftovers = orphans or STATE_NAMES.search(text) is not None
+    return ListedNames(sorted(map(int, log_stems)), [], leftovers)
+
+
+def _sort_entries(listing: Listing) -> ListedNames:
     log_offsets: list[int] = []
     malformed: list[tuple[str, str]] = []
     leftovers = False

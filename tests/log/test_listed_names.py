@@ -1,6 +1,7 @@
-"""`recovery.sort_names`: one pass over a partition dir's listing gives what the per-name
-tests give (the well-formed `.log` offsets, the malformed names and why, whether leftover
-recovery has anything to do), on listings of every shape."""
+"""`recovery.sort_names` (and `snapshot_offsets_in`): a partition dir's listing read in one
+pass gives what the per-name tests give (the well-formed `.log` offsets, the malformed
+names and why, whether leftover recovery has anything to do), on listings of every
+shape."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from hypothesis import strategies as st
 from cleanerd.log.files import (
     INDEX_SUFFIXES,
     LOG_FILE_SUFFIX,
+    PRODUCER_SNAPSHOT_FILE_SUFFIX,
     SEGMENT_FILE_KINDS,
     STATE_SUFFIXES,
     is_log_file,
@@ -20,6 +22,7 @@ from cleanerd.log.files import (
     malformed_segment_file_name,
     offset_from_filename,
 )
+from cleanerd.log.producer_state import snapshot_offsets_in
 from cleanerd.log.recovery import Listing, list_partition_dir, sort_names
 
 STEMS = st.sampled_from(
@@ -68,6 +71,41 @@ def test_one_pass_answers_as_the_per_name_tests(files: set[str], dirs: set[str])
         listing = list_partition_dir(d)
         names = sort_names(listing)
         assert (names.log_offsets, names.malformed, names.leftovers) == reference(listing)
+
+
+WELL_FORMED = st.one_of(
+    st.builds(
+        lambda stem, kind, state: stem + kind + state,
+        st.sampled_from(["00000000000000000000", "00000000000000000015", "00000000000000000030"]),
+        st.sampled_from(SEGMENT_FILE_KINDS),
+        st.sampled_from(["", "", "", *STATE_SUFFIXES]),
+    ),
+    st.sampled_from(["leader-epoch-checkpoint", "partition.metadata", "a.b.log", "x\n"]),
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.sets(WELL_FORMED, max_size=14), st.sets(WELL_FORMED, max_size=2))
+def test_a_dir_of_well_formed_files_answers_as_the_per_name_tests(
+    files: set[str], dirs: set[str]
+) -> None:
+    """Dirs without a malformed name (what Kafka and cleanerd leave), where the names are
+    read as one text; a subdir named like a segment file is answered entry by entry."""
+    with tempfile.TemporaryDirectory() as tmp:
+        d = Path(tmp)
+        for name in files:
+            (d / name).write_bytes(b"")
+        for name in dirs - files:
+            (d / name).mkdir()
+        listing = list_partition_dir(d)
+        names = sort_names(listing)
+        assert (names.log_offsets, names.malformed, names.leftovers) == reference(listing)
+        expected = sorted(
+            offset_from_filename(e.name)
+            for e in listing
+            if e.name.endswith(PRODUCER_SNAPSHOT_FILE_SUFFIX) and is_segment_file_name(e.name)
+        )
+        assert snapshot_offsets_in(e.name for e in listing) == expected
 
 
 def test_a_quiet_partition_needs_nothing_and_lists_its_segments(tmp_path: Path) -> None:
