@@ -48,6 +48,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from cleanerd.errors import (
     CleanerdError,
@@ -174,6 +175,8 @@ class PartitionLog:
         listed: tuple[int, int] | None = None,
     ) -> None:
         self.dir = path
+        self.dir_name = str(path)
+        """`dir` as a str, for this object's frequent system calls."""
         self.owner = owner
         """The owner this process writes beside (shared mode): proven before each roll."""
         self.topic_partition = parse_topic_partition(path.name)
@@ -435,7 +438,7 @@ class PartitionLog:
         # Links were refused when the partition was opened; checked again on every re-read
         # (one lstat, and d_type for the files) so one put in place since is refused too,
         # before anything is written through it.
-        st, stamp = _dir_stamp(self.dir)
+        st, stamp = _dir_stamp(self.dir_name)
         if stat.S_ISLNK(st.st_mode):
             refuse_link(self.dir, self.log_dir)
         if stamp is not None and stamp == self._dir_stamp:
@@ -619,7 +622,7 @@ class PartitionLog:
 
     def _snapshot_offsets(self) -> list[int]:
         listed = self._listed_snapshots
-        if listed is not None and _dir_stamp(self.dir)[1] == listed[0]:
+        if listed is not None and _dir_stamp(self.dir_name)[1] == listed[0]:
             return listed[1]
         self._listed_snapshots = None
         return snapshot_offsets(self.dir)
@@ -907,8 +910,7 @@ class PartitionLog:
         return [p for s in doomed for p in s.paths if p.exists()]
 
 
-@dataclass(frozen=True, slots=True)
-class _View:
+class _View(NamedTuple):
     """A `PartitionMeta` and what vouches that it still describes the files without the
     partition lock or a re-read: the dir's settled stamp from the listing it was built
     from (an entry created, renamed or removed since moves the dir's mtime, see
@@ -923,7 +925,6 @@ class _View:
 
     meta: PartitionMeta
     dir_stamp: tuple[int, int]
-    active_path: str
     active_identity: tuple[int, int, int]
     segments: list[LogSegment]
     state: tuple[int, int, int | None]
@@ -934,39 +935,31 @@ class _View:
         recently for its stamp to vouch for anything."""
         if plog._dir_stamp is None or not plog._segments:
             return None
-        active = plog._segments[-1]
-        return cls(
-            meta,
-            plog._dir_stamp,
-            str(active.log_path),
-            active.identity,
-            plog._segments,
-            _own_state(plog),
-        )
+        identity = plog._segments[-1].identity
+        return cls(meta, plog._dir_stamp, identity, plog._segments, _own_state(plog))
 
     def holds(self, plog: PartitionLog) -> bool:
         """Whether the files and `plog` are still as `meta` describes them."""
         if plog._segments is not self.segments or _own_state(plog) != self.state:
             return False
         try:
-            if _dir_stamp(plog.dir)[1] != self.dir_stamp:
+            if _dir_stamp(plog.dir_name)[1] != self.dir_stamp:
                 return False
-            st = os.stat(self.active_path)  # noqa: PTH116
+            return self.segments[-1].stat_identity() == self.active_identity
         except OSError:
             return False
-        return (st.st_ino, st.st_size, st.st_mtime_ns) == self.active_identity
 
 
 def _own_state(plog: PartitionLog) -> tuple[int, int, int | None]:
     return (len(plog._segments), plog._log_start_offset, plog.high_watermark)
 
 
-def _dir_stamp(path: Path) -> tuple[os.stat_result, tuple[int, int] | None]:
+def _dir_stamp(path: Path | str) -> tuple[os.stat_result, tuple[int, int] | None]:
     """The dir's `lstat`, and its (inode, mtime) if that mtime is settled: old enough that
     any later entry change gives the dir another one (`PartitionLog._scan_dir`). Taken
     before a listing, it vouches for that listing until it changes."""
     started = time.time_ns()
-    st = path.lstat()
+    st = os.lstat(path)
     settled = st.st_mtime_ns < started - _SETTLED_NS
     return st, (st.st_ino, st.st_mtime_ns) if settled else None
 

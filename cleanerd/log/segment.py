@@ -304,6 +304,12 @@ class LogSegment:
     def __repr__(self) -> str:
         return f"LogSegment({self.log_path}, size={self._size})"
 
+    def stat_identity(self) -> tuple[int, int, int]:
+        """The `.log`'s (inode, size, mtime in ns) as the file is now (one `stat`; what
+        is known of the segment is left as it is)."""
+        st = self._stat(LOG_FILE_SUFFIX)
+        return (st.st_ino, st.st_size, st.st_mtime_ns)
+
     def refresh(self) -> bool:
         """Re-stat the `.log`; if another process changed it, drop cached state. Returns
         whether it changed. A file that only grew (same inode, more bytes: appends) keeps
