@@ -306,6 +306,7 @@ class Daemon:
         self._devices = await asyncio.to_thread(group_devices, cfg.log_dirs)
         self.exporter.start()
         await self.publisher.start()
+        self.watcher.seed({str(d.path): d.known_dirs for d in self.maintenance.log_dirs})
         await asyncio.to_thread(self.watcher.scan)
         self._watchdog_s = watchdog_interval()
         self.state = ServiceState.RUNNING

@@ -46,6 +46,7 @@ from cleanerd.log.files import (
     log_file_offsets,
     parse_topic_partition,
 )
+from cleanerd.log.known_segments import KnownDir
 
 DEFAULT_MAX_DUTY: Final = 0.005
 DEFAULT_MIN_INTERVAL_S: Final = 2.0
@@ -314,6 +315,24 @@ class LogDirWatcher:
     def next_interval_s(self) -> float:
         """Seconds to wait before the next scan so scans use at most `max_duty` of a core."""
         return max(self.min_interval_s, self.last_scan_cpu_s / self.max_duty)
+
+    def seed(self, known: Mapping[str, Mapping[str, KnownDir]]) -> None:
+        """Before the first scan: take what a clean stop recorded of the partition dirs
+        (log dir -> dir name -> `KnownDir`) as if a scan had seen it, so the first scan
+        lists only the dirs whose stamp moved since (and stats the others' active
+        segment, as every scan does). A start after cleanerd's clean stop then lists
+        each dir once, when the first cycle opens it, not twice."""
+        seeded: dict[PartitionKey, WatchedPartition] = {}
+        for log_dir, dirs in known.items():
+            for name, d in dirs.items():
+                try:
+                    key = PartitionKey.of(log_dir, parse_topic_partition(name))
+                except ValueError:
+                    continue
+                seeded[key] = WatchedPartition(
+                    d.inode, d.mtime_ns, d.segments, d.active_size, d.active_mtime_ns
+                )
+        self.snapshot = WatchSnapshot(MappingProxyType(seeded))
 
     def scan(self) -> WatchDelta:
         """Scan now; return the changes since the previous scan (the first scan reports

@@ -11,7 +11,8 @@ each segment's metadata from here when the file is still the one described.
 Format (little endian)::
 
     cleanerd known segments 1\n
-    {"partitions": [<dir name>, ...], "rows": N, "crc32c": C}\n
+    {"partitions": [<dir name>, ...], "dirs": [[inode, mtime ns] or null, ...],
+     "rows": N, "crc32c": C}\n
     N rows of `ROW` (112 bytes): partition (index into "partitions"), base offset,
         inode, size, mtime (ns), next offset, max timestamp, its offset, first batch
         max timestamp, flags (1: there is a first batch, 2: the horizon is known,
@@ -20,6 +21,12 @@ Format (little endian)::
 
 `C` is the CRC-32C of the rows. A file that does not parse or check out is reported
 and ignored: the start then reads every segment, which is slow but never wrong.
+
+`dirs` (absent in files of older versions) holds, for a partition whose segments are
+all known, its dir's inode and mtime when that mtime was settled (more than two seconds
+old, so any later entry change moves it): with the segments' base offsets and the
+active `.log`'s size and mtime, what the daemon's watcher sees of the dir (`KnownDir`),
+so its first scan lists only dirs that changed since.
 
 Crash consistency: the file is written whole with `atomic_write` (temp file, fsync,
 rename) by a clean stop, before the clean-shutdown marker, and only read by a start that
@@ -36,7 +43,7 @@ old one.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Final, NamedTuple
 
@@ -101,15 +108,41 @@ Known = dict[str, dict[int, KnownSegment]]
 """Known segments by partition dir name, then base offset."""
 
 
+class KnownDir(NamedTuple):
+    """A partition dir as the clean stop left it, all its segments known."""
+
+    inode: int
+    mtime_ns: int
+    segments: tuple[int, ...]
+    """Base offsets of its `.log` files, ascending (the last is the active one)."""
+    active_size: int
+    active_mtime_ns: int
+
+
+class KnownFile(NamedTuple):
+    """What one file holds: the segments, and the dirs whose stamps were kept."""
+
+    segments: Known
+    dirs: dict[str, KnownDir]
+
+
+NOTHING_KNOWN: Final = KnownFile({}, {})
+
+
 def known_segments_path(state_dir: Path, log_dir: Path) -> Path:
     """Where the known segments of `log_dir` are kept."""
     return state_dir / "known-segments" / log_dir_key(log_dir)
 
 
-def encode(known: Iterable[tuple[str, Iterable[KnownSegment]]]) -> bytes:
-    """The file's bytes for `known` (partition dir name, its segments)."""
+def encode(
+    known: Iterable[tuple[str, Iterable[KnownSegment]]],
+    dirs: Mapping[str, tuple[int, int]] | None = None,
+) -> bytes:
+    """The file's bytes for `known` (partition dir name, its segments) and `dirs` (the
+    settled (inode, mtime) of dirs whose segments are all in `known`)."""
     names: list[str] = []
     rows: list[tuple[int, ...]] = []
+    stamps = {} if dirs is None else dirs
     for name, segments in known:
         index = len(names)
         names.append(name)
@@ -137,12 +170,17 @@ def encode(known: Iterable[tuple[str, Iterable[KnownSegment]]]) -> bytes:
                 )
             )
     body = np.array(rows, dtype=ROW).tobytes()
-    header = {"partitions": names, "rows": len(rows), "crc32c": crc32c(body)}
+    header = {
+        "partitions": names,
+        "dirs": [stamps.get(name) for name in names],
+        "rows": len(rows),
+        "crc32c": crc32c(body),
+    }
     return MAGIC + json.dumps(header).encode() + b"\n" + body
 
 
-def decode(data: bytes) -> Known:
-    """The known segments in the file's bytes; ValueError saying what is wrong."""
+def decode(data: bytes) -> KnownFile:
+    """What the file's bytes hold; ValueError saying what is wrong."""
     if not data.startswith(MAGIC):
         raise ValueError("it does not start with the format's first line")
     end = data.find(b"\n", len(MAGIC))
@@ -185,27 +223,38 @@ def decode(data: bytes) -> Known:
             (horizon, batches) if flags & _HAS_HORIZON else None,
             bool(flags & _STABLE_END),
         )
-    return known
+    dirs: dict[str, KnownDir] = {}
+    for name, stamp in zip(names, header.get("dirs") or [None] * len(names), strict=True):
+        segments = known[name]
+        if stamp is None or not segments:
+            continue
+        bases = tuple(sorted(segments))
+        _, size, mtime = segments[bases[-1]].identity
+        dirs[name] = KnownDir(int(stamp[0]), int(stamp[1]), bases, size, mtime)
+    return KnownFile(known, dirs)
 
 
-def read_known_segments(state_dir: Path, log_dir: Path) -> Known:
-    """The known segments kept for `log_dir` (none when there is no usable file: an
-    unreadable one is reported, naming it and why, and ignored)."""
+def read_known_segments(state_dir: Path, log_dir: Path) -> KnownFile:
+    """What is kept for `log_dir` (nothing when there is no usable file: an unreadable
+    one is reported, naming it and why, and ignored)."""
     path = known_segments_path(state_dir, log_dir)
     try:
         return decode(path.read_bytes())
     except FileNotFoundError:
-        return {}
+        return NOTHING_KNOWN
     except (OSError, ValueError, KeyError, IndexError, TypeError) as exc:
         log.warning("known_segments.unreadable", path=str(path), error=str(exc), action="ignored")
-        return {}
+        return NOTHING_KNOWN
 
 
 def write_known_segments(
-    state_dir: Path, log_dir: Path, known: Iterable[tuple[str, Iterable[KnownSegment]]]
+    state_dir: Path,
+    log_dir: Path,
+    known: Iterable[tuple[str, Iterable[KnownSegment]]],
+    dirs: Mapping[str, tuple[int, int]] | None = None,
 ) -> Path:
-    """Replace the known segments kept for `log_dir` (atomically)."""
+    """Replace what is kept for `log_dir` (atomically)."""
     path = known_segments_path(state_dir, log_dir)
     path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write(path, encode(known))
+    atomic_write(path, encode(known, dirs))
     return path

@@ -83,6 +83,8 @@ from cleanerd.log.files import (
 from cleanerd.log.fsutil import atomic_write, fsync_dir
 from cleanerd.log.known_segments import (
     Known,
+    KnownDir,
+    KnownFile,
     known_segments_path,
     read_known_segments,
     write_known_segments,
@@ -162,6 +164,8 @@ class LogDir:
         """After a clean stop: what that owner knew of the segments (`known_segments.py`),
         taken by the first open of each partition (owner mode, which took the marker, or
         observe mode while the marker is there)."""
+        self.known_dirs: dict[str, KnownDir] = {}
+        """The partition dirs as that clean stop left them, by name (`KnownDir`)."""
         self._opened: set[TopicPartition] = set()
 
     @classmethod
@@ -180,7 +184,7 @@ class LogDir:
         if observe:
             observer = cls(path, Mode.OBSERVE, state_dir=state)
             if (path / CLEAN_SHUTDOWN_FILE_NAME).exists():  # nobody owned it since the stop
-                observer._known = read_known_segments(state, path)
+                observer._take_known(read_known_segments(state, path))
             return observer
         dir_lock = LogDirLock(path)
         try:
@@ -206,11 +210,14 @@ class LogDir:
         try:
             owned.had_clean_shutdown = owned._take_clean_shutdown_marker()
             if owned.had_clean_shutdown:
-                owned._known = read_known_segments(state, path)
+                owned._take_known(read_known_segments(state, path))
         except BaseException:
             owned.close()
             raise
         return owned
+
+    def _take_known(self, kept: KnownFile) -> None:
+        self._known, self.known_dirs = kept.segments, kept.dirs
 
     def _take_clean_shutdown_marker(self) -> bool:
         """Remove the clean-shutdown marker before anything is written; whether it was
@@ -231,9 +238,16 @@ class LogDir:
         segments (what an older file says is only taken for files it still describes)."""
         if self.mode is not Mode.OWNER:
             raise PermissionError(f"only the owner keeps what it knew of {self.path}")
-        known = [(str(plog.topic_partition), plog.known_segments()) for plog in logs]
+        known = []
+        dirs: dict[str, tuple[int, int]] = {}
+        for plog in logs:
+            name, segments = str(plog.topic_partition), plog.known_segments()
+            known.append((name, segments))
+            stamp = plog.settled_dir_stamp()
+            if stamp is not None and len(segments) == len(plog.segments):
+                dirs[name] = stamp
         try:
-            write_known_segments(self.state_dir, self.path, known)
+            write_known_segments(self.state_dir, self.path, known, dirs)
         except OSError as exc:
             path = known_segments_path(self.state_dir, self.path)
             log.warning("known_segments.not_kept", path=str(path), error=str(exc))

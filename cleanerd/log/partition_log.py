@@ -801,6 +801,11 @@ class PartitionLog:
                 break
         return found
 
+    def settled_dir_stamp(self) -> tuple[int, int] | None:
+        """The dir's (inode, mtime) now if that mtime is settled (see `_dir_stamp`): a
+        later entry change will move it."""
+        return _dir_stamp(self.dir_name)[1]
+
     def known_segments(self) -> list[KnownSegment]:
         """What is known of the segments without reading them again (those read so far;
         for `known_segments.py`), the last one saying whether a transaction is open at

@@ -20,6 +20,7 @@ from cleanerd.compaction.audit import AuditColumns
 from cleanerd.compaction.cleanable import log_to_clean
 from cleanerd.compaction.cleaner import CleaningAborted, CleanResult
 from cleanerd.config import Config, load_config
+from cleanerd.daemon import watcher
 from cleanerd.daemon.commands import (
     CleanCommand,
     CommandRejected,
@@ -29,12 +30,13 @@ from cleanerd.daemon.commands import (
 )
 from cleanerd.daemon.service import Daemon, ServiceState, Timings
 from cleanerd.daemon.systemd import Notifier
+from cleanerd.daemon.watcher import PartitionKey
 from cleanerd.engine.base import AuditJob, CleanJob
 from cleanerd.log.checkpoint import OffsetCheckpointFile
 from cleanerd.log.files import TopicPartition
 from cleanerd.log.lock import holds_log_dir_lock
 from cleanerd.maintenance.report import PartitionState
-from tests.builders import build_log, kv
+from tests.builders import build_log, kv, settle_dir
 from tests.daemon.conftest import NotifyReceiver, RecordingPublisher, eventually, running
 
 HOUR = 3_600_000
@@ -553,3 +555,41 @@ async def test_no_pass_is_rerun_once_the_passed_horizons_are_acted_on(
             await eventually(partial(lambda n: daemon.cycles >= n, n), f"cycle {n}")
             daemon.request_cycle()
     assert events.of("log.cleaned") == []
+
+
+async def test_a_start_after_a_clean_stop_lists_no_unchanged_partition_dir(
+    tmp_path: Path, notify_socket: NotifyReceiver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The watcher's first scan takes what the clean stop recorded of each partition dir
+    and lists only dirs changed since: here none, then the one a segment was added to."""
+    data, state = tmp_path / "data", tmp_path / "state"
+    now = _now_ms()
+    for tp in (USERS, EVENTS):
+        build_log(data, [[[kv("k", "v", timestamp=now)]]], state_dir=state, tp=tp)
+    config_path = _write(tmp_path / "cleanerd.yaml", _settings(tmp_path, topics={}))
+    for run in range(2):  # the second stop finds the dirs as the first left them, settled
+        daemon, _ = _daemon(config_path, notify_socket)
+        async with running(daemon):
+            await eventually(partial(_cycles_above, daemon, 0), "the first cycle")
+        for tp in (USERS, EVENTS):
+            if run == 0:
+                settle_dir(data / str(tp))
+    listed: list[str] = []
+    real = watcher._list_segments
+
+    def counting(path: str) -> tuple[int, ...]:
+        listed.append(path)
+        return real(path)
+
+    monkeypatch.setattr(watcher, "_list_segments", counting)
+    daemon, _ = _daemon(config_path, notify_socket)
+    async with running(daemon):
+        assert listed == []
+        assert len(daemon.watcher.snapshot.partitions) == 2
+    (data / str(USERS) / "00000000000000000009.log").write_bytes(b"")
+    daemon, _ = _daemon(config_path, notify_socket)
+    async with running(daemon):
+        assert listed == [str(data / str(USERS))]
+        assert daemon.watcher.snapshot.partitions[
+            PartitionKey(str(data), USERS.topic, USERS.partition)
+        ].segments == (0, 9)

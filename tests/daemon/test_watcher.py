@@ -20,6 +20,7 @@ from cleanerd.daemon.watcher import (
 )
 from cleanerd.log.checkpoint import LOG_START_OFFSET_CHECKPOINT, OffsetCheckpointFile
 from cleanerd.log.files import TopicPartition, log_file
+from cleanerd.log.known_segments import KnownDir
 
 
 def _segment(log_dir: Path, name: str, base: int, data: bytes = b"") -> Path:
@@ -215,3 +216,38 @@ def test_delta_replayed_on_the_old_snapshot_gives_the_new_one(
     assert segments == {(k, b) for k, p in new.partitions.items() for b in p.segments}
     if old == new:
         assert not delta.changed
+
+
+def test_a_seeded_first_scan_lists_only_dirs_changed_since(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Seeded with what a clean stop kept (`KnownDir`), the first scan lists only the dirs
+    whose stamp moved, and sees what an unseeded scan sees."""
+    for i in range(3):
+        _segment(tmp_path, f"t-{i}", 0, b"x")
+    fresh = LogDirWatcher([tmp_path])
+    fresh.scan()
+    kept = {}
+    for key, state in fresh.snapshot.partitions.items():
+        kept[f"{key.topic}-{key.partition}"] = KnownDir(
+            state.dir_inode,
+            state.dir_mtime_ns,
+            state.segments,
+            state.active_size,
+            state.active_mtime_ns,
+        )
+    _segment(tmp_path, "t-1", 5)  # a new segment since the stop
+    listed: list[str] = []
+    real = watcher._list_segments
+
+    def counting(path: str) -> tuple[int, ...]:
+        listed.append(path)
+        return real(path)
+
+    monkeypatch.setattr(watcher, "_list_segments", counting)
+    w = LogDirWatcher([tmp_path])
+    w.seed({str(tmp_path): kept})
+    w.scan()
+    assert listed == [str(tmp_path / "t-1")]
+    fresh.scan()
+    assert w.snapshot.partitions == fresh.snapshot.partitions

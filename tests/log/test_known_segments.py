@@ -17,6 +17,8 @@ from cleanerd.compaction.horizon import HorizonCache
 from cleanerd.log import partition_log, producer_state
 from cleanerd.log.files import CLEAN_SHUTDOWN_FILE_NAME, TopicPartition
 from cleanerd.log.known_segments import (
+    NOTHING_KNOWN,
+    KnownDir,
     KnownSegment,
     decode,
     encode,
@@ -28,7 +30,7 @@ from cleanerd.log.meta import PartitionMeta
 from cleanerd.log.partition_log import LogConfig, PartitionLog
 from cleanerd.log.producer_state import ProducerState
 from cleanerd.records.batch import encode_batch
-from tests.builders import kv
+from tests.builders import kv, settle_dir
 
 TP = TopicPartition("orders", 0)
 CONFIG = LogConfig(segment_bytes=4 * 1024, index_interval_bytes=512)
@@ -164,7 +166,7 @@ def test_a_damaged_file_is_reported_and_ignored(tmp_path: Path) -> None:
     path.write_bytes(bytes(data))
 
     with capture_logs() as logs:
-        assert read_known_segments(state, root) == {}
+        assert read_known_segments(state, root) == NOTHING_KNOWN
     assert [e["path"] for e in logs if e["event"] == "known_segments.unreadable"] == [str(path)]
     _, meta = start(root, state)
     assert meta == fresh_meta(root)
@@ -175,7 +177,7 @@ def test_segments_never_read_are_not_kept(tmp_path: Path) -> None:
     root.mkdir()
     build(root, state)
     stop_cleanly(root, state, read_first=False)
-    kept = read_known_segments(state, root)[str(TP)]
+    kept = read_known_segments(state, root).segments[str(TP)]
     # The stop reads only the active segment (to flush and snapshot it).
     with LogDir.open(root, observe=True, state_dir=tmp_path / "peek") as peek:
         active = peek.open_partition(TP, config=CONFIG).active_segment.base_offset
@@ -205,7 +207,7 @@ def test_the_format_round_trips(rows: list[tuple[object, ...]], partitions: int)
         f"t-{p}": {k.base_offset: k for k in (KnownSegment(*r) for r in rows[p::partitions])}  # type: ignore[arg-type]
         for p in range(partitions)
     }
-    assert decode(encode((name, segs.values()) for name, segs in known.items())) == known
+    assert decode(encode((name, segs.values()) for name, segs in known.items())).segments == known
 
 
 def test_a_stop_that_cannot_keep_them_still_stops_cleanly(tmp_path: Path) -> None:
@@ -252,7 +254,7 @@ def test_no_open_transaction_at_the_stop_spares_the_snapshot_read(
     root.mkdir()
     build(root, state)
     stop_cleanly(root, state)
-    kept = read_known_segments(state, root)[str(TP)]
+    kept = read_known_segments(state, root).segments[str(TP)]
     assert [k.stable_end for k in kept.values()] == [False] * (len(kept) - 1) + [True]
 
     reads: list[Path] = []
@@ -296,7 +298,33 @@ def test_a_transaction_open_at_the_stop_is_read_at_the_start(tmp_path: Path) -> 
             is_transactional=True,
         )
     stop_cleanly(root, state)
-    kept = read_known_segments(state, root)[str(TP)]
+    kept = read_known_segments(state, root).segments[str(TP)]
     assert not any(k.stable_end for k in kept.values())
     _, meta = start(root, state)
     assert meta.first_unstable_offset == first
+
+
+def test_a_settled_dir_of_known_segments_is_kept_for_the_watcher(tmp_path: Path) -> None:
+    """A clean stop keeps the dir's stamp when its mtime is settled and every segment is
+    known: the watcher's view of the dir (bases, active size and mtime) comes back."""
+    root, state = tmp_path / "logs", tmp_path / "state"
+    root.mkdir()
+    build(root, state)
+    stop_cleanly(root, state)
+    assert read_known_segments(state, root).dirs == {}  # just written: not settled
+    part = root / str(TP)
+    settle_dir(part)
+    stop_cleanly(root, state)
+    kept = read_known_segments(state, root)
+    st = part.stat()
+    bases = tuple(sorted(kept.segments[str(TP)]))
+    active = (part / f"{bases[-1]:020d}.log").stat()
+    assert kept.dirs == {
+        str(TP): KnownDir(st.st_ino, st.st_mtime_ns, bases, active.st_size, active.st_mtime_ns)
+    }
+    assert len(bases) > 5
+
+    known_segments_path(state, root).unlink()
+    settle_dir(part)
+    stop_cleanly(root, state, read_first=False)  # segments not read: not all known
+    assert read_known_segments(state, root).dirs == {}
