@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
+from cleanerd.daemon import watcher
 from cleanerd.daemon.events import Event, NullPublisher
 from cleanerd.daemon.service import Daemon
 
@@ -110,3 +111,16 @@ async def running(daemon: Daemon) -> AsyncIterator[asyncio.Task[int]]:
             daemon.handle_term()
         async with asyncio.timeout(WAIT_S):
             await asyncio.wait({task})
+
+
+def counted_listings(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The partition dirs the watcher lists from now on (`watcher._list_segments`)."""
+    listed: list[str] = []
+    real = watcher._list_segments
+
+    def counting(path: str) -> tuple[int, ...]:
+        listed.append(path)
+        return real(path)
+
+    monkeypatch.setattr(watcher, "_list_segments", counting)
+    return listed

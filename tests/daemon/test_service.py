@@ -20,7 +20,6 @@ from cleanerd.compaction.audit import AuditColumns
 from cleanerd.compaction.cleanable import log_to_clean
 from cleanerd.compaction.cleaner import CleaningAborted, CleanResult
 from cleanerd.config import Config, load_config
-from cleanerd.daemon import watcher
 from cleanerd.daemon.commands import (
     CleanCommand,
     CommandRejected,
@@ -37,7 +36,13 @@ from cleanerd.log.files import TopicPartition
 from cleanerd.log.lock import holds_log_dir_lock
 from cleanerd.maintenance.report import PartitionState
 from tests.builders import build_log, kv, settle_dir
-from tests.daemon.conftest import NotifyReceiver, RecordingPublisher, eventually, running
+from tests.daemon.conftest import (
+    NotifyReceiver,
+    RecordingPublisher,
+    counted_listings,
+    eventually,
+    running,
+)
 
 HOUR = 3_600_000
 FAST = Timings(tick_s=0.05, shutdown_timeout_s=20.0, watch_min_interval_s=0.05)
@@ -574,14 +579,7 @@ async def test_a_start_after_a_clean_stop_lists_no_unchanged_partition_dir(
         for tp in (USERS, EVENTS):
             if run == 0:
                 settle_dir(data / str(tp))
-    listed: list[str] = []
-    real = watcher._list_segments
-
-    def counting(path: str) -> tuple[int, ...]:
-        listed.append(path)
-        return real(path)
-
-    monkeypatch.setattr(watcher, "_list_segments", counting)
+    listed = counted_listings(monkeypatch)
     daemon, _ = _daemon(config_path, notify_socket)
     async with running(daemon):
         assert listed == []

@@ -10,7 +10,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cleanerd.daemon import watcher
 from cleanerd.daemon.watcher import (
     LogDirWatcher,
     PartitionKey,
@@ -21,6 +20,7 @@ from cleanerd.daemon.watcher import (
 from cleanerd.log.checkpoint import LOG_START_OFFSET_CHECKPOINT, OffsetCheckpointFile
 from cleanerd.log.files import TopicPartition, log_file
 from cleanerd.log.known_segments import KnownDir
+from tests.daemon.conftest import counted_listings
 
 
 def _segment(log_dir: Path, name: str, base: int, data: bytes = b"") -> Path:
@@ -135,14 +135,7 @@ def test_unchanged_partition_dirs_are_not_listed_again(
     """An idle partition costs stats only: its dir is listed on the first scan only."""
     for i in range(5):
         _segment(tmp_path, f"t-{i}", 0)
-    listed: list[str] = []
-    real = watcher._list_segments
-
-    def counting(path: str) -> tuple[int, ...]:
-        listed.append(path)
-        return real(path)
-
-    monkeypatch.setattr(watcher, "_list_segments", counting)
+    listed = counted_listings(monkeypatch)
     w = LogDirWatcher([tmp_path])
     w.scan()
     assert len(listed) == 5
@@ -237,14 +230,7 @@ def test_a_seeded_first_scan_lists_only_dirs_changed_since(
             state.active_mtime_ns,
         )
     _segment(tmp_path, "t-1", 5)  # a new segment since the stop
-    listed: list[str] = []
-    real = watcher._list_segments
-
-    def counting(path: str) -> tuple[int, ...]:
-        listed.append(path)
-        return real(path)
-
-    monkeypatch.setattr(watcher, "_list_segments", counting)
+    listed = counted_listings(monkeypatch)
     w = LogDirWatcher([tmp_path])
     w.seed({str(tmp_path): kept})
     w.scan()

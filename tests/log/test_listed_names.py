@@ -5,7 +5,9 @@ shape."""
 
 from __future__ import annotations
 
+import contextlib
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 from hypothesis import given, settings
@@ -59,16 +61,22 @@ def reference(listing: Listing) -> tuple[list[int], list[tuple[str, str]], bool]
     return offsets, malformed, leftovers
 
 
-@settings(max_examples=150, deadline=None)
-@given(st.sets(NAMES, max_size=14), st.sets(NAMES, max_size=3))
-def test_one_pass_answers_as_the_per_name_tests(files: set[str], dirs: set[str]) -> None:
+@contextlib.contextmanager
+def listed(files: set[str], dirs: set[str]) -> Iterator[Listing]:
+    """The listing of a fresh dir holding `files` (empty) and `dirs` (not also files)."""
     with tempfile.TemporaryDirectory() as tmp:
         d = Path(tmp)
         for name in files:
             (d / name).write_bytes(b"")
         for name in dirs - files:
             (d / name).mkdir()
-        listing = list_partition_dir(d)
+        yield list_partition_dir(d)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.sets(NAMES, max_size=14), st.sets(NAMES, max_size=3))
+def test_one_pass_answers_as_the_per_name_tests(files: set[str], dirs: set[str]) -> None:
+    with listed(files, dirs) as listing:
         names = sort_names(listing)
         assert (names.log_offsets, names.malformed, names.leftovers) == reference(listing)
 
@@ -91,13 +99,7 @@ def test_a_dir_of_well_formed_files_answers_as_the_per_name_tests(
 ) -> None:
     """Dirs without a malformed name (what Kafka and cleanerd leave), where the names are
     read as one text; a subdir named like a segment file is answered entry by entry."""
-    with tempfile.TemporaryDirectory() as tmp:
-        d = Path(tmp)
-        for name in files:
-            (d / name).write_bytes(b"")
-        for name in dirs - files:
-            (d / name).mkdir()
-        listing = list_partition_dir(d)
+    with listed(files, dirs) as listing:
         names = sort_names(listing)
         assert (names.log_offsets, names.malformed, names.leftovers) == reference(listing)
         expected = sorted(
