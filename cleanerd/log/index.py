@@ -242,6 +242,13 @@ class _Index(ABC):
             )
         return rel
 
+    def _relative_column(self, offsets: NDArray[np.int64]) -> NDArray[np.int64]:
+        """`relative_offset` of every row of an ascending column (its ends decide)."""
+        rel = offsets - self.base_offset
+        if rel.size and (rel[0] < 0 or rel[-1] > INT32_MAX):
+            self.relative_offset(int(offsets[0] if rel[0] < 0 else offsets[-1]))  # raises
+        return rel
+
     def _columns_all(self) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
         """Both fields of every entry, as native int64 columns."""
         if self._columns is None:
@@ -377,10 +384,7 @@ class OffsetIndex(_Index):
                 f"attempt to append offset {int(offsets[row])} to {self.path}, no larger "
                 f"than the offset before it ({before})"
             )
-        rel = offsets - self.base_offset
-        if rel[0] < 0 or rel[-1] > INT32_MAX:
-            self.relative_offset(int(offsets[0] if rel[0] < 0 else offsets[-1]))  # raises
-        self._extend(rel, positions)
+        self._extend(self._relative_column(offsets), positions)
 
     def sanity_check(self) -> None:
         """Raise CorruptIndexError unless offsets and positions strictly increase."""
@@ -481,10 +485,7 @@ class TimeIndex(_Index):
         # last one made, with every earlier kept row already added.
         if self.entries + kept - int(keep[-1]) >= self.max_entries - 1:
             raise ValueError(f"attempt to append to a full time index {self.path}")
-        rel = offsets[keep] - self.base_offset
-        if rel.size and (rel[0] < 0 or rel[-1] > INT32_MAX):
-            self.relative_offset(int(rel[0 if rel[0] < 0 else -1]) + self.base_offset)  # raises
-        self._extend(timestamps[keep], rel)
+        self._extend(timestamps[keep], self._relative_column(offsets[keep]))
 
     def sanity_check(self) -> None:
         """Raise CorruptIndexError unless timestamps strictly increase and offsets never
