@@ -612,8 +612,8 @@ def _decompress_areas(
     seg: U8, view: memoryview, table: BatchTable, rows: I64, side: _SideBuffer
 ) -> tuple[I64, I64]:
     """Decompress the records areas of the compressed batches `rows` into `side`, in
-    file order; return where each went. LZ4 and snappy in compiled code
-    (`compiled_codecs.py`), gzip and zstd a run of batches per call
+    file order; return where each went. LZ4, snappy and (with libzstd) zstd in compiled
+    code (`compiled_codecs.py`), gzip (and zstd without libzstd) a run of batches per call
     (`compression.decompress_frames`); whatever those leave (damage, an unusual framing)
     through `compression.decompress`, one call each, which reads it or names the error."""
     starts = table.position[rows] + RECORD_BATCH_OVERHEAD
@@ -622,6 +622,10 @@ def _decompress_areas(
     out_start = np.empty(len(rows), np.int64)
     out_end = np.empty(len(rows), np.int64)
     compiled = (codecs == Compression.LZ4) | (codecs == Compression.SNAPPY)
+    zstd = codecs == Compression.ZSTD
+    dctx = compiled_codecs.zstd_context() if zstd.any() else 0
+    if dctx:
+        compiled |= zstd
     run_end = _run_ends(codecs)
     i = 0
     while i < len(rows):
@@ -629,7 +633,7 @@ def _decompress_areas(
             status, i, side.used = (
                 int(x)
                 for x in compiled_codecs.decompress_areas(
-                    seg, starts, ends, codecs, side.buf, side.used, out_start, out_end, i
+                    seg, starts, ends, codecs, side.buf, side.used, out_start, out_end, i, dctx
                 )
             )
             if status == compiled_codecs.NEEDS_ROOM:

@@ -1,4 +1,4 @@
-"""LZ4 and snappy decoded in compiled code: every such batch of a segment in one call.
+"""LZ4, snappy and zstd decoded in compiled code: every such batch of a segment in one call.
 
 Decompressing a quiet topic's 1-record batches through a Python codec call per batch
 costs about 10 us a batch, where the decoding itself is a fraction of a microsecond: so
@@ -35,15 +35,40 @@ the 1 to 4 little-endian bytes after it when those bits are 60 to 63) or a copy 
 4..11 and an 11-bit offset; 10: length 1..64 and a 2-byte offset; 11: a 4-byte offset),
 whose offset reaches back at most to the start of its block; the output must be exactly
 the stated length.
+
+Zstd (codec 4) is decoded by libzstd itself (the system's shared library, `libzstd1` on
+Debian), which the kernel calls directly as it calls the CRC-32C routine (`crc.py`): each
+function's address is registered with LLVM under a fixed symbol name when numba is first
+imported, so compiled code names the symbol, not an address, and numba's on-disk cache
+stays valid across processes. The kernel takes one standard frame with no dictionary id
+(the magic 28 B5 2F FD; a skippable or legacy-format frame is left to the library): it
+reads the frame header for the window the frame needs, which must be at most 128 MiB
+(`ZSTD_WINDOW_LIMIT`: what the streaming decoders of the codec layer and of Kafka's Java
+client accept; libzstd's one-shot call does not check it), checks with
+`ZSTD_findFrameCompressedSize` that the frame is the whole area (several frames, or bytes
+after one, are left to the library), and decodes it with `ZSTD_decompressDCtx` into the
+room left, which checks the content size and checksum when the frame has them; too little
+room (`dstSize_tooSmall`) asks for more, any other error leaves the area to the library.
+A frame of unknown content size (what Kafka's Java producer writes, streaming) is decoded
+the same way: libzstd reports too little room only once the output it has actually
+produced fills the room, so a false content size cannot make the caller grow its buffer.
+The decompression context (`ZSTD_DCtx`) is one per thread (`zstd_context`), passed to the
+kernel as an address: a context must not be used by two threads at once, and the kernel
+runs without the GIL. When libzstd cannot be loaded, the symbols are bound to stand-ins
+that only return an error, `zstd_context` returns 0, and the kernel leaves every zstd
+area to the library.
 """
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import threading
 from typing import Any, Final
 
 import numpy as np
 
-from cleanerd._jit import jit
+from cleanerd._jit import jit, on_numba_load
 from cleanerd.records.compression import LZ4_MAGIC, XERIAL_MAGIC, XXH32_PRIMES
 from cleanerd.records.walker import Int
 
@@ -55,12 +80,144 @@ UNDECODED: Final = 2
 
 SNAPPY: Final = 2
 LZ4: Final = 3
-"""The codecs decoded here (attribute values)."""
+ZSTD: Final = 4
+"""The codecs decoded here (attribute values); zstd only when libzstd is loaded."""
 _LZ4_MAGIC: Final = np.frombuffer(LZ4_MAGIC, np.uint8)
 _XERIAL_MAGIC: Final = np.frombuffer(XERIAL_MAGIC, np.uint8)
 
 _M32: Final = 0xFFFFFFFF
 _P1, _P2, _P3, _P4, _P5 = XXH32_PRIMES
+
+ZSTD_MAGIC: Final = 0xFD2FB528
+ZSTD_WINDOW_LIMIT: Final = 1 << 27
+"""The largest window a zstd frame may need: libzstd's limit for streaming decoders that
+set none (`ZSTD_WINDOWLOG_LIMIT_DEFAULT`), as the codec layer's (zstandard's) and Kafka's
+Java client's (zstd-jni's) do not."""
+ZSTD_DST_SIZE_TOO_SMALL: Final = 70
+"""libzstd's `ZSTD_error_dstSize_tooSmall` (a stable error code)."""
+
+LIBRARY_NAMES: Final = ["libzstd.so.1"]
+"""The names libzstd is loaded by, tried in turn before `ctypes.util.find_library`."""
+
+_POINTER, _SIZE = ctypes.c_void_p, ctypes.c_ssize_t
+_SIGNATURES: Final[dict[str, tuple[type[Any], list[type[Any]]]]] = {
+    "ZSTD_decompressDCtx": (_SIZE, [_POINTER, _POINTER, _SIZE, _POINTER, _SIZE]),
+    "ZSTD_findFrameCompressedSize": (_SIZE, [_POINTER, _SIZE]),
+    "ZSTD_isError": (ctypes.c_uint, [_SIZE]),
+    "ZSTD_getErrorCode": (ctypes.c_int, [_SIZE]),
+}
+"""The libzstd functions the kernel calls: (result, arguments). A size_t is declared
+signed, the same register, so that compiled code compares it with signed sizes (an error
+code reads as a small negative number)."""
+
+_library_lock = threading.Lock()
+_library_loaded = False
+_library: ctypes.CDLL | None = None
+
+
+def zstd_library() -> ctypes.CDLL | None:
+    """libzstd, loaded once (None when no name of `LIBRARY_NAMES`, nor the name
+    `find_library` gives, loads as a libzstd with every function the kernel calls)."""
+    global _library, _library_loaded
+    with _library_lock:
+        if not _library_loaded:
+            _library_loaded = True
+            for name in [*LIBRARY_NAMES, None]:
+                path = ctypes.util.find_library("zstd") if name is None else name
+                if path is None:
+                    continue
+                try:
+                    library = ctypes.CDLL(path)
+                except OSError:
+                    continue
+                if all(
+                    hasattr(library, f) for f in [*_SIGNATURES, "ZSTD_createDCtx", "ZSTD_freeDCtx"]
+                ):
+                    library.ZSTD_createDCtx.restype = ctypes.c_void_p
+                    library.ZSTD_createDCtx.argtypes = []
+                    library.ZSTD_freeDCtx.restype = ctypes.c_size_t
+                    library.ZSTD_freeDCtx.argtypes = [ctypes.c_void_p]
+                    _library = library
+                    break
+        return _library
+
+
+class _Context:
+    """A `ZSTD_DCtx` (its address; 0 if libzstd could not make one), freed with its
+    owner: the thread-local storage of the thread using it."""
+
+    def __init__(self, library: ctypes.CDLL) -> None:
+        self.address = int(library.ZSTD_createDCtx() or 0)
+        self._free = library.ZSTD_freeDCtx
+
+    def __del__(self) -> None:
+        if self.address:
+            self._free(self.address)
+            self.address = 0
+
+
+_local = threading.local()
+
+
+def zstd_context() -> int:
+    """This thread's libzstd decompression context, as an address for `decompress_areas`;
+    0 when libzstd is not loaded (zstd areas are then left to the codec library)."""
+    context: _Context | None = getattr(_local, "context", None)
+    if context is None:
+        library = zstd_library()
+        if library is None:
+            return 0
+        context = _local.context = _Context(library)
+    return context.address
+
+
+SYMBOL_PREFIX: Final = "cleanerd_"
+"""Kernels call libzstd's function `F` as the LLVM symbol `cleanerd_F`."""
+_STAND_INS: list[Any] = []
+"""When libzstd is absent, the callbacks its symbols are bound to (kept alive here)."""
+_decompress_dctx: Any = None
+_find_frame_compressed_size: Any = None
+_is_error: Any = None
+_get_error_code: Any = None
+"""numba's declarations of the libzstd functions, made when numba is imported."""
+
+
+def _stand_in(name: str) -> int:
+    """The address of a C-callable function that returns what makes the kernel leave the
+    area to the codec library (an error; 1 from ZSTD_isError), never called in practice:
+    `zstd_context` returns 0 without libzstd, and the kernel then calls nothing."""
+    restype, argtypes = _SIGNATURES[name]
+    result = 1 if name in ("ZSTD_isError", "ZSTD_getErrorCode") else -1
+    callback = ctypes.CFUNCTYPE(restype, *argtypes)(lambda *_: result)
+    _STAND_INS.append(callback)
+    return int(ctypes.cast(callback, ctypes.c_void_p).value or 0)
+
+
+def _declare() -> None:
+    global _decompress_dctx, _find_frame_compressed_size, _is_error, _get_error_code
+    import llvmlite.binding as llvm  # type: ignore[import-untyped]
+    from numba import types
+
+    library = zstd_library()
+    for name in _SIGNATURES:
+        if library is None:
+            address = _stand_in(name)
+        else:
+            address = int(ctypes.cast(getattr(library, name), ctypes.c_void_p).value or 0)
+        llvm.add_symbol(SYMBOL_PREFIX + name, address)
+    size, i32 = types.intp, types.int32
+    declare = types.ExternalFunction
+    _decompress_dctx = declare(
+        SYMBOL_PREFIX + "ZSTD_decompressDCtx", size(size, size, size, size, size)
+    )
+    _find_frame_compressed_size = declare(
+        SYMBOL_PREFIX + "ZSTD_findFrameCompressedSize", size(size, size)
+    )
+    _is_error = declare(SYMBOL_PREFIX + "ZSTD_isError", i32(size))
+    _get_error_code = declare(SYMBOL_PREFIX + "ZSTD_getErrorCode", i32(size))
+
+
+on_numba_load(_declare)
 
 
 @jit
@@ -343,6 +500,55 @@ def _snappy(src: Any, s: Int, e: Int, dst: Any, o: Int) -> tuple[Int, Int]:
 
 
 @jit
+def _zstd_window(src: Any, s: Int, e: Int) -> Int:
+    """The window the zstd frame at `src[s:e]` needs, from its header (the frame is at
+    least 6 bytes): at most ZSTD_WINDOW_LIMIT + 1 when it is larger than that, -1 when
+    the frame is not one the kernel takes (a dictionary id, a header cut short)."""
+    descriptor = np.int64(src[s + 4])
+    fcs_flag, single = descriptor >> 6, descriptor & 0x20
+    if descriptor & 0x03:
+        return -1  # a dictionary id: Kafka's clients write none
+    if not single:
+        exponent, mantissa = np.int64(src[s + 5]) >> 3, np.int64(src[s + 5]) & 7
+        if exponent > 17:  # past 2^27 (and the shift would overflow)
+            return ZSTD_WINDOW_LIMIT + 1
+        base = np.int64(1) << (10 + exponent)
+        return base + (base >> 3) * mantissa
+    # A single segment: the window is the content size, stored in 1, 2, 4 or 8 bytes.
+    p, n = s + 5, np.int64(1) << fcs_flag
+    if p + n > e:
+        return -1
+    size = np.int64(0)
+    for k in range(n):
+        if k >= 4 and src[p + k]:
+            return ZSTD_WINDOW_LIMIT + 1
+        size |= np.int64(src[p + k]) << (8 * k)
+    return size + 256 if n == 2 else size
+
+
+@jit
+def _zstd(src: Any, s: Int, e: Int, dst: Any, o: Int, dctx: Int) -> tuple[Int, Int]:
+    """Decode the zstd area `src[s:e]` (one frame) to `dst[o:]` through libzstd, with the
+    decompression context at `dctx`: (status, output end)."""
+    if dctx == 0 or src.strides[0] != 1 or dst.strides[0] != 1:
+        return UNDECODED, o  # no libzstd, or bytes that are not adjacent
+    if e - s < 6 or _le32(src, s) != ZSTD_MAGIC:
+        return UNDECODED, o
+    window = _zstd_window(src, s, e)
+    if window < 0 or window > ZSTD_WINDOW_LIMIT:
+        return UNDECODED, o
+    at = src.ctypes.data + s
+    if _find_frame_compressed_size(at, e - s) != e - s:
+        return UNDECODED, o  # several frames, bytes after the frame, or an error
+    written = _decompress_dctx(dctx, dst.ctypes.data + o, len(dst) - o, at, e - s)
+    if _is_error(written):
+        if _get_error_code(written) == ZSTD_DST_SIZE_TOO_SMALL:
+            return NEEDS_ROOM, o
+        return UNDECODED, o
+    return OK, o + written
+
+
+@jit
 def decompress_areas(
     src: Any,
     starts: Any,
@@ -353,19 +559,24 @@ def decompress_areas(
     out_start: Any,
     out_end: Any,
     i: Int,
+    dctx: Int,
 ) -> tuple[Int, Int, Int]:
     """Decode the areas `src[starts[j]:ends[j]]` (compressed with `codecs[j]`) for j = i,
     i + 1, ... in order into `dst` from `used`, recording where each went (`out_start[j]`,
-    `out_end[j]`). Stops at the first that does not fit (NEEDS_ROOM) or that is left to
-    the codec library (UNDECODED: also every area of a codec other than LZ4 and snappy):
-    (status, that j, bytes of `dst` used before it); (OK, len, used) when all were
-    decoded. Going in order keeps the first bad batch the one reported."""
+    `out_end[j]`); zstd areas with the libzstd context at `dctx` (`zstd_context()`, this
+    thread's; 0 leaves them to the codec library). Stops at the first that does not fit
+    (NEEDS_ROOM) or that is left to the codec library (UNDECODED: also every area of a
+    codec other than LZ4, snappy and zstd): (status, that j, bytes of `dst` used before
+    it); (OK, len, used) when all were decoded. Going in order keeps the first bad batch
+    the one reported."""
     for j in range(i, len(starts)):
         codec = codecs[j]
         if codec == LZ4:
             status, end = _frame(src, starts[j], ends[j], dst, used)
         elif codec == SNAPPY:
             status, end = _snappy(src, starts[j], ends[j], dst, used)
+        elif codec == ZSTD:
+            status, end = _zstd(src, starts[j], ends[j], dst, used, dctx)
         else:
             return UNDECODED, j, used
         if status != OK:

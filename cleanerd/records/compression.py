@@ -18,10 +18,11 @@
   magic as well; reading accepts either checksum.
 - zstd (4): a standard zstd frame, level 3 (Kafka's default).
 
-A segment's batches are decompressed many at a time: LZ4 and snappy in compiled code
-(`compiled_codecs.py`), gzip and zstd through `decompress_frames`, each with its fastest
-path for small inputs. Every area neither takes whole goes through `decompress`, one
-call per batch, which reads it or names what is wrong.
+A segment's batches are decompressed many at a time: LZ4, snappy and zstd in compiled
+code (`compiled_codecs.py`; zstd through libzstd, when it loads), gzip (and zstd without
+libzstd) through `decompress_frames`, each with its fastest path for small inputs. Every
+area neither takes whole goes through `decompress`, one call per batch, which reads it
+or names what is wrong.
 
 Every decompression failure becomes CorruptRecordError (without a position: the caller
 knows which batch it was decoding and adds it).

@@ -1,19 +1,23 @@
-"""Tests of cleanerd.records.compiled_codecs: LZ4 and snappy decoded in compiled code,
-checked against the codec library (cramjam) and data written by several encoders."""
+"""Tests of cleanerd.records.compiled_codecs: LZ4, snappy and zstd decoded in compiled
+code, checked against the codec library (cramjam, zstandard) and data written by several
+encoders."""
 
 from __future__ import annotations
 
 import struct
+import threading
 from typing import Any
 
 import cramjam
 import lz4.frame
 import numpy as np
 import pytest
+import zstandard
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cleanerd.errors import CorruptRecordError
+from cleanerd.records import compiled_codecs
 from cleanerd.records.batch import _assemble, encode_batch
 from cleanerd.records.columns import segment_columns
 from cleanerd.records.compiled_codecs import (
@@ -22,6 +26,7 @@ from cleanerd.records.compiled_codecs import (
     UNDECODED,
     decompress_areas,
     xxh32,
+    zstd_context,
 )
 from cleanerd.records.compression import (
     LZ4_MAGIC,
@@ -32,6 +37,7 @@ from cleanerd.records.compression import (
 )
 from cleanerd.records.header import RECORD_BATCH_OVERHEAD, Compression, unpack_header
 from cleanerd.records.record import Record
+from tests.tools import run_python
 
 payloads = st.one_of(
     st.binary(max_size=3000),
@@ -40,9 +46,15 @@ payloads = st.one_of(
 
 
 def kernel(
-    frames: list[bytes], room: int = 1 << 20, codec: Compression = Compression.LZ4
+    frames: list[bytes],
+    room: int = 1 << 20,
+    codec: Compression = Compression.LZ4,
+    dctx: int | None = None,
 ) -> tuple[int, int, list[bytes]]:
-    """(status, area reached, outputs) of one call over `frames` laid end to end."""
+    """(status, area reached, outputs) of one call over `frames` laid end to end (zstd
+    with this thread's context unless `dctx` is given)."""
+    if dctx is None:
+        dctx = zstd_context()
     src = np.frombuffer(b"".join(frames), np.uint8)
     ends = np.cumsum([len(f) for f in frames]).astype(np.int64)
     starts = np.concatenate([[0], ends[:-1]]).astype(np.int64)
@@ -51,7 +63,8 @@ def kernel(
     out_end = np.zeros(len(frames), np.int64)
     codecs = np.full(len(frames), int(codec), np.int64)
     status, reached, _ = (
-        int(x) for x in decompress_areas(src, starts, ends, codecs, dst, 0, out_start, out_end, 0)
+        int(x)
+        for x in decompress_areas(src, starts, ends, codecs, dst, 0, out_start, out_end, 0, dctx)
     )
     outputs = [bytes(dst[a:b]) for a, b in zip(out_start[:reached], out_end[:reached], strict=True)]
     return status, reached, outputs
@@ -201,10 +214,12 @@ def test_a_segment_of_one_record_batches_decodes_whole() -> None:
     ]
 
 
-@pytest.mark.parametrize("codec", [Compression.LZ4, Compression.SNAPPY], ids=lambda c: c.name)
+@pytest.mark.parametrize(
+    "codec", [Compression.LZ4, Compression.SNAPPY, Compression.ZSTD], ids=lambda c: c.name
+)
 def test_batches_need_no_codec_call(codec: Compression, codec_calls: list[str]) -> None:
-    """A segment of LZ4 or snappy batches is decompressed without a call into the codec
-    layer."""
+    """A segment of LZ4, snappy or zstd batches is decompressed without a call into the
+    codec layer."""
     batches = [encode_batch(_records(i, 1), base_offset=i, compression=codec) for i in range(200)]
     cols = segment_columns(b"".join(batches))
     assert cols.num_records == 200
@@ -235,10 +250,11 @@ def test_the_first_bad_batch_is_the_one_named() -> None:
     assert info.value.position == sum(map(len, good))
 
 
-def test_highly_compressed_frames_grow_the_side_buffer() -> None:
+@pytest.mark.parametrize("codec", [Compression.LZ4, Compression.ZSTD], ids=lambda c: c.name)
+def test_highly_compressed_frames_grow_the_side_buffer(codec: Compression) -> None:
     """Frames that expand far past the first guess of the room they need."""
     records = [Record(i, i, b"k", bytes([i]) * 200_000) for i in range(3)]
-    data = b"".join(_lz4_batch([r], r.offset) for r in records)
+    data = b"".join(encode_batch([r], base_offset=r.offset, compression=codec) for r in records)
     cols = segment_columns(data)
     assert [cols.value(i) for i in range(3)] == [r.value for r in records]
 
@@ -278,3 +294,206 @@ def test_a_damaged_snappy_area_is_never_read_differently_from_the_library(
 ) -> None:
     area = snappy_raw(data) if raw else compress(Compression.SNAPPY, data)
     check_like_library(Compression.SNAPPY, damage(area, draw))
+
+
+def zstd_frames(data: bytes) -> list[bytes]:
+    """`data` compressed by cleanerd's writer (cramjam: one-shot, the content size in
+    the header), by zstandard without the size but with a checksum, and streamed as
+    Kafka's Java producer writes (zstd-jni's output stream: no size, several blocks)."""
+    streamed = zstandard.ZstdCompressor(level=1).compressobj()
+    parts = [streamed.compress(data[k : k + 1000]) for k in range(0, len(data), 1000)]
+    return [
+        compress(Compression.ZSTD, data),
+        zstandard.ZstdCompressor(level=3, write_content_size=False, write_checksum=True).compress(
+            data
+        ),
+        b"".join([*parts, streamed.flush()]),
+    ]
+
+
+def test_libzstd_is_loaded_here() -> None:
+    """This machine (and CI's) has libzstd: the tests below run the compiled path."""
+    assert zstd_context() != 0
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.one_of(payloads, st.binary(max_size=1)))
+def test_zstd_frames_decode_as_the_library_does(data: bytes) -> None:
+    """Empty, 1-byte and larger payloads, with and without content size and checksum."""
+    frames = zstd_frames(data)
+    status, reached, outputs = kernel(frames, codec=Compression.ZSTD)
+    assert (status, reached) == (OK, len(frames))
+    assert outputs == [data] * len(frames)
+    assert all(zstandard.ZstdDecompressor().decompressobj().decompress(f) == data for f in frames)
+
+
+@pytest.mark.parametrize("sized", [True, False], ids=["content-size", "no-content-size"])
+def test_a_zstd_area_larger_than_the_room_asks_for_more(sized: bool) -> None:
+    small = compress(Compression.ZSTD, b"a" * 10)
+    big = zstandard.ZstdCompressor(write_content_size=sized).compress(bytes(range(256)) * 20)
+    assert kernel([small, big], room=1000, codec=Compression.ZSTD) == (NEEDS_ROOM, 1, [b"a" * 10])
+    assert kernel([small, big], room=10_000, codec=Compression.ZSTD)[:2] == (OK, 2)
+
+
+def test_a_false_content_size_does_not_ask_for_room() -> None:
+    """A frame whose header states far more than its blocks hold is damage, not a frame
+    that needs room (which the caller would allocate)."""
+    frame = compress(Compression.ZSTD, b"x" * 100)
+    assert frame[4] == 0x20  # a single segment, the size in one byte
+    lying = frame[:4] + b"\xc0\x00" + struct.pack("<Q", 1 << 40) + frame[6:]
+    assert kernel([lying], room=1000, codec=Compression.ZSTD)[0] == UNDECODED
+    assert library(Compression.ZSTD, lying) is None
+
+
+def _window_too_large(frame: bytes) -> bytes:
+    """`frame` (one single-segment block of literals) with a header that asks for a
+    256 MiB window, more than the streaming decoders accept."""
+    assert frame[4] == 0x20  # a single segment, the size in one byte
+    return frame[:4] + b"\x00\x90" + frame[6:]
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        lambda f: f + f,  # two frames
+        lambda f: f + b"\x00",  # bytes after the frame
+        lambda f: b"\x50\x2a\x4d\x18" + struct.pack("<I", 3) + b"abc" + f,  # a skippable one
+        lambda f: f[:4] + bytes((f[4] | 0x01,)) + b"\x07" + f[5:],  # a dictionary id
+        _window_too_large,
+        lambda f: f[:-1],  # cut short
+        lambda f: b"",
+    ],
+    ids=["two-frames", "trailing-bytes", "skippable", "dictionary-id", "window", "cut", "empty"],
+)
+def test_what_the_kernel_does_not_take_in_zstd_is_left_to_the_library(change: Any) -> None:
+    frame = compress(Compression.ZSTD, b"kafka " * 40)
+    assert kernel([frame], codec=Compression.ZSTD) == (OK, 1, [b"kafka " * 40])
+    assert kernel([change(frame)], codec=Compression.ZSTD)[0] == UNDECODED
+
+
+@settings(max_examples=300, deadline=None)
+@given(payloads, st.booleans(), st.data())
+def test_a_damaged_zstd_area_is_never_read_differently_from_the_library(
+    data: bytes, checksum: bool, draw: st.DataObject
+) -> None:
+    frame = zstandard.ZstdCompressor(write_checksum=checksum).compress(data)
+    check_like_library(Compression.ZSTD, damage(frame, draw))
+
+
+def _zstd_batch(records: list[Record], base: int, area: bytes | None = None) -> bytes:
+    batch = encode_batch(records, base_offset=base, compression=Compression.ZSTD)
+    return batch if area is None else _assemble(unpack_header(batch), area)
+
+
+def test_a_zstd_area_of_two_frames_is_read_by_the_library(codec_calls: list[str]) -> None:
+    """Left to the codec layer, which reads the frames one after the other, as before."""
+    area = _records_area(1)
+    two = compress(Compression.ZSTD, area[:20]) + compress(Compression.ZSTD, area[20:])
+    batches = [_zstd_batch(_records(0, 1), 0), _zstd_batch(_records(1, 1), 1, two)]
+    batches.append(_zstd_batch(_records(2, 1), 2))
+    cols = segment_columns(b"".join(batches))
+    assert [cols.key(i) for i in range(3)] == [b"k0", b"k1", b"k2"]
+    assert codec_calls == ["decompress_into"]
+
+
+def _without_libzstd(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(compiled_codecs, "zstd_context", lambda: 0)
+
+
+@pytest.mark.parametrize(
+    "area",
+    [
+        b"\x28\xb5\x2f\xfd garbage",
+        compress(Compression.ZSTD, _records_area(3))[:-3],
+        zstandard.ZstdCompressor(write_checksum=True).compress(_records_area(3))[:-1] + b"\x00",
+        _window_too_large(compress(Compression.ZSTD, b"x" * 60)),
+    ],
+    ids=["garbage", "cut", "checksum", "window"],
+)
+def test_a_corrupt_zstd_batch_is_reported_as_before(
+    area: bytes, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same error, at the same position, as the codec layer alone gives."""
+    good = [_zstd_batch(_records(i, 1), i) for i in range(3)]
+    data = b"".join([*good, _zstd_batch(_records(3, 1), 3, area), _zstd_batch(_records(4, 1), 4)])
+    with pytest.raises(CorruptRecordError, match="zstd") as compiled:
+        segment_columns(data)
+    assert compiled.value.position == sum(map(len, good))
+    _without_libzstd(monkeypatch)
+    with pytest.raises(CorruptRecordError) as before:
+        segment_columns(data)
+    assert (str(compiled.value), compiled.value.position) == (
+        str(before.value),
+        before.value.position,
+    )
+
+
+def test_without_libzstd_zstd_batches_go_through_the_codec_layer(
+    codec_calls: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The whole run of zstd batches in one call, as before."""
+    _without_libzstd(monkeypatch)
+    batches = [_zstd_batch(_records(i, 1), i) for i in range(50)]
+    cols = segment_columns(b"".join(batches))
+    assert cols.offset.tolist() == list(range(50))
+    assert [cols.key(i) for i in (0, 49)] == [b"k0", b"k49"]
+    assert codec_calls == ["decompress_frames"]
+    frame = compress(Compression.ZSTD, b"kafka")
+    assert kernel([frame], codec=Compression.ZSTD, dctx=0) == (UNDECODED, 0, [])
+
+
+def test_a_process_without_libzstd_decodes_zstd_through_the_codec_layer() -> None:
+    """No libzstd under any name: no context, the kernels still load (from the on-disk
+    cache too: the symbols are bound to stand-ins), and zstd batches are read as before."""
+    probe = (
+        "import ctypes.util\n"
+        "from cleanerd.records import compiled_codecs\n"
+        "compiled_codecs.LIBRARY_NAMES[:] = ['libzstd-absent.so.0']\n"
+        "ctypes.util.find_library = lambda name: None\n"
+        "from cleanerd.records.batch import encode_batch\n"
+        "from cleanerd.records.columns import segment_columns\n"
+        "from cleanerd.records.header import Compression\n"
+        "from cleanerd.records.record import Record\n"
+        "data = b''.join(\n"
+        "    encode_batch([Record(i, i, b'k%d' % i, b'v')], base_offset=i, compression=c)\n"
+        "    for i, c in enumerate([Compression.ZSTD, Compression.LZ4, Compression.ZSTD])\n"
+        ")\n"
+        "cols = segment_columns(data)\n"
+        "print(compiled_codecs.zstd_library(), compiled_codecs.zstd_context())\n"
+        "print(*[cols.key(i).decode() for i in range(3)])\n"
+    )
+    assert run_python(probe).split() == ["None", "0", "k0", "k1", "k2"]
+
+
+def test_every_thread_decodes_with_its_own_context() -> None:
+    """Threads decoding at once (the kernel runs without the GIL) each use their own
+    libzstd context, and each reads every record."""
+    values = [bytes([i]) * 3000 for i in range(8)]
+    segments = [
+        b"".join(_zstd_batch([Record(i, i, b"k", values[t] + b"%d" % i)], i) for i in range(300))
+        for t in range(len(values))
+    ]
+    contexts: dict[int, int] = {}
+    failures: list[BaseException] = []
+    all_made = threading.Barrier(len(values))  # no context freed before all are made
+
+    def decode(t: int) -> None:
+        try:
+            contexts[t] = zstd_context()
+            all_made.wait()
+            for _ in range(5):
+                cols = segment_columns(segments[t])
+                assert [cols.value(i) for i in range(300)] == [
+                    values[t] + b"%d" % i for i in range(300)
+                ]
+        except BaseException as exc:  # noqa: BLE001 - reported by the main thread
+            failures.append(exc)
+
+    threads = [threading.Thread(target=decode, args=(t,)) for t in range(len(values))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert failures == []
+    assert len(set(contexts.values())) == len(values)
+    assert 0 not in contexts.values()
