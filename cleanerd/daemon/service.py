@@ -95,6 +95,7 @@ from cleanerd.daemon.triggers import (
 )
 from cleanerd.daemon.watcher import LogDirWatcher, PartitionKey, WatchDelta
 from cleanerd.engine import Engine, create_engine
+from cleanerd.engine.first_reads import ReaderPool
 from cleanerd.errors import CleanerdError, ConfigError
 from cleanerd.log.files import TopicPartition
 from cleanerd.maintenance.cycle import Maintenance, MaintenanceStatus, wall_clock_ms
@@ -323,6 +324,7 @@ class Daemon:
                 engine,
                 clock=self.clock_ms,
                 progress_interval_s=self.timings.progress_interval_s,
+                readers=ReaderPool.for_this_host,
             )
         except BaseException:
             engine.shutdown()

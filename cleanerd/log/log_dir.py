@@ -310,11 +310,20 @@ class LogDir:
                 log.debug("log_dir.entry_skipped", path=entry.path)
         return found
 
+    def knows(self, tp: TopicPartition) -> bool:
+        """Whether a clean stop left what it knew of `tp`'s segments, not yet taken."""
+        return str(tp) in self._known
+
     def open_partition(
-        self, tp: TopicPartition, *, config: LogConfig | None = None, full_check: bool = False
+        self,
+        tp: TopicPartition,
+        *,
+        config: LogConfig | None = None,
+        full_check: bool = False,
+        prefetch: bool = True,
     ) -> PartitionLog:
         """Open an existing partition with this dir's mode (the metadata log is always
-        read-only; only the owner recovers)."""
+        read-only; only the owner recovers); `prefetch` as `PartitionLog.open`'s."""
         read_only = self.read_only or tp.topic == METADATA_TOPIC
         first_open = tp not in self._opened
         self._opened.add(tp)
@@ -330,6 +339,7 @@ class LogDir:
             owner=self.owner,
             clean_shutdown=self.had_clean_shutdown and first_open,
             known=known if first_open else None,
+            prefetch=prefetch,
         )
 
     def create_partition(

@@ -224,6 +224,7 @@ class PartitionLog:
         owner: OwnerProof | None = None,
         clean_shutdown: bool = False,
         known: Mapping[int, KnownSegment] | None = None,
+        prefetch: bool = True,
     ) -> PartitionLog:
         """Open the partition dir `path`.
 
@@ -241,6 +242,9 @@ class PartitionLog:
         log dir's owner found Kafka's clean-shutdown marker, so recovery scans nothing;
         `known`: what the owner that stopped then knew of the segments
         (`known_segments.py`), taken for each segment that is still the file it describes.
+        `prefetch` (the default) asks the kernel to start reading the small segments whose
+        metadata is not known, which the first cycle reads; without it, the caller has
+        them read elsewhere (`take_known`).
         """
         config = LogConfig() if config is None else config
         tp = parse_topic_partition(path.name)
@@ -282,18 +286,7 @@ class PartitionLog:
                 listed = None
             if report.deleted or report.renamed:
                 listed = None  # recovery changed the dir since
-            stable_end = None
-            if known:
-                # A segment whose indexes were just rebuilt is read anew.
-                rebuilt = {offset_from_filename(Path(p).name) for p in report.rebuilt_indexes}
-                for segment in segments:
-                    entry = known.get(segment.base_offset)
-                    if entry is not None and segment.base_offset not in rebuilt:
-                        seeded = segment.seed(entry)
-                        if seeded and entry.stable_end and segment is segments[-1]:
-                            stable_end = (segment.base_offset, segment.identity)
-            for segment in segments[:-1]:
-                segment.prefetch()  # read by the first cycle, after every open
+            stable_end = _seed(segments, known, report) if known else None
         plog = cls(
             path,
             segments,
@@ -308,6 +301,8 @@ class PartitionLog:
         if listed is not None:
             plog._listed_snapshots = (listed, snapshot_offsets_in(e.name for e in listing))
         plog._stable_end = stable_end
+        if prefetch:
+            plog.prefetch()
         return plog
 
     @classmethod
@@ -815,6 +810,21 @@ class PartitionLog:
             known[-1] = known[-1]._replace(stable_end=self._stable_at_end())
         return known
 
+    def prefetch(self) -> None:
+        """Ask the kernel to start reading the closed segments whose metadata is not
+        known yet (`LogSegment.prefetch`), which the next cycle reads."""
+        for segment in self._segments[:-1]:
+            segment.prefetch()
+
+    def take_known(self, known: Mapping[int, KnownSegment]) -> int:
+        """Take `known` (read by another process since the open, `known_reader.py`) for
+        each segment whose metadata is not known yet and whose `.log` is still the file
+        described, as `open` takes a clean stop's; how many it took. The rest are read
+        here when first needed. No lock: an entry is taken only for the very file
+        (inode, size, mtime) this object saw, so what it says holds for those bytes."""
+        rebuilt = _rebuilt(self.recovery_report)
+        return sum(s.unread and _seed_one(s, known, rebuilt) for s in self._segments)
+
     def _stable_at_end(self) -> bool:
         """Whether no transaction is open at the log end, as far as known without a read:
         the producer state walked to the end, or the clean stop's record still holding."""
@@ -953,6 +963,30 @@ class _View(NamedTuple):
             return self.segments[-1].stat_identity() == self.active_identity
         except OSError:
             return False
+
+
+def _rebuilt(report: RecoveryReport) -> set[int]:
+    """The base offsets of the segments whose indexes the open rebuilt: read anew, as
+    what was known of them names the old index files."""
+    return {offset_from_filename(Path(p).name) for p in report.rebuilt_indexes}
+
+
+def _seed_one(segment: LogSegment, known: Mapping[int, KnownSegment], rebuilt: set[int]) -> bool:
+    entry = known.get(segment.base_offset)
+    return entry is not None and segment.base_offset not in rebuilt and segment.seed(entry)
+
+
+def _seed(
+    segments: list[LogSegment], known: Mapping[int, KnownSegment], report: RecoveryReport
+) -> tuple[int, tuple[int, int, int]] | None:
+    """Seed `segments` from `known` (see `LogSegment.seed`); the last segment's (base
+    offset, identity) when its entry says no transaction was open at its end."""
+    rebuilt = _rebuilt(report)
+    for segment in segments:
+        seeded = _seed_one(segment, known, rebuilt)
+        if seeded and segment is segments[-1] and known[segment.base_offset].stable_end:
+            return (segment.base_offset, segment.identity)
+    return None
 
 
 def _own_state(plog: PartitionLog) -> tuple[int, int, int | None]:

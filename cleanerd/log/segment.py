@@ -266,6 +266,16 @@ class LogSegment:
         except FileNotFoundError:
             return None
 
+    @property
+    def unread(self) -> bool:
+        """Nothing is known of the bytes yet (not read, seeded, written or appended to)."""
+        return (
+            self._meta is None
+            and self._summary is None
+            and self._builder is None
+            and self._appended_from is None
+        )
+
     def seed(self, known: KnownSegment) -> bool:
         """Take `known` as this segment's metadata if it describes this very file (same
         inode, size and mtime); whether it did. Nothing is read."""

@@ -7,7 +7,11 @@ A cycle, at the instant `now = clock()` it starts:
    vanished ones. A topic-partition found in a second log dir is skipped there: cleaning
    state is per topic-partition, as in Kafka. One that cannot be opened (a refused
    symlink, an unreadable file) is reported in `errors`, left alone this cycle and tried
-   again the next; the others go on;
+   again the next; the others go on. When `MANY_OPENS` or more of a dir's partitions
+   are opened for the first time with nothing kept of them (a first start, or one after
+   a crash), `SegmentReaders` read their segments' metadata in other processes
+   meanwhile, and each partition takes what was read of its very files
+   (`PartitionLog.take_known`);
 2. **roll** (`roller.maybe_roll`): every active segment due by size or time;
 3. **retention** (`executor.apply_retention`) on every partition the step applies to
    (`steps.retention_applies`), each only when the manager grants it
@@ -39,12 +43,12 @@ from __future__ import annotations
 import math
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Final
+from typing import Final, Protocol
 
 from cleanerd.collector import long_lived_objects
 from cleanerd.compaction.cleanable import log_to_clean
@@ -66,6 +70,7 @@ from cleanerd.engine.base import CleanJob, Engine, WorkerCrashed
 from cleanerd.errors import CleanerdError, FileStepError
 from cleanerd.log.deletions import PendingDeletions
 from cleanerd.log.files import METADATA_TOPIC, TopicPartition
+from cleanerd.log.known_segments import decode
 from cleanerd.log.log_dir import LogDir, Mode
 from cleanerd.log.ownership import StaleWork, lock_holder
 from cleanerd.log.partition_log import LogConfig, PartitionLog
@@ -118,10 +123,36 @@ for the opening to run as long-lived work (`cleanerd.collector`): the partitions
 open for the process's life, and on 10,000 of them the collections cost 2 s. Below this
 the collector costs little, and a cycle that opens a few partitions (a new topic) is
 left to it."""
+READ_CHUNK: Final = 100
+"""Partition dirs per job of the first reads (`SegmentReaders`): small enough that the
+cycle waits little for the reads running when its opening is done."""
 
 
 Clock = Callable[[], int]
 """Milliseconds since the epoch."""
+
+
+class SegmentReaders(Protocol):
+    """Processes that read segment metadata beside this one (`known_reader.py`), for a
+    first opening of `MANY_OPENS` or more partitions with nothing kept of them."""
+
+    def start(self, jobs: Sequence[Sequence[str]]) -> None:
+        """Start reading the partition dirs of each job, in order, without waiting."""
+        ...
+
+    def stop(self) -> list[Future[bytes]]:
+        """Drop the jobs not started; the futures of the others (a cancelled one was
+        dropped), each answering `known_segments.py`'s format for its job's dirs."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class _FirstReads:
+    """The reads started for one log dir's first opening."""
+
+    readers: SegmentReaders
+    partitions: frozenset[TopicPartition]
+    """Opened without prefetching: the readers read them."""
 
 
 def wall_clock_ms() -> int:
@@ -252,8 +283,11 @@ class Maintenance:
         topics: frozenset[str] | None = None,
         usage_probe: UsageProbe = psutil_space,
         progress_interval_s: float | None = None,
+        readers: Callable[[], SegmentReaders | None] | None = None,
     ) -> None:
+        """`readers`: starts `SegmentReaders` for a big first opening (None: none)."""
         self.config = config
+        self.readers = readers
         self.progress_interval_s = progress_interval_s
         self._progress = CycleProgress(math.inf)
         self.usage_probe = usage_probe
@@ -509,25 +543,94 @@ class Maintenance:
             log_dir.reload_checkpoints()
             listed = list(log_dir.partitions())
             total += len(listed)
-            with self._opening(log_dir, listed):
-                for n, tp in enumerate(listed):
-                    self._progress.tick("open", opened + n, total)
-                    if tp.topic == METADATA_TOPIC or not self._selected(tp):
-                        continue
-                    if tp in seen:
-                        report.skip(log_dir.path, tp, "discover", f"also in log dir {seen[tp]}")
-                        continue
-                    seen[tp] = log_dir.path
-                    live.add((log_dir.path, tp))
-                    partition = self._open(log_dir, tp, report)
-                    if partition is not None:
-                        found.append(partition)
+            reads = self._start_first_reads(log_dir, listed)
+            try:
+                with self._opening(log_dir, listed):
+                    for n, tp in enumerate(listed):
+                        self._progress.tick("open", opened + n, total)
+                        if tp.topic == METADATA_TOPIC or not self._selected(tp):
+                            continue
+                        if tp in seen:
+                            why = f"also in log dir {seen[tp]}"
+                            report.skip(log_dir.path, tp, "discover", why)
+                            continue
+                        seen[tp] = log_dir.path
+                        live.add((log_dir.path, tp))
+                        prefetch = reads is None or tp not in reads.partitions
+                        partition = self._open(log_dir, tp, report, prefetch=prefetch)
+                        if partition is not None:
+                            found.append(partition)
+            finally:
+                if reads is not None:
+                    self._take_first_reads(log_dir, reads)
             opened += len(listed)
         for key in [k for k in self._plogs if k not in live]:
             del self._plogs[key]
         if self.topics is None:
             self.manager.registry.retain_only(seen)
         return found
+
+    def _start_first_reads(
+        self, log_dir: LogDir, listed: list[TopicPartition]
+    ) -> _FirstReads | None:
+        """Start `SegmentReaders` on the partitions of `log_dir` opened for the first
+        time with nothing kept of them, when there are `MANY_OPENS` or more."""
+        if self.readers is None:
+            return None
+        first = [
+            tp
+            for tp in listed
+            if (log_dir.path, tp) not in self._plogs
+            and not log_dir.knows(tp)
+            and tp.topic != METADATA_TOPIC
+            and self._selected(tp)
+        ]
+        if len(first) < MANY_OPENS:
+            return None
+        try:
+            readers = self.readers()
+        except OSError as exc:
+            log.warning("first_reads.unavailable", log_dir=str(log_dir.path), error=str(exc))
+            return None
+        if readers is None:
+            return None
+        paths = [str(log_dir.path / str(tp)) for tp in first]
+        readers.start([paths[i : i + READ_CHUNK] for i in range(0, len(paths), READ_CHUNK)])
+        return _FirstReads(readers, frozenset(first))
+
+    def _take_first_reads(self, log_dir: LogDir, reads: _FirstReads) -> None:
+        """Seed the partitions opened from what the readers read by now (the reads not
+        started are dropped), and prefetch what the cycle still reads itself."""
+        futures = reads.readers.stop()
+        by_name = {str(tp): tp for tp in reads.partitions}
+        taken = 0
+        failed: list[Exception] = []
+        for future in futures:
+            if future.cancelled():
+                continue
+            try:
+                kept = decode(future.result()).segments
+            except Exception as exc:  # noqa: BLE001 - a reader's failure only loses its answer
+                failed.append(exc)
+                continue
+            for name, segments in kept.items():
+                tp = by_name.get(name)
+                plog = None if tp is None else self._plogs.get((log_dir.path, tp))
+                if plog is not None:
+                    taken += plog.take_known(segments)
+        for tp in reads.partitions:
+            plog = self._plogs.get((log_dir.path, tp))
+            if plog is not None:
+                plog.prefetch()
+        log.info("first_reads.taken", log_dir=str(log_dir.path), segments=taken)
+        if failed:
+            log.warning(
+                "first_reads.failed",
+                log_dir=str(log_dir.path),
+                reads=len(failed),
+                error=repr(failed[0]),
+                action="read by this process",
+            )
 
     def _opening(
         self, log_dir: LogDir, listed: list[TopicPartition]
@@ -602,7 +705,9 @@ class Maintenance:
                 )
             yield PartitionState(meta, ltc)
 
-    def _open(self, log_dir: LogDir, tp: TopicPartition, report: _Builder) -> _Partition | None:
+    def _open(
+        self, log_dir: LogDir, tp: TopicPartition, report: _Builder, *, prefetch: bool = True
+    ) -> _Partition | None:
         topic = self.config.topic_config(tp.topic)
         key = (log_dir.path, tp)
         plog = self._plogs.get(key)
@@ -619,7 +724,9 @@ class Maintenance:
         )
         try:
             if plog is None or stale:
-                plog = log_dir.open_partition(tp, config=LogConfig.of_topic(topic))
+                plog = log_dir.open_partition(
+                    tp, config=LogConfig.of_topic(topic), prefetch=prefetch
+                )
                 self._plogs[key] = plog
             else:
                 plog.follow_checkpoints(log_dir.checkpoints)

@@ -1,0 +1,88 @@
+"""Helper processes that read segment metadata for the owner's first cycle
+(`cleanerd.log.known_reader`), while the owner's process opens the partitions.
+
+Started only for a start with thousands of partitions and nothing kept of them (see
+`Maintenance`), and stopped when the first opening is done. The jobs are handed to the
+processes from a thread of their own, so the owner's opening never waits for the
+processes to start. The workers are started by `forkserver` (never `fork`: the daemon
+holds locks and threads; the server is the one the local engine's workers come from)
+and die with the owner (`lifeline.py`), though they write nothing: a reader left
+running would only waste a core. A reader that fails or dies loses its answer, never a
+byte: the owner reads those segments itself.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import signal
+import threading
+from collections.abc import Sequence
+from concurrent.futures import Future, ProcessPoolExecutor
+from typing import Final
+
+from cleanerd.engine.lifeline import die_with, set_parent_death_signal
+from cleanerd.log.known_reader import read_dirs
+from cleanerd.log.ownership import ProcessId
+
+MAX_READERS: Final = 8
+"""Readers at most: past a few, the owner's opening is what the start waits for."""
+
+
+def _init_reader(owner: ProcessId) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    set_parent_death_signal()
+    die_with(owner)
+
+
+class ReaderPool:
+    """`workers` reader processes (`SegmentReaders` of `cleanerd.maintenance.cycle`)."""
+
+    def __init__(self, workers: int) -> None:
+        self.workers = workers
+        self._pool = ProcessPoolExecutor(
+            max_workers=workers,
+            mp_context=multiprocessing.get_context("forkserver"),
+            initializer=_init_reader,
+            initargs=(ProcessId.current(),),
+        )
+        self._futures: list[Future[bytes]] = []
+        self._stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @classmethod
+    def for_this_host(cls) -> ReaderPool | None:
+        """A pool of one reader per CPU beside the owner's (`MAX_READERS` at most); None
+        with a single CPU, where the owner reads faster itself."""
+        from cleanerd.engine.local import usable_cpus  # here: the workers need none of it
+
+        cpus = usable_cpus()
+        return cls(min(cpus - 1, MAX_READERS)) if cpus > 1 else None
+
+    def start(self, jobs: Sequence[Sequence[str]]) -> None:
+        """Start reading the partition dirs of each job (`read_dirs`), in order."""
+        self._thread = threading.Thread(
+            target=self._submit, args=(jobs,), name="cleanerd-first-reads", daemon=True
+        )
+        self._thread.start()
+
+    def _submit(self, jobs: Sequence[Sequence[str]]) -> None:
+        for job in jobs:
+            if self._stopping.is_set():
+                return
+            try:
+                self._futures.append(self._pool.submit(read_dirs, list(job)))
+            except Exception as exc:  # noqa: BLE001 - handed to `stop`'s caller as the answer
+                failed: Future[bytes] = Future()
+                failed.set_exception(exc)
+                self._futures.append(failed)
+                return
+
+    def stop(self) -> list[Future[bytes]]:
+        """Drop the jobs not started; the futures of those handed to the processes (a
+        cancelled one was dropped), which may still be running."""
+        self._stopping.set()
+        if self._thread is not None:
+            self._thread.join()
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        return self._futures

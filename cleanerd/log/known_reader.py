@@ -1,0 +1,60 @@
+"""Segment metadata read by a process other than the log dir's owner, for the owner to
+take (`PartitionLog.take_known`): the first reads of a start that has nothing kept of a
+dir (no clean stop: a first start, or one after a crash), spread over helper processes.
+
+A start with nothing kept reads each segment's metadata once (its next offset, max
+timestamp, first batch, index sizes: a dozen system calls and a read of a small file,
+about 40 us), 100,000 of them on a storage host; the owner's process meanwhile opens the
+partitions. The reads are independent of the opens, so helpers do them alongside.
+
+What a reader returns is `known_segments.py`'s format (`encode`), one row per segment it
+could read, keyed by partition dir name: the same bytes a clean stop writes, so the owner
+decodes and checks them the same way.
+
+Consistency: a reader writes nothing and takes no lock; it opens the segments read-only
+and reports what their bytes said when read, under the `.log`'s identity (inode, size,
+mtime in ns) as it saw it. The owner takes an entry only for the very file it opened
+(same identity) and only for a segment whose indexes its own open did not rebuild (the
+entry names the old index sizes), so an entry describing a file that changed, was
+truncated by recovery or was replaced is never used: that segment is read by the owner
+as if no reader had run. A segment the reader cannot read (corrupt, gone, torn) gets no
+row; the owner reads it and reports it itself. The active (last) segment of each
+partition is left to the owner, which may append to it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+from cleanerd.errors import CleanerdError
+from cleanerd.log.files import log_file_offsets
+from cleanerd.log.known_segments import KnownSegment, encode
+from cleanerd.log.segment import LogSegment
+
+
+def read_dir(path: str) -> list[KnownSegment]:
+    """What can be read of the segments of the partition dir `path` but the last."""
+    dir_path = Path(path)
+    try:
+        bases = log_file_offsets(os.listdir(path))  # noqa: PTH208 - names, not 10 Paths each
+    except OSError:
+        return []  # gone or unreadable: the owner's open says why
+    found = []
+    for base in bases[:-1]:
+        try:
+            segment = LogSegment(dir_path, base, read_only=True)
+            segment.meta()
+            known = segment.known()
+            # A missing index, which the owner's open creates, leaves the segment to it.
+            if known is not None and segment.indexes_as_known(known):
+                found.append(known)
+        except (CleanerdError, OSError):
+            continue
+    return found
+
+
+def read_dirs(paths: Sequence[str]) -> bytes:
+    """`read_dir` of each of `paths`, in `known_segments.py`'s format."""
+    return encode((Path(p).name, read_dir(p)) for p in paths)

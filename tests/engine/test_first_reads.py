@@ -1,0 +1,62 @@
+"""The reader processes of a big first opening (`first_reads.ReaderPool`): they answer
+what `read_dirs` reads in this process, drop the jobs not started when stopped, and are
+not started on a host with one CPU."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from cleanerd.engine import first_reads, local
+from cleanerd.engine.first_reads import ReaderPool
+from cleanerd.log.files import TopicPartition
+from cleanerd.log.known_reader import read_dirs
+from cleanerd.log.known_segments import decode
+from tests.builders import build_log, kv
+
+
+def built(root: Path, partitions: int) -> list[str]:
+    for n in range(partitions):
+        segments = [[[kv(f"k{i}", "v" * 40)] for i in range(10)] for _ in range(3)]
+        build_log(root, segments, state_dir=root.parent / "state", tp=TopicPartition("t", n))
+    return [str(root / f"t-{n}") for n in range(partitions)]
+
+
+def test_the_readers_answer_what_this_process_reads(tmp_path: Path) -> None:
+    paths = built(tmp_path / "logs", 4)
+    jobs = [paths[:1], paths[1:3], paths[3:]]
+    pool = ReaderPool(1)
+    pool.start(jobs)
+    assert pool._thread is not None
+    pool._thread.join()  # every job handed over
+    pool._futures[0].result(timeout=60)  # the first job is done, the others may not be
+    futures = pool.stop()
+
+    assert len(futures) == 3
+    assert not futures[0].cancelled()
+    for job, future in zip(jobs, futures, strict=True):
+        if not future.cancelled():  # dropped unless it was running
+            assert decode(future.result(timeout=60)).segments == decode(read_dirs(job)).segments
+    answer = decode(futures[0].result()).segments
+    assert len(answer["t-0"]) == 2  # all but the active segment
+
+
+def test_a_stop_drops_the_jobs_not_handed_over_yet(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    paths = built(tmp_path / "logs", 1)
+    pool = ReaderPool(1)
+    pool._stopping.set()  # as if stopped before the thread handed anything over
+    pool.start([paths] * 5)
+    assert pool.stop() == []
+
+
+def test_a_host_with_one_cpu_gets_no_readers(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(local, "usable_cpus", lambda: 1)
+    assert ReaderPool.for_this_host() is None
+    monkeypatch.setattr(local, "usable_cpus", lambda: 64)
+    pool = ReaderPool.for_this_host()
+    assert pool is not None
+    assert pool.workers == first_reads.MAX_READERS
+    pool.stop()
