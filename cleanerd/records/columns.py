@@ -591,6 +591,8 @@ def _read_legacy(
 
 def _check_counts(table: BatchTable, rows: I64, area_len: I64) -> None:
     """Refuse record counts the areas cannot hold, before allocating the record table."""
+    if not len(rows):
+        return
     bad = np.flatnonzero(table.records_count[rows].astype(np.int64) * MIN_RECORD_SIZE > area_len)
     if len(bad):
         row = int(rows[bad[0]])
@@ -616,6 +618,8 @@ def _decompress_areas(
     code (`compiled_codecs.py`), gzip (and zstd without libzstd) a run of batches per call
     (`compression.decompress_frames`); whatever those leave (damage, an unusual framing)
     through `compression.decompress`, one call each, which reads it or names the error."""
+    if not len(rows):  # most segments: their dozen array steps cost more than the walk
+        return np.empty(0, np.int64), np.empty(0, np.int64)
     starts = table.position[rows] + RECORD_BATCH_OVERHEAD
     ends = table.position[rows] + table.size[rows]
     codecs = table.attributes[rows] & COMPRESSION_MASK
