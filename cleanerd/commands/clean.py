@@ -36,6 +36,7 @@ from cleanerd.compaction.stats import render_invalid_warning, render_stats
 from cleanerd.config import load_config
 from cleanerd.daemon.logging import configure_logging
 from cleanerd.engine import create_engine
+from cleanerd.engine.first_reads import ReaderPool
 from cleanerd.logger import get_logger
 from cleanerd.maintenance.cycle import Maintenance, wall_clock_ms
 from cleanerd.maintenance.report import CycleReport
@@ -178,7 +179,9 @@ def run(args: argparse.Namespace) -> int:
     engine = TrackedEngine(create_engine(config, args.engine, in_process=in_process), progress)
     try:
         # The engine stops before the log dirs are released: no pass outlives the locks.
-        with Maintenance(config, engine, clock=clock, topics=topics) as maintenance:
+        with Maintenance(
+            config, engine, clock=clock, topics=topics, readers=ReaderPool.for_this_host
+        ) as maintenance:
             try:
                 report = maintenance.run_once()
             except BaseException:  # Ctrl-C too: the passes stop before their next swap

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Callable
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -15,10 +16,15 @@ import yaml
 
 from cleanerd.cli import main
 from cleanerd.config import load_config
+from cleanerd.engine import local
+from cleanerd.engine.first_reads import ReaderPool
 from cleanerd.engine.local import LocalEngine
 from cleanerd.log.checkpoint import CLEANER_OFFSET_CHECKPOINT, OffsetCheckpointFile
 from cleanerd.log.files import TopicPartition
+from cleanerd.log.known_segments import decode
 from cleanerd.log.lock import LogDirLock
+from cleanerd.log.partition_log import PartitionLog
+from cleanerd.maintenance import cycle
 from cleanerd.maintenance.cycle import Maintenance
 from tests.builders import build_log, kv
 from tests.compaction.conftest import TP, LogBuilder, k, view
@@ -316,3 +322,46 @@ def test_one_shot_clean_of_one_partition_starts_no_process(tmp_path: Path) -> No
         return {p.name: p.read_bytes() for p in sorted(part.iterdir())}
 
     assert contents(d) == contents(pooled)
+
+
+def test_a_clean_of_many_first_opens_reads_segments_beside_its_opening(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`clean` of a dir with `MANY_OPENS` partitions that nothing is kept of (a retired
+    broker's) has reader processes read their segments while it opens them, and takes
+    what they read."""
+    for n in range(3):
+        build_log(
+            tmp_path / "logs",
+            [[[kv("a", str(i), timestamp=NOW)]] for i in range(4)],
+            state_dir=tmp_path / "elsewhere",
+            tp=TopicPartition("other", n),
+        )
+    monkeypatch.setattr(cycle, "MANY_OPENS", 3)
+    answers: list[int] = []
+    stop = ReaderPool.stop
+
+    def stopping(pool: ReaderPool) -> list[Future[bytes]]:
+        futures = stop(pool)
+        answers.extend(
+            sum(map(len, decode(f.result(timeout=60)).segments.values()))
+            for f in futures
+            if not f.cancelled()
+        )
+        return futures
+
+    monkeypatch.setattr(ReaderPool, "stop", stopping)
+    monkeypatch.setattr(local, "usable_cpus", lambda: 2)
+    taken: list[int] = []
+    take = PartitionLog.take_known
+
+    def taking(plog: PartitionLog, known: Any) -> int:
+        taken.append(take(plog, known))
+        return taken[-1]
+
+    monkeypatch.setattr(PartitionLog, "take_known", taking)
+
+    assert main(["clean", "-c", str(write_config(tmp_path)), "--now-ms", str(NOW)]) == 0
+
+    assert answers == [9]  # 3 closed segments in each of 3 partitions, one job
+    assert sum(taken) == 9
