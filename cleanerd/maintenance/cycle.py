@@ -503,8 +503,9 @@ class Maintenance:
                 due.append(d)
         return min(due, default=None)
 
-    def _selected(self, tp: TopicPartition) -> bool:
-        return self.topics is None or tp.topic in self.topics
+    def _maintained(self, tp: TopicPartition) -> bool:
+        """A partition the cycle works on: of a selected topic, and not the metadata log."""
+        return tp.topic != METADATA_TOPIC and (self.topics is None or tp.topic in self.topics)
 
     def _reclaim(self) -> None:
         """Own again a log dir that another process held when it was opened and has let
@@ -548,7 +549,7 @@ class Maintenance:
                 with self._opening(log_dir, listed):
                     for n, tp in enumerate(listed):
                         self._progress.tick("open", opened + n, total)
-                        if tp.topic == METADATA_TOPIC or not self._selected(tp):
+                        if not self._maintained(tp):
                             continue
                         if tp in seen:
                             why = f"also in log dir {seen[tp]}"
@@ -582,8 +583,7 @@ class Maintenance:
             for tp in listed
             if (log_dir.path, tp) not in self._plogs
             and not log_dir.knows(tp)
-            and tp.topic != METADATA_TOPIC
-            and self._selected(tp)
+            and self._maintained(tp)
         ]
         if len(first) < MANY_OPENS:
             return None
@@ -677,7 +677,7 @@ class Maintenance:
         live: set[tuple[Path, TopicPartition]],
     ) -> Iterator[PartitionState]:
         for tp in listed:
-            if tp.topic == METADATA_TOPIC or not self._selected(tp):
+            if not self._maintained(tp):
                 continue
             key = (log_dir.path, tp)
             live.add(key)
