@@ -63,6 +63,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import threading
 from typing import Any, Final
 
@@ -110,36 +111,32 @@ _SIGNATURES: Final[dict[str, tuple[type[Any], list[type[Any]]]]] = {
 signed, the same register, so that compiled code compares it with signed sizes (an error
 code reads as a small negative number)."""
 
-_library_lock = threading.Lock()
-_library_loaded = False
-_library: ctypes.CDLL | None = None
 
-
+@functools.cache
 def zstd_library() -> ctypes.CDLL | None:
     """libzstd, loaded once (None when no name of `LIBRARY_NAMES`, nor the name
     `find_library` gives, loads as a libzstd with every function the kernel calls)."""
-    global _library, _library_loaded
-    with _library_lock:
-        if not _library_loaded:
-            _library_loaded = True
-            for name in [*LIBRARY_NAMES, None]:
-                path = ctypes.util.find_library("zstd") if name is None else name
-                if path is None:
-                    continue
-                try:
-                    library = ctypes.CDLL(path)
-                except OSError:
-                    continue
-                if all(
-                    hasattr(library, f) for f in [*_SIGNATURES, "ZSTD_createDCtx", "ZSTD_freeDCtx"]
-                ):
-                    library.ZSTD_createDCtx.restype = ctypes.c_void_p
-                    library.ZSTD_createDCtx.argtypes = []
-                    library.ZSTD_freeDCtx.restype = ctypes.c_size_t
-                    library.ZSTD_freeDCtx.argtypes = [ctypes.c_void_p]
-                    _library = library
-                    break
-        return _library
+    for name in LIBRARY_NAMES:
+        library = _load(name)
+        if library is not None:
+            return library
+    found = ctypes.util.find_library("zstd")
+    return None if found is None else _load(found)
+
+
+def _load(path: str) -> ctypes.CDLL | None:
+    """The library at `path` if it loads and has every function the kernel calls."""
+    try:
+        library = ctypes.CDLL(path)
+    except OSError:
+        return None
+    if not all(hasattr(library, f) for f in [*_SIGNATURES, "ZSTD_createDCtx", "ZSTD_freeDCtx"]):
+        return None
+    library.ZSTD_createDCtx.restype = ctypes.c_void_p
+    library.ZSTD_createDCtx.argtypes = []
+    library.ZSTD_freeDCtx.restype = ctypes.c_size_t
+    library.ZSTD_freeDCtx.argtypes = [ctypes.c_void_p]
+    return library
 
 
 class _Context:
