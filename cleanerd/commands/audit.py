@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import sys
 import time
@@ -43,7 +44,7 @@ from cleanerd.commands.progress import Progress
 from cleanerd.compaction.audit import DEFAULT_MAX_LISTED, PartitionAudit, audit_partition
 from cleanerd.config import Config, load_config
 from cleanerd.errors import CleanerdError
-from cleanerd.log.files import METADATA_TOPIC, parse_topic_partition
+from cleanerd.log.files import LOG_FILE_SUFFIX, METADATA_TOPIC, parse_topic_partition
 from cleanerd.log.log_dir import LogDir
 from cleanerd.log.partition_log import LogConfig, PartitionLog
 from cleanerd.log.topic_config import TopicConfig
@@ -209,19 +210,38 @@ def audit_log_dirs_on_spark(
 
 
 def _total_segments(cfg: Config) -> tuple[int, int]:
-    """(segments, bytes) of the compacted partitions' `.log` files: the progress total."""
+    """(segments, bytes) of the compacted partitions' `.log` files: the progress total.
+    One listing per dir and one look-up per topic, so the only cost per segment is its
+    `stat`."""
+    compacted: dict[str, bool] = {}
     segments = size = 0
     for path in cfg.log_dirs:
-        for log in Path(path).glob("*/*.log"):
+        for entry in _listing(path):
             try:
-                topic = parse_topic_partition(log.parent.name).topic
-                if topic == METADATA_TOPIC or not cfg.topic_config(topic).compact:
-                    continue
-                size += log.stat().st_size
-            except (CleanerdError, ValueError, OSError):
+                topic = parse_topic_partition(entry.name).topic
+                if topic not in compacted:
+                    compacted[topic] = topic != METADATA_TOPIC and cfg.topic_config(topic).compact
+            except (CleanerdError, ValueError):
                 continue
-            segments += 1
+            if not compacted[topic]:
+                continue
+            for file in _listing(entry.path):
+                if file.name.endswith(LOG_FILE_SUFFIX):
+                    try:
+                        size += file.stat().st_size
+                    except OSError:
+                        continue
+                    segments += 1
     return segments, size
+
+
+def _listing(path: str | Path) -> list[os.DirEntry[str]]:
+    """The entries of dir `path`; none when it cannot be listed (the audit reports it)."""
+    try:
+        with os.scandir(path) as entries:
+            return list(entries)
+    except OSError:
+        return []
 
 
 def render_text(a: PartitionAudit) -> list[str]:

@@ -9,8 +9,9 @@ import pytest
 import yaml
 
 from cleanerd.cli import main
-from cleanerd.commands.audit import CLEAN_TIME_ALLOWANCE_MS, render_text
+from cleanerd.commands.audit import CLEAN_TIME_ALLOWANCE_MS, _total_segments, render_text
 from cleanerd.compaction.audit import AuditResult, PartitionAudit
+from cleanerd.config import load_config
 from cleanerd.log.files import TopicPartition
 from tests.builders import build_log, kv
 from tests.compaction.conftest import LogBuilder, k
@@ -138,3 +139,18 @@ def test_summary_line_is_singular_for_one_partition(
     build(tmp_path)
     main(["audit", "-c", str(config_file(tmp_path)), "--now-ms", str(NOW)])
     assert "\n1 partition audited, 16 deadline violations\n" in capsys.readouterr().out
+
+
+def test_progress_total_counts_the_compacted_partitions_segments(tmp_path: Path) -> None:
+    """The progress bar's total: the `.log` files of compacted partitions only (not a
+    delete-policy topic's, the metadata log's, a `-delete` dir's or a stray file's)."""
+    d = build(tmp_path)
+    logs = d.parent
+    for name in ("__cluster_metadata-0", "t-1.0123456789abcdef0123456789abcdef-delete"):
+        (logs / name).mkdir()
+        (logs / name / "00000000000000000000.log").write_bytes(b"x" * 10)
+    (logs / "t-2").write_text("a file, not a partition dir")
+    expected = sorted(d.glob("*.log"))
+    assert len(expected) == 3
+    total = _total_segments(load_config(config_file(tmp_path)))
+    assert total == (3, sum(p.stat().st_size for p in expected))

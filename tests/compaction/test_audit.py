@@ -21,11 +21,13 @@ from cleanerd.compaction.audit import (
     superseded_at,
 )
 from cleanerd.config import BrokerConfig
+from cleanerd.errors import CorruptRecordError
 from cleanerd.log.partition_log import PartitionLog
 from cleanerd.log.segment import LogSegment
 from cleanerd.log.topic_config import TopicConfig
 from cleanerd.records.header import Compression
 from cleanerd.records.record import RecordHeader
+from cleanerd.records.walker import walk
 from tests.compaction.conftest import LogBuilder, k
 
 NOW = 1_700_000_000_000
@@ -285,3 +287,102 @@ def test_segment_deleted_by_a_live_broker_after_the_listing_is_read_again(
     assert audit.error is None
     assert audit.result is not None
     assert (audit.result.records, audit.result.superseded) == (2, 1)
+
+
+def many_small_segments(root: Path) -> PartitionLog:
+    """A quiet partition rolled often: eight small segments, with compressed batches, a
+    transaction aborted across a roll and a committed one, and tombstones."""
+    log = LogBuilder(root)
+    for i in range(8):
+        log.append([(k("a"), b"%d" % i), (k(f"k{i}"), b"x")], timestamps=[NOW - (60 - i) * MIN] * 2)
+        if i == 2:
+            log.append([(k("a"), b"aborted")], pid=7, txn=True, timestamps=[NOW - 50 * MIN])
+        if i == 3:
+            log.abort(7)
+            log.append([(k("b"), b"1")], codec=Compression.LZ4, timestamps=[NOW - 40 * MIN])
+        if i == 5:
+            log.append([(k("b"), b"2")], pid=8, txn=True, timestamps=[NOW - 30 * MIN])
+            log.commit(8)
+            log.append([(k("k1"), None)], codec=Compression.ZSTD, timestamps=[NOW - 20 * MIN])
+        log.roll()
+    return open_log(log)
+
+
+def read_columns(plog: PartitionLog) -> AuditColumns:
+    scope = audit_module.audit_scope(plog)
+    return audit_module.read_audit_columns(
+        plog.segments,
+        strategy=audit_module.resolve_strategy("offset", ""),
+        stable_offset=scope.stable_offset,
+        aborted=scope.aborted,
+    )
+
+
+def counting_decodes(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Record the byte length of every buffer the audit decodes."""
+    decode = audit_module.segment_columns
+    sizes: list[int] = []
+
+    def counted(buf: Any) -> Any:
+        sizes.append(len(buf))
+        return decode(buf)
+
+    monkeypatch.setattr(audit_module, "segment_columns", counted)
+    return sizes
+
+
+def assert_same_columns(a: AuditColumns, b: AuditColumns) -> None:
+    for f in dataclasses.fields(AuditColumns):
+        np.testing.assert_array_equal(getattr(a, f.name), getattr(b, f.name), err_msg=f.name)
+
+
+def test_small_segments_are_decoded_in_one_call(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A partition of small segments is decoded in one call over their bytes joined, and
+    gives the very rows of a decode of one segment at a time (the aborted transaction's
+    tracker carried across segments as before)."""
+    plog = many_small_segments(tmp_path / "logs")
+    sizes = counting_decodes(monkeypatch)
+    joined = read_columns(plog)
+    assert sizes == [sum(s.size for s in plog.segments if s.size)]
+    monkeypatch.setattr(audit_module, "SMALL_SEGMENT_BYTES", -1)
+    sizes.clear()
+    singly = read_columns(plog)
+    assert len(sizes) == len(plog.segments)
+    assert_same_columns(joined, singly)
+    assert len(joined) == 19  # 16 plain, 2 of b, 1 tombstone; the aborted one is not
+    assert joined.tombstone.sum() == 1
+
+
+def test_joined_reads_are_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No call decodes more than JOINED_READ_BYTES of small segments, and a segment above
+    SMALL_SEGMENT_BYTES is decoded alone, between runs of small ones."""
+    plog = many_small_segments(tmp_path / "logs")
+    segment_sizes = [s.size for s in plog.segments]
+    expected = read_columns(plog)
+    sizes = counting_decodes(monkeypatch)
+    monkeypatch.setattr(audit_module, "JOINED_READ_BYTES", 3 * max(segment_sizes))
+    monkeypatch.setattr(audit_module, "SMALL_SEGMENT_BYTES", sorted(segment_sizes)[-2])
+    assert_same_columns(read_columns(plog), expected)
+    assert max(sizes) <= 3 * max(segment_sizes)
+    assert sum(sizes) == sum(segment_sizes)
+    assert max(segment_sizes) in sizes  # alone
+    assert 1 < len(sizes) < len(segment_sizes)
+    assert segment_sizes.index(max(segment_sizes)) > 0  # with small ones on both sides
+
+
+def test_corrupt_small_segment_is_named_with_its_position(tmp_path: Path) -> None:
+    """A bad CRC in the fourth of eight small segments: the error names that file and the
+    batch's position in it, not a position in the joined bytes."""
+    plog = many_small_segments(tmp_path / "logs")
+    fourth = plog.segments[3]
+    data = bytearray(fourth.log_path.read_bytes())
+    last_batch = int(walk(bytes(data)).table.position[-1])
+    data[-1] ^= 0xFF
+    fourth.log_path.write_bytes(bytes(data))
+    with pytest.raises(CorruptRecordError) as caught:
+        read_columns(plog)
+    assert caught.value.path == str(fourth.log_path)
+    assert caught.value.position == last_batch
+    assert "CRC" in str(caught.value)
