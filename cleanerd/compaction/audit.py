@@ -67,7 +67,6 @@ from cleanerd.errors import (
     FileChangedError,
 )
 from cleanerd.log.files import TopicPartition
-from cleanerd.log.meta import SegmentMeta
 from cleanerd.log.partition_log import PartitionLog
 from cleanerd.log.segment import LogSegment
 from cleanerd.log.segment_reader import join_buffers
@@ -495,17 +494,16 @@ class AuditScope:
     """What the audit of a partition needs of the whole partition: the segments to read
     (the active one too), the last stable offset and the aborted transactions below it."""
 
-    segments: tuple[SegmentMeta, ...]
+    segments: tuple[LogSegment, ...]
     stable_offset: int
     aborted: tuple[AbortedTxn, ...]
 
 
 def audit_scope(plog: PartitionLog) -> AuditScope:
     """`plog`'s audit scope now; CleanerdError if its metadata cannot be read."""
-    meta = plog.meta()
-    stable = meta.last_stable_offset
-    aborted = plog.collect_aborted_transactions(meta.log_start_offset, stable)
-    return AuditScope(meta.segments, stable, tuple(aborted))
+    segments, stable = plog.stable_view()
+    aborted = plog.collect_aborted_transactions(plog.log_start_offset, stable)
+    return AuditScope(segments, stable, tuple(aborted))
 
 
 def partition_audit(
@@ -561,7 +559,7 @@ def audit_partition(
         try:
             scope = audit_scope(plog)
             read = read_audit_columns(
-                plog.segments[: len(scope.segments)],
+                scope.segments,
                 strategy=strategy,
                 stable_offset=scope.stable_offset,
                 aborted=scope.aborted,

@@ -29,6 +29,15 @@ from cleanerd.log.files import TopicPartition
 METADATA_TOPIC = "__cluster_metadata"
 
 
+def last_stable_offset(
+    high_watermark: int | None, log_end_offset: int, first_unstable_offset: int | None
+) -> int:
+    """min(high watermark, first unstable offset), the log end offset standing in for a
+    high watermark none is known of (see `PartitionMeta.high_watermark_or_end`)."""
+    hw = log_end_offset if high_watermark is None else high_watermark
+    return hw if first_unstable_offset is None else min(hw, first_unstable_offset)
+
+
 def _base_offset(segment: SegmentMeta) -> int:
     return segment.base_offset
 
@@ -137,10 +146,9 @@ class PartitionMeta:
     @property
     def last_stable_offset(self) -> int:
         """min(high watermark, first unstable offset): nothing at or above it is cleaned."""
-        hw = self.high_watermark_or_end
-        if self.first_unstable_offset is None:
-            return hw
-        return min(hw, self.first_unstable_offset)
+        return last_stable_offset(
+            self.high_watermark, self.log_end_offset, self.first_unstable_offset
+        )
 
     def upper_bound(self, index: int) -> int:
         """Offset bound of segment `index`: the next segment's base, or the log end offset.

@@ -80,7 +80,7 @@ from cleanerd.log.lock import (
     holds_log_dir_lock,
     state_subdir,
 )
-from cleanerd.log.meta import PartitionMeta, SegmentMeta
+from cleanerd.log.meta import PartitionMeta, SegmentMeta, last_stable_offset
 from cleanerd.log.ownership import OwnerProof, SegmentsChanged
 from cleanerd.log.producer_state import (
     ProducerState,
@@ -848,6 +848,17 @@ class PartitionLog:
             meta = self._partition_meta(segments, first_unstable)
             self._view = _View.of(self, meta)
         return meta
+
+    def stable_view(self) -> tuple[tuple[LogSegment, ...], int]:
+        """The segments as the files are now and the last stable offset, read as `meta`
+        reads them but without every segment's metadata (which costs a read of each small
+        segment): what a reader of the records below the stable offset needs."""
+        with self._locked():
+            self.refresh()
+            stable = last_stable_offset(
+                self.high_watermark, self.log_end_offset, self.first_unstable_offset
+            )
+            return tuple(self._segments), stable
 
     def _partition_meta(
         self, segments: tuple[SegmentMeta, ...], first_unstable: int | None

@@ -386,3 +386,31 @@ def test_corrupt_small_segment_is_named_with_its_position(tmp_path: Path) -> Non
     assert caught.value.path == str(fourth.log_path)
     assert caught.value.position == last_batch
     assert "CRC" in str(caught.value)
+
+
+def test_scope_reads_no_closed_segments_metadata(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The audit's scope (the segments and the last stable offset) reads no segment's
+    metadata: the decode reads each small segment's bytes once, not twice. It is the
+    scope the partition's metadata gives, an open transaction included."""
+    log = LogBuilder(tmp_path / "logs")
+    for i in range(4):
+        log.append([(k("a"), b"%d" % i)], timestamps=[NOW - MIN])
+        log.roll()
+    log.append([(k("a"), b"open")], pid=8, txn=True, timestamps=[NOW - MIN])
+    log.append([(k("b"), b"after")], timestamps=[NOW - MIN])
+    plog = open_log(log)
+    read: list[int] = []
+    meta = LogSegment.meta
+
+    def counted(segment: LogSegment) -> Any:
+        read.append(segment.base_offset)
+        return meta(segment)
+
+    monkeypatch.setattr(LogSegment, "meta", counted)
+    scope = audit_module.audit_scope(plog)
+    assert read == []
+    expected = plog.meta()
+    assert scope.stable_offset == expected.last_stable_offset == 4
+    assert [s.base_offset for s in scope.segments] == [s.base_offset for s in expected.segments]
