@@ -15,9 +15,11 @@ the process and the workers it waited for):
 - `clean, first`: on that same dir (owner: recovery walks every segment, CRC checked,
   then compaction; it ends with a clean stop);
 - `plan, later`: after that clean (snapshots, recovery point, marker): O(segments);
+- `audit, after the clean`: every record of every segment decoded, CRC checked, and its
+  key grouped (the deletion-deadline audit);
 - `run, start to first cycle` with and without snapshots, recovery point and marker:
   the daemon from exec to its first `cycle.done`;
-- `plan` and `run` beside a live broker: the bench holds `.lock` (so cleanerd observes),
+- `plan`, `audit` and `run` beside a live broker: the bench holds `.lock` (so cleanerd observes),
   there is no marker, and each active segment's two indexes are preallocated to 10 MiB
   as a running broker keeps them (a sparse tail after the written entries).
 
@@ -253,6 +255,7 @@ def main() -> None:
             rows.append(
                 ("plan, later (after a clean stop)", *timed(cleanerd("plan", "-c", str(cfg))))
             )
+            rows.append(("audit, after the clean", *timed(cleanerd("audit", "-c", str(cfg)))))
             rows.append(("run, start to first cycle", *first_cycle(cfg, root / "run1.log")))
             crash_state(logs)
             rows.append(
@@ -263,6 +266,9 @@ def main() -> None:
             with live_broker(logs):
                 rows.append(
                     ("plan, beside a live broker", *timed(cleanerd("plan", "-c", str(cfg))))
+                )
+                rows.append(
+                    ("audit, beside a live broker", *timed(cleanerd("audit", "-c", str(cfg))))
                 )
                 rows.append(
                     (
