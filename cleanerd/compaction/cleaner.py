@@ -1047,8 +1047,9 @@ class Cleaner:
         output = CleanedOutput(self.ops, p.dir_path, group[0].base_offset, p.config.output_limits())
         records_before = p.stats.messages_written
         try:
-            for seg in group:
-                idx = next(i for i, s in enumerate(p.segments) if s is seg)
+            # A group is consecutive segments of the pass (`group_segments_by_size`).
+            first = next(i for i, s in enumerate(p.segments) if s is group[0])
+            for idx, seg in enumerate(group, first):
                 self._clean_segment(p, seg, idx, output, tracker)
             last_source = log_file(p.dir_path, group[-1].base_offset)
             output.finish(
