@@ -485,6 +485,11 @@ class Walker:
     needs totals (a summary, open transactions, index entries) never allocates a table
     for the whole segment, whose first-touch page faults would cost more than the walk.
     After iteration, `stop` and `error` tell where and why the walk ended (as in `Walk`).
+
+    Each step fills the whole scratch table, so a walk to the end costs one kernel call
+    per `rows` batches. With `ramp`, the first step takes 16 batches and each next one
+    twice as many: for a consumer that may stop after the first batches (`scan_batches`),
+    which would otherwise pay for a walk of a whole table it never reads.
     """
 
     ROWS: Final = 1 << 16
@@ -497,8 +502,10 @@ class Walker:
         end: int | None = None,
         verify_crc: bool = True,
         rows: int = ROWS,
+        ramp: bool = False,
     ) -> None:
         self.data = as_uint8(buf)
+        self.ramp = ramp
         self.start = self.stop = start
         self.end = len(self.data) if end is None else min(end, len(self.data))
         self.verify_crc = verify_crc
@@ -508,7 +515,7 @@ class Walker:
 
     def __iter__(self) -> Iterator[BatchTable]:
         reason = FULL
-        rows = 16  # a reader that stops after the first batches walks only a few
+        rows = min(16, len(self._scratch)) if self.ramp else len(self._scratch)
         while reason == FULL and self.error is None:
             scratch = self._scratch.head(rows)
             found = _walk_kernel(
@@ -587,7 +594,7 @@ def scan_batches(
     CorruptRecordError (position = offset in `buf`) at the first incomplete or invalid
     one. The walk is compiled; the objects cost Python per batch, so hot paths iterate
     `Walker` tables instead."""
-    walker = Walker(buf, start=start, end=end, verify_crc=verify_crc)
+    walker = Walker(buf, start=start, end=end, verify_crc=verify_crc, ramp=True)
     for chunk in walker:
         yield from chunk.infos()
     error = walker.error

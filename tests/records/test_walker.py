@@ -68,13 +68,13 @@ def damaged(draw: st.DrawFn) -> bytes:
     return bytes(data)
 
 
-def same(buf: bytes, verify_crc: bool = True, rows: int | None = None) -> None:
+def same(buf: bytes, verify_crc: bool = True, rows: int | None = None, ramp: bool = False) -> None:
     infos, stop, error = reference(buf, verify_crc)
     if rows is None:
         w = walk(buf, verify_crc=verify_crc)
         got, got_stop, got_error = w.table.infos(), w.stop, w.error
     else:
-        walker = Walker(buf, verify_crc=verify_crc, rows=rows)
+        walker = Walker(buf, verify_crc=verify_crc, rows=rows, ramp=ramp)
         got = [info for chunk in walker for info in chunk.infos()]
         got_stop, got_error = walker.stop, walker.error
     assert got == infos
@@ -89,9 +89,9 @@ def test_walk_agrees_with_the_reference_checks(buf: bytes, verify_crc: bool) -> 
 
 
 @settings(max_examples=60, deadline=None)
-@given(damaged(), st.integers(1, 4))
-def test_chunked_walk_agrees_too(buf: bytes, rows: int) -> None:
-    same(buf, rows=rows)
+@given(damaged(), st.integers(1, 40), st.booleans())
+def test_chunked_walk_agrees_too(buf: bytes, rows: int, ramp: bool) -> None:
+    same(buf, rows=rows, ramp=ramp)
 
 
 def test_real_broker_segments_walk_like_the_reference() -> None:
@@ -144,3 +144,17 @@ def test_summarize_agrees_with_the_table_walk(
         assert got.delete_horizon[1] == horizon.batches
         if horizon.batches:
             assert got.delete_horizon[0] == horizon.earliest_ms
+
+
+def test_a_walk_to_the_end_takes_whole_chunks_and_a_ramp_starts_small() -> None:
+    """A walk to the end fills the whole scratch table each step (one kernel call, not
+    one per doubling of a first chunk of 16); `ramp` (for a consumer that may stop after
+    the first batches) starts with 16 batches and doubles."""
+    buf = b"".join(
+        encode_batch([Record(i, 1000 + i, b"key-%d" % i, b"v" * 200)], base_offset=i)
+        for i in range(100)
+    )
+    whole = [len(chunk) for chunk in Walker(buf)]
+    ramped = [len(chunk) for chunk in Walker(buf, ramp=True)]
+    assert whole == [100]
+    assert ramped == [16, 32, 52]
