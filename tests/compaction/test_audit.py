@@ -20,11 +20,13 @@ from cleanerd.compaction.audit import (
     audit_partition,
     superseded_at,
 )
+from cleanerd.compaction.strategy import resolve_strategy
 from cleanerd.config import BrokerConfig
 from cleanerd.errors import CorruptRecordError
 from cleanerd.log.partition_log import PartitionLog
 from cleanerd.log.segment import LogSegment
 from cleanerd.log.topic_config import TopicConfig
+from cleanerd.records.columns import segment_columns
 from cleanerd.records.header import Compression
 from cleanerd.records.record import RecordHeader
 from cleanerd.records.walker import walk
@@ -312,7 +314,7 @@ def read_columns(plog: PartitionLog) -> AuditColumns:
     scope = audit_module.audit_scope(plog)
     return audit_module.read_audit_columns(
         plog.segments,
-        strategy=audit_module.resolve_strategy("offset", ""),
+        strategy=resolve_strategy("offset", ""),
         stable_offset=scope.stable_offset,
         aborted=scope.aborted,
     )
@@ -320,7 +322,7 @@ def read_columns(plog: PartitionLog) -> AuditColumns:
 
 def counting_decodes(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """Record the byte length of every buffer the audit decodes."""
-    decode = audit_module.segment_columns
+    decode = segment_columns
     sizes: list[int] = []
 
     def counted(buf: Any) -> Any:
