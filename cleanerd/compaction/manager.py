@@ -16,10 +16,10 @@ log dir, as in Kafka; the cycle skips a second copy of one in another dir):
   (`cleanable.log_to_clean`), whether it is eligible and why (`cleanable.eligibility`,
   with cleanerd's passed-delete-horizon rule).
 
-Selection: `grab_next(now_ms)` is `select_next` over the eligible
-candidates (overdue first, most overdue first; then the nearest deadline; then the
-dirtiest), excluding every partition with a state and every uncleanable one; the pick
-becomes IN_PROGRESS. No partition is therefore handed to two workers at once.
+Selection: `grab_next(now_ms)` picks the first of the eligible candidates in cleaning
+order (overdue first, most overdue first; then the nearest deadline; then the dirtiest)
+that has no state and is not uncleanable; the pick becomes IN_PROGRESS. No partition is
+therefore handed to two workers at once.
 
 Forced passes (the `clean` command): `force(tp)` asks for one pass of `tp` whatever its
 dirty ratio. Forced partitions go first, in the order asked, when free and not
@@ -170,7 +170,9 @@ PriorityKey = tuple[int, int, float, str, int]
 
 
 def priority_key(ltc: LogToClean, now_ms: int) -> PriorityKey:
-    """Sort key: smaller is cleaned first."""
+    """Sort key: smaller is cleaned first. The order of two logs does not depend on
+    `now_ms`: deadlines sort ascending within both classes, and a deadline that has passed
+    is earlier than one that has not, so the class never reorders them."""
     tp = ltc.topic_partition
     if ltc.deadline_ms is None:
         return (_NO_DEADLINE, 0, -ltc.cleanable_ratio, tp.topic, tp.partition)
@@ -190,13 +192,14 @@ def select_next(
     uncleanable: Set[TopicPartition],
     now_ms: int,
 ) -> LogToClean | None:
-    """The first eligible candidate that no worker holds and that is not quarantined."""
+    """The first eligible candidate in cleaning order that no worker holds and that is
+    not quarantined: what `LogCleanerManager.grab_next` picks."""
     free = (
         ltc
-        for ltc in candidates
+        for ltc in order_for_cleaning(candidates, now_ms)
         if ltc.topic_partition not in in_progress and ltc.topic_partition not in uncleanable
     )
-    return min(free, key=lambda ltc: priority_key(ltc, now_ms), default=None)
+    return next(free, None)
 
 
 class CleaningState(enum.Enum):
@@ -281,6 +284,10 @@ class LogCleanerManager:
         self._candidates: dict[TopicPartition, Candidate] = {}
         self._forced: dict[TopicPartition, None] = {}
         """Forced passes asked for, in order (a dict as an ordered set)."""
+        self._order: list[Candidate] | None = None
+        """The eligible candidates in cleaning order, sorted on the first `grab_next`
+        after the candidates changed; the first `_taken` of them are picked already."""
+        self._taken = 0
         self._forced_lock = threading.Lock()
 
     # -- the state machine ----------------------------------------------------------------
@@ -355,6 +362,7 @@ class LogCleanerManager:
                 candidate = self._evaluate(item, checkpoints.get(item.tp), now_ms)
                 if candidate is not None:
                     self._candidates[item.tp] = candidate
+        self._order = None
         self._drop_pointless_forces(now_ms)
         return list(self._candidates.values())
 
@@ -366,6 +374,7 @@ class LogCleanerManager:
             self._candidates.pop(item.tp, None)
         else:
             self._candidates[item.tp] = candidate
+        self._order = None
         return candidate
 
     def _evaluate(
@@ -478,15 +487,29 @@ class LogCleanerManager:
         forced = self._grab_forced(now_ms)
         if forced is not None:
             return forced
-        eligible = [c for c in self._candidates.values() if c.eligible is not None]
-        busy = {c.tp for c in eligible if c.tp in self._states}
-        uncleanable = {c.tp for c in eligible if self.is_uncleanable(c.log, now_ms)}
-        picked = select_next([c.ltc for c in eligible], busy, uncleanable, now_ms)
-        if picked is None:
-            return None
-        tp = picked.topic_partition
-        self._states[tp] = _State(CleaningState.IN_PROGRESS)
-        return self._candidates.pop(tp)
+        if self._order is None:
+            # The order does not change as time passes (see `priority_key`), so it is
+            # sorted once per refresh, not once per pick: picking all of n candidates
+            # costs O(n log n), not O(n^2).
+            eligible = [c for c in self._candidates.values() if c.eligible is not None]
+            self._order = sorted(eligible, key=lambda c: priority_key(c.ltc, now_ms))
+            self._taken = 0
+        order = self._order
+        while self._taken < len(order) and not self._waiting(order[self._taken]):
+            self._taken += 1
+        for i in range(self._taken, len(order)):
+            c = order[i]
+            if not self._waiting(c) or c.tp in self._states:
+                continue
+            if self.is_uncleanable(c.log, now_ms):
+                continue
+            self._states[c.tp] = _State(CleaningState.IN_PROGRESS)
+            return self._candidates.pop(c.tp)
+        return None
+
+    def _waiting(self, c: Candidate) -> bool:
+        """Whether `c` is still the partition's candidate (not picked or replaced)."""
+        return self._candidates.get(c.tp) is c
 
     def done_cleaning(self, tp: TopicPartition) -> None:
         """The pass of `tp` reported back (done, failed or aborted): its state clears, or

@@ -15,6 +15,7 @@ recovery, as Kafka's loader does): the rename made the deletion durable already.
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,11 +30,15 @@ NO_DEVICE = -1
 """The device of a file whose directory was already gone when it was scheduled."""
 
 
-@dataclass(order=True, frozen=True, slots=True)
+@dataclass(frozen=True, slots=True)
 class _Pending:
     due_ms: int
-    path: Path = field(compare=False)
-    device: int = field(compare=False)
+    path: Path
+    device: int
+
+
+def _due_ms(item: _Pending) -> int:
+    return item.due_ms
 
 
 def _device_of_dir(path: Path) -> int:
@@ -52,12 +57,18 @@ class PendingDeletions:
 
     def schedule(self, paths: Sequence[Path], *, now_ms: int, delay_ms: int) -> None:
         """Unlink `paths` at or after `now_ms + delay_ms`."""
+        due = now_ms + delay_ms
         devices: dict[Path, int] = {}
+        items = []
         for path in paths:
             if path.parent not in devices:
                 devices[path.parent] = _device_of_dir(path.parent)
-            self._queue.append(_Pending(now_ms + delay_ms, path, devices[path.parent]))
-        self._queue.sort()
+            items.append(_Pending(due, path, devices[path.parent]))
+        # The queue stays in due order, files of one due time in the order scheduled;
+        # sorting it whole on every swap was quadratic in the files waiting (a clean of
+        # 1,000 partitions queues 33,000 of them).
+        at = bisect.bisect_right(self._queue, due, key=_due_ms)
+        self._queue[at:at] = items
 
     def __len__(self) -> int:
         return len(self._queue)

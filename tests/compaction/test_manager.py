@@ -496,3 +496,34 @@ def test_partition_log_lines_carry_topic_partition_and_log_dir(make_dir: Any) ->
         line = lines[event]
         assert (line["topic"], line["partition"]) == ("a", 0), event
         assert line["log_dir"] == str(d.log_dir.path)
+
+
+def test_grabs_follow_the_cleaning_order_around_busy_and_uncleanable_logs(
+    make_dir: Any,
+) -> None:
+    """Picking every log one by one follows `select_next` over what is left: the order is
+    sorted once per refresh, a busy log at its head is passed over and still picked once
+    free, a log marked uncleanable after the refresh is skipped, a recomputed candidate
+    (refresh_one) takes its new place, and time passing between picks changes nothing."""
+    tps = [TopicPartition(f"t{i}", 0) for i in range(7)]
+    d = make_dir({tp: 26 + 5 * i for i, tp in enumerate(tps)}, checkpoints=dict.fromkeys(tps, 21))
+    items = {tp: d.item(tp) for tp in tps}
+    m = d.manager
+    candidates = m.refresh(list(items.values()), NOW)
+    ltcs = [c.ltc for c in candidates if c.eligible is not None]
+    expected = [ltc.topic_partition for ltc in order_for_cleaning(ltcs, NOW)]
+    assert len(expected) == 7
+    first, second, third = expected[:3]
+    assert m.begin_deleting([(first, topic())], NOW) == [first]  # busy: retention holds it
+    m.mark_uncleanable(items[third], "corrupt", NOW)
+    picks = []
+    for step in range(3):
+        picked = m.grab_next(NOW + step * 60_000)
+        assert picked is not None
+        picks.append(picked.tp)
+    m.done_deleting(first)
+    assert m.refresh_one(items[expected[6]], NOW) is not None  # a new candidate object
+    while (picked := m.grab_next(NOW + 10 * 60_000)) is not None:
+        picks.append(picked.tp)
+    assert picks == [second, expected[3], expected[4], first, expected[5], expected[6]]
+    assert third not in picks

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import tempfile
 from pathlib import Path
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from cleanerd.log.deletions import PendingDeletions
 
@@ -50,3 +54,26 @@ def test_next_due_is_the_earliest_waiting_file(tmp_path: Path) -> None:
     assert q.next_due_ms() == 100
     q.run_due(100)
     assert q.next_due_ms() == 150
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 5), st.integers(0, 3), st.integers(1, 3)), max_size=12))
+def test_files_go_in_due_order_and_in_scheduled_order_within_one_due_time(
+    batches: list[tuple[int, int, int]],
+) -> None:
+    """Whatever order the due times come in (a shorter delay, a clock stepped back), the
+    queue unlinks in due order, and files due at one time in the order scheduled."""
+    with tempfile.TemporaryDirectory() as tmp:
+        q = PendingDeletions()
+        expected: list[tuple[int, int, Path]] = []
+        for now, delay, count in batches:
+            paths = []
+            for _ in range(count):
+                path = Path(tmp) / f"{len(expected)}.deleted"
+                path.write_bytes(b"x")
+                expected.append((now + delay, len(expected), path))
+                paths.append(path)
+            q.schedule(paths, now_ms=now, delay_ms=delay)
+        assert q.next_due_ms() == (min(e[0] for e in expected) if expected else None)
+        assert q.run_due(3) == [p for due, _, p in sorted(expected) if due <= 3]
+        assert q.unlink_all() == [p for due, _, p in sorted(expected) if due > 3]
