@@ -98,7 +98,7 @@ from cleanerd.errors import CleanerdError, CorruptRecordError, FileStepError, fi
 from cleanerd.log.checkpoint import (
     CLEANER_OFFSET_CHECKPOINT,
     OffsetCheckpointFile,
-    format_checkpoint,
+    format_offsets,
 )
 from cleanerd.log.files import (
     TopicPartition,
@@ -1206,8 +1206,7 @@ class Cleaner:
             live = {e.name for e in os.scandir(log_dir) if e.is_dir()}
             offsets = {t: o for t, o in offsets.items() if str(t) in live}
             offsets[tp] = end_offset
-            lines = [f"{t.topic} {t.partition} {offsets[t]}" for t in sorted(offsets)]
-            self.ops.atomic_write(path, format_checkpoint(lines))
+            self.ops.atomic_write(path, format_offsets(offsets))
             checkpoint.written(offsets)
 
 

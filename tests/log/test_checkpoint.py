@@ -6,6 +6,8 @@ import errno
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from cleanerd.errors import CheckpointError
 from cleanerd.log.checkpoint import (
@@ -15,6 +17,10 @@ from cleanerd.log.checkpoint import (
     LeaderEpochCheckpointFile,
     OffsetCheckpointFile,
     RootCheckpoints,
+    _fast_offsets,
+    _parse_offset_entry,
+    format_offsets,
+    read_checkpoint,
 )
 from cleanerd.log.files import TopicPartition
 
@@ -139,3 +145,86 @@ def test_root_checkpoints_read_all_four(tmp_path: Path) -> None:
     assert cps.high_watermarks == {tp: 9}
     assert cps.log_start_offsets == {}
     assert cps.recovery_points == {}
+
+
+_TOPICS = st.text(alphabet="ab.-_Z9", min_size=1, max_size=6)
+_OFFSETS = st.dictionaries(
+    st.builds(TopicPartition, _TOPICS, st.integers(0, 2**31 - 1)),
+    st.integers(-(2**63), 2**63 - 1),
+    max_size=20,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(offsets=_OFFSETS)
+def test_written_checkpoints_take_the_whole_text_parse(
+    tmp_path_factory: pytest.TempPathFactory, offsets: dict[TopicPartition, int]
+) -> None:
+    """What cleanerd writes is read back equal, by the whole-text parse whenever its
+    numbers are short enough (the line-by-line reader otherwise), and both readers agree."""
+    path = tmp_path_factory.mktemp("cp") / CLEANER_OFFSET_CHECKPOINT
+    OffsetCheckpointFile(path).write(offsets)
+    text = path.read_text()
+    assert path.read_bytes() == format_offsets(offsets)
+    assert OffsetCheckpointFile(path).read() == offsets
+    assert dict(read_checkpoint(path, _parse_offset_entry)) == offsets
+    short = all(tp.partition < 10**9 and abs(o) < 10**18 for tp, o in offsets.items())
+    assert (_fast_offsets(text) == offsets) if short else (_fast_offsets(text) is None)
+
+
+_LINE = st.tuples(
+    st.sampled_from(["t", "a.b", "x-y_1", "t\u00e9", "", "+", "t t"]),
+    st.sampled_from(["0", "7", "007", "-1", "+2", "2147483647", "2147483648", "x"]),
+    st.sampled_from(["0", "-1", "+5", "1.5", "9223372036854775807", "9" * 19, "-0"]),
+    st.sampled_from([" ", "  ", "\t"]),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    lines=st.lists(_LINE, max_size=5),
+    count_delta=st.sampled_from([0, 0, 0, 1, -1]),
+    end=st.sampled_from(["\n", "\r\n", ""]),
+)
+def test_both_readers_agree_on_any_text(
+    tmp_path_factory: pytest.TempPathFactory,
+    lines: list[tuple[str, str, str, str]],
+    count_delta: int,
+    end: str,
+) -> None:
+    """On odd text (signs, leading zeros, out-of-range numbers, tabs, CRLF, a missing last
+    line end, a wrong count), the whole-text parse either declines or gives exactly what
+    the line-by-line reader gives; a file the latter rejects, the former declines."""
+    body = [f"{t}{sep}{p}{sep}{o}" for t, p, o, sep in lines]
+    text = f"0\n{len(body) + count_delta}\n" + "\n".join(body) + (end if body else "")
+    path = tmp_path_factory.mktemp("cp") / "cp"
+    path.write_text(text, newline="")
+    try:
+        expected: dict[TopicPartition, int] | None = dict(
+            read_checkpoint(path, _parse_offset_entry)
+        )
+    except CheckpointError:
+        expected = None
+    fast = _fast_offsets(text)
+    assert fast is None or fast == expected
+    if expected is None:
+        with pytest.raises(CheckpointError):
+            OffsetCheckpointFile(path).read()
+    else:
+        assert OffsetCheckpointFile(path).read() == expected
+
+
+def test_a_written_checkpoint_is_not_read_line_by_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A checkpoint of cleanerd's or Kafka's shape is read without the per-line reader
+    (the cleaner reads one with an entry per compacted partition at every pass)."""
+    path = tmp_path / CLEANER_OFFSET_CHECKPOINT
+    offsets = {TopicPartition("orders", n): 10 * n for n in range(1000)}
+    path.write_bytes(format_offsets(offsets))
+
+    def line_by_line(*args: object) -> None:
+        raise AssertionError("read line by line")
+
+    monkeypatch.setattr("cleanerd.log.checkpoint.read_checkpoint", line_by_line)
+    assert OffsetCheckpointFile(path).read() == offsets
