@@ -45,7 +45,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, wait
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import AbstractContextManager, nullcontext, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final, Protocol
@@ -138,6 +138,11 @@ class SegmentReaders(Protocol):
 
     def start(self, jobs: Sequence[Sequence[str]]) -> None:
         """Start reading the partition dirs of each job, in order, without waiting."""
+        ...
+
+    def take_back(self) -> Sequence[str] | None:
+        """The last job not started yet, withdrawn from the readers; None once every job
+        left to them has started."""
         ...
 
     def stop(self) -> list[Future[bytes]]:
@@ -599,10 +604,15 @@ class Maintenance:
         return _FirstReads(readers, frozenset(first))
 
     def _take_first_reads(self, log_dir: LogDir, reads: _FirstReads) -> None:
-        """Seed the partitions opened from what the readers read by now (the reads not
-        started are dropped), and prefetch what the cycle still reads itself."""
-        futures = reads.readers.stop()
+        """Read the jobs the readers have not started, from the last one back, while
+        they go on with the others (both cores busy until they meet); then seed the
+        partitions opened from what the readers read, and prefetch what the cycle
+        still reads itself."""
         by_name = {str(tp): tp for tp in reads.partitions}
+        while (job := reads.readers.take_back()) is not None:
+            for path in job:
+                self._read_first(log_dir, by_name[Path(path).name])
+        futures = reads.readers.stop()
         taken = 0
         failed: list[Exception] = []
         for future in futures:
@@ -631,6 +641,15 @@ class Maintenance:
                 error=repr(failed[0]),
                 action="read by this process",
             )
+
+    def _read_first(self, log_dir: LogDir, tp: TopicPartition) -> None:
+        """Read what the cycle reads of an opened partition (`PartitionLog.meta`) now, in
+        place of a reader; a failure is left to the cycle's own read, which reports it."""
+        plog = self._plogs.get((log_dir.path, tp))
+        if plog is None:
+            return
+        with suppress(CleanerdError, OSError):
+            plog.meta()
 
     def _opening(
         self, log_dir: LogDir, listed: list[TopicPartition]
