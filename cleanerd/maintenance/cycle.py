@@ -43,8 +43,8 @@ from __future__ import annotations
 import math
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from concurrent.futures import FIRST_COMPLETED, Future, wait
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from contextlib import AbstractContextManager, nullcontext, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -123,6 +123,10 @@ for the opening to run as long-lived work (`cleanerd.collector`): the partitions
 open for the process's life, and on 10,000 of them the collections cost 2 s. Below this
 the collector costs little, and a cycle that opens a few partitions (a new topic) is
 left to it."""
+CLEAN_STOP_THREADS: Final = 8
+"""Partitions made what a clean stop leaves at once (`Maintenance.checkpoint`): their
+fsyncs overlap. A stop of 2,000 partitions after a start with no snapshots made 12,000
+fsyncs; in one thread they took 4.3 s of the 6.8 s stop (`TimeoutStopSec` is 60 s)."""
 READ_CHUNK: Final = 100
 """Partition dirs per job of the first reads (`SegmentReaders`): small enough that the
 cycle waits little for the reads running when its opening is done."""
@@ -355,11 +359,9 @@ class Maintenance:
             try:
                 if clean_stop:
                     marked = self.manager.registry.in_dir(str(log_dir.path))
-                    for plog in plogs:
-                        # A damaged partition is left byte for byte as it is, and an
-                        # uncleanable one gets no snapshot (it is flushed all the same).
-                        if plog.corrupt is None:
-                            plog.prepare_clean_shutdown(snapshot=plog.topic_partition not in marked)
+                    # A damaged partition is left byte for byte as it is, and an
+                    # uncleanable one gets no snapshot (it is flushed all the same).
+                    _prepare_clean_shutdown([p for p in plogs if p.corrupt is None], marked)
                 log_dir.checkpoint_logs(plogs)
                 if clean_stop and _all_sound(log_dir, plogs):
                     log_dir.keep_known_segments(plogs)
@@ -1059,6 +1061,26 @@ class Maintenance:
             started_ms=r.started_ms,
             finished_ms=now,
         )
+
+
+def _prepare_clean_shutdown(plogs: list[PartitionLog], marked: Collection[TopicPartition]) -> None:
+    """`PartitionLog.prepare_clean_shutdown` of every partition of `plogs` (with no
+    snapshot for the `marked` uncleanable ones), in
+    `CLEAN_STOP_THREADS` threads: each partition costs a few fsyncs (its unflushed tail,
+    its producer snapshot, their directory), which a disk completes several at a time
+    (as Kafka's shutdown flushes a dir's logs in `num.recovery.threads.per.data.dir`
+    threads). Every partition is prepared even if one fails; then the first failure, in
+    partition order, is raised."""
+    if not plogs:
+        return
+    workers = min(CLEAN_STOP_THREADS, len(plogs))
+    with ThreadPoolExecutor(workers, thread_name_prefix="cleanerd-clean-stop") as pool:
+        futures = [
+            pool.submit(plog.prepare_clean_shutdown, snapshot=plog.topic_partition not in marked)
+            for plog in plogs
+        ]
+    for future in futures:
+        future.result()
 
 
 def _all_sound(log_dir: LogDir, plogs: list[PartitionLog]) -> bool:

@@ -1,0 +1,85 @@
+"""A clean stop (`Maintenance.shutdown`, `checkpoint(clean_stop=True)`): every partition
+flushed with a producer snapshot at its end, several partitions at once, and the
+clean-shutdown marker only when every one of them made it."""
+
+from __future__ import annotations
+
+import errno
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from cleanerd.engine.local import LocalEngine, WorkerSettings
+from cleanerd.log.files import CLEAN_SHUTDOWN_FILE_NAME, TopicPartition
+from cleanerd.log.partition_log import PartitionLog
+from cleanerd.log.producer_state import snapshot_offsets
+from cleanerd.maintenance.cycle import Maintenance
+from tests.maintenance.test_cycle import HOUR, T0, build, records, write_config
+
+PARTITIONS = 3
+
+
+@pytest.fixture(name="engine", scope="module")
+def _engine() -> Iterator[LocalEngine]:
+    with LocalEngine(WorkerSettings(workers=1, dedupe_buffer_size=4 * 1024 * 1024)) as engine:
+        yield engine
+
+
+def started(tmp_path: Path, engine: LocalEngine) -> Maintenance:
+    """A daemon's maintenance after its first cycle over partitions with no snapshot."""
+    for n in range(PARTITIONS):
+        build(tmp_path, TopicPartition("c", n), [records(range(4), T0 - HOUR)] * 2)
+    cfg = write_config(tmp_path, {"c": {"cleanup.policy": "delete"}})
+    m = Maintenance(cfg, engine, clock=lambda: T0)
+    m.run_once()
+    for snapshot in (tmp_path / "logs").glob("c-*/*.snapshot"):
+        snapshot.unlink()  # as a start after a crash finds none
+    return m
+
+
+def snapshots(tmp_path: Path) -> dict[int, list[int]]:
+    return {n: snapshot_offsets(tmp_path / "logs" / f"c-{n}") for n in range(PARTITIONS)}
+
+
+def test_partitions_are_made_ready_side_by_side(
+    tmp_path: Path, engine: LocalEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each partition's fsyncs overlap with others': two partitions are prepared at the
+    same time (a stop that prepared them one by one never meets the barrier)."""
+    m = started(tmp_path, engine)
+    both = threading.Barrier(2, timeout=30)
+    original = PartitionLog.prepare_clean_shutdown
+
+    def meeting(self: PartitionLog, *, snapshot: bool = True) -> None:
+        if self.topic_partition.partition < 2:
+            both.wait()
+        original(self, snapshot=snapshot)
+
+    monkeypatch.setattr(PartitionLog, "prepare_clean_shutdown", meeting)
+    assert m.shutdown() == []
+    assert snapshots(tmp_path) == {n: [8] for n in range(PARTITIONS)}
+    assert (tmp_path / "logs" / CLEAN_SHUTDOWN_FILE_NAME).exists()
+
+
+def test_a_partition_that_fails_its_stop_costs_the_marker_not_the_others(
+    tmp_path: Path, engine: LocalEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One partition's failure is returned naming its file; every other partition is
+    still flushed with its snapshot, and the dir gets no clean-shutdown marker (its next
+    open recovers, as after a crash)."""
+    m = started(tmp_path, engine)
+    original = PartitionLog.prepare_clean_shutdown
+    failing = tmp_path / "logs" / "c-0" / "00000000000000000008.snapshot"
+
+    def full_disk(self: PartitionLog, *, snapshot: bool = True) -> None:
+        if self.topic_partition.partition == 0:
+            raise OSError(errno.ENOSPC, "No space left on device", str(failing))
+        original(self, snapshot=snapshot)
+
+    monkeypatch.setattr(PartitionLog, "prepare_clean_shutdown", full_disk)
+    errors = m.shutdown()
+    assert [str(e) for e in errors] == [f"[Errno 28] No space left on device: '{failing}'"]
+    assert snapshots(tmp_path) == {0: [], 1: [8], 2: [8]}
+    assert not (tmp_path / "logs" / CLEAN_SHUTDOWN_FILE_NAME).exists()
