@@ -47,6 +47,7 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
+from itertools import pairwise
 from pathlib import Path
 from typing import NamedTuple
 
@@ -879,24 +880,38 @@ class PartitionLog:
     # -- durability, swaps and deletions ------------------------------------------------------
 
     def flush(self) -> None:
-        """fsync the active segment and the dir; everything appended so far is durable,
-        so the recovery point moves to the log end offset."""
+        """fsync the segments above the recovery point and the dir; everything appended
+        so far is durable, so the recovery point moves to the log end offset."""
         with self._locked():
-            self.active_segment.flush()
+            self._flush_segments()
             fsync_dir(self.dir)
             self.recovery_point = self.log_end_offset
+
+    def _flush_segments(self) -> None:
+        """fsync the active segment and every closed one holding offsets at or above the
+        recovery point: cleanerd fsyncs a segment when it rolls it, but after a crash the
+        segments a broker closed above its recovery point may never have been (Kafka's
+        flush covers [recovery point, end) the same way)."""
+        segments = self._segments
+        for segment, following in pairwise(segments):
+            if following.base_offset > self.recovery_point:
+                segment.flush()
+        segments[-1].flush()
 
     def prepare_clean_shutdown(self, *, snapshot: bool = True) -> None:
         """What a clean stop leaves behind (Kafka's LogManager.shutdown): everything
         appended is durable, so the recovery point is the log end offset, and (with
         `snapshot`) a producer snapshot is there at that offset."""
         with self._write_lock():
-            if self.recovery_point < self.log_end_offset:
-                self.active_segment.flush()
-                fsync_dir(self.dir)
+            unflushed = self.recovery_point < self.log_end_offset
+            if unflushed:
+                self._flush_segments()
+            written = self._take_snapshot_locked() if snapshot else None
+            if unflushed:
+                # A snapshot's rename synced the dir, the flushed files' names with it.
+                if written is None:
+                    fsync_dir(self.dir)
                 self.recovery_point = self.log_end_offset
-            if snapshot:
-                self._take_snapshot_locked()
 
     def delete_segments(self, segments: Sequence[LogSegment], *, reason: str) -> list[Path]:
         """Remove `segments` (never the active one) from the log, as retention does: their

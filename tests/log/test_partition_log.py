@@ -24,7 +24,9 @@ from cleanerd.log.checkpoint import (
 from cleanerd.log.files import TopicPartition
 from cleanerd.log.lock import LogDirLock
 from cleanerd.log.partition_log import LogConfig, PartitionLog
+from cleanerd.log.producer_state import snapshot_offsets
 from cleanerd.log.recovery import SymlinkRefused
+from cleanerd.log.segment import LogSegment
 from cleanerd.log.txnindex import AbortedTxn
 from cleanerd.records.header import Compression
 from cleanerd.records.record import Record
@@ -463,3 +465,35 @@ def test_meta_is_the_last_one_while_the_files_are_unchanged(
     after = plog.meta()
     assert [s.base_offset for s in after.segments] == [1, 2, 4]
     assert after.log_start_offset == 1
+
+
+@pytest.mark.parametrize(("recovery_point", "flushed"), [(0, [0, 2]), (3, [2]), (6, [])])
+@pytest.mark.parametrize("snapshot", [True, False])
+def test_a_clean_stop_flushes_every_segment_above_the_recovery_point(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    recovery_point: int,
+    flushed: list[int],
+    snapshot: bool,
+) -> None:
+    """After a crash the segments a broker closed above its recovery point may never have
+    been fsynced: a clean stop fsyncs each of them (and the active one) before the
+    recovery point moves to the log end, as Kafka's flush does, and syncs the dir once
+    (the snapshot's rename does it when there is one)."""
+    segments = [[[kv("a", "1")], [kv("b", "2")]]] * 3
+    plog = build_log(tmp_path / "logs", segments, state_dir=tmp_path / "state", config=SMALL)
+    plog.append([kv("c", "3")])
+    plog.recovery_point = recovery_point  # as the open of a crashed broker's dir sets it
+    synced: list[int] = []
+    dir_syncs: list[Path] = []
+    monkeypatch.setattr(LogSegment, "flush", lambda self: synced.append(self.base_offset))
+    monkeypatch.setattr("cleanerd.log.partition_log.fsync_dir", dir_syncs.append)
+
+    plog.prepare_clean_shutdown(snapshot=snapshot)
+
+    active = plog.active_segment.base_offset
+    assert active == 4
+    assert synced == sorted({*flushed, active})
+    assert plog.recovery_point == plog.log_end_offset == 7
+    assert dir_syncs == ([] if snapshot else [plog.dir])
+    assert snapshot_offsets(plog.dir)[-1:] == ([7] if snapshot else [4])  # (4: the roll's)
