@@ -734,7 +734,8 @@ class PartitionLog:
         if self.owner is not None:
             self.owner.verify()
         old = self.active_segment
-        old.close_for_roll()  # fsynced: everything below the new base is durable
+        self._flush_closed()
+        old.close_for_roll()  # fsynced too: everything below the new base is durable
         segment = self._new_segment(self.dir, base_offset, self.config)
         fsync_dir(self.dir)
         self.recovery_point = max(self.recovery_point, base_offset)
@@ -883,20 +884,20 @@ class PartitionLog:
         """fsync the segments above the recovery point and the dir; everything appended
         so far is durable, so the recovery point moves to the log end offset."""
         with self._locked():
-            self._flush_segments()
+            self._flush_closed()
+            self.active_segment.flush()
             fsync_dir(self.dir)
             self.recovery_point = self.log_end_offset
 
-    def _flush_segments(self) -> None:
-        """fsync the active segment and every closed one holding offsets at or above the
-        recovery point: cleanerd fsyncs a segment when it rolls it, but after a crash the
-        segments a broker closed above its recovery point may never have been (Kafka's
-        flush covers [recovery point, end) the same way)."""
-        segments = self._segments
-        for segment, following in pairwise(segments):
+    def _flush_closed(self) -> None:
+        """fsync every closed segment holding offsets at or above the recovery point,
+        before the recovery point moves past it (a flush, a roll, a clean stop). cleanerd
+        fsyncs a segment when it rolls it, so there is none unless the dir was opened
+        after a crash: the segments a broker closed above its recovery point may never
+        have been fsynced (Kafka's flush covers [recovery point, end) the same way)."""
+        for segment, following in pairwise(self._segments):
             if following.base_offset > self.recovery_point:
                 segment.flush()
-        segments[-1].flush()
 
     def prepare_clean_shutdown(self, *, snapshot: bool = True) -> None:
         """What a clean stop leaves behind (Kafka's LogManager.shutdown): everything
@@ -905,7 +906,8 @@ class PartitionLog:
         with self._write_lock():
             unflushed = self.recovery_point < self.log_end_offset
             if unflushed:
-                self._flush_segments()
+                self._flush_closed()
+                self.active_segment.flush()
             written = self._take_snapshot_locked() if snapshot else None
             if unflushed:
                 # A snapshot's rename synced the dir, the flushed files' names with it.

@@ -497,3 +497,26 @@ def test_a_clean_stop_flushes_every_segment_above_the_recovery_point(
     assert plog.recovery_point == plog.log_end_offset == 7
     assert dir_syncs == ([] if snapshot else [plog.dir])
     assert snapshot_offsets(plog.dir)[-1:] == ([7] if snapshot else [4])  # (4: the roll's)
+
+
+def test_a_roll_flushes_every_segment_above_the_recovery_point(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A roll moves the recovery point to the new base: every closed segment above the
+    old recovery point is fsynced first (after a crash, a broker's may never have been),
+    the rolled one too; below it, none is fsynced again."""
+    segments = [[[kv("a", "1")], [kv("b", "2")]]] * 3
+    plog = build_log(tmp_path / "logs", segments, state_dir=tmp_path / "state", config=SMALL)
+    synced: list[int] = []
+    monkeypatch.setattr(LogSegment, "flush", lambda self: synced.append(self.base_offset))
+
+    plog.recovery_point = 3  # as the open of a crashed broker's dir sets it
+    plog.roll()
+    assert synced == [2, 4]
+    assert plog.recovery_point == 6
+
+    synced.clear()
+    plog.append([kv("c", "3")])
+    plog.roll()
+    assert synced == [6]
+    assert plog.recovery_point == 7
