@@ -139,6 +139,8 @@ def _fast_offsets(text: str) -> dict[TopicPartition, int] | None:
 
 
 def _read_offsets(path: Path) -> dict[TopicPartition, int]:
+    """The entries of the offset checkpoint `path`, parsed whole when it has the usual
+    shape (`_fast_offsets`), else line by line (which reports what is wrong)."""
     try:
         text = path.read_bytes().decode("utf-8")
     except (UnicodeDecodeError, FileNotFoundError):
