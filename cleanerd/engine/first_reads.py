@@ -2,15 +2,13 @@
 (`cleanerd.log.known_reader`), while the owner's process opens the partitions.
 
 Started only for a start with thousands of partitions and nothing kept of them (see
-`Maintenance`). The jobs are handed to the processes from a thread of their own, so the
-owner's opening never waits for the processes to start. When the opening is done, the
-owner takes the jobs no reader has started from the back (`take_back`) and reads them
-itself while the readers go on from the front, until they meet; then it stops them.
-The workers are started by `forkserver` (never `fork`: the daemon holds locks and
-threads; the server is the one the local engine's workers come from) and die with the
-owner (`lifeline.py`), though they write nothing: a reader left running would only
-waste a core. A reader that fails or dies loses its answer, never a byte: the owner
-reads those segments itself.
+`Maintenance`), and stopped when the first opening is done. The jobs are handed to the
+processes from a thread of their own, so the owner's opening never waits for the
+processes to start. The workers are started by `forkserver` (never `fork`: the daemon
+holds locks and threads; the server is the one the local engine's workers come from)
+and die with the owner (`lifeline.py`), though they write nothing: a reader left
+running would only waste a core. A reader that fails or dies loses its answer, never a
+byte: the owner reads those segments itself.
 """
 
 from __future__ import annotations
@@ -49,10 +47,6 @@ class ReaderPool:
             initargs=(ProcessId.current(),),
         )
         self._futures: list[Future[bytes]] = []
-        self._jobs: Sequence[Sequence[str]] = ()
-        self._end = 0
-        """Jobs `[0, _end)` are the readers'; the ones after were taken back."""
-        self._lock = threading.Lock()
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -67,38 +61,22 @@ class ReaderPool:
 
     def start(self, jobs: Sequence[Sequence[str]]) -> None:
         """Start reading the partition dirs of each job (`read_dirs`), in order."""
-        self._jobs, self._end = jobs, len(jobs)
         self._thread = threading.Thread(
-            target=self._submit, name="cleanerd-first-reads", daemon=True
+            target=self._submit, args=(jobs,), name="cleanerd-first-reads", daemon=True
         )
         self._thread.start()
 
-    def _submit(self) -> None:
-        while not self._stopping.is_set():
-            with self._lock:
-                n = len(self._futures)
-                if n >= self._end:
-                    return
-                try:
-                    self._futures.append(self._pool.submit(read_dirs, list(self._jobs[n])))
-                except Exception as exc:  # noqa: BLE001 - handed to `stop`'s caller
-                    failed: Future[bytes] = Future()
-                    failed.set_exception(exc)
-                    self._futures.append(failed)
-                    return
-
-    def take_back(self) -> Sequence[str] | None:
-        """The last job no reader has started, taken from the readers for the caller to
-        read itself; None once every job left to them has started (the pool runs them in
-        order, so a job that cannot be cancelled has all those before it started too)."""
-        with self._lock:
-            if self._end == 0:
-                return None
-            last = self._end - 1
-            if last < len(self._futures) and not self._futures[last].cancel():
-                return None  # running or done (a cancelled one is dropped by `stop`)
-            self._end = last
-            return self._jobs[last]
+    def _submit(self, jobs: Sequence[Sequence[str]]) -> None:
+        for job in jobs:
+            if self._stopping.is_set():
+                return
+            try:
+                self._futures.append(self._pool.submit(read_dirs, list(job)))
+            except Exception as exc:  # noqa: BLE001 - handed to `stop`'s caller as the answer
+                failed: Future[bytes] = Future()
+                failed.set_exception(exc)
+                self._futures.append(failed)
+                return
 
     def stop(self) -> list[Future[bytes]]:
         """Drop the jobs not started; the futures of those handed to the processes (a

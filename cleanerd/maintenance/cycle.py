@@ -10,8 +10,7 @@ A cycle, at the instant `now = clock()` it starts:
    again the next; the others go on. When `MANY_OPENS` or more of a dir's partitions
    are opened for the first time with nothing kept of them (a first start, or one after
    a crash), `SegmentReaders` read their segments' metadata in other processes
-   meanwhile (the jobs they have not started when the opening ends, this process takes
-   back and reads itself), and each partition takes what was read of its very files
+   meanwhile, and each partition takes what was read of its very files
    (`PartitionLog.take_known`);
 2. **roll** (`roller.maybe_roll`): every active segment due by size or time;
 3. **retention** (`executor.apply_retention`) on every partition the step applies to
@@ -46,7 +45,7 @@ import threading
 import time
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from contextlib import AbstractContextManager, nullcontext, suppress
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final, Protocol
@@ -143,11 +142,6 @@ class SegmentReaders(Protocol):
 
     def start(self, jobs: Sequence[Sequence[str]]) -> None:
         """Start reading the partition dirs of each job, in order, without waiting."""
-        ...
-
-    def take_back(self) -> Sequence[str] | None:
-        """The last job not started yet, withdrawn from the readers; None once every job
-        left to them has started."""
         ...
 
     def stop(self) -> list[Future[bytes]]:
@@ -607,15 +601,10 @@ class Maintenance:
         return _FirstReads(readers, frozenset(first))
 
     def _take_first_reads(self, log_dir: LogDir, reads: _FirstReads) -> None:
-        """Read the jobs the readers have not started, from the last one back, while
-        they go on with the others (both cores busy until they meet); then seed the
-        partitions opened from what the readers read, and prefetch what the cycle
-        still reads itself."""
-        by_name = {str(tp): tp for tp in reads.partitions}
-        while (job := reads.readers.take_back()) is not None:
-            for path in job:
-                self._read_first(log_dir, by_name[Path(path).name])
+        """Seed the partitions opened from what the readers read by now (the reads not
+        started are dropped), and prefetch what the cycle still reads itself."""
         futures = reads.readers.stop()
+        by_name = {str(tp): tp for tp in reads.partitions}
         taken = 0
         failed: list[Exception] = []
         for future in futures:
@@ -644,15 +633,6 @@ class Maintenance:
                 error=repr(failed[0]),
                 action="read by this process",
             )
-
-    def _read_first(self, log_dir: LogDir, tp: TopicPartition) -> None:
-        """Read what the cycle reads of an opened partition (`PartitionLog.meta`) now, in
-        place of a reader; a failure is left to the cycle's own read, which reports it."""
-        plog = self._plogs.get((log_dir.path, tp))
-        if plog is None:
-            return
-        with suppress(CleanerdError, OSError):
-            plog.meta()
 
     def _opening(
         self, log_dir: LogDir, listed: list[TopicPartition]

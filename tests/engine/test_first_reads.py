@@ -60,37 +60,3 @@ def test_a_host_with_one_cpu_gets_no_readers(monkeypatch: pytest.MonkeyPatch) ->
     assert pool is not None
     assert pool.workers == first_reads.MAX_READERS
     pool.stop()
-
-
-def test_jobs_not_started_are_taken_back_from_the_last(tmp_path: Path) -> None:
-    """`take_back` withdraws the jobs no reader has started, last first, and stops at the
-    first one started: those before it have started too, and `stop` still answers them."""
-    paths = built(tmp_path / "logs", 3)
-    jobs = [paths[n % 3 :] for n in range(200)]  # far more than one reader runs at once
-    pool = ReaderPool(1)
-    pool.start(jobs)
-    assert pool._thread is not None
-    pool._thread.join()  # every job handed over
-    taken = []
-    while (job := pool.take_back()) is not None:
-        taken.append(job)
-    futures = pool.stop()
-    kept = len(jobs) - len(taken)
-    assert taken  # 200 jobs are not all started in the time it takes to ask
-    assert taken == jobs[kept:][::-1]
-    assert all(f.cancelled() for f in futures[kept:])
-    assert not futures[kept - 1].cancelled()  # the one that stopped the taking started
-    for job, future in zip(jobs[:kept], futures[:kept], strict=True):
-        if not future.cancelled():  # dropped by `stop` unless it had started
-            assert decode(future.result(timeout=60)).segments == decode(read_dirs(job)).segments
-
-
-def test_jobs_never_handed_over_are_taken_back(tmp_path: Path) -> None:
-    paths = built(tmp_path / "logs", 1)
-    pool = ReaderPool(1)
-    pool._stopping.set()  # the thread hands nothing over
-    pool.start([paths, paths[:0]])
-    assert pool._thread is not None
-    pool._thread.join()
-    assert [pool.take_back(), pool.take_back(), pool.take_back()] == [paths[:0], paths, None]
-    assert pool.stop() == []

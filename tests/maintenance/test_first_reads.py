@@ -1,8 +1,7 @@
 """The first reads of a big first opening (`Maintenance(readers=...)`): segment
 metadata read beside the owner's opening by `SegmentReaders`, taken by the partitions
-opened, so the first cycle reads only what the readers did not (the jobs they had not
-started, the owner reads as soon as its opening is done); the cycle's outcome is the
-same with readers, without them, with slow readers and with readers that fail."""
+opened, so the first cycle reads only what the readers did not; the cycle's outcome is
+the same with readers, without them, and with readers that fail."""
 
 from __future__ import annotations
 
@@ -66,46 +65,7 @@ class InlineReaders:
                 self.reads.reading = False
             self.futures.append(future)
 
-    def take_back(self) -> Sequence[str] | None:
-        return None  # every job ran at `start`
-
     def stop(self) -> list[Future[bytes]]:
-        return self.futures
-
-
-class SlowReaders:
-    """Run the first `running` jobs at `start` (in this process) and no other: the rest
-    wait, as jobs queued behind busy reader processes do, until taken back or dropped."""
-
-    def __init__(self, reads: Reads, running: int) -> None:
-        self.reads = reads
-        self.running = running
-        self.jobs: list[Sequence[str]] = []
-        self.futures: list[Future[bytes]] = []
-        self.taken_back: list[Sequence[str]] = []
-        self.owner_reads_at_stop = -1
-
-    def start(self, jobs: Sequence[Sequence[str]]) -> None:
-        self.jobs = list(jobs)
-        for n, job in enumerate(jobs):
-            future: Future[bytes] = Future()
-            if n < self.running:
-                self.reads.reading = True
-                future.set_result(read_dirs(job))
-                self.reads.reading = False
-            self.futures.append(future)
-
-    def take_back(self) -> Sequence[str] | None:
-        n = len(self.jobs) - len(self.taken_back) - 1
-        if n < 0 or not self.futures[n].cancel():
-            return None
-        self.taken_back.append(self.jobs[n])
-        return self.jobs[n]
-
-    def stop(self) -> list[Future[bytes]]:
-        self.owner_reads_at_stop = self.reads.owner
-        for future in self.futures:
-            future.cancel()
         return self.futures
 
 
@@ -180,35 +140,6 @@ def test_a_big_first_opening_takes_what_the_readers_read(
     assert taken[0]["segments"] == PARTITIONS * 4
     assert reads.reader == PARTITIONS * 4
     assert reads.owner <= PARTITIONS  # at most the active segments
-
-
-@pytest.mark.parametrize("running", [0, 1])
-def test_the_owner_reads_the_jobs_not_started_before_it_stops_the_readers(
-    tmp_path: Path, engine: LocalEngine, reads: Reads, running: int
-) -> None:
-    """When the opening is done, the jobs no reader has started are taken back from the
-    last one and read by the owner then, while the readers would go on with the others;
-    the cycle's outcome is the same."""
-    plain, with_readers = copies(tmp_path, 2)
-    expected, _ = run(plain, engine, None)
-    reads.owner = 0
-    started: list[SlowReaders] = []
-
-    def readers() -> SlowReaders:
-        started.append(SlowReaders(reads, running))
-        return started[-1]
-
-    with capture_logs() as logs:
-        got, _ = run(with_readers, engine, readers)
-
-    assert got == expected
-    (slow,) = started
-    assert slow.taken_back == slow.jobs[running:][::-1]  # 4 partitions in jobs of 3
-    taken_back = sum(len(job) for job in slow.taken_back)
-    # Every closed segment (4 a partition) of those jobs was read before the stop.
-    assert slow.owner_reads_at_stop >= taken_back * 4
-    taken = [e for e in logs if e["event"] == "first_reads.taken"]
-    assert taken[0]["segments"] == (PARTITIONS - taken_back) * 4
 
 
 def test_readers_that_fail_only_lose_their_answer(
