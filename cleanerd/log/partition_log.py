@@ -387,6 +387,12 @@ class PartitionLog:
         return self.active_segment.next_offset
 
     @property
+    def unflushed(self) -> bool:
+        """Whether offsets past the recovery point exist: what a flush or a clean stop
+        would fsync."""
+        return self.recovery_point < self.log_end_offset
+
+    @property
     def log_start_offset(self) -> int:
         """max(checkpointed log start offset, first segment's base offset)."""
         first = self._segments[0].base_offset if self._segments else 0
@@ -904,7 +910,7 @@ class PartitionLog:
         appended is durable, so the recovery point is the log end offset, and (with
         `snapshot`) a producer snapshot is there at that offset."""
         with self._write_lock():
-            unflushed = self.recovery_point < self.log_end_offset
+            unflushed = self.unflushed
             if unflushed:
                 self._flush_closed()
                 self.active_segment.flush()

@@ -1054,14 +1054,14 @@ def _prepare_clean_shutdown(plogs: list[PartitionLog], marked: Collection[TopicP
     The others, nearly every partition of an idle host, cost a little Python each, which
     threads would only slow down. Every partition is prepared even if one fails; then
     the first failure, in partition order, is raised."""
-    unflushed = [p for p in plogs if p.recovery_point < p.log_end_offset]
+    pooled = [plog.unflushed for plog in plogs]
     futures: dict[int, Future[None]] = {}
     failures: dict[int, BaseException] = {}
-    workers = max(1, min(CLEAN_STOP_THREADS, len(unflushed)))
+    workers = max(1, min(CLEAN_STOP_THREADS, sum(pooled)))
     with ThreadPoolExecutor(workers, thread_name_prefix="cleanerd-clean-stop") as pool:
-        for n, plog in enumerate(plogs):
+        for n, (plog, in_pool) in enumerate(zip(plogs, pooled, strict=True)):
             snapshot = plog.topic_partition not in marked
-            if plog.recovery_point < plog.log_end_offset:
+            if in_pool:
                 futures[n] = pool.submit(plog.prepare_clean_shutdown, snapshot=snapshot)
                 continue
             try:
