@@ -8,6 +8,12 @@ open; under disk pressure it yields: `unlink_on_device` frees at once the files 
 on one device (the KIP-61 enforcement, a pass that ran out of space), `unlink_all`
 everything (process exit).
 
+Unlinking is the slow part of a big queue: an unlink frees the file's blocks through the
+file system's journal (about 0.15 ms for a small segment file on ext4), and a clean of
+1,000 partitions leaves 34,000 files. Files of different directories go to
+`UNLINK_THREADS` threads, one directory at a time per thread, so the file system
+overlaps them (unlinks in one directory serialize on its lock anyway).
+
 Crash consistency: nothing here is persisted. A file still waiting when the process dies
 is a `.deleted` leftover, which the next open of its partition removes (startup
 recovery, as Kafka's loader does): the rename made the deletion durable already.
@@ -17,14 +23,21 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Final
 
 from cleanerd.log.fsutil import safe_unlink
 from cleanerd.logger import get_logger
 
 log = get_logger(__name__)
 
+
+UNLINK_THREADS: Final = 8
+"""Threads unlinking the files of a big batch (see the module docstring)."""
+UNLINK_IN_THREADS_FROM: Final = 64
+"""The fewest files worth starting threads for; fewer are unlinked in this thread."""
 
 NO_DEVICE = -1
 """The device of a file whose directory was already gone when it was scheduled."""
@@ -96,16 +109,35 @@ class PendingDeletions:
         return self._unlink(due)
 
     def _unlink(self, items: list[_Pending]) -> list[Path]:
-        done = []
-        for item in items:
-            try:
-                safe_unlink(item.path)
-            except FileNotFoundError:
-                continue  # recovery on a restart, or an operator, removed it already
-            except OSError as exc:
-                # A read-only or failing file system: the file stays, and the next open
-                # of its partition (startup recovery) removes it; the others still go.
-                log.error("segment.unlink_failed", path=str(item.path), error=str(exc))
-                continue
-            done.append(item.path)
-        return done
+        """Unlink `items`; returns those unlinked, in the order given."""
+        by_dir: dict[Path, list[int]] = {}
+        for n, item in enumerate(items):
+            by_dir.setdefault(item.path.parent, []).append(n)
+        unlinked = [False] * len(items)
+
+        def unlink_dir(indexes: list[int]) -> None:
+            for n in indexes:
+                unlinked[n] = _unlink_one(items[n].path)
+
+        if len(items) < UNLINK_IN_THREADS_FROM or len(by_dir) == 1:
+            unlink_dir(list(range(len(items))))
+        else:
+            workers = min(UNLINK_THREADS, len(by_dir))
+            with ThreadPoolExecutor(workers, thread_name_prefix="cleanerd-unlink") as pool:
+                # list(): a failure other than those `_unlink_one` handles is raised here
+                list(pool.map(unlink_dir, by_dir.values()))
+        return [item.path for item, done in zip(items, unlinked, strict=True) if done]
+
+
+def _unlink_one(path: Path) -> bool:
+    """Unlink `path`; False if it was gone already or could not be unlinked (logged)."""
+    try:
+        safe_unlink(path)
+    except FileNotFoundError:
+        return False  # recovery on a restart, or an operator, removed it already
+    except OSError as exc:
+        # A read-only or failing file system: the file stays, and the next open of its
+        # partition (startup recovery) removes it; the others still go.
+        log.error("segment.unlink_failed", path=str(path), error=str(exc))
+        return False
+    return True
