@@ -49,7 +49,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import os
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -98,7 +97,6 @@ from cleanerd.errors import CleanerdError, CorruptRecordError, FileStepError, fi
 from cleanerd.log.checkpoint import (
     CLEANER_OFFSET_CHECKPOINT,
     OffsetCheckpointFile,
-    format_offsets,
 )
 from cleanerd.log.files import (
     TopicPartition,
@@ -1199,15 +1197,8 @@ class Cleaner:
             if proof.owner is not None:
                 proof.owner.verify()
             proof.verify_checkpoint()
-            checkpoint = OffsetCheckpointFile(path)
-            offsets = checkpoint.read() if path.exists() else {}
-            # Entries of partitions whose dirs are gone are dropped, as Kafka does; one
-            # listing of the log dir, not a stat per entry (thousands of partitions).
-            live = {e.name for e in os.scandir(log_dir) if e.is_dir()}
-            offsets = {t: o for t, o in offsets.items() if str(t) in live}
-            offsets[tp] = end_offset
-            self.ops.atomic_write(path, format_offsets(offsets))
-            checkpoint.written(offsets)
+            # Entries of partitions whose dirs are gone are dropped, as Kafka does.
+            OffsetCheckpointFile(path).rewrite(tp, end_offset, write=self.ops.atomic_write)
 
 
 def swapped_files(exc: BaseException) -> tuple[Path, ...]:

@@ -21,10 +21,11 @@ just to read it).
 
 A cleaner pass rewrites `cleaner-offset-checkpoint` whole, with an entry for every
 compacted partition of the dir, so a dir of thousands of partitions must not cost
-several Python calls per line at each read: an offset checkpoint in the shape Kafka and
-cleanerd write (the version and count lines, then `<topic> <partition> <offset>` lines
-with single spaces, a legal topic name, numbers short enough to be in range) is parsed by
-two regular-expression passes over the whole text; any other text goes to the
+several Python calls per line at each pass. The rewrite (`OffsetCheckpointFile.rewrite`)
+keeps the lines of the entries it does not change. An offset checkpoint in the shape
+Kafka and cleanerd write (the version and count lines, then `<topic> <partition>
+<offset>` lines with single spaces, a legal topic name, numbers short enough to be in
+range) is read by two regular-expression passes over the whole text; any other text goes to the
 line-by-line reader, which also names what is wrong. Both give the same entries for
 every file the fast one accepts.
 
@@ -35,6 +36,7 @@ crash leaves either the old or the new checkpoint, never a mix.
 from __future__ import annotations
 
 import operator
+import os
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -205,17 +207,20 @@ class OffsetCheckpointFile:
         has not changed since it was last read or written by this process is not parsed
         again. Every write replaces the file (a new inode), so a change is never missed;
         a pass over one of thousands of partitions reads the file several times."""
+        return dict(self._parsed().offsets)
+
+    def _parsed(self) -> _Parsed:
         try:
             st = self.path.stat()
         except FileNotFoundError:
-            return _read_offsets(self.path)
+            return _Parsed((0, 0, 0), _read_offsets(self.path))
         identity = (st.st_ino, st.st_size, st.st_mtime_ns)
         cached = _PARSED.get(self.path)
-        if cached is not None and cached[0] == identity:
-            return dict(cached[1])
-        offsets = _read_offsets(self.path)
-        _remember(self.path, identity, offsets)
-        return dict(offsets)
+        if cached is not None and cached.identity == identity:
+            return cached
+        parsed = _Parsed(identity, _read_offsets(self.path))
+        _remember(self.path, parsed)
+        return parsed
 
     def write(self, offsets: Mapping[TopicPartition, int]) -> None:
         """Atomically replace the file with `offsets` (sorted for stable diffs)."""
@@ -225,21 +230,75 @@ class OffsetCheckpointFile:
     def written(self, offsets: Mapping[TopicPartition, int]) -> None:
         """Note that the file now holds exactly `offsets` (written by this process), so
         the next `read` does not parse it again."""
+        _remember(self.path, _Parsed(self._identity(), dict(offsets)))
+
+    def rewrite(
+        self,
+        tp: TopicPartition,
+        offset: int,
+        *,
+        write: Callable[[Path, bytes], None] = atomic_write,
+    ) -> None:
+        """Replace the file (through `write`, an atomic replace) with `tp` at `offset` and
+        the other entries whose partition dirs are still listed in the file's dir (Kafka
+        drops the others): the cleaner's update after each pass.
+
+        A dir of thousands of partitions has a pass per partition, each rewriting every
+        entry, so the entries that did not change are neither parsed, formatted nor
+        sorted again: their lines are kept (per file identity, beside the parsed
+        entries) and written back in the order they have in the file, a new partition's
+        last. One listing of the dir tells which partitions are still there (a name
+        listed, not a stat per entry)."""
+        parsed = self._parsed()
+        if parsed.lines is None:
+            parsed.lines = {_dir_name(t): _line(t, o) for t, o in parsed.offsets.items()}
+        present = set(os.listdir(self.path.parent))  # noqa: PTH208 - names, not Paths
+        lines = {name: line for name, line in parsed.lines.items() if name in present}
+        if len(lines) == len(parsed.lines):
+            offsets = dict(parsed.offsets)
+        else:
+            offsets = {t: o for t, o in parsed.offsets.items() if _dir_name(t) in present}
+        lines[_dir_name(tp)] = _line(tp, offset)
+        offsets[tp] = offset
+        body = "".join(lines.values())
+        write(self.path, f"{CHECKPOINT_VERSION}\n{len(lines)}\n{body}".encode())
+        _remember(self.path, _Parsed(self._identity(), offsets, lines))
+
+    def _identity(self) -> tuple[int, int, int]:
         st = self.path.stat()
-        _remember(self.path, (st.st_ino, st.st_size, st.st_mtime_ns), dict(offsets))
+        return (st.st_ino, st.st_size, st.st_mtime_ns)
 
 
-_PARSED: dict[Path, tuple[tuple[int, int, int], dict[TopicPartition, int]]] = {}
-"""Offset checkpoints as last read or written by this process, by path and identity."""
+def _dir_name(tp: TopicPartition) -> str:
+    # str(tp) is a Python call per entry; the f-string is not
+    return f"{tp.topic}-{tp.partition}"
+
+
+def _line(tp: TopicPartition, offset: int) -> str:
+    return f"{tp.topic} {tp.partition} {offset}\n"
+
+
+@dataclass(slots=True)
+class _Parsed:
+    """An offset checkpoint as last read or written by this process."""
+
+    identity: tuple[int, int, int]
+    """(inode, size, mtime) of the file these entries are of."""
+    offsets: dict[TopicPartition, int]
+    lines: dict[str, str] | None = None
+    """Each entry's line by its partition's dir name, in file order: made by the first
+    `rewrite` of the file."""
+
+
+_PARSED: dict[Path, _Parsed] = {}
+"""Offset checkpoints as last read or written by this process, by path."""
 _PARSED_MAX: Final = 64
 
 
-def _remember(
-    path: Path, identity: tuple[int, int, int], offsets: dict[TopicPartition, int]
-) -> None:
+def _remember(path: Path, parsed: _Parsed) -> None:
     if path not in _PARSED and len(_PARSED) >= _PARSED_MAX:
         _PARSED.pop(next(iter(_PARSED)))
-    _PARSED[path] = (identity, offsets)
+    _PARSED[path] = parsed
 
 
 class LeaderEpochCheckpointFile:

@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cleanerd.errors import CheckpointError
+from cleanerd.log import checkpoint
 from cleanerd.log.checkpoint import (
     CLEANER_OFFSET_CHECKPOINT,
     REPLICATION_OFFSET_CHECKPOINT,
@@ -228,3 +229,69 @@ def test_a_written_checkpoint_is_not_read_line_by_line(
 
     monkeypatch.setattr("cleanerd.log.checkpoint.read_checkpoint", line_by_line)
     assert OffsetCheckpointFile(path).read() == offsets
+
+
+def _partition_dirs(root: Path, *names: str) -> None:
+    for name in names:
+        (root / name).mkdir()
+
+
+def test_rewrite_keeps_the_file_order_and_drops_gone_partitions(tmp_path: Path) -> None:
+    """The cleaner's update after a pass: entries keep the order they have in the file
+    (Kafka writes them unsorted), a new partition's goes last, and entries whose
+    partition dir is gone are dropped, as Kafka does. What is read back is what was
+    written, from this process's cache and from the file alike."""
+    _partition_dirs(tmp_path, "b-1", "a-0", "c-2", "d-3")
+    path = tmp_path / CLEANER_OFFSET_CHECKPOINT
+    path.write_text("0\n4\nb 1 10\ngone 0 5\na 0 20\nc 2 30\n")
+    f = OffsetCheckpointFile(path)
+    f.rewrite(TopicPartition("a", 0), 25)
+    assert path.read_text() == "0\n3\nb 1 10\na 0 25\nc 2 30\n"
+    f.rewrite(TopicPartition("d", 3), 7)
+    assert path.read_text() == "0\n4\nb 1 10\na 0 25\nc 2 30\nd 3 7\n"
+    expected = {
+        TopicPartition("b", 1): 10,
+        TopicPartition("a", 0): 25,
+        TopicPartition("c", 2): 30,
+        TopicPartition("d", 3): 7,
+    }
+    assert f.read() == expected
+    (tmp_path / "b-1").rmdir()
+    f.rewrite(TopicPartition("c", 2), 31)
+    del expected[TopicPartition("b", 1)]
+    expected[TopicPartition("c", 2)] = 31
+    assert f.read() == expected
+    checkpoint._PARSED.clear()
+    assert OffsetCheckpointFile(path).read() == expected
+
+
+def test_rewrite_reads_a_file_another_process_replaced(tmp_path: Path) -> None:
+    """The kept lines belong to one file identity: after another writer (a worker
+    process, an operator) replaced the file, a rewrite starts from the new file."""
+    _partition_dirs(tmp_path, "a-0", "b-0")
+    path = tmp_path / CLEANER_OFFSET_CHECKPOINT
+    f = OffsetCheckpointFile(path)
+    f.rewrite(TopicPartition("a", 0), 1)
+    tmp = path.with_name("other")
+    tmp.write_text("0\n2\na 0 5\nb 0 6\n")
+    tmp.replace(path)  # a new inode, as every writer's atomic replace makes
+    f.rewrite(TopicPartition("a", 0), 9)
+    assert path.read_text() == "0\n2\na 0 9\nb 0 6\n"
+
+
+def test_a_failed_rewrite_changes_nothing(tmp_path: Path) -> None:
+    """When the write fails (ENOSPC, say), the file and what this process knows of it
+    stay as they were: the next rewrite does not carry the failed entry."""
+    _partition_dirs(tmp_path, "a-0", "b-0")
+    path = tmp_path / CLEANER_OFFSET_CHECKPOINT
+    f = OffsetCheckpointFile(path)
+    f.rewrite(TopicPartition("a", 0), 1)
+
+    def full(path: Path, data: bytes) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device", str(path))
+
+    with pytest.raises(OSError, match="No space"):
+        f.rewrite(TopicPartition("a", 0), 2, write=full)
+    assert f.read() == {TopicPartition("a", 0): 1}
+    f.rewrite(TopicPartition("b", 0), 3)
+    assert path.read_text() == "0\n2\na 0 1\nb 0 3\n"
