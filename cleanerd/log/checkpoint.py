@@ -25,9 +25,9 @@ several Python calls per line at each pass. The rewrite (`OffsetCheckpointFile.r
 keeps the lines of the entries it does not change. An offset checkpoint in the shape
 Kafka and cleanerd write (the version and count lines, then `<topic> <partition>
 <offset>` lines with single spaces, a legal topic name, numbers short enough to be in
-range) is read by two regular-expression passes over the whole text; any other text goes to the
-line-by-line reader, which also names what is wrong. Both give the same entries for
-every file the fast one accepts.
+range) is read by two regular-expression passes over the whole text; any other text
+goes to the line-by-line reader, which also names what is wrong. Both give the same
+entries for every file the fast one accepts.
 
 Writing goes through `fsutil.atomic_write`: `<file>.tmp`, fsync, rename, dir fsync, so a
 crash leaves either the old or the new checkpoint, never a mix.
