@@ -198,33 +198,33 @@ def wait_for_owner(s: Setup, pid: int, timeout_s: float = 60) -> None:
     wait_for(lambda: lock_holder(s.data) == pid, timeout_s, "the run to own the dir")
 
 
-@pytest.mark.parametrize("where", ["pool", "in-process"])
 def test_sigkill_of_clean_at_random_points_loses_nothing(
-    pristine: tuple[Path, Workload], tmp_path: Path, rng: random.Random, where: str
+    pristine: tuple[Path, Workload], tmp_path: Path, rng: random.Random
 ) -> None:
     """`cleanerd clean` killed at random points of a throttled pass, run by a worker
     (`--pool`) or by the command's own process, then the field report's sequence: every
     key intact at once and a minute later, and nothing of the killed run alive a few
-    seconds after the kill."""
+    seconds after the kill. Both ways of running the pass share the minute."""
     done: list[tuple[Setup, dict[str, tuple[int, int]]]] = []
     first_kill = None
     points = []
-    for n in range(4):
-        s = setup(pristine, tmp_path / f"run{n}")
-        pool = ["--pool"] if where == "pool" else []
-        with started("clean", *pool, "-c", str(s.slow)) as proc:
-            if pool:
-                wait_for_worker(proc.pid)
-            else:
-                wait_for_owner(s, proc.pid)
-            time.sleep(rng.uniform(0.2, KILL_BEFORE_S))
-            phase = on_disk(s)
-            lived = kill_owner(proc.pid)
-        first_kill = first_kill or time.monotonic()
-        points.append((phase, round(lived, 3)))
-        then_clean_append_clean(s)
-        done.append((s, dir_state(s.partition)))
-    print(f"kill points (phase, seconds the session outlived the owner): {points}")
+    for where in ("pool", "in-process"):
+        for n in range(4):
+            s = setup(pristine, tmp_path / f"{where}{n}")
+            pool = ["--pool"] if where == "pool" else []
+            with started("clean", *pool, "-c", str(s.slow)) as proc:
+                if pool:
+                    wait_for_worker(proc.pid)
+                else:
+                    wait_for_owner(s, proc.pid)
+                time.sleep(rng.uniform(0.2, KILL_BEFORE_S))
+                phase = on_disk(s)
+                lived = kill_owner(proc.pid)
+            first_kill = first_kill or time.monotonic()
+            points.append((where, phase, round(lived, 3)))
+            then_clean_append_clean(s)
+            done.append((s, dir_state(s.partition)))
+    print(f"kill points (where, phase, seconds the session outlived the owner): {points}")
     assert first_kill is not None
     later(done, first_kill)
 
