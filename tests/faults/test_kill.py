@@ -9,7 +9,8 @@ produce` appends 1,000 new keys, and another clean runs. Then an independent rea
 the CRCs and that no `.cleaned`, `.swap` or `.deleted` file is left (`workload.verify`);
 and no process of the broken run may still be alive a few seconds after it was killed. A
 stale pass of a killed run once swapped its output in about 50 s later, so the kill
-tests look again a minute after the kill.
+tests look again a minute after each kill (the random kills run in one test, so that
+those minutes overlap).
 
 The random kill points come from a seeded generator (`CLEANERD_FAULT_SEED` sets the
 seed; the test prints it, with what was on disk at each kill).
@@ -173,10 +174,16 @@ def log_end(s: Setup) -> int:
     return PartitionLog.open(s.partition, read_only=True).log_end_offset
 
 
-def later(setups: list[tuple[Setup, dict[str, tuple[int, int]]]], since: float) -> None:
-    """A minute after the first kill: every partition unchanged and still sound."""
-    time.sleep(max(0.0, since + LATER_S - time.monotonic()))
-    for s, state in setups:
+Killed = tuple[Setup, dict[str, tuple[int, int]], float]
+"""A partition whose run was killed, its state after the rest of the sequence, and the
+`time.monotonic()` of the kill."""
+
+
+def later(killed: list[Killed]) -> None:
+    """A minute after each kill (`LATER_S`), in the order of the kills: its partition
+    unchanged and still sound."""
+    for s, state, at in sorted(killed, key=lambda k: k[2]):
+        time.sleep(max(0.0, at + LATER_S - time.monotonic()))
         assert dir_state(s.partition) == state, f"{s.partition} changed after the run ended"
         verify(s.partition, s.work)
 
@@ -198,15 +205,44 @@ def wait_for_owner(s: Setup, pid: int, timeout_s: float = 60) -> None:
     wait_for(lambda: lock_holder(s.data) == pid, timeout_s, "the run to own the dir")
 
 
-def test_sigkill_of_clean_at_random_points_loses_nothing(
+def kill_run_and_restart(
+    pristine: tuple[Path, Workload], where: Path, rng: random.Random
+) -> Killed:
+    """`cleanerd run` killed in its first (throttled) pass and started again: nothing of
+    the killed daemon lives on, the new one cleans, appends are cleaned too."""
+    s = setup(pristine, where)
+    with started("run", "-c", str(s.slow)) as proc:
+        wait_for_worker(proc.pid)
+        time.sleep(rng.uniform(0.2, KILL_BEFORE_S))
+        lived = kill_owner(proc.pid)
+    killed = time.monotonic()
+    print(f"the killed daemon's session outlived it by {lived:.3f} s")
+    with started("run", "-c", str(s.fast)) as daemon:
+        try:
+            checkpoint = s.data / CLEANER_OFFSET_CHECKPOINT
+            wait_for(lambda: _checkpoint(checkpoint).get(TP, 0) >= RECORDS, 120, "the first clean")
+            end = append_extra(s)
+            wait_for(
+                lambda: _checkpoint(checkpoint).get(TP, 0) >= end + EXTRA, 120, "the appends' clean"
+            )
+        finally:
+            daemon.send_signal(signal.SIGTERM)
+            out, _ = daemon.communicate(timeout=60)
+    assert daemon.returncode == 0, out[-4000:]
+    verify(s.partition, s.work)
+    return s, dir_state(s.partition), killed
+
+
+def test_sigkill_at_random_points_loses_nothing(
     pristine: tuple[Path, Workload], tmp_path: Path, rng: random.Random
 ) -> None:
-    """`cleanerd clean` killed at random points of a throttled pass, run by a worker
-    (`--pool`) or by the command's own process, then the field report's sequence: every
-    key intact at once and a minute later, and nothing of the killed run alive a few
-    seconds after the kill. Both ways of running the pass share the minute."""
-    done: list[tuple[Setup, dict[str, tuple[int, int]]]] = []
-    first_kill = None
+    """`cleanerd run` killed in its first pass and started again
+    (`kill_run_and_restart`), then `cleanerd clean` killed at random points of a
+    throttled pass, run by a worker (`--pool`) or by the command's own process, and the
+    field report's sequence: every key intact at once and a minute after each kill, and
+    nothing of a killed run alive a few seconds after its kill. One test, so that the
+    minutes after the kills overlap."""
+    done = [kill_run_and_restart(pristine, tmp_path / "run", rng)]
     points = []
     for where in ("pool", "in-process"):
         for n in range(4):
@@ -220,13 +256,12 @@ def test_sigkill_of_clean_at_random_points_loses_nothing(
                 time.sleep(rng.uniform(0.2, KILL_BEFORE_S))
                 phase = on_disk(s)
                 lived = kill_owner(proc.pid)
-            first_kill = first_kill or time.monotonic()
+            killed = time.monotonic()
             points.append((where, phase, round(lived, 3)))
             then_clean_append_clean(s)
-            done.append((s, dir_state(s.partition)))
+            done.append((s, dir_state(s.partition), killed))
     print(f"kill points (where, phase, seconds the session outlived the owner): {points}")
-    assert first_kill is not None
-    later(done, first_kill)
+    later(done)
 
 
 def test_sigkill_of_a_worker_alone_loses_nothing(
@@ -284,32 +319,3 @@ def test_stopped_owner_keeps_the_dir_and_a_second_clean_says_so(
 
 def _checkpoint(path: Path) -> dict[TopicPartition, int]:
     return OffsetCheckpointFile(path).read() if path.exists() else {}
-
-
-def test_sigkill_of_run_and_a_restart_lose_nothing(
-    pristine: tuple[Path, Workload], tmp_path: Path, rng: random.Random
-) -> None:
-    """`cleanerd run` killed in its first (throttled) pass and started again: nothing of
-    the killed daemon lives on, the new one cleans, appends are cleaned too, and a
-    minute after the kill the partition is intact."""
-    s = setup(pristine, tmp_path / "run")
-    with started("run", "-c", str(s.slow)) as proc:
-        wait_for_worker(proc.pid)
-        time.sleep(rng.uniform(0.2, KILL_BEFORE_S))
-        lived = kill_owner(proc.pid)
-    killed = time.monotonic()
-    print(f"the killed daemon's session outlived it by {lived:.3f} s")
-    with started("run", "-c", str(s.fast)) as daemon:
-        try:
-            checkpoint = s.data / CLEANER_OFFSET_CHECKPOINT
-            wait_for(lambda: _checkpoint(checkpoint).get(TP, 0) >= RECORDS, 120, "the first clean")
-            end = append_extra(s)
-            wait_for(
-                lambda: _checkpoint(checkpoint).get(TP, 0) >= end + EXTRA, 120, "the appends' clean"
-            )
-        finally:
-            daemon.send_signal(signal.SIGTERM)
-            out, _ = daemon.communicate(timeout=60)
-    assert daemon.returncode == 0, out[-4000:]
-    verify(s.partition, s.work)
-    later([(s, dir_state(s.partition))], killed)
