@@ -253,7 +253,9 @@ def active_producers(
             out,
         )
     )
-    return ActiveProducers(*(np.ascontiguousarray(out[:k, j]) for j in range(3)))
+    # Copies: a view would keep `out`, a row per batch of the log, alive for the whole
+    # pass (np.ascontiguousarray returns a one-producer column as a view of it).
+    return ActiveProducers(*(out[:k, j].copy() for j in range(3)))
 
 
 def last_records_of_active_producers(
