@@ -155,7 +155,11 @@ def format_offsets(offsets: Mapping[TopicPartition, int]) -> bytes:
     """The bytes of an offset checkpoint holding `offsets`, sorted by topic and partition
     (stable diffs; a key function, as the dataclass comparison costs a call per pair)."""
     order = sorted(offsets, key=_TP_KEY)
-    return format_checkpoint(f"{tp.topic} {tp.partition} {offsets[tp]}" for tp in order)
+    return format_checkpoint(_offset_entry(tp, offsets[tp]) for tp in order)
+
+
+def _offset_entry(tp: TopicPartition, offset: int) -> str:
+    return f"{tp.topic} {tp.partition} {offset}"
 
 
 _TP_KEY: Final = operator.attrgetter("topic", "partition")
@@ -164,8 +168,8 @@ _TP_KEY: Final = operator.attrgetter("topic", "partition")
 def format_checkpoint(lines: Iterable[str]) -> bytes:
     """The bytes of a version-0 checkpoint holding `lines` as entries."""
     body = list(lines)
-    text = f"{CHECKPOINT_VERSION}\n{len(body)}\n" + "".join(f"{entry}\n" for entry in body)
-    return text.encode("utf-8")
+    entries = "\n".join(body) + "\n" if body else ""
+    return f"{CHECKPOINT_VERSION}\n{len(body)}\n{entries}".encode()
 
 
 def _int_or_none(text: str, bits: int) -> int | None:
@@ -211,10 +215,9 @@ class OffsetCheckpointFile:
 
     def _parsed(self) -> _Parsed:
         try:
-            st = self.path.stat()
+            identity = self._identity()
         except FileNotFoundError:
             return _Parsed((0, 0, 0), _read_offsets(self.path))
-        identity = (st.st_ino, st.st_size, st.st_mtime_ns)
         cached = _PARSED.get(self.path)
         if cached is not None and cached.identity == identity:
             return cached
@@ -245,37 +248,27 @@ class OffsetCheckpointFile:
 
         A dir of thousands of partitions has a pass per partition, each rewriting every
         entry, so the entries that did not change are neither parsed, formatted nor
-        sorted again: their lines are kept (per file identity, beside the parsed
-        entries) and written back in the order they have in the file, a new partition's
-        last. One listing of the dir tells which partitions are still there (a name
-        listed, not a stat per entry)."""
+        sorted again: their entry lines are kept (per file identity, beside the parsed
+        entries, by partition dir name) and written back in the order they have in the
+        file, a new partition's last. One listing of the dir tells which partitions are
+        still there (a name listed, not a stat per entry)."""
         parsed = self._parsed()
         if parsed.lines is None:
-            parsed.lines = {_dir_name(t): _line(t, o) for t, o in parsed.offsets.items()}
+            parsed.lines = {str(t): _offset_entry(t, o) for t, o in parsed.offsets.items()}
         present = set(os.listdir(self.path.parent))  # noqa: PTH208 - names, not Paths
         lines = {name: line for name, line in parsed.lines.items() if name in present}
         if len(lines) == len(parsed.lines):
             offsets = dict(parsed.offsets)
         else:
-            offsets = {t: o for t, o in parsed.offsets.items() if _dir_name(t) in present}
-        lines[_dir_name(tp)] = _line(tp, offset)
+            offsets = {t: o for t, o in parsed.offsets.items() if str(t) in present}
+        lines[str(tp)] = _offset_entry(tp, offset)
         offsets[tp] = offset
-        body = "".join(lines.values())
-        write(self.path, f"{CHECKPOINT_VERSION}\n{len(lines)}\n{body}".encode())
+        write(self.path, format_checkpoint(lines.values()))
         _remember(self.path, _Parsed(self._identity(), offsets, lines))
 
     def _identity(self) -> tuple[int, int, int]:
         st = self.path.stat()
         return (st.st_ino, st.st_size, st.st_mtime_ns)
-
-
-def _dir_name(tp: TopicPartition) -> str:
-    # str(tp) is a Python call per entry; the f-string is not
-    return f"{tp.topic}-{tp.partition}"
-
-
-def _line(tp: TopicPartition, offset: int) -> str:
-    return f"{tp.topic} {tp.partition} {offset}\n"
 
 
 @dataclass(slots=True)
@@ -286,8 +279,8 @@ class _Parsed:
     """(inode, size, mtime) of the file these entries are of."""
     offsets: dict[TopicPartition, int]
     lines: dict[str, str] | None = None
-    """Each entry's line by its partition's dir name, in file order: made by the first
-    `rewrite` of the file."""
+    """Each entry's line (without its newline) by its partition's dir name, in file
+    order: made by the first `rewrite` of the file."""
 
 
 _PARSED: dict[Path, _Parsed] = {}
