@@ -28,6 +28,12 @@ state. The result is columnar (`ActiveProducers`, sorted by producer id) so that
 asks "is this batch its producer's last?" of a whole segment at once; since idempotent
 producers (every Kafka client's default) put a producer id on every batch, one Python
 step per batch here would cost more than the rest of a pass over small batches.
+
+A pass adds the log segment by segment to a `ProducerStateBuilder`, which folds what it
+holds into one row per producer whenever it reaches `FOLD_ROWS` batches: the state of a
+producer is always what one batch would leave (see `_as_batches`), so folding in parts
+gives what one fold over the whole log gives, and a log of any length is walked in the
+memory of its producers plus `FOLD_ROWS` batches.
 """
 
 from __future__ import annotations
@@ -174,6 +180,9 @@ def _or_none(offset: int | None) -> int:
     return NO_OFFSET if offset is None else offset
 
 
+_STATE_COLUMNS: Final = 5  # producer id, epoch, last data offset, last timestamp, txn open
+
+
 @jit
 def _fold_producers(
     order: NDArray[np.int64],
@@ -184,13 +193,12 @@ def _fold_producers(
     is_transactional: NDArray[np.bool_],
     is_control: NDArray[np.bool_],
     control_type: NDArray[np.int64],
-    now_ms: int,
-    expiration_ms: int,
     out: NDArray[np.int64],
 ) -> int:
     """Fold each producer's batches (`order`: by producer, offset order within) into its
-    final state; `out[k]` = (producer id, epoch, last data offset) of the k-th producer
-    that has not expired. Returns how many."""
+    final state; `out[k]` = (producer id, epoch, last data offset, last timestamp,
+    transaction open) of the k-th producer seen (one whose batches were all markers of
+    another kind leaves no state). Returns how many."""
     k = 0
     i = 0
     n = order.shape[0]
@@ -220,24 +228,20 @@ def _fold_producers(
                 last_ts = max_timestamp[b]
                 txn_open = txn_open or is_transactional[b]
                 exists = True
-        # now - last < expiration, where now - last may not fit in an int64 (a corrupt
-        # timestamp far in the past: then it is long expired); now_ms is a clock, >= 0.
-        recent = last_ts >= now_ms - INT64_MAX and now_ms - last_ts < expiration_ms
-        if exists and (txn_open or recent):
+        if exists:
             out[k, 0] = pid
             out[k, 1] = epoch
             out[k, 2] = last_data
+            out[k, 3] = last_ts
+            out[k, 4] = txn_open
             k += 1
     return k
 
 
-def active_producers(
-    batches: ProducerColumns, *, now_ms: int, expiration_ms: int
-) -> ActiveProducers:
-    """Every producer that has not expired at `now_ms`, with its last record (see the
-    module docstring). `batches` are the log's batches with a producer id."""
+def _fold(batches: ProducerColumns) -> NDArray[np.int64]:
+    """Each producer's state after `batches` (rows of `_fold_producers`, by producer id)."""
     order = np.argsort(batches.producer_id, kind="stable").astype(np.int64)
-    out = np.empty((order.shape[0], 3), np.int64)
+    out = np.empty((order.shape[0], _STATE_COLUMNS), np.int64)
     k = int(
         _fold_producers(
             order,
@@ -248,14 +252,73 @@ def active_producers(
             batches.is_transactional,
             batches.is_control,
             batches.control_type,
-            now_ms,
-            expiration_ms,
             out,
         )
     )
-    # Copies: a view would keep `out`, a row per batch of the log, alive for the whole
-    # pass (np.ascontiguousarray returns a one-producer column as a view of it).
-    return ActiveProducers(*(out[:k, j].copy() for j in range(3)))
+    # A copy: a view would keep `out`, a row per batch folded, alive.
+    return out[:k].copy()
+
+
+def _as_batches(state: NDArray[np.int64]) -> ProducerColumns:
+    """One batch per producer that leaves it in `state`: a data batch at its last data
+    offset (transactional when its transaction is open; a marker after it in the same
+    epoch changed only what the row holds anyway), or, for a producer whose epoch has no
+    data, a COMMIT marker of that epoch. Folding later batches after these gives what
+    folding them after the batches `state` came from gives."""
+    no_data = (state[:, 2] == NO_OFFSET) & (state[:, 4] == 0)
+    return ProducerColumns(
+        producer_id=np.ascontiguousarray(state[:, 0]),
+        producer_epoch=np.ascontiguousarray(state[:, 1]),
+        last_offset=np.ascontiguousarray(state[:, 2]),
+        max_timestamp=np.ascontiguousarray(state[:, 3]),
+        is_transactional=state[:, 4] != 0,
+        is_control=no_data,
+        control_type=np.where(no_data, COMMIT, NO_CONTROL_RECORD).astype(np.int64),
+    )
+
+
+FOLD_ROWS: Final = 1 << 20
+"""Batches `ProducerStateBuilder` holds before it folds them into one row per producer."""
+
+
+class ProducerStateBuilder:
+    """`active_producers` over a log added in parts (offset order), in bounded memory:
+    whenever the parts hold `fold_rows` batches they are folded into one batch per
+    producer (`_as_batches`), so a log of any length costs its producers plus
+    `fold_rows` rows, not a row per batch."""
+
+    def __init__(self, *, fold_rows: int | None = None) -> None:
+        self._fold_rows = FOLD_ROWS if fold_rows is None else fold_rows
+        self._parts: list[ProducerColumns] = []
+        self._rows = 0
+
+    def add(self, batches: ProducerColumns) -> None:
+        """The next batches of the log (with a producer id, in offset order)."""
+        self._parts.append(batches)
+        self._rows += batches.producer_id.shape[0]
+        if self._rows >= self._fold_rows and len(self._parts) > 1:
+            self._parts = [_as_batches(_fold(ProducerColumns.concat(self._parts)))]
+            self._rows = self._parts[0].producer_id.shape[0]
+
+    def result(self, *, now_ms: int, expiration_ms: int) -> ActiveProducers:
+        return active_producers(
+            ProducerColumns.concat(self._parts), now_ms=now_ms, expiration_ms=expiration_ms
+        )
+
+
+def active_producers(
+    batches: ProducerColumns, *, now_ms: int, expiration_ms: int
+) -> ActiveProducers:
+    """Every producer that has not expired at `now_ms`, with its last record (see the
+    module docstring). `batches` are the log's batches with a producer id."""
+    state = _fold(batches)
+    last_ts, txn_open = state[:, 3], state[:, 4] != 0
+    # now - last < expiration, where now - last may not fit in an int64 (a corrupt
+    # timestamp far in the past: then it is long expired); now_ms is a clock, >= 0.
+    oldest = now_ms - INT64_MAX
+    recent = (last_ts >= oldest) & (now_ms - np.maximum(last_ts, oldest) < expiration_ms)
+    live = state[txn_open | recent]
+    return ActiveProducers(*(live[:, j].copy() for j in range(3)))
 
 
 def last_records_of_active_producers(

@@ -100,33 +100,44 @@ I64 = NDArray[np.int64]
 
 @dataclass(frozen=True, slots=True)
 class JoinedBuffer:
-    """Every record of a decoded segment in one buffer `buf`, with the record, key and
-    headers positions of the record table made relative to it (headers -1 where a record
-    has none). `side_shift` is how far positions in the side buffer moved (0 unless the
-    segment mixes compressed and uncompressed batches)."""
+    """Every record of a decoded segment (or byte range of one) in one buffer `buf`, with
+    the record, key and headers positions of the record table made relative to it
+    (headers -1 where a record has none). A position in the segment moved by
+    `segment_shift`, one in the side buffer by `side_shift` (both 0 unless the range
+    mixes compressed and uncompressed batches: then `buf` is a copy)."""
 
     buf: NDArray[np.uint8]
     record_pos: I64
     key_pos: I64
     headers_pos: I64
-    side_shift: int
+    side_shift: int = 0
+    segment_shift: int = 0
+
+    @property
+    def copied(self) -> bool:
+        """Whether `buf` is a copy (memory of its own) rather than one of the buffers."""
+        return self.side_shift != 0 or self.segment_shift != 0
 
 
 def join_buffers(sc: SegmentColumns) -> JoinedBuffer:
     """`sc`'s records in one buffer: the segment bytes (no batch compressed), the side
-    buffer of decompressed records areas (every record decompressed), or the segment
-    followed by the side buffer (a mixed segment: the only case that copies)."""
+    buffer of decompressed records areas (every record decompressed), or the bytes of
+    `sc`'s batches followed by the side buffer (a mixed range: the only case that
+    copies, and only the range's own bytes)."""
     record_pos, key_pos, headers_pos = sc.record_pos, sc.key_pos, sc.headers_pos
     if not sc.side.size:
-        return JoinedBuffer(sc.segment, record_pos, key_pos, headers_pos, 0)
+        return JoinedBuffer(sc.segment, record_pos, key_pos, headers_pos)
     if not sc.records_count[(sc.attributes & COMPRESSION_MASK) == 0].any():
-        return JoinedBuffer(sc.side, record_pos, key_pos, headers_pos, 0)
-    shift_by = len(sc.segment)
-    shift = np.where(sc.buffer_id == SIDE, shift_by, 0).astype(np.int64)
+        return JoinedBuffer(sc.side, record_pos, key_pos, headers_pos)
+    start = int(sc.batch_position[0])
+    end = int(sc.batch_position[-1] + sc.batch_size[-1])
+    side_shift = end - start
+    shift = np.where(sc.buffer_id == SIDE, side_shift, -start).astype(np.int64)
     return JoinedBuffer(
-        np.concatenate([sc.segment, sc.side]),
+        np.concatenate([sc.segment[start:end], sc.side]),
         record_pos + shift,
         key_pos + shift,
         np.where(headers_pos >= 0, headers_pos + shift, -1),
-        shift_by,
+        side_shift,
+        -start,
     )

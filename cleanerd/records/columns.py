@@ -427,6 +427,16 @@ class SegmentColumns:
         return len(self.offset)
 
     @property
+    def table_bytes(self) -> int:
+        """The memory of the batch and record tables (the buffers not counted)."""
+        held: dict[int, int] = {}
+        for f in fields(self)[2:]:
+            column = getattr(self, f.name)
+            owner = column if column.base is None else column.base
+            held[id(owner)] = owner.nbytes
+        return sum(held.values())
+
+    @property
     def buffers(self) -> tuple[U8, U8]:
         """(segment, side), indexed by `buffer_id`."""
         return self.segment, self.side
@@ -557,6 +567,8 @@ class _SideBuffer:
         return start, self.used
 
     def array(self) -> U8:
+        if not self.used:  # a view would keep the initial reservation alive
+            return np.empty(0, np.uint8)
         return self.buf[: self.used]
 
 

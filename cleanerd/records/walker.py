@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, fields
+from itertools import pairwise
 from typing import Any, Final, TypeAlias
 
 import numpy as np
@@ -537,6 +538,44 @@ class Walker:
             self.stop = stop
             if len(chunk):
                 yield chunk
+
+
+@jit
+def _window_cuts(buf: U8, max_bytes: Int) -> I64:
+    """Batch boundaries splitting `buf` into runs of whole batches of at most `max_bytes`
+    (a bigger batch is a run of its own): the start of each run after the first. Only
+    the length fields are read; the walk stops at the first entry whose length is
+    impossible or runs past the end, which stays in the last run."""
+    cuts = np.empty(16, np.int64)
+    n = 0
+    run = 0
+    p = 0
+    end = buf.shape[0]
+    while end - p >= PREFIX_SIZE:
+        size = LOG_OVERHEAD + int(be_i32(buf, p + LENGTH_OFFSET))
+        if size < LEGACY_V0_MIN_SIZE or size > end - p:
+            break
+        if p > run and p + size - run > max_bytes:
+            if n == cuts.shape[0]:
+                grown = np.empty(2 * n, np.int64)
+                grown[:n] = cuts
+                cuts = grown
+            cuts[n] = p
+            n += 1
+            run = p
+        p += size
+    return cuts[:n]
+
+
+def batch_windows(buf: Buffer | U8, max_bytes: int) -> list[tuple[int, int]]:
+    """`buf` as consecutive [start, end) byte ranges of whole batches, each at most
+    `max_bytes` unless one batch is bigger: so a segment of any size can be decoded a
+    range at a time, in bounded memory. One range when `buf` fits."""
+    size = len(buf)
+    if size <= max_bytes:
+        return [(0, size)]
+    bounds = [0, *_window_cuts(as_uint8(buf), max_bytes).tolist(), size]
+    return list(pairwise(bounds))
 
 
 def walk_strict(

@@ -3,6 +3,7 @@ original header fields, the last source segment's mtime, consistent indexes."""
 
 from __future__ import annotations
 
+import itertools
 import os
 from pathlib import Path
 
@@ -89,9 +90,9 @@ def test_crcs_are_checked_once_per_pass(log: LogBuilder, monkeypatch: pytest.Mon
     d = log.write()
     checked: list[tuple[int, bool]] = []
 
-    def spy(raw: Buffer, *, verify_crc: bool) -> SegmentColumns:
+    def spy(raw: Buffer, *, start: int, end: int, verify_crc: bool) -> SegmentColumns:
         checked.append((len(raw), verify_crc))
-        return segment_columns(raw, verify_crc=verify_crc)
+        return segment_columns(raw, start=start, end=end, verify_crc=verify_crc)
 
     monkeypatch.setattr(cleaner, "segment_columns", spy)
     monkeypatch.setattr(cleaner, "CACHE_BYTES", 0)
@@ -132,12 +133,87 @@ def test_map_oracle_answers_from_put_slots_for_the_records_put() -> None:
     offset_map = OffsetMap(1024)
     slots = np.empty(5, dtype=np.int64)
     offset_map.put_many(hashes, offsets, slots=slots)
-    oracle = cleaner._MapOracle(offset_map, {10: (offsets, slots)})
+    oracle = cleaner._MapOracle(offset_map, {(10, 0): (offsets, slots)})
 
     def no_hashes() -> np.ndarray:
         raise AssertionError("answered by hash lookup")
 
-    assert oracle.keep_keyed(10, offsets, no_hashes).tolist() == [False, False, True, True, True]
-    oracle = cleaner._MapOracle(offset_map, {10: (offsets, slots)})
-    got = oracle.keep_keyed(10, offsets[2:], lambda: hashes[2:])
+    got = oracle.keep_keyed(10, 0, offsets, no_hashes, final=True)
+    assert got.tolist() == [False, False, True, True, True]
+    oracle = cleaner._MapOracle(offset_map, {(10, 0): (offsets, slots)})
+    got = oracle.keep_keyed(10, 0, offsets[2:], lambda: hashes[2:], final=True)
     assert got.tolist() == [True, True, True]
+    # Another window of the segment: its own slots, or none.
+    oracle = cleaner._MapOracle(offset_map, {(10, 0): (offsets, slots)})
+    got = oracle.keep_keyed(10, 2, offsets[2:], lambda: hashes[2:], final=True)
+    assert got.tolist() == [True, True, True]
+    assert (10, 0) in oracle.put_slots
+
+
+@pytest.mark.parametrize("window", [1, 10**9])
+def test_a_full_map_ends_the_round_after_the_marker_before_it(
+    log: LogBuilder, monkeypatch: pytest.MonkeyPatch, window: int
+) -> None:
+    """The map fills at a batch right after a COMMIT marker: the round ends after the
+    marker (its offset is covered, as Kafka's builder covers every batch it read), also
+    when that batch starts a window of its own, the marker having ended the window
+    before."""
+    log.append([(k(1), b"a")])
+    log.append([(k(2), b"b")])
+    log.append([(k(3), b"c")], pid=5, txn=True)
+    marker = log.commit(5)
+    log.append([(k(4), b"d")])
+    log.roll()
+    d = log.write()
+    monkeypatch.setattr(cleaner, "WINDOW_BYTES", window)
+    result = clean(d, slots=4)
+    assert result.end_offset == marker + 1
+
+
+def test_a_big_segment_is_decoded_a_window_at_a_time(
+    log: LogBuilder, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No decode of the pass covers more than `WINDOW_BYTES` of a segment (each window
+    whole batches), so a segment of any size is cleaned in bounded memory; together the
+    windows cover the segment."""
+    for i in range(300):
+        log.append([(k(i % 40), b"v%d" % i)], pid=7)
+    log.roll()
+    d = log.write()
+    size = (d / f"{0:020d}.log").stat().st_size
+    decoded: set[tuple[int, int]] = set()
+
+    def spy(raw: Buffer, *, start: int, end: int, verify_crc: bool) -> SegmentColumns:
+        decoded.add((start, end))
+        return segment_columns(raw, start=start, end=end, verify_crc=verify_crc)
+
+    monkeypatch.setattr(cleaner, "segment_columns", spy)
+    monkeypatch.setattr(cleaner, "WINDOW_BYTES", 1000)
+    clean(d, slots=64)
+    spans = sorted(decoded)
+    assert len(spans) > size // 1000
+    assert max(end - start for start, end in spans) <= 1000
+    assert spans[0][0] == 0
+    assert spans[-1][1] == size
+    assert all(a[1] == b[0] for a, b in itertools.pairwise(spans))
+
+
+def test_a_decoded_window_counts_all_it_holds(log: LogBuilder) -> None:
+    """The cache budget counts every array a decoded window holds, its batch table too
+    (which, for 1-record batches, is as big as its record table)."""
+    for i in range(500):
+        log.append([(k(i), b"v")], pid=7)
+    log.roll()
+    d = log.write()
+    path = d / f"{0:020d}.log"
+    raw = path.read_bytes()
+    c = cleaner._read_columns(raw, (0, len(raw)), path, verify_crc=True)
+    c.hashes(c.keyed)
+    held: dict[int, int] = {}
+    for name in dir(c.sc) + dir(c):
+        value = getattr(c.sc, name, None) if hasattr(c.sc, name) else getattr(c, name, None)
+        if isinstance(value, np.ndarray) and value is not c.sc.segment:
+            owner = value if value.base is None else value.base
+            if isinstance(owner, np.ndarray):
+                held[id(owner)] = owner.nbytes
+    assert c.memory_bytes >= sum(held.values())

@@ -8,11 +8,13 @@ import struct
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from unittest import mock
 
 from aiokafka.record.memory_records import MemoryRecords
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from cleanerd.compaction import cleaner, producers
 from cleanerd.compaction.cleaner import CleanerConfig
 from cleanerd.compaction.strategy import CompactionStrategy, resolve_strategy
 from cleanerd.records.header import Compression
@@ -244,3 +246,100 @@ def _check_transactions(root: Path, ops: list[tuple[object, ...]], slots: int) -
     }
     assert got == expected
     _check_aiokafka(d)
+
+
+def _files(root: Path) -> dict[str, bytes]:
+    return {
+        str(f.relative_to(root)): f.read_bytes() for f in sorted(root.rglob("*")) if f.is_file()
+    }
+
+
+def _build(root: Path, batches: list[Batch], txn_ops: list[tuple[object, ...]]) -> Path:
+    """A log of `batches` (as in the winners test) with `txn_ops`' transactions between
+    them, every transaction closed."""
+    log = LogBuilder(root / "logs")
+    ts = NOW - 1000
+    ops = iter(txn_ops)
+    open_txn: set[int] = set()
+    for recs, codec, roll, pid in batches:
+        kvs, stamps, hdrs = [], [], []
+        for key, value, step, version in recs:
+            ts += step
+            kvs.append((str(key).encode(), value))
+            stamps.append(ts)
+            hdrs.append(() if version is None else (RecordHeader(HEADER, version),))
+        log.append(kvs, codec=codec, timestamps=stamps, headers=hdrs, pid=pid)
+        op = next(ops, None)
+        if op is not None and op[0] == "data":
+            _, txn_key, tombstone, data_pid = op
+            assert isinstance(data_pid, int)
+            value = None if tombstone else b"t%d" % log.next_offset
+            log.append([(str(txn_key).encode(), value)], pid=data_pid, txn=data_pid > 0)
+            if data_pid > 0:
+                open_txn.add(data_pid)
+        elif op is not None and op[0] in ("commit", "abort") and op[1] in open_txn:
+            end_pid = op[1]
+            assert isinstance(end_pid, int)
+            (log.commit if op[0] == "commit" else log.abort)(end_pid)
+            open_txn.discard(end_pid)
+        if roll:
+            log.roll()
+    for txn_pid in sorted(open_txn):
+        log.commit(txn_pid)
+    log.roll()
+    return log.write()
+
+
+@settings(
+    max_examples=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+@given(
+    batches=st.lists(batch_st, min_size=1, max_size=14),
+    txn_ops=st.lists(txn_op_st, max_size=14),
+    strategy=st.sampled_from(list(CompactionStrategy)),
+    slots=st.integers(3, 40),
+    window=st.one_of(st.just(1), st.integers(1, 300)),
+    fold_rows=st.integers(1, 4),
+)
+def test_a_segment_cleaned_in_windows_gives_the_same_files(
+    batches: list[Batch],
+    txn_ops: list[tuple[object, ...]],
+    strategy: CompactionStrategy,
+    slots: int,
+    window: int,
+    fold_rows: int,
+) -> None:
+    """Decoding each segment `window` bytes at a time (whole batches; a bigger batch
+    alone) and folding producer state every `fold_rows` batches, pass after pass (maps
+    that fill mid-window, transactions across windows, mixed codecs, every strategy),
+    writes byte for byte the files and checkpoint that whole segments do."""
+    root = Path(tempfile.mkdtemp())
+    try:
+        d = _build(root / "whole", batches, txn_ops)
+        shutil.copytree(root / "whole", root / "windows")
+        windowed = root / "windows" / d.relative_to(root / "whole")
+        cfg = CleanerConfig(
+            segment_bytes=600,
+            producer_id_expiration_ms=LONG_MAX,
+            strategy=resolve_strategy(strategy.value, HEADER),
+        )
+        end = active_base(d)
+        dirty = 0
+        for now in (NOW, NOW, NOW, NOW + DAY + 1):
+            whole = clean(d, first_dirty=dirty, slots=slots, now_ms=now, config=cfg)
+            with (
+                mock.patch.object(cleaner, "WINDOW_BYTES", window),
+                mock.patch.object(producers, "FOLD_ROWS", fold_rows),
+            ):
+                parts = clean(windowed, first_dirty=dirty, slots=slots, now_ms=now, config=cfg)
+            assert (parts.end_offset, parts.stats.messages_read, parts.stats.messages_written) == (
+                whole.end_offset,
+                whole.stats.messages_read,
+                whole.stats.messages_written,
+            )
+            assert _files(root / "windows") == _files(root / "whole")
+            dirty = min(whole.end_offset, end)
+    finally:
+        shutil.rmtree(root)

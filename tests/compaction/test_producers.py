@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import numpy as np
@@ -12,6 +13,7 @@ from cleanerd.compaction.producers import (
     LastRecord,
     ProducerBatch,
     ProducerColumns,
+    ProducerStateBuilder,
     active_producers,
     is_last_batch_of_producer,
     last_records_of_active_producers,
@@ -179,6 +181,47 @@ def test_kernel_matches_the_rules_batch_by_batch(
         else:
             want = b.is_control and b.producer_epoch == last.producer_epoch
         assert bool(mask[i]) == want
+
+
+@given(
+    st.lists(_BATCH, max_size=40),
+    st.lists(st.integers(0, 40), max_size=6),
+    st.integers(1, 8),
+    st.integers(0, 30),
+    st.sampled_from([0, 5, 20, 2**63 - 1]),
+)
+@settings(max_examples=300, deadline=None)
+def test_folding_the_log_in_parts_gives_the_one_fold(
+    rows: list[tuple[int, int, int, bool, bool, int | None]],
+    cuts: list[int],
+    fold_rows: int,
+    now_ms: int,
+    expiration_ms: int,
+) -> None:
+    """The builder, given the log in any parts and folding them into one batch per
+    producer whenever it holds `fold_rows` batches, ends with the rules' result."""
+    batches = _batches(rows)
+    builder = ProducerStateBuilder(fold_rows=fold_rows)
+    bounds = [0, *sorted(min(c, len(batches)) for c in cuts), len(batches)]
+    for a, b in itertools.pairwise(bounds):
+        builder.add(ProducerColumns.of(batches[a:b]))
+    active = builder.result(now_ms=now_ms, expiration_ms=expiration_ms)
+    assert active.as_dict() == _reference_last_records(batches, now_ms, expiration_ms)
+
+
+def test_the_builder_holds_a_row_per_producer_not_per_batch() -> None:
+    """However long the log, what the builder holds is bounded by its producers plus
+    `fold_rows` batches."""
+    builder = ProducerStateBuilder(fold_rows=100)
+    for part in range(50):
+        builder.add(ProducerColumns.of([data(n % 3, part * 40 + n) for n in range(40)]))
+        assert sum(p.producer_id.size for p in builder._parts) < 100 + 40
+    active = builder.result(now_ms=0, expiration_ms=DAY)
+    assert active.as_dict() == {
+        0: LastRecord(1999, 0),
+        1: LastRecord(1997, 0),
+        2: LastRecord(1998, 0),
+    }
 
 
 def test_no_producers() -> None:

@@ -4,6 +4,8 @@ package."""
 
 from __future__ import annotations
 
+import itertools
+
 import crc32c
 import numpy as np
 from hypothesis import given, settings
@@ -16,7 +18,7 @@ from cleanerd.records.crc import crc32c_of
 from cleanerd.records.header import Compression
 from cleanerd.records.record import Record
 from cleanerd.records.scan import BatchInfo, check_batch_at
-from cleanerd.records.walker import Summary, Walker, summarize, walk
+from cleanerd.records.walker import Summary, Walker, batch_windows, summarize, walk
 from tests.conftest import KAFKA_REAL
 
 
@@ -158,3 +160,30 @@ def test_a_walk_to_the_end_takes_whole_chunks_and_a_ramp_starts_small() -> None:
     ramped = [len(chunk) for chunk in Walker(buf, ramp=True)]
     assert whole == [100]
     assert ramped == [16, 32, 52]
+
+
+@settings(max_examples=150, deadline=None)
+@given(damaged(), st.integers(1, 400))
+def test_batch_windows_cut_a_segment_at_batch_boundaries(buf: bytes, max_bytes: int) -> None:
+    """The windows cover the segment in order, each at most `max_bytes` unless it is one
+    batch; they start at batch boundaries, so each decodes alone, and walking them one
+    after the other finds every batch and stops where one walk stops, with its error
+    (a damaged batch whose length is sound is found in its window)."""
+    windows = batch_windows(buf, max_bytes)
+    assert windows[0][0] == 0
+    assert windows[-1][1] == len(buf)
+    assert all(a[1] == b[0] for a, b in itertools.pairwise(windows))
+    infos, stop, error = reference(buf)
+    got: list[BatchInfo] = []
+    for start, end in windows:
+        w = walk(buf, start=start, end=end)
+        got += w.table.infos()
+        if w.error is not None or end == len(buf):
+            assert w.stop == stop
+            assert (None if w.error is None else str(w.error)) == error
+            break
+        assert w.stop == end  # the next window starts at a batch boundary
+        assert end - start <= max_bytes or len(w.table) == 1
+    assert got == infos
+    if len(buf) <= max_bytes:
+        assert windows == [(0, len(buf))]

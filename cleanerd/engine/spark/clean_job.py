@@ -313,18 +313,26 @@ class SupersededBitmaps:
         return self.end_offset - 1
 
     def keep_keyed(
-        self, base_offset: int, offsets: I64, hashes: Callable[[], NDArray[np.uint64]]
+        self,
+        base_offset: int,
+        first_keyed: int,
+        offsets: I64,
+        hashes: Callable[[], NDArray[np.uint64]],
+        *,
+        final: bool,
     ) -> Bools:
         keep = np.ones(offsets.shape[0], np.bool_)
         path = bitmap_path(self.staging, self.pass_index, base_offset)
         if path.exists():
             superseded = read_bitmap(path)
-            if superseded.size > keep.size:
+            last = first_keyed + keep.size
+            if final and superseded.size > last:
                 raise CleanerdError(
                     f"{path}: decides {superseded.size} keyed records, the segment has "
-                    f"{keep.size} (it changed since the job read it)"
+                    f"{last} (it changed since the job read it)"
                 )
-            keep[: superseded.size] = ~superseded
+            window = superseded[first_keyed:last]
+            keep[: window.size] = ~window
         return keep
 
 

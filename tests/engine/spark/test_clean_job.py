@@ -95,11 +95,21 @@ def test_bitmap_round_trip_and_oracle(tmp_path: Path) -> None:
     def no_hashes() -> np.ndarray:
         raise AssertionError("the bitmaps need no hashes")
 
-    keep = oracle.keep_keyed(100, np.arange(12, dtype=np.int64), no_hashes)
+    keep = oracle.keep_keyed(100, 0, np.arange(12, dtype=np.int64), no_hashes, final=True)
     assert np.flatnonzero(~keep).tolist() == [1, 4, 9]
-    assert oracle.keep_keyed(7, np.arange(3, dtype=np.int64), no_hashes).all()
+    assert oracle.keep_keyed(7, 0, np.arange(3, dtype=np.int64), no_hashes, final=True).all()
+    # A segment copied in windows: each gets its part of the bitmap.
+    parts = [
+        oracle.keep_keyed(100, 0, np.arange(4, dtype=np.int64), no_hashes, final=False),
+        oracle.keep_keyed(100, 4, np.arange(4, dtype=np.int64), no_hashes, final=False),
+        oracle.keep_keyed(100, 8, np.arange(4, dtype=np.int64), no_hashes, final=True),
+    ]
+    assert np.flatnonzero(~np.concatenate(parts)).tolist() == [1, 4, 9]
+    assert oracle.keep_keyed(100, 0, np.arange(5, dtype=np.int64), no_hashes, final=False).any()
     with pytest.raises(CleanerdError, match="changed since the job read it"):
-        oracle.keep_keyed(100, np.arange(5, dtype=np.int64), no_hashes)
+        oracle.keep_keyed(100, 0, np.arange(5, dtype=np.int64), no_hashes, final=True)
+    with pytest.raises(CleanerdError, match="changed since the job read it"):
+        oracle.keep_keyed(100, 4, np.arange(4, dtype=np.int64), no_hashes, final=True)
 
 
 def _segment(batches: list[bytes]) -> np.ndarray:
