@@ -48,7 +48,9 @@ client accept; libzstd's one-shot call does not check it), checks with
 `ZSTD_findFrameCompressedSize` that the frame is the whole area (several frames, or bytes
 after one, are left to the library), and decodes it with `ZSTD_decompressDCtx` into the
 room left, which checks the content size and checksum when the frame has them; too little
-room (`dstSize_tooSmall`) asks for more, any other error leaves the area to the library.
+room (`dstSize_tooSmall`) asks for more, unless the room already holds the content size the
+frame states (damaged blocks that overflow it get the same error from libzstd, and growing
+the room for them would never end), and any other error leaves the area to the library.
 A frame of unknown content size (what Kafka's Java producer writes, streaming) is decoded
 the same way: libzstd reports too little room only once the output it has actually
 produced fills the room, so a false content size cannot make the caller grow its buffer.
@@ -524,6 +526,25 @@ def _zstd_window(src: Any, s: Int, e: Int) -> Int:
 
 
 @jit
+def _zstd_content_size(src: Any, s: Int, e: Int) -> Int:
+    """The content size the header of the zstd frame at `src[s:e]` states (the frame is
+    at least 6 bytes, with no dictionary id), or -1 when it states none (or one past
+    2^63)."""
+    descriptor = np.int64(src[s + 4])
+    fcs_flag, single = descriptor >> 6, descriptor & 0x20
+    if fcs_flag == 0 and not single:
+        return -1
+    n = np.int64(1) << fcs_flag
+    p = s + 5 if single else s + 6  # after the window descriptor, if any
+    if p + n > e or (n == 8 and src[p + 7] >= 0x80):
+        return -1
+    size = np.int64(0)
+    for k in range(n):
+        size |= np.int64(src[p + k]) << (8 * k)
+    return size + 256 if n == 2 else size
+
+
+@jit
 def _zstd(src: Any, s: Int, e: Int, dst: Any, o: Int, dctx: Int) -> tuple[Int, Int]:
     """Decode the zstd area `src[s:e]` (one frame) to `dst[o:]` through libzstd, with the
     decompression context at `dctx`: (status, output end)."""
@@ -540,7 +561,12 @@ def _zstd(src: Any, s: Int, e: Int, dst: Any, o: Int, dctx: Int) -> tuple[Int, I
     written = _decompress_dctx(dctx, dst.ctypes.data + o, len(dst) - o, at, e - s)
     if _is_error(written):
         if _get_error_code(written) == ZSTD_DST_SIZE_TOO_SMALL:
-            return NEEDS_ROOM, o
+            # libzstd also says so when damaged blocks overflow the size the frame
+            # states: more room would never do, so only a stated size above the room
+            # (or none) asks for more.
+            stated = _zstd_content_size(src, s, e)
+            if stated < 0 or stated > len(dst) - o:
+                return NEEDS_ROOM, o
         return UNDECODED, o
     return OK, o + written
 
