@@ -80,6 +80,7 @@ from cleanerd.records.header import (
     TRANSACTIONAL_MASK,
     Buffer,
 )
+from cleanerd.records.walker import DECODE_WINDOW_BYTES, batch_windows
 
 I64 = NDArray[np.int64]
 U64 = NDArray[np.uint64]
@@ -437,17 +438,19 @@ def _read_runs(
     parts = []
     for run in runs:
         with _run_buffer(run) as buf:
-            try:
-                sc = segment_columns(buf)
-                part = segment_audit_columns(
-                    sc, strategy=strategy, stable_offset=stable_offset, tracker=tracker
-                )
-            except CorruptRecordError as exc:
-                if len(run) > 1:
-                    raise  # joined bytes cannot name the file: the caller reads them singly
-                raise exc.located(run[0].log_path) from exc
-            del sc  # no view of the mapping may outlive it
-        parts.append(part)
+            # A big segment is decoded a window of whole batches at a time.
+            for start, end in batch_windows(buf, DECODE_WINDOW_BYTES):
+                try:
+                    sc = segment_columns(buf, start=start, end=end)
+                    part = segment_audit_columns(
+                        sc, strategy=strategy, stable_offset=stable_offset, tracker=tracker
+                    )
+                except CorruptRecordError as exc:
+                    if len(run) > 1:
+                        raise  # joined bytes cannot name the file: read them singly
+                    raise exc.located(run[0].log_path) from exc
+                del sc  # no view of the mapping may outlive it
+                parts.append(part)
     return AuditColumns.concat(parts)
 
 

@@ -35,7 +35,7 @@ test can stop the pass at any single one and check recovery.
 Segments are read through `cleanerd.log.segment_reader` (mapped once per pass, each
 checked to be the file of the pass's snapshot, with its aborted transactions and offset
 bound, its records joined into one buffer) and decoded into columns
-(`cleanerd.records.columns`, numba) in windows of at most `WINDOW_BYTES` of whole
+(`cleanerd.records.columns`, numba) in windows of at most `DECODE_WINDOW_BYTES` of whole
 batches (`walker.batch_windows`; a smaller segment is one window), so the memory of a
 pass is bounded whatever the segment size. A window is decoded once per pass where the
 cache budget allows (the dirty windows decoded for the map are reused by the copy; a
@@ -156,17 +156,19 @@ from cleanerd.records.header import (
     TimestampType,
 )
 from cleanerd.records.record import Record
-from cleanerd.records.walker import batch_windows, be_i16, be_i32, be_i64
+from cleanerd.records.walker import (
+    DECODE_WINDOW_BYTES,
+    batch_windows,
+    be_i16,
+    be_i32,
+    be_i64,
+)
 
 WRITE_BUFFER_BYTES: Final = 8 * 1024 * 1024
 CACHE_BYTES: Final = 128 * 1024 * 1024
 """Decoded windows kept from the map build for the copy. Past this, decoding a window
 again costs less than the memory: a 1 GiB segment of 1-record batches cleaned in 6.8 s
 with 128 MiB (peak 486 MB), 7.4 s with 512 MiB (880 MB), 7.3 s with none (425 MB)."""
-WINDOW_BYTES: Final = 64 * 1024 * 1024
-"""A segment is decoded this many of its bytes at a time (whole batches): decoded, a
-1-record batch takes about twice its bytes, so a 1 GiB segment decoded whole would need
-gigabytes."""
 _PASS_RECORD_BYTES: Final = 4 * 8 + 16 + 16  # _Columns' columns, key hash, put slots
 DAY_MS: Final = 86_400_000
 
@@ -981,7 +983,7 @@ class Cleaner:
         if found is None:
             path = log_file(p.dir_path, seg.base_offset)
             raw = map_segment(path, seg, active=seg is p.segments[-1])
-            found = p.mapped[seg.base_offset] = (raw, batch_windows(raw, WINDOW_BYTES))
+            found = p.mapped[seg.base_offset] = (raw, batch_windows(raw, DECODE_WINDOW_BYTES))
         return found
 
     def _windows(self, p: _Pass, seg: SegmentMeta, *, keep: bool) -> Iterator[_Columns]:

@@ -567,6 +567,12 @@ def _window_cuts(buf: U8, max_bytes: Int) -> I64:
     return cuts[:n]
 
 
+DECODE_WINDOW_BYTES: Final = 64 * 1024 * 1024
+"""The most bytes of a segment a pass or an audit decodes at once (`batch_windows`):
+decoded, a 1-record batch takes about twice its bytes, so a 1 GiB segment decoded whole
+would need gigabytes."""
+
+
 def batch_windows(buf: Buffer | U8, max_bytes: int) -> list[tuple[int, int]]:
     """`buf` as consecutive [start, end) byte ranges of whole batches, each at most
     `max_bytes` unless one batch is bigger: so a segment of any size can be decoded a

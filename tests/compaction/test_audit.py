@@ -325,9 +325,9 @@ def counting_decodes(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     decode = segment_columns
     sizes: list[int] = []
 
-    def counted(buf: Any) -> Any:
-        sizes.append(len(buf))
-        return decode(buf)
+    def counted(buf: Any, *, start: int = 0, end: int | None = None) -> Any:
+        sizes.append((len(buf) if end is None else end) - start)
+        return decode(buf, start=start, end=end)
 
     monkeypatch.setattr(audit_module, "segment_columns", counted)
     return sizes
@@ -372,6 +372,23 @@ def test_joined_reads_are_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     assert max(segment_sizes) in sizes  # alone
     assert 1 < len(sizes) < len(segment_sizes)
     assert segment_sizes.index(max(segment_sizes)) > 0  # with small ones on both sides
+
+
+def test_a_big_segment_is_decoded_a_window_at_a_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A segment above DECODE_WINDOW_BYTES is decoded in windows of whole batches (the
+    transaction tracker carried across them), giving the rows of one decode."""
+    plog = many_small_segments(tmp_path / "logs")
+    monkeypatch.setattr(audit_module, "SMALL_SEGMENT_BYTES", -1)
+    expected = read_columns(plog)
+    sizes = counting_decodes(monkeypatch)
+    window = 150
+    monkeypatch.setattr(audit_module, "DECODE_WINDOW_BYTES", window)
+    assert_same_columns(read_columns(plog), expected)
+    assert max(sizes) <= window
+    assert len(sizes) > len(plog.segments)
+    assert sum(sizes) == sum(s.size for s in plog.segments)
 
 
 def test_corrupt_small_segment_is_named_with_its_position(tmp_path: Path) -> None:

@@ -165,7 +165,7 @@ def test_a_full_map_ends_the_round_after_the_marker_before_it(
     log.append([(k(4), b"d")])
     log.roll()
     d = log.write()
-    monkeypatch.setattr(cleaner, "WINDOW_BYTES", window)
+    monkeypatch.setattr(cleaner, "DECODE_WINDOW_BYTES", window)
     result = clean(d, slots=4)
     assert result.end_offset == marker + 1
 
@@ -173,7 +173,7 @@ def test_a_full_map_ends_the_round_after_the_marker_before_it(
 def test_a_big_segment_is_decoded_a_window_at_a_time(
     log: LogBuilder, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """No decode of the pass covers more than `WINDOW_BYTES` of a segment (each window
+    """No decode of the pass covers more than `DECODE_WINDOW_BYTES` of a segment (each window
     whole batches), so a segment of any size is cleaned in bounded memory; together the
     windows cover the segment."""
     for i in range(300):
@@ -188,7 +188,7 @@ def test_a_big_segment_is_decoded_a_window_at_a_time(
         return segment_columns(raw, start=start, end=end, verify_crc=verify_crc)
 
     monkeypatch.setattr(cleaner, "segment_columns", spy)
-    monkeypatch.setattr(cleaner, "WINDOW_BYTES", 1000)
+    monkeypatch.setattr(cleaner, "DECODE_WINDOW_BYTES", 1000)
     clean(d, slots=64)
     spans = sorted(decoded)
     assert len(spans) > size // 1000

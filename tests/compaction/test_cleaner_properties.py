@@ -330,7 +330,7 @@ def test_a_segment_cleaned_in_windows_gives_the_same_files(
         for now in (NOW, NOW, NOW, NOW + DAY + 1):
             whole = clean(d, first_dirty=dirty, slots=slots, now_ms=now, config=cfg)
             with (
-                mock.patch.object(cleaner, "WINDOW_BYTES", window),
+                mock.patch.object(cleaner, "DECODE_WINDOW_BYTES", window),
                 mock.patch.object(producers, "FOLD_ROWS", fold_rows),
             ):
                 parts = clean(windowed, first_dirty=dirty, slots=slots, now_ms=now, config=cfg)

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import gc
 import os
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from cleanerd.errors import CorruptIndexError, CorruptRecordError, FileChangedError
+from cleanerd.log import segment as segment_module
 from cleanerd.log.index import IndexPastLogError, OffsetIndex, TimeIndex
 from cleanerd.log.segment import LogSegment
 from cleanerd.records.record import Record
@@ -313,3 +316,59 @@ def test_growing_segment_whose_last_index_entry_points_at_a_torn_batch(tmp_path:
     seg.growing = True
     with pytest.raises(CorruptIndexError, match="points to no whole batch"):
         seg.meta()
+
+
+def _big_unindexed(tmp_path: Path, torn: int) -> tuple[list[bytes], Path]:
+    """A segment past the `pread` span (so it is mapped) with no index files, its last
+    batch cut short by `torn` bytes."""
+    batches = _batches(15_000, per_batch=1)
+    path = tmp_path / "00000000000000000000.log"
+    path.write_bytes(b"".join(batches)[: sum(map(len, batches)) - torn])
+    assert path.stat().st_size > segment_module._PREAD_SPAN
+    return batches, path
+
+
+def test_a_big_segment_read_whole_keeps_no_batch_table(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A segment whose indexes are missing is read whole for its metadata, in one walk
+    that keeps no table (72 bytes a batch: 425 MB for a 1 GiB segment of 1-record
+    batches); a live broker's torn last batch ends it, with its totals just before."""
+    monkeypatch.setattr(segment_module, "walk", _no_table_walk)
+    batches, _ = _big_unindexed(tmp_path, torn=0)
+    meta = LogSegment(tmp_path, 0, read_only=True).meta()
+    assert meta.next_offset == len(batches)
+    _, path = _big_unindexed(tmp_path, torn=7)
+    seg = LogSegment(tmp_path, 0, read_only=True)
+    seg.growing = True
+    assert seg.meta().next_offset == len(batches) - 1
+    assert seg.size == path.stat().st_size - (len(batches[-1]) - 7)
+
+
+def test_a_torn_big_segment_not_growing_is_corrupt_at_its_last_batch(tmp_path: Path) -> None:
+    """The same cut in a segment no writer is appending to is reported at its byte."""
+    batches, path = _big_unindexed(tmp_path, torn=7)
+    with pytest.raises(CorruptRecordError) as info:
+        LogSegment(tmp_path, 0, read_only=True).meta()
+    assert info.value.path == str(path)
+    assert info.value.position == sum(map(len, batches[:-1]))
+
+
+def _no_table_walk(*args: Any, **kwargs: Any) -> Any:
+    raise AssertionError("a walk that keeps a table")
+
+
+def test_a_view_only_a_reference_cycle_holds_does_not_fail_the_read(tmp_path: Path) -> None:
+    """A view of the mapping left in a reference cycle (as numba leaves the arguments of
+    the call that compiled a kernel, on a first run with an empty cache) is collected
+    when the block ends, instead of the close raising BufferError."""
+    _big_unindexed(tmp_path, torn=0)
+    seg = LogSegment(tmp_path, 0, read_only=True)
+    gc.disable()
+    try:
+        with seg.open_buffer() as buf:
+            cycle: list[Any] = [np.frombuffer(buf, np.uint8)]
+            cycle.append(cycle)
+            del cycle
+    finally:
+        gc.enable()
