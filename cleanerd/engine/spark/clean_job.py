@@ -94,6 +94,7 @@ from cleanerd.log.txnindex import AbortedTxn
 from cleanerd.records.columns import SegmentColumns, segment_columns
 from cleanerd.records.control import control_type_column
 from cleanerd.records.header import CONTROL_MASK, TRANSACTIONAL_MASK, Buffer
+from cleanerd.records.walker import DECODE_WINDOW_BYTES, batch_windows
 
 if TYPE_CHECKING:
     from cleanerd.engine.spark.session import DataFrame, SparkSession
@@ -135,62 +136,98 @@ class SegmentTask:
     """The partition's aborted transactions overlapping [base, upper)."""
 
 
-def aborted_batches(sc: SegmentColumns, task: SegmentTask) -> Bools:
-    """Per batch: transactional data of an aborted transaction (see the module docstring
-    on why one tracker per segment decides as the pass's one tracker does)."""
-    aborted = np.zeros(sc.num_batches, np.bool_)
-    if not task.aborted:
+class _AbortedScan:
+    """Aborted transactional data of one segment read window by window (`of` for each,
+    in order, one tracker carried across them); `check` then asks that every aborted
+    transaction ending in the segment had its ABORT marker there (see the module
+    docstring on why one tracker per segment decides as the pass's one tracker does)."""
+
+    def __init__(self, task: SegmentTask) -> None:
+        self.task = task
+        self.tracker = TransactionTracker()
+        self.tracker.add_aborted(list(task.aborted))
+        self.markers: set[tuple[int, int]] = set()
+
+    def of(self, sc: SegmentColumns) -> Bools:
+        """Per batch of `sc`: transactional data of an aborted transaction."""
+        aborted = np.zeros(sc.num_batches, np.bool_)
+        if not self.task.aborted:
+            return aborted
+        attrs = sc.attributes.astype(np.int64)
+        lasts = sc.base_offset + sc.last_offset_delta
+        flagged = np.flatnonzero(attrs & (CONTROL_MASK | TRANSACTIONAL_MASK))
+        is_control = (attrs[flagged] & CONTROL_MASK) != 0
+        types = control_type_column(sc)[flagged]
+        discardable = self.tracker.on_batches(
+            producer_id=sc.producer_id[flagged],
+            is_control=is_control,
+            is_transactional=np.ones(flagged.size, np.bool_),
+            control_type=types,
+            last_offset=lasts[flagged],
+        )
+        aborted[flagged] = discardable & ~is_control
+        abort = flagged[is_control & (types == ABORT)]
+        self.markers |= set(zip(sc.producer_id[abort].tolist(), lasts[abort].tolist(), strict=True))
         return aborted
-    attrs = sc.attributes.astype(np.int64)
-    lasts = sc.base_offset + sc.last_offset_delta
-    tracker = TransactionTracker()
-    tracker.add_aborted(list(task.aborted))
-    flagged = np.flatnonzero(attrs & (CONTROL_MASK | TRANSACTIONAL_MASK))
-    is_control = (attrs[flagged] & CONTROL_MASK) != 0
-    types = control_type_column(sc)[flagged]
-    discardable = tracker.on_batches(
-        producer_id=sc.producer_id[flagged],
-        is_control=is_control,
-        is_transactional=np.ones(flagged.size, np.bool_),
-        control_type=types,
-        last_offset=lasts[flagged],
-    )
-    aborted[flagged] = discardable & ~is_control
-    abort = flagged[is_control & (types == ABORT)]
-    markers = set(zip(sc.producer_id[abort].tolist(), lasts[abort].tolist(), strict=True))
-    for t in task.aborted:
-        if (
-            task.base <= t.last_offset < task.upper
-            and (t.producer_id, t.last_offset) not in markers
-        ):
-            raise CorruptIndexError(
-                f"aborted transaction of producer {t.producer_id} at [{t.first_offset}, "
-                f"{t.last_offset}] has no ABORT marker at {t.last_offset} in {task.path}",
-                path=str(Path(task.path).with_suffix(".txnindex")),
-            )
+
+    def check(self) -> None:
+        task = self.task
+        for t in task.aborted:
+            if (
+                task.base <= t.last_offset < task.upper
+                and (t.producer_id, t.last_offset) not in self.markers
+            ):
+                raise CorruptIndexError(
+                    f"aborted transaction of producer {t.producer_id} at [{t.first_offset}, "
+                    f"{t.last_offset}] has no ABORT marker at {t.last_offset} in {task.path}",
+                    path=str(Path(task.path).with_suffix(".txnindex")),
+                )
+
+
+def aborted_batches(sc: SegmentColumns, task: SegmentTask) -> Bools:
+    """Per batch of the whole segment `sc`: transactional data of an aborted
+    transaction (CorruptIndexError when an ABORT marker is missing)."""
+    scan = _AbortedScan(task)
+    aborted = scan.of(sc)
+    scan.check()
     return aborted
 
 
 def segment_rows(task: SegmentTask, raw: Buffer) -> dict[str, NDArray[Any]]:
-    """The rows of stage 1 for one segment (columns of `ROW_SCHEMA`); CorruptRecordError
-    names the segment and byte position."""
+    """The rows of stage 1 for one segment (columns of `ROW_SCHEMA`), decoded a window
+    of whole batches at a time (`walker.batch_windows`: an executor's memory does not
+    grow with the segment's size beyond its rows); CorruptRecordError names the segment
+    and byte position."""
+    scan = _AbortedScan(task)
+    parts = []
+    keyed = 0
     try:
-        sc = segment_columns(raw, verify_crc=True)
-        return _rows(task, sc)
+        for start, end in batch_windows(raw, DECODE_WINDOW_BYTES):
+            sc = segment_columns(raw, start=start, end=end, verify_crc=True)
+            parts.append(_rows(task, sc, scan, keyed))
+            keyed += int(np.count_nonzero(sc.key_len >= 0))
+            del sc  # no view of a mapping may outlive the task
     except CorruptRecordError as exc:
         raise exc.located(Path(task.path)) from exc
+    if task.upper > task.first_dirty:
+        scan.check()
+    if len(parts) == 1:
+        return parts[0]
+    return {name: np.concatenate([part[name] for part in parts]) for name in parts[0]}
 
 
-def _rows(task: SegmentTask, sc: SegmentColumns) -> dict[str, NDArray[Any]]:
+def _rows(
+    task: SegmentTask, sc: SegmentColumns, scan: _AbortedScan, keyed_before: int
+) -> dict[str, NDArray[Any]]:
     bi = sc.batch_index.astype(np.int64)
     data = (sc.attributes.astype(np.int64)[bi] & CONTROL_MASK) == 0
     keyed = sc.key_len >= 0
-    krow = np.cumsum(keyed, dtype=np.int64) - 1
+    krow = np.cumsum(keyed, dtype=np.int64) - 1 + keyed_before
     offsets = sc.offset
     rows = np.flatnonzero(keyed & data & (offsets < task.end))
     cand = np.zeros(rows.size, np.bool_)
     if task.upper > task.first_dirty:
-        mappable = ~aborted_batches(sc, task)[bi[rows]]
+        mappable = ~scan.of(sc)[bi[rows]]
         cand = mappable & (offsets[rows] >= task.first_dirty)
     versioned = task.strategy.versioned
     upd = (offsets[rows] < task.first_dirty) if versioned else np.zeros(rows.size, np.bool_)

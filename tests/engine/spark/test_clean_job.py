@@ -13,12 +13,14 @@ from hypothesis import strategies as st
 from cleanerd.compaction.keyhash import hash_key
 from cleanerd.compaction.offset_map import OffsetMap
 from cleanerd.compaction.strategy import CompactionStrategy, resolve_strategy
+from cleanerd.engine.spark import clean_job
 from cleanerd.engine.spark.clean_job import (
     SegmentTask,
     SupersededBitmaps,
     aborted_batches,
     bitmap_path,
     read_bitmap,
+    segment_rows,
     superseded_rows,
     write_bitmap,
 )
@@ -136,3 +138,70 @@ def test_missing_abort_marker_is_a_corrupt_index() -> None:
     assert aborted_batches(sc, task).tolist() == [True, False]
     with pytest.raises(CorruptIndexError, match="no ABORT marker at 1"):
         aborted_batches(segment_columns(_segment([data])), task)
+
+
+def _txn_segment() -> tuple[bytes, SegmentTask]:
+    """Keyed and keyless records, an aborted transaction of producer 5 whose ABORT
+    marker comes batches later, and a task whose dirty range starts inside it."""
+    batches, offset = [], 0
+    for i in range(12):
+        txn = i in (2, 5)
+        key = None if i % 4 == 3 else b"k%d" % (i % 5)
+        batches.append(
+            encode_batch(
+                [Record(offset, 1, key, b"v%d" % i), Record(offset + 1, 1, b"x", None)],
+                base_offset=offset,
+                producer_id=5 if txn else -1,
+                is_transactional=txn,
+            )
+        )
+        offset += 2
+    batches.append(
+        encode_batch(
+            [encode_end_txn_marker(ControlRecordType.ABORT, 0, offset=offset, timestamp=1)],
+            base_offset=offset,
+            producer_id=5,
+            is_transactional=True,
+            is_control=True,
+        )
+    )
+    strategy = resolve_strategy("offset", None)
+    task = SegmentTask(
+        0,
+        "/p/0.log",
+        0,
+        offset + 1,
+        3,
+        offset + 1,
+        strategy,
+        (AbortedTxn(4, 5, offset, offset + 1),),
+    )
+    return b"".join(batches), task
+
+
+def test_segment_rows_in_windows_are_the_rows_of_one_decode(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Decoded a few batches at a time, a segment gives the very rows of one decode:
+    keyed-record ranks run on across windows, and the aborted transaction's data is
+    found although its marker is in a later window."""
+    raw, task = _txn_segment()
+    whole = segment_rows(task, raw)
+    assert whole["cand"].sum() < whole["cand"].size  # the aborted data is no candidate
+    monkeypatch.setattr(clean_job, "DECODE_WINDOW_BYTES", 150)
+    windowed = segment_rows(task, raw)
+    assert whole.keys() == windowed.keys()
+    for name in whole:
+        np.testing.assert_array_equal(windowed[name], whole[name], err_msg=name)
+
+
+def test_a_missing_abort_marker_fails_a_segment_read_in_windows(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The marker check is made once the last window is read."""
+    raw, task = _txn_segment()
+    table = segment_columns(raw)
+    cut = int(table.batch_position[-1])  # drop the ABORT marker
+    monkeypatch.setattr(clean_job, "DECODE_WINDOW_BYTES", 150)
+    with pytest.raises(CorruptIndexError, match="no ABORT marker"):
+        segment_rows(task, raw[:cut])
