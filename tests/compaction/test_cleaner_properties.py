@@ -95,7 +95,23 @@ def test_cleaning_until_stable_keeps_exactly_the_winners(
         shutil.rmtree(root)
 
 
-Batch = tuple[list[tuple[int, bytes | None, int, bytes | None]], Compression, bool, int]
+RecordSpec = tuple[int, bytes | None, int, bytes | None]
+Batch = tuple[list[RecordSpec], Compression, bool, int]
+
+
+def _append(
+    log: LogBuilder, recs: list[RecordSpec], codec: Compression, pid: int, ts: int
+) -> tuple[int, list[int]]:
+    """Append one batch of `recs`, their timestamps stepping on from `ts`: (its base
+    offset, the timestamps)."""
+    kvs, stamps, hdrs = [], [], []
+    for key, value, step, version in recs:
+        ts += step
+        kvs.append((str(key).encode(), value))
+        stamps.append(ts)
+        hdrs.append(() if version is None else (RecordHeader(HEADER, version),))
+    base, _ = log.append(kvs, codec=codec, timestamps=stamps, headers=hdrs, pid=pid)
+    return base, stamps
 
 
 def _check(
@@ -105,13 +121,8 @@ def _check(
     originals: list[Rec] = []
     ts = NOW - 1000
     for recs, codec, roll, pid in batches:
-        kvs, stamps, hdrs = [], [], []
-        for key, value, step, version in recs:
-            ts += step
-            kvs.append((str(key).encode(), value))
-            stamps.append(ts)
-            hdrs.append(() if version is None else (RecordHeader(HEADER, version),))
-        base, _ = log.append(kvs, codec=codec, timestamps=stamps, headers=hdrs, pid=pid)
+        base, stamps = _append(log, recs, codec, pid, ts)
+        ts = stamps[-1]
         for i, (key, value, _, version) in enumerate(recs):
             originals.append(Rec(base + i, str(key).encode(), value, stamps[i], version))
         if roll:
@@ -262,13 +273,7 @@ def _build(root: Path, batches: list[Batch], txn_ops: list[tuple[object, ...]]) 
     ops = iter(txn_ops)
     open_txn: set[int] = set()
     for recs, codec, roll, pid in batches:
-        kvs, stamps, hdrs = [], [], []
-        for key, value, step, version in recs:
-            ts += step
-            kvs.append((str(key).encode(), value))
-            stamps.append(ts)
-            hdrs.append(() if version is None else (RecordHeader(HEADER, version),))
-        log.append(kvs, codec=codec, timestamps=stamps, headers=hdrs, pid=pid)
+        ts = _append(log, recs, codec, pid, ts)[1][-1]
         op = next(ops, None)
         if op is not None and op[0] == "data":
             _, txn_key, tombstone, data_pid = op
