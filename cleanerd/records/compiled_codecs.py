@@ -48,12 +48,13 @@ client accept; libzstd's one-shot call does not check it), checks with
 `ZSTD_findFrameCompressedSize` that the frame is the whole area (several frames, or bytes
 after one, are left to the library), and decodes it with `ZSTD_decompressDCtx` into the
 room left, which checks the content size and checksum when the frame has them; too little
-room (`dstSize_tooSmall`) asks for more, unless the room already holds the content size the
-frame states (damaged blocks that overflow it get the same error from libzstd, and growing
-the room for them would never end), and any other error leaves the area to the library.
+room (`dstSize_tooSmall`) asks for more up to what the frame can decode to (the content size
+it states; a block of at most min(window, 128 KiB) per 3 bytes of frame; 128 MiB at most:
+damaged blocks get the same error from libzstd however big the room, so growing it for
+them must end), and past that, as on any other error, the area is left to the library.
 A frame of unknown content size (what Kafka's Java producer writes, streaming) is decoded
-the same way: libzstd reports too little room only once the output it has actually
-produced fills the room, so a false content size cannot make the caller grow its buffer.
+the same way, its room bounded by its blocks; a false stated size cannot make the caller
+grow its buffer past that bound either.
 The decompression context (`ZSTD_DCtx`) is one per thread (`zstd_context`), passed to the
 kernel as an address: a context must not be used by two threads at once, and the kernel
 runs without the GIL. When libzstd cannot be loaded, the symbols are bound to stand-ins
@@ -93,6 +94,7 @@ _P1, _P2, _P3, _P4, _P5 = XXH32_PRIMES
 
 ZSTD_MAGIC: Final = 0xFD2FB528
 ZSTD_WINDOW_LIMIT: Final = 1 << 27
+ZSTD_BLOCK_LIMIT: Final = 1 << 17  # a block decodes to at most 128 KiB
 """The largest window a zstd frame may need: libzstd's limit for streaming decoders that
 set none (`ZSTD_WINDOWLOG_LIMIT_DEFAULT`), as the codec layer's (zstandard's) and Kafka's
 Java client's (zstd-jni's) do not."""
@@ -545,6 +547,17 @@ def _zstd_content_size(src: Any, s: Int, e: Int) -> Int:
 
 
 @jit
+def _zstd_room_bound(src: Any, s: Int, e: Int, window: Int) -> Int:
+    """The most room the kernel gives the zstd frame at `src[s:e]` (its header read, its
+    `window` known): what the frame can decode to (the content size it states, and at
+    most one block of min(window, 128 KiB) per 3 bytes of the frame, a block header's
+    size), and never past ZSTD_WINDOW_LIMIT; a bigger frame is left to the library."""
+    bound = min(((e - s) // 3) * min(window, ZSTD_BLOCK_LIMIT), ZSTD_WINDOW_LIMIT)
+    stated = _zstd_content_size(src, s, e)
+    return bound if stated < 0 else min(bound, stated)
+
+
+@jit
 def _zstd(src: Any, s: Int, e: Int, dst: Any, o: Int, dctx: Int) -> tuple[Int, Int]:
     """Decode the zstd area `src[s:e]` (one frame) to `dst[o:]` through libzstd, with the
     decompression context at `dctx`: (status, output end)."""
@@ -560,13 +573,12 @@ def _zstd(src: Any, s: Int, e: Int, dst: Any, o: Int, dctx: Int) -> tuple[Int, I
         return UNDECODED, o  # several frames, bytes after the frame, or an error
     written = _decompress_dctx(dctx, dst.ctypes.data + o, len(dst) - o, at, e - s)
     if _is_error(written):
-        if _get_error_code(written) == ZSTD_DST_SIZE_TOO_SMALL:
-            # libzstd also says so when damaged blocks overflow the size the frame
-            # states: more room would never do, so only a stated size above the room
-            # (or none) asks for more.
-            stated = _zstd_content_size(src, s, e)
-            if stated < 0 or stated > len(dst) - o:
-                return NEEDS_ROOM, o
+        # libzstd also says the room is too small when damaged blocks overflow what
+        # the frame may hold, however big the room: so more is asked for only up to
+        # what the frame could hold, and past that the library decides.
+        too_small = _get_error_code(written) == ZSTD_DST_SIZE_TOO_SMALL
+        if too_small and len(dst) - o < _zstd_room_bound(src, s, e, window):
+            return NEEDS_ROOM, o
         return UNDECODED, o
     return OK, o + written
 

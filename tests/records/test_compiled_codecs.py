@@ -340,6 +340,21 @@ def test_a_zstd_area_larger_than_the_room_asks_for_more(sized: bool) -> None:
     assert kernel([small, big], room=10_000, codec=Compression.ZSTD)[:2] == (OK, 2)
 
 
+@pytest.mark.parametrize("sized", [True, False], ids=["content-size", "no-content-size"])
+def test_the_room_bound_holds_what_the_densest_frame_decodes_to(sized: bool) -> None:
+    """8 MiB of one byte, streamed (RLE blocks of 4 bytes for 128 KiB each, the densest
+    zstd writes), gets all the room it asks for, up to what it decodes to."""
+    data = b"\x07" * (8 << 20)
+    frame = zstandard.ZstdCompressor(write_content_size=sized).compress(data)
+    room = 1000
+    status, _, outputs = kernel([frame], room=room, codec=Compression.ZSTD)
+    while status == NEEDS_ROOM:
+        room *= 2
+        status, _, outputs = kernel([frame], room=room, codec=Compression.ZSTD)
+    assert status == OK
+    assert outputs == [data]
+
+
 def test_a_false_content_size_does_not_ask_for_room() -> None:
     """A frame whose header states far more than its blocks hold is damage, not a frame
     that needs room (which the caller would allocate)."""
@@ -390,20 +405,33 @@ def _zstd_batch(records: list[Record], base: int, area: bytes | None = None) -> 
     return batch if area is None else _assemble(unpack_header(batch), area)
 
 
-# A 2-byte stated content size of 256, and a damaged block that decodes past it:
-# libzstd answers dstSize_tooSmall whatever the room (found by the property above).
-_OVERFLOWING_ZSTD = bytes.fromhex("28b52ffd6000005d00000c002100000100f9294704")
+# A damaged block that libzstd answers with dstSize_tooSmall whatever the room (found
+# by the property above), behind a header stating 256 bytes of content (2 bytes, +256),
+# stating none (a 1 KiB window), and stating 2^48 bytes (8 bytes, a 1 KiB window).
+_DAMAGED_BLOCK = bytes.fromhex("5d00000c002100000100f9294704")
+_OVERFLOWING_ZSTD = [
+    bytes.fromhex("28b52ffd600000") + _DAMAGED_BLOCK,
+    bytes.fromhex("28b52ffd0000") + _DAMAGED_BLOCK,
+    bytes.fromhex("28b52ffdc0000000000000000100") + _DAMAGED_BLOCK,
+]
 
 
-def test_a_frame_overflowing_its_stated_size_is_left_to_the_library() -> None:
-    """More room would never do for it: the kernel does not ask for more (its caller
-    would grow its buffer without end), it leaves the frame to the library, which
-    refuses it; a batch holding it is reported corrupt at its position."""
-    assert kernel([_OVERFLOWING_ZSTD], room=1 << 10, codec=Compression.ZSTD)[0] == UNDECODED
-    assert kernel([_OVERFLOWING_ZSTD], room=100, codec=Compression.ZSTD)[0] == NEEDS_ROOM
-    assert library(Compression.ZSTD, _OVERFLOWING_ZSTD) is None
+@pytest.mark.parametrize("area", _OVERFLOWING_ZSTD, ids=["stated", "unstated", "huge"])
+def test_a_frame_overflowing_what_it_can_hold_is_left_to_the_library(area: bytes) -> None:
+    """More room would never do for it: the kernel asks for more only up to what the
+    frame can decode to (its stated size, its blocks), then leaves it to the library,
+    which refuses it; a batch holding it is reported corrupt at its position (before,
+    its caller grew its buffer until memory ran out)."""
+    room, asked = 64, 0
+    status = NEEDS_ROOM
+    while status == NEEDS_ROOM:
+        status = kernel([area], room=room, codec=Compression.ZSTD)[0]
+        room, asked = 2 * room, asked + 1
+        assert room < 1 << 20, "asked for room without end"
+    assert status == UNDECODED
+    assert library(Compression.ZSTD, area) is None
     good = _zstd_batch(_records(0, 1), 0)
-    bad = _zstd_batch(_records(1, 1), 1, _OVERFLOWING_ZSTD)
+    bad = _zstd_batch(_records(1, 1), 1, area)
     with pytest.raises(CorruptRecordError) as caught:
         segment_columns(good + bad)
     assert caught.value.position == len(good)
