@@ -123,7 +123,6 @@ from cleanerd.log.segment_reader import (
 from cleanerd.log.txnindex import AbortedTxn
 from cleanerd.records.batch import empty_batch_of, encode_batch, encode_empty_batch
 from cleanerd.records.columns import (
-    SIDE,
     SegmentColumns,
     segment_columns,
 )
@@ -702,7 +701,7 @@ def _legacy_as_v2(c: _Columns, i: int, kept: NDArray[np.int64]) -> tuple[bytes, 
             int(sc.timestamp[j]),
             part(int(c.joined.key_pos[j]), int(sc.key_len[j])),
             part(
-                int(sc.value_pos[j]) + (c.joined.side_shift if sc.buffer_id[j] == SIDE else 0),
+                int(sc.value_pos[j]) + c.joined.shift(int(sc.buffer_id[j])),
                 int(sc.value_len[j]),
             ),
         )

@@ -189,10 +189,12 @@ def _header_versions_kernel(
     for r in range(n):
         pos = headers_pos[r]
         end = headers_end[r]
-        if pos < 0 or end > buf.shape[0] or pos > end:
-            return versions, has, _ERR_AREA, pos, r
         if header_count[r] < 0:
             return versions, has, _ERR_COUNT, pos, r
+        if header_count[r] == 0:  # no version; a legacy record has no header area at all
+            continue
+        if pos < 0 or end > buf.shape[0] or pos > end:
+            return versions, has, _ERR_AREA, pos, r
         value_pos = -1
         value_len = -1
         for _ in range(header_count[r]):

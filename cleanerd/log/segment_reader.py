@@ -113,6 +113,10 @@ class JoinedBuffer:
     side_shift: int = 0
     segment_shift: int = 0
 
+    def shift(self, buffer_id: int) -> int:
+        """How far positions in the buffer `buffer_id` (the record table's) moved."""
+        return self.side_shift if buffer_id == SIDE else self.segment_shift
+
     @property
     def copied(self) -> bool:
         """Whether `buf` is a copy (memory of its own) rather than one of the buffers."""

@@ -3,8 +3,12 @@ kept entries are copied as they are, partly kept ones come out as v2 batches."""
 
 from __future__ import annotations
 
+import numpy as np
 from aiokafka.record.legacy_records import LegacyRecordBatchBuilder
 
+from cleanerd.compaction import cleaner
+from cleanerd.compaction.cleaner import CleanerConfig
+from cleanerd.compaction.strategy import resolve_strategy
 from cleanerd.records.batch import decode_batch, iter_records
 from cleanerd.records.header import Compression
 from cleanerd.records.walker import scan_batches
@@ -57,3 +61,43 @@ def test_mixed_magic_keeps_latest_values(log: LogBuilder) -> None:
     first = decode_batch(raw).header
     assert (first.base_offset, first.last_offset, first.compression) == (2, 4, Compression.GZIP)
     assert magics == [2, 1, 2, 2]  # the untouched legacy entry is copied as it was
+
+
+def test_a_legacy_entry_in_a_mixed_window_is_rewritten_with_its_values(
+    log: LogBuilder,
+) -> None:
+    """A window that starts mid-segment and mixes compressed and plain batches has its
+    records joined in a copy of its own bytes: a plain legacy entry rewritten as v2 reads
+    its value there, not at its position in the segment."""
+    log.append([(k(100), b"x" * 50)])
+    log.append([(k(101), b"y")], codec=Compression.GZIP)
+    log.segments[-1].batches.append(legacy([(2, k(1), b"BBBB")], codec=0))
+    log.next_offset = 3
+    log.roll()
+    d = log.write()
+    path = d / f"{0:020d}.log"
+    raw = path.read_bytes()
+    window = (list(scan_batches(raw))[1].position, len(raw))
+    c = cleaner._read_columns(raw, window, path, verify_crc=True)
+    assert c.joined.copied
+    assert c.joined.segment_shift == -window[0]
+    batch, _ = cleaner._legacy_as_v2(c, c.batches - 1, np.array([c.records - 1]))
+    assert [(r.key, r.value) for r in decode_batch(batch).records] == [(k(1), b"BBBB")]
+
+
+def test_the_header_strategy_reads_legacy_records_as_unversioned(log: LogBuilder) -> None:
+    """Legacy records carry no headers: under the header strategy they have no version
+    (the offset decides among them), instead of failing the pass."""
+    log.segments[-1].batches.append(legacy([(0, k(0), b"old"), (1, k(1), b"b")], codec=0))
+    log.next_offset = 2
+    log.append([(k(0), b"new")])
+    log.roll()
+    d = log.write()
+    config = CleanerConfig(segment_bytes=1 << 20, strategy=resolve_strategy("header", "v"))
+    clean(d, config=config)
+    values = {}
+    for seg in sorted(d.glob("*.log")):
+        data = seg.read_bytes()
+        for info in scan_batches(data):
+            values.update({r.key: r.value for r in iter_records(data, info)})
+    assert values == {k(0): b"new", k(1): b"b"}

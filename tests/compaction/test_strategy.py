@@ -219,9 +219,14 @@ def test_malformed_header_area_raises_with_position(
 
 
 def test_header_area_outside_buffer_raises() -> None:
-    """A header area that ends past the buffer is refused rather than read."""
+    """A header area that ends past the buffer is refused rather than read; a record with
+    no headers (a legacy record has no header area: position -1) has no version."""
     with pytest.raises(CorruptRecordError, match="outside the buffer"):
-        header_versions(np.zeros(4, np.uint8), np.array([2]), np.array([0]), b"v", np.array([5]))
+        header_versions(np.zeros(4, np.uint8), np.array([2]), np.array([1]), b"v", np.array([5]))
+    versions, has = header_versions(
+        np.zeros(4, np.uint8), np.array([-1]), np.array([0]), b"v", np.array([-1])
+    )
+    assert (versions.tolist(), has.tolist()) == ([0], [False])
 
 
 # -- timestamp versions and dispatch ------------------------------------------------------
