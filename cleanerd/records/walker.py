@@ -567,10 +567,12 @@ def _window_cuts(buf: U8, max_bytes: Int) -> I64:
     return cuts[:n]
 
 
-DECODE_WINDOW_BYTES: Final = 64 * 1024 * 1024
+DECODE_WINDOW_BYTES: Final = 8 * 1024 * 1024
 """The most bytes of a segment a pass or an audit decodes at once (`batch_windows`):
 decoded, a 1-record batch takes about twice its bytes, so a 1 GiB segment decoded whole
-would need gigabytes."""
+would need gigabytes. Small windows are also faster, their columns staying in the CPU's
+caches: a first clean of a 1 GiB segment of 1-record batches took 7.0 s with 64 MiB
+windows (peak 485 MB), 6.2 s with 8 MiB (365 MB), 6.4 s with 2 MiB."""
 
 
 def batch_windows(buf: Buffer | U8, max_bytes: int) -> list[tuple[int, int]]:
