@@ -46,7 +46,9 @@ reads the frame header for the window the frame needs, which must be at most 128
 (`ZSTD_WINDOW_LIMIT`: what the streaming decoders of the codec layer and of Kafka's Java
 client accept; libzstd's one-shot call does not check it), checks with
 `ZSTD_findFrameCompressedSize` that the frame is the whole area (several frames, or bytes
-after one, are left to the library), and decodes it with `ZSTD_decompressDCtx` into the
+after one, are left to the library) and that no block declares more than the block
+maximum, min(window, 128 KiB) (the streaming decoders refuse such a block; the one-shot
+call decodes an RLE one), and decodes it with `ZSTD_decompressDCtx` into the
 room left, which checks the content size and checksum when the frame has them; too little
 room (`dstSize_tooSmall`) asks for more up to what the frame can decode to (the content size
 it states; a block of at most min(window, 128 KiB) per 3 bytes of frame; 128 MiB at most:
@@ -547,6 +549,28 @@ def _zstd_content_size(src: Any, s: Int, e: Int) -> Int:
 
 
 @jit
+def _zstd_blocks_fit(src: Any, s: Int, e: Int, window: Int) -> bool:
+    """Whether every block of the zstd frame at `src[s:e]` (its size already checked by
+    libzstd, no dictionary id) declares at most the frame's block maximum, min(window,
+    128 KiB): a raw or RLE block its content, a compressed block its bytes, as the
+    streaming decoders check and libzstd's one-shot call does not for an RLE block."""
+    descriptor = np.int64(src[s + 4])
+    fcs_flag, single = descriptor >> 6, (descriptor & 0x20) != 0
+    fcs_bytes = (1 if single else 0) if fcs_flag == 0 else np.int64(1) << fcs_flag
+    p = s + 5 + (0 if single else 1) + fcs_bytes
+    limit = min(window, ZSTD_BLOCK_LIMIT)
+    while p + 3 <= e:
+        header = np.int64(src[p]) | (np.int64(src[p + 1]) << 8) | (np.int64(src[p + 2]) << 16)
+        kind, size = (header >> 1) & 3, header >> 3
+        if kind == 3 or size > limit:
+            return False
+        p += 3 + (1 if kind == 1 else size)
+        if header & 1:
+            return True
+    return False
+
+
+@jit
 def _zstd_room_bound(src: Any, s: Int, e: Int, window: Int) -> Int:
     """The most room the kernel gives the zstd frame at `src[s:e]` (its header read, its
     `window` known): what the frame can decode to (the content size it states, and at
@@ -571,6 +595,8 @@ def _zstd(src: Any, s: Int, e: Int, dst: Any, o: Int, dctx: Int) -> tuple[Int, I
     at = src.ctypes.data + s
     if _find_frame_compressed_size(at, e - s) != e - s:
         return UNDECODED, o  # several frames, bytes after the frame, or an error
+    if not _zstd_blocks_fit(src, s, e, window):
+        return UNDECODED, o
     written = _decompress_dctx(dctx, dst.ctypes.data + o, len(dst) - o, at, e - s)
     if _is_error(written):
         # libzstd also says the room is too small when damaged blocks overflow what

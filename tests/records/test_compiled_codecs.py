@@ -355,6 +355,21 @@ def test_the_room_bound_holds_what_the_densest_frame_decodes_to(sized: bool) -> 
     assert outputs == [data]
 
 
+def _rle_frame(size: int) -> bytes:
+    """A frame with a 1 KiB window and no stated size: one last RLE block of `size`."""
+    return bytes.fromhex("28b52ffd0000") + ((size << 3) | 0b011).to_bytes(3, "little") + b"A"
+
+
+def test_a_block_past_the_block_maximum_is_left_to_the_library() -> None:
+    """An RLE block of 2,000 bytes in a frame whose blocks may hold 1 KiB (its window):
+    libzstd's one-shot call decodes it, the streaming decoders refuse it, and so the
+    kernel leaves it to the library, which refuses it; 1,000 bytes are fine."""
+    assert kernel([_rle_frame(2000)], codec=Compression.ZSTD)[0] == UNDECODED
+    assert library(Compression.ZSTD, _rle_frame(2000)) is None
+    assert kernel([_rle_frame(1000)], codec=Compression.ZSTD) == (OK, 1, [b"A" * 1000])
+    assert library(Compression.ZSTD, _rle_frame(1000)) == b"A" * 1000
+
+
 def test_a_false_content_size_does_not_ask_for_room() -> None:
     """A frame whose header states far more than its blocks hold is damage, not a frame
     that needs room (which the caller would allocate)."""
