@@ -291,14 +291,18 @@ class ProducerStateBuilder:
         self._fold_rows = FOLD_ROWS if fold_rows is None else fold_rows
         self._parts: list[ProducerColumns] = []
         self._rows = 0
+        self._next_fold = self._fold_rows
 
     def add(self, batches: ProducerColumns) -> None:
         """The next batches of the log (with a producer id, in offset order)."""
         self._parts.append(batches)
         self._rows += batches.producer_id.shape[0]
-        if self._rows >= self._fold_rows and len(self._parts) > 1:
+        if self._rows >= self._next_fold and len(self._parts) > 1:
             self._parts = [_as_batches(_fold(ProducerColumns.concat(self._parts)))]
             self._rows = self._parts[0].producer_id.shape[0]
+            # A log of many producers (a new id per client restart) folds again only
+            # once as many batches came as it has producers: not at every part.
+            self._next_fold = max(self._fold_rows, 2 * self._rows)
 
     def result(self, *, now_ms: int, expiration_ms: int) -> ActiveProducers:
         return active_producers(

@@ -243,3 +243,17 @@ def test_active_producers_do_not_keep_a_row_per_batch() -> None:
         for column in (out.producer_id, out.producer_epoch, out.last_data_offset):
             assert column.base is None, "a view of a bigger array"
             assert column.nbytes == 8 * producers
+
+
+def test_many_producers_are_not_folded_again_at_every_part() -> None:
+    """With more producers than `fold_rows`, the builder folds again only once the new
+    batches are as many as the producers it holds, not at every part added."""
+    builder = ProducerStateBuilder(fold_rows=10)
+    folds = 0
+    for part in range(40):
+        before = len(builder._parts)
+        builder.add(ProducerColumns.of([data(part * 50 + n, part * 50 + n) for n in range(50)]))
+        folds += len(builder._parts) < before + 1
+    assert folds < 8
+    active = builder.result(now_ms=0, expiration_ms=DAY)
+    assert len(active.producer_id) == 2000
