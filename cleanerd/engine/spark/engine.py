@@ -101,7 +101,9 @@ from cleanerd.log.files import (
 from cleanerd.log.index import OffsetIndex, TimeIndex
 from cleanerd.log.lock import PartitionLock
 from cleanerd.log.ownership import OwnerProof
+from cleanerd.log.segment_reader import map_file
 from cleanerd.records.columns import segment_columns
+from cleanerd.records.walker import DECODE_WINDOW_BYTES, batch_windows
 
 MISSING_MESSAGE: Final = "the spark engine needs `pip install cleanerd[spark]` and Java 17"
 BATCH_WINDOW_S: Final = 0.2
@@ -230,17 +232,20 @@ def _check_group(dir_path: Path, group: CleanedGroup, max_index_size: int) -> No
         path = log_file(dir_path, base, CLEANED_FILE_SUFFIX)
         if not path.exists():
             raise CleanerdError(f"{path}: missing, the job wrote it")
-        data = path.read_bytes()
-        sc = segment_columns(data, verify_crc=True)
-        bases = sc.base_offset
-        lasts = bases + sc.last_offset_delta
-        if (bases.size and int(bases[0]) < max(base, ends)) or bool(
-            np.any(bases[1:] <= lasts[:-1])
-        ):
-            raise CleanerdError(f"{path}: batches out of offset order")
+        data = map_file(path)
+        # Decoded a window at a time, like any segment (an output is up to 1 GiB).
+        for start, end in batch_windows(data, DECODE_WINDOW_BYTES):
+            sc = segment_columns(data, start=start, end=end, verify_crc=True)
+            bases = sc.base_offset
+            lasts = bases + sc.last_offset_delta
+            if (bases.size and int(bases[0]) < max(base, ends)) or bool(
+                np.any(bases[1:] <= lasts[:-1])
+            ):
+                raise CleanerdError(f"{path}: batches out of offset order")
+            records += int(sc.records_count.sum())
+            ends = int(lasts[-1]) + 1 if lasts.size else ends
+            del sc, bases, lasts  # no view of the mapping may outlive the loop
         size += len(data)
-        records += int(sc.records_count.sum())
-        ends = int(lasts[-1]) + 1 if lasts.size else ends
         _check_indexes(dir_path, base, len(data), max_index_size)
     if size != group.size_bytes or records != group.records or ends != group.next_offset:
         raise CleanerdError(

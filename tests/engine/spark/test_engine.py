@@ -30,6 +30,7 @@ from cleanerd.engine.spark.engine import SparkEngine, SparkJobFailed, SparkSetti
 from cleanerd.engine.spark.specs import JobSpec, PassSpec
 from cleanerd.errors import CleanerdError
 from cleanerd.log.partition_log import PartitionLog
+from cleanerd.records.walker import scan_batches
 from tests.compaction.conftest import TP, LogBuilder, k, read_batches, segment_metas
 from tests.engine.owned import own
 from tests.engine.spark.support import (
@@ -354,3 +355,35 @@ def test_uri_reads_and_a_corrupt_segment_fail_only_their_pass(spark: Any, tmp_pa
         config=job.config,
     )
     assert tree(tmp_path / "uri") == tree(tmp_path / "local")
+
+
+def test_the_output_check_reads_a_window_at_a_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The driver checks a job's `.cleaned` output a window of batches at a time (an
+    output is up to a segment, 1 GiB): a good output passes whatever the window, and
+    batches out of offset order are refused also when they meet across windows."""
+    log = LogBuilder(tmp_path / "logs")
+    for i in range(20):
+        log.append([(k(i % 7), b"v%d" % i)])
+    log.roll()
+    d = log.write()
+    result = Cleaner(OffsetMap(1 << 16)).clean(
+        log_dir=d.parent,
+        tp=TP,
+        segments=segment_metas(d),
+        first_dirty=0,
+        first_uncleanable=log.segments[-1].base,
+        now_ms=NOW,
+        config=CleanerConfig(),
+        install=False,
+    )
+    (group,) = result.cleaned
+    monkeypatch.setattr(spark_engine, "DECODE_WINDOW_BYTES", 100)  # a batch a window
+    spark_engine._check_group(d, group, CleanerConfig().max_index_size)
+    output = d / f"{group.base:020d}.log.cleaned"
+    data = output.read_bytes()
+    spans = [data[b.position : b.position + b.size] for b in scan_batches(data)]
+    output.write_bytes(b"".join([spans[1], spans[0], *spans[2:]]))
+    with pytest.raises(CleanerdError, match="out of offset order"):
+        spark_engine._check_group(d, group, CleanerConfig().max_index_size)
