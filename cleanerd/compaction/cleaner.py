@@ -321,6 +321,11 @@ class _Columns:
     """Record offsets, contiguous (the record table's columns are strided)."""
     keyed: NDArray[np.int64]
     """Rows of the records with a key."""
+    memory_bytes: int
+    """What the decoded window holds in memory besides the mapped file: the side buffer
+    (and the joined buffer), the batch and record tables, the pass's own per-record
+    columns, the key hashes and map slots (counted for the cache budget; reckoned once,
+    the hashes and slots ahead of their making, as the cache reads it several times)."""
     _hashes: NDArray[np.uint64] | None = None
 
     def hashes(self, rows: NDArray[np.int64]) -> NDArray[np.uint64]:
@@ -331,16 +336,6 @@ class _Columns:
         if rows.size == self.records:  # every record, in order
             return self._hashes
         return self._hashes[rows]
-
-    @property
-    def memory_bytes(self) -> int:
-        """What the decoded window holds in memory besides the mapped file: the side
-        buffer (and the joined buffer), the batch and record tables, the pass's own
-        per-record columns, the key hashes and map slots (counted for the cache
-        budget)."""
-        joined = self.joined.buf.nbytes if self.joined.copied else 0
-        tables = self.sc.table_bytes
-        return self.sc.side.nbytes + joined + tables + self.records * _PASS_RECORD_BYTES
 
     @property
     def nbytes(self) -> int:
@@ -403,6 +398,7 @@ def _read_columns(
         sc.batch_index, joined.record_pos, sc.record_size, sc.offset, sc.key_len,
         batch_of, record_end, offsets, keyed,
     )  # fmt: skip
+    joined_bytes = joined.buf.nbytes if joined.copied else 0
     return _Columns(
         raw=raw,
         start=start,
@@ -413,6 +409,7 @@ def _read_columns(
         record_end=record_end,
         offsets=offsets,
         keyed=keyed[:keyed_count],
+        memory_bytes=sc.side.nbytes + joined_bytes + sc.table_bytes + n * _PASS_RECORD_BYTES,
     )
 
 
