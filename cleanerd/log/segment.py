@@ -468,10 +468,11 @@ class LogSegment:
             if summary is not None:
                 return summary
             scan = walk_prefix(buf, start=position)
-            if scan.error is not None:
-                if not (self.read_only and self.growing) or torn_tail_reason(buf, scan) is None:
-                    raise scan.error.located(self.log_path)
-                self._size = scan.stop
+            if scan.error is None:  # legacy entries stopped the summary
+                return Summary.of_table(walk(buf, start=position).table, scan.stop)
+            if not (self.read_only and self.growing) or torn_tail_reason(buf, scan) is None:
+                raise scan.error.located(self.log_path)
+            self._size = scan.stop
             whole = as_uint8(buf)[: scan.stop]
             summary = summarize(whole, start=position) or Summary.of_table(
                 walk(whole, start=position).table, scan.stop
