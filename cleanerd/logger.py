@@ -7,11 +7,45 @@ structlog's own lazy proxy for `name`; that proxy reads structlog's configuratio
 every call (`cleanerd.daemon.logging` sets `cache_logger_on_first_use=False`), so a
 configuration made before or after the first call applies, as with
 `structlog.get_logger`.
+
+A one-shot command states its logging configuration with `configure_when_first_used`,
+which applies it at the first log call too: a command that logs nothing never imports
+structlog, and one that logs sends its lines where it asked.
 """
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Callable
 from typing import Any
+
+_pending: list[Callable[[], None]] = []
+"""The logging configuration to apply at the first log call, if any."""
+
+
+def configure_when_first_used(configure: Callable[[], None]) -> None:
+    """Run `configure` (it configures structlog) before the process's next log line: now,
+    when structlog is imported already (a logger may have been bound)."""
+    if "structlog" in sys.modules:
+        _pending.clear()
+        configure()
+    else:
+        _pending[:] = [configure]
+
+
+class CurrentStderr:
+    """Whatever `sys.stderr` is at the time of each write (a test's capture, a
+    redirection made after the logging was configured): the log stream of the one-shot
+    commands, whose stdout holds only their report (`--json` stays parseable)."""
+
+    def write(self, text: str) -> int:
+        return sys.stderr.write(text)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
+
+    def isatty(self) -> bool:
+        return sys.stderr.isatty()
 
 
 class Logger:
@@ -25,6 +59,8 @@ class Logger:
 
     def _logger(self) -> Any:
         if self._bound is None:
+            while _pending:
+                _pending.pop()()
             import structlog
 
             self._bound = structlog.get_logger(self._name)

@@ -26,15 +26,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
-from typing import Final, TextIO, cast
+from typing import Final
 
-from cleanerd.commands import Arg
+from cleanerd.commands import Arg, log_to_stderr
 from cleanerd.commands.progress import Progress, TrackedEngine
 from cleanerd.compaction.stats import render_invalid_warning, render_stats
 from cleanerd.config import load_config
-from cleanerd.daemon.logging import configure_logging
 from cleanerd.engine import create_engine
 from cleanerd.engine.first_reads import ReaderPool
 from cleanerd.logger import get_logger
@@ -145,20 +143,6 @@ def render_text(report: CycleReport) -> list[str]:
     return lines
 
 
-class _Stderr:
-    """Whatever `sys.stderr` is at the time of each write (a test's capture, a
-    redirection made after the logging was configured)."""
-
-    def write(self, text: str) -> int:
-        return sys.stderr.write(text)
-
-    def flush(self) -> None:
-        sys.stderr.flush()
-
-    def isatty(self) -> bool:
-        return sys.stderr.isatty()
-
-
 def _percent(used: int, total: int) -> str:
     return f"{100 * used / total:.1f}%" if total else "n/a"
 
@@ -168,7 +152,7 @@ def run(args: argparse.Namespace) -> int:
     retention, cleaning a partition) or a log dir could not be owned (see above)."""
     config = load_config(args.config)
     # Log lines go to stderr, so stdout holds only the report (`--json` stays parseable).
-    configure_logging(config.logging.format, config.logging.level, cast(TextIO, _Stderr()))
+    log_to_stderr(config)
     now_ms: int | None = args.now_ms
     clock = wall_clock_ms if now_ms is None else (lambda: now_ms)
     topics = frozenset(args.topic) if args.topic else None

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Final
 
 from cleanerd import wording
-from cleanerd.commands import Arg
+from cleanerd.commands import Arg, log_to_stderr
 from cleanerd.config import load_config
 from cleanerd.maintenance.plan import (
     CyclePlan,
@@ -151,6 +151,8 @@ def render_text(plan: CyclePlan) -> list[str]:
 def run(args: argparse.Namespace) -> int:
     """The `plan` subcommand: exit 1 when a log dir or partition could not be read."""
     cfg = load_config(args.config)
+    # Log lines go to stderr, so stdout holds only the report (`--json` stays parseable).
+    log_to_stderr(cfg)
     now_ms = args.now_ms if args.now_ms is not None else time.time_ns() // 1_000_000
     gathered = gather(cfg, now_ms=now_ms)
     plan = plan_cycle(
