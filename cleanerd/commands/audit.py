@@ -39,9 +39,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
-from cleanerd.commands import Arg
+from cleanerd.commands import Arg, log_to_stderr, positive_int
 from cleanerd.commands.progress import Progress
-from cleanerd.compaction.audit import DEFAULT_MAX_LISTED, PartitionAudit, audit_partition
+from cleanerd.compaction.audit import (
+    AUDIT_MEMORY_BYTES,
+    DEFAULT_MAX_LISTED,
+    PartitionAudit,
+    audit_partition,
+)
 from cleanerd.config import Config, load_config
 from cleanerd.errors import CleanerdError
 from cleanerd.log.files import LOG_FILE_SUFFIX, METADATA_TOPIC, parse_topic_partition
@@ -51,6 +56,7 @@ from cleanerd.log.topic_config import TopicConfig
 from cleanerd.wording import count
 
 CLEAN_TIME_ALLOWANCE_MS: Final = 300_000
+
 
 ARGS: Final[tuple[Arg, ...]] = (
     (("-c", "--config"), {"type": Path, "metavar": "FILE", "help": "the YAML config file"}),
@@ -80,6 +86,16 @@ ARGS: Final[tuple[Arg, ...]] = (
             "default": DEFAULT_MAX_LISTED,
             "metavar": "N",
             "help": f"violations listed per partition, oldest first (default {DEFAULT_MAX_LISTED})",
+        },
+    ),
+    (
+        ("--memory-mb",),
+        {
+            "type": positive_int,
+            "default": AUDIT_MEMORY_BYTES >> 20,
+            "metavar": "MB",
+            "help": "memory for one partition's records; a bigger partition is read again "
+            f"per key bucket (local scan; default {AUDIT_MEMORY_BYTES >> 20})",
         },
     ),
     (("--json",), {"action": "store_true", "help": "print one JSON document"}),
@@ -150,14 +166,22 @@ def audit_log_dirs(
     now_ms: int,
     slack_ms: int,
     max_listed: int,
+    memory_bytes: int = AUDIT_MEMORY_BYTES,
     progress: Progress | None = None,
 ) -> AuditRun:
-    """Audit every compacted partition of every log dir of `cfg` (observe mode)."""
+    """Audit every compacted partition of every log dir of `cfg` (observe mode), each
+    within about `memory_bytes` (see `compaction.audit`)."""
     run = AuditRun()
     for plog, topic in compacted_partitions(cfg, run):
-        run.audits.append(
-            audit_partition(plog, topic, now_ms=now_ms, slack_ms=slack_ms, max_listed=max_listed)
+        audit = audit_partition(
+            plog,
+            topic,
+            now_ms=now_ms,
+            slack_ms=slack_ms,
+            max_listed=max_listed,
+            memory_bytes=memory_bytes,
         )
+        run.audits.append(audit)
         if progress is not None:
             sizes = [s.size for s in plog.segments]
             progress.advance(segments=len(sizes), size=sum(sizes))
@@ -287,6 +311,8 @@ def render_text(a: PartitionAudit) -> list[str]:
 def run(args: argparse.Namespace) -> int:
     """The `audit` subcommand: exit 1 on a deadline violation or an unreadable partition."""
     cfg = load_config(args.config)
+    # Log lines go to stderr, so stdout holds only the report (`--json` stays parseable).
+    log_to_stderr(cfg)
     now_ms = args.now_ms if args.now_ms is not None else time.time_ns() // 1_000_000
     slack_ms = args.slack_ms if args.slack_ms is not None else default_slack_ms(cfg)
     if args.parquet is not None and args.engine != "spark":
@@ -309,6 +335,7 @@ def run(args: argparse.Namespace) -> int:
                 now_ms=now_ms,
                 slack_ms=slack_ms,
                 max_listed=args.max_listed,
+                memory_bytes=args.memory_mb << 20,
                 progress=progress,
             )
     if args.json:

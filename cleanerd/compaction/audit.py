@@ -41,11 +41,26 @@ kernel for `superseded_at` (a per-key sweep from the winner down, with a Fenwick
 prefix minima over the records' offset ranks, O(n log n)); Python runs per batch only,
 never per record. `read_audit_columns` decodes a partition's segments with
 `columns.segment_columns` (CRC checked) and `keyhash.hash_keys`.
+
+Memory. The ranking needs every candidate row of a key at once, about `ROW_BYTES` a row
+with its temporaries: 700 MB for a 1 GiB segment of 1-record batches, and it grows with
+the partition. `audit_partition` therefore audits a partition in key buckets when it has
+more rows than `memory_bytes` holds: bucket b of B takes the keys whose hash is b modulo
+B, every bucket is read from the partition's segments in turn (nothing is written
+anywhere: the audit only reads), and the buckets' results are merged (`merge_results`).
+A key lies in one bucket, and every figure of the result is a sum, a maximum or the
+oldest listed violations over keys, so the merged result is the one-bucket result
+exactly. B is not known before reading: a read stops once its rows exceed the budget,
+and starts again with B raised from the rows per byte seen so far. A key's rows cannot
+be split, so a key with more rows than the budget holds would make every B overflow:
+after `REBUCKETS` such restarts (or at `MAX_BUCKETS`), the buckets are read whole
+whatever they hold.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
@@ -72,6 +87,7 @@ from cleanerd.log.segment import LogSegment
 from cleanerd.log.segment_reader import join_buffers
 from cleanerd.log.topic_config import TopicConfig
 from cleanerd.log.txnindex import AbortedTxn
+from cleanerd.logger import get_logger
 from cleanerd.records.columns import SegmentColumns, segment_columns
 from cleanerd.records.control import control_type_column
 from cleanerd.records.header import (
@@ -86,9 +102,22 @@ I64 = NDArray[np.int64]
 U64 = NDArray[np.uint64]
 Bools = NDArray[np.bool_]
 
+log = get_logger(__name__)
+
 NEVER: Final = 2**63 - 1
 """Sentinel time: not superseded, superseded at an unknown time, or no horizon."""
 DEFAULT_MAX_LISTED: Final = 20
+AUDIT_MEMORY_BYTES: Final = 512 << 20
+"""The default memory budget of one partition's candidate rows (see the module docstring)."""
+ROW_BYTES: Final = 128
+"""What a candidate row costs at the peak of `audit_columns`: its columns (58 bytes) and
+the ranking's temporaries (order, offsets, offset ranks, times, the kernel's tree, the
+result), measured at 125 bytes a row on 5.6 million rows."""
+MAX_BUCKETS: Final = 4096
+"""The most key buckets a partition is audited in."""
+REBUCKETS: Final = 2
+"""Restarts in more buckets after which the buckets are read whole (see the module
+docstring)."""
 
 
 _DTYPES: Final[Mapping[str, type[Any]]] = MappingProxyType(
@@ -164,6 +193,26 @@ class AuditColumns:
 
 
 @dataclass(frozen=True, slots=True)
+class KeyBucket:
+    """The keys of bucket `index` of `count`: those whose key hash's high word is `index`
+    modulo `count` (see the module docstring)."""
+
+    index: int = 0
+    count: int = 1
+
+    def holds(self, hash_hi: U64) -> Bools:
+        """Per key hash: whether its key is in this bucket."""
+        if self.count == 1:
+            return np.ones(hash_hi.shape, np.bool_)
+        held: Bools = hash_hi % np.uint64(self.count) == np.uint64(self.index)
+        return held
+
+
+WHOLE: Final = KeyBucket()
+"""Every key: the partition in one bucket."""
+
+
+@dataclass(frozen=True, slots=True)
 class Violation:
     """A superseded record past its deadline plus slack."""
 
@@ -193,6 +242,39 @@ class AuditResult:
     """now - the earliest passed tombstone horizon."""
     markers_past_horizon: int
     oldest_marker_overdue_ms: int | None
+
+
+def _most(values: Iterator[int | None]) -> int | None:
+    known = [v for v in values if v is not None]
+    return max(known) if known else None
+
+
+def merge_results(parts: Sequence[AuditResult], *, max_listed: int) -> AuditResult:
+    """The result of a partition audited in key buckets, from each bucket's result: what
+    `audit_columns` gives for all the rows at once (see the module docstring). Violations
+    are listed oldest first, ties in offset order, as `audit_columns` lists them (its rows
+    are in offset order)."""
+    if len(parts) == 1:
+        return parts[0]
+    listed = sorted(
+        (v for r in parts for v in r.listed_violations),
+        key=lambda v: (v.superseded_at_ms, v.offset),
+    )
+    return AuditResult(
+        records=sum(r.records for r in parts),
+        keys=sum(r.keys for r in parts),
+        superseded=sum(r.superseded for r in parts),
+        superseded_bytes=sum(r.superseded_bytes for r in parts),
+        superseded_unknown_age=sum(r.superseded_unknown_age for r in parts),
+        oldest_superseded_age_ms=_most(r.oldest_superseded_age_ms for r in parts),
+        violations=sum(r.violations for r in parts),
+        listed_violations=tuple(listed[:max_listed]),
+        tombstones=sum(r.tombstones for r in parts),
+        tombstones_past_horizon=sum(r.tombstones_past_horizon for r in parts),
+        oldest_tombstone_overdue_ms=_most(r.oldest_tombstone_overdue_ms for r in parts),
+        markers_past_horizon=sum(r.markers_past_horizon for r in parts),
+        oldest_marker_overdue_ms=_most(r.oldest_marker_overdue_ms for r in parts),
+    )
 
 
 @jit
@@ -352,9 +434,11 @@ def segment_audit_columns(
     strategy: ResolvedStrategy,
     stable_offset: int,
     tracker: TransactionTracker | None = None,
+    bucket: KeyBucket = WHOLE,
 ) -> AuditColumns:
-    """The candidate rows of one decoded segment. `tracker` (None when the partition has
-    no aborted transaction) is carried across the partition's segments in order."""
+    """The candidate rows of one decoded segment whose keys are in `bucket` (the
+    transaction markers' horizons with bucket 0 only). `tracker` (None when the partition
+    has no aborted transaction) is carried across the partition's segments in order."""
     attrs = sc.attributes.astype(np.int64)
     control = (attrs & CONTROL_MASK) != 0
     aborted = _aborted_batches(sc, tracker)
@@ -366,8 +450,13 @@ def segment_audit_columns(
     rows = np.flatnonzero(candidate).astype(np.int64)
     joined = join_buffers(sc)
     hashes = hash_keys(joined.buf, joined.key_pos[rows], sc.key_len[rows])
+    if bucket.count > 1:
+        mine = bucket.holds(hashes[:, 0])
+        rows, hashes = rows[mine], hashes[mine]
     versions, has = segment_versions(strategy, sc, joined, rows)
     markers = control & (sc.base_offset < stable_offset) & (horizon_of_batch != NEVER)
+    if bucket.index != 0:
+        markers[:] = False
     return AuditColumns(
         hash_hi=hashes[:, 0].copy(),
         hash_lo=hashes[:, 1].copy(),
@@ -418,16 +507,29 @@ def _run_buffer(run: Sequence[LogSegment]) -> Iterator[Buffer]:
     yield b"".join(parts)
 
 
+class RowsOverflow(Exception):
+    """A read kept more rows than its limit (see the module docstring): `rows` kept from
+    the first `bytes_read` bytes of the segments."""
+
+    def __init__(self, rows: int, bytes_read: int) -> None:
+        super().__init__(f"{rows} rows from {bytes_read} bytes")
+        self.rows = rows
+        self.bytes_read = bytes_read
+
+
 def read_audit_columns(
     segments: Sequence[LogSegment],
     *,
     strategy: ResolvedStrategy,
     stable_offset: int,
     aborted: Sequence[AbortedTxn] = (),
+    bucket: KeyBucket = WHOLE,
+    row_limit: int | None = None,
 ) -> AuditColumns:
-    """Decode `segments` (ascending, of one partition) into candidate rows; CRCs are
-    checked and a corrupt batch raises CorruptRecordError naming the file and byte
-    position.
+    """Decode `segments` (ascending, of one partition) into the candidate rows of
+    `bucket`'s keys; CRCs are checked and a corrupt batch raises CorruptRecordError
+    naming the file and byte position. RowsOverflow once more than `row_limit` rows are
+    kept (None: no limit).
 
     A partition of many small segments (a quiet topic rolled by `segment.ms`) would pay
     the fixed cost of a decode per segment, many times the cost of its bytes, so runs of
@@ -435,10 +537,27 @@ def read_audit_columns(
     batches, so the joined bytes hold the same batches in the same order. When such a
     call meets a corrupt batch, the partition is read again one segment at a time, which
     names the file and position as before."""
+    limit = _RowLimit(row_limit)
     try:
-        return _read_runs(_runs(segments), strategy, stable_offset, aborted)
+        return _read_runs(_runs(segments), strategy, stable_offset, aborted, bucket, limit)
     except CorruptRecordError:
-        return _read_runs([[s] for s in segments], strategy, stable_offset, aborted)
+        singly = [[s] for s in segments]
+        return _read_runs(singly, strategy, stable_offset, aborted, bucket, _RowLimit(row_limit))
+
+
+@dataclass(slots=True)
+class _RowLimit:
+    """The rows a read kept so far, against its limit."""
+
+    limit: int | None
+    rows: int = 0
+    bytes_read: int = 0
+
+    def add(self, rows: int, nbytes: int) -> None:
+        self.rows += rows
+        self.bytes_read += nbytes
+        if self.limit is not None and self.rows > self.limit:
+            raise RowsOverflow(self.rows, self.bytes_read)
 
 
 def _read_runs(
@@ -446,12 +565,14 @@ def _read_runs(
     strategy: ResolvedStrategy,
     stable_offset: int,
     aborted: Sequence[AbortedTxn],
+    bucket: KeyBucket,
+    limit: _RowLimit,
 ) -> AuditColumns:
     tracker: TransactionTracker | None = None
     if aborted:
         tracker = TransactionTracker()
         tracker.add_aborted(list(aborted))
-    parts = []
+    parts: list[AuditColumns] = []
     for run in runs:
         with _run_buffer(run) as buf:
             # A big segment is decoded a window of whole batches at a time.
@@ -459,7 +580,11 @@ def _read_runs(
                 try:
                     sc = segment_columns(buf, start=start, end=end)
                     part = segment_audit_columns(
-                        sc, strategy=strategy, stable_offset=stable_offset, tracker=tracker
+                        sc,
+                        strategy=strategy,
+                        stable_offset=stable_offset,
+                        tracker=tracker,
+                        bucket=bucket,
                     )
                 except CorruptRecordError as exc:
                     if len(run) > 1:
@@ -467,6 +592,7 @@ def _read_runs(
                     raise exc.located(run[0].log_path) from exc
                 del sc  # no view of the mapping may outlive it
                 parts.append(part)
+                limit.add(len(part), end - start)
                 del part
     return AuditColumns.gather(parts)
 
@@ -531,14 +657,15 @@ def partition_audit(
     tp: TopicPartition,
     strategy: ResolvedStrategy,
     max_compaction_lag_ms: int,
-    read: AuditColumns | str,
+    read: AuditColumns | AuditResult | str,
     *,
     now_ms: int,
     slack_ms: int,
     max_listed: int = DEFAULT_MAX_LISTED,
 ) -> PartitionAudit:
-    """The audit of partition `tp` of `log_dir` at `now_ms`: of its candidate rows `read`,
-    or, when they could not be read, an audit whose `error` is `read`."""
+    """The audit of partition `tp` of `log_dir` at `now_ms`: of its candidate rows `read`
+    (or their result, audited already), or, when they could not be read, an audit whose
+    `error` is `read`."""
     lag = max_compaction_lag_ms
     audit = PartitionAudit(
         log_dir=log_dir,
@@ -552,6 +679,8 @@ def partition_audit(
     )
     if isinstance(read, str):
         return dataclasses.replace(audit, error=read)
+    if isinstance(read, AuditResult):
+        return dataclasses.replace(audit, result=read)
     result = audit_columns(
         read,
         versioned=strategy.versioned,
@@ -570,19 +699,29 @@ def audit_partition(
     now_ms: int,
     slack_ms: int,
     max_listed: int = DEFAULT_MAX_LISTED,
+    memory_bytes: int = AUDIT_MEMORY_BYTES,
 ) -> PartitionAudit:
     """Audit every segment of `plog` (the active one too) under `topic`'s strategy and
-    max lag. A corrupt segment gives a PartitionAudit with `error` set."""
+    max lag, holding about `memory_bytes` of rows at a time (see the module docstring).
+    A corrupt segment gives a PartitionAudit with `error` set."""
     strategy = resolve_strategy(topic.compaction_strategy, topic.compaction_strategy_header)
-    read: AuditColumns | str = ""
+    read: AuditResult | str = ""
     for _ in range(CHANGED_READ_ATTEMPTS):
         try:
-            scope = audit_scope(plog)
-            read = read_audit_columns(
-                scope.segments,
-                strategy=strategy,
-                stable_offset=scope.stable_offset,
-                aborted=scope.aborted,
+            read = _audit_in_buckets(
+                plog,
+                audit_scope(plog),
+                strategy,
+                lambda cols: audit_columns(
+                    cols,
+                    versioned=strategy.versioned,
+                    now_ms=now_ms,
+                    max_compaction_lag_ms=topic.max_compaction_lag_ms,
+                    slack_ms=slack_ms,
+                    max_listed=max_listed,
+                ),
+                row_limit=max(1, memory_bytes // ROW_BYTES),
+                max_listed=max_listed,
             )
             break
         except (FileChangedError, FileNotFoundError) as exc:
@@ -608,3 +747,55 @@ def audit_partition(
         slack_ms=slack_ms,
         max_listed=max_listed,
     )
+
+
+def _audit_in_buckets(
+    plog: PartitionLog,
+    scope: AuditScope,
+    strategy: ResolvedStrategy,
+    audit: Callable[[AuditColumns], AuditResult],
+    *,
+    row_limit: int,
+    max_listed: int,
+) -> AuditResult:
+    """`audit` of the candidate rows of `scope`, read in as many key buckets as keep each
+    within `row_limit` rows, the buckets' results merged (see the module docstring)."""
+    total_bytes = sum(s.size for s in scope.segments)
+    count, restarts = 1, 0
+    while True:
+        limit = None if restarts > REBUCKETS or count >= MAX_BUCKETS else row_limit
+        try:
+            results = []
+            for index in range(count):
+                cols = read_audit_columns(
+                    scope.segments,
+                    strategy=strategy,
+                    stable_offset=scope.stable_offset,
+                    aborted=scope.aborted,
+                    bucket=KeyBucket(index, count),
+                    row_limit=limit,
+                )
+                results.append(audit(cols))
+                del cols
+            return merge_results(results, max_listed=max_listed)
+        except RowsOverflow as over:
+            count = more_buckets(count, over, total_bytes=total_bytes, row_limit=row_limit)
+            restarts += 1
+            log.info(
+                "audit.in_buckets",
+                topic=plog.topic_partition.topic,
+                partition=plog.topic_partition.partition,
+                log_dir=str(plog.log_dir),
+                buckets=count,
+                row_limit=row_limit if restarts <= REBUCKETS else None,
+            )
+
+
+def more_buckets(count: int, over: RowsOverflow, *, total_bytes: int, row_limit: int) -> int:
+    """How many key buckets to read after a read in `count` of them overflowed: the rows
+    of every bucket, projected from the rows per byte read so far over `total_bytes`,
+    with a quarter to spare, in buckets of `row_limit` rows; a power of two, at least
+    twice `count`, at most MAX_BUCKETS."""
+    projected = over.rows * count * max(total_bytes, over.bytes_read) / max(over.bytes_read, 1)
+    wanted = max(2 * count, math.ceil(1.25 * projected / row_limit))
+    return int(min(MAX_BUCKETS, 1 << (wanted - 1).bit_length()))

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -10,11 +13,12 @@ import yaml
 
 from cleanerd.cli import main
 from cleanerd.commands.audit import CLEAN_TIME_ALLOWANCE_MS, _total_segments, render_text
-from cleanerd.compaction.audit import AuditResult, PartitionAudit
+from cleanerd.compaction.audit import ROW_BYTES, AuditResult, PartitionAudit
 from cleanerd.config import load_config
 from cleanerd.log.files import TopicPartition
 from tests.builders import build_log, kv
 from tests.compaction.conftest import LogBuilder, k
+from tests.paths import REPO
 
 NOW = 1_700_000_000_000
 MIN = 60_000
@@ -154,3 +158,35 @@ def test_progress_total_counts_the_compacted_partitions_segments(tmp_path: Path)
     assert len(expected) == 3
     total = _total_segments(load_config(config_file(tmp_path)))
     assert total == (3, sum(p.stat().st_size for p in expected))
+
+
+def run_audit(*argv: str) -> tuple[int, str, str]:
+    """`cleanerd audit ARGV` as a whole process: (exit status, stdout, stderr)."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    command = [sys.executable, "-m", "cleanerd", "audit", *argv]
+    done = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
+    return done.returncode, done.stdout, done.stderr
+
+
+def test_a_partition_over_memory_mb_is_audited_in_buckets_and_logged_to_stderr(
+    tmp_path: Path,
+) -> None:
+    """A partition of more candidate rows than `--memory-mb` holds is audited in key
+    buckets; the line saying so goes to stderr (with `--json`, stdout holds the report
+    alone), and the report is the report of the partition read at once."""
+    log = LogBuilder(tmp_path / "logs")
+    rows = 1 + (1 << 20) // ROW_BYTES  # one more than a budget of 1 MB holds
+    for start in range(0, rows, 2000):
+        batch = [(k(f"key{i % 3000}"), b"v") for i in range(start, min(rows, start + 2000))]
+        log.append(batch, timestamps=[NOW - 60 * MIN] * len(batch))
+    log.write()
+    path = str(config_file(tmp_path))
+    status, out, err = run_audit("-c", path, "--now-ms", str(NOW), "--json", "--memory-mb", "1")
+    whole_status, whole_out, whole_err = run_audit("-c", path, "--now-ms", str(NOW), "--json")
+    assert (status, whole_status) == (1, 1)
+    assert "audit.in_buckets" in err
+    assert "audit.in_buckets" not in whole_err
+    doc = json.loads(out)
+    assert doc == json.loads(whole_out)
+    assert doc["partitions"][0]["records"] == rows
+    assert doc["partitions"][0]["keys"] == 3000

@@ -433,3 +433,159 @@ def test_scope_reads_no_closed_segments_metadata(
     expected = plog.meta()
     assert scope.stable_offset == expected.last_stable_offset == 4
     assert [s.base_offset for s in scope.segments] == [s.base_offset for s in expected.segments]
+
+
+# -- audits in key buckets (bounded memory) ---------------------------------------------
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.data(), st.integers(0, 40), st.integers(1, 5), st.booleans(), st.integers(1, 4))
+def test_buckets_merged_give_the_one_bucket_result(
+    data: st.DataObject, n: int, buckets: int, versioned: bool, max_listed: int
+) -> None:
+    """Auditing each key bucket's rows and merging the results gives exactly the result
+    of auditing every row at once: counts, oldest ages, and the listed violations (ties
+    in superseded time listed in offset order)."""
+    keys = data.draw(st.lists(st.integers(0, 9), min_size=n, max_size=n))
+    ts = data.draw(
+        st.lists(st.sampled_from([-1, NOW - 90 * MIN, NOW - 30 * MIN, NOW]), min_size=n, max_size=n)
+    )
+    vs = data.draw(st.lists(st.one_of(st.none(), st.integers(-2, 2)), min_size=n, max_size=n))
+    tomb = data.draw(st.lists(st.booleans(), min_size=n, max_size=n))
+    hz = data.draw(
+        st.lists(st.sampled_from([NEVER, NOW - 7, NOW + 7, NOW - 70]), min_size=n, max_size=n)
+    )
+    markers = data.draw(st.lists(st.sampled_from([NOW - 3, NOW + 3, NOW - 30]), max_size=3))
+    cols = columns(
+        keys,
+        ts,
+        vs,
+        hash_hi=np.array([(x * 0x9E3779B97F4A7C15) % 2**64 for x in keys], np.uint64),
+        tombstone=np.array(tomb, np.bool_),
+        horizon=np.array(hz, np.int64),
+        marker_horizon=np.array(markers, np.int64),
+    )
+    kwargs: dict[str, Any] = {
+        "versioned": versioned,
+        "now_ms": NOW,
+        "max_compaction_lag_ms": 10 * MIN,
+        "slack_ms": 5 * MIN,
+        "max_listed": max_listed,
+    }
+    parts = []
+    for index in range(buckets):
+        bucket = audit_module.KeyBucket(index, buckets)
+        rows = np.flatnonzero(bucket.holds(cols.hash_hi))
+        part = AuditColumns.build(
+            lambda name, _dtype, rows=rows: (
+                getattr(cols, name)[rows] if name != "marker_horizon" else cols.marker_horizon
+            )
+        )
+        if index:  # a batch's markers go with bucket 0
+            part = dataclasses.replace(part, marker_horizon=np.zeros(0, np.int64))
+        parts.append(audit_columns(part, **kwargs))
+    merged = audit_module.merge_results(parts, max_listed=max_listed)
+    assert merged == audit_columns(cols, **kwargs)
+
+
+def many_keys_log(root: Path) -> PartitionLog:
+    """Four segments of 400 updates of 200 keys over an hour, with tombstones, compressed
+    batches, an aborted and a committed transaction and an open one at the end."""
+    log = LogBuilder(root)
+    for seg in range(4):
+        for step in range(5):
+            t = NOW - (60 - 12 * seg - 2 * step) * MIN
+            n = 20 * seg + 4 * step
+            batch = [(k(f"key{(37 * (n + j)) % 200}"), b"%d" % step) for j in range(20)]
+            if step == 3:
+                batch[0] = (batch[0][0], None)
+            codec = Compression.ZSTD if step % 2 else Compression.NONE
+            log.append(batch, timestamps=[t] * len(batch), codec=codec)
+        if seg == 1:
+            log.append([(k("key1"), b"aborted")], pid=7, txn=True, timestamps=[NOW - 20 * MIN])
+            log.abort(7)
+        if seg == 2:
+            log.append([(k("key2"), b"won")], pid=8, txn=True, timestamps=[NOW - 15 * MIN])
+            log.commit(8)
+        log.roll()
+    log.append([(k("key3"), b"open")], pid=9, txn=True, timestamps=[NOW - MIN])
+    return open_log(log)
+
+
+def counting_reads(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int | None, int]]:
+    """Record (buckets, row limit, rows) of every read of the audit that did not overflow."""
+    read = audit_module.read_audit_columns
+    reads: list[tuple[int, int | None, int]] = []
+
+    def counted(*args: Any, **kwargs: Any) -> AuditColumns:
+        cols = read(*args, **kwargs)
+        reads.append((kwargs["bucket"].count, kwargs["row_limit"], len(cols)))
+        return cols
+
+    monkeypatch.setattr(audit_module, "read_audit_columns", counted)
+    return reads
+
+
+@pytest.mark.parametrize("strategy", ["offset", "timestamp"])
+def test_a_partition_over_the_memory_budget_is_audited_in_key_buckets(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, strategy: str
+) -> None:
+    """With a budget of 100 rows, the 400 candidate rows are audited in key buckets of at
+    most that many (each read from the segments again), and the report is the report of
+    the whole partition read at once."""
+    plog = many_keys_log(tmp_path / "logs")
+    cfg = topic(compaction_strategy=strategy)
+    whole = audit_partition(plog, cfg, now_ms=NOW, slack_ms=0, max_listed=5)
+    assert whole.result is not None
+    assert whole.result.records == 401
+    assert whole.result.violations > 5
+    reads = counting_reads(monkeypatch)
+    limit = 100
+    budget = limit * audit_module.ROW_BYTES
+    bucketed = audit_partition(plog, cfg, now_ms=NOW, slack_ms=0, max_listed=5, memory_bytes=budget)
+    assert bucketed == whole
+    buckets = reads[-1][0]
+    last = [rows for count, _, rows in reads if count == buckets]
+    assert buckets > 1
+    assert len(last) == buckets
+    assert {row_limit for count, row_limit, _ in reads} == {limit}
+    assert max(last) <= limit
+    assert sum(last) == whole.result.records
+
+
+def test_a_key_bigger_than_the_budget_is_read_whole_after_the_restarts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One key's rows cannot be split: after REBUCKETS restarts in more buckets the
+    buckets are read whole, and the result is still the whole partition's."""
+    log = LogBuilder(tmp_path / "logs")
+    for i in range(30):
+        log.append([(k("hot"), b"%d" % i)], timestamps=[NOW - (60 - i) * MIN])
+    plog = open_log(log)
+    whole = audit_partition(plog, topic(), now_ms=NOW, slack_ms=0)
+    reads = counting_reads(monkeypatch)
+    budget = 10 * audit_module.ROW_BYTES
+    assert audit_partition(plog, topic(), now_ms=NOW, slack_ms=0, memory_bytes=budget) == whole
+    buckets = reads[-1][0]
+    last = [(row_limit, rows) for count, row_limit, rows in reads if count == buckets]
+    assert len(last) == buckets
+    assert all(row_limit is None for row_limit, _ in last)
+    assert max(rows for _, rows in last) == 30
+    assert buckets >= 2 ** (audit_module.REBUCKETS + 1)
+    assert len(reads) < 3 * buckets  # the buckets of each restart at most
+
+
+@pytest.mark.parametrize(
+    ("count", "rows", "bytes_read", "total", "limit", "want"),
+    [
+        (1, 11, 100, 100, 10, 2),  # all read: 11 rows, 1.25 x 11 / 10 -> 2
+        (1, 11, 100, 1000, 10, 16),  # a tenth read: 110 rows projected -> 14 -> 16
+        (4, 11, 100, 100, 10, 8),  # at least twice as many
+        (1, 10**9, 1, 10**9, 1, audit_module.MAX_BUCKETS),  # at most MAX_BUCKETS
+    ],
+)
+def test_more_buckets_projects_the_rows_per_byte(
+    count: int, rows: int, bytes_read: int, total: int, limit: int, want: int
+) -> None:
+    over = audit_module.RowsOverflow(rows, bytes_read)
+    assert audit_module.more_buckets(count, over, total_bytes=total, row_limit=limit) == want
