@@ -8,7 +8,9 @@ copied afresh for each command. Each command is a whole process:
 
 - `clean`: a first `cleanerd clean` (recovery of the dir, a roll of the active segment
   if due, the pass over the big segment, the swap);
-- `plan` and `audit`: on the uncleaned copy (observe the dir, read the segment whole).
+- `plan` and `audit`: on the uncleaned copy (observe the dir, read the segment whole);
+  `audit` with its default `--memory-mb` (512) and with `--memory-mb 128`: a partition
+  of more candidate rows than that holds is read once per key bucket.
 
 Every 10 ms the process tree's resident memory is read from /proc: `anon` (RssAnon,
 the memory a process cannot give back: decoded columns, the offset map, code) and
@@ -117,9 +119,13 @@ def fresh_copy(source: Path, work: Path) -> Path:
     return path
 
 
+COMMANDS = (("plan",), ("audit",), ("audit", "--memory-mb", "128"), ("clean",))
+WIDTH = 24
+
+
 def row(argv: list[str], name: str, size: int) -> None:
     wall, anon, file = measure(argv)
-    print(f"{name:<8} {wall:7.2f} {anon / 1e6:13.0f} {file / 1e6:13.0f} {anon / size:8.2f}x")
+    print(f"{name:<{WIDTH}} {wall:7.2f} {anon / 1e6:13.0f} {file / 1e6:13.0f} {anon / size:8.2f}x")
 
 
 def main() -> None:
@@ -133,11 +139,13 @@ def main() -> None:
     size = segment.stat().st_size
     batches = size // BATCH_BYTES
     print(f"one segment of {size / 1e6:,.0f} MB, about {batches:,} 1-record batches")
-    print(f"{'command':<8} {'wall s':>7} {'peak anon MB':>13} {'peak file MB':>13} {'anon/seg':>9}")
+    header = f"{'command':<{WIDTH}} {'wall s':>7} {'peak anon MB':>13} {'peak file MB':>13}"
+    print(f"{header} {'anon/seg':>9}")
     row(["cat", str(segment)], "cat", size)
-    for command in ("plan", "audit", "clean"):
+    for command, *options in COMMANDS:
         config = fresh_copy(source, args.dir / "work")
-        row([sys.executable, "-m", "cleanerd", command, "-c", str(config)], command, size)
+        argv = [sys.executable, "-m", "cleanerd", command, "-c", str(config), *options]
+        row(argv, " ".join([command, *options]), size)
     shutil.rmtree(args.dir / "work", ignore_errors=True)
 
 

@@ -5,7 +5,9 @@ so a live broker's or daemon's dirs can be audited), and every partition of a to
 with `compact` in its cleanup policy (never `__cluster_metadata`) is scanned whole by
 `compaction.audit.audit_partition`: superseded records still on disk, the age of the
 oldest, tombstones and markers whose delete horizon has passed, and every superseded
-record older than `max.compaction.lag.ms` plus the slack, a deadline violation.
+record older than `max.compaction.lag.ms` plus the slack, a deadline violation. A
+partition with more keyed records than `--memory-mb` holds is audited in key buckets,
+each read again (`compaction.audit`), so the scan's memory stays within that budget.
 
 The slack (`--slack-ms`) is how late a correct cleanerd may legitimately be after a
 deadline. Default: `log.cleaner.backoff.ms` (a worker with nothing to do sleeps that

@@ -50,11 +50,17 @@ B, every bucket is read from the partition's segments in turn (nothing is writte
 anywhere: the audit only reads), and the buckets' results are merged (`merge_results`).
 A key lies in one bucket, and every figure of the result is a sum, a maximum or the
 oldest listed violations over keys, so the merged result is the one-bucket result
-exactly. B is not known before reading: a read stops once its rows exceed the budget,
-and starts again with B raised from the rows per byte seen so far. A key's rows cannot
+exactly. B is chosen before reading (`first_buckets`): 1 when the partition's offsets
+below its last stable offset are within the budget (a record has an offset of its own),
+else from its records, counted by a walk of the batch headers (a few percent of a read).
+That count misses the inner records of legacy compressed wrappers, so a read also stops
+once its rows exceed the budget, and starts again with B raised from the rows per byte
+seen so far. A key's rows cannot
 be split, so a key with more rows than the budget holds would make every B overflow:
-after `REBUCKETS` such restarts (or at `MAX_BUCKETS`), the buckets are read whole
-whatever they hold.
+once `REBUCKETS` restarts have overflowed too (or at `MAX_BUCKETS`), the next B's
+buckets are read whole, whatever they hold. The buckets are the local scan's: an
+engine's `submit_audit` returns a partition's rows whole, and the Spark audit ranks a
+partition's rows in one task.
 """
 
 from __future__ import annotations
@@ -761,7 +767,7 @@ def _audit_in_buckets(
     """`audit` of the candidate rows of `scope`, read in as many key buckets as keep each
     within `row_limit` rows, the buckets' results merged (see the module docstring)."""
     total_bytes = sum(s.size for s in scope.segments)
-    count, restarts = 1, 0
+    count, restarts = first_buckets(scope, row_limit), 0
     while True:
         limit = None if restarts > REBUCKETS or count >= MAX_BUCKETS else row_limit
         try:
@@ -791,11 +797,27 @@ def _audit_in_buckets(
             )
 
 
-def more_buckets(count: int, over: RowsOverflow, *, total_bytes: int, row_limit: int) -> int:
-    """How many key buckets to read after a read in `count` of them overflowed: the rows
-    of every bucket, projected from the rows per byte read so far over `total_bytes`,
-    with a quarter to spare, in buckets of `row_limit` rows; a power of two, at least
-    twice `count`, at most MAX_BUCKETS."""
-    projected = over.rows * count * max(total_bytes, over.bytes_read) / max(over.bytes_read, 1)
-    wanted = max(2 * count, math.ceil(1.25 * projected / row_limit))
+def first_buckets(scope: AuditScope, row_limit: int) -> int:
+    """The key buckets to read `scope` in first (see the module docstring)."""
+    if not scope.segments or scope.stable_offset - scope.segments[0].base_offset <= row_limit:
+        return 1
+    records = 0
+    for segment in scope.segments:
+        for table in segment.walked(verify_crc=False):
+            records += int(table.records_count.sum())
+    return buckets_for(records, row_limit)
+
+
+def buckets_for(rows: float, row_limit: int) -> int:
+    """Key buckets enough for `rows` rows in buckets of `row_limit`, with a quarter to
+    spare: a power of two, at most MAX_BUCKETS."""
+    wanted = max(1, math.ceil(1.25 * rows / row_limit))
     return int(min(MAX_BUCKETS, 1 << (wanted - 1).bit_length()))
+
+
+def more_buckets(count: int, over: RowsOverflow, *, total_bytes: int, row_limit: int) -> int:
+    """How many key buckets to read after a read in `count` of them overflowed: enough
+    for the rows of every bucket projected from the rows per byte read so far over
+    `total_bytes`, and at least twice `count` (at most MAX_BUCKETS)."""
+    projected = over.rows * count * max(total_bytes, over.bytes_read) / max(over.bytes_read, 1)
+    return min(MAX_BUCKETS, max(2 * count, buckets_for(projected, row_limit)))

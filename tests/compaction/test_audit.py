@@ -531,8 +531,8 @@ def test_a_partition_over_the_memory_budget_is_audited_in_key_buckets(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, strategy: str
 ) -> None:
     """With a budget of 100 rows, the 400 candidate rows are audited in key buckets of at
-    most that many (each read from the segments again), and the report is the report of
-    the whole partition read at once."""
+    most that many (each read from the segments again; how many, from the records counted
+    first), and the report is the report of the whole partition read at once."""
     plog = many_keys_log(tmp_path / "logs")
     cfg = topic(compaction_strategy=strategy)
     whole = audit_partition(plog, cfg, now_ms=NOW, slack_ms=0, max_listed=5)
@@ -547,7 +547,7 @@ def test_a_partition_over_the_memory_budget_is_audited_in_key_buckets(
     buckets = reads[-1][0]
     last = [rows for count, _, rows in reads if count == buckets]
     assert buckets > 1
-    assert len(last) == buckets
+    assert len(reads) == len(last) == buckets  # counted first: no read overflowed
     assert {row_limit for count, row_limit, _ in reads} == {limit}
     assert max(last) <= limit
     assert sum(last) == whole.result.records
@@ -589,3 +589,27 @@ def test_more_buckets_projects_the_rows_per_byte(
 ) -> None:
     over = audit_module.RowsOverflow(rows, bytes_read)
     assert audit_module.more_buckets(count, over, total_bytes=total, row_limit=limit) == want
+
+
+def test_first_buckets_count_records_only_past_the_budget(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A partition whose offsets fit the budget is read in one bucket without a walk;
+    past it, its records are counted from the batch headers."""
+    plog = many_keys_log(tmp_path / "logs")
+    scope = audit_module.audit_scope(plog)
+    walks: list[int] = []
+    walked = LogSegment.walked
+
+    def counted(self: LogSegment, **kwargs: Any) -> Any:
+        walks.append(self.base_offset)
+        return walked(self, **kwargs)
+
+    monkeypatch.setattr(LogSegment, "walked", counted)
+    assert audit_module.first_buckets(scope, row_limit=scope.stable_offset) == 1
+    assert walks == []
+    assert scope.stable_offset == 404  # the open transaction's record stays out
+    # 405 records: 20 batches of 20, three transactional records and two markers
+    assert audit_module.first_buckets(scope, row_limit=403) == 2
+    assert audit_module.first_buckets(scope, row_limit=100) == 8  # 506 rows to spare
+    assert len(walks) == 2 * len(scope.segments)
