@@ -2,7 +2,7 @@
 #
 # setup_venv SPEC: create .venv with python3 (3.11+) if it is missing, and install the
 # project editable from SPEC (".", ".[dev]") unless this pyproject.toml was already
-# installed with that SPEC. Puts .venv/bin first on PATH.
+# installed with that SPEC; byte-compiles the package. Puts .venv/bin first on PATH.
 
 setup_venv() {
     local spec=$1
@@ -23,6 +23,11 @@ setup_venv() {
         .venv/bin/python -m pip install --quiet --disable-pip-version-check -e "$spec"
         touch "$stamp"
     fi
+    # Byte-compile the package as pip does for an install: an editable install is not,
+    # and where PYTHONDONTWRITEBYTECODE is set (this project's machines set it) every
+    # command would compile its modules again, 0.15 s of a one-shot command. Only stale
+    # files are rewritten.
+    .venv/bin/python -m compileall -q -j 0 cleanerd >/dev/null
     export PATH="$PWD/.venv/bin:$PATH"
 }
 
