@@ -30,7 +30,10 @@ Corruption (a bad CRC, a batch or record whose bytes disagree with its lengths, 
 index whose size is not whole entries) ends the file's listing with an exception naming
 the file and the byte position; a batch with a bad CRC still gets its line first, with
 `isvalid: false`, as in Kafka. The listing is one line per batch or record by nature, so
-it is produced per record in Python; this is a diagnostic tool, not a hot path.
+it is produced per record in Python; this is a diagnostic tool, not a hot path. Its
+memory is bounded all the same: a `.log` is mapped, not read, and walked a window of
+whole batches (`DECODE_WINDOW_BYTES`) at a time (`log_windows`), so only one window's
+batches are ever Python objects (a 1 GiB segment holds 5.6 million 1-record batches).
 """
 
 from __future__ import annotations
@@ -54,6 +57,7 @@ from cleanerd.log.files import (
 )
 from cleanerd.log.index import OffsetIndex, OffsetPosition, TimeIndex, TimestampOffset
 from cleanerd.log.producer_state import ProducerEntry, read_snapshot
+from cleanerd.log.segment_reader import map_file
 from cleanerd.log.txnindex import TXN_ENTRY_VERSION, AbortedTxn, TransactionIndex
 from cleanerd.records import legacy
 from cleanerd.records.batch import iter_records
@@ -62,12 +66,13 @@ from cleanerd.records.header import (
     COMPRESSION_MASK,
     NO_SEQUENCE,
     BatchHeader,
+    Buffer,
     Compression,
     validate_v2_header,
 )
 from cleanerd.records.record import Record
 from cleanerd.records.scan import BatchInfo
-from cleanerd.records.walker import scan_valid_prefix
+from cleanerd.records.walker import DECODE_WINDOW_BYTES, Walk, batch_windows, walk
 
 _SEQUENCE_MODULUS: Final = 2**31  # sequences wrap from Int.MAX to 0, as in Kafka
 
@@ -119,28 +124,42 @@ def dumpable_base_offset(path: Path) -> int:
 # .log
 
 
+def log_windows(data: Buffer) -> Iterator[tuple[list[BatchInfo], Walk]]:
+    """The batches of `data` a window of whole batches (`DECODE_WINDOW_BYTES`) at a
+    time, as `BatchInfo`s, each with the walk of its window (CRCs not checked: a batch
+    with a bad one is listed too). A walk that stopped before its window's end (bad or
+    partial bytes) is the last; its `stop` and `error` are the file's."""
+    for start, end in batch_windows(data, DECODE_WINDOW_BYTES):
+        scan = walk(data, start=start, end=end, verify_crc=False)
+        yield scan.table.infos(), scan
+        if scan.error is not None:
+            return
+
+
 def _log_lines(path: Path, base_offset: int, options: DumpOptions) -> Iterator[str]:
     yield f"Log starting offset: {base_offset}"
-    data = path.read_bytes()
-    # CRCs are checked per batch below, so a bad one still gets its line as in Kafka.
-    scan = scan_valid_prefix(data, verify_crc=False)
-    for info in scan.batches:
-        problem = batch_problem(data, info)
-        yield _batch_line(data, info, valid=problem is None)
-        if problem is not None:
-            raise _at_batch(problem, path, info)
-        if options.records:
-            try:
-                yield from _record_lines(data, info, options)
-            except CorruptRecordError as e:
-                raise _at_batch(e, path, info) from e
-    if scan.error is not None:
-        if not scan.incomplete_tail:
-            raise scan.error.located(path)
-        yield f"Found {len(data) - scan.valid_bytes} invalid bytes at the end of {path.name}"
+    data = map_file(path)
+    last: Walk | None = None
+    for infos, scan in log_windows(data):
+        last = scan
+        for info in infos:
+            # CRCs are checked here, so a bad one still gets its line as in Kafka.
+            problem = batch_problem(data, info)
+            yield _batch_line(data, info, valid=problem is None)
+            if problem is not None:
+                raise _at_batch(problem, path, info)
+            if options.records:
+                try:
+                    yield from _record_lines(data, info, options)
+                except CorruptRecordError as e:
+                    raise _at_batch(e, path, info) from e
+    if last is not None and last.error is not None:
+        if not last.incomplete_tail:
+            raise last.error.located(path)
+        yield f"Found {len(data) - last.stop} invalid bytes at the end of {path.name}"
 
 
-def batch_problem(data: bytes, info: BatchInfo) -> CorruptRecordError | None:
+def batch_problem(data: Buffer, info: BatchInfo) -> CorruptRecordError | None:
     """What makes a structurally sound batch invalid: its CRC, or an unknown codec."""
     try:
         if info.header is not None:
@@ -164,7 +183,7 @@ def _at_batch(e: CorruptRecordError, path: Path, info: BatchInfo) -> CorruptReco
     return e.located(path)
 
 
-def _batch_line(data: bytes, info: BatchInfo, *, valid: bool) -> str:
+def _batch_line(data: Buffer, info: BatchInfo, *, valid: bool) -> str:
     h = info.header
     if h is not None:
         head = _v2_fields(h)
@@ -196,7 +215,7 @@ def _v2_fields(h: BatchHeader) -> str:
     )
 
 
-def _record_lines(data: bytes, info: BatchInfo, options: DumpOptions) -> Iterator[str]:
+def _record_lines(data: Buffer, info: BatchInfo, options: DumpOptions) -> Iterator[str]:
     h = info.header
     if h is None:
         yield from _legacy_record_lines(data, info, options)
@@ -215,7 +234,7 @@ def _record_lines(data: bytes, info: BatchInfo, options: DumpOptions) -> Iterato
             yield line + (_contents(record.key, record.value) if options.print_data_log else "")
 
 
-def _legacy_record_lines(data: bytes, info: BatchInfo, options: DumpOptions) -> Iterator[str]:
+def _legacy_record_lines(data: Buffer, info: BatchInfo, options: DumpOptions) -> Iterator[str]:
     wrapper = legacy_entry(data, info)
     timestamp_type = legacy_timestamp_type(wrapper)
     if wrapper.compression is Compression.NONE:
@@ -234,7 +253,7 @@ def _legacy_record_lines(data: bytes, info: BatchInfo, options: DumpOptions) -> 
         yield line + (_contents(entry.key, entry.value) if options.print_data_log else "")
 
 
-def legacy_entry(data: bytes, info: BatchInfo) -> legacy.LegacyEntry:
+def legacy_entry(data: Buffer, info: BatchInfo) -> legacy.LegacyEntry:
     end = info.position + info.size
     return legacy.read_legacy_entry(data, info.position, end, verify_crc=False)
 

@@ -55,6 +55,7 @@ from cleanerd.commands.dump import (
     dumpable_base_offset,
     legacy_entry,
     legacy_timestamp_type,
+    log_windows,
     offset_index_entries,
     snapshot_entries,
     time_index_entries,
@@ -67,6 +68,7 @@ from cleanerd.log.files import (
     PRODUCER_SNAPSHOT_FILE_SUFFIX,
     TIME_INDEX_FILE_SUFFIX,
 )
+from cleanerd.log.segment_reader import map_file
 from cleanerd.log.txnindex import TXN_ENTRY_VERSION
 from cleanerd.records import legacy
 from cleanerd.records.columns import SegmentColumns, segment_columns
@@ -76,10 +78,10 @@ from cleanerd.records.control import (
     control_type_column,
     decode_end_txn_marker,
 )
-from cleanerd.records.header import NO_SEQUENCE, check_crc
+from cleanerd.records.header import NO_SEQUENCE, Buffer, check_crc
 from cleanerd.records.record import Record
 from cleanerd.records.scan import BatchInfo
-from cleanerd.records.walker import scan_valid_prefix
+from cleanerd.records.walker import Walk
 
 JsonObject = dict[str, Any]
 
@@ -145,52 +147,57 @@ def dump_file_json(path: Path, options: DumpOptions, *, utf8: bool = False) -> I
 
 
 def _log_objects(path: Path, options: DumpOptions, utf8: bool) -> Iterator[JsonObject]:
-    data = path.read_bytes()
-    scan = scan_valid_prefix(data, verify_crc=False)
-    problems: dict[int, CorruptRecordError] = {}
-    for i, info in enumerate(scan.batches):
-        problem = batch_problem(data, info)
-        if problem is not None:
-            problems[i] = problem
-    decoded = _decode_runs(data, scan.batches, problems)
+    data = map_file(path)
     file = str(path)
-    types: dict[int, NDArray[np.int64]] = {}  # per decoded run: its control types
-    for i, info in enumerate(scan.batches):
-        cols, row = decoded.get(i, (None, -1))
-        kind = None
-        if cols is not None and info.header is not None and info.header.is_control:
-            column = types.setdefault(id(cols), control_type_column(cols))
-            kind = _known(int(column[row]))
-        obj = _batch_object(data, info, kind, file)
-        if obj["count"] is None and cols is not None:
-            obj["count"] = int(cols.records_count[row])  # a legacy entry's, once decoded
-        obj["error"] = None if i not in problems else problems[i].reason
-        yield obj
-        if cols is not None and options.records:
-            yield from _record_objects(cols, row, kind, file, options, utf8)
-    if scan.error is not None:
-        if not scan.incomplete_tail:
-            raise scan.error.located(path)
+    last: Walk | None = None
+    bad = 0  # invalid batches so far
+    first_problem: tuple[str, int] | None = None  # the first one's reason and position
+    for infos, scan in log_windows(data):
+        last = scan
+        problems: dict[int, CorruptRecordError] = {}
+        for i, info in enumerate(infos):
+            problem = batch_problem(data, info)
+            if problem is not None:
+                problems[i] = problem
+        decoded = _decode_runs(data, infos, problems)
+        types: dict[int, NDArray[np.int64]] = {}  # per decoded run: its control types
+        for i, info in enumerate(infos):
+            cols, row = decoded.get(i, (None, -1))
+            kind = None
+            if cols is not None and info.header is not None and info.header.is_control:
+                column = types.setdefault(id(cols), control_type_column(cols))
+                kind = _known(int(column[row]))
+            obj = _batch_object(data, info, kind, file)
+            if obj["count"] is None and cols is not None:
+                obj["count"] = int(cols.records_count[row])  # a legacy entry's, once decoded
+            obj["error"] = None if i not in problems else problems[i].reason
+            yield obj
+            if cols is not None and options.records:
+                yield from _record_objects(cols, row, kind, file, options, utf8)
+        if problems and first_problem is None:
+            first = min(problems)
+            e = problems[first]
+            first_problem = (e.reason, infos[first].position if e.position is None else e.position)
+        bad += len(problems)
+    if last is not None and last.error is not None:
+        if not last.incomplete_tail:
+            raise last.error.located(path)
         yield {
             "type": "invalid_bytes",
             "file": file,
-            "position": scan.valid_bytes,
-            "size": len(data) - scan.valid_bytes,
+            "position": last.stop,
+            "size": len(data) - last.stop,
         }
-    if problems:
-        first = min(problems)
-        e = problems[first]
-        bad = len(problems)
+    if first_problem is not None:
         noun = "batch is" if bad == 1 else "batches are"
+        reason, position = first_problem
         raise CorruptRecordError(
-            f"{bad} {noun} invalid, the first: {e.reason}",
-            path=path,
-            position=e.position if e.position is not None else scan.batches[first].position,
+            f"{bad} {noun} invalid, the first: {reason}", path=path, position=position
         )
 
 
 def _decode_runs(
-    data: bytes, batches: list[BatchInfo], problems: dict[int, CorruptRecordError]
+    data: Buffer, batches: list[BatchInfo], problems: dict[int, CorruptRecordError]
 ) -> dict[int, tuple[SegmentColumns, int]]:
     """Batch index -> (its run's columns, its row there), for every batch outside
     `problems`. A batch whose records do not decode joins `problems` (with the decoder's
@@ -234,7 +241,7 @@ def _batch_at(batches: list[BatchInfo], position: int) -> int:
 
 
 def _batch_object(
-    data: bytes, info: BatchInfo, kind: ControlRecordType | int | None, file: str
+    data: Buffer, info: BatchInfo, kind: ControlRecordType | int | None, file: str
 ) -> JsonObject:
     h = info.header
     obj: JsonObject = {"type": "batch", "file": file, "position": info.position}
@@ -284,7 +291,7 @@ def _batch_object(
     return obj
 
 
-def _legacy_crc_valid(data: bytes, info: BatchInfo) -> bool:
+def _legacy_crc_valid(data: Buffer, info: BatchInfo) -> bool:
     try:
         legacy.read_legacy_entry(data, info.position, info.position + info.size, verify_crc=True)
     except CorruptRecordError:

@@ -770,6 +770,16 @@ def _audit_in_buckets(
     count, restarts = first_buckets(scope, row_limit), 0
     while True:
         limit = None if restarts > REBUCKETS or count >= MAX_BUCKETS else row_limit
+        if count > 1:
+            log.info(
+                "audit.in_buckets",
+                topic=plog.topic_partition.topic,
+                partition=plog.topic_partition.partition,
+                log_dir=str(plog.log_dir),
+                buckets=count,
+                row_limit=limit,
+                restarts=restarts,
+            )
         try:
             results = []
             for index in range(count):
@@ -787,14 +797,6 @@ def _audit_in_buckets(
         except RowsOverflow as over:
             count = more_buckets(count, over, total_bytes=total_bytes, row_limit=row_limit)
             restarts += 1
-            log.info(
-                "audit.in_buckets",
-                topic=plog.topic_partition.topic,
-                partition=plog.topic_partition.partition,
-                log_dir=str(plog.log_dir),
-                buckets=count,
-                row_limit=row_limit if restarts <= REBUCKETS else None,
-            )
 
 
 def first_buckets(scope: AuditScope, row_limit: int) -> int:

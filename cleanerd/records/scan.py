@@ -16,7 +16,7 @@ Checks, in order (Kafka's FileLogInputStream and RecordBatch.ensureValid):
 
 The first failure raises CorruptRecordError whose position is the batch's position in the
 buffer; `IncompleteBatchError` when the batch is merely cut short (a crash mid-append).
-`walker.scan_valid_prefix` turns that into a result instead.
+`walker.walk` stops there instead, and says why.
 """
 
 from __future__ import annotations
@@ -58,18 +58,6 @@ class BatchInfo:
     @property
     def next_offset(self) -> int:
         return self.last_offset + 1
-
-
-@dataclass(frozen=True, slots=True)
-class ScanResult:
-    """The valid prefix of a buffer: its batches, their byte count from `start`, the error
-    that ended the scan (None if the buffer ended cleanly), and whether the bytes after the
-    prefix are just an incomplete batch."""
-
-    batches: list[BatchInfo]
-    valid_bytes: int
-    error: CorruptRecordError | None
-    incomplete_tail: bool
 
 
 class IncompleteBatchError(CorruptRecordError):

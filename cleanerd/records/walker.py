@@ -61,7 +61,7 @@ from cleanerd.records.header import (
     Buffer,
     Compression,
 )
-from cleanerd.records.scan import BatchInfo, IncompleteBatchError, ScanResult, check_batch_at
+from cleanerd.records.scan import BatchInfo, IncompleteBatchError, check_batch_at
 
 I64 = npt.NDArray[np.int64]
 I32 = npt.NDArray[np.int32]
@@ -648,9 +648,3 @@ def scan_batches(
     del walker  # its view of `buf` must not outlive this frame (an mmap closes after it)
     if error is not None:
         raise error
-
-
-def scan_valid_prefix(buf: Buffer | U8, *, start: int = 0, verify_crc: bool = True) -> ScanResult:
-    """Like `walk`, with the batches as `BatchInfo` objects (for short ranges)."""
-    w = walk(buf, start=start, verify_crc=verify_crc)
-    return ScanResult(w.table.infos(), w.valid_bytes, w.error, w.incomplete_tail)

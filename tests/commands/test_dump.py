@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 from aiokafka.record.legacy_records import LegacyRecordBatchBuilder
 
+from cleanerd.commands import dump as dump_module
 from cleanerd.commands.dump import DumpOptions, UnsupportedFileError, dump_file
 from cleanerd.errors import CorruptIndexError, CorruptRecordError
 from cleanerd.records.batch import encode_batch
@@ -262,3 +263,54 @@ def test_unsupported_files_raise_before_any_line(tmp_path: Path, name: str) -> N
     path.write_bytes(b"")
     with pytest.raises(UnsupportedFileError, match="cannot dump"):
         next(dump_file(path, SHALLOW))
+
+
+@pytest.mark.parametrize("bad_crc", [False, True])
+def test_a_log_is_listed_a_window_at_a_time_as_it_is_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, bad_crc: bool
+) -> None:
+    """With windows of about three batches, the lines (records, a legacy entry, the cut
+    tail's line, or the bad batch's line and then the error) are those of one window
+    over the whole file."""
+    batches = []
+    for i in range(30):
+        if i == 17:
+            builder = LegacyRecordBatchBuilder(magic=1, compression_type=0, batch_size=1 << 20)
+            builder.append(i, timestamp=1000 + i, key=b"legacy", value=b"v")
+            batches.append(bytes(builder.build()))
+            continue
+        codec = Compression.ZSTD if i % 4 == 0 else Compression.NONE
+        batches.append(
+            encode_batch([Record(i, 1000 + i, b"k", b"v%d" % i)], base_offset=i, compression=codec)
+        )
+    data = bytearray(b"".join(batches))
+    bad = sum(len(b) for b in batches[:22])
+    if bad_crc:
+        data[bad + 40] ^= 0xFF
+    path = write_segment(tmp_path, bytes(data[:-7]))
+
+    def listing() -> tuple[list[str], str | None]:
+        out: list[str] = []
+        try:
+            out.extend(dump_file(path, DATA))
+        except CorruptRecordError as e:
+            return out, f"{e} @ {e.position}"
+        return out, None
+
+    whole = listing()
+    monkeypatch.setattr(dump_module, "DECODE_WINDOW_BYTES", 3 * len(batches[1]))
+    assert len(dump_module.batch_windows(bytes(data), dump_module.DECODE_WINDOW_BYTES)) > 8
+    assert listing() == whole
+    printed, error = whole
+    if bad_crc:
+        assert printed[-1].startswith("baseOffset: 22 ")
+        assert f" position: {bad} " in printed[-1]
+        assert printed[-1].endswith("isvalid: false")
+        assert error is not None
+        assert error.endswith(f"@ {bad}")
+    else:
+        assert error is None
+        assert (
+            printed[-1] == f"Found {len(batches[-1]) - 7} invalid bytes at the end of {path.name}"
+        )
+        assert sum(line.startswith("baseOffset: ") for line in printed) == 28

@@ -11,6 +11,7 @@ from aiokafka.record.legacy_records import LegacyRecordBatchBuilder
 from aiokafka.record.memory_records import MemoryRecords
 
 from cleanerd.cli import main
+from cleanerd.commands import dump as dump_module
 from cleanerd.commands.dump import DumpOptions
 from cleanerd.commands.dump_json import dump_file_json
 from cleanerd.errors import CorruptRecordError
@@ -421,3 +422,76 @@ def test_a_producer_snapshot_dumps_one_entry_per_producer(
     path.write_bytes(bytes(damaged))
     assert main(["dump", "--json", str(path)]) == 1
     assert "CRC mismatch" in capsys.readouterr().err
+
+
+def mixed_segment(tmp_path: Path) -> tuple[Path, list[int]]:
+    """Forty batches of every kind (plain and compressed, a legacy entry, a commit marker,
+    a tombstone) with a bad CRC in the 12th and the 31st and a cut last batch; and where
+    each batch starts."""
+    batches = []
+    for i in range(40):
+        if i == 20:
+            marker = encode_end_txn_marker(ControlRecordType.COMMIT, 7, offset=i, timestamp=1)
+            batches.append(
+                encode_batch(
+                    [marker],
+                    base_offset=i,
+                    producer_id=9,
+                    producer_epoch=0,
+                    is_transactional=True,
+                    is_control=True,
+                )
+            )
+            continue
+        if i == 25:
+            builder = LegacyRecordBatchBuilder(magic=1, compression_type=0, batch_size=1 << 20)
+            builder.append(i, timestamp=1000 + i, key=b"legacy", value=b"v")
+            batches.append(bytes(builder.build()))
+            continue
+        codec = Compression.LZ4 if i % 3 == 0 else Compression.NONE
+        value = None if i == 7 else b"v%d" % i
+        record = Record(i, 1000 + i, b"k%d" % (i % 5), value)
+        batches.append(encode_batch([record], base_offset=i, compression=codec))
+    starts = [sum(len(b) for b in batches[:i]) for i in range(len(batches))]
+    data = bytearray(b"".join(batches))
+    for bad in (11, 30):
+        data[starts[bad] + 40] ^= 0xFF  # a header byte the CRC covers
+    path = write_segment(tmp_path, bytes(data[:-5]))
+    return path, starts
+
+
+def test_a_log_is_listed_a_window_at_a_time_as_it_is_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With windows of about three batches, the objects (bad batches and the cut tail
+    too) and the final error are those of one window over the whole file, and no window
+    held more than its share of the batches as Python objects."""
+    path, starts = mixed_segment(tmp_path)
+
+    def listing() -> tuple[list[Any], str]:
+        printed: list[Any] = []
+        objects = dump_file_json(path, DATA)
+        with pytest.raises(CorruptRecordError) as info:
+            printed.extend(json.loads(json.dumps(o)) for o in objects)
+        return printed, f"{info.value} @ {info.value.position}"
+
+    whole = listing()
+    windows: list[int] = []
+    walk = dump_module.walk
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        found = walk(*args, **kwargs)
+        windows.append(len(found.table))
+        return found
+
+    monkeypatch.setattr(dump_module, "walk", counted)
+    monkeypatch.setattr(dump_module, "DECODE_WINDOW_BYTES", 3 * (starts[1] - starts[0]))
+    assert listing() == whole
+    assert len(windows) > 10
+    assert max(windows) <= 4
+    printed, error = whole
+    assert [o["position"] for o in printed if o["type"] == "batch"] == starts[:-1]
+    assert printed[-1]["type"] == "invalid_bytes"
+    assert [o["base_offset"] for o in printed if o.get("error")] == [11, 30]
+    assert "2 batches are invalid, the first: CRC mismatch" in error
+    assert error.endswith(f"@ {starts[11]}")

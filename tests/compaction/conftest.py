@@ -33,7 +33,7 @@ from cleanerd.records.batch import RecordBatch, decode_batch, encode_batch
 from cleanerd.records.control import ControlRecordType, encode_end_txn_marker
 from cleanerd.records.header import Compression, unpack_header
 from cleanerd.records.record import Record, RecordHeader
-from cleanerd.records.walker import scan_batches, scan_valid_prefix
+from cleanerd.records.walker import scan_batches, walk
 
 TP = TopicPartition("t", 0)
 DAY = 86_400_000
@@ -177,7 +177,7 @@ def segment_metas(dir_path: Path) -> list[SegmentMeta]:
     for base in bases:
         path = log_file(dir_path, base)
         data = path.read_bytes()
-        infos = scan_valid_prefix(data, verify_crc=False).batches
+        infos = walk(data, verify_crc=False).table.infos()
         st = path.stat()
         oi = offset_index_file(dir_path, base)
         ti = time_index_file(dir_path, base)

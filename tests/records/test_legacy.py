@@ -13,7 +13,7 @@ from cleanerd.records.compression import compress
 from cleanerd.records.header import Compression
 from cleanerd.records.legacy import iter_legacy_records, read_legacy_entry
 from cleanerd.records.record import Record
-from cleanerd.records.walker import scan_batches, scan_valid_prefix
+from cleanerd.records.walker import scan_batches, walk
 from tests.records.oracles import build_legacy, read_with
 
 # Message sets written by Kafka 0.10 brokers (kafka-python's test data): values "123", "",
@@ -49,10 +49,10 @@ LIBRARY_CODECS = [
 @pytest.mark.parametrize(("data", "magic"), [(V1_SET, 1), (V0_SET, 0)], ids=["v1", "v0"])
 def test_broker_message_sets(data: bytes, magic: int) -> None:
     """Kafka 0.10's v0/v1 message sets scan with valid CRCs and read their values."""
-    result = scan_valid_prefix(data + b"\x00" * 4)
+    result = walk(data + b"\x00" * 4)
     assert result.valid_bytes == len(data)
     assert result.incomplete_tail
-    infos = result.batches
+    infos = result.table.infos()
     assert [(i.magic, i.base_offset, i.last_offset) for i in infos] == [
         (magic, n, n) for n in range(4)
     ]

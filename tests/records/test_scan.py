@@ -13,7 +13,7 @@ from cleanerd.records.batch import encode_batch, encode_empty_batch
 from cleanerd.records.header import Compression
 from cleanerd.records.record import Record
 from cleanerd.records.scan import BatchInfo
-from cleanerd.records.walker import scan_batches, scan_valid_prefix
+from cleanerd.records.walker import scan_batches, walk
 from tests.conftest import KAFKA_REAL
 
 FIXTURES = KAFKA_REAL
@@ -130,8 +130,8 @@ def test_truncated_batch_is_an_incomplete_tail() -> None:
     data = three_batches()
     infos = list(scan_batches(data))
     cut = data[: infos[2].position + 30]
-    result = scan_valid_prefix(cut)
-    assert result.batches == infos[:2]
+    result = walk(cut)
+    assert result.table.infos() == infos[:2]
     assert result.valid_bytes == infos[2].position
     assert result.incomplete_tail
     assert result.error is not None
@@ -143,8 +143,8 @@ def test_truncated_batch_is_an_incomplete_tail() -> None:
 def test_a_few_trailing_bytes_are_an_incomplete_tail() -> None:
     """Fewer than 17 trailing bytes cannot hold a batch header: an incomplete tail."""
     data = three_batches() + b"\x00" * 10
-    result = scan_valid_prefix(data)
-    assert len(result.batches) == 3
+    result = walk(data)
+    assert len(result.table) == 3
     assert result.valid_bytes == len(data) - 10
     assert result.incomplete_tail
 
@@ -152,8 +152,8 @@ def test_a_few_trailing_bytes_are_an_incomplete_tail() -> None:
 def test_garbage_is_corruption_not_an_incomplete_tail() -> None:
     """Garbage after valid batches is reported as an error, not as a truncated batch."""
     data = three_batches() + b"\x00" * 8 + b"\x00\x00\x00\x40" + b"\xee" * 80
-    result = scan_valid_prefix(data)
-    assert len(result.batches) == 3
+    result = walk(data)
+    assert len(result.table) == 3
     assert not result.incomplete_tail
     assert result.error is not None
     assert "unexpected magic" in result.error.reason
@@ -163,7 +163,7 @@ def test_size_below_the_v2_header_is_corrupt() -> None:
     """A v2 batch claiming fewer than 61 bytes is corrupt, not a short tail."""
     data = bytearray(encode_empty_batch(base_offset=0, last_offset_delta=0, max_timestamp=1))
     struct.pack_into(">i", data, 8, 20)
-    result = scan_valid_prefix(bytes(data))
+    result = walk(bytes(data))
     assert not result.incomplete_tail
     assert result.error is not None
     assert "below" in result.error.reason
@@ -172,8 +172,8 @@ def test_size_below_the_v2_header_is_corrupt() -> None:
 def test_clean_buffer_has_no_error() -> None:
     """A buffer of whole valid batches scans to its end with no error."""
     data = three_batches()
-    result = scan_valid_prefix(data, start=0)
-    assert result == scan_valid_prefix(data)
+    result = walk(data, start=0)
+    assert len(result.table) == 3
     assert result.valid_bytes == len(data)
     assert result.error is None
     assert not result.incomplete_tail
@@ -183,9 +183,9 @@ def test_valid_prefix_counts_bytes_from_start() -> None:
     """valid_bytes counts from `start`, not from the beginning of the buffer."""
     data = three_batches()
     first = next(scan_batches(data))
-    result = scan_valid_prefix(data, start=first.size)
+    result = walk(data, start=first.size)
     assert result.valid_bytes == len(data) - first.size
-    assert [b.base_offset for b in result.batches] == [2, 3]
+    assert [b.base_offset for b in result.table.infos()] == [2, 3]
 
 
 def test_record_count_beyond_offset_range_is_corrupt() -> None:
