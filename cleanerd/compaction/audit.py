@@ -315,6 +315,15 @@ def _superseded_at_kernel(starts: I64, ts: I64, offsets: I64, offpos: I64, out: 
 
 def _rank_order(cols: AuditColumns, versioned: bool) -> I64:
     """Row order by key hash, then rank ascending (the winner last in each group)."""
+    if not versioned and bool(np.all(cols.offset[1:] > cols.offset[:-1])):
+        # Rows in offset order (as a log reads): a stable sort by the hash's high word
+        # alone is the order by (hash, offset), unless two keys share that word, which
+        # the check below sees. Half the time of the three-key sort.
+        order = np.argsort(cols.hash_hi, kind="stable")
+        hi, lo = cols.hash_hi[order], cols.hash_lo[order]
+        if not np.any((hi[1:] == hi[:-1]) & (lo[1:] != lo[:-1])):
+            return order.astype(np.int64, copy=False)
+        del hi, lo, order
     keys: tuple[NDArray[Any], ...] = (cols.offset, cols.hash_lo, cols.hash_hi)
     if versioned:
         keys = (cols.offset, cols.version, cols.has_version, cols.hash_lo, cols.hash_hi)
@@ -337,10 +346,16 @@ def superseded_at(cols: AuditColumns, *, versioned: bool) -> tuple[Bools, I64]:
     gid = np.cumsum(new_group) - 1
     del new_group
     offsets = cols.offset[order]
-    by_offset = np.lexsort((offsets, gid))
-    offpos = np.empty(n, np.int64)
-    offpos[by_offset] = np.arange(n) - starts[gid[by_offset]]
-    del by_offset, gid
+    if versioned:
+        by_offset = np.lexsort((offsets, gid))
+        offpos = np.empty(n, np.int64)
+        offpos[by_offset] = np.arange(n) - starts[gid[by_offset]]
+        del by_offset
+    else:
+        # Ranked by offset: a row's offset rank in its group is its place there (the
+        # second sort, a third of the ranking's time, is not needed).
+        offpos = np.arange(n) - starts[gid]
+    del gid
     known_ts = cols.timestamp[order]
     known_ts[known_ts < 0] = NEVER
     out_sorted = np.empty(n, np.int64)

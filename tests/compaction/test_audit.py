@@ -613,3 +613,39 @@ def test_first_buckets_count_records_only_past_the_budget(
     assert audit_module.first_buckets(scope, row_limit=403) == 2
     assert audit_module.first_buckets(scope, row_limit=100) == 8  # 506 rows to spare
     assert len(walks) == 2 * len(scope.segments)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.integers(0, 6), max_size=40),
+    st.sampled_from(["distinct", "shared", "unordered"]),
+    st.randoms(use_true_random=False),
+)
+def test_rank_order_is_the_order_by_hash_then_offset(
+    keys: list[int], hashes: str, rnd: Any
+) -> None:
+    """The offset strategy's row order is by (hash, offset) whatever the rows: the stable
+    sort by the hash's high word when the rows are in offset order and no two keys share
+    that word, the full sort when two keys do (`shared`) or the rows are not in offset
+    order (`unordered`)."""
+    n = len(keys)
+    offsets = list(range(0, 3 * n, 3))
+    if hashes == "unordered":
+        rnd.shuffle(offsets)
+    hi = [7 if hashes == "shared" else (k * 0x9E3779B97F4A7C15) % 2**64 for k in keys]
+    ts = [NOW - 1000 + rnd.randrange(100) for _ in range(n)]
+    cols = columns(
+        keys,
+        ts,
+        hash_hi=np.array(hi, np.uint64),
+        offset=np.array(offsets, np.int64),
+    )
+    want = np.lexsort((cols.offset, cols.hash_lo, cols.hash_hi))
+    assert audit_module._rank_order(cols, versioned=False).tolist() == want.tolist()
+    winner, at = superseded_at(cols, versioned=False)
+    order = sorted(range(n), key=lambda i: offsets[i])  # the oracle ranks by position
+    want_winner, want_at = oracle(
+        [keys[i] for i in order], [ts[i] for i in order], [None] * n, False
+    )
+    assert [winner[i] for i in order] == want_winner
+    assert [at[i] for i in order] == want_at
