@@ -4,11 +4,12 @@ plain-Python compaction built on aiokafka's record codec (what a user would writ
 Each case generates one partition (`bench/compaction.py`: `--records` records with keys
 drawn uniformly from `--keys` keys, random values of the case's size, in producer-like
 batches of about 16 KiB) and runs the methods of `bench/compaction.py` on it: `copy`
-(the floor), `aiokafka` (a plain-Python compaction) and `cleanerd` (one pass).
+(the floor), `aiokafka` (a plain-Python compaction on aiokafka's C record reader),
+`aiokafka-py` (the same on its pure-Python reader) and `cleanerd` (one pass).
 
 Each method runs in its own subprocess (peak RSS is that process's, from getrusage),
 which runs it `--repeat` times on the same data and keeps the best; cleanerd first warms
-up (numba kernels loaded from their on-disk cache). The three subprocesses run in turn,
+up (numba kernels loaded from their on-disk cache). The subprocesses run in turn,
 `--rounds` times, and each method's best over all rounds counts: on a machine whose load
 changes, every method gets the same chances. `time s` is wall time (fsync included),
 `cpu s` the process's CPU time (user + system) of that best run, which other load
@@ -86,7 +87,7 @@ def main() -> None:
     names = list(CASES) if args.cases == "all" else args.cases.split(",")
     print(f"{args.records:,} records, {args.keys:,} keys, one pass over all non-active segments")
     print(f"best of {args.repeat} runs x {args.rounds} rounds; {os.cpu_count()} CPUs")
-    header = f"{'case':<10} {'method':<9} {'MB':>7} {'time s':>7} {'cpu s':>6} {'MB/s':>7} "
+    header = f"{'case':<10} {'method':<11} {'MB':>7} {'time s':>7} {'cpu s':>6} {'MB/s':>7} "
     header += f"{'rec/s':>11} {'RSS MB':>7} {'map B/key':>9} {'vs aiokafka':>11} "
     header += f"{'vs copy':>8} {'cold s':>7} {'load':>9}"
     print(header)
@@ -104,7 +105,7 @@ def main() -> None:
                 per_key = f"{r['map_bytes_per_key']:.0f}" if "map_bytes_per_key" in r else "-"
                 cold = f"{r['cold_s']:>7.2f}" if "cold_s" in r else f"{'-':>7}"
                 print(
-                    f"{name:<10} {method:<9} {mb:>7.1f} {secs:>7.2f} {r['cpu_s']:>6.2f} "
+                    f"{name:<10} {method:<11} {mb:>7.1f} {secs:>7.2f} {r['cpu_s']:>6.2f} "
                     f"{mb / secs:>7.1f} {args.records / secs:>11,.0f} {r['rss_mb']:>7.0f} "
                     f"{per_key:>9} {results['aiokafka']['seconds'] / secs:>10.1f}x "
                     f"{secs / results['copy']['seconds']:>7.1f}x {cold} {load:>9}"
