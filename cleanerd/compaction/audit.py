@@ -53,14 +53,15 @@ oldest listed violations over keys, so the merged result is the one-bucket resul
 exactly. B is chosen before reading (`first_buckets`): 1 when the partition's offsets
 below its last stable offset are within the budget (a record has an offset of its own),
 else from its records, counted by a walk of the batch headers (a few percent of a read).
-That count misses the inner records of legacy compressed wrappers, so a read also stops
-once its rows exceed the budget, and starts again with B raised from the rows per byte
-seen so far. A key's rows cannot
-be split, so a key with more rows than the budget holds would make every B overflow:
-once `REBUCKETS` restarts have overflowed too (or at `MAX_BUCKETS`), the next B's
-buckets are read whole, whatever they hold. The buckets are the local scan's: an
-engine's `submit_audit` returns a partition's rows whole, and the Spark audit ranks a
-partition's rows in one task.
+That count misses the inner records of legacy compressed wrappers, and keys are not
+spread evenly, so a bucket's read also stops once its rows exceed the budget: that
+bucket alone is split in halves by one more bit of the hash (`KeyBucket.halves`) and
+they are read in turn, the buckets done so far kept. A key's rows cannot be split, so a
+key with more rows than the budget holds would make one half of every split overflow: a
+bucket split `MAX_SPLITS` times is read whole, whatever it holds, so such a key costs at
+most 2 x `MAX_SPLITS` more reads. The buckets are the
+local scan's: an engine's `submit_audit` returns a partition's rows whole, and the Spark
+audit ranks a partition's rows in one task.
 """
 
 from __future__ import annotations
@@ -121,9 +122,9 @@ the ranking's temporaries (order, offsets, offset ranks, times, the kernel's tre
 result): measured at 110 bytes a row on 5.6 million rows of the offset strategy (the
 peak of a whole `cleanerd audit` less its 77 MB before any read), with some to spare."""
 MAX_BUCKETS: Final = 4096
-"""The most key buckets a partition is audited in."""
-REBUCKETS: Final = 2
-"""Restarts in more buckets after which the buckets are read whole (see the module
+"""The most key buckets a partition is audited in at first."""
+MAX_SPLITS: Final = 3
+"""The splits of a bucket after which its halves are read whole (see the module
 docstring)."""
 
 
@@ -213,6 +214,13 @@ class KeyBucket:
             return np.ones(hash_hi.shape, np.bool_)
         held: Bools = hash_hi % np.uint64(self.count) == np.uint64(self.index)
         return held
+
+    def halves(self) -> tuple[KeyBucket, KeyBucket]:
+        """This bucket's keys split by one more bit of their hash: b of B into b and
+        b + B of 2 B (a hash is b modulo B exactly when it is one of those modulo 2 B)."""
+        return KeyBucket(self.index, 2 * self.count), KeyBucket(
+            self.index + self.count, 2 * self.count
+        )
 
 
 WHOLE: Final = KeyBucket()
@@ -530,13 +538,7 @@ def _run_buffer(run: Sequence[LogSegment]) -> Iterator[Buffer]:
 
 
 class RowsOverflow(Exception):
-    """A read kept more rows than its limit (see the module docstring): `rows` kept from
-    the first `bytes_read` bytes of the segments."""
-
-    def __init__(self, rows: int, bytes_read: int) -> None:
-        super().__init__(f"{rows} rows from {bytes_read} bytes")
-        self.rows = rows
-        self.bytes_read = bytes_read
+    """A read kept more rows than its limit (see the module docstring)."""
 
 
 def read_audit_columns(
@@ -573,13 +575,11 @@ class _RowLimit:
 
     limit: int | None
     rows: int = 0
-    bytes_read: int = 0
 
-    def add(self, rows: int, nbytes: int) -> None:
+    def add(self, rows: int) -> None:
         self.rows += rows
-        self.bytes_read += nbytes
         if self.limit is not None and self.rows > self.limit:
-            raise RowsOverflow(self.rows, self.bytes_read)
+            raise RowsOverflow(f"{self.rows} rows, more than {self.limit}")
 
 
 def _read_runs(
@@ -614,7 +614,7 @@ def _read_runs(
                     raise exc.located(run[0].log_path) from exc
                 del sc  # no view of the mapping may outlive it
                 parts.append(part)
-                limit.add(len(part), end - start)
+                limit.add(len(part))
                 del part
     return AuditColumns.gather(parts)
 
@@ -782,37 +782,44 @@ def _audit_in_buckets(
 ) -> AuditResult:
     """`audit` of the candidate rows of `scope`, read in as many key buckets as keep each
     within `row_limit` rows, the buckets' results merged (see the module docstring)."""
-    total_bytes = sum(s.size for s in scope.segments)
-    count, restarts = first_buckets(scope, row_limit), 0
-    while True:
-        limit = None if restarts > REBUCKETS or count >= MAX_BUCKETS else row_limit
-        if count > 1:
+    count = first_buckets(scope, row_limit)
+    if count > 1:
+        log.info(
+            "audit.in_buckets",
+            topic=plog.topic_partition.topic,
+            partition=plog.topic_partition.partition,
+            log_dir=str(plog.log_dir),
+            buckets=count,
+            row_limit=row_limit,
+        )
+    todo = [(KeyBucket(index, count), 0) for index in reversed(range(count))]
+    results = []
+    while todo:
+        bucket, splits = todo.pop()
+        whole = splits >= MAX_SPLITS
+        try:
+            cols = read_audit_columns(
+                scope.segments,
+                strategy=strategy,
+                stable_offset=scope.stable_offset,
+                aborted=scope.aborted,
+                bucket=bucket,
+                row_limit=None if whole else row_limit,
+            )
+        except RowsOverflow:
+            low, high = bucket.halves()
+            todo += [(high, splits + 1), (low, splits + 1)]
             log.info(
-                "audit.in_buckets",
+                "audit.bucket_split",
                 topic=plog.topic_partition.topic,
                 partition=plog.topic_partition.partition,
-                log_dir=str(plog.log_dir),
-                buckets=count,
-                row_limit=limit,
-                restarts=restarts,
+                bucket=f"{bucket.index}/{bucket.count}",
+                halves_read_whole=splits + 1 >= MAX_SPLITS,
             )
-        try:
-            results = []
-            for index in range(count):
-                cols = read_audit_columns(
-                    scope.segments,
-                    strategy=strategy,
-                    stable_offset=scope.stable_offset,
-                    aborted=scope.aborted,
-                    bucket=KeyBucket(index, count),
-                    row_limit=limit,
-                )
-                results.append(audit(cols))
-                del cols
-            return merge_results(results, max_listed=max_listed)
-        except RowsOverflow as over:
-            count = more_buckets(count, over, total_bytes=total_bytes, row_limit=row_limit)
-            restarts += 1
+            continue
+        results.append(audit(cols))
+        del cols
+    return merge_results(results, max_listed=max_listed)
 
 
 def first_buckets(scope: AuditScope, row_limit: int) -> int:
@@ -831,11 +838,3 @@ def buckets_for(rows: float, row_limit: int) -> int:
     spare: a power of two, at most MAX_BUCKETS."""
     wanted = max(1, math.ceil(1.25 * rows / row_limit))
     return int(min(MAX_BUCKETS, 1 << (wanted - 1).bit_length()))
-
-
-def more_buckets(count: int, over: RowsOverflow, *, total_bytes: int, row_limit: int) -> int:
-    """How many key buckets to read after a read in `count` of them overflowed: enough
-    for the rows of every bucket projected from the rows per byte read so far over
-    `total_bytes`, and at least twice `count` (at most MAX_BUCKETS)."""
-    projected = over.rows * count * max(total_bytes, over.bytes_read) / max(over.bytes_read, 1)
-    return min(MAX_BUCKETS, max(2 * count, buckets_for(projected, row_limit)))

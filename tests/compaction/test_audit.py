@@ -553,42 +553,39 @@ def test_a_partition_over_the_memory_budget_is_audited_in_key_buckets(
     assert sum(last) == whole.result.records
 
 
-def test_a_key_bigger_than_the_budget_is_read_whole_after_the_restarts(
+def test_a_key_bigger_than_the_budget_is_read_whole_after_max_splits(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """One key's rows cannot be split: after REBUCKETS restarts in more buckets the
-    buckets are read whole, and the result is still the whole partition's."""
+    """One key's rows cannot be split: its bucket alone is halved MAX_SPLITS times, then
+    read whole; the other buckets are read once each, and the result is the whole
+    partition's."""
     log = LogBuilder(tmp_path / "logs")
-    for i in range(30):
-        log.append([(k("hot"), b"%d" % i)], timestamps=[NOW - (60 - i) * MIN])
+    for i in range(60):
+        key = k("hot") if i % 2 else k(f"cold{i}")
+        log.append([(key, b"%d" % i)], timestamps=[NOW - (60 - i) * MIN])
     plog = open_log(log)
     whole = audit_partition(plog, topic(), now_ms=NOW, slack_ms=0)
     reads = counting_reads(monkeypatch)
     budget = 10 * audit_module.ROW_BYTES
     assert audit_partition(plog, topic(), now_ms=NOW, slack_ms=0, memory_bytes=budget) == whole
-    buckets = reads[-1][0]
-    last = [(row_limit, rows) for count, row_limit, rows in reads if count == buckets]
-    assert len(last) == buckets
-    assert all(row_limit is None for row_limit, _ in last)
-    assert max(rows for _, rows in last) == 30
-    assert buckets >= 2 ** (audit_module.REBUCKETS + 1)
-    assert len(reads) < 3 * buckets  # the buckets of each restart at most
+    assert sum(rows for _, _, rows in reads) == 60
+    first = reads[0][0]
+    assert first == 8  # 60 records, 10 a bucket, a quarter to spare
+    hot = [(count, row_limit) for count, row_limit, rows in reads if rows >= 30]
+    assert hot == [(first * 2**audit_module.MAX_SPLITS, None)]  # halved, then read whole
+    # the other buckets read once each; the hot key's halves: the other half at each split
+    assert len(reads) == first - 1 + audit_module.MAX_SPLITS + 1
 
 
-@pytest.mark.parametrize(
-    ("count", "rows", "bytes_read", "total", "limit", "want"),
-    [
-        (1, 11, 100, 100, 10, 2),  # all read: 11 rows, 1.25 x 11 / 10 -> 2
-        (1, 11, 100, 1000, 10, 16),  # a tenth read: 110 rows projected -> 14 -> 16
-        (4, 11, 100, 100, 10, 8),  # at least twice as many
-        (1, 10**9, 1, 10**9, 1, audit_module.MAX_BUCKETS),  # at most MAX_BUCKETS
-    ],
-)
-def test_more_buckets_projects_the_rows_per_byte(
-    count: int, rows: int, bytes_read: int, total: int, limit: int, want: int
-) -> None:
-    over = audit_module.RowsOverflow(rows, bytes_read)
-    assert audit_module.more_buckets(count, over, total_bytes=total, row_limit=limit) == want
+def test_halves_hold_exactly_the_buckets_keys() -> None:
+    """A bucket's two halves hold its keys, each key in one of them."""
+    bucket = audit_module.KeyBucket(3, 8)
+    low, high = bucket.halves()
+    assert [(low.index, low.count), (high.index, high.count)] == [(3, 16), (11, 16)]
+    hashes = np.arange(10_000, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15)
+    both = low.holds(hashes).astype(np.int64) + high.holds(hashes)
+    np.testing.assert_array_equal(both, bucket.holds(hashes))
+    assert bucket.holds(hashes).any()
 
 
 def test_first_buckets_count_records_only_past_the_budget(
