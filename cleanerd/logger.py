@@ -16,21 +16,39 @@ structlog, and one that logs sends its lines where it asked.
 from __future__ import annotations
 
 import sys
+import threading
 from collections.abc import Callable
 from typing import Any
 
 _pending: list[Callable[[], None]] = []
 """The logging configuration to apply at the first log call, if any."""
+_pending_lock = threading.RLock()
+"""Held while a pending configuration is applied: a thread's first log line waits for
+it instead of going out through structlog's defaults (to stdout)."""
 
 
 def configure_when_first_used(configure: Callable[[], None]) -> None:
     """Run `configure` (it configures structlog) before the process's next log line: now,
     when structlog is imported already (a logger may have been bound)."""
-    if "structlog" in sys.modules:
+    with _pending_lock:
         _pending.clear()
-        configure()
-    else:
-        _pending[:] = [configure]
+        if "structlog" not in sys.modules:
+            _pending.append(configure)
+            return
+    configure()
+
+
+def drop_pending() -> None:
+    """Forget a pending configuration: an explicit one (`configure_logging`) replaces
+    it."""
+    with _pending_lock:
+        _pending.clear()
+
+
+def _apply_pending() -> None:
+    with _pending_lock:
+        while _pending:
+            _pending.pop()()
 
 
 class CurrentStderr:
@@ -59,8 +77,7 @@ class Logger:
 
     def _logger(self) -> Any:
         if self._bound is None:
-            while _pending:
-                _pending.pop()()
+            _apply_pending()
             import structlog
 
             self._bound = structlog.get_logger(self._name)

@@ -62,3 +62,44 @@ def test_structlog_is_imported_by_the_first_call_only() -> None:
     )
     lines = run_python(probe).splitlines()  # structlog's default prints the event too
     assert (lines[0], lines[-1]) == ("False", "True")
+
+
+def test_threads_first_lines_wait_for_the_pending_configuration() -> None:
+    """Four threads log their first line at once after a command left its configuration
+    pending: every line goes where it says (stderr, JSON), none through structlog's
+    defaults to stdout while another thread is still configuring."""
+    probe = (
+        "import sys, threading\n"
+        "from cleanerd.commands import log_to_stderr\n"
+        "from cleanerd.logger import get_logger\n"
+        "class C:\n"
+        "    class logging: format = 'json'; level = 'info'\n"
+        "log_to_stderr(C)\n"
+        "go = threading.Barrier(4)\n"
+        "def work(i):\n"
+        "    go.wait()\n"
+        "    get_logger(f't{i}').warning('first.line', thread=i)\n"
+        "ts = [threading.Thread(target=work, args=(i,)) for i in range(4)]\n"
+        "[t.start() for t in ts]; [t.join() for t in ts]\n"
+        "print('done')\n"
+    )
+    assert run_python(probe).splitlines() == ["done"]
+
+
+def test_an_explicit_configuration_replaces_a_pending_one() -> None:
+    """A command's pending configuration (nothing logged yet) does not override a later
+    explicit `configure_logging` at the next logger's first line."""
+    probe = (
+        "import io\n"
+        "from cleanerd.commands import log_to_stderr\n"
+        "from cleanerd.logger import get_logger\n"
+        "class C:\n"
+        "    class logging: format = 'json'; level = 'info'\n"
+        "log_to_stderr(C)\n"
+        "from cleanerd.daemon.logging import configure_logging\n"
+        "buf = io.StringIO()\n"
+        "configure_logging('json', 'info', buf)\n"
+        "get_logger('x').warning('hello')\n"
+        "print('hello' in buf.getvalue())\n"
+    )
+    assert run_python(probe).splitlines() == ["True"]

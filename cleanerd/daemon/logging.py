@@ -28,6 +28,8 @@ from typing import Literal, TextIO
 import structlog
 from structlog.typing import Processor
 
+from cleanerd.logger import drop_pending
+
 LogFormat = Literal["auto", "json", "console"]
 LogLevel = Literal["debug", "info", "warning", "error", "critical"]
 
@@ -74,6 +76,7 @@ def configure_logging(
     Safe to call again (on reload): it replaces its own handler and leaves other
     handlers on the root logger alone. Returns the format chosen.
     """
+    drop_pending()  # this configuration replaces one a command left for later
     out = sys.stderr if stream is None else stream
     fmt = resolve_format(format, out)
     level_no = logging.getLevelNamesMapping()[level.upper()]
