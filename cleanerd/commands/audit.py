@@ -94,7 +94,6 @@ ARGS: Final[tuple[Arg, ...]] = (
         ("--memory-mb",),
         {
             "type": positive_int,
-            "default": AUDIT_MEMORY_BYTES >> 20,
             "metavar": "MB",
             "help": "memory for one partition's records; a bigger partition is read again "
             f"per key bucket (local scan; default {AUDIT_MEMORY_BYTES >> 20})",
@@ -320,6 +319,9 @@ def run(args: argparse.Namespace) -> int:
     if args.parquet is not None and args.engine != "spark":
         print("cleanerd audit: --parquet needs --engine spark", file=sys.stderr)
         return 2
+    if args.memory_mb is not None and args.engine == "spark":
+        print("cleanerd audit: --memory-mb bounds the local scan only", file=sys.stderr)
+        return 2
     segments, size = _total_segments(cfg)
     with Progress("audit", segments=segments, total_bytes=size) as progress:
         if args.engine == "spark":
@@ -337,7 +339,7 @@ def run(args: argparse.Namespace) -> int:
                 now_ms=now_ms,
                 slack_ms=slack_ms,
                 max_listed=args.max_listed,
-                memory_bytes=args.memory_mb << 20,
+                memory_bytes=AUDIT_MEMORY_BYTES if args.memory_mb is None else args.memory_mb << 20,
                 progress=progress,
             )
     if args.json:

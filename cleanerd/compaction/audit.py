@@ -52,9 +52,11 @@ A key lies in one bucket, and every figure of the result is a sum, a maximum or 
 oldest listed violations over keys, so the merged result is the one-bucket result
 exactly. B is chosen before reading (`first_buckets`): 1 when the partition's offsets
 below its last stable offset are within the budget (a record has an offset of its own),
-else from its records, counted by a walk of the batch headers (a few percent of a read).
-That count misses the inner records of legacy compressed wrappers, and keys are not
-spread evenly, so a bucket's read also stops once its rows exceed the budget: that
+else from its records, counted by a walk of the batch headers (a few percent of a read;
+legacy compressed wrappers are decompressed for their counts). The count includes
+records that are not candidates (control, aborted, above the last stable offset), and
+keys are not spread evenly, so a bucket's read also stops once its rows exceed the
+budget: that
 bucket alone is split in halves by one more bit of the hash (`KeyBucket.halves`) and
 they are read in turn, the buckets done so far kept. A key's rows cannot be split, so a
 key with more rows than the budget holds would make one half of every split overflow: a
@@ -561,12 +563,13 @@ def read_audit_columns(
     batches, so the joined bytes hold the same batches in the same order. When such a
     call meets a corrupt batch, the partition is read again one segment at a time, which
     names the file and position as before."""
-    limit = _RowLimit(row_limit)
     try:
-        return _read_runs(_runs(segments), strategy, stable_offset, aborted, bucket, limit)
+        runs = _runs(segments)
+        return _read_runs(runs, strategy, stable_offset, aborted, bucket, _RowLimit(row_limit))
     except CorruptRecordError:
-        singly = [[s] for s in segments]
-        return _read_runs(singly, strategy, stable_offset, aborted, bucket, _RowLimit(row_limit))
+        pass  # read again below, once this attempt's rows (the traceback's) are freed
+    singly = [[s] for s in segments]
+    return _read_runs(singly, strategy, stable_offset, aborted, bucket, _RowLimit(row_limit))
 
 
 @dataclass(slots=True)

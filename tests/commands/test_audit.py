@@ -190,3 +190,15 @@ def test_a_partition_over_memory_mb_is_audited_in_buckets_and_logged_to_stderr(
     assert doc == json.loads(whole_out)
     assert doc["partitions"][0]["records"] == rows
     assert doc["partitions"][0]["keys"] == 3000
+
+
+def test_memory_mb_is_refused_with_the_spark_engine(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--memory-mb` bounds the local scan; with `--engine spark` it is a usage error, not
+    an option silently ignored."""
+    build(tmp_path)
+    path = str(config_file(tmp_path))
+    argv = ["audit", "-c", path, "--engine", "spark", "--memory-mb", "64"]
+    assert main(argv) == 2
+    assert "--memory-mb bounds the local scan only" in capsys.readouterr().err
