@@ -4,7 +4,7 @@ structlog imports asyncio, ssl and sockets with it: about 50 ms, which a one-sho
 that logs nothing (`plan`, `check-config`, `dump`) should not pay at every start.
 `get_logger(name)` returns a `Logger` whose first call imports structlog and keeps
 structlog's own lazy proxy for `name`; that proxy reads structlog's configuration at
-every call (`cleanerd.daemon.logging` sets `cache_logger_on_first_use=False`), so a
+every call (`cleanerd.log_setup` sets `cache_logger_on_first_use=False`), so a
 configuration made before or after the first call applies, as with
 `structlog.get_logger`.
 
@@ -18,7 +18,10 @@ from __future__ import annotations
 import sys
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any, TextIO, cast
+
+if TYPE_CHECKING:
+    from cleanerd.log_setup import LogFormat, LogLevel
 
 _pending: list[Callable[[], None]] = []
 """The logging configuration to apply at the first log call, if any."""
@@ -36,6 +39,19 @@ def configure_when_first_used(configure: Callable[[], None]) -> None:
             _pending.append(configure)
             return
     configure()
+
+
+def log_to_stderr(format: LogFormat = "auto", level: LogLevel = "info") -> None:
+    """Log in `format` at `level` to stderr (whatever it is at each line), from the next
+    log line on: a one-shot command's stdout holds only its report (`--json` stays
+    parseable), and a worker process's stdout is its parent's."""
+
+    def configure() -> None:
+        from cleanerd.log_setup import configure_logging
+
+        configure_logging(format, level, cast(TextIO, CurrentStderr()))
+
+    configure_when_first_used(configure)
 
 
 def drop_pending() -> None:

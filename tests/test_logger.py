@@ -3,9 +3,15 @@ at every call."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+
 from structlog.testing import capture_logs
 
 from cleanerd.logger import get_logger
+from tests.paths import REPO
 from tests.tools import run_python
 
 
@@ -70,11 +76,8 @@ def test_threads_first_lines_wait_for_the_pending_configuration() -> None:
     defaults to stdout while another thread is still configuring."""
     probe = (
         "import sys, threading\n"
-        "from cleanerd.commands import log_to_stderr\n"
-        "from cleanerd.logger import get_logger\n"
-        "class C:\n"
-        "    class logging: format = 'json'; level = 'info'\n"
-        "log_to_stderr(C)\n"
+        "from cleanerd.logger import get_logger, log_to_stderr\n"
+        "log_to_stderr('json', 'info')\n"
         "go = threading.Barrier(4)\n"
         "def work(i):\n"
         "    go.wait()\n"
@@ -91,15 +94,37 @@ def test_an_explicit_configuration_replaces_a_pending_one() -> None:
     explicit `configure_logging` at the next logger's first line."""
     probe = (
         "import io\n"
-        "from cleanerd.commands import log_to_stderr\n"
-        "from cleanerd.logger import get_logger\n"
-        "class C:\n"
-        "    class logging: format = 'json'; level = 'info'\n"
-        "log_to_stderr(C)\n"
-        "from cleanerd.daemon.logging import configure_logging\n"
+        "from cleanerd.logger import get_logger, log_to_stderr\n"
+        "log_to_stderr('json', 'info')\n"
+        "from cleanerd.log_setup import configure_logging\n"
         "buf = io.StringIO()\n"
         "configure_logging('json', 'info', buf)\n"
         "get_logger('x').warning('hello')\n"
         "print('hello' in buf.getvalue())\n"
     )
     assert run_python(probe).splitlines() == ["True"]
+
+
+def log_a_warning() -> None:
+    """What the worker test below runs in a worker process."""
+    get_logger("cleanerd.test").warning("worker.line", pid=os.getpid())
+
+
+def test_a_workers_lines_go_to_stderr_in_the_configured_format() -> None:
+    """A reader process (forkserver: a fresh interpreter, no configuration inherited)
+    logs to stderr in the format it was started with, never to stdout, which is its
+    parent's (a command's report)."""
+    probe = (
+        "from cleanerd.engine.first_reads import ReaderPool\n"
+        "from tests.test_logger import log_a_warning\n"
+        "pool = ReaderPool(1, 'json', 'info')\n"
+        "pool._pool.submit(log_a_warning).result()\n"
+        "pool._pool.shutdown()\n"
+        "print('done')\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    command = [sys.executable, "-c", probe]
+    done = subprocess.run(command, capture_output=True, text=True, env=env, cwd=REPO, check=True)
+    assert done.stdout.splitlines() == ["done"]
+    line = json.loads(done.stderr.strip().splitlines()[-1])
+    assert (line["event"], line["level"]) == ("worker.line", "warning")

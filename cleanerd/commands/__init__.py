@@ -14,12 +14,7 @@ import argparse
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final, TextIO, cast
-
-from cleanerd.logger import CurrentStderr, configure_when_first_used
-
-if TYPE_CHECKING:
-    from cleanerd.config import Config
+from typing import Any, Final
 
 Arg = tuple[tuple[str, ...], dict[str, Any]]
 """One `add_argument(*flags, **options)` call."""
@@ -104,16 +99,3 @@ def positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"{value} is not a positive integer")
     return value
-
-
-def log_to_stderr(config: Config) -> None:
-    """Log as `config` says, to stderr: a one-shot command's stdout holds only its report
-    (`--json` stays parseable). Applied at the first log line (`cleanerd.logger`)."""
-
-    def configure() -> None:
-        from cleanerd.daemon.logging import configure_logging
-
-        stream = cast(TextIO, CurrentStderr())
-        configure_logging(config.logging.format, config.logging.level, stream)
-
-    configure_when_first_used(configure)

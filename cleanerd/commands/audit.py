@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
-from cleanerd.commands import Arg, log_to_stderr, positive_int
+from cleanerd.commands import Arg, positive_int
 from cleanerd.commands.progress import Progress
 from cleanerd.compaction.audit import (
     AUDIT_MEMORY_BYTES,
@@ -55,6 +55,7 @@ from cleanerd.log.files import LOG_FILE_SUFFIX, METADATA_TOPIC, parse_topic_part
 from cleanerd.log.log_dir import LogDir
 from cleanerd.log.partition_log import LogConfig, PartitionLog
 from cleanerd.log.topic_config import TopicConfig
+from cleanerd.logger import log_to_stderr
 from cleanerd.wording import count
 
 CLEAN_TIME_ALLOWANCE_MS: Final = 300_000
@@ -313,7 +314,7 @@ def run(args: argparse.Namespace) -> int:
     """The `audit` subcommand: exit 1 on a deadline violation or an unreadable partition."""
     cfg = load_config(args.config)
     # Log lines go to stderr, so stdout holds only the report (`--json` stays parseable).
-    log_to_stderr(cfg)
+    log_to_stderr(cfg.logging.format, cfg.logging.level)
     now_ms = args.now_ms if args.now_ms is not None else time.time_ns() // 1_000_000
     slack_ms = args.slack_ms if args.slack_ms is not None else default_slack_ms(cfg)
     if args.parquet is not None and args.engine != "spark":

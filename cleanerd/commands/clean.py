@@ -25,17 +25,18 @@ pid; one that another program holds (a Kafka broker) is only observed.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 from pathlib import Path
 from typing import Final
 
-from cleanerd.commands import Arg, log_to_stderr
+from cleanerd.commands import Arg
 from cleanerd.commands.progress import Progress, TrackedEngine
 from cleanerd.compaction.stats import render_invalid_warning, render_stats
 from cleanerd.config import load_config
 from cleanerd.engine import create_engine
 from cleanerd.engine.first_reads import ReaderPool
-from cleanerd.logger import get_logger
+from cleanerd.logger import get_logger, log_to_stderr
 from cleanerd.maintenance.cycle import Maintenance, wall_clock_ms
 from cleanerd.maintenance.report import CycleReport
 from cleanerd.wording import count
@@ -152,7 +153,7 @@ def run(args: argparse.Namespace) -> int:
     retention, cleaning a partition) or a log dir could not be owned (see above)."""
     config = load_config(args.config)
     # Log lines go to stderr, so stdout holds only the report (`--json` stays parseable).
-    log_to_stderr(config)
+    log_to_stderr(config.logging.format, config.logging.level)
     now_ms: int | None = args.now_ms
     clock = wall_clock_ms if now_ms is None else (lambda: now_ms)
     topics = frozenset(args.topic) if args.topic else None
@@ -163,8 +164,11 @@ def run(args: argparse.Namespace) -> int:
     engine = TrackedEngine(create_engine(config, args.engine, in_process=in_process), progress)
     try:
         # The engine stops before the log dirs are released: no pass outlives the locks.
+        readers = functools.partial(
+            ReaderPool.for_this_host, config.logging.format, config.logging.level
+        )
         with Maintenance(
-            config, engine, clock=clock, topics=topics, readers=ReaderPool.for_this_host
+            config, engine, clock=clock, topics=topics, readers=readers
         ) as maintenance:
             try:
                 report = maintenance.run_once()

@@ -15,8 +15,9 @@ from pathlib import Path
 from typing import Final
 
 from cleanerd import wording
-from cleanerd.commands import Arg, log_to_stderr
+from cleanerd.commands import Arg
 from cleanerd.config import load_config
+from cleanerd.logger import log_to_stderr
 from cleanerd.maintenance.plan import (
     CyclePlan,
     PartitionPlan,
@@ -152,7 +153,7 @@ def run(args: argparse.Namespace) -> int:
     """The `plan` subcommand: exit 1 when a log dir or partition could not be read."""
     cfg = load_config(args.config)
     # Log lines go to stderr, so stdout holds only the report (`--json` stays parseable).
-    log_to_stderr(cfg)
+    log_to_stderr(cfg.logging.format, cfg.logging.level)
     now_ms = args.now_ms if args.now_ms is not None else time.time_ns() // 1_000_000
     gathered = gather(cfg, now_ms=now_ms)
     plan = plan_cycle(

@@ -24,8 +24,8 @@ import uvloop
 
 from cleanerd.commands import Arg
 from cleanerd.config import load_config
-from cleanerd.daemon.logging import configure_logging
 from cleanerd.daemon.service import Daemon
+from cleanerd.log_setup import configure_logging
 
 ARGS: Final[tuple[Arg, ...]] = (
     (

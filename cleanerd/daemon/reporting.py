@@ -19,10 +19,10 @@ from pydantic import JsonValue
 
 from cleanerd.compaction.stats import CleanerStats
 from cleanerd.daemon.events import Event, EventKind, EventPublisher
-from cleanerd.daemon.logging import partition_context
 from cleanerd.daemon.metrics.exporter import MetricsExporter, PassResult
 from cleanerd.daemon.metrics.model import MetricsSnapshot, build_snapshot
 from cleanerd.log.files import TopicPartition
+from cleanerd.log_setup import partition_context
 from cleanerd.maintenance.cycle import MaintenanceStatus
 from cleanerd.maintenance.report import CycleReport
 from cleanerd.retention.disk_usage import DeviceUsage

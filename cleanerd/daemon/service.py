@@ -57,6 +57,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
+import functools
 import signal
 import threading
 import time
@@ -79,7 +80,6 @@ from cleanerd.daemon.commands import (
     ResumeCommand,
 )
 from cleanerd.daemon.events import EventKind, EventPublisher, make_publisher
-from cleanerd.daemon.logging import configure_logging, partition_context
 from cleanerd.daemon.metrics.exporter import MetricsExporter
 from cleanerd.daemon.metrics.model import build_snapshot
 from cleanerd.daemon.reload import ReloadPlan, plain, plan_reload
@@ -98,6 +98,7 @@ from cleanerd.engine import Engine, create_engine
 from cleanerd.engine.first_reads import ReaderPool
 from cleanerd.errors import CleanerdError, ConfigError
 from cleanerd.log.files import TopicPartition
+from cleanerd.log_setup import configure_logging, partition_context
 from cleanerd.maintenance.cycle import Maintenance, MaintenanceStatus, wall_clock_ms
 from cleanerd.maintenance.report import CycleReport, made_progress
 from cleanerd.retention.disk import Device, group_devices, is_above, measure
@@ -324,7 +325,9 @@ class Daemon:
                 engine,
                 clock=self.clock_ms,
                 progress_interval_s=self.timings.progress_interval_s,
-                readers=ReaderPool.for_this_host,
+                readers=functools.partial(
+                    ReaderPool.for_this_host, self.config.logging.format, self.config.logging.level
+                ),
             )
         except BaseException:
             engine.shutdown()

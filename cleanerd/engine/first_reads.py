@@ -18,46 +18,55 @@ import signal
 import threading
 from collections.abc import Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 from cleanerd.engine.lifeline import die_with, set_parent_death_signal
 from cleanerd.log.known_reader import read_dirs
 from cleanerd.log.ownership import ProcessId
+from cleanerd.logger import log_to_stderr
+
+if TYPE_CHECKING:
+    from cleanerd.log_setup import LogFormat, LogLevel
 
 MAX_READERS: Final = 8
 """Readers at most: past a few, the owner's opening is what the start waits for."""
 
 
-def _init_reader(owner: ProcessId) -> None:
+def _init_reader(owner: ProcessId, log_format: LogFormat, log_level: LogLevel) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     set_parent_death_signal()
     die_with(owner)
+    log_to_stderr(log_format, log_level)  # a reader's stdout is its parent's
 
 
 class ReaderPool:
     """`workers` reader processes (`SegmentReaders` of `cleanerd.maintenance.cycle`)."""
 
-    def __init__(self, workers: int) -> None:
+    def __init__(
+        self, workers: int, log_format: LogFormat = "auto", log_level: LogLevel = "info"
+    ) -> None:
         self.workers = workers
         self._pool = ProcessPoolExecutor(
             max_workers=workers,
             mp_context=multiprocessing.get_context("forkserver"),
             initializer=_init_reader,
-            initargs=(ProcessId.current(),),
+            initargs=(ProcessId.current(), log_format, log_level),
         )
         self._futures: list[Future[bytes]] = []
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
 
     @classmethod
-    def for_this_host(cls) -> ReaderPool | None:
+    def for_this_host(
+        cls, log_format: LogFormat = "auto", log_level: LogLevel = "info"
+    ) -> ReaderPool | None:
         """A pool of one reader per CPU beside the owner's (`MAX_READERS` at most); None
         with a single CPU, where the owner reads faster itself."""
         from cleanerd.engine.local import usable_cpus  # here: the workers need none of it
 
         cpus = usable_cpus()
-        return cls(min(cpus - 1, MAX_READERS)) if cpus > 1 else None
+        return cls(min(cpus - 1, MAX_READERS), log_format, log_level) if cpus > 1 else None
 
     def start(self, jobs: Sequence[Sequence[str]]) -> None:
         """Start reading the partition dirs of each job (`read_dirs`), in order."""

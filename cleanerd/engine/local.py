@@ -80,9 +80,11 @@ from cleanerd.log.files import TopicPartition
 from cleanerd.log.lock import PartitionLock
 from cleanerd.log.ownership import OwnerProof, ProcessId
 from cleanerd.log.segment import LogSegment
+from cleanerd.logger import log_to_stderr
 
 if TYPE_CHECKING:
     from cleanerd.compaction.audit import AuditColumns
+    from cleanerd.log_setup import LogFormat, LogLevel
 
 RECENT_RUNS: Final = 1024
 """How many finished jobs `LocalEngine.runs` remembers."""
@@ -101,6 +103,9 @@ class WorkerSettings:
     dedupe_buffer_size: int = 128 * 1024 * 1024
     load_factor: float = 0.9
     io_max_bytes_per_second: float = math.inf
+    log_format: LogFormat = "auto"
+    log_level: LogLevel = "info"
+    """How a worker logs (to stderr, as its parent: its stdout is the parent's)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,6 +172,7 @@ def _init_worker(
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     set_parent_death_signal()
     die_with(owner)
+    log_to_stderr(settings.log_format, settings.log_level)
     _worker = _Worker(
         settings,
         owner,
@@ -349,6 +355,8 @@ class LocalEngine:
                 dedupe_buffer_size=config.log_cleaner_dedupe_buffer_size,
                 load_factor=config.log_cleaner_io_buffer_load_factor,
                 io_max_bytes_per_second=config.log_cleaner_io_max_bytes_per_second,
+                log_format=config.logging.format,
+                log_level=config.logging.level,
             ),
             in_process=in_process,
         )

@@ -394,7 +394,7 @@ async def test_will_is_offline_when_the_connection_dies(broker: Broker, tmp_path
         import asyncio, sys
         from cleanerd.config import MqttConfig
         from cleanerd.daemon.events import MqttPublisher
-        from cleanerd.daemon.logging import configure_logging
+        from cleanerd.log_setup import configure_logging
 
         async def main():
             configure_logging("json", stream=sys.stderr)

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import structlog
 
-from cleanerd.daemon.logging import configure_logging, partition_context, resolve_format
+from cleanerd.log_setup import configure_logging, partition_context, resolve_format
 
 LOG_DIR = Path("/var/lib/kafka/data")
 
