@@ -8,9 +8,9 @@ every call (`cleanerd.log_setup` sets `cache_logger_on_first_use=False`), so a
 configuration made before or after the first call applies, as with
 `structlog.get_logger`.
 
-A one-shot command states its logging configuration with `configure_when_first_used`,
-which applies it at the first log call too: a command that logs nothing never imports
-structlog, and one that logs sends its lines where it asked.
+A one-shot command or a worker process says where it logs with `log_to_stderr`, which is
+applied at the process's first log call: a command that logs nothing never imports
+structlog, and one that logs sends every line where it asked, from any thread.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ _pending_lock = threading.RLock()
 it instead of going out through structlog's defaults (to stdout)."""
 
 
-def configure_when_first_used(configure: Callable[[], None]) -> None:
+def _configure_when_first_used(configure: Callable[[], None]) -> None:
     """Run `configure` (it configures structlog) before the process's next log line: now,
     when structlog is imported already (a logger may have been bound)."""
     with _pending_lock:
@@ -49,9 +49,9 @@ def log_to_stderr(format: LogFormat = "auto", level: LogLevel = "info") -> None:
     def configure() -> None:
         from cleanerd.log_setup import configure_logging
 
-        configure_logging(format, level, cast(TextIO, CurrentStderr()))
+        configure_logging(format, level, cast(TextIO, _CurrentStderr()))
 
-    configure_when_first_used(configure)
+    _configure_when_first_used(configure)
 
 
 def drop_pending() -> None:
@@ -67,7 +67,7 @@ def _apply_pending() -> None:
             _pending.pop()()
 
 
-class CurrentStderr:
+class _CurrentStderr:
     """Whatever `sys.stderr` is at the time of each write (a test's capture, a
     redirection made after the logging was configured): the log stream of the one-shot
     commands, whose stdout holds only their report (`--json` stays parseable)."""
