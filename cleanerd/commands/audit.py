@@ -60,7 +60,6 @@ from cleanerd.wording import count
 
 CLEAN_TIME_ALLOWANCE_MS: Final = 300_000
 
-
 ARGS: Final[tuple[Arg, ...]] = (
     (("-c", "--config"), {"type": Path, "metavar": "FILE", "help": "the YAML config file"}),
     (
