@@ -13,6 +13,7 @@ from cleanerd.records.batch import encode_batch
 from cleanerd.records.control import ControlRecordType, encode_end_txn_marker
 from cleanerd.records.header import Compression, TimestampType, compute_crc
 from cleanerd.records.record import Record, RecordHeader
+from cleanerd.records.walker import batch_windows
 
 SHALLOW = DumpOptions()
 DEEP = DumpOptions(deep_iteration=True)
@@ -298,8 +299,9 @@ def test_a_log_is_listed_a_window_at_a_time_as_it_is_whole(
         return out, None
 
     whole = listing()
-    monkeypatch.setattr(dump_module, "DECODE_WINDOW_BYTES", 3 * len(batches[1]))
-    assert len(dump_module.batch_windows(bytes(data), dump_module.DECODE_WINDOW_BYTES)) > 8
+    window = 3 * len(batches[1])
+    monkeypatch.setattr(dump_module, "DECODE_WINDOW_BYTES", window)
+    assert len(batch_windows(bytes(data), window)) > 8
     assert listing() == whole
     printed, error = whole
     if bad_crc:

@@ -20,6 +20,7 @@ from cleanerd.records.batch import encode_batch
 from cleanerd.records.control import ControlRecordType, encode_end_txn_marker
 from cleanerd.records.header import Compression, TimestampType, compute_crc
 from cleanerd.records.record import Record, RecordHeader
+from cleanerd.records.walker import walk
 
 SHALLOW = DumpOptions()
 DEEP = DumpOptions(deep_iteration=True)
@@ -477,7 +478,6 @@ def test_a_log_is_listed_a_window_at_a_time_as_it_is_whole(
 
     whole = listing()
     windows: list[int] = []
-    walk = dump_module.walk
 
     def counted(*args: Any, **kwargs: Any) -> Any:
         found = walk(*args, **kwargs)

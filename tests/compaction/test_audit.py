@@ -476,11 +476,12 @@ def test_buckets_merged_give_the_one_bucket_result(
     for index in range(buckets):
         bucket = audit_module.KeyBucket(index, buckets)
         rows = np.flatnonzero(bucket.holds(cols.hash_hi))
-        part = AuditColumns.build(
-            lambda name, _dtype, rows=rows: (
-                getattr(cols, name)[rows] if name != "marker_horizon" else cols.marker_horizon
-            )
-        )
+
+        def column(name: str, _dtype: Any, rows: Any = rows) -> Any:
+            whole = getattr(cols, name)
+            return whole if name == "marker_horizon" else whole[rows]
+
+        part = AuditColumns.build(column)
         if index:  # a batch's markers go with bucket 0
             part = dataclasses.replace(part, marker_horizon=np.zeros(0, np.int64))
         parts.append(audit_columns(part, **kwargs))
@@ -496,7 +497,9 @@ def many_keys_log(root: Path) -> PartitionLog:
         for step in range(5):
             t = NOW - (60 - 12 * seg - 2 * step) * MIN
             n = 20 * seg + 4 * step
-            batch = [(k(f"key{(37 * (n + j)) % 200}"), b"%d" % step) for j in range(20)]
+            batch: list[tuple[bytes, bytes | None]] = [
+                (k(f"key{(37 * (n + j)) % 200}"), b"%d" % step) for j in range(20)
+            ]
             if step == 3:
                 batch[0] = (batch[0][0], None)
             codec = Compression.ZSTD if step % 2 else Compression.NONE
