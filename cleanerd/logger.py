@@ -23,48 +23,47 @@ from typing import TYPE_CHECKING, Any, TextIO, cast
 if TYPE_CHECKING:
     from cleanerd.log_setup import LogFormat, LogLevel
 
-_pending: list[Callable[[], None]] = []
+_pending: Callable[[], None] | None = None
 """The logging configuration to apply at the first log call, if any."""
 _pending_lock = threading.RLock()
 """Held while a pending configuration is applied: a thread's first log line waits for
 it instead of going out through structlog's defaults (to stdout)."""
 
 
-def _configure_when_first_used(configure: Callable[[], None]) -> None:
-    """Run `configure` (it configures structlog) before the process's next log line: now,
-    when structlog is imported already (a logger may have been bound)."""
-    with _pending_lock:
-        _pending.clear()
-        if "structlog" not in sys.modules:
-            _pending.append(configure)
-            return
-    configure()
-
-
 def log_to_stderr(format: LogFormat = "auto", level: LogLevel = "info") -> None:
-    """Log in `format` at `level` to stderr (whatever it is at each line), from the next
-    log line on: a one-shot command's stdout holds only its report (`--json` stays
+    """Log in `format` at `level` to stderr (whatever it is at each line), from the
+    process's next log line on (now, when structlog is imported already: a logger may
+    have been bound): a one-shot command's stdout holds only its report (`--json` stays
     parseable), and a worker process's stdout is its parent's."""
+    global _pending
 
     def configure() -> None:
         from cleanerd.log_setup import configure_logging
 
         configure_logging(format, level, cast(TextIO, _CurrentStderr()))
 
-    _configure_when_first_used(configure)
+    with _pending_lock:
+        if "structlog" not in sys.modules:
+            _pending = configure
+            return
+        _pending = None
+    configure()
 
 
 def drop_pending() -> None:
     """Forget a pending configuration: an explicit one (`configure_logging`) replaces
     it."""
+    global _pending
     with _pending_lock:
-        _pending.clear()
+        _pending = None
 
 
 def _apply_pending() -> None:
+    global _pending
     with _pending_lock:
-        while _pending:
-            _pending.pop()()
+        configure, _pending = _pending, None
+        if configure is not None:
+            configure()
 
 
 class _CurrentStderr:
