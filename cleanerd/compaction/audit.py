@@ -833,11 +833,6 @@ def first_buckets(scope: AuditScope, row_limit: int) -> int:
     for segment in scope.segments:
         for table in segment.walked(verify_crc=False):
             records += int(table.records_count.sum())
-    return buckets_for(records, row_limit)
-
-
-def buckets_for(rows: float, row_limit: int) -> int:
-    """Key buckets enough for `rows` rows in buckets of `row_limit`, with a quarter to
-    spare: a power of two, at most MAX_BUCKETS."""
-    wanted = max(1, math.ceil(1.25 * rows / row_limit))
-    return int(min(MAX_BUCKETS, 1 << (wanted - 1).bit_length()))
+    # Buckets of `row_limit` for the records and a quarter to spare, a power of two.
+    wanted = max(1, math.ceil(1.25 * records / row_limit))
+    return min(MAX_BUCKETS, 1 << (wanted - 1).bit_length())
