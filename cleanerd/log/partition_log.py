@@ -109,7 +109,14 @@ from cleanerd.records.control import ControlRecordType, control_type, encode_end
 from cleanerd.records.header import Compression, TimestampType
 from cleanerd.records.record import Record
 from cleanerd.records.scan import BatchInfo
-from cleanerd.records.walker import Walker, scan_batches, walk, walk_prefix
+from cleanerd.records.walker import (
+    NO_DELETE_HORIZON,
+    Walker,
+    delete_horizon,
+    scan_batches,
+    walk,
+    walk_prefix,
+)
 
 log = get_logger(__name__)
 
@@ -668,14 +675,21 @@ class PartitionLog:
                 start = 0
             if start >= segment.size:
                 continue  # nothing appended since the last walk
+            horizon = (NO_DELETE_HORIZON, 0)
             with segment.open_buffer() as buf:
                 walker = Walker(buf, start=start, verify_crc=False)
                 for chunk in walker:
                     state.apply(chunk, buf)
+                    if start == 0:
+                        earliest, found = delete_horizon(chunk)
+                        horizon = (min(horizon[0], earliest), horizon[1] + found)
                 error = walker.error
                 del walker  # its view of `buf` must go before the mmap closes
             if error is not None:
                 raise error.located(segment.log_path)
+            if start == 0 and segment.delete_horizon is None:
+                # A whole segment walked here is not walked again for its horizons.
+                segment.delete_horizon = horizon
             self._txn_scanned = (segment.base_offset, segment.size)
         if last is not None:  # walked, or covered by the snapshot, to the end of the log
             self._txn_scanned = (last.base_offset, last.size)

@@ -450,8 +450,6 @@ class Summary:
             return cls(0, stop, -1, -1, -1, -1, -1, (NO_DELETE_HORIZON, 0))
         last = table.last_offset
         top = int(np.argmax(table.max_timestamp))  # the earliest batch holding it
-        stamped = (table.magic == 2) & (table.attributes & DELETE_HORIZON_MASK != 0)
-        horizons = table.base_timestamp[stamped]
         return cls(
             len(table),
             stop,
@@ -460,8 +458,17 @@ class Summary:
             int(last[-1]),
             int(table.max_timestamp[top]),
             int(last[top]),
-            (int(horizons.min()) if len(horizons) else NO_DELETE_HORIZON, len(horizons)),
+            delete_horizon(table),
         )
+
+
+def delete_horizon(table: BatchTable) -> tuple[int, int]:
+    """(earliest KIP-534 delete horizon, v2 batches carrying one) of the walked batches
+    `table`; the horizon is `NO_DELETE_HORIZON` when none does. Two tables' totals fold
+    as (min, sum)."""
+    stamped = (table.magic == 2) & (table.attributes & DELETE_HORIZON_MASK != 0)
+    horizons = table.base_timestamp[stamped]
+    return (int(horizons.min()) if len(horizons) else NO_DELETE_HORIZON, len(horizons))
 
 
 def summarize(

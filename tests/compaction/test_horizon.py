@@ -116,3 +116,20 @@ def test_a_segment_read_whole_for_its_metadata_needs_no_scan(tmp_path: Path) -> 
     assert [h.earliest_ms for h in cache.partition(plog)] == [NOW + 100, NOW - 1]
     assert [h.batches for h in cache.partition(plog)] == [1, 1]
     assert cache.scans == 0
+
+
+def test_the_producer_state_walk_finds_the_horizons(tmp_path: Path) -> None:
+    """Opening a log with no producer snapshot walks every batch for its producer
+    state; that walk finds the horizons too, so the cache scans nothing and answers as
+    a scan of each segment does."""
+    plog = partition(tmp_path, [[None, NOW + 100, NOW + 7], [None], [NOW - 1], [NOW - 50]])
+    plog.producer_state()
+    cache = HorizonCache()
+    found = cache.partition(plog)
+    assert cache.scans == 0
+    scanned = []
+    for segment in plog.segments[:-1]:
+        with segment.open_buffer() as buf:
+            scanned.append(scan_horizons(segment.base_offset, buf))
+    assert found == tuple(scanned)
+    assert [(h.earliest_ms, h.batches) for h in found] == [(NOW + 7, 2), (None, 0), (NOW - 1, 1)]
