@@ -95,7 +95,7 @@ from cleanerd.log.files import (
 from cleanerd.log.fsutil import atomic_write, fsync_dir, safe_unlink
 from cleanerd.log.index import IndexPastLogError
 from cleanerd.log.known_segments import KnownSegment
-from cleanerd.log.segment import LogSegment
+from cleanerd.log.segment import IndexCheck, IndexRebuild, LogSegment
 from cleanerd.log.tail import ZERO_TAIL, torn_tail_reason
 from cleanerd.logger import get_logger
 from cleanerd.records.walker import Walk, walk, walk_prefix
@@ -434,20 +434,35 @@ def _validate_full(
     quarantine_dir: Path | None,
     report: RecoveryReport,
 ) -> None:
+    # One walk checks the CRCs and, as it goes, the indexes against the batches (or
+    # rebuilds missing ones in memory); what it found is acted on only once the walk
+    # is known to be clean, as if the indexes were read after it.
+    indexes: IndexCheck | IndexRebuild | None = None
+    unreadable: CleanerdError | None = None
+    try:
+        indexes = IndexCheck(segment) if _indexes_exist(segment) else IndexRebuild(segment)
+    except (IndexPastLogError, CorruptIndexError) as exc:
+        unreadable = exc
     with segment.open_buffer() as buf:
-        scan = walk_prefix(buf)
+        scan = walk_prefix(buf, each=None if indexes is None else indexes.add)
         reason = torn_tail_reason(buf, scan) if is_active else None
     if scan.error is not None and reason is None:
         _report(report, scan.error.located(segment.log_path))
         return
     try:
         segment.txn_index.sanity_check()
-        if _indexes_exist(segment):
+        if isinstance(indexes, IndexRebuild):
+            if reason is None:
+                indexes.finish(reason="missing")
+                report.rebuilt_indexes.append(str(segment.log_path))
+                return
+        else:
             segment.offset_index.check_within(segment.size)
             if reason is None:
-                segment.check_indexes_against(segment.walked(verify_crc=False))
-        elif reason is None:
-            raise CorruptIndexError("missing", path=segment.offset_index_path)
+                if unreadable is not None:
+                    raise unreadable
+                assert indexes is not None
+                indexes.finish()
     except IndexPastLogError as exc:
         _report(report, exc)
         return

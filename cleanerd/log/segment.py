@@ -888,73 +888,26 @@ class LogSegment:
 
     def check_indexes_against(self, tables: Iterable[BatchTable]) -> None:
         """Check both indexes entry by entry against the segment's batches (all of them,
-        as walked tables in file order).
-
-        Raises IndexPastLogError for entries beyond the log, CorruptIndexError for
-        entries that are not on batch boundaries or out of order.
-        """
-        oi, ti = self.offset_index, self.time_index
-        oi.check_within(self._size)
-        oi.sanity_check()
-        ti.sanity_check()
-        offsets, positions = oi.entry_arrays()
-        found = np.zeros(len(positions), bool)
-        next_offset, max_ts = self.base_offset, NO_TIMESTAMP
+        as walked tables in file order); see `IndexCheck`."""
+        check = IndexCheck(self)
         for table in tables:
-            if not len(table):
-                continue
-            last_offsets = table.last_offset
-            mine = np.flatnonzero((positions >= table.position[0]) & (positions < table.end[-1]))
-            row = np.searchsorted(table.position, positions[mine])
-            row = np.minimum(row, len(table) - 1)
-            found[mine] = (table.position[row] == positions[mine]) & (
-                last_offsets[row] <= offsets[mine]
-            )
-            next_offset = int(last_offsets[-1]) + 1
-            max_ts = max(max_ts, int(table.max_timestamp.max()))
-        self.check_time_index_within(next_offset)
-        if not found.all():
-            n = int(np.flatnonzero(~found)[0])
-            raise CorruptIndexError(
-                f"entry {n} (offset {int(offsets[n])}, position {int(positions[n])}) is not on "
-                "the batch holding that offset",
-                path=oi.path,
-            )
-        if ti.entries and ti.last_entry.timestamp > max_ts:
-            raise CorruptIndexError(
-                f"last timestamp {ti.last_entry.timestamp} exceeds the log's max {max_ts}",
-                path=ti.path,
-            )
+            check.add(table)
+        check.finish()
 
     def rebuild_indexes(
         self, tables: Iterable[BatchTable] | None = None, *, reason: str = "rebuild"
     ) -> None:
         """Rebuild both indexes from the log (Kafka's recover): the interval rule over
-        every batch (`tables`, or a walk of the file), then the final time-index entry.
-        Files are replaced atomically unless the segment is read-only (then the rebuilt
-        indexes live in memory)."""
-        oi = OffsetIndex(
-            self.offset_index_path, self.base_offset, max_index_size=self.max_index_size
-        )
-        ti = TimeIndex(self.time_index_path, self.base_offset, max_index_size=self.max_index_size)
-        builder = IndexBuilder(oi, ti, self.index_interval_bytes)
-        next_offset = self.base_offset
-        for t in self.walked() if tables is None else tables:
-            if len(t):
-                builder.add_batches(t.position, t.size, t.last_offset, t.max_timestamp)
-                next_offset = int(t.last_offset[-1]) + 1
-        builder.finish()
-        if not self.read_only:
-            oi.write()
-            ti.write()
-        log.warning(
-            "segment.index_rebuilt",
-            path=str(self.log_path),
-            reason=reason,
-            written=not self.read_only,
-            offset_index_entries=oi.entries,
-            time_index_entries=ti.entries,
-        )
+        every batch (`tables`, or a walk of the file), then the final time-index entry;
+        see `IndexRebuild`."""
+        rebuild = IndexRebuild(self)
+        for table in self.walked() if tables is None else tables:
+            rebuild.add(table)
+        rebuild.finish(reason=reason)
+
+    def _install_indexes(
+        self, oi: OffsetIndex, ti: TimeIndex, builder: IndexBuilder, next_offset: int
+    ) -> None:
         self._offset_index, self._time_index, self._builder = oi, ti, builder
         self._next_offset = next_offset
         self._written()
@@ -990,3 +943,99 @@ class LogSegment:
         for path in self.paths:
             if path.exists():
                 safe_unlink(path)
+
+
+class IndexCheck:
+    """A segment's two indexes checked entry by entry against its batches, fed as walked
+    tables in file order (`add`), so that the walk recovery makes for the CRCs checks
+    the indexes too. The indexes are read and sanity-checked at construction, which
+    raises as `finish` does: IndexPastLogError for entries beyond the log,
+    CorruptIndexError for entries that are not on batch boundaries or out of order."""
+
+    def __init__(self, segment: LogSegment) -> None:
+        self._segment = segment
+        oi, ti = segment.offset_index, segment.time_index
+        oi.check_within(segment.size)
+        oi.sanity_check()
+        ti.sanity_check()
+        self._offsets, self._positions = oi.entry_arrays()
+        self._found = np.zeros(len(self._positions), bool)
+        self._next_offset, self._max_ts = segment.base_offset, NO_TIMESTAMP
+
+    def add(self, table: BatchTable) -> None:
+        """The next batches (a walker's table may be overwritten once this returns)."""
+        if not len(table):
+            return
+        positions, offsets = self._positions, self._offsets
+        last_offsets = table.last_offset
+        mine = np.flatnonzero((positions >= table.position[0]) & (positions < table.end[-1]))
+        row = np.searchsorted(table.position, positions[mine])
+        row = np.minimum(row, len(table) - 1)
+        self._found[mine] = (table.position[row] == positions[mine]) & (
+            last_offsets[row] <= offsets[mine]
+        )
+        self._next_offset = int(last_offsets[-1]) + 1
+        self._max_ts = max(self._max_ts, int(table.max_timestamp.max()))
+
+    def finish(self) -> None:
+        """Raise what the batches added disagree with."""
+        segment, found, offsets, positions = (
+            self._segment,
+            self._found,
+            self._offsets,
+            self._positions,
+        )
+        segment.check_time_index_within(self._next_offset)
+        if not found.all():
+            n = int(np.flatnonzero(~found)[0])
+            raise CorruptIndexError(
+                f"entry {n} (offset {int(offsets[n])}, position {int(positions[n])}) is not on "
+                "the batch holding that offset",
+                path=segment.offset_index.path,
+            )
+        ti = segment.time_index
+        if ti.entries and ti.last_entry.timestamp > self._max_ts:
+            raise CorruptIndexError(
+                f"last timestamp {ti.last_entry.timestamp} exceeds the log's max {self._max_ts}",
+                path=ti.path,
+            )
+
+
+class IndexRebuild:
+    """A segment's two indexes rebuilt from its batches, fed as walked tables in file
+    order (`add`), held in memory until `finish` replaces the files (atomically; not at
+    all when the segment is read-only: then the rebuilt indexes live in memory). A
+    rebuild dropped before `finish` changes nothing."""
+
+    def __init__(self, segment: LogSegment) -> None:
+        self._segment = segment
+        base, limit = segment.base_offset, segment.max_index_size
+        self._oi = OffsetIndex(segment.offset_index_path, base, max_index_size=limit)
+        self._ti = TimeIndex(segment.time_index_path, base, max_index_size=limit)
+        self._builder = IndexBuilder(self._oi, self._ti, segment.index_interval_bytes)
+        self._next_offset = base
+
+    def add(self, table: BatchTable) -> None:
+        """The next batches (a walker's table may be overwritten once this returns)."""
+        if len(table):
+            self._builder.add_batches(
+                table.position, table.size, table.last_offset, table.max_timestamp
+            )
+            self._next_offset = int(table.last_offset[-1]) + 1
+
+    def finish(self, *, reason: str) -> None:
+        """Add the final time-index entry, write both files and make them the segment's."""
+        segment, oi, ti = self._segment, self._oi, self._ti
+        self._builder.finish()
+        if not segment.read_only:
+            oi.write()
+            ti.write()
+        log.warning(
+            "segment.index_rebuilt",
+            path=str(segment.log_path),
+            reason=reason,
+            written=not segment.read_only,
+            offset_index_entries=oi.entries,
+            time_index_entries=ti.entries,
+        )
+        segment._install_indexes(oi, ti, self._builder, self._next_offset)

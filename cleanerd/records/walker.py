@@ -22,7 +22,7 @@ decoder in `columns.py`. It costs 72 bytes per batch while it lives.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, fields
 from itertools import pairwise
 from typing import Any, Final, TypeAlias
@@ -415,13 +415,20 @@ def walk(
 
 
 def walk_prefix(
-    buf: Buffer | U8, *, start: int = 0, end: int | None = None, verify_crc: bool = True
+    buf: Buffer | U8,
+    *,
+    start: int = 0,
+    end: int | None = None,
+    verify_crc: bool = True,
+    each: Callable[[BatchTable], None] | None = None,
 ) -> Walk:
     """Like `walk`, keeping no table (`table` is empty): where the valid prefix ends, and
-    why. A whole segment costs no more memory than one scratch table."""
+    why. A whole segment costs no more memory than one scratch table. `each` is given
+    every table of the valid prefix in turn (valid until it returns)."""
     walker = Walker(buf, start=start, end=end, verify_crc=verify_crc)
-    for _ in walker:
-        pass
+    for table in walker:
+        if each is not None:
+            each(table)
     return Walk(BatchTable.empty(0), start, walker.stop, walker.error)
 
 

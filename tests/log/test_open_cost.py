@@ -12,6 +12,8 @@ from typing import Any
 import pytest
 
 from cleanerd.cli import main
+from cleanerd.compaction.horizon import HorizonCache
+from cleanerd.log.checkpoint import RECOVERY_POINT_OFFSET_CHECKPOINT
 from cleanerd.log.files import CLEAN_SHUTDOWN_FILE_NAME, TopicPartition
 from cleanerd.log.known_segments import read_known_segments
 from cleanerd.log.log_dir import LogDir
@@ -221,3 +223,35 @@ def test_segments_the_first_cycle_reads_are_prefetched_at_open(
     advised.clear()
     reopen(root, state)
     assert advised == []
+
+
+@pytest.mark.parametrize("indexes", ["kept", "missing"])
+def test_after_a_crash_every_batch_is_walked_twice_at_most(
+    tmp_path: Path, walked: list[int], indexes: str
+) -> None:
+    """No snapshot, no recovery point, no marker: one walk checks every CRC and, as it
+    goes, checks the indexes against the batches (or rebuilds missing ones); one more
+    rebuilds the producer state, and finds the delete horizons the cleaner needs."""
+    root, state = tmp_path / "logs", tmp_path / "state"
+    root.mkdir()
+    total = build(root, state)
+    stop_cleanly(root, state)
+    part = root / str(TP)
+    originals = {p: p.read_bytes() for p in part.glob("*index")}
+    removed = [*part.glob("*.snapshot"), root / CLEAN_SHUTDOWN_FILE_NAME]
+    removed.append(root / RECOVERY_POINT_OFFSET_CHECKPOINT)
+    removed += list(originals) if indexes == "missing" else []
+    for path in removed:
+        path.unlink(missing_ok=True)
+
+    walked.clear()
+    plog, clean = reopen(root, state)
+    assert not clean
+    assert plog.recovery_report.errors == []
+    cache = HorizonCache()
+    cache.partition(plog)
+    assert cache.scans == 0
+    assert plog.first_unstable_offset == 600
+    tails = len(plog.segments) * (CONFIG.index_interval_bytes + 200)
+    assert 2 * total <= sum(walked) <= 2 * total + tails
+    assert {p: p.read_bytes() for p in originals} == originals
