@@ -443,10 +443,12 @@ _HEAD_COLUMNS: Final = 8  # position, size, pid, epoch, last offset, max ts, att
 
 @jit
 def _producer_headers(buf: NDArray[np.uint8], start: int, end: int) -> NDArray[np.int64]:
-    """One row per v2 batch of `buf[start:end]` with a producer id (legacy entries are
-    stepped over; the walk stops at the first incomplete entry): position, size,
-    producer id and epoch, last offset, max timestamp, attributes, record count."""
-    rows = np.empty((64, _HEAD_COLUMNS), np.int64)
+    """One column per field, one entry per v2 batch of `buf[start:end]` with a producer
+    id (legacy entries are stepped over; the walk stops at the first incomplete entry):
+    position, size, producer id and epoch, last offset, max timestamp, attributes,
+    record count. The columns are sized for the most batches the span can hold, which
+    costs address space only: pages past the last batch found are never touched."""
+    cols = np.empty((_HEAD_COLUMNS, (end - start) // RECORD_BATCH_OVERHEAD + 1), np.int64)
     n = 0
     p = start
     while end - p >= PREFIX_SIZE:
@@ -456,22 +458,18 @@ def _producer_headers(buf: NDArray[np.uint8], start: int, end: int) -> NDArray[n
         if buf[p + MAGIC_OFFSET] == 2 and size >= RECORD_BATCH_OVERHEAD:
             pid = be_i64(buf, p + PRODUCER_ID_OFFSET)
             if pid >= 0:
-                if n == rows.shape[0]:
-                    grown = np.empty((2 * n, _HEAD_COLUMNS), np.int64)
-                    grown[:n] = rows
-                    rows = grown
-                rows[n, 0] = p
-                rows[n, 1] = size
-                rows[n, 2] = pid
-                rows[n, 3] = be_i16(buf, p + PRODUCER_EPOCH_OFFSET)
+                cols[0, n] = p
+                cols[1, n] = size
+                cols[2, n] = pid
+                cols[3, n] = be_i16(buf, p + PRODUCER_EPOCH_OFFSET)
                 base = be_i64(buf, p + BASE_OFFSET_OFFSET)
-                rows[n, 4] = base + be_i32(buf, p + LAST_OFFSET_DELTA_OFFSET)
-                rows[n, 5] = be_i64(buf, p + MAX_TIMESTAMP_OFFSET)
-                rows[n, 6] = be_i16(buf, p + ATTRIBUTES_OFFSET)
-                rows[n, 7] = be_i32(buf, p + RECORDS_COUNT_OFFSET)
+                cols[4, n] = base + be_i32(buf, p + LAST_OFFSET_DELTA_OFFSET)
+                cols[5, n] = be_i64(buf, p + MAX_TIMESTAMP_OFFSET)
+                cols[6, n] = be_i16(buf, p + ATTRIBUTES_OFFSET)
+                cols[7, n] = be_i32(buf, p + RECORDS_COUNT_OFFSET)
                 n += 1
         p += size
-    return rows[:n]
+    return cols[:, :n]
 
 
 def _producer_columns(raw: Buffer, window: tuple[int, int] | None = None) -> ProducerColumns:
@@ -479,20 +477,19 @@ def _producer_columns(raw: Buffer, window: tuple[int, int] | None = None) -> Pro
     `window` of it."""
     start, end = (0, len(raw)) if window is None else window
     heads = _producer_headers(np.frombuffer(raw, dtype=np.uint8), start, end)
-    attributes = heads[:, 6]
+    attributes = heads[6]
     is_control = (attributes & CONTROL_MASK) != 0
-    types = np.zeros(heads.shape[0], np.int64)
+    types = np.zeros(heads.shape[1], np.int64)
     if is_control.any():
         rows = np.flatnonzero(is_control)
-        types[rows] = control_types_at(
-            raw,
-            *(np.ascontiguousarray(heads[rows, k]) for k in (0, 1, 6, 7)),
-        )
+        types[rows] = control_types_at(raw, *(heads[k, rows] for k in (0, 1, 6, 7)))
+    # Copies: views would keep the columns' whole address space for as long as the
+    # producer state builder keeps this window's batches.
     return ProducerColumns(
-        producer_id=np.ascontiguousarray(heads[:, 2]),
-        producer_epoch=np.ascontiguousarray(heads[:, 3]),
-        last_offset=np.ascontiguousarray(heads[:, 4]),
-        max_timestamp=np.ascontiguousarray(heads[:, 5]),
+        producer_id=heads[2].copy(),
+        producer_epoch=heads[3].copy(),
+        last_offset=heads[4].copy(),
+        max_timestamp=heads[5].copy(),
         is_transactional=(attributes & TRANSACTIONAL_MASK) != 0,
         is_control=is_control,
         control_type=types,
