@@ -408,8 +408,8 @@ def walk(
 ) -> Walk:
     """Walk the batches of `buf[start:end]`, stopping at the first bad one instead of
     raising (what log recovery needs: everything before it is kept)."""
-    walker = Walker(buf, start=start, end=end, verify_crc=verify_crc)
-    chunks = [chunk.take(slice(None)) for chunk in walker]
+    walker = Walker(buf, start=start, end=end, verify_crc=verify_crc, rows=None, own=True)
+    chunks = list(walker)
     table = chunks[0] if len(chunks) == 1 else BatchTable.concat(chunks)
     return Walk(table, start, walker.stop, walker.error)
 
@@ -505,6 +505,11 @@ class Walker:
     per `rows` batches. With `ramp`, the first step takes 16 batches and each next one
     twice as many: for a consumer that may stop after the first batches (`scan_batches`),
     which would otherwise pay for a walk of a whole table it never reads.
+
+    With `own`, each step fills a new table instead, which the consumer may keep: for a
+    consumer that keeps every batch (`walk`), which would otherwise copy each one out.
+    `rows=None` sizes the tables for the span at `_SMALL_BATCH_GUESS` bytes a batch, so
+    that such a walk usually takes one step.
     """
 
     ROWS: Final = 1 << 16
@@ -516,27 +521,30 @@ class Walker:
         start: int = 0,
         end: int | None = None,
         verify_crc: bool = True,
-        rows: int = ROWS,
+        rows: int | None = ROWS,
         ramp: bool = False,
+        own: bool = False,
     ) -> None:
         self.data = as_uint8(buf)
         self.ramp = ramp
+        self.own = own
         self.start = self.stop = start
         self.end = len(self.data) if end is None else min(end, len(self.data))
         self.verify_crc = verify_crc
         self.error: CorruptRecordError | None = None
         guess = (self.end - start) // _SMALL_BATCH_GUESS + 1
-        self._scratch = BatchTable.empty(max(1, min(rows, guess)))
+        self._rows = max(1, guess if rows is None else min(rows, guess))
+        self._scratch = BatchTable.empty(0 if own else self._rows)
 
     def __iter__(self) -> Iterator[BatchTable]:
         reason = FULL
-        rows = min(16, len(self._scratch)) if self.ramp else len(self._scratch)
+        rows = min(16, self._rows) if self.ramp else self._rows
         while reason == FULL and self.error is None:
-            scratch = self._scratch.head(rows)
+            scratch = BatchTable.empty(rows) if self.own else self._scratch.head(rows)
             found = _walk_kernel(
                 self.data, self.stop, self.end, 0, self.verify_crc, *scratch.arrays()
             )
-            rows = min(2 * rows, len(self._scratch))
+            rows = min(2 * rows, self._rows)
             n, stop, reason = (int(x) for x in found)
             chunk = scratch.head(n)
             if reason not in (DONE, FULL):

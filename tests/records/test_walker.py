@@ -70,11 +70,22 @@ def damaged(draw: st.DrawFn) -> bytes:
     return bytes(data)
 
 
-def same(buf: bytes, verify_crc: bool = True, rows: int | None = None, ramp: bool = False) -> None:
+def same(
+    buf: bytes,
+    verify_crc: bool = True,
+    rows: int | None = None,
+    ramp: bool = False,
+    own: bool = False,
+) -> None:
     infos, stop, error = reference(buf, verify_crc)
     if rows is None:
         w = walk(buf, verify_crc=verify_crc)
         got, got_stop, got_error = w.table.infos(), w.stop, w.error
+    elif own:  # every table kept to the end of the walk, none copied
+        walker = Walker(buf, verify_crc=verify_crc, rows=rows, ramp=ramp, own=True)
+        chunks = list(walker)
+        got = [info for chunk in chunks for info in chunk.infos()]
+        got_stop, got_error = walker.stop, walker.error
     else:
         walker = Walker(buf, verify_crc=verify_crc, rows=rows, ramp=ramp)
         got = [info for chunk in walker for info in chunk.infos()]
@@ -91,9 +102,9 @@ def test_walk_agrees_with_the_reference_checks(buf: bytes, verify_crc: bool) -> 
 
 
 @settings(max_examples=60, deadline=None)
-@given(damaged(), st.integers(1, 40), st.booleans())
-def test_chunked_walk_agrees_too(buf: bytes, rows: int, ramp: bool) -> None:
-    same(buf, rows=rows, ramp=ramp)
+@given(damaged(), st.integers(1, 40), st.booleans(), st.booleans())
+def test_chunked_walk_agrees_too(buf: bytes, rows: int, ramp: bool, own: bool) -> None:
+    same(buf, rows=rows, ramp=ramp, own=own)
 
 
 def test_real_broker_segments_walk_like_the_reference() -> None:
