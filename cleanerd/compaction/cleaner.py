@@ -154,6 +154,7 @@ from cleanerd.records.header import (
     Compression,
     TimestampType,
 )
+from cleanerd.records.prefetch import prefetch
 from cleanerd.records.record import Record
 from cleanerd.records.walker import (
     DECODE_WINDOW_BYTES,
@@ -452,6 +453,7 @@ def _producer_headers(buf: NDArray[np.uint8], start: int, end: int) -> NDArray[n
     n = 0
     p = start
     while end - p >= PREFIX_SIZE:
+        prefetch(buf, p, end)
         size = LOG_OVERHEAD + int(be_i32(buf, p + LENGTH_OFFSET))
         if size < LEGACY_V0_MIN_SIZE or size > end - p:  # below every format's minimum
             break

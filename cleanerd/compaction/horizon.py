@@ -41,6 +41,7 @@ from cleanerd.records.header import (
     RECORD_BATCH_OVERHEAD,
     Buffer,
 )
+from cleanerd.records.prefetch import prefetch
 from cleanerd.records.walker import NO_DELETE_HORIZON, Int, as_uint8
 
 _BASE_TIMESTAMP_OFFSET: Final = 27
@@ -55,6 +56,7 @@ def _horizon_kernel(buf: NDArray[np.uint8], mask: int) -> tuple[Int, int]:
     best: Int = np.int64(NO_DELETE_HORIZON)
     found = 0
     while end - p >= LOG_OVERHEAD:
+        prefetch(buf, p, end)
         length = np.int64(0)
         for i in range(4):
             length = (length << 8) | np.int64(buf[p + _LENGTH_OFFSET + i])

@@ -52,6 +52,7 @@ from cleanerd.records.header import (
     Buffer,
     Compression,
 )
+from cleanerd.records.prefetch import prefetch
 from cleanerd.records.record import RecordHeader
 from cleanerd.records.varint import decode_varint
 from cleanerd.records.walker import (
@@ -272,6 +273,7 @@ def _batches_kernel(
         for _ in range(records_count[row]):
             if p >= end:
                 return 12, p, i
+            prefetch(buf, p, buf.shape[0])
             st, err, nxt, tsd, ofd, kp, kl, vp, vl, hp, hc = parse_record(buf, p, end)
             if st != 0:
                 return st, err, i

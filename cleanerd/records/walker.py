@@ -61,6 +61,7 @@ from cleanerd.records.header import (
     Buffer,
     Compression,
 )
+from cleanerd.records.prefetch import prefetch
 from cleanerd.records.scan import BatchInfo, IncompleteBatchError, check_batch_at
 
 I64 = npt.NDArray[np.int64]
@@ -175,6 +176,7 @@ def _walk_kernel(
     while p < end:
         if n == capacity:
             return n, p, FULL
+        prefetch(buf, p, end)
         total, m, reason = _check_batch(buf, p, end, verify_crc)
         if reason != DONE:
             return n, p, reason
@@ -227,6 +229,7 @@ def _summary_kernel(
         if n == limit:
             reason = FULL
             break
+        prefetch(buf, p, end)
         total, m, reason = _check_batch(buf, p, end, verify_crc)
         if reason == DONE and m != 2:
             reason = LEGACY
@@ -574,6 +577,7 @@ def _window_cuts(buf: U8, max_bytes: Int) -> I64:
     p = 0
     end = buf.shape[0]
     while end - p >= PREFIX_SIZE:
+        prefetch(buf, p, end)
         size = LOG_OVERHEAD + int(be_i32(buf, p + LENGTH_OFFSET))
         if size < LEGACY_V0_MIN_SIZE or size > end - p:
             break
