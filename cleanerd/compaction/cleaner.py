@@ -1026,9 +1026,9 @@ class Cleaner:
         """Fill the map from the dirty range; returns the round's end offset: the
         first uncleanable offset, or the offset after the last record put if the map
         filled first."""
-        m.clear()
-        tracker = TransactionTracker()
         start, end = p.first_dirty, p.first_uncleanable
+        m.clear(keys_at_most=max(0, end - start))
+        tracker = TransactionTracker()
         for idx, seg in enumerate(p.segments):
             if seg.base_offset >= end:
                 break

@@ -12,7 +12,7 @@ import pytest
 
 from cleanerd.compaction import cleaner
 from cleanerd.compaction.keyhash import hash_keys
-from cleanerd.compaction.offset_map import OffsetMap
+from cleanerd.compaction.offset_map import MIN_ACTIVE_SLOTS, OffsetMap
 from cleanerd.log.meta import SegmentMeta
 from cleanerd.log.recovery import SegmentOptions, recover_partition
 from cleanerd.log.segment_reader import map_segment
@@ -217,3 +217,17 @@ def test_a_decoded_window_counts_all_it_holds(log: LogBuilder) -> None:
             if isinstance(owner, np.ndarray):
                 held[id(owner)] = owner.nbytes
     assert c.memory_bytes >= sum(held.values())
+
+
+def test_a_pass_probes_the_map_slots_its_offsets_need(log: LogBuilder) -> None:
+    """A pass over a few records in a big map uses a slot prefix sized by its dirty
+    range, not all of the map (which a first pass would fault in, page by page)."""
+    for i in range(40):
+        log.append([(k(i % 7), b"v%d" % i)])
+    log.roll()
+    d = log.write()
+    offset_map = OffsetMap(2**20)
+    clean(d, offset_map=offset_map)
+    assert offset_map.slots_in_use == MIN_ACTIVE_SLOTS < offset_map.slots
+    survivors = [r.key for b in read_batches(d) for r in b.records]
+    assert survivors == [k(i % 7) for i in range(33, 40)]  # each key's last record

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cleanerd.compaction.keyhash import hash_key, hash_keys
-from cleanerd.compaction.offset_map import OffsetMap, memory_per_thread
+from cleanerd.compaction.offset_map import MIN_ACTIVE_SLOTS, OffsetMap, memory_per_thread
 from cleanerd.compaction.strategy import CompactionStrategy
 
 OFFSET = CompactionStrategy.OFFSET
@@ -306,9 +306,9 @@ records_st = st.lists(
 
 
 @settings(deadline=None, max_examples=150)
-@given(records_st, st.integers(0, 40), st.sampled_from([OFFSET, TIMESTAMP, HEADER]))
+@given(records_st, st.integers(0, 40), st.sampled_from([OFFSET, TIMESTAMP, HEADER]), st.booleans())
 def test_winners_match_reference(
-    raw: list[tuple[int, int, bool]], split: int, strategy: CompactionStrategy
+    raw: list[tuple[int, int, bool]], split: int, strategy: CompactionStrategy, bounded: bool
 ) -> None:
     """Dirty records put, clean ones fed to update_existing: winners and kept records match."""
     records = [Record(k, i, v, h) for i, (k, v, h) in enumerate(raw)]
@@ -326,7 +326,9 @@ def test_winners_match_reference(
     offsets = np.array([r.offset for r in records])
     versions = np.array([r.version for r in records])
     has = np.array([r.has for r in records])
-    offset_map = OffsetMap(1024, strategy=strategy)
+    offset_map = OffsetMap(2**20 if bounded else 1024, strategy=strategy)
+    if bounded:  # a round of few records in a big map uses its first slots only
+        offset_map.clear(keys_at_most=len(dirty))
     slots = np.empty(len(dirty), dtype=np.int64)
     assert offset_map.put_many(
         all_hashes[split:], offsets[split:], versions[split:], has[split:], slots=slots
@@ -405,3 +407,33 @@ def test_clear_after_a_few_puts_writes_only_their_slots() -> None:
     m.clear()
     assert m._table["offset"][free] == 12345
     assert int(np.count_nonzero(m._table["hash_hi"])) == 0
+
+
+def test_a_bounded_round_uses_the_first_slots_only() -> None:
+    """A round of at most 500 keys in a 1 MiB map (43,690 slots) probes its first 1,024:
+    those are all the pages of the map it touches."""
+    offset_map = OffsetMap(2**20)
+    offset_map.clear(keys_at_most=500)
+    hashes, offsets = key_range(500), np.arange(500, dtype=np.int64)
+    slots = np.empty(500, dtype=np.int64)
+    assert offset_map.put_many(hashes, offsets, slots=slots) == 500
+    assert slots.min() >= 0
+    assert slots.max() < MIN_ACTIVE_SLOTS
+    assert offset_map.get_many(hashes)[0].tolist() == offsets.tolist()
+    assert offset_map.utilization == 500 / offset_map.slots
+
+
+def test_a_round_past_its_bound_finds_the_map_full_and_clear_empties_it() -> None:
+    """Putting more keys than the round's bound ends the put before its slots in use run
+    out (the keys put all found), and the next `clear` empties them, whatever the next
+    round's bound."""
+    offset_map = OffsetMap(2**20)
+    offset_map.clear(keys_at_most=600)  # 1,200 slots in use
+    hashes, offsets = key_range(2000), np.arange(2000, dtype=np.int64)
+    put = offset_map.put_many(hashes, offsets)
+    assert put == 1199
+    assert offset_map.get_many(hashes[:put])[0].tolist() == offsets[:put].tolist()
+    offset_map.clear()
+    assert offset_map.size == 0
+    assert (offset_map.get_many(hashes)[0] == -1).all()
+    assert offset_map.put_many(hashes, offsets) == 2000
