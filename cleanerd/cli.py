@@ -49,8 +49,14 @@ def main(argv: list[str] | None = None) -> int:
     """Run the command line (`argv`, or this process's arguments); return the exit code.
     A call for the process's own arguments makes the command's imports as long-lived
     objects (`cleanerd.collector`: some 40,000 of them, about 0.1 s of collections
-    otherwise); a test calling `main` many times in one process freezes nothing."""
+    otherwise); a test calling `main` many times in one process freezes nothing.
+
+    Such a call also keeps numpy's OpenBLAS from starting its thread pool (unless the
+    environment says otherwise): cleanerd calls no BLAS routine, and the pool's threads
+    spin when started, about 50 ms of a core in every process (and worker) started."""
     words = sys.argv[1:] if argv is None else argv
+    if argv is None and "numpy" not in sys.modules:
+        os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     with long_lived_objects() if argv is None else nullcontext():
         parser = build_parser(_selected(words))
     args = parser.parse_args(words)

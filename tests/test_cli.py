@@ -253,3 +253,27 @@ def test_only_the_process_entry_freezes_the_imports_out_of_the_collector(
         counts[how] = int(frozen)
     assert counts["explicit"] == 0
     assert counts["process"] > 10_000
+
+
+_BLAS_PROBE = """
+import os, sys
+from cleanerd.cli import main
+try:
+    main()
+except SystemExit:
+    pass
+import numpy
+print(os.environ.get("OPENBLAS_NUM_THREADS"), len(os.listdir("/proc/self/task")))
+"""
+
+
+def test_a_process_starts_no_blas_threads() -> None:
+    """cleanerd calls no BLAS routine: a command line run keeps OpenBLAS from starting
+    its thread pool, whose threads spin when started; an operator's setting wins."""
+    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_NUM_THREADS"}
+    run = [sys.executable, "-c", _BLAS_PROBE, "--version"]
+    out = subprocess.run(run, env=env, capture_output=True, text=True, check=True).stdout
+    assert out.split()[-2:] == ["1", "1"]
+    env["OPENBLAS_NUM_THREADS"] = "2"
+    out = subprocess.run(run, env=env, capture_output=True, text=True, check=True).stdout
+    assert out.split()[-2] == "2"
