@@ -39,7 +39,7 @@ from __future__ import annotations
 import gc
 import mmap
 import os
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -886,22 +886,12 @@ class LogSegment:
         if error is not None:
             raise error.located(self.log_path)
 
-    def check_indexes_against(self, tables: Iterable[BatchTable]) -> None:
-        """Check both indexes entry by entry against the segment's batches (all of them,
-        as walked tables in file order); see `IndexCheck`."""
-        check = IndexCheck(self)
-        for table in tables:
-            check.add(table)
-        check.finish()
-
-    def rebuild_indexes(
-        self, tables: Iterable[BatchTable] | None = None, *, reason: str = "rebuild"
-    ) -> None:
+    def rebuild_indexes(self, *, reason: str = "rebuild") -> None:
         """Rebuild both indexes from the log (Kafka's recover): the interval rule over
-        every batch (`tables`, or a walk of the file), then the final time-index entry;
-        see `IndexRebuild`."""
+        every batch (a walk of the file), then the final time-index entry; see
+        `IndexRebuild`."""
         rebuild = IndexRebuild(self)
-        for table in self.walked() if tables is None else tables:
+        for table in self.walked():
             rebuild.add(table)
         rebuild.finish(reason=reason)
 

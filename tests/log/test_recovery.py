@@ -419,3 +419,27 @@ def test_real_kafka_partition_loads(kafka_real: Path) -> None:
     assert plog.corrupt is None
     assert [r.value for r in plog.records()] == [b"Hello World!"]
     assert plog.meta().segments[0].first_batch_timestamp_ms == 1726045973899
+
+
+@pytest.mark.parametrize("damage", ["entry off a batch boundary", "timestamp past the log's"])
+def test_indexes_that_disagree_with_the_log_are_rebuilt(tmp_path: Path, damage: str) -> None:
+    """The walk that checks the CRCs checks each index entry against the batches too: a
+    disagreeing index is rebuilt, byte for byte what the log says."""
+    batches = [[kv(f"k{i}", "v" * 40)] for i in range(30)]
+    plog = build_log(
+        tmp_path / "logs", [batches, [[kv("z", "1")]]], state_dir=tmp_path / "state", config=CONFIG
+    )
+    first = plog.segments[0]
+    originals = {p: p.read_bytes() for p in (first.offset_index_path, first.time_index_path)}
+    assert len(originals[first.offset_index_path]) >= 16  # entries to damage
+    if damage == "entry off a batch boundary":
+        path, data = first.offset_index_path, bytearray(originals[first.offset_index_path])
+        data[12:16] = (int.from_bytes(data[12:16], "big") + 1).to_bytes(4, "big")
+    else:
+        path, data = first.time_index_path, bytearray(originals[first.time_index_path])
+        data[-12:-4] = (2**62).to_bytes(8, "big")
+    path.write_bytes(bytes(data))
+    reopened = _open(plog.dir, full_check=True)
+    assert reopened.corrupt is None
+    assert reopened.recovery_report.rebuilt_indexes == [str(first.log_path)]
+    assert {p: p.read_bytes() for p in originals} == originals
