@@ -34,6 +34,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar, cast
 
+from cleanerd.collector import long_lived_objects
+
 F = TypeVar("F", bound=Callable[..., Any])
 
 _lock = threading.Lock()
@@ -113,9 +115,11 @@ def _compile(fn: Callable[..., Any]) -> Any:
 def _load_all() -> None:
     """Import numba, make the dispatcher of every kernel so far, and rebind each name
     bound to a kernel in a loaded module to its dispatcher: calls through those names
-    then go straight to numba, without a Python call in between."""
+    then go straight to numba, without a Python call in between. numba's modules live as
+    long as the process: they are made with the collector paused, and frozen
+    (`collector.long_lived_objects`), which spares every process a full collection."""
     global _numba_loaded
-    with _lock:
+    with _lock, long_lived_objects():
         if _numba_loaded:
             return
         _load_numba()

@@ -3,7 +3,7 @@
 CPython's collector runs a collection after every 700 net allocations of container
 objects, and a full one whenever the objects that survived enough of them have grown by
 a quarter. Work that makes hundreds of thousands of objects that all stay (a command's
-imports; the daemon opening 10,000 partitions of 100,000 segments) therefore pays for
+imports, numba's; the daemon opening 10,000 partitions of 100,000 segments) pays for
 collections that walk the same live objects again and again and find nothing: about
 0.1 s of a 0.6 s `plan`, and 2.2 s of the daemon's 13 s first cycle on 10,000
 partitions (`bench/idle.py`), seven full collections of up to 0.6 s each.

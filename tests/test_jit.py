@@ -158,3 +158,26 @@ def test_second_process_loads_kernels_from_the_cache(tmp_path: Path) -> None:
     assert "data saved" not in second
     assert "data loaded" in second
     assert second.strip().endswith("6")
+
+
+_COLLECTIONS = """
+import gc, json
+import numpy as np
+full = []
+def count(phase, info):
+    if phase == "start" and info["generation"] == 2:
+        full.append(1)
+gc.callbacks.append(count)
+import tests.test_jit as t
+t._sum_doubled(np.arange(5, dtype=np.int64))
+print(json.dumps({"full": len(full), "frozen": gc.get_freeze_count()}))
+"""
+
+
+def test_loading_numba_runs_no_full_collection() -> None:
+    """numba's import makes some 100,000 objects that live as long as the process: it
+    runs with the collector paused, and they are frozen, so no full collection walks
+    them (one did, some 13 ms, in every process that ran a kernel)."""
+    report = json.loads(run_python(_COLLECTIONS, timeout_s=300))
+    assert report["full"] == 0
+    assert report["frozen"] > 50_000
