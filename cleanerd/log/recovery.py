@@ -98,7 +98,7 @@ from cleanerd.log.known_segments import KnownSegment
 from cleanerd.log.segment import IndexCheck, IndexRebuild, LogSegment
 from cleanerd.log.tail import ZERO_TAIL, torn_tail_reason
 from cleanerd.logger import get_logger
-from cleanerd.records.walker import Walk, walk, walk_prefix
+from cleanerd.records.walker import Walk, walk_prefix
 
 log = get_logger(__name__)
 
@@ -544,7 +544,7 @@ def _flushed_head(segment: LogSegment, recovery_point: int) -> bool:
     except (CorruptIndexError, CorruptRecordError):
         return False
     with segment.open_buffer() as buf:
-        return walk(buf, start=start).error is None
+        return walk_prefix(buf, start=start).error is None  # no table: only the verdict
 
 
 def recover_partition(

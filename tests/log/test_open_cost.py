@@ -18,6 +18,7 @@ from cleanerd.log.files import CLEAN_SHUTDOWN_FILE_NAME, TopicPartition
 from cleanerd.log.known_segments import read_known_segments
 from cleanerd.log.log_dir import LogDir
 from cleanerd.log.partition_log import LogConfig, PartitionLog
+from cleanerd.records import walker
 from tests.builders import kv
 
 TP = TopicPartition("orders", 0)
@@ -255,3 +256,28 @@ def test_after_a_crash_every_batch_is_walked_twice_at_most(
     tails = len(plog.segments) * (CONFIG.index_interval_bytes + 200)
     assert 2 * total <= sum(walked) <= 2 * total + tails
     assert {p: p.read_bytes() for p in originals} == originals
+
+
+def test_the_walk_past_the_recovery_point_keeps_no_table(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The check that the bytes past the recovery point walk clean wants a verdict only:
+    it keeps no table of their batches (72 bytes a batch, for up to a whole segment)."""
+    root, state = tmp_path / "logs", tmp_path / "state"
+    root.mkdir()
+    build(root, state)
+    stop_cleanly(root, state)
+    (root / CLEAN_SHUTDOWN_FILE_NAME).unlink()
+    kept: list[int] = []
+    original = walker.Walker.__init__
+
+    def spying(self: walker.Walker, *args: Any, **kwargs: Any) -> None:
+        original(self, *args, **kwargs)
+        if self.own:
+            kept.append(self.end - self.start)
+
+    monkeypatch.setattr(walker.Walker, "__init__", spying)
+    plog, clean = reopen(root, state)
+    assert not clean
+    assert plog.recovery_report.errors == []
+    assert kept == []
