@@ -14,6 +14,7 @@ from cleanerd.records.control import ControlRecordType, encode_end_txn_marker
 from cleanerd.records.header import Compression, TimestampType, compute_crc
 from cleanerd.records.record import Record, RecordHeader
 from cleanerd.records.walker import batch_windows
+from tests.records.oracles import build_legacy
 
 SHALLOW = DumpOptions()
 DEEP = DumpOptions(deep_iteration=True)
@@ -276,9 +277,7 @@ def test_a_log_is_listed_a_window_at_a_time_as_it_is_whole(
     batches = []
     for i in range(30):
         if i == 17:
-            builder = LegacyRecordBatchBuilder(magic=1, compression_type=0, batch_size=1 << 20)
-            builder.append(i, timestamp=1000 + i, key=b"legacy", value=b"v")
-            batches.append(bytes(builder.build()))
+            batches.append(build_legacy("aiokafka", 1, 0, [Record(i, 1000 + i, b"legacy", b"v")]))
             continue
         codec = Compression.ZSTD if i % 4 == 0 else Compression.NONE
         batches.append(

@@ -21,6 +21,7 @@ from cleanerd.records.control import ControlRecordType, encode_end_txn_marker
 from cleanerd.records.header import Compression, TimestampType, compute_crc
 from cleanerd.records.record import Record, RecordHeader
 from cleanerd.records.walker import walk
+from tests.records.oracles import build_legacy
 
 SHALLOW = DumpOptions()
 DEEP = DumpOptions(deep_iteration=True)
@@ -445,9 +446,7 @@ def mixed_segment(tmp_path: Path) -> tuple[Path, list[int]]:
             )
             continue
         if i == 25:
-            builder = LegacyRecordBatchBuilder(magic=1, compression_type=0, batch_size=1 << 20)
-            builder.append(i, timestamp=1000 + i, key=b"legacy", value=b"v")
-            batches.append(bytes(builder.build()))
+            batches.append(build_legacy("aiokafka", 1, 0, [Record(i, 1000 + i, b"legacy", b"v")]))
             continue
         codec = Compression.LZ4 if i % 3 == 0 else Compression.NONE
         value = None if i == 7 else b"v%d" % i
