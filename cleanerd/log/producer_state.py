@@ -16,9 +16,13 @@ reads (version 1)::
 Update rules, per batch with a producer id, in log order (Kafka's ProducerAppendInfo):
 a data batch sets epoch, lastSequence (baseSequence + lastOffsetDelta, wrapping at
 int32), lastOffset, offsetDelta (lastOffsetDelta) and timestamp (maxTimestamp), and a
-transactional one opens a transaction if none is open; a transaction marker sets epoch,
-timestamp and coordinatorEpoch and closes the open transaction. `apply` runs these rules
-over a walked batch table with Python per producer, not per batch.
+transactional one opens a transaction if none is open; an ABORT or COMMIT marker sets
+epoch, timestamp and coordinatorEpoch and closes the open transaction. A batch of another
+epoch than the entry's first clears lastSequence, lastOffset and offsetDelta (to -1, -1
+and 0: Kafka drops a producer's batch metadata on an epoch change), so a marker that bumps
+the epoch leaves no last batch. A control batch without a record (a marker a cleaner
+emptied) changes nothing. `apply` runs these rules over a walked batch table with Python
+per producer, not per batch.
 
 Crash safety: a snapshot is written to a temporary name, fsynced and renamed (then the
 dir fsynced), so a reader sees a whole snapshot or none; a damaged one is reported and
@@ -49,6 +53,7 @@ from cleanerd.log.files import (
 )
 from cleanerd.log.fsutil import atomic_write, safe_unlink
 from cleanerd.records.columns import marker_coordinator_epochs
+from cleanerd.records.control import ControlRecordType, control_types_at
 from cleanerd.records.crc32c_library import crc32c
 from cleanerd.records.header import COMPRESSION_MASK, INT32_MAX, NO_SEQUENCE, Buffer
 from cleanerd.records.walker import BatchTable
@@ -108,7 +113,7 @@ class ProducerState:
         if not len(table):
             return
         last_offsets = table.last_offset
-        rows = np.flatnonzero((table.producer_id >= 0) & (table.base_offset >= self.offset))
+        rows = self._updating_rows(table, buf)
         self.offset = max(self.offset, int(last_offsets[-1]) + 1)
         if not len(rows):
             return
@@ -116,6 +121,7 @@ class ProducerState:
         pids = table.producer_id[order]
         control = table.is_control[order]
         txn = table.is_transactional[order]
+        epoch = table.producer_epoch[order]
         index = np.arange(len(order))
         starts = np.flatnonzero(np.r_[True, pids[1:] != pids[:-1]])
         group = np.repeat(np.arange(len(starts)), np.diff(np.r_[starts, len(order)]))
@@ -124,13 +130,17 @@ class ProducerState:
         last_data = np.maximum.reduceat(np.where(~control, index, -1), starts)
         opening = txn & ~control & (index > last_marker[group])
         first_open = np.minimum.reduceat(np.where(opening, index, len(order)), starts)
+        # An epoch change (after the group's last data batch, so only markers can
+        # bring one) clears what the last data batch set, as Kafka's
+        # ProducerStateEntry.maybeUpdateProducerEpoch drops its batch metadata.
+        changed = np.r_[False, epoch[1:] != epoch[:-1]]
+        changed[starts] = False
+        bumped = np.logical_or.reduceat(changed & (index > last_data[group]), starts)
         epochs = self._marker_epochs(table, order, last_marker, buf)
         for g, start in enumerate(starts.tolist()):
             pid = int(pids[start])
             entry = self.entries.get(pid) or ProducerEntry(pid)
             row = int(last_row[g])
-            entry.epoch = int(table.producer_epoch[row])
-            entry.timestamp = int(table.max_timestamp[row])
             if last_data[g] >= 0:
                 d = int(order[last_data[g]])
                 entry.last_sequence = _last_sequence(
@@ -138,12 +148,39 @@ class ProducerState:
                 )
                 entry.last_offset = int(last_offsets[d])
                 entry.offset_delta = int(table.last_offset_delta[d])
+            if bumped[g] or (last_data[g] < 0 and entry.epoch != int(epoch[start])):
+                entry.last_sequence, entry.last_offset, entry.offset_delta = NO_SEQUENCE, -1, 0
+            entry.epoch = int(table.producer_epoch[row])
+            entry.timestamp = int(table.max_timestamp[row])
             if last_marker[g] >= 0:
                 entry.coordinator_epoch = int(epochs[g])
                 entry.txn_first_offset = NO_TXN
             if first_open[g] < len(order) and entry.txn_first_offset < 0:
                 entry.txn_first_offset = int(table.base_offset[order[first_open[g]]])
             self.entries[pid] = entry
+
+    def _updating_rows(self, table: BatchTable, buf: Buffer) -> np.ndarray:
+        """The rows at or above `offset` that change producer state: data batches with a
+        producer id, and ABORT or COMMIT markers. Kafka's loader skips a control batch
+        without a record (a marker its cleaner emptied); it fails on other control types,
+        which this reader skips instead, so that such a log still opens."""
+        rows = np.flatnonzero((table.producer_id >= 0) & (table.base_offset >= self.offset))
+        control = table.is_control[rows]
+        if not control.any():
+            return rows
+        at = rows[control]
+        types = control_types_at(
+            buf,
+            table.position[at],
+            table.size[at],
+            table.attributes[at].astype(np.int64),
+            table.records_count[at].astype(np.int64),
+        )
+        keep = np.ones(len(rows), np.bool_)
+        keep[np.flatnonzero(control)] = (types == ControlRecordType.ABORT) | (
+            types == ControlRecordType.COMMIT
+        )
+        return rows[keep]
 
     @staticmethod
     def _marker_epochs(

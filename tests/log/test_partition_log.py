@@ -24,10 +24,11 @@ from cleanerd.log.checkpoint import (
 from cleanerd.log.files import TopicPartition
 from cleanerd.log.lock import LogDirLock
 from cleanerd.log.partition_log import LogConfig, PartitionLog
-from cleanerd.log.producer_state import snapshot_offsets
+from cleanerd.log.producer_state import read_snapshot, snapshot_offsets
 from cleanerd.log.recovery import SymlinkRefused
 from cleanerd.log.segment import LogSegment
 from cleanerd.log.txnindex import AbortedTxn
+from cleanerd.records.batch import encode_batch, encode_empty_batch
 from cleanerd.records.header import Compression
 from cleanerd.records.record import Record
 from tests.builders import (
@@ -37,6 +38,7 @@ from tests.builders import (
     offsets_and_values,
     partition_flocks,
     settle_dir,
+    write_segment,
 )
 
 _CTX = multiprocessing.get_context("spawn")
@@ -520,3 +522,31 @@ def test_a_roll_flushes_every_segment_above_the_recovery_point(
     plog.roll()
     assert synced == [6]
     assert plog.recovery_point == 7
+
+
+def test_a_log_with_markers_a_cleaner_emptied_opens_and_snapshots(tmp_path: Path) -> None:
+    """A compacted log keeps a producer's emptied marker (a control batch without a
+    record) as its last batch; opening it without a producer snapshot walks that batch
+    as Kafka's loader does (it changes nothing), and the snapshot written next holds the
+    producer's last data batch."""
+    part = tmp_path / "logs" / "topic-0"
+    part.mkdir(parents=True)
+    data = encode_batch(
+        [kv("a", "1")], base_offset=0, producer_id=7, producer_epoch=2, is_transactional=True
+    )
+    marker = encode_empty_batch(
+        base_offset=1,
+        last_offset_delta=0,
+        max_timestamp=9,
+        producer_id=7,
+        producer_epoch=2,
+        is_transactional=True,
+        is_control=True,
+    )
+    write_segment(part, 0, [data, marker], inactive=False)
+    plog = _open(tmp_path, LogConfig())
+    assert plog.meta().first_unstable_offset == 0  # the emptied marker closed nothing
+    snapshot = plog.take_snapshot()
+    assert snapshot is not None
+    entry = read_snapshot(snapshot).entries[7]
+    assert (entry.epoch, entry.last_offset, entry.txn_first_offset) == (2, 0, 0)

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from cleanerd.log.index import IndexBuilder, OffsetIndex, TimeIndex
 from cleanerd.log.producer_state import ProducerEntry, ProducerState
-from cleanerd.records.batch import encode_batch, iter_records
+from cleanerd.records.batch import encode_batch, encode_empty_batch, iter_records
 from cleanerd.records.control import ControlRecordType, encode_end_txn_marker
 from cleanerd.records.record import Record
 from cleanerd.records.scan import BatchInfo
@@ -21,12 +21,16 @@ BATCH = st.tuples(st.integers(-1, 3), st.booleans(), st.booleans(), st.integers(
 
 
 def kafka_rules(state: dict[int, ProducerEntry], info: BatchInfo, data: bytes) -> None:
-    """Kafka's ProducerAppendInfo, one batch at a time (the reference)."""
+    """Kafka's ProducerAppendInfo and ProducerStateEntry, one batch at a time (the
+    reference): an epoch change drops the entry's batch metadata; a control batch
+    without a record changes nothing."""
     h = info.header
     assert h is not None
-    if h.producer_id < 0:
+    if h.producer_id < 0 or (h.is_control and h.records_count == 0):
         return
     e = state.setdefault(h.producer_id, ProducerEntry(h.producer_id))
+    if e.epoch != h.producer_epoch:
+        e.last_sequence, e.last_offset, e.offset_delta = -1, -1, 0
     e.epoch, e.timestamp = h.producer_epoch, h.max_timestamp
     if h.is_control:
         value = next(iter_records(data, info)).value
@@ -40,44 +44,51 @@ def kafka_rules(state: dict[int, ProducerEntry], info: BatchInfo, data: bytes) -
         e.txn_first_offset = h.base_offset
 
 
-@settings(max_examples=120, deadline=None)
-@given(st.lists(BATCH, max_size=25))
+def _batch(i: int, pid: int, txn: bool, control: bool, epoch: int) -> bytes:
+    offset = 100 + 2 * i
+    producer_epoch = epoch if pid >= 0 else -1
+    if control and pid >= 0 and i % 4 == 3:  # a marker a cleaner emptied
+        return encode_empty_batch(
+            base_offset=offset,
+            last_offset_delta=0,
+            max_timestamp=10 + i,
+            producer_id=pid,
+            producer_epoch=producer_epoch,
+            is_transactional=True,
+            is_control=True,
+        )
+    if control and pid >= 0:
+        record = encode_end_txn_marker(
+            ControlRecordType.COMMIT, 7 + i, offset=offset, timestamp=10 + i
+        )
+        return encode_batch(
+            [record],
+            base_offset=offset,
+            is_transactional=True,
+            is_control=True,
+            producer_id=pid,
+            producer_epoch=producer_epoch,
+        )
+    records = [Record(offset=offset + j, timestamp=i, key=b"k", value=b"v") for j in range(2)]
+    seq = 2**31 - 2 if i % 5 == 4 else i
+    return encode_batch(
+        records,
+        base_offset=offset,
+        is_transactional=txn and pid >= 0,
+        base_sequence=seq if pid >= 0 else -1,
+        producer_id=pid,
+        producer_epoch=producer_epoch,
+    )
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(BATCH, max_size=25), st.integers(0, 25))
 def test_producer_state_from_a_table_follows_kafkas_rules_batch_by_batch(
-    specs: list[tuple[int, bool, bool, int]],
+    specs: list[tuple[int, bool, bool, int]], split: int
 ) -> None:
-    batches = []
-    for i, (pid, txn, control, epoch) in enumerate(specs):
-        offset = 100 + 2 * i
-        producer_epoch = epoch if pid >= 0 else -1
-        if control and pid >= 0:
-            record = encode_end_txn_marker(
-                ControlRecordType.COMMIT, 7 + i, offset=offset, timestamp=10 + i
-            )
-            batches.append(
-                encode_batch(
-                    [record],
-                    base_offset=offset,
-                    is_transactional=True,
-                    is_control=True,
-                    producer_id=pid,
-                    producer_epoch=producer_epoch,
-                )
-            )
-        else:
-            records = [
-                Record(offset=offset + j, timestamp=i, key=b"k", value=b"v") for j in range(2)
-            ]
-            seq = 2**31 - 2 if i % 5 == 4 else i
-            batches.append(
-                encode_batch(
-                    records,
-                    base_offset=offset,
-                    is_transactional=txn and pid >= 0,
-                    base_sequence=seq if pid >= 0 else -1,
-                    producer_id=pid,
-                    producer_epoch=producer_epoch,
-                )
-            )
+    """Epoch changes by data batches or markers, emptied markers, and a table applied
+    whole or in two parts (as a walk in chunks, or a walk after a snapshot, applies it)."""
+    batches = [_batch(i, *spec) for i, spec in enumerate(specs)]
     data = b"".join(batches)
     table = walk(data).table
     expected: dict[int, ProducerEntry] = {}
@@ -88,6 +99,20 @@ def test_producer_state_from_a_table_follows_kafkas_rules_batch_by_batch(
     assert state.entries == expected
     restored = ProducerState.from_bytes(state.to_bytes(), state.offset, Path("x.snapshot"))
     assert restored.entries == expected
+    cut = min(split, len(batches))
+    parts = ProducerState()
+    parts.apply(table.head(cut), data)
+    parts.apply(table, data)  # rows below the state's offset are not applied twice
+    assert parts.entries == expected
+
+
+def test_a_marker_that_bumps_the_epoch_leaves_no_last_batch() -> None:
+    """Kafka's snapshot of a producer fenced by a marker of a new epoch: lastSequence -1,
+    lastOffset -1, offsetDelta 0 (ProducerStateEntry.maybeUpdateProducerEpoch)."""
+    data = _batch(0, 7, True, False, 0) + _batch(1, 7, True, True, 1)
+    state = ProducerState()
+    state.apply(walk(data).table, data)
+    assert state.entries[7] == ProducerEntry(7, 1, -1, -1, 0, 11, 8, -1)
 
 
 @settings(max_examples=80, deadline=None)
