@@ -678,11 +678,14 @@ class PartitionLog:
             horizon = (NO_DELETE_HORIZON, 0)
             with segment.open_buffer() as buf:
                 walker = Walker(buf, start=start, verify_crc=False)
-                for chunk in walker:
-                    state.apply(chunk, buf)
-                    if start == 0:
-                        earliest, found = delete_horizon(chunk)
-                        horizon = (min(horizon[0], earliest), horizon[1] + found)
+                try:
+                    for chunk in walker:
+                        state.apply(chunk, buf)
+                        if start == 0:
+                            earliest, found = delete_horizon(chunk)
+                            horizon = (min(horizon[0], earliest), horizon[1] + found)
+                except CorruptRecordError as exc:  # a marker whose record does not parse
+                    walker.error = exc.with_traceback(None)
                 error = walker.error
                 del walker  # its view of `buf` must go before the mmap closes
             if error is not None:

@@ -26,6 +26,8 @@ from cleanerd.log.lock import LogDirLock
 from cleanerd.log.partition_log import PartitionLog
 from cleanerd.maintenance import cycle
 from cleanerd.maintenance.cycle import Maintenance
+from cleanerd.records.record import Record
+from cleanerd.records.walker import walk
 from tests.builders import build_log, kv
 from tests.compaction.conftest import TP, LogBuilder, k, view
 from tests.paths import REPO
@@ -365,3 +367,34 @@ def test_a_clean_of_many_first_opens_reads_segments_beside_its_opening(
 
     assert answers == [9]  # 3 closed segments in each of 3 partitions, one job
     assert sum(taken) == 9
+
+
+def test_a_log_whose_markers_the_cleaner_emptied_opens_without_its_snapshots(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Passes past the delete horizon empty a fencing marker (a control batch without a
+    record, kept as its producer's last batch). With the producer snapshots gone (a
+    retired dir copied without them, say), the next open walks that batch for producer
+    state: `plan`, `audit` and `clean` all still run (they used to fail on it as a
+    corrupt record)."""
+    (tmp_path / "logs").mkdir()
+    plog = PartitionLog.create(tmp_path / "logs", TP, state_dir=tmp_path / "state")
+    for i in range(6):
+        record = [Record(offset=0, timestamp=NOW - 10_000, key=k(i % 2), value=k(i))]
+        plog.append(record, producer_id=9, producer_epoch=0, base_sequence=i, is_transactional=True)
+        plog.append_end_txn_marker(9, 0, commit=i % 3 != 0, timestamp=NOW - 10_000)
+    plog.append_end_txn_marker(9, 1, commit=False, timestamp=NOW - 10_000)  # a fence
+    plog.roll()
+    cfg = str(write_config(tmp_path, **{"delete.retention.ms": 0, "min.cleanable.dirty.ratio": 0}))
+    for n in range(3):
+        assert main(["clean", "-c", cfg, "--now-ms", str(NOW + n)]) == 0
+    d = plog.dir
+    table = walk((d / "00000000000000000000.log").read_bytes()).table
+    assert (table.is_control & (table.records_count == 0)).any()  # the emptied marker
+    for snapshot in d.glob("*.snapshot"):
+        snapshot.unlink()
+    capsys.readouterr()
+    for command in ("plan", "audit", "clean"):
+        assert main([command, "-c", cfg, "--now-ms", str(NOW + 3)]) == 0, command
+        printed = capsys.readouterr()
+        assert "corrupt" not in printed.out + printed.err, command

@@ -9,6 +9,7 @@ from multiprocessing.synchronize import Event
 from pathlib import Path
 from typing import Any
 
+import crc32c
 import pytest
 from aiokafka.record.default_records import DefaultRecordBatch
 from hypothesis import HealthCheck, given, settings
@@ -16,6 +17,7 @@ from hypothesis import strategies as st
 from structlog.testing import capture_logs
 
 from cleanerd.config import load_config
+from cleanerd.errors import CorruptRecordError
 from cleanerd.log.checkpoint import (
     LOG_START_OFFSET_CHECKPOINT,
     REPLICATION_OFFSET_CHECKPOINT,
@@ -29,7 +31,13 @@ from cleanerd.log.recovery import SymlinkRefused
 from cleanerd.log.segment import LogSegment
 from cleanerd.log.txnindex import AbortedTxn
 from cleanerd.records.batch import encode_batch, encode_empty_batch
-from cleanerd.records.header import Compression
+from cleanerd.records.control import ControlRecordType, encode_end_txn_marker
+from cleanerd.records.header import (
+    ATTRIBUTES_OFFSET,
+    CRC_OFFSET,
+    RECORD_BATCH_OVERHEAD,
+    Compression,
+)
 from cleanerd.records.record import Record
 from tests.builders import (
     build_log,
@@ -550,3 +558,37 @@ def test_a_log_with_markers_a_cleaner_emptied_opens_and_snapshots(tmp_path: Path
     assert snapshot is not None
     entry = read_snapshot(snapshot).entries[7]
     assert (entry.epoch, entry.last_offset, entry.txn_first_offset) == (2, 0, 0)
+
+
+def test_a_marker_whose_record_does_not_parse_is_an_error_naming_the_segment(
+    tmp_path: Path,
+) -> None:
+    """Producer state walks a marker's record for its coordinator epoch; one that does
+    not parse (its CRC intact) is a CorruptRecordError naming the segment file and a
+    position inside the marker, not a bare position."""
+    part = tmp_path / "logs" / "topic-0"
+    part.mkdir(parents=True)
+    data = encode_batch(
+        [kv("a", "1")], base_offset=0, producer_id=7, producer_epoch=0, is_transactional=True
+    )
+    marker = bytearray(
+        encode_batch(
+            [encode_end_txn_marker(ControlRecordType.COMMIT, 3, offset=1, timestamp=5)],
+            base_offset=1,
+            producer_id=7,
+            producer_epoch=0,
+            is_transactional=True,
+            is_control=True,
+        )
+    )
+    marker[RECORD_BATCH_OVERHEAD] = 0x7E  # the record's length varint: past the batch end
+    marker[CRC_OFFSET : CRC_OFFSET + 4] = crc32c.crc32c(bytes(marker[ATTRIBUTES_OFFSET:])).to_bytes(
+        4, "big"
+    )
+    write_segment(part, 0, [data, bytes(marker)], inactive=False)
+    plog = _open(tmp_path, LogConfig())
+    with pytest.raises(CorruptRecordError) as caught:
+        plog.meta()
+    assert caught.value.path == str(part / "00000000000000000000.log")
+    assert caught.value.position is not None
+    assert len(data) <= caught.value.position < len(data) + len(marker)
