@@ -112,6 +112,7 @@ from cleanerd.log.files import (
 )
 from cleanerd.log.meta import SegmentMeta
 from cleanerd.log.ownership import OwnerProof
+from cleanerd.log.producer_state import latest_snapshot, snapshot_offsets
 from cleanerd.log.segment_reader import (
     JoinedBuffer,
     aborted_between,
@@ -1011,11 +1012,27 @@ class Cleaner:
         return c
 
     def _producer_state(self, p: _Pass) -> ActiveProducers:
+        """The active producers at the end of the log: from the partition's latest
+        producer snapshot (as a broker's state comes from one after a restart), then the
+        batches after it; from every batch when there is no usable snapshot."""
         builder = ProducerStateBuilder()
+        snapshot = latest_snapshot(
+            p.dir_path,
+            snapshot_offsets(p.dir_path),
+            log_start=p.segments[0].base_offset,
+            log_end=p.segments[-1].next_offset,
+        )
+        floor = 0
+        if snapshot is not None:
+            builder.add(ProducerColumns.of_snapshot(snapshot))
+            floor = snapshot.offset
         for seg in p.segments:
+            if seg.next_offset <= floor:
+                continue  # every batch of it is in the snapshot
             raw, windows = self._segment(p, seg)
             for window in windows:
-                builder.add(_producer_columns(raw, window))
+                columns = _producer_columns(raw, window)
+                builder.add(columns if seg.base_offset >= floor else columns.from_offset(floor))
             if seg.base_offset >= p.first_uncleanable:  # never decoded in this pass
                 del p.mapped[seg.base_offset]
         return builder.result(now_ms=p.now_ms, expiration_ms=p.config.producer_id_expiration_ms)

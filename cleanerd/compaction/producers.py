@@ -2,8 +2,9 @@
 `lastRecordsOfActiveProducers`).
 
 A broker keeps producer state in memory (and in `.snapshot` files); cleanerd rebuilds the
-part the cleaner needs from the log itself, walking the batch headers of every segment
-in offset order, including the active one:
+part the cleaner needs as a restarting broker does: from the partition's latest producer
+snapshot (`of_snapshot`), then the batch headers after it in offset order, the active
+segment's included (from every batch when no snapshot is usable):
 
 - a data batch with a producer id sets that producer's epoch, its last data offset (the
   batch's last offset) and its last timestamp (the batch's maxTimestamp); a transactional
@@ -47,6 +48,7 @@ from numpy.typing import NDArray
 
 from cleanerd._jit import jit
 from cleanerd.compaction.transactions import ABORT, COMMIT
+from cleanerd.log.producer_state import ProducerState
 from cleanerd.records.control import NO_CONTROL_RECORD
 
 INT64_MAX: Final = 2**63 - 1
@@ -122,6 +124,32 @@ class ProducerColumns:
         if not parts:
             return cls.of(())
         return cls(*(np.concatenate([getattr(p, f.name) for p in parts]) for f in fields(cls)))
+
+    @classmethod
+    def of_snapshot(cls, state: ProducerState) -> ProducerColumns:
+        """One batch per producer of a producer snapshot that leaves it in the snapshot's
+        state (see `_as_batches`): folding the log's batches from the snapshot's offset
+        on after these gives the state at the log end."""
+        entries = [state.entries[pid] for pid in sorted(state.entries)]
+        rows = np.array(
+            [
+                (
+                    e.producer_id,
+                    e.epoch,
+                    e.last_offset if e.last_offset >= 0 else NO_OFFSET,
+                    e.timestamp,
+                    e.txn_first_offset >= 0,
+                )
+                for e in entries
+            ],
+            np.int64,
+        ).reshape(-1, _STATE_COLUMNS)
+        return _as_batches(rows)
+
+    def from_offset(self, offset: int) -> ProducerColumns:
+        """The batches at or above `offset` (a batch boundary)."""
+        keep = self.last_offset >= offset
+        return ProducerColumns(*(getattr(self, f.name)[keep] for f in fields(self)))
 
 
 @dataclass(frozen=True, slots=True)

@@ -85,7 +85,7 @@ from cleanerd.log.meta import PartitionMeta, SegmentMeta, last_stable_offset
 from cleanerd.log.ownership import OwnerProof, SegmentsChanged
 from cleanerd.log.producer_state import (
     ProducerState,
-    read_snapshot,
+    latest_snapshot,
     snapshot_offsets,
     snapshot_offsets_in,
     snapshot_path,
@@ -638,16 +638,13 @@ class PartitionLog:
 
     def _state_at_snapshot(self) -> ProducerState:
         """The state in the latest usable producer snapshot (empty at 0 without one)."""
-        end = self.log_end_offset
-        for offset in reversed(self._snapshot_offsets()):
-            if not self.log_start_offset <= offset <= end:
-                continue
-            path = snapshot_path(self.dir, offset)
-            try:
-                return read_snapshot(path)
-            except (CorruptIndexError, OSError) as exc:
-                log.warning("producer_snapshot.unreadable", path=str(path), error=str(exc))
-        return ProducerState()
+        state = latest_snapshot(
+            self.dir,
+            self._snapshot_offsets(),
+            log_start=self.log_start_offset,
+            log_end=self.log_end_offset,
+        )
+        return ProducerState() if state is None else state
 
     def producer_state(self) -> ProducerState:
         """The producer state at the log end offset: the latest snapshot, then a walk of

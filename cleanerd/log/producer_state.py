@@ -52,6 +52,7 @@ from cleanerd.log.files import (
     segment_file,
 )
 from cleanerd.log.fsutil import atomic_write, safe_unlink
+from cleanerd.logger import get_logger
 from cleanerd.records.columns import marker_coordinator_epochs
 from cleanerd.records.control import ControlRecordType, control_types_at
 from cleanerd.records.crc32c_library import crc32c
@@ -64,6 +65,8 @@ VERSION: Final = 1
 _CRC_START: Final = 6
 KEEP: Final = 2
 NO_TXN: Final = -1
+
+log = get_logger(__name__)
 
 
 @dataclass(slots=True)
@@ -249,6 +252,24 @@ def snapshot_offsets_in(names: Iterable[str]) -> list[int]:
 def read_snapshot(path: Path) -> ProducerState:
     """The state in snapshot file `path` (CorruptIndexError names it if damaged)."""
     return ProducerState.from_bytes(path.read_bytes(), offset_from_filename(path.name), path)
+
+
+def latest_snapshot(
+    partition_dir: Path, offsets: Iterable[int], *, log_start: int, log_end: int
+) -> ProducerState | None:
+    """The state in the newest readable snapshot among `offsets` (the dir's, ascending)
+    that lies within [`log_start`, `log_end`], or None. One outside that range is of
+    batches the log no longer holds (or never held); a damaged one is logged, naming the
+    file, and the next older one tried, as Kafka's loader does."""
+    for offset in reversed(list(offsets)):
+        if not log_start <= offset <= log_end:
+            continue
+        path = snapshot_path(partition_dir, offset)
+        try:
+            return read_snapshot(path)
+        except (CorruptIndexError, OSError) as exc:
+            log.warning("producer_snapshot.unreadable", path=str(path), error=str(exc))
+    return None
 
 
 def write_snapshot(partition_dir: Path, state: ProducerState, *, log_start_offset: int) -> Path:

@@ -3,16 +3,25 @@ batch with a producer id, read by a kernel, against a walk header by header."""
 
 from __future__ import annotations
 
+import shutil
+import tempfile
+from pathlib import Path
+
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from structlog.testing import capture_logs
 
-from cleanerd.compaction.cleaner import _producer_columns
+from cleanerd.compaction import cleaner
+from cleanerd.compaction.cleaner import CleanerConfig, _producer_columns
 from cleanerd.compaction.producers import ProducerBatch, ProducerColumns
+from cleanerd.log.partition_log import PartitionLog
 from cleanerd.records.batch import decode_batch, encode_batch
 from cleanerd.records.control import NO_CONTROL_RECORD, control_type
-from cleanerd.records.header import LEGACY_V0_MIN_SIZE, LOG_OVERHEAD, unpack_header
+from cleanerd.records.header import LEGACY_V0_MIN_SIZE, LOG_OVERHEAD, Buffer, unpack_header
 from cleanerd.records.record import Record
+from tests.compaction.conftest import TP, T, clean, k
 from tests.compaction.test_cleaner_legacy import legacy
 
 # (producer id or -1, epoch, transactional, control type or None for data, records)
@@ -98,3 +107,113 @@ def test_producer_columns_match_a_header_walk(
     assert got.control_type[controls].tolist() == want.control_type[controls].tolist()
     assert NO_CONTROL_RECORD not in got.control_type[controls].tolist()
     assert np.all(got.producer_id >= 0)
+
+
+# (producer, epoch, transactional, what follows: None, or commit/abort marker)
+_TXN_STEP = st.tuples(
+    st.sampled_from([3, 4, 5]),
+    st.integers(0, 1),
+    st.booleans(),
+    st.sampled_from([None, True, False]),
+    st.integers(0, 4),
+)
+
+
+def _producer_log(
+    root: Path, steps: list[tuple[int, int, bool, bool | None, int]], roll_every: int
+) -> Path:
+    """A partition written through the log library (a producer snapshot at each roll):
+    idempotent and transactional batches of a few producers over a few keys, markers
+    with epoch bumps, tombstones."""
+    (root / "logs").mkdir(parents=True)
+    plog = PartitionLog.create(root / "logs", TP, state_dir=root / "state")
+    seq: dict[tuple[int, int], int] = {}
+    for i, (pid, epoch, txn, marker, key) in enumerate(steps):
+        value = None if key == 4 else b"v%d" % i
+        record = [Record(offset=0, timestamp=T - 1000 + i, key=k(key % 3), value=value)]
+        n = seq.get((pid, epoch), 0)
+        seq[(pid, epoch)] = n + 1
+        plog.append(
+            record, producer_id=pid, producer_epoch=epoch, base_sequence=n, is_transactional=txn
+        )
+        if marker is not None:
+            plog.append_end_txn_marker(pid, epoch, commit=marker, timestamp=T - 1000 + i)
+        if i % roll_every == roll_every - 1:
+            plog.roll()
+    plog.roll()
+    return plog.dir
+
+
+@given(st.lists(_TXN_STEP, min_size=1, max_size=30), st.integers(1, 8))
+@settings(max_examples=40, deadline=None)
+def test_a_pass_from_the_latest_snapshot_writes_what_a_walk_of_every_batch_writes(
+    steps: list[tuple[int, int, bool, bool | None, int]], roll_every: int
+) -> None:
+    """The pass takes producer state from the partition's latest snapshot and walks only
+    the batches after it; its output equals that of a pass which, without snapshots,
+    walks every batch."""
+    with tempfile.TemporaryDirectory() as tmp:
+        built = _producer_log(Path(tmp) / "built", steps, roll_every)
+        walked_all = Path(tmp) / "all" / built.name
+        shutil.copytree(built, walked_all)
+        for snapshot in walked_all.glob("*.snapshot"):
+            snapshot.unlink()
+        config = CleanerConfig(
+            segment_bytes=1024 * 1024, delete_retention_ms=0, producer_id_expiration_ms=985
+        )  # producers idle since the first 15 steps expire, unless a transaction is open
+        for d in (built, walked_all):
+            clean(d, config=config)
+            clean(d, config=config, now_ms=T + 1)  # past the horizons the first one set
+        logs = sorted(p.name for p in built.glob("*.log"))
+        assert logs == sorted(p.name for p in walked_all.glob("*.log"))
+        for name in logs:
+            assert (built / name).read_bytes() == (walked_all / name).read_bytes(), name
+
+
+def test_the_pass_walks_only_the_batches_after_the_latest_snapshot(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A partition written through the log library has a snapshot at its last roll: the
+    pass reads the producer headers of the batch appended since, and of no other."""
+    steps = [(3 + i % 3, 0, i % 2 == 0, i % 4 == 0 if i % 2 == 0 else None, i) for i in range(24)]
+    d = _producer_log(tmp_path, steps, 6)
+    snapshot_at = max(int(p.stem) for p in d.glob("*.snapshot"))
+    plog = PartitionLog.open(d, state_dir=tmp_path / "state")
+    plog.append([Record(offset=0, timestamp=T, key=k(1), value=b"tail")], producer_id=3)
+    walked: list[int] = []
+    real = cleaner._producer_columns
+
+    def counting(raw: Buffer, window: tuple[int, int] | None = None) -> ProducerColumns:
+        columns = real(raw, window)
+        walked.extend(columns.last_offset.tolist())
+        return columns
+
+    monkeypatch.setattr(cleaner, "_producer_columns", counting)
+    clean(d)
+    assert walked == [snapshot_at]  # the tail batch: no segment below the snapshot is read
+
+
+def test_a_damaged_snapshot_is_named_and_the_pass_takes_the_one_before(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A snapshot whose CRC fails is logged by name and skipped, as the log skips it:
+    the pass starts from the previous snapshot and walks the batches after that."""
+    steps = [(3 + i % 3, 0, i % 2 == 0, i % 4 == 0 if i % 2 == 0 else None, i) for i in range(24)]
+    d = _producer_log(tmp_path, steps, 6)
+    older, newest = sorted(d.glob("*.snapshot"))[-2:]
+    newest.write_bytes(newest.read_bytes()[:-1] + b"\x00")
+    walked: list[int] = []
+    real = cleaner._producer_columns
+
+    def counting(raw: Buffer, window: tuple[int, int] | None = None) -> ProducerColumns:
+        columns = real(raw, window)
+        walked.extend(columns.last_offset.tolist())
+        return columns
+
+    monkeypatch.setattr(cleaner, "_producer_columns", counting)
+    with capture_logs() as logs:
+        clean(d)
+    warnings = [e for e in logs if e["event"] == "producer_snapshot.unreadable"]
+    assert [e["path"] for e in warnings] == [str(newest)]
+    assert "CRC mismatch" in warnings[0]["error"]
+    assert min(walked) == int(older.stem)  # from the older snapshot on

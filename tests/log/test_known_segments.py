@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from structlog.testing import capture_logs
 
 from cleanerd.compaction.horizon import HorizonCache
-from cleanerd.log import partition_log, producer_state
+from cleanerd.log import producer_state
 from cleanerd.log.files import CLEAN_SHUTDOWN_FILE_NAME, TopicPartition
 from cleanerd.log.known_segments import (
     NOTHING_KNOWN,
@@ -264,7 +264,7 @@ def test_no_open_transaction_at_the_stop_spares_the_snapshot_read(
         reads.append(path)
         return real(path)
 
-    monkeypatch.setattr(partition_log, "read_snapshot", counted)
+    monkeypatch.setattr(producer_state, "read_snapshot", counted)
     with LogDir.open(root, state_dir=state) as log_dir:
         plog = log_dir.open_partition(TP, config=CONFIG)
         assert plog.meta().first_unstable_offset is None
