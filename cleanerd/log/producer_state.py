@@ -192,6 +192,8 @@ class ProducerState:
         """The coordinator epoch of each group's last marker (-1 where it has none)."""
         epochs = np.full(len(last_marker), -1, np.int32)
         has = np.flatnonzero(last_marker >= 0)
+        if not len(has):  # no marker: spares a process loading the kernel
+            return epochs
         rows = order[last_marker[has]]
         plain = (table.attributes[rows] & COMPRESSION_MASK) == 0
         epochs[has[plain]] = marker_coordinator_epochs(
