@@ -66,7 +66,7 @@ from cleanerd.log.files import (
     offset_from_filename,
     parse_topic_partition,
 )
-from cleanerd.log.fsutil import fsync_dir
+from cleanerd.log.fsutil import fsync_dir, safe_unlink
 from cleanerd.log.index import (
     DEFAULT_INDEX_INTERVAL_BYTES,
     DEFAULT_MAX_INDEX_SIZE,
@@ -306,8 +306,14 @@ class PartitionLog:
             owner=owner,
             listed=listed,
         )
+        snapshots = snapshot_offsets_in(e.name for e in listing)
+        # Only a crash leaves snapshots past the log end: a clean stop flushed the log
+        # before its snapshot (and a damaged partition is left as it is).
+        crashed = owns and not clean_shutdown and plog.corrupt is None
+        if crashed and plog._remove_snapshots_past_the_end(snapshots):
+            listed = None
         if listed is not None:
-            plog._listed_snapshots = (listed, snapshot_offsets_in(e.name for e in listing))
+            plog._listed_snapshots = (listed, snapshots)
         plog._stable_end = stable_end
         if prefetch:
             plog.prefetch()
@@ -635,6 +641,22 @@ class PartitionLog:
             return listed[1]
         self._listed_snapshots = None
         return snapshot_offsets(self.dir)
+
+    def _remove_snapshots_past_the_end(self, offsets: list[int]) -> bool:
+        """Delete the producer snapshots above the recovered log end, as Kafka's loader
+        does: they hold the state of batches a crash took back (a snapshot is written
+        at the log end without waiting for the batches below it to be flushed), and
+        would be read as the state of whatever is appended at those offsets next.
+        Returns whether any was deleted."""
+        if not self._segments or offsets[-1:] <= [self.active_segment.base_offset]:
+            return False  # none above the active segment's base: none past the end
+        end = self.log_end_offset
+        stray = [o for o in offsets if o > end]
+        for offset in stray:
+            path = snapshot_path(self.dir, offset)
+            safe_unlink(path)
+            log.warning("producer_snapshot.past_log_end", path=str(path), log_end_offset=end)
+        return bool(stray)
 
     def _state_at_snapshot(self) -> ProducerState:
         """The state in the latest usable producer snapshot (empty at 0 without one)."""

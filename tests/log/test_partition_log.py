@@ -592,3 +592,30 @@ def test_a_marker_whose_record_does_not_parse_is_an_error_naming_the_segment(
     assert caught.value.path == str(part / "00000000000000000000.log")
     assert caught.value.position is not None
     assert len(data) <= caught.value.position < len(data) + len(marker)
+
+
+def test_a_snapshot_past_the_recovered_log_end_is_deleted(tmp_path: Path) -> None:
+    """A crash took back appends below a snapshot (written at the log end, unflushed):
+    the owner's next open deletes that snapshot, naming it, as Kafka's loader does, so
+    that the batches appended at those offsets later are walked, not taken from it."""
+    plog = build_log(tmp_path / "logs", [[[kv("x", "0")]]], state_dir=tmp_path / "state")
+    plog.append([kv("a", "1")], producer_id=7, producer_epoch=0, is_transactional=True)
+    active = plog.active_segment.log_path
+    kept = active.stat().st_size
+    plog.append_end_txn_marker(7, 0, commit=True, timestamp=0)
+    snapshot = plog.take_snapshot()
+    assert snapshot is not None
+    assert snapshot.name == "00000000000000000003.snapshot"
+    del plog
+    with active.open("r+b") as f:  # the marker was never flushed: a crash lost it
+        f.truncate(kept)
+    with capture_logs() as logs:
+        reopened = _open(tmp_path, LogConfig())
+    assert not snapshot.exists()
+    assert [e["path"] for e in logs if e["event"] == "producer_snapshot.past_log_end"] == [
+        str(snapshot)
+    ]
+    assert reopened.meta().first_unstable_offset == 1  # the transaction is open again
+    reopened.append([kv("b", "2")])
+    reopened.append([kv("c", "3")])  # offset 3 again, past where the snapshot was
+    assert reopened.meta().first_unstable_offset == 1
