@@ -2,6 +2,6 @@
 
 import sys
 
-from cleanerd.cli import main
+from cleanerd.cli import entry
 
-sys.exit(main())
+sys.exit(entry())

@@ -5,11 +5,13 @@ command given is imported (see `cleanerd.commands`)."""
 from __future__ import annotations
 
 import argparse
+import atexit
 import importlib
 import os
 import signal
 import sys
-from contextlib import nullcontext
+import threading
+from contextlib import nullcontext, suppress
 from typing import cast
 
 from cleanerd import __version__
@@ -74,3 +76,32 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     return status
+
+
+def entry() -> int:
+    """The process's entry point (the `cleanerd` script, `python -m cleanerd`): `main`
+    for its own arguments, then the process ends without tearing the interpreter down
+    (`exit_without_teardown`); the status is returned only where that cannot be."""
+    status = main()
+    exit_without_teardown(status)
+    return status
+
+
+def exit_without_teardown(status: int) -> None:
+    """End the process with `status` as the interpreter would once `main` returned, but
+    without tearing the interpreter down: the atexit handlers run (log handlers flushed,
+    finalizers run, worker processes stopped), stdout and stderr are flushed, and the
+    process exits. What is skipped, clearing every module and freeing numba's compiled
+    code through LLVM's destructors, took about 35 ms of every command that ran a kernel.
+    Returns (the caller exits as usual) while a non-daemon thread runs, which the
+    interpreter would wait for, or where this Python has no atexit runner to call."""
+    run_exit_handlers = getattr(atexit, "_run_exitfuncs", None)
+    main_thread = threading.main_thread()
+    waited_for = [t for t in threading.enumerate() if t is not main_thread and not t.daemon]
+    if run_exit_handlers is None or waited_for:
+        return
+    run_exit_handlers()
+    for stream in (sys.stdout, sys.stderr):
+        with suppress(OSError, ValueError):  # a reader gone, or a stream closed
+            stream.flush()
+    os._exit(status)
