@@ -336,3 +336,28 @@ def test_the_process_entry_exits_with_the_commands_status(tmp_path: Path) -> Non
     )
     assert done.returncode == 1
     assert str(missing) in done.stderr
+
+
+_HUGEPAGE_PROBE = """
+import os, sys
+from cleanerd.cli import main
+try:
+    main()
+except SystemExit:
+    pass
+from numpy._core.multiarray import _get_madvise_hugepage
+print(os.environ.get("NUMPY_MADVISE_HUGEPAGE"), _get_madvise_hugepage())
+"""
+
+
+def test_a_process_asks_for_no_huge_pages_for_numpys_arrays() -> None:
+    """A command line run keeps numpy from madvising its large arrays into transparent
+    huge pages (zeroed 2 MiB at a time where cleanerd touches only what it fills); an
+    operator's setting wins."""
+    env = {k: v for k, v in os.environ.items() if k != "NUMPY_MADVISE_HUGEPAGE"}
+    run = [sys.executable, "-c", _HUGEPAGE_PROBE, "--version"]
+    out = subprocess.run(run, env=env, capture_output=True, text=True, check=True).stdout
+    assert out.split()[-2:] == ["0", "False"]
+    env["NUMPY_MADVISE_HUGEPAGE"] = "1"
+    out = subprocess.run(run, env=env, capture_output=True, text=True, check=True).stdout
+    assert out.split()[-2:] == ["1", "True"]
