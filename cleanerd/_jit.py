@@ -123,6 +123,7 @@ def _load_all() -> None:
         if _numba_loaded:
             return
         _load_numba()
+        _load_cached_kernels_without_registries()
         for fn in _on_load:
             fn()
         for kernel in _kernels:
@@ -136,6 +137,30 @@ def _load_all() -> None:
                     names[name] = value._dispatcher
         _kernels.clear()
         _numba_loaded = True
+
+
+def _load_cached_kernels_without_registries() -> None:
+    """Make numba load a cached kernel without first loading every typing and lowering
+    registry it has (`BaseContext.refresh`: about 90 ms, most of a process's first
+    kernel call). Code loaded from the cache is already compiled: it needs numba's
+    runtime (NRT), whose functions it calls, but no registry; numba's compiler refreshes
+    the registries itself before it compiles anything (a cache miss, a new signature).
+    Where this numba's cache lacks the methods replaced here, it is left as it is."""
+    from numba.core import caching
+    from numba.core.runtime.nrt import rtsys
+
+    cache = caching.Cache
+    if not all(
+        hasattr(cache, name) for name in ("_load_overload", "_guard_against_spurious_io_errors")
+    ) or not hasattr(rtsys, "initialize"):
+        return
+
+    def load_overload(self: Any, sig: Any, target_context: Any) -> Any:
+        rtsys.initialize(target_context)
+        with self._guard_against_spurious_io_errors():
+            return self._load_overload(sig, target_context)
+
+    cache.load_overload = load_overload  # type: ignore[method-assign]
 
 
 class Kernel:

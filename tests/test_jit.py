@@ -181,3 +181,39 @@ def test_loading_numba_runs_no_full_collection() -> None:
     report = json.loads(run_python(_COLLECTIONS, timeout_s=300))
     assert report["full"] == 0
     assert report["frozen"] > 50_000
+
+
+_REGISTRIES = """
+import json, sys
+import numpy as np
+from tests.test_jit import _sum_doubled
+total = int(_sum_doubled(np.arange(3, dtype=np.int64)))
+loaded_registries = "numba.np.linalg" in sys.modules
+import numba
+late = int(numba.njit(lambda x: 4 * x)(5))  # compiled now: numba loads the registries
+print(json.dumps([total, loaded_registries, late, "numba.np.linalg" in sys.modules]))
+"""
+
+
+def test_a_kernel_loaded_from_the_cache_loads_no_registry(tmp_path: Path) -> None:
+    """A process whose kernels all come from the cache never loads numba's typing and
+    lowering registries (about 90 ms of its first kernel call); one that compiles a
+    kernel still does, and the kernel works."""
+    env = {**os.environ, "PYTHONPATH": str(REPO), "NUMBA_CACHE_DIR": str(tmp_path / "cache")}
+
+    def run() -> list[object]:
+        done = subprocess.run(
+            [sys.executable, "-c", _REGISTRIES],
+            capture_output=True,
+            text=True,
+            env=env,
+            cwd=REPO,
+            timeout=300,
+            check=True,
+        )
+        result: list[object] = json.loads(done.stdout.splitlines()[-1])
+        return result
+
+    first = run()  # compiles `_sum_doubled` (a cache miss): registries loaded
+    assert first == [6, True, 20, True]
+    assert run() == [6, False, 20, True]
