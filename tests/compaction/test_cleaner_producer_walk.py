@@ -170,16 +170,13 @@ def test_a_pass_from_the_latest_snapshot_writes_what_a_walk_of_every_batch_write
             assert (built / name).read_bytes() == (walked_all / name).read_bytes(), name
 
 
-def test_the_pass_walks_only_the_batches_after_the_latest_snapshot(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A partition written through the log library has a snapshot at its last roll: the
-    pass reads the producer headers of the batch appended since, and of no other."""
-    steps = [(3 + i % 3, 0, i % 2 == 0, i % 4 == 0 if i % 2 == 0 else None, i) for i in range(24)]
-    d = _producer_log(tmp_path, steps, 6)
-    snapshot_at = max(int(p.stem) for p in d.glob("*.snapshot"))
-    plog = PartitionLog.open(d, state_dir=tmp_path / "state")
-    plog.append([Record(offset=0, timestamp=T, key=k(1), value=b"tail")], producer_id=3)
+_STEPS = [(3 + i % 3, 0, i % 2 == 0, i % 4 == 0 if i % 2 == 0 else None, i) for i in range(24)]
+"""Three producers, every other batch transactional, a commit or abort after some."""
+
+
+def _walked_last_offsets(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The last offsets of the batches whose producer headers the pass reads (filled
+    as it reads them)."""
     walked: list[int] = []
     real = cleaner._producer_columns
 
@@ -189,6 +186,19 @@ def test_the_pass_walks_only_the_batches_after_the_latest_snapshot(
         return columns
 
     monkeypatch.setattr(cleaner, "_producer_columns", counting)
+    return walked
+
+
+def test_the_pass_walks_only_the_batches_after_the_latest_snapshot(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A partition written through the log library has a snapshot at its last roll: the
+    pass reads the producer headers of the batch appended since, and of no other."""
+    d = _producer_log(tmp_path, _STEPS, 6)
+    snapshot_at = max(int(p.stem) for p in d.glob("*.snapshot"))
+    plog = PartitionLog.open(d, state_dir=tmp_path / "state")
+    plog.append([Record(offset=0, timestamp=T, key=k(1), value=b"tail")], producer_id=3)
+    walked = _walked_last_offsets(monkeypatch)
     clean(d)
     assert walked == [snapshot_at]  # the tail batch: no segment below the snapshot is read
 
@@ -198,19 +208,10 @@ def test_a_damaged_snapshot_is_named_and_the_pass_takes_the_one_before(
 ) -> None:
     """A snapshot whose CRC fails is logged by name and skipped, as the log skips it:
     the pass starts from the previous snapshot and walks the batches after that."""
-    steps = [(3 + i % 3, 0, i % 2 == 0, i % 4 == 0 if i % 2 == 0 else None, i) for i in range(24)]
-    d = _producer_log(tmp_path, steps, 6)
+    d = _producer_log(tmp_path, _STEPS, 6)
     older, newest = sorted(d.glob("*.snapshot"))[-2:]
     newest.write_bytes(newest.read_bytes()[:-1] + b"\x00")
-    walked: list[int] = []
-    real = cleaner._producer_columns
-
-    def counting(raw: Buffer, window: tuple[int, int] | None = None) -> ProducerColumns:
-        columns = real(raw, window)
-        walked.extend(columns.last_offset.tolist())
-        return columns
-
-    monkeypatch.setattr(cleaner, "_producer_columns", counting)
+    walked = _walked_last_offsets(monkeypatch)
     with capture_logs() as logs:
         clean(d)
     warnings = [e for e in logs if e["event"] == "producer_snapshot.unreadable"]
