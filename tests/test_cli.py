@@ -255,13 +255,29 @@ def test_only_the_process_entry_freezes_the_imports_out_of_the_collector(
     assert counts["process"] > 10_000
 
 
-_BLAS_PROBE = """
+_NUMPY_PROBE = """
 import os, sys
 from cleanerd.cli import main
 try:
     main()
 except SystemExit:
     pass
+{report}
+"""
+
+
+def _numpy_probe(report: str, variable: str, value: str | None) -> list[str]:
+    """The last two words `report` prints after `cleanerd --version` ran in a fresh
+    process whose environment has `variable` set to `value` (unset for None)."""
+    env = {k: v for k, v in os.environ.items() if k != variable}
+    if value is not None:
+        env[variable] = value
+    run = [sys.executable, "-c", _NUMPY_PROBE.format(report=report), "--version"]
+    out = subprocess.run(run, env=env, capture_output=True, text=True, check=True).stdout
+    return out.split()[-2:]
+
+
+_BLAS_THREADS = """
 import numpy
 print(os.environ.get("OPENBLAS_NUM_THREADS"), len(os.listdir("/proc/self/task")))
 """
@@ -270,13 +286,8 @@ print(os.environ.get("OPENBLAS_NUM_THREADS"), len(os.listdir("/proc/self/task"))
 def test_a_process_starts_no_blas_threads() -> None:
     """cleanerd calls no BLAS routine: a command line run keeps OpenBLAS from starting
     its thread pool, whose threads spin when started; an operator's setting wins."""
-    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_NUM_THREADS"}
-    run = [sys.executable, "-c", _BLAS_PROBE, "--version"]
-    out = subprocess.run(run, env=env, capture_output=True, text=True, check=True).stdout
-    assert out.split()[-2:] == ["1", "1"]
-    env["OPENBLAS_NUM_THREADS"] = "2"
-    out = subprocess.run(run, env=env, capture_output=True, text=True, check=True).stdout
-    assert out.split()[-2] == "2"
+    assert _numpy_probe(_BLAS_THREADS, "OPENBLAS_NUM_THREADS", None) == ["1", "1"]
+    assert _numpy_probe(_BLAS_THREADS, "OPENBLAS_NUM_THREADS", "2")[0] == "2"
 
 
 _ENTRY_PROBE = """
@@ -338,13 +349,7 @@ def test_the_process_entry_exits_with_the_commands_status(tmp_path: Path) -> Non
     assert str(missing) in done.stderr
 
 
-_HUGEPAGE_PROBE = """
-import os, sys
-from cleanerd.cli import main
-try:
-    main()
-except SystemExit:
-    pass
+_HUGE_PAGES = """
 from numpy._core.multiarray import _get_madvise_hugepage
 print(os.environ.get("NUMPY_MADVISE_HUGEPAGE"), _get_madvise_hugepage())
 """
@@ -354,10 +359,5 @@ def test_a_process_asks_for_no_huge_pages_for_numpys_arrays() -> None:
     """A command line run keeps numpy from madvising its large arrays into transparent
     huge pages (zeroed 2 MiB at a time where cleanerd touches only what it fills); an
     operator's setting wins."""
-    env = {k: v for k, v in os.environ.items() if k != "NUMPY_MADVISE_HUGEPAGE"}
-    run = [sys.executable, "-c", _HUGEPAGE_PROBE, "--version"]
-    out = subprocess.run(run, env=env, capture_output=True, text=True, check=True).stdout
-    assert out.split()[-2:] == ["0", "False"]
-    env["NUMPY_MADVISE_HUGEPAGE"] = "1"
-    out = subprocess.run(run, env=env, capture_output=True, text=True, check=True).stdout
-    assert out.split()[-2:] == ["1", "True"]
+    assert _numpy_probe(_HUGE_PAGES, "NUMPY_MADVISE_HUGEPAGE", None) == ["0", "False"]
+    assert _numpy_probe(_HUGE_PAGES, "NUMPY_MADVISE_HUGEPAGE", "1") == ["1", "True"]

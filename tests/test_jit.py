@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
@@ -13,7 +11,6 @@ import numpy as np
 import numpy.typing as npt
 
 from cleanerd._jit import Kernel, _cache_dir, jit
-from tests.paths import REPO
 from tests.tools import run_python
 
 
@@ -135,25 +132,8 @@ def test_second_process_loads_kernels_from_the_cache(tmp_path: Path) -> None:
         "from tests.test_jit import _sum_doubled\n"
         "print(_sum_doubled(np.arange(3, dtype=np.int64)))\n"
     )
-    env = {
-        **os.environ,
-        "PYTHONPATH": str(REPO),
-        "NUMBA_CACHE_DIR": str(tmp_path / "cache"),
-        "NUMBA_DEBUG_CACHE": "1",
-    }
-    runs = [
-        subprocess.run(
-            [sys.executable, "-c", code],
-            capture_output=True,
-            text=True,
-            env=env,
-            cwd=REPO,
-            timeout=300,
-            check=True,
-        ).stdout
-        for _ in range(2)
-    ]
-    first, second = runs
+    env = {"NUMBA_CACHE_DIR": str(tmp_path / "cache"), "NUMBA_DEBUG_CACHE": "1"}
+    first, second = (run_python(code, timeout_s=300, env=env) for _ in range(2))
     assert "data saved" in first
     assert "data saved" not in second
     assert "data loaded" in second
@@ -199,19 +179,11 @@ def test_a_kernel_loaded_from_the_cache_loads_no_registry(tmp_path: Path) -> Non
     """A process whose kernels all come from the cache never loads numba's typing and
     lowering registries (about 90 ms of its first kernel call); one that compiles a
     kernel still does, and the kernel works."""
-    env = {**os.environ, "PYTHONPATH": str(REPO), "NUMBA_CACHE_DIR": str(tmp_path / "cache")}
+    env = {"NUMBA_CACHE_DIR": str(tmp_path / "cache")}
 
     def run() -> list[object]:
-        done = subprocess.run(
-            [sys.executable, "-c", _REGISTRIES],
-            capture_output=True,
-            text=True,
-            env=env,
-            cwd=REPO,
-            timeout=300,
-            check=True,
-        )
-        result: list[object] = json.loads(done.stdout.splitlines()[-1])
+        out = run_python(_REGISTRIES, timeout_s=300, env=env)
+        result: list[object] = json.loads(out.splitlines()[-1])
         return result
 
     first = run()  # compiles `_sum_doubled` (a cache miss): registries loaded

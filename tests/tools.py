@@ -15,7 +15,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import psutil
@@ -92,15 +92,18 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def run_python(code: str, *args: str, timeout_s: float = 120) -> str:
+def run_python(
+    code: str, *args: str, timeout_s: float = 120, env: Mapping[str, str] | None = None
+) -> str:
     """What a fresh interpreter running `code` (with `args` as `sys.argv[1:]`, this
-    checkout first on its path) prints: for what only a new process shows (the modules
-    an import loads, the collector's state)."""
+    checkout first on its path, `env` added to the environment) prints: for what only a
+    new process shows (the modules an import loads, the collector's state, numba's
+    cache)."""
     done = subprocess.run(
         [sys.executable, "-c", code, *args],
         capture_output=True,
         text=True,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
+        env={**os.environ, **(env or {}), "PYTHONPATH": str(REPO)},
         cwd=REPO,
         timeout=timeout_s,
         check=True,
