@@ -116,13 +116,14 @@ class ProducerState:
         if not len(table):
             return
         last_offsets = table.last_offset
-        rows = self._updating_rows(table, buf)
+        is_control = table.is_control
+        rows = self._updating_rows(table, is_control, buf)
         self.offset = max(self.offset, int(last_offsets[-1]) + 1)
         if not len(rows):
             return
         order = rows[np.argsort(table.producer_id[rows], kind="stable")]
         pids = table.producer_id[order]
-        control = table.is_control[order]
+        control = is_control[order]
         txn = table.is_transactional[order]
         epoch = table.producer_epoch[order]
         index = np.arange(len(order))
@@ -162,13 +163,13 @@ class ProducerState:
                 entry.txn_first_offset = int(table.base_offset[order[first_open[g]]])
             self.entries[pid] = entry
 
-    def _updating_rows(self, table: BatchTable, buf: Buffer) -> np.ndarray:
+    def _updating_rows(self, table: BatchTable, is_control: np.ndarray, buf: Buffer) -> np.ndarray:
         """The rows at or above `offset` that change producer state: data batches with a
         producer id, and ABORT or COMMIT markers. Kafka's loader skips a control batch
         without a record (a marker its cleaner emptied); it fails on other control types,
         which this reader skips instead, so that such a log still opens."""
         rows = np.flatnonzero((table.producer_id >= 0) & (table.base_offset >= self.offset))
-        control = table.is_control[rows]
+        control = is_control[rows]
         if not control.any():
             return rows
         at = rows[control]
