@@ -124,6 +124,7 @@ def _load_all() -> None:
             return
         _load_numba()
         _load_cached_kernels_without_registries()
+        _drop_llvm_lock_events()
         for fn in _on_load:
             fn()
         for kernel in _kernels:
@@ -161,6 +162,20 @@ def _load_cached_kernels_without_registries() -> None:
             return self._load_overload(sig, target_context)
 
     cache.load_overload = load_overload  # type: ignore[method-assign]
+
+
+def _drop_llvm_lock_events() -> None:
+    """Stop numba timing every call into LLVM. numba hooks llvmlite's lock to send a
+    start and an end event of its own on each of them, for compile statistics cleanerd
+    never reads; loading one cached kernel makes some 150 such calls, and the events
+    were about a seventh of the load (10 of 75 ms for the kernels of a pass). llvmlite
+    keeps its lock: only the callbacks numba added to it go."""
+    from llvmlite.binding import ffi
+
+    hooks = getattr(ffi.lib._lock, "_cblist", ())
+    for acquire, release in list(hooks):
+        if getattr(acquire, "__module__", "") == "numba.core.base":
+            ffi.unregister_lock_callback(acquire, release)
 
 
 class Kernel:

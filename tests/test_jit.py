@@ -189,3 +189,26 @@ def test_a_kernel_loaded_from_the_cache_loads_no_registry(tmp_path: Path) -> Non
     first = run()  # compiles `_sum_doubled` (a cache miss): registries loaded
     assert first == [6, True, 20, True]
     assert run() == [6, False, 20, True]
+
+
+_LOCK_HOOKS = """
+import json
+import numpy as np
+from llvmlite.binding import ffi
+from tests.test_jit import _sum_doubled
+total = int(_sum_doubled(np.arange(3, dtype=np.int64)))
+import numba
+late = int(numba.njit(lambda x: 5 * x)(2))  # compiled now, through llvmlite's lock
+hooks = [f.__module__ for pair in ffi.lib._lock._cblist for f in pair]
+print(json.dumps([total, late, hooks]))
+"""
+
+
+def test_numba_times_no_call_into_llvm(tmp_path: Path) -> None:
+    """Once numba is loaded, its callbacks on llvmlite's lock (an event pair on each
+    call into LLVM, for statistics cleanerd never reads) are gone, and kernels still
+    load and compile."""
+    env = {"NUMBA_CACHE_DIR": str(tmp_path / "cache")}
+    for _ in range(2):  # compiled, then loaded from the cache
+        out = run_python(_LOCK_HOOKS, timeout_s=300, env=env)
+        assert json.loads(out.splitlines()[-1]) == [6, 10, []]

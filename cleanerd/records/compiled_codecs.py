@@ -198,7 +198,7 @@ def _stand_in(name: str) -> int:
 
 def _declare() -> None:
     global _decompress_dctx, _find_frame_compressed_size, _is_error, _get_error_code
-    import llvmlite.binding as llvm  # type: ignore[import-untyped]
+    import llvmlite.binding as llvm
     from numba import types
 
     library = zstd_library()

@@ -56,7 +56,7 @@ loaded from the cache, only after that)."""
 
 def _declare() -> None:
     global _extend
-    import llvmlite.binding as llvm  # type: ignore[import-untyped]
+    import llvmlite.binding as llvm
     from numba import types
 
     llvm.add_symbol(SYMBOL, ADDRESS)

@@ -29,7 +29,7 @@ AHEAD: Final = 4096
 
 
 def _prefetch_typer(typingctx: Any, buf: Any, at: Any) -> tuple[Any, Any] | None:
-    from llvmlite import ir  # type: ignore[import-untyped]
+    from llvmlite import ir
     from numba import types
     from numba.core import cgutils
 
