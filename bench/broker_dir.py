@@ -225,6 +225,8 @@ def main() -> None:
     parser.add_argument("--dir", type=Path, default=None)
     args = parser.parse_args()
     os.environ["PYTHONPATH"] = str(REPO)
+    if args.dir:
+        args.dir.mkdir(parents=True, exist_ok=True)
     base = Path(tempfile.mkdtemp(prefix="cleanerd-broker-dir-", dir=args.dir))
     print(
         f"{'partitions':>10} {'case':<40} {'wall s':>8} {'ms/part':>8} {'x cat':>7} {'RSS MB':>7}"

@@ -135,6 +135,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.keys is None:
         args.keys = max(1, args.records // 10)
+    if args.dir:
+        Path(args.dir).mkdir(parents=True, exist_ok=True)
     print(
         f"{args.records:,} records, {args.keys:,} keys, {args.value_size}-byte values"
         f"{', idempotent producers' if args.idempotent else ''}; best of {args.repeat}; "

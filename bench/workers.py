@@ -118,6 +118,8 @@ def main() -> None:
     args = parser.parse_args()
     counts = [int(w) for w in args.workers.split(",")]
     cores = os.cpu_count() or 1
+    if args.dir:
+        args.dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="bench-workers-", dir=args.dir) as tmp:
         root = Path(tmp)
         template = make_template(root / "template", args.partitions, args.records, args.keys)
