@@ -11,6 +11,7 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Final
 
@@ -21,6 +22,7 @@ from cleanerd.logger import log_to_stderr
 from cleanerd.maintenance.plan import (
     CyclePlan,
     PartitionPlan,
+    Unreadable,
     cycle_json,
     gather,
     plan_cycle,
@@ -112,9 +114,12 @@ def _compaction_text(p: PartitionPlan) -> str:
     )
 
 
-def render_text(plan: CyclePlan) -> list[str]:
+def render_text(plan: CyclePlan, unreadable: Sequence[Unreadable] = ()) -> list[str]:
     """The plan as lines for a terminal."""
     lines = []
+    for bad in unreadable:
+        lines.append(f"{bad.tp} in {bad.log_dir} ({','.join(bad.policy)})")
+        lines.append(f"  unreadable, nothing planned: {bad.reason}")
     for p in plan.partitions:
         head = f"{p.topic_partition} in {p.log_dir}"
         if p.roll is None:
@@ -166,9 +171,9 @@ def run(args: argparse.Namespace) -> int:
         min_roll_interval_ms=cfg.rolls.min_interval_ms,
     )
     if args.json:
-        print(json.dumps(cycle_json(plan, gathered.errors), indent=2))
+        print(json.dumps(cycle_json(plan, gathered.errors, gathered.unreadable), indent=2))
     else:
-        for line in render_text(plan):
+        for line in render_text(plan, gathered.unreadable):
             print(line)
         for error in gathered.errors:
             print(f"cleanerd plan: {error}", file=sys.stderr)

@@ -11,7 +11,10 @@ deletions, and KIP-61 plans over the snapshots that are left; compaction reports
 dirty ratio against `min.cleanable.dirty.ratio`, the cleanable range and what bounds it,
 the max-lag deadline and how overdue it is (cleanerd's honest delay, and Kafka's),
 whether a delete horizon has passed, whether the partition is eligible and in which
-order the workers would take it; a partition found corrupt is reported uncleanable.
+order the workers would take it; a partition found corrupt is reported uncleanable. A
+partition whose segments cannot be read at all (a bad batch where its end is read, an
+index that points nowhere) is listed as unreadable, with the error naming the file and
+position: a cycle's steps fail on it too.
 
 `plan_cycle` is the pure core (`bench/plan.py` times it); `gather` reads its inputs from
 the log dirs.
@@ -222,6 +225,16 @@ def plan_cycle(
 # Gathering the inputs (observe mode)
 
 
+@dataclass(frozen=True, slots=True)
+class Unreadable:
+    """A partition that could not be read, so nothing is planned for it."""
+
+    log_dir: str
+    tp: TopicPartition
+    policy: tuple[str, ...]
+    reason: str
+
+
 @dataclass(slots=True)
 class Gathered:
     """The planning inputs read from the log dirs, and what could not be read."""
@@ -230,6 +243,7 @@ class Gathered:
     device_of_dir: dict[str, int]
     devices: tuple[DeviceUsage, ...]
     errors: list[str]
+    unreadable: list[Unreadable] = dataclasses.field(default_factory=list)
 
 
 def gather(cfg: Config, *, now_ms: int) -> Gathered:
@@ -275,6 +289,7 @@ def _gather_dir(cfg: Config, log_dir: LogDir, now_ms: int, out: Gathered) -> Non
             plog, meta, segment_horizons = _read_partition(log_dir, tp, topic, horizons)
         except (CleanerdError, OSError) as exc:
             out.errors.append(f"{log_dir.path / str(tp)}: {exc}")
+            out.unreadable.append(Unreadable(str(log_dir.path), tp, topic.cleanup_policy, str(exc)))
             continue
         out.inputs.append(
             PlanInput(
@@ -367,7 +382,20 @@ def partition_json(p: PartitionPlan) -> dict[str, Any]:
     return out
 
 
-def cycle_json(plan: CyclePlan, errors: Sequence[str] = ()) -> dict[str, Any]:
+def unreadable_json(u: Unreadable) -> dict[str, Any]:
+    """A partition that could not be read, as a JSON-ready dict."""
+    return {
+        "log_dir": u.log_dir,
+        "topic": u.tp.topic,
+        "partition": u.tp.partition,
+        "cleanup_policy": list(u.policy),
+        "reason": u.reason,
+    }
+
+
+def cycle_json(
+    plan: CyclePlan, errors: Sequence[str] = (), unreadable: Sequence[Unreadable] = ()
+) -> dict[str, Any]:
     """The whole plan as a JSON-ready dict."""
     return {
         "now_ms": plan.now_ms,
@@ -379,6 +407,7 @@ def cycle_json(plan: CyclePlan, errors: Sequence[str] = ()) -> dict[str, Any]:
         ]
         + [disk_deleted_json(d) for d in plan.disk_deletions],
         "partitions": [partition_json(p) for p in plan.partitions],
+        "unreadable": [unreadable_json(u) for u in unreadable],
         "cleaning_order": [
             str(p.topic_partition)
             for p in sorted((p for p in plan.partitions if p.order), key=lambda p: p.order or 0)

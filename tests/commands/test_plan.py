@@ -31,3 +31,44 @@ def test_json_report_stays_parseable_when_a_warning_is_logged(tmp_path: Path) ->
     assert "partition.malformed_file_name" in done.stderr
     assert "00000000000000000abc.log" in done.stderr
     assert [p["topic"] for p in json.loads(done.stdout)["partitions"]] == ["t"]
+
+
+def test_a_partition_with_a_bad_batch_is_listed_unreadable(tmp_path: Path) -> None:
+    """A CRC mismatch in an old segment, where the partition's end is read, leaves
+    nothing to plan for that partition: it is still listed (text and JSON), with the
+    error naming the file and position, beside the other partitions' plans, and the
+    exit status is 1. It was left out of the report before."""
+    log = LogBuilder(tmp_path / "logs")
+    log.append([(k("a"), b"1")])
+    log.roll()
+    log.append([(k("a"), b"2")])
+    part = log.write()
+    good = LogBuilder(tmp_path / "logs")
+    good.dir = tmp_path / "logs" / "u-0"
+    good.dir.mkdir()
+    good.append([(k("b"), b"1")])
+    good.write()
+    first = part / "00000000000000000000.log"
+    data = bytearray(first.read_bytes())
+    data[-1] ^= 0xFF  # the last value byte: the batch's CRC no longer matches
+    first.write_bytes(bytes(data))
+    config = tmp_path / "cleanerd.yaml"
+    config.write_text(
+        f"log.dirs: [{tmp_path / 'logs'}]\nstate_dir: {tmp_path / 'state'}\n"
+        "log.cleanup.policy: compact\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    command = [sys.executable, "-m", "cleanerd", "plan", "-c", str(config)]
+    text = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
+    doc = subprocess.run([*command, "--json"], capture_output=True, text=True, env=env, check=False)
+    assert text.returncode == doc.returncode == 1
+    lines = text.stdout.splitlines()
+    at = lines.index(f"t-0 in {tmp_path / 'logs'} (compact)")
+    assert lines[at + 1].startswith("  unreadable, nothing planned: corrupt record batch in ")
+    assert f"{first} at position 0: CRC mismatch" in lines[at + 1]
+    assert any(line.startswith("u-0 in ") for line in lines)
+    report = json.loads(doc.stdout)
+    assert [p["topic"] for p in report["partitions"]] == ["u"]
+    (unreadable,) = report["unreadable"]
+    assert (unreadable["topic"], unreadable["partition"]) == ("t", 0)
+    assert f"{first} at position 0: CRC mismatch" in unreadable["reason"]
