@@ -52,12 +52,13 @@ from pathlib import Path
 from typing import NamedTuple
 
 from cleanerd.errors import (
+    CheckpointError,
     CleanerdError,
     CorruptIndexError,
     CorruptRecordError,
     LogDirLockedError,
 )
-from cleanerd.log.checkpoint import RootCheckpoints
+from cleanerd.log.checkpoint import LOG_START_OFFSET_CHECKPOINT, RootCheckpoints
 from cleanerd.log.files import (
     DELETED_FILE_SUFFIX,
     METADATA_TOPIC,
@@ -306,6 +307,7 @@ class PartitionLog:
             owner=owner,
             listed=listed,
         )
+        plog._refuse_log_start_past_the_end()
         snapshots = snapshot_offsets_in(e.name for e in listing)
         # Only a crash leaves snapshots past the log end: a clean stop flushed the log
         # before its snapshot (and a damaged partition is left as it is).
@@ -410,6 +412,28 @@ class PartitionLog:
         """max(checkpointed log start offset, first segment's base offset)."""
         first = self._segments[0].base_offset if self._segments else 0
         return max(self._log_start_offset, first)
+
+    def _refuse_log_start_past_the_end(self) -> None:
+        """A checkpointed log start offset past the log end is refused with an error
+        naming the file, and the partition is not opened. Kafka's loader takes it to mean
+        the segments were deleted behind its back and deletes all of them; retention here
+        would delete every segment below it. Neither is done on the word of one number: a
+        broker never writes a log start past its high watermark, and the checkpoint is read
+        before the segments are listed, so a live broker's appends cannot cause this."""
+        start = self._log_start_offset
+        if not self._segments or start <= self._segments[-1].base_offset:
+            return
+        try:
+            end = self.log_end_offset
+        except CleanerdError:
+            return  # a damaged active segment is reported where its end is read
+        if start > end:
+            raise CheckpointError(
+                f"{self.topic_partition}: log start offset {start} is past the log end "
+                f"offset {end}; nothing is deleted on its account (correct or remove the "
+                "entry)",
+                path=self.dir.parent / LOG_START_OFFSET_CHECKPOINT,
+            )
 
     def follow_checkpoints(self, checkpoints: RootCheckpoints) -> None:
         """Take up the dir's checkpoint files as re-read since the partition was opened:

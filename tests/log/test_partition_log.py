@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from structlog.testing import capture_logs
 
 from cleanerd.config import load_config
-from cleanerd.errors import CorruptRecordError
+from cleanerd.errors import CheckpointError, CorruptRecordError
 from cleanerd.log.checkpoint import (
     LOG_START_OFFSET_CHECKPOINT,
     REPLICATION_OFFSET_CHECKPOINT,
@@ -182,6 +182,31 @@ def test_log_start_offset_from_checkpoint(tmp_path: Path) -> None:
         {TopicPartition("topic", 0): 1}
     )
     assert _open(tmp_path).log_start_offset == 1
+
+
+@pytest.mark.parametrize("read_only", [False, True])
+def test_a_log_start_offset_past_the_log_end_is_refused(tmp_path: Path, read_only: bool) -> None:
+    """A checkpointed log start past the log end (Kafka's loader would delete every
+    segment; retention here deleted all but the active one) fails the open with an
+    error naming the file, the partition and both offsets, and every segment stays. A
+    log start at the log end, as after deleting every record, still opens."""
+    build_log(
+        tmp_path / "logs",
+        [[[kv("a", "1")], [kv("b", "2")]], [[kv("c", "3")]]],
+        state_dir=tmp_path / "state",
+    )
+    files = sorted(p.name for p in (tmp_path / "logs" / "topic-0").iterdir())
+    checkpoint = tmp_path / "logs" / LOG_START_OFFSET_CHECKPOINT
+    OffsetCheckpointFile(checkpoint).write({TopicPartition("topic", 0): 4})
+    path = tmp_path / "logs" / "topic-0"
+    with pytest.raises(CheckpointError) as caught:
+        PartitionLog.open(path, state_dir=tmp_path / "state", config=SMALL, read_only=read_only)
+    assert str(checkpoint) in str(caught.value)
+    assert "topic-0: log start offset 4 is past the log end offset 3" in str(caught.value)
+    assert sorted(p.name for p in path.iterdir()) == files
+    OffsetCheckpointFile(checkpoint).write({TopicPartition("topic", 0): 3})
+    plog = PartitionLog.open(path, state_dir=tmp_path / "state", config=SMALL, read_only=read_only)
+    assert plog.log_start_offset == plog.log_end_offset == 3
 
 
 def test_meta_snapshot(tmp_path: Path) -> None:
