@@ -280,33 +280,27 @@ def _delete(path: Path, report: RecoveryReport, why: str) -> None:
     report.deleted.append(str(path))
 
 
-def _remove_temp_files(dir_path: Path, report: RecoveryReport) -> list[Path]:
-    """Steps 1 and 2: drop `.deleted` files and unfinished `.cleaned`/`.swap` output;
-    return the swap files that are complete."""
+def _leftovers(dir_path: Path) -> tuple[list[Path], list[Path], list[Path]]:
+    """The `.deleted`, `.cleaned` and `.swap` files of the dir, in that order."""
+    deleted: list[Path] = []
     cleaned: list[Path] = []
     swaps: list[Path] = []
     for path in _files(dir_path):
         name = path.name
         if name.endswith(DELETED_FILE_SUFFIX):
-            _delete(path, report, "left over from a finished swap or deletion")
+            deleted.append(path)
         elif name.endswith(CLEANED_FILE_SUFFIX):
             cleaned.append(path)
         elif name.endswith(SWAP_FILE_SUFFIX):
             swaps.append(path)
-    min_cleaned = min(map(_offset, cleaned), default=None)
-    valid_swaps = []
-    for path in swaps:
-        if min_cleaned is not None and _offset(path) >= min_cleaned:
-            _delete(path, report, "swap of an unfinished .cleaned -> .swap step")
-        else:
-            valid_swaps.append(path)
-    for path in cleaned:
-        _delete(path, report, "output of an unfinished rewrite")
-    return valid_swaps
+    return deleted, cleaned, swaps
 
 
 def _swap_range(dir_path: Path, swaps: list[Path], options: SegmentOptions) -> tuple[int, int]:
-    """[lowest base, highest next offset) over the `.log.swap` files (step 3)."""
+    """[lowest base, highest next offset) over the `.log.swap` files (step 3). Each is
+    walked in full with CRC checks first: a swap's segment replaces the old ones, so one
+    that does not walk clean to its end (torn, or damaged since it was written) raises,
+    naming the file and position, before recovery deletes or renames anything."""
     low, high = None, None
     for path in swaps:
         if not path.name.endswith(LOG_FILE_SUFFIX + SWAP_FILE_SUFFIX):
@@ -320,8 +314,16 @@ def _swap_range(dir_path: Path, swaps: list[Path], options: SegmentOptions) -> t
             max_index_size=options.max_index_size,
             read_only=True,
         )
-        scanned = segment.scan(verify_crc=False).table
-        next_offset = int(scanned.last_offset[-1]) + 1 if len(scanned) else base
+        scanned = segment.scan(verify_crc=True)
+        if scanned.error is not None:
+            raise CorruptRecordError(
+                f"{scanned.error.reason}; the interrupted swap is left as it is (the "
+                "segments it replaces may be in .deleted files)",
+                path=path,
+                position=scanned.error.position,
+            )
+        table = scanned.table
+        next_offset = int(table.last_offset[-1]) + 1 if len(table) else base
         low = base if low is None else min(low, base)
         high = next_offset if high is None else max(high, next_offset)
         log.info("recovery.swap_found", path=str(path), base_offset=base, next_offset=next_offset)
@@ -338,12 +340,22 @@ def recover_leftovers(
 ) -> RecoveryReport:
     """Kafka's handling of `.deleted`, `.cleaned` and `.swap` leftovers (steps 1-4 of the
     module docstring), then removal of orphan index files. `listing`: the dir as just
-    listed (listed here otherwise)."""
+    listed (listed here otherwise). The swaps that step 3 completes are checked before
+    the first file is deleted (`_swap_range`)."""
     report = RecoveryReport() if report is None else report
     if not sort_names(list_partition_dir(dir_path) if listing is None else listing).leftovers:
         return report  # the common case: nothing renamed, nothing to fsync
-    swaps = _remove_temp_files(dir_path, report)
-    low, high = _swap_range(dir_path, swaps, options)
+    deleted, cleaned, swaps = _leftovers(dir_path)
+    min_cleaned = min(map(_offset, cleaned), default=None)
+    unfinished = [p for p in swaps if min_cleaned is not None and _offset(p) >= min_cleaned]
+    complete = [p for p in swaps if p not in unfinished]
+    low, high = _swap_range(dir_path, complete, options)
+    for path in deleted:
+        _delete(path, report, "left over from a finished swap or deletion")
+    for path in unfinished:
+        _delete(path, report, "swap of an unfinished .cleaned -> .swap step")
+    for path in cleaned:
+        _delete(path, report, "output of an unfinished rewrite")
     for path in _files(dir_path):
         if not path.name.endswith(SWAP_FILE_SUFFIX) and low <= _offset(path) < high:
             _delete(path, report, "old segment replaced by a swap but not yet renamed")

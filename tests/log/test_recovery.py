@@ -175,6 +175,56 @@ def test_swap_deletes_old_segments_in_its_range(tmp_path: Path) -> None:
     assert [o for o, _, _ in offsets_and_values(plog)] == [0, 1, 3, 6, *range(8, 20)]
 
 
+def _torn(path: Path) -> None:
+    """stage 4 (old segments renamed .deleted), with the swap's last batch cut short."""
+    _stage4(path)
+    swap = log_file(path, 0, ".swap")
+    swap.write_bytes(swap.read_bytes()[:-3])
+
+
+def _damaged(path: Path) -> None:
+    """stage 3 (old segments still in place), with one byte of the swap's first batch
+    changed."""
+    _stage3(path)
+    swap = log_file(path, 0, ".swap")
+    data = bytearray(swap.read_bytes())
+    data[-1] ^= 0xFF
+    swap.write_bytes(bytes(data))
+
+
+def _garbage(path: Path) -> None:
+    """stage 3, the swap's log replaced by bytes that hold no batch."""
+    _stage3(path)
+    log_file(path, 0, ".swap").write_bytes(bytes(range(7, 250)) * 2)
+
+
+@pytest.mark.parametrize(
+    ("stage", "reason"),
+    [
+        pytest.param(_torn, "bytes left", id="torn-after-old-deleted"),
+        pytest.param(_damaged, "CRC mismatch", id="bad-crc"),
+        pytest.param(_garbage, "", id="garbage"),
+    ],
+)
+def test_a_damaged_swap_is_refused_and_nothing_is_deleted(
+    tmp_path: Path, stage: Callable[[Path], None], reason: str
+) -> None:
+    """A `.swap` segment that does not walk clean to its end would replace good
+    segments with less than it claims (a torn one lost the offsets after its cut, a
+    garbage one every old record): the open fails naming the swap file and position, and
+    no file is deleted or renamed, the `.deleted` old segments included."""
+    path = _build(tmp_path)
+    stage(path)
+    before = _files(path)
+    with pytest.raises(CorruptRecordError) as caught:
+        _open(path)
+    assert caught.value.path == str(log_file(path, 0, ".swap"))
+    assert caught.value.position is not None
+    assert reason in str(caught.value)
+    assert "the interrupted swap is left as it is" in str(caught.value)
+    assert _files(path) == before
+
+
 def test_lone_index_swap_is_renamed(tmp_path: Path) -> None:
     """An index `.swap` without a `.log.swap` is renamed to its final name."""
     path = _build(tmp_path)
