@@ -41,7 +41,8 @@ again. cleanerd removes the marker (and fsyncs the dir) as soon
 as it owns the dir, before any write, so a crash after that start is never taken for a
 clean stop, and trusts it only for the first open of each partition. A stop that
 failed to flush or checkpoint a partition, or that did not open every partition of the
-dir (one was refused or damaged), writes no marker.
+dir (one was refused or damaged), or whose process met damage in any of them since,
+writes no marker.
 
 `__cluster_metadata` is always opened read-only, and nothing of cleanerd's own is ever
 written inside a partition dir: locks and quarantined bytes live in the state dir.

@@ -67,7 +67,7 @@ from cleanerd.compaction.manager import (
 from cleanerd.compaction.strategy import resolve_strategy
 from cleanerd.config import Config
 from cleanerd.engine.base import CleanJob, Engine, WorkerCrashed
-from cleanerd.errors import CleanerdError, FileStepError
+from cleanerd.errors import CleanerdError, CorruptIndexError, CorruptRecordError, FileStepError
 from cleanerd.log.deletions import PendingDeletions
 from cleanerd.log.files import METADATA_TOPIC, TopicPartition
 from cleanerd.log.known_segments import decode
@@ -182,6 +182,10 @@ def cleaner_config_for(topic: TopicConfig, *, producer_id_expiration_ms: int) ->
     )
 
 
+DAMAGE: Final = (CorruptRecordError, CorruptIndexError)
+"""What a step meets in damaged data (as opposed to a full disk or a refused file)."""
+
+
 @dataclass(slots=True)
 class _Builder:
     """The report of the cycle in progress."""
@@ -199,6 +203,8 @@ class _Builder:
     observed: list[str] = field(default_factory=list)
     aborted: bool = False
     next_due_ms: int | None = None
+    damaged: set[tuple[Path, TopicPartition]] = field(default_factory=set)
+    """Where damaged data was met (the process's set, shared by its cycles)."""
 
     def skip(self, log_dir: Path | str, tp: TopicPartition | None, phase: str, reason: str) -> None:
         self.skipped.append(SkippedLog(str(log_dir), tp, phase, reason))
@@ -208,6 +214,12 @@ class _Builder:
         the exception's text, the file)."""
         log.error(f"{phase}.failed", **_fields(tp, log_dir), error=str(exc))
         self.errors.append(StepError(str(log_dir), tp, phase, str(exc)))
+        self.met(log_dir, tp, exc)
+
+    def met(self, log_dir: Path, tp: TopicPartition, exc: BaseException) -> None:
+        """Keep `tp` among the damaged partitions when `exc` is damage it holds."""
+        if isinstance(exc, DAMAGE):
+            self.damaged.add((log_dir, tp))
 
     def build(self, finished_ms: int) -> CycleReport:
         return CycleReport(
@@ -307,6 +319,9 @@ class Maintenance:
         self._plogs: dict[tuple[Path, TopicPartition], PartitionLog] = {}
         self._crashes: dict[TopicPartition, int] = {}
         self._retries: dict[TopicPartition, int] = {}
+        self._damaged: set[tuple[Path, TopicPartition]] = set()
+        """The partitions where a step of this process met damaged data: a clean stop
+        writes no clean-shutdown marker in their dirs."""
         """Passes retried this cycle, by partition (`CYCLE_RETRIES`)."""
         self.drain = threading.Event()
         """While set, the cleaning phase starts no pass (those in flight finish). Any
@@ -359,7 +374,7 @@ class Maintenance:
                     # uncleanable one gets no snapshot (it is flushed all the same).
                     _prepare_clean_shutdown([p for p in plogs if p.corrupt is None], marked)
                 log_dir.checkpoint_logs(plogs)
-                if clean_stop and _all_sound(log_dir, plogs):
+                if clean_stop and _all_sound(log_dir, plogs, self._damaged):
                     log_dir.keep_known_segments(plogs)
                     log_dir.mark_clean_shutdown()
             except (CleanerdError, OSError) as exc:
@@ -437,7 +452,7 @@ class Maintenance:
 
     def run_once(self, stop: threading.Event | None = None) -> CycleReport:
         """One cycle (see the module docstring)."""
-        report = _Builder(now_ms=self.clock())
+        report = _Builder(now_ms=self.clock(), damaged=self._damaged)
         self._retries.clear()
         every = self.progress_interval_s
         self._progress = CycleProgress(math.inf if every is None else every)
@@ -449,7 +464,7 @@ class Maintenance:
             for p in partitions
             if p.topic.compact and not p.plog.is_metadata
         ]
-        report.states += self._plain_states(partitions)
+        report.states += self._plain_states(partitions, report)
         self._clean(compacted, report, stop)
         report.unlinked += self.pending.run_due(self.clock())
         self._checkpoint_recovery_points()
@@ -644,7 +659,7 @@ class Maintenance:
         return long_lived_objects() if unopened >= MANY_OPENS else nullcontext()
 
     @staticmethod
-    def _plain_states(partitions: list[_Partition]) -> list[PartitionState]:
+    def _plain_states(partitions: list[_Partition], report: _Builder) -> list[PartitionState]:
         """The snapshots of the partitions that are not compacted (sizes and counts for
         the metrics); compacted ones get theirs with their candidate."""
         states = []
@@ -655,6 +670,7 @@ class Maintenance:
                 states.append(PartitionState(p.plog.meta()))
             except (CleanerdError, OSError) as exc:
                 log.warning("partition.unreadable", **_fields(p.tp, p.log_dir.path), error=str(exc))
+                report.met(p.log_dir.path, p.tp, exc)
         return states
 
     def _observe(
@@ -725,6 +741,7 @@ class Maintenance:
                 )
             )
         )
+        opening = plog is None or stale
         try:
             if plog is None or stale:
                 plog = log_dir.open_partition(
@@ -741,6 +758,11 @@ class Maintenance:
             if not self.manager.is_uncleanable(item, report.now_ms):
                 self.manager.mark_uncleanable(item, str(plog.corrupt), report.now_ms)
                 report.failed.append(FailedLog(str(log_dir.path), tp, str(plog.corrupt)))
+            report.met(log_dir.path, tp, plog.corrupt)
+        elif plog.corrupt is not None and opening:
+            # Not compacted, so never marked uncleanable (and opened again each cycle, to
+            # see a repair): the damage its open found is that step's error.
+            report.error(log_dir.path, tp, "open", plog.corrupt)
         return _Partition(log_dir, plog, topic)
 
     def _roll(self, partitions: list[_Partition], report: _Builder) -> None:
@@ -993,6 +1015,7 @@ class Maintenance:
         reason = f"{type(error).__name__}: {error}"
         self.manager.mark_uncleanable(fresh, reason, now)
         report.failed.append(FailedLog(str(item.log_dir.path), candidate.tp, reason))
+        report.met(item.log_dir.path, candidate.tp, error)
 
     def _may_retry(self, tp: TopicPartition) -> bool:
         """Count a retry of `tp` in this cycle; False once it had its `CYCLE_RETRIES`."""
@@ -1022,6 +1045,7 @@ class Maintenance:
             reason = f"cannot reopen after a failed pass: {exc}"
             self.manager.mark_uncleanable(item, reason, now)
             report.failed.append(FailedLog(str(item.log_dir.path), item.tp, reason))
+            report.met(item.log_dir.path, item.tp, exc)
             return None
         self._plogs[key] = plog
         return CompactedLog(item.log_dir, plog, item.topic)
@@ -1075,9 +1099,15 @@ def _prepare_clean_shutdown(plogs: list[PartitionLog], marked: Collection[TopicP
         raise failures[min(failures)]
 
 
-def _all_sound(log_dir: LogDir, plogs: list[PartitionLog]) -> bool:
-    """Every writable partition of the dir is open here and none is damaged: only then
-    may the next owner skip recovery."""
-    opened = {p.topic_partition for p in plogs if p.corrupt is None}
+def _all_sound(
+    log_dir: LogDir, plogs: list[PartitionLog], damaged: Collection[tuple[Path, TopicPartition]]
+) -> bool:
+    """Every writable partition of the dir is open here and none is damaged (found so by
+    its open, or by any step since): only then may the next owner skip recovery."""
+    opened = {
+        p.topic_partition
+        for p in plogs
+        if p.corrupt is None and (log_dir.path, p.topic_partition) not in damaged
+    }
     writable = {tp for tp in log_dir.partitions() if tp.topic != METADATA_TOPIC}
     return writable <= opened

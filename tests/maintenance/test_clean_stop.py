@@ -83,3 +83,56 @@ def test_a_partition_that_fails_its_stop_costs_the_marker_not_the_others(
     assert [str(e) for e in errors] == [f"[Errno 28] No space left on device: '{failing}'"]
     assert snapshots(tmp_path) == {0: [], 1: [8], 2: [8]}
     assert not (tmp_path / "logs" / CLEAN_SHUTDOWN_FILE_NAME).exists()
+
+
+def _flip_last_byte(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def test_damage_a_step_meets_after_a_clean_start_costs_the_marker(
+    tmp_path: Path, engine: LocalEngine
+) -> None:
+    """A start after a clean stop checks no old segment; damage that a later step meets
+    there (a bad CRC the roll reads) is reported, and the stop writes no clean-shutdown
+    marker, so the next open recovers as after a crash. The marker was written again."""
+    for n in range(PARTITIONS):
+        build(tmp_path, TopicPartition("c", n), [records(range(4), T0 - HOUR)] * 2)
+    cfg = write_config(tmp_path, {"c": {"cleanup.policy": "delete", "retention.ms": -1}})
+    marker = tmp_path / "logs" / CLEAN_SHUTDOWN_FILE_NAME
+    with Maintenance(cfg, engine, clock=lambda: T0) as first:
+        first.run_once()
+        assert first.shutdown() == []
+    assert marker.exists()
+    damaged = tmp_path / "logs" / "c-0" / "00000000000000000000.log"
+    _flip_last_byte(damaged)
+    with Maintenance(cfg, engine, clock=lambda: T0) as second:
+        report = second.run_once()
+        assert {(e.tp, e.phase) for e in report.errors} >= {(TopicPartition("c", 0), "roll")}
+        assert all(str(damaged) in e.reason for e in report.errors)
+        assert second.shutdown() == []
+    assert not marker.exists()
+    assert 8 in snapshots(tmp_path)[1]  # the sound partitions are still made ready
+
+
+def test_damage_the_open_of_a_partition_not_compacted_finds_is_an_error(
+    tmp_path: Path, engine: LocalEngine
+) -> None:
+    """A partition that is not compacted is never marked uncleanable, so the damage its
+    open found (an emptied old segment whose index points past it) is reported as the
+    open's error, at each cycle's open (which looks again, for a repair), and costs the
+    marker; its files stay as they are. It was only logged, and `clean` exited 0."""
+    for n in range(PARTITIONS):
+        build(tmp_path, TopicPartition("c", n), [records(range(4), T0 - HOUR)] * 2)
+    emptied = tmp_path / "logs" / "c-0" / "00000000000000000000.log"
+    emptied.write_bytes(b"")
+    cfg = write_config(tmp_path, {"c": {"cleanup.policy": "delete", "retention.ms": -1}})
+    with Maintenance(cfg, engine, clock=lambda: T0) as m:
+        for report in (m.run_once(), m.run_once()):
+            (error,) = report.errors
+            assert (error.tp, error.phase) == (TopicPartition("c", 0), "open")
+            assert "corrupt index" in error.reason
+        assert m.shutdown() == []
+    assert emptied.stat().st_size == 0
+    assert not (tmp_path / "logs" / CLEAN_SHUTDOWN_FILE_NAME).exists()
