@@ -308,6 +308,10 @@ class PartitionLog:
             listed=listed,
         )
         plog._refuse_log_start_past_the_end()
+        if report.truncated and plog.recovery_point > plog.log_end_offset:
+            # As Kafka's loader: a recovery point never lies past the log end (a cut tail
+            # took back offsets the checkpoint called flushed).
+            plog.recovery_point = plog.log_end_offset
         snapshots = snapshot_offsets_in(e.name for e in listing)
         # Only a crash leaves snapshots past the log end: a clean stop flushed the log
         # before its snapshot (and a damaged partition is left as it is).

@@ -10,7 +10,8 @@ import pytest
 from structlog.testing import capture_logs
 
 from cleanerd.errors import CorruptRecordError
-from cleanerd.log.files import log_file, offset_index_file, time_index_file
+from cleanerd.log.checkpoint import RECOVERY_POINT_OFFSET_CHECKPOINT, OffsetCheckpointFile
+from cleanerd.log.files import TopicPartition, log_file, offset_index_file, time_index_file
 from cleanerd.log.index import IndexPastLogError
 from cleanerd.log.partition_log import LogConfig, PartitionLog
 from cleanerd.log.recovery import SymlinkRefused
@@ -342,6 +343,21 @@ def test_truncated_active_tail_is_cut_and_logged(tmp_path: Path) -> None:
     saved = Path(cut[0]["quarantined_to"])
     assert saved.is_relative_to(tmp_path / "state" / "quarantine")
     assert saved.read_bytes() == tail
+
+
+def test_a_cut_tail_brings_the_recovery_point_back_to_the_log_end(tmp_path: Path) -> None:
+    """A recovery point checkpointed past what a cut tail leaves (the file lost bytes the
+    checkpoint called flushed) comes back to the new log end, as in Kafka's loader: it
+    stayed past the log end and was written back so."""
+    path = _build(tmp_path)
+    OffsetCheckpointFile(path.parent / RECOVERY_POINT_OFFSET_CHECKPOINT).write(
+        {TopicPartition("topic", 0): 20}
+    )
+    active = _active_log(path)
+    active.write_bytes(active.read_bytes()[:-10])
+    plog = _open(path)
+    assert plog.log_end_offset == 19
+    assert plog.recovery_point == 19
 
 
 @pytest.mark.parametrize(
