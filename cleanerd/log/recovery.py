@@ -51,7 +51,7 @@ invalid tail; cleanerd only truncates what a crash mid-append can leave at the e
 the **active** segment:
 
 - a partial batch (fewer bytes than the header or the declared size),
-- a last batch whose CRC fails with nothing after it,
+- a last batch whose CRC fails with nothing but zeros (or nothing) after it,
 - a run of zero bytes (a file extended but not yet written),
 
 after copying the cut bytes to `<state dir>/quarantine/` when a state dir is given and

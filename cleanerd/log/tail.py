@@ -3,11 +3,12 @@
 A writer appends a batch with one write; a reader of the file while it happens (an
 observer beside a live broker), or a loader after a crash in the middle of one, finds a
 valid prefix followed by part of a batch: zeros (blocks allocated, not yet written), a
-batch whose declared length runs past the end of the file, or a last batch whose bytes
-are all there but whose CRC does not match yet. `torn_tail_reason` tells such a tail
-from damage: a tail is an append in flight (or cut short) only when nothing valid
-follows it and it has one of those shapes; anything else is corruption to report, never
-to cut or skip.
+batch whose declared length runs past the end of the file, a last batch whose bytes
+are all there but whose CRC does not match yet, or such a batch followed by zeros to
+the end of the file (the write cut short in a file extended past it).
+`torn_tail_reason` tells such a tail from damage: a tail is an append in flight (or cut
+short) only when nothing valid follows it and it has one of those shapes; anything else
+is corruption to report, never to cut or skip.
 """
 
 from __future__ import annotations
@@ -43,11 +44,21 @@ def torn_tail_reason(buf: Buffer, scan: Walk) -> str | None:
         return f"incomplete batch: {scan.error.reason}"
     if len(buf) - start >= PREFIX_SIZE:
         at = start + LENGTH_OFFSET
-        declared = int.from_bytes(buf[at : at + 4], "big", signed=True)
-        if declared + LOG_OVERHEAD == len(buf) - start:
+        size = int.from_bytes(buf[at : at + 4], "big", signed=True) + LOG_OVERHEAD
+        if size == len(buf) - start:
             if walk(buf, start=start, verify_crc=False).error is not None:
                 return None
             return f"last batch fails its CRC: {scan.error.reason}"
+        data = np.frombuffer(buf, dtype=np.uint8)
+        if (
+            RECORD_BATCH_OVERHEAD <= size < len(buf) - start
+            and data[start + MAGIC_OFFSET] == 2
+            and not data[start + size :].any()
+        ):
+            # Blocks allocated past the batch and never written: the write of the batch
+            # itself was cut (some of its pages may be zeros too), as when a crash
+            # interrupts an append to a preallocated or extended file.
+            return f"last batch fails its CRC, zero bytes after it: {scan.error.reason}"
     return None
 
 

@@ -381,6 +381,28 @@ def test_crc_failing_last_batch_or_zero_tail_is_cut(
     assert plog.log_end_offset == 20
 
 
+def test_a_half_written_last_batch_before_zeros_is_cut(tmp_path: Path) -> None:
+    """A last batch whose second half never reached the disk, in a file extended past it
+    with zeros (a crash mid-append), is cut with the zeros, as Kafka's loader cuts it;
+    the cut bytes are quarantined. It was reported as damage and left in place."""
+    path = _build(tmp_path)
+    batch = encode_records([kv("x", "last" * 20)], 20)
+    half = len(batch) // 2
+    torn = batch[:half] + bytes(len(batch) - half) + bytes(8000)
+    active = _active_log(path)
+    size = active.stat().st_size
+    with open(active, "ab") as f:
+        f.write(torn)
+    plog = _open(path)
+    assert plog.corrupt is None
+    (cut,) = plog.recovery_report.truncated
+    assert (cut.position, cut.bytes_cut) == (size, len(torn))
+    assert "zero bytes after it" in cut.reason
+    assert cut.quarantined_to is not None
+    assert Path(cut.quarantined_to).read_bytes() == torn
+    assert offsets_and_values(plog) == ORIGINAL
+
+
 def test_flipped_byte_with_data_after_is_reported_not_cut(tmp_path: Path) -> None:
     """A bad CRC followed by valid batches in the active segment is reported with file and
     position, and no file changes."""
