@@ -109,6 +109,14 @@ class ConfigError(CleanerdError):
         super().__init__(head + ":\n" + "\n".join(f"  {e}" for e in errors))
 
 
+def os_error_text(e: OSError) -> str:
+    """`e` as "file: reason" when it names a file (the text of an `OSError` raised with
+    a file name already holds both, but "[Errno 13]" first), else its own text."""
+    if e.filename is not None and e.strerror:
+        return f"{e.filename}: {e.strerror}"
+    return e.strerror or str(e)
+
+
 class FileStepError(CleanerdError):
     """A file operation that failed (a full disk, a read-only file system, an I/O
     error), naming the file and the step of the work it was part of."""

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
+from cleanerd.errors import os_error_text
+
 Arg = tuple[tuple[str, ...], dict[str, Any]]
 """One `add_argument(*flags, **options)` call."""
 
@@ -86,10 +88,7 @@ COMMANDS: Final[tuple[CommandInfo, ...]] = (
 def print_error(command: str, e: Exception) -> None:
     """Print `e` as `cleanerd COMMAND: message` on stderr, after the output so far."""
     sys.stdout.flush()
-    if isinstance(e, OSError) and e.filename is not None:
-        message = f"{e.filename}: {e.strerror}"
-    else:
-        message = str(e)
+    message = os_error_text(e) if isinstance(e, OSError) else str(e)
     print(f"cleanerd {command}: {message}", file=sys.stderr)
 
 

@@ -50,7 +50,7 @@ from cleanerd.compaction.audit import (
     audit_partition,
 )
 from cleanerd.config import Config, load_config
-from cleanerd.errors import CleanerdError
+from cleanerd.errors import CleanerdError, os_error_text
 from cleanerd.log.files import LOG_FILE_SUFFIX, METADATA_TOPIC, parse_topic_partition
 from cleanerd.log.log_dir import LogDir
 from cleanerd.log.partition_log import LogConfig, PartitionLog
@@ -158,7 +158,7 @@ def compacted_partitions(cfg: Config, run: AuditRun) -> Iterator[tuple[Partition
                         continue
                     yield plog, topic
         except OSError as exc:
-            run.errors.append(f"{path}: cannot read the log dir: {exc.strerror or exc}")
+            run.errors.append(f"{path}: cannot read the log dir: {os_error_text(exc)}")
 
 
 def audit_log_dirs(

@@ -72,7 +72,7 @@ from operator import attrgetter
 from pathlib import Path
 from typing import NoReturn
 
-from cleanerd.errors import CleanerdError, CorruptIndexError, CorruptRecordError
+from cleanerd.errors import CleanerdError, CorruptIndexError, CorruptRecordError, FileStepError
 from cleanerd.log.files import (
     CLEANED_FILE_SUFFIX,
     DELETED_FILE_SUFFIX,
@@ -395,14 +395,18 @@ def _quarantine(
     """Durably copy `data` (cut from `position` of the segment) to the quarantine dir."""
     if quarantine_dir is None:
         return None
-    quarantine_dir.mkdir(parents=True, exist_ok=True)
     stem = f"{segment.log_path.name}.{position}"
     target = quarantine_dir / f"{stem}.tail"
-    n = 1
-    while target.exists():
-        target = quarantine_dir / f"{stem}.{n}.tail"
-        n += 1
-    atomic_write(target, data)
+    step = f"quarantining the torn tail of {segment.log_path} (nothing was cut)"
+    try:
+        quarantine_dir.mkdir(parents=True, exist_ok=True)
+        n = 1
+        while target.exists():
+            target = quarantine_dir / f"{stem}.{n}.tail"
+            n += 1
+        atomic_write(target, data)
+    except OSError as exc:
+        raise FileStepError(step, target, exc) from exc
     return target
 
 

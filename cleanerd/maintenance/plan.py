@@ -31,7 +31,12 @@ from typing import Any
 from cleanerd.compaction.horizon import HorizonCache, SegmentHorizon
 from cleanerd.compaction.manager import order_for_cleaning
 from cleanerd.config import Config
-from cleanerd.errors import CHANGED_READ_ATTEMPTS, CleanerdError, FileChangedError
+from cleanerd.errors import (
+    CHANGED_READ_ATTEMPTS,
+    CleanerdError,
+    FileChangedError,
+    os_error_text,
+)
 from cleanerd.log.files import METADATA_TOPIC, TopicPartition
 from cleanerd.log.log_dir import LogDir
 from cleanerd.log.meta import PartitionMeta
@@ -257,7 +262,7 @@ def gather(cfg: Config, *, now_ms: int) -> Gathered:
                 out.device_of_dir[str(log_dir.path)] = device_of(log_dir.path)
                 readable.append(log_dir.path)
         except OSError as exc:
-            out.errors.append(f"{path}: cannot read the log dir: {exc.strerror or exc}")
+            out.errors.append(f"{path}: cannot read the log dir: {os_error_text(exc)}")
     out.devices = measure(group_devices(readable), cfg.log_retention_disk_usage_percent)
     return out
 

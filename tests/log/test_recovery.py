@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -9,7 +10,8 @@ from pathlib import Path
 import pytest
 from structlog.testing import capture_logs
 
-from cleanerd.errors import CorruptRecordError
+from cleanerd.errors import CorruptRecordError, FileStepError
+from cleanerd.log import recovery
 from cleanerd.log.checkpoint import RECOVERY_POINT_OFFSET_CHECKPOINT, OffsetCheckpointFile
 from cleanerd.log.files import TopicPartition, log_file, offset_index_file, time_index_file
 from cleanerd.log.index import IndexPastLogError
@@ -531,3 +533,29 @@ def test_indexes_that_disagree_with_the_log_are_rebuilt(tmp_path: Path, damage: 
     assert reopened.corrupt is None
     assert reopened.recovery_report.rebuilt_indexes == [str(first.log_path)]
     assert {p: p.read_bytes() for p in originals} == originals
+
+
+def test_a_quarantine_that_fails_names_its_file_and_cuts_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A full disk under the state dir while a torn tail is copied there fails the open
+    with an error naming the quarantine file, the segment and the step, and the tail is
+    not cut (it said only "[Errno 28] No space left on device")."""
+    path = _build(tmp_path)
+    active = _active_log(path)
+    with open(active, "ab") as f:
+        f.write(encode_records([kv("x", "partial")], 20)[:40])
+    before = active.read_bytes()
+
+    def full(target: Path, data: bytes) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device", str(target))
+
+    monkeypatch.setattr(recovery, "atomic_write", full)
+    with pytest.raises(FileStepError) as caught:
+        _open(path)
+    text = str(caught.value)
+    assert text.startswith("No space left on device (ENOSPC) while quarantining the torn tail")
+    assert str(active) in text
+    assert str(tmp_path / "state" / "quarantine") in text
+    assert caught.value.no_space
+    assert active.read_bytes() == before

@@ -277,3 +277,17 @@ def test_segment_deleted_by_a_live_broker_while_read_is_read_again(
     assert gathered.errors == []
     (only,) = gathered.inputs
     assert [s.base_offset for s in only.meta.segments] == [1, 2]
+
+
+def test_a_root_file_that_cannot_be_read_is_named(tmp_path: Path) -> None:
+    """A root checkpoint that cannot be read (a dir where the file should be, here) is
+    named in the error, not only the log dir and the reason."""
+    logs, state = tmp_path / "logs", tmp_path / "state"
+    build_log(logs, [[[kv("a", "1")]]], state_dir=state, tp=TopicPartition("users", 0))
+    (logs / "recovery-point-offset-checkpoint").mkdir()
+    cfg = Config.model_validate({"log.dirs": [str(logs)], "state_dir": str(state)})
+    (error,) = gather(cfg, now_ms=T0).errors
+    assert error == (
+        f"{logs}: cannot read the log dir: {logs / 'recovery-point-offset-checkpoint'}: "
+        "Is a directory"
+    )
