@@ -1,8 +1,10 @@
-"""`cleanerd check-config FILE`: validate a config file, then the dirs it names.
+"""`cleanerd check-config FILE`: validate a config file, then the dirs and files it
+names.
 
 The file first (every error at once, each naming the key, the value and the rule); its
-dirs only once it is valid, since they are named by its keys (`config.check_paths`).
-Prints `FILE: OK` and exits 0, or exits 1 with the errors.
+dirs (`config.path_problems`) and the files the daemon reads at its start (the MQTT
+password and TLS files, `daemon.credentials`) only once it is valid, since they are
+named by its keys. Prints `FILE: OK` and exits 0, or exits 1 with the errors.
 """
 
 from __future__ import annotations
@@ -12,7 +14,9 @@ from pathlib import Path
 from typing import Final
 
 from cleanerd.commands import Arg
-from cleanerd.config import check_paths, load_config
+from cleanerd.config import load_config, path_problems
+from cleanerd.daemon import credentials
+from cleanerd.errors import ConfigError
 
 ARGS: Final[tuple[Arg, ...]] = (
     (("file",), {"type": Path, "metavar": "FILE", "help": "the YAML config file"}),
@@ -21,6 +25,9 @@ ARGS: Final[tuple[Arg, ...]] = (
 
 def run(args: argparse.Namespace) -> int:
     """The `check-config` command."""
-    check_paths(load_config(args.file), path=args.file)
+    cfg = load_config(args.file)
+    found = path_problems(cfg) + credentials.problems(cfg.mqtt)
+    if found:
+        raise ConfigError(found, path=args.file)
     print(f"{args.file}: OK")
     return 0

@@ -33,11 +33,9 @@ import asyncio
 import contextlib
 import random
 import socket
-import ssl
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Final, Literal, Protocol
 
 import aiomqtt
@@ -45,9 +43,9 @@ import structlog
 from paho.mqtt.subscribeoptions import SubscribeOptions
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, model_validator
 
-from cleanerd.config import MqttConfig, TlsConfig
+from cleanerd.config import MqttConfig
 from cleanerd.daemon.commands import CommandHandler, CommandReply, handle_command
-from cleanerd.errors import ConfigError
+from cleanerd.daemon.credentials import read_password, tls_context
 from cleanerd.retention.policy import DeletionReason
 
 EventKind = Literal[
@@ -180,39 +178,6 @@ def command_name(topic: str, base_topic: str) -> str | None:
 def topic_level(name: str) -> str:
     """`name` made safe as one MQTT topic level (no `/`, `+`, `#` or NUL)."""
     return name.translate(_TOPIC_LEVEL_FORBIDDEN) or "_"
-
-
-def read_password(path: Path) -> str:
-    """The password in `path`, without its trailing newline. Raises ConfigError."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        reason = e.strerror if isinstance(e, OSError) else f"not UTF-8 ({e.reason})"
-        raise ConfigError([f"mqtt.password_file: cannot read {str(path)!r}: {reason}"]) from e
-    password = text.rstrip("\r\n")
-    if not password:
-        raise ConfigError([f"mqtt.password_file: {str(path)!r} is empty"])
-    return password
-
-
-def tls_context(tls: TlsConfig) -> ssl.SSLContext | None:
-    """The client TLS context, or None when TLS is off. Raises ConfigError naming the file.
-
-    `insecure` skips only the host name check (as paho's tls_insecure does); the broker's
-    certificate must still chain to `ca_file` (or the system's CAs).
-    """
-    if not tls.enabled:
-        return None
-    try:
-        context = ssl.create_default_context(cafile=tls.ca_file)
-        if tls.cert_file is not None:
-            context.load_cert_chain(tls.cert_file, tls.key_file)
-    except (OSError, ssl.SSLError) as e:
-        files = ", ".join(str(p) for p in (tls.ca_file, tls.cert_file, tls.key_file) if p)
-        raise ConfigError([f"mqtt.tls: cannot load {files or 'the system CAs'}: {e}"]) from e
-    if tls.insecure:
-        context.check_hostname = False
-    return context
 
 
 def _wall_ms() -> int:

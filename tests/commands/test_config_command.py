@@ -22,3 +22,20 @@ def test_the_default_config_as_a_file_loads_back_to_the_embedded_one(
     (tmp_path / "data").mkdir()
     assert main(["check-config", str(path)]) == 0
     assert capsys.readouterr().out == f"{path}: OK\n"
+
+
+def test_check_config_refuses_what_the_daemons_start_would(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An MQTT password file that cannot be read fails check-config, naming the key and
+    the file (it printed OK, and `run` then failed at its start)."""
+    (tmp_path / "logs").mkdir()
+    config = tmp_path / "cleanerd.yaml"
+    config.write_text(
+        f"log.dirs: [{tmp_path / 'logs'}]\nstate_dir: {tmp_path / 'state'}\n"
+        f"mqtt: {{enabled: true, username: u, password_file: {tmp_path / 'nope'}}}\n"
+    )
+    assert main(["check-config", str(config)]) == 1
+    out = capsys.readouterr()
+    assert out.out == ""
+    assert f"mqtt.password_file: cannot read '{tmp_path / 'nope'}'" in out.err

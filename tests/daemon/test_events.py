@@ -25,6 +25,7 @@ from pydantic import ValidationError
 
 from cleanerd.config import MqttConfig, TlsConfig
 from cleanerd.daemon.commands import CleanCommand, Command, CommandRejected, CommandReply
+from cleanerd.daemon.credentials import tls_context
 from cleanerd.daemon.events import (
     OFFLINE,
     ONLINE,
@@ -35,12 +36,9 @@ from cleanerd.daemon.events import (
     NullPublisher,
     command_name,
     make_publisher,
-    read_password,
     reply_event,
-    tls_context,
     topic_level,
 )
-from cleanerd.errors import ConfigError
 from tests.paths import REPO
 from tests.tools import require_tool
 
@@ -238,40 +236,6 @@ def test_topic_level_removes_mqtt_specials() -> None:
     """A host name cannot add topic levels or wildcards."""
     assert topic_level("a/b+c#d") == "a_b_c_d"
     assert topic_level("") == "_"
-
-
-def test_read_password_strips_the_newline(tmp_path: Path) -> None:
-    """The password file's trailing newline is not part of the password."""
-    path = tmp_path / "pw"
-    path.write_text("s3cret \n")
-    assert read_password(path) == "s3cret "
-
-
-@pytest.mark.parametrize("content", [None, ""], ids=["missing", "empty"])
-def test_read_password_errors_name_the_file(tmp_path: Path, content: str | None) -> None:
-    """A missing or empty password file is a config error naming the file."""
-    path = tmp_path / "pw"
-    if content is not None:
-        path.write_text(content)
-    with pytest.raises(ConfigError, match=r"mqtt\.password_file") as info:
-        read_password(path)
-    assert str(path) in str(info.value)
-
-
-def test_tls_context_off_and_insecure(tmp_path: Path) -> None:
-    """TLS off gives no context; `insecure` turns off only the host name check."""
-    assert tls_context(TlsConfig()) is None
-    context = tls_context(TlsConfig(enabled=True, insecure=True))
-    assert context is not None
-    assert context.check_hostname is False
-    assert context.verify_mode.name == "CERT_REQUIRED"
-
-
-def test_tls_context_bad_ca_is_a_config_error(tmp_path: Path) -> None:
-    """An unreadable CA file is a config error naming it."""
-    ca = tmp_path / "missing-ca.pem"
-    with pytest.raises(ConfigError, match=r"missing-ca\.pem"):
-        tls_context(TlsConfig.model_validate({"enabled": True, "ca_file": str(ca)}))
 
 
 def test_make_publisher_follows_enabled() -> None:
