@@ -32,7 +32,8 @@ let it exit 0 having done nothing.
 
 Clean shutdown (Kafka's rule): an owner that stops cleanly flushes every partition it
 opened, writes a producer snapshot and the root checkpoints, then writes
-`.kafka_cleanshutdown` (`{"version":0,"BrokerEpoch":-1}`, the content Kafka writes,
+`.kafka_cleanshutdown` (`{"version":0,"brokerEpoch":-1}`: the JSON of Kafka's
+CleanShutdownFileHandler, whose reader matches the field name case-sensitively,
 with no broker epoch). The next owner (cleanerd or a broker) that finds it skips the
 recovery walk of unflushed segments; cleanerd's stop also keeps what it knew of every
 segment in the state dir (`known_segments.py`), which its next start (and, while the
@@ -260,7 +261,7 @@ class LogDir:
             raise PermissionError(f"only the owner marks {self.path} cleanly stopped")
         marker = self.path / CLEAN_SHUTDOWN_FILE_NAME
         with file_step("writing the clean-shutdown marker", marker):
-            atomic_write(marker, b'{"version":0,"BrokerEpoch":-1}')
+            atomic_write(marker, b'{"version":0,"brokerEpoch":-1}')
 
     def close(self) -> None:
         """Release the locks (owner mode)."""

@@ -131,7 +131,7 @@ def test_clean_writes_the_marker_and_the_next_clean_takes_it(tmp_path: Path) -> 
         "topics: {orders: {cleanup.policy: compact, segment.bytes: 16384}}\n"
     )
     assert main(["clean", "-c", str(config)]) == 0
-    assert (root / CLEAN_SHUTDOWN_FILE_NAME).read_bytes() == b'{"version":0,"BrokerEpoch":-1}'
+    assert (root / CLEAN_SHUTDOWN_FILE_NAME).read_bytes() == b'{"version":0,"brokerEpoch":-1}'
     kept = read_known_segments(tmp_path / "state", root).segments[str(TP)]
     assert len(kept) >= 2  # every segment the clean read, kept for the next start
     snapshots: Any = sorted(p.name for p in (root / str(TP)).glob("*.snapshot"))
