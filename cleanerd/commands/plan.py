@@ -11,7 +11,7 @@ import argparse
 import json
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Final
 
@@ -114,9 +114,17 @@ def _compaction_text(p: PartitionPlan) -> str:
     )
 
 
-def render_text(plan: CyclePlan, unreadable: Sequence[Unreadable] = ()) -> list[str]:
+def render_text(
+    plan: CyclePlan,
+    unreadable: Sequence[Unreadable] = (),
+    observed: Mapping[str, str] | None = None,
+) -> list[str]:
     """The plan as lines for a terminal."""
-    lines = []
+    lines = [
+        f"{path}: only observed ({why}): cleanerd changes nothing there; the plan is what "
+        "its owner's cycle should do"
+        for path, why in (observed or {}).items()
+    ]
     for bad in unreadable:
         lines.append(f"{bad.tp} in {bad.log_dir} ({','.join(bad.policy)})")
         lines.append(f"  unreadable, nothing planned: {bad.reason}")
@@ -171,9 +179,10 @@ def run(args: argparse.Namespace) -> int:
         min_roll_interval_ms=cfg.rolls.min_interval_ms,
     )
     if args.json:
-        print(json.dumps(cycle_json(plan, gathered.errors, gathered.unreadable), indent=2))
+        doc = cycle_json(plan, gathered.errors, gathered.unreadable, gathered.observed)
+        print(json.dumps(doc, indent=2))
     else:
-        for line in render_text(plan, gathered.unreadable):
+        for line in render_text(plan, gathered.unreadable, gathered.observed):
             print(line)
         for error in gathered.errors:
             print(f"cleanerd plan: {error}", file=sys.stderr)

@@ -23,6 +23,7 @@ the log dirs.
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,6 +41,7 @@ from cleanerd.errors import (
 from cleanerd.log.files import METADATA_TOPIC, TopicPartition
 from cleanerd.log.log_dir import LogDir
 from cleanerd.log.meta import PartitionMeta
+from cleanerd.log.ownership import lock_holder
 from cleanerd.log.partition_log import LogConfig, PartitionLog
 from cleanerd.log.roll import DEFAULT_MIN_ROLL_INTERVAL_MS, SegmentAge
 from cleanerd.log.roller import FirstSeen, segment_age
@@ -249,6 +251,8 @@ class Gathered:
     devices: tuple[DeviceUsage, ...]
     errors: list[str]
     unreadable: list[Unreadable] = dataclasses.field(default_factory=list)
+    observed: dict[str, str] = dataclasses.field(default_factory=dict)
+    """The log dirs a cycle of this config would only observe, and why."""
 
 
 def gather(cfg: Config, *, now_ms: int) -> Gathered:
@@ -258,6 +262,8 @@ def gather(cfg: Config, *, now_ms: int) -> Gathered:
     for path in cfg.log_dirs:
         try:
             with LogDir.open(Path(path), observe=True, state_dir=cfg.state_dir) as log_dir:
+                if (why := _observed_because(cfg, log_dir.path)) is not None:
+                    out.observed[str(log_dir.path)] = why
                 _gather_dir(cfg, log_dir, now_ms, out)
                 out.device_of_dir[str(log_dir.path)] = device_of(log_dir.path)
                 readable.append(log_dir.path)
@@ -265,6 +271,17 @@ def gather(cfg: Config, *, now_ms: int) -> Gathered:
             out.errors.append(f"{path}: cannot read the log dir: {os_error_text(exc)}")
     out.devices = measure(group_devices(readable), cfg.log_retention_disk_usage_percent)
     return out
+
+
+def _observed_because(cfg: Config, path: Path) -> str | None:
+    """Why a cycle would only observe the log dir `path` (`mode: observe`, or its
+    `.lock` held by another process: a broker, or a cleanerd daemon), or None."""
+    if cfg.observe:
+        return "mode: observe"
+    holder = lock_holder(path)
+    if holder is not None and holder != os.getpid():
+        return f".lock held by pid {holder}"
+    return None
 
 
 def _read_partition(
@@ -399,9 +416,13 @@ def unreadable_json(u: Unreadable) -> dict[str, Any]:
 
 
 def cycle_json(
-    plan: CyclePlan, errors: Sequence[str] = (), unreadable: Sequence[Unreadable] = ()
+    plan: CyclePlan,
+    errors: Sequence[str] = (),
+    unreadable: Sequence[Unreadable] = (),
+    observed: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """The whole plan as a JSON-ready dict."""
+    observed = observed or {}
     return {
         "now_ms": plan.now_ms,
         "rolled": _rolled(plan.partitions),
@@ -413,6 +434,7 @@ def cycle_json(
         + [disk_deleted_json(d) for d in plan.disk_deletions],
         "partitions": [partition_json(p) for p in plan.partitions],
         "unreadable": [unreadable_json(u) for u in unreadable],
+        "observed": [{"log_dir": d, "reason": why} for d, why in observed.items()],
         "cleaning_order": [
             str(p.topic_partition)
             for p in sorted((p for p in plan.partitions if p.order), key=lambda p: p.order or 0)

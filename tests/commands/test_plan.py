@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from tests.compaction.conftest import LogBuilder, k
+from tests.holders import HOLD_BROKER_LOCK, held_by_other_process
 from tests.paths import REPO
 
 
@@ -72,3 +73,36 @@ def test_a_partition_with_a_bad_batch_is_listed_unreadable(tmp_path: Path) -> No
     (unreadable,) = report["unreadable"]
     assert (unreadable["topic"], unreadable["partition"]) == ("t", 0)
     assert f"{first} at position 0: CRC mismatch" in unreadable["reason"]
+
+
+def test_a_dir_held_by_another_process_is_said_to_be_only_observed(tmp_path: Path) -> None:
+    """While a broker holds the dir's `.lock`, the plan says at its head that cleanerd
+    only observes the dir (naming the holder's pid), and `--json` lists it under
+    `observed`; without a holder neither does."""
+    log = LogBuilder(tmp_path / "logs")
+    log.append([(k("a"), b"1")])
+    log.write()
+    config = tmp_path / "cleanerd.yaml"
+    config.write_text(
+        f"log.dirs: [{tmp_path / 'logs'}]\nstate_dir: {tmp_path / 'state'}\n"
+        "log.cleanup.policy: compact\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    command = [sys.executable, "-m", "cleanerd", "plan", "-c", str(config)]
+
+    def plan() -> tuple[str, list[dict[str, str]]]:
+        text = subprocess.run(command, capture_output=True, text=True, env=env, check=True)
+        doc = subprocess.run(
+            [*command, "--json"], capture_output=True, text=True, env=env, check=True
+        )
+        return text.stdout.splitlines()[0], json.loads(doc.stdout)["observed"]
+
+    head, observed = plan()
+    assert head.startswith("t-0 in ")
+    assert observed == []
+    with held_by_other_process(HOLD_BROKER_LOCK, tmp_path / "logs"):
+        head, observed = plan()
+    assert head.startswith(f"{tmp_path / 'logs'}: only observed (.lock held by pid ")
+    (entry,) = observed
+    assert entry["log_dir"] == str(tmp_path / "logs")
+    assert entry["reason"].startswith(".lock held by pid ")
