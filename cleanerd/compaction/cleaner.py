@@ -127,7 +127,7 @@ from cleanerd.records.columns import (
     SegmentColumns,
     segment_columns,
 )
-from cleanerd.records.compression import compress
+from cleanerd.records.compiled_codecs import compress_areas
 from cleanerd.records.control import control_type_column, control_types_at
 from cleanerd.records.crc import crc32c_at
 from cleanerd.records.header import (
@@ -524,17 +524,22 @@ def _output_chunks(
     legacy = reencode & (sc.batch_magic < 2)
     whole = np.flatnonzero((actions == WriteAction.EMPTY_HEADER) | legacy)
     prebuilt = np.full((c.batches, 4), -1, dtype=np.int64)
-    pieces = _compressed_bodies(c, packed, keep, horizons)
+    bodies, body_lengths = _compressed_bodies(c, packed, keep, horizons)
     prebuilt[packed, 3] = PREBUILT_BODY
+    pieces = []
     for i in whole.tolist():
         batch, prebuilt[i, 2] = _whole_batch(c, i, keep, actions)
         pieces.append(batch)
     prebuilt[whole, 3] = PREBUILT_BATCH
     rows = np.concatenate([packed, whole])
-    lengths = np.array([len(b) for b in pieces], dtype=np.int64)
+    lengths = np.concatenate([body_lengths, np.array([len(b) for b in pieces], np.int64)])
     prebuilt[rows, 1] = np.cumsum(lengths)
     prebuilt[rows, 0] = prebuilt[rows, 1] - lengths
-    blob = np.frombuffer(b"".join(pieces), dtype=np.uint8)
+    blob = (
+        bodies
+        if not pieces
+        else np.concatenate([bodies, np.frombuffer(b"".join(pieces), np.uint8)])
+    )
     bound = np.where(actions == WriteAction.COPY, sc.batch_size, 0)
     bound[plain] = RECORD_BATCH_OVERHEAD + kept_bytes[plain] + 16 * kept[plain]
     bound[rows] = lengths
@@ -641,14 +646,15 @@ def _crc_fill(out: NDArray[np.uint8], starts: NDArray[np.int64], ends: NDArray[n
 
 def _compressed_bodies(
     c: _Columns, batches: NDArray[np.int64], keep: NDArray[np.bool_], horizons: NDArray[np.int64]
-) -> list[bytes]:
+) -> tuple[NDArray[np.uint8], NDArray[np.int64]]:
     """The records areas of the compressed v2 batches `batches` (ascending) holding only
     their kept records, timestamp deltas taken against the batch's new base timestamp
     (its delete horizon, else its first kept record's timestamp, as `assemble_chunk`
-    heads it), compressed with the batch's codec. One kernel call rewrites the records
-    of all of them; the codec runs once per batch."""
+    heads it), compressed with the batch's codec, back to back, and each one's size. One
+    kernel call rewrites the records of all of them, one compresses them
+    (`compress_areas`)."""
     if not batches.size:
-        return []
+        return np.empty(0, np.uint8), np.empty(0, np.int64)
     wanted = np.zeros(c.batches, dtype=np.bool_)
     wanted[batches] = True
     records = np.flatnonzero(keep & wanted[c.batch_of])
@@ -664,13 +670,10 @@ def _compressed_bodies(
     rewrite_records(
         c.joined.buf, positions, record_end, ts - np.repeat(base_ts, ends - starts), area, written
     )
-    stops = written[ends - 1].tolist()
-    begins = [0, *stops[:-1]]
-    codecs = (c.sc.attributes[batches] & COMPRESSION_MASK).tolist()
-    return [
-        compress(Compression(codec), area[begin:stop].data)
-        for codec, begin, stop in zip(codecs, begins, stops, strict=True)
-    ]
+    stops = written[ends - 1]
+    begins = np.concatenate([np.zeros(1, np.int64), stops[:-1]])
+    codecs = (c.sc.attributes[batches] & COMPRESSION_MASK).astype(np.int64)
+    return compress_areas(area, begins, stops, codecs)
 
 
 def _whole_batch(
