@@ -127,7 +127,7 @@ from cleanerd.records.columns import (
     SegmentColumns,
     segment_columns,
 )
-from cleanerd.records.compiled_codecs import compress_areas
+from cleanerd.records.compiled_encoders import compress_areas
 from cleanerd.records.control import control_type_column, control_types_at
 from cleanerd.records.crc import crc32c_at
 from cleanerd.records.header import (

@@ -1,5 +1,4 @@
-"""LZ4, snappy and zstd decoded in compiled code: every such batch of a segment in one call;
-zstd encoded the same way.
+"""LZ4, snappy and zstd decoded in compiled code: every such batch of a segment in one call.
 
 Decompressing a quiet topic's 1-record batches through a Python codec call per batch
 costs about 10 us a batch, where the decoding itself is a fraction of a microsecond: so
@@ -64,12 +63,8 @@ runs without the GIL. When libzstd cannot be loaded, the symbols are bound to st
 that only return an error, `zstd_context` returns 0, and the kernel leaves every zstd
 area to the library.
 
-Encoding (`compress_areas`, the records areas of the zstd batches a pass rewrites):
-one call of `zstd_compress_areas` makes each area one frame with libzstd's one-shot
-`ZSTD_compressCCtx` at the codec layer's level, through this thread's compression
-context (`zstd_compression_context`): the frame the codec layer writes (content size
-stated, no checksum), without a Python call and a new context per batch. Lists with
-other codecs, or without libzstd, go through the codec layer, one call per area.
+The same binding and a compression context per thread (`zstd_compression_context`)
+serve the encoder (`compiled_encoders.py`).
 """
 
 from __future__ import annotations
@@ -83,14 +78,7 @@ from typing import Any, Final
 import numpy as np
 
 from cleanerd._jit import jit, on_numba_load
-from cleanerd.records.compression import (
-    LZ4_MAGIC,
-    XERIAL_MAGIC,
-    XXH32_PRIMES,
-    ZSTD_LEVEL,
-    compress,
-)
-from cleanerd.records.header import Compression
+from cleanerd.records.compression import LZ4_MAGIC, XERIAL_MAGIC, XXH32_PRIMES
 from cleanerd.records.walker import Int
 
 OK: Final = 0
@@ -214,7 +202,8 @@ _decompress_dctx: Any = None
 _find_frame_compressed_size: Any = None
 _is_error: Any = None
 _get_error_code: Any = None
-_compress_cctx: Any = None
+zstd_compress_cctx: Any = None
+"""`ZSTD_compressCCtx`, for the encoder (`compiled_encoders.py`)."""
 """numba's declarations of the libzstd functions, made when numba is imported."""
 
 
@@ -231,7 +220,7 @@ def _stand_in(name: str) -> int:
 
 def _declare() -> None:
     global _decompress_dctx, _find_frame_compressed_size, _is_error, _get_error_code
-    global _compress_cctx
+    global zstd_compress_cctx
     import llvmlite.binding as llvm
     from numba import types
 
@@ -252,7 +241,7 @@ def _declare() -> None:
     )
     _is_error = declare(SYMBOL_PREFIX + "ZSTD_isError", i32(size))
     _get_error_code = declare(SYMBOL_PREFIX + "ZSTD_getErrorCode", i32(size))
-    _compress_cctx = declare(
+    zstd_compress_cctx = declare(
         SYMBOL_PREFIX + "ZSTD_compressCCtx", size(size, size, size, size, size, i32)
     )
 
@@ -683,57 +672,3 @@ def decompress_areas(
         out_end[j] = end
         used = end
     return OK, len(starts), used
-
-
-def zstd_compress_bound(sizes: Any) -> Any:
-    """libzstd's `ZSTD_COMPRESSBOUND` of each of `sizes` (a numpy array): the most a
-    one-shot frame of that many bytes takes."""
-    small = np.maximum((128 << 10) - sizes, 0) >> 11
-    return sizes + (sizes >> 8) + small
-
-
-@jit
-def zstd_compress_areas(
-    src: Any, starts: Any, ends: Any, dst: Any, sizes: Any, cctx: Int, level: Int
-) -> tuple[Int, Int]:
-    """Compress each area `src[starts[j]:ends[j]]` into one zstd frame (libzstd's one-shot
-    `ZSTD_compressCCtx` at `level`, with the context at `cctx`: this thread's,
-    `zstd_compression_context()`), the frames back to back in `dst` (room for the sum
-    of `zstd_compress_bound`), each frame's size in `sizes[j]`: (OK, bytes of `dst`
-    used), or (an error, the area) when libzstd fails one."""
-    used = 0
-    base_in, base_out = src.ctypes.data, dst.ctypes.data
-    for j in range(len(starts)):
-        n = ends[j] - starts[j]
-        room = len(dst) - used
-        written = _compress_cctx(cctx, base_out + used, room, base_in + starts[j], n, level)
-        if _is_error(written) != 0:
-            return UNDECODED, j
-        sizes[j] = written
-        used += written
-    return OK, used
-
-
-def compress_areas(src: Any, starts: Any, ends: Any, codecs: Any) -> tuple[Any, Any]:
-    """Each area `src[starts[j]:ends[j]]` compressed with `codecs[j]` in Kafka's framing,
-    the results back to back, and each one's size. When every area is zstd (and libzstd
-    is loaded) that is one compiled call, libzstd's own one-shot frames, as the codec
-    library writes them; otherwise each area goes through the codec library
-    (`compression.compress`), one call each (a context made per call made that call
-    cost some 19 us for a 10-record batch, 4 in the compiled call)."""
-    n = len(starts)
-    cctx = zstd_compression_context() if n and bool((codecs == ZSTD).all()) else 0
-    if cctx:
-        sizes = np.empty(n, np.int64)
-        dst = np.empty(int(zstd_compress_bound(ends - starts).sum()), np.uint8)
-        status, used = (
-            int(x) for x in zstd_compress_areas(src, starts, ends, dst, sizes, cctx, ZSTD_LEVEL)
-        )
-        if status == OK:
-            return dst[:used], sizes
-    pieces = [
-        compress(Compression(codec), src[begin:end].data)
-        for codec, begin, end in zip(codecs.tolist(), starts.tolist(), ends.tolist(), strict=True)
-    ]
-    sizes = np.array([len(piece) for piece in pieces], dtype=np.int64)
-    return np.frombuffer(b"".join(pieces), dtype=np.uint8), sizes

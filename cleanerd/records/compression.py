@@ -187,14 +187,14 @@ def _snappy_decompress(data: Buffer) -> bytes:
 
 
 @functools.lru_cache(maxsize=64)
-def _lz4_header_checksum(descriptor: bytes) -> int:
+def lz4_header_checksum(descriptor: bytes) -> int:
     return (xxhash32(descriptor) >> 8) & 0xFF
 
 
 def _lz4_frame_compress(data: Buffer) -> bytes:
     view = memoryview(data)
     descriptor = bytes((LZ4_FLG, LZ4_BD))
-    parts = [LZ4_MAGIC, descriptor, bytes((_lz4_header_checksum(descriptor),))]
+    parts = [LZ4_MAGIC, descriptor, bytes((lz4_header_checksum(descriptor),))]
     for i in range(0, len(view), LZ4_BLOCK_SIZE):
         chunk = view[i : i + LZ4_BLOCK_SIZE]
         block = bytes(cramjam.lz4.compress_block(chunk, store_size=False))
@@ -220,10 +220,10 @@ def _lz4_standard_frame(data: Buffer) -> Buffer:
     if len(head) <= hc_pos:
         raise CorruptRecordError("cannot decompress lz4 data: truncated frame descriptor")
     stored = head[hc_pos]
-    correct = _lz4_header_checksum(head[4:hc_pos])
+    correct = lz4_header_checksum(head[4:hc_pos])
     if stored == correct:
         return data
-    if stored != _lz4_header_checksum(head[:hc_pos]):
+    if stored != lz4_header_checksum(head[:hc_pos]):
         raise CorruptRecordError(
             f"cannot decompress lz4 data: header checksum {stored} is neither {correct} "
             "nor Kafka's legacy value"

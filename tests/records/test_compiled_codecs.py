@@ -7,7 +7,6 @@ from __future__ import annotations
 import struct
 import threading
 from typing import Any
-from unittest import mock
 
 import cramjam
 import lz4.frame
@@ -25,7 +24,6 @@ from cleanerd.records.compiled_codecs import (
     NEEDS_ROOM,
     OK,
     UNDECODED,
-    compress_areas,
     decompress_areas,
     xxh32,
     zstd_context,
@@ -566,50 +564,3 @@ def test_every_thread_decodes_with_its_own_context() -> None:
     assert failures == []
     assert len(set(contexts.values())) == len(values)
     assert 0 not in contexts.values()
-
-
-def _areas(sizes: list[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Areas of `sizes` bytes back to back (compressible text), with their bounds."""
-    ends = np.cumsum(np.array(sizes, np.int64))
-    starts = ends - np.array(sizes, np.int64)
-    text = b"".join(b"key%07d value %d " % (i, i % 7) for i in range(int(ends[-1]) // 16 + 1))
-    return np.frombuffer(text[: int(ends[-1])], np.uint8), starts, ends
-
-
-@settings(max_examples=60, deadline=None)
-@given(st.lists(st.integers(min_value=0, max_value=3000), min_size=1, max_size=40))
-def test_zstd_areas_compress_in_one_call_to_frames_the_library_reads(sizes: list[int]) -> None:
-    """Every area of an all-zstd list is one zstd frame, in one compiled call (no codec
-    library call), the frames back to back and each decoding to its area."""
-    src, starts, ends = _areas(sizes)
-    codecs = np.full(len(sizes), int(Compression.ZSTD), np.int64)
-    with mock.patch.object(compiled_codecs, "compress", None):  # a call would fail
-        blob, lengths = compress_areas(src, starts, ends, codecs)
-    assert int(lengths.sum()) == len(blob)
-    at = 0
-    for begin, end, length in zip(starts, ends, lengths.tolist(), strict=True):
-        frame = blob[at : at + length].tobytes()
-        assert zstandard.ZstdDecompressor().decompress(frame) == src[begin:end].tobytes()
-        assert decompress(Compression.ZSTD, frame) == src[begin:end].tobytes()
-        at += length
-
-
-@pytest.mark.parametrize("no_libzstd", [False, True])
-def test_other_codecs_and_no_libzstd_go_through_the_codec_library(
-    no_libzstd: bool, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A list that is not all zstd, or any list when libzstd is not loaded, is compressed
-    by the codec library, area by area, with the same framing."""
-    src, starts, ends = _areas([500, 0, 1200, 90])
-    if no_libzstd:
-        monkeypatch.setattr(compiled_codecs, "zstd_compression_context", lambda: 0)
-        codecs = np.full(4, int(Compression.ZSTD), np.int64)
-    else:
-        codecs = np.array([Compression.ZSTD, Compression.LZ4, Compression.GZIP, Compression.SNAPPY])
-    blob, lengths = compress_areas(src, starts, ends, codecs)
-    at = 0
-    for codec, begin, end, length in zip(codecs, starts, ends, lengths.tolist(), strict=True):
-        frame = blob[at : at + length].tobytes()
-        assert frame == compress(Compression(int(codec)), src[begin:end].tobytes())
-        at += length
-    assert at == len(blob)

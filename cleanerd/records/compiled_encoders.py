@@ -1,0 +1,205 @@
+"""The records areas a pass rewrites, compressed in compiled code: every area in one call.
+
+A pass rewrites each compressed batch that keeps some of its records, and on small
+batches that is one area per batch: through the codec layer (`compression.compress`),
+one Python call per batch, a new zstd context in each (about 19 us for a 10-record
+batch; LZ4 about 2 us). Here one kernel call takes every area of a list, in the framing
+the codec layer writes, so the output is the one the codec layer's would be:
+
+- zstd: one frame per area from libzstd's one-shot `ZSTD_compressCCtx` at the codec
+  layer's level (content size stated, no checksum), through this thread's compression
+  context (`compiled_codecs.zstd_compression_context`: the libzstd binding that the
+  decoder uses, one place for both);
+- LZ4: Kafka's LZ4 frame (`KafkaLZ4BlockOutputStream`'s: magic, FLG 0x60, BD 0x40, the
+  header checksum, then 64 KiB blocks, each a little-endian size word and LZ4's block
+  format from liblz4's `LZ4_compress_default`, or the block stored whole with the size
+  word's high bit set when compressing does not make it smaller, then the end mark).
+  liblz4 (the system's shared library, `liblz4-1` on Debian) is bound as libzstd is:
+  its address under a fixed LLVM symbol, registered when numba is first imported, so
+  numba's on-disk cache stays valid; without it the symbol is bound to a stand-in that
+  is never called, and LZ4 areas go through the codec layer.
+
+A list whose areas are not all of one of these codecs (gzip, snappy, a mix), or whose
+library is not loaded, goes through the codec layer, one call per area.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import functools
+from typing import Any, Final
+
+import numpy as np
+
+from cleanerd._jit import jit, on_numba_load
+from cleanerd.records import compiled_codecs
+from cleanerd.records.compiled_codecs import OK, UNDECODED, ZSTD
+from cleanerd.records.compression import (
+    LZ4_BD,
+    LZ4_BLOCK_SIZE,
+    LZ4_FLG,
+    LZ4_MAGIC,
+    LZ4_UNCOMPRESSED_BIT,
+    ZSTD_LEVEL,
+    compress,
+    lz4_header_checksum,
+)
+from cleanerd.records.header import Compression
+from cleanerd.records.walker import Int
+
+LZ4: Final = int(Compression.LZ4)
+LZ4_HEADER: Final = np.frombuffer(
+    LZ4_MAGIC + bytes((LZ4_FLG, LZ4_BD, lz4_header_checksum(bytes((LZ4_FLG, LZ4_BD))))),
+    np.uint8,
+)
+"""The 7 bytes that open every LZ4 frame the codec layer writes."""
+
+LZ4_LIBRARY_NAMES: Final = ["liblz4.so.1"]
+_LZ4_SYMBOL: Final = "cleanerd_LZ4_compress_default"
+_LZ4_SIGNATURE: Final = (
+    ctypes.c_int,
+    [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int],
+)
+_lz4_compress: Any = None
+"""numba's declaration of liblz4's `LZ4_compress_default`, made when numba is imported."""
+_STAND_INS: list[Any] = []
+
+
+@functools.cache
+def lz4_library() -> ctypes.CDLL | None:
+    """liblz4, loaded once (None when it cannot be, or lacks `LZ4_compress_default`)."""
+    found = ctypes.util.find_library("lz4")
+    for name in [*LZ4_LIBRARY_NAMES, *([found] if found else [])]:
+        try:
+            library = ctypes.CDLL(name)
+        except OSError:
+            continue
+        if hasattr(library, "LZ4_compress_default"):
+            return library
+    return None
+
+
+def _declare() -> None:
+    global _lz4_compress
+    import llvmlite.binding as llvm
+    from numba import types
+
+    library = lz4_library()
+    if library is None:
+        callback = ctypes.CFUNCTYPE(_LZ4_SIGNATURE[0], *_LZ4_SIGNATURE[1])(lambda *_: 0)
+        _STAND_INS.append(callback)
+        address = int(ctypes.cast(callback, ctypes.c_void_p).value or 0)
+    else:
+        address = int(ctypes.cast(library.LZ4_compress_default, ctypes.c_void_p).value or 0)
+    llvm.add_symbol(_LZ4_SYMBOL, address)
+    size, i32 = types.intp, types.int32
+    _lz4_compress = types.ExternalFunction(_LZ4_SYMBOL, i32(size, size, i32, i32))
+
+
+on_numba_load(_declare)
+
+
+def zstd_compress_bound(sizes: Any) -> Any:
+    """libzstd's `ZSTD_COMPRESSBOUND` of each of `sizes` (a numpy array): the most a
+    one-shot frame of that many bytes takes."""
+    small = np.maximum((128 << 10) - sizes, 0) >> 11
+    return sizes + (sizes >> 8) + small
+
+
+def lz4_frame_bound(sizes: Any) -> Any:
+    """The most an LZ4 frame of each of `sizes` takes: the header and the end mark, and
+    per 64 KiB block a size word and liblz4's `LZ4_COMPRESSBOUND` of the block."""
+    blocks = (sizes + LZ4_BLOCK_SIZE - 1) // LZ4_BLOCK_SIZE
+    return len(LZ4_HEADER) + 4 + sizes + sizes // 255 + 20 * blocks
+
+
+@jit
+def zstd_compress_areas(
+    src: Any, starts: Any, ends: Any, dst: Any, sizes: Any, cctx: Int, level: Int
+) -> tuple[Int, Int]:
+    """Compress each area `src[starts[j]:ends[j]]` into one zstd frame with the context
+    at `cctx`, the frames back to back in `dst` (room for the sum of
+    `zstd_compress_bound`), each frame's size in `sizes[j]`: (OK, bytes of `dst` used),
+    or (UNDECODED, the area) when libzstd fails one."""
+    used = 0
+    base_in, base_out = src.ctypes.data, dst.ctypes.data
+    for j in range(len(starts)):
+        room = len(dst) - used
+        written = compiled_codecs.zstd_compress_cctx(
+            cctx, base_out + used, room, base_in + starts[j], ends[j] - starts[j], level
+        )
+        if written < 0:  # an error code (a size_t near its maximum), read as signed
+            return UNDECODED, j
+        sizes[j] = written
+        used += written
+    return OK, used
+
+
+@jit
+def _put_le32(dst: Any, at: Int, value: Int) -> None:
+    for k in range(4):
+        dst[at + k] = (value >> (8 * k)) & 0xFF
+
+
+@jit
+def lz4_compress_areas(
+    src: Any, starts: Any, ends: Any, dst: Any, sizes: Any, header: Any
+) -> tuple[Int, Int]:
+    """Each area `src[starts[j]:ends[j]]` as one LZ4 frame in Kafka's framing (`header`,
+    then its 64 KiB blocks, then the end mark), the frames back to back in `dst` (room
+    for the sum of `lz4_frame_bound`), each frame's size in `sizes[j]`: (OK, bytes of
+    `dst` used)."""
+    used = 0
+    base_in, base_out = src.ctypes.data, dst.ctypes.data
+    for j in range(len(starts)):
+        begin = used
+        for k in range(len(header)):
+            dst[used + k] = header[k]
+        used += len(header)
+        at = starts[j]
+        while at < ends[j]:
+            n = min(ends[j] - at, LZ4_BLOCK_SIZE)
+            room = min(len(dst) - used - 4, n - 1)  # a block only pays if it is smaller
+            written = 0
+            if room > 0:
+                written = _lz4_compress(base_in + at, base_out + used + 4, n, room)
+            if written > 0:
+                _put_le32(dst, used, written)
+                used += 4 + written
+            else:
+                _put_le32(dst, used, n | LZ4_UNCOMPRESSED_BIT)
+                dst[used + 4 : used + 4 + n] = src[at : at + n]
+                used += 4 + n
+            at += n
+        _put_le32(dst, used, 0)
+        used += 4
+        sizes[j] = used - begin
+    return OK, used
+
+
+def compress_areas(src: Any, starts: Any, ends: Any, codecs: Any) -> tuple[Any, Any]:
+    """Each area `src[starts[j]:ends[j]]` compressed with `codecs[j]` in Kafka's framing,
+    the results back to back, and each one's size (see the module docstring)."""
+    n = len(starts)
+    sizes = np.empty(n, np.int64)
+    lengths = ends - starts
+    if n and bool((codecs == ZSTD).all()):
+        cctx = compiled_codecs.zstd_compression_context()
+        if cctx:
+            dst = np.empty(int(zstd_compress_bound(lengths).sum()), np.uint8)
+            status, used = (
+                int(x) for x in zstd_compress_areas(src, starts, ends, dst, sizes, cctx, ZSTD_LEVEL)
+            )
+            if status == OK:
+                return dst[:used], sizes
+    elif n and bool((codecs == LZ4).all()) and lz4_library() is not None:
+        dst = np.empty(int(lz4_frame_bound(lengths).sum()), np.uint8)
+        _, used = (int(x) for x in lz4_compress_areas(src, starts, ends, dst, sizes, LZ4_HEADER))
+        return dst[:used], sizes
+    pieces = [
+        compress(Compression(codec), src[begin:end].data)
+        for codec, begin, end in zip(codecs.tolist(), starts.tolist(), ends.tolist(), strict=True)
+    ]
+    sizes[:] = [len(piece) for piece in pieces]
+    return np.frombuffer(b"".join(pieces), dtype=np.uint8), sizes
