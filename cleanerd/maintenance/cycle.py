@@ -88,6 +88,7 @@ from cleanerd.maintenance.report import (
     RolledSegment,
     SkippedLog,
     StepError,
+    TailCut,
 )
 from cleanerd.maintenance.steps import disk_usage_applies, next_due_ms, retention_applies
 from cleanerd.retention.disk import (
@@ -203,6 +204,7 @@ class _Builder:
     observed: list[str] = field(default_factory=list)
     aborted: bool = False
     next_due_ms: int | None = None
+    truncated: list[TailCut] = field(default_factory=list)
     damaged: set[tuple[Path, TopicPartition]] = field(default_factory=set)
     """Where damaged data was met (the process's set, shared by its cycles)."""
 
@@ -237,6 +239,7 @@ class _Builder:
             aborted=self.aborted,
             errors=tuple(self.errors),
             next_due_ms=self.next_due_ms,
+            truncated=tuple(self.truncated),
         )
 
 
@@ -753,6 +756,10 @@ class Maintenance:
         except (CleanerdError, OSError) as exc:
             report.error(log_dir.path, tp, "open", exc)
             return None
+        if opening:
+            report.truncated += [
+                TailCut(str(log_dir.path), tp, cut) for cut in plog.recovery_report.truncated
+            ]
         if plog.corrupt is not None and topic.compact:
             item = CompactedLog(log_dir, plog, topic)
             if not self.manager.is_uncleanable(item, report.now_ms):

@@ -16,6 +16,7 @@ adds its explanations per partition (`partitions`) and the order passes would ru
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +27,7 @@ from cleanerd.compaction.cleanable import LogToClean
 from cleanerd.compaction.stats import CleanerStats
 from cleanerd.log.files import TopicPartition
 from cleanerd.log.meta import PartitionMeta
+from cleanerd.log.recovery import TruncatedTail
 from cleanerd.log.roll import RollDecision
 from cleanerd.retention.disk import DiskUsageReport
 from cleanerd.retention.disk_usage import DiskDeletion
@@ -94,6 +96,17 @@ class SkippedLog:
 
 
 @dataclass(frozen=True, slots=True)
+class TailCut:
+    """A torn tail an owner's open cut from a partition's active segment (a crash in
+    the middle of an append; `recovery.py`), its bytes first copied to the quarantine
+    dir."""
+
+    log_dir: str
+    tp: TopicPartition
+    tail: TruncatedTail
+
+
+@dataclass(frozen=True, slots=True)
 class CycleReport:
     """What one cycle did."""
 
@@ -125,6 +138,8 @@ class CycleReport:
     """The first instant after `now_ms` at which a time rule may act on an owned
     partition (`steps.next_due_ms`) or a `.deleted` file falls due: the daemon's next
     time-rule deadline."""
+    truncated: tuple[TailCut, ...] = ()
+    """Torn tails the opens of this cycle cut."""
 
     @property
     def idle(self) -> bool:
@@ -140,6 +155,7 @@ class CycleReport:
             or self.unlinked
             or self.errors
             or self.aborted
+            or self.truncated
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -201,6 +217,9 @@ class CycleReport:
                 for s in self.skipped
             ],
             "unlinked": [str(p) for p in self.unlinked],
+            "truncated": [
+                {**_where(t.log_dir, t.tp), **dataclasses.asdict(t.tail)} for t in self.truncated
+            ],
         }
 
 

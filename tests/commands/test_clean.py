@@ -398,3 +398,28 @@ def test_a_log_whose_markers_the_cleaner_emptied_opens_without_its_snapshots(
         assert main([command, "-c", cfg, "--now-ms", str(NOW + 3)]) == 0, command
         printed = capsys.readouterr()
         assert "corrupt" not in printed.out + printed.err, command
+
+
+def test_a_torn_tail_the_open_cuts_is_in_the_report(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A torn last batch in the active segment (a crash mid-append) is cut when the dir
+    is opened; the report says so, naming the file, position, bytes and the quarantine
+    copy, in text and in `--json` (only a log line said it)."""
+    d = build(tmp_path)
+    active = sorted(d.glob("*.log"))[-1]
+    size = active.stat().st_size
+    with open(active, "ab") as f:
+        f.write(active.read_bytes()[:40])  # a batch's first 40 bytes: a partial batch
+    config = str(write_config(tmp_path))
+    assert main(["clean", "-c", config, "--now-ms", str(NOW), "--json"]) == 0
+    (cut,) = json.loads(capsys.readouterr().out)["truncated"]
+    assert (cut["topic"], cut["partition"], cut["path"]) == ("t", 0, str(active))
+    assert (cut["position"], cut["bytes_cut"]) == (size, 40)
+    assert Path(cut["quarantined_to"]).read_bytes() == active.read_bytes()[:40]
+    (tmp_path / "logs" / ".kafka_cleanshutdown").unlink()  # as a crash leaves it
+    with open(active, "ab") as f:
+        f.write(bytes(7) + b"\x01")
+    assert main(["clean", "-c", config, "--now-ms", str(NOW)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert f"t-0: cut a torn tail of 8 bytes at position {size} of {active}" in "\n".join(lines)
