@@ -19,8 +19,14 @@ the codec layer writes, so the output is the one the codec layer's would be:
   numba's on-disk cache stays valid; without it the symbol is bound to a stand-in that
   is never called, and LZ4 areas go through the codec layer.
 
-A list whose areas are not all of one of these codecs (gzip, snappy, a mix), or whose
-library is not loaded, goes through the codec layer, one call per area.
+- gzip: zlib's gzip stream (`deflateInit2` with the codec layer's level, window bits 31,
+  memory level 8, the default strategy: what Python's `zlib.compressobj` makes, with the
+  same library) through a `z_stream` per thread, reset for each area, then `deflate` with
+  `Z_FINISH` into room for `deflateBound`. zlib is the system's (`libz.so.1`, which
+  Python's own `zlib` module uses), bound as the others.
+
+A list whose areas are not all of one of these codecs (snappy, a mix), or whose library
+is not loaded, goes through the codec layer, one call per area.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import functools
+import threading
 from typing import Any, Final
 
 import numpy as np
@@ -36,6 +43,7 @@ from cleanerd._jit import jit, on_numba_load
 from cleanerd.records import compiled_codecs
 from cleanerd.records.compiled_codecs import OK, UNDECODED, ZSTD
 from cleanerd.records.compression import (
+    GZIP_LEVEL,
     LZ4_BD,
     LZ4_BLOCK_SIZE,
     LZ4_FLG,
@@ -80,6 +88,97 @@ def lz4_library() -> ctypes.CDLL | None:
     return None
 
 
+GZIP: Final = int(Compression.GZIP)
+Z_FINISH: Final = 4
+Z_STREAM_END: Final = 1
+ZLIB_LIBRARY_NAMES: Final = ["libz.so.1"]
+_deflate: Any = None
+_deflate_reset: Any = None
+_deflate_bound: Any = None
+"""numba's declarations of zlib's `deflate`, `deflateReset` and `deflateBound`."""
+
+
+class _ZStream(ctypes.Structure):
+    """zlib's `z_stream` (zlib.h), of which the kernel sets the four in/out fields."""
+
+    _fields_ = [
+        ("next_in", ctypes.c_void_p),
+        ("avail_in", ctypes.c_uint),
+        ("total_in", ctypes.c_ulong),
+        ("next_out", ctypes.c_void_p),
+        ("avail_out", ctypes.c_uint),
+        ("total_out", ctypes.c_ulong),
+        ("msg", ctypes.c_char_p),
+        ("state", ctypes.c_void_p),
+        ("zalloc", ctypes.c_void_p),
+        ("zfree", ctypes.c_void_p),
+        ("opaque", ctypes.c_void_p),
+        ("data_type", ctypes.c_int),
+        ("adler", ctypes.c_ulong),
+        ("reserved", ctypes.c_ulong),
+    ]
+
+
+_WORD: Final = {field[0]: getattr(_ZStream, field[0]).offset // 8 for field in _ZStream._fields_}
+"""Each field's index in the stream seen as 64-bit words (every one starts a word)."""
+NEXT_IN, AVAIL_IN, NEXT_OUT, AVAIL_OUT, TOTAL_OUT = (
+    _WORD[n] for n in ("next_in", "avail_in", "next_out", "avail_out", "total_out")
+)
+
+
+@functools.cache
+def zlib_library() -> ctypes.CDLL | None:
+    """zlib, loaded once (None when it cannot be, or lacks a function the kernel calls)."""
+    found = ctypes.util.find_library("z")
+    for name in [*ZLIB_LIBRARY_NAMES, *([found] if found else [])]:
+        try:
+            library = ctypes.CDLL(name)
+        except OSError:
+            continue
+        needed = ("deflateInit2_", "deflate", "deflateReset", "deflateBound", "deflateEnd")
+        if all(hasattr(library, f) for f in needed):
+            library.zlibVersion.restype = ctypes.c_char_p
+            return library
+    return None
+
+
+class _GzipStream:
+    """A `z_stream` set up for the gzip codec (`deflateInit2`), its words as a numpy
+    view for the kernel; ended with its owner, the thread-local storage of its thread."""
+
+    def __init__(self, library: ctypes.CDLL) -> None:
+        self.ready = False
+        self._stream = _ZStream()
+        self._end = library.deflateEnd
+        status = library.deflateInit2_(
+            ctypes.byref(self._stream), GZIP_LEVEL, 8, 31, 8, 0,
+            library.zlibVersion(), ctypes.sizeof(_ZStream),
+        )  # fmt: skip
+        self.ready = status == 0
+        self.words = np.ctypeslib.as_array(
+            (ctypes.c_uint64 * (ctypes.sizeof(_ZStream) // 8)).from_buffer(self._stream)
+        )
+
+    def __del__(self) -> None:
+        if self.ready:
+            self._end(ctypes.byref(self._stream))
+            self.ready = False
+
+
+_local = threading.local()
+
+
+def gzip_stream() -> Any:
+    """This thread's gzip `z_stream` words, or None when zlib is not loaded."""
+    stream: _GzipStream | None = getattr(_local, "gzip", None)
+    if stream is None:
+        library = zlib_library()
+        if library is None:
+            return None
+        stream = _local.gzip = _GzipStream(library)
+    return stream.words if stream.ready else None
+
+
 def _declare() -> None:
     global _lz4_compress
     import llvmlite.binding as llvm
@@ -95,6 +194,32 @@ def _declare() -> None:
     llvm.add_symbol(_LZ4_SYMBOL, address)
     size, i32 = types.intp, types.int32
     _lz4_compress = types.ExternalFunction(_LZ4_SYMBOL, i32(size, size, i32, i32))
+    _declare_zlib()
+
+
+def _declare_zlib() -> None:
+    global _deflate, _deflate_reset, _deflate_bound
+    import llvmlite.binding as llvm
+    from numba import types
+
+    library = zlib_library()
+    signatures: dict[str, tuple[Any, list[Any]]] = {
+        "deflate": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_int]),
+        "deflateReset": (ctypes.c_int, [ctypes.c_void_p]),
+        "deflateBound": (ctypes.c_ulong, [ctypes.c_void_p, ctypes.c_ulong]),
+    }
+    for name, (restype, argtypes) in signatures.items():
+        if library is None:
+            callback = ctypes.CFUNCTYPE(restype, *argtypes)(lambda *_: -2)
+            _STAND_INS.append(callback)
+            address = int(ctypes.cast(callback, ctypes.c_void_p).value or 0)
+        else:
+            address = int(ctypes.cast(getattr(library, name), ctypes.c_void_p).value or 0)
+        llvm.add_symbol(f"cleanerd_{name}", address)
+    size, i32 = types.intp, types.int32
+    _deflate = types.ExternalFunction("cleanerd_deflate", i32(size, i32))
+    _deflate_reset = types.ExternalFunction("cleanerd_deflateReset", i32(size))
+    _deflate_bound = types.ExternalFunction("cleanerd_deflateBound", size(size, size))
 
 
 on_numba_load(_declare)
@@ -178,6 +303,41 @@ def lz4_compress_areas(
     return OK, used
 
 
+@jit
+def gzip_compress_areas(
+    src: Any, starts: Any, ends: Any, dst: Any, sizes: Any, stream: Any
+) -> tuple[Int, Int]:
+    """Each area `src[starts[j]:ends[j]]` as one gzip stream through the `z_stream`
+    whose words are `stream` (`gzip_stream()`), back to back in `dst`, each one's size in
+    `sizes[j]`: (OK, bytes of `dst` used), or (UNDECODED, the area) when zlib fails one
+    or `dst` lacks the room `deflateBound` asks."""
+    used = 0
+    at = stream.ctypes.data
+    base_in, base_out = src.ctypes.data, dst.ctypes.data
+    for j in range(len(starts)):
+        n = ends[j] - starts[j]
+        if _deflate_reset(at) != 0:
+            return UNDECODED, j
+        room = len(dst) - used
+        if _deflate_bound(at, n) > room:
+            return UNDECODED, j
+        stream[NEXT_IN] = base_in + starts[j]
+        stream[AVAIL_IN] = n
+        stream[NEXT_OUT] = base_out + used
+        stream[AVAIL_OUT] = room
+        if _deflate(at, Z_FINISH) != Z_STREAM_END:
+            return UNDECODED, j
+        sizes[j] = stream[TOTAL_OUT]
+        used += stream[TOTAL_OUT]
+    return OK, used
+
+
+def gzip_bound(sizes: Any) -> Any:
+    """At least zlib's `deflateBound` for a gzip stream of each of `sizes` (its stored
+    blocks' bound plus the gzip header and trailer, generously rounded)."""
+    return sizes + (sizes >> 12) + (sizes >> 14) + (sizes >> 25) + 64
+
+
 def compress_areas(src: Any, starts: Any, ends: Any, codecs: Any) -> tuple[Any, Any]:
     """Each area `src[starts[j]:ends[j]]` compressed with `codecs[j]` in Kafka's framing,
     the results back to back, and each one's size (see the module docstring)."""
@@ -197,6 +357,11 @@ def compress_areas(src: Any, starts: Any, ends: Any, codecs: Any) -> tuple[Any, 
         dst = np.empty(int(lz4_frame_bound(lengths).sum()), np.uint8)
         _, used = (int(x) for x in lz4_compress_areas(src, starts, ends, dst, sizes, LZ4_HEADER))
         return dst[:used], sizes
+    elif n and bool((codecs == GZIP).all()) and (stream := gzip_stream()) is not None:
+        dst = np.empty(int(gzip_bound(lengths).sum()), np.uint8)
+        status, used = (int(x) for x in gzip_compress_areas(src, starts, ends, dst, sizes, stream))
+        if status == OK:
+            return dst[:used], sizes
     pieces = [
         compress(Compression(codec), src[begin:end].data)
         for codec, begin, end in zip(codecs.tolist(), starts.tolist(), ends.tolist(), strict=True)

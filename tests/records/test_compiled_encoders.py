@@ -3,6 +3,7 @@ in one compiled call, in the framing the codec layer writes."""
 
 from __future__ import annotations
 
+import gzip
 import itertools
 from unittest import mock
 
@@ -18,7 +19,7 @@ from cleanerd.records.compiled_encoders import LZ4_HEADER, compress_areas
 from cleanerd.records.compression import compress, decompress
 from cleanerd.records.header import Compression
 
-ZSTD, LZ4 = int(Compression.ZSTD), int(Compression.LZ4)
+ZSTD, LZ4, GZIP = int(Compression.ZSTD), int(Compression.LZ4), int(Compression.GZIP)
 
 
 def _areas(sizes: list[int], noise: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -43,17 +44,18 @@ def _frames(blob: np.ndarray, lengths: np.ndarray) -> list[bytes]:
 
 @settings(max_examples=60, deadline=None)
 @given(
-    st.sampled_from([ZSTD, LZ4]),
+    st.sampled_from([ZSTD, LZ4, GZIP]),
     st.lists(st.integers(min_value=0, max_value=150_000), min_size=1, max_size=12),
     st.integers(min_value=0, max_value=100),
 )
 def test_areas_compress_in_one_call_to_frames_every_reader_reads(
     codec: int, sizes: list[int], noise: int
 ) -> None:
-    """Every area of an all-zstd or all-LZ4 list is one frame, from one compiled call
-    (a codec layer call would fail), the frames back to back; each decodes to its area
-    through the codec layer and an independent library. Areas span several 64 KiB LZ4
-    blocks, and random bytes make blocks that LZ4 stores whole."""
+    """Every area of an all-zstd, all-LZ4 or all-gzip list is one frame, from one
+    compiled call (a codec layer call would fail), the frames back to back; each decodes
+    to its area through the codec layer and an independent library, and a gzip stream is
+    the codec layer's byte for byte (the same zlib, the same settings). Areas span
+    several 64 KiB LZ4 blocks, and random bytes make blocks that LZ4 stores whole."""
     src, starts, ends = _areas(sizes, noise)
     codecs = np.full(len(sizes), codec, np.int64)
     with mock.patch.object(compiled_encoders, "compress", None):
@@ -63,6 +65,9 @@ def test_areas_compress_in_one_call_to_frames_every_reader_reads(
         assert decompress(Compression(codec), frame) == area
         if codec == ZSTD:
             assert zstandard.ZstdDecompressor().decompress(frame) == area
+        elif codec == GZIP:
+            assert gzip.decompress(frame) == area
+            assert frame == compress(Compression.GZIP, area)
         else:
             assert frame[: len(LZ4_HEADER)] == LZ4_HEADER.tobytes()
             assert frame[-4:] == bytes(4)
@@ -78,7 +83,7 @@ def test_an_lz4_block_that_does_not_shrink_is_stored_whole() -> None:
     assert blob.tobytes() == compress(Compression.LZ4, src.tobytes())
 
 
-@pytest.mark.parametrize("missing", ["", "libzstd", "liblz4"])
+@pytest.mark.parametrize("missing", ["", "libzstd", "liblz4", "zlib"])
 def test_other_codecs_and_missing_libraries_go_through_the_codec_layer(
     missing: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -92,6 +97,9 @@ def test_other_codecs_and_missing_libraries_go_through_the_codec_layer(
     elif missing == "liblz4":
         monkeypatch.setattr(compiled_encoders, "lz4_library", lambda: None)
         codecs[:] = LZ4
+    elif missing == "zlib":
+        monkeypatch.setattr(compiled_encoders, "gzip_stream", lambda: None)
+        codecs[:] = GZIP
     blob, lengths = compress_areas(src, starts, ends, codecs)
     for frame, codec, begin, end in zip(_frames(blob, lengths), codecs, starts, ends, strict=True):
         assert frame == compress(Compression(int(codec)), src[begin:end].tobytes())
