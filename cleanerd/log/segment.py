@@ -36,6 +36,7 @@ the log. Full CRC validation of every batch is `recovery.py`'s job.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import mmap
 import os
@@ -106,12 +107,17 @@ def _close(it: Iterator[BatchInfo]) -> None:
 def _close_mapping(buf: mmap.mmap) -> None:
     """Close `buf`. A view of it that only a reference cycle still holds (numba keeps
     the arguments of a call that compiled a kernel in one: the first call after an
-    install, with an empty cache) is collected first, instead of failing the read."""
+    install, with an empty cache) is collected first, instead of failing the read. A
+    view still alive after that belongs to an exception on its way out (its traceback
+    holds the frames that decoded the bytes, a bad batch's): the mapping is then left to
+    close when that view goes, rather than the error that explains the read being
+    replaced by this one."""
     try:
         buf.close()
     except BufferError:
         gc.collect()
-        buf.close()
+        with contextlib.suppress(BufferError):
+            buf.close()
 
 
 class LogSegment:

@@ -16,6 +16,7 @@ from cleanerd.commands.audit import CLEAN_TIME_ALLOWANCE_MS, _total_segments, re
 from cleanerd.compaction.audit import ROW_BYTES, AuditResult, PartitionAudit
 from cleanerd.config import load_config
 from cleanerd.log.files import TopicPartition
+from cleanerd.records.walker import walk
 from tests.builders import build_log, kv
 from tests.compaction.conftest import LogBuilder, k
 from tests.paths import REPO
@@ -99,6 +100,39 @@ def test_unreadable_partition_exits_1(tmp_path: Path, capsys: pytest.CaptureFixt
     first.write_bytes(bytes(data))
     assert main(["audit", "-c", str(config_file(tmp_path)), "--now-ms", str(NOW)]) == 1
     assert "not audited" in capsys.readouterr().out
+
+
+def test_a_bad_batch_in_a_mapped_segment_is_reported_and_the_others_audited(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A bad CRC in a segment big enough to be mapped (not read with one `pread`) names
+    the file and position, and the other partitions are still audited: the mapping
+    could not be closed while the error's traceback held views of it, and the audit
+    ended in a traceback with no report at all."""
+    log = LogBuilder(tmp_path / "logs")
+    for i in range(3000):  # 3000 batches of some 140 bytes: past one pread's span
+        log.append([(k(i % 50), b"v" * 100)], timestamps=[NOW - 60 * MIN])
+    log.roll()
+    log.append([(k(0), b"fresh")], timestamps=[NOW])
+    d = log.write()
+    good = LogBuilder(tmp_path / "logs")
+    good.dir = tmp_path / "logs" / "u-0"
+    good.dir.mkdir()
+    good.append([(k(1), b"1")])
+    good.write()
+    first = d / "00000000000000000000.log"
+    data = bytearray(first.read_bytes())
+    assert len(data) > 1 << 18
+    middle = int(walk(bytes(data)).table.position[1500])
+    data[middle + 100] ^= 0x55  # inside the batch's CRC-covered bytes
+    first.write_bytes(bytes(data))
+    config = config_file(
+        tmp_path, topics={"t": {"cleanup.policy": "compact"}, "u": {"cleanup.policy": "compact"}}
+    )
+    assert main(["audit", "-c", str(config), "--now-ms", str(NOW)]) == 1
+    out = capsys.readouterr().out
+    assert f"not audited: corrupt record batch in {first} at position " in out
+    assert "u-0 in " in out
 
 
 def _audit(
