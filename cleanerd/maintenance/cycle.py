@@ -206,6 +206,8 @@ class _Builder:
     next_due_ms: int | None = None
     truncated: list[TailCut] = field(default_factory=list)
     damaged: set[tuple[Path, TopicPartition]] = field(default_factory=set)
+    repeated: Mapping[tuple[str, TopicPartition, str], str] = field(default_factory=dict)
+    """The previous cycle's step errors (log dir, partition, phase -> reason)."""
     """Where damaged data was met (the process's set, shared by its cycles)."""
 
     def skip(self, log_dir: Path | str, tp: TopicPartition | None, phase: str, reason: str) -> None:
@@ -214,7 +216,12 @@ class _Builder:
     def error(self, log_dir: Path, tp: TopicPartition, phase: str, exc: BaseException) -> None:
         """Record a failed step, logged as an error naming the partition (and, through
         the exception's text, the file)."""
-        log.error(f"{phase}.failed", **_fields(tp, log_dir), error=str(exc))
+        # The same failure as the previous cycle's is logged at debug: a damaged
+        # partition fails its steps every cycle until it is repaired, and the daemon
+        # would log it again every few seconds.
+        same = self.repeated.get((str(log_dir), tp, phase)) == str(exc)
+        logged = log.debug if same else log.error
+        logged(f"{phase}.failed", **_fields(tp, log_dir), error=str(exc), repeated=same)
         self.errors.append(StepError(str(log_dir), tp, phase, str(exc)))
         self.met(log_dir, tp, exc)
 
@@ -322,6 +329,7 @@ class Maintenance:
         self._plogs: dict[tuple[Path, TopicPartition], PartitionLog] = {}
         self._crashes: dict[TopicPartition, int] = {}
         self._retries: dict[TopicPartition, int] = {}
+        self._last_step_errors: Mapping[tuple[str, TopicPartition, str], str] = {}
         self._damaged: set[tuple[Path, TopicPartition]] = set()
         """The partitions where a step of this process met damaged data: a clean stop
         writes no clean-shutdown marker in their dirs."""
@@ -455,7 +463,9 @@ class Maintenance:
 
     def run_once(self, stop: threading.Event | None = None) -> CycleReport:
         """One cycle (see the module docstring)."""
-        report = _Builder(now_ms=self.clock(), damaged=self._damaged)
+        report = _Builder(
+            now_ms=self.clock(), damaged=self._damaged, repeated=self._last_step_errors
+        )
         self._retries.clear()
         every = self.progress_interval_s
         self._progress = CycleProgress(math.inf if every is None else every)
@@ -472,6 +482,7 @@ class Maintenance:
         report.unlinked += self.pending.run_due(self.clock())
         self._checkpoint_recovery_points()
         report.next_due_ms = self._next_due(partitions, report.now_ms)
+        self._last_step_errors = {(e.log_dir, e.tp, e.phase): e.reason for e in report.errors}
         return report.build(self.clock())
 
     def _checkpoint_recovery_points(self) -> None:

@@ -686,3 +686,25 @@ def test_opening_many_partitions_runs_as_long_lived_work(
         running.append(m)
         m.run_once()
     assert open_at_exit == [3]
+
+
+def test_a_step_that_fails_the_same_way_again_is_logged_once(
+    tmp_path: Path, engine: LocalEngine
+) -> None:
+    """A damaged partition fails its roll every cycle until it is repaired: each report
+    has the error, but only the first cycle logs it as an error (then at debug), and a
+    different failure is logged again. The daemon logged it every few seconds."""
+    d = build(tmp_path, TopicPartition("c", 0), [records(range(4), T0 - HOUR)] * 2)
+    cfg = write_config(tmp_path, {"c": {"cleanup.policy": "delete", "retention.ms": -1}})
+    first = d / "00000000000000000000.log"
+    data = bytearray(first.read_bytes())
+    data[-1] ^= 0xFF
+    first.write_bytes(bytes(data))
+    with Maintenance(cfg, engine, clock=lambda: T0) as m:
+        levels = []
+        for _ in range(3):
+            with capture_logs() as logs:
+                report = m.run_once()
+            assert [e.phase for e in report.errors] == ["open", "roll", "retention"]
+            levels.append([e["log_level"] for e in logs if e["event"] == "roll.failed"])
+    assert levels == [["error"], ["debug"], ["debug"]]
