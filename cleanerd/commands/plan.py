@@ -177,6 +177,7 @@ def run(args: argparse.Namespace) -> int:
         protects=cfg.disk_usage.protects,
         cleaner_enabled=cfg.log_cleaner_enable,
         min_roll_interval_ms=cfg.rolls.min_interval_ms,
+        freed_first=gathered.freed_first,
     )
     if args.json:
         doc = cycle_json(plan, gathered.errors, gathered.unreadable, gathered.observed)

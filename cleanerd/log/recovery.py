@@ -332,6 +332,20 @@ def _swap_range(dir_path: Path, swaps: list[Path], options: SegmentOptions) -> t
     return (low, high)
 
 
+def leftover_bytes(dir_path: Path) -> int:
+    """The bytes on disk (allocated blocks) of the partition dir's `.deleted` and
+    `.cleaned` files: what an owner's open deletes (`recover_leftovers`) before anything
+    else, so the space its cycle's KIP-61 step finds freed (`plan` predicts from it)."""
+    total = 0
+    with os.scandir(dir_path) as entries:
+        for e in entries:
+            if e.name.endswith((DELETED_FILE_SUFFIX, CLEANED_FILE_SUFFIX)) and e.is_file(
+                follow_symlinks=False
+            ):
+                total += e.stat(follow_symlinks=False).st_blocks * 512
+    return total
+
+
 def recover_leftovers(
     dir_path: Path,
     options: SegmentOptions,

@@ -43,6 +43,7 @@ from cleanerd.log.log_dir import LogDir
 from cleanerd.log.meta import PartitionMeta
 from cleanerd.log.ownership import lock_holder
 from cleanerd.log.partition_log import LogConfig, PartitionLog
+from cleanerd.log.recovery import leftover_bytes
 from cleanerd.log.roll import DEFAULT_MIN_ROLL_INTERVAL_MS, SegmentAge
 from cleanerd.log.roller import FirstSeen, segment_age
 from cleanerd.log.topic_config import TopicConfig
@@ -56,7 +57,7 @@ from cleanerd.maintenance.steps import (
     roll_plan,
     simulate_roll,
 )
-from cleanerd.retention.disk import device_of, group_devices, measure
+from cleanerd.retention.disk import device_of, group_devices, is_above, measure
 from cleanerd.retention.disk_usage import (
     DeviceOutcome,
     DeviceUsage,
@@ -187,10 +188,14 @@ def plan_cycle(
     protects: Callable[[str], bool] = lambda _topic: False,
     cleaner_enabled: bool = True,
     min_roll_interval_ms: int = DEFAULT_MIN_ROLL_INTERVAL_MS,
+    freed_first: Mapping[int, int] | None = None,
 ) -> CyclePlan:
     """Plan every partition (`steps`), order the eligible ones for cleaning, and plan
     KIP-61 over the post-retention snapshots of the partitions on `devices` when one is
-    above its threshold."""
+    above its threshold. The cycle's KIP-61 step measures after the opens deleted the
+    leftover files (`freed_first`, bytes per device) and after the files retention
+    renamed `.deleted` were unlinked (a device above its threshold gets them unlinked at
+    once): the plan takes both off the measured usage before planning."""
     planned = [
         plan_partition(
             i,
@@ -219,8 +224,16 @@ def plan_cycle(
     on_devices = [
         PartitionOnDevice(where[meta.log_dir], meta) for _, meta in planned if meta.log_dir in where
     ]
+    freed = dict(freed_first or {})
+    for p, _ in planned:
+        if p.log_dir in where:
+            device = where[p.log_dir]
+            freed[device] = freed.get(device, 0) + sum(d.size_bytes for d in p.retention.deletions)
     disk = plan_disk_usage_deletions(
-        devices,
+        [
+            dataclasses.replace(u, used_bytes=max(0, u.used_bytes - freed.get(u.device, 0)))
+            for u in devices
+        ],
         on_devices,
         protected_topics={i.meta.topic for i in inputs if protects(i.meta.topic)},
         now_ms=now_ms,
@@ -253,23 +266,35 @@ class Gathered:
     unreadable: list[Unreadable] = dataclasses.field(default_factory=list)
     observed: dict[str, str] = dataclasses.field(default_factory=dict)
     """The log dirs a cycle of this config would only observe, and why."""
+    freed_first: dict[int, int] = dataclasses.field(default_factory=dict)
+    """Per device above its threshold: the bytes of leftover files the owner's opens
+    delete before its KIP-61 step measures (`recovery.leftover_bytes`)."""
 
 
 def gather(cfg: Config, *, now_ms: int) -> Gathered:
     """Read every log dir of `cfg` in observe mode into planning inputs."""
     out = Gathered([], {}, (), [])
     readable: list[Path] = []
+    owned: dict[Path, list[Path]] = {}  # the partition dirs of the dirs a cycle owns
     for path in cfg.log_dirs:
         try:
             with LogDir.open(Path(path), observe=True, state_dir=cfg.state_dir) as log_dir:
                 if (why := _observed_because(cfg, log_dir.path)) is not None:
                     out.observed[str(log_dir.path)] = why
+                else:
+                    owned[log_dir.path] = list(log_dir.partitions().values())
                 _gather_dir(cfg, log_dir, now_ms, out)
                 out.device_of_dir[str(log_dir.path)] = device_of(log_dir.path)
                 readable.append(log_dir.path)
         except OSError as exc:
             out.errors.append(f"{path}: cannot read the log dir: {os_error_text(exc)}")
     out.devices = measure(group_devices(readable), cfg.log_retention_disk_usage_percent)
+    if any(is_above(u) for u in out.devices):
+        for path, partition_dirs in owned.items():
+            device = out.device_of_dir[str(path)]
+            out.freed_first[device] = out.freed_first.get(device, 0) + sum(
+                leftover_bytes(d) for d in partition_dirs if not d.is_symlink()
+            )
     return out
 
 

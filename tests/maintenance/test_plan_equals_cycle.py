@@ -11,6 +11,7 @@ order, must be the same, under the names both JSON documents share.
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 from collections.abc import Iterator
@@ -127,3 +128,67 @@ def test_plan_lists_exactly_what_the_next_cycle_does(
     assert plan["rolled"] == done["rolled"]
     assert plan["deleted"] == done["deleted"]
     assert [f"{c['topic']}-{c['partition']}" for c in done["cleaned"]] == plan["cleaning_order"]
+
+
+def test_plan_predicts_disk_usage_after_what_the_cycle_frees_first(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """On a real tmpfs above its KIP-61 threshold, where retention deletes segments in
+    the same cycle and a `.deleted` file is left over from an earlier one, `plan` lists
+    exactly the segments the cycle deletes for disk usage: the cycle measures after the
+    open removed the leftover and the retention deletions were unlinked. The plan
+    measured before both, and listed more."""
+    from cleanerd.cli import main
+    from cleanerd.retention.disk import psutil_space
+    from tests.tools import tmpfs
+
+    with tmpfs(tmp_path / "dev", "8m") as dev:
+        logs = dev / "logs"
+        value = "x" * 15_000
+        for topic, n in (("ev", 0), ("ev", 1), ("cp", 0)):
+            segments = [
+                [[kv(f"{topic}{n}-{s}-{i}", value, timestamp=NOW - (20 - s - 4 * n) * HOUR)]
+                 for i in range(20)]
+                for s in range(5)
+            ]  # fmt: skip
+            build_log(logs, segments, state_dir=tmp_path / "state", tp=TopicPartition(topic, n))
+        leftover = logs / "cp-0" / "00000000000000099999.log.deleted"
+        leftover.write_bytes(os.urandom(600_000))
+        space = psutil_space(dev)
+        # Above the threshold by more than the leftover and retention free first.
+        percent = int(100 * (space.used_bytes - 3_200_000) / space.total_bytes)
+        config = tmp_path / "cleanerd.yaml"
+        config.write_text(
+            yaml.safe_dump(
+                {
+                    "log.dirs": [str(logs)],
+                    "state_dir": str(tmp_path / "state"),
+                    "log.retention.disk.usage.percent": percent,
+                    "topics": {
+                        "ev": {"cleanup.policy": "delete", "retention.bytes": 700_000},
+                        "cp": {"cleanup.policy": "compact", "min.cleanable.dirty.ratio": 1.0},
+                    },
+                }
+            )
+        )
+
+        def run(command: str) -> dict[str, Any]:
+            status = main([command, "-c", str(config), "--json", "--now-ms", str(NOW)])
+            out = capsys.readouterr()
+            assert status == 0, out.err
+            doc: dict[str, Any] = json.loads(out.out)
+            return doc
+
+        def disk(doc: dict[str, Any]) -> list[tuple[str, int, int]]:
+            return [
+                (d["topic"], d["partition"], d["base_offset"])
+                for d in doc["deleted"]
+                if d["reason"] == "disk.usage"
+            ]
+
+        capsys.readouterr()  # what building the log printed
+        plan, done = run("plan"), run("clean")
+        assert not leftover.exists()
+        assert [d for d in done["deleted"] if d["reason"] == "retention.bytes"]
+        assert disk(done)
+        assert disk(plan) == disk(done)
