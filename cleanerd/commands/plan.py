@@ -53,8 +53,9 @@ def _roll_text(roll: RollPlan, now_ms: int) -> str:
         return "roll: no (the active segment is empty)"
     if roll.held_by_min_interval:
         return (
-            f"roll: not yet; the minimum roll interval (rolls.min_interval_ms, "
-            f"{roll.min_interval_ms} ms after the last roll) holds the {roll.limit_reason} "
+            f"roll: not yet; the minimum roll interval ({roll.min_interval_ms} ms after the "
+            f"last roll: rolls.min_interval_ms, at most {roll.limit_reason}) holds the "
+            f"{roll.limit_reason} "
             f"roll until {roll.due_at_ms} (in {roll.due_at_ms - now_ms} ms)"
         )
     return (

@@ -71,6 +71,8 @@ class RollPlan:
     """The minimum roll interval (`rolls.min_interval_ms`), not the time rule, sets
     `due_at_ms`."""
     min_interval_ms: int = DEFAULT_MIN_ROLL_INTERVAL_MS
+    """The floor in force: `rolls.min_interval_ms`, or the time rule's limit if that is
+    shorter."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,7 +151,7 @@ def roll_plan(
         limit.reason.value,
         due.at_ms,
         due.held_by_min_interval,
-        min_roll_interval_ms,
+        min(min_roll_interval_ms, limit.ms),  # the floor `time_roll_due` applies
     )
 
 

@@ -56,3 +56,27 @@ def test_nothing_is_due_for_a_partition_without_time_rules() -> None:
     meta = partition([1], active_records=0)
     topic = _topic(cleanup_policy=("delete",), retention_ms=-1)
     assert next_due_ms(meta, topic, now_ms=NOW, age=AGE) is None
+
+
+def test_the_roll_floor_a_plan_names_is_the_one_in_force() -> None:
+    """A max lag shorter than `rolls.min_interval_ms` caps the minimum roll interval: the
+    plan names the floor that holds the roll (one minute), not the setting (15 min)."""
+    from cleanerd.commands.plan import _roll_text
+    from cleanerd.log.files import TopicPartition
+    from cleanerd.maintenance.steps import roll_plan
+    from tests.maintenance.test_plan import seg
+
+    topic = _topic(cleanup_policy=("compact",), max_compaction_lag_ms=60_000, segment_jitter_ms=0)
+    last_roll = NOW - 30_000
+    plan = roll_plan(
+        TopicPartition("t", 0),
+        seg(100, NOW - 10 * 60_000),
+        topic,
+        now_ms=NOW,
+        age=SegmentAge(first_seen_ms=NOW - HOUR, last_roll_ms=last_roll),
+        min_roll_interval_ms=900_000,
+    )
+    assert plan.held_by_min_interval
+    assert plan.due_at_ms == last_roll + 60_000
+    assert plan.min_interval_ms == 60_000
+    assert "minimum roll interval (60000 ms after the last roll" in _roll_text(plan, NOW)
