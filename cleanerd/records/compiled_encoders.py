@@ -63,35 +63,54 @@ LZ4_HEADER: Final = np.frombuffer(
 )
 """The 7 bytes that open every LZ4 frame the codec layer writes."""
 
-LZ4_LIBRARY_NAMES: Final = ["liblz4.so.1"]
-_LZ4_SYMBOL: Final = "cleanerd_LZ4_compress_default"
-_LZ4_SIGNATURE: Final = (
-    ctypes.c_int,
-    [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int],
-)
-_lz4_compress: Any = None
-"""numba's declaration of liblz4's `LZ4_compress_default`, made when numba is imported."""
 _STAND_INS: list[Any] = []
+"""The callbacks a missing library's symbols are bound to (kept alive here)."""
 
 
-@functools.cache
-def lz4_library() -> ctypes.CDLL | None:
-    """liblz4, loaded once (None when it cannot be, or lacks `LZ4_compress_default`)."""
-    found = ctypes.util.find_library("lz4")
-    for name in [*LZ4_LIBRARY_NAMES, *([found] if found else [])]:
+def _load(names: list[str], short: str, needed: tuple[str, ...]) -> ctypes.CDLL | None:
+    """The first of `names` (then what `find_library(short)` finds) that loads and has
+    every function of `needed`, or None."""
+    found = ctypes.util.find_library(short)
+    for name in [*names, *([found] if found else [])]:
         try:
             library = ctypes.CDLL(name)
         except OSError:
             continue
-        if hasattr(library, "LZ4_compress_default"):
+        if all(hasattr(library, f) for f in needed):
             return library
     return None
+
+
+def _bind(library: ctypes.CDLL | None, name: str, restype: Any, argtypes: list[Any]) -> str:
+    """Register `library`'s function `name` with LLVM as `cleanerd_<name>`; returns the
+    symbol. When the library is missing the symbol is bound to a stand-in that returns
+    0, so that kernels still compile: `compress_areas` never calls them then."""
+    if library is None:
+        callback = ctypes.CFUNCTYPE(restype, *argtypes)(lambda *_: 0)
+        _STAND_INS.append(callback)
+        address = int(ctypes.cast(callback, ctypes.c_void_p).value or 0)
+    else:
+        address = int(ctypes.cast(getattr(library, name), ctypes.c_void_p).value or 0)
+    import llvmlite.binding as llvm
+
+    symbol = f"cleanerd_{name}"
+    llvm.add_symbol(symbol, address)
+    return symbol
+
+
+_lz4_compress: Any = None
+"""numba's declaration of liblz4's `LZ4_compress_default`, made when numba is imported."""
+
+
+@functools.cache
+def lz4_library() -> ctypes.CDLL | None:
+    """liblz4 (`liblz4.so.1`), loaded once; None when it cannot be."""
+    return _load(["liblz4.so.1"], "lz4", ("LZ4_compress_default",))
 
 
 GZIP: Final = int(Compression.GZIP)
 Z_FINISH: Final = 4
 Z_STREAM_END: Final = 1
-ZLIB_LIBRARY_NAMES: Final = ["libz.so.1"]
 _deflate: Any = None
 _deflate_reset: Any = None
 _deflate_bound: Any = None
@@ -128,18 +147,12 @@ NEXT_IN, AVAIL_IN, NEXT_OUT, AVAIL_OUT, TOTAL_OUT = (
 
 @functools.cache
 def zlib_library() -> ctypes.CDLL | None:
-    """zlib, loaded once (None when it cannot be, or lacks a function the kernel calls)."""
-    found = ctypes.util.find_library("z")
-    for name in [*ZLIB_LIBRARY_NAMES, *([found] if found else [])]:
-        try:
-            library = ctypes.CDLL(name)
-        except OSError:
-            continue
-        needed = ("deflateInit2_", "deflate", "deflateReset", "deflateBound", "deflateEnd")
-        if all(hasattr(library, f) for f in needed):
-            library.zlibVersion.restype = ctypes.c_char_p
-            return library
-    return None
+    """zlib (`libz.so.1`), loaded once; None when it cannot be."""
+    needed = ("deflateInit2_", "deflate", "deflateReset", "deflateBound", "deflateEnd")
+    library = _load(["libz.so.1"], "z", needed)
+    if library is not None:
+        library.zlibVersion.restype = ctypes.c_char_p
+    return library
 
 
 class _GzipStream:
@@ -180,46 +193,20 @@ def gzip_stream() -> Any:
 
 
 def _declare() -> None:
-    global _lz4_compress
-    import llvmlite.binding as llvm
+    global _lz4_compress, _deflate, _deflate_reset, _deflate_bound
     from numba import types
 
-    library = lz4_library()
-    if library is None:
-        callback = ctypes.CFUNCTYPE(_LZ4_SIGNATURE[0], *_LZ4_SIGNATURE[1])(lambda *_: 0)
-        _STAND_INS.append(callback)
-        address = int(ctypes.cast(callback, ctypes.c_void_p).value or 0)
-    else:
-        address = int(ctypes.cast(library.LZ4_compress_default, ctypes.c_void_p).value or 0)
-    llvm.add_symbol(_LZ4_SYMBOL, address)
     size, i32 = types.intp, types.int32
-    _lz4_compress = types.ExternalFunction(_LZ4_SYMBOL, i32(size, size, i32, i32))
-    _declare_zlib()
-
-
-def _declare_zlib() -> None:
-    global _deflate, _deflate_reset, _deflate_bound
-    import llvmlite.binding as llvm
-    from numba import types
-
-    library = zlib_library()
-    signatures: dict[str, tuple[Any, list[Any]]] = {
-        "deflate": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_int]),
-        "deflateReset": (ctypes.c_int, [ctypes.c_void_p]),
-        "deflateBound": (ctypes.c_ulong, [ctypes.c_void_p, ctypes.c_ulong]),
-    }
-    for name, (restype, argtypes) in signatures.items():
-        if library is None:
-            callback = ctypes.CFUNCTYPE(restype, *argtypes)(lambda *_: -2)
-            _STAND_INS.append(callback)
-            address = int(ctypes.cast(callback, ctypes.c_void_p).value or 0)
-        else:
-            address = int(ctypes.cast(getattr(library, name), ctypes.c_void_p).value or 0)
-        llvm.add_symbol(f"cleanerd_{name}", address)
-    size, i32 = types.intp, types.int32
-    _deflate = types.ExternalFunction("cleanerd_deflate", i32(size, i32))
-    _deflate_reset = types.ExternalFunction("cleanerd_deflateReset", i32(size))
-    _deflate_bound = types.ExternalFunction("cleanerd_deflateBound", size(size, size))
+    pointer, c_int, c_ulong = ctypes.c_void_p, ctypes.c_int, ctypes.c_ulong
+    lz4 = _bind(lz4_library(), "LZ4_compress_default", c_int, [pointer, pointer, c_int, c_int])
+    _lz4_compress = types.ExternalFunction(lz4, i32(size, size, i32, i32))
+    zlib = zlib_library()
+    deflate = _bind(zlib, "deflate", c_int, [pointer, c_int])
+    _deflate = types.ExternalFunction(deflate, i32(size, i32))
+    reset = _bind(zlib, "deflateReset", c_int, [pointer])
+    _deflate_reset = types.ExternalFunction(reset, i32(size))
+    bound = _bind(zlib, "deflateBound", c_ulong, [pointer, c_ulong])
+    _deflate_bound = types.ExternalFunction(bound, size(size, size))
 
 
 on_numba_load(_declare)

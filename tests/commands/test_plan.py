@@ -34,6 +34,17 @@ def test_json_report_stays_parseable_when_a_warning_is_logged(tmp_path: Path) ->
     assert [p["topic"] for p in json.loads(done.stdout)["partitions"]] == ["t"]
 
 
+def _plan_command(tmp_path: Path) -> tuple[list[str], dict[str, str]]:
+    """`cleanerd plan` of `<tmp_path>/logs`, every topic compacted, and its environment."""
+    config = tmp_path / "cleanerd.yaml"
+    config.write_text(
+        f"log.dirs: [{tmp_path / 'logs'}]\nstate_dir: {tmp_path / 'state'}\n"
+        "log.cleanup.policy: compact\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    return [sys.executable, "-m", "cleanerd", "plan", "-c", str(config)], env
+
+
 def test_a_partition_with_a_bad_batch_is_listed_unreadable(tmp_path: Path) -> None:
     """A CRC mismatch in an old segment, where the partition's end is read, leaves
     nothing to plan for that partition: it is still listed (text and JSON), with the
@@ -53,13 +64,7 @@ def test_a_partition_with_a_bad_batch_is_listed_unreadable(tmp_path: Path) -> No
     data = bytearray(first.read_bytes())
     data[-1] ^= 0xFF  # the last value byte: the batch's CRC no longer matches
     first.write_bytes(bytes(data))
-    config = tmp_path / "cleanerd.yaml"
-    config.write_text(
-        f"log.dirs: [{tmp_path / 'logs'}]\nstate_dir: {tmp_path / 'state'}\n"
-        "log.cleanup.policy: compact\n"
-    )
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    command = [sys.executable, "-m", "cleanerd", "plan", "-c", str(config)]
+    command, env = _plan_command(tmp_path)
     text = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
     doc = subprocess.run([*command, "--json"], capture_output=True, text=True, env=env, check=False)
     assert text.returncode == doc.returncode == 1
@@ -82,13 +87,7 @@ def test_a_dir_held_by_another_process_is_said_to_be_only_observed(tmp_path: Pat
     log = LogBuilder(tmp_path / "logs")
     log.append([(k("a"), b"1")])
     log.write()
-    config = tmp_path / "cleanerd.yaml"
-    config.write_text(
-        f"log.dirs: [{tmp_path / 'logs'}]\nstate_dir: {tmp_path / 'state'}\n"
-        "log.cleanup.policy: compact\n"
-    )
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    command = [sys.executable, "-m", "cleanerd", "plan", "-c", str(config)]
+    command, env = _plan_command(tmp_path)
 
     def plan() -> tuple[str, list[dict[str, str]]]:
         text = subprocess.run(command, capture_output=True, text=True, env=env, check=True)
