@@ -42,7 +42,7 @@ import numpy as np
 
 from cleanerd._jit import jit
 from cleanerd.errors import CorruptRecordError
-from cleanerd.records import compiled_codecs, legacy
+from cleanerd.records import compiled_codecs, legacy, zlib_streams
 from cleanerd.records.compression import decompress, decompress_frames, decompress_into
 from cleanerd.records.header import (
     COMPRESSION_MASK,
@@ -628,10 +628,11 @@ def _decompress_areas(
     seg: U8, view: memoryview, table: BatchTable, rows: I64, side: _SideBuffer
 ) -> tuple[I64, I64]:
     """Decompress the records areas of the compressed batches `rows` into `side`, in
-    file order; return where each went. LZ4, snappy and (with libzstd) zstd in compiled
-    code (`compiled_codecs.py`), gzip (and zstd without libzstd) a run of batches per call
-    (`compression.decompress_frames`); whatever those leave (damage, an unusual framing)
-    through `compression.decompress`, one call each, which reads it or names the error."""
+    file order; return where each went. LZ4, snappy and (with libzstd and zlib) zstd and
+    gzip in compiled code (`compiled_codecs.py`), gzip and zstd without them a run of
+    batches per call (`compression.decompress_frames`); whatever those leave (damage, an
+    unusual framing) through `compression.decompress`, one call each, which reads it or
+    names the error."""
     if not len(rows):  # most segments: their dozen array steps cost more than the walk
         return np.empty(0, np.int64), np.empty(0, np.int64)
     starts = table.position[rows] + RECORD_BATCH_OVERHEAD
@@ -644,6 +645,12 @@ def _decompress_areas(
     dctx = compiled_codecs.zstd_context() if zstd.any() else 0
     if dctx:
         compiled |= zstd
+    gzip = codecs == Compression.GZIP
+    inflating = zlib_streams.inflating() if gzip.any() else None
+    if inflating is not None:
+        compiled |= gzip
+    else:
+        inflating = compiled_codecs.NO_STREAM
     run_end = _run_ends(codecs)
     i = 0
     while i < len(rows):
@@ -651,7 +658,17 @@ def _decompress_areas(
             status, i, side.used = (
                 int(x)
                 for x in compiled_codecs.decompress_areas(
-                    seg, starts, ends, codecs, side.buf, side.used, out_start, out_end, i, dctx
+                    seg,
+                    starts,
+                    ends,
+                    codecs,
+                    side.buf,
+                    side.used,
+                    out_start,
+                    out_end,
+                    i,
+                    dctx,
+                    inflating,
                 )
             )
             if status == compiled_codecs.NEEDS_ROOM:

@@ -1,4 +1,5 @@
-"""LZ4, snappy and zstd decoded in compiled code: every such batch of a segment in one call.
+"""LZ4, snappy, zstd and gzip decoded in compiled code: every such batch of a segment in one
+call.
 
 Decompressing a quiet topic's 1-record batches through a Python codec call per batch
 costs about 10 us a batch, where the decoding itself is a fraction of a microsecond: so
@@ -78,6 +79,7 @@ from typing import Any, Final
 import numpy as np
 
 from cleanerd._jit import jit, on_numba_load
+from cleanerd.records import zlib_streams
 from cleanerd.records.compression import LZ4_MAGIC, XERIAL_MAGIC, XXH32_PRIMES
 from cleanerd.records.walker import Int
 
@@ -87,9 +89,14 @@ NEEDS_ROOM: Final = 1
 UNDECODED: Final = 2
 """Not a frame this kernel takes as valid: the codec library decides."""
 
+GZIP: Final = 1
 SNAPPY: Final = 2
 LZ4: Final = 3
 ZSTD: Final = 4
+GZIP_MIN_MEMBER: Final = 18  # a 10-byte header, an empty deflate block, an 8-byte trailer
+GZIP_MAX_RATIO: Final = 1032  # deflate's most: 258 bytes from each 2 bits
+NO_STREAM: Final = np.empty(0, np.uint64)
+"""`decompress_areas`'s inflating stream when zlib is not loaded."""
 """The codecs decoded here (attribute values); zstd only when libzstd is loaded."""
 _LZ4_MAGIC: Final = np.frombuffer(LZ4_MAGIC, np.uint8)
 _XERIAL_MAGIC: Final = np.frombuffer(XERIAL_MAGIC, np.uint8)
@@ -636,6 +643,34 @@ def _zstd(src: Any, s: Int, e: Int, dst: Any, o: Int, dctx: Int) -> tuple[Int, I
 
 
 @jit
+def _gzip(src: Any, s: Int, e: Int, dst: Any, o: Int, stream: Any) -> tuple[Int, Int]:
+    """Decode the gzip area `src[s:e]` (one member) to `dst[o:]` through zlib, with this
+    thread's inflating stream (`stream`, its words; empty without zlib): (status, output
+    end). The member's trailer states its length: less room than that asks for more (up
+    to what its bytes could hold); anything zlib does not end cleanly on the area's last
+    byte (several members, bytes after one, damage: its CRC-32 and length are checked)
+    is left to the library."""
+    if len(stream) == 0 or src.strides[0] != 1 or dst.strides[0] != 1:
+        return UNDECODED, o
+    if e - s < GZIP_MIN_MEMBER or src[s] != 0x1F or src[s + 1] != 0x8B:
+        return UNDECODED, o
+    stated = _le32(src, e - 4)
+    if stated > len(dst) - o:
+        if stated <= min(GZIP_MAX_RATIO * (e - s), ZSTD_WINDOW_LIMIT):
+            return NEEDS_ROOM, o
+        return UNDECODED, o
+    at = stream.ctypes.data
+    if zlib_streams.inflate_reset(at) != 0:
+        return UNDECODED, o
+    zlib_streams.feed(stream, src.ctypes.data + s, e - s, dst.ctypes.data + o, len(dst) - o)
+    if zlib_streams.inflate(at, zlib_streams.Z_FINISH) != zlib_streams.Z_STREAM_END:
+        return UNDECODED, o
+    if stream[zlib_streams.AVAIL_IN] != 0:
+        return UNDECODED, o
+    return OK, o + stream[zlib_streams.TOTAL_OUT]
+
+
+@jit
 def decompress_areas(
     src: Any,
     starts: Any,
@@ -647,15 +682,17 @@ def decompress_areas(
     out_end: Any,
     i: Int,
     dctx: Int,
+    inflating: Any,
 ) -> tuple[Int, Int, Int]:
     """Decode the areas `src[starts[j]:ends[j]]` (compressed with `codecs[j]`) for j = i,
     i + 1, ... in order into `dst` from `used`, recording where each went (`out_start[j]`,
     `out_end[j]`); zstd areas with the libzstd context at `dctx` (`zstd_context()`, this
-    thread's; 0 leaves them to the codec library). Stops at the first that does not fit
-    (NEEDS_ROOM) or that is left to the codec library (UNDECODED: also every area of a
-    codec other than LZ4, snappy and zstd): (status, that j, bytes of `dst` used before
-    it); (OK, len, used) when all were decoded. Going in order keeps the first bad batch
-    the one reported."""
+    thread's; 0 leaves them to the codec library), gzip ones with the inflating stream
+    `inflating` (`zlib_streams.inflating()`; empty leaves them to the library). Stops at
+    the first that does not fit (NEEDS_ROOM) or that is left to the codec library
+    (UNDECODED: also every area of another codec): (status, that j, bytes of `dst` used
+    before it); (OK, len, used) when all were decoded. Going in order keeps the first
+    bad batch the one reported."""
     for j in range(i, len(starts)):
         codec = codecs[j]
         if codec == LZ4:
@@ -664,6 +701,8 @@ def decompress_areas(
             status, end = _snappy(src, starts[j], ends[j], dst, used)
         elif codec == ZSTD:
             status, end = _zstd(src, starts[j], ends[j], dst, used, dctx)
+        elif codec == GZIP:
+            status, end = _gzip(src, starts[j], ends[j], dst, used, inflating)
         else:
             return UNDECODED, j, used
         if status != OK:

@@ -14,16 +14,10 @@ the codec layer writes, so the output is the one the codec layer's would be:
   header checksum, then 64 KiB blocks, each a little-endian size word and LZ4's block
   format from liblz4's `LZ4_compress_default`, or the block stored whole with the size
   word's high bit set when compressing does not make it smaller, then the end mark).
-  liblz4 (the system's shared library, `liblz4-1` on Debian) is bound as libzstd is:
-  its address under a fixed LLVM symbol, registered when numba is first imported, so
-  numba's on-disk cache stays valid; without it the symbol is bound to a stand-in that
-  is never called, and LZ4 areas go through the codec layer.
-
-- gzip: zlib's gzip stream (`deflateInit2` with the codec layer's level, window bits 31,
-  memory level 8, the default strategy: what Python's `zlib.compressobj` makes, with the
-  same library) through a `z_stream` per thread, reset for each area, then `deflate` with
-  `Z_FINISH` into room for `deflateBound`. zlib is the system's (`libz.so.1`, which
-  Python's own `zlib` module uses), bound as the others.
+  liblz4 is the system's shared library (`liblz4-1` on Debian), bound as `native.py`
+  says; without it LZ4 areas go through the codec layer;
+- gzip: one gzip stream per area through this thread's deflating stream
+  (`zlib_streams.py`), the codec layer's byte for byte.
 
 A list whose areas are not all of one of these codecs (snappy, a mix), or whose library
 is not loaded, goes through the codec layer, one call per area.
@@ -32,18 +26,15 @@ is not loaded, goes through the codec layer, one call per area.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import functools
-import threading
 from typing import Any, Final
 
 import numpy as np
 
 from cleanerd._jit import jit, on_numba_load
-from cleanerd.records import compiled_codecs
+from cleanerd.records import compiled_codecs, zlib_streams
 from cleanerd.records.compiled_codecs import OK, UNDECODED, ZSTD
 from cleanerd.records.compression import (
-    GZIP_LEVEL,
     LZ4_BD,
     LZ4_BLOCK_SIZE,
     LZ4_FLG,
@@ -54,49 +45,16 @@ from cleanerd.records.compression import (
     lz4_header_checksum,
 )
 from cleanerd.records.header import Compression
+from cleanerd.records.native import bind, load_library
 from cleanerd.records.walker import Int
 
 LZ4: Final = int(Compression.LZ4)
+GZIP: Final = int(Compression.GZIP)
 LZ4_HEADER: Final = np.frombuffer(
     LZ4_MAGIC + bytes((LZ4_FLG, LZ4_BD, lz4_header_checksum(bytes((LZ4_FLG, LZ4_BD))))),
     np.uint8,
 )
 """The 7 bytes that open every LZ4 frame the codec layer writes."""
-
-_STAND_INS: list[Any] = []
-"""The callbacks a missing library's symbols are bound to (kept alive here)."""
-
-
-def _load(names: list[str], short: str, needed: tuple[str, ...]) -> ctypes.CDLL | None:
-    """The first of `names` (then what `find_library(short)` finds) that loads and has
-    every function of `needed`, or None."""
-    found = ctypes.util.find_library(short)
-    for name in [*names, *([found] if found else [])]:
-        try:
-            library = ctypes.CDLL(name)
-        except OSError:
-            continue
-        if all(hasattr(library, f) for f in needed):
-            return library
-    return None
-
-
-def _bind(library: ctypes.CDLL | None, name: str, restype: Any, argtypes: list[Any]) -> str:
-    """Register `library`'s function `name` with LLVM as `cleanerd_<name>`; returns the
-    symbol. When the library is missing the symbol is bound to a stand-in that returns
-    0, so that kernels still compile: `compress_areas` never calls them then."""
-    if library is None:
-        callback = ctypes.CFUNCTYPE(restype, *argtypes)(lambda *_: 0)
-        _STAND_INS.append(callback)
-        address = int(ctypes.cast(callback, ctypes.c_void_p).value or 0)
-    else:
-        address = int(ctypes.cast(getattr(library, name), ctypes.c_void_p).value or 0)
-    import llvmlite.binding as llvm
-
-    symbol = f"cleanerd_{name}"
-    llvm.add_symbol(symbol, address)
-    return symbol
-
 
 _lz4_compress: Any = None
 """numba's declaration of liblz4's `LZ4_compress_default`, made when numba is imported."""
@@ -105,108 +63,17 @@ _lz4_compress: Any = None
 @functools.cache
 def lz4_library() -> ctypes.CDLL | None:
     """liblz4 (`liblz4.so.1`), loaded once; None when it cannot be."""
-    return _load(["liblz4.so.1"], "lz4", ("LZ4_compress_default",))
-
-
-GZIP: Final = int(Compression.GZIP)
-Z_FINISH: Final = 4
-Z_STREAM_END: Final = 1
-_deflate: Any = None
-_deflate_reset: Any = None
-_deflate_bound: Any = None
-"""numba's declarations of zlib's `deflate`, `deflateReset` and `deflateBound`."""
-
-
-class _ZStream(ctypes.Structure):
-    """zlib's `z_stream` (zlib.h), of which the kernel sets the four in/out fields."""
-
-    _fields_ = [
-        ("next_in", ctypes.c_void_p),
-        ("avail_in", ctypes.c_uint),
-        ("total_in", ctypes.c_ulong),
-        ("next_out", ctypes.c_void_p),
-        ("avail_out", ctypes.c_uint),
-        ("total_out", ctypes.c_ulong),
-        ("msg", ctypes.c_char_p),
-        ("state", ctypes.c_void_p),
-        ("zalloc", ctypes.c_void_p),
-        ("zfree", ctypes.c_void_p),
-        ("opaque", ctypes.c_void_p),
-        ("data_type", ctypes.c_int),
-        ("adler", ctypes.c_ulong),
-        ("reserved", ctypes.c_ulong),
-    ]
-
-
-_WORD: Final = {field[0]: getattr(_ZStream, field[0]).offset // 8 for field in _ZStream._fields_}
-"""Each field's index in the stream seen as 64-bit words (every one starts a word)."""
-NEXT_IN, AVAIL_IN, NEXT_OUT, AVAIL_OUT, TOTAL_OUT = (
-    _WORD[n] for n in ("next_in", "avail_in", "next_out", "avail_out", "total_out")
-)
-
-
-@functools.cache
-def zlib_library() -> ctypes.CDLL | None:
-    """zlib (`libz.so.1`), loaded once; None when it cannot be."""
-    needed = ("deflateInit2_", "deflate", "deflateReset", "deflateBound", "deflateEnd")
-    library = _load(["libz.so.1"], "z", needed)
-    if library is not None:
-        library.zlibVersion.restype = ctypes.c_char_p
-    return library
-
-
-class _GzipStream:
-    """A `z_stream` set up for the gzip codec (`deflateInit2`), its words as a numpy
-    view for the kernel; ended with its owner, the thread-local storage of its thread."""
-
-    def __init__(self, library: ctypes.CDLL) -> None:
-        self.ready = False
-        self._stream = _ZStream()
-        self._end = library.deflateEnd
-        status = library.deflateInit2_(
-            ctypes.byref(self._stream), GZIP_LEVEL, 8, 31, 8, 0,
-            library.zlibVersion(), ctypes.sizeof(_ZStream),
-        )  # fmt: skip
-        self.ready = status == 0
-        self.words = np.ctypeslib.as_array(
-            (ctypes.c_uint64 * (ctypes.sizeof(_ZStream) // 8)).from_buffer(self._stream)
-        )
-
-    def __del__(self) -> None:
-        if self.ready:
-            self._end(ctypes.byref(self._stream))
-            self.ready = False
-
-
-_local = threading.local()
-
-
-def gzip_stream() -> Any:
-    """This thread's gzip `z_stream` words, or None when zlib is not loaded."""
-    stream: _GzipStream | None = getattr(_local, "gzip", None)
-    if stream is None:
-        library = zlib_library()
-        if library is None:
-            return None
-        stream = _local.gzip = _GzipStream(library)
-    return stream.words if stream.ready else None
+    return load_library(["liblz4.so.1"], "lz4", ("LZ4_compress_default",))
 
 
 def _declare() -> None:
-    global _lz4_compress, _deflate, _deflate_reset, _deflate_bound
+    global _lz4_compress
     from numba import types
 
     size, i32 = types.intp, types.int32
-    pointer, c_int, c_ulong = ctypes.c_void_p, ctypes.c_int, ctypes.c_ulong
-    lz4 = _bind(lz4_library(), "LZ4_compress_default", c_int, [pointer, pointer, c_int, c_int])
+    pointer, c_int = ctypes.c_void_p, ctypes.c_int
+    lz4 = bind(lz4_library(), "LZ4_compress_default", c_int, [pointer, pointer, c_int, c_int])
     _lz4_compress = types.ExternalFunction(lz4, i32(size, size, i32, i32))
-    zlib = zlib_library()
-    deflate = _bind(zlib, "deflate", c_int, [pointer, c_int])
-    _deflate = types.ExternalFunction(deflate, i32(size, i32))
-    reset = _bind(zlib, "deflateReset", c_int, [pointer])
-    _deflate_reset = types.ExternalFunction(reset, i32(size))
-    bound = _bind(zlib, "deflateBound", c_ulong, [pointer, c_ulong])
-    _deflate_bound = types.ExternalFunction(bound, size(size, size))
 
 
 on_numba_load(_declare)
@@ -294,28 +161,25 @@ def lz4_compress_areas(
 def gzip_compress_areas(
     src: Any, starts: Any, ends: Any, dst: Any, sizes: Any, stream: Any
 ) -> tuple[Int, Int]:
-    """Each area `src[starts[j]:ends[j]]` as one gzip stream through the `z_stream`
-    whose words are `stream` (`gzip_stream()`), back to back in `dst`, each one's size in
-    `sizes[j]`: (OK, bytes of `dst` used), or (UNDECODED, the area) when zlib fails one
-    or `dst` lacks the room `deflateBound` asks."""
+    """Each area `src[starts[j]:ends[j]]` as one gzip stream through this thread's
+    deflating stream (`zlib_streams.deflating()`), back to back in `dst`, each one's size
+    in `sizes[j]`: (OK, bytes of `dst` used), or (UNDECODED, the area) when zlib fails
+    one or `dst` lacks the room `deflateBound` asks."""
     used = 0
     at = stream.ctypes.data
     base_in, base_out = src.ctypes.data, dst.ctypes.data
     for j in range(len(starts)):
         n = ends[j] - starts[j]
-        if _deflate_reset(at) != 0:
+        if zlib_streams.deflate_reset(at) != 0:
             return UNDECODED, j
         room = len(dst) - used
-        if _deflate_bound(at, n) > room:
+        if zlib_streams.deflate_bound(at, n) > room:
             return UNDECODED, j
-        stream[NEXT_IN] = base_in + starts[j]
-        stream[AVAIL_IN] = n
-        stream[NEXT_OUT] = base_out + used
-        stream[AVAIL_OUT] = room
-        if _deflate(at, Z_FINISH) != Z_STREAM_END:
+        zlib_streams.feed(stream, base_in + starts[j], n, base_out + used, room)
+        if zlib_streams.deflate(at, zlib_streams.Z_FINISH) != zlib_streams.Z_STREAM_END:
             return UNDECODED, j
-        sizes[j] = stream[TOTAL_OUT]
-        used += stream[TOTAL_OUT]
+        sizes[j] = stream[zlib_streams.TOTAL_OUT]
+        used += stream[zlib_streams.TOTAL_OUT]
     return OK, used
 
 
@@ -344,7 +208,7 @@ def compress_areas(src: Any, starts: Any, ends: Any, codecs: Any) -> tuple[Any, 
         dst = np.empty(int(lz4_frame_bound(lengths).sum()), np.uint8)
         _, used = (int(x) for x in lz4_compress_areas(src, starts, ends, dst, sizes, LZ4_HEADER))
         return dst[:used], sizes
-    elif n and bool((codecs == GZIP).all()) and (stream := gzip_stream()) is not None:
+    elif n and bool((codecs == GZIP).all()) and (stream := zlib_streams.deflating()) is not None:
         dst = np.empty(int(gzip_bound(lengths).sum()), np.uint8)
         status, used = (int(x) for x in gzip_compress_areas(src, starts, ends, dst, sizes, stream))
         if status == OK:

@@ -4,6 +4,7 @@ encoders."""
 
 from __future__ import annotations
 
+import gzip
 import struct
 import threading
 from typing import Any
@@ -17,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cleanerd.errors import CorruptRecordError
-from cleanerd.records import compiled_codecs
+from cleanerd.records import compiled_codecs, zlib_streams
 from cleanerd.records.batch import _assemble, encode_batch
 from cleanerd.records.columns import segment_columns
 from cleanerd.records.compiled_codecs import (
@@ -37,6 +38,7 @@ from cleanerd.records.compression import (
 )
 from cleanerd.records.header import RECORD_BATCH_OVERHEAD, Compression, unpack_header
 from cleanerd.records.record import Record
+from cleanerd.records.zlib_streams import inflating
 from tests.tools import run_python
 
 payloads = st.one_of(
@@ -64,7 +66,9 @@ def kernel(
     codecs = np.full(len(frames), int(codec), np.int64)
     status, reached, _ = (
         int(x)
-        for x in decompress_areas(src, starts, ends, codecs, dst, 0, out_start, out_end, 0, dctx)
+        for x in decompress_areas(
+            src, starts, ends, codecs, dst, 0, out_start, out_end, 0, dctx, inflating()
+        )
     )
     outputs = [bytes(dst[a:b]) for a, b in zip(out_start[:reached], out_end[:reached], strict=True)]
     return status, reached, outputs
@@ -166,7 +170,9 @@ def test_a_damaged_frame_is_never_read_differently_from_the_library(
     check_like_library(Compression.LZ4, damage(frame, draw))
 
 
-@pytest.mark.parametrize("codec", [Compression.LZ4, Compression.SNAPPY], ids=lambda c: c.name)
+@pytest.mark.parametrize(
+    "codec", [Compression.LZ4, Compression.SNAPPY, Compression.GZIP], ids=lambda c: c.name
+)
 def test_an_area_larger_than_the_room_asks_for_more(codec: Compression) -> None:
     """The areas before the one that does not fit are kept; that one asks for room."""
     small, big = compress(codec, b"a" * 10), compress(codec, b"b" * 5000)
@@ -220,11 +226,13 @@ def test_a_segment_of_one_record_batches_decodes_whole() -> None:
 
 
 @pytest.mark.parametrize(
-    "codec", [Compression.LZ4, Compression.SNAPPY, Compression.ZSTD], ids=lambda c: c.name
+    "codec",
+    [Compression.LZ4, Compression.SNAPPY, Compression.ZSTD, Compression.GZIP],
+    ids=lambda c: c.name,
 )
 def test_batches_need_no_codec_call(codec: Compression, codec_calls: list[str]) -> None:
-    """A segment of LZ4, snappy or zstd batches is decompressed without a call into the
-    codec layer."""
+    """A segment of LZ4, snappy, zstd or gzip batches is decompressed without a call into
+    the codec layer."""
     batches = [encode_batch(_records(i, 1), base_offset=i, compression=codec) for i in range(200)]
     cols = segment_columns(b"".join(batches))
     assert cols.num_records == 200
@@ -255,7 +263,9 @@ def test_the_first_bad_batch_is_the_one_named() -> None:
     assert info.value.position == sum(map(len, good))
 
 
-@pytest.mark.parametrize("codec", [Compression.LZ4, Compression.ZSTD], ids=lambda c: c.name)
+@pytest.mark.parametrize(
+    "codec", [Compression.LZ4, Compression.ZSTD, Compression.GZIP], ids=lambda c: c.name
+)
 def test_highly_compressed_frames_grow_the_side_buffer(codec: Compression) -> None:
     """Frames that expand far past the first guess of the room they need."""
     records = [Record(i, i, b"k", bytes([i]) * 200_000) for i in range(3)]
@@ -564,3 +574,40 @@ def test_every_thread_decodes_with_its_own_context() -> None:
     assert failures == []
     assert len(set(contexts.values())) == len(values)
     assert 0 not in contexts.values()
+
+
+@settings(max_examples=300, deadline=None)
+@given(payloads, st.data())
+def test_gzip_members_decode_as_the_library_does_whole_or_damaged(
+    data: bytes, draw: st.DataObject
+) -> None:
+    """A gzip member (the codec layer's, or another level's) decodes as the codec layer
+    decodes it; with bytes changed or cut, the kernel gives the same or leaves it to the
+    library (zlib checks the member's CRC-32 and length)."""
+    level = draw.draw(st.sampled_from([1, 6, 9]))
+    member = gzip.compress(data, compresslevel=level, mtime=0)
+    status, _, outputs = kernel([member], room=len(data) + 1, codec=Compression.GZIP)
+    assert (status, outputs) == (OK, [data])
+    check_like_library(Compression.GZIP, damage(member, draw))
+
+
+def test_two_gzip_members_or_bytes_after_one_are_left_to_the_library() -> None:
+    """An area of two members (which the codec layer reads as one stream) or with bytes
+    after its member is not taken by the kernel."""
+    one = gzip.compress(b"first", mtime=0)
+    for area in (one + gzip.compress(b"second", mtime=0), one + b"\x00"):
+        status, reached, _ = kernel([area], room=1 << 16, codec=Compression.GZIP)
+        assert (status, reached) == (UNDECODED, 0)
+
+
+def test_without_zlib_gzip_batches_go_through_the_codec_layer(
+    codec_calls: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With no zlib to call, gzip batches decode through the codec layer, as before."""
+    monkeypatch.setattr(zlib_streams, "inflating", lambda: None)
+    batches = [
+        encode_batch(_records(i, 1), base_offset=i, compression=Compression.GZIP) for i in range(20)
+    ]
+    cols = segment_columns(b"".join(batches))
+    assert [cols.key(i) for i in (0, 19)] == [b"k0", b"k19"]
+    assert codec_calls == ["decompress_frames"]

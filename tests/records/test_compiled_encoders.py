@@ -14,7 +14,7 @@ import zstandard
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cleanerd.records import compiled_codecs, compiled_encoders
+from cleanerd.records import compiled_codecs, compiled_encoders, zlib_streams
 from cleanerd.records.compiled_encoders import LZ4_HEADER, compress_areas
 from cleanerd.records.compression import compress, decompress
 from cleanerd.records.header import Compression
@@ -98,7 +98,7 @@ def test_other_codecs_and_missing_libraries_go_through_the_codec_layer(
         monkeypatch.setattr(compiled_encoders, "lz4_library", lambda: None)
         codecs[:] = LZ4
     elif missing == "zlib":
-        monkeypatch.setattr(compiled_encoders, "gzip_stream", lambda: None)
+        monkeypatch.setattr(zlib_streams, "deflating", lambda: None)
         codecs[:] = GZIP
     blob, lengths = compress_areas(src, starts, ends, codecs)
     for frame, codec, begin, end in zip(_frames(blob, lengths), codecs, starts, ends, strict=True):

@@ -1,0 +1,49 @@
+"""System C libraries that compiled kernels call directly (liblz4, zlib).
+
+A library is loaded with ctypes (`load_library`), and each function a kernel calls is
+registered with LLVM under a fixed symbol name, `cleanerd_<function>` (`bind`), when
+numba is first imported: compiled code names the symbol, not an address, so numba's
+on-disk cache stays valid across processes (as `crc.py` and `compiled_codecs.py` do for
+the CRC-32C routine and libzstd). Without the library, the symbol is bound to a stand-in
+that returns 0, so kernels still compile; their callers check the library first and take
+the codec layer instead, so the stand-in is never called.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+from typing import Any
+
+_STAND_INS: list[Any] = []
+"""The callbacks a missing library's symbols are bound to (kept alive here)."""
+
+
+def load_library(names: list[str], short: str, needed: tuple[str, ...]) -> ctypes.CDLL | None:
+    """The first of `names` (then what `find_library(short)` finds) that loads and has
+    every function of `needed`, or None."""
+    found = ctypes.util.find_library(short)
+    for name in [*names, *([found] if found else [])]:
+        try:
+            library = ctypes.CDLL(name)
+        except OSError:
+            continue
+        if all(hasattr(library, f) for f in needed):
+            return library
+    return None
+
+
+def bind(library: ctypes.CDLL | None, name: str, restype: Any, argtypes: list[Any]) -> str:
+    """Register `library`'s function `name` with LLVM as `cleanerd_<name>` (the stand-in
+    when `library` is None); returns the symbol."""
+    import llvmlite.binding as llvm
+
+    if library is None:
+        callback = ctypes.CFUNCTYPE(restype, *argtypes)(lambda *_: 0)
+        _STAND_INS.append(callback)
+        address = int(ctypes.cast(callback, ctypes.c_void_p).value or 0)
+    else:
+        address = int(ctypes.cast(getattr(library, name), ctypes.c_void_p).value or 0)
+    symbol = f"cleanerd_{name}"
+    llvm.add_symbol(symbol, address)
+    return symbol
