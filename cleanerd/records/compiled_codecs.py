@@ -93,11 +93,12 @@ GZIP: Final = 1
 SNAPPY: Final = 2
 LZ4: Final = 3
 ZSTD: Final = 4
+"""The codecs decoded here (attribute values); zstd and gzip only when libzstd and zlib
+are loaded."""
 GZIP_MIN_MEMBER: Final = 18  # a 10-byte header, an empty deflate block, an 8-byte trailer
 GZIP_MAX_RATIO: Final = 1032  # deflate's most: 258 bytes from each 2 bits
 NO_STREAM: Final = np.empty(0, np.uint64)
 """`decompress_areas`'s inflating stream when zlib is not loaded."""
-"""The codecs decoded here (attribute values); zstd only when libzstd is loaded."""
 _LZ4_MAGIC: Final = np.frombuffer(LZ4_MAGIC, np.uint8)
 _XERIAL_MAGIC: Final = np.frombuffer(XERIAL_MAGIC, np.uint8)
 
@@ -210,8 +211,8 @@ _find_frame_compressed_size: Any = None
 _is_error: Any = None
 _get_error_code: Any = None
 zstd_compress_cctx: Any = None
-"""`ZSTD_compressCCtx`, for the encoder (`compiled_encoders.py`)."""
-"""numba's declarations of the libzstd functions, made when numba is imported."""
+"""numba's declarations of the libzstd functions, made when numba is imported
+(`zstd_compress_cctx` for the encoder, `compiled_encoders.py`)."""
 
 
 def _stand_in(name: str) -> int:
