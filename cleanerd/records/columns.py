@@ -645,6 +645,9 @@ def _decompress_areas(
     dctx = compiled_codecs.zstd_context() if zstd.any() else 0
     if dctx:
         compiled |= zstd
+    lz4_native = bool((codecs == Compression.LZ4).any()) and (
+        compiled_codecs.lz4_library() is not None
+    )
     gzip = codecs == Compression.GZIP
     inflating = zlib_streams.inflating() if gzip.any() else None
     if inflating is not None:
@@ -669,6 +672,7 @@ def _decompress_areas(
                     i,
                     dctx,
                     inflating,
+                    lz4_native,
                 )
             )
             if status == compiled_codecs.NEEDS_ROOM:

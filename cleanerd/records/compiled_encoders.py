@@ -14,8 +14,8 @@ the codec layer writes, so the output is the one the codec layer's would be:
   header checksum, then 64 KiB blocks, each a little-endian size word and LZ4's block
   format from liblz4's `LZ4_compress_default`, or the block stored whole with the size
   word's high bit set when compressing does not make it smaller, then the end mark).
-  liblz4 is the system's shared library (`liblz4-1` on Debian), bound as `native.py`
-  says; without it LZ4 areas go through the codec layer;
+  liblz4 is the system's shared library, bound in `compiled_codecs.py` (whose decoder
+  uses it too); without it LZ4 areas go through the codec layer;
 - gzip: one gzip stream per area through this thread's deflating stream
   (`zlib_streams.py`), the codec layer's byte for byte.
 
@@ -25,13 +25,11 @@ is not loaded, goes through the codec layer, one call per area.
 
 from __future__ import annotations
 
-import ctypes
-import functools
 from typing import Any, Final
 
 import numpy as np
 
-from cleanerd._jit import jit, on_numba_load
+from cleanerd._jit import jit
 from cleanerd.records import compiled_codecs, zlib_streams
 from cleanerd.records.compiled_codecs import OK, UNDECODED, ZSTD
 from cleanerd.records.compression import (
@@ -45,7 +43,6 @@ from cleanerd.records.compression import (
     lz4_header_checksum,
 )
 from cleanerd.records.header import Compression
-from cleanerd.records.native import bind, load_library
 from cleanerd.records.walker import Int
 
 LZ4: Final = int(Compression.LZ4)
@@ -55,28 +52,6 @@ LZ4_HEADER: Final = np.frombuffer(
     np.uint8,
 )
 """The 7 bytes that open every LZ4 frame the codec layer writes."""
-
-_lz4_compress: Any = None
-"""numba's declaration of liblz4's `LZ4_compress_default`, made when numba is imported."""
-
-
-@functools.cache
-def lz4_library() -> ctypes.CDLL | None:
-    """liblz4 (`liblz4.so.1`), loaded once; None when it cannot be."""
-    return load_library(["liblz4.so.1"], "lz4", ("LZ4_compress_default",))
-
-
-def _declare() -> None:
-    global _lz4_compress
-    from numba import types
-
-    size, i32 = types.intp, types.int32
-    pointer, c_int = ctypes.c_void_p, ctypes.c_int
-    lz4 = bind(lz4_library(), "LZ4_compress_default", c_int, [pointer, pointer, c_int, c_int])
-    _lz4_compress = types.ExternalFunction(lz4, i32(size, size, i32, i32))
-
-
-on_numba_load(_declare)
 
 
 def zstd_compress_bound(sizes: Any) -> Any:
@@ -142,7 +117,9 @@ def lz4_compress_areas(
             room = min(len(dst) - used - 4, n - 1)  # a block only pays if it is smaller
             written = 0
             if room > 0:
-                written = _lz4_compress(base_in + at, base_out + used + 4, n, room)
+                written = compiled_codecs.lz4_compress_default(
+                    base_in + at, base_out + used + 4, n, room
+                )
             if written > 0:
                 _put_le32(dst, used, written)
                 used += 4 + written
@@ -204,7 +181,7 @@ def compress_areas(src: Any, starts: Any, ends: Any, codecs: Any) -> tuple[Any, 
             )
             if status == OK:
                 return dst[:used], sizes
-    elif n and bool((codecs == LZ4).all()) and lz4_library() is not None:
+    elif n and bool((codecs == LZ4).all()) and compiled_codecs.lz4_library() is not None:
         dst = np.empty(int(lz4_frame_bound(lengths).sum()), np.uint8)
         _, used = (int(x) for x in lz4_compress_areas(src, starts, ends, dst, sizes, LZ4_HEADER))
         return dst[:used], sizes

@@ -52,9 +52,11 @@ def kernel(
     room: int = 1 << 20,
     codec: Compression = Compression.LZ4,
     dctx: int | None = None,
+    native: bool = True,
 ) -> tuple[int, int, list[bytes]]:
     """(status, area reached, outputs) of one call over `frames` laid end to end (zstd
-    with this thread's context unless `dctx` is given)."""
+    with this thread's context unless `dctx` is given; LZ4 blocks through liblz4 unless
+    `native` is False)."""
     if dctx is None:
         dctx = zstd_context()
     src = np.frombuffer(b"".join(frames), np.uint8)
@@ -67,7 +69,7 @@ def kernel(
     status, reached, _ = (
         int(x)
         for x in decompress_areas(
-            src, starts, ends, codecs, dst, 0, out_start, out_end, 0, dctx, inflating()
+            src, starts, ends, codecs, dst, 0, out_start, out_end, 0, dctx, inflating(), native
         )
     )
     outputs = [bytes(dst[a:b]) for a, b in zip(out_start[:reached], out_end[:reached], strict=True)]
@@ -90,15 +92,15 @@ def damage(area: bytes, draw: st.DataObject) -> bytes:
     return bytes(changed[: draw.draw(st.integers(max(0, len(changed) - 8), len(changed)))])
 
 
-def check_like_library(codec: Compression, area: bytes) -> None:
+def check_like_library(codec: Compression, area: bytes, *, native: bool = True) -> None:
     """The kernel either gives what the codec layer gives for `area` or leaves it to it;
     it never takes an area the codec layer refuses. Asked for more room, it gets it, as
     the decoder gives it (a damaged zstd frame may decode to more than the original)."""
     room = 1 << 20
-    status, _, outputs = kernel([area], room=room, codec=codec)
+    status, _, outputs = kernel([area], room=room, codec=codec, native=native)
     while status == NEEDS_ROOM and room < 1 << 30:
         room *= 2
-        status, _, outputs = kernel([area], room=room, codec=codec)
+        status, _, outputs = kernel([area], room=room, codec=codec, native=native)
     expected = library(codec, area)
     if status == OK:
         assert expected is not None
@@ -128,12 +130,20 @@ def test_xxh32_matches_the_reference(data: bytes) -> None:
     st.booleans(),
     st.booleans(),
     st.booleans(),
+    st.booleans(),
 )
 def test_frames_of_every_shape_decode_as_the_library_does(
-    data: bytes, block_size: int, linked: bool, content_sum: bool, block_sum: bool, sized: bool
+    data: bytes,
+    block_size: int,
+    linked: bool,
+    content_sum: bool,
+    block_sum: bool,
+    sized: bool,
+    native: bool,
 ) -> None:
     """Frames from the `lz4` package with each option, from cleanerd's own Kafka framing,
-    from cramjam, and with Kafka's legacy header checksum: all decode to the data."""
+    from cramjam, and with Kafka's legacy header checksum: all decode to the data, with
+    blocks through liblz4 or through the kernel's own block decoder."""
     frames = [
         lz4.frame.compress(
             data,
@@ -147,7 +157,7 @@ def test_frames_of_every_shape_decode_as_the_library_does(
         bytes(cramjam.lz4.compress(data)),
     ]
     frames.append(legacy_header_checksum(frames[1]))
-    status, reached, outputs = kernel(frames)
+    status, reached, outputs = kernel(frames, native=native)
     assert (status, reached) == (OK, len(frames))
     assert outputs == [data] * len(frames)
 
@@ -164,10 +174,11 @@ def test_linked_blocks_reach_back_into_the_previous_block() -> None:
 def test_a_damaged_frame_is_never_read_differently_from_the_library(
     data: bytes, draw: st.DataObject
 ) -> None:
-    """Bytes changed anywhere in a frame, or cut off its end."""
+    """Bytes changed anywhere in a frame, or cut off its end; blocks decoded through
+    liblz4 or through the kernel's own block decoder."""
     checksum = draw.draw(st.booleans())
     frame = lz4.frame.compress(data, content_checksum=checksum, store_size=False)
-    check_like_library(Compression.LZ4, damage(frame, draw))
+    check_like_library(Compression.LZ4, damage(frame, draw), native=draw.draw(st.booleans()))
 
 
 @pytest.mark.parametrize(

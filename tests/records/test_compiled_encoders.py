@@ -95,7 +95,7 @@ def test_other_codecs_and_missing_libraries_go_through_the_codec_layer(
         monkeypatch.setattr(compiled_codecs, "zstd_compression_context", lambda: 0)
         codecs[:] = ZSTD
     elif missing == "liblz4":
-        monkeypatch.setattr(compiled_encoders, "lz4_library", lambda: None)
+        monkeypatch.setattr(compiled_codecs, "lz4_library", lambda: None)
         codecs[:] = LZ4
     elif missing == "zlib":
         monkeypatch.setattr(zlib_streams, "deflating", lambda: None)
