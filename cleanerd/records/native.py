@@ -20,17 +20,22 @@ _STAND_INS: list[Any] = []
 
 
 def load_library(names: list[str], short: str, needed: tuple[str, ...]) -> ctypes.CDLL | None:
-    """The first of `names` (then what `find_library(short)` finds) that loads and has
-    every function of `needed`, or None."""
-    found = ctypes.util.find_library(short)
-    for name in [*names, *([found] if found else [])]:
-        try:
-            library = ctypes.CDLL(name)
-        except OSError:
-            continue
-        if all(hasattr(library, f) for f in needed):
+    """The first of `names`, then of what `find_library(short)` finds (asked only then:
+    it runs `ldconfig`), that loads and has every function of `needed`, or None."""
+    for name in names:
+        library = _loaded(name, needed)
+        if library is not None:
             return library
-    return None
+    found = ctypes.util.find_library(short)
+    return None if found is None else _loaded(found, needed)
+
+
+def _loaded(name: str, needed: tuple[str, ...]) -> ctypes.CDLL | None:
+    try:
+        library = ctypes.CDLL(name)
+    except OSError:
+        return None
+    return library if all(hasattr(library, f) for f in needed) else None
 
 
 def bind(library: ctypes.CDLL | None, name: str, restype: Any, argtypes: list[Any]) -> str:
