@@ -13,8 +13,13 @@ def test_the_usual_name_is_tried_before_find_library(monkeypatch: pytest.MonkeyP
     """A library found under its usual name needs no `find_library` (an `ldconfig` run);
     one that is not is looked for there; one without a needed function is refused."""
     asked: list[str] = []
-    found = ctypes.util.find_library
-    monkeypatch.setattr(ctypes.util, "find_library", lambda n: asked.append(n) or found(n))
+    find = ctypes.util.find_library
+
+    def finding(name: str) -> str | None:
+        asked.append(name)
+        return find(name)
+
+    monkeypatch.setattr(ctypes.util, "find_library", finding)
     assert load_library(["libz.so.1"], "z", ("deflate",)) is not None
     assert asked == []
     assert load_library(["no-such-library.so"], "z", ("deflate",)) is not None
