@@ -104,19 +104,19 @@ def _close(it: Iterator[BatchInfo]) -> None:
         close()
 
 
-def _close_mapping(buf: mmap.mmap) -> None:
+def _close_mapping(buf: mmap.mmap, *, failing: bool = False) -> None:
     """Close `buf`. A view of it that only a reference cycle still holds (numba keeps
     the arguments of a call that compiled a kernel in one: the first call after an
-    install, with an empty cache) is collected first, instead of failing the read. A
-    view still alive after that belongs to an exception on its way out (its traceback
-    holds the frames that decoded the bytes, a bad batch's): the mapping is then left to
-    close when that view goes, rather than the error that explains the read being
-    replaced by this one."""
+    install, with an empty cache) is collected first, instead of failing the read. When
+    the read is `failing` (an exception on its way out, whose traceback holds the frames
+    that decoded the bytes, a bad batch's), a view still alive after that is the
+    exception's: the mapping is left to close when it goes, rather than the error that
+    explains the read being replaced by this one."""
     try:
         buf.close()
     except BufferError:
         gc.collect()
-        with contextlib.suppress(BufferError):
+        with contextlib.suppress(BufferError) if failing else contextlib.nullcontext():
             buf.close()
 
 
@@ -656,8 +656,10 @@ class LogSegment:
             buf = mmap.mmap(f.fileno(), mapped, access=mmap.ACCESS_READ)
             try:
                 yield buf
-            finally:
-                _close_mapping(buf)
+            except BaseException:
+                _close_mapping(buf, failing=True)
+                raise
+            _close_mapping(buf)
 
     def _not_as_listed(self, st: os.stat_result) -> str | None:
         """What the open `.log` (its `fstat`) is now, if it is not the segment whose size
