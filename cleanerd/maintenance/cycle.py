@@ -206,9 +206,9 @@ class _Builder:
     next_due_ms: int | None = None
     truncated: list[TailCut] = field(default_factory=list)
     damaged: set[tuple[Path, TopicPartition]] = field(default_factory=set)
+    """Where damaged data was met (the process's set, shared by its cycles)."""
     repeated: Mapping[tuple[str, TopicPartition, str], str] = field(default_factory=dict)
     """The previous cycle's step errors (log dir, partition, phase -> reason)."""
-    """Where damaged data was met (the process's set, shared by its cycles)."""
 
     def skip(self, log_dir: Path | str, tp: TopicPartition | None, phase: str, reason: str) -> None:
         self.skipped.append(SkippedLog(str(log_dir), tp, phase, reason))
@@ -329,11 +329,12 @@ class Maintenance:
         self._plogs: dict[tuple[Path, TopicPartition], PartitionLog] = {}
         self._crashes: dict[TopicPartition, int] = {}
         self._retries: dict[TopicPartition, int] = {}
+        """Passes retried this cycle, by partition (`CYCLE_RETRIES`)."""
         self._last_step_errors: Mapping[tuple[str, TopicPartition, str], str] = {}
+        """The previous cycle's step errors, whose repeats are logged at debug."""
         self._damaged: set[tuple[Path, TopicPartition]] = set()
         """The partitions where a step of this process met damaged data: a clean stop
         writes no clean-shutdown marker in their dirs."""
-        """Passes retried this cycle, by partition (`CYCLE_RETRIES`)."""
         self.drain = threading.Event()
         """While set, the cleaning phase starts no pass (those in flight finish). Any
         thread may set or clear it."""
