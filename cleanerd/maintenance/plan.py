@@ -279,11 +279,12 @@ def gather(cfg: Config, *, now_ms: int) -> Gathered:
     for path in cfg.log_dirs:
         try:
             with LogDir.open(Path(path), observe=True, state_dir=cfg.state_dir) as log_dir:
+                partitions = log_dir.partitions()
                 if (why := _observed_because(cfg, log_dir.path)) is not None:
                     out.observed[str(log_dir.path)] = why
                 else:
-                    owned[log_dir.path] = list(log_dir.partitions().values())
-                _gather_dir(cfg, log_dir, now_ms, out)
+                    owned[log_dir.path] = list(partitions.values())
+                _gather_dir(cfg, log_dir, partitions, now_ms, out)
                 out.device_of_dir[str(log_dir.path)] = device_of(log_dir.path)
                 readable.append(log_dir.path)
         except OSError as exc:
@@ -327,10 +328,16 @@ def _read_partition(
     raise AssertionError("unreachable")
 
 
-def _gather_dir(cfg: Config, log_dir: LogDir, now_ms: int, out: Gathered) -> None:
+def _gather_dir(
+    cfg: Config,
+    log_dir: LogDir,
+    partitions: Mapping[TopicPartition, Path],
+    now_ms: int,
+    out: Gathered,
+) -> None:
     first_seen = FirstSeen.load(cfg.state_dir, log_dir.path)
     horizons = HorizonCache()
-    for tp in log_dir.partitions():
+    for tp in partitions:
         topic = cfg.topic_config(tp.topic)
         try:
             plog, meta, segment_horizons = _read_partition(log_dir, tp, topic, horizons)
