@@ -135,22 +135,9 @@ code reads as a small negative number)."""
 def zstd_library() -> ctypes.CDLL | None:
     """libzstd, loaded once (None when no name of `LIBRARY_NAMES`, nor the name
     `find_library` gives, loads as a libzstd with every function the kernel calls)."""
-    for name in LIBRARY_NAMES:
-        library = _load(name)
-        if library is not None:
-            return library
-    found = ctypes.util.find_library("zstd")
-    return None if found is None else _load(found)
-
-
-def _load(path: str) -> ctypes.CDLL | None:
-    """The library at `path` if it loads and has every function the kernel calls."""
-    try:
-        library = ctypes.CDLL(path)
-    except OSError:
-        return None
-    contexts = ["ZSTD_createDCtx", "ZSTD_freeDCtx", "ZSTD_createCCtx", "ZSTD_freeCCtx"]
-    if not all(hasattr(library, f) for f in [*_SIGNATURES, *contexts]):
+    contexts = ("ZSTD_createDCtx", "ZSTD_freeDCtx", "ZSTD_createCCtx", "ZSTD_freeCCtx")
+    library = load_library(LIBRARY_NAMES, "zstd", (*_SIGNATURES, *contexts))
+    if library is None:
         return None
     for kind in "DC":
         create, free = (
