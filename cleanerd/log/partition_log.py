@@ -93,6 +93,7 @@ from cleanerd.log.producer_state import (
     write_snapshot,
 )
 from cleanerd.log.recovery import (
+    ProducerFold,
     RecoveryReport,
     SegmentOptions,
     list_refusing_links,
@@ -277,6 +278,7 @@ class PartitionLog:
         ):
             _, listed = _dir_stamp(path)  # before the listing of the recovery
             listing = list_refusing_links(path)
+            snapshots = snapshot_offsets_in(e.name for e in listing)
             segments, report = recover_partition(
                 path,
                 options,
@@ -287,6 +289,7 @@ class PartitionLog:
                 clean_shutdown=clean_shutdown,
                 listing=listing,
                 known=known,
+                fold=None if snapshots else ProducerFold(),
             )
             if not segments and not read_only:
                 start = checkpoints.log_start_offsets.get(tp, 0)
@@ -312,7 +315,8 @@ class PartitionLog:
             # As Kafka's loader: a recovery point never lies past the log end (a cut tail
             # took back offsets the checkpoint called flushed).
             plog.recovery_point = plog.log_end_offset
-        snapshots = snapshot_offsets_in(e.name for e in listing)
+        if report.producers is not None and plog.corrupt is None:
+            plog._adopt_producers(report.producers)
         # Only a crash leaves snapshots past the log end: a clean stop flushed the log
         # before its snapshot (and a damaged partition is left as it is).
         crashed = owns and not clean_shutdown and plog.corrupt is None
@@ -695,6 +699,12 @@ class PartitionLog:
             log_end=self.log_end_offset,
         )
         return ProducerState() if state is None else state
+
+    def _adopt_producers(self, state: ProducerState) -> None:
+        """Take the producer state the open's validation rebuilt, at the log end."""
+        self._producers = state
+        last = self._segments[-1] if self._segments else None
+        self._txn_scanned = (-1, 0) if last is None else (last.base_offset, last.size)
 
     def producer_state(self) -> ProducerState:
         """The producer state at the log end offset: the latest snapshot, then a walk of

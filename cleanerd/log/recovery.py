@@ -60,6 +60,12 @@ damaged non-active segment, garbage, an index pointing past the end of its log) 
 reported with the file and byte position, the files are left byte for byte as they
 are, and the partition is flagged corrupt so callers mark it uncleanable. Indexes that
 are missing or merely inconsistent are rebuilt from the log.
+
+A first open with no producer snapshot (none in the dir) and every segment walked in
+full rebuilds the producer state in the same walk, as Kafka's loader updates it while
+it recovers a segment: `ProducerFold` applies each valid batch in log order, and the
+state is handed on only when every segment was walked from its start and nothing failed,
+so what it holds is what a walk of the log as it now stands (tails cut) would give.
 """
 
 from __future__ import annotations
@@ -95,10 +101,12 @@ from cleanerd.log.files import (
 from cleanerd.log.fsutil import atomic_write, fsync_dir, safe_unlink
 from cleanerd.log.index import IndexPastLogError
 from cleanerd.log.known_segments import KnownSegment
+from cleanerd.log.producer_state import ProducerState
 from cleanerd.log.segment import IndexCheck, IndexRebuild, LogSegment
 from cleanerd.log.tail import ZERO_TAIL, torn_tail_reason
 from cleanerd.logger import get_logger
-from cleanerd.records.walker import Walk, walk_prefix
+from cleanerd.records.header import Buffer
+from cleanerd.records.walker import NO_DELETE_HORIZON, BatchTable, Walk, delete_horizon, walk_prefix
 
 log = get_logger(__name__)
 
@@ -147,6 +155,9 @@ class RecoveryReport:
     errors: list[CleanerdError] = field(default_factory=list)
     malformed: list[str] = field(default_factory=list)
     """Files named like segment files that are not (reported, left alone)."""
+    producers: ProducerState | None = None
+    """The producer state at the log end, when the validation rebuilt it (see the
+    module docstring), else None."""
 
     @property
     def corrupt(self) -> CleanerdError | None:
@@ -457,13 +468,48 @@ def _indexes_exist(segment: LogSegment) -> bool:
     return segment.offset_index_path.exists() and segment.time_index_path.exists()
 
 
+class ProducerFold:
+    """The producer state rebuilt from the batches the validation walks (see the module
+    docstring), and each whole segment's KIP-534 delete horizons, which the walk of
+    `PartitionLog.producer_state` would otherwise find."""
+
+    def __init__(self) -> None:
+        self.state: ProducerState | None = ProducerState()
+        """None once a segment was not walked whole, or a marker did not parse (the
+        later walk then reports it, at its file and position)."""
+        self._horizon = (NO_DELETE_HORIZON, 0)
+
+    def start(self) -> None:
+        """A segment's walk begins (at its first byte)."""
+        self._horizon = (NO_DELETE_HORIZON, 0)
+
+    def add(self, table: BatchTable, buf: Buffer) -> None:
+        """Apply the next valid batches, walked in `buf`."""
+        if self.state is None:
+            return
+        try:
+            self.state.apply(table, buf)
+        except CorruptRecordError:
+            self.state = None
+            return
+        earliest, found = delete_horizon(table)
+        self._horizon = (min(self._horizon[0], earliest), self._horizon[1] + found)
+
+    def finish(self, segment: LogSegment) -> None:
+        """The segment's walk reached the end of its valid bytes."""
+        if self.state is not None and segment.delete_horizon is None:
+            segment.delete_horizon = self._horizon
+
+
 def _validate_full(
     segment: LogSegment,
     *,
     is_active: bool,
     quarantine_dir: Path | None,
     report: RecoveryReport,
-) -> None:
+    fold: ProducerFold | None = None,
+) -> bool:
+    """Walk the whole segment, CRCs checked; whether it is sound (a torn tail cut)."""
     # One walk checks the CRCs and, as it goes, the indexes against the batches (or
     # rebuilds missing ones in memory); what it found is acted on only once the walk
     # is known to be clean, as if the indexes were read after it.
@@ -474,18 +520,27 @@ def _validate_full(
     except (IndexPastLogError, CorruptIndexError) as exc:
         unreadable = exc
     with segment.open_buffer() as buf:
-        scan = walk_prefix(buf, each=None if indexes is None else indexes.add)
+
+        def each(table: BatchTable) -> None:
+            if indexes is not None:
+                indexes.add(table)
+            if fold is not None:
+                fold.add(table, buf)
+
+        if fold is not None:
+            fold.start()
+        scan = walk_prefix(buf, each=None if indexes is None and fold is None else each)
         reason = torn_tail_reason(buf, scan) if is_active else None
     if scan.error is not None and reason is None:
         _report(report, scan.error.located(segment.log_path))
-        return
+        return False
     try:
         segment.txn_index.sanity_check()
         if isinstance(indexes, IndexRebuild):
             if reason is None:
                 indexes.finish(reason="missing")
                 report.rebuilt_indexes.append(str(segment.log_path))
-                return
+                return True
         else:
             segment.offset_index.check_within(segment.size)
             if reason is None:
@@ -495,21 +550,22 @@ def _validate_full(
                 indexes.finish()
     except IndexPastLogError as exc:
         _report(report, exc)
-        return
+        return False
     except CorruptIndexError as exc:
         if exc.path == str(segment.txn_index_path):
             _report(report, exc)
-            return
+            return False
         segment.rebuild_indexes(reason=exc.reason)
         report.rebuilt_indexes.append(str(segment.log_path))
-        return
+        return True
     if reason is None:
-        return
+        return True
     if segment.read_only:
         log.warning("segment.torn_tail_seen", path=str(segment.log_path), reason=reason)
-        return
+        return False
     report.truncated.append(truncate_torn_tail(segment, scan, reason, quarantine_dir))
     report.rebuilt_indexes.append(str(segment.log_path))
+    return True
 
 
 def _validate_cheap(segment: LogSegment, report: RecoveryReport) -> None:
@@ -531,10 +587,12 @@ def validate_segments(
     report: RecoveryReport | None = None,
     clean_shutdown: bool = False,
     known: Mapping[int, KnownSegment] | None = None,
+    fold: ProducerFold | None = None,
 ) -> RecoveryReport:
     """Validate every segment (see the module docstring); never raises for damage found
     in the data, which goes to `report.errors` instead. `known`: what cleanerd's own
-    clean stop recorded of the segments (with `clean_shutdown` only)."""
+    clean stop recorded of the segments (with `clean_shutdown` only). With `fold`, the
+    producer state is rebuilt in the same walk when every segment is walked whole."""
     report = RecoveryReport() if report is None else report
     for n, segment in enumerate(segments):
         is_active = n == len(segments) - 1
@@ -543,15 +601,25 @@ def validate_segments(
         if full_check or (
             unflushed and not clean_shutdown and not _flushed_head(segment, recovery_point)
         ):
-            _validate_full(
-                segment, is_active=is_active, quarantine_dir=quarantine_dir, report=report
+            sound = _validate_full(
+                segment,
+                is_active=is_active,
+                quarantine_dir=quarantine_dir,
+                report=report,
+                fold=fold,
             )
+            if fold is not None and sound:
+                fold.finish(segment)
+                continue
         elif not clean_shutdown or (is_active and not _as_known(segment, known)):
             _validate_cheap(segment, report)
         # else: a segment after a clean shutdown is trusted, as Kafka's loader trusts it
         # (the active one only when cleanerd's own clean stop recorded it as it still
         # is); its indexes are read when first used (their last entries checked against
         # the log then).
+        fold = None  # not walked whole, or damaged: the producer state needs its own walk
+    if fold is not None and not report.errors:
+        report.producers = fold.state
     return report
 
 
@@ -588,11 +656,14 @@ def recover_partition(
     clean_shutdown: bool = False,
     listing: Listing | None = None,
     known: Mapping[int, KnownSegment] | None = None,
+    fold: ProducerFold | None = None,
 ) -> tuple[list[LogSegment], RecoveryReport]:
     """Open a partition dir's segments. Links are refused first (SymlinkRefused; or the
     caller did, making `listing` with `list_refusing_links`). With `recover` (the caller
     owns the log dir), then finish interrupted swaps, validate and repair what a crash
-    can leave; without it, only check (nothing on disk changes)."""
+    can leave; without it, only check (nothing on disk changes). `fold`: rebuild the
+    producer state in the validation's walk, for a dir with no producer snapshot
+    (`report.producers`, with `recover` only)."""
     listing = list_refusing_links(dir_path) if listing is None else listing
     names = sort_names(listing)
     report = RecoveryReport()
@@ -612,5 +683,6 @@ def recover_partition(
             report=report,
             clean_shutdown=clean_shutdown and recover,
             known=known,
+            fold=fold if recover else None,
         )
     return segments, report

@@ -6,10 +6,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cleanerd.log.index import IndexBuilder, OffsetIndex, TimeIndex
+from cleanerd.log.partition_log import PartitionLog
 from cleanerd.log.producer_state import ProducerEntry, ProducerState
 from cleanerd.records.batch import encode_batch, encode_empty_batch, iter_records
 from cleanerd.records.control import ControlRecordType, encode_end_txn_marker
@@ -104,6 +106,46 @@ def test_producer_state_from_a_table_follows_kafkas_rules_batch_by_batch(
     parts.apply(table.head(cut), data)
     parts.apply(table, data)  # rows below the state's offset are not applied twice
     assert parts.entries == expected
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(BATCH, min_size=1, max_size=25),
+    st.sets(st.integers(1, 24), max_size=3),
+    st.integers(0, 40),
+)
+def test_the_opens_validation_walk_rebuilds_the_producer_state(
+    tmp_path_factory: pytest.TempPathFactory,
+    specs: list[tuple[int, bool, bool, int]],
+    bounds: set[int],
+    torn: int,
+) -> None:
+    """A first open (no producer snapshot, no recovery point) rebuilds the producer state
+    in the walk that checks the CRCs, over every segment, a torn tail cut first: the
+    state Kafka's rules give for the batches kept, and the state a walk of its own (a
+    read-only open's) finds."""
+    batches = [_batch(i, *spec) for i, spec in enumerate(specs)]
+    part = tmp_path_factory.mktemp("logs") / "t-0"
+    part.mkdir()
+    starts = sorted({0, *(b for b in bounds if b < len(batches))})
+    for lo, hi in zip(starts, [*starts[1:], len(batches)], strict=True):
+        last = hi == len(batches)
+        tail = _batch(len(batches), 1, False, False, 0)[:torn] if last else b""
+        (part / f"{100 + 2 * lo:020d}.log").write_bytes(b"".join(batches[lo:hi]) + tail)
+    data = b"".join(batches)
+    table = walk(data).table
+    expected: dict[int, ProducerEntry] = {}
+    for info in table.infos():
+        kafka_rules(expected, info, data)
+
+    plog = PartitionLog.open(part, state_dir=part.parent / "state", recover=True)
+    assert plog.recovery_report.producers is not None
+    assert len(plog.recovery_report.truncated) == (torn > 0)
+    assert plog.producer_state().entries == expected
+    assert plog.producer_state().offset == int(table.last_offset[-1]) + 1
+    walked = PartitionLog.open(part, read_only=True)
+    assert walked.recovery_report.producers is None
+    assert walked.producer_state().entries == expected
 
 
 def test_a_marker_that_bumps_the_epoch_leaves_no_last_batch() -> None:
