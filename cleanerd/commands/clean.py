@@ -133,6 +133,12 @@ def render_text(report: CycleReport) -> list[str]:
         )
     lines += [f"{f.tp}: uncleanable: {f.reason}" for f in report.failed]
     lines += [f"{e.tp}: {e.phase} failed: {e.reason}" for e in report.errors]
+    not_opened = {(e.log_dir, e.tp) for e in report.errors if e.phase == "open"}
+    lines += [
+        f"{u.tp}: unreadable, nothing done: {u.reason}"
+        for u in report.unreadable
+        if (u.log_dir, u.tp) not in not_opened  # said by its "open failed" line
+    ]
     for s in report.skipped:
         where = str(s.tp) if s.tp is not None else (s.log_dir or "cycle")
         lines.append(f"{where}: {s.phase} skipped: {s.reason}")

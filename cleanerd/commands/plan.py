@@ -22,11 +22,11 @@ from cleanerd.logger import log_to_stderr
 from cleanerd.maintenance.plan import (
     CyclePlan,
     PartitionPlan,
-    Unreadable,
     cycle_json,
     gather,
     plan_cycle,
 )
+from cleanerd.maintenance.report import Unreadable
 from cleanerd.maintenance.steps import RollPlan
 from cleanerd.retention.policy import Deletion
 

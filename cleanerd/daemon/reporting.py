@@ -160,4 +160,5 @@ class Reporter:
             device_log_dirs=device_dirs,
             counters=status.counters,
             observed_log_dirs=report.observed,
+            unreadable=report.unreadable,
         )

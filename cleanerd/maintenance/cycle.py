@@ -89,6 +89,7 @@ from cleanerd.maintenance.report import (
     SkippedLog,
     StepError,
     TailCut,
+    Unreadable,
 )
 from cleanerd.maintenance.steps import disk_usage_applies, next_due_ms, retention_applies
 from cleanerd.retention.disk import (
@@ -205,6 +206,7 @@ class _Builder:
     aborted: bool = False
     next_due_ms: int | None = None
     truncated: list[TailCut] = field(default_factory=list)
+    unreadable: list[Unreadable] = field(default_factory=list)
     damaged: set[tuple[Path, TopicPartition]] = field(default_factory=set)
     """Where damaged data was met (the process's set, shared by its cycles)."""
     repeated: Mapping[tuple[str, TopicPartition, str], str] = field(default_factory=dict)
@@ -224,6 +226,10 @@ class _Builder:
         logged(f"{phase}.failed", **_fields(tp, log_dir), error=str(exc), repeated=same)
         self.errors.append(StepError(str(log_dir), tp, phase, str(exc)))
         self.met(log_dir, tp, exc)
+
+    def unread(self, log_dir: Path, tp: TopicPartition, topic: TopicConfig, reason: str) -> None:
+        """Record a partition that could not be opened or read."""
+        self.unreadable.append(Unreadable(str(log_dir), tp, topic.cleanup_policy, reason))
 
     def met(self, log_dir: Path, tp: TopicPartition, exc: BaseException) -> None:
         """Keep `tp` among the damaged partitions when `exc` is damage it holds."""
@@ -247,6 +253,7 @@ class _Builder:
             errors=tuple(self.errors),
             next_due_ms=self.next_due_ms,
             truncated=tuple(self.truncated),
+            unreadable=tuple(self.unreadable),
         )
 
 
@@ -572,7 +579,7 @@ class Maintenance:
                 why = str(log_dir.held_by or f"{log_dir.mode.value} mode")
                 report.skip(log_dir.path, None, "discover", why)
                 report.observed.append(str(log_dir.path))
-                report.states += self._observe(log_dir, report.now_ms, live)
+                report.states += self._observe(log_dir, report, live)
                 continue
             log_dir.reload_checkpoints()
             listed = list(log_dir.partitions())
@@ -686,28 +693,29 @@ class Maintenance:
             except (CleanerdError, OSError) as exc:
                 log.warning("partition.unreadable", **_fields(p.tp, p.log_dir.path), error=str(exc))
                 report.met(p.log_dir.path, p.tp, exc)
+                report.unread(p.log_dir.path, p.tp, p.topic, str(exc))
         return states
 
     def _observe(
-        self, log_dir: LogDir, now_ms: int, live: set[tuple[Path, TopicPartition]]
+        self, log_dir: LogDir, report: _Builder, live: set[tuple[Path, TopicPartition]]
     ) -> list[PartitionState]:
         """The state of every partition of an observed log dir (a live broker's), read
         without writing a byte there: the same snapshot and cleaning candidate owner mode
         computes, for the metrics. The broker changes the files as they are read (a
         segment renamed or deleted between listing and opening, an append in flight):
-        a partition that cannot be read whole now is skipped this cycle and read again
-        the next, never marked."""
+        a partition that cannot be read whole now is skipped this cycle (reported as
+        unreadable) and read again the next, never marked."""
         checkpoints = log_dir.reload_checkpoints().cleaner_offsets
         listed = list(log_dir.partitions())
         with self._opening(log_dir, listed):
-            return list(self._observe_listed(log_dir, listed, checkpoints, now_ms, live))
+            return list(self._observe_listed(log_dir, listed, checkpoints, report, live))
 
     def _observe_listed(
         self,
         log_dir: LogDir,
         listed: list[TopicPartition],
         checkpoints: Mapping[TopicPartition, int],
-        now_ms: int,
+        report: _Builder,
         live: set[tuple[Path, TopicPartition]],
     ) -> Iterator[PartitionState]:
         for tp in listed:
@@ -727,13 +735,14 @@ class Maintenance:
             except (CleanerdError, OSError) as exc:
                 self._plogs.pop(key, None)
                 log.debug("observe.skipped", **_fields(tp, log_dir.path), reason=str(exc))
+                report.unread(log_dir.path, tp, topic, str(exc))
                 continue
             ltc = None
             if topic.compact:
                 ltc = log_to_clean(
                     meta,
                     checkpoint=checkpoints.get(tp),
-                    now_ms=now_ms,
+                    now_ms=report.now_ms,
                     min_compaction_lag_ms=topic.min_compaction_lag_ms,
                     max_compaction_lag_ms=topic.max_compaction_lag_ms,
                 )
@@ -767,6 +776,7 @@ class Maintenance:
                 plog.follow_checkpoints(log_dir.checkpoints)
         except (CleanerdError, OSError) as exc:
             report.error(log_dir.path, tp, "open", exc)
+            report.unread(log_dir.path, tp, topic, str(exc))
             return None
         if opening:
             report.truncated += [
@@ -910,6 +920,11 @@ class Maintenance:
         marked = {item.tp for item in compacted if self.manager.is_uncleanable(item, now)}
         candidates = self.manager.refresh(compacted, now)
         report.states += [PartitionState(c.meta, c.ltc) for c in candidates]
+        read = {c.tp for c in candidates}
+        for item in compacted:
+            if item.tp not in read:  # its metadata could not be read: marked uncleanable
+                reason = self.manager.registry.reason(item.tp) or "metadata unreadable"
+                report.unread(item.log_dir.path, item.tp, item.topic, reason)
         for item in compacted:
             if item.tp not in marked and self.manager.is_uncleanable(item, now):
                 reason = self.manager.registry.reason(item.tp) or ""

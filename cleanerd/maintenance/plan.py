@@ -47,7 +47,7 @@ from cleanerd.log.recovery import leftover_bytes
 from cleanerd.log.roll import DEFAULT_MIN_ROLL_INTERVAL_MS, SegmentAge
 from cleanerd.log.roller import FirstSeen, segment_age
 from cleanerd.log.topic_config import TopicConfig
-from cleanerd.maintenance.report import deleted_json, disk_deleted_json, rolled_json
+from cleanerd.maintenance.report import Unreadable, deleted_json, disk_deleted_json, rolled_json
 from cleanerd.maintenance.steps import (
     CompactionPlan,
     RollPlan,
@@ -245,16 +245,6 @@ def plan_cycle(
 # Gathering the inputs (observe mode)
 
 
-@dataclass(frozen=True, slots=True)
-class Unreadable:
-    """A partition that could not be read, so nothing is planned for it."""
-
-    log_dir: str
-    tp: TopicPartition
-    policy: tuple[str, ...]
-    reason: str
-
-
 @dataclass(slots=True)
 class Gathered:
     """The planning inputs read from the log dirs, and what could not be read."""
@@ -436,17 +426,6 @@ def partition_json(p: PartitionPlan) -> dict[str, Any]:
     return out
 
 
-def unreadable_json(u: Unreadable) -> dict[str, Any]:
-    """A partition that could not be read, as a JSON-ready dict."""
-    return {
-        "log_dir": u.log_dir,
-        "topic": u.tp.topic,
-        "partition": u.tp.partition,
-        "cleanup_policy": list(u.policy),
-        "reason": u.reason,
-    }
-
-
 def cycle_json(
     plan: CyclePlan,
     errors: Sequence[str] = (),
@@ -465,7 +444,7 @@ def cycle_json(
         ]
         + [disk_deleted_json(d) for d in plan.disk_deletions],
         "partitions": [partition_json(p) for p in plan.partitions],
-        "unreadable": [unreadable_json(u) for u in unreadable],
+        "unreadable": [u.to_json() for u in unreadable],
         "observed": [{"log_dir": d, "reason": why} for d, why in observed.items()],
         "cleaning_order": [
             str(p.topic_partition)

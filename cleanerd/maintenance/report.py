@@ -65,6 +65,26 @@ class CleanedLog:
 
 
 @dataclass(frozen=True, slots=True)
+class Unreadable:
+    """A partition that could not be opened or read (its metadata): nothing is planned or
+    done for it, and it has no state for the metrics. `policy`: its topic's
+    `cleanup.policy`."""
+
+    log_dir: str
+    tp: TopicPartition
+    policy: tuple[str, ...]
+    reason: str
+
+    def to_json(self) -> dict[str, Any]:
+        """As a JSON-ready dict (`unreadable` in `clean --json` and `plan --json`)."""
+        return {
+            **_where(self.log_dir, self.tp),
+            "cleanup_policy": list(self.policy),
+            "reason": self.reason,
+        }
+
+
+@dataclass(frozen=True, slots=True)
 class FailedLog:
     """A pass that failed: the partition is marked uncleanable with `reason`."""
 
@@ -140,6 +160,9 @@ class CycleReport:
     time-rule deadline."""
     truncated: tuple[TailCut, ...] = ()
     """Torn tails the opens of this cycle cut."""
+    unreadable: tuple[Unreadable, ...] = ()
+    """Partitions this cycle could not open or read (owned or observed): they have no
+    entry in `states`, so the metrics count them apart."""
 
     @property
     def idle(self) -> bool:
@@ -220,6 +243,7 @@ class CycleReport:
             "truncated": [
                 {**_where(t.log_dir, t.tp), **dataclasses.asdict(t.tail)} for t in self.truncated
             ],
+            "unreadable": [u.to_json() for u in self.unreadable],
         }
 
 

@@ -15,6 +15,7 @@ import pytest
 import yaml
 
 from cleanerd.cli import main
+from cleanerd.commands.clean import render_text
 from cleanerd.config import load_config
 from cleanerd.engine import local
 from cleanerd.engine.first_reads import ReaderPool
@@ -26,6 +27,7 @@ from cleanerd.log.lock import LogDirLock
 from cleanerd.log.partition_log import PartitionLog
 from cleanerd.maintenance import cycle
 from cleanerd.maintenance.cycle import Maintenance
+from cleanerd.maintenance.report import CycleReport, StepError, Unreadable
 from cleanerd.records.record import Record
 from cleanerd.records.walker import walk
 from tests.builders import build_log, kv
@@ -423,3 +425,30 @@ def test_a_torn_tail_the_open_cuts_is_in_the_report(
     assert main(["clean", "-c", config, "--now-ms", str(NOW)]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert f"t-0: cut a torn tail of 8 bytes at position {size} of {active}" in "\n".join(lines)
+
+
+def test_the_text_report_names_unreadable_partitions_once() -> None:
+    """A partition that could not be read gets its own line, unless its failed open
+    already says so."""
+    opened, read = TopicPartition("a", 0), TopicPartition("b", 1)
+    report = CycleReport(
+        now_ms=NOW,
+        finished_ms=NOW,
+        rolled=(),
+        retention=(),
+        disk_usage=None,
+        cleaned=(),
+        failed=(),
+        skipped=(),
+        unlinked=(),
+        states=(),
+        errors=(StepError("/l", opened, "open", "link refused"),),
+        unreadable=(
+            Unreadable("/l", opened, ("delete",), "link refused"),
+            Unreadable("/l", read, ("compact",), "bad CRC at 0 in /l/b-1/0.log"),
+        ),
+    )
+    lines = render_text(report)
+    assert "a-0: open failed: link refused" in lines
+    assert "b-1: unreadable, nothing done: bad CRC at 0 in /l/b-1/0.log" in lines
+    assert not [line for line in lines if line.startswith("a-0: unreadable")]

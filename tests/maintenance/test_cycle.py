@@ -321,6 +321,76 @@ def test_uncleanable_partitions_and_their_bytes_reach_the_metrics(
         assert snap.uncleanable_partitions == 1
 
 
+@pytest.mark.parametrize("mode", ["owner", "observe"])
+def test_a_partition_that_cannot_be_opened_is_reported_unreadable_and_counted(
+    tmp_path: Path, engine: LocalEngine, mode: str
+) -> None:
+    """A partition the cycle cannot open (a symbolic link in its dir, refused in every
+    mode) has no state, so no delay or size gauge sees it: the report lists it as
+    unreadable (in `--json` too) and the metrics count it in its log dir. Owned, its open
+    is a failed step as well; observed, it is not (a broker may have been changing it)."""
+    good, bad = TopicPartition("c", 0), TopicPartition("c", 1)
+    build(tmp_path, good, [records(range(3), T0)])
+    bad_dir = build(tmp_path, bad, [records(range(3), T0)])
+    (tmp_path / "elsewhere").write_bytes(b"")
+    (bad_dir / "00000000000000000099.snapshot").symlink_to(tmp_path / "elsewhere")
+    observe = {"mode": "observe"} if mode == "observe" else {}
+    cfg = write_config(tmp_path, {"c": {"cleanup.policy": "compact"}}, **observe)
+    logs = str(tmp_path / "logs")
+    with Maintenance(cfg, engine, clock=lambda: T0) as m:
+        report = m.run_once()
+    assert [s.meta.topic_partition for s in report.states] == [good]
+    (unread,) = report.unreadable
+    assert (unread.log_dir, unread.tp, unread.policy) == (logs, bad, ("compact",))
+    assert "00000000000000000099.snapshot" in unread.reason
+    assert [e.tp for e in report.errors] == ([bad] if mode == "owner" else [])
+    assert report.to_json()["unreadable"] == [
+        {
+            "log_dir": logs,
+            "topic": "c",
+            "partition": 1,
+            "cleanup_policy": ["compact"],
+            "reason": unread.reason,
+        }
+    ]
+    snap = build_snapshot(
+        now_ms=T0, partitions=report.states, log_dirs=[logs], unreadable=report.unreadable
+    )
+    (counted,) = snap.log_dirs
+    assert (counted.partitions, counted.unreadable_partitions) == (2, 1)
+
+
+def test_a_compacted_partition_whose_metadata_cannot_be_read_is_unreadable(
+    tmp_path: Path, engine: LocalEngine
+) -> None:
+    """A compacted partition whose segments' metadata cannot be read (a bad CRC in the
+    first batch of a rolled segment) is marked uncleanable and has no state: it is
+    listed unreadable too, so its log dir's gauges count it."""
+    tp = TopicPartition("t", 0)
+    build(tmp_path, tp, [records(range(100), T0), records(range(100), T0), records([0], T0)])
+    seg = tmp_path / "logs" / str(tp) / "00000000000000000100.log"
+    data = bytearray(seg.read_bytes())
+    data[65] ^= 0xFF  # inside the records of the first batch: its CRC fails
+    seg.write_bytes(bytes(data))
+    cfg = write_config(tmp_path, {"t": {"cleanup.policy": "compact"}})
+    with Maintenance(cfg, engine, clock=lambda: T0) as m:
+        report = m.run_once()
+        assert report.states == ()
+        assert [f.tp for f in report.failed] == [tp]
+        (unread,) = report.unreadable
+        assert unread.tp == tp
+        assert str(seg) in unread.reason
+        snap = build_snapshot(
+            now_ms=T0,
+            partitions=report.states,
+            uncleanable=m.manager.registry,
+            unreadable=report.unreadable,
+        )
+    (counted,) = snap.log_dirs
+    assert (counted.partitions, counted.unreadable_partitions) == (1, 1)
+    assert counted.uncleanable_partitions == 1
+
+
 class _StopWhileSwapping:
     """An engine that holds the partition lock from the submission (so the pass waits
     at its first swap) and sets `stop` at once; the cycle's abort releases the lock."""

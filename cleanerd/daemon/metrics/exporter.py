@@ -255,8 +255,18 @@ _LOG_DIR_GAUGES: Final[tuple[tuple[str, str, Callable[[LogDirMetrics], float]], 
         "Cleanable bytes of the uncleanable partitions (Kafka's uncleanable-bytes).",
         lambda d: d.uncleanable_bytes,
     ),
+    (
+        "cleanerd_unreadable_partitions",
+        "Partitions the last cycle could not open or read (damage, permissions, files "
+        "changing under an observed broker): no other gauge has numbers for them.",
+        lambda d: d.unreadable_partitions,
+    ),
     ("cleanerd_log_dir_size_bytes", "Bytes of segments in the log dir.", lambda d: d.size_bytes),
-    ("cleanerd_log_dir_partitions", "Partitions in the log dir.", lambda d: d.partitions),
+    (
+        "cleanerd_log_dir_partitions",
+        "Partitions in the log dir (unreadable ones included).",
+        lambda d: d.partitions,
+    ),
     (
         "cleanerd_log_dir_observed",
         "1 when the log dir is only observed (mode: observe, or its .lock is held by "

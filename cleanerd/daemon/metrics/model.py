@@ -19,7 +19,11 @@ Per partition and per log dir, and the maximum over all:
 - dirty ratio (Kafka's cleanableRatio); the max over non-empty, cleanable candidates is
   `max-dirty-percent`;
 - uncleanable partitions and bytes per log dir (bytes: the partitions' current cleanable
-  bytes, Kafka's definition).
+  bytes, Kafka's definition);
+- unreadable partitions per log dir: those the last cycle could not open or read, owned
+  or observed. They have no numbers of their own, so the maxima above cannot see them;
+  this count is what does (an observed partition the broker was changing as it was read
+  counts for that one cycle). The log dir's partition count includes them.
 
 From the workers' last rounds, as Kafka's LogCleaner gauges: max clean time, max buffer
 (offset map) utilisation, recopy ratio `sum(bytes written) / max(sum(bytes read), 1)`,
@@ -36,7 +40,7 @@ from dataclasses import dataclass, replace
 from cleanerd.compaction.manager import UncleanablePartitions
 from cleanerd.compaction.stats import CleanerStats
 from cleanerd.log.files import TopicPartition
-from cleanerd.maintenance.report import Counters, PartitionState
+from cleanerd.maintenance.report import Counters, PartitionState, Unreadable
 from cleanerd.retention.disk_usage import DeviceUsage
 
 
@@ -75,6 +79,8 @@ class LogDirMetrics:
     uncleanable_bytes: int
     observed: bool = False
     """Only observed (nothing is written there)."""
+    unreadable_partitions: int = 0
+    """Listed, but could not be opened or read (counted in `partitions` too)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -208,12 +214,17 @@ def build_snapshot(
     device_log_dirs: Mapping[int, Sequence[str]] | None = None,
     counters: Counters | None = None,
     observed_log_dirs: Iterable[str] = (),
+    unreadable: Iterable[Unreadable] = (),
 ) -> MetricsSnapshot:
     """The snapshot at `now_ms`. `log_dirs` lists dirs to report even when they hold no
-    partition (so their series exist); `last_runs` holds each worker's last round."""
+    partition (so their series exist); `last_runs` holds each worker's last round;
+    `unreadable`, the partitions the last cycle could not read."""
     states = list(partitions)
     observed = set(observed_log_dirs)
-    dirs = list(dict.fromkeys([*log_dirs, *(s.meta.log_dir for s in states)]))
+    unread: dict[str, set[TopicPartition]] = {}
+    for u in unreadable:
+        unread.setdefault(u.log_dir, set()).add(u.tp)
+    dirs = list(dict.fromkeys([*log_dirs, *(s.meta.log_dir for s in states), *unread]))
     marks = {d: uncleanable.in_dir(d) for d in dirs} if uncleanable is not None else {}
     per_partition = []
     for s in states:
@@ -233,7 +244,14 @@ def build_snapshot(
         unseen = set(marks.get(d, {})) - seen
         if unseen:
             m = replace(m, uncleanable_partitions=m.uncleanable_partitions + len(unseen))
-        dir_metrics.append(replace(m, observed=d in observed))
+        unread_here = unread.get(d, set()) - seen
+        m = replace(
+            m,
+            partitions=m.partitions + len(unread_here),
+            unreadable_partitions=len(unread_here),
+            observed=d in observed,
+        )
+        dir_metrics.append(m)
     read = sum(r.bytes_read for r in last_runs)
     written = sum(r.bytes_written for r in last_runs)
     where = device_log_dirs or {}

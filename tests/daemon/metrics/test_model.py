@@ -9,7 +9,7 @@ from cleanerd.daemon.metrics.model import build_snapshot
 from cleanerd.log.files import TopicPartition
 from cleanerd.log.meta import PartitionMeta, SegmentMeta
 from cleanerd.log.roll import RollDecision, RollReason
-from cleanerd.maintenance.report import MaintenanceCounters, PartitionState
+from cleanerd.maintenance.report import MaintenanceCounters, PartitionState, Unreadable
 from cleanerd.retention.disk import DiskUsageReport
 from cleanerd.retention.disk_usage import DeviceUsage, DiskDeletion
 from cleanerd.retention.executor import RetentionOutcome
@@ -88,6 +88,24 @@ def test_uncleanable_partitions_and_bytes_per_dir() -> None:
     assert a.max_dirty_ratio == 0.5  # good's; bad's 1.0 does not count
     assert snap.uncleanable_partitions == 2
     assert snap.partitions[0].uncleanable_reason == "corrupt"
+
+
+def test_unreadable_partitions_count_per_dir_and_among_its_partitions() -> None:
+    """A partition the last cycle could not read counts in its log dir's unreadable and
+    partition counts (once, however often listed), in a dir with no readable partition
+    too; a readable partition's dir counts none."""
+    good = state(meta("good", "/a", [NOW]))
+    unreadable = [
+        Unreadable("/a", TopicPartition("bad", 0), ("compact",), "bad CRC"),
+        Unreadable("/a", TopicPartition("bad", 0), ("compact",), "bad CRC"),
+        Unreadable("/b", TopicPartition("other", 3), ("delete",), "link refused"),
+    ]
+    snap = build_snapshot(
+        now_ms=NOW, partitions=[good], log_dirs=["/a", "/c"], unreadable=unreadable
+    )
+    counts = {d.log_dir: (d.partitions, d.unreadable_partitions) for d in snap.log_dirs}
+    assert counts == {"/a": (2, 1), "/b": (1, 1), "/c": (0, 0)}
+    assert [p.topic for p in snap.partitions] == ["good"]
 
 
 def test_worker_gauges_as_kafka_computes_them() -> None:
