@@ -4,8 +4,9 @@ Every log dir of the config is opened in observe mode (nothing is locked or modi
 so a live broker's or daemon's dirs can be audited), and every partition of a topic
 with `compact` in its cleanup policy (never `__cluster_metadata`) is scanned whole by
 `compaction.audit.audit_partition`: superseded records still on disk, the age of the
-oldest, tombstones and markers whose delete horizon has passed, and every superseded
-record older than `max.compaction.lag.ms` plus the slack, a deadline violation. A
+oldest, tombstones and markers whose delete horizon has passed, records without a key
+(which the next pass drops), and every superseded record older than
+`max.compaction.lag.ms` plus the slack, a deadline violation. A
 partition with more keyed records than `--memory-mb` holds is audited in key buckets,
 each read again (`compaction.audit`), so the scan's memory stays within that budget.
 
@@ -300,6 +301,12 @@ def render_text(a: PartitionAudit) -> list[str]:
     ]
     if past:
         lines.append(f"  past their delete horizon: {', '.join(past)}")
+    if r.keyless_records:
+        lines.append(
+            f"  {count(r.keyless_records, 'record')} without a key, the first at offset "
+            f"{r.first_keyless_offset}: a compacted topic keeps no record without a key, "
+            "so the next pass over them drops them (as Kafka's cleaner does)"
+        )
     lines.extend(
         f"  violation: offset {v.offset} superseded at {v.superseded_at_ms}, age {v.age_ms} ms"
         for v in r.listed_violations

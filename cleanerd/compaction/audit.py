@@ -142,6 +142,8 @@ _DTYPES: Final[Mapping[str, type[Any]]] = MappingProxyType(
         "tombstone": np.bool_,
         "horizon": np.int64,
         "marker_horizon": np.int64,
+        "keyless_count": np.int64,
+        "keyless_first": np.int64,
     }
 )
 """Each `AuditColumns` field's dtype."""
@@ -166,6 +168,13 @@ class AuditColumns:
     """The record's batch delete horizon, or NEVER."""
     marker_horizon: I64
     """Delete horizons of control batches that carry one (one row per batch)."""
+    keyless_count: I64
+    """Keyless data records below the last stable offset, not aborted: not candidates (no
+    key's record can supersede them), but a pass drops them, as Kafka's cleaner drops a
+    record without a key from a compacted topic. A count, not a row each: one entry (none
+    without such records), one per decoded range until `build` joins them."""
+    keyless_first: I64
+    """The first such record's offset, per entry of `keyless_count`."""
 
     @classmethod
     def empty(cls) -> AuditColumns:
@@ -175,7 +184,14 @@ class AuditColumns:
     @classmethod
     def build(cls, column: Callable[[str, type[Any]], NDArray[Any]]) -> AuditColumns:
         """The columns `column(name, dtype)` gives for each field, as that dtype."""
-        return cls(**{name: column(name, dtype) for name, dtype in _DTYPES.items()})
+        fields = {name: column(name, dtype) for name, dtype in _DTYPES.items()}
+        count, first = fields["keyless_count"], fields["keyless_first"]
+        if count.size > 1:
+            # Counted per decoded range: one entry for them all, so that the columns do
+            # not depend on where a read cut the bytes.
+            fields["keyless_count"] = np.array([count.sum()], np.int64)
+            fields["keyless_first"] = np.array([first.min()], np.int64)
+        return cls(**fields)
 
     @classmethod
     def concat(cls, parts: Sequence[AuditColumns]) -> AuditColumns:
@@ -259,11 +275,19 @@ class AuditResult:
     """now - the earliest passed tombstone horizon."""
     markers_past_horizon: int
     oldest_marker_overdue_ms: int | None
+    keyless_records: int = 0
+    """Records without a key (not candidates): the next pass over them drops them."""
+    first_keyless_offset: int | None = None
 
 
 def _most(values: Iterator[int | None]) -> int | None:
     known = [v for v in values if v is not None]
     return max(known) if known else None
+
+
+def _least(values: Iterator[int | None]) -> int | None:
+    known = [v for v in values if v is not None]
+    return min(known) if known else None
 
 
 def merge_results(parts: Sequence[AuditResult], *, max_listed: int) -> AuditResult:
@@ -291,6 +315,8 @@ def merge_results(parts: Sequence[AuditResult], *, max_listed: int) -> AuditResu
         oldest_tombstone_overdue_ms=_most(r.oldest_tombstone_overdue_ms for r in parts),
         markers_past_horizon=sum(r.markers_past_horizon for r in parts),
         oldest_marker_overdue_ms=_most(r.oldest_marker_overdue_ms for r in parts),
+        keyless_records=sum(r.keyless_records for r in parts),
+        first_keyless_offset=_least(r.first_keyless_offset for r in parts),
     )
 
 
@@ -430,6 +456,8 @@ def audit_columns(
         oldest_tombstone_overdue_ms=tomb_overdue,
         markers_past_horizon=markers_passed,
         oldest_marker_overdue_ms=marker_overdue,
+        keyless_records=int(cols.keyless_count.sum()),
+        first_keyless_offset=int(cols.keyless_first.min()) if cols.keyless_first.size else None,
     )
 
 
@@ -469,8 +497,9 @@ def segment_audit_columns(
     bucket: KeyBucket = WHOLE,
 ) -> AuditColumns:
     """The candidate rows of one decoded segment whose keys are in `bucket` (the
-    transaction markers' horizons with bucket 0 only). `tracker` (None when the partition
-    has no aborted transaction) is carried across the partition's segments in order."""
+    transaction markers' horizons and the keyless records with bucket 0 only). `tracker`
+    (None when the partition has no aborted transaction) is carried across the
+    partition's segments in order."""
     attrs = sc.attributes.astype(np.int64)
     control = (attrs & CONTROL_MASK) != 0
     aborted = _aborted_batches(sc, tracker)
@@ -478,8 +507,10 @@ def segment_audit_columns(
         (attrs & DELETE_HORIZON_MASK) != 0, sc.base_timestamp, NEVER
     ).astype(np.int64)
     bi = sc.batch_index.astype(np.int64)
-    candidate = ~control[bi] & ~aborted[bi] & (sc.key_len >= 0) & (sc.offset < stable_offset)
-    rows = np.flatnonzero(candidate).astype(np.int64)
+    data = ~control[bi] & ~aborted[bi] & (sc.offset < stable_offset)
+    rows = np.flatnonzero(data & (sc.key_len >= 0)).astype(np.int64)
+    keyless = sc.offset[data & (sc.key_len < 0)] if bucket.index == 0 else sc.offset[:0]
+    some = keyless.size > 0
     joined = join_buffers(sc)
     hashes = hash_keys(joined.buf, joined.key_pos[rows], sc.key_len[rows])
     if bucket.count > 1:
@@ -500,6 +531,8 @@ def segment_audit_columns(
         tombstone=sc.value_len[rows] < 0,
         horizon=horizon_of_batch[bi[rows]],
         marker_horizon=horizon_of_batch[markers],
+        keyless_count=np.array([keyless.size] if some else [], np.int64),
+        keyless_first=np.array([keyless.min()] if some else [], np.int64),
     )
 
 

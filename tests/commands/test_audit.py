@@ -76,6 +76,35 @@ def test_violations_exit_1_then_clean_fixes_them(
     assert "0 deadline violations" in capsys.readouterr().out
 
 
+def test_records_without_a_key_are_counted_and_the_next_clean_drops_as_many(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Keyless records of a compacted partition are no candidates, but the audit counts
+    them, with the first one's offset, because a pass drops them: `clean` then drops
+    exactly as many (Kafka's invalid messages), and the audit after it finds none."""
+    log = LogBuilder(tmp_path / "logs")
+    for i in range(12):
+        key = None if i % 4 == 1 else k(i % 3)
+        log.append([(key, k(i))], timestamps=[NOW - 60 * MIN + i])
+        if i % 6 == 5:
+            log.roll()
+    log.append([(k(9), b"fresh")], timestamps=[NOW])
+    log.write()
+    path = str(config_file(tmp_path))
+    main(["audit", "-c", path, "--now-ms", str(NOW), "--json"])
+    (audited,) = json.loads(capsys.readouterr().out)["partitions"]
+    assert (audited["keyless_records"], audited["first_keyless_offset"]) == (3, 1)
+    assert audited["records"] == 10  # the keyed ones
+    main(["audit", "-c", path, "--now-ms", str(NOW)])
+    assert "3 records without a key, the first at offset 1" in capsys.readouterr().out
+    main(["clean", "-c", path, "--now-ms", str(NOW), "--json"])
+    (cleaned,) = json.loads(capsys.readouterr().out)["cleaned"]
+    assert cleaned["stats"]["invalid_messages_read"] == 3
+    main(["audit", "-c", path, "--now-ms", str(NOW), "--json"])
+    (after,) = json.loads(capsys.readouterr().out)["partitions"]
+    assert (after["keyless_records"], after["first_keyless_offset"]) == (0, None)
+
+
 def test_json_and_default_slack(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """--json reports every partition with its numbers; the default slack is the backoff
     plus the clean-time allowance, and a larger --slack-ms excuses the lateness."""

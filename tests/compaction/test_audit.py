@@ -44,6 +44,10 @@ def topic(**overrides: Any) -> TopicConfig:
     return dataclasses.replace(base, **overrides)
 
 
+BUCKET_ZERO = ("marker_horizon", "keyless_count", "keyless_first")
+"""The columns that are the partition's, not its keys': read with bucket 0 only."""
+
+
 def columns(
     keys: list[int],
     timestamps: list[int],
@@ -63,6 +67,8 @@ def columns(
         "tombstone": np.zeros(n, np.bool_),
         "horizon": np.full(n, NEVER, np.int64),
         "marker_horizon": np.zeros(0, np.int64),
+        "keyless_count": np.zeros(0, np.int64),
+        "keyless_first": np.zeros(0, np.int64),
     }
     fields.update(extra)
     return AuditColumns(**fields)
@@ -254,12 +260,15 @@ def test_corrupt_segment_is_reported(tmp_path: Path) -> None:
 
 def test_audit_columns_build_covers_every_field() -> None:
     """`AuditColumns.build` (what the local scan and the Spark audit job both build
-    with) fills every field with its dtype."""
-    built = AuditColumns.build(lambda _name, dtype: np.zeros(2, dtype))
+    with) fills every field with its dtype, and joins the keyless counts of the ranges
+    read into one."""
+    built = AuditColumns.build(lambda _name, dtype: (np.arange(2) + 3).astype(dtype))
     for f in dataclasses.fields(AuditColumns):
-        assert len(getattr(built, f.name)) == 2, f.name
+        if f.name not in ("keyless_count", "keyless_first"):
+            assert len(getattr(built, f.name)) == 2, f.name
     assert built.hash_hi.dtype == np.uint64
     assert built.tombstone.dtype == np.bool_
+    assert (built.keyless_count.tolist(), built.keyless_first.tolist()) == ([7], [3])
 
 
 def test_segment_deleted_by_a_live_broker_after_the_listing_is_read_again(
@@ -456,6 +465,7 @@ def test_buckets_merged_give_the_one_bucket_result(
         st.lists(st.sampled_from([NEVER, NOW - 7, NOW + 7, NOW - 70]), min_size=n, max_size=n)
     )
     markers = data.draw(st.lists(st.sampled_from([NOW - 3, NOW + 3, NOW - 30]), max_size=3))
+    keyless = data.draw(st.lists(st.tuples(st.integers(1, 5), st.integers(0, 99)), max_size=3))
     cols = columns(
         keys,
         ts,
@@ -464,6 +474,8 @@ def test_buckets_merged_give_the_one_bucket_result(
         tombstone=np.array(tomb, np.bool_),
         horizon=np.array(hz, np.int64),
         marker_horizon=np.array(markers, np.int64),
+        keyless_count=np.array([c for c, _ in keyless], np.int64),
+        keyless_first=np.array([f for _, f in keyless], np.int64),
     )
     kwargs: dict[str, Any] = {
         "versioned": versioned,
@@ -479,11 +491,11 @@ def test_buckets_merged_give_the_one_bucket_result(
 
         def column(name: str, _dtype: Any, rows: Any = rows) -> Any:
             whole = getattr(cols, name)
-            return whole if name == "marker_horizon" else whole[rows]
+            return whole if name in BUCKET_ZERO else whole[rows]
 
         part = AuditColumns.build(column)
-        if index:  # a batch's markers go with bucket 0
-            part = dataclasses.replace(part, marker_horizon=np.zeros(0, np.int64))
+        if index:  # a batch's markers and keyless records go with bucket 0
+            part = dataclasses.replace(part, **{n: np.zeros(0, np.int64) for n in BUCKET_ZERO})
         parts.append(audit_columns(part, **kwargs))
     merged = audit_module.merge_results(parts, max_listed=max_listed)
     assert merged == audit_columns(cols, **kwargs)

@@ -71,14 +71,17 @@ from cleanerd.records.header import Buffer
 if TYPE_CHECKING:
     from cleanerd.engine.spark.session import SparkSession
 
+_OWN_ROWS: Final = ("marker_horizon", "keyless_count", "keyless_first")
 COLUMN_NAMES: Final = tuple(
-    f.name for f in dataclasses.fields(AuditColumns) if f.name != "marker_horizon"
+    f.name for f in dataclasses.fields(AuditColumns) if f.name not in _OWN_ROWS
 )
-"""The per-record columns; marker horizons travel as rows of their own (`marker`)."""
+"""The per-record columns. Marker horizons travel as rows of their own (`marker`, the
+horizon in `horizon`), and so do a segment's keyless records (`keyless`: their count in
+`size`, the first one's offset in `offset`)."""
 ROW_SCHEMA: Final = (
-    "part int, seg int, row long, marker boolean, hash_hi long, hash_lo long, offset long, "
-    "timestamp long, version long, has_version boolean, size long, tombstone boolean, "
-    "horizon long"
+    "part int, seg int, row long, marker boolean, keyless boolean, hash_hi long, "
+    "hash_lo long, offset long, timestamp long, version long, has_version boolean, "
+    "size long, tombstone boolean, horizon long"
 )
 OUT_SCHEMA: Final = "part int, doc string"
 PARQUET_SCHEMA: Final = (
@@ -88,7 +91,8 @@ PARQUET_SCHEMA: Final = (
     "oldest_superseded_age_ms long, violations long, "
     "listed_violations array<struct<offset: long, superseded_at_ms: long, age_ms: long>>, "
     "tombstones long, tombstones_past_horizon long, oldest_tombstone_overdue_ms long, "
-    "markers_past_horizon long, oldest_marker_overdue_ms long"
+    "markers_past_horizon long, oldest_marker_overdue_ms long, keyless_records long, "
+    "first_keyless_offset long"
 )
 _AUDIT_JSON: Final = TypeAdapter(PartitionAudit)
 """A partition's audit as it travels from the executor that computed it to the driver."""
@@ -112,7 +116,8 @@ class AuditTask:
 
 
 def audit_rows(task: AuditTask, raw: Buffer) -> dict[str, NDArray[Any]]:
-    """The candidate rows and marker horizons of one segment (columns of `ROW_SCHEMA`)."""
+    """The candidate rows, marker horizons and keyless count of one segment (columns of
+    `ROW_SCHEMA`)."""
     tracker = None
     if task.aborted is not None:
         tracker = TransactionTracker()
@@ -124,17 +129,24 @@ def audit_rows(task: AuditTask, raw: Buffer) -> dict[str, NDArray[Any]]:
         )
     except CorruptRecordError as exc:
         raise exc.located(Path(task.path)) from exc
-    n, m = len(cols), cols.marker_horizon.size
+    n, m, k = len(cols), cols.marker_horizon.size, cols.keyless_count.size
+    kinds = np.repeat(np.arange(3), [n, m, k])  # data rows, then markers, then keyless
     out: dict[str, NDArray[Any]] = {
-        "part": np.full(n + m, task.part, np.int32),
-        "seg": np.full(n + m, task.seg, np.int32),
-        "row": np.concatenate([np.arange(n), np.arange(m)]).astype(np.int64),
-        "marker": np.concatenate([np.zeros(n, np.bool_), np.ones(m, np.bool_)]),
+        "part": np.full(n + m + k, task.part, np.int32),
+        "seg": np.full(n + m + k, task.seg, np.int32),
+        "row": np.concatenate([np.arange(n), np.arange(m), np.arange(k)]).astype(np.int64),
+        "marker": kinds == 1,
+        "keyless": kinds == 2,
     }
+    carried = {"horizon": cols.marker_horizon}
+    keyless = {"offset": cols.keyless_first, "size": cols.keyless_count}
     for name in COLUMN_NAMES:
         col = getattr(cols, name)
-        pad = cols.marker_horizon if name == "horizon" else np.zeros(m, col.dtype)
-        out[name] = np.concatenate([col, pad]).astype(
+        pads = (
+            carried.get(name, np.zeros(m, col.dtype)),
+            keyless.get(name, np.zeros(k, col.dtype)),
+        )
+        out[name] = np.concatenate([col, *pads]).astype(
             np.int64 if col.dtype == np.uint64 else col.dtype
         )
     return out
@@ -144,14 +156,19 @@ def columns_of(rows: Mapping[str, NDArray[Any]]) -> AuditColumns:
     """The `AuditColumns` of one partition's rows, in segment and row order."""
     order = np.lexsort((rows["row"], rows["seg"]))
     marker = rows["marker"][order]
-    data = order[~marker]
+    keyless = rows["keyless"][order]
+    data = order[~marker & ~keyless]
+    carried = {
+        "marker_horizon": ("horizon", order[marker]),
+        "keyless_count": ("size", order[keyless]),
+        "keyless_first": ("offset", order[keyless]),
+    }
 
     def col(name: str, dtype: type[Any]) -> NDArray[Any]:
-        # Marker rows carry their horizon in the horizon column; int64 hashes cast to
-        # uint64 keep their bits.
-        if name == "marker_horizon":
-            return np.ascontiguousarray(rows["horizon"][order[marker]]).astype(dtype)
-        return np.ascontiguousarray(rows[name][data]).astype(dtype)
+        # Marker and keyless rows carry their values in the columns `carried` names;
+        # int64 hashes cast to uint64 keep their bits.
+        source, at = carried.get(name, (name, data))
+        return np.ascontiguousarray(rows[source][at]).astype(dtype)
 
     return AuditColumns.build(col)
 

@@ -87,8 +87,9 @@ def in_process_runner(session: Any) -> JobRunner:
 def random_partition(
     dest: Path, rng: random.Random, *, batches: int = 120, keys: int = 30, roll: float = 0.08
 ) -> None:
-    """A random partition dir at `dest`: every codec, tombstones, version headers, plain
-    and idempotent batches, committed and aborted transactions, random rolls."""
+    """A random partition dir at `dest`: every codec, tombstones, records without a key,
+    version headers, plain and idempotent batches, committed and aborted transactions,
+    random rolls."""
     root = dest.parent / f".build-{dest.name}"
     b = LogBuilder(root)
     for _ in range(batches):
@@ -97,7 +98,7 @@ def random_partition(
         n = rng.randrange(1, 4)
         kvs = [
             (
-                str(rng.randrange(keys)).encode(),
+                None if rng.random() < 0.03 else str(rng.randrange(keys)).encode(),
                 None if rng.random() < 0.1 else bytes(rng.randrange(24)),
             )
             for _ in range(n)

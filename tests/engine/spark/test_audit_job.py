@@ -136,6 +136,7 @@ def test_segment_rows_rebuild_the_local_columns(tmp_path: Path) -> None:
     got = columns_of(rows)
     for name in expected.__dataclass_fields__:
         assert np.array_equal(getattr(got, name), getattr(expected, name)), name
+    assert expected.keyless_count.sum() > 0
 
 
 @pytest.mark.spark
