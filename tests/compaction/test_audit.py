@@ -44,10 +44,6 @@ def topic(**overrides: Any) -> TopicConfig:
     return dataclasses.replace(base, **overrides)
 
 
-BUCKET_ZERO = ("marker_horizon", "keyless_count", "keyless_first")
-"""The columns that are the partition's, not its keys': read with bucket 0 only."""
-
-
 def columns(
     keys: list[int],
     timestamps: list[int],
@@ -491,11 +487,18 @@ def test_buckets_merged_give_the_one_bucket_result(
 
         def column(name: str, _dtype: Any, rows: Any = rows) -> Any:
             whole = getattr(cols, name)
-            return whole if name in BUCKET_ZERO else whole[rows]
+            return (
+                whole
+                if name in ("marker_horizon", "keyless_count", "keyless_first")
+                else whole[rows]
+            )
 
         part = AuditColumns.build(column)
         if index:  # a batch's markers and keyless records go with bucket 0
-            part = dataclasses.replace(part, **{n: np.zeros(0, np.int64) for n in BUCKET_ZERO})
+            none = np.zeros(0, np.int64)
+            part = dataclasses.replace(
+                part, marker_horizon=none, keyless_count=none, keyless_first=none
+            )
         parts.append(audit_columns(part, **kwargs))
     merged = audit_module.merge_results(parts, max_listed=max_listed)
     assert merged == audit_columns(cols, **kwargs)
