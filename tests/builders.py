@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -25,6 +26,7 @@ from cleanerd.log.files import TopicPartition
 from cleanerd.log.lock import PartitionLock
 from cleanerd.log.partition_log import LogConfig, PartitionLog
 from cleanerd.log.segment import LogSegment
+from cleanerd.maintenance.report import CycleReport
 from cleanerd.records.batch import encode_batch
 from cleanerd.records.record import Record, RecordHeader
 from cleanerd.records.walker import scan_batches
@@ -124,3 +126,18 @@ def partition_flocks(monkeypatch: pytest.MonkeyPatch) -> list[Path]:
 
     monkeypatch.setattr(PartitionLock, "_flock", counted)
     return taken
+
+
+def cycle_report(now_ms: int, **fields: Any) -> CycleReport:
+    """A cycle's report at `now_ms` that did nothing, but for `fields`."""
+    nothing: dict[str, Any] = {
+        "rolled": (),
+        "retention": (),
+        "disk_usage": None,
+        "cleaned": (),
+        "failed": (),
+        "skipped": (),
+        "unlinked": (),
+        "states": (),
+    }
+    return CycleReport(now_ms=now_ms, finished_ms=now_ms, **(nothing | fields))

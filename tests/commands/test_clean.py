@@ -27,10 +27,10 @@ from cleanerd.log.lock import LogDirLock
 from cleanerd.log.partition_log import PartitionLog
 from cleanerd.maintenance import cycle
 from cleanerd.maintenance.cycle import Maintenance
-from cleanerd.maintenance.report import CycleReport, StepError, Unreadable
+from cleanerd.maintenance.report import StepError, Unreadable
 from cleanerd.records.record import Record
 from cleanerd.records.walker import walk
-from tests.builders import build_log, kv
+from tests.builders import build_log, cycle_report, kv
 from tests.compaction.conftest import TP, LogBuilder, k, view
 from tests.paths import REPO
 
@@ -431,17 +431,8 @@ def test_the_text_report_names_unreadable_partitions_once() -> None:
     """A partition that could not be read gets its own line, unless its failed open
     already says so."""
     opened, read = TopicPartition("a", 0), TopicPartition("b", 1)
-    report = CycleReport(
-        now_ms=NOW,
-        finished_ms=NOW,
-        rolled=(),
-        retention=(),
-        disk_usage=None,
-        cleaned=(),
-        failed=(),
-        skipped=(),
-        unlinked=(),
-        states=(),
+    report = cycle_report(
+        NOW,
         errors=(StepError("/l", opened, "open", "link refused"),),
         unreadable=(
             Unreadable("/l", opened, ("delete",), "link refused"),

@@ -12,6 +12,7 @@ from cleanerd.config import load_config
 from cleanerd.daemon.triggers import CycleClock, CycleTrigger, Deadlines, cycle_due, deadlines
 from cleanerd.log.files import TopicPartition
 from cleanerd.maintenance.report import CleanedLog, CycleReport, PartitionState, made_progress
+from tests.builders import cycle_report
 from tests.daemon.test_service import USERS, _settings, _state, _write
 
 
@@ -89,16 +90,4 @@ def test_deadlines_summarise_upcoming_and_overdue_partitions(tmp_path: Path) -> 
 
 
 def _report(state: PartitionState, now_ms: int, next_due_ms: int | None = None) -> CycleReport:
-    return CycleReport(
-        now_ms=now_ms,
-        finished_ms=now_ms,
-        rolled=(),
-        retention=(),
-        disk_usage=None,
-        cleaned=(),
-        failed=(),
-        skipped=(),
-        unlinked=(),
-        states=(state,),
-        next_due_ms=next_due_ms,
-    )
+    return cycle_report(now_ms, states=(state,), next_due_ms=next_due_ms)
