@@ -110,7 +110,7 @@ def build(root: Path, count: int, mb: float, segment_bytes: int, *, cleaned: boo
         active = max(int(p.name.split(".")[0]) for p in first.glob("*.log"))
         done = [f"{TOPIC} {n} {active}" for n in range(count)]
         (logs / "cleaner-offset-checkpoint").write_text("\n".join(["0", str(count), *done]) + "\n")
-    (logs / CLEAN_SHUTDOWN_FILE_NAME).write_text('{"version":0,"BrokerEpoch":-1}')
+    (logs / CLEAN_SHUTDOWN_FILE_NAME).write_text('{"version":0,"brokerEpoch":-1}')
     return size * count
 
 
