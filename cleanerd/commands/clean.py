@@ -133,11 +133,11 @@ def render_text(report: CycleReport) -> list[str]:
         )
     lines += [f"{f.tp}: uncleanable: {f.reason}" for f in report.failed]
     lines += [f"{e.tp}: {e.phase} failed: {e.reason}" for e in report.errors]
-    not_opened = {(e.log_dir, e.tp) for e in report.errors if e.phase == "open"}
+    named = {(e.log_dir, e.tp) for e in report.errors} | {(f.log_dir, f.tp) for f in report.failed}
     lines += [
-        f"{u.tp}: unreadable, nothing done: {u.reason}"
+        f"{u.tp}: unreadable: {u.reason}"
         for u in report.unreadable
-        if (u.log_dir, u.tp) not in not_opened  # said by its "open failed" line
+        if (u.log_dir, u.tp) not in named  # a line above gave its error already
     ]
     for s in report.skipped:
         where = str(s.tp) if s.tp is not None else (s.log_dir or "cycle")

@@ -48,8 +48,9 @@ the partition. `audit_partition` therefore audits a partition in key buckets whe
 more rows than `memory_bytes` holds: bucket b of B takes the keys whose hash is b modulo
 B, every bucket is read from the partition's segments in turn (nothing is written
 anywhere: the audit only reads), and the buckets' results are merged (`merge_results`).
-A key lies in one bucket, and every figure of the result is a sum, a maximum or the
-oldest listed violations over keys, so the merged result is the one-bucket result
+A key lies in one bucket, and every figure of the result is a sum, a maximum, a
+minimum or the oldest listed violations over keys (the keyless records, which have no
+key, are counted with bucket 0 only), so the merged result is the one-bucket result
 exactly. B is chosen before reading (`first_buckets`): 1 when the partition's offsets
 below its last stable offset are within the budget (a record has an offset of its own),
 else from its records, counted by a walk of the batch headers (a few percent of a read;

@@ -282,6 +282,8 @@ class LogCleanerManager:
         """When `grab_next` last looked for work (Kafka's time of last run)."""
         self._states: dict[TopicPartition, _State] = {}
         self._candidates: dict[TopicPartition, Candidate] = {}
+        self.unreadable: dict[TopicPartition, str] = {}
+        """The logs whose metadata the last refresh could not read, with the error."""
         self._forced: dict[TopicPartition, None] = {}
         """Forced passes asked for, in order (a dict as an ordered set)."""
         self._order: list[Candidate] | None = None
@@ -356,6 +358,7 @@ class LogCleanerManager:
         for item in logs:
             by_dir.setdefault(item.log_dir.path, []).append(item)
         self._candidates = {}
+        self.unreadable = {}
         for items in by_dir.values():
             checkpoints = items[0].log_dir.reload_checkpoints().cleaner_offsets
             for item in items:
@@ -380,20 +383,27 @@ class LogCleanerManager:
     def _evaluate(
         self, item: CompactedLog, checkpoint: int | None, now_ms: int
     ) -> Candidate | None:
+        self.unreadable.pop(item.tp, None)
         try:
             meta = item.plog.meta()
-            ltc = log_to_clean(
-                meta,
-                checkpoint=checkpoint,
-                now_ms=now_ms,
-                min_compaction_lag_ms=item.topic.min_compaction_lag_ms,
-                max_compaction_lag_ms=item.topic.max_compaction_lag_ms,
-            )
-            if ltc.cleanable_range.checkpoint_reset:
-                self._reset_checkpoint(item, checkpoint, ltc.first_dirty)
         except (CleanerdError, OSError) as exc:
             self._failed(item, exc, now_ms)
+            self.unreadable[item.tp] = str(exc)
             return None
+        ltc = log_to_clean(
+            meta,
+            checkpoint=checkpoint,
+            now_ms=now_ms,
+            min_compaction_lag_ms=item.topic.min_compaction_lag_ms,
+            max_compaction_lag_ms=item.topic.max_compaction_lag_ms,
+        )
+        if ltc.cleanable_range.checkpoint_reset:
+            try:
+                self._reset_checkpoint(item, checkpoint, ltc.first_dirty)
+            except (CleanerdError, OSError) as exc:
+                # Read, but its checkpoint cannot be set right: never picked until it is.
+                self._failed(item, exc, now_ms)
+                return Candidate(item, meta, ltc, None, False)
         try:
             due = self.horizons.horizon_due(
                 item.plog, now_ms=now_ms, end_offset=ltc.first_uncleanable

@@ -475,8 +475,9 @@ class ProducerFold:
 
     def __init__(self) -> None:
         self.state: ProducerState | None = ProducerState()
-        """None once a segment was not walked whole, or a marker did not parse (the
-        later walk then reports it, at its file and position)."""
+        """None once a marker's record did not parse (the producer state's own walk then
+        reports it, at its file and position). A segment not walked whole is
+        `validate_segments`' to see: it drops the fold."""
         self._horizon = (NO_DELETE_HORIZON, 0)
 
     def start(self) -> None:

@@ -156,7 +156,8 @@ class LogSegment:
         self._meta: SegmentMeta | None = None
         self.delete_horizon: tuple[int, int] | None = None
         """(earliest KIP-534 delete horizon, batches carrying one) once known: from a walk
-        of the whole file for its metadata, a scan by the compaction layer
+        of the whole file for its metadata, for the producer state or by the open's
+        validation (`recovery.ProducerFold`), a scan by the compaction layer
         (`compaction/horizon.py`) or a clean stop's `known_segments`; None until then."""
         self._offset_index: OffsetIndex | None = None
         self._time_index: TimeIndex | None = None

@@ -920,10 +920,9 @@ class Maintenance:
         marked = {item.tp for item in compacted if self.manager.is_uncleanable(item, now)}
         candidates = self.manager.refresh(compacted, now)
         report.states += [PartitionState(c.meta, c.ltc) for c in candidates]
-        read = {c.tp for c in candidates}
         for item in compacted:
-            if item.tp not in read:  # its metadata could not be read: marked uncleanable
-                reason = self.manager.registry.reason(item.tp) or "metadata unreadable"
+            reason = self.manager.unreadable.get(item.tp)
+            if reason is not None:  # marked uncleanable too
                 report.unread(item.log_dir.path, item.tp, item.topic, reason)
         for item in compacted:
             if item.tp not in marked and self.manager.is_uncleanable(item, now):

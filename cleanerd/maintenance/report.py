@@ -166,8 +166,9 @@ class CycleReport:
 
     @property
     def idle(self) -> bool:
-        """Nothing was rolled, deleted, unlinked, cleaned or found failing, and nothing was
-        cut short: the cycle only looked (the daemon logs such cycles at debug)."""
+        """Nothing was rolled, deleted, unlinked, cleaned or found failing or unreadable,
+        and nothing was cut short: the cycle only looked (the daemon logs such cycles at
+        debug)."""
         disk_deleted = self.disk_usage is not None and bool(self.disk_usage.deletions)
         return not (
             self.rolled
@@ -179,6 +180,7 @@ class CycleReport:
             or self.errors
             or self.aborted
             or self.truncated
+            or self.unreadable
         )
 
     def to_json(self) -> dict[str, Any]:

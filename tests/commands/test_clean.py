@@ -428,8 +428,8 @@ def test_a_torn_tail_the_open_cuts_is_in_the_report(
 
 
 def test_the_text_report_names_unreadable_partitions_once() -> None:
-    """A partition that could not be read gets its own line, unless its failed open
-    already says so."""
+    """A partition that could not be read gets its own line, unless a failed step's line
+    already gives its error."""
     opened, read = TopicPartition("a", 0), TopicPartition("b", 1)
     report = cycle_report(
         NOW,
@@ -441,5 +441,5 @@ def test_the_text_report_names_unreadable_partitions_once() -> None:
     )
     lines = render_text(report)
     assert "a-0: open failed: link refused" in lines
-    assert "b-1: unreadable, nothing done: bad CRC at 0 in /l/b-1/0.log" in lines
+    assert "b-1: unreadable: bad CRC at 0 in /l/b-1/0.log" in lines
     assert not [line for line in lines if line.startswith("a-0: unreadable")]

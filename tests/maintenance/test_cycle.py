@@ -327,8 +327,9 @@ def test_a_partition_that_cannot_be_opened_is_reported_unreadable_and_counted(
 ) -> None:
     """A partition the cycle cannot open (a symbolic link in its dir, refused in every
     mode) has no state, so no delay or size gauge sees it: the report lists it as
-    unreadable (in `--json` too) and the metrics count it in its log dir. Owned, its open
-    is a failed step as well; observed, it is not (a broker may have been changing it)."""
+    unreadable (in `--json` too), the metrics count it in its log dir, and the cycle is
+    not an idle one. Owned, its open is a failed step as well; observed, it is not (a
+    broker may have been changing it)."""
     good, bad = TopicPartition("c", 0), TopicPartition("c", 1)
     build(tmp_path, good, [records(range(3), T0)])
     bad_dir = build(tmp_path, bad, [records(range(3), T0)])
@@ -344,6 +345,7 @@ def test_a_partition_that_cannot_be_opened_is_reported_unreadable_and_counted(
     assert (unread.log_dir, unread.tp, unread.policy) == (logs, bad, ("compact",))
     assert "00000000000000000099.snapshot" in unread.reason
     assert [e.tp for e in report.errors] == ([bad] if mode == "owner" else [])
+    assert not report.idle  # the daemon logs the cycle at info: something is wrong
     assert report.to_json()["unreadable"] == [
         {
             "log_dir": logs,
@@ -360,12 +362,14 @@ def test_a_partition_that_cannot_be_opened_is_reported_unreadable_and_counted(
     assert (counted.partitions, counted.unreadable_partitions) == (2, 1)
 
 
+@pytest.mark.parametrize("marked_before", [False, True])
 def test_a_compacted_partition_whose_metadata_cannot_be_read_is_unreadable(
-    tmp_path: Path, engine: LocalEngine
+    tmp_path: Path, engine: LocalEngine, marked_before: bool
 ) -> None:
     """A compacted partition whose segments' metadata cannot be read (a bad CRC in the
     first batch of a rolled segment) is marked uncleanable and has no state: it is
-    listed unreadable too, so its log dir's gauges count it."""
+    listed unreadable too, with this error (not the reason of an earlier mark), so its
+    log dir's gauges count it, and the cycle is not an idle one."""
     tp = TopicPartition("t", 0)
     build(tmp_path, tp, [records(range(100), T0), records(range(100), T0), records([0], T0)])
     seg = tmp_path / "logs" / str(tp) / "00000000000000000100.log"
@@ -374,12 +378,22 @@ def test_a_compacted_partition_whose_metadata_cannot_be_read_is_unreadable(
     seg.write_bytes(bytes(data))
     cfg = write_config(tmp_path, {"t": {"cleanup.policy": "compact"}})
     with Maintenance(cfg, engine, clock=lambda: T0) as m:
+        if marked_before:
+            m.manager.registry.mark(
+                tp,
+                log_dir=str(tmp_path / "logs"),
+                reason="an earlier pass failed",
+                now_ms=T0,
+                config_fingerprint=config_fingerprint(cfg.topic_config("t")),
+            )
         report = m.run_once()
         assert report.states == ()
-        assert [f.tp for f in report.failed] == [tp]
+        assert [f.tp for f in report.failed] == ([] if marked_before else [tp])
         (unread,) = report.unreadable
         assert unread.tp == tp
+        assert "CRC mismatch" in unread.reason
         assert str(seg) in unread.reason
+        assert not report.idle
         snap = build_snapshot(
             now_ms=T0,
             partitions=report.states,
