@@ -485,6 +485,7 @@ class Daemon:
             self._cycle_task = None
             self._last_cycle_end_ms = self.clock_ms()
             self._wake.set()
+        self.exporter.record_cycle(outcome is not None)
         if outcome is None:
             return
         self.cycle_failures = 0
@@ -689,8 +690,9 @@ class Daemon:
                 "errors": list[JsonValue](errors),
             },
         )
-        if plan.changed:
-            self.request_cycle()
+        # A reload also asks cleanerd to look again at once, changed or not: after a
+        # repair made in place (a byte put back, a link replaced), say.
+        self.request_cycle()
         return errors
 
     async def _apply(self, plan: ReloadPlan) -> tuple[Config, list[str]]:

@@ -103,6 +103,10 @@ def _cycles_above(daemon: Daemon, count: int) -> bool:
     return daemon.cycles > count
 
 
+def _failed_at_least(daemon: Daemon, count: int) -> bool:
+    return daemon.cycle_failures >= count
+
+
 def _scrape(daemon: Daemon) -> str:
     address = daemon.exporter.address
     assert address is not None
@@ -285,6 +289,54 @@ async def test_commands_are_validated_against_the_log_dirs(
         assert daemon.cycles == paused_at
         await daemon.on_command(ResumeCommand())
         await eventually(lambda: daemon.cycles > paused_at, "a cycle after resume")
+
+
+async def test_a_reload_of_an_unchanged_file_starts_a_cycle(
+    config_path: Path, notify_socket: NotifyReceiver, tmp_path: Path
+) -> None:
+    """SIGHUP makes cleanerd look again at once even when the file did not change (after
+    a repair made in place, say), as the README's table of cycle reasons promises."""
+    _write(config_path, _settings(tmp_path, **{"log.retention.check.interval.ms": HOUR}))
+    daemon, _ = _daemon(config_path, notify_socket)
+    async with running(daemon):
+        await eventually(lambda: daemon.cycles >= 2, "the startup cycle and its follow-up")
+        idle = daemon.cycles
+        await asyncio.sleep(0.5)
+        assert daemon.cycles == idle
+        daemon.handle_hup()
+        await eventually(lambda: daemon.cycles > idle, "a cycle after the reload")
+
+
+async def test_failed_cycles_are_counted_and_exported(
+    config_path: Path, notify_socket: NotifyReceiver, tmp_path: Path
+) -> None:
+    """A cycle that fails whole (here: a root checkpoint file made unreadable while the
+    daemon runs) leaves the partition gauges at the last good cycle's state, so it is
+    counted apart: `cleanerd_cycles_total{result="failed"}` and
+    `cleanerd_cycle_failures_in_a_row`, which a done cycle sets back to 0."""
+    daemon, _ = _daemon(config_path, notify_socket)
+    checkpoint = tmp_path / "data" / "cleaner-offset-checkpoint"
+    async with running(daemon):
+        await eventually(lambda: daemon.cycles >= 1, "the first cycle")
+        good = checkpoint.read_bytes() if checkpoint.exists() else None
+        await asyncio.to_thread(checkpoint.write_text, "0\n1\nusers zero 5\n")
+        for failures in (1, 2):
+            daemon.request_cycle()
+            await eventually(partial(_failed_at_least, daemon, failures), "a failed cycle")
+        await eventually(
+            lambda: "cleanerd_cycle_failures_in_a_row 0.0" not in _scrape(daemon),
+            "the failures exported",
+        )
+        text = _scrape(daemon)
+        assert "cleanerd_cycle_failures_in_a_row 2.0" in text
+        assert 'cleanerd_cycles_total{result="failed"} 2.0' in text
+        if good is None:
+            await asyncio.to_thread(checkpoint.unlink)
+        else:
+            await asyncio.to_thread(checkpoint.write_bytes, good)
+        daemon.request_cycle()
+        await eventually(lambda: daemon.cycle_failures == 0, "a done cycle")
+        assert "cleanerd_cycle_failures_in_a_row 0.0" in _scrape(daemon)
 
 
 async def test_reload_command_reports_an_invalid_file(

@@ -122,6 +122,10 @@ class ServiceMetrics:
     events_dropped: int = 0
     mqtt_connected: bool | None = None
     """None while MQTT is off: no `cleanerd_mqtt_connected` series, so no alert."""
+    cycles_done: int = 0
+    cycles_failed: int = 0
+    cycle_failures_in_a_row: int = 0
+    """Cycles that failed whole (an exception out of the cycle) since the last one done."""
 
     def with_pass(self, result: PassResult, stats: CleanerStats | None) -> ServiceMetrics:
         """One more pass; its bytes and duration count when its statistics are known."""
@@ -143,6 +147,16 @@ class ServiceMetrics:
             self,
             last_reload_successful=successful,
             last_reload_success_s=now_s if successful else self.last_reload_success_s,
+        )
+
+    def with_cycle(self, done: bool) -> ServiceMetrics:
+        """One more cycle, done or failed whole."""
+        if done:
+            return replace(self, cycles_done=self.cycles_done + 1, cycle_failures_in_a_row=0)
+        return replace(
+            self,
+            cycles_failed=self.cycles_failed + 1,
+            cycle_failures_in_a_row=self.cycle_failures_in_a_row + 1,
         )
 
     def with_events(self, published: int, dropped: int, connected: bool | None) -> ServiceMetrics:
@@ -176,7 +190,8 @@ def _by_reason(name: str, doc: str, counts: Mapping[str, int], reasons: Iterable
 
 
 def service_families(service: ServiceMetrics, *, version: str) -> Iterator[Metric]:
-    """Build info, config reloads, passes, cleaner bytes, pass durations, events, MQTT."""
+    """Build info, config reloads, cycles, passes, cleaner bytes, pass durations, events,
+    MQTT."""
     yield _gauge(
         "cleanerd_build_info",
         "cleanerd's version and Python's, as labels; the value is always 1.",
@@ -192,6 +207,21 @@ def service_families(service: ServiceMetrics, *, version: str) -> Iterator[Metri
         "cleanerd_config_last_reload_success_timestamp_seconds",
         "When the config was last loaded successfully (Unix time).",
         service.last_reload_success_s,
+    )
+    cycles = CounterMetricFamily(
+        "cleanerd_cycles",
+        "Maintenance cycles by how they ended: done, or failed whole (an error no step "
+        "could keep to one partition, such as an unreadable root checkpoint file).",
+        labels=["result"],
+    )
+    cycles.add_metric(["done"], service.cycles_done)
+    cycles.add_metric(["failed"], service.cycles_failed)
+    yield cycles
+    yield _gauge(
+        "cleanerd_cycle_failures_in_a_row",
+        "Cycles failed whole since the last one done (0: the last cycle was done); while it "
+        "is above 0 the metrics still show the last done cycle's state.",
+        service.cycle_failures_in_a_row,
     )
     passes = CounterMetricFamily(
         "cleanerd_cleaner_passes", "Cleaning passes by how they ended.", labels=["result"]
@@ -461,7 +491,8 @@ class MetricsExporter:
     The daemon's use: create it with `cfg.metrics` and `start()` it during start-up;
     every `metrics.refresh_interval_s` `update()` a fresh model snapshot and
     `record_events()` from the publisher; `record_pass()` after each pass,
-    `record_reload()` after each SIGHUP, `configure()` with the reloaded section;
+    `record_cycle()` after each cycle, `record_reload()` after each SIGHUP,
+    `configure()` with the reloaded section;
     `stop()` during shutdown. The start-up config load counts as a successful reload.
 
     Args:
@@ -504,6 +535,10 @@ class MetricsExporter:
     def record_reload(self, successful: bool) -> None:
         """Report a config reload's outcome, timed by the exporter's clock."""
         self.service = self.service.with_reload(successful, self.clock())
+
+    def record_cycle(self, done: bool) -> None:
+        """Count a cycle, done or failed whole."""
+        self.service = self.service.with_cycle(done)
 
     def record_events(self, published: int, dropped: int, connected: bool | None) -> None:
         """Copy the event publisher's counters (`connected` None: MQTT is off)."""
