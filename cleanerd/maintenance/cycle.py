@@ -921,10 +921,9 @@ class Maintenance:
         candidates = self.manager.refresh(compacted, now)
         report.states += [PartitionState(c.meta, c.ltc) for c in candidates]
         for item in compacted:
-            reason = self.manager.unreadable.get(item.tp)
-            if reason is not None:  # marked uncleanable too
-                report.unread(item.log_dir.path, item.tp, item.topic, reason)
-        for item in compacted:
+            unread = self.manager.unreadable.get(item.tp)
+            if unread is not None:  # marked uncleanable too
+                report.unread(item.log_dir.path, item.tp, item.topic, unread)
             if item.tp not in marked and self.manager.is_uncleanable(item, now):
                 reason = self.manager.registry.reason(item.tp) or ""
                 report.failed.append(FailedLog(str(item.log_dir.path), item.tp, reason))
