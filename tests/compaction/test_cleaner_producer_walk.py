@@ -124,20 +124,27 @@ def _producer_log(
 ) -> Path:
     """A partition written through the log library (a producer snapshot at each roll):
     idempotent and transactional batches of a few producers over a few keys, markers
-    with epoch bumps, tombstones."""
+    with epoch bumps, tombstones. A producer with an open transaction writes only
+    transactional batches until its marker, as Kafka's broker requires (it refuses any
+    other write, InvalidTxnStateException)."""
     (root / "logs").mkdir(parents=True)
     plog = PartitionLog.create(root / "logs", TP, state_dir=root / "state")
     seq: dict[tuple[int, int], int] = {}
+    open_txn: set[int] = set()
     for i, (pid, epoch, txn, marker, key) in enumerate(steps):
         value = None if key == 4 else b"v%d" % i
         record = [Record(offset=0, timestamp=T - 1000 + i, key=k(key % 3), value=value)]
         n = seq.get((pid, epoch), 0)
         seq[(pid, epoch)] = n + 1
+        txn = txn or pid in open_txn
         plog.append(
             record, producer_id=pid, producer_epoch=epoch, base_sequence=n, is_transactional=txn
         )
+        if txn:
+            open_txn.add(pid)
         if marker is not None:
             plog.append_end_txn_marker(pid, epoch, commit=marker, timestamp=T - 1000 + i)
+            open_txn.discard(pid)
         if i % roll_every == roll_every - 1:
             plog.roll()
     plog.roll()
