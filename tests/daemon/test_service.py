@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import urllib.request
+from collections.abc import AsyncIterator
 from concurrent.futures import Future
 from dataclasses import replace
 from functools import partial
@@ -101,6 +103,22 @@ def _daemon(
 
 def _cycles_above(daemon: Daemon, count: int) -> bool:
     return daemon.cycles > count
+
+
+@contextlib.asynccontextmanager
+async def _idle_daemon(
+    config_path: Path, notify: NotifyReceiver, tmp_path: Path
+) -> AsyncIterator[tuple[Daemon, int]]:
+    """A running daemon past its start-up cycles, with no safety-net cycle due for an
+    hour: it and its cycle count, which stays put until something starts a cycle."""
+    _write(config_path, _settings(tmp_path, **{"log.retention.check.interval.ms": HOUR}))
+    daemon, _ = _daemon(config_path, notify)
+    async with running(daemon):
+        await eventually(lambda: daemon.cycles >= 2, "the startup cycle and its follow-up")
+        idle = daemon.cycles
+        await asyncio.sleep(0.5)
+        assert daemon.cycles == idle
+        yield daemon, idle
 
 
 def _failed_at_least(daemon: Daemon, count: int) -> bool:
@@ -296,13 +314,7 @@ async def test_a_reload_of_an_unchanged_file_starts_a_cycle(
 ) -> None:
     """SIGHUP makes cleanerd look again at once even when the file did not change (after
     a repair made in place, say), as the README's table of cycle reasons promises."""
-    _write(config_path, _settings(tmp_path, **{"log.retention.check.interval.ms": HOUR}))
-    daemon, _ = _daemon(config_path, notify_socket)
-    async with running(daemon):
-        await eventually(lambda: daemon.cycles >= 2, "the startup cycle and its follow-up")
-        idle = daemon.cycles
-        await asyncio.sleep(0.5)
-        assert daemon.cycles == idle
+    async with _idle_daemon(config_path, notify_socket, tmp_path) as (daemon, idle):
         daemon.handle_hup()
         await eventually(lambda: daemon.cycles > idle, "a cycle after the reload")
 
@@ -355,13 +367,7 @@ async def test_new_data_seen_by_the_watcher_starts_a_cycle(
 ) -> None:
     """An idle daemon runs no cycle; records appended to a partition make the watcher's
     next scan start one (after `log.cleaner.backoff.ms`)."""
-    _write(config_path, _settings(tmp_path, **{"log.retention.check.interval.ms": HOUR}))
-    daemon, _ = _daemon(config_path, notify_socket)
-    async with running(daemon):
-        await eventually(lambda: daemon.cycles >= 2, "the startup cycle and its follow-up")
-        idle = daemon.cycles
-        await asyncio.sleep(0.5)
-        assert daemon.cycles == idle
+    async with _idle_daemon(config_path, notify_socket, tmp_path) as (daemon, idle):
         plog = build_log(
             tmp_path / "data",
             [[[kv("k", "v", timestamp=_now_ms())]]],

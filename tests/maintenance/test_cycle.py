@@ -78,6 +78,14 @@ def build(
     return d
 
 
+def mark_uncleanable(m: Maintenance, tp: TopicPartition, log_dir: Path, reason: str) -> None:
+    """Mark `tp` uncleanable at T0 under its topic's current settings."""
+    fingerprint = config_fingerprint(m.config.topic_config(tp.topic))
+    m.manager.registry.mark(
+        tp, log_dir=str(log_dir), reason=reason, now_ms=T0, config_fingerprint=fingerprint
+    )
+
+
 def values(d: Path, state: Path) -> list[tuple[int, bytes | None, bytes | None]]:
     return offsets_and_values(PartitionLog.open(d, state_dir=state, read_only=True))
 
@@ -269,13 +277,7 @@ def test_cleaner_driven_retention_skips_delete_and_uncleanable_logs(
     cfg = write_config(tmp_path, topics)
     with Maintenance(cfg, engine, clock=lambda: T0) as m:
         bad = TopicPartition("bad", 0)
-        m.manager.registry.mark(
-            bad,
-            log_dir=str(tmp_path / "logs"),
-            reason="test",
-            now_ms=T0,
-            config_fingerprint=config_fingerprint(cfg.topic_config("bad")),
-        )
+        mark_uncleanable(m, bad, tmp_path / "logs", "test")
         report = m.run_once()
     assert sorted(o.topic for o in report.retention) == ["c", "cd", "del"]
     assert [(s.tp, s.reason) for s in report.skipped if s.phase == "retention"] == [
@@ -379,13 +381,7 @@ def test_a_compacted_partition_whose_metadata_cannot_be_read_is_unreadable(
     cfg = write_config(tmp_path, {"t": {"cleanup.policy": "compact"}})
     with Maintenance(cfg, engine, clock=lambda: T0) as m:
         if marked_before:
-            m.manager.registry.mark(
-                tp,
-                log_dir=str(tmp_path / "logs"),
-                reason="an earlier pass failed",
-                now_ms=T0,
-                config_fingerprint=config_fingerprint(cfg.topic_config("t")),
-            )
+            mark_uncleanable(m, tp, tmp_path / "logs", "an earlier pass failed")
         report = m.run_once()
         assert report.states == ()
         assert [f.tp for f in report.failed] == ([] if marked_before else [tp])
