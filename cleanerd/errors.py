@@ -91,6 +91,21 @@ class CheckpointError(CleanerdError):
         super().__init__(f"malformed checkpoint file {self.path}{at}: {reason}")
 
 
+class InvalidTxnStateError(CleanerdError):
+    """An append of a non-transactional batch from a producer whose transaction is open:
+    Kafka refuses it (InvalidTxnStateException), and its loader cannot read such a log."""
+
+    def __init__(self, path: Path | str, *, producer_id: int, offset: int, txn_first: int) -> None:
+        self.path = str(path)
+        self.producer_id = producer_id
+        self.offset = offset
+        super().__init__(
+            f"refused append at offset {offset} of {self.path}: a non-transactional batch "
+            f"from producer {producer_id}, whose transaction is open since offset "
+            f"{txn_first} (commit or abort it first); nothing was appended"
+        )
+
+
 class LogDirLockedError(CleanerdError):
     """A log dir whose `.lock` another process (a broker, another cleanerd) holds."""
 

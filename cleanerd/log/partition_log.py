@@ -56,6 +56,7 @@ from cleanerd.errors import (
     CleanerdError,
     CorruptIndexError,
     CorruptRecordError,
+    InvalidTxnStateError,
     LogDirLockedError,
 )
 from cleanerd.log.checkpoint import LOG_START_OFFSET_CHECKPOINT, RootCheckpoints
@@ -588,7 +589,8 @@ class PartitionLog:
     ) -> tuple[int, int]:
         """Append `records` as one v2 batch at the log end offset (their own offsets are
         ignored: offsets are assigned contiguously, as a leader does). Returns the first
-        and last offset assigned."""
+        and last offset assigned. A non-transactional batch of a producer whose
+        transaction is open is refused (InvalidTxnStateError), as Kafka refuses it."""
         if not records:
             raise ValueError("append needs at least one record")
         with self._write_lock():
@@ -611,7 +613,8 @@ class PartitionLog:
     def append_batches(self, data: bytes) -> tuple[int, int]:
         """Append already-encoded batches (v2 or legacy) keeping their offsets, which must
         be at or above the log end offset (a follower's append). Returns the first and
-        last offset."""
+        last offset. Refused whole, as `append` refuses it, when one batch writes outside
+        its producer's open transaction."""
         infos = list(scan_batches(data))
         if not infos:
             raise ValueError("append_batches needs at least one batch")
@@ -650,6 +653,7 @@ class PartitionLog:
     def _append_locked(self, data: bytes, infos: Sequence[BatchInfo] | None = None) -> None:
         if infos is None:
             infos = list(scan_batches(data))
+        self._refuse_writes_outside_open_txns(infos)
         for info in infos:
             active = self.active_segment
             why = active.roll_before_append(info.size, info.last_offset, self.config.segment_bytes)
@@ -664,6 +668,29 @@ class PartitionLog:
             active.append(chunk, relative)
             if transactional:
                 self._apply_appended_txn_batch(active, chunk, relative)
+
+    def _refuse_writes_outside_open_txns(self, infos: Sequence[BatchInfo]) -> None:
+        """Raise InvalidTxnStateError, before any of `infos` is appended, when one is a
+        non-transactional data batch of a producer with an open transaction (Kafka's
+        `ProducerAppendInfo` refuses it in every append, so no broker writes one)."""
+        if not any(i.header is not None and i.header.producer_id >= 0 for i in infos):
+            return
+        ongoing = self.producer_state().ongoing()
+        for info in infos:
+            h = info.header
+            if h is None or h.producer_id < 0:
+                continue
+            if h.is_control:
+                ongoing.pop(h.producer_id, None)
+            elif h.is_transactional:
+                ongoing.setdefault(h.producer_id, info.base_offset)
+            elif h.producer_id in ongoing:
+                raise InvalidTxnStateError(
+                    self.active_segment.log_path,
+                    producer_id=h.producer_id,
+                    offset=info.base_offset,
+                    txn_first=ongoing[h.producer_id],
+                )
 
     # -- producer state ------------------------------------------------------------------
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import multiprocessing
 from collections.abc import MutableMapping
@@ -17,7 +18,7 @@ from hypothesis import strategies as st
 from structlog.testing import capture_logs
 
 from cleanerd.config import load_config
-from cleanerd.errors import CheckpointError, CorruptRecordError
+from cleanerd.errors import CheckpointError, CorruptRecordError, InvalidTxnStateError
 from cleanerd.log.checkpoint import (
     LOG_START_OFFSET_CHECKPOINT,
     REPLICATION_OFFSET_CHECKPOINT,
@@ -244,6 +245,39 @@ def test_transactions_tracked_and_aborts_indexed(tmp_path: Path) -> None:
     assert reopened.collect_aborted_transactions(0, 10) == [AbortedTxn(1, 7, 3, 2)]
     reopened.append([kv("c", "3")], producer_id=9, producer_epoch=0, is_transactional=True)
     assert _open(tmp_path, LogConfig()).meta().first_unstable_offset == 5
+
+
+def test_a_write_outside_an_open_transaction_is_refused_whole(tmp_path: Path) -> None:
+    """A non-transactional batch from a producer whose transaction is open is refused, as
+    Kafka refuses it (InvalidTxnStateException): by `append`, and by `append_batches`
+    before any of its batches is written; other producers, and the same producer once
+    its marker is written, append as before."""
+    plog = build_log(tmp_path / "logs", [[[kv("x", "0")]]], state_dir=tmp_path / "state")
+    plog.append([kv("a", "1")], producer_id=7, producer_epoch=0, is_transactional=True)
+    with pytest.raises(
+        InvalidTxnStateError, match="producer 7, whose transaction is open since offset 1"
+    ):
+        plog.append([kv("b", "2")], producer_id=7, producer_epoch=0, base_sequence=1)
+    assert plog.log_end_offset == 2
+    other = encode_batch(
+        [dataclasses.replace(kv("c", "3"), offset=2)],
+        base_offset=2,
+        producer_id=8,
+        producer_epoch=0,
+    )
+    late = encode_batch(
+        [dataclasses.replace(kv("d", "4"), offset=3)],
+        base_offset=3,
+        producer_id=7,
+        producer_epoch=0,
+    )
+    with pytest.raises(InvalidTxnStateError) as refused:
+        plog.append_batches(other + late)
+    assert (refused.value.producer_id, refused.value.offset) == (7, 3)
+    assert plog.log_end_offset == 2  # not even producer 8's batch
+    assert plog.append([kv("c", "3")], producer_id=8, producer_epoch=0) == (2, 2)
+    plog.append_end_txn_marker(7, 0, commit=True, timestamp=0)
+    assert plog.append([kv("b", "2")], producer_id=7, producer_epoch=0, base_sequence=1) == (4, 4)
 
 
 def test_malformed_snapshot_name_is_no_snapshot(tmp_path: Path) -> None:
