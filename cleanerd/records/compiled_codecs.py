@@ -60,9 +60,9 @@ the same way, its room bounded by its blocks; a false stated size cannot make th
 grow its buffer past that bound either.
 The decompression context (`ZSTD_DCtx`) is one per thread (`zstd_context`), passed to the
 kernel as an address: a context must not be used by two threads at once, and the kernel
-runs without the GIL. When libzstd cannot be loaded, the symbols are bound to stand-ins
-that only return an error, `zstd_context` returns 0, and the kernel leaves every zstd
-area to the library.
+runs without the GIL. The functions are bound as `native.bind` binds liblz4's and
+zlib's. When libzstd cannot be loaded, their symbols are bound to its stand-ins, never
+called: `zstd_context` returns 0, and the kernel leaves every zstd area to the library.
 
 The same binding and a compression context per thread (`zstd_compression_context`)
 serve the encoder (`compiled_encoders.py`).
@@ -190,10 +190,6 @@ def zstd_compression_context() -> int:
     return _thread_context("C")
 
 
-SYMBOL_PREFIX: Final = "cleanerd_"
-"""Kernels call libzstd's function `F` as the LLVM symbol `cleanerd_F`."""
-_STAND_INS: list[Any] = []
-"""When libzstd is absent, the callbacks its symbols are bound to (kept alive here)."""
 _decompress_dctx: Any = None
 _find_frame_compressed_size: Any = None
 _is_error: Any = None
@@ -203,42 +199,21 @@ zstd_compress_cctx: Any = None
 (`zstd_compress_cctx` for the encoder, `compiled_encoders.py`)."""
 
 
-def _stand_in(name: str) -> int:
-    """The address of a C-callable function that returns what makes the kernel leave the
-    area to the codec library (an error; 1 from ZSTD_isError), never called in practice:
-    `zstd_context` returns 0 without libzstd, and the kernel then calls nothing."""
-    restype, argtypes = _SIGNATURES[name]
-    result = 1 if name in ("ZSTD_isError", "ZSTD_getErrorCode") else -1
-    callback = ctypes.CFUNCTYPE(restype, *argtypes)(lambda *_: result)
-    _STAND_INS.append(callback)
-    return int(ctypes.cast(callback, ctypes.c_void_p).value or 0)
-
-
 def _declare() -> None:
     global _decompress_dctx, _find_frame_compressed_size, _is_error, _get_error_code
     global zstd_compress_cctx
-    import llvmlite.binding as llvm
     from numba import types
 
     library = zstd_library()
-    for name in _SIGNATURES:
-        if library is None:
-            address = _stand_in(name)
-        else:
-            address = int(ctypes.cast(getattr(library, name), ctypes.c_void_p).value or 0)
-        llvm.add_symbol(SYMBOL_PREFIX + name, address)
+    symbol = {name: bind(library, name, *sig) for name, sig in _SIGNATURES.items()}
     size, i32 = types.intp, types.int32
     declare = types.ExternalFunction
-    _decompress_dctx = declare(
-        SYMBOL_PREFIX + "ZSTD_decompressDCtx", size(size, size, size, size, size)
-    )
-    _find_frame_compressed_size = declare(
-        SYMBOL_PREFIX + "ZSTD_findFrameCompressedSize", size(size, size)
-    )
-    _is_error = declare(SYMBOL_PREFIX + "ZSTD_isError", i32(size))
-    _get_error_code = declare(SYMBOL_PREFIX + "ZSTD_getErrorCode", i32(size))
+    _decompress_dctx = declare(symbol["ZSTD_decompressDCtx"], size(size, size, size, size, size))
+    _find_frame_compressed_size = declare(symbol["ZSTD_findFrameCompressedSize"], size(size, size))
+    _is_error = declare(symbol["ZSTD_isError"], i32(size))
+    _get_error_code = declare(symbol["ZSTD_getErrorCode"], i32(size))
     zstd_compress_cctx = declare(
-        SYMBOL_PREFIX + "ZSTD_compressCCtx", size(size, size, size, size, size, i32)
+        symbol["ZSTD_compressCCtx"], size(size, size, size, size, size, i32)
     )
 
 

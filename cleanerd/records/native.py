@@ -1,12 +1,12 @@
-"""System C libraries that compiled kernels call directly (liblz4, zlib).
+"""System C libraries that compiled kernels call directly (libzstd, liblz4, zlib).
 
 A library is loaded with ctypes (`load_library`), and each function a kernel calls is
 registered with LLVM under a fixed symbol name, `cleanerd_<function>` (`bind`), when
 numba is first imported: compiled code names the symbol, not an address, so numba's
-on-disk cache stays valid across processes (as `crc.py` and `compiled_codecs.py` do for
-the CRC-32C routine and libzstd). Without the library, the symbol is bound to a stand-in
-that returns 0, so kernels still compile; their callers check the library first and take
-the codec layer instead, so the stand-in is never called.
+on-disk cache stays valid across processes (as `crc.py` does for the CRC-32C routine of
+the crc32c extension). Without the library, the symbol is bound to a stand-in that
+returns 0, so kernels still compile; their callers check the library (or the context
+made with it) first and take the codec layer instead, so the stand-in is never called.
 """
 
 from __future__ import annotations
