@@ -78,7 +78,7 @@ from operator import attrgetter
 from pathlib import Path
 from typing import NoReturn
 
-from cleanerd.errors import CleanerdError, CorruptIndexError, CorruptRecordError, FileStepError
+from cleanerd.errors import CleanerdError, CorruptIndexError, CorruptRecordError, file_step
 from cleanerd.log.files import (
     CLEANED_FILE_SUFFIX,
     DELETED_FILE_SUFFIX,
@@ -423,15 +423,14 @@ def _quarantine(
     stem = f"{segment.log_path.name}.{position}"
     target = quarantine_dir / f"{stem}.tail"
     step = f"quarantining the torn tail of {segment.log_path} (nothing was cut)"
-    try:
+    with file_step(step, quarantine_dir):
         quarantine_dir.mkdir(parents=True, exist_ok=True)
-        n = 1
-        while target.exists():
-            target = quarantine_dir / f"{stem}.{n}.tail"
-            n += 1
+    n = 1
+    while target.exists():
+        target = quarantine_dir / f"{stem}.{n}.tail"
+        n += 1
+    with file_step(step, target):
         atomic_write(target, data)
-    except OSError as exc:
-        raise FileStepError(step, target, exc) from exc
     return target
 
 
