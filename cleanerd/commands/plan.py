@@ -82,6 +82,8 @@ def _retention_text(p: PartitionPlan) -> str:
         text += (
             f"; segment {r.future_timestamp_base} has a future timestamp and blocks retention.ms"
         )
+    if r.damaged_base is not None:
+        text += f"; segment {r.damaged_base} is damaged and stops retention until it is repaired"
     return text
 
 
@@ -126,11 +128,18 @@ def render_text(
         "its owner's cycle should do"
         for path, why in (observed or {}).items()
     ]
+    damaged = {(p.log_dir, p.topic_partition) for p in plan.partitions if p.damage}
     for bad in unreadable:
-        lines.append(f"{bad.tp} in {bad.log_dir} ({','.join(bad.policy)})")
-        lines.append(f"  unreadable, nothing planned: {bad.reason}")
+        if (bad.log_dir, bad.tp) not in damaged:
+            lines.append(f"{bad.tp} in {bad.log_dir} ({','.join(bad.policy)})")
+            lines.append(f"  unreadable, nothing planned: {bad.reason}")
     for p in plan.partitions:
         head = f"{p.topic_partition} in {p.log_dir}"
+        if p.damage is not None:
+            lines.append(f"{head} ({','.join(p.policy)})")
+            lines.append(f"  unreadable, neither rolled nor cleaned: {p.damage}")
+            lines.append(f"  {_retention_text(p)}")
+            continue
         if p.roll is None:
             lines.append(f"{head}: the KRaft metadata log, never modified")
             continue

@@ -16,6 +16,12 @@ clocks. The snapshot holds only what Kafka's decisions read:
 
 Segments are ascending by base offset and the last is the active segment, so a
 snapshot always holds at least one segment, as a Kafka log always does.
+
+A segment whose batches cannot be read (a bad CRC where its head or end is read, an
+unreadable file) is known only by its file: `SegmentMeta.damaged` stands in for it, with
+its damage named. Only retention and disk usage take such a snapshot
+(`PartitionLog.readable_meta`): they stop before a damaged segment, so the healthy
+segments older than it still go on time, and nothing is deleted because it is damaged.
 """
 
 from __future__ import annotations
@@ -60,6 +66,36 @@ class SegmentMeta:
     inode: int | None = None
     """The `.log` file's inode number when read from disk: with the size, which file the
     snapshot saw (a cleaned or recovered segment is a new file at the same name)."""
+    damage: str | None = None
+    """Why the segment's batches could not be read (the error, naming the file and
+    position), or None. A damaged segment's offsets and record timestamps are unknown:
+    its next offset is its base offset, its largest timestamp the `.log` mtime (Kafka's
+    stand-in for a segment without timestamps), and no decision deletes it."""
+
+    @classmethod
+    def damaged(
+        cls,
+        base_offset: int,
+        damage: str,
+        *,
+        size_bytes: int,
+        index_bytes: tuple[int, int],
+        last_modified_ms: int,
+        inode: int | None,
+    ) -> SegmentMeta:
+        """A segment known only by its files, for the `damage` its read met."""
+        return cls(
+            base_offset=base_offset,
+            next_offset=base_offset,
+            size_bytes=size_bytes,
+            largest_timestamp_ms=last_modified_ms,
+            first_batch_timestamp_ms=None,
+            offset_index_bytes=index_bytes[0],
+            time_index_bytes=index_bytes[1],
+            last_modified_ms=last_modified_ms,
+            inode=inode,
+            damage=damage,
+        )
 
     def __post_init__(self) -> None:
         if self.next_offset < self.base_offset:
@@ -128,6 +164,14 @@ class PartitionMeta:
     def size_bytes(self) -> int:
         """Sum of `.log` sizes (Kafka's UnifiedLog.size, what retention.bytes compares)."""
         return sum(s.size_bytes for s in self.segments)
+
+    @property
+    def damage(self) -> str | None:
+        """The first damaged segment's damage (`SegmentMeta.damage`), or None. A snapshot
+        with damage is one of `PartitionLog.readable_meta`: its log end offset and first
+        unstable offset are only as far as they could be read, so only retention and
+        disk usage, which stop before the damage, take it."""
+        return next((s.damage for s in self.segments if s.damage is not None), None)
 
     @property
     def never_touched(self) -> bool:

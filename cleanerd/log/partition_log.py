@@ -56,6 +56,7 @@ from cleanerd.errors import (
     CleanerdError,
     CorruptIndexError,
     CorruptRecordError,
+    FileChangedError,
     InvalidTxnStateError,
     LogDirLockedError,
 )
@@ -958,6 +959,30 @@ class PartitionLog:
             self._view = _View.of(self, meta)
         return meta
 
+    def readable_meta(self) -> PartitionMeta:
+        """`meta`, or, when a segment's batches cannot be read, the snapshot as far as it
+        can be: each such segment stands as `SegmentMeta.damaged`, the log end offset is
+        the active segment's base when that one is damaged, and the first unstable offset
+        is None when the producer state cannot be walked. Only retention and disk usage
+        take it: they stop before the first damaged segment, so one bad batch does not
+        keep the expired segments older than it, nor fail a device's disk-usage step."""
+        try:
+            return self.meta()
+        except (FileChangedError, FileNotFoundError):
+            raise  # a race with a writer, not damage: the caller reads again
+        except (CleanerdError, OSError):
+            pass
+        with self._locked():
+            self.refresh()
+            segments = tuple(_readable(s) for s in self._segments)
+            try:
+                first_unstable = self.first_unstable_offset
+            except (CleanerdError, OSError):
+                first_unstable = None
+            active = segments[-1]
+            end = active.base_offset if active.damage is not None else None
+            return self._partition_meta(segments, first_unstable, log_end_offset=end)
+
     def stable_view(self) -> tuple[tuple[LogSegment, ...], int]:
         """The segments as the files are now and the last stable offset, read as `meta`
         reads them but without every segment's metadata (which costs a read of each small
@@ -970,7 +995,11 @@ class PartitionLog:
             return tuple(self._segments), stable
 
     def _partition_meta(
-        self, segments: tuple[SegmentMeta, ...], first_unstable: int | None
+        self,
+        segments: tuple[SegmentMeta, ...],
+        first_unstable: int | None,
+        *,
+        log_end_offset: int | None = None,
     ) -> PartitionMeta:
         tp = self.topic_partition
         return PartitionMeta(
@@ -979,7 +1008,7 @@ class PartitionLog:
             log_dir=str(self.log_dir),
             segments=segments,
             log_start_offset=self.log_start_offset,
-            log_end_offset=self.log_end_offset,
+            log_end_offset=self.log_end_offset if log_end_offset is None else log_end_offset,
             high_watermark=self.high_watermark,
             first_unstable_offset=first_unstable,
             is_metadata=self.is_metadata,
@@ -1098,6 +1127,16 @@ class _View(NamedTuple):
             return self.segments[-1].stat_identity() == self.active_identity
         except OSError:
             return False
+
+
+def _readable(segment: LogSegment) -> SegmentMeta:
+    """The segment's snapshot, or its damaged stand-in when its batches cannot be read."""
+    try:
+        return segment.meta()
+    except (FileChangedError, FileNotFoundError):
+        raise
+    except (CleanerdError, OSError) as exc:
+        return segment.damaged_meta(str(exc))
 
 
 def _rebuilt(report: RecoveryReport) -> set[int]:

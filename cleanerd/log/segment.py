@@ -577,6 +577,18 @@ class LogSegment:
             )
         return self._meta
 
+    def damaged_meta(self, damage: str) -> SegmentMeta:
+        """The snapshot of a segment whose batches could not be read (`damage`, the
+        error naming the file and position): only what its files' `stat`s give."""
+        return SegmentMeta.damaged(
+            self.base_offset,
+            damage,
+            size_bytes=self._size,
+            index_bytes=self._index_sizes() or (0, 0),
+            last_modified_ms=self.last_modified_ms,
+            inode=self.inode,
+        )
+
     def prefetch(self) -> None:
         """Ask the kernel to start reading a small `.log` whose metadata is not known yet
         (`POSIX_FADV_WILLNEED`, a hint: nothing is written, and a failure only loses the

@@ -14,7 +14,9 @@ whether a delete horizon has passed, whether the partition is eligible and in wh
 order the workers would take it; a partition found corrupt is reported uncleanable. A
 partition whose segments cannot be read at all (a bad batch where its end is read, an
 index that points nowhere) is listed as unreadable, with the error naming the file and
-position: a cycle's steps fail on it too.
+position: a cycle's steps fail on it too. Its retention and disk usage are still
+planned over the segments before the damage (`PartitionLog.readable_meta`), as a cycle
+deletes them; it is neither rolled nor cleaned.
 
 `plan_cycle` is the pure core (`bench/plan.py` times it); `gather` reads its inputs from
 the log dirs.
@@ -104,6 +106,9 @@ class PartitionPlan:
     """None for topics without `compact`."""
     order: int | None = None
     """Position in the cleaning order (1 first), None when not eligible."""
+    damage: str | None = None
+    """The damage that keeps the partition from being rolled or cleaned
+    (`PartitionMeta.damage`); retention stops before it."""
 
     @property
     def topic_partition(self) -> TopicPartition:
@@ -134,6 +139,12 @@ def plan_partition(
     nothing = RetentionPlan((), meta.log_start_offset, None, None)
     if meta.never_touched:
         return _partition_plan(inp, None, nothing, rolled=False, compaction=None), meta
+    if meta.damage is not None:
+        # A cycle's roll and clean steps fail on it; retention stops before the damage.
+        retention, current = nothing, meta
+        if retention_applies(topic, cleaner_enabled=cleaner_enabled):
+            retention, _rolled, current = retention_step(meta, topic, now_ms=now_ms)
+        return _partition_plan(inp, None, retention, rolled=False, compaction=None), current
     roll = roll_plan(
         meta.topic_partition,
         meta.active,
@@ -176,6 +187,7 @@ def _partition_plan(
         retention=retention,
         rolled_for_retention=rolled,
         compaction=compaction,
+        damage=inp.meta.damage,
     )
 
 
@@ -303,15 +315,17 @@ def _observed_because(cfg: Config, path: Path) -> str | None:
 def _read_partition(
     log_dir: LogDir, tp: TopicPartition, topic: TopicConfig, horizons: HorizonCache
 ) -> tuple[PartitionLog, PartitionMeta, tuple[SegmentHorizon, ...]]:
-    """The partition opened and read whole. A live broker may rename or delete a segment
-    while it is read (observe mode): the partition is listed and read again, up to
+    """The partition opened and read whole, or as far as its damage lets it be
+    (`PartitionMeta.damage`). A live broker may rename or delete a segment while it is
+    read (observe mode): the partition is listed and read again, up to
     CHANGED_READ_ATTEMPTS times, before that is an error."""
     compacted = topic.compact and tp.topic != METADATA_TOPIC
     for attempt in range(1, CHANGED_READ_ATTEMPTS + 1):
         try:
             plog = log_dir.open_partition(tp, config=LogConfig.of_topic(topic))
-            meta = plog.meta()
-            return plog, meta, horizons.partition(plog) if compacted else ()
+            meta = plog.readable_meta()
+            read_whole = compacted and meta.damage is None
+            return plog, meta, horizons.partition(plog) if read_whole else ()
         except (FileChangedError, FileNotFoundError):
             if attempt == CHANGED_READ_ATTEMPTS:
                 raise
@@ -335,6 +349,11 @@ def _gather_dir(
             out.errors.append(f"{log_dir.path / str(tp)}: {exc}")
             out.unreadable.append(Unreadable(str(log_dir.path), tp, topic.cleanup_policy, str(exc)))
             continue
+        if meta.damage is not None:
+            out.errors.append(f"{log_dir.path / str(tp)}: {meta.damage}")
+            out.unreadable.append(
+                Unreadable(str(log_dir.path), tp, topic.cleanup_policy, meta.damage)
+            )
         out.inputs.append(
             PlanInput(
                 meta=meta,
@@ -387,7 +406,9 @@ def partition_json(p: PartitionPlan) -> dict[str, Any]:
             "log_start_offset": p.retention.log_start_offset,
             "roll_first": p.rolled_for_retention,
             "future_timestamp_base": p.retention.future_timestamp_base,
+            "damaged_base": p.retention.damaged_base,
         },
+        "damage": p.damage,
         "compaction": None,
     }
     if p.roll is not None:

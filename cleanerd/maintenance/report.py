@@ -66,9 +66,10 @@ class CleanedLog:
 
 @dataclass(frozen=True, slots=True)
 class Unreadable:
-    """A partition that could not be opened or read (its metadata): nothing is planned or
-    done for it, and it has no state for the metrics. `policy`: its topic's
-    `cleanup.policy`."""
+    """A partition that could not be opened or read (its metadata): it is neither rolled
+    nor cleaned, and it has no state for the metrics; retention and disk usage delete
+    only segments older than its damage (`PartitionLog.readable_meta`). `policy`: its
+    topic's `cleanup.policy`."""
 
     log_dir: str
     tp: TopicPartition

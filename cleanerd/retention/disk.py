@@ -51,6 +51,7 @@ from typing import Final
 
 import psutil
 
+from cleanerd.errors import CleanerdError
 from cleanerd.log.deletions import PendingDeletions
 from cleanerd.log.files import TopicPartition
 from cleanerd.log.fsutil import safe_unlink
@@ -175,10 +176,23 @@ class _Enforcement:
     def partitions(self, devices: set[int]) -> list[PartitionOnDevice]:
         where = self.device_of_dir()
         out = []
-        for (log_dir, _tp), plog in self.logs.items():
+        for (log_dir, tp), plog in self.logs.items():
             device = where[log_dir]
-            if device in devices:
-                out.append(PartitionOnDevice(device, plog.meta()))
+            if device not in devices:
+                continue
+            try:
+                meta = plog.readable_meta()
+            except (CleanerdError, OSError) as exc:
+                # The partition offers nothing this round; the others still free the device.
+                log.warning(
+                    "disk_usage.partition_unreadable",
+                    topic=tp.topic,
+                    partition=tp.partition,
+                    log_dir=log_dir,
+                    error=str(exc),
+                )
+                continue
+            out.append(PartitionOnDevice(device, meta))
         return out
 
     def plan(self, over: Sequence[DeviceUsage]) -> DiskUsagePlan:

@@ -8,7 +8,9 @@ topics on it. For each device above its threshold, cleanerd plans:
   every cleanup policy, except `__cluster_metadata` and protected topics;
 - each partition offers only its *first remaining* segment, so its segments go oldest
   first and the log start offset only moves forward; a segment is offered only if it is
-  not the active segment and the high watermark covers it (HW >= next segment's base);
+  not the active segment, the high watermark covers it (HW >= next segment's base) and
+  it is not damaged (`SegmentMeta.damage`: a partition offers nothing from its first
+  damaged segment on, as retention stops there);
 - the globally oldest offer goes first: by largest timestamp, then base offset, then
   topic-partition and log dir for a stable order. A largest timestamp in the future
   (clock skew, bad producer clocks) would make a segment look newest forever, so for
@@ -120,7 +122,8 @@ class _Cursor:
             return None  # only the active segment is left
         if self.meta.high_watermark_or_end < self.meta.upper_bound(self.index):
             return None
-        return self.meta.segments[self.index]
+        seg = self.meta.segments[self.index]
+        return None if seg.damage is not None else seg
 
 
 _HeapEntry = tuple[int, int, TopicPartition, str, int]

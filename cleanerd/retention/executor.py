@@ -2,9 +2,10 @@
 
 One call, for one partition of an owned log dir, under the partition lock:
 
-1. snapshot the partition (`PartitionLog.meta`) and plan with the topic's settings
-   (`retention.ms`, `retention.bytes`, `cleanup.policy`; the start-offset pass runs for
-   every policy, the other two only with `delete`);
+1. snapshot the partition (`PartitionLog.readable_meta`: a segment whose batches cannot
+   be read stands as damaged, and every pass stops before it) and plan with the topic's
+   settings (`retention.ms`, `retention.bytes`, `cleanup.policy`; the start-offset pass
+   runs for every policy, the other two only with `delete`);
 2. when the plan would take the active segment too, roll it first (Kafka rolls an empty
    segment when every segment would go) and plan again over the new snapshot, so the
    old active segment is then an ordinary inactive one and the new empty one stays;
@@ -24,7 +25,8 @@ same start offset, and startup recovery removes leftover `.deleted` files. A cra
 before step 3's dir fsync leaves the segments in place, and the next check deletes them
 again. The high watermark bounds every deletion when one is known, and the active
 segment is never deleted. A segment whose largest timestamp lies in the future blocks
-time retention, as in Kafka; that is logged with the segment named.
+time retention, as in Kafka; that is logged with the segment named, as is a damaged
+segment that stops a pass which would otherwise have taken it.
 """
 
 from __future__ import annotations
@@ -60,6 +62,8 @@ class RetentionOutcome:
     """Base of a segment whose future largest timestamp stopped time retention."""
     deleted_files: tuple[Path, ...]
     """The `.deleted` files handed to the pending-deletion queue."""
+    damaged_base: int | None = None
+    """Base of a damaged segment that stopped a pass which would have taken it."""
 
 
 def retention_plan(meta: PartitionMeta, topic: TopicConfig, *, now_ms: int) -> RetentionPlan:
@@ -92,17 +96,18 @@ def apply_retention(
     rolled = False
     # Decided first on the current metadata without the lock (`PartitionLog.meta`), as
     # nearly every partition of a cycle has nothing to delete; then again under it.
-    plan = retention_plan(plog.meta(), topic, now_ms=now_ms)
-    if not plan.deletions and plan.roll_for is None and plan.future_timestamp_base is None:
+    plan = retention_plan(plog.readable_meta(), topic, now_ms=now_ms)
+    quiet = plan.future_timestamp_base is None and plan.damaged_base is None
+    if not plan.deletions and plan.roll_for is None and quiet:
         return RetentionOutcome(
             str(plog.log_dir), tp.topic, tp.partition, (), False, plog.log_start_offset, None, ()
         )
     with plog.lock:
-        plan = retention_plan(plog.meta(), topic, now_ms=now_ms)
+        plan = retention_plan(plog.readable_meta(), topic, now_ms=now_ms)
         if plan.roll_for is not None:
             # Kafka rolls so that retention can take the whole log; the line names the rule.
             rolled = plog.roll(now_ms, reason=plan.roll_for.value) is not None
-            plan = retention_plan(plog.meta(), topic, now_ms=now_ms)
+            plan = retention_plan(plog.readable_meta(), topic, now_ms=now_ms)
         if plan.future_timestamp_base is not None:
             log.warning(
                 "retention.future_timestamp",
@@ -112,6 +117,17 @@ def apply_retention(
                 base_offset=plan.future_timestamp_base,
                 now_ms=now_ms,
                 consequence="retention.ms deletes nothing from this segment on",
+            )
+        if plan.damaged_base is not None:
+            damaged = next(s for s in plog.segments if s.base_offset == plan.damaged_base)
+            log.warning(
+                "retention.stopped_at_damage",
+                topic=tp.topic,
+                partition=tp.partition,
+                log_dir=str(plog.log_dir),
+                base_offset=plan.damaged_base,
+                path=str(damaged.log_path),
+                consequence="retention deletes nothing from this segment on until it is repaired",
             )
         files: list[Path] = []
         by_base = {s.base_offset: s for s in plog.segments}
@@ -130,4 +146,5 @@ def apply_retention(
         log_start_offset=plog.log_start_offset,
         future_timestamp_base=plan.future_timestamp_base,
         deleted_files=tuple(files),
+        damaged_base=plan.damaged_base,
     )

@@ -16,6 +16,13 @@ Each pass walks from the oldest segment and stops at the first that is not delet
 A segment is deletable only when the high watermark covers it (HW >= the next segment's
 base, or the log end offset for the last one) and it is not an empty last segment.
 
+A damaged segment (`SegmentMeta.damage`: its batches cannot be read) is never deletable:
+every pass stops before it, so the segments older than it still go, and it and every
+later segment stay until the damage is repaired. Its offsets and timestamps are unknown,
+and deleting it would be repairing a log by deleting data. When a pass would have gone
+on to it (the start offset or `retention.bytes` covers it, or its `.log` mtime is past
+`retention.ms`), the plan names it, so the caller can say what the damage holds back.
+
 Kafka may delete the active segment too, rolling an empty one first. cleanerd never
 deletes the active segment in a plan: when a pass would take it, the plan says a roll
 is needed, and the caller rolls and plans again (the old active segment is then an
@@ -64,6 +71,9 @@ class RetentionPlan:
     future_timestamp_base: int | None
     """Base of a segment whose largest timestamp is in the future and that stopped
     time retention; None when none did."""
+    damaged_base: int | None = None
+    """Base of a damaged segment that stopped a pass which would otherwise have taken
+    it; None when none did."""
 
     @property
     def roll_needed(self) -> bool:
@@ -109,6 +119,7 @@ class _Walk:
     high_watermark: int
     deletions: list[Deletion] = field(default_factory=list)
     roll_for: DeletionReason | None = None
+    damaged_base: int | None = None
 
     def delete_while(self, reason: DeletionReason, predicate: _Predicate) -> SegmentMeta | None:
         """Take leading segments as Kafka's deletableSegments does; return the segment
@@ -120,6 +131,9 @@ class _Walk:
             if self.high_watermark < upper or (nxt is None and seg.is_empty):
                 break
             if not predicate(seg, nxt):
+                break
+            if seg.damage is not None:
+                self.damaged_base = seg.base_offset
                 break
             taken += 1
         stopper: SegmentMeta | None = None
@@ -170,11 +184,12 @@ def deletable_segments(
             # An empty segment has no record timestamp: its largest is the file's mtime,
             # which a fresh roll may leave a moment past the cycle's clock.
             future = stopper is not None and stopper.largest_timestamp_ms > now_ms
-            if stopper is not None and future and stopper.size_bytes > 0:
+            if stopper is not None and future and stopper.size_bytes > 0 and not stopper.damage:
                 future_base = stopper.base_offset
     return RetentionPlan(
         deletions=tuple(walk.deletions),
         log_start_offset=max(meta.log_start_offset, walk.remaining[0].base_offset),
         roll_for=walk.roll_for,
         future_timestamp_base=future_base,
+        damaged_base=walk.damaged_base,
     )

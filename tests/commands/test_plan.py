@@ -46,10 +46,11 @@ def _plan_command(tmp_path: Path) -> tuple[list[str], dict[str, str]]:
 
 
 def test_a_partition_with_a_bad_batch_is_listed_unreadable(tmp_path: Path) -> None:
-    """A CRC mismatch in an old segment, where the partition's end is read, leaves
-    nothing to plan for that partition: it is still listed (text and JSON), with the
-    error naming the file and position, beside the other partitions' plans, and the
-    exit status is 1. It was left out of the report before."""
+    """A CRC mismatch in an old segment, where the partition's head is read, leaves
+    nothing but retention before the damage to plan for that partition: it is still
+    listed (text and JSON), with the error naming the file and position, beside the
+    other partitions' plans, and the exit status is 1. It was left out of the report
+    before."""
     log = LogBuilder(tmp_path / "logs")
     log.append([(k("a"), b"1")])
     log.roll()
@@ -70,11 +71,19 @@ def test_a_partition_with_a_bad_batch_is_listed_unreadable(tmp_path: Path) -> No
     assert text.returncode == doc.returncode == 1
     lines = text.stdout.splitlines()
     at = lines.index(f"t-0 in {tmp_path / 'logs'} (compact)")
-    assert lines[at + 1].startswith("  unreadable, nothing planned: corrupt record batch in ")
+    assert lines[at + 1].startswith(
+        "  unreadable, neither rolled nor cleaned: corrupt record batch in "
+    )
     assert f"{first} at position 0: CRC mismatch" in lines[at + 1]
+    assert lines[at + 2] == "  retention: nothing to delete"
+    assert sum(line.startswith("t-0 in ") for line in lines) == 1
     assert any(line.startswith("u-0 in ") for line in lines)
     report = json.loads(doc.stdout)
-    assert [p["topic"] for p in report["partitions"]] == ["u"]
+    damaged, healthy = report["partitions"]
+    assert (damaged["topic"], healthy["topic"], healthy["damage"]) == ("t", "u", None)
+    assert f"{first} at position 0: CRC mismatch" in damaged["damage"]
+    assert damaged["roll"] is damaged["compaction"] is None
+    assert damaged["retention"]["deletions"] == []
     (unreadable,) = report["unreadable"]
     assert (unreadable["topic"], unreadable["partition"]) == ("t", 0)
     assert f"{first} at position 0: CRC mismatch" in unreadable["reason"]

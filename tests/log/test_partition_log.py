@@ -678,3 +678,35 @@ def test_a_snapshot_past_the_recovered_log_end_is_deleted(tmp_path: Path) -> Non
     reopened.append([kv("b", "2")])
     reopened.append([kv("c", "3")])  # offset 3 again, past where the snapshot was
     assert reopened.meta().first_unstable_offset == 1
+
+
+@pytest.mark.parametrize("damaged_base", [2, 4])
+def test_the_readable_meta_stands_a_damaged_segment_in_by_its_files(
+    tmp_path: Path, damaged_base: int
+) -> None:
+    """A bad CRC in the first batch of a rolled or of the active segment: `meta` raises,
+    naming the file; `readable_meta` gives every other segment as `meta` would, and the
+    damaged one by its files only (its size, its mtime as its largest timestamp, the
+    damage named), with the log end offset at the active segment's base when that is the
+    damaged one."""
+    batches = [[kv(f"k{i}", f"v{i}", timestamp=1_000 + i)] for i in range(2)]
+    build_log(tmp_path / "logs", [batches] * 3, state_dir=tmp_path / "state")
+    path = tmp_path / "logs" / "topic-0" / f"{damaged_base:020d}.log"
+    data = bytearray(path.read_bytes())
+    data[65] ^= 0xFF
+    path.write_bytes(bytes(data))
+    plog = PartitionLog.open(path.parent, state_dir=tmp_path / "state", read_only=True)
+    with pytest.raises(CorruptRecordError, match=str(path)):
+        plog.meta()
+    meta = plog.readable_meta()
+    assert [s.base_offset for s in meta.segments] == [0, 2, 4]
+    assert [s.damage is None for s in meta.segments] == [b != damaged_base for b in (0, 2, 4)]
+    bad = meta.segments[damaged_base // 2]
+    assert meta.damage == bad.damage
+    assert bad.damage is not None
+    assert str(path) in bad.damage
+    assert "CRC mismatch" in bad.damage
+    assert (bad.next_offset, bad.size_bytes) == (damaged_base, path.stat().st_size)
+    assert bad.largest_timestamp_ms == path.stat().st_mtime_ns // 1_000_000
+    assert meta.segments[0].largest_timestamp_ms == 1_001
+    assert meta.log_end_offset == (4 if damaged_base == 4 else 6)

@@ -401,6 +401,85 @@ def test_a_compacted_partition_whose_metadata_cannot_be_read_is_unreadable(
     assert counted.uncleanable_partitions == 1
 
 
+def _damage_first_batch(segment: Path) -> None:
+    """Flip a byte inside the records of `segment`'s first batch (its CRC fails there),
+    keeping the file's mtime."""
+    st = segment.stat()
+    data = bytearray(segment.read_bytes())
+    data[65] ^= 0xFF
+    segment.write_bytes(bytes(data))
+    os.utime(segment, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+
+def test_retention_deletes_the_expired_segments_older_than_a_damaged_one(
+    tmp_path: Path, engine: LocalEngine
+) -> None:
+    """A bad CRC in the first batch of a rolled segment of a `delete` topic: the expired
+    segment before it is still deleted on time, the damaged one and those after it
+    stay, the warning names it, and retention is not a failed step. Before, the whole
+    partition's metadata failed and nothing was deleted: a legal deletion missed for as
+    long as the damage stayed."""
+    tp = TopicPartition("d", 0)
+    d = build(
+        tmp_path,
+        tp,
+        [records(range(100), T0 - 5 * HOUR), records(range(100), T0 - 4 * HOUR), records([0], T0)],
+    )
+    for f in d.glob("00000000000000000[01]00.*"):
+        os.utime(f, ns=((T0 - 4 * HOUR) * 1_000_000,) * 2)
+    damaged = d / "00000000000000000100.log"
+    _damage_first_batch(damaged)
+    cfg = write_config(tmp_path, {"d": {"cleanup.policy": "delete", "retention.ms": HOUR}})
+    with capture_logs() as logs, Maintenance(cfg, engine, clock=lambda: T0) as m:
+        report = m.run_once()
+    ((outcome),) = report.retention
+    assert [x.base_offset for x in outcome.deletions] == [0]
+    assert (outcome.damaged_base, outcome.log_start_offset) == (100, 100)
+    assert sorted(f.name for f in d.glob("*.log")) == [damaged.name, "00000000000000000200.log"]
+    assert "retention" not in [e.phase for e in report.errors]
+    (warning,) = [e for e in logs if e["event"] == "retention.stopped_at_damage"]
+    assert (warning["base_offset"], warning["path"]) == (100, str(damaged))
+    (unread,) = report.unreadable
+    assert str(damaged) in unread.reason
+
+
+def test_a_damaged_partition_does_not_stop_disk_usage(tmp_path: Path, engine: LocalEngine) -> None:
+    """Above log.retention.disk.usage.percent, one partition with a damaged segment gives
+    its segments older than the damage and nothing after it, and every other partition
+    gives its oldest ones. Before, its metadata error escaped the disk-usage step and
+    failed the whole cycle, every cycle: a full disk stayed full."""
+    bad, good = TopicPartition("bad", 0), TopicPartition("good", 0)
+    for tp, age in ((bad, 6), (good, 5)):
+        segments = [records(range(20), T0 - age * HOUR), records(range(20), T0 - (age - 2) * HOUR)]
+        build(tmp_path, tp, [*segments, records(range(20), T0 - 3 * HOUR), records([0], T0)])
+    damaged = tmp_path / "logs" / str(bad) / "00000000000000000020.log"
+    _damage_first_batch(damaged)
+    logs = tmp_path / "logs"
+
+    def used() -> int:
+        return sum(p.stat().st_size for p in logs.rglob("*") if p.is_file())
+
+    total = used() * 100 // 95
+
+    def probe(_path: Path) -> DiskSpace:
+        return DiskSpace(total, used())
+
+    topics = {"bad": {"cleanup.policy": "delete"}, "good": {"cleanup.policy": "delete"}}
+    cfg = write_config(tmp_path, topics, **{"log.retention.disk.usage.percent": 10})
+    with Maintenance(cfg, engine, clock=lambda: T0, usage_probe=probe) as m:
+        report = m.run_once()
+    disk = report.disk_usage
+    assert disk is not None
+    assert [(x.topic_partition, x.base_offset) for x in disk.deletions] == [
+        (bad, 0),
+        (good, 0),
+        (good, 20),
+        (good, 40),
+    ]
+    assert disk.still_above
+    assert damaged.exists()
+
+
 class _StopWhileSwapping:
     """An engine that holds the partition lock from the submission (so the pass waits
     at its first swap) and sets `stop` at once; the cycle's abort releases the lock."""
@@ -785,7 +864,8 @@ def test_a_step_that_fails_the_same_way_again_is_logged_once(
         for _ in range(3):
             with capture_logs() as logs:
                 report = m.run_once()
-            assert [e.phase for e in report.errors] == ["open", "roll", "retention"]
+            # Retention stops before the damage without failing (readable_meta).
+            assert [e.phase for e in report.errors] == ["open", "roll"]
             errors = [e for e in logs if e["event"] == "roll.failed" and e["log_level"] == "error"]
             levels.append(len(errors))
     assert levels == [1, 0, 0]  # the repeats go to debug (which the test setup may drop)

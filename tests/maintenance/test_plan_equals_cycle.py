@@ -192,3 +192,78 @@ def test_plan_predicts_disk_usage_after_what_the_cycle_frees_first(
         assert [d for d in done["deleted"] if d["reason"] == "retention.bytes"]
         assert disk(done)
         assert disk(plan) == disk(done)
+
+
+def test_plan_predicts_what_retention_and_disk_usage_delete_around_a_damaged_segment(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """On a real tmpfs above its KIP-61 threshold, a `delete` partition whose third
+    segment has a bad CRC in its first batch: `plan` lists exactly the deletions the
+    cycle makes, by retention.ms and by disk usage, in this partition (the segments
+    before the damage) and in a healthy one; both exit 1 and name the damaged file."""
+    from cleanerd.cli import main
+    from cleanerd.retention.disk import psutil_space
+    from tests.tools import tmpfs
+
+    with tmpfs(tmp_path / "dev", "8m") as dev:
+        logs = dev / "logs"
+        value = "x" * 15_000
+        for topic, age in (("bad", 30), ("good", 20)):
+            segments = [
+                [[kv(f"{topic}-{s}-{i}", value, timestamp=NOW - (age - 2 * s) * HOUR)]
+                 for i in range(15)]
+                for s in range(6)
+            ]  # fmt: skip
+            build_log(logs, segments, state_dir=tmp_path / "state", tp=TopicPartition(topic, 0))
+            for f in (logs / f"{topic}-0").iterdir():
+                base = int(f.name.split(".")[0]) // 15
+                stamp = (NOW - (age - 2 * base) * HOUR) * 1_000_000
+                os.utime(f, ns=(stamp, stamp))
+        damaged = logs / "bad-0" / "00000000000000000030.log"
+        stat = damaged.stat()
+        data = bytearray(damaged.read_bytes())
+        data[65] ^= 0xFF
+        damaged.write_bytes(bytes(data))
+        os.utime(damaged, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+        space = psutil_space(dev)
+        percent = int(100 * (space.used_bytes - 1_000_000) / space.total_bytes)
+        config = tmp_path / "cleanerd.yaml"
+        config.write_text(
+            yaml.safe_dump(
+                {
+                    "log.dirs": [str(logs)],
+                    "state_dir": str(tmp_path / "state"),
+                    "log.retention.disk.usage.percent": percent,
+                    "topics": {
+                        "bad": {"cleanup.policy": "delete", "retention.ms": 25 * HOUR},
+                        "good": {"cleanup.policy": "delete", "retention.ms": 25 * HOUR},
+                    },
+                }
+            )
+        )
+
+        def run(command: str) -> dict[str, Any]:
+            status = main([command, "-c", str(config), "--json", "--now-ms", str(NOW)])
+            out = capsys.readouterr()
+            assert status == 1, out.err
+            doc: dict[str, Any] = json.loads(out.out)
+            assert [u["topic"] for u in doc["unreadable"]] == ["bad"]
+            assert str(damaged) in doc["unreadable"][0]["reason"]
+            return doc
+
+        def deleted(doc: dict[str, Any]) -> list[tuple[str, int, str]]:
+            return [(d["topic"], d["base_offset"], d["reason"]) for d in doc["deleted"]]
+
+        capsys.readouterr()  # what building the log printed
+        plan, done = run("plan"), run("clean")
+        # The damaged segment (26 hours old) stops retention.ms and disk usage in its
+        # partition; the device is freed from the healthy one.
+        assert deleted(done) == [
+            ("bad", 0, "retention.ms"),
+            ("bad", 15, "retention.ms"),
+            ("good", 0, "disk.usage"),
+            ("good", 15, "disk.usage"),
+            ("good", 30, "disk.usage"),
+        ]
+        assert deleted(plan) == deleted(done)
+        assert damaged.exists()

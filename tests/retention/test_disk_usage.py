@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import dataclasses
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -225,3 +227,24 @@ def test_plan_never_takes_active_and_reaches_threshold(
     for pd in parts:
         taken = [d.base_offset for d in p.deletions if d.topic_partition == pd.meta.topic_partition]
         assert taken == [s.base_offset for s in pd.meta.segments[: len(taken)]]
+
+
+def test_a_partition_offers_nothing_from_its_first_damaged_segment_on():
+    """Disk usage takes a damaged partition's segments older than its damage, oldest
+    first among every partition's, and never the damaged segment or any after it, even
+    when the device stays above its threshold."""
+    a, b = partition("a", [50, 40, 30, 0]), partition("b", [45, 35, 0])
+    s = a.meta.segments[1]
+    stand_in = SegmentMeta.damaged(
+        s.base_offset,
+        "corrupt record batch",
+        size_bytes=s.size_bytes,
+        index_bytes=(0, 0),
+        last_modified_ms=NOW - 60 * HOUR,
+        inode=None,
+    )
+    segments = (a.meta.segments[0], stand_in, *a.meta.segments[2:])
+    a = PartitionOnDevice(DEV_A, dataclasses.replace(a.meta, segments=segments))
+    p = run([device(900)], [a, b])
+    assert deleted(p) == [("a", 0), ("b", 0), ("b", 10)]
+    assert p.still_above == (DEV_A,)

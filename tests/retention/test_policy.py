@@ -187,3 +187,52 @@ def test_an_empty_active_segment_stamped_a_moment_ahead_is_no_future_timestamp()
     p = plan(meta, retention_ms=DAY)
     assert bases(p) == [0, 10]
     assert p.future_timestamp_base is None
+
+
+def damaged(meta: PartitionMeta, index: int) -> PartitionMeta:
+    """`meta` with segment `index` standing as damaged (`PartitionLog.readable_meta`)."""
+    s = meta.segments[index]
+    stand_in = SegmentMeta.damaged(
+        s.base_offset,
+        f"corrupt record batch in {s.base_offset:020d}.log at position 0",
+        size_bytes=s.size_bytes,
+        index_bytes=(0, 0),
+        last_modified_ms=s.last_modified_ms,
+        inode=None,
+    )
+    segments = (*meta.segments[:index], stand_in, *meta.segments[index + 1 :])
+    return dataclasses.replace(meta, segments=segments)
+
+
+def test_every_pass_stops_before_a_damaged_segment_and_names_it():
+    """The expired segments older than a damaged one go; it and all after it stay,
+    whichever rule would take them, and the plan names it. Its `.log` mtime (the stand-in
+    for its unknown timestamps) says whether retention.ms would have taken it."""
+    meta = damaged(partition([50, 40, 30, 20]), 2)
+    by_time = plan(meta, retention_ms=DAY)
+    assert (bases(by_time), by_time.damaged_base, by_time.log_start_offset) == ([0, 10], 20, 20)
+    by_size = plan(meta, retention_bytes=100)
+    assert (bases(by_size), by_size.damaged_base) == ([0, 10], 20)
+    by_start = plan(dataclasses.replace(meta, log_start_offset=35), policy_delete=False)
+    assert (bases(by_start), by_start.damaged_base) == ([0, 10], 20)
+    young = plan(damaged(partition([50, 40, 1, 20]), 2), retention_ms=DAY)
+    assert (bases(young), young.damaged_base) == ([0, 10], None)
+    assert young.future_timestamp_base is None
+
+
+def test_a_damaged_segment_is_never_deleted_nor_rolled_for():
+    """Every segment due: without damage retention rolls and takes them all; with the
+    oldest segment damaged nothing goes, with the active one damaged the others go, and
+    nothing is rolled."""
+    assert plan(partition([50, 40]), retention_bytes=0).roll_needed
+    oldest = plan(damaged(partition([50, 40]), 0), retention_bytes=0)
+    assert (bases(oldest), oldest.roll_needed, oldest.damaged_base) == ([], False, 0)
+    active = plan(damaged(partition([50, 40]), 2), retention_bytes=0)
+    assert (bases(active), active.roll_needed, active.damaged_base) == ([0, 10], False, 20)
+
+
+def test_a_damaged_segment_in_the_future_is_not_named_a_future_timestamp():
+    """A damaged segment's largest timestamp is its mtime, not a record's: a fresh mtime
+    past the clock is no future record timestamp to warn about."""
+    p = plan(damaged(partition([50, -2, 20]), 1), retention_ms=DAY)
+    assert (bases(p), p.future_timestamp_base, p.damaged_base) == ([0], None, None)
