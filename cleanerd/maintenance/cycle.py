@@ -522,8 +522,8 @@ class Maintenance:
         due = [] if (d := self.pending.next_due_ms()) is None else [d]
         for p in partitions:
             try:
-                meta = p.plog.meta()
-                compacted = p.topic.compact and not p.plog.is_metadata
+                meta = p.plog.readable_meta()  # retention still acts before any damage
+                compacted = p.topic.compact and not p.plog.is_metadata and meta.damage is None
                 horizons = self.manager.horizons.partition(p.plog) if compacted else ()
             except (CleanerdError, OSError):
                 continue  # the next cycle reports the partition's error

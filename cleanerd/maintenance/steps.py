@@ -215,11 +215,14 @@ def next_due_ms(
     leaving the `min.compaction.lag.ms` bound (a compacted partition may become
     eligible). The daemon runs a cycle then, so each rule acts within a cycle's slack of
     its due time (max-lag deadlines come with the cleaning candidates, `.deleted` files
-    with `PendingDeletions.next_due_ms`)."""
+    with `PendingDeletions.next_due_ms`). A damaged partition (`PartitionMeta.damage`)
+    is neither rolled nor cleaned: only its oldest segment's retention counts, when that
+    one is not the damaged segment."""
     if meta.never_touched:
         return None
+    damaged = meta.damage is not None
     due: list[int] = []
-    if not meta.active.is_empty:
+    if not meta.active.is_empty and not damaged:
         tp = meta.topic_partition
         plan = roll_plan(
             tp,
@@ -237,11 +240,12 @@ def next_due_ms(
         and topic.retention_ms >= 0
         and retention_applies(topic, cleaner_enabled=cleaner_enabled)
         and not oldest.is_empty
+        and oldest.damage is None
     ):
         # Deletion takes a prefix, so the oldest segment's breach is the next one; Kafka
         # deletes once now - largest timestamp > retention.ms.
         due.append(oldest.largest_timestamp_ms + topic.retention_ms + 1)
-    if topic.compact and cleaner_enabled:
+    if topic.compact and cleaner_enabled and not damaged:
         due += [h.earliest_ms for h in horizons if h.earliest_ms is not None]
         if topic.min_compaction_lag_ms > 0:
             # A segment leaves the min-lag bound once now - lag >= its largest timestamp.

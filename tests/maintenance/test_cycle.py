@@ -869,3 +869,26 @@ def test_a_step_that_fails_the_same_way_again_is_logged_once(
             errors = [e for e in logs if e["event"] == "roll.failed" and e["log_level"] == "error"]
             levels.append(len(errors))
     assert levels == [1, 0, 0]  # the repeats go to debug (which the test setup may drop)
+
+
+def test_the_next_cycle_is_due_when_a_segment_older_than_the_damage_expires(
+    tmp_path: Path, engine: LocalEngine
+) -> None:
+    """A damaged partition's oldest healthy segment still sets when the daemon runs its
+    next cycle (its retention.ms breach), so it is deleted on time, not at the next
+    safety-net cycle."""
+    tp = TopicPartition("d", 0)
+    d = build(
+        tmp_path,
+        tp,
+        [records(range(100), T0 - 50 * MIN), records(range(100), T0 - 40 * MIN), records([0], T0)],
+    )
+    _damage_first_batch(d / "00000000000000000100.log")
+    cfg = write_config(tmp_path, {"d": {"cleanup.policy": "delete", "retention.ms": HOUR}})
+    with Maintenance(cfg, engine, clock=lambda: T0) as m:
+        assert m.run_once().next_due_ms == T0 + 10 * MIN + 1
+    with Maintenance(cfg, engine, clock=lambda: T0 + 10 * MIN + 1) as m:
+        report = m.run_once()
+        assert [x.base_offset for x in report.retention[0].deletions] == [0]
+        # The `.deleted` files' file.delete.delay.ms (a minute); nothing from the damage.
+        assert report.next_due_ms == T0 + 11 * MIN + 1

@@ -10,7 +10,7 @@ from cleanerd.config import load_config
 from cleanerd.log.roll import SegmentAge
 from cleanerd.log.topic_config import TopicConfig
 from cleanerd.maintenance.steps import next_due_ms
-from tests.retention.test_policy import DAY, HOUR, NOW, partition
+from tests.retention.test_policy import DAY, HOUR, NOW, damaged, partition
 
 AGE = SegmentAge(first_seen_ms=NOW, last_roll_ms=NOW - HOUR)
 
@@ -80,3 +80,20 @@ def test_the_roll_floor_a_plan_names_is_the_one_in_force() -> None:
     assert plan.due_at_ms == last_roll + 60_000
     assert plan.min_interval_ms == 60_000
     assert "minimum roll interval (60000 ms after the last roll" in _roll_text(plan, NOW)
+
+
+def test_a_damaged_partition_is_due_only_for_the_retention_of_its_healthy_oldest_segment() -> None:
+    """A damaged partition is neither rolled nor cleaned, so neither sets a due time;
+    its oldest segment's retention.ms does while it is healthy, and a damaged oldest
+    segment (known only by its mtime) sets none."""
+    topic = _topic(
+        cleanup_policy=("compact", "delete"),
+        retention_ms=DAY,
+        segment_ms=HOUR,
+        min_compaction_lag_ms=2 * HOUR,
+        segment_jitter_ms=0,
+    )
+    meta = partition([5, 1])
+    assert next_due_ms(meta, topic, now_ms=NOW, age=AGE) == NOW + HOUR
+    for index, due in ((1, NOW - 5 * HOUR + DAY + 1), (0, None)):
+        assert next_due_ms(damaged(meta, index), topic, now_ms=NOW, age=AGE) == due
