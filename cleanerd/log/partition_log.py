@@ -963,7 +963,8 @@ class PartitionLog:
         """`meta`, or, when a segment's batches cannot be read, the snapshot as far as it
         can be: each such segment stands as `SegmentMeta.damaged`, the log end offset is
         the active segment's base when that one is damaged, and the first unstable offset
-        is None when the producer state cannot be walked. Only retention and disk usage
+        is None when the producer state cannot be walked past the damage (without a
+        damaged segment, that failure raises). Only retention and disk usage
         take it: they stop before the first damaged segment, so one bad batch does not
         keep the expired segments older than it, nor fail a device's disk-usage step."""
         try:
@@ -978,6 +979,8 @@ class PartitionLog:
             try:
                 first_unstable = self.first_unstable_offset
             except (CleanerdError, OSError):
+                if all(s.damage is None for s in segments):
+                    raise  # no segment's damage: the partition fails as `meta` does
                 first_unstable = None
             active = segments[-1]
             end = active.base_offset if active.damage is not None else None
