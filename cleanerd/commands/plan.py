@@ -66,6 +66,8 @@ def _roll_text(roll: RollPlan, now_ms: int) -> str:
 
 def _retention_text(p: PartitionPlan) -> str:
     r = p.retention
+    if p.retention_skipped is not None:
+        return f"retention: skipped ({p.retention_skipped})"
     if not r.deletions:
         text = "retention: nothing to delete"
     else:

@@ -16,7 +16,9 @@ A cycle, at the instant `now = clock()` it starts:
 3. **retention** (`executor.apply_retention`) on every partition the step applies to
    (`steps.retention_applies`), each only when the manager grants it
    (`LogCleanerManager.retention_hold`: not while a pass holds it; not a compacted
-   partition marked uncleanable);
+   partition marked uncleanable, which a compacted partition with a damaged segment is
+   from the retention step on, as one its open found corrupt is from its open); a
+   partition with a damaged segment loses only segments older than it;
 4. **disk usage** (KIP-61, `disk.enforce_disk_usage`) when a device is above
    `log.retention.disk.usage.percent` (`steps.disk_usage_applies`), over the partitions
    the manager grants;
@@ -91,7 +93,12 @@ from cleanerd.maintenance.report import (
     TailCut,
     Unreadable,
 )
-from cleanerd.maintenance.steps import disk_usage_applies, next_due_ms, retention_applies
+from cleanerd.maintenance.steps import (
+    HELD_UNCLEANABLE,
+    disk_usage_applies,
+    next_due_ms,
+    retention_applies,
+)
 from cleanerd.retention.disk import (
     DiskUsageReport,
     UsageProbe,
@@ -339,6 +346,12 @@ class Maintenance:
         """Passes retried this cycle, by partition (`CYCLE_RETRIES`)."""
         self._last_step_errors: Mapping[tuple[str, TopicPartition, str], str] = {}
         """The previous cycle's step errors, whose repeats are logged at debug."""
+        self._last_notes: set[tuple[str, Path, TopicPartition, str]] = set()
+        self._notes: set[tuple[str, Path, TopicPartition, str]] = set()
+        """Warnings about a partition's state (event, dir, partition, detail) of the
+        previous cycle and of this one: a repeat is logged at debug (`_note`)."""
+        self._cuts_reported: dict[tuple[Path, TopicPartition], int] = {}
+        """How many of each open partition's tail cuts the reports have listed."""
         self._damaged: set[tuple[Path, TopicPartition]] = set()
         """The partitions where a step of this process met damaged data: a clean stop
         writes no clean-shutdown marker in their dirs."""
@@ -475,6 +488,7 @@ class Maintenance:
             now_ms=self.clock(), damaged=self._damaged, repeated=self._last_step_errors
         )
         self._retries.clear()
+        self._last_notes, self._notes = self._notes, set()
         every = self.progress_interval_s
         self._progress = CycleProgress(math.inf if every is None else every)
         partitions = self._discover(report)
@@ -489,9 +503,29 @@ class Maintenance:
         self._clean(compacted, report, stop)
         report.unlinked += self.pending.run_due(self.clock())
         self._checkpoint_recovery_points()
+        self._report_later_cuts(partitions, report)
         report.next_due_ms = self._next_due(partitions, report.now_ms)
         self._last_step_errors = {(e.log_dir, e.tp, e.phase): e.reason for e in report.errors}
         return report.build(self.clock())
+
+    def _note(self, event: str, p: _Partition, detail: str, **fields: object) -> None:
+        """Log a warning about `p`'s state, at debug when the previous cycle logged the
+        same: a damaged partition is met every cycle until it is repaired."""
+        key = (event, p.log_dir.path, p.tp, detail)
+        self._notes.add(key)
+        logged = log.debug if key in self._last_notes else log.warning
+        logged(event, **_fields(p.tp, p.log_dir.path), **fields)
+
+    def _report_later_cuts(self, partitions: list[_Partition], report: _Builder) -> None:
+        """List the torn tails a step cut after the open (a write checks the active
+        segment's tail first, `PartitionLog._check_active_tail`), as the open's are."""
+        for p in partitions:
+            key = (p.log_dir.path, p.tp)
+            cuts = p.plog.recovery_report.truncated
+            seen = self._cuts_reported.get(key, len(cuts))
+            path = str(p.log_dir.path)
+            report.truncated += [TailCut(path, p.tp, cut) for cut in cuts[seen:]]
+            self._cuts_reported[key] = len(cuts)
 
     def _checkpoint_recovery_points(self) -> None:
         """Keep `recovery-point-offset-checkpoint` current (Kafka writes it every
@@ -680,8 +714,7 @@ class Maintenance:
         unopened = sum((log_dir.path, tp) not in self._plogs for tp in listed)
         return long_lived_objects() if unopened >= MANY_OPENS else nullcontext()
 
-    @staticmethod
-    def _plain_states(partitions: list[_Partition], report: _Builder) -> list[PartitionState]:
+    def _plain_states(self, partitions: list[_Partition], report: _Builder) -> list[PartitionState]:
         """The snapshots of the partitions that are not compacted (sizes and counts for
         the metrics); compacted ones get theirs with their candidate."""
         states = []
@@ -691,7 +724,7 @@ class Maintenance:
             try:
                 states.append(PartitionState(p.plog.meta()))
             except (CleanerdError, OSError) as exc:
-                log.warning("partition.unreadable", **_fields(p.tp, p.log_dir.path), error=str(exc))
+                self._note("partition.unreadable", p, str(exc), error=str(exc))
                 report.met(p.log_dir.path, p.tp, exc)
                 report.unread(p.log_dir.path, p.tp, p.topic, str(exc))
         return states
@@ -779,9 +812,9 @@ class Maintenance:
             report.unread(log_dir.path, tp, topic, str(exc))
             return None
         if opening:
-            report.truncated += [
-                TailCut(str(log_dir.path), tp, cut) for cut in plog.recovery_report.truncated
-            ]
+            cuts = plog.recovery_report.truncated
+            report.truncated += [TailCut(str(log_dir.path), tp, cut) for cut in cuts]
+            self._cuts_reported[key] = len(cuts)
         if plog.corrupt is not None and topic.compact:
             item = CompactedLog(log_dir, plog, topic)
             if not self.manager.is_uncleanable(item, report.now_ms):
@@ -848,6 +881,9 @@ class Maintenance:
             p for p in partitions if retention_applies(p.topic, cleaner_enabled=cleaner_enabled)
         ]
         by_tp = {p.tp: p for p in wanted}
+        for p in wanted:
+            if p.topic.compact and not p.plog.is_metadata:
+                self._mark_damaged(p, report)
         with self.manager.retention_hold([(p.tp, p.topic) for p in wanted], now) as granted:
             held = set(granted)  # a set: `in` on the list is quadratic over 10,000 partitions
             for p in wanted:
@@ -864,6 +900,19 @@ class Maintenance:
                     report.error(p.log_dir.path, tp, "retention", exc)
                     continue
                 self.counters.count_retention(outcome)
+                if outcome.damaged_base is not None:
+                    base = outcome.damaged_base
+                    self._note(
+                        "retention.stopped_at_damage",
+                        p,
+                        str(base),
+                        base_offset=base,
+                        path=str(
+                            next(s.log_path for s in p.plog.segments if s.base_offset == base)
+                        ),
+                        consequence="retention deletes nothing from this segment on until "
+                        "it is repaired",
+                    )
                 if outcome.rolled and outcome.deletions:
                     # Every segment was due: the old active segment was rolled first,
                     # then deleted with the others (Kafka's rule).
@@ -879,11 +928,27 @@ class Maintenance:
         elif above:
             report.skip("", None, "disk usage", "not enforced for a --topic subset")
 
+    def _mark_damaged(self, p: _Partition, report: _Builder) -> None:
+        """Mark a compacted partition uncleanable when a segment's metadata shows damage,
+        before its retention: Kafka's cleaner-driven retention skips an uncleanable log,
+        and the partition is one from the first cycle that meets the damage, as one its
+        open found corrupt is (which `plan` predicts)."""
+        item = CompactedLog(p.log_dir, p.plog, p.topic)
+        if self.manager.is_uncleanable(item, report.now_ms):
+            return
+        try:
+            damage = p.plog.readable_meta().damage
+        except (CleanerdError, OSError):
+            return  # the partition's steps report it
+        if damage is not None:
+            self.manager.mark_uncleanable(item, damage, report.now_ms)
+            report.failed.append(FailedLog(str(p.log_dir.path), p.tp, damage))
+
     def _why_held(self, p: _Partition) -> str:
         state = self.manager.state(p.tp)
         if state is not None:
             return f"partition is {state.value}"
-        return "partition is uncleanable"
+        return HELD_UNCLEANABLE
 
     def _disk_usage(self, partitions: list[_Partition], report: _Builder) -> None:
         now = report.now_ms

@@ -49,8 +49,15 @@ from cleanerd.log.recovery import leftover_bytes
 from cleanerd.log.roll import DEFAULT_MIN_ROLL_INTERVAL_MS, SegmentAge
 from cleanerd.log.roller import FirstSeen, segment_age
 from cleanerd.log.topic_config import TopicConfig
-from cleanerd.maintenance.report import Unreadable, deleted_json, disk_deleted_json, rolled_json
+from cleanerd.maintenance.report import (
+    Unreadable,
+    deleted_json,
+    disk_deleted_json,
+    rolled_json,
+    skipped_json,
+)
 from cleanerd.maintenance.steps import (
+    HELD_UNCLEANABLE,
     CompactionPlan,
     RollPlan,
     compaction_plan,
@@ -109,6 +116,9 @@ class PartitionPlan:
     damage: str | None = None
     """The damage that keeps the partition from being rolled or cleaned
     (`PartitionMeta.damage`); retention stops before it."""
+    retention_skipped: str | None = None
+    """Why the retention step passes the partition by (`steps.HELD_UNCLEANABLE`), or
+    None."""
 
     @property
     def topic_partition(self) -> TopicPartition:
@@ -136,15 +146,16 @@ def plan_partition(
     """The steps of one partition over its snapshot, and the snapshot after the cycle's
     roll and retention (the input of KIP-61 planning)."""
     meta, topic = inp.meta, inp.topic
-    nothing = RetentionPlan((), meta.log_start_offset, None, None)
     if meta.never_touched:
+        nothing = RetentionPlan((), meta.log_start_offset, None, None)
         return _partition_plan(inp, None, nothing, rolled=False, compaction=None), meta
     if meta.damage is not None:
         # A cycle's roll and clean steps fail on it; retention stops before the damage.
-        retention, current = nothing, meta
-        if retention_applies(topic, cleaner_enabled=cleaner_enabled):
-            retention, _rolled, current = retention_step(meta, topic, now_ms=now_ms)
-        return _partition_plan(inp, None, retention, rolled=False, compaction=None), current
+        retention, _rolled, current, skipped = _retention(inp, meta, now_ms, cleaner_enabled)
+        planned = _partition_plan(
+            inp, None, retention, rolled=False, compaction=None, retention_skipped=skipped
+        )
+        return planned, current
     roll = roll_plan(
         meta.topic_partition,
         meta.active,
@@ -154,9 +165,7 @@ def plan_partition(
         min_roll_interval_ms=min_roll_interval_ms,
     )
     current = simulate_roll(meta, now_ms) if roll.decision is not None else meta
-    retention, rolled = nothing, False
-    if retention_applies(topic, cleaner_enabled=cleaner_enabled):
-        retention, rolled, current = retention_step(current, topic, now_ms=now_ms)
+    retention, rolled, current, skipped = _retention(inp, current, now_ms, cleaner_enabled)
     compaction = None
     if topic.compact:
         compaction = compaction_plan(
@@ -167,7 +176,26 @@ def plan_partition(
             horizons=inp.horizons,
             uncleanable=inp.uncleanable,
         )
-    return _partition_plan(inp, roll, retention, rolled=rolled, compaction=compaction), current
+    planned = _partition_plan(
+        inp, roll, retention, rolled=rolled, compaction=compaction, retention_skipped=skipped
+    )
+    return planned, current
+
+
+def _retention(
+    inp: PlanInput, current: PartitionMeta, now_ms: int, cleaner_enabled: bool
+) -> tuple[RetentionPlan, bool, PartitionMeta, str | None]:
+    """The retention step over `current`: the plan, whether it rolls first, the snapshot
+    after it, and why the step passes the partition by (None when it does not). A
+    compacted partition the cycle holds uncleanable (found corrupt, or a damaged
+    segment: the cycle marks it before this step) is passed by."""
+    nothing = RetentionPlan((), current.log_start_offset, None, None)
+    if not retention_applies(inp.topic, cleaner_enabled=cleaner_enabled):
+        return nothing, False, current, None
+    if inp.topic.compact and (inp.uncleanable is not None or current.damage is not None):
+        return nothing, False, current, HELD_UNCLEANABLE
+    retention, rolled, current = retention_step(current, inp.topic, now_ms=now_ms)
+    return retention, rolled, current, None
 
 
 def _partition_plan(
@@ -177,6 +205,7 @@ def _partition_plan(
     *,
     rolled: bool,
     compaction: CompactionPlan | None,
+    retention_skipped: str | None = None,
 ) -> PartitionPlan:
     return PartitionPlan(
         log_dir=inp.meta.log_dir,
@@ -188,6 +217,7 @@ def _partition_plan(
         rolled_for_retention=rolled,
         compaction=compaction,
         damage=inp.meta.damage,
+        retention_skipped=retention_skipped,
     )
 
 
@@ -407,6 +437,7 @@ def partition_json(p: PartitionPlan) -> dict[str, Any]:
             "roll_first": p.rolled_for_retention,
             "future_timestamp_base": p.retention.future_timestamp_base,
             "damaged_base": p.retention.damaged_base,
+            "skipped": p.retention_skipped,
         },
         "damage": p.damage,
         "compaction": None,
@@ -464,6 +495,11 @@ def cycle_json(
             for d in p.retention.deletions
         ]
         + [disk_deleted_json(d) for d in plan.disk_deletions],
+        "skipped": [
+            skipped_json(p.log_dir, p.topic_partition, "retention", p.retention_skipped)
+            for p in plan.partitions
+            if p.retention_skipped is not None
+        ],
         "partitions": [partition_json(p) for p in plan.partitions],
         "unreadable": [u.to_json() for u in unreadable],
         "observed": [{"log_dir": d, "reason": why} for d, why in observed.items()],

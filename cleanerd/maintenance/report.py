@@ -118,9 +118,9 @@ class SkippedLog:
 
 @dataclass(frozen=True, slots=True)
 class TailCut:
-    """A torn tail an owner's open cut from a partition's active segment (a crash in
-    the middle of an append; `recovery.py`), its bytes first copied to the quarantine
-    dir."""
+    """A torn tail cut from a partition's active segment (a crash in the middle of an
+    append; `recovery.py`) by an owner's open, or by a step's write, which checks the
+    tail first; its bytes first copied to the quarantine dir."""
 
     log_dir: str
     tp: TopicPartition
@@ -238,10 +238,7 @@ class CycleReport:
                 {**_where(e.log_dir, e.tp), "phase": e.phase, "reason": e.reason}
                 for e in self.errors
             ],
-            "skipped": [
-                {**_where(s.log_dir, s.tp), "phase": s.phase, "reason": s.reason}
-                for s in self.skipped
-            ],
+            "skipped": [skipped_json(s.log_dir, s.tp, s.phase, s.reason) for s in self.skipped],
             "unlinked": [str(p) for p in self.unlinked],
             "truncated": [
                 {**_where(t.log_dir, t.tp), **dataclasses.asdict(t.tail)} for t in self.truncated
@@ -329,6 +326,13 @@ def _where(log_dir: str, tp: TopicPartition | None) -> dict[str, Any]:
     if tp is not None:
         where |= {"topic": tp.topic, "partition": tp.partition}
     return where
+
+
+def skipped_json(
+    log_dir: str, tp: TopicPartition | None, phase: str, reason: str
+) -> dict[str, Any]:
+    """A step that passed a partition (or, without one, a whole log dir) by, and why."""
+    return {**_where(log_dir, tp), "phase": phase, "reason": reason}
 
 
 def rolled_json(

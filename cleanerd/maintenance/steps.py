@@ -45,6 +45,12 @@ STEPS: Final = ("roll", "retention", "disk usage", "clean")
 """The steps of a cycle, in order."""
 
 
+HELD_UNCLEANABLE: Final = "partition is uncleanable"
+"""Why the retention step passes a compacted partition by: it is marked uncleanable (found
+corrupt at its open, a damaged segment, a failed pass), and Kafka's cleaner-driven
+retention skips an uncleanable log."""
+
+
 def retention_applies(topic: TopicConfig, *, cleaner_enabled: bool) -> bool:
     """Whether the retention step acts on a partition of `topic`: always for a topic
     without `compact`; for a compacted one only while the cleaner runs (Kafka)."""

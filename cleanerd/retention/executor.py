@@ -25,8 +25,9 @@ same start offset, and startup recovery removes leftover `.deleted` files. A cra
 before step 3's dir fsync leaves the segments in place, and the next check deletes them
 again. The high watermark bounds every deletion when one is known, and the active
 segment is never deleted. A segment whose largest timestamp lies in the future blocks
-time retention, as in Kafka; that is logged with the segment named, as is a damaged
-segment that stops a pass which would otherwise have taken it.
+time retention, as in Kafka; that is logged with the segment named. A damaged segment
+that stops a pass which would otherwise have taken it is in the outcome
+(`damaged_base`), for the caller to say.
 """
 
 from __future__ import annotations
@@ -117,17 +118,6 @@ def apply_retention(
                 base_offset=plan.future_timestamp_base,
                 now_ms=now_ms,
                 consequence="retention.ms deletes nothing from this segment on",
-            )
-        if plan.damaged_base is not None:
-            damaged = next(s for s in plog.segments if s.base_offset == plan.damaged_base)
-            log.warning(
-                "retention.stopped_at_damage",
-                topic=tp.topic,
-                partition=tp.partition,
-                log_dir=str(plog.log_dir),
-                base_offset=plan.damaged_base,
-                path=str(damaged.log_path),
-                consequence="retention deletes nothing from this segment on until it is repaired",
             )
         files: list[Path] = []
         by_base = {s.base_offset: s for s in plog.segments}

@@ -75,7 +75,8 @@ def test_a_partition_with_a_bad_batch_is_listed_unreadable(tmp_path: Path) -> No
         "  unreadable, neither rolled nor cleaned: corrupt record batch in "
     )
     assert f"{first} at position 0: CRC mismatch" in lines[at + 1]
-    assert lines[at + 2] == "  retention: nothing to delete"
+    # The cycle marks a damaged compacted partition uncleanable before its retention.
+    assert lines[at + 2] == "  retention: skipped (partition is uncleanable)"
     assert sum(line.startswith("t-0 in ") for line in lines) == 1
     assert any(line.startswith("u-0 in ") for line in lines)
     report = json.loads(doc.stdout)
@@ -84,6 +85,8 @@ def test_a_partition_with_a_bad_batch_is_listed_unreadable(tmp_path: Path) -> No
     assert f"{first} at position 0: CRC mismatch" in damaged["damage"]
     assert damaged["roll"] is damaged["compaction"] is None
     assert damaged["retention"]["deletions"] == []
+    assert damaged["retention"]["skipped"] == "partition is uncleanable"
+    assert [(x["topic"], x["phase"]) for x in report["skipped"]] == [("t", "retention")]
     (unreadable,) = report["unreadable"]
     assert (unreadable["topic"], unreadable["partition"]) == ("t", 0)
     assert f"{first} at position 0: CRC mismatch" in unreadable["reason"]

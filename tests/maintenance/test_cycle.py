@@ -430,8 +430,11 @@ def test_retention_deletes_the_expired_segments_older_than_a_damaged_one(
     damaged = d / "00000000000000000100.log"
     _damage_first_batch(damaged)
     cfg = write_config(tmp_path, {"d": {"cleanup.policy": "delete", "retention.ms": HOUR}})
-    with capture_logs() as logs, Maintenance(cfg, engine, clock=lambda: T0) as m:
-        report = m.run_once()
+    with Maintenance(cfg, engine, clock=lambda: T0) as m:
+        with capture_logs() as logs:
+            report = m.run_once()
+        with capture_logs() as again:
+            m.run_once()
     ((outcome),) = report.retention
     assert [x.base_offset for x in outcome.deletions] == [0]
     assert (outcome.damaged_base, outcome.log_start_offset) == (100, 100)
@@ -439,6 +442,14 @@ def test_retention_deletes_the_expired_segments_older_than_a_damaged_one(
     assert "retention" not in [e.phase for e in report.errors]
     (warning,) = [e for e in logs if e["event"] == "retention.stopped_at_damage"]
     assert (warning["base_offset"], warning["path"]) == (100, str(damaged))
+    assert warning["log_level"] == "warning"
+    # The next cycle meets the same damage: logged at debug, not as a new warning.
+    (repeat,) = [e for e in again if e["event"] == "retention.stopped_at_damage"]
+    assert repeat["log_level"] == "debug"
+    levels = [
+        [e["log_level"] for e in x if e["event"] == "partition.unreadable"] for x in (logs, again)
+    ]
+    assert levels == [["warning"], ["debug"]]
     (unread,) = report.unreadable
     assert str(damaged) in unread.reason
 
@@ -892,3 +903,73 @@ def test_the_next_cycle_is_due_when_a_segment_older_than_the_damage_expires(
         assert [x.base_offset for x in report.retention[0].deletions] == [0]
         # The `.deleted` files' file.delete.delay.ms (a minute); nothing from the damage.
         assert report.next_due_ms == T0 + 11 * MIN + 1
+
+
+def test_a_compacted_partition_whose_damage_its_open_did_not_read_skips_retention_at_once(
+    tmp_path: Path, engine: LocalEngine
+) -> None:
+    """After a clean stop, the open trusts the segments and reads none: a damaged first
+    batch of a rolled segment of a `compact,delete` partition (its file changed since the
+    stop recorded it) is met by its metadata.
+    The partition is marked uncleanable before its retention in that very cycle, as one
+    whose open found it corrupt is, so the first cycle skips its retention as every
+    later one does (and as `plan` says). Before, the first cycle deleted and the next
+    ones did not."""
+    tp = TopicPartition("cd", 0)
+    d = build(
+        tmp_path,
+        tp,
+        [records(range(100), T0 - 5 * HOUR), records(range(100), T0 - 4 * HOUR), records([0], T0)],
+    )
+    topics = {
+        "cd": {
+            "cleanup.policy": "compact,delete",
+            "retention.ms": 10 * HOUR,
+            "min.cleanable.dirty.ratio": 1.0,
+        }
+    }
+    cfg = write_config(tmp_path, topics)
+    with Maintenance(cfg, engine, clock=lambda: T0) as m:
+        m.run_once()
+        assert m.shutdown() == []
+    _damage_first_batch(d / "00000000000000000100.log")
+    os.utime(d / "00000000000000000100.log")  # not the file the stop recorded
+    later = write_config(tmp_path, {"cd": {**topics["cd"], "retention.ms": HOUR}})
+    with Maintenance(later, engine, clock=lambda: T0) as m:
+        for _ in range(2):
+            report = m.run_once()
+            assert report.retention == ()
+            assert [(s.tp, s.reason) for s in report.skipped if s.phase == "retention"] == [
+                (tp, "partition is uncleanable")
+            ]
+        assert [f.tp for f in report.failed] == []  # listed once, in the first cycle
+    assert sorted(f.name for f in d.glob("*.log"))[0] == "00000000000000000000.log"
+
+
+def test_a_tail_cut_by_a_steps_write_is_reported(tmp_path: Path, engine: LocalEngine) -> None:
+    """After a clean stop, a bad CRC in the active segment's last batch is met by the
+    retention step: the segments before it are deleted, and the write first cuts the
+    torn tail (to the quarantine dir). The cycle's report lists that cut as it lists an
+    open's; before, only a log line said so."""
+    tp = TopicPartition("d", 0)
+    d = build(
+        tmp_path,
+        tp,
+        [records(range(10), T0 - 5 * HOUR), records(range(10), T0 - 4 * HOUR), records([0, 1], T0)],
+    )
+    topic = {"cleanup.policy": "delete", "retention.ms": -1}
+    with Maintenance(write_config(tmp_path, {"d": topic}), engine, clock=lambda: T0) as m:
+        m.run_once()
+        assert m.shutdown() == []
+    active = max(d.glob("*.log"))
+    data = bytearray(active.read_bytes())
+    data[-1] ^= 0xFF
+    active.write_bytes(bytes(data))
+    later = write_config(tmp_path, {"d": {**topic, "retention.ms": HOUR}})
+    with Maintenance(later, engine, clock=lambda: T0) as m:
+        report = m.run_once()
+        assert [x.base_offset for x in report.retention[0].deletions] == [0, 10]
+        (cut,) = report.truncated
+        assert (cut.tp, cut.tail.path) == (tp, str(active))
+        assert cut.tail.quarantined_to is not None
+        assert m.run_once().truncated == ()  # reported once

@@ -197,10 +197,12 @@ def test_plan_predicts_disk_usage_after_what_the_cycle_frees_first(
 def test_plan_predicts_what_retention_and_disk_usage_delete_around_a_damaged_segment(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """On a real tmpfs above its KIP-61 threshold, a `delete` partition whose third
-    segment has a bad CRC in its first batch: `plan` lists exactly the deletions the
-    cycle makes, by retention.ms and by disk usage, in this partition (the segments
-    before the damage) and in a healthy one; both exit 1 and name the damaged file."""
+    """On a real tmpfs above its KIP-61 threshold, a `delete` and a `compact,delete`
+    partition whose third segment has a bad CRC in its first batch: `plan` lists exactly
+    the deletions the cycle makes, by retention.ms and by disk usage, in these partitions
+    (the segments before the damage) and in a healthy one, and that the compacted one's
+    retention is skipped (it is uncleanable; disk usage still takes its segments before
+    the damage); both exit 1 and name the damaged files."""
     from cleanerd.cli import main
     from cleanerd.retention.disk import psutil_space
     from tests.tools import tmpfs
@@ -208,7 +210,7 @@ def test_plan_predicts_what_retention_and_disk_usage_delete_around_a_damaged_seg
     with tmpfs(tmp_path / "dev", "8m") as dev:
         logs = dev / "logs"
         value = "x" * 15_000
-        for topic, age in (("bad", 30), ("good", 20)):
+        for topic, age in (("bad", 30), ("good", 20), ("cd", 29)):
             segments = [
                 [[kv(f"{topic}-{s}-{i}", value, timestamp=NOW - (age - 2 * s) * HOUR)]
                  for i in range(15)]
@@ -220,11 +222,13 @@ def test_plan_predicts_what_retention_and_disk_usage_delete_around_a_damaged_seg
                 stamp = (NOW - (age - 2 * base) * HOUR) * 1_000_000
                 os.utime(f, ns=(stamp, stamp))
         damaged = logs / "bad-0" / "00000000000000000030.log"
-        stat = damaged.stat()
-        data = bytearray(damaged.read_bytes())
-        data[65] ^= 0xFF
-        damaged.write_bytes(bytes(data))
-        os.utime(damaged, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+        compacted = logs / "cd-0" / "00000000000000000030.log"
+        for path in (damaged, compacted):
+            stat = path.stat()
+            data = bytearray(path.read_bytes())
+            data[65] ^= 0xFF
+            path.write_bytes(bytes(data))
+            os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
         space = psutil_space(dev)
         percent = int(100 * (space.used_bytes - 1_000_000) / space.total_bytes)
         config = tmp_path / "cleanerd.yaml"
@@ -237,6 +241,7 @@ def test_plan_predicts_what_retention_and_disk_usage_delete_around_a_damaged_seg
                     "topics": {
                         "bad": {"cleanup.policy": "delete", "retention.ms": 25 * HOUR},
                         "good": {"cleanup.policy": "delete", "retention.ms": 25 * HOUR},
+                        "cd": {"cleanup.policy": "compact,delete", "retention.ms": 25 * HOUR},
                     },
                 }
             )
@@ -247,8 +252,10 @@ def test_plan_predicts_what_retention_and_disk_usage_delete_around_a_damaged_seg
             out = capsys.readouterr()
             assert status == 1, out.err
             doc: dict[str, Any] = json.loads(out.out)
-            assert [u["topic"] for u in doc["unreadable"]] == ["bad"]
-            assert str(damaged) in doc["unreadable"][0]["reason"]
+            reasons = {u["topic"]: u["reason"] for u in doc["unreadable"]}
+            assert sorted(reasons) == ["bad", "cd"]
+            assert str(damaged) in reasons["bad"]
+            assert str(compacted) in reasons["cd"]
             return doc
 
         def deleted(doc: dict[str, Any]) -> list[tuple[str, int, str]]:
@@ -257,13 +264,16 @@ def test_plan_predicts_what_retention_and_disk_usage_delete_around_a_damaged_seg
         capsys.readouterr()  # what building the log printed
         plan, done = run("plan"), run("clean")
         # The damaged segment (26 hours old) stops retention.ms and disk usage in its
-        # partition; the device is freed from the healthy one.
+        # partition; the device is freed from the others.
         assert deleted(done) == [
             ("bad", 0, "retention.ms"),
             ("bad", 15, "retention.ms"),
+            ("cd", 0, "disk.usage"),
+            ("cd", 15, "disk.usage"),
             ("good", 0, "disk.usage"),
-            ("good", 15, "disk.usage"),
-            ("good", 30, "disk.usage"),
         ]
         assert deleted(plan) == deleted(done)
+        assert plan["skipped"] == done["skipped"]
+        assert [(s["topic"], s["phase"]) for s in done["skipped"]] == [("cd", "retention")]
         assert damaged.exists()
+        assert compacted.exists()
