@@ -394,13 +394,16 @@ class OffsetIndex(_Index):
         if rel.size and (rel[0] < 0 or pos[0] < 0):
             raise CorruptIndexError("entry 0 has a negative offset or position", path=self.path)
 
-    def check_within(self, log_size: int) -> None:
-        """Raise IndexPastLogError if the last entry points at or past `log_size`."""
+    def check_within(self, log_size: int, log_path: Path) -> None:
+        """Raise IndexPastLogError if the last entry points at or past `log_size`, the
+        size of the segment's `log_path` (both files named: which one is wrong is not
+        known)."""
         last = self.last_entry
         if self.entries and last.position >= log_size:
             raise IndexPastLogError(
                 f"entry {self.entries - 1} (offset {last.offset}) points to position "
-                f"{last.position}, past the end of the log ({log_size} bytes)",
+                f"{last.position}, past the end of the log {log_path} ({log_size} bytes): "
+                "the log was cut short, or the index describes other bytes",
                 path=self.path,
             )
 

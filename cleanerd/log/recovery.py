@@ -542,7 +542,7 @@ def _validate_full(
                 report.rebuilt_indexes.append(str(segment.log_path))
                 return True
         else:
-            segment.offset_index.check_within(segment.size)
+            segment.offset_index.check_within(segment.size, segment.log_path)
             if reason is None:
                 if unreadable is not None:
                     raise unreadable

@@ -425,13 +425,16 @@ class LogSegment:
         the batches after the last offset-index entry."""
         if self._builder is None:
             oi, ti = self.offset_index, self.time_index
-            oi.check_within(self._size)
+            oi.check_within(self._size, self.log_path)
             last = oi.last_entry
             tail = self._whole_batches_from(last.position)
             if oi.entries and not tail.batches:
+                # Which file is wrong is not known: a damaged batch there, or an index
+                # entry past what was written. Both are named.
                 raise CorruptIndexError(
                     f"last entry (offset {last.offset}, position {last.position}) points "
-                    "to no whole batch",
+                    f"to no whole batch of {self.log_path}: the batch at that position is "
+                    "damaged or the entry is",
                     path=oi.path,
                 )
             if oi.entries and not tail.first_last_offset <= last.offset <= tail.last_offset:
@@ -966,7 +969,7 @@ class IndexCheck:
     def __init__(self, segment: LogSegment) -> None:
         self._segment = segment
         oi, ti = segment.offset_index, segment.time_index
-        oi.check_within(segment.size)
+        oi.check_within(segment.size, segment.log_path)
         oi.sanity_check()
         ti.sanity_check()
         self._offsets, self._positions = oi.entry_arrays()

@@ -252,9 +252,10 @@ def test_sanity_check_catches_disorder_and_past_log(tmp_path: Path) -> None:
         OffsetIndex.load(path, 0).sanity_check()
     good = OffsetIndex(tmp_path / "y.index", 0)
     good.append(5, 100)
-    good.check_within(101)
-    with pytest.raises(IndexPastLogError, match="points to position 100, past the end"):
-        good.check_within(100)
+    good.check_within(101, tmp_path / "y.log")
+    with pytest.raises(IndexPastLogError, match="points to position 100, past the end") as e:
+        good.check_within(100, tmp_path / "y.log")
+    assert f"of the log {tmp_path / 'y.log'} (100 bytes): the log was cut short" in str(e.value)
 
 
 def test_time_sanity_check(tmp_path: Path) -> None:

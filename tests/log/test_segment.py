@@ -307,15 +307,17 @@ def test_read_only_segment_replaced_while_read_is_a_changed_file(tmp_path: Path)
 def test_growing_segment_whose_last_index_entry_points_at_a_torn_batch(tmp_path: Path) -> None:
     """An index entry that points at bytes holding no whole batch (a read-only active
     segment whose index was read from another version of the file) is a
-    CorruptIndexError naming the index, not an IndexError."""
+    CorruptIndexError naming the index and the log, not an IndexError."""
     batches = _batches(6)
     write_segment(tmp_path, 0, batches, index_interval_bytes=1)
     with open(tmp_path / "00000000000000000000.log", "r+b") as f:
         f.truncate(sum(map(len, batches)) - 10)  # the last batch, indexed, now torn
     seg = LogSegment(tmp_path, 0, read_only=True)
     seg.growing = True
-    with pytest.raises(CorruptIndexError, match="points to no whole batch"):
+    with pytest.raises(CorruptIndexError, match="points to no whole batch") as raised:
         seg.meta()
+    assert str(tmp_path / "00000000000000000000.index") in str(raised.value)
+    assert f"of {tmp_path / '00000000000000000000.log'}:" in str(raised.value)
 
 
 def _big_unindexed(tmp_path: Path, torn: int) -> tuple[list[bytes], Path]:

@@ -262,7 +262,7 @@ def _check_indexes(dir_path: Path, base: int, log_size: int, max_index_size: int
         max_index_size=max_index_size,
     )
     index.sanity_check()
-    index.check_within(log_size)
+    index.check_within(log_size, log_file(dir_path, base, CLEANED_FILE_SUFFIX))
     TimeIndex.load(
         segment_file(dir_path, base, TIME_INDEX_FILE_SUFFIX, CLEANED_FILE_SUFFIX),
         base,
