@@ -130,6 +130,41 @@ def test_plan_lists_exactly_what_the_next_cycle_does(
     assert [f"{c['topic']}-{c['partition']}" for c in done["cleaned"]] == plan["cleaning_order"]
 
 
+def _config_above(
+    tmp_path: Path, dev: Path, logs: Path, margin: int, topics: dict[str, dict[str, Any]]
+) -> Path:
+    """The config of `logs`, whose KIP-61 threshold is `margin` bytes below the usage of
+    the device `dev` now."""
+    from cleanerd.retention.disk import psutil_space
+
+    space = psutil_space(dev)
+    doc = {
+        "log.dirs": [str(logs)],
+        "state_dir": str(tmp_path / "state"),
+        "log.retention.disk.usage.percent": int(
+            100 * (space.used_bytes - margin) / space.total_bytes
+        ),
+        "topics": topics,
+    }
+    path = tmp_path / "cleanerd.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def _run_json(
+    command: str, config: Path, capsys: pytest.CaptureFixture[str], *, status: int
+) -> dict[str, Any]:
+    """`cleanerd COMMAND --json` at NOW, in process: its document, once its exit status
+    is `status`."""
+    from cleanerd.cli import main
+
+    code = main([command, "-c", str(config), "--json", "--now-ms", str(NOW)])
+    out = capsys.readouterr()
+    assert code == status, out.err
+    doc: dict[str, Any] = json.loads(out.out)
+    return doc
+
+
 def test_plan_predicts_disk_usage_after_what_the_cycle_frees_first(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -138,8 +173,6 @@ def test_plan_predicts_disk_usage_after_what_the_cycle_frees_first(
     exactly the segments the cycle deletes for disk usage: the cycle measures after the
     open removed the leftover and the retention deletions were unlinked. The plan
     measured before both, and listed more."""
-    from cleanerd.cli import main
-    from cleanerd.retention.disk import psutil_space
     from tests.tools import tmpfs
 
     with tmpfs(tmp_path / "dev", "8m") as dev:
@@ -154,30 +187,15 @@ def test_plan_predicts_disk_usage_after_what_the_cycle_frees_first(
             build_log(logs, segments, state_dir=tmp_path / "state", tp=TopicPartition(topic, n))
         leftover = logs / "cp-0" / "00000000000000099999.log.deleted"
         leftover.write_bytes(os.urandom(600_000))
-        space = psutil_space(dev)
         # Above the threshold by more than the leftover and retention free first.
-        percent = int(100 * (space.used_bytes - 3_200_000) / space.total_bytes)
-        config = tmp_path / "cleanerd.yaml"
-        config.write_text(
-            yaml.safe_dump(
-                {
-                    "log.dirs": [str(logs)],
-                    "state_dir": str(tmp_path / "state"),
-                    "log.retention.disk.usage.percent": percent,
-                    "topics": {
-                        "ev": {"cleanup.policy": "delete", "retention.bytes": 700_000},
-                        "cp": {"cleanup.policy": "compact", "min.cleanable.dirty.ratio": 1.0},
-                    },
-                }
-            )
-        )
+        topics = {
+            "ev": {"cleanup.policy": "delete", "retention.bytes": 700_000},
+            "cp": {"cleanup.policy": "compact", "min.cleanable.dirty.ratio": 1.0},
+        }
+        config = _config_above(tmp_path, dev, logs, 3_200_000, topics)
 
         def run(command: str) -> dict[str, Any]:
-            status = main([command, "-c", str(config), "--json", "--now-ms", str(NOW)])
-            out = capsys.readouterr()
-            assert status == 0, out.err
-            doc: dict[str, Any] = json.loads(out.out)
-            return doc
+            return _run_json(command, config, capsys, status=0)
 
         def disk(doc: dict[str, Any]) -> list[tuple[str, int, int]]:
             return [
@@ -203,8 +221,6 @@ def test_plan_predicts_what_retention_and_disk_usage_delete_around_a_damaged_seg
     (the segments before the damage) and in a healthy one, and that the compacted one's
     retention is skipped (it is uncleanable; disk usage still takes its segments before
     the damage); both exit 1 and name the damaged files."""
-    from cleanerd.cli import main
-    from cleanerd.retention.disk import psutil_space
     from tests.tools import tmpfs
 
     with tmpfs(tmp_path / "dev", "8m") as dev:
@@ -229,29 +245,15 @@ def test_plan_predicts_what_retention_and_disk_usage_delete_around_a_damaged_seg
             data[65] ^= 0xFF
             path.write_bytes(bytes(data))
             os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
-        space = psutil_space(dev)
-        percent = int(100 * (space.used_bytes - 1_000_000) / space.total_bytes)
-        config = tmp_path / "cleanerd.yaml"
-        config.write_text(
-            yaml.safe_dump(
-                {
-                    "log.dirs": [str(logs)],
-                    "state_dir": str(tmp_path / "state"),
-                    "log.retention.disk.usage.percent": percent,
-                    "topics": {
-                        "bad": {"cleanup.policy": "delete", "retention.ms": 25 * HOUR},
-                        "good": {"cleanup.policy": "delete", "retention.ms": 25 * HOUR},
-                        "cd": {"cleanup.policy": "compact,delete", "retention.ms": 25 * HOUR},
-                    },
-                }
-            )
-        )
+        topics = {
+            "bad": {"cleanup.policy": "delete", "retention.ms": 25 * HOUR},
+            "good": {"cleanup.policy": "delete", "retention.ms": 25 * HOUR},
+            "cd": {"cleanup.policy": "compact,delete", "retention.ms": 25 * HOUR},
+        }
+        config = _config_above(tmp_path, dev, logs, 1_000_000, topics)
 
         def run(command: str) -> dict[str, Any]:
-            status = main([command, "-c", str(config), "--json", "--now-ms", str(NOW)])
-            out = capsys.readouterr()
-            assert status == 1, out.err
-            doc: dict[str, Any] = json.loads(out.out)
+            doc = _run_json(command, config, capsys, status=1)
             reasons = {u["topic"]: u["reason"] for u in doc["unreadable"]}
             assert sorted(reasons) == ["bad", "cd"]
             assert str(damaged) in reasons["bad"]
