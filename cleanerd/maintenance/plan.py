@@ -72,6 +72,7 @@ from cleanerd.retention.disk_usage import (
     DeviceUsage,
     DiskDeletion,
     PartitionOnDevice,
+    freed_bytes,
     plan_disk_usage_deletions,
 )
 from cleanerd.retention.policy import RetentionPlan
@@ -267,10 +268,15 @@ def plan_cycle(
         PartitionOnDevice(where[meta.log_dir], meta) for _, meta in planned if meta.log_dir in where
     ]
     freed = dict(freed_first or {})
-    for p, _ in planned:
+    block = {u.device: u.block_bytes for u in devices}
+    for inp, (p, _) in zip(inputs, planned, strict=True):
         if p.log_dir in where:
             device = where[p.log_dir]
-            freed[device] = freed.get(device, 0) + sum(d.size_bytes for d in p.retention.deletions)
+            segments = {s.base_offset: s for s in inp.meta.segments}
+            freed[device] = freed.get(device, 0) + sum(
+                freed_bytes(segments[d.base_offset], block.get(device, 1))
+                for d in p.retention.deletions
+            )
     disk = plan_disk_usage_deletions(
         [
             dataclasses.replace(u, used_bytes=max(0, u.used_bytes - freed.get(u.device, 0)))

@@ -44,6 +44,7 @@ startup recovery), never a log with a hole.
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -78,6 +79,8 @@ class DiskSpace:
 
     total_bytes: int
     used_bytes: int
+    block_bytes: int = 1
+    """The allocation unit (`statvfs` `f_frsize`)."""
 
 
 UsageProbe = Callable[[Path], DiskSpace]
@@ -86,7 +89,7 @@ UsageProbe = Callable[[Path], DiskSpace]
 def psutil_space(path: Path) -> DiskSpace:
     """Usage of the file system holding `path`, as `df` reports it."""
     usage = psutil.disk_usage(str(path))
-    return DiskSpace(usage.used + usage.free, usage.used)
+    return DiskSpace(usage.used + usage.free, usage.used, os.statvfs(path).f_frsize)
 
 
 def device_of(path: Path) -> int:
@@ -117,7 +120,9 @@ def measure(
     out = []
     for dev in devices:
         space = probe(dev.log_dirs[0])
-        out.append(DeviceUsage(dev.device, space.total_bytes, space.used_bytes, percent))
+        out.append(
+            DeviceUsage(dev.device, space.total_bytes, space.used_bytes, percent, space.block_bytes)
+        )
     return tuple(out)
 
 

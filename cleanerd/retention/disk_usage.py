@@ -15,8 +15,11 @@ topics on it. For each device above its threshold, cleanerd plans:
   topic-partition and log dir for a stable order. A largest timestamp in the future
   (clock skew, bad producer clocks) would make a segment look newest forever, so for
   ordering it falls back to the `.log` mtime, as Redpanda ignores future timestamps;
-- each deletion frees the segment's `.log` and index bytes; planning stops as soon as the
-  projected usage is at or below the target. A device that stays above it (nothing left
+- each deletion frees the blocks of the segment's `.log` and indexes: each file's size
+  rounded up to the device's block size (`freed_bytes`), as a file system allocates
+  them, so a device of tiny segments (quiet topics) is not planned a hundred times too
+  many deletions; planning stops as soon as the projected usage is at or below the
+  target. A device that stays above it (nothing left
   to delete) is reported, so the caller can raise `disk.pressure`.
 
 Overage and hysteresis: deletion starts when usage is above the threshold and, by
@@ -48,6 +51,9 @@ class DeviceUsage:
     used_bytes: int
     threshold_percent: float
     """`log.retention.disk.usage.percent`; 100 or more turns the rule off."""
+    block_bytes: int = 1
+    """The file system's allocation unit (`statvfs` `f_frsize`): a file of n bytes
+    takes n rounded up to it."""
 
     def limit_bytes(self, percent: float) -> int:
         """The used bytes that `percent` of the device allows."""
@@ -72,7 +78,8 @@ class DiskDeletion:
     size_bytes: int
     """The `.log` file's size."""
     freed_bytes: int
-    """`.log` plus index bytes: what the deletion gives back to the device."""
+    """`.log` plus index blocks: what the deletion gives back to the device
+    (`freed_bytes`)."""
     device: int
     log_start_offset: int
     """The partition's log start offset once this segment is gone."""
@@ -129,6 +136,14 @@ class _Cursor:
 _HeapEntry = tuple[int, int, TopicPartition, str, int]
 
 
+def freed_bytes(seg: SegmentMeta, block_bytes: int) -> int:
+    """What deleting `seg` gives back to a device allocating `block_bytes` at a time:
+    its `.log` and index sizes, each rounded up to a whole block (an empty file takes
+    none)."""
+    files = (seg.size_bytes, seg.offset_index_bytes, seg.time_index_bytes)
+    return sum(-(-size // block_bytes) * block_bytes for size in files)
+
+
 def _age_ms(seg: SegmentMeta, now_ms: int) -> int:
     if seg.largest_timestamp_ms > now_ms:
         return seg.last_modified_ms
@@ -165,20 +180,21 @@ def _plan_device(
         seg = cursor.meta.segments[cursor.index]
         cursor.index += 1
         meta = cursor.meta
+        freed = freed_bytes(seg, usage.block_bytes)
         deletions.append(
             DiskDeletion(
                 topic_partition=meta.topic_partition,
                 log_dir=meta.log_dir,
                 base_offset=seg.base_offset,
                 size_bytes=seg.size_bytes,
-                freed_bytes=seg.total_bytes,
+                freed_bytes=freed,
                 device=usage.device,
                 log_start_offset=max(
                     meta.log_start_offset, meta.segments[cursor.index].base_offset
                 ),
             )
         )
-        used -= seg.total_bytes
+        used -= freed
         _push(heap, cursors, i, now_ms)
     return deletions, DeviceOutcome(usage.device, usage.used_bytes, used, target, limit)
 

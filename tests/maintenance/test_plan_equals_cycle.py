@@ -134,15 +134,15 @@ def _config_above(
     tmp_path: Path, dev: Path, logs: Path, margin: int, topics: dict[str, dict[str, Any]]
 ) -> Path:
     """The config of `logs`, whose KIP-61 threshold is `margin` bytes below the usage of
-    the device `dev` now."""
+    the device `dev` now (at most 100%: a negative margin can turn the rule off)."""
     from cleanerd.retention.disk import psutil_space
 
     space = psutil_space(dev)
     doc = {
         "log.dirs": [str(logs)],
         "state_dir": str(tmp_path / "state"),
-        "log.retention.disk.usage.percent": int(
-            100 * (space.used_bytes - margin) / space.total_bytes
+        "log.retention.disk.usage.percent": min(
+            100, int(100 * (space.used_bytes - margin) / space.total_bytes)
         ),
         "topics": topics,
     }
@@ -279,3 +279,33 @@ def test_plan_predicts_what_retention_and_disk_usage_delete_around_a_damaged_seg
         assert [(s["topic"], s["phase"]) for s in done["skipped"]] == [("cd", "retention")]
         assert damaged.exists()
         assert compacted.exists()
+
+
+def test_plan_predicts_the_disk_usage_deletions_of_tiny_segments(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """On a real tmpfs (4 KiB blocks) above its KIP-61 threshold, partitions of one-record
+    segments (a quiet topic's shape): each deletion frees whole blocks, not the hundred
+    or so bytes of its files, and `plan` lists exactly the deletions the cycle makes.
+    Before, it counted the files' sizes and listed every segment."""
+    from tests.tools import tmpfs
+
+    with tmpfs(tmp_path / "dev", "4m") as dev:
+        logs = dev / "logs"
+        for n in range(3):
+            segments = [
+                [[kv(f"k{s}", "v", timestamp=NOW - (50 - s - n) * HOUR)]] for s in range(12)
+            ]
+            build_log(logs, segments, state_dir=tmp_path / "state", tp=TopicPartition("q", n))
+        topics = {"q": {"cleanup.policy": "delete"}}
+        capsys.readouterr()  # what building the log printed
+        # A first clean writes the dir's checkpoints, as on any host cleanerd maintains:
+        # the blocks of new files are not in the plan's measure.
+        _run_json("clean", _config_above(tmp_path, dev, logs, -(2**40), topics), capsys, status=0)
+        config = _config_above(tmp_path, dev, logs, 5 * 2 * 4096, topics)
+        plan = _run_json("plan", config, capsys, status=0)
+        done = _run_json("clean", config, capsys, status=0)
+    assert len(done["deleted"]) >= 5
+    assert plan["deleted"] == done["deleted"]
+    # A one-record segment has no offset-index entry: a `.log` and a `.timeindex` block.
+    assert {d["freed_bytes"] for d in done["deleted"]} == {2 * 4096}

@@ -10,6 +10,7 @@ from cleanerd.retention.disk_usage import (
     DeviceUsage,
     DiskUsagePlan,
     PartitionOnDevice,
+    freed_bytes,
     plan_disk_usage_deletions,
 )
 from cleanerd.retention.policy import DeletionReason
@@ -248,3 +249,26 @@ def test_a_partition_offers_nothing_from_its_first_damaged_segment_on():
     p = run([device(900)], [a, b])
     assert deleted(p) == [("a", 0), ("b", 0), ("b", 10)]
     assert p.still_above == (DEV_A,)
+
+
+def test_a_deletion_frees_whole_blocks_of_each_file():
+    """A file takes its size rounded up to the device's block: a 100-byte segment with
+    two small indexes gives back three 4 KiB blocks, so a device 24 KiB above its
+    threshold needs two such deletions, not hundreds."""
+    parts = [partition("a", [9, 8, 7, 6, 0], sizes=[100] * 5)]
+    tiny = dataclasses.replace(
+        parts[0].meta,
+        segments=tuple(
+            dataclasses.replace(s, offset_index_bytes=8, time_index_bytes=12)
+            for s in parts[0].meta.segments
+        ),
+    )
+    usage = DeviceUsage(DEV_A, total_bytes=1_000_000, used_bytes=524_576, threshold_percent=50)
+    blocks = dataclasses.replace(usage, block_bytes=4096)
+    p = run([blocks], [PartitionOnDevice(DEV_A, tiny)])
+    assert deleted(p) == [("a", 0), ("a", 10)]
+    assert [d.freed_bytes for d in p.deletions] == [3 * 4096, 3 * 4096]
+    assert freed_bytes(tiny.segments[0], 1) == 120
+    unrounded = run([usage], [PartitionOnDevice(DEV_A, tiny)])
+    assert len(unrounded.deletions) == 4  # every inactive segment, and still above
+    assert unrounded.still_above == (DEV_A,)
