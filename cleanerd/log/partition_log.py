@@ -547,23 +547,25 @@ class PartitionLog:
     # -- appending -------------------------------------------------------------------------
 
     @contextmanager
-    def _write_lock(self) -> Iterator[None]:
+    def _write_lock(self, *, writes_active: bool = True) -> Iterator[None]:
         if self._lock is None:
             raise PermissionError(f"partition {self.dir} is open read-only")
         with self._lock:
             self.refresh()
-            self._check_active_tail()
+            self._check_active_tail(refuse=writes_active)
             yield
 
-    def _check_active_tail(self) -> None:
+    def _check_active_tail(self, *, refuse: bool = True) -> None:
         """Make sure the active segment ends with a whole valid batch before writing: cut
         a partial batch a killed writer left, rebuild an index that does not match, and
-        refuse any other damage."""
+        refuse any other damage (`refuse`; a write that leaves the active segment alone,
+        such as deleting older segments, goes on beside it)."""
         active = self.active_segment
         try:
             active.next_offset  # noqa: B018 - reading it scans and checks the tail
         except IndexPastLogError:
-            raise
+            if refuse:
+                raise
         except (CorruptRecordError, CorruptIndexError):
             with active.open_buffer() as buf:
                 scan = walk_prefix(buf)
@@ -571,7 +573,8 @@ class PartitionLog:
             if scan.error is None:
                 active.rebuild_indexes(reason="index does not match the log")
             elif reason is None:
-                raise scan.error.located(active.log_path) from None
+                if refuse:
+                    raise scan.error.located(active.log_path) from None
             else:
                 cut = truncate_torn_tail(active, scan, reason, self._quarantine_dir)
                 self.recovery_report.truncated.append(cut)
@@ -963,8 +966,9 @@ class PartitionLog:
         """`meta`, or, when a segment's batches cannot be read, the snapshot as far as it
         can be: each such segment stands as `SegmentMeta.damaged`, the log end offset is
         the active segment's base when that one is damaged, and the first unstable offset
-        is None when the producer state cannot be walked past the damage (without a
-        damaged segment, that failure raises). Only retention and disk usage
+        is None when the producer state cannot be walked past the damage (a segment
+        whose head and tail read well but which that walk finds damaged is one too;
+        damage the walk meets in no segment raises). Only retention and disk usage
         take it: they stop before the first damaged segment, so one bad batch does not
         keep the expired segments older than it, nor fail a device's disk-usage step."""
         try:
@@ -978,9 +982,16 @@ class PartitionLog:
             segments = tuple(_readable(s) for s in self._segments)
             try:
                 first_unstable = self.first_unstable_offset
-            except (CleanerdError, OSError):
-                if all(s.damage is None for s in segments):
-                    raise  # no segment's damage: the partition fails as `meta` does
+            except (CorruptRecordError, CorruptIndexError) as exc:
+                # The producer walk reads every batch: damage inside a segment whose
+                # head and tail read well stops it there. The segment it names is
+                # damaged; damage that names none fails the partition as `meta` does.
+                named = [i for i, s in enumerate(self._segments) if str(s.log_path) == exc.path]
+                if not named and all(s.damage is None for s in segments):
+                    raise
+                if named and segments[named[0]].damage is None:
+                    bad = self._segments[named[0]].damaged_meta(str(exc))
+                    segments = (*segments[: named[0]], bad, *segments[named[0] + 1 :])
                 first_unstable = None
             active = segments[-1]
             end = active.base_offset if active.damage is not None else None
@@ -1061,7 +1072,7 @@ class PartitionLog:
         after `file.delete.delay.ms`, or at once under disk pressure. Raises
         SegmentsChanged, deleting nothing, when one of `segments` is no longer the file
         at its base (a swap replaced it since it was chosen)."""
-        with self._write_lock():
+        with self._write_lock(writes_active=False):
             active_base = self.active_segment.base_offset
             if any(s.base_offset == active_base for s in segments):
                 raise ValueError(f"the active segment of {self.dir} cannot be deleted")

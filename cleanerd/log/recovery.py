@@ -459,7 +459,10 @@ def truncate_torn_tail(
 
 
 def _report(report: RecoveryReport, error: CleanerdError) -> None:
-    log.error("segment.corrupt", error=str(error))
+    # At debug: the caller reports the damage (`PartitionLog.corrupt`; the daemon's
+    # `open.failed` or `partition.uncleanable`, once), and a partition not compacted is
+    # opened again every cycle until it is repaired.
+    log.debug("segment.corrupt", error=str(error))
     report.errors.append(error)
 
 

@@ -443,13 +443,11 @@ def test_retention_deletes_the_expired_segments_older_than_a_damaged_one(
     (warning,) = [e for e in logs if e["event"] == "retention.stopped_at_damage"]
     assert (warning["base_offset"], warning["path"]) == (100, str(damaged))
     assert warning["log_level"] == "warning"
-    # The next cycle meets the same damage: logged at debug, not as a new warning.
-    (repeat,) = [e for e in again if e["event"] == "retention.stopped_at_damage"]
-    assert repeat["log_level"] == "debug"
-    levels = [
-        [e["log_level"] for e in x if e["event"] == "partition.unreadable"] for x in (logs, again)
-    ]
-    assert levels == [["warning"], ["debug"]]
+    # The next cycle meets the same damage: logged at debug (which the test setup may
+    # drop), not as a new warning.
+    for event in ("retention.stopped_at_damage", "partition.unreadable"):
+        assert [e["log_level"] for e in logs if e["event"] == event] == ["warning"]
+        assert {e["log_level"] for e in again if e["event"] == event} <= {"debug"}
     (unread,) = report.unreadable
     assert str(damaged) in unread.reason
 
@@ -973,3 +971,39 @@ def test_a_tail_cut_by_a_steps_write_is_reported(tmp_path: Path, engine: LocalEn
         assert (cut.tp, cut.tail.path) == (tp, str(active))
         assert cut.tail.quarantined_to is not None
         assert m.run_once().truncated == ()  # reported once
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_a_bad_batch_length_in_the_active_segment_stops_retention_only_before_it(
+    tmp_path: Path, engine: LocalEngine, batch: int
+) -> None:
+    """After a clean stop, the length field of the active segment's second or last batch
+    is zeroed (damage, not a torn tail): the expired older segments are still deleted,
+    beside the active segment, which is left byte for byte. Before, the producer walk
+    (a bad batch inside) or the deletion's check of the active tail failed retention,
+    and nothing was deleted."""
+    tp = TopicPartition("d", 0)
+    d = build(
+        tmp_path,
+        tp,
+        [records(range(4), T0 - 5 * HOUR), records(range(4), T0 - 4 * HOUR), records(range(4), T0)],
+    )
+    topic = {"cleanup.policy": "delete", "retention.ms": -1}
+    with Maintenance(write_config(tmp_path, {"d": topic}), engine, clock=lambda: T0) as m:
+        m.run_once()
+        assert m.shutdown() == []
+    active = d / "00000000000000000008.log"
+    data = bytearray(active.read_bytes())
+    position = 0
+    for _ in range(batch):
+        position += 12 + int.from_bytes(data[position + 8 : position + 12], "big")
+    data[position + 8 : position + 12] = bytes(4)
+    active.write_bytes(bytes(data))
+    later = write_config(tmp_path, {"d": {**topic, "retention.ms": HOUR}})
+    with Maintenance(later, engine, clock=lambda: T0) as m:
+        report = m.run_once()
+    assert "retention" not in [e.phase for e in report.errors]
+    (outcome,) = report.retention
+    assert [x.base_offset for x in outcome.deletions] == [0, 4]
+    assert active.read_bytes() == bytes(data)
+    assert report.truncated == ()
