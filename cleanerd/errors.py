@@ -132,6 +132,17 @@ def os_error_text(e: OSError) -> str:
     return e.strerror or str(e)
 
 
+def failure_text(e: BaseException) -> str:
+    """Why a step failed, for a report or a mark: the text of cleanerd's own errors and
+    of OS errors, which name the file and what is wrong with it; any other exception
+    (a bug) with its type, which its text alone may not say."""
+    if isinstance(e, CleanerdError):
+        return str(e)
+    if isinstance(e, OSError):
+        return os_error_text(e)
+    return f"{type(e).__name__}: {e}"
+
+
 class FileStepError(CleanerdError):
     """A file operation that failed (a full disk, a read-only file system, an I/O
     error), naming the file and the step of the work it was part of."""

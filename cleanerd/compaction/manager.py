@@ -80,7 +80,7 @@ from pathlib import Path
 
 from cleanerd.compaction.cleanable import EligibilityReason, LogToClean, eligibility, log_to_clean
 from cleanerd.compaction.horizon import HorizonCache
-from cleanerd.errors import CleanerdError
+from cleanerd.errors import CleanerdError, failure_text
 from cleanerd.log.files import TopicPartition
 from cleanerd.log.lock import checkpoint_lock
 from cleanerd.log.log_dir import LogDir
@@ -418,7 +418,7 @@ class LogCleanerManager:
 
     def _failed(self, item: CompactedLog, exc: Exception, now_ms: int) -> None:
         if not self.is_uncleanable(item, now_ms):
-            self.mark_uncleanable(item, f"{type(exc).__name__}: {exc}", now_ms)
+            self.mark_uncleanable(item, failure_text(exc), now_ms)
 
     @staticmethod
     def _reset_checkpoint(item: CompactedLog, old: int | None, first_dirty: int) -> None:

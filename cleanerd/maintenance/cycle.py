@@ -69,7 +69,13 @@ from cleanerd.compaction.manager import (
 from cleanerd.compaction.strategy import resolve_strategy
 from cleanerd.config import Config
 from cleanerd.engine.base import CleanJob, Engine, WorkerCrashed
-from cleanerd.errors import CleanerdError, CorruptIndexError, CorruptRecordError, FileStepError
+from cleanerd.errors import (
+    CleanerdError,
+    CorruptIndexError,
+    CorruptRecordError,
+    FileStepError,
+    failure_text,
+)
 from cleanerd.log.deletions import PendingDeletions
 from cleanerd.log.files import METADATA_TOPIC, TopicPartition
 from cleanerd.log.known_segments import decode
@@ -1109,7 +1115,7 @@ class Maintenance:
             if requeue:
                 self.manager.refresh_one(fresh, now)
             return
-        reason = f"{type(error).__name__}: {error}"
+        reason = failure_text(error)
         self.manager.mark_uncleanable(fresh, reason, now)
         report.failed.append(FailedLog(str(item.log_dir.path), candidate.tp, reason))
         report.met(item.log_dir.path, candidate.tp, error)

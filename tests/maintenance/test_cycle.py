@@ -306,6 +306,8 @@ def test_uncleanable_partitions_and_their_bytes_reach_the_metrics(
     with Maintenance(cfg, engine, clock=lambda: T0) as m:
         report = m.run_once()
         assert sorted(f.tp for f in report.failed) == tps[1:]
+        # The reason is the error's own text, which names the file and position.
+        assert all(f.reason.startswith("corrupt record batch in ") for f in report.failed)
         snap = build_snapshot(now_ms=T0, partitions=report.states, uncleanable=m.manager.registry)
         assert snap.uncleanable_partitions == 2
         sizes = [
