@@ -906,6 +906,15 @@ class Maintenance:
                     report.error(p.log_dir.path, tp, "retention", exc)
                     continue
                 self.counters.count_retention(outcome)
+                if outcome.future_timestamp_base is not None:
+                    self._note(
+                        "retention.future_timestamp",
+                        p,
+                        str(outcome.future_timestamp_base),
+                        base_offset=outcome.future_timestamp_base,
+                        now_ms=now,
+                        consequence="retention.ms deletes nothing from this segment on",
+                    )
                 if outcome.damaged_base is not None:
                     base = outcome.damaged_base
                     self._note(

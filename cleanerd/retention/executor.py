@@ -25,9 +25,9 @@ same start offset, and startup recovery removes leftover `.deleted` files. A cra
 before step 3's dir fsync leaves the segments in place, and the next check deletes them
 again. The high watermark bounds every deletion when one is known, and the active
 segment is never deleted. A segment whose largest timestamp lies in the future blocks
-time retention, as in Kafka; that is logged with the segment named. A damaged segment
-that stops a pass which would otherwise have taken it is in the outcome
-(`damaged_base`), for the caller to say.
+time retention, as in Kafka, and a damaged segment stops a pass which would otherwise
+have taken it: the outcome names either (`future_timestamp_base`, `damaged_base`), for
+the caller to say once (the daemon meets them every cycle until they change).
 """
 
 from __future__ import annotations
@@ -109,16 +109,6 @@ def apply_retention(
             # Kafka rolls so that retention can take the whole log; the line names the rule.
             rolled = plog.roll(now_ms, reason=plan.roll_for.value) is not None
             plan = retention_plan(plog.readable_meta(), topic, now_ms=now_ms)
-        if plan.future_timestamp_base is not None:
-            log.warning(
-                "retention.future_timestamp",
-                topic=tp.topic,
-                partition=tp.partition,
-                log_dir=str(plog.log_dir),
-                base_offset=plan.future_timestamp_base,
-                now_ms=now_ms,
-                consequence="retention.ms deletes nothing from this segment on",
-            )
         files: list[Path] = []
         by_base = {s.base_offset: s for s in plog.segments}
         for reason, group in itertools.groupby(plan.deletions, key=lambda d: d.reason):

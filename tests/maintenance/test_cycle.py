@@ -1009,3 +1009,28 @@ def test_a_bad_batch_length_in_the_active_segment_stops_retention_only_before_it
     assert [x.base_offset for x in outcome.deletions] == [0, 4]
     assert active.read_bytes() == bytes(data)
     assert report.truncated == ()
+
+
+def test_a_future_timestamp_that_blocks_retention_is_a_warning_once(
+    tmp_path: Path, engine: LocalEngine
+) -> None:
+    """A segment stamped in the future stops time retention every cycle until the clock
+    passes it: the first cycle warns naming it, the next ones log it at debug (which the
+    test setup may drop). The daemon warned every cycle."""
+    tp = TopicPartition("d", 0)
+    build(
+        tmp_path,
+        tp,
+        [records(range(4), T0 - 5 * HOUR), records(range(4), T0 + HOUR), records([0], T0)],
+    )
+    cfg = write_config(tmp_path, {"d": {"cleanup.policy": "delete", "retention.ms": HOUR}})
+    with Maintenance(cfg, engine, clock=lambda: T0) as m:
+        with capture_logs() as first:
+            m.run_once()
+        with capture_logs() as again:
+            report = m.run_once()
+    (warning,) = [e for e in first if e["event"] == "retention.future_timestamp"]
+    assert (warning["log_level"], warning["base_offset"]) == ("warning", 4)
+    levels = {e["log_level"] for e in again if e["event"] == "retention.future_timestamp"}
+    assert levels <= {"debug"}
+    assert report.retention == ()
