@@ -62,7 +62,9 @@ from cleanerd.log.index import (
     IndexBuilder,
     IndexPastLogError,
     OffsetIndex,
+    OffsetPosition,
     TimeIndex,
+    TimestampOffset,
 )
 from cleanerd.log.known_segments import KnownSegment
 from cleanerd.log.meta import SegmentMeta
@@ -426,9 +428,17 @@ class LogSegment:
         if self._builder is None:
             oi, ti = self.offset_index, self.time_index
             oi.check_within(self._size, self.log_path)
-            last = oi.last_entry
+            last, ts = oi.last_entry, ti.last_entry
             tail = self._whole_batches_from(last.position)
-            if oi.entries and not tail.batches:
+            torn = oi.entries > 0 and not tail.batches and self._torn_at(last.position)
+            if torn:
+                # A torn batch at the last entry, which an owner's recovery cuts with the
+                # index entries into it (a crash that wrote the entry but not the whole
+                # batch): read the segment as that leaves it, from its start, and not by
+                # the time index, whose last entry may be the torn batch's.
+                last, ts = OffsetPosition(self.base_offset, 0), TimestampOffset(-1, -1)
+                tail = self._whole_batches_from(0)
+            if oi.entries and not tail.batches and not torn:
                 # Which file is wrong is not known: a damaged batch there, or an index
                 # entry past what was written. Both are named.
                 raise CorruptIndexError(
@@ -437,13 +447,13 @@ class LogSegment:
                     "damaged or the entry is",
                     path=oi.path,
                 )
-            if oi.entries and not tail.first_last_offset <= last.offset <= tail.last_offset:
+            matches = tail.first_last_offset <= last.offset <= tail.last_offset
+            if oi.entries and not torn and not matches:
                 raise CorruptIndexError(
                     f"last entry (offset {last.offset}, position {last.position}) does not "
                     "match the batch there",
                     path=oi.path,
                 )
-            ts = ti.last_entry
             builder = IndexBuilder(
                 oi,
                 ti,
@@ -460,6 +470,11 @@ class LogSegment:
                 self._learn_from_whole(tail)
             self._builder = builder
         return self._builder
+
+    def _torn_at(self, position: int) -> bool:
+        """Whether a read-only growing segment was found to end, torn, at `position`
+        (`_whole_batches_from` keeps its size at the end of its last whole batch)."""
+        return self.read_only and self.growing and self._size == position
 
     def _whole_batches_from(self, position: int) -> Summary:
         """The totals of the batches from `position` to the end. A `growing` read-only

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from cleanerd.errors import CorruptIndexError, CorruptRecordError, FileChangedError
+from cleanerd.errors import CorruptRecordError, FileChangedError
 from cleanerd.log import segment as segment_module
 from cleanerd.log.index import IndexPastLogError, OffsetIndex, TimeIndex
 from cleanerd.log.segment import LogSegment
@@ -305,19 +305,27 @@ def test_read_only_segment_replaced_while_read_is_a_changed_file(tmp_path: Path)
 
 
 def test_growing_segment_whose_last_index_entry_points_at_a_torn_batch(tmp_path: Path) -> None:
-    """An index entry that points at bytes holding no whole batch (a read-only active
-    segment whose index was read from another version of the file) is a
-    CorruptIndexError naming the index and the log, not an IndexError."""
+    """A read-only active segment whose last indexed batch is torn (a crash wrote the
+    entry but not the whole batch, or the writer cut the file since its index was read)
+    is read as an owner's recovery leaves it: the batches before the torn one, walked
+    from the start, the time index's last entry (the torn batch's) not believed. Not
+    growing, the same bytes are damage naming the log and the torn batch's position."""
     batches = _batches(6)
     write_segment(tmp_path, 0, batches, index_interval_bytes=1)
     with open(tmp_path / "00000000000000000000.log", "r+b") as f:
         f.truncate(sum(map(len, batches)) - 10)  # the last batch, indexed, now torn
     seg = LogSegment(tmp_path, 0, read_only=True)
     seg.growing = True
-    with pytest.raises(CorruptIndexError, match="points to no whole batch") as raised:
-        seg.meta()
-    assert str(tmp_path / "00000000000000000000.index") in str(raised.value)
-    assert f"of {tmp_path / '00000000000000000000.log'}:" in str(raised.value)
+    meta = seg.meta()
+    assert (meta.next_offset, meta.size_bytes) == (10, sum(map(len, batches[:5])))
+    whole = LogSegment(tmp_path, 0, read_only=True)
+    assert meta.largest_timestamp_ms == max(1000 + (n * 7) % 13 for n in range(5))
+    with pytest.raises(CorruptRecordError, match="runs past the end") as raised:
+        whole.meta()
+    assert (raised.value.path, raised.value.position) == (
+        str(tmp_path / "00000000000000000000.log"),
+        sum(map(len, batches[:5])),
+    )
 
 
 def _big_unindexed(tmp_path: Path, torn: int) -> tuple[list[bytes], Path]:
