@@ -197,6 +197,9 @@ class PartitionLog:
         self._lock = lock
         self._quarantine_dir = quarantine_dir
         self._segments = segments
+        self.stopped_cleanly = False
+        """Read-only: the dir holds the clean-shutdown marker, so its owner's open would
+        cut no torn tail (set by `open`)."""
         self._mark_growing()
         self._dir_stamp: tuple[int, int] | None = None
         self._inodes: dict[int, int] = {}
@@ -247,7 +250,8 @@ class PartitionLog:
         `full_check` CRC-checks every segment. The KRaft metadata log is always read-only.
         `checkpoints` defaults to reading the parent log dir's root checkpoint files.
         `state_dir` holds partition locks and quarantined bytes; without one, locks go to
-        `default_state_dir()` and nothing is quarantined. A writable log with no segment
+        `default_state_dir()` and nothing is quarantined. Read-only, `clean_shutdown` says
+        the dir holds the clean-shutdown marker (`stopped_cleanly`). A writable log with no segment
         gets an empty one at its log start offset, as a broker does. `owner` is the
         cleanerd process that holds the log dir when this one only appends beside it
         (shared mode): every roll first proves that it still does. `clean_shutdown`: the
@@ -312,6 +316,9 @@ class PartitionLog:
             owner=owner,
             listed=listed,
         )
+        if read_only and clean_shutdown:
+            plog.stopped_cleanly = True
+            plog._mark_growing()
         plog._refuse_log_start_past_the_end()
         if report.truncated and plog.recovery_point > plog.log_end_offset:
             # As Kafka's loader: a recovery point never lies past the log end (a cut tail
@@ -538,11 +545,14 @@ class PartitionLog:
         self._mark_growing()
 
     def _mark_growing(self) -> None:
-        """Read-only, the active segment is the one another writer may be appending to."""
+        """Read-only, the active segment is the one another writer may be appending to,
+        and one whose torn tail its owner's open would cut, unless the dir stopped
+        cleanly (`LogSegment.torn_tail_cut`)."""
         for segment in self._segments:
             segment.growing = False
         if self.read_only and self._segments:
             self._segments[-1].growing = True
+            self._segments[-1].torn_tail_cut = not self.stopped_cleanly
 
     # -- appending -------------------------------------------------------------------------
 

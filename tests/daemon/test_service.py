@@ -125,6 +125,12 @@ def _failed_at_least(daemon: Daemon, count: int) -> bool:
     return daemon.cycle_failures >= count
 
 
+def _sample(text: str, name: str) -> float:
+    """The value of the sample `name` (with its labels) in a scrape's `text`."""
+    (line,) = [line for line in text.splitlines() if line.startswith(name + " ")]
+    return float(line.split()[-1])
+
+
 def _scrape(daemon: Daemon) -> str:
     address = daemon.exporter.address
     assert address is not None
@@ -331,17 +337,22 @@ async def test_failed_cycles_are_counted_and_exported(
     async with running(daemon):
         await eventually(lambda: daemon.cycles >= 1, "the first cycle")
         good = checkpoint.read_bytes() if checkpoint.exists() else None
-        await asyncio.to_thread(checkpoint.write_text, "0\n1\nusers zero 5\n")
+        # Written whole (renamed into place): a cycle that read it half-written could pass.
+        malformed = tmp_path / "malformed"
+        await asyncio.to_thread(malformed.write_text, "0\n1\nusers zero 5\n")
+        await asyncio.to_thread(malformed.replace, checkpoint)
         for failures in (1, 2):
             daemon.request_cycle()
             await eventually(partial(_failed_at_least, daemon, failures), "a failed cycle")
+        # Each failure is exported after its cycle (and a timer may add one more):
+        # wait for the second's export; every failure since the first cycle is in a row.
         await eventually(
-            lambda: "cleanerd_cycle_failures_in_a_row 0.0" not in _scrape(daemon),
+            lambda: _sample(_scrape(daemon), "cleanerd_cycle_failures_in_a_row") >= 2,
             "the failures exported",
         )
         text = _scrape(daemon)
-        assert "cleanerd_cycle_failures_in_a_row 2.0" in text
-        assert 'cleanerd_cycles_total{result="failed"} 2.0' in text
+        in_a_row = _sample(text, "cleanerd_cycle_failures_in_a_row")
+        assert _sample(text, 'cleanerd_cycles_total{result="failed"}') == in_a_row
         if good is None:
             await asyncio.to_thread(checkpoint.unlink)
         else:

@@ -311,15 +311,18 @@ def test_plan_predicts_the_disk_usage_deletions_of_tiny_segments(
     assert {d["freed_bytes"] for d in done["deleted"]} == {2 * 4096}
 
 
+@pytest.mark.parametrize("marker", [False, True])
 @pytest.mark.parametrize("policy", ["delete", "compact,delete"])
-def test_plan_reads_a_torn_indexed_tail_as_the_owners_open_cuts_it(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], policy: str
+def test_plan_reads_a_torn_indexed_tail_as_the_owners_open_does(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], policy: str, marker: bool
 ) -> None:
-    """A crash left the active segment's last batch torn (a bad CRC) with its index entry
-    written, and no clean-shutdown marker: the owner's open cuts that batch, so `plan`
-    reads the segment as the cut leaves it and lists exactly the rolls, deletions and
-    skips the cycle makes (here every segment expired: roll, then delete them all).
-    Before, `plan` called the partition unreadable, blaming the index."""
+    """The active segment's last batch is torn (a bad CRC) with its index entry written.
+    Without a clean-shutdown marker (a crash) the owner's open cuts that batch, so `plan`
+    reads the segment as the cut leaves it (here every segment expired: roll, then delete
+    them all); after a clean stop the owner trusts the segment, meets the damage, and
+    retention stops before it, as `plan` says. Either way `plan` lists exactly the rolls,
+    deletions and skips of the cycle. Before, `plan` called the crashed partition
+    unreadable, blaming the index."""
     from cleanerd.log.partition_log import LogConfig
 
     segments = [
@@ -333,6 +336,26 @@ def test_plan_reads_a_torn_indexed_tail_as_the_owners_open_cuts_it(
         tp=TopicPartition("t", 0),
         config=LogConfig(index_interval_bytes=1),
     )
+    config = tmp_path / "cleanerd.yaml"
+
+    def configure(retention_ms: int) -> None:
+        topic = {
+            "cleanup.policy": policy,
+            "retention.ms": retention_ms,
+            "min.cleanable.dirty.ratio": 1.0,
+            "segment.ms": 10**12,  # no roll of the damaged active segment by a clean stop
+        }
+        doc = {
+            "log.dirs": [str(tmp_path / "logs")],
+            "state_dir": str(tmp_path / "state"),
+            "topics": {"t": topic},
+        }
+        config.write_text(yaml.safe_dump(doc))
+
+    capsys.readouterr()  # what building the log printed
+    if marker:
+        configure(-1)
+        _run_json("clean", config, capsys, status=0)  # a clean stop leaves the marker
     active = tmp_path / "logs" / "t-0" / "00000000000000000008.log"
     data = bytearray(active.read_bytes())
     last = 0
@@ -340,25 +363,19 @@ def test_plan_reads_a_torn_indexed_tail_as_the_owners_open_cuts_it(
         last += 12 + int.from_bytes(data[last + 8 : last + 12], "big")
     data[-1] ^= 0xFF
     active.write_bytes(bytes(data))
-    config = tmp_path / "cleanerd.yaml"
-    topic = {"cleanup.policy": policy, "retention.ms": HOUR, "min.cleanable.dirty.ratio": 1.0}
-    config.write_text(
-        yaml.safe_dump(
-            {
-                "log.dirs": [str(tmp_path / "logs")],
-                "state_dir": str(tmp_path / "state"),
-                "topics": {"t": topic},
-            }
-        )
-    )
-    capsys.readouterr()  # what building the log printed
-    plan = _run_json("plan", config, capsys, status=0)
-    done = _run_json("clean", config, capsys, status=0)
-    assert plan["unreadable"] == []
-    assert [(t["topic"], t["position"]) for t in done["truncated"]] == [("t", last)]
+    configure(HOUR)
+    plan = _run_json("plan", config, capsys, status=1 if marker else 0)
+    done = _run_json("clean", config, capsys, status=1 if marker else 0)
+    assert [u["topic"] for u in plan["unreadable"]] == (["t"] if marker else [])
     for key in ("deleted", "skipped"):
         assert plan[key] == done[key], key
     # (`waited_ms` counts from the wall clock at which each process saw the segment.)
     rolls = [[(r["base_offset"], r["reason"]) for r in doc["rolled"]] for doc in (plan, done)]
     assert rolls[0] == rolls[1]
-    assert [d["base_offset"] for d in done["deleted"]] == [0, 4, 8]
+    if not marker:
+        assert [(t["topic"], t["position"]) for t in done["truncated"]] == [("t", last)]
+        assert [d["base_offset"] for d in done["deleted"]] == [0, 4, 8]
+    elif policy == "delete":
+        assert [d["base_offset"] for d in done["deleted"]] == [0, 4]
+    else:
+        assert done["deleted"] == []
