@@ -250,13 +250,13 @@ class PartitionLog:
         `full_check` CRC-checks every segment. The KRaft metadata log is always read-only.
         `checkpoints` defaults to reading the parent log dir's root checkpoint files.
         `state_dir` holds partition locks and quarantined bytes; without one, locks go to
-        `default_state_dir()` and nothing is quarantined. Read-only, `clean_shutdown` says
-        the dir holds the clean-shutdown marker (`stopped_cleanly`). A writable log with no segment
+        `default_state_dir()` and nothing is quarantined. A writable log with no segment
         gets an empty one at its log start offset, as a broker does. `owner` is the
         cleanerd process that holds the log dir when this one only appends beside it
         (shared mode): every roll first proves that it still does. `clean_shutdown`: the
-        log dir's owner found Kafka's clean-shutdown marker, so recovery scans nothing;
-        `known`: what the owner that stopped then knew of the segments
+        log dir's owner found Kafka's clean-shutdown marker, so recovery scans nothing
+        (read-only: the dir holds the marker, so its owner's open would cut no torn tail,
+        `stopped_cleanly`); `known`: what the owner that stopped then knew of the segments
         (`known_segments.py`), taken for each segment that is still the file it describes.
         `prefetch` (the default) asks the kernel to start reading the small segments whose
         metadata is not known, which the first cycle reads; without it, the caller has

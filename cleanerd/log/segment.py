@@ -142,12 +142,12 @@ class LogSegment:
         self.max_index_size = max_index_size
         self.read_only = read_only
         self.growing = False
-        self.torn_tail_cut = False
-        """Read-only and growing: an owner's open would cut a torn tail (its dir has no
-        clean-shutdown marker), so a torn batch at the last index entry reads as cut."""
         """Another writer may be appending to it now: the active segment of a partition
         open read-only beside a live broker. Only then is a torn tail an append in
         flight that ends the segment for now; in any other segment it is corruption."""
+        self.torn_tail_cut = False
+        """Read-only and growing: an owner's open would cut a torn tail (its dir has no
+        clean-shutdown marker), so a torn batch at the last index entry reads as cut."""
         self._paths: dict[str, Path] = {}
         # Strs, not Paths, for this object's own syscalls: building Paths for 100,000
         # segments costs more than the syscalls (a Path comes when a caller asks).

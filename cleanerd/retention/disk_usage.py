@@ -19,8 +19,8 @@ topics on it. For each device above its threshold, cleanerd plans:
   rounded up to the device's block size (`freed_bytes`), as a file system allocates
   them, so a device of tiny segments (quiet topics) is not planned a hundred times too
   many deletions; planning stops as soon as the projected usage is at or below the
-  target. A device that stays above it (nothing left
-  to delete) is reported, so the caller can raise `disk.pressure`.
+  target. A device that stays above it (nothing left to delete) is reported, so the
+  caller can raise `disk.pressure`.
 
 Overage and hysteresis: deletion starts when usage is above the threshold and, by
 default, stops as soon as usage is at or below it. Every segment deleted is data lost

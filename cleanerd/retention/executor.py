@@ -41,10 +41,7 @@ from cleanerd.log.log_dir import LogDir
 from cleanerd.log.meta import PartitionMeta
 from cleanerd.log.partition_log import PartitionLog
 from cleanerd.log.topic_config import TopicConfig
-from cleanerd.logger import get_logger
 from cleanerd.retention.policy import Deletion, RetentionPlan, deletable_segments
-
-log = get_logger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
