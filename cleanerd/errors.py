@@ -132,6 +132,11 @@ def os_error_text(e: OSError) -> str:
     return e.strerror or str(e)
 
 
+DAMAGE: Final = (CorruptRecordError, CorruptIndexError)
+"""What a read meets in damaged data (as opposed to a full disk, a refused file or a
+lock that is held): the errors a snapshot can stand a damaged segment in for."""
+
+
 def failure_text(e: BaseException) -> str:
     """Why a step failed, for a report or a mark: the text of cleanerd's own errors and
     of OS errors, which name the file and what is wrong with it; any other exception

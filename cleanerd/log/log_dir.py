@@ -162,9 +162,10 @@ class LogDir:
         self.checkpoints = RootCheckpoints.read(path)
         self.had_clean_shutdown = False
         """Owner mode: the previous owner stopped cleanly (its marker was found)."""
-        self.marker_seen = False
-        """Observe mode: the dir holds the clean-shutdown marker (left in place), so an
-        owner's open would trust its segments as they are."""
+        self.owner_trusts = False
+        """Observe mode, set by `plan` for a dir a cycle would own that holds the
+        clean-shutdown marker: its owner's open would trust the segments as they are, and
+        nobody writes them (a bad active tail is damage, not an append in flight)."""
         self._known: Known = {}
         """After a clean stop: what that owner knew of the segments (`known_segments.py`),
         taken by the first open of each partition (owner mode, which took the marker, or
@@ -189,7 +190,6 @@ class LogDir:
         if observe:
             observer = cls(path, Mode.OBSERVE, state_dir=state)
             if (path / CLEAN_SHUTDOWN_FILE_NAME).exists():  # nobody owned it since the stop
-                observer.marker_seen = True
                 observer._take_known(read_known_segments(state, path))
             return observer
         dir_lock = LogDirLock(path)
@@ -343,7 +343,7 @@ class LogDir:
             checkpoints=self.checkpoints,
             full_check=full_check,
             owner=self.owner,
-            clean_shutdown=(self.had_clean_shutdown and first_open) or self.marker_seen,
+            clean_shutdown=(self.had_clean_shutdown and first_open) or self.owner_trusts,
             known=known if first_open else None,
             prefetch=prefetch,
         )

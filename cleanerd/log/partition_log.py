@@ -52,11 +52,11 @@ from pathlib import Path
 from typing import NamedTuple
 
 from cleanerd.errors import (
+    DAMAGE,
     CheckpointError,
     CleanerdError,
     CorruptIndexError,
     CorruptRecordError,
-    FileChangedError,
     InvalidTxnStateError,
     LogDirLockedError,
 )
@@ -198,8 +198,8 @@ class PartitionLog:
         self._quarantine_dir = quarantine_dir
         self._segments = segments
         self.stopped_cleanly = False
-        """Read-only: the dir holds the clean-shutdown marker, so its owner's open would
-        cut no torn tail (set by `open`)."""
+        """Read-only: the dir holds the clean-shutdown marker and no writer, so its
+        owner's open would cut no torn tail (set by `open`, for `plan`)."""
         self._mark_growing()
         self._dir_stamp: tuple[int, int] | None = None
         self._inodes: dict[int, int] = {}
@@ -255,9 +255,9 @@ class PartitionLog:
         cleanerd process that holds the log dir when this one only appends beside it
         (shared mode): every roll first proves that it still does. `clean_shutdown`: the
         log dir's owner found Kafka's clean-shutdown marker, so recovery scans nothing
-        (read-only: the dir holds the marker, so its owner's open would cut no torn tail,
-        `stopped_cleanly`); `known`: what the owner that stopped then knew of the segments
-        (`known_segments.py`), taken for each segment that is still the file it describes.
+        (read-only: the dir holds the marker and no writer, `stopped_cleanly`); `known`:
+        what the owner that stopped then knew of the segments (`known_segments.py`), taken
+        for each segment that is still the file it describes.
         `prefetch` (the default) asks the kernel to start reading the small segments whose
         metadata is not known, which the first cycle reads; without it, the caller has
         them read elsewhere (`take_known`).
@@ -546,13 +546,12 @@ class PartitionLog:
 
     def _mark_growing(self) -> None:
         """Read-only, the active segment is the one another writer may be appending to,
-        and one whose torn tail its owner's open would cut, unless the dir stopped
-        cleanly (`LogSegment.torn_tail_cut`)."""
+        whose torn tail its owner's open would cut, unless the dir stopped cleanly: then
+        nobody writes, and a bad tail is damage, as the owner meets it."""
         for segment in self._segments:
             segment.growing = False
         if self.read_only and self._segments:
-            self._segments[-1].growing = True
-            self._segments[-1].torn_tail_cut = not self.stopped_cleanly
+            self._segments[-1].growing = not self.stopped_cleanly
 
     # -- appending -------------------------------------------------------------------------
 
@@ -983,16 +982,14 @@ class PartitionLog:
         keep the expired segments older than it, nor fail a device's disk-usage step."""
         try:
             return self.meta()
-        except (FileChangedError, FileNotFoundError):
-            raise  # a race with a writer, not damage: the caller reads again
-        except (CleanerdError, OSError):
-            pass
+        except DAMAGE:
+            pass  # anything else (a race, a held lock, an OS error) fails as `meta` does
         with self._locked():
             self.refresh()
             segments = tuple(_readable(s) for s in self._segments)
             try:
                 first_unstable = self.first_unstable_offset
-            except (CorruptRecordError, CorruptIndexError) as exc:
+            except DAMAGE as exc:
                 # The producer walk reads every batch: damage inside a segment whose
                 # head and tail read well stops it there. The segment it names is
                 # damaged; damage that names none fails the partition as `meta` does.
@@ -1154,12 +1151,10 @@ class _View(NamedTuple):
 
 
 def _readable(segment: LogSegment) -> SegmentMeta:
-    """The segment's snapshot, or its damaged stand-in when its batches cannot be read."""
+    """The segment's snapshot, or its damaged stand-in when its batches are damaged."""
     try:
         return segment.meta()
-    except (FileChangedError, FileNotFoundError):
-        raise
-    except (CleanerdError, OSError) as exc:
+    except DAMAGE as exc:
         return segment.damaged_meta(str(exc))
 
 

@@ -145,9 +145,6 @@ class LogSegment:
         """Another writer may be appending to it now: the active segment of a partition
         open read-only beside a live broker. Only then is a torn tail an append in
         flight that ends the segment for now; in any other segment it is corruption."""
-        self.torn_tail_cut = False
-        """Read-only and growing: an owner's open would cut a torn tail (its dir has no
-        clean-shutdown marker), so a torn batch at the last index entry reads as cut."""
         self._paths: dict[str, Path] = {}
         # Strs, not Paths, for this object's own syscalls: building Paths for 100,000
         # segments costs more than the syscalls (a Path comes when a caller asks).
@@ -475,10 +472,10 @@ class LogSegment:
         return self._builder
 
     def _torn_at(self, position: int) -> bool:
-        """Whether a read-only growing segment whose torn tail an owner's open would cut
-        (`torn_tail_cut`) was found to end, torn, at `position` (`_whole_batches_from`
-        keeps its size at the end of its last whole batch)."""
-        return self.read_only and self.growing and self.torn_tail_cut and self._size == position
+        """Whether a read-only growing segment (whose torn tail its owner's open would
+        cut) was found to end, torn, at `position` (`_whole_batches_from` keeps its size
+        at the end of its last whole batch)."""
+        return self.read_only and self.growing and self._size == position
 
     def _whole_batches_from(self, position: int) -> Summary:
         """The totals of the batches from `position` to the end. A `growing` read-only

@@ -70,9 +70,8 @@ from cleanerd.compaction.strategy import resolve_strategy
 from cleanerd.config import Config
 from cleanerd.engine.base import CleanJob, Engine, WorkerCrashed
 from cleanerd.errors import (
+    DAMAGE,
     CleanerdError,
-    CorruptIndexError,
-    CorruptRecordError,
     FileStepError,
     failure_text,
 )
@@ -195,10 +194,6 @@ def cleaner_config_for(topic: TopicConfig, *, producer_id_expiration_ms: int) ->
         producer_id_expiration_ms=producer_id_expiration_ms,
         strategy=resolve_strategy(topic.compaction_strategy, topic.compaction_strategy_header),
     )
-
-
-DAMAGE: Final = (CorruptRecordError, CorruptIndexError)
-"""What a step meets in damaged data (as opposed to a full disk or a refused file)."""
 
 
 @dataclass(slots=True)
@@ -356,8 +351,9 @@ class Maintenance:
         self._notes: set[tuple[str, Path, TopicPartition, str]] = set()
         """Warnings about a partition's state (event, dir, partition, detail) of the
         previous cycle and of this one: a repeat is logged at debug (`_note`)."""
-        self._cuts_reported: dict[tuple[Path, TopicPartition], int] = {}
-        """How many of each open partition's tail cuts the reports have listed."""
+        self._cuts_reported: dict[tuple[Path, TopicPartition], tuple[PartitionLog, int]] = {}
+        """How many of each open partition's tail cuts the reports have listed, and of
+        which opening of it (a reopen after a failed pass recovers anew)."""
         self._damaged: set[tuple[Path, TopicPartition]] = set()
         """The partitions where a step of this process met damaged data: a clean stop
         writes no clean-shutdown marker in their dirs."""
@@ -527,11 +523,14 @@ class Maintenance:
         segment's tail first, `PartitionLog._check_active_tail`), as the open's are."""
         for p in partitions:
             key = (p.log_dir.path, p.tp)
-            cuts = p.plog.recovery_report.truncated
-            seen = self._cuts_reported.get(key, len(cuts))
+            plog = self._plogs.get(key, p.plog)
+            cuts = plog.recovery_report.truncated
+            seen_in, seen = self._cuts_reported.get(key, (plog, len(cuts)))
+            if seen_in is not plog:
+                seen = 0  # reopened since: all its cuts are its own open's
             path = str(p.log_dir.path)
             report.truncated += [TailCut(path, p.tp, cut) for cut in cuts[seen:]]
-            self._cuts_reported[key] = len(cuts)
+            self._cuts_reported[key] = (plog, len(cuts))
 
     def _checkpoint_recovery_points(self) -> None:
         """Keep `recovery-point-offset-checkpoint` current (Kafka writes it every
@@ -606,6 +605,7 @@ class Maintenance:
             self.log_dirs[i] = mine
             for key in [k for k in self._plogs if k[0] == log_dir.path]:
                 del self._plogs[key]  # opened read-only: reopened as the owner's
+                self._cuts_reported.pop(key, None)
             log.info("log_dir.owned", log_dir=str(log_dir.path), was_held_by=str(log_dir.held_by))
 
     def _discover(self, report: _Builder) -> list[_Partition]:
@@ -647,6 +647,7 @@ class Maintenance:
             opened += len(listed)
         for key in [k for k in self._plogs if k not in live]:
             del self._plogs[key]
+            self._cuts_reported.pop(key, None)
         if self.topics is None:
             self.manager.registry.retain_only(seen)
         return found
@@ -773,6 +774,7 @@ class Maintenance:
                 meta = plog.meta()
             except (CleanerdError, OSError) as exc:
                 self._plogs.pop(key, None)
+                self._cuts_reported.pop(key, None)
                 log.debug("observe.skipped", **_fields(tp, log_dir.path), reason=str(exc))
                 report.unread(log_dir.path, tp, topic, str(exc))
                 continue
@@ -820,7 +822,7 @@ class Maintenance:
         if opening:
             cuts = plog.recovery_report.truncated
             report.truncated += [TailCut(str(log_dir.path), tp, cut) for cut in cuts]
-            self._cuts_reported[key] = len(cuts)
+            self._cuts_reported[key] = (plog, len(cuts))
         if plog.corrupt is not None and topic.compact:
             item = CompactedLog(log_dir, plog, topic)
             if not self.manager.is_uncleanable(item, report.now_ms):

@@ -40,7 +40,7 @@ from cleanerd.errors import (
     FileChangedError,
     os_error_text,
 )
-from cleanerd.log.files import METADATA_TOPIC, TopicPartition
+from cleanerd.log.files import CLEAN_SHUTDOWN_FILE_NAME, METADATA_TOPIC, TopicPartition
 from cleanerd.log.log_dir import LogDir
 from cleanerd.log.meta import PartitionMeta
 from cleanerd.log.ownership import lock_holder
@@ -322,6 +322,8 @@ def gather(cfg: Config, *, now_ms: int) -> Gathered:
                     out.observed[str(log_dir.path)] = why
                 else:
                     owned[log_dir.path] = list(partitions.values())
+                    marker = log_dir.path / CLEAN_SHUTDOWN_FILE_NAME
+                    log_dir.owner_trusts = marker.exists()
                 _gather_dir(cfg, log_dir, partitions, now_ms, out)
                 out.device_of_dir[str(log_dir.path)] = device_of(log_dir.path)
                 readable.append(log_dir.path)

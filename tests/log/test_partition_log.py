@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import errno
 import itertools
 import multiprocessing
 from collections.abc import MutableMapping
@@ -710,3 +711,23 @@ def test_the_readable_meta_stands_a_damaged_segment_in_by_its_files(
     assert bad.largest_timestamp_ms == path.stat().st_mtime_ns // 1_000_000
     assert meta.segments[0].largest_timestamp_ms == 1_001
     assert meta.log_end_offset == (4 if damaged_base == 4 else 6)
+
+
+def test_the_readable_meta_stands_in_for_damage_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An error that is not damage (too many open files, say) fails `readable_meta` as it
+    fails `meta`: a passing condition must not stand a healthy segment in as damaged,
+    which would mark a compacted partition uncleanable until the mark expires."""
+    batches = [[kv(f"k{i}", f"v{i}", timestamp=1_000 + i)] for i in range(2)]
+    build_log(tmp_path / "logs", [batches] * 2, state_dir=tmp_path / "state")
+    plog = PartitionLog.open(
+        tmp_path / "logs" / "topic-0", state_dir=tmp_path / "state", read_only=True
+    )
+
+    def exhausted(self: LogSegment) -> None:
+        raise OSError(errno.EMFILE, "Too many open files")
+
+    monkeypatch.setattr(LogSegment, "meta", exhausted)
+    with pytest.raises(OSError, match="Too many open files"):
+        plog.readable_meta()

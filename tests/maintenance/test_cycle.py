@@ -975,22 +975,24 @@ def test_a_tail_cut_by_a_steps_write_is_reported(tmp_path: Path, engine: LocalEn
         assert m.run_once().truncated == ()  # reported once
 
 
+@pytest.mark.parametrize("policy", ["delete", "compact,delete"])
 @pytest.mark.parametrize("batch", [1, 3])
 def test_a_bad_batch_length_in_the_active_segment_stops_retention_only_before_it(
-    tmp_path: Path, engine: LocalEngine, batch: int
+    tmp_path: Path, engine: LocalEngine, batch: int, policy: str
 ) -> None:
     """After a clean stop, the length field of the active segment's second or last batch
-    is zeroed (damage, not a torn tail): the expired older segments are still deleted,
-    beside the active segment, which is left byte for byte. Before, the producer walk
-    (a bad batch inside) or the deletion's check of the active tail failed retention,
-    and nothing was deleted."""
+    is zeroed (damage, not a torn tail): the expired older segments of a `delete` topic
+    are still deleted, beside the active segment, which is left byte for byte; a
+    `compact,delete` partition is uncleanable, its retention skipped. Before, the producer
+    walk (a bad batch inside) or the deletion's check of the active tail failed
+    retention, and nothing was deleted."""
     tp = TopicPartition("d", 0)
     d = build(
         tmp_path,
         tp,
         [records(range(4), T0 - 5 * HOUR), records(range(4), T0 - 4 * HOUR), records(range(4), T0)],
     )
-    topic = {"cleanup.policy": "delete", "retention.ms": -1}
+    topic = {"cleanup.policy": policy, "retention.ms": -1, "min.cleanable.dirty.ratio": 1.0}
     with Maintenance(write_config(tmp_path, {"d": topic}), engine, clock=lambda: T0) as m:
         m.run_once()
         assert m.shutdown() == []
@@ -1005,8 +1007,15 @@ def test_a_bad_batch_length_in_the_active_segment_stops_retention_only_before_it
     with Maintenance(later, engine, clock=lambda: T0) as m:
         report = m.run_once()
     assert "retention" not in [e.phase for e in report.errors]
-    (outcome,) = report.retention
-    assert [x.base_offset for x in outcome.deletions] == [0, 4]
+    if policy == "delete":
+        (outcome,) = report.retention
+        assert [x.base_offset for x in outcome.deletions] == [0, 4]
+    else:
+        assert report.retention == ()
+        assert [(s.tp, s.reason) for s in report.skipped if s.phase == "retention"] == [
+            (tp, "partition is uncleanable")
+        ]
+        assert [f.tp for f in report.failed] == [tp]
     assert active.read_bytes() == bytes(data)
     assert report.truncated == ()
 
@@ -1034,3 +1043,35 @@ def test_a_future_timestamp_that_blocks_retention_is_a_warning_once(
     levels = {e["log_level"] for e in again if e["event"] == "retention.future_timestamp"}
     assert levels <= {"debug"}
     assert report.retention == ()
+
+
+def test_damage_only_the_producer_walk_meets_stops_retention_at_its_segment(
+    tmp_path: Path, engine: LocalEngine
+) -> None:
+    """A crash left a dir without a producer snapshot, and a batch in the middle of a
+    big rolled segment has a zeroed length: the segment's head and tail read well (its
+    metadata does not see the damage), but the producer walk a snapshot of the
+    partition needs stops there. That segment is the damaged one: the expired segment
+    before it is deleted, it and the later ones stay. Before, the walk's error failed
+    the partition's retention."""
+    tp = TopicPartition("d", 0)
+    value = "x" * 1000
+    big = [[kv(f"k{i}", value, timestamp=T0 - 4 * HOUR)] for i in range(400)]  # ~420 KB
+    d = build(tmp_path, tp, [records(range(4), T0 - 5 * HOUR), big, records([0], T0)])
+    for f in d.glob("*.snapshot"):
+        f.unlink()  # as a crash leaves it
+    damaged = d / "00000000000000000004.log"
+    data = bytearray(damaged.read_bytes())
+    position = 0
+    for _ in range(200):
+        position += 12 + int.from_bytes(data[position + 8 : position + 12], "big")
+    data[position + 8 : position + 12] = bytes(4)
+    damaged.write_bytes(bytes(data))
+    os.utime(damaged, ns=((T0 - 4 * HOUR) * 1_000_000,) * 2)
+    cfg = write_config(tmp_path, {"d": {"cleanup.policy": "delete", "retention.ms": HOUR}})
+    with Maintenance(cfg, engine, clock=lambda: T0) as m:
+        report = m.run_once()
+    assert "retention" not in [e.phase for e in report.errors]
+    (outcome,) = report.retention
+    assert ([x.base_offset for x in outcome.deletions], outcome.damaged_base) == ([0], 4)
+    assert damaged.read_bytes() == bytes(data)

@@ -311,18 +311,21 @@ def test_plan_predicts_the_disk_usage_deletions_of_tiny_segments(
     assert {d["freed_bytes"] for d in done["deleted"]} == {2 * 4096}
 
 
+@pytest.mark.parametrize("indexed", [True, False])
 @pytest.mark.parametrize("marker", [False, True])
 @pytest.mark.parametrize("policy", ["delete", "compact,delete"])
-def test_plan_reads_a_torn_indexed_tail_as_the_owners_open_does(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], policy: str, marker: bool
+def test_plan_reads_a_torn_tail_as_the_owners_open_does(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], policy: str, marker: bool, indexed: bool
 ) -> None:
-    """The active segment's last batch is torn (a bad CRC) with its index entry written.
-    Without a clean-shutdown marker (a crash) the owner's open cuts that batch, so `plan`
-    reads the segment as the cut leaves it (here every segment expired: roll, then delete
-    them all); after a clean stop the owner trusts the segment, meets the damage, and
-    retention stops before it, as `plan` says. Either way `plan` lists exactly the rolls,
+    """The active segment's last batch is torn (a bad CRC), with or without its index
+    entry written. Without a clean-shutdown marker (a crash) the owner's open cuts that
+    batch, so `plan` reads the segment as the cut leaves it (here every segment expired:
+    roll, then delete them all); after a clean stop the owner trusts the segment, meets
+    the damage, and retention stops before it, as `plan` says (nobody writes the dir:
+    the bad tail is no append in flight). Either way `plan` lists exactly the rolls,
     deletions and skips of the cycle. Before, `plan` called the crashed partition
-    unreadable, blaming the index."""
+    unreadable, blaming the index, and read the stopped one's unindexed bad tail as an
+    append in flight."""
     from cleanerd.log.partition_log import LogConfig
 
     segments = [
@@ -334,7 +337,7 @@ def test_plan_reads_a_torn_indexed_tail_as_the_owners_open_does(
         segments,
         state_dir=tmp_path / "state",
         tp=TopicPartition("t", 0),
-        config=LogConfig(index_interval_bytes=1),
+        config=LogConfig(index_interval_bytes=1 if indexed else 4096),
     )
     config = tmp_path / "cleanerd.yaml"
 
