@@ -76,7 +76,7 @@ from cleanerd.errors import (
     failure_text,
 )
 from cleanerd.log.deletions import PendingDeletions
-from cleanerd.log.files import METADATA_TOPIC, TopicPartition
+from cleanerd.log.files import METADATA_TOPIC, TopicPartition, log_file
 from cleanerd.log.known_segments import decode
 from cleanerd.log.log_dir import LogDir, Mode
 from cleanerd.log.ownership import StaleWork, lock_holder
@@ -826,8 +826,7 @@ class Maintenance:
         if plog.corrupt is not None and topic.compact:
             item = CompactedLog(log_dir, plog, topic)
             if not self.manager.is_uncleanable(item, report.now_ms):
-                self.manager.mark_uncleanable(item, str(plog.corrupt), report.now_ms)
-                report.failed.append(FailedLog(str(log_dir.path), tp, str(plog.corrupt)))
+                self._mark(item, str(plog.corrupt), report.now_ms, report)
             report.met(log_dir.path, tp, plog.corrupt)
         elif plog.corrupt is not None and opening:
             # Not compacted, so never marked uncleanable (and opened again each cycle, to
@@ -924,9 +923,7 @@ class Maintenance:
                         p,
                         str(base),
                         base_offset=base,
-                        path=str(
-                            next(s.log_path for s in p.plog.segments if s.base_offset == base)
-                        ),
+                        path=str(log_file(p.plog.dir, base)),
                         consequence="retention deletes nothing from this segment on until "
                         "it is repaired",
                     )
@@ -958,8 +955,12 @@ class Maintenance:
         except (CleanerdError, OSError):
             return  # the partition's steps report it
         if damage is not None:
-            self.manager.mark_uncleanable(item, damage, report.now_ms)
-            report.failed.append(FailedLog(str(p.log_dir.path), p.tp, damage))
+            self._mark(item, damage, report.now_ms, report)
+
+    def _mark(self, item: CompactedLog, reason: str, now_ms: int, report: _Builder) -> None:
+        """Mark `item` uncleanable for `reason`, and list it among the cycle's failed."""
+        self.manager.mark_uncleanable(item, reason, now_ms)
+        report.failed.append(FailedLog(str(item.log_dir.path), item.tp, reason))
 
     def _why_held(self, p: _Partition) -> str:
         state = self.manager.state(p.tp)
@@ -1126,9 +1127,7 @@ class Maintenance:
             if requeue:
                 self.manager.refresh_one(fresh, now)
             return
-        reason = failure_text(error)
-        self.manager.mark_uncleanable(fresh, reason, now)
-        report.failed.append(FailedLog(str(item.log_dir.path), candidate.tp, reason))
+        self._mark(fresh, failure_text(error), now, report)
         report.met(item.log_dir.path, candidate.tp, error)
 
     def _may_retry(self, tp: TopicPartition) -> bool:
@@ -1156,9 +1155,7 @@ class Maintenance:
         try:
             plog = item.log_dir.open_partition(item.tp, config=LogConfig.of_topic(item.topic))
         except (CleanerdError, OSError) as exc:
-            reason = f"cannot reopen after a failed pass: {exc}"
-            self.manager.mark_uncleanable(item, reason, now)
-            report.failed.append(FailedLog(str(item.log_dir.path), item.tp, reason))
+            self._mark(item, f"cannot reopen after a failed pass: {exc}", now, report)
             report.met(item.log_dir.path, item.tp, exc)
             return None
         self._plogs[key] = plog
