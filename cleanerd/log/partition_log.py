@@ -55,7 +55,6 @@ from cleanerd.errors import (
     DAMAGE,
     CheckpointError,
     CleanerdError,
-    CorruptIndexError,
     CorruptRecordError,
     InvalidTxnStateError,
     LogDirLockedError,
@@ -185,6 +184,7 @@ class PartitionLog:
         quarantine_dir: Path | None,
         owner: OwnerProof | None = None,
         listed: tuple[int, int] | None = None,
+        stopped_cleanly: bool = False,
     ) -> None:
         self.dir = path
         self.dir_name = str(path)
@@ -197,9 +197,9 @@ class PartitionLog:
         self._lock = lock
         self._quarantine_dir = quarantine_dir
         self._segments = segments
-        self.stopped_cleanly = False
+        self.stopped_cleanly = stopped_cleanly
         """Read-only: the dir holds the clean-shutdown marker and no writer, so its
-        owner's open would cut no torn tail (set by `open`, for `plan`)."""
+        owner's open would cut no torn tail (`open`'s `clean_shutdown`, for `plan`)."""
         self._mark_growing()
         self._dir_stamp: tuple[int, int] | None = None
         self._inodes: dict[int, int] = {}
@@ -315,10 +315,8 @@ class PartitionLog:
             quarantine_dir=quarantine,
             owner=owner,
             listed=listed,
+            stopped_cleanly=read_only and clean_shutdown,
         )
-        if read_only and clean_shutdown:
-            plog.stopped_cleanly = True
-            plog._mark_growing()
         plog._refuse_log_start_past_the_end()
         if report.truncated and plog.recovery_point > plog.log_end_offset:
             # As Kafka's loader: a recovery point never lies past the log end (a cut tail
@@ -575,7 +573,7 @@ class PartitionLog:
         except IndexPastLogError:
             if refuse:
                 raise
-        except (CorruptRecordError, CorruptIndexError):
+        except DAMAGE:
             with active.open_buffer() as buf:
                 scan = walk_prefix(buf)
                 reason = torn_tail_reason(buf, scan)

@@ -78,7 +78,7 @@ from operator import attrgetter
 from pathlib import Path
 from typing import NoReturn
 
-from cleanerd.errors import CleanerdError, CorruptIndexError, CorruptRecordError, file_step
+from cleanerd.errors import DAMAGE, CleanerdError, CorruptIndexError, CorruptRecordError, file_step
 from cleanerd.log.files import (
     CLEANED_FILE_SUFFIX,
     DELETED_FILE_SUFFIX,
@@ -574,7 +574,7 @@ def _validate_full(
 def _validate_cheap(segment: LogSegment, report: RecoveryReport) -> None:
     try:
         rebuilt = segment.sanity_check()
-    except (CorruptIndexError, CorruptRecordError) as exc:
+    except DAMAGE as exc:
         _report(report, exc)
         return
     if rebuilt:
@@ -642,7 +642,7 @@ def _flushed_head(segment: LogSegment, recovery_point: int) -> bool:
         if segment.sanity_check():
             return False  # indexes rebuilt: the full validation re-reads it all anyway
         start = segment.position_for(recovery_point)
-    except (CorruptIndexError, CorruptRecordError):
+    except DAMAGE:
         return False
     with segment.open_buffer() as buf:
         return walk_prefix(buf, start=start).error is None  # no table: only the verdict
