@@ -16,8 +16,10 @@ rolls, retention and cleaning to those topics; disk usage, which orders segments
 every topic of a device, is then not enforced. Output: the rolls, deletions, disk usage,
 Kafka's stats block for each pass, partitions found uncleanable, steps that failed (a
 partition that could not be opened, rolled or retained, with the reason) and the
-partitions left alone; `--json` prints the `CycleReport` as one JSON document. Exit
-status 1 when a pass or a step failed, or a log dir could not be owned: one that another
+partitions and log dirs left alone; `--json` prints the `CycleReport` as one JSON
+document. Exit status 1 when a pass or a step failed, a log dir was offline (it could not
+be opened, or its root checkpoint files could not be read: the other dirs are maintained
+all the same), or a log dir could not be owned: one that another
 cleanerd process owns (a running daemon) is an error before anything is done, naming its
 pid; one that another program holds (a Kafka broker) is only observed.
 """
@@ -142,6 +144,7 @@ def render_text(report: CycleReport) -> list[str]:
     for s in report.skipped:
         where = str(s.tp) if s.tp is not None else (s.log_dir or "cycle")
         lines.append(f"{where}: {s.phase} skipped: {s.reason}")
+    lines += [f"{o.log_dir}: offline, left alone: {o.reason}" for o in report.offline]
     lines.append(
         f"{count(len(report.rolled), 'segment')} rolled, "
         f"{sum(len(o.deletions) for o in report.retention)} deleted by retention, "
@@ -149,6 +152,8 @@ def render_text(report: CycleReport) -> list[str]:
         f"deleted for disk usage"
     )
     errors = f", {count(len(report.errors), 'step')} failed" if report.errors else ""
+    if report.offline:
+        errors += f", {count(len(report.offline), 'log dir')} offline"
     lines.append(
         f"{count(len(report.cleaned), 'cleaning pass', 'cleaning passes')}, "
         f"{count(len(report.failed), 'partition')} uncleanable" + errors
@@ -162,7 +167,8 @@ def _percent(used: int, total: int) -> str:
 
 def run(args: argparse.Namespace) -> int:
     """The `clean` subcommand; exit status 1 if any step failed (opening, rolling,
-    retention, cleaning a partition) or a log dir could not be owned (see above)."""
+    retention, cleaning a partition), a log dir was offline or could not be owned (see
+    above)."""
     config = load_config(args.config)
     # Log lines go to stderr, so stdout holds only the report (`--json` stays parseable).
     log_to_stderr(config.logging.format, config.logging.level)
@@ -206,4 +212,4 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(doc, indent=1))
     else:
         print("\n".join(render_text(report)))
-    return 1 if report.failed or report.errors or held or stop_errors else 0
+    return 1 if report.failed or report.errors or report.offline or held or stop_errors else 0

@@ -161,4 +161,5 @@ class Reporter:
             counters=status.counters,
             observed_log_dirs=report.observed,
             unreadable=report.unreadable,
+            offline_log_dirs=[o.log_dir for o in report.offline],
         )

@@ -212,7 +212,12 @@ class LogDir:
         if not owner_lock.acquire():
             dir_lock.release()
             raise LogDirLockedError(path)
-        owned = cls(path, Mode.OWNER, state_dir=state, dir_lock=dir_lock, owner_lock=owner_lock)
+        try:
+            owned = cls(path, Mode.OWNER, state_dir=state, dir_lock=dir_lock, owner_lock=owner_lock)
+        except BaseException:  # a root checkpoint file that cannot be read
+            owner_lock.release()
+            dir_lock.release()
+            raise
         try:
             owned.had_clean_shutdown = owned._take_clean_shutdown_marker()
             if owned.had_clean_shutdown:

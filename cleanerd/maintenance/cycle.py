@@ -7,7 +7,12 @@ A cycle, at the instant `now = clock()` it starts:
    vanished ones. A topic-partition found in a second log dir is skipped there: cleaning
    state is per topic-partition, as in Kafka. One that cannot be opened (a refused
    symlink, an unreadable file) is reported in `errors`, left alone this cycle and tried
-   again the next; the others go on. When `MANY_OPENS` or more of a dir's partitions
+   again the next; the others go on. A log dir that cannot be opened or listed, or
+   whose root checkpoint files cannot be read (a malformed line, an I/O error), is
+   offline for the cycle, as Kafka takes such a dir offline: reported in `offline`,
+   nothing in it read further or written (its checkpoint files are left as they are),
+   tried again the next cycle, the other dirs maintained meanwhile; a process where no
+   dir can be opened at all does not start. When `MANY_OPENS` or more of a dir's partitions
    are opened for the first time with nothing kept of them (a first start, or one after
    a crash), `SegmentReaders` read their segments' metadata in other processes
    meanwhile, and each partition takes what was read of its very files
@@ -71,6 +76,7 @@ from cleanerd.config import Config
 from cleanerd.engine.base import CleanJob, Engine, WorkerCrashed
 from cleanerd.errors import (
     DAMAGE,
+    CheckpointError,
     CleanerdError,
     FileStepError,
     failure_text,
@@ -91,6 +97,7 @@ from cleanerd.maintenance.report import (
     CycleReport,
     FailedLog,
     MaintenanceCounters,
+    OfflineLogDir,
     PartitionState,
     RolledSegment,
     SkippedLog,
@@ -215,6 +222,7 @@ class _Builder:
     next_due_ms: int | None = None
     truncated: list[TailCut] = field(default_factory=list)
     unreadable: list[Unreadable] = field(default_factory=list)
+    offline: list[OfflineLogDir] = field(default_factory=list)
     damaged: set[tuple[Path, TopicPartition]] = field(default_factory=set)
     """Where damaged data was met (the process's set, shared by its cycles)."""
     repeated: Mapping[tuple[str, TopicPartition, str], str] = field(default_factory=dict)
@@ -262,6 +270,7 @@ class _Builder:
             next_due_ms=self.next_due_ms,
             truncated=tuple(self.truncated),
             unreadable=tuple(self.unreadable),
+            offline=tuple(self.offline),
         )
 
 
@@ -340,6 +349,12 @@ class Maintenance:
         self.pending = PendingDeletions()
         self.counters = MaintenanceCounters()
         self.log_dirs: list[LogDir] = []
+        """The log dirs opened, in the order of `log.dirs`."""
+        self._unopened: dict[Path, str] = {}
+        """The log dirs of `log.dirs` that could not be opened, and why: opened again at
+        the next cycle (`_open_unopened`)."""
+        self._offline: dict[Path, str] = {}
+        """The log dirs offline in the last cycle, and why (a repeat is logged at debug)."""
         self._first_seen: dict[Path, FirstSeen] = {}
         self._plogs: dict[tuple[Path, TopicPartition], PartitionLog] = {}
         self._crashes: dict[TopicPartition, int] = {}
@@ -362,15 +377,46 @@ class Maintenance:
         thread may set or clear it."""
         try:
             for path in config.log_dirs:
-                log_dir = LogDir.open(
-                    Path(path), observe=config.observe, state_dir=config.state_dir
-                )
-                self.log_dirs.append(log_dir)
-                if log_dir.mode is Mode.OBSERVE and log_dir.held_by is None:
-                    log.info("log_dir.observed", log_dir=str(log_dir.path), reason="mode: observe")
+                try:
+                    self._open_dir(Path(path))
+                except (CheckpointError, OSError) as exc:
+                    self._unopened[Path(path)] = failure_text(exc)
+            if not self.log_dirs:  # nothing could be opened: as a broker, do not start
+                why = "; ".join(self._unopened.values())
+                raise CleanerdError(f"no log dir could be opened: {why}")
         except BaseException:
             self.close(unlink_pending=False)
             raise
+
+    def _open_dir(self, path: Path) -> None:
+        log_dir = LogDir.open(path, observe=self.config.observe, state_dir=self.config.state_dir)
+        self.log_dirs.append(log_dir)
+        order = [Path(p) for p in self.config.log_dirs]
+        self.log_dirs.sort(key=lambda d: order.index(d.path) if d.path in order else len(order))
+        if log_dir.mode is Mode.OBSERVE and log_dir.held_by is None:
+            log.info("log_dir.observed", log_dir=str(log_dir.path), reason="mode: observe")
+
+    def _open_unopened(self) -> None:
+        """Open the log dirs that could not be opened before (tried every cycle: the
+        operator may have mounted the disk or fixed the file since)."""
+        for path in list(self._unopened):
+            try:
+                self._open_dir(path)
+            except (CleanerdError, OSError) as exc:
+                self._unopened[path] = failure_text(exc)
+            else:
+                del self._unopened[path]
+
+    def _report_offline(self, report: _Builder, offline: dict[Path, str]) -> None:
+        """List the log dirs offline this cycle, logged as errors (at debug when the last
+        cycle logged the same), and log the ones back since."""
+        for path, why in offline.items():
+            report.offline.append(OfflineLogDir(str(path), why))
+            logged = log.debug if self._offline.get(path) == why else log.error
+            logged("log_dir.offline", log_dir=str(path), error=why)
+        for path in self._offline.keys() - offline.keys():
+            log.info("log_dir.online", log_dir=str(path))
+        self._offline = offline
 
     def close(self, *, unlink_pending: bool) -> list[Path]:
         """Release the log dirs; with `unlink_pending`, unlink every waiting `.deleted`
@@ -610,19 +656,25 @@ class Maintenance:
 
     def _discover(self, report: _Builder) -> list[_Partition]:
         self._reclaim()
+        self._open_unopened()
+        offline = dict(self._unopened)
         found: list[_Partition] = []
         seen: dict[TopicPartition, Path] = {}
         live: set[tuple[Path, TopicPartition]] = set()
         opened = total = 0
         for log_dir in self.log_dirs:
+            try:
+                log_dir.reload_checkpoints()
+                listed = list(log_dir.partitions())
+            except (CheckpointError, OSError) as exc:
+                offline[log_dir.path] = failure_text(exc)
+                continue  # its open partitions are dropped below, as vanished ones
             if log_dir.mode is not Mode.OWNER:
                 why = str(log_dir.held_by or f"{log_dir.mode.value} mode")
                 report.skip(log_dir.path, None, "discover", why)
                 report.observed.append(str(log_dir.path))
-                report.states += self._observe(log_dir, report, live)
+                report.states += self._observe(log_dir, listed, report, live)
                 continue
-            log_dir.reload_checkpoints()
-            listed = list(log_dir.partitions())
             total += len(listed)
             reads = self._start_first_reads(log_dir, listed)
             try:
@@ -650,6 +702,7 @@ class Maintenance:
             self._cuts_reported.pop(key, None)
         if self.topics is None:
             self.manager.registry.retain_only(seen)
+        self._report_offline(report, offline)
         return found
 
     def _start_first_reads(
@@ -737,7 +790,11 @@ class Maintenance:
         return states
 
     def _observe(
-        self, log_dir: LogDir, report: _Builder, live: set[tuple[Path, TopicPartition]]
+        self,
+        log_dir: LogDir,
+        listed: list[TopicPartition],
+        report: _Builder,
+        live: set[tuple[Path, TopicPartition]],
     ) -> list[PartitionState]:
         """The state of every partition of an observed log dir (a live broker's), read
         without writing a byte there: the same snapshot and cleaning candidate owner mode
@@ -745,8 +802,7 @@ class Maintenance:
         segment renamed or deleted between listing and opening, an append in flight):
         a partition that cannot be read whole now is skipped this cycle (reported as
         unreadable) and read again the next, never marked."""
-        checkpoints = log_dir.reload_checkpoints().cleaner_offsets
-        listed = list(log_dir.partitions())
+        checkpoints = log_dir.checkpoints.cleaner_offsets
         with self._opening(log_dir, listed):
             return list(self._observe_listed(log_dir, listed, checkpoints, report, live))
 

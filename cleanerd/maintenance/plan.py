@@ -36,6 +36,7 @@ from cleanerd.compaction.manager import order_for_cleaning
 from cleanerd.config import Config
 from cleanerd.errors import (
     CHANGED_READ_ATTEMPTS,
+    CheckpointError,
     CleanerdError,
     FileChangedError,
     os_error_text,
@@ -327,6 +328,8 @@ def gather(cfg: Config, *, now_ms: int) -> Gathered:
                 _gather_dir(cfg, log_dir, partitions, now_ms, out)
                 out.device_of_dir[str(log_dir.path)] = device_of(log_dir.path)
                 readable.append(log_dir.path)
+        except CheckpointError as exc:  # the dir is offline for a cycle too
+            out.errors.append(f"{path}: offline: {exc}")
         except OSError as exc:
             out.errors.append(f"{path}: cannot read the log dir: {os_error_text(exc)}")
     out.devices = measure(group_devices(readable), cfg.log_retention_disk_usage_percent)

@@ -107,6 +107,18 @@ class StepError:
 
 
 @dataclass(frozen=True, slots=True)
+class OfflineLogDir:
+    """A log dir the cycle could not use at all: it could not be opened or listed, or its
+    root checkpoint files could not be read (a malformed line, an I/O error). As Kafka takes
+    such a dir offline, the cycle leaves every partition in it alone (nothing there is
+    read further or written, the checkpoint files included) and goes on with the other
+    dirs; it tries the dir again every cycle, and `cleanerd clean` exits 1."""
+
+    log_dir: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
 class SkippedLog:
     """A partition (or log dir) the cycle left alone, and why."""
 
@@ -164,12 +176,14 @@ class CycleReport:
     unreadable: tuple[Unreadable, ...] = ()
     """Partitions this cycle could not open or read (owned or observed): they have no
     entry in `states`, so the metrics count them apart."""
+    offline: tuple[OfflineLogDir, ...] = ()
+    """Log dirs this cycle could not use at all (`OfflineLogDir`)."""
 
     @property
     def idle(self) -> bool:
-        """Nothing was rolled, deleted, unlinked, cleaned or found failing or unreadable,
-        and nothing was cut short: the cycle only looked (the daemon logs such cycles at
-        debug)."""
+        """Nothing was rolled, deleted, unlinked, cleaned or found failing, unreadable or
+        offline, and nothing was cut short: the cycle only looked (the daemon logs such
+        cycles at debug)."""
         disk_deleted = self.disk_usage is not None and bool(self.disk_usage.deletions)
         return not (
             self.rolled
@@ -182,6 +196,7 @@ class CycleReport:
             or self.aborted
             or self.truncated
             or self.unreadable
+            or self.offline
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -244,6 +259,7 @@ class CycleReport:
                 {**_where(t.log_dir, t.tp), **dataclasses.asdict(t.tail)} for t in self.truncated
             ],
             "unreadable": [u.to_json() for u in self.unreadable],
+            "offline": [{"log_dir": o.log_dir, "reason": o.reason} for o in self.offline],
         }
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -129,6 +130,26 @@ def test_unreadable_partition_exits_1(tmp_path: Path, capsys: pytest.CaptureFixt
     first.write_bytes(bytes(data))
     assert main(["audit", "-c", str(config_file(tmp_path)), "--now-ms", str(NOW)]) == 1
     assert "not audited" in capsys.readouterr().out
+
+
+def test_a_log_dir_with_a_malformed_root_checkpoint_is_named_and_the_others_audited(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A log dir whose root checkpoint is malformed cannot be audited: it is named with
+    the file, the exit status is 1, and the other log dir is audited all the same."""
+    build(tmp_path)
+    broken = tmp_path / "broken"
+    shutil.copytree(tmp_path / "logs", broken)
+    (broken / "log-start-offset-checkpoint").write_text("7\n")
+    cfg = yaml.safe_load(config_file(tmp_path).read_text())
+    cfg["log.dirs"].append(str(broken))
+    path = tmp_path / "two.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    assert main(["audit", "-c", str(path), "--now-ms", str(NOW)]) == 1
+    captured = capsys.readouterr()
+    assert f"t-0 in {tmp_path / 'logs'}" in captured.out
+    assert f"{broken}: offline: malformed checkpoint file" in captured.err
+    assert "unrecognised version 7" in captured.err
 
 
 def test_a_bad_batch_in_a_mapped_segment_is_reported_and_the_others_audited(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Callable
@@ -172,6 +173,32 @@ def test_partition_that_cannot_be_opened_fails_the_command(
         (name[:-2], 0, "open")
     ]
     assert reason in doc["errors"][0]["reason"]
+
+
+def test_a_log_dir_with_a_malformed_root_checkpoint_is_offline_and_the_others_cleaned(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """One log dir's `cleaner-offset-checkpoint` is malformed: `clean` leaves that dir
+    alone (the file as it is), cleans the other, names the dir and the file, exits 1."""
+    d = build(tmp_path)
+    other = tmp_path / "other-logs"
+    shutil.copytree(tmp_path / "logs", other)
+    bad = other / CLEANER_OFFSET_CHECKPOINT
+    bad.write_text("0\n1\nt 0\n")
+    cfg = yaml.safe_load(write_config(tmp_path).read_text())
+    cfg["log.dirs"].append(str(other))
+    path = tmp_path / "two.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    assert main(["clean", "-c", str(path), "--now-ms", str(NOW)]) == 1
+    out = capsys.readouterr().out
+    assert f"{other}: offline, left alone: malformed checkpoint file {bad} line 3" in out
+    assert "1 cleaning pass, 0 partitions uncleanable, 1 log dir offline" in out
+    assert view(d).keys == [k(1), k(2), k(9)]
+    assert bad.read_text() == "0\n1\nt 0\n"
+    assert main(["clean", "-c", str(path), "--now-ms", str(NOW), "--json"]) == 1
+    (offline,) = json.loads(capsys.readouterr().out)["offline"]
+    assert offline["log_dir"] == str(other)
+    assert str(bad) in offline["reason"]
 
 
 def build_cycle(tmp_path: Path) -> tuple[Path, Path]:

@@ -36,6 +36,7 @@ from cleanerd.engine.base import AuditJob, CleanJob
 from cleanerd.log.checkpoint import OffsetCheckpointFile
 from cleanerd.log.files import TopicPartition
 from cleanerd.log.lock import holds_log_dir_lock
+from cleanerd.maintenance.cycle import Maintenance
 from cleanerd.maintenance.report import PartitionState
 from tests.builders import build_log, kv, settle_dir
 from tests.daemon.conftest import (
@@ -326,21 +327,21 @@ async def test_a_reload_of_an_unchanged_file_starts_a_cycle(
 
 
 async def test_failed_cycles_are_counted_and_exported(
-    config_path: Path, notify_socket: NotifyReceiver, tmp_path: Path
+    config_path: Path, notify_socket: NotifyReceiver, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A cycle that fails whole (here: a root checkpoint file made unreadable while the
-    daemon runs) leaves the partition gauges at the last good cycle's state, so it is
+    """A cycle that fails whole (here: an unexpected error out of the cycle, as a bug
+    would raise) leaves the partition gauges at the last good cycle's state, so it is
     counted apart: `cleanerd_cycles_total{result="failed"}` and
     `cleanerd_cycle_failures_in_a_row`, which a done cycle sets back to 0."""
     daemon, _ = _daemon(config_path, notify_socket)
-    checkpoint = tmp_path / "data" / "cleaner-offset-checkpoint"
+    discover = Maintenance._discover
+
+    def failing(self: Maintenance, report: Any) -> Any:
+        raise RuntimeError("injected")
+
     async with running(daemon):
         await eventually(lambda: daemon.cycles >= 1, "the first cycle")
-        good = checkpoint.read_bytes() if checkpoint.exists() else None
-        # Written whole (renamed into place): a cycle that read it half-written could pass.
-        malformed = tmp_path / "malformed"
-        await asyncio.to_thread(malformed.write_text, "0\n1\nusers zero 5\n")
-        await asyncio.to_thread(malformed.replace, checkpoint)
+        monkeypatch.setattr(Maintenance, "_discover", failing)
         for failures in (1, 2):
             daemon.request_cycle()
             await eventually(partial(_failed_at_least, daemon, failures), "a failed cycle")
@@ -353,13 +354,38 @@ async def test_failed_cycles_are_counted_and_exported(
         text = _scrape(daemon)
         in_a_row = _sample(text, "cleanerd_cycle_failures_in_a_row")
         assert _sample(text, 'cleanerd_cycles_total{result="failed"}') == in_a_row
-        if good is None:
-            await asyncio.to_thread(checkpoint.unlink)
-        else:
-            await asyncio.to_thread(checkpoint.write_bytes, good)
+        monkeypatch.setattr(Maintenance, "_discover", discover)
         daemon.request_cycle()
         await eventually(lambda: daemon.cycle_failures == 0, "a done cycle")
         assert "cleanerd_cycle_failures_in_a_row 0.0" in _scrape(daemon)
+
+
+async def test_a_malformed_root_checkpoint_takes_its_log_dir_offline_not_the_cycle(
+    config_path: Path, notify_socket: NotifyReceiver, tmp_path: Path
+) -> None:
+    """A root checkpoint file made malformed while the daemon runs: the cycles go on
+    (none fails whole), `cleanerd_log_dir_offline` is 1 for the dir, the file is left
+    as it is; once it is repaired, the dir is back (the gauge 0)."""
+    daemon, _ = _daemon(config_path, notify_socket)
+    data = str(tmp_path / "data")
+    checkpoint = tmp_path / "data" / "cleaner-offset-checkpoint"
+    offline = f'cleanerd_log_dir_offline{{log_dir="{data}"}}'
+    async with running(daemon):
+        await eventually(lambda: daemon.cycles >= 1, "the first cycle")
+        assert _sample(_scrape(daemon), offline) == 0
+        # Written whole (renamed into place), as Kafka and cleanerd write checkpoints.
+        malformed = tmp_path / "malformed"
+        await asyncio.to_thread(malformed.write_text, "0\n1\nusers zero 5\n")
+        await asyncio.to_thread(malformed.replace, checkpoint)
+        done = daemon.cycles
+        daemon.request_cycle()
+        await eventually(lambda: _sample(_scrape(daemon), offline) == 1, "the dir offline")
+        assert daemon.cycles > done
+        assert daemon.cycle_failures == 0
+        assert checkpoint.read_text() == "0\n1\nusers zero 5\n"
+        await asyncio.to_thread(checkpoint.unlink)
+        daemon.request_cycle()
+        await eventually(lambda: _sample(_scrape(daemon), offline) == 0, "the dir back")
 
 
 async def test_reload_command_reports_an_invalid_file(

@@ -24,6 +24,7 @@ from cleanerd.config import Config, load_config
 from cleanerd.daemon.metrics.model import build_snapshot
 from cleanerd.engine.base import AuditJob, CleanJob, WorkerCrashed
 from cleanerd.engine.local import LocalEngine, WorkerSettings
+from cleanerd.errors import CleanerdError
 from cleanerd.log.checkpoint import (
     CLEANER_OFFSET_CHECKPOINT,
     LOG_START_OFFSET_CHECKPOINT,
@@ -591,6 +592,93 @@ def test_partition_that_cannot_be_opened_is_reported_and_the_others_go_on(
         }
     ]
     assert [p.name for p in victim.iterdir()] == ["00000000000000000000.log.deleted"]
+
+
+def _two_dirs(tmp_path: Path) -> tuple[Config, TopicPartition, TopicPartition]:
+    """Log dirs `logs` (t-0) and `logs2` (t-1), each partition with a superseded key."""
+    a, b = TopicPartition("t", 0), TopicPartition("t", 1)
+    build(tmp_path, a, [records([0, 0], T0), records([1], T0)], logs="logs")
+    build(tmp_path, b, [records([0, 0], T0), records([1], T0)], logs="logs2")
+    cfg = write_config(tmp_path, {"t": {"cleanup.policy": "compact"}})
+    dirs = tuple(str(tmp_path / n) for n in ("logs", "logs2"))
+    return cfg.model_copy(update={"log_dirs": dirs}), a, b
+
+
+BAD_CHECKPOINT = b"garbage\n"
+
+
+def test_a_dir_whose_root_checkpoints_turn_malformed_goes_offline_and_the_others_go_on(
+    tmp_path: Path, engine: LocalEngine
+) -> None:
+    """As Kafka takes a log dir offline when a checkpoint file is malformed, a cycle
+    leaves that dir alone (its partitions untouched, the bad file byte for byte as it
+    is, not rewritten by the recovery-point checkpoint nor at the stop), reports it in
+    `offline` and logs it once, maintains the other dir, and takes the dir back once
+    the file is fixed. Before, every cycle failed whole."""
+    cfg, a, b = _two_dirs(tmp_path)
+    bad = tmp_path / "logs" / "recovery-point-offset-checkpoint"
+    with Maintenance(cfg, engine, clock=lambda: T0) as m:
+        m.run_once()  # opens both and writes their checkpoints
+        build(tmp_path, b, [records([0, 0], T0), records([1], T0), records([1], T0)], "logs2")
+        before = dir_state(tmp_path / "logs" / str(a))
+        bad.write_bytes(BAD_CHECKPOINT)
+        with capture_logs() as logs:
+            reports = [m.run_once(), m.run_once()]
+        assert dir_state(tmp_path / "logs" / str(a)) == before
+        assert bad.read_bytes() == BAD_CHECKPOINT
+        for report in reports:
+            assert [(o.log_dir, o.reason) for o in report.offline] == [
+                (
+                    str(tmp_path / "logs"),
+                    f"malformed checkpoint file {bad} line 1: version 'garbage' is not an integer",
+                )
+            ]
+            assert report.to_json()["offline"] == [
+                {"log_dir": str(tmp_path / "logs"), "reason": report.offline[0].reason}
+            ]
+            assert not report.idle
+        assert [c.tp for c in reports[0].cleaned] == [b]
+        offline = [e["log_level"] for e in logs if e["event"] == "log_dir.offline"]
+        assert offline == ["error", "debug"]
+        bad.unlink()  # the operator's fix
+        with capture_logs() as logs:
+            back = m.run_once()
+        assert back.offline == ()
+        assert [e["log_dir"] for e in logs if e["event"] == "log_dir.online"] == [
+            str(tmp_path / "logs")
+        ]
+        assert [s.meta.topic_partition for s in back.states] == [a, b]
+        m.checkpoint(clean_stop=True)
+    assert bad.read_text().splitlines()[2:] == ["t 0 3"]
+
+
+def test_a_dir_that_cannot_be_opened_at_start_is_offline_until_it_can_be(
+    tmp_path: Path, engine: LocalEngine
+) -> None:
+    """A dir whose root checkpoint is malformed when the process starts: the other dir
+    is maintained; the bad dir's locks are not kept (its open released them), it is
+    opened at the first cycle after its fix and maintained from then on. With no dir
+    that can be opened, the process does not start, naming the file."""
+    cfg, a, b = _two_dirs(tmp_path)
+    bad = tmp_path / "logs" / "cleaner-offset-checkpoint"
+    bad.write_bytes(BAD_CHECKPOINT)
+    with Maintenance(cfg, engine, clock=lambda: T0) as m:
+        first = m.run_once()
+        assert [o.log_dir for o in first.offline] == [str(tmp_path / "logs")]
+        assert [c.tp for c in first.cleaned] == [b]
+        assert bad.read_bytes() == BAD_CHECKPOINT
+        bad.unlink()
+        second = m.run_once()
+        assert second.offline == ()
+        assert [c.tp for c in second.cleaned] == [a]
+        assert [d.path for d in m.log_dirs] == [tmp_path / "logs", tmp_path / "logs2"]
+    bad.write_bytes(BAD_CHECKPOINT)
+    only = cfg.model_copy(update={"log_dirs": (str(tmp_path / "logs"),)})
+    with pytest.raises(CleanerdError, match=f"no log dir could be opened: .*{bad}"):
+        Maintenance(only, engine, clock=lambda: T0)
+    bad.unlink()
+    with LogDir.open(tmp_path / "logs", state_dir=tmp_path / "state") as log_dir:
+        assert log_dir.mode.value == "owner"  # the failed open let go of both locks
 
 
 def test_disk_usage_deletes_the_oldest_segments_across_topics(

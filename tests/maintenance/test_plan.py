@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -224,6 +225,25 @@ def test_plan_reports_unreadable_log_dir(
     captured = capsys.readouterr()
     assert "users-0 in" in captured.out
     assert "missing: cannot read the log dir" in captured.err
+
+
+def test_plan_names_a_log_dir_with_a_malformed_root_checkpoint_as_offline(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A log dir whose `recovery-point-offset-checkpoint` is malformed is offline, as
+    for a cycle: named with the file on stderr, exit status 1, the other dir planned."""
+    logs = build(tmp_path, T0)
+    broken = tmp_path / "broken"
+    shutil.copytree(logs, broken)
+    (broken / "recovery-point-offset-checkpoint").write_text("0\ntwo\n")
+    path = config_file(tmp_path, [logs, broken])
+    assert main(["plan", "-c", str(path), "--now-ms", str(T0)]) == 1
+    captured = capsys.readouterr()
+    assert f"users-0 in {logs}" in captured.out
+    assert f"users-0 in {broken}" not in captured.out
+    bad = broken / "recovery-point-offset-checkpoint"
+    why = f"malformed checkpoint file {bad} line 2: entry count 'two' is not an integer"
+    assert f"{broken}: offline: {why}" in captured.err
 
 
 def test_plan_json_lists_what_clean_then_does_under_the_same_names(

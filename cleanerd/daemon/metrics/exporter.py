@@ -303,6 +303,13 @@ _LOG_DIR_GAUGES: Final[tuple[tuple[str, str, Callable[[LogDirMetrics], float]], 
         "another process: a running broker); nothing is written there.",
         lambda d: float(d.observed),
     ),
+    (
+        "cleanerd_log_dir_offline",
+        "1 when the last cycle could not use the log dir at all: it could not be opened, "
+        "or its root checkpoint files could not be read (Kafka takes such a dir offline). "
+        "Nothing in it is maintained or counted until it is back.",
+        lambda d: float(d.offline),
+    ),
 )
 
 

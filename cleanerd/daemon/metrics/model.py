@@ -24,6 +24,9 @@ Per partition and per log dir, and the maximum over all:
   or observed. They have no numbers of their own, so the maxima above cannot see them;
   this count is what does (an observed partition the broker was changing as it was read
   counts for that one cycle). The log dir's partition count includes them.
+- offline log dirs: 1 for a dir the last cycle could not use at all (it could not be
+  opened, or its root checkpoint files could not be read); none of its partitions is
+  counted anywhere, so this is what shows it.
 
 From the workers' last rounds, as Kafka's LogCleaner gauges: max clean time, max buffer
 (offset map) utilisation, recopy ratio `sum(bytes written) / max(sum(bytes read), 1)`,
@@ -81,6 +84,9 @@ class LogDirMetrics:
     """Only observed (nothing is written there)."""
     unreadable_partitions: int = 0
     """Listed, but could not be opened or read (counted in `partitions` too)."""
+    offline: bool = False
+    """The last cycle could not use the dir at all (`OfflineLogDir`): its numbers are
+    those of no partition."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -215,16 +221,19 @@ def build_snapshot(
     counters: Counters | None = None,
     observed_log_dirs: Iterable[str] = (),
     unreadable: Iterable[Unreadable] = (),
+    offline_log_dirs: Iterable[str] = (),
 ) -> MetricsSnapshot:
     """The snapshot at `now_ms`. `log_dirs` lists dirs to report even when they hold no
     partition (so their series exist); `last_runs` holds each worker's last round;
-    `unreadable`, the partitions the last cycle could not read."""
+    `unreadable`, the partitions the last cycle could not read; `offline_log_dirs`, the
+    log dirs it could not use at all."""
     states = list(partitions)
     observed = set(observed_log_dirs)
+    offline = set(offline_log_dirs)
     unread: dict[str, set[TopicPartition]] = {}
     for u in unreadable:
         unread.setdefault(u.log_dir, set()).add(u.tp)
-    dirs = list(dict.fromkeys([*log_dirs, *(s.meta.log_dir for s in states), *unread]))
+    dirs = list(dict.fromkeys([*log_dirs, *(s.meta.log_dir for s in states), *unread, *offline]))
     marks = {d: uncleanable.in_dir(d) for d in dirs} if uncleanable is not None else {}
     per_partition = []
     for s in states:
@@ -250,6 +259,7 @@ def build_snapshot(
             partitions=m.partitions + len(unread_here),
             unreadable_partitions=len(unread_here),
             observed=d in observed,
+            offline=d in offline,
         )
         dir_metrics.append(m)
     read = sum(r.bytes_read for r in last_runs)

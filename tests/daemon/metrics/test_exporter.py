@@ -554,6 +554,15 @@ def test_reload_to_an_address_in_use_keeps_the_old_endpoint() -> None:
             ex.stop()
 
 
+def test_offline_log_dirs_say_so(tmp_path: Path) -> None:
+    """`cleanerd_log_dir_offline` is 1 for a log dir the last cycle could not use (its
+    root checkpoints unreadable: it has no partition numbers), 0 for the others."""
+    data, empty = str(tmp_path / "data"), str(tmp_path / "empty")
+    ex = _exporter(_snapshot(tmp_path, offline_log_dirs=[empty]))
+    assert _value(ex, "cleanerd_log_dir_offline", log_dir=empty) == 1
+    assert _value(ex, "cleanerd_log_dir_offline", log_dir=data) == 0
+
+
 def test_observed_log_dirs_say_so(tmp_path: Path) -> None:
     """`cleanerd_log_dir_observed` is 1 for a log dir only observed (a broker's), 0 for
     one this process owns; the observed dir's other gauges are there as in owner mode."""
