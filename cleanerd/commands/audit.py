@@ -51,7 +51,7 @@ from cleanerd.compaction.audit import (
     audit_partition,
 )
 from cleanerd.config import Config, load_config
-from cleanerd.errors import CheckpointError, CleanerdError, os_error_text
+from cleanerd.errors import CheckpointError, CleanerdError, failure_text
 from cleanerd.log.files import LOG_FILE_SUFFIX, METADATA_TOPIC, parse_topic_partition
 from cleanerd.log.log_dir import LogDir
 from cleanerd.log.partition_log import LogConfig, PartitionLog
@@ -158,10 +158,8 @@ def compacted_partitions(cfg: Config, run: AuditRun) -> Iterator[tuple[Partition
                         run.errors.append(f"{log_dir.path / str(tp)}: {exc}")
                         continue
                     yield plog, topic
-        except CheckpointError as exc:  # the dir is offline for a cycle too
-            run.errors.append(f"{path}: offline: {exc}")
-        except OSError as exc:
-            run.errors.append(f"{path}: cannot read the log dir: {os_error_text(exc)}")
+        except (CheckpointError, OSError) as exc:  # offline for a cycle too
+            run.errors.append(f"{path}: offline, not read: {failure_text(exc)}")
 
 
 def audit_log_dirs(

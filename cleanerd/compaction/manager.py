@@ -80,7 +80,7 @@ from pathlib import Path
 
 from cleanerd.compaction.cleanable import EligibilityReason, LogToClean, eligibility, log_to_clean
 from cleanerd.compaction.horizon import HorizonCache
-from cleanerd.errors import CleanerdError, failure_text
+from cleanerd.errors import CheckpointError, CleanerdError, failure_text
 from cleanerd.log.files import TopicPartition
 from cleanerd.log.lock import checkpoint_lock
 from cleanerd.log.log_dir import LogDir
@@ -360,7 +360,9 @@ class LogCleanerManager:
         self._candidates = {}
         self.unreadable = {}
         for items in by_dir.values():
-            checkpoints = items[0].log_dir.reload_checkpoints().cleaner_offsets
+            checkpoints = _cleaner_offsets(items[0].log_dir)
+            if checkpoints is None:
+                continue
             for item in items:
                 candidate = self._evaluate(item, checkpoints.get(item.tp), now_ms)
                 if candidate is not None:
@@ -371,8 +373,10 @@ class LogCleanerManager:
 
     def refresh_one(self, item: CompactedLog, now_ms: int) -> Candidate | None:
         """Recompute one log's candidate (after its pass)."""
-        checkpoint = item.log_dir.reload_checkpoints().cleaner_offsets.get(item.tp)
-        candidate = self._evaluate(item, checkpoint, now_ms)
+        checkpoints = _cleaner_offsets(item.log_dir)
+        candidate = None
+        if checkpoints is not None:
+            candidate = self._evaluate(item, checkpoints.get(item.tp), now_ms)
         if candidate is None:
             self._candidates.pop(item.tp, None)
         else:
@@ -593,3 +597,16 @@ class LogCleanerManager:
         finally:
             for tp in granted:
                 self.done_deleting(tp)
+
+
+def _cleaner_offsets(log_dir: LogDir) -> dict[TopicPartition, int] | None:
+    """The dir's `cleaner-offset-checkpoint` read again, or None when its root checkpoints
+    went bad since the cycle read them: no log of the dir is a candidate then, and the
+    next cycle takes the dir offline."""
+    try:
+        return log_dir.reload_checkpoints().cleaner_offsets
+    except (CheckpointError, OSError) as exc:
+        log.error(
+            "log_dir.checkpoints_unreadable", log_dir=str(log_dir.path), error=failure_text(exc)
+        )
+        return None

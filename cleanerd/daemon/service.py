@@ -591,8 +591,11 @@ class Daemon:
         partitions = len(self.watcher.snapshot.partitions)
         dirs = len(self.config.log_dirs)
         state = "paused" if self.paused else "watching"
-        observed = len(self.maintenance.observed_dirs) if self.maintenance is not None else 0
+        m = self.maintenance
+        observed = len(m.observed_dirs) if m is not None else 0
+        offline = len(m.offline_dirs) if m is not None else 0
         only = f" ({observed} observed only: nothing is written there)" if observed else ""
+        only += f" ({offline} offline: left alone until readable)" if offline else ""
         return f"{state} {count(dirs, 'log dir')}{only}, {count(partitions, 'partition')}"
 
     # -- commands ---------------------------------------------------------------------------

@@ -136,6 +136,25 @@ class Holder:
         )
 
 
+def list_partitions(path: Path) -> dict[TopicPartition, Path]:
+    """Every live partition dir of the log dir `path`, by topic-partition; `-delete`,
+    `-future`, `-stray` dirs and anything that is not `<topic>-<partition>` are skipped.
+    Links with a partition dir's name are listed, whatever they point to, so that opening
+    them reports and refuses them (see the module docstring). Only the dir is read."""
+    found: dict[TopicPartition, Path] = {}
+    with os.scandir(path) as listing:
+        entries = sorted(listing, key=attrgetter("name"))
+    for entry in entries:
+        # The listing's file types (d_type) answer both, without a stat per entry.
+        if not (entry.is_symlink() or entry.is_dir(follow_symlinks=False)):
+            continue
+        try:
+            found[parse_topic_partition(entry.name)] = Path(entry.path)
+        except ValueError:
+            log.debug("log_dir.entry_skipped", path=entry.path)
+    return found
+
+
 class LogDir:
     """A log dir opened in one of the three modes; use `open`, and `close` when done."""
 
@@ -206,8 +225,9 @@ class LogDir:
                 # Two cleanerd owners of one state dir would each believe they own the
                 # dir, and observing it would look like success: refuse, naming the first.
                 raise LogDirLockedError(path, held.refusal()) from None
+            observed = cls(path, Mode.OBSERVE, state_dir=state, held_by=held)
             log.warning("log_dir.observe_forced", log_dir=str(path), reason=str(held))
-            return cls(path, Mode.OBSERVE, state_dir=state, held_by=held)
+            return observed
         owner_lock = OwnerLock(state, path)
         if not owner_lock.acquire():
             dir_lock.release()
@@ -304,22 +324,8 @@ class LogDir:
     # -- partitions ----------------------------------------------------------------------
 
     def partitions(self) -> dict[TopicPartition, Path]:
-        """Every live partition dir, by topic-partition; `-delete`, `-future`, `-stray`
-        dirs and anything that is not `<topic>-<partition>` are skipped. Links with a
-        partition dir's name are listed, whatever they point to, so that opening them
-        reports and refuses them (see the module docstring)."""
-        found: dict[TopicPartition, Path] = {}
-        with os.scandir(self.path) as listing:
-            entries = sorted(listing, key=attrgetter("name"))
-        for entry in entries:
-            # The listing's file types (d_type) answer both, without a stat per entry.
-            if not (entry.is_symlink() or entry.is_dir(follow_symlinks=False)):
-                continue
-            try:
-                found[parse_topic_partition(entry.name)] = Path(entry.path)
-            except ValueError:
-                log.debug("log_dir.entry_skipped", path=entry.path)
-        return found
+        """Every live partition dir, by topic-partition (`list_partitions`)."""
+        return list_partitions(self.path)
 
     def knows(self, tp: TopicPartition) -> bool:
         """Whether a clean stop left what it knew of `tp`'s segments, not yet taken."""

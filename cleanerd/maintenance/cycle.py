@@ -10,9 +10,11 @@ A cycle, at the instant `now = clock()` it starts:
    again the next; the others go on. A log dir that cannot be opened or listed, or
    whose root checkpoint files cannot be read (a malformed line, an I/O error), is
    offline for the cycle, as Kafka takes such a dir offline: reported in `offline`,
-   nothing in it read further or written (its checkpoint files are left as they are),
-   tried again the next cycle, the other dirs maintained meanwhile; a process where no
-   dir can be opened at all does not start. When `MANY_OPENS` or more of a dir's partitions
+   nothing in it rolled, deleted or cleaned, no checkpoint written there (also when the
+   file goes bad after the dir was read: the writes read it again first), a copy of one
+   of its partitions in a later dir still skipped; tried again the next cycle, the
+   other dirs maintained meanwhile. A process where no dir can be opened at all does
+   not start. When `MANY_OPENS` or more of a dir's partitions
    are opened for the first time with nothing kept of them (a first start, or one after
    a crash), `SegmentReaders` read their segments' metadata in other processes
    meanwhile, and each partition takes what was read of its very files
@@ -52,7 +54,7 @@ import threading
 import time
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import AbstractContextManager, nullcontext, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final, Protocol
@@ -79,12 +81,13 @@ from cleanerd.errors import (
     CheckpointError,
     CleanerdError,
     FileStepError,
+    LogDirLockedError,
     failure_text,
 )
 from cleanerd.log.deletions import PendingDeletions
 from cleanerd.log.files import METADATA_TOPIC, TopicPartition, log_file
 from cleanerd.log.known_segments import decode
-from cleanerd.log.log_dir import LogDir, Mode
+from cleanerd.log.log_dir import LogDir, Mode, list_partitions
 from cleanerd.log.ownership import StaleWork, lock_holder
 from cleanerd.log.partition_log import LogConfig, PartitionLog
 from cleanerd.log.roller import FirstSeen, maybe_roll, segment_age
@@ -355,6 +358,11 @@ class Maintenance:
         the next cycle (`_open_unopened`)."""
         self._offline: dict[Path, str] = {}
         """The log dirs offline in the last cycle, and why (a repeat is logged at debug)."""
+        self._listed: dict[Path, list[TopicPartition]] = {}
+        """Each log dir's partitions when it was last listed."""
+        self._reclaim_failures: dict[Path, str] = {}
+        """Why each observed dir could not be owned at the last try (a repeat is logged
+        at debug)."""
         self._first_seen: dict[Path, FirstSeen] = {}
         self._plogs: dict[tuple[Path, TopicPartition], PartitionLog] = {}
         self._crashes: dict[TopicPartition, int] = {}
@@ -376,11 +384,13 @@ class Maintenance:
         """While set, the cleaning phase starts no pass (those in flight finish). Any
         thread may set or clear it."""
         try:
-            for path in config.log_dirs:
+            for path in self._configured_dirs():
                 try:
-                    self._open_dir(Path(path))
-                except (CheckpointError, OSError) as exc:
-                    self._unopened[Path(path)] = failure_text(exc)
+                    self._open_dir(path)
+                except LogDirLockedError:
+                    raise  # another cleanerd owns it: a mistake to fix before anything
+                except (CleanerdError, OSError) as exc:
+                    self._unopened[path] = failure_text(exc)
             if not self.log_dirs:  # nothing could be opened: as a broker, do not start
                 why = "; ".join(self._unopened.values())
                 raise CleanerdError(f"no log dir could be opened: {why}")
@@ -388,10 +398,17 @@ class Maintenance:
             self.close(unlink_pending=False)
             raise
 
+    def _configured_dirs(self) -> list[Path]:
+        return [Path(p) for p in self.config.log_dirs]
+
+    @property
+    def _mode_wanted(self) -> Mode:
+        return Mode.OBSERVE if self.config.observe else Mode.OWNER
+
     def _open_dir(self, path: Path) -> None:
         log_dir = LogDir.open(path, observe=self.config.observe, state_dir=self.config.state_dir)
         self.log_dirs.append(log_dir)
-        order = [Path(p) for p in self.config.log_dirs]
+        order = self._configured_dirs()
         self.log_dirs.sort(key=lambda d: order.index(d.path) if d.path in order else len(order))
         if log_dir.mode is Mode.OBSERVE and log_dir.held_by is None:
             log.info("log_dir.observed", log_dir=str(log_dir.path), reason="mode: observe")
@@ -406,6 +423,21 @@ class Maintenance:
                 self._unopened[path] = failure_text(exc)
             else:
                 del self._unopened[path]
+
+    def _online_dirs(self) -> list[LogDir]:
+        """The log dirs open and not offline this cycle."""
+        return [d for d in self.log_dirs if d.path not in self._offline]
+
+    @property
+    def offline_dirs(self) -> list[Path]:
+        """The log dirs offline in the last cycle."""
+        return list(self._offline)
+
+    def _last_listed(self, path: Path) -> list[TopicPartition]:
+        """The partitions of the offline dir `path`: listed now, or when it last was."""
+        with suppress(OSError):  # unreadable now: its last listing stands
+            self._listed[path] = list(list_partitions(path))
+        return self._listed.get(path, [])
 
     def _report_offline(self, report: _Builder, offline: dict[Path, str]) -> None:
         """List the log dirs offline this cycle, logged as errors (at debug when the last
@@ -448,6 +480,9 @@ class Maintenance:
                 continue
             plogs = by_dir[log_dir.path]
             try:
+                # A root checkpoint gone bad since the cycle read it: the dir is written
+                # nothing (no checkpoint over the file, no marker), as an offline one.
+                log_dir.reload_checkpoints()
                 if clean_stop:
                     marked = self.manager.registry.in_dir(str(log_dir.path))
                     # A damaged partition is left byte for byte as it is, and an
@@ -585,7 +620,7 @@ class Maintenance:
         so an open after a crash walks only what was not yet durable. A failure is
         logged (naming the file) and tried again after the next cycle."""
         for log_dir in self.log_dirs:
-            if log_dir.mode is not Mode.OWNER:
+            if log_dir.mode is not Mode.OWNER or log_dir.path in self._offline:
                 continue
             plogs = [
                 plog
@@ -596,6 +631,7 @@ class Maintenance:
             if all(known.get(p.topic_partition, 0) == p.recovery_point for p in plogs):
                 continue
             try:
+                log_dir.reload_checkpoints()  # one gone bad since the cycle read it stays
                 log_dir.checkpoint_logs(plogs)
             except (CleanerdError, OSError) as exc:
                 log.error("checkpoint.failed", log_dir=str(log_dir.path), error=str(exc))
@@ -642,8 +678,13 @@ class Maintenance:
             try:
                 mine = LogDir.open(log_dir.path, state_dir=self.config.state_dir)
             except (CleanerdError, OSError) as exc:
-                log.warning("log_dir.reclaim_failed", log_dir=str(log_dir.path), error=str(exc))
+                why = failure_text(exc)
+                same = self._reclaim_failures.get(log_dir.path) == why
+                self._reclaim_failures[log_dir.path] = why
+                logged = log.debug if same else log.warning
+                logged("log_dir.reclaim_failed", log_dir=str(log_dir.path), error=why)
                 continue
+            self._reclaim_failures.pop(log_dir.path, None)
             if mine.mode is not Mode.OWNER:
                 mine.close()  # taken again between the probe and the lock
                 continue
@@ -662,13 +703,25 @@ class Maintenance:
         seen: dict[TopicPartition, Path] = {}
         live: set[tuple[Path, TopicPartition]] = set()
         opened = total = 0
-        for log_dir in self.log_dirs:
-            try:
-                log_dir.reload_checkpoints()
-                listed = list(log_dir.partitions())
-            except (CheckpointError, OSError) as exc:
-                offline[log_dir.path] = failure_text(exc)
-                continue  # its open partitions are dropped below, as vanished ones
+        opened_dirs = {d.path: d for d in self.log_dirs}
+        for path in self._configured_dirs():
+            log_dir, why = opened_dirs.get(path), self._unopened.get(path)
+            listed: list[TopicPartition] = []
+            if log_dir is not None:
+                try:
+                    log_dir.reload_checkpoints()
+                    listed = list(log_dir.partitions())
+                except (CheckpointError, OSError) as exc:
+                    why = failure_text(exc)
+            if log_dir is None or why is not None:
+                offline[path] = why or ""
+                # Its open partitions are dropped below, as vanished ones; a copy of one
+                # of its partitions in a later dir stays skipped, as while it was online.
+                if (log_dir.mode if log_dir else self._mode_wanted) is Mode.OWNER:
+                    for tp in self._last_listed(path):
+                        seen.setdefault(tp, path)
+                continue
+            self._listed[path] = listed
             if log_dir.mode is not Mode.OWNER:
                 why = str(log_dir.held_by or f"{log_dir.mode.value} mode")
                 report.skip(log_dir.path, None, "discover", why)
@@ -933,7 +986,7 @@ class Maintenance:
         percent = self.config.log_retention_disk_usage_percent
         if percent >= 100:
             return False
-        owned = [d.path for d in self.log_dirs if d.mode is Mode.OWNER]
+        owned = [d.path for d in self._online_dirs() if d.mode is Mode.OWNER]
         devices = measure(group_devices(owned), percent, self.usage_probe)
         return any(is_above(u) for u in devices)
 
@@ -1035,7 +1088,7 @@ class Maintenance:
             # A partition a pass holds is still on its device; only its segments are
             # not candidates for deletion until the pass is done.
             disk = enforce_disk_usage(
-                self.log_dirs,
+                self._online_dirs(),
                 [p.plog for p in partitions if p.tp in held],
                 percent=self.config.log_retention_disk_usage_percent,
                 protects=self.config.disk_usage.protects,

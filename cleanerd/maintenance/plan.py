@@ -39,7 +39,7 @@ from cleanerd.errors import (
     CheckpointError,
     CleanerdError,
     FileChangedError,
-    os_error_text,
+    failure_text,
 )
 from cleanerd.log.files import CLEAN_SHUTDOWN_FILE_NAME, METADATA_TOPIC, TopicPartition
 from cleanerd.log.log_dir import LogDir
@@ -328,10 +328,8 @@ def gather(cfg: Config, *, now_ms: int) -> Gathered:
                 _gather_dir(cfg, log_dir, partitions, now_ms, out)
                 out.device_of_dir[str(log_dir.path)] = device_of(log_dir.path)
                 readable.append(log_dir.path)
-        except CheckpointError as exc:  # the dir is offline for a cycle too
-            out.errors.append(f"{path}: offline: {exc}")
-        except OSError as exc:
-            out.errors.append(f"{path}: cannot read the log dir: {os_error_text(exc)}")
+        except (CheckpointError, OSError) as exc:  # offline for a cycle too
+            out.errors.append(f"{path}: offline, not read: {failure_text(exc)}")
     out.devices = measure(group_devices(readable), cfg.log_retention_disk_usage_percent)
     if any(is_above(u) for u in out.devices):
         for path, partition_dirs in owned.items():

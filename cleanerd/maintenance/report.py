@@ -111,8 +111,9 @@ class OfflineLogDir:
     """A log dir the cycle could not use at all: it could not be opened or listed, or its
     root checkpoint files could not be read (a malformed line, an I/O error). As Kafka takes
     such a dir offline, the cycle leaves every partition in it alone (nothing there is
-    read further or written, the checkpoint files included) and goes on with the other
-    dirs; it tries the dir again every cycle, and `cleanerd clean` exits 1."""
+    rolled, deleted or cleaned, and no checkpoint file written; only `.deleted` files
+    queued before are unlinked when due) and goes on with the other dirs; it tries the
+    dir again every cycle, and `cleanerd clean` exits 1."""
 
     log_dir: str
     reason: str

@@ -148,7 +148,7 @@ def test_a_log_dir_with_a_malformed_root_checkpoint_is_named_and_the_others_audi
     assert main(["audit", "-c", str(path), "--now-ms", str(NOW)]) == 1
     captured = capsys.readouterr()
     assert f"t-0 in {tmp_path / 'logs'}" in captured.out
-    assert f"{broken}: offline: malformed checkpoint file" in captured.err
+    assert f"{broken}: offline, not read: malformed checkpoint file" in captured.err
     assert "unrecognised version 7" in captured.err
 
 

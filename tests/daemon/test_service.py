@@ -383,6 +383,7 @@ async def test_a_malformed_root_checkpoint_takes_its_log_dir_offline_not_the_cyc
         assert daemon.cycles > done
         assert daemon.cycle_failures == 0
         assert checkpoint.read_text() == "0\n1\nusers zero 5\n"
+        assert "(1 offline: left alone until readable)" in daemon._status_line()
         await asyncio.to_thread(checkpoint.unlink)
         daemon.request_cycle()
         await eventually(lambda: _sample(_scrape(daemon), offline) == 0, "the dir back")

@@ -681,6 +681,100 @@ def test_a_dir_that_cannot_be_opened_at_start_is_offline_until_it_can_be(
         assert log_dir.mode.value == "owner"  # the failed open let go of both locks
 
 
+def test_an_offline_dir_gets_no_write_at_a_clean_stop_nor_after_a_cycle_it_went_bad_in(
+    tmp_path: Path, engine: LocalEngine
+) -> None:
+    """A root checkpoint that goes bad in the middle of a cycle (after the dir was read)
+    fails neither that cycle (the dir's logs are no candidates; the other dir is
+    cleaned) nor the stop after it, and is never written over: not by the cycle's
+    recovery-point checkpoint, nor by the clean stop, which writes no marker there."""
+    cfg, _, b = _two_dirs(tmp_path)
+    bad = tmp_path / "logs" / "recovery-point-offset-checkpoint"
+    with Maintenance(cfg, engine, clock=lambda: T0) as m:
+        roll = m._roll
+
+        def going_bad(*args: Any) -> Any:  # after discover, before the clean phase
+            bad.write_bytes(BAD_CHECKPOINT)
+            return roll(*args)
+
+        m._roll = going_bad  # type: ignore[method-assign,assignment]
+        report = m.run_once()
+        assert [c.tp for c in report.cleaned] == [b]
+        assert bad.read_bytes() == BAD_CHECKPOINT
+        (error,) = m.checkpoint(clean_stop=True)
+    assert str(bad) in str(error)
+    assert bad.read_bytes() == BAD_CHECKPOINT
+    assert not (tmp_path / "logs" / ".kafka_cleanshutdown").exists()
+    assert (tmp_path / "logs2" / ".kafka_cleanshutdown").exists()
+
+
+def test_an_offline_dir_keeps_its_partitions_copies_elsewhere_skipped_and_marks(
+    tmp_path: Path, engine: LocalEngine
+) -> None:
+    """While the dir that holds the maintained copy of a topic-partition is offline, the
+    copy in a later dir stays skipped (it is not rolled nor cleaned: the two would
+    differ once the first is back), and the uncleanable mark of the offline dir's
+    partition is kept."""
+    tp, other = TopicPartition("t", 0), TopicPartition("t", 1)
+    build(tmp_path, tp, [records([0, 0], T0), records([1], T0)], logs="logs")
+    build(tmp_path, other, [records([0, 0], T0), records([1], T0)], logs="logs")
+    copy = build(tmp_path, tp, [records([0, 0], T0), records([1], T0)], logs="logs2")
+    cfg = write_config(tmp_path, {"t": {"cleanup.policy": "compact"}})
+    cfg = cfg.model_copy(update={"log_dirs": (str(tmp_path / "logs"), str(tmp_path / "logs2"))})
+    with Maintenance(cfg, engine, clock=lambda: T0) as m:
+        m.run_once()
+        mark_uncleanable(m, other, tmp_path / "logs", "a failed pass")
+        before = dir_state(copy)
+        (tmp_path / "logs" / "cleaner-offset-checkpoint").write_bytes(BAD_CHECKPOINT)
+        report = m.run_once()
+        assert [o.log_dir for o in report.offline] == [str(tmp_path / "logs")]
+        assert [(s.log_dir, s.tp) for s in report.skipped] == [(str(tmp_path / "logs2"), tp)]
+        assert dir_state(copy) == before
+        assert m.manager.registry.reason(other) == "a failed pass"
+
+
+def test_a_dir_whose_marker_cannot_be_taken_or_that_vanished_is_offline_alone(
+    tmp_path: Path, engine: LocalEngine
+) -> None:
+    """Start-up with one dir whose clean-shutdown marker cannot be removed (a dir in its
+    place here; EIO on a sick disk does the same): only that dir is offline. A dir that
+    vanishes later (its disk unmounted) is offline too, disk usage measuring the others
+    (a stat of the gone dir failed the whole cycle)."""
+    cfg, a, b = _two_dirs(tmp_path)
+    cfg = cfg.model_copy(update={"log_retention_disk_usage_percent": 90.0})
+    marker = tmp_path / "logs" / ".kafka_cleanshutdown"
+    (marker / "x").mkdir(parents=True)
+    probe = lambda _path: DiskSpace(100, 10, 4096)  # noqa: E731 (below the threshold)
+    with Maintenance(cfg, engine, clock=lambda: T0, usage_probe=probe) as m:
+        first = m.run_once()
+        assert [o.log_dir for o in first.offline] == [str(tmp_path / "logs")]
+        assert "clean-shutdown marker" in first.offline[0].reason
+        assert [c.tp for c in first.cleaned] == [b]
+        shutil.rmtree(marker)
+        (tmp_path / "logs2").rename(tmp_path / "unmounted")
+        second = m.run_once()
+        assert [o.log_dir for o in second.offline] == [str(tmp_path / "logs2")]
+        assert [c.tp for c in second.cleaned] == [a]
+
+
+def test_a_dir_offline_under_a_broker_logs_its_warnings_once(
+    tmp_path: Path, engine: LocalEngine
+) -> None:
+    """A dir a broker holds whose checkpoint is malformed, tried every cycle: its
+    `log_dir.offline` error and the observe warning are logged once, not every cycle."""
+    cfg, _, _ = _two_dirs(tmp_path)
+    (tmp_path / "logs" / "cleaner-offset-checkpoint").write_bytes(BAD_CHECKPOINT)
+    with (
+        held_by_other_process(HOLD_BROKER_LOCK, tmp_path / "logs"),
+        Maintenance(cfg, engine, clock=lambda: T0) as m,
+        capture_logs() as logs,
+    ):
+        for _ in range(3):
+            m.run_once()
+    warned = [e["event"] for e in logs if e["log_level"] in ("warning", "error")]
+    assert warned == ["log_dir.offline"]
+
+
 def test_disk_usage_deletes_the_oldest_segments_across_topics(
     tmp_path: Path, engine: LocalEngine
 ) -> None:

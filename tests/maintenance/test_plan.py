@@ -224,7 +224,7 @@ def test_plan_reports_unreadable_log_dir(
     assert main(["plan", "-c", str(path), "--now-ms", str(T0)]) == 1
     captured = capsys.readouterr()
     assert "users-0 in" in captured.out
-    assert "missing: cannot read the log dir" in captured.err
+    assert "missing: offline, not read: " in captured.err
 
 
 def test_plan_names_a_log_dir_with_a_malformed_root_checkpoint_as_offline(
@@ -243,7 +243,7 @@ def test_plan_names_a_log_dir_with_a_malformed_root_checkpoint_as_offline(
     assert f"users-0 in {broken}" not in captured.out
     bad = broken / "recovery-point-offset-checkpoint"
     why = f"malformed checkpoint file {bad} line 2: entry count 'two' is not an integer"
-    assert f"{broken}: offline: {why}" in captured.err
+    assert f"{broken}: offline, not read: {why}" in captured.err
 
 
 def test_plan_json_lists_what_clean_then_does_under_the_same_names(
@@ -308,6 +308,5 @@ def test_a_root_file_that_cannot_be_read_is_named(tmp_path: Path) -> None:
     cfg = Config.model_validate({"log.dirs": [str(logs)], "state_dir": str(state)})
     (error,) = gather(cfg, now_ms=T0).errors
     assert error == (
-        f"{logs}: cannot read the log dir: {logs / 'recovery-point-offset-checkpoint'}: "
-        "Is a directory"
+        f"{logs}: offline, not read: {logs / 'recovery-point-offset-checkpoint'}: Is a directory"
     )
