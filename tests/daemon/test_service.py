@@ -371,7 +371,7 @@ async def test_a_malformed_root_checkpoint_takes_its_log_dir_offline_not_the_cyc
     checkpoint = tmp_path / "data" / "cleaner-offset-checkpoint"
     offline = f'cleanerd_log_dir_offline{{log_dir="{data}"}}'
     async with running(daemon):
-        await eventually(lambda: daemon.cycles >= 1, "the first cycle")
+        await eventually(lambda: offline in _scrape(daemon), "the first cycle exported")
         assert _sample(_scrape(daemon), offline) == 0
         # Written whole (renamed into place), as Kafka and cleanerd write checkpoints.
         malformed = tmp_path / "malformed"
