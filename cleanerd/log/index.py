@@ -397,8 +397,15 @@ class OffsetIndex(_Index):
     def check_within(self, log_size: int, log_path: Path) -> None:
         """Raise IndexPastLogError if the last entry points at or past `log_size`, the
         size of the segment's `log_path` (both files named: which one is wrong is not
-        known)."""
+        known), CorruptIndexError if it points before the log's start (a damaged entry:
+        positions are never negative)."""
         last = self.last_entry
+        if self.entries and (last.position < 0 or last.offset < self.base_offset):
+            raise CorruptIndexError(
+                f"entry {self.entries - 1} (offset {last.offset}, position {last.position}) "
+                f"is before the start of the log {log_path}",
+                path=self.path,
+            )
         if self.entries and last.position >= log_size:
             raise IndexPastLogError(
                 f"entry {self.entries - 1} (offset {last.offset}) points to position "

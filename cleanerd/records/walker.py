@@ -481,6 +481,13 @@ def delete_horizon(table: BatchTable) -> tuple[int, int]:
     return (int(horizons.min()) if len(horizons) else NO_DELETE_HORIZON, len(horizons))
 
 
+def _check_start(start: int, size: int) -> None:
+    """The kernels read `buf[start]` without bounds checks: a start before the buffer
+    (a damaged index entry's position, say) must never reach them."""
+    if start < 0:
+        raise ValueError(f"walk start {start} is before the buffer ({size} bytes)")
+
+
 def summarize(
     buf: Buffer | U8, *, start: int = 0, limit: int | None = None, verify_crc: bool = True
 ) -> Summary | None:
@@ -488,6 +495,7 @@ def summarize(
     call and no table; None when the walk meets a bad or incomplete batch or a legacy
     entry before its end (or its limit): `walk` then says what and where, or reads it."""
     data = as_uint8(buf)
+    _check_start(start, len(data))
     found = _summary_kernel(data, start, len(data), -1 if limit is None else limit, verify_crc)
     batches, stop, reason, first_ts, first_last, last, max_ts, at_max, horizon, stamped = (
         int(x) for x in found
@@ -529,6 +537,7 @@ class Walker:
         own: bool = False,
     ) -> None:
         self.data = as_uint8(buf)
+        _check_start(start, len(self.data))
         self.ramp = ramp
         self.own = own
         self.start = self.stop = start

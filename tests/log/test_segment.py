@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from cleanerd.errors import CorruptRecordError, FileChangedError
+from cleanerd.errors import CorruptIndexError, CorruptRecordError, FileChangedError
 from cleanerd.log import segment as segment_module
 from cleanerd.log.index import IndexPastLogError, OffsetIndex, TimeIndex
 from cleanerd.log.segment import LogSegment
@@ -279,6 +279,24 @@ def test_damage_in_a_small_segment_read_once_is_named(tmp_path: Path) -> None:
         LogSegment(tmp_path, 0).meta()
     assert info.value.path == str(seg.log_path)
     assert info.value.position == len(batches[0])
+
+
+@pytest.mark.parametrize("read_only", [True, False])
+def test_an_index_entry_before_the_log_start_is_a_corrupt_index_not_a_crash(
+    tmp_path: Path, read_only: bool
+) -> None:
+    """The last offset-index entry with its position's sign bit set (one flipped bit):
+    the segment's metadata raises CorruptIndexError naming both files. Before, the
+    negative position reached the compiled walk, which read before its buffer and
+    crashed the process (`plan`, `audit`, an observing daemon)."""
+    seg = write_segment(tmp_path, 0, _batches(30), index_interval_bytes=200)
+    data = bytearray(seg.offset_index_path.read_bytes())
+    data[-4] |= 0x80
+    seg.offset_index_path.write_bytes(bytes(data))
+    with pytest.raises(CorruptIndexError, match="is before the start of the log") as info:
+        LogSegment(tmp_path, 0, read_only=read_only).meta()
+    assert info.value.path == str(seg.offset_index_path)
+    assert str(seg.log_path) in str(info.value)
 
 
 def test_read_only_segment_refuses_writes(tmp_path: Path) -> None:

@@ -8,6 +8,7 @@ import itertools
 
 import crc32c
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -135,6 +136,16 @@ def test_compiled_crc32c_matches_the_package(data: bytes, draw: st.DataObject) -
     end = draw.draw(st.integers(start, len(data)))
     buf = np.frombuffer(data, np.uint8)
     assert crc32c_of(buf, start, end) == crc32c.crc32c(data[start:end])
+
+
+def test_a_walk_never_starts_before_its_buffer() -> None:
+    """The kernels read without bounds checks: a negative start (a damaged index entry's
+    position) is refused before any of them runs."""
+    buf = encode_batch([Record(offset=0, timestamp=1, key=b"k", value=b"v")], base_offset=0)
+    with pytest.raises(ValueError, match="walk start -8 is before the buffer"):
+        summarize(buf, start=-8)
+    with pytest.raises(ValueError, match="walk start -1 is before the buffer"):
+        walk(buf, start=-1)
 
 
 @settings(max_examples=150, deadline=None)
