@@ -370,8 +370,8 @@ class Maintenance:
         """Passes retried this cycle, by partition (`CYCLE_RETRIES`)."""
         self._last_step_errors: Mapping[tuple[str, TopicPartition, str], str] = {}
         """The previous cycle's step errors, whose repeats are logged at debug."""
-        self._last_notes: set[tuple[str, Path, TopicPartition, str]] = set()
-        self._notes: set[tuple[str, Path, TopicPartition, str]] = set()
+        self._last_notes: set[tuple[str, Path, TopicPartition | None, str]] = set()
+        self._notes: set[tuple[str, Path, TopicPartition | None, str]] = set()
         """Warnings about a partition's state (event, dir, partition, detail) of the
         previous cycle and of this one: a repeat is logged at debug (`_note`)."""
         self._cuts_reported: dict[tuple[Path, TopicPartition], tuple[PartitionLog, int]] = {}
@@ -594,10 +594,17 @@ class Maintenance:
     def _note(self, event: str, p: _Partition, detail: str, **fields: object) -> None:
         """Log a warning about `p`'s state, at debug when the previous cycle logged the
         same: a damaged partition is met every cycle until it is repaired."""
-        key = (event, p.log_dir.path, p.tp, detail)
+        self._once(event, p.log_dir.path, p.tp, detail)(
+            event, **_fields(p.tp, p.log_dir.path), **fields
+        )
+
+    def _once(
+        self, event: str, log_dir: Path, tp: TopicPartition | None, detail: str
+    ) -> Callable[..., object]:
+        """`log.warning`, or `log.debug` when the previous cycle logged the same."""
+        key = (event, log_dir, tp, detail)
         self._notes.add(key)
-        logged = log.debug if key in self._last_notes else log.warning
-        logged(event, **_fields(p.tp, p.log_dir.path), **fields)
+        return log.debug if key in self._last_notes else log.warning
 
     def _report_later_cuts(self, partitions: list[_Partition], report: _Builder) -> None:
         """List the torn tails a step cut after the open (a write checks the active
@@ -980,7 +987,15 @@ class Maintenance:
                     )
             if self.topics is None:
                 first_seen.retain_only(p.tp for p in items)
-            first_seen.save()
+            try:
+                first_seen.save()
+            except (CleanerdError, OSError) as exc:
+                # Advisory (`roller.py`): the times stay in memory, and the next cycle
+                # writes them again; a state dir that cannot be written stops no roll.
+                why = failure_text(exc)
+                self._once("first_seen.save_failed", path, None, why)(
+                    "first_seen.save_failed", log_dir=str(path), error=why
+                )
 
     def _devices_above(self) -> bool:
         percent = self.config.log_retention_disk_usage_percent

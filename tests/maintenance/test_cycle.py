@@ -34,6 +34,7 @@ from cleanerd.log.files import TopicPartition
 from cleanerd.log.lock import PartitionLock
 from cleanerd.log.log_dir import LogDir
 from cleanerd.log.partition_log import PartitionLog
+from cleanerd.log.roller import first_seen_path
 from cleanerd.maintenance import cycle
 from cleanerd.maintenance.cycle import Maintenance
 from cleanerd.records.record import Record
@@ -774,6 +775,24 @@ def test_a_dir_offline_under_a_broker_logs_its_warnings_once(
             m.run_once()
     warned = [e["event"] for e in logs if e["log_level"] in ("warning", "error")]
     assert warned == ["log_dir.offline"]
+
+
+def test_a_first_seen_registry_that_cannot_be_written_stops_no_cycle(
+    tmp_path: Path, engine: LocalEngine
+) -> None:
+    """The first-seen registry is advisory: when its file cannot be written (a dir in
+    its place here; a full or read-only state volume does the same), the cycle still
+    rolls, deletes and cleans in every log dir, and says so once. Before, every cycle
+    failed whole."""
+    cfg, a, b = _two_dirs(tmp_path)
+    path = first_seen_path(tmp_path / "state", tmp_path / "logs")
+    (path.parent / (path.name + ".tmp")).mkdir(parents=True)
+    with Maintenance(cfg, engine, clock=lambda: T0) as m, capture_logs() as logs:
+        reports = [m.run_once(), m.run_once()]
+    assert [c.tp for c in reports[0].cleaned] == [a, b]
+    failed = [e for e in logs if e["event"] == "first_seen.save_failed"]
+    assert [e["log_level"] for e in failed if e["log_level"] != "debug"] == ["warning"]
+    assert f"{path}.tmp" in failed[0]["error"]
 
 
 def test_disk_usage_deletes_the_oldest_segments_across_topics(
