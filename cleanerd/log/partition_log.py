@@ -1021,6 +1021,12 @@ class PartitionLog:
         log_end_offset: int | None = None,
     ) -> PartitionMeta:
         tp = self.topic_partition
+        if not segments:
+            # Only read-only: the owner's open creates the first segment.
+            raise CleanerdError(
+                "no segment yet (a partition being created, or one a crash left so: its "
+                "owner's open creates the first segment)"
+            )
         return PartitionMeta(
             topic=tp.topic,
             partition=tp.partition,

@@ -795,6 +795,29 @@ def test_a_first_seen_registry_that_cannot_be_written_stops_no_cycle(
     assert f"{path}.tmp" in failed[0]["error"]
 
 
+def test_an_empty_partition_dir_is_one_unreadable_partition_when_observed(
+    tmp_path: Path, engine: LocalEngine
+) -> None:
+    """A partition dir with no segment yet (a broker creating it, or a crash between
+    the mkdir and the first segment), read without owning the dir: that partition is
+    unreadable for the cycle, the others are read. Before, every observing cycle failed
+    whole (a ValueError from the snapshot of no segment)."""
+    cfg, a, b = _two_dirs(tmp_path)
+    (tmp_path / "logs" / "t-7").mkdir()
+    cfg = cfg.model_copy(update={"mode": "observe"})
+    with Maintenance(cfg, engine, clock=lambda: T0) as m:
+        report = m.run_once()
+    assert [(u.tp, u.reason) for u in report.unreadable] == [
+        (
+            TopicPartition("t", 7),
+            "no segment yet (a partition being created, or one a crash left so: its "
+            "owner's open creates the first segment)",
+        )
+    ]
+    assert sorted(s.meta.topic_partition for s in report.states) == [a, b]
+    assert list((tmp_path / "logs" / "t-7").iterdir()) == []  # observed: nothing created
+
+
 def test_disk_usage_deletes_the_oldest_segments_across_topics(
     tmp_path: Path, engine: LocalEngine
 ) -> None:
