@@ -56,12 +56,14 @@ class CorruptRecordError(CleanerdError):
 
 
 class CorruptIndexError(CleanerdError):
-    """An offset, time or transaction index that disagrees with its segment or itself."""
+    """An offset, time or transaction index that disagrees with its segment or itself, or
+    a producer snapshot (`.snapshot`) that cannot be read: files derived from the log."""
 
     def __init__(self, reason: str, *, path: Path | str) -> None:
         self.reason = reason
         self.path = str(path)
-        super().__init__(f"corrupt index {self.path}: {reason}")
+        kind = "producer snapshot" if self.path.endswith(".snapshot") else "index"
+        super().__init__(f"corrupt {kind} {self.path}: {reason}")
 
 
 CHANGED_READ_ATTEMPTS: Final = 3

@@ -32,8 +32,9 @@ def test_snapshot_crc_and_version_checked(tmp_path: Path) -> None:
     data = bytearray(_snapshot([(7, 90)]))
     data[-1] ^= 1
     path.write_bytes(bytes(data))
-    with pytest.raises(CorruptIndexError, match="CRC mismatch"):
+    with pytest.raises(CorruptIndexError, match="CRC mismatch") as info:
         read_snapshot(path)
+    assert str(info.value).startswith(f"corrupt producer snapshot {path}: ")
     path.write_bytes(_snapshot([], version=2))
     with pytest.raises(CorruptIndexError, match="version 2"):
         read_snapshot(path)
