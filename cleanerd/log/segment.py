@@ -768,8 +768,16 @@ class LogSegment:
                 _close(it)
 
     def position_for(self, offset: int) -> int:
-        """Where to start scanning for `offset`: the offset-index lookup's position."""
-        return self.offset_index.lookup(offset).position
+        """Where to start scanning for `offset`: the offset-index lookup's position (an
+        entry outside the log, which only damage makes, is a CorruptIndexError)."""
+        entry = self.offset_index.lookup(offset)
+        if not 0 <= entry.position <= self._size:
+            raise CorruptIndexError(
+                f"entry (offset {entry.offset}, position {entry.position}) is outside the "
+                f"log {self.log_path} ({self._size} bytes)",
+                path=self.offset_index_path,
+            )
+        return entry.position
 
     def translate_offset(self, offset: int) -> BatchInfo | None:
         """The first batch whose last offset is >= `offset`, or None (Kafka's

@@ -299,6 +299,22 @@ def test_an_index_entry_before_the_log_start_is_a_corrupt_index_not_a_crash(
     assert str(seg.log_path) in str(info.value)
 
 
+def test_an_index_entry_outside_the_log_is_never_a_place_to_read_from(tmp_path: Path) -> None:
+    """A damaged entry in the middle of the offset index (the last one sound, so the
+    cheap check passes): a lookup that lands on it is a CorruptIndexError naming the
+    index, not a read before the log's first byte."""
+    seg = write_segment(tmp_path, 0, _batches(30), index_interval_bytes=200)
+    assert seg.offset_index.entries >= 3
+    target = seg.offset_index.entry_at(1)
+    data = bytearray(seg.offset_index_path.read_bytes())
+    data[8 + 4] |= 0x80  # entry 1's position
+    seg.offset_index_path.write_bytes(bytes(data))
+    reopened = LogSegment(tmp_path, 0, read_only=True)
+    with pytest.raises(CorruptIndexError, match="is outside the log") as info:
+        reopened.position_for(target.offset)
+    assert info.value.path == str(seg.offset_index_path)
+
+
 def test_read_only_segment_refuses_writes(tmp_path: Path) -> None:
     """A read-only segment cannot be appended to."""
     write_segment(tmp_path, 0, _batches(1))
