@@ -372,8 +372,9 @@ class Maintenance:
         """The previous cycle's step errors, whose repeats are logged at debug."""
         self._last_notes: set[tuple[str, Path, TopicPartition | None, str]] = set()
         self._notes: set[tuple[str, Path, TopicPartition | None, str]] = set()
-        """Warnings about a partition's state (event, dir, partition, detail) of the
-        previous cycle and of this one: a repeat is logged at debug (`_note`)."""
+        """Warnings about a partition's or a dir's state (event, dir, partition or None,
+        detail) of the previous cycle and of this one: a repeat is logged at debug
+        (`_once`)."""
         self._cuts_reported: dict[tuple[Path, TopicPartition], tuple[PartitionLog, int]] = {}
         """How many of each open partition's tail cuts the reports have listed, and of
         which opening of it (a reopen after a failed pass recovers anew)."""
