@@ -24,13 +24,13 @@ partition is left to the owner, which may append to it.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from pathlib import Path
 
 from cleanerd.errors import CleanerdError
 from cleanerd.log.files import log_file_offsets
 from cleanerd.log.known_segments import KnownSegment, encode
+from cleanerd.log.recovery import list_refusing_links
 from cleanerd.log.segment import LogSegment
 
 
@@ -38,9 +38,10 @@ def read_dir(path: str) -> list[KnownSegment]:
     """What can be read of the segments of the partition dir `path` but the last."""
     dir_path = Path(path)
     try:
-        bases = log_file_offsets(os.listdir(path))  # noqa: PTH208 - names, not 10 Paths each
-    except OSError:
-        return []  # gone or unreadable: the owner's open says why
+        # The owner's checks first: a link or a FIFO named like a segment is never opened.
+        bases = log_file_offsets([e.name for e in list_refusing_links(dir_path)])
+    except (CleanerdError, OSError):
+        return []  # gone, unreadable or refused: the owner's open says why
     found = []
     for base in bases[:-1]:
         try:

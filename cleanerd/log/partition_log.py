@@ -100,6 +100,7 @@ from cleanerd.log.recovery import (
     list_refusing_links,
     recover_partition,
     refuse_link,
+    refuse_special,
     truncate_torn_tail,
 )
 from cleanerd.log.segment import LogSegment
@@ -504,6 +505,7 @@ class PartitionLog:
                     continue
                 if entry.is_symlink():
                     refuse_link(Path(entry.path), self.log_dir)
+                refuse_special(entry)
                 found[offset_from_filename(entry.name)] = entry.inode()
         self._dir_stamp = stamp
         return found

@@ -124,6 +124,28 @@ class SymlinkRefused(CleanerdError):
         )
 
 
+class SpecialFileRefused(CleanerdError):
+    """A file named like a segment file that is no regular file (a FIFO, a socket, a
+    device): opening or reading one could block the process for ever, so it is never
+    opened, and the partition is skipped."""
+
+    def __init__(self, path: Path | str) -> None:
+        self.path = str(path)
+        super().__init__(
+            f"{self.path} is not a regular file (a FIFO, a socket or a device): it is "
+            "never opened, so the partition is skipped"
+        )
+
+
+def refuse_special(entry: os.DirEntry[str]) -> None:
+    """Raise SpecialFileRefused if `entry` (named like a segment file) is neither a
+    regular file, a dir (which fails its open, named) nor a link (refused as one); the
+    listing's file type answers, without a stat."""
+    kinds = (entry.is_file, entry.is_dir)
+    if not (entry.is_symlink() or any(kind(follow_symlinks=False) for kind in kinds)):
+        raise SpecialFileRefused(entry.path)
+
+
 @dataclass(frozen=True, slots=True)
 class SegmentOptions:
     """How segments of the partition are opened."""
@@ -266,14 +288,17 @@ def refuse_link(link: Path, log_dir: Path) -> NoReturn:
 
 def list_refusing_links(dir_path: Path) -> Listing:
     """The partition dir's listing; raise SymlinkRefused if the dir or a file in it named
-    like a segment file is a symlink (the check before anything else, in every mode)."""
+    like a segment file is a symlink, SpecialFileRefused if such a file is a FIFO, a
+    socket or a device (the checks before anything else, in every mode)."""
     log_dir = dir_path.parent
     if dir_path.is_symlink():
         refuse_link(dir_path, log_dir)
     listing = list_partition_dir(dir_path)
     for entry in listing:
-        if entry.is_symlink() and looks_like_segment_file(entry.name):
-            refuse_link(Path(entry.path), log_dir)
+        if looks_like_segment_file(entry.name):
+            if entry.is_symlink():
+                refuse_link(Path(entry.path), log_dir)
+            refuse_special(entry)
     return listing
 
 

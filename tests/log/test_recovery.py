@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import os
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -15,8 +16,9 @@ from cleanerd.log import recovery
 from cleanerd.log.checkpoint import RECOVERY_POINT_OFFSET_CHECKPOINT, OffsetCheckpointFile
 from cleanerd.log.files import TopicPartition, log_file, offset_index_file, time_index_file
 from cleanerd.log.index import IndexPastLogError
+from cleanerd.log.known_reader import read_dir
 from cleanerd.log.partition_log import LogConfig, PartitionLog
-from cleanerd.log.recovery import SymlinkRefused
+from cleanerd.log.recovery import SpecialFileRefused, SymlinkRefused
 from tests.builders import build_log, encode_records, kv, offsets_and_values, write_segment
 
 CONFIG = LogConfig(index_interval_bytes=100)
@@ -321,6 +323,49 @@ def test_symlinked_segment_files_are_refused(tmp_path: Path, name: str, read_onl
     assert _names(outside) == ["file"]
     warning = next(e for e in logs if e["event"] == "partition.symlink_refused")
     assert (warning["path"], warning["target"]) == (str(link), str(target))
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["00000000000000000018.log", "00000000000000000018.timeindex", "00000000000000000004.index"],
+)
+@pytest.mark.parametrize("read_only", [False, True], ids=["owner", "observe"])
+def test_a_fifo_named_like_a_segment_file_is_refused_never_opened(
+    tmp_path: Path, name: str, read_only: bool
+) -> None:
+    """A FIFO among the segment files: its open would block the process for ever (every
+    log dir's cycle, and the daemon's stop with it). The partition is refused from the
+    listing, in every mode, before anything is opened or changed; the first reads of a
+    big start skip it too."""
+    path = _build(tmp_path)
+    fifo = path / name
+    fifo.unlink()
+    os.mkfifo(fifo)
+    others = [p for p in path.iterdir() if p != fifo]
+    before = {p.name: p.read_bytes() for p in others}
+    result: list[BaseException] = []
+
+    def open_it() -> None:
+        try:
+            PartitionLog.open(
+                path, state_dir=tmp_path / "state", config=CONFIG, read_only=read_only
+            )
+        except BaseException as exc:  # noqa: BLE001 - handed to the test thread
+            result.append(exc)
+
+    opener = threading.Thread(target=open_it, daemon=True)
+    opener.start()
+    opener.join(timeout=30)
+    if opener.is_alive():
+        with open(fifo, "wb"):  # let the blocked open go, so the process can end
+            pass
+        pytest.fail(f"the open of {path} blocked on the FIFO {fifo}")
+    (error,) = result
+    assert isinstance(error, SpecialFileRefused)
+    assert f"{fifo} is not a regular file" in str(error)
+    assert {p.name: p.read_bytes() for p in others} == before
+    assert sorted(p.name for p in path.iterdir()) == sorted([fifo.name, *before])
+    assert read_dir(str(path)) == []
 
 
 def _active_log(path: Path) -> Path:
