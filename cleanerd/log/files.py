@@ -124,12 +124,18 @@ def special_dir_suffix(dirname: str) -> str | None:
     return None
 
 
+MAX_PARTITION: Final = 2**31 - 1
+"""Kafka's partition ids are Java ints: a dir numbered above is no partition of Kafka's
+(its checkpoint lines would not parse there either)."""
+
+
 def parse_topic_partition(dirname: str) -> TopicPartition:
     """Parse a live partition dir name `<topic>-<partition>`.
 
     Raises ValueError when the name is not one: no `-`, an empty topic, a partition that
-    is not a decimal number, or a `-delete` / `-future` / `-stray` dir (whose well-formed
-    shape is `<topic>-<partition>.<uuid>-delete`; malformed ones are rejected too).
+    is not a decimal number or is above `MAX_PARTITION`, or a `-delete` / `-future` /
+    `-stray` dir (whose well-formed shape is `<topic>-<partition>.<uuid>-delete`;
+    malformed ones are rejected too).
     """
     suffix = special_dir_suffix(dirname)
     if suffix is not None:
@@ -138,6 +144,8 @@ def parse_topic_partition(dirname: str) -> TopicPartition:
     topic, sep, partition = dirname.rpartition("-")
     if not sep or not topic or not partition.isdigit() or not partition.isascii():
         raise ValueError(f"{dirname!r} is not a <topic>-<partition> dir name")
+    if int(partition) > MAX_PARTITION:
+        raise ValueError(f"{dirname!r}: partition {partition} is above Kafka's {MAX_PARTITION}")
     return TopicPartition(topic, int(partition))
 
 

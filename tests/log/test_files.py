@@ -100,6 +100,16 @@ def test_malformed_partition_dirs_are_rejected(dirname: str) -> None:
         parse_topic_partition(dirname)
 
 
+def test_a_partition_above_kafkas_int_range_is_no_partition_dir() -> None:
+    """Kafka's partition ids are Java ints: `orders-2147483647` is the last partition dir,
+    one above it is no partition (cleanerd neither opens it nor writes it into a root
+    checkpoint, where Kafka could not parse the line)."""
+    assert parse_topic_partition("orders-2147483647") == TopicPartition("orders", 2**31 - 1)
+    for dirname in ("orders-2147483648", "orders-99999999999"):
+        with pytest.raises(ValueError, match="is above Kafka's 2147483647"):
+            parse_topic_partition(dirname)
+
+
 def test_topic_partition_str_is_the_dir_name() -> None:
     """str(TopicPartition) is Kafka's dir name and parses back to itself."""
     tp = TopicPartition("a-b.c", 7)
