@@ -108,12 +108,16 @@ def apply_retention(
             plan = retention_plan(plog.readable_meta(), topic, now_ms=now_ms)
         files: list[Path] = []
         by_base = {s.base_offset: s for s in plog.segments}
-        for reason, group in itertools.groupby(plan.deletions, key=lambda d: d.reason):
-            doomed = [by_base[d.base_offset] for d in group if d.base_offset in by_base]
-            files += plog.delete_segments(doomed, reason=reason.value)
-        if plan.deletions:
-            log_dir.checkpoint_logs([plog])
-    pending.schedule(files, now_ms=now_ms, delay_ms=topic.file_delete_delay_ms)
+        try:
+            for reason, group in itertools.groupby(plan.deletions, key=lambda d: d.reason):
+                doomed = [by_base[d.base_offset] for d in group if d.base_offset in by_base]
+                files += plog.delete_segments(doomed, reason=reason.value)
+            if plan.deletions:
+                log_dir.checkpoint_logs([plog])
+        finally:
+            # Renamed `.deleted` files are unlinked when due even when a later group or
+            # the checkpoint failed (a full disk): else they waited for the next start.
+            pending.schedule(files, now_ms=now_ms, delay_ms=topic.file_delete_delay_ms)
     return RetentionOutcome(
         log_dir=str(plog.log_dir),
         topic=tp.topic,

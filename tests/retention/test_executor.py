@@ -78,6 +78,28 @@ def test_retention_ms_renames_and_defers_unlink(tmp_path: Path) -> None:
         assert PartitionLog.open(plog.dir, read_only=True).log_start_offset == 20
 
 
+def test_renamed_files_are_unlinked_when_due_even_if_the_checkpoint_fails(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The checkpoint write after the renames fails (a full disk): the error is raised,
+    and the `.deleted` files are still queued, so they are unlinked when due, not left
+    until the next start."""
+    build(tmp_path, [5, 4, 1, 0])
+    log_dir, plog = open_owned(tmp_path)
+
+    def full(*_: Any) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(log_dir, "checkpoint_logs", full)
+    with log_dir:
+        pending = PendingDeletions()
+        with pytest.raises(OSError, match="No space left"):
+            apply_retention(plog, log_dir, topic(retention_ms=2 * HOUR), now_ms=T0, pending=pending)
+        deleted = sorted(p.name for p in plog.dir.glob("*.deleted"))
+        assert deleted
+        assert sorted(p.name for p in pending.run_due(T0 + 60_000)) == deleted
+
+
 def test_log_start_offset_checkpoint_follows_deletions(tmp_path: Path) -> None:
     """A checkpointed log start offset deletes the segments below it and stays
     checkpointed while it lies above the first survivor's base; once deletions pass it,
