@@ -360,9 +360,6 @@ class Maintenance:
         """The log dirs offline in the last cycle, and why (a repeat is logged at debug)."""
         self._listed: dict[Path, list[TopicPartition]] = {}
         """Each log dir's partitions when it was last listed."""
-        self._reclaim_failures: dict[Path, str] = {}
-        """Why each observed dir could not be owned at the last try (a repeat is logged
-        at debug)."""
         self._first_seen: dict[Path, FirstSeen] = {}
         self._plogs: dict[tuple[Path, TopicPartition], PartitionLog] = {}
         self._crashes: dict[TopicPartition, int] = {}
@@ -445,8 +442,9 @@ class Maintenance:
         cycle logged the same), and log the ones back since."""
         for path, why in offline.items():
             report.offline.append(OfflineLogDir(str(path), why))
-            logged = log.debug if self._offline.get(path) == why else log.error
-            logged("log_dir.offline", log_dir=str(path), error=why)
+            self._once("log_dir.offline", path, None, why, error=True)(
+                "log_dir.offline", log_dir=str(path), error=why
+            )
         for path in self._offline.keys() - offline.keys():
             log.info("log_dir.online", log_dir=str(path))
         self._offline = offline
@@ -600,12 +598,21 @@ class Maintenance:
         )
 
     def _once(
-        self, event: str, log_dir: Path, tp: TopicPartition | None, detail: str
+        self,
+        event: str,
+        log_dir: Path,
+        tp: TopicPartition | None,
+        detail: str,
+        *,
+        error: bool = False,
     ) -> Callable[..., object]:
-        """`log.warning`, or `log.debug` when the previous cycle logged the same."""
+        """`log.warning` (`log.error` with `error`), or `log.debug` when the previous
+        cycle logged the same."""
         key = (event, log_dir, tp, detail)
         self._notes.add(key)
-        return log.debug if key in self._last_notes else log.warning
+        if key in self._last_notes:
+            return log.debug
+        return log.error if error else log.warning
 
     def _report_later_cuts(self, partitions: list[_Partition], report: _Builder) -> None:
         """List the torn tails a step cut after the open (a write checks the active
@@ -687,12 +694,10 @@ class Maintenance:
                 mine = LogDir.open(log_dir.path, state_dir=self.config.state_dir)
             except (CleanerdError, OSError) as exc:
                 why = failure_text(exc)
-                same = self._reclaim_failures.get(log_dir.path) == why
-                self._reclaim_failures[log_dir.path] = why
-                logged = log.debug if same else log.warning
-                logged("log_dir.reclaim_failed", log_dir=str(log_dir.path), error=why)
+                self._once("log_dir.reclaim_failed", log_dir.path, None, why)(
+                    "log_dir.reclaim_failed", log_dir=str(log_dir.path), error=why
+                )
                 continue
-            self._reclaim_failures.pop(log_dir.path, None)
             if mine.mode is not Mode.OWNER:
                 mine.close()  # taken again between the probe and the lock
                 continue
