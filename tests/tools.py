@@ -28,7 +28,7 @@ def unavailable(message: str) -> None:
     """Skip the test, or fail it under CI, where every requirement must be met."""
     if os.environ.get("CI"):
         pytest.fail(message)
-    pytest.skip(message)
+    pytest.skip(reason=message)
 
 
 def require_tool(name: str, package: str) -> str:
