@@ -58,6 +58,7 @@ from cleanerd.errors import (
     CorruptRecordError,
     InvalidTxnStateError,
     LogDirLockedError,
+    file_step,
 )
 from cleanerd.log.checkpoint import LOG_START_OFFSET_CHECKPOINT, RootCheckpoints
 from cleanerd.log.files import (
@@ -65,6 +66,7 @@ from cleanerd.log.files import (
     METADATA_TOPIC,
     TopicPartition,
     is_log_file,
+    log_file,
     offset_from_filename,
     parse_topic_partition,
 )
@@ -856,8 +858,9 @@ class PartitionLog:
         old = self.active_segment
         self._flush_closed()
         old.close_for_roll()  # fsynced too: everything below the new base is durable
-        segment = self._new_segment(self.dir, base_offset, self.config)
-        fsync_dir(self.dir)
+        with file_step("creating the new active segment", log_file(self.dir, base_offset)):
+            segment = self._new_segment(self.dir, base_offset, self.config)
+            fsync_dir(self.dir)
         self.recovery_point = max(self.recovery_point, base_offset)
         self._segments.append(segment)
         self._inodes = self._scan_dir()

@@ -46,7 +46,7 @@ from pathlib import Path
 
 import numpy as np
 
-from cleanerd.errors import CorruptIndexError, CorruptRecordError, FileChangedError
+from cleanerd.errors import CorruptIndexError, CorruptRecordError, FileChangedError, file_step
 from cleanerd.log.files import (
     INDEX_FILE_SUFFIX,
     LOG_FILE_SUFFIX,
@@ -872,9 +872,13 @@ class LogSegment:
         self._check_writable()
         builder = self._tail()
         builder.finish()
-        builder.offset_index.flush_entries()
-        builder.time_index.flush_entries()
-        self.flush()
+        # Each write names its file: on a full disk the time index's final entry is
+        # the write that fails. A retry writes the same entries at the same places.
+        for index in (builder.offset_index, builder.time_index):
+            with file_step("writing the rolled segment's last index entries", index.path):
+                index.flush_entries()
+        with file_step("syncing the rolled segment", self.log_path):
+            self.flush()
         self._written()
 
     # -- checks and rebuilds ----------------------------------------------------------

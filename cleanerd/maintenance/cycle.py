@@ -1066,6 +1066,8 @@ class Maintenance:
                     )
                 if outcome.deletions or outcome.rolled:
                     report.retention.append(outcome)
+                if outcome.failure is not None:
+                    report.error(p.log_dir.path, tp, "retention", outcome.failure)
         above = self._devices_above()
         if disk_usage_applies(any_device_above=above, all_topics=self.topics is None):
             self._disk_usage(partitions, report)

@@ -6,14 +6,17 @@ One call, for one partition of an owned log dir, under the partition lock:
    be read stands as damaged, and every pass stops before it) and plan with the topic's
    settings (`retention.ms`, `retention.bytes`, `cleanup.policy`; the start-offset pass
    runs for every policy, the other two only with `delete`);
-2. when the plan would take the active segment too, roll it first (Kafka rolls an empty
-   segment when every segment would go) and plan again over the new snapshot, so the
-   old active segment is then an ordinary inactive one and the new empty one stays;
-3. remove the planned segments with `PartitionLog.delete_segments`, one call per
+2. remove the planned segments with `PartitionLog.delete_segments`, one call per
    reason, oldest first: each segment's files are renamed to `.deleted` and the dir
    fsynced, and the log start offset moves up to the first remaining segment;
-4. write `log-start-offset-checkpoint` (and the recovery point) with
+3. write `log-start-offset-checkpoint` (and the recovery point) with
    `LogDir.checkpoint_logs` (tmp file, fsync, rename, dir fsync);
+4. when the plan would take the active segment too, roll it (Kafka rolls an empty
+   segment when every segment would go), plan again over the new snapshot, so the old
+   active segment is then an ordinary inactive one and the new empty one stays, and
+   repeat steps 2 and 3 for it. Kafka rolls before it deletes; the end state is the
+   same, and deleting first frees a full disk whose lack of space fails the roll (its
+   final index entries): the failure is then reported with the deletions done;
 5. hand the `.deleted` files to the `PendingDeletions` queue, which unlinks them after
    `file.delete.delay.ms` (Kafka's delay, so readers that still have the old files open
    finish).
@@ -36,6 +39,7 @@ import itertools
 from dataclasses import dataclass
 from pathlib import Path
 
+from cleanerd.errors import CleanerdError
 from cleanerd.log.deletions import PendingDeletions
 from cleanerd.log.log_dir import LogDir
 from cleanerd.log.meta import PartitionMeta
@@ -62,6 +66,9 @@ class RetentionOutcome:
     """The `.deleted` files handed to the pending-deletion queue."""
     damaged_base: int | None = None
     """Base of a damaged segment that stopped a pass which would have taken it."""
+    failure: CleanerdError | OSError | None = None
+    """What stopped the check after `deletions` were done (the roll or a checkpoint
+    write on a full disk); the caller reports it as the partition's failed step."""
 
 
 def retention_plan(meta: PartitionMeta, topic: TopicConfig, *, now_ms: int) -> RetentionPlan:
@@ -100,20 +107,25 @@ def apply_retention(
         return RetentionOutcome(
             str(plog.log_dir), tp.topic, tp.partition, (), False, plog.log_start_offset, None, ()
         )
+    deleted: list[Deletion] = []
+    files: list[Path] = []
+    failure: CleanerdError | OSError | None = None
     with plog.lock:
-        plan = retention_plan(plog.readable_meta(), topic, now_ms=now_ms)
-        if plan.roll_for is not None:
-            # Kafka rolls so that retention can take the whole log; the line names the rule.
-            rolled = plog.roll(now_ms, reason=plan.roll_for.value) is not None
-            plan = retention_plan(plog.readable_meta(), topic, now_ms=now_ms)
-        files: list[Path] = []
-        by_base = {s.base_offset: s for s in plog.segments}
         try:
-            for reason, group in itertools.groupby(plan.deletions, key=lambda d: d.reason):
-                doomed = [by_base[d.base_offset] for d in group if d.base_offset in by_base]
-                files += plog.delete_segments(doomed, reason=reason.value)
-            if plan.deletions:
-                log_dir.checkpoint_logs([plog])
+            plan = retention_plan(plog.readable_meta(), topic, now_ms=now_ms)
+            # The due inactive segments go before the roll: they need no space, and on a
+            # full disk (where the roll's index write fails) they are what frees it.
+            _delete(plog, log_dir, plan.deletions, deleted, files)
+            if plan.roll_for is not None:
+                # Kafka rolls so that retention can take the whole log; the line names
+                # the rule.
+                rolled = plog.roll(now_ms, reason=plan.roll_for.value) is not None
+                plan = retention_plan(plog.readable_meta(), topic, now_ms=now_ms)
+                _delete(plog, log_dir, plan.deletions, deleted, files)
+        except (CleanerdError, OSError) as exc:
+            if not deleted:
+                raise
+            failure = exc  # reported with what was deleted before it
         finally:
             # Renamed `.deleted` files are unlinked when due even when a later group or
             # the checkpoint failed (a full disk): else they waited for the next start.
@@ -122,10 +134,29 @@ def apply_retention(
         log_dir=str(plog.log_dir),
         topic=tp.topic,
         partition=tp.partition,
-        deletions=plan.deletions,
+        deletions=tuple(deleted),
         rolled=rolled,
         log_start_offset=plog.log_start_offset,
         future_timestamp_base=plan.future_timestamp_base,
         deleted_files=tuple(files),
         damaged_base=plan.damaged_base,
+        failure=failure,
     )
+
+
+def _delete(
+    plog: PartitionLog,
+    log_dir: LogDir,
+    deletions: tuple[Deletion, ...],
+    deleted: list[Deletion],
+    files: list[Path],
+) -> None:
+    """Delete `deletions` (one call per reason, oldest first) and checkpoint the new log
+    start offset, adding to `deleted` and `files` as each group's renames are done."""
+    by_base = {s.base_offset: s for s in plog.segments}
+    for reason, group in itertools.groupby(deletions, key=lambda d: d.reason):
+        chosen = [d for d in group if d.base_offset in by_base]
+        files += plog.delete_segments([by_base[d.base_offset] for d in chosen], reason=reason.value)
+        deleted += chosen
+    if deletions:
+        log_dir.checkpoint_logs([plog])

@@ -124,3 +124,46 @@ def test_full_disk_unlinks_what_other_passes_left_waiting(tmp_path: Path) -> Non
         for tp, work in works.items():
             verify(data / str(tp), work)
             assert sum(1 for _ in records_on_disk(data / str(tp))) == 90_000
+
+
+def test_retention_on_a_full_disk_deletes_what_is_due_before_what_needs_space(
+    tmp_path: Path,
+) -> None:
+    """A `delete` topic whose every record is past `retention.ms`, on a tmpfs with no
+    byte free. Taking the active segment needs a roll, whose writes fail; the inactive
+    due segments need none. The first `clean` deletes them and fails naming the file it
+    could not write; their unlink frees the disk, and the next `clean` rolls the active
+    segment and deletes it too. (Before, the roll came first, its failure skipped every
+    deletion, and a full disk stayed full.)"""
+    with tmpfs(tmp_path / "mnt", "8m") as mnt:
+        data, state = mnt / "data", tmp_path / "state"
+        write_partition(data, state, records=30_000, keys=30_000, segment_bytes=1 << 20, ts=TS)
+        partition = data / str(TP)
+        logs = sorted(p.name for p in partition.glob("*.log"))
+        assert len(logs) >= 3
+        fill(mnt / "filler", 0)
+        config = write_config(
+            tmp_path / "c.yaml",
+            data,
+            state,
+            **{
+                "log.cleanup.policy": ["delete"],
+                "log.retention.ms": 3_600_000,
+                "log.segment.bytes": 1 << 20,
+            },
+        )
+        now = ["--now-ms", str(TS + 7_200_000)]
+        first = cleanerd("clean", "-c", str(config), *now)
+        assert first.returncode == 1, first.stdout + first.stderr
+        line = next(li for li in first.stdout.splitlines() if "retention failed" in li)
+        assert re.search(r"No space left on device \(ENOSPC\) while writing \S+: /", line)
+        assert f"{len(logs) - 1} deleted by retention" in first.stdout
+        assert sorted(p.name for p in partition.glob("*.log")) == logs[-1:]
+        assert not list(partition.glob("*.deleted"))
+
+        second = cleanerd("clean", "-c", str(config), *now)
+        assert second.returncode == 0, second.stdout + second.stderr
+        assert "1 deleted by retention" in second.stdout
+        (active,) = partition.glob("*.log")
+        assert active.stat().st_size == 0
+        assert active.name == f"{30_000:020d}.log"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import errno
 from pathlib import Path
 from typing import Any
 
@@ -10,6 +11,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from cleanerd.config import BrokerConfig
+from cleanerd.errors import FileStepError
 from cleanerd.log.checkpoint import (
     LOG_START_OFFSET_CHECKPOINT,
     REPLICATION_OFFSET_CHECKPOINT,
@@ -17,6 +19,7 @@ from cleanerd.log.checkpoint import (
 )
 from cleanerd.log.deletions import PendingDeletions
 from cleanerd.log.files import TopicPartition
+from cleanerd.log.index import TimeIndex
 from cleanerd.log.log_dir import LogDir
 from cleanerd.log.partition_log import PartitionLog
 from cleanerd.log.topic_config import TopicConfig
@@ -81,9 +84,9 @@ def test_retention_ms_renames_and_defers_unlink(tmp_path: Path) -> None:
 def test_renamed_files_are_unlinked_when_due_even_if_the_checkpoint_fails(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The checkpoint write after the renames fails (a full disk): the error is raised,
-    and the `.deleted` files are still queued, so they are unlinked when due, not left
-    until the next start."""
+    """The checkpoint write after the renames fails (a full disk): the error is the
+    outcome's failure, reported with the deletions done, and the `.deleted` files are
+    still queued, so they are unlinked when due, not left until the next start."""
     build(tmp_path, [5, 4, 1, 0])
     log_dir, plog = open_owned(tmp_path)
 
@@ -93,11 +96,71 @@ def test_renamed_files_are_unlinked_when_due_even_if_the_checkpoint_fails(
     monkeypatch.setattr(log_dir, "checkpoint_logs", full)
     with log_dir:
         pending = PendingDeletions()
-        with pytest.raises(OSError, match="No space left"):
-            apply_retention(plog, log_dir, topic(retention_ms=2 * HOUR), now_ms=T0, pending=pending)
+        out = apply_retention(
+            plog, log_dir, topic(retention_ms=2 * HOUR), now_ms=T0, pending=pending
+        )
+        assert isinstance(out.failure, OSError)
+        assert [d.base_offset for d in out.deletions] == [0, 10]
         deleted = sorted(p.name for p in plog.dir.glob("*.deleted"))
         assert deleted
         assert sorted(p.name for p in pending.run_due(T0 + 60_000)) == deleted
+
+
+def test_a_roll_that_fails_on_a_full_disk_still_lets_the_due_segments_go(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every segment is due, so the active one must be rolled, and the roll's final
+    time-index entry gets ENOSPC (a full log dir). The inactive due segments are deleted
+    all the same (they are what frees the disk), the failure names the file and the
+    step, and the next check, with space again, rolls and deletes the old active one."""
+    build(tmp_path, [9, 8, 7])
+    log_dir, plog = open_owned(tmp_path)
+    real = TimeIndex.flush_entries
+
+    def full(index: TimeIndex) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(TimeIndex, "flush_entries", full)
+    with log_dir:
+        pending = PendingDeletions()
+        out = apply_retention(plog, log_dir, topic(retention_ms=HOUR), now_ms=T0, pending=pending)
+        assert [d.base_offset for d in out.deletions] == [0, 10]
+        assert not out.rolled
+        assert isinstance(out.failure, FileStepError)
+        assert out.failure.no_space
+        assert str(out.failure).endswith(str(plog.dir / "00000000000000000020.timeindex"))
+        assert "last index entries" in str(out.failure)
+        assert [s.base_offset for s in plog.segments] == [20]
+        checkpoint = OffsetCheckpointFile(tmp_path / "logs" / LOG_START_OFFSET_CHECKPOINT)
+        assert PartitionLog.open(plog.dir, read_only=True).log_start_offset == 20
+        assert len(pending.run_due(T0 + 60_000)) == len(out.deleted_files) > 0
+
+        monkeypatch.setattr(TimeIndex, "flush_entries", real)
+        out = apply_retention(plog, log_dir, topic(retention_ms=HOUR), now_ms=T0, pending=pending)
+        assert out.failure is None
+        assert out.rolled
+        assert [d.base_offset for d in out.deletions] == [20]
+        assert [(s.base_offset, s.size) for s in plog.segments] == [(30, 0)]
+        assert checkpoint.read() == {}
+
+
+def test_a_roll_failure_with_nothing_deleted_is_raised(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Only the active segment is due and its roll fails: nothing was done, so the
+    error is raised as the partition's failed step, naming the file."""
+    build(tmp_path, [9])
+    log_dir, plog = open_owned(tmp_path)
+
+    def full(index: TimeIndex) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(TimeIndex, "flush_entries", full)
+    with log_dir, pytest.raises(FileStepError, match=r"00000000000000000000\.timeindex"):
+        apply_retention(
+            plog, log_dir, topic(retention_ms=HOUR), now_ms=T0, pending=PendingDeletions()
+        )
+    assert [s.base_offset for s in plog.segments] == [0]
 
 
 def test_log_start_offset_checkpoint_follows_deletions(tmp_path: Path) -> None:
