@@ -482,13 +482,19 @@ class Maintenance:
                 # A root checkpoint gone bad since the cycle read it: the dir is written
                 # nothing (no checkpoint over the file, no marker), as an offline one.
                 log_dir.reload_checkpoints()
+                failed: dict[PartitionLog, CleanerdError | OSError] = {}
                 if clean_stop:
                     marked = self.manager.registry.in_dir(str(log_dir.path))
                     # A damaged partition is left byte for byte as it is, and an
                     # uncleanable one gets no snapshot (it is flushed all the same).
-                    _prepare_clean_shutdown([p for p in plogs if p.corrupt is None], marked)
-                log_dir.checkpoint_logs(plogs)
-                if clean_stop and _all_sound(log_dir, plogs, self._damaged):
+                    sound = [p for p in plogs if p.corrupt is None]
+                    failed = _prepare_clean_shutdown(sound, marked)
+                    errors += failed.values()
+                # A partition that could not be prepared (its dir gone, a file that
+                # cannot be written) keeps its checkpoint lines as the last cycle wrote
+                # them; the dir's other partitions are checkpointed all the same.
+                log_dir.checkpoint_logs(p for p in plogs if p not in failed)
+                if clean_stop and not failed and _all_sound(log_dir, plogs, self._damaged):
                     log_dir.keep_known_segments(plogs)
                     log_dir.mark_clean_shutdown()
             except (CleanerdError, OSError) as exc:
@@ -1312,18 +1318,20 @@ class Maintenance:
         )
 
 
-def _prepare_clean_shutdown(plogs: list[PartitionLog], marked: Collection[TopicPartition]) -> None:
+def _prepare_clean_shutdown(
+    plogs: list[PartitionLog], marked: Collection[TopicPartition]
+) -> dict[PartitionLog, CleanerdError | OSError]:
     """`PartitionLog.prepare_clean_shutdown` of every partition of `plogs` (no snapshot
     for the `marked` uncleanable ones). Those with segments to flush go to
     `CLEAN_STOP_THREADS` threads: each costs a few fsyncs (its unflushed segments, its
     producer snapshot, its directory), which a disk completes several at a time (Kafka's
     shutdown also flushes a dir's logs in `num.recovery.threads.per.data.dir` threads).
     The others, nearly every partition of an idle host, cost a little Python each, which
-    threads would only slow down. Every partition is prepared even if one fails; then
-    the first failure, in partition order, is raised."""
+    threads would only slow down. Every partition is prepared even if one fails; returns
+    the failures, in partition order (each error names its file)."""
     pooled = [plog.unflushed for plog in plogs]
     futures: dict[int, Future[None]] = {}
-    failures: dict[int, BaseException] = {}
+    failures: dict[int, CleanerdError | OSError] = {}
     workers = max(1, min(CLEAN_STOP_THREADS, sum(pooled)))
     with ThreadPoolExecutor(workers, thread_name_prefix="cleanerd-clean-stop") as pool:
         for n, (plog, in_pool) in enumerate(zip(plogs, pooled, strict=True)):
@@ -1333,13 +1341,14 @@ def _prepare_clean_shutdown(plogs: list[PartitionLog], marked: Collection[TopicP
                 continue
             try:
                 plog.prepare_clean_shutdown(snapshot=snapshot)
-            except Exception as exc:  # noqa: BLE001 - raised below, after the others
+            except (CleanerdError, OSError) as exc:
                 failures[n] = exc
     for n, future in futures.items():
-        if (error := future.exception()) is not None:
-            failures[n] = error
-    if failures:
-        raise failures[min(failures)]
+        try:
+            future.result()
+        except (CleanerdError, OSError) as exc:
+            failures[n] = exc
+    return {plogs[n]: failures[n] for n in sorted(failures)}
 
 
 def _all_sound(

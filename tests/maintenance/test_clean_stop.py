@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from cleanerd.engine.local import LocalEngine, WorkerSettings
+from cleanerd.log.checkpoint import RECOVERY_POINT_OFFSET_CHECKPOINT, OffsetCheckpointFile
 from cleanerd.log.files import CLEAN_SHUTDOWN_FILE_NAME, TopicPartition
 from cleanerd.log.partition_log import PartitionLog
 from cleanerd.log.producer_state import snapshot_offsets
@@ -67,9 +68,12 @@ def test_a_partition_that_fails_its_stop_costs_the_marker_not_the_others(
     tmp_path: Path, engine: LocalEngine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """One partition's failure is returned naming its file; every other partition is
-    still flushed with its snapshot, and the dir gets no clean-shutdown marker (its next
-    open recovers, as after a crash)."""
+    still flushed with its snapshot and checkpointed, the failed one keeps the recovery
+    point written before, and the dir gets no clean-shutdown marker (its next open
+    recovers, as after a crash). The failure cost the whole dir its checkpoint before."""
     m = started(tmp_path, engine)
+    checkpoint = OffsetCheckpointFile(tmp_path / "logs" / RECOVERY_POINT_OFFSET_CHECKPOINT)
+    checkpoint.write({TopicPartition("c", n): 3 for n in range(PARTITIONS)})
     original = PartitionLog.prepare_clean_shutdown
     failing = tmp_path / "logs" / "c-0" / "00000000000000000008.snapshot"
 
@@ -82,6 +86,7 @@ def test_a_partition_that_fails_its_stop_costs_the_marker_not_the_others(
     errors = m.shutdown()
     assert [str(e) for e in errors] == [f"[Errno 28] No space left on device: '{failing}'"]
     assert snapshots(tmp_path) == {0: [], 1: [8], 2: [8]}
+    assert checkpoint.read() == {TopicPartition("c", n): rp for n, rp in enumerate([3, 8, 8])}
     assert not (tmp_path / "logs" / CLEAN_SHUTDOWN_FILE_NAME).exists()
 
 
