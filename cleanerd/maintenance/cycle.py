@@ -1126,6 +1126,15 @@ class Maintenance:
                 probe=self.usage_probe,
                 pending=self.pending,
             )
+        for log_dir, tp, error in disk.unreadable:
+            # Met at every check until it is repaired: a warning once, as the others.
+            event, path = "disk_usage.partition_unreadable", Path(log_dir)
+            self._once(event, path, tp, error)(
+                event,
+                **_fields(tp, path),
+                error=error,
+                consequence="nothing of it is deleted for disk usage while it cannot be read",
+            )
         self.counters.count_disk_usage(disk)
         report.disk_usage = disk
 

@@ -148,6 +148,9 @@ class DiskUsageReport:
     """`.deleted` files unlinked before any live segment was deleted."""
     still_above: tuple[int, ...]
     """Devices left above their threshold: nothing deletable was left on them."""
+    unreadable: tuple[tuple[str, TopicPartition, str], ...] = ()
+    """(log dir, partition, error) of the partitions whose segments could not be read,
+    which offered nothing (for the caller to log: it meets them every check)."""
 
     @property
     def freed_bytes(self) -> int:
@@ -171,6 +174,7 @@ class _Enforcement:
     now_ms: int
     hysteresis_percent: float
     probe: UsageProbe
+    unreadable: dict[tuple[str, TopicPartition], str] = dataclasses.field(default_factory=dict)
 
     def device_of_dir(self) -> dict[str, int]:
         return {str(p): dev.device for dev in self.devices for p in dev.log_dirs}
@@ -189,13 +193,7 @@ class _Enforcement:
                 meta = plog.readable_meta()
             except (CleanerdError, OSError) as exc:
                 # The partition offers nothing this round; the others still free the device.
-                log.warning(
-                    "disk_usage.partition_unreadable",
-                    topic=tp.topic,
-                    partition=tp.partition,
-                    log_dir=log_dir,
-                    error=str(exc),
-                )
+                self.unreadable[(log_dir, tp)] = str(exc)
                 continue
             out.append(PartitionOnDevice(device, meta))
         return out
@@ -289,7 +287,8 @@ def enforce_disk_usage(
                 limit_bytes=u.limit_bytes(u.threshold_percent),
                 consequence="nothing deletable is left, or writers outpace the deletions",
             )
-    return DiskUsageReport(False, before, after, tuple(done), tuple(freed), still)
+    unreadable = tuple((d, tp, error) for (d, tp), error in run.unreadable.items())
+    return DiskUsageReport(False, before, after, tuple(done), tuple(freed), still, unreadable)
 
 
 def _execute(
@@ -350,4 +349,7 @@ def _dry_run(
             device=d.device,
             reason=d.reason.value,
         )
-    return DiskUsageReport(True, before, after, planned.deletions, (), planned.still_above)
+    unreadable = tuple((d, tp, error) for (d, tp), error in run.unreadable.items())
+    return DiskUsageReport(
+        True, before, after, planned.deletions, (), planned.still_above, unreadable
+    )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import multiprocessing
 import os
 import shutil
@@ -33,6 +34,7 @@ from cleanerd.log.checkpoint import (
 from cleanerd.log.files import TopicPartition
 from cleanerd.log.lock import PartitionLock
 from cleanerd.log.log_dir import LogDir
+from cleanerd.log.meta import PartitionMeta
 from cleanerd.log.partition_log import PartitionLog
 from cleanerd.log.roller import first_seen_path
 from cleanerd.maintenance import cycle
@@ -491,6 +493,42 @@ def test_a_damaged_partition_does_not_stop_disk_usage(tmp_path: Path, engine: Lo
     ]
     assert disk.still_above
     assert damaged.exists()
+
+
+def test_a_partition_disk_usage_cannot_read_is_warned_about_once(
+    tmp_path: Path, engine: LocalEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Above log.retention.disk.usage.percent, a partition whose segments cannot be read
+    (EIO here) offers nothing and the others are deleted from; the cycle meets it again
+    at every check, and warns once while the error stays the same (it was a warning at
+    every round of every cycle), naming it in the report each time."""
+    bad, good = TopicPartition("bad", 0), TopicPartition("good", 0)
+    for tp in (bad, good):
+        build(tmp_path, tp, [records(range(20), T0 - 5 * HOUR), records([0], T0)])
+    original = PartitionLog.readable_meta
+
+    def sick(self: PartitionLog) -> PartitionMeta:
+        if self.topic_partition == bad:
+            raise OSError(errno.EIO, "Input/output error", str(self.dir))
+        return original(self)
+
+    monkeypatch.setattr(PartitionLog, "readable_meta", sick)
+    probe = lambda _path: DiskSpace(100, 99, 4096)  # noqa: E731 (above, whatever is deleted)
+    topics = {"bad": {"cleanup.policy": "delete"}, "good": {"cleanup.policy": "delete"}}
+    cfg = write_config(tmp_path, topics, **{"log.retention.disk.usage.percent": 50})
+    with (
+        Maintenance(cfg, engine, clock=lambda: T0, usage_probe=probe) as m,
+        capture_logs() as logs,
+    ):
+        reports = [m.run_once() for _ in range(3)]
+    disks = [r.disk_usage for r in reports if r.disk_usage is not None]
+    assert len(disks) == 3
+    for disk in disks:
+        assert [(d, tp) for d, tp, _ in disk.unreadable] == [(str(tmp_path / "logs"), bad)]
+    assert [(x.topic_partition, x.base_offset) for x in disks[0].deletions] == [(good, 0)]
+    unread = [e for e in logs if e["event"] == "disk_usage.partition_unreadable"]
+    assert [e["log_level"] for e in unread] == ["warning", "debug", "debug"]
+    assert "Input/output error" in unread[0]["error"]
 
 
 class _StopWhileSwapping:
