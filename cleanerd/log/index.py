@@ -48,6 +48,7 @@ from __future__ import annotations
 import errno
 import functools
 import os
+import stat
 import struct
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
@@ -100,9 +101,24 @@ _READ_WHOLE = 4096
 def _pread_exact(path: Path, size: int, position: int) -> bytes:
     fd = os.open(path, os.O_RDONLY)
     try:
+        _check_regular(fd, path)
         return os.pread(fd, size, position)
     finally:
         os.close(fd)
+
+
+def _check_regular(fd: int, path: Path) -> os.stat_result:
+    """The stat of the file open at `fd`; an error naming `path` when it is not a
+    regular file (a read of a dir fails with an error that names no file)."""
+    st = os.fstat(fd)
+    mode = st.st_mode
+    if stat.S_ISDIR(mode):
+        raise IsADirectoryError(
+            errno.EISDIR, "a directory stands where the index file is", str(path)
+        )
+    if not stat.S_ISREG(mode):
+        raise OSError(errno.EINVAL, "not a regular file", str(path))
+    return st
 
 
 def _read_written(fd: int, length: int) -> bytes:
@@ -169,7 +185,7 @@ class _Index(ABC):
         except FileNotFoundError:
             return
         try:
-            length = os.fstat(fd).st_size
+            length = _check_regular(fd, self.path).st_size
             self.file_exists = True
             self._file_bytes = length
             size = self.entry.size

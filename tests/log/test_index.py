@@ -243,6 +243,19 @@ def test_size_not_multiple_of_entry_is_corrupt(tmp_path: Path) -> None:
         OffsetIndex.load(path, 0)
 
 
+@pytest.mark.parametrize("kind", [OffsetIndex, TimeIndex])
+def test_a_dir_where_the_index_file_is_is_an_error_naming_it(
+    tmp_path: Path, kind: type[OffsetIndex | TimeIndex]
+) -> None:
+    """A dir standing where an index file is: the error names the path (the read of a
+    dir failed with a bare "[Errno 21] Is a directory")."""
+    path = tmp_path / "00000000000000000000.index"
+    path.mkdir()
+    with pytest.raises(IsADirectoryError, match="a directory stands where the index file is") as e:
+        kind.load(path, 0)
+    assert e.value.filename == str(path)
+
+
 def test_sanity_check_catches_disorder_and_past_log(tmp_path: Path) -> None:
     """Non-increasing entries are corrupt; an entry past the log is IndexPastLogError."""
     path = tmp_path / "x.index"
