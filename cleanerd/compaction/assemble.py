@@ -120,6 +120,17 @@ def _put_varint(out: NDArray[np.uint8], p: int, value: int) -> int:
 
 
 @jit
+def _varint_size(value: int) -> int:
+    """How many bytes `_put_varint` writes for `value`."""
+    u = ((value << 1) ^ (value >> 63)) >> 7 & ((1 << 57) - 1)
+    n = 1
+    while u:
+        u >>= 7
+        n += 1
+    return n
+
+
+@jit
 def _rewrite_record(
     buf: NDArray[np.uint8],
     start: int,
@@ -127,18 +138,16 @@ def _rewrite_record(
     ts_delta: int,
     out: NDArray[np.uint8],
     o: int,
-    tmp: NDArray[np.uint8],
 ) -> int:
     """Write the v2 record buf[start:end] at out[o] with the timestamp delta `ts_delta`;
     returns where it ends. Only the length and timestamp-delta varints change: the
     offset delta stays valid because the batch keeps its base offset."""
     attr = _skip_varint(buf, start)
     ts_end = _skip_varint(buf, attr + 1)
-    ts_len = _put_varint(tmp, 0, ts_delta)
     tail = end - ts_end
-    o = _put_varint(out, o, 1 + ts_len + tail)
+    o = _put_varint(out, o, 1 + _varint_size(ts_delta) + tail)
     out[o] = buf[attr]
-    o = _memcpy(tmp, 0, out, o + 1, ts_len)
+    o = _put_varint(out, o + 1, ts_delta)
     return _memcpy(buf, ts_end, out, o, tail)
 
 
@@ -154,9 +163,8 @@ def rewrite_records(
     """Write the v2 records [rec_start, rec_end) of `buf` back to back into `out` with new
     timestamp deltas, `written[i]` receiving the end of record i in `out`."""
     o = 0
-    tmp = np.empty(16, dtype=np.uint8)
     for i in range(rec_start.shape[0]):
-        o = _rewrite_record(buf, rec_start[i], rec_end[i], new_ts_delta[i], out, o, tmp)
+        o = _rewrite_record(buf, rec_start[i], rec_end[i], new_ts_delta[i], out, o)
         written[i] = o
 
 
@@ -221,7 +229,6 @@ def assemble_chunk(
     Returns (bytes written, output batches, batches needing a CRC); `table[n]` = (end,
     base offset, last offset, max timestamp) of output batch n, `crc_rows` the output
     batches whose CRC is to be computed."""
-    tmp = np.empty(16, dtype=np.uint8)
     o = 0
     n = 0
     n_crc = 0
@@ -262,7 +269,7 @@ def assemble_chunk(
                 for j in range(first, first + count):
                     if keep[j]:
                         q = _rewrite_record(
-                            buf, record_pos[j], record_end[j], timestamps[j] - base_ts, out, q, tmp
+                            buf, record_pos[j], record_end[j], timestamps[j] - base_ts, out, q
                         )
             _put_be(out, o + BASE_OFFSET_OFFSET, base, 8)
             _put_be(out, o + LENGTH_OFFSET, q - o - LOG_OVERHEAD, 4)

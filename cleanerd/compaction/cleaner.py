@@ -600,7 +600,6 @@ def _output_chunks(
         )
 
 
-@jit
 def _kept_per_batch(
     batch_of: NDArray[np.int64],
     keep: NDArray[np.bool_],
@@ -609,17 +608,26 @@ def _kept_per_batch(
     batches: int,
 ) -> tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.int64]]:
     """Per batch: kept records, kept tombstones and the kept records' bytes (one walk)."""
-    kept = np.zeros(batches, dtype=np.int64)
-    tombstones = np.zeros(batches, dtype=np.int64)
-    size = np.zeros(batches, dtype=np.int64)
+    counts = np.zeros((3, batches), dtype=np.int64)  # allocated here, as `batch_windows`
+    _count_kept(batch_of, keep, value_len, record_size, counts)
+    return counts[0], counts[1], counts[2]
+
+
+@jit
+def _count_kept(
+    batch_of: NDArray[np.int64],
+    keep: NDArray[np.bool_],
+    value_len: NDArray[np.int32],
+    record_size: NDArray[np.int32],
+    counts: NDArray[np.int64],
+) -> None:
     for i in range(keep.shape[0]):
         if keep[i]:
             b = batch_of[i]
-            kept[b] += 1
-            size[b] += record_size[i]
+            counts[0, b] += 1
+            counts[2, b] += record_size[i]
             if value_len[i] < 0:
-                tombstones[b] += 1
-    return kept, tombstones, size
+                counts[1, b] += 1
 
 
 def _fill_crcs(out: NDArray[np.uint8], ends: NDArray[np.int64], rows: NDArray[np.int64]) -> None:

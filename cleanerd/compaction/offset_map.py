@@ -210,26 +210,27 @@ def _keep_kernel(
     versioned: bool,
     hashes: NDArray[np.uint64],
     offsets: NDArray[np.int64],
-) -> NDArray[np.bool_]:
-    n = hashes.shape[0]
-    keep = np.ones(n, dtype=np.bool_)
-    for j in range(n):
+    keep: NDArray[np.bool_],
+) -> None:
+    # Outputs are allocated by the caller: a kernel that allocates makes numba import
+    # its array module (about 35 ms) in every process that loads it.
+    for j in range(hashes.shape[0]):
         slot = _probe(hi, lo, hashes[j, 0], hashes[j, 1])
         if slot < 0 or _is_empty(hi, lo, slot):
             continue
         found = off[slot] & _OFFSET_BITS
         keep[j] = offsets[j] == found if versioned else offsets[j] >= found
-    return keep
 
 
 @jit
 def _keep_slots_kernel(
-    off: NDArray[np.int64], slots: NDArray[np.int64], offsets: NDArray[np.int64]
-) -> NDArray[np.bool_]:
-    keep = np.empty(slots.shape[0], dtype=np.bool_)
+    off: NDArray[np.int64],
+    slots: NDArray[np.int64],
+    offsets: NDArray[np.int64],
+    keep: NDArray[np.bool_],
+) -> None:
     for j in range(slots.shape[0]):
         keep[j] = (off[slots[j]] & _OFFSET_BITS) == offsets[j]
-    return keep
 
 
 def memory_per_thread(dedupe_buffer_size: int, threads: int) -> int:
@@ -418,7 +419,9 @@ class OffsetMap:
         key's entry, so it survives iff it is the entry's own record (for the offset
         strategy, where the newest offset wins, the same as offset >= the entry's)."""
         _, _, off, _ = self._columns()
-        return _keep_slots_kernel(off, slots, np.ascontiguousarray(offsets, dtype=np.int64))
+        keep = np.empty(slots.shape[0], dtype=np.bool_)
+        _keep_slots_kernel(off, slots, np.ascontiguousarray(offsets, dtype=np.int64), keep)
+        return keep
 
     def update_existing_many(
         self,
@@ -445,7 +448,9 @@ class OffsetMap:
         strategies keep only the entry's own record."""
         h, o = _records(hashes, offsets)
         hi, lo, off, _ = self._columns()
-        return _keep_kernel(hi, lo, off, self.versioned, h, o)
+        keep = np.ones(o.size, dtype=np.bool_)
+        _keep_kernel(hi, lo, off, self.versioned, h, o, keep)
+        return keep
 
     def _columns(
         self,

@@ -575,12 +575,12 @@ class Walker:
 
 
 @jit
-def _window_cuts(buf: U8, max_bytes: Int) -> I64:
+def _window_cuts(buf: U8, max_bytes: Int, cuts: I64) -> Int:
     """Batch boundaries splitting `buf` into runs of whole batches of at most `max_bytes`
-    (a bigger batch is a run of its own): the start of each run after the first. Only
-    the length fields are read; the walk stops at the first entry whose length is
-    impossible or runs past the end, which stays in the last run."""
-    cuts = np.empty(16, np.int64)
+    (a bigger batch is a run of its own): the start of each run after the first, into
+    `cuts`; returns how many (-1 if `cuts` is too short). Only the length fields are
+    read; the walk stops at the first entry whose length is impossible or runs past the
+    end, which stays in the last run."""
     n = 0
     run = 0
     p = 0
@@ -592,14 +592,12 @@ def _window_cuts(buf: U8, max_bytes: Int) -> I64:
             break
         if p > run and p + size - run > max_bytes:
             if n == cuts.shape[0]:
-                grown = np.empty(2 * n, np.int64)
-                grown[:n] = cuts
-                cuts = grown
+                return -1
             cuts[n] = p
             n += 1
             run = p
         p += size
-    return cuts[:n]
+    return n
 
 
 DECODE_WINDOW_BYTES: Final = 8 * 1024 * 1024
@@ -617,8 +615,14 @@ def batch_windows(buf: Buffer | U8, max_bytes: int) -> list[tuple[int, int]]:
     size = len(buf)
     if size <= max_bytes:
         return [(0, size)]
-    bounds = [0, *_window_cuts(as_uint8(buf), max_bytes).tolist(), size]
-    return list(pairwise(bounds))
+    # Two runs side by side hold more than `max_bytes` (else they would be one), so
+    # there are fewer than 2 * size / max_bytes + 2 runs. The cuts are allocated here:
+    # a kernel that allocates makes numba import its array module in every process.
+    cuts = np.empty(2 * size // max_bytes + 2, np.int64)
+    n = _window_cuts(as_uint8(buf), max_bytes, cuts)
+    if n < 0:
+        raise AssertionError(f"more than {cuts.size} windows of {max_bytes} bytes in {size}")
+    return list(pairwise([0, *cuts[:n].tolist(), size]))
 
 
 def walk_strict(
