@@ -736,6 +736,8 @@ def segment_columns(
         (SEGMENT, plain_rows, plain_start, plain_end),
         (SIDE, packed_rows, packed_start, packed_end),
     ):
+        if not rows.size:
+            continue  # no call: each buffer kind is a signature of its own to load
         result = _batches_kernel(
             side_bytes if bid == SIDE else seg,
             rows.astype(np.int64),
