@@ -125,6 +125,7 @@ def _load_all() -> None:
         _load_numba()
         _load_cached_kernels_without_registries()
         _drop_llvm_lock_events()
+        _type_arrays_without_numpy_ma()
         for fn in _on_load:
             fn()
         for kernel in _kernels:
@@ -176,6 +177,28 @@ def _drop_llvm_lock_events() -> None:
     for acquire, release in list(hooks):
         if getattr(acquire, "__module__", "") == "numba.core.base":
             ffi.unregister_lock_callback(acquire, release)
+
+
+def _type_arrays_without_numpy_ma() -> None:
+    """Spare every process the import of `numpy.ma` (11 ms) that numba's `typeof` of
+    the first array makes, only to refuse a masked array: none can exist before that
+    module is imported. numba's own typing of arrays is kept, and runs once it is."""
+    import numpy as np
+    from numba.core.typing.typeof import typeof_impl
+
+    numbas = typeof_impl.dispatch(np.ndarray)
+
+    def typeof_ndarray(val: Any, c: Any) -> Any:
+        if "numpy.ma" in sys.modules:
+            return numbas(val, c)
+        from numba.core import types
+        from numba.np import numpy_support
+
+        dtype = numpy_support.from_dtype(val.dtype)
+        layout = numpy_support.map_layout(val)
+        return types.Array(dtype, val.ndim, layout, readonly=not val.flags.writeable)
+
+    typeof_impl.register(np.ndarray)(typeof_ndarray)
 
 
 class Kernel:

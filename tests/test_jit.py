@@ -212,3 +212,36 @@ def test_numba_times_no_call_into_llvm(tmp_path: Path) -> None:
     for _ in range(2):  # compiled, then loaded from the cache
         out = run_python(_LOCK_HOOKS, timeout_s=300, env=env)
         assert json.loads(out.splitlines()[-1]) == [6, 10, []]
+
+
+_MASKED = """
+import json, sys
+import numpy as np
+from tests.test_jit import _sum_doubled
+total = int(_sum_doubled(np.arange(3, dtype=np.int64)))
+import numba
+readonly = np.arange(4, dtype=np.int64)
+readonly.flags.writeable = False
+total += int(_sum_doubled(readonly))
+types = [str(numba.typeof(a)) for a in (readonly, np.zeros((4, 2), np.int32)[:, 0])]
+loaded = "numpy.ma" in sys.modules
+import numpy.ma
+try:
+    numba.typeof(numpy.ma.masked_array(np.arange(3)))
+    refused = ""
+except Exception as exc:
+    refused = str(exc)
+print(json.dumps([total, types, loaded, refused]))
+"""
+
+
+def test_typing_arrays_does_not_import_numpy_ma(tmp_path: Path) -> None:
+    """numba's `typeof` of an array imported `numpy.ma` (11 ms) to refuse a masked
+    array; no process imports it now until something else does, arrays are typed as
+    before (read-only, strided), and a masked array is refused once one can exist."""
+    out = run_python(_MASKED, timeout_s=300, env={"NUMBA_CACHE_DIR": str(tmp_path / "cache")})
+    total, types, loaded, refused = json.loads(out.splitlines()[-1])
+    assert total == 6 + 12
+    assert types == ["readonly array(int64, 1d, C)", "array(int32, 1d, A)"]
+    assert loaded is False
+    assert "numpy.ma.MaskedArray" in refused
