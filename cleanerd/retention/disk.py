@@ -50,8 +50,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
-import psutil
-
 from cleanerd.errors import CleanerdError
 from cleanerd.log.deletions import PendingDeletions
 from cleanerd.log.files import TopicPartition
@@ -88,6 +86,8 @@ UsageProbe = Callable[[Path], DiskSpace]
 
 def psutil_space(path: Path) -> DiskSpace:
     """Usage of the file system holding `path`, as `df` reports it."""
+    import psutil  # here: a command that never measures a device spares its import
+
     usage = psutil.disk_usage(str(path))
     return DiskSpace(usage.used + usage.free, usage.used, os.statvfs(path).f_frsize)
 
