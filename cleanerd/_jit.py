@@ -26,6 +26,7 @@ writable home), numba would refuse to cache at all and fail; `_cache_dir` then p
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import tempfile
@@ -158,11 +159,68 @@ def _load_cached_kernels_without_registries() -> None:
         return
 
     def load_overload(self: Any, sig: Any, target_context: Any) -> Any:
+        global _nrt_cache_path
+        if _nrt_cache_path is None:
+            _nrt_cache_path = Path(self._cache_path)  # numba's runtime is cached beside
         rtsys.initialize(target_context)
         with self._guard_against_spurious_io_errors():
             return self._load_overload(sig, target_context)
 
     cache.load_overload = load_overload  # type: ignore[method-assign]
+    _cache_runtime_library()
+
+
+_nrt_cache_path: Path | None = None
+"""Where the kernels being loaded are cached: numba's runtime is cached there too."""
+
+
+def _cache_runtime_library() -> None:
+    """Load numba's runtime (NRT: the reference counting every kernel calls) from the
+    kernels' cache instead of compiling it with LLVM in every process (about 20 ms of
+    the first kernel call; numba caches kernels but not its runtime). The file is keyed
+    by what numba keys a kernel's cache by (its and llvmlite's versions, the CPU and its
+    features); a file that is absent, for another key, or unreadable is replaced by a
+    fresh compile, as numba does with a stale kernel cache."""
+    import pickle
+
+    import llvmlite
+    import numba
+    from numba.core.runtime import nrtdynmod
+
+    def compile_nrt_functions(ctx: Any) -> Any:
+        codegen = ctx.codegen()
+        key = repr((numba.__version__, llvmlite.__version__, codegen.magic_tuple()))
+        path = None if _nrt_cache_path is None else _nrt_cache_path / "cleanerd-nrt.pkl"
+        if path is not None:
+            try:
+                # A pickle, as numba's own cache of the kernels beside it: the same trust.
+                stored_key, state = pickle.loads(path.read_bytes())  # noqa: S301
+            except (OSError, pickle.UnpicklingError, ValueError, EOFError):
+                stored_key = state = None
+            if stored_key == key:
+                return codegen.unserialize_library(state)
+        create: Callable[[Any], tuple[Any, Any]] = nrtdynmod.create_nrt_module
+        ir_module, library = create(ctx)
+        library.enable_object_caching()
+        library.add_ir_module(ir_module)
+        library.finalize()
+        if path is not None:
+            with contextlib.suppress(OSError):
+                _write_atomically(path, pickle.dumps((key, library.serialize_using_object_code())))
+        return library
+
+    nrtdynmod.compile_nrt_functions = compile_nrt_functions
+
+
+def _write_atomically(path: Path, data: bytes) -> None:
+    """Write `data` to `path` through a temporary file and a rename, so that a process
+    reading it concurrently sees the old file or the new one, never a torn one."""
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_bytes(data)
+        tmp.replace(path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def _drop_llvm_lock_events() -> None:
