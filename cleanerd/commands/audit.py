@@ -52,7 +52,12 @@ from cleanerd.compaction.audit import (
 )
 from cleanerd.config import Config, load_config
 from cleanerd.errors import CheckpointError, CleanerdError, failure_text
-from cleanerd.log.files import LOG_FILE_SUFFIX, METADATA_TOPIC, parse_topic_partition
+from cleanerd.log.files import (
+    LOG_FILE_SUFFIX,
+    METADATA_TOPIC,
+    parse_topic_partition,
+    partition_dir_gone,
+)
 from cleanerd.log.log_dir import LogDir
 from cleanerd.log.partition_log import LogConfig, PartitionLog
 from cleanerd.log.topic_config import TopicConfig
@@ -155,7 +160,9 @@ def compacted_partitions(cfg: Config, run: AuditRun) -> Iterator[tuple[Partition
                     try:
                         plog = log_dir.open_partition(tp, config=LogConfig.of_topic(topic))
                     except (CleanerdError, OSError) as exc:
-                        run.errors.append(f"{log_dir.path / str(tp)}: {exc}")
+                        path = log_dir.path / str(tp)
+                        if not partition_dir_gone(path):  # else deleted since the listing
+                            run.errors.append(f"{path}: {exc}")
                         continue
                     yield plog, topic
         except (CheckpointError, OSError) as exc:  # offline for a cycle too
@@ -183,6 +190,8 @@ def audit_log_dirs(
             max_listed=max_listed,
             memory_bytes=memory_bytes,
         )
+        if audit.error is not None and partition_dir_gone(plog.dir):
+            continue  # deleted while read (a topic deletion): nothing to audit
         run.audits.append(audit)
         if progress is not None:
             sizes = [s.size for s in plog.segments]

@@ -29,6 +29,7 @@ dirs are never partitions that cleanerd may touch.
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -228,3 +229,14 @@ def time_index_file(dir_path: Path, base_offset: int, suffix: str = "") -> Path:
 def txn_index_file(dir_path: Path, base_offset: int, suffix: str = "") -> Path:
     """The `.txnindex` file of the segment at `base_offset`."""
     return segment_file(dir_path, base_offset, TXN_INDEX_FILE_SUFFIX, suffix)
+
+
+def partition_dir_gone(path: Path) -> bool:
+    """Whether the partition dir `path` is no longer there: a broker deleting its topic
+    renames it (`<topic>-<partition>.<id>-delete`) and then removes it. A read that
+    failed on such a partition met its deletion, not damage."""
+    try:
+        os.lstat(path)
+    except FileNotFoundError:
+        return True
+    return False

@@ -41,7 +41,12 @@ from cleanerd.errors import (
     FileChangedError,
     failure_text,
 )
-from cleanerd.log.files import CLEAN_SHUTDOWN_FILE_NAME, METADATA_TOPIC, TopicPartition
+from cleanerd.log.files import (
+    CLEAN_SHUTDOWN_FILE_NAME,
+    METADATA_TOPIC,
+    TopicPartition,
+    partition_dir_gone,
+)
 from cleanerd.log.log_dir import LogDir
 from cleanerd.log.meta import PartitionMeta
 from cleanerd.log.ownership import lock_holder
@@ -385,6 +390,8 @@ def _gather_dir(
         try:
             plog, meta, segment_horizons = _read_partition(log_dir, tp, topic, horizons)
         except (CleanerdError, OSError) as exc:
+            if partition_dir_gone(log_dir.path / str(tp)):
+                continue  # deleted since the listing (a topic deletion): nothing to plan
             out.errors.append(f"{log_dir.path / str(tp)}: {exc}")
             out.unreadable.append(Unreadable(str(log_dir.path), tp, topic.cleanup_policy, str(exc)))
             continue

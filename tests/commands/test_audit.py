@@ -8,15 +8,18 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
 
 from cleanerd.cli import main
 from cleanerd.commands.audit import CLEAN_TIME_ALLOWANCE_MS, _total_segments, render_text
-from cleanerd.compaction.audit import ROW_BYTES, AuditResult, PartitionAudit
+from cleanerd.compaction.audit import ROW_BYTES, AuditResult, PartitionAudit, audit_partition
 from cleanerd.config import load_config
 from cleanerd.log.files import TopicPartition
+from cleanerd.log.log_dir import LogDir
+from cleanerd.log.partition_log import PartitionLog
 from cleanerd.records.walker import walk
 from tests.builders import build_log, kv
 from tests.compaction.conftest import LogBuilder, k
@@ -150,6 +153,50 @@ def test_a_log_dir_with_a_malformed_root_checkpoint_is_named_and_the_others_audi
     assert f"t-0 in {tmp_path / 'logs'}" in captured.out
     assert f"{broken}: offline, not read: malformed checkpoint file" in captured.err
     assert "unrecognised version 7" in captured.err
+
+
+@pytest.mark.parametrize("when", ["before its open", "during its read"])
+def test_a_partition_deleted_while_audited_is_gone_not_an_error(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    when: str,
+) -> None:
+    """A broker deleting a topic renames its partition dirs (`<tp>.<id>-delete`), then
+    removes them. Deleted after audit's listing, before or while it is read, a
+    partition is gone: left out, exit status 0. It was an error (No such file or
+    directory), exit 1."""
+    build(tmp_path)
+    partition = tmp_path / "logs" / "t-0"
+    second = TopicPartition("t", 1)
+    build_log(
+        tmp_path / "logs", [[[kv("k", "v", timestamp=NOW)]]], state_dir=tmp_path / "s", tp=second
+    )
+
+    def delete() -> None:
+        partition.rename(partition.with_name(f"t-0.{'ab' * 16}-delete"))
+
+    if when == "before its open":
+        listed = LogDir.partitions
+
+        def deleting(self: LogDir) -> dict[TopicPartition, Path]:
+            found = listed(self)
+            delete()
+            return found
+
+        monkeypatch.setattr(LogDir, "partitions", deleting)
+    else:
+        audited = audit_partition
+
+        def deleting_read(plog: PartitionLog, *args: Any, **kwargs: Any) -> PartitionAudit:
+            if plog.dir == partition:
+                delete()
+            return audited(plog, *args, **kwargs)
+
+        monkeypatch.setattr("cleanerd.commands.audit.audit_partition", deleting_read)
+    assert main(["audit", "-c", str(config_file(tmp_path)), "--now-ms", str(NOW), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert [(a["topic"], a["partition"]) for a in report["partitions"]] == [("t", 1)]
 
 
 def test_a_bad_batch_in_a_mapped_segment_is_reported_and_the_others_audited(

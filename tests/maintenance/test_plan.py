@@ -246,6 +246,30 @@ def test_plan_names_a_log_dir_with_a_malformed_root_checkpoint_as_offline(
     assert f"{broken}: offline, not read: {why}" in captured.err
 
 
+def test_a_partition_deleted_while_plan_reads_is_gone_not_unreadable(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A broker deleting a topic renames its partition dirs (`<tp>.<id>-delete`), then
+    removes them. Deleted between plan's listing and its read, a partition is gone: left
+    out, exit status 0. It was "unreadable" (No such file or directory), exit 1."""
+    logs = build(tmp_path, T0)
+    path = config_file(tmp_path, [logs])
+    listed = LogDir.partitions
+
+    def deleting(self: LogDir) -> dict[TopicPartition, Path]:
+        found = listed(self)
+        if (self.path / "users-0").exists():
+            (self.path / "users-0").rename(self.path / f"users-0.{'ab' * 16}-delete")
+        return found
+
+    monkeypatch.setattr(LogDir, "partitions", deleting)
+    capsys.readouterr()  # the builder's log lines
+    assert main(["plan", "-c", str(path), "--now-ms", str(T0), "--json"]) == 0
+    planned = json.loads(capsys.readouterr().out)
+    assert [p["topic"] for p in planned["partitions"]] == ["events"]
+    assert planned["unreadable"] == []
+
+
 def test_plan_json_lists_what_clean_then_does_under_the_same_names(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
