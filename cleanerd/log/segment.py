@@ -427,10 +427,23 @@ class LogSegment:
         the batches after the last offset-index entry."""
         if self._builder is None:
             oi, ti = self.offset_index, self.time_index
-            oi.check_within(self._size, self.log_path)
             last, ts = oi.last_entry, ti.last_entry
-            tail = self._whole_batches_from(last.position)
-            torn = oi.entries > 0 and not tail.batches and self._torn_at(last.position)
+            try:
+                oi.check_within(self._size, self.log_path)
+                tail = self._whole_batches_from(last.position)
+                torn = oi.entries > 0 and not tail.batches and self._torn_at(last.position)
+                if oi.entries and not torn:
+                    _check_last_entry(oi.path, self.log_path, last, tail)
+            except (IndexPastLogError, _LastEntryMismatch, CorruptRecordError):
+                if not (self.read_only and self.growing):
+                    raise
+                # The active segment of a dir a broker writes: a truncation (Kafka's
+                # `truncateTo`) moves its index's entry count back in the broker's
+                # memory only, leaving the entries past the new end in the preallocated
+                # file until appends overwrite them. Such a stale entry (past the end, or
+                # into the middle of later batches) is not damage: the segment is read
+                # from its start, as a torn one is, where real damage still raises.
+                torn = True
             if torn:
                 # A torn batch at the last entry, which an owner's recovery cuts with the
                 # index entries into it (a crash that wrote the entry but not the whole
@@ -438,22 +451,6 @@ class LogSegment:
                 # the time index, whose last entry may be the torn batch's.
                 last, ts = OffsetPosition(self.base_offset, 0), TimestampOffset(-1, -1)
                 tail = self._whole_batches_from(0)
-            if oi.entries and not tail.batches and not torn:
-                # Which file is wrong is not known: a damaged batch there, or an index
-                # entry past what was written. Both are named.
-                raise CorruptIndexError(
-                    f"last entry (offset {last.offset}, position {last.position}) points "
-                    f"to no whole batch of {self.log_path}: the batch at that position is "
-                    "damaged or the entry is",
-                    path=oi.path,
-                )
-            matches = tail.first_last_offset <= last.offset <= tail.last_offset
-            if oi.entries and not torn and not matches:
-                raise CorruptIndexError(
-                    f"last entry (offset {last.offset}, position {last.position}) does not "
-                    "match the batch there",
-                    path=oi.path,
-                )
             builder = IndexBuilder(
                 oi,
                 ti,
@@ -985,6 +982,31 @@ class LogSegment:
         for path in self.paths:
             if path.exists():
                 safe_unlink(path)
+
+
+class _LastEntryMismatch(CorruptIndexError):
+    """The last offset-index entry disagrees with the batch at its position."""
+
+
+def _check_last_entry(
+    index_path: Path, log_path: Path, last: OffsetPosition, tail: Summary
+) -> None:
+    """Raise _LastEntryMismatch when the last offset-index entry `last` is not on the
+    batch `tail` starts with: which file is wrong is not known (a damaged batch there,
+    or an entry past what was written), so both are named."""
+    if not tail.batches:
+        raise _LastEntryMismatch(
+            f"last entry (offset {last.offset}, position {last.position}) points to no "
+            f"whole batch of {log_path}: the batch at that position is damaged or the "
+            "entry is",
+            path=index_path,
+        )
+    if not tail.first_last_offset <= last.offset <= tail.last_offset:
+        raise _LastEntryMismatch(
+            f"last entry (offset {last.offset}, position {last.position}) does not match "
+            "the batch there",
+            path=index_path,
+        )
 
 
 class IndexCheck:

@@ -363,6 +363,34 @@ def test_growing_segment_whose_last_index_entry_points_at_a_torn_batch(tmp_path:
     )
 
 
+@pytest.mark.parametrize("appended", [0, 8], ids=["cut", "cut then appended"])
+def test_a_live_segment_with_stale_index_entries_after_a_truncation_is_read_whole(
+    tmp_path: Path, appended: int
+) -> None:
+    """Kafka's `truncateTo` (an unclean leader election, a follower's truncation) moves
+    the active index's entry count back in the broker's memory only: the entries past
+    the new end stay in the preallocated file until appends overwrite them. Read beside
+    the broker (growing), the segment is read from its start, the stale entries not
+    believed, whether they point past the log's end or, after new appends, into other
+    batches. Not growing, the same files are damage, as before (they were for the
+    growing segment too: its partition unreadable until the broker's appends overwrote
+    the entries)."""
+    batches = _batches(6)
+    write_segment(tmp_path, 0, batches, index_interval_bytes=1)
+    log = tmp_path / "00000000000000000000.log"
+    kept = b"".join(batches[:2])
+    new = _batches(appended, base=4, per_batch=1)  # smaller: the old positions are off
+    log.write_bytes(kept + b"".join(new))  # the index still has its 6 entries
+    if appended:  # the last stale entry now lies inside the new batches
+        assert log.stat().st_size > 5 * len(batches[0])
+    seg = LogSegment(tmp_path, 0, read_only=True)
+    seg.growing = True
+    meta = seg.meta()
+    assert (meta.next_offset, meta.size_bytes) == (4 + appended, log.stat().st_size)
+    with pytest.raises((CorruptIndexError, CorruptRecordError)):
+        LogSegment(tmp_path, 0, read_only=True).meta()
+
+
 def _big_unindexed(tmp_path: Path, torn: int) -> tuple[list[bytes], Path]:
     """A segment past the `pread` span (so it is mapped) with no index files, its last
     batch cut short by `torn` bytes."""
