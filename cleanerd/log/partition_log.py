@@ -739,6 +739,7 @@ class PartitionLog:
             self._snapshot_offsets(),
             log_start=self.log_start_offset,
             log_end=self.log_end_offset,
+            live=self.read_only and bool(self._segments) and self._segments[-1].growing,
         )
         return ProducerState() if state is None else state
 

@@ -258,12 +258,20 @@ def read_snapshot(path: Path) -> ProducerState:
 
 
 def latest_snapshot(
-    partition_dir: Path, offsets: Iterable[int], *, log_start: int, log_end: int
+    partition_dir: Path,
+    offsets: Iterable[int],
+    *,
+    log_start: int,
+    log_end: int,
+    live: bool = False,
 ) -> ProducerState | None:
     """The state in the newest readable snapshot among `offsets` (the dir's, ascending)
     that lies within [`log_start`, `log_end`], or None. One outside that range is of
     batches the log no longer holds (or never held); a damaged one is logged, naming the
-    file, and the next older one tried, as Kafka's loader does."""
+    file, and the next older one tried, as Kafka's loader does. With `live` (a dir a
+    broker writes) the newest one is logged at debug: Kafka writes a snapshot in place
+    at a roll, so it may be read half written."""
+    newest = True
     for offset in reversed(list(offsets)):
         if not log_start <= offset <= log_end:
             continue
@@ -271,7 +279,9 @@ def latest_snapshot(
         try:
             return read_snapshot(path)
         except (CorruptIndexError, OSError) as exc:
-            log.warning("producer_snapshot.unreadable", path=str(path), error=str(exc))
+            logged = log.debug if live and newest else log.warning
+            logged("producer_snapshot.unreadable", path=str(path), error=str(exc))
+        newest = False
     return None
 
 

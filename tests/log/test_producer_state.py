@@ -7,9 +7,16 @@ from pathlib import Path
 
 import crc32c
 import pytest
+from structlog.testing import capture_logs
 
 from cleanerd.errors import CorruptIndexError
-from cleanerd.log.producer_state import ProducerEntry, ProducerState, read_snapshot, write_snapshot
+from cleanerd.log.producer_state import (
+    ProducerEntry,
+    ProducerState,
+    latest_snapshot,
+    read_snapshot,
+    write_snapshot,
+)
 
 
 def _snapshot(entries: list[tuple[int, int]], *, version: int = 1) -> bytes:
@@ -50,3 +57,26 @@ def test_write_keeps_the_newest_two_and_none_below_the_log_start(tmp_path: Path)
     write_snapshot(tmp_path, ProducerState(50), log_start_offset=45)
     assert [p.name for p in tmp_path.iterdir()] == ["00000000000000000050.snapshot"]
     assert read_snapshot(tmp_path / "00000000000000000050.snapshot").entries == {}
+
+
+@pytest.mark.parametrize("live", [False, True])
+def test_a_half_written_newest_snapshot_falls_back_and_is_a_warning_unless_live(
+    tmp_path: Path, live: bool
+) -> None:
+    """The newest snapshot cut short: the next older one is read. It is a warning naming
+    the file, except beside a live broker (`live`), which writes a snapshot in place at
+    a roll: there it may be read half written, and it is logged at debug only. An older
+    damaged one is a warning either way."""
+    (tmp_path / "00000000000000000050.snapshot").write_bytes(_snapshot([(7, 40)]))
+    (tmp_path / "00000000000000000080.snapshot").write_bytes(_snapshot([(8, 70)])[:3])
+    with capture_logs() as logs:
+        state = latest_snapshot(tmp_path, [50, 80], log_start=0, log_end=90, live=live)
+    assert state is not None
+    assert state.ongoing() == {7: 40}
+    warned = [e["path"] for e in logs if e["log_level"] == "warning"]
+    assert warned == ([] if live else [str(tmp_path / "00000000000000000080.snapshot")])
+    (tmp_path / "00000000000000000050.snapshot").write_bytes(b"\x00")
+    with capture_logs() as logs:
+        assert latest_snapshot(tmp_path, [50, 80], log_start=0, log_end=90, live=live) is None
+    warned = [e["path"] for e in logs if e["log_level"] == "warning"]
+    assert str(tmp_path / "00000000000000000050.snapshot") in warned
