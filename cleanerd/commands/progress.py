@@ -135,9 +135,13 @@ class Progress:
         self.bytes_total += size
 
     def advance(self, *, segments: int = 0, size: int = 0) -> None:
-        """Count `segments` and `size` bytes more as done; redraw when due."""
+        """Count `segments` and `size` bytes more as done; redraw when due. Work done
+        beyond the totals (segments a live broker wrote after they were counted) grows
+        them: "257/249 segments" read as a bug."""
         self.segments_done += segments
         self.bytes_done += size
+        self.segments_total = max(self.segments_total, self.segments_done)
+        self.bytes_total = max(self.bytes_total, self.bytes_done)
         now = self.clock()
         if now - self._last_draw >= (TTY_INTERVAL_S if self.tty else PLAIN_INTERVAL_S):
             self._last_draw = now

@@ -66,6 +66,16 @@ def test_plain_output_is_periodic_and_final() -> None:
     assert "\r" not in out.getvalue()
 
 
+def test_work_beyond_the_totals_grows_them() -> None:
+    """Segments a live broker wrote after the totals were counted are done beyond them:
+    the totals grow, so the line never reads "5/4 segments" or more than 100%."""
+    out, clock = io.StringIO(), Clock()
+    p = Progress("audit", segments=4, total_bytes=400, stream=out, tty=False, clock=clock)
+    p.advance(segments=5, size=520)
+    p.finish()
+    assert out.getvalue().startswith("audit 100.0% 5/5 segments 520 B/520 B")
+
+
 def test_terminal_output_redraws_in_place() -> None:
     """On a terminal the line is redrawn with a carriage return and ends with a newline."""
     out, clock = io.StringIO(), Clock()
