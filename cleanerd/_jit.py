@@ -22,6 +22,8 @@ writable home), numba would refuse to cache at all and fail; `_cache_dir` then p
 `NUMBA_CACHE_DIR` at the first writable of `$CACHE_DIRECTORY/numba` (systemd's
 `CacheDirectory=`), `$XDG_CACHE_HOME/cleanerd/numba` (`~/.cache` by default) and
 `<tmp>/cleanerd-<uid>/numba`, and with none writable kernels are compiled uncached.
+numba's runtime (NRT), which numba compiles with LLVM in every process, is cached
+beside the first kernel loaded (`cleanerd-nrt.pkl`, see `_cache_runtime_library`).
 """
 
 from __future__ import annotations
