@@ -165,6 +165,7 @@ class LogSegment:
         self._time_index: TimeIndex | None = None
         self._txn_index: TransactionIndex | None = None
         self._builder: IndexBuilder | None = None
+        self._stale_index = False  # a live segment's index disagrees with it: not used
         self._next_offset: int | None = None
         self._first: tuple[int | None] | None = None  # (first batch's max timestamp,)
         self._index_bytes: tuple[int, int] | None = None  # known without loading them
@@ -442,8 +443,9 @@ class LogSegment:
                 # memory only, leaving the entries past the new end in the preallocated
                 # file until appends overwrite them. Such a stale entry (past the end, or
                 # into the middle of later batches) is not damage: the segment is read
-                # from its start, as a torn one is, where real damage still raises.
-                torn = True
+                # from its start, as a torn one is, where real damage still raises, and
+                # a lookup by offset reads it from its start too (`position_for`).
+                torn = self._stale_index = True
             if torn:
                 # A torn batch at the last entry, which an owner's recovery cuts with the
                 # index entries into it (a crash that wrote the entry but not the whole
@@ -766,7 +768,12 @@ class LogSegment:
 
     def position_for(self, offset: int) -> int:
         """Where to start scanning for `offset`: the offset-index lookup's position (an
-        entry outside the log, which only damage makes, is a CorruptIndexError)."""
+        entry outside the log, which only damage makes, is a CorruptIndexError); the
+        start of a live segment whose index was found stale (`_tail`)."""
+        if self.read_only and self.growing:
+            self._tail()  # checks the index against the log, once
+        if self._stale_index:
+            return 0
         entry = self.offset_index.lookup(offset)
         if not 0 <= entry.position <= self._size:
             raise CorruptIndexError(

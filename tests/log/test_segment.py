@@ -372,9 +372,9 @@ def test_a_live_segment_with_stale_index_entries_after_a_truncation_is_read_whol
     the new end stay in the preallocated file until appends overwrite them. Read beside
     the broker (growing), the segment is read from its start, the stale entries not
     believed, whether they point past the log's end or, after new appends, into other
-    batches. Not growing, the same files are damage, as before (they were for the
-    growing segment too: its partition unreadable until the broker's appends overwrote
-    the entries)."""
+    batches; a lookup by offset reads from the start too. Not growing, the same files
+    are damage, as before (they were for the growing segment too: its partition
+    unreadable until the broker's appends overwrote the entries)."""
     batches = _batches(6)
     write_segment(tmp_path, 0, batches, index_interval_bytes=1)
     log = tmp_path / "00000000000000000000.log"
@@ -387,6 +387,12 @@ def test_a_live_segment_with_stale_index_entries_after_a_truncation_is_read_whol
     seg.growing = True
     meta = seg.meta()
     assert (meta.next_offset, meta.size_bytes) == (4 + appended, log.stat().st_size)
+    # A read from an offset does not start at a stale entry's position either (the one
+    # for offset 7 now lies inside the new batches).
+    fresh = LogSegment(tmp_path, 0, read_only=True)
+    fresh.growing = True
+    assert [b.base_offset for b in fresh.batches(8)] == list(range(8, 4 + appended))
+    assert [b.base_offset for b in fresh.batches(2)] == [2, *range(4, 4 + appended)]
     with pytest.raises((CorruptIndexError, CorruptRecordError)):
         LogSegment(tmp_path, 0, read_only=True).meta()
 
