@@ -387,7 +387,17 @@ class LogSegment:
         `_whole_batches_from`)."""
         assert self._appended_from is not None
         position, (next_offset, max_ts, max_ts_offset) = self._appended_from
-        tail = self._whole_batches_from(position)
+        try:
+            tail = self._whole_batches_from(position)
+        except CorruptRecordError:
+            if not (self.read_only and self.growing):
+                raise
+            # Not appends only: the broker cut the segment (Kafka's `truncateTo`) and
+            # wrote past its old end since it was last read, so the old end may lie
+            # inside a batch. Read it again from its start, where damage still raises.
+            self._first = None
+            next_offset, max_ts, max_ts_offset = self.base_offset, NO_TIMESTAMP, -1
+            tail = self._whole_batches_from(0)
         if tail.batches:
             if tail.max_timestamp > max_ts:
                 max_ts, max_ts_offset = tail.max_timestamp, tail.offset_of_max_timestamp

@@ -397,6 +397,30 @@ def test_a_live_segment_with_stale_index_entries_after_a_truncation_is_read_whol
         LogSegment(tmp_path, 0, read_only=True).meta()
 
 
+def test_a_live_segment_cut_and_written_past_its_old_end_is_read_again_whole(
+    tmp_path: Path,
+) -> None:
+    """A live segment read, then cut by its broker (Kafka's `truncateTo`) and appended
+    to past its old end before it is read again: the same file, grown, is not appends
+    only (its old end now lies inside a batch), so it is read again from its start. It
+    was a corrupt batch at the old end ("unexpected magic"), which kept the partition
+    unreadable in 40% of an observing daemon's cycles under a churning broker."""
+    batches = _batches(6)
+    write_segment(tmp_path, 0, batches, index_interval_bytes=100_000)
+    log = tmp_path / "00000000000000000000.log"
+    seg = LogSegment(tmp_path, 0, read_only=True)
+    seg.growing = True
+    assert seg.meta().next_offset == 12
+    old_size = log.stat().st_size
+    new = _batches(8, base=4, per_batch=1, ts0=5000)
+    log.write_bytes(b"".join(batches[:2]) + b"".join(new))  # the same inode
+    assert log.stat().st_size > old_size
+    assert seg.refresh()
+    meta = seg.meta()
+    assert (meta.next_offset, meta.size_bytes) == (12, log.stat().st_size)
+    assert meta.largest_timestamp_ms == max(5000 + (n * 7) % 13 for n in range(8))
+
+
 def _big_unindexed(tmp_path: Path, torn: int) -> tuple[list[bytes], Path]:
     """A segment past the `pread` span (so it is mapped) with no index files, its last
     batch cut short by `torn` bytes."""
