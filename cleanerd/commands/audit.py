@@ -51,10 +51,17 @@ from cleanerd.compaction.audit import (
     audit_partition,
 )
 from cleanerd.config import Config, load_config
-from cleanerd.errors import CheckpointError, CleanerdError, failure_text
+from cleanerd.errors import (
+    CHANGED_READ_ATTEMPTS,
+    CheckpointError,
+    CleanerdError,
+    FileChangedError,
+    failure_text,
+)
 from cleanerd.log.files import (
     LOG_FILE_SUFFIX,
     METADATA_TOPIC,
+    TopicPartition,
     parse_topic_partition,
     partition_dir_gone,
 )
@@ -158,7 +165,7 @@ def compacted_partitions(cfg: Config, run: AuditRun) -> Iterator[tuple[Partition
                     if not topic.compact or tp.topic == METADATA_TOPIC:
                         continue
                     try:
-                        plog = log_dir.open_partition(tp, config=LogConfig.of_topic(topic))
+                        plog = _open_observed(log_dir, tp, LogConfig.of_topic(topic))
                     except (CleanerdError, OSError) as exc:
                         path = log_dir.path / str(tp)
                         if not partition_dir_gone(path):  # else deleted since the listing
@@ -167,6 +174,19 @@ def compacted_partitions(cfg: Config, run: AuditRun) -> Iterator[tuple[Partition
                     yield plog, topic
         except (CheckpointError, OSError) as exc:  # offline for a cycle too
             run.errors.append(f"{path}: offline, not read: {failure_text(exc)}")
+
+
+def _open_observed(log_dir: LogDir, tp: TopicPartition, config: LogConfig) -> PartitionLog:
+    """Open `tp` of a dir a live broker may be changing: a segment its compaction swapped
+    or its retention deleted between the listing and the open is listed and opened
+    again, up to CHANGED_READ_ATTEMPTS times (the read retries on its own)."""
+    for attempt in range(1, CHANGED_READ_ATTEMPTS + 1):
+        try:
+            return log_dir.open_partition(tp, config=config)
+        except (FileChangedError, FileNotFoundError):
+            if attempt == CHANGED_READ_ATTEMPTS:
+                raise
+    raise AssertionError("unreachable")
 
 
 def audit_log_dirs(

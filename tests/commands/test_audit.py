@@ -199,6 +199,33 @@ def test_a_partition_deleted_while_audited_is_gone_not_an_error(
     assert [(a["topic"], a["partition"]) for a in report["partitions"]] == [("t", 1)]
 
 
+def test_a_segment_swapped_between_the_listing_and_the_open_is_opened_again(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A live broker's compaction renames a segment away (`.deleted`) between audit's
+    listing of the partition and its open: the open is tried again on the new listing
+    and the partition audited (its deadline violations give the exit status). It was
+    an error, and the partition not audited."""
+    build(tmp_path)
+    opened = LogDir.open_partition
+    calls: list[TopicPartition] = []
+
+    def swapped_once(self: LogDir, tp: TopicPartition, **kwargs: Any) -> PartitionLog:
+        calls.append(tp)
+        if calls.count(tp) == 1:
+            raise FileNotFoundError(2, "No such file or directory", str(self.path / str(tp)))
+        return opened(self, tp, **kwargs)
+
+    monkeypatch.setattr(LogDir, "open_partition", swapped_once)
+    main(["audit", "-c", str(config_file(tmp_path)), "--now-ms", str(NOW), "--json"])
+    report = json.loads(capsys.readouterr().out)
+    assert report["errors"] == []
+    assert [(a["topic"], a["partition"], a["error"]) for a in report["partitions"]] == [
+        ("t", 0, None)
+    ]
+    assert calls == [TopicPartition("t", 0)] * 2
+
+
 def test_a_bad_batch_in_a_mapped_segment_is_reported_and_the_others_audited(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
