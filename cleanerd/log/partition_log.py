@@ -752,6 +752,26 @@ class PartitionLog:
     def producer_state(self) -> ProducerState:
         """The producer state at the log end offset: the latest snapshot, then a walk of
         the batches after it (only what was appended since the last call)."""
+        last = self._segments[-1] if self._segments else None
+        if last is None or not (self.read_only and last.growing):
+            return self._walk_producers()
+        # Beside a live broker, a truncation (Kafka's `truncateTo`) can take back bytes
+        # this state was walked from, and appends can follow past where the last walk
+        # ended, which then lies inside a batch: either way the state is rebuilt from
+        # the snapshot, where real damage still raises.
+        scanned_base, scanned_pos = self._txn_scanned
+        if last.base_offset == scanned_base and last.size < scanned_pos:
+            self._producers = None
+        incremental = self._producers is not None
+        try:
+            return self._walk_producers()
+        except CorruptRecordError:
+            if not incremental:
+                raise
+            self._producers = None
+            return self._walk_producers()
+
+    def _walk_producers(self) -> ProducerState:
         if self._producers is None:
             self._producers = self._state_at_snapshot()
             self._txn_scanned = (-1, 0)

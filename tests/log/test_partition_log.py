@@ -731,3 +731,33 @@ def test_the_readable_meta_stands_in_for_damage_only(
     monkeypatch.setattr(LogSegment, "meta", exhausted)
     with pytest.raises(OSError, match="Too many open files"):
         plog.readable_meta()
+
+
+def test_a_live_partition_cut_and_written_past_its_last_walk_rebuilds_its_producers(
+    tmp_path: Path,
+) -> None:
+    """Beside a live broker, the producer state walks only what was appended since its
+    last call. A truncation (Kafka's `truncateTo`) followed by appends past where that
+    walk ended leaves its end inside a batch; and a truncation alone takes back batches
+    it walked. Either way the state is rebuilt from the snapshot. The first was a corrupt
+    batch ("unexpected magic") that skipped the partition in about 45% of an observing
+    daemon's cycles under a churning broker."""
+    batches = [[kv(f"k{n}", "v" * 10, timestamp=1000 + n)] for n in range(6)]
+    build_log(tmp_path / "logs", [batches], state_dir=tmp_path / "state")
+    path = tmp_path / "logs" / "topic-0"
+    plog = PartitionLog.open(path, read_only=True)
+    assert plog.segments[-1].growing
+    plog.producer_state()  # walked to the end of the active segment
+    log = plog.segments[-1].log_path
+    data = log.read_bytes()
+    first_end = len(encode_records(batches[0], 0))
+    bigger = [encode_records([kv(f"n{n}", "w" * 300, timestamp=2000)], 1 + n) for n in range(4)]
+    log.write_bytes(data[:first_end] + b"".join(bigger))  # same inode, past the old end
+    assert log.stat().st_size > len(data)
+    plog.refresh()
+    plog.producer_state()
+    assert plog.log_end_offset == 5
+    log.write_bytes(data[:first_end])  # cut only: the walked batches are taken back
+    plog.refresh()
+    plog.producer_state()
+    assert plog.log_end_offset == 1
