@@ -7,10 +7,12 @@ position or offset, so an operator can find the bad bytes with `cleanerd dump`.
 from __future__ import annotations
 
 import errno as errno_codes
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Final
+from typing import Final, TypeVar
+
+T = TypeVar("T")
 
 
 class CleanerdError(Exception):
@@ -80,6 +82,19 @@ class FileChangedError(CleanerdError):
         self.reason = reason
         self.path = str(path)
         super().__init__(f"{self.path} changed while read: {reason}")
+
+
+def reread_on_change(read: Callable[[], T]) -> T:
+    """`read()` (a read that lists the partition anew each time), again while another
+    process changes the files under it (FileChangedError, FileNotFoundError: a live
+    broker swapped or deleted a segment between the listing and the read), up to
+    CHANGED_READ_ATTEMPTS times in all; the last attempt's error is raised."""
+    for _ in range(CHANGED_READ_ATTEMPTS - 1):
+        try:
+            return read()
+        except (FileChangedError, FileNotFoundError):
+            continue
+    return read()
 
 
 class CheckpointError(CleanerdError):

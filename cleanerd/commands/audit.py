@@ -39,6 +39,7 @@ import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Final
 
@@ -52,16 +53,14 @@ from cleanerd.compaction.audit import (
 )
 from cleanerd.config import Config, load_config
 from cleanerd.errors import (
-    CHANGED_READ_ATTEMPTS,
     CheckpointError,
     CleanerdError,
-    FileChangedError,
     failure_text,
+    reread_on_change,
 )
 from cleanerd.log.files import (
     LOG_FILE_SUFFIX,
     METADATA_TOPIC,
-    TopicPartition,
     parse_topic_partition,
     partition_dir_gone,
 )
@@ -165,7 +164,11 @@ def compacted_partitions(cfg: Config, run: AuditRun) -> Iterator[tuple[Partition
                     if not topic.compact or tp.topic == METADATA_TOPIC:
                         continue
                     try:
-                        plog = _open_observed(log_dir, tp, LogConfig.of_topic(topic))
+                        # A segment a live broker swapped or deleted between the
+                        # listing and the open: listed and opened again (the read
+                        # retries on its own, `audit_partition`).
+                        config = LogConfig.of_topic(topic)
+                        plog = reread_on_change(partial(log_dir.open_partition, tp, config=config))
                     except (CleanerdError, OSError) as exc:
                         path = log_dir.path / str(tp)
                         if not partition_dir_gone(path):  # else deleted since the listing
@@ -174,19 +177,6 @@ def compacted_partitions(cfg: Config, run: AuditRun) -> Iterator[tuple[Partition
                     yield plog, topic
         except (CheckpointError, OSError) as exc:  # offline for a cycle too
             run.errors.append(f"{path}: offline, not read: {failure_text(exc)}")
-
-
-def _open_observed(log_dir: LogDir, tp: TopicPartition, config: LogConfig) -> PartitionLog:
-    """Open `tp` of a dir a live broker may be changing: a segment its compaction swapped
-    or its retention deleted between the listing and the open is listed and opened
-    again, up to CHANGED_READ_ATTEMPTS times (the read retries on its own)."""
-    for attempt in range(1, CHANGED_READ_ATTEMPTS + 1):
-        try:
-            return log_dir.open_partition(tp, config=config)
-        except (FileChangedError, FileNotFoundError):
-            if attempt == CHANGED_READ_ATTEMPTS:
-                raise
-    raise AssertionError("unreachable")
 
 
 def audit_log_dirs(

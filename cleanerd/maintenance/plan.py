@@ -35,11 +35,10 @@ from cleanerd.compaction.horizon import HorizonCache, SegmentHorizon
 from cleanerd.compaction.manager import order_for_cleaning
 from cleanerd.config import Config
 from cleanerd.errors import (
-    CHANGED_READ_ATTEMPTS,
     CheckpointError,
     CleanerdError,
-    FileChangedError,
     failure_text,
+    reread_on_change,
 )
 from cleanerd.log.files import (
     CLEAN_SHUTDOWN_FILE_NAME,
@@ -364,16 +363,14 @@ def _read_partition(
     read (observe mode): the partition is listed and read again, up to
     CHANGED_READ_ATTEMPTS times, before that is an error."""
     compacted = topic.compact and tp.topic != METADATA_TOPIC
-    for attempt in range(1, CHANGED_READ_ATTEMPTS + 1):
-        try:
-            plog = log_dir.open_partition(tp, config=LogConfig.of_topic(topic))
-            meta = plog.readable_meta()
-            read_whole = compacted and meta.damage is None
-            return plog, meta, horizons.partition(plog) if read_whole else ()
-        except (FileChangedError, FileNotFoundError):
-            if attempt == CHANGED_READ_ATTEMPTS:
-                raise
-    raise AssertionError("unreachable")
+
+    def read() -> tuple[PartitionLog, PartitionMeta, tuple[SegmentHorizon, ...]]:
+        plog = log_dir.open_partition(tp, config=LogConfig.of_topic(topic))
+        meta = plog.readable_meta()
+        read_whole = compacted and meta.damage is None
+        return plog, meta, horizons.partition(plog) if read_whole else ()
+
+    return reread_on_change(read)
 
 
 def _gather_dir(
