@@ -739,7 +739,7 @@ class PartitionLog:
             self._snapshot_offsets(),
             log_start=self.log_start_offset,
             log_end=self.log_end_offset,
-            live=self.read_only and bool(self._segments) and self._segments[-1].growing,
+            live=bool(self._segments) and self._segments[-1].live,
         )
         return ProducerState() if state is None else state
 
@@ -753,7 +753,7 @@ class PartitionLog:
         """The producer state at the log end offset: the latest snapshot, then a walk of
         the batches after it (only what was appended since the last call)."""
         last = self._segments[-1] if self._segments else None
-        if last is None or not (self.read_only and last.growing):
+        if last is None or not last.live:
             return self._walk_producers()
         # Beside a live broker, a truncation (Kafka's `truncateTo`) can take back bytes
         # this state was walked from, and appends can follow past where the last walk

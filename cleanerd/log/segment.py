@@ -154,6 +154,12 @@ class LogSegment:
         self._mtime_ns: int | None = st.st_mtime_ns
         self._reset_caches()
 
+    @property
+    def live(self) -> bool:
+        """Read-only and `growing`: a broker may be writing it now (appending, or cutting
+        it with `truncateTo`), so what was read of it may no longer be so."""
+        return self.read_only and self.growing
+
     def _reset_caches(self) -> None:
         self._meta: SegmentMeta | None = None
         self.delete_horizon: tuple[int, int] | None = None
@@ -390,7 +396,7 @@ class LogSegment:
         try:
             tail = self._whole_batches_from(position)
         except CorruptRecordError:
-            if not (self.read_only and self.growing):
+            if not self.live:
                 raise
             # Not appends only: the broker cut the segment (Kafka's `truncateTo`) and
             # wrote past its old end since it was last read, so the old end may lie
@@ -446,7 +452,7 @@ class LogSegment:
                 if oi.entries and not torn:
                     _check_last_entry(oi.path, self.log_path, last, tail)
             except (IndexPastLogError, _LastEntryMismatch, CorruptRecordError):
-                if not (self.read_only and self.growing):
+                if not self.live:
                     raise
                 # The active segment of a dir a broker writes: a truncation (Kafka's
                 # `truncateTo`) moves its index's entry count back in the broker's
@@ -484,7 +490,7 @@ class LogSegment:
         """Whether a read-only growing segment (whose torn tail its owner's open would
         cut) was found to end, torn, at `position` (`_whole_batches_from` keeps its size
         at the end of its last whole batch)."""
-        return self.read_only and self.growing and self._size == position
+        return self.live and self._size == position
 
     def _whole_batches_from(self, position: int) -> Summary:
         """The totals of the batches from `position` to the end. A `growing` read-only
@@ -511,7 +517,7 @@ class LogSegment:
             scan = walk_prefix(buf, start=position)
             if scan.error is None:  # legacy entries stopped the summary
                 return Summary.of_table(walk(buf, start=position).table, scan.stop)
-            if not (self.read_only and self.growing) or torn_tail_reason(buf, scan) is None:
+            if not self.live or torn_tail_reason(buf, scan) is None:
                 raise scan.error.located(self.log_path)
             self._size = scan.stop
             whole = as_uint8(buf)[: scan.stop]
@@ -574,7 +580,7 @@ class LogSegment:
             walker = Walker(buf, rows=1)
             chunk = next(iter(walker), None)
             error = walker.error
-            if error is not None and not (self.read_only and self.growing):
+            if error is not None and not self.live:
                 raise error.located(self.log_path)
             found = None if chunk is None else int(chunk.max_timestamp[0])
             del walker, chunk
@@ -780,7 +786,7 @@ class LogSegment:
         """Where to start scanning for `offset`: the offset-index lookup's position (an
         entry outside the log, which only damage makes, is a CorruptIndexError); the
         start of a live segment whose index was found stale (`_tail`)."""
-        if self.read_only and self.growing:
+        if self.live:
             self._tail()  # checks the index against the log, once
         if self._stale_index:
             return 0
