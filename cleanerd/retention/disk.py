@@ -176,6 +176,10 @@ class _Enforcement:
     probe: UsageProbe
     unreadable: dict[tuple[str, TopicPartition], str] = dataclasses.field(default_factory=dict)
 
+    def unreadable_partitions(self) -> tuple[tuple[str, TopicPartition, str], ...]:
+        """`DiskUsageReport.unreadable`: what `partitions` could not read."""
+        return tuple((d, tp, error) for (d, tp), error in self.unreadable.items())
+
     def device_of_dir(self) -> dict[str, int]:
         return {str(p): dev.device for dev in self.devices for p in dev.log_dirs}
 
@@ -287,8 +291,9 @@ def enforce_disk_usage(
                 limit_bytes=u.limit_bytes(u.threshold_percent),
                 consequence="nothing deletable is left, or writers outpace the deletions",
             )
-    unreadable = tuple((d, tp, error) for (d, tp), error in run.unreadable.items())
-    return DiskUsageReport(False, before, after, tuple(done), tuple(freed), still, unreadable)
+    return DiskUsageReport(
+        False, before, after, tuple(done), tuple(freed), still, run.unreadable_partitions()
+    )
 
 
 def _execute(
@@ -349,7 +354,6 @@ def _dry_run(
             device=d.device,
             reason=d.reason.value,
         )
-    unreadable = tuple((d, tp, error) for (d, tp), error in run.unreadable.items())
     return DiskUsageReport(
-        True, before, after, planned.deletions, (), planned.still_above, unreadable
+        True, before, after, planned.deletions, (), planned.still_above, run.unreadable_partitions()
     )
