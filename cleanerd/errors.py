@@ -7,6 +7,7 @@ position or offset, so an operator can find the bad bytes with `cleanerd dump`.
 from __future__ import annotations
 
 import errno as errno_codes
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -69,8 +70,14 @@ class CorruptIndexError(CleanerdError):
 
 
 CHANGED_READ_ATTEMPTS: Final = 3
-"""Reads of a partition whose files another process (a live broker) changes meanwhile:
-each attempt lists the partition again."""
+"""Reads of a partition whose files another process (a live broker) changes meanwhile,
+at least: each attempt lists the partition again."""
+CHANGED_READ_SECONDS: Final = 2.0
+"""How long the reads of a partition whose files keep changing go on, after the first
+CHANGED_READ_ATTEMPTS, before the change is an error (see `reread_on_change`)."""
+CHANGED_READ_PAUSE_SECONDS: Final = (0.005, 0.2)
+"""The pause before the second read, doubled before each further one up to the second
+value: long enough for a swap or a deletion the broker is in the middle of to end."""
 
 
 class FileChangedError(CleanerdError):
@@ -84,17 +91,33 @@ class FileChangedError(CleanerdError):
         super().__init__(f"{self.path} changed while read: {reason}")
 
 
-def reread_on_change(read: Callable[[], T]) -> T:
+def reread_on_change(
+    read: Callable[[], T],
+    *,
+    gone: Callable[[], bool] = lambda: False,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> T:
     """`read()` (a read that lists the partition anew each time), again while another
     process changes the files under it (FileChangedError, FileNotFoundError: a live
-    broker swapped or deleted a segment between the listing and the read), up to
-    CHANGED_READ_ATTEMPTS times in all; the last attempt's error is raised."""
-    for _ in range(CHANGED_READ_ATTEMPTS - 1):
+    broker swapped or deleted a segment between the listing and the read), after a
+    short pause: CHANGED_READ_ATTEMPTS times at least, and on until CHANGED_READ_SECONDS
+    have passed since the first read. A count alone gave up on a busy broker that
+    swapped segments faster than three reads. The last read's error is raised, and at
+    once when `gone()` says the partition itself is no longer there (a topic deletion,
+    which no further read gets past)."""
+    start, pause = clock(), CHANGED_READ_PAUSE_SECONDS[0]
+    attempt = 1
+    while True:
         try:
             return read()
         except (FileChangedError, FileNotFoundError):
-            continue
-    return read()
+            spent = attempt >= CHANGED_READ_ATTEMPTS and clock() - start >= CHANGED_READ_SECONDS
+            if spent or gone():
+                raise
+        sleep(pause)
+        pause = min(2 * pause, CHANGED_READ_PAUSE_SECONDS[1])
+        attempt += 1
 
 
 class CheckpointError(CleanerdError):

@@ -168,9 +168,12 @@ def compacted_partitions(cfg: Config, run: AuditRun) -> Iterator[tuple[Partition
                         # listing and the open: listed and opened again (the read
                         # retries on its own, `audit_partition`).
                         config = LogConfig.of_topic(topic)
-                        plog = reread_on_change(partial(log_dir.open_partition, tp, config=config))
-                    except (CleanerdError, OSError) as exc:
                         path = log_dir.path / str(tp)
+                        plog = reread_on_change(
+                            partial(log_dir.open_partition, tp, config=config),
+                            gone=partial(partition_dir_gone, path),
+                        )
+                    except (CleanerdError, OSError) as exc:
                         if not partition_dir_gone(path):  # else deleted since the listing
                             run.errors.append(f"{path}: {exc}")
                         continue

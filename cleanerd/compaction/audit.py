@@ -74,6 +74,7 @@ import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
+from functools import partial
 from types import MappingProxyType
 from typing import Any, Final
 
@@ -86,12 +87,13 @@ from cleanerd.compaction.keyhash import hash_keys
 from cleanerd.compaction.strategy import ResolvedStrategy, resolve_strategy, segment_versions
 from cleanerd.compaction.transactions import TransactionTracker
 from cleanerd.errors import (
-    CHANGED_READ_ATTEMPTS,
     CleanerdError,
     CorruptRecordError,
     FileChangedError,
+    failure_text,
+    reread_on_change,
 )
-from cleanerd.log.files import TopicPartition
+from cleanerd.log.files import TopicPartition, partition_dir_gone
 from cleanerd.log.partition_log import PartitionLog
 from cleanerd.log.segment import LogSegment
 from cleanerd.log.segment_reader import join_buffers
@@ -764,38 +766,42 @@ def audit_partition(
     max lag, holding about `memory_bytes` of rows at a time (see the module docstring).
     A corrupt segment gives a PartitionAudit with `error` set."""
     strategy = resolve_strategy(topic.compaction_strategy, topic.compaction_strategy_header)
-    read: AuditResult | str = ""
-    for _ in range(CHANGED_READ_ATTEMPTS):
-        try:
-            read = _audit_in_buckets(
-                plog,
-                audit_scope(plog),
-                strategy,
-                lambda cols: audit_columns(
-                    cols,
-                    versioned=strategy.versioned,
-                    now_ms=now_ms,
-                    max_compaction_lag_ms=topic.max_compaction_lag_ms,
-                    slack_ms=slack_ms,
-                    max_listed=max_listed,
-                ),
-                row_limit=max(1, memory_bytes // ROW_BYTES),
-                max_listed=max_listed,
-            )
-            break
-        except (FileChangedError, FileNotFoundError) as exc:
-            # A live broker (observe mode) swapped or deleted a segment between the
-            # listing and the read: list again and read what is there now.
-            read = f"{exc} (changed by another process while read)"
-            if not plog.read_only:
-                break
+    reads = 0
+
+    def audit() -> AuditResult:
+        nonlocal reads
+        reads += 1
+        if reads > 1:
             try:
-                plog.refresh()
-            except OSError:
-                break
-        except CleanerdError as exc:
-            read = str(exc)
-            break
+                plog.refresh()  # list again, and read what is there now
+            except OSError as exc:
+                reason = f"listing it again failed: {failure_text(exc)}"
+                raise FileChangedError(reason, path=plog.dir) from exc
+        return _audit_in_buckets(
+            plog,
+            audit_scope(plog),
+            strategy,
+            lambda cols: audit_columns(
+                cols,
+                versioned=strategy.versioned,
+                now_ms=now_ms,
+                max_compaction_lag_ms=topic.max_compaction_lag_ms,
+                slack_ms=slack_ms,
+                max_listed=max_listed,
+            ),
+            row_limit=max(1, memory_bytes // ROW_BYTES),
+            max_listed=max_listed,
+        )
+
+    read: AuditResult | str
+    try:
+        # A live broker (observe mode) swaps or deletes segments between the listing
+        # and the read; a dir this process owns has no other writer.
+        read = reread_on_change(audit, gone=partial(_unchangeable, plog))
+    except (FileChangedError, FileNotFoundError) as exc:
+        read = f"{exc} (changed by another process while read)"
+    except CleanerdError as exc:
+        read = str(exc)
     return partition_audit(
         str(plog.log_dir),
         plog.topic_partition,
@@ -806,6 +812,12 @@ def audit_partition(
         slack_ms=slack_ms,
         max_listed=max_listed,
     )
+
+
+def _unchangeable(plog: PartitionLog) -> bool:
+    """Whether no further read of `plog` can get past a change: a dir this process owns
+    (no other writer), or a partition dir deleted meanwhile (a topic deletion)."""
+    return not plog.read_only or partition_dir_gone(plog.dir)
 
 
 def _audit_in_buckets(

@@ -360,8 +360,7 @@ def _read_partition(
 ) -> tuple[PartitionLog, PartitionMeta, tuple[SegmentHorizon, ...]]:
     """The partition opened and read whole, or as far as its damage lets it be
     (`PartitionMeta.damage`). A live broker may rename or delete a segment while it is
-    read (observe mode): the partition is listed and read again, up to
-    CHANGED_READ_ATTEMPTS times, before that is an error."""
+    read (observe mode): the partition is listed and read again (`reread_on_change`)."""
     compacted = topic.compact and tp.topic != METADATA_TOPIC
 
     def read() -> tuple[PartitionLog, PartitionMeta, tuple[SegmentHorizon, ...]]:
@@ -370,7 +369,7 @@ def _read_partition(
         read_whole = compacted and meta.damage is None
         return plog, meta, horizons.partition(plog) if read_whole else ()
 
-    return reread_on_change(read)
+    return reread_on_change(read, gone=lambda: partition_dir_gone(log_dir.path / str(tp)))
 
 
 def _gather_dir(

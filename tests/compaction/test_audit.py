@@ -22,7 +22,7 @@ from cleanerd.compaction.audit import (
 )
 from cleanerd.compaction.strategy import resolve_strategy
 from cleanerd.config import BrokerConfig
-from cleanerd.errors import CorruptRecordError
+from cleanerd.errors import CorruptRecordError, FileChangedError
 from cleanerd.log.partition_log import PartitionLog
 from cleanerd.log.segment import LogSegment
 from cleanerd.log.topic_config import TopicConfig
@@ -294,6 +294,69 @@ def test_segment_deleted_by_a_live_broker_after_the_listing_is_read_again(
     assert audit.error is None
     assert audit.result is not None
     assert (audit.result.records, audit.result.superseded) == (2, 1)
+
+
+def test_a_partition_a_broker_keeps_changing_is_read_again_past_three_reads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Observe mode, a busy broker: the read meets a swap four times in a row. The audit
+    goes on listing and reading (CHANGED_READ_SECONDS) and audits what is there; a
+    count of three reads gave up with an error here."""
+    log = LogBuilder(tmp_path / "logs")
+    log.append([(k("a"), b"1"), (k("a"), b"2")], timestamps=[NOW - 60 * MIN] * 2)
+    plog = open_log(log)
+    read = audit_module.read_audit_columns
+    calls: list[int] = []
+
+    def swapped_four_times(segments: Sequence[LogSegment], **kw: Any) -> AuditColumns:
+        calls.append(len(segments))
+        if len(calls) <= 4:
+            raise FileChangedError("now another file", path=segments[0].log_path)
+        return read(segments, **kw)
+
+    monkeypatch.setattr(audit_module, "read_audit_columns", swapped_four_times)
+    audit = audit_partition(plog, topic(), now_ms=NOW, slack_ms=0)
+    assert len(calls) == 5
+    assert audit.error is None
+    assert audit.result is not None
+    assert (audit.result.records, audit.result.superseded) == (2, 1)
+
+
+def test_a_change_is_not_read_again_in_an_owned_dir_or_a_deleted_partition(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A dir this process owns has no other writer, and a deleted partition dir no
+    files to read: the first change is the audit's error, with no read after it."""
+    log = LogBuilder(tmp_path / "logs")
+    log.append([(k("a"), b"1")], timestamps=[NOW - 60 * MIN])
+    d = log.write()
+    calls: list[int] = []
+
+    def changed(segments: Sequence[LogSegment], **kw: Any) -> AuditColumns:
+        calls.append(len(segments))
+        raise FileChangedError("now another file", path=segments[0].log_path)
+
+    monkeypatch.setattr(audit_module, "read_audit_columns", changed)
+    owned = audit_partition(PartitionLog.open(d), topic(), now_ms=NOW, slack_ms=0)
+    assert calls == [1]
+    assert owned.error is not None
+    assert "changed by another process while read" in owned.error
+
+    observed = PartitionLog.open(d, read_only=True)
+    calls.clear()
+
+    def deleted(segments: Sequence[LogSegment], **kw: Any) -> AuditColumns:
+        calls.append(len(segments))
+        for path in sorted(d.iterdir()):
+            path.unlink()
+        d.rmdir()
+        raise FileNotFoundError(2, "No such file or directory", str(segments[0].log_path))
+
+    monkeypatch.setattr(audit_module, "read_audit_columns", deleted)
+    gone = audit_partition(observed, topic(), now_ms=NOW, slack_ms=0)
+    assert calls == [1]
+    assert gone.error is not None
+    assert "No such file or directory" in gone.error
 
 
 def many_small_segments(root: Path) -> PartitionLog:
