@@ -8,7 +8,13 @@ Kafka's default producer does), and on fresh copies of it, in turn:
 - `whole`: the whole `cleanerd clean` process (`python -m cleanerd clean --engine local`
   with a config naming the log dir): interpreter start, imports, opening and recovering
   the dir, planning, the pass, the report. Wall time and the CPU time of the process and
-  its children (the worker pool);
+  its children (the worker pool). The generated dir is what a crash leaves: segment files
+  only, no index, no recovery point, so the open validates every batch and rebuilds the
+  indexes, and the roll fsyncs the whole segment first;
+- `stopped`: the same process on the same dir as a clean stop leaves it (indexes, the
+  recovery point at the log end, a producer snapshot, Kafka's clean-shutdown marker:
+  made by one `cleanerd clean` of it under a delete policy that deletes nothing), which
+  is what a broker or cleanerd leaves after a restart or an earlier run;
 - `pass`: the pass alone, in-process (`bench/compaction.py`'s `cleanerd`: numba kernels
   already loaded, the offset map warm, as in a running daemon);
 - `aiokafka`: a plain-Python compaction on aiokafka's C record reader;
@@ -20,7 +26,8 @@ The references' times are their work alone (in a process already started), so th
 ratios of `whole` against them are conservative. Each method runs `--repeat` times and
 the best counts; MB/s is the segment bytes over the wall time. `whole/aio` and `whole/py`
 are how many times faster the whole clean is than the aiokafka compactions (the issue's
-target: at least 10x the plain-Python one for 1- and 100-record batches), `whole/copy`
+target: at least 10x the plain-Python one for 1- and 100-record batches), `stop/py` the
+same for the `stopped` dir, `whole/copy`
 how many times slower than the copy (target: within 2x for 100-record batches);
 `pass/aio` and `pass/copy` the same for the pass alone. `load` is the 1-minute load
 average after the row (the machine is shared: a row measured under load varies by tens
@@ -62,17 +69,12 @@ def children_cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def run_whole(template: Path, work: Path) -> Timing:
-    """One `cleanerd clean` process over a fresh copy of the log dir `template`; fails
-    unless it cleaned the partition up to its active segment."""
-    if work.exists():
-        shutil.rmtree(work)
-    logs = work / "logs"
-    shutil.copytree(template, logs)
+def clean_process(work: Path, policy: str) -> tuple[subprocess.CompletedProcess[str], Timing]:
+    """One `cleanerd clean` process over the log dir `work/logs`, its topic under
+    `policy` (a flow mapping of topic settings)."""
     config = work / "cleanerd.yaml"
     config.write_text(
-        f"log.dirs: [{logs}]\nstate_dir: {work / 'state'}\n"
-        f"topics:\n  {TOPIC}: {{cleanup.policy: compact}}\n"
+        f"log.dirs: [{work / 'logs'}]\nstate_dir: {work / 'state'}\ntopics:\n  {TOPIC}: {policy}\n"
     )
     command = [sys.executable, "-m", "cleanerd", "clean", "-c", str(config), "--json"]
     command += ["--engine", "local", "--now-ms", str(NOW_MS)]
@@ -81,12 +83,34 @@ def run_whole(template: Path, work: Path) -> Timing:
     wall, cpu = time.perf_counter() - start, children_cpu() - cpu
     if proc.returncode != 0:
         raise SystemExit(f"cleanerd clean failed ({proc.returncode}):\n{proc.stderr[-2000:]}")
+    return proc, Timing(wall, cpu)
+
+
+def stop_cleanly(template: Path, work: Path) -> Path:
+    """A copy of the log dir `template` as a clean stop leaves it (see `stopped` in the
+    module docstring); returns the copy's log dir."""
+    shutil.copytree(template, work / "logs")
+    clean_process(work, "{cleanup.policy: delete, retention.ms: -1, retention.bytes: -1}")
+    marker = work / "logs" / ".kafka_cleanshutdown"
+    if not marker.exists():
+        raise SystemExit(f"no clean-shutdown marker after a clean stop of {work / 'logs'}")
+    return work / "logs"
+
+
+def run_whole(template: Path, work: Path) -> Timing:
+    """One `cleanerd clean` process over a fresh copy of the log dir `template`; fails
+    unless it cleaned the partition up to its active segment."""
+    if work.exists():
+        shutil.rmtree(work)
+    logs = work / "logs"
+    shutil.copytree(template, logs)
+    proc, timing = clean_process(work, "{cleanup.policy: compact}")
     report = json.loads(proc.stdout)
     active = sources(logs / TOPIC_DIR)  # the cleaned segments; the active one follows
     cleaned = [c["end_offset"] for c in report["cleaned"]]
     if not cleaned or not active:
         raise SystemExit(f"cleanerd clean did not clean {logs / TOPIC_DIR}: {proc.stdout}")
-    return Timing(wall, cpu)
+    return timing
 
 
 def best(runs: list[Timing]) -> Timing:
@@ -106,6 +130,8 @@ def row(codec: str, per_batch: int, args: argparse.Namespace, root: Path) -> dic
     )
     mb = sum(p.stat().st_size for p in sources(d)) / 1e6
     whole = best([run_whole(template, root / "whole") for _ in range(args.repeat)])
+    stopped = stop_cleanly(template, root / "stopped")
+    whole_stopped = best([run_whole(stopped, root / "whole") for _ in range(args.repeat)])
     results = {
         method: measure(method, template, root / method, args.repeat)
         for method in ("cleanerd", "aiokafka", "aiokafka-py", "copy")
@@ -115,6 +141,7 @@ def row(codec: str, per_batch: int, args: argparse.Namespace, root: Path) -> dic
         "mb": mb,
         "whole_s": whole.seconds,
         "whole_cpu": whole.cpu_s,
+        "stopped_s": whole_stopped.seconds,
         "pass_s": results["cleanerd"]["seconds"],
         "aio_s": results["aiokafka"]["seconds"],
         "py_s": results["aiokafka-py"]["seconds"],
@@ -143,9 +170,9 @@ def main() -> None:
         f"{os.cpu_count()} CPUs"
     )
     header = f"{'codec':<5} {'rec/b':>5} {'MB':>6} {'whole s':>7} {'cpu s':>6} {'MB/s':>6} "
-    header += f"{'pass s':>6} {'MB/s':>6} {'aio s':>6} {'MB/s':>6} {'py s':>6} {'copy s':>6} "
-    header += f"{'MB/s':>6} {'whole/aio':>9} {'whole/py':>8} {'whole/copy':>10} {'pass/aio':>8} "
-    header += f"{'pass/copy':>9} {'load':>5}"
+    header += f"{'stop s':>6} {'pass s':>6} {'MB/s':>6} {'aio s':>6} {'MB/s':>6} {'py s':>6} "
+    header += f"{'copy s':>6} {'MB/s':>6} {'whole/aio':>9} {'whole/py':>8} {'stop/py':>7} "
+    header += f"{'whole/copy':>10} {'pass/aio':>8} {'pass/copy':>9} {'load':>5}"
     print(header)
     for codec in args.codecs.split(","):
         for per_batch in (int(b) for b in args.batches.split(",")):
@@ -153,12 +180,13 @@ def main() -> None:
                 r = row(codec, per_batch, args, Path(tmp) / "case")
             mb, whole, pass_s = float(r["mb"]), float(r["whole_s"]), float(r["pass_s"])
             aio, py, copy = float(r["aio_s"]), float(r["py_s"]), float(r["copy_s"])
+            stop = float(r["stopped_s"])
             print(
                 f"{codec:<5} {per_batch:>5} {mb:>6.1f} {whole:>7.2f} {float(r['whole_cpu']):>6.2f} "
-                f"{mb / whole:>6.1f} {pass_s:>6.2f} {mb / pass_s:>6.1f} {aio:>6.2f} "
+                f"{mb / whole:>6.1f} {stop:>6.2f} {pass_s:>6.2f} {mb / pass_s:>6.1f} {aio:>6.2f} "
                 f"{mb / aio:>6.1f} {py:>6.2f} {copy:>6.3f} {mb / copy:>6.0f} {aio / whole:>8.1f}x "
-                f"{py / whole:>7.1f}x {whole / copy:>9.1f}x {aio / pass_s:>7.1f}x "
-                f"{pass_s / copy:>8.1f}x {os.getloadavg()[0]:>5.1f}",
+                f"{py / whole:>7.1f}x {py / stop:>6.1f}x {whole / copy:>9.1f}x "
+                f"{aio / pass_s:>7.1f}x {pass_s / copy:>8.1f}x {os.getloadavg()[0]:>5.1f}",
                 flush=True,
             )
 
