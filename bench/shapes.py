@@ -10,7 +10,11 @@ Kafka's default producer does), and on fresh copies of it, in turn:
   the dir, planning, the pass, the report. Wall time and the CPU time of the process and
   its children (the worker pool). The generated dir is what a crash leaves: segment files
   only, no index, no recovery point, so the open validates every batch and rebuilds the
-  indexes, and the roll fsyncs the whole segment first;
+  indexes, and the roll fsyncs the whole segment first. Its kernels are the compiled
+  ones (`cleanerd build-kernels` runs after the `numba` runs, which fill numba's cache
+  with the signatures of the shape, as a host's first runs do);
+- `numba`: the same with the kernels loaded through numba (`CLEANERD_AOT=0`), as before
+  `build-kernels` ran;
 - `stopped`: the same process on the same dir as a clean stop leaves it (indexes, the
   recovery point at the log end, a producer snapshot, Kafka's clean-shutdown marker:
   made by one `cleanerd clean` of it under a delete policy that deletes nothing), which
@@ -26,8 +30,8 @@ The references' times are their work alone (in a process already started), so th
 ratios of `whole` against them are conservative. Each method runs `--repeat` times and
 the best counts; MB/s is the segment bytes over the wall time. `whole/aio` and `whole/py`
 are how many times faster the whole clean is than the aiokafka compactions (the issue's
-target: at least 10x the plain-Python one for 1- and 100-record batches), `stop/py` the
-same for the `stopped` dir, `whole/copy`
+target: at least 10x the plain-Python one for 1- and 100-record batches), `numba/py` and
+`stop/py` the same for the `numba` runs and the `stopped` dir, `whole/copy`
 how many times slower than the copy (target: within 2x for 100-record batches);
 `pass/aio` and `pass/copy` the same for the pass alone. `load` is the 1-minute load
 average after the row (the machine is shared: a row measured under load varies by tens
@@ -49,8 +53,10 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Final
 
 from bench.compaction import NOW_MS, TOPIC, TOPIC_DIR, generate, measure, sources
 from cleanerd.records.header import Compression
@@ -69,9 +75,23 @@ def children_cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def clean_process(work: Path, policy: str) -> tuple[subprocess.CompletedProcess[str], Timing]:
+COMPILED: Final = {**os.environ, "CLEANERD_AOT": "1"}
+NUMBA: Final = {**os.environ, "CLEANERD_AOT": "0"}
+
+
+def build_kernels() -> None:
+    """`cleanerd build-kernels`, from the numba cache the runs so far filled."""
+    command = [sys.executable, "-m", "cleanerd", "build-kernels"]
+    proc = subprocess.run(command, capture_output=True, text=True, check=False, env=COMPILED)
+    if proc.returncode != 0:
+        raise SystemExit(f"cleanerd build-kernels failed:\n{proc.stdout}{proc.stderr[-2000:]}")
+
+
+def clean_process(
+    work: Path, policy: str, env: Mapping[str, str] = COMPILED
+) -> tuple[subprocess.CompletedProcess[str], Timing]:
     """One `cleanerd clean` process over the log dir `work/logs`, its topic under
-    `policy` (a flow mapping of topic settings)."""
+    `policy` (a flow mapping of topic settings), in the environment `env`."""
     config = work / "cleanerd.yaml"
     config.write_text(
         f"log.dirs: [{work / 'logs'}]\nstate_dir: {work / 'state'}\ntopics:\n  {TOPIC}: {policy}\n"
@@ -79,7 +99,7 @@ def clean_process(work: Path, policy: str) -> tuple[subprocess.CompletedProcess[
     command = [sys.executable, "-m", "cleanerd", "clean", "-c", str(config), "--json"]
     command += ["--engine", "local", "--now-ms", str(NOW_MS)]
     cpu, start = children_cpu(), time.perf_counter()
-    proc = subprocess.run(command, capture_output=True, text=True, check=False)
+    proc = subprocess.run(command, capture_output=True, text=True, check=False, env=env)
     wall, cpu = time.perf_counter() - start, children_cpu() - cpu
     if proc.returncode != 0:
         raise SystemExit(f"cleanerd clean failed ({proc.returncode}):\n{proc.stderr[-2000:]}")
@@ -97,14 +117,14 @@ def stop_cleanly(template: Path, work: Path) -> Path:
     return work / "logs"
 
 
-def run_whole(template: Path, work: Path) -> Timing:
+def run_whole(template: Path, work: Path, env: Mapping[str, str] = COMPILED) -> Timing:
     """One `cleanerd clean` process over a fresh copy of the log dir `template`; fails
     unless it cleaned the partition up to its active segment."""
     if work.exists():
         shutil.rmtree(work)
     logs = work / "logs"
     shutil.copytree(template, logs)
-    proc, timing = clean_process(work, "{cleanup.policy: compact}")
+    proc, timing = clean_process(work, "{cleanup.policy: compact}", env)
     report = json.loads(proc.stdout)
     active = sources(logs / TOPIC_DIR)  # the cleaned segments; the active one follows
     cleaned = [c["end_offset"] for c in report["cleaned"]]
@@ -129,6 +149,8 @@ def row(codec: str, per_batch: int, args: argparse.Namespace, root: Path) -> dic
         idempotent=args.idempotent,
     )
     mb = sum(p.stat().st_size for p in sources(d)) / 1e6
+    numba = best([run_whole(template, root / "whole", NUMBA) for _ in range(args.repeat)])
+    build_kernels()
     whole = best([run_whole(template, root / "whole") for _ in range(args.repeat)])
     stopped = stop_cleanly(template, root / "stopped")
     whole_stopped = best([run_whole(stopped, root / "whole") for _ in range(args.repeat)])
@@ -142,6 +164,7 @@ def row(codec: str, per_batch: int, args: argparse.Namespace, root: Path) -> dic
         "whole_s": whole.seconds,
         "whole_cpu": whole.cpu_s,
         "stopped_s": whole_stopped.seconds,
+        "numba_s": numba.seconds,
         "pass_s": results["cleanerd"]["seconds"],
         "aio_s": results["aiokafka"]["seconds"],
         "py_s": results["aiokafka-py"]["seconds"],
@@ -170,9 +193,10 @@ def main() -> None:
         f"{os.cpu_count()} CPUs"
     )
     header = f"{'codec':<5} {'rec/b':>5} {'MB':>6} {'whole s':>7} {'cpu s':>6} {'MB/s':>6} "
-    header += f"{'stop s':>6} {'pass s':>6} {'MB/s':>6} {'aio s':>6} {'MB/s':>6} {'py s':>6} "
-    header += f"{'copy s':>6} {'MB/s':>6} {'whole/aio':>9} {'whole/py':>8} {'stop/py':>7} "
-    header += f"{'whole/copy':>10} {'pass/aio':>8} {'pass/copy':>9} {'load':>5}"
+    header += f"{'numba s':>7} {'stop s':>6} {'pass s':>6} {'MB/s':>6} {'aio s':>6} {'MB/s':>6} "
+    header += f"{'py s':>6} {'copy s':>6} {'MB/s':>6} {'whole/aio':>9} {'whole/py':>8} "
+    header += f"{'numba/py':>8} {'stop/py':>7} {'whole/copy':>10} {'pass/aio':>8} "
+    header += f"{'pass/copy':>9} {'load':>5}"
     print(header)
     for codec in args.codecs.split(","):
         for per_batch in (int(b) for b in args.batches.split(",")):
@@ -180,12 +204,13 @@ def main() -> None:
                 r = row(codec, per_batch, args, Path(tmp) / "case")
             mb, whole, pass_s = float(r["mb"]), float(r["whole_s"]), float(r["pass_s"])
             aio, py, copy = float(r["aio_s"]), float(r["py_s"]), float(r["copy_s"])
-            stop = float(r["stopped_s"])
+            stop, numba = float(r["stopped_s"]), float(r["numba_s"])
             print(
                 f"{codec:<5} {per_batch:>5} {mb:>6.1f} {whole:>7.2f} {float(r['whole_cpu']):>6.2f} "
-                f"{mb / whole:>6.1f} {stop:>6.2f} {pass_s:>6.2f} {mb / pass_s:>6.1f} {aio:>6.2f} "
-                f"{mb / aio:>6.1f} {py:>6.2f} {copy:>6.3f} {mb / copy:>6.0f} {aio / whole:>8.1f}x "
-                f"{py / whole:>7.1f}x {py / stop:>6.1f}x {whole / copy:>9.1f}x "
+                f"{mb / whole:>6.1f} {numba:>7.2f} {stop:>6.2f} {pass_s:>6.2f} "
+                f"{mb / pass_s:>6.1f} {aio:>6.2f} {mb / aio:>6.1f} {py:>6.2f} {copy:>6.3f} "
+                f"{mb / copy:>6.0f} {aio / whole:>8.1f}x {py / whole:>7.1f}x "
+                f"{py / numba:>7.1f}x {py / stop:>6.1f}x {whole / copy:>9.1f}x "
                 f"{aio / pass_s:>7.1f}x {pass_s / copy:>8.1f}x {os.getloadavg()[0]:>5.1f}",
                 flush=True,
             )

@@ -24,6 +24,13 @@ writable home), numba would refuse to cache at all and fail; `_cache_dir` then p
 `<tmp>/cleanerd-<uid>/numba`, and with none writable kernels are compiled uncached.
 numba's runtime (NRT), which numba compiles with LLVM in every process, is cached
 beside the first kernel loaded (`cleanerd-nrt.pkl`, see `_cache_runtime_library`).
+
+Compiled ahead of time: once `cleanerd build-kernels` has built the kernels into an
+extension module (`_aot.py`, under `cache_root()`), a kernel's first call loads that
+module instead of numba, and each call whose argument types the module has a function
+for runs it; any other call loads numba, as without the module (`CLEANERD_AOT=0` keeps
+to numba). The C functions kernels call are named by symbol (`on_symbols`), which the
+JIT registers with LLVM and the module binds its trampolines to.
 """
 
 from __future__ import annotations
@@ -41,7 +48,8 @@ from cleanerd.collector import long_lived_objects
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-_lock = threading.Lock()
+# Reentrant: loading the compiled module asks the symbol providers, which may register more.
+_lock = threading.RLock()
 _cache = True
 """Whether kernels are cached on disk (False only when no cache dir is writable)."""
 _numba_loaded = False
@@ -76,6 +84,23 @@ def _cache_dir(
     return next((str(c) for c in candidates if writable(c)), "")
 
 
+def cache_root(env: Mapping[str, str] = os.environ) -> Path | None:
+    """Where compiled kernels are cached: `NUMBA_CACHE_DIR`, else numba's own choice
+    (`__pycache__` beside the package, else the user's cache dir), else the fallback of
+    `_cache_dir`; None with none writable."""
+    if env.get("NUMBA_CACHE_DIR"):
+        return Path(env["NUMBA_CACHE_DIR"])
+    package = Path(__file__).parent
+    chosen = _cache_dir(env, package)
+    if chosen == "":
+        return None
+    if chosen is not None:
+        return Path(chosen)
+    if _writable(package / "__pycache__"):
+        return package / "__pycache__"
+    return Path(env.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "numba"
+
+
 def _load_numba() -> None:
     """Import numba with a writable cache dir (see the module docstring)."""
     global _cache
@@ -107,6 +132,41 @@ def on_numba_load(fn: Callable[[], None]) -> None:
     fn()
 
 
+_symbol_providers: list[Callable[[], Mapping[str, int]]] = []
+"""What gives the addresses of the C functions kernels call, by symbol."""
+
+
+def on_symbols(provider: Callable[[], Mapping[str, int]]) -> None:
+    """Register `provider`, which gives {symbol: address} of C functions kernels call
+    (loading their library when first called, and the same addresses every call): the
+    JIT registers them with LLVM when numba is loaded, the compiled module binds its
+    trampolines to them when it is; at once when either already is."""
+    with _lock:
+        _symbol_providers.append(provider)
+        numba_loaded, compiled = _numba_loaded, _compiled
+    if numba_loaded or compiled:
+        addresses = provider()
+        if numba_loaded:
+            _add_llvm_symbols(addresses)
+        if compiled:
+            compiled.bind(addresses)
+
+
+def symbol_addresses() -> dict[str, int]:
+    """Every registered provider's symbols and addresses."""
+    out: dict[str, int] = {}
+    for provider in _symbol_providers:
+        out.update(provider())
+    return out
+
+
+def _add_llvm_symbols(addresses: Mapping[str, int]) -> None:
+    import llvmlite.binding as llvm
+
+    for symbol, address in addresses.items():
+        llvm.add_symbol(symbol, address)
+
+
 def _compile(fn: Callable[..., Any]) -> Any:
     import numba
 
@@ -129,6 +189,7 @@ def _load_all() -> None:
         _load_cached_kernels_without_registries()
         _drop_llvm_lock_events()
         _type_arrays_without_numpy_ma()
+        _add_llvm_symbols(symbol_addresses())
         for fn in _on_load:
             fn()
         for kernel in _kernels:
@@ -142,6 +203,41 @@ def _load_all() -> None:
                     names[name] = value._dispatcher
         _kernels.clear()
         _numba_loaded = True
+
+
+def load_numba() -> None:
+    """Load numba and make every kernel's dispatcher now (`_load_all`)."""
+    _load_all()
+
+
+_compiled: Any = None
+"""The compiled module (`_aot.Loaded`) once loaded."""
+_compiled_tried = False
+_type_key: Callable[[object], object] = repr
+"""`_aot.value_key` once the compiled module is loaded (imported with it)."""
+
+
+def _compiled_functions(kernel: Kernel) -> Mapping[object, Callable[..., Any]]:
+    """The compiled module's functions of `kernel` by type key (loading the module on
+    first use), or none: no module, or numba already loaded (whose dispatchers then
+    serve every kernel), or `CLEANERD_AOT=0`."""
+    global _compiled, _compiled_tried, _type_key
+    with _lock:
+        if not _compiled_tried and not _numba_loaded:
+            _compiled_tried = True
+            root = None if os.environ.get("CLEANERD_AOT") == "0" else cache_root()
+            if root is not None:
+                from cleanerd import _aot
+
+                loaded = _aot.load(root)
+                if loaded is not None:
+                    loaded.bind(symbol_addresses())
+                    _compiled, _type_key = loaded, _aot.value_key
+        if _compiled is None or _numba_loaded:
+            return {}
+        name = f"{kernel.py_func.__module__}:{kernel.py_func.__qualname__}"
+        functions: Mapping[object, Callable[..., Any]] = _compiled.functions.get(name, {})
+        return functions
 
 
 def _load_cached_kernels_without_registries() -> None:
@@ -270,6 +366,7 @@ class Kernel:
         self.__qualname__ = fn.__qualname__
         self.__doc__ = fn.__doc__
         self._dispatcher: Any = None
+        self._compiled: Mapping[object, Callable[..., Any]] | None = None
 
     def dispatcher(self) -> Any:
         """numba's dispatcher of this kernel, made on first use (of any kernel)."""
@@ -281,6 +378,14 @@ class Kernel:
         return self._dispatcher
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self._dispatcher is None and not kwargs:
+            compiled = self._compiled
+            if compiled is None:
+                compiled = self._compiled = _compiled_functions(self)
+            if compiled:
+                fn = compiled.get(tuple(map(_type_key, args)))
+                if fn is not None:
+                    return fn(*args)
         return self.dispatcher()(*args, **kwargs)
 
     def __getattr__(self, name: str) -> Any:
@@ -296,6 +401,13 @@ class Kernel:
 
 _kernels: list[Kernel] = []
 """The kernels made before numba was loaded."""
+_registry: list[Kernel] = []
+"""Every kernel made before numba was loaded, kept (the compiled module is built of them)."""
+
+
+def kernels() -> list[Kernel]:
+    """Every kernel made before numba was loaded."""
+    return list(_registry)
 
 
 def jit_inline(fn: F) -> F:
@@ -313,4 +425,5 @@ def jit(fn: F) -> F:
             return cast(F, _compile(fn))
         kernel = Kernel(fn)
         _kernels.append(kernel)
+        _registry.append(kernel)
     return cast(F, kernel)

@@ -6,6 +6,7 @@ they come from and what each holds). Tests get a writable copy.
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
@@ -14,6 +15,11 @@ import pytest
 from tests.paths import REPO
 
 KAFKA_REAL = REPO / "tests" / "fixtures" / "kafka-real"
+
+# Kernels go to numba in the suite (and the processes it starts), whether or not this
+# checkout has compiled kernels (`cleanerd build-kernels`): the tests of those build
+# their own (`tests/test_aot.py`).
+os.environ.setdefault("CLEANERD_AOT", "0")
 
 
 @pytest.fixture(name="kafka_real")

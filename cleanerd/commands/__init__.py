@@ -62,6 +62,11 @@ COMMANDS: Final[tuple[CommandInfo, ...]] = (
         "check_config",
     ),
     CommandInfo(
+        "build-kernels",
+        "compile the kernels ahead of time from this host's numba cache (later runs skip numba)",
+        "build_kernels",
+    ),
+    CommandInfo(
         "config",
         "print a config: --default, the embedded demo config, as a file to edit and reload",
         "config",

@@ -58,7 +58,9 @@ import asyncio
 import contextlib
 import enum
 import functools
+import os
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable, Coroutine
@@ -106,6 +108,9 @@ from cleanerd.retention.disk_usage import DeviceUsage
 from cleanerd.wording import count
 
 log = structlog.get_logger("cleanerd.service")
+
+BUILD_KERNELS_COMMAND: Final = (sys.executable, "-m", "cleanerd", "build-kernels", "--background")
+"""What the daemon runs after its first cycle (`_build_kernels`)."""
 
 T = TypeVar("T")
 
@@ -380,6 +385,36 @@ class Daemon:
         if not task.cancelled() and (exc := task.exception()) is not None:
             log.error("task.failed", task=task.get_name(), exc_info=exc)
 
+    async def _build_kernels(self) -> None:
+        """`cleanerd build-kernels --background` in a process of its own, once per
+        daemon, after its first cycle ran the kernels (filling numba's cache with their
+        signatures): a restart, and `plan`, `clean` and `audit` run with this cache dir,
+        then load the compiled kernels instead of numba (`cleanerd._aot`). A module
+        already built from the same sources and signatures is kept as it is."""
+        proc = await asyncio.create_subprocess_exec(
+            *BUILD_KERNELS_COMMAND,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+        )
+        try:
+            output, _ = await proc.communicate()
+        except asyncio.CancelledError:  # a stop: the build renames its files in last
+            proc.kill()
+            await proc.wait()
+            raise
+        lines = output.decode(errors="replace").strip().splitlines()
+        said = lines[-1] if lines else ""
+        if proc.returncode == 0:
+            log.info("kernels.built", result=said)
+        else:
+            log.warning(
+                "kernels.build_failed",
+                status=proc.returncode,
+                error=said,
+                consequence="each process loads its kernels through numba",
+            )
+
     async def _in_thread(self, fn: Callable[[], T]) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._thread, fn)
 
@@ -491,6 +526,8 @@ class Daemon:
         self.cycle_failures = 0
         self.cycles += 1
         self.last_outcome = outcome
+        if self.cycles == 1 and os.environ.get("CLEANERD_AOT") != "0":
+            self._spawn("build-kernels", self._build_kernels)
         report = outcome.report
         marked = frozenset(
             tp for d in self.config.log_dirs for tp in outcome.status.uncleanable.in_dir(str(d))

@@ -81,7 +81,7 @@ import numpy as np
 from cleanerd._jit import jit, on_numba_load
 from cleanerd.records import zlib_streams
 from cleanerd.records.compression import LZ4_MAGIC, XERIAL_MAGIC, XXH32_PRIMES
-from cleanerd.records.native import bind, load_library
+from cleanerd.records.native import load_library, provide, symbol
 from cleanerd.records.walker import Int
 
 OK: Final = 0
@@ -204,19 +204,18 @@ def _declare() -> None:
     global zstd_compress_cctx
     from numba import types
 
-    library = zstd_library()
-    symbol = {name: bind(library, name, *sig) for name, sig in _SIGNATURES.items()}
     size, i32 = types.intp, types.int32
     declare = types.ExternalFunction
-    _decompress_dctx = declare(symbol["ZSTD_decompressDCtx"], size(size, size, size, size, size))
-    _find_frame_compressed_size = declare(symbol["ZSTD_findFrameCompressedSize"], size(size, size))
-    _is_error = declare(symbol["ZSTD_isError"], i32(size))
-    _get_error_code = declare(symbol["ZSTD_getErrorCode"], i32(size))
+    _decompress_dctx = declare(symbol("ZSTD_decompressDCtx"), size(size, size, size, size, size))
+    _find_frame_compressed_size = declare(symbol("ZSTD_findFrameCompressedSize"), size(size, size))
+    _is_error = declare(symbol("ZSTD_isError"), i32(size))
+    _get_error_code = declare(symbol("ZSTD_getErrorCode"), i32(size))
     zstd_compress_cctx = declare(
-        symbol["ZSTD_compressCCtx"], size(size, size, size, size, size, i32)
+        symbol("ZSTD_compressCCtx"), size(size, size, size, size, size, i32)
     )
 
 
+provide(zstd_library, _SIGNATURES)
 on_numba_load(_declare)
 
 lz4_decompress_safe: Any = None
@@ -237,16 +236,16 @@ def _declare_lz4() -> None:
     from numba import types
 
     size, i32 = types.intp, types.int32
-    pointer, c_int = ctypes.c_void_p, ctypes.c_int
-    library, signature = lz4_library(), [pointer, pointer, c_int, c_int]
     lz4_decompress_safe = types.ExternalFunction(
-        bind(library, "LZ4_decompress_safe", c_int, signature), i32(size, size, i32, i32)
+        symbol("LZ4_decompress_safe"), i32(size, size, i32, i32)
     )
     lz4_compress_default = types.ExternalFunction(
-        bind(library, "LZ4_compress_default", c_int, signature), i32(size, size, i32, i32)
+        symbol("LZ4_compress_default"), i32(size, size, i32, i32)
     )
 
 
+_LZ4_BLOCK: Final = (ctypes.c_int, [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int])
+provide(lz4_library, {"LZ4_decompress_safe": _LZ4_BLOCK, "LZ4_compress_default": _LZ4_BLOCK})
 on_numba_load(_declare_lz4)
 
 

@@ -3,8 +3,9 @@
 A v2 batch's CRC covers its bytes from the attributes field to its end. Checking it
 through the `crc32c` package costs a Python call per batch (about 400 ns), which is the
 whole cost on 1-record batches. Kernels instead call the package's own C routine
-directly: its address is registered with LLVM under a fixed symbol name at import, and
-kernels declare that symbol as an external function. Because compiled code refers to the
+directly: its address is registered under a fixed symbol name (`_jit.on_symbols`: with
+LLVM for the JIT, in the compiled kernels' trampolines), and kernels declare that symbol
+as an external function. Because compiled code refers to the
 symbol by name, not by address, numba's on-disk cache stays valid across processes. The
 symbol is registered when numba is first imported (`_jit.on_numba_load`), so a command
 that runs no kernel does not import numba for it.
@@ -25,7 +26,7 @@ from typing import Any, Final, TypeAlias
 
 import numpy as np
 
-from cleanerd._jit import jit, on_numba_load
+from cleanerd._jit import jit, on_numba_load, on_symbols
 from cleanerd.records.crc32c_library import EXTENSION, HARDWARE_BASED
 
 Int: TypeAlias = int | np.signedinteger[Any]  # what a kernel takes and returns
@@ -56,13 +57,12 @@ loaded from the cache, only after that)."""
 
 def _declare() -> None:
     global _extend
-    import llvmlite.binding as llvm
     from numba import types
 
-    llvm.add_symbol(SYMBOL, ADDRESS)
     _extend = types.ExternalFunction(SYMBOL, types.uint32(types.uint32, types.intp, types.uintp))
 
 
+on_symbols(lambda: {SYMBOL: ADDRESS})
 on_numba_load(_declare)
 
 

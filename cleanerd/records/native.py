@@ -1,19 +1,24 @@
 """System C libraries that compiled kernels call directly (libzstd, liblz4, zlib).
 
-A library is loaded with ctypes (`load_library`), and each function a kernel calls is
-registered with LLVM under a fixed symbol name, `cleanerd_<function>` (`bind`), when
-numba is first imported: compiled code names the symbol, not an address, so numba's
-on-disk cache stays valid across processes (as `crc.py` does for the CRC-32C routine of
-the crc32c extension). Without the library, the symbol is bound to a stand-in that
-returns 0, so kernels still compile; their callers check the library (or the context
-made with it) first and take the codec layer instead, so the stand-in is never called.
+A library is loaded with ctypes (`load_library`), and each function a kernel calls has a
+fixed symbol name, `cleanerd_<function>` (`symbol`): compiled code names the symbol, not
+an address, so numba's on-disk cache stays valid across processes (as `crc.py` does for
+the CRC-32C routine of the crc32c extension). `provide` registers the functions'
+addresses (`_jit.on_symbols`), asked for when numba or the compiled kernels are first
+loaded. Without the library, a symbol is bound to a stand-in that returns 0, so kernels
+still compile; their callers check the library (or the context made with it) first and
+take the codec layer instead, so the stand-in is never called.
 """
 
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
+from collections.abc import Callable, Mapping
 from typing import Any
+
+from cleanerd._jit import on_symbols
 
 _STAND_INS: list[Any] = []
 """The callbacks a missing library's symbols are bound to (kept alive here)."""
@@ -38,17 +43,29 @@ def _loaded(name: str, needed: tuple[str, ...]) -> ctypes.CDLL | None:
     return library if all(hasattr(library, f) for f in needed) else None
 
 
-def bind(library: ctypes.CDLL | None, name: str, restype: Any, argtypes: list[Any]) -> str:
-    """Register `library`'s function `name` with LLVM as `cleanerd_<name>` (the stand-in
-    when `library` is None); returns the symbol."""
-    import llvmlite.binding as llvm
+def symbol(name: str) -> str:
+    """The symbol kernels call the library function `name` by."""
+    return f"cleanerd_{name}"
 
+
+def provide(
+    library: Callable[[], ctypes.CDLL | None], functions: Mapping[str, tuple[Any, list[Any]]]
+) -> None:
+    """Register the addresses of `functions` ({name: (result type, argument types)}) of
+    `library()` under their symbols, the stand-ins' when it is None (loaded when first
+    asked for, then the same addresses every time)."""
+
+    @functools.cache
+    def addresses() -> dict[str, int]:
+        loaded = library()
+        return {symbol(name): _address(loaded, name, *sig) for name, sig in functions.items()}
+
+    on_symbols(addresses)
+
+
+def _address(library: ctypes.CDLL | None, name: str, restype: Any, argtypes: list[Any]) -> int:
     if library is None:
         callback = ctypes.CFUNCTYPE(restype, *argtypes)(lambda *_: 0)
         _STAND_INS.append(callback)
-        address = int(ctypes.cast(callback, ctypes.c_void_p).value or 0)
-    else:
-        address = int(ctypes.cast(getattr(library, name), ctypes.c_void_p).value or 0)
-    symbol = f"cleanerd_{name}"
-    llvm.add_symbol(symbol, address)
-    return symbol
+        return int(ctypes.cast(callback, ctypes.c_void_p).value or 0)
+    return int(ctypes.cast(getattr(library, name), ctypes.c_void_p).value or 0)

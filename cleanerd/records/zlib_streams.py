@@ -24,7 +24,7 @@ import numpy as np
 
 from cleanerd._jit import jit, on_numba_load
 from cleanerd.records.compression import GZIP_LEVEL
-from cleanerd.records.native import bind, load_library
+from cleanerd.records.native import load_library, provide, symbol
 from cleanerd.records.walker import Int
 
 Z_FINISH: Final = 4
@@ -144,19 +144,29 @@ def feed(stream: Any, source: Int, length: Int, target: Int, room: Int) -> None:
     stream[AVAIL_OUT] = room
 
 
+_POINTER, _INT, _ULONG = ctypes.c_void_p, ctypes.c_int, ctypes.c_ulong
+provide(
+    zlib_library,
+    {
+        "deflate": (_INT, [_POINTER, _INT]),
+        "inflate": (_INT, [_POINTER, _INT]),
+        "deflateReset": (_INT, [_POINTER]),
+        "inflateReset": (_INT, [_POINTER]),
+        "deflateBound": (_ULONG, [_POINTER, _ULONG]),
+    },
+)
+
+
 def _declare() -> None:
     global deflate, deflate_reset, deflate_bound, inflate, inflate_reset
     from numba import types
 
     size, i32 = types.intp, types.int32
-    pointer, c_int, c_ulong = ctypes.c_void_p, ctypes.c_int, ctypes.c_ulong
-    zlib = zlib_library()
-    deflate = types.ExternalFunction(bind(zlib, "deflate", c_int, [pointer, c_int]), i32(size, i32))
-    inflate = types.ExternalFunction(bind(zlib, "inflate", c_int, [pointer, c_int]), i32(size, i32))
-    deflate_reset = types.ExternalFunction(bind(zlib, "deflateReset", c_int, [pointer]), i32(size))
-    inflate_reset = types.ExternalFunction(bind(zlib, "inflateReset", c_int, [pointer]), i32(size))
-    bound = bind(zlib, "deflateBound", c_ulong, [pointer, c_ulong])
-    deflate_bound = types.ExternalFunction(bound, size(size, size))
+    deflate = types.ExternalFunction(symbol("deflate"), i32(size, i32))
+    inflate = types.ExternalFunction(symbol("inflate"), i32(size, i32))
+    deflate_reset = types.ExternalFunction(symbol("deflateReset"), i32(size))
+    inflate_reset = types.ExternalFunction(symbol("inflateReset"), i32(size))
+    deflate_bound = types.ExternalFunction(symbol("deflateBound"), size(size, size))
 
 
 on_numba_load(_declare)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import sys
 import time
 import urllib.request
 from collections.abc import AsyncIterator
@@ -22,6 +23,7 @@ from cleanerd.compaction.audit import AuditColumns
 from cleanerd.compaction.cleanable import log_to_clean
 from cleanerd.compaction.cleaner import CleaningAborted, CleanResult
 from cleanerd.config import Config, load_config
+from cleanerd.daemon import service
 from cleanerd.daemon.commands import (
     CleanCommand,
     CommandRejected,
@@ -555,6 +557,46 @@ async def test_shutdown_is_bounded_when_a_pass_ignores_the_abort(
         engine.release()
 
 
+@pytest.mark.parametrize(
+    ("command", "event", "said"),
+    [
+        ("print('built in 1.0 s')", "kernels.built", "built in 1.0 s"),
+        (
+            "import sys; print('no C compiler'); sys.exit(1)",
+            "kernels.build_failed",
+            "no C compiler",
+        ),
+    ],
+)
+async def test_the_first_cycle_has_the_kernels_compiled_in_a_process_of_their_own(
+    config_path: Path,
+    notify_socket: NotifyReceiver,
+    monkeypatch: pytest.MonkeyPatch,
+    command: str,
+    event: str,
+    said: str,
+) -> None:
+    """After its first cycle (which ran the kernels, filling numba's cache), the daemon
+    runs `cleanerd build-kernels --background` once, in a process of its own, and logs
+    what it said; a failure is a warning naming the consequence. `CLEANERD_AOT=0`, which
+    the suite sets, turns it off."""
+    monkeypatch.setenv("CLEANERD_AOT", "1")
+    monkeypatch.setattr(service, "BUILD_KERNELS_COMMAND", (sys.executable, "-c", command))
+    with structlog.testing.capture_logs() as logs:
+        daemon, _ = _daemon(config_path, notify_socket)
+        async with running(daemon):
+            await eventually(lambda: any(e["event"] == event for e in logs), "the build's outcome")
+            await eventually(lambda: daemon.cycles >= 2, "a second cycle")
+    outcomes = [e for e in logs if e["event"].startswith("kernels.")]
+    assert len(outcomes) == 1
+    assert outcomes[0]["event"] == event
+    assert said in str(outcomes[0].get("result", outcomes[0].get("error")))
+
+
+def _failing_cycle(config: object) -> None:
+    raise RuntimeError("a cycle that fails")
+
+
 async def test_watchdog_pings_stop_when_cycles_keep_failing(
     config_path: Path, notify_socket: NotifyReceiver, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -564,6 +606,10 @@ async def test_watchdog_pings_stop_when_cycles_keep_failing(
     daemon, _ = _daemon(config_path, notify_socket)
     async with running(daemon):
         await notify_socket.await_for("WATCHDOG")
+        # Every cycle from now on fails (a cycle that succeeds resets the count, and one
+        # may be running or due: the startup cycle, or one the watcher triggers).
+        await eventually(lambda: daemon.cycles >= 1, "the startup cycle to end")
+        monkeypatch.setattr(daemon, "_run_cycle", _failing_cycle)
         daemon.cycle_failures = 3
         await asyncio.sleep(0.2)  # a ping already in flight may still land
         while True:

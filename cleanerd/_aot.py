@@ -1,0 +1,449 @@
+"""The kernels compiled ahead of time: one extension module that spares a process numba.
+
+A process that runs a kernel through numba imports numba and llvmlite's LLVM and loads
+each kernel's machine code from numba's cache, about a third of a second before the
+first byte is read, more than the work of a small command. `cleanerd build-kernels`
+compiles the same kernels (the same Python source, by numba's `pycc`) into an ordinary
+CPython extension module, for the signatures this host's numba cache holds, that is,
+the argument types the kernels were called with here. A later process imports that
+module (a few milliseconds, no numba) and calls its functions; a call whose argument
+types it has no function for goes to numba as before (`_jit.Kernel`).
+
+Files, in the kernel cache root (`_jit.cache_root`), under `cleanerd-kernels/`:
+
+- `<module>.<suffix>`: the extension module, its name (`cleanerd_kernels_<digest>`)
+  unique to what it was built from;
+- `manifest.json`: what it was built from and holds: the stamp (modification time in
+  ns, size) of every module defining kernels (`KERNEL_MODULES`: a kernel's machine code
+  holds the callees it inlines, so any of them changing makes the module stale), numpy's
+  version (its array layout is read by the unboxing code), the machine and its CPU
+  flags (the code is compiled for this host's CPU), the extension suffix (the Python
+  ABI), the external symbols in trampoline order, and for each kernel the type key of
+  each signature with the module function compiled for it.
+
+A manifest that disagrees with any of these is ignored (every kernel goes to numba).
+The build writes the module and the manifest beside their final names and renames them
+in, the manifest last: a process loading meanwhile reads the old manifest and its
+module or the new ones, never half of either (old modules are removed by the next build).
+
+Type keys. The module's functions unbox their arguments as declared and check nothing,
+so a call reaches a function only when the key of its arguments (`value_key`) equals
+the key of the signature it was compiled for (`numba_key`): for an array its dtype,
+dimensions, layout (`C`, `F` or `A`, as numba's typing says) and whether it is read-only;
+for a scalar its numba type (a Python int is int64, a bool boolean, a float float64);
+for a tuple its items'. Anything else has no key and goes to numba.
+
+External functions. Kernels call C functions by symbol (`crc.py`'s CRC-32C routine,
+`native.py`'s libraries), which the JIT registers with LLVM at their addresses in this
+process. The module defines each such symbol as a trampoline that jumps through a table
+the loader fills from the same providers (`_jit.on_symbols`); a table entry no provider
+filled points at a routine that aborts with a message naming no address, instead of a
+jump to null.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import hashlib
+import importlib.machinery
+import importlib.util
+import json
+import platform
+import shutil
+import sys
+import tempfile
+import time
+import warnings
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+
+import numpy as np
+
+KERNEL_MODULES: Final = (
+    "compaction.assemble",
+    "compaction.audit",
+    "compaction.batch_retention",
+    "compaction.cleaner",
+    "compaction.horizon",
+    "compaction.keyhash",
+    "compaction.offset_map",
+    "compaction.producers",
+    "compaction.strategy",
+    "compaction.transactions",
+    "compaction.writer",
+    "log.index",
+    "records.columns",
+    "records.compiled_codecs",
+    "records.compiled_encoders",
+    "records.control",
+    "records.crc",
+    "records.prefetch",
+    "records.walker",
+    "records.zlib_streams",
+)
+"""Every module (under `cleanerd.`) that defines kernels."""
+
+DIR_NAME: Final = "cleanerd-kernels"
+MANIFEST: Final = "manifest.json"
+MANIFEST_VERSION: Final = 1
+PACKAGE: Final = Path(__file__).parent
+
+_TRAMPOLINE: Final = {
+    "x86_64": "    jmp *cleanerd_aot_targets+{offset}(%rip)\n",
+    "aarch64": (
+        "    adrp x16, cleanerd_aot_targets+{offset}\n"
+        "    ldr x16, [x16, #:lo12:cleanerd_aot_targets+{offset}]\n"
+        "    br x16\n"
+    ),
+}
+"""How a trampoline jumps through its table entry, on the machines it is written for."""
+
+
+# -- type keys ------------------------------------------------------------------------------
+
+_BOOL: Final = ("s", "|b1")
+_INT64: Final = ("s", np.dtype(np.int64).str)
+_UINT64: Final = ("s", np.dtype(np.uint64).str)
+_FLOAT64: Final = ("s", np.dtype(np.float64).str)
+
+
+def _dtype_key(dtype: np.dtype[Any]) -> str:
+    if dtype.fields is None:
+        return dtype.str
+    return repr((dtype.descr, dtype.itemsize))
+
+
+def value_key(value: object) -> object:
+    """The type key of an argument (see the module docstring), or None."""
+    kind = type(value)
+    if kind is np.ndarray:
+        array: np.ndarray[Any, Any] = value  # type: ignore[assignment]
+        flags = array.flags
+        layout = "C" if flags.c_contiguous else "F" if flags.f_contiguous else "A"
+        return ("a", _dtype_key(array.dtype), array.ndim, layout, not flags.writeable)
+    if kind is bool or kind is np.bool_:
+        return _BOOL
+    if kind is int:
+        number: int = value  # type: ignore[assignment]
+        if -(2**63) <= number < 2**63:
+            return _INT64
+        return _UINT64 if 0 <= number < 2**64 else None
+    if kind is float:
+        return _FLOAT64
+    if isinstance(value, (np.integer, np.floating)):
+        return ("s", value.dtype.str)
+    if kind is tuple:
+        items = tuple(value_key(item) for item in value)  # type: ignore[attr-defined]
+        return None if None in items else ("t", *items)
+    return None
+
+
+def numba_key(numba_type: Any) -> object:
+    """The type key of a numba type in a kernel's signature, or None where no Python
+    value types as it (a literal, an object the keys do not cover)."""
+    from numba.core import types
+    from numba.np.numpy_support import as_dtype
+
+    if isinstance(numba_type, types.Literal):
+        return None
+    if isinstance(numba_type, types.Array):
+        layout = numba_type.layout
+        dtype = _dtype_key(as_dtype(numba_type.dtype))
+        return ("a", dtype, numba_type.ndim, layout, not numba_type.mutable)
+    if isinstance(numba_type, types.Boolean):
+        return _BOOL
+    if isinstance(numba_type, (types.Integer, types.Float)):
+        return ("s", as_dtype(numba_type).str)
+    if isinstance(numba_type, types.BaseTuple):
+        items = tuple(numba_key(item) for item in numba_type.types)  # type: ignore[attr-defined]
+        return None if None in items else ("t", *items)
+    return None
+
+
+def _frozen(key: object) -> object:
+    """A key read back from JSON (lists) as the tuples `value_key` makes."""
+    return tuple(_frozen(k) for k in key) if isinstance(key, list) else key
+
+
+# -- what a module is built from ------------------------------------------------------------
+
+
+def _stamps() -> dict[str, list[int]]:
+    """(modification time in ns, size) of every module defining kernels."""
+    out: dict[str, list[int]] = {}
+    for name in KERNEL_MODULES:
+        st = (PACKAGE / (name.replace(".", "/") + ".py")).stat()
+        out[name] = [st.st_mtime_ns, st.st_size]
+    return out
+
+
+def _cpu() -> str:
+    """The machine and its CPU flags (the first processor's, from /proc/cpuinfo)."""
+    flags = ""
+    with contextlib.suppress(OSError), open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith(("flags", "Features")):
+                flags = line.split(":", 1)[1].strip()
+                break
+    return f"{platform.machine()} {hashlib.sha256(flags.encode()).hexdigest()[:16]}"
+
+
+def _suffix() -> str:
+    return importlib.machinery.EXTENSION_SUFFIXES[0]
+
+
+def _built_for() -> dict[str, object]:
+    """What a manifest must say for its module to be used in this process."""
+    return {
+        "version": MANIFEST_VERSION,
+        "sources": _stamps(),
+        "numpy": np.__version__,
+        "cpu": _cpu(),
+        "suffix": _suffix(),
+    }
+
+
+# -- loading ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """A loaded module: each kernel's functions by type key, and how to bind symbols."""
+
+    functions: Mapping[str, Mapping[object, Callable[..., Any]]]
+    symbols: tuple[str, ...]
+    library: ctypes.CDLL
+
+    def bind(self, addresses: Mapping[str, int]) -> None:
+        """Point the trampolines of `addresses`' symbols at those addresses."""
+        for index, symbol in enumerate(self.symbols):
+            if symbol in addresses:
+                self.library.cleanerd_aot_bind(
+                    ctypes.c_size_t(index), ctypes.c_void_p(addresses[symbol])
+                )
+
+
+def load(root: Path) -> Loaded | None:
+    """The module built under `root` for this process, or None (none built, or stale,
+    or it does not load: the kernels then go to numba)."""
+    where = root / DIR_NAME
+    try:
+        manifest = json.loads((where / MANIFEST).read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(manifest, dict) or manifest.get("built_for") != _built_for():
+        return None
+    name = manifest["module"]
+    path = where / f"{name}{_suffix()}"
+    try:
+        loader = importlib.machinery.ExtensionFileLoader(name, str(path))
+        spec = importlib.util.spec_from_file_location(name, path, loader=loader)
+        assert spec is not None
+        module = importlib.util.module_from_spec(spec)
+        loader.exec_module(module)
+        library = ctypes.CDLL(str(path))
+    except (ImportError, OSError):
+        return None
+    functions = {
+        kernel: {_frozen(key): getattr(module, export) for export, key in entries}
+        for kernel, entries in manifest["kernels"].items()
+    }
+    return Loaded(functions, tuple(manifest["symbols"]), library)
+
+
+# -- building ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Built:
+    """What a build made: the module, its kernels and their signatures, and the time."""
+
+    path: Path
+    kernels: int
+    signatures: int
+    skipped: int
+    seconds: float
+    up_to_date: bool = False
+    """Whether the module there was built from the same sources and signatures (and
+    was kept, not built again)."""
+
+
+def _trampolines(symbols: Iterable[str], machine: str) -> str:
+    """C source of the symbol table, its binder and one trampoline per symbol."""
+    names = list(symbols)
+    jump = _TRAMPOLINE[machine]
+    lines = [
+        "#include <stddef.h>",
+        "#include <stdio.h>",
+        "#include <stdlib.h>",
+        "static void cleanerd_aot_unbound(void) {",
+        '    fputs("cleanerd: a compiled kernel called an external function that was '
+        'never bound\\n", stderr);',
+        "    abort();",
+        "}",
+        '__attribute__((visibility("hidden")))',
+        f"void *cleanerd_aot_targets[{max(1, len(names))}] = {{",
+        *("    (void *)cleanerd_aot_unbound," for _ in names),
+        "};",
+        '__attribute__((visibility("default"))) void cleanerd_aot_bind(size_t i, void *p) {',
+        f"    if (i < {len(names)}) cleanerd_aot_targets[i] = p;",
+        "}",
+        "__asm__(",
+        '    ".text\\n"',
+    ]
+    for index, symbol in enumerate(names):
+        body = jump.format(offset=8 * index).replace("\n", "\\n")
+        lines += [
+            f'    ".globl {symbol}\\n"',
+            f'    ".type {symbol}, @function\\n"',
+            f'    "{symbol}:\\n"',
+            f'    "{body}"',
+            f'    ".size {symbol}, .-{symbol}\\n"',
+        ]
+    lines.append(");")
+    return "\n".join(lines) + "\n"
+
+
+def _compile_with_njit_flags() -> None:
+    """Make pycc compile as the kernels' dispatchers do: without the GIL, with numba's
+    runtime, and typing the return value instead of checking it against a declared one
+    (numba fails to unify an inlined callee's literal constants against a declared
+    return type that its own JIT infers without complaint); the inferred type is then
+    checked to be the one the cache holds."""
+    pycc_compiler: Any = importlib.import_module("numba.pycc.compiler")
+    flags_type: Any = importlib.import_module("numba.core.compiler").Flags
+    cpu_target: Any = importlib.import_module("numba.core.registry").cpu_target
+
+    original = pycc_compiler.compile_extra
+    if getattr(original, "_cleanerd", False):
+        return
+
+    def compile_extra(
+        typingctx: Any,
+        targetctx: Any,
+        func: Any,
+        args: Any,
+        return_type: Any,
+        flags: Any,
+        locals: Any,
+        library: Any = None,
+    ) -> Any:
+        njit = cpu_target.options.parse_as_flags(flags_type(), {"nopython": True, "nogil": True})
+        njit.no_compile = flags.no_compile
+        njit.no_cpython_wrapper = flags.no_cpython_wrapper
+        njit.no_cfunc_wrapper = flags.no_cfunc_wrapper
+        result = original(typingctx, targetctx, func, args, None, njit, locals, library=library)
+        if result.signature.return_type != return_type:
+            raise TypeError(
+                f"{func.__qualname__}{args}: returns {result.signature.return_type}, "
+                f"numba's cache says {return_type}"
+            )
+        return result
+
+    compile_extra._cleanerd = True  # type: ignore[attr-defined]
+    pycc_compiler.compile_extra = compile_extra
+
+
+def build(root: Path, *, select: Callable[[str], bool] = lambda _: True) -> Built:
+    """Compile every kernel of `KERNEL_MODULES` that `select` (given its name) keeps,
+    for each signature numba's cache holds for it, into the module under `root` (see the
+    module docstring). Needs numba and a C compiler; raises RuntimeError saying what is
+    missing, or that the cache holds no signature yet."""
+    started = time.perf_counter()
+    machine = platform.machine()
+    if machine not in _TRAMPOLINE or not sys.platform.startswith("linux"):
+        raise RuntimeError(f"compiled kernels are built on Linux x86_64 and aarch64, not {machine}")
+    from cleanerd import _jit
+
+    for name in KERNEL_MODULES:
+        importlib.import_module(f"cleanerd.{name}")
+    _jit.load_numba()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # pycc's pending deprecation
+        cc_type: Any = importlib.import_module("numba.pycc").CC
+    _compile_with_njit_flags()
+
+    built_for = _built_for()
+    digest = hashlib.sha256(json.dumps(built_for, sort_keys=True).encode())
+    exports: list[tuple[str, Any, Any]] = []  # (export name, python function, signature)
+    kernels: dict[str, list[tuple[str, object]]] = {}
+    skipped = 0
+    for kernel in _jit.kernels():
+        name = f"{kernel.py_func.__module__}:{kernel.py_func.__qualname__}"
+        if getattr(kernel.py_func, "_cleanerd_inline", False) or not select(name):
+            continue
+        dispatcher = kernel.dispatcher()
+        for args in _cached_signatures(dispatcher):
+            key = tuple(numba_key(a) for a in args)
+            if None in key:
+                skipped += 1  # a literal argument: only ever called from kernels
+                continue
+            dispatcher.compile(args)  # loaded from the cache, with its return type
+            signature = dispatcher.overloads[args].signature
+            export = f"k{len(exports)}"
+            exports.append((export, kernel.py_func, signature))
+            kernels.setdefault(name, []).append((export, key))
+            digest.update(f"{name}{args}".encode())
+    if not exports:
+        raise RuntimeError("numba's cache holds no kernel signature yet: run cleanerd first")
+    symbols = sorted(_jit.symbol_addresses())
+    digest.update(repr(symbols).encode())
+    module = f"cleanerd_kernels_{digest.hexdigest()[:16]}"
+    where = root / DIR_NAME
+    current = where / f"{module}{_suffix()}"
+    with contextlib.suppress(OSError, ValueError):
+        if json.loads((where / MANIFEST).read_text())["module"] == module and current.exists():
+            return Built(current, len(kernels), len(exports), skipped, 0.0, up_to_date=True)
+    where.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=where) as tmp:
+        source = Path(tmp) / "trampolines.c"
+        source.write_text(_trampolines(symbols, machine))
+        cc = cc_type(module)
+        cc.output_dir = tmp
+        cc.verbose = False
+        cc.target_cpu = "host"
+        cc._mixin_sources = [*cc._mixin_sources, str(source)]
+        for export, fn, signature in exports:
+            cc.export(export, signature)(fn)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            cc.compile()
+        built = Path(tmp) / f"{module}{_suffix()}"
+        built.replace(where / built.name)
+        manifest = {"built_for": built_for, "module": module, "symbols": symbols}
+        manifest["kernels"] = kernels
+        staged = Path(tmp) / MANIFEST
+        staged.write_text(json.dumps(manifest))
+        staged.replace(where / MANIFEST)
+    for old in where.glob(f"cleanerd_kernels_*{_suffix()}"):
+        if old.name != f"{module}{_suffix()}":
+            old.unlink(missing_ok=True)  # a process that loaded it keeps its mapping
+    return Built(
+        where / f"{module}{_suffix()}",
+        len(kernels),
+        len(exports),
+        skipped,
+        time.perf_counter() - started,
+    )
+
+
+def _cached_signatures(dispatcher: Any) -> list[tuple[Any, ...]]:
+    """The argument types numba's cache holds machine code for, for `dispatcher`."""
+    cache = getattr(dispatcher, "_cache", None)
+    index_file = getattr(cache, "_cache_file", None)
+    if index_file is None:
+        return []
+    found: list[tuple[Any, ...]] = []
+    for key in index_file._load_index():
+        args = tuple(key[0])
+        if args not in found:
+            found.append(args)
+    return found
+
+
+def remove(root: Path) -> None:
+    """Remove the built module (the kernels go to numba again)."""
+    shutil.rmtree(root / DIR_NAME, ignore_errors=True)

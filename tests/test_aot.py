@@ -1,0 +1,252 @@
+"""Tests of the kernels compiled ahead of time (`cleanerd._aot`, `cleanerd build-kernels`).
+
+The end-to-end tests build into a cache dir of their own (`NUMBA_CACHE_DIR`) in
+processes of their own, as an operator's host does: a `clean` through numba fills the
+cache, `build-kernels` compiles what it holds, and a later process runs on the module."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from cleanerd import _aot, _jit
+from cleanerd.records.columns import SEGMENT_ROW
+from cleanerd.records.header import Compression
+from tests.compaction.conftest import LogBuilder, k
+from tests.paths import REPO
+
+pytestmark = pytest.mark.slow
+
+
+def sample_values() -> list[Any]:
+    """Arguments of every kind a kernel takes, and some it never does."""
+    readonly = np.zeros(8, np.uint8)
+    readonly.flags.writeable = False
+    records = np.zeros(3, SEGMENT_ROW)
+    return [
+        np.zeros(8, np.uint8),
+        readonly,
+        np.zeros(8, np.int64)[::2],
+        np.zeros(1, np.int64)[::2],
+        np.zeros((4, 2), np.uint64),
+        np.zeros((4, 2), np.int32)[:, 0],
+        np.asfortranarray(np.zeros((3, 2))),
+        records,
+        records["key_pos"],
+        np.zeros(0, np.bool_),
+        True,
+        np.True_,
+        7,
+        -(2**63),
+        2**63,
+        1.5,
+        np.int64(3),
+        np.int32(3),
+        np.uint64(3),
+        np.float32(1.0),
+        (1, 2),
+        (1, np.zeros(3, np.int16), True),
+    ]
+
+
+def test_a_calls_key_is_the_key_of_the_type_numba_gives_it() -> None:
+    """`value_key` of an argument equals `numba_key` of the type cleanerd's typing (numba's,
+    with `_jit`'s array typing) gives it, for arrays of every layout, dtype and
+    writability, structured record tables, scalars of Python and numpy, and tuples."""
+    _jit.load_numba()
+    import numba
+
+    typeof: Any = numba.typeof
+    for value in sample_values():
+        assert _aot.value_key(value) == _aot.numba_key(typeof(value)), repr(value)
+    values = sample_values()
+    writable, readonly, strided = (_aot.value_key(v) for v in values[:3])
+    assert len({writable, readonly, strided}) == 3  # dtype alike, types apart
+    assert _aot.value_key(7) != _aot.value_key(np.int32(7))
+    assert _aot.value_key(2**63) != _aot.value_key(2**63 - 1)
+
+
+def test_what_has_no_key_goes_to_numba() -> None:
+    """Arguments the keys do not cover (None, bytes, a list, an int past uint64, a tuple
+    holding one) have no key, so no compiled function is ever called with them."""
+    for value in (None, b"x", [1], 2**64, (1, None), "s"):
+        assert _aot.value_key(value) is None
+
+
+def test_the_module_list_names_every_module_with_kernels() -> None:
+    """KERNEL_MODULES, whose stamps make a built module stale, names every module of the
+    package that defines a kernel."""
+    found = set()
+    for path in (REPO / "cleanerd").rglob("*.py"):
+        if re.search(r"^@jit(_inline)?\b", path.read_text(), re.MULTILINE):
+            found.add(".".join(path.relative_to(REPO / "cleanerd").with_suffix("").parts))
+    assert found == set(_aot.KERNEL_MODULES)
+
+
+def small_log(root: Path) -> Path:
+    """A compacted topic's partition of several shapes: 1-record batches, lz4 and zstd
+    batches, an idempotent producer, tombstones; returns its log dir."""
+    log = LogBuilder(root)
+    log.records([(k(i % 7), b"v%d" % i) for i in range(40)])
+    log.append([(k(i % 5), b"w%d" % i) for i in range(30)], codec=Compression.LZ4, pid=7)
+    log.append([(k(i % 3), b"z%d" % i) for i in range(20)], codec=Compression.ZSTD, pid=7)
+    log.roll()
+    log.records([(k(1), None), (k(2), b"last")])
+    log.roll()
+    log.append([(k("active"), b"x")])
+    log.write()
+    return root
+
+
+def clean(logs: Path, work: Path, env: dict[str, str], *, probe: bool = False) -> dict[str, Any]:
+    """`cleanerd clean` of `logs` in its own process; with `probe`, through a wrapper that
+    prints whether numba was imported (its last line of stderr)."""
+    config = work / "c.yaml"
+    config.write_text(
+        f"log.dirs: [{logs}]\nstate_dir: {work / 'state'}\ntopics:\n"
+        "  t: {cleanup.policy: compact, min.cleanable.dirty.ratio: 0.0}\n"
+    )
+    args = ["clean", "-c", str(config), "--json", "--now-ms", "1800000000000"]
+    if probe:
+        wrapper = (
+            "import atexit, sys\n"
+            "atexit.register(lambda: print('numba', 'numba' in sys.modules, file=sys.stderr))\n"
+            "from cleanerd.cli import main\n"
+            f"sys.exit(main({args!r}))\n"
+        )
+        command = [sys.executable, "-c", wrapper]
+    else:
+        command = [sys.executable, "-m", "cleanerd", *args]
+    proc = subprocess.run(command, capture_output=True, text=True, env=env, cwd=work, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report: dict[str, Any] = json.loads(proc.stdout)
+    report["stderr"] = proc.stderr
+    return report
+
+
+def log_bytes(logs: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted((logs / "t-0").glob("*.log"))}
+
+
+@pytest.fixture(name="built", scope="module")
+def _built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, str]]:
+    """A cache dir filled by one `clean` through numba and compiled by `build-kernels`
+    (once for the module: the build takes tens of seconds); the environment that uses it.
+    Tests that change its files put them back."""
+    tmp_path = tmp_path_factory.mktemp("built")
+    cache = tmp_path / "cache"
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(cache), "CLEANERD_AOT": "1"}
+    template = small_log(tmp_path / "template")
+    first = tmp_path / "first"
+    shutil.copytree(template, first / "logs")
+    clean(first / "logs", first, env)
+    proc = subprocess.run(
+        [sys.executable, "-m", "cleanerd", "build-kernels"],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert re.search(r"cleanerd_kernels_\w+\.\S+: \d+ kernels, \d+ signatures", proc.stdout)
+    return template, env
+
+
+def test_a_clean_on_compiled_kernels_imports_no_numba_and_writes_the_same_bytes(
+    built: tuple[Path, dict[str, str]], tmp_path: Path
+) -> None:
+    """After `build-kernels`, a `clean` of the same shape of log runs every kernel from
+    the compiled module, never imports numba, and leaves byte for byte the segments a
+    `clean` through numba (`CLEANERD_AOT=0`) leaves."""
+    template, env = built
+    runs = {}
+    for name, aot in (("compiled", "1"), ("numba", "0")):
+        work = tmp_path / name
+        shutil.copytree(template, work / "logs")
+        report = clean(work / "logs", work, {**env, "CLEANERD_AOT": aot}, probe=True)
+        assert report["stderr"].rstrip().endswith(f"numba {aot == '0'}")
+        assert report["cleaned"]
+        runs[name] = log_bytes(work / "logs")
+    assert runs["compiled"] == runs["numba"]
+    assert len(runs["compiled"]) >= 2
+
+
+def test_a_call_the_module_has_no_function_for_goes_to_numba(
+    built: tuple[Path, dict[str, str]],
+) -> None:
+    """A call whose argument types the build did not see (a strided view where the
+    cleaner passes a contiguous array) is not forced into a compiled function: it loads
+    numba and is compiled there, with the same answer."""
+    _, env = built
+    script = (
+        "import sys, numpy as np\n"
+        "from cleanerd.compaction import offset_map\n"
+        "whole = np.array([3, 1, -2, 5], np.int64)\n"
+        "print(offset_map._first_negative(whole), 'numba' in sys.modules)\n"
+        "strided = np.array([3, 0, 1, 0, -2, 0, 5, 0], np.int64)[::2]\n"
+        "print(offset_map._first_negative(strided), 'numba' in sys.modules)\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, env=env, check=False
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split() == ["2", "False", "2", "True"]
+
+
+def test_a_stale_or_foreign_module_is_not_loaded(built: tuple[Path, dict[str, str]]) -> None:
+    """A manifest built for other sources, another numpy or another CPU is ignored
+    (`load` gives None: every kernel goes to numba); the one built here loads."""
+    _, env = built
+    root = Path(env["NUMBA_CACHE_DIR"])
+    loaded = _aot.load(root)
+    assert loaded is not None
+    assert loaded.functions
+    manifest_path = root / _aot.DIR_NAME / _aot.MANIFEST
+    good = json.loads(manifest_path.read_text())
+    for field, value in (("numpy", "0.0"), ("cpu", "x86_64 0"), ("suffix", ".so")):
+        manifest = json.loads(json.dumps(good))
+        manifest["built_for"][field] = value
+        manifest_path.write_text(json.dumps(manifest))
+        assert _aot.load(root) is None, field
+    manifest = json.loads(json.dumps(good))
+    manifest["built_for"]["sources"]["records.walker"][0] -= 1
+    manifest_path.write_text(json.dumps(manifest))
+    assert _aot.load(root) is None
+    manifest_path.write_text("{")
+    assert _aot.load(root) is None
+    manifest_path.write_text(json.dumps(good))
+    assert _aot.load(root) is not None
+
+
+def test_build_kernels_says_what_stops_it(tmp_path: Path) -> None:
+    """With an empty kernel cache there is nothing to build: exit 1 and say so;
+    `--remove` removes a module."""
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "empty")}
+    proc = subprocess.run(
+        [sys.executable, "-m", "cleanerd", "build-kernels"],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+    )
+    assert proc.returncode == 1
+    assert "numba's cache holds no kernel signature yet" in proc.stdout
+    (tmp_path / "empty" / _aot.DIR_NAME).mkdir(parents=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "cleanerd", "build-kernels", "--remove"],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+    )
+    assert proc.returncode == 0
+    assert not (tmp_path / "empty" / _aot.DIR_NAME).exists()
