@@ -45,16 +45,12 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import hashlib
 import importlib.machinery
 import importlib.util
 import json
-import platform
-import shutil
+import os
 import sys
-import tempfile
-import time
-import warnings
+import zlib
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -188,7 +184,7 @@ def _cpu() -> str:
             if line.startswith(("flags", "Features")):
                 flags = line.split(":", 1)[1].strip()
                 break
-    return f"{platform.machine()} {hashlib.sha256(flags.encode()).hexdigest()[:16]}"
+    return f"{os.uname().machine} {zlib.crc32(flags.encode()):08x} {len(flags)}"
 
 
 def _suffix() -> str:
@@ -352,8 +348,13 @@ def build(root: Path, *, select: Callable[[str], bool] = lambda _: True) -> Buil
     for each signature numba's cache holds for it, into the module under `root` (see the
     module docstring). Needs numba and a C compiler; raises RuntimeError saying what is
     missing, or that the cache holds no signature yet."""
+    import hashlib
+    import tempfile
+    import time
+    import warnings
+
     started = time.perf_counter()
-    machine = platform.machine()
+    machine = os.uname().machine
     if machine not in _TRAMPOLINE or not sys.platform.startswith("linux"):
         raise RuntimeError(f"compiled kernels are built on Linux x86_64 and aarch64, not {machine}")
     from cleanerd import _jit
@@ -446,4 +447,6 @@ def _cached_signatures(dispatcher: Any) -> list[tuple[Any, ...]]:
 
 def remove(root: Path) -> None:
     """Remove the built module (the kernels go to numba again)."""
+    import shutil
+
     shutil.rmtree(root / DIR_NAME, ignore_errors=True)
