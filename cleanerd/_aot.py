@@ -106,10 +106,17 @@ _UINT64: Final = ("s", np.dtype(np.uint64).str)
 _FLOAT64: Final = ("s", np.dtype(np.float64).str)
 
 
+_DTYPE_KEYS: dict[np.dtype[Any], str] = {}
+_C_CONTIGUOUS, _F_CONTIGUOUS, _WRITEABLE = 0x1, 0x2, 0x400  # numpy's array flag bits
+_LAYOUTS: Final = ("A", "C", "F", "C")  # by the two contiguity bits (1-D: both)
+
+
 def _dtype_key(dtype: np.dtype[Any]) -> str:
-    if dtype.fields is None:
-        return dtype.str
-    return repr((dtype.descr, dtype.itemsize))
+    key = _DTYPE_KEYS.get(dtype)
+    if key is None:
+        key = dtype.str if dtype.fields is None else repr((dtype.descr, dtype.itemsize))
+        _DTYPE_KEYS[dtype] = key
+    return key
 
 
 def value_key(value: object) -> object:
@@ -117,9 +124,9 @@ def value_key(value: object) -> object:
     kind = type(value)
     if kind is np.ndarray:
         array: np.ndarray[Any, Any] = value  # type: ignore[assignment]
-        flags = array.flags
-        layout = "C" if flags.c_contiguous else "F" if flags.f_contiguous else "A"
-        return ("a", _dtype_key(array.dtype), array.ndim, layout, not flags.writeable)
+        flags: int = array.flags.num
+        layout = _LAYOUTS[flags & (_C_CONTIGUOUS | _F_CONTIGUOUS)]
+        return ("a", _dtype_key(array.dtype), array.ndim, layout, not flags & _WRITEABLE)
     if kind is bool or kind is np.bool_:
         return _BOOL
     if kind is int:

@@ -29,8 +29,9 @@ Compiled ahead of time: once `cleanerd build-kernels` has built the kernels into
 extension module (`_aot.py`, under `cache_root()`), a kernel's first call loads that
 module instead of numba, and each call whose argument types the module has a function
 for runs it; any other call loads numba, as without the module (`CLEANERD_AOT=0` keeps
-to numba). The C functions kernels call are named by symbol (`on_symbols`), which the
-JIT registers with LLVM and the module binds its trampolines to.
+to numba), and so does the call after the first COMPILED_CALLS. The C functions kernels
+call are named by symbol (`on_symbols`), which the JIT registers with LLVM and the
+module binds its trampolines to.
 """
 
 from __future__ import annotations
@@ -210,6 +211,14 @@ def load_numba() -> None:
     _load_all()
 
 
+COMPILED_CALLS = 10_000
+"""Kernel calls a process makes through the compiled module before it loads numba after
+all. numba's dispatcher types a call's arguments in C, a microsecond or more per call
+faster than the module's type keys in Python (`_aot.value_key`, about 0.4 us an array),
+so its load (about a quarter of a second) pays for itself over some 100,000 calls: a
+one-shot command on a few partitions makes hundreds, a `clean` of 1,000 small
+partitions 170,000, a daemon's cycles without end."""
+_compiled_calls = 0
 _compiled: Any = None
 """The compiled module (`_aot.Loaded`) once loaded."""
 _compiled_tried = False
@@ -382,7 +391,9 @@ class Kernel:
             compiled = self._compiled
             if compiled is None:
                 compiled = self._compiled = _compiled_functions(self)
-            if compiled:
+            global _compiled_calls
+            if compiled and _compiled_calls < COMPILED_CALLS:
+                _compiled_calls += 1  # a race between threads miscounts a call or two
                 fn = compiled.get(tuple(map(_type_key, args)))
                 if fn is not None:
                     return fn(*args)

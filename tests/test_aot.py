@@ -202,6 +202,29 @@ def test_a_call_the_module_has_no_function_for_goes_to_numba(
     assert proc.stdout.split() == ["2", "False", "2", "True"]
 
 
+def test_a_process_that_calls_kernels_without_end_loads_numba_after_all(
+    built: tuple[Path, dict[str, str]],
+) -> None:
+    """After COMPILED_CALLS calls through the compiled module (whose type keys cost more
+    per call than numba's dispatch), the next call loads numba, and every call after it
+    goes there, with the same answers."""
+    _, env = built
+    script = (
+        "import sys, numpy as np\n"
+        "from cleanerd import _jit\n"
+        "from cleanerd.compaction import offset_map\n"
+        "_jit.COMPILED_CALLS = 3\n"
+        "whole = np.array([3, 1, -2, 5], np.int64)\n"
+        "for _ in range(5):\n"
+        "    print(offset_map._first_negative(whole), 'numba' in sys.modules)\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, env=env, check=False
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.splitlines() == ["2 False"] * 3 + ["2 True"] * 2
+
+
 def test_a_stale_or_foreign_module_is_not_loaded(built: tuple[Path, dict[str, str]]) -> None:
     """A manifest built for other sources, another numpy or another CPU is ignored
     (`load` gives None: every kernel goes to numba); the one built here loads."""
