@@ -235,26 +235,24 @@ def load(root: Path) -> Loaded | None:
     where = root / DIR_NAME
     try:
         manifest = json.loads((where / MANIFEST).read_text())
-    except (OSError, ValueError):
-        return None
-    if not isinstance(manifest, dict) or manifest.get("built_for") != _built_for():
-        return None
-    name = manifest["module"]
-    path = where / f"{name}{_suffix()}"
-    try:
+        if not isinstance(manifest, dict) or manifest.get("built_for") != _built_for():
+            return None
+        name = manifest["module"]
+        path = where / f"{name}{_suffix()}"
         loader = importlib.machinery.ExtensionFileLoader(name, str(path))
         spec = importlib.util.spec_from_file_location(name, path, loader=loader)
-        assert spec is not None
+        if spec is None:
+            return None
         module = importlib.util.module_from_spec(spec)
         loader.exec_module(module)
         library = ctypes.CDLL(str(path))
-    except (ImportError, OSError):
-        return None
-    functions = {
-        kernel: {_frozen(key): getattr(module, export) for export, key in entries}
-        for kernel, entries in manifest["kernels"].items()
-    }
-    return Loaded(functions, tuple(manifest["symbols"]), library)
+        functions = {
+            kernel: {_frozen(key): getattr(module, export) for export, key in entries}
+            for kernel, entries in manifest["kernels"].items()
+        }
+        return Loaded(functions, tuple(manifest["symbols"]), library)
+    except (OSError, ImportError, ValueError, KeyError, TypeError, AttributeError):
+        return None  # absent, unreadable or not the shape a build writes: numba it is
 
 
 # -- building ---------------------------------------------------------------------------------

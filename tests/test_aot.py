@@ -246,6 +246,9 @@ def test_a_stale_or_foreign_module_is_not_loaded(built: tuple[Path, dict[str, st
     assert _aot.load(root) is None
     manifest_path.write_text("{")
     assert _aot.load(root) is None
+    for broken in ({"built_for": good["built_for"]}, {**good, "kernels": {"k:f": [["x", 1]]}}):
+        manifest_path.write_text(json.dumps(broken))
+        assert _aot.load(root) is None
     manifest_path.write_text(json.dumps(good))
     assert _aot.load(root) is not None
 
