@@ -137,6 +137,25 @@ def log_bytes(logs: Path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in sorted((logs / "t-0").glob("*.log"))}
 
 
+def run_python(script: str, env: dict[str, str]) -> str:
+    """`script` in a Python process of its own; its stdout (it must exit 0)."""
+    proc = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, env=env, check=False
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout
+
+
+def build_kernels(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "cleanerd", "build-kernels", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+    )
+
+
 @pytest.fixture(name="built", scope="module")
 def _built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, str]]:
     """A cache dir filled by one `clean` through numba and compiled by `build-kernels`
@@ -149,13 +168,7 @@ def _built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, st
     first = tmp_path / "first"
     shutil.copytree(template, first / "logs")
     clean(first / "logs", first, env)
-    proc = subprocess.run(
-        [sys.executable, "-m", "cleanerd", "build-kernels"],
-        capture_output=True,
-        text=True,
-        env=env,
-        check=False,
-    )
+    proc = build_kernels(env)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert re.search(r"cleanerd_kernels_\w+\.\S+: \d+ kernels, \d+ signatures", proc.stdout)
     return template, env
@@ -195,11 +208,7 @@ def test_a_call_the_module_has_no_function_for_goes_to_numba(
         "strided = np.array([3, 0, 1, 0, -2, 0, 5, 0], np.int64)[::2]\n"
         "print(offset_map._first_negative(strided), 'numba' in sys.modules)\n"
     )
-    proc = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, env=env, check=False
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout.split() == ["2", "False", "2", "True"]
+    assert run_python(script, env).split() == ["2", "False", "2", "True"]
 
 
 def test_a_process_that_calls_kernels_without_end_loads_numba_after_all(
@@ -218,11 +227,7 @@ def test_a_process_that_calls_kernels_without_end_loads_numba_after_all(
         "for _ in range(5):\n"
         "    print(offset_map._first_negative(whole), 'numba' in sys.modules)\n"
     )
-    proc = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, env=env, check=False
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout.splitlines() == ["2 False"] * 3 + ["2 True"] * 2
+    assert run_python(script, env).splitlines() == ["2 False"] * 3 + ["2 True"] * 2
 
 
 def test_a_stale_or_foreign_module_is_not_loaded(built: tuple[Path, dict[str, str]]) -> None:
@@ -257,22 +262,10 @@ def test_build_kernels_says_what_stops_it(tmp_path: Path) -> None:
     """With an empty kernel cache there is nothing to build: exit 1 and say so;
     `--remove` removes a module."""
     env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "empty")}
-    proc = subprocess.run(
-        [sys.executable, "-m", "cleanerd", "build-kernels"],
-        capture_output=True,
-        text=True,
-        env=env,
-        check=False,
-    )
+    proc = build_kernels(env)
     assert proc.returncode == 1
     assert "numba's cache holds no kernel signature yet" in proc.stdout
     (tmp_path / "empty" / _aot.DIR_NAME).mkdir(parents=True)
-    proc = subprocess.run(
-        [sys.executable, "-m", "cleanerd", "build-kernels", "--remove"],
-        capture_output=True,
-        text=True,
-        env=env,
-        check=False,
-    )
+    proc = build_kernels(env, "--remove")
     assert proc.returncode == 0
     assert not (tmp_path / "empty" / _aot.DIR_NAME).exists()
