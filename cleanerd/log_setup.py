@@ -18,6 +18,7 @@ level applies to loggers that already exist.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
 from collections.abc import Iterator
@@ -68,6 +69,31 @@ def _renderers(fmt: Literal["json", "console"], stream: TextIO) -> list[Processo
     return [structlog.dev.ConsoleRenderer(colors=_isatty(stream))]
 
 
+class _LogStream:
+    """The log's stream, with a write that fails dropped: a line that cannot be written
+    (its reader gone, EPIPE: `cleanerd run 2>&1 | tee`, a collector that died; a closed
+    stream) must not fail the work that logged it. Before, a cycle logging into a broken
+    pipe failed, its `cycle.failed` line failed the same way, the next cycle did too, and
+    the SIGTERM handler's own line lost the stop: the daemon spun and could not be
+    stopped. The standard library's handlers already drop such lines (`handleError`)."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self.stream = stream
+        self.dropped = 0
+        """Lines that could not be written."""
+
+    def write(self, text: str) -> int:
+        try:
+            return self.stream.write(text)
+        except (OSError, ValueError):  # ValueError: a closed stream
+            self.dropped += 1
+            return 0
+
+    def flush(self) -> None:
+        with contextlib.suppress(OSError, ValueError):
+            self.stream.flush()
+
+
 def configure_logging(
     format: LogFormat = "auto", level: LogLevel = "info", stream: TextIO | None = None
 ) -> Literal["json", "console"]:
@@ -85,7 +111,7 @@ def configure_logging(
     structlog.configure(
         processors=[*shared, *renderers],
         wrapper_class=structlog.make_filtering_bound_logger(level_no),
-        logger_factory=structlog.WriteLoggerFactory(out),
+        logger_factory=structlog.WriteLoggerFactory(_LogStream(out)),  # type: ignore[arg-type]
         cache_logger_on_first_use=False,
     )
     formatter = structlog.stdlib.ProcessorFormatter(

@@ -270,11 +270,13 @@ class Daemon:
         self._wake.set()
 
     def _request_exit(self, why: str) -> None:
-        if not self.should_exit:
-            log.info("shutdown.requested", signal=why)
+        first = not self.should_exit
+        # The stop is recorded before it is logged: no failure to log may lose it.
         self.should_exit = True
         self._abort.set()
         self._wake.set()
+        if first:
+            log.info("shutdown.requested", signal=why)
 
     # -- serve ------------------------------------------------------------------------------
 

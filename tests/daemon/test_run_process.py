@@ -266,3 +266,50 @@ def test_second_owner_is_refused_naming_the_first(tmp_path: Path) -> None:
             said = result.stdout + result.stderr
             assert f"owned by another cleanerd process (pid {os.getpid()}" in said, command
             assert sorted(p.name for p in data.iterdir()) == before
+
+
+def test_a_log_reader_gone_costs_the_lines_not_the_cycles_or_the_stop(tmp_path: Path) -> None:
+    """`cleanerd run 2>&1 | tee …` whose `tee` dies: every later log line meets EPIPE.
+    The lines are dropped; cycles still run and succeed (the metrics say so), and
+    SIGTERM still stops the daemon with status 0. Before, each cycle failed on its own
+    log lines, and the SIGTERM handler's line lost the stop: it spun until killed."""
+    now = time.time_ns() // 1_000_000
+    build_log(
+        tmp_path / "data",
+        [[[kv(f"k{i}", f"v{n}", timestamp=now - HOUR) for i in range(10)]] for n in range(3)],
+        state_dir=tmp_path / "state",
+        tp=USERS,
+    )
+    port = _free_port()
+    config = _config(tmp_path, port, events_retention_ms=10 * HOUR)
+    config["logging"]["level"] = "debug"  # a line at every tick: the pipe breaks at once
+    (tmp_path / "cleanerd.yaml").write_text(yaml.safe_dump(config))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "cleanerd", "run", "-c", str(tmp_path / "cleanerd.yaml")],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            if b'"startup.done"' in line:
+                break
+        proc.stderr.close()  # the reader is gone
+        url = f"http://127.0.0.1:{port}/metrics"
+        process = Process(proc, tmp_path / "unused.log", url)
+        deadline = time.monotonic() + WAIT_S
+        done = 0.0
+        while time.monotonic() < deadline and done < 2:
+            time.sleep(0.2)
+            done = process.metric('cleanerd_cycles_total{result="done"}') or 0.0
+        assert done >= 2, "cycles stopped succeeding once the log's reader was gone"
+        assert process.metric('cleanerd_cycles_total{result="failed"}') == 0.0
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=WAIT_S) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
