@@ -417,23 +417,20 @@ def build(root: Path, *, select: Callable[[str], bool] = lambda _: True) -> Buil
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             cc.compile()
-        built = Path(tmp) / f"{module}{_suffix()}"
-        built.replace(where / built.name)
-        manifest = {"built_for": built_for, "module": module, "symbols": symbols}
-        manifest["kernels"] = kernels
+        (Path(tmp) / current.name).replace(current)
+        manifest = {
+            "built_for": built_for,
+            "module": module,
+            "symbols": symbols,
+            "kernels": kernels,
+        }
         staged = Path(tmp) / MANIFEST
         staged.write_text(json.dumps(manifest))
         staged.replace(where / MANIFEST)
     for old in where.glob(f"cleanerd_kernels_*{_suffix()}"):
-        if old.name != f"{module}{_suffix()}":
+        if old != current:
             old.unlink(missing_ok=True)  # a process that loaded it keeps its mapping
-    return Built(
-        where / f"{module}{_suffix()}",
-        len(kernels),
-        len(exports),
-        skipped,
-        time.perf_counter() - started,
-    )
+    return Built(current, len(kernels), len(exports), skipped, time.perf_counter() - started)
 
 
 def _cached_signatures(dispatcher: Any) -> list[tuple[Any, ...]]:

@@ -219,6 +219,13 @@ so its load (about a quarter of a second) pays for itself over some 100,000 call
 one-shot command on a few partitions makes hundreds, a `clean` of 1,000 small
 partitions 170,000, a daemon's cycles without end."""
 _compiled_calls = 0
+
+
+def compiled_kernels_on(env: Mapping[str, str] = os.environ) -> bool:
+    """Whether compiled kernels are used and built (`CLEANERD_AOT=0` turns both off)."""
+    return env.get("CLEANERD_AOT") != "0"
+
+
 _compiled: Any = None
 """The compiled module (`_aot.Loaded`) once loaded."""
 _compiled_tried = False
@@ -234,7 +241,7 @@ def _compiled_functions(kernel: Kernel) -> Mapping[object, Callable[..., Any]]:
     with _lock:
         if not _compiled_tried and not _numba_loaded:
             _compiled_tried = True
-            root = None if os.environ.get("CLEANERD_AOT") == "0" else cache_root()
+            root = cache_root() if compiled_kernels_on() else None
             if root is not None:
                 from cleanerd import _aot
 

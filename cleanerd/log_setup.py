@@ -79,14 +79,11 @@ class _LogStream:
 
     def __init__(self, stream: TextIO) -> None:
         self.stream = stream
-        self.dropped = 0
-        """Lines that could not be written."""
 
     def write(self, text: str) -> int:
         try:
             return self.stream.write(text)
         except (OSError, ValueError):  # ValueError: a closed stream
-            self.dropped += 1
             return 0
 
     def flush(self) -> None:

@@ -58,7 +58,6 @@ import asyncio
 import contextlib
 import enum
 import functools
-import os
 import signal
 import sys
 import threading
@@ -72,6 +71,7 @@ from typing import Final, TypeVar
 import structlog
 from pydantic import JsonValue
 
+from cleanerd._jit import compiled_kernels_on
 from cleanerd.config import Config, check_paths, load_config
 from cleanerd.daemon.commands import (
     CleanCommand,
@@ -528,7 +528,7 @@ class Daemon:
         self.cycle_failures = 0
         self.cycles += 1
         self.last_outcome = outcome
-        if self.cycles == 1 and os.environ.get("CLEANERD_AOT") != "0":
+        if self.cycles == 1 and compiled_kernels_on():
             self._spawn("build-kernels", self._build_kernels)
         report = outcome.report
         marked = frozenset(

@@ -7,8 +7,8 @@ directly: its address is registered under a fixed symbol name (`_jit.on_symbols`
 LLVM for the JIT, in the compiled kernels' trampolines), and kernels declare that symbol
 as an external function. Because compiled code refers to the
 symbol by name, not by address, numba's on-disk cache stays valid across processes. The
-symbol is registered when numba is first imported (`_jit.on_numba_load`), so a command
-that runs no kernel does not import numba for it.
+symbol is declared to numba when numba is first imported (`_jit.on_numba_load`), so a
+command that runs no kernel does not import numba for it.
 
 The routine is the package's hardware one (SSE 4.2 on x86-64, chosen by the package's
 own CPU probe) when the package reports `hardware_based`, else its slicing-by-8 software
