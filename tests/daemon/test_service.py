@@ -606,10 +606,12 @@ async def test_watchdog_pings_stop_when_cycles_keep_failing(
     daemon, _ = _daemon(config_path, notify_socket)
     async with running(daemon):
         await notify_socket.await_for("WATCHDOG")
-        # Every cycle from now on fails (a cycle that succeeds resets the count, and one
-        # may be running or due: the startup cycle, or one the watcher triggers).
+        # Every cycle from now on fails. A cycle that succeeds resets the count, and one
+        # may already be running (the startup cycle, or an idle one the watcher triggered
+        # after it), so the count is set only once no cycle is in flight.
         await eventually(lambda: daemon.cycles >= 1, "the startup cycle to end")
         monkeypatch.setattr(daemon, "_run_cycle", _failing_cycle)
+        await eventually(lambda: daemon._cycle_task is None, "the cycle in flight to end")
         daemon.cycle_failures = 3
         await asyncio.sleep(0.2)  # a ping already in flight may still land
         while True:
