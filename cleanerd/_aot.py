@@ -31,7 +31,12 @@ so a call reaches a function only when the key of its arguments (`value_key`) eq
 the key of the signature it was compiled for (`numba_key`): for an array its dtype,
 dimensions, layout (`C`, `F` or `A`, as numba's typing says) and whether it is read-only;
 for a scalar its numba type (a Python int is int64, a bool boolean, a float float64);
-for a tuple its items'. Anything else has no key and goes to numba.
+for a tuple its items'. A call whose key no signature has goes to a signature that
+`accepts` it, if one does: where the signature says `A` (any strides) an array of any
+layout, where it says read-only a writable array (the code reads what it is given by
+its strides and writes nothing through a read-only argument). So a call typed as the
+warm-up's were not (numpy calls an array of one element contiguous, whatever its
+strides) is served without loading numba. Anything else goes to numba.
 
 External functions. Kernels call C functions by symbol (`crc.py`'s CRC-32C routine,
 `native.py`'s libraries), which the JIT registers with LLVM at their addresses in this
@@ -164,6 +169,25 @@ def numba_key(numba_type: Any) -> object:
         items = tuple(numba_key(item) for item in numba_type.types)  # type: ignore[attr-defined]
         return None if None in items else ("t", *items)
     return None
+
+
+def accepts(signature: tuple[object, ...], keys: tuple[object, ...]) -> bool:
+    """Whether a function compiled for the argument type keys `signature` may be called
+    with arguments of the keys `keys` (see the module docstring)."""
+    return len(signature) == len(keys) and all(map(_accepts, signature, keys))
+
+
+def _accepts(signature: object, key: object) -> bool:
+    if signature == key:
+        return True
+    if not (isinstance(signature, tuple) and isinstance(key, tuple)):
+        return False
+    if len(signature) != len(key) or signature[0] != key[0]:
+        return False
+    if signature[0] == "a":
+        _, dtype, ndim, layout, readonly = signature
+        return (dtype, ndim) == key[1:3] and layout in ("A", key[3]) and (readonly or not key[4])
+    return signature[0] == "t" and all(map(_accepts, signature[1:], key[1:]))
 
 
 def _frozen(key: object) -> object:

@@ -233,7 +233,20 @@ _type_key: Callable[[object], object] = repr
 """`_aot.value_key` once the compiled module is loaded (imported with it)."""
 
 
-def _compiled_functions(kernel: Kernel) -> Mapping[object, Callable[..., Any]]:
+def _accepting(
+    compiled: Mapping[object, Callable[..., Any] | None], key: tuple[object, ...]
+) -> Callable[..., Any] | None:
+    """The compiled function whose signature accepts arguments of the keys `key` (a call
+    typed as no signature is), or None: numba then serves the call."""
+    from cleanerd._aot import accepts
+
+    for signature, fn in list(compiled.items()):
+        if fn is not None and isinstance(signature, tuple) and accepts(signature, key):
+            return fn
+    return None
+
+
+def _compiled_functions(kernel: Kernel) -> dict[object, Callable[..., Any] | None]:
     """The compiled module's functions of `kernel` by type key (loading the module on
     first use), or none: no module, or numba already loaded (whose dispatchers then
     serve every kernel), or `CLEANERD_AOT=0`."""
@@ -252,7 +265,7 @@ def _compiled_functions(kernel: Kernel) -> Mapping[object, Callable[..., Any]]:
         if _compiled is None or _numba_loaded:
             return {}
         name = f"{kernel.py_func.__module__}:{kernel.py_func.__qualname__}"
-        functions: Mapping[object, Callable[..., Any]] = _compiled.functions.get(name, {})
+        functions: dict[object, Callable[..., Any] | None] = _compiled.functions.get(name, {})
         return functions
 
 
@@ -382,7 +395,7 @@ class Kernel:
         self.__qualname__ = fn.__qualname__
         self.__doc__ = fn.__doc__
         self._dispatcher: Any = None
-        self._compiled: Mapping[object, Callable[..., Any]] | None = None
+        self._compiled: dict[object, Callable[..., Any] | None] | None = None
 
     def dispatcher(self) -> Any:
         """numba's dispatcher of this kernel, made on first use (of any kernel)."""
@@ -401,7 +414,10 @@ class Kernel:
             global _compiled_calls
             if compiled and _compiled_calls < COMPILED_CALLS:
                 _compiled_calls += 1  # a race between threads miscounts a call or two
-                fn = compiled.get(tuple(map(_type_key, args)))
+                key = tuple(map(_type_key, args))
+                fn = compiled.get(key)
+                if fn is None and key not in compiled:
+                    fn = compiled[key] = _accepting(compiled, key)
                 if fn is not None:
                     return fn(*args)
         return self.dispatcher()(*args, **kwargs)

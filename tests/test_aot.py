@@ -1,17 +1,20 @@
 """Tests of the kernels compiled ahead of time (`cleanerd._aot`, `cleanerd build-kernels`).
 
 The end-to-end tests build into a cache dir of their own (`NUMBA_CACHE_DIR`) in
-processes of their own, as an operator's host does: a `clean` through numba fills the
-cache, `build-kernels` compiles what it holds, and a later process runs on the module."""
+processes of their own, as a new host does: `build-kernels` on an empty cache runs its
+warm-up workload through numba, compiles what that cached, and later processes run on
+the module."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import re
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +22,7 @@ import numpy as np
 import pytest
 
 from cleanerd import _aot, _jit
+from cleanerd.commands import build_kernels as build_kernels_command
 from cleanerd.records.columns import SEGMENT_ROW
 from cleanerd.records.header import Compression
 from tests.compaction.conftest import LogBuilder, k
@@ -158,28 +162,27 @@ def build_kernels(env: dict[str, str], *args: str) -> subprocess.CompletedProces
 
 @pytest.fixture(name="built", scope="module")
 def _built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, str]]:
-    """A cache dir filled by one `clean` through numba and compiled by `build-kernels`
-    (once for the module: the build takes tens of seconds); the environment that uses it.
-    Tests that change its files put them back."""
+    """An empty cache dir compiled by `build-kernels` (its warm-up fills it; once for the
+    module: the build takes tens of seconds); the environment that uses it. Tests that
+    change its files put them back."""
     tmp_path = tmp_path_factory.mktemp("built")
     cache = tmp_path / "cache"
     env = {**os.environ, "NUMBA_CACHE_DIR": str(cache), "CLEANERD_AOT": "1"}
-    template = small_log(tmp_path / "template")
-    first = tmp_path / "first"
-    shutil.copytree(template, first / "logs")
-    clean(first / "logs", first, env)
     proc = build_kernels(env)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.startswith("warm-up: every command on every log shape")
     assert re.search(r"cleanerd_kernels_\w+\.\S+: \d+ kernels, \d+ signatures", proc.stdout)
-    return template, env
+    assert [p.name for p in cache.iterdir() if p.name.startswith("warm-up-")] == []
+    return small_log(tmp_path / "template"), env
 
 
 def test_a_clean_on_compiled_kernels_imports_no_numba_and_writes_the_same_bytes(
     built: tuple[Path, dict[str, str]], tmp_path: Path
 ) -> None:
-    """After `build-kernels`, a `clean` of the same shape of log runs every kernel from
-    the compiled module, never imports numba, and leaves byte for byte the segments a
-    `clean` through numba (`CLEANERD_AOT=0`) leaves."""
+    """After `build-kernels` on a new host (only its warm-up ran), a `clean` of a log
+    it never saw, as a crash leaves it and then as that clean's stop left it, runs every
+    kernel from the compiled module, never imports numba, and leaves byte for byte the
+    segments a `clean` through numba (`CLEANERD_AOT=0`) leaves."""
     template, env = built
     runs = {}
     for name, aot in (("compiled", "1"), ("numba", "0")):
@@ -188,6 +191,11 @@ def test_a_clean_on_compiled_kernels_imports_no_numba_and_writes_the_same_bytes(
         report = clean(work / "logs", work, {**env, "CLEANERD_AOT": aot}, probe=True)
         assert report["stderr"].rstrip().endswith(f"numba {aot == '0'}")
         assert report["cleaned"]
+        assert (work / "logs" / ".kafka_cleanshutdown").exists()
+        again = clean(work / "logs", work, {**env, "CLEANERD_AOT": aot}, probe=True)
+        assert "log_dir.clean_shutdown_found" in again["stderr"]
+        if aot == "1":
+            assert again["stderr"].rstrip().endswith("numba False")
         runs[name] = log_bytes(work / "logs")
     assert runs["compiled"] == runs["numba"]
     assert len(runs["compiled"]) >= 2
@@ -259,13 +267,76 @@ def test_a_stale_or_foreign_module_is_not_loaded(built: tuple[Path, dict[str, st
 
 
 def test_build_kernels_says_what_stops_it(tmp_path: Path) -> None:
-    """With an empty kernel cache there is nothing to build: exit 1 and say so;
-    `--remove` removes a module."""
+    """Without the warm-up, an empty kernel cache has nothing to build: exit 1 and say
+    so; `--remove` removes a module."""
     env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "empty")}
-    proc = build_kernels(env)
+    proc = build_kernels(env, "--no-warm-up")
     assert proc.returncode == 1
     assert "numba's cache holds no kernel signature yet" in proc.stdout
     (tmp_path / "empty" / _aot.DIR_NAME).mkdir(parents=True)
     proc = build_kernels(env, "--remove")
     assert proc.returncode == 0
     assert not (tmp_path / "empty" / _aot.DIR_NAME).exists()
+
+
+def test_a_failed_warm_up_is_said_and_fails_the_build(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A warm-up that fails is reported with what it printed, the module is built from
+    the cache as it is, and the command exits 1."""
+    monkeypatch.setenv("NUMBA_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(build_kernels_command, "WARM_UP_MODULE", "cleanerd.no_such_module")
+    built: list[Path] = []
+
+    def build(root: Path) -> _aot.Built:
+        built.append(root)
+        return _aot.Built(path=Path("m.so"), kernels=3, signatures=4, skipped=0, seconds=1.0)
+
+    monkeypatch.setattr(_aot, "build", build)
+    args = argparse.Namespace(remove=False, background=False, no_warm_up=False)
+    assert build_kernels_command.run(args) == 1
+    said = capsys.readouterr().out
+    assert "the warm-up failed (exit status 1: " in said
+    assert "No module named cleanerd.no_such_module" in said
+    assert built == [tmp_path / "cache"]
+    assert "m.so: 3 kernels, 4 signatures" in said
+
+
+def test_a_signature_accepts_the_arrays_its_code_reads_correctly() -> None:
+    """A call whose argument keys no signature has goes to one that accepts them: an `A`
+    (any strides) array takes any layout, a read-only one a writable array; dtypes,
+    dimensions and scalars must be equal."""
+    c = ("a", "<i8", 1, "C", False)
+    a = ("a", "<i8", 1, "A", False)
+    c_readonly = ("a", "<i8", 1, "C", True)
+    i64 = ("s", "<i8")
+    assert _aot.accepts((a, i64), (c, i64))
+    assert _aot.accepts((c_readonly,), (c,))
+    assert _aot.accepts((("t", a, c_readonly),), (("t", c, c),))
+    assert not _aot.accepts((c,), (a,))
+    assert not _aot.accepts((c,), (c_readonly,))
+    assert not _aot.accepts((a,), (("a", "<i4", 1, "C", False),))
+    assert not _aot.accepts((a,), (("a", "<i8", 2, "C", False),))
+    assert not _aot.accepts((a, i64), (c, ("s", "<i4")))
+    assert not _aot.accepts((a,), (c, i64))
+    assert not _aot.accepts((a,), (None,))
+    assert not _aot.accepts((("t", a),), (("t", a, a),))
+
+
+def test_a_call_typed_as_no_signature_goes_to_one_that_accepts_it() -> None:
+    """`_jit._accepting` picks the function whose signature accepts the call (and none
+    where none does: numba then serves it)."""
+    strided, contiguous = ("a", "<i8", 1, "A", False), ("a", "<i8", 1, "C", False)
+
+    def for_any(*args: object) -> str:
+        return "any"
+
+    def for_contiguous(*args: object) -> str:
+        return "contiguous"
+
+    compiled: dict[object, Callable[..., Any] | None] = {
+        (contiguous, ("s", "|b1")): for_contiguous,
+        (strided,): for_any,
+    }
+    assert _jit._accepting(compiled, (contiguous,)) is for_any
+    assert _jit._accepting(compiled, (strided, ("s", "|b1"))) is None

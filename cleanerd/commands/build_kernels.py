@@ -1,17 +1,25 @@
 """`cleanerd build-kernels`: compile the kernels ahead of time (`cleanerd._aot`).
 
 Builds, from the signatures this host's numba cache holds (the argument types the
-kernels were called with here: run the daemon or a `clean` first), the extension module
-that later processes load instead of numba, and prints what it holds. `--remove` removes
-it (the kernels then go to numba again). The daemon runs it (`--background`: at the
-lowest CPU priority) once after its first cycle. Exits 1 when it cannot build: no kernel
-cache to build from, no writable cache dir, no C compiler (numba's pycc needs one).
+kernels were called with here), the extension module that later processes load instead
+of numba, and prints what it holds. First it runs the warm-up workload
+(`kernel_warmup`: every command on small logs of every shape, through numba, in a
+process of its own), so that the module holds what the commands call on any data, not
+only what this host happened to run; `--no-warm-up` builds from the cache as it is.
+`--remove` removes the module (the kernels then go to numba again). The daemon runs it
+(`--background`: at the lowest CPU priority) once after its first cycle. Exits 1 when
+it cannot build (no writable cache dir, no C compiler: numba's pycc needs one) or the
+warm-up failed (the module is then built from the cache as it was).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import subprocess
+import sys
+import time
+from pathlib import Path
 from typing import Final
 
 from cleanerd import _aot, _jit
@@ -23,7 +31,29 @@ ARGS: Final[tuple[Arg, ...]] = (
         ("--background",),
         {"action": "store_true", "help": "at the lowest CPU priority (as the daemon runs it)"},
     ),
+    (
+        ("--no-warm-up",),
+        {
+            "action": "store_true",
+            "help": "build only from what this host's runs cached (no warm-up workload)",
+        },
+    ),
 )
+WARM_UP_MODULE: Final = "cleanerd.commands.kernel_warmup"
+
+
+def warm_up(root: Path) -> str | None:
+    """Run the warm-up workload through numba in a process of its own, its scratch dir
+    under `root`; None, or why it failed (the tail of what it printed)."""
+    env = {**os.environ, "CLEANERD_AOT": "0"}
+    command = [sys.executable, "-m", WARM_UP_MODULE, str(root)]
+    proc = subprocess.run(  # noqa: S603 - this interpreter, our module
+        command, capture_output=True, text=True, env=env, check=False
+    )
+    if proc.returncode == 0:
+        return None
+    said = (proc.stdout + proc.stderr).strip().splitlines()[-20:]
+    return f"exit status {proc.returncode}: " + "\n".join(said)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -38,6 +68,14 @@ def run(args: argparse.Namespace) -> int:
         _aot.remove(root)
         print(f"removed the compiled kernels under {root / _aot.DIR_NAME}")
         return 0
+    warm_up_failed = None
+    if not args.no_warm_up:
+        started = time.monotonic()
+        warm_up_failed = warm_up(root)
+        if warm_up_failed is None:
+            print(f"warm-up: every command on every log shape, {time.monotonic() - started:.1f} s")
+        else:
+            print(f"cleanerd build-kernels: the warm-up failed ({warm_up_failed})")
     try:
         built = _aot.build(root)
     except RuntimeError as exc:
@@ -51,4 +89,4 @@ def run(args: argparse.Namespace) -> int:
         f"{built.path}: {built.kernels} kernels, {built.signatures} signatures "
         f"({built.skipped} only called from kernels, left out), {how}"
     )
-    return 0
+    return 0 if warm_up_failed is None else 1
