@@ -56,6 +56,7 @@ import dataclasses
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -172,6 +173,10 @@ again costs less than the memory: a 1 GiB segment of 1-record batches (64 MiB wi
 cleaned in 6.8 s with 128 MiB (peak 486 MB), 7.4 s with 512 MiB (880 MB), 7.3 s with
 none (425 MB)."""
 _PASS_RECORD_BYTES: Final = 4 * 8 + 16 + 16  # _Columns' columns, key hash, put slots
+DECODE_AHEAD: Final = 2
+"""Windows of a segment decoded ahead of their use, each in a thread of its own (the
+pass's caller, with them, keeps both cores of a 2-core host busy); at most that many
+windows' memory beyond `CACHE_BYTES`."""
 DAY_MS: Final = 86_400_000
 
 
@@ -376,6 +381,16 @@ class _Columns:
         h = self.sc.batch_header(i)
         assert h is not None, "legacy entries have no v2 header"
         return h
+
+
+def _decode_ahead(
+    raw: Buffer, window: tuple[int, int], path: Path, *, verify_crc: bool
+) -> _Columns:
+    """`_read_columns`, its keys hashed too: the work `Cleaner._windows` gives its
+    decode threads."""
+    c = _read_columns(raw, window, path, verify_crc=verify_crc)
+    c.hashes(c.keyed)
+    return c
 
 
 def _read_columns(
@@ -809,6 +824,16 @@ class _Pass:
     no_space: bool = False
     """The disk ran full during this pass: from then on each group's `.deleted` files
     are unlinked right after its swap instead of after `file.delete.delay.ms`."""
+    decoders: ThreadPoolExecutor | None = None
+    """The threads that decode windows ahead (`Cleaner._windows`), started on first use
+    and stopped when the pass ends."""
+
+    def decode_ahead(
+        self, raw: Buffer, window: tuple[int, int], path: Path, *, verify_crc: bool
+    ) -> Future[_Columns]:
+        if self.decoders is None:
+            self.decoders = ThreadPoolExecutor(DECODE_AHEAD, thread_name_prefix="cleaner-decode")
+        return self.decoders.submit(_decode_ahead, raw, window, path, verify_crc=verify_crc)
 
 
 class Cleaner:
@@ -892,6 +917,9 @@ class Cleaner:
             if p.deleted:
                 exc.cleanerd_deleted_files = tuple(p.deleted)  # type: ignore[attr-defined]
             raise
+        finally:
+            if p.decoders is not None:
+                p.decoders.shutdown(cancel_futures=True)
 
     def _clean(self, p: _Pass, oracle: RetentionOracle | None, *, install: bool) -> CleanResult:
         p.aborted = load_aborted(p.dir_path, p.segments)
@@ -995,25 +1023,52 @@ class Cleaner:
         return found
 
     def _windows(self, p: _Pass, seg: SegmentMeta, *, keep: bool) -> Iterator[_Columns]:
-        """`seg` decoded a window at a time (see `_columns`)."""
+        """`seg` decoded a window at a time (see `_columns`). The next `DECODE_AHEAD`
+        windows not cached are decoded ahead, in the pass's decode threads, while the
+        caller works on this one: decoding (CRCs, the record table, key hashes) is most
+        of a map build, and its kernels release the GIL. Each is still used, checked and
+        counted in order, here: what a window raises is raised when its turn comes."""
         raw, windows = self._segment(p, seg)
-        for window in windows:
-            yield self._columns(p, seg, raw, window, keep=keep)
+        path = log_file(p.dir_path, seg.base_offset)
+        ahead: dict[int, Future[_Columns]] = {}
+        try:
+            for i, window in enumerate(windows):
+                for j in range(i + 1, min(i + 1 + DECODE_AHEAD, len(windows))):
+                    key = (seg.base_offset, windows[j][0])
+                    if j not in ahead and key not in p.cache:
+                        verify = key not in p.verified
+                        ahead[j] = p.decode_ahead(raw, windows[j], path, verify_crc=verify)
+                decoded = ahead.pop(i, None)
+                yield self._columns(p, seg, raw, window, keep=keep, decoded=decoded)
+        finally:
+            for future in ahead.values():
+                future.cancel()
 
     def _columns(
-        self, p: _Pass, seg: SegmentMeta, raw: Buffer, window: tuple[int, int], *, keep: bool
+        self,
+        p: _Pass,
+        seg: SegmentMeta,
+        raw: Buffer,
+        window: tuple[int, int],
+        *,
+        keep: bool,
+        decoded: Future[_Columns] | None = None,
     ) -> _Columns:
-        """A decoded window of `seg`; decoded once per pass while the cache budget allows,
-        `keep` leaving it cached for a later phase. CRCs are checked the first time a
-        window is read in the pass (a segment file is never modified, only replaced)."""
+        """A decoded window of `seg` (`decoded`: decoding ahead); decoded once per pass
+        while the cache budget allows, `keep` leaving it cached for a later phase. CRCs
+        are checked the first time a window is read in the pass (a segment file is never
+        modified, only replaced)."""
         if self.should_abort is not None and self.should_abort():
             raise CleaningAborted(p.tp)
         key = (seg.base_offset, window[0])
         c = p.cache.pop(key, None)
         if c is None:
             self._throttle(window[1] - window[0])
-            path = log_file(p.dir_path, seg.base_offset)
-            c = _read_columns(raw, window, path, verify_crc=key not in p.verified)
+            if decoded is not None:
+                c = decoded.result()
+            else:
+                path = log_file(p.dir_path, seg.base_offset)
+                c = _read_columns(raw, window, path, verify_crc=key not in p.verified)
             p.verified.add(key)
         else:
             p.cached_bytes -= c.memory_bytes
@@ -1213,11 +1268,10 @@ class Cleaner:
     ) -> None:
         upper = segment_upper(p.segments, idx, p.first_uncleanable)
         tracker.add_aborted(aborted_between(p.aborted, seg.base_offset, upper))
-        raw, windows = self._segment(p, seg)
+        windows = len(self._segment(p, seg)[1])
         first_keyed = 0
-        for i, window in enumerate(windows):
-            c = self._columns(p, seg, raw, window, keep=False)
-            final = i == len(windows) - 1
+        for i, c in enumerate(self._windows(p, seg, keep=False)):
+            final = i == windows - 1
             self._clean_window(p, seg, c, first_keyed, output, tracker, final=final)
             first_keyed += c.keyed.size
         del p.mapped[seg.base_offset]

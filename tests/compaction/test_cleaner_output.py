@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -13,6 +14,7 @@ import pytest
 from cleanerd.compaction import cleaner
 from cleanerd.compaction.keyhash import hash_keys
 from cleanerd.compaction.offset_map import MIN_ACTIVE_SLOTS, OffsetMap
+from cleanerd.errors import CorruptRecordError
 from cleanerd.log.meta import SegmentMeta
 from cleanerd.log.recovery import SegmentOptions, recover_partition
 from cleanerd.log.segment_reader import map_segment
@@ -196,6 +198,59 @@ def test_a_big_segment_is_decoded_a_window_at_a_time(
     assert spans[0][0] == 0
     assert spans[-1][1] == size
     assert all(a[1] == b[0] for a, b in itertools.pairwise(spans))
+
+
+def test_windows_are_decoded_ahead_in_threads_the_pass_stops(
+    log: LogBuilder, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While the pass works on one window, the next ones are decoded (CRCs checked, keys
+    hashed) in the pass's decode threads; the result is the one of a pass that decodes
+    in order, and no decode thread outlives the pass."""
+    for i in range(300):
+        log.append([(k(i % 40), b"v%d" % i)], pid=7)
+    log.roll()
+    d = log.write()
+    threads: list[str] = []
+
+    def spy(raw: Buffer, window: tuple[int, int], path: Path, *, verify_crc: bool) -> object:
+        threads.append(threading.current_thread().name)
+        return decode_ahead(raw, window, path, verify_crc=verify_crc)
+
+    decode_ahead = cleaner._decode_ahead
+    monkeypatch.setattr(cleaner, "_decode_ahead", spy)
+    monkeypatch.setattr(cleaner, "DECODE_WINDOW_BYTES", 1000)
+    clean(d, slots=64)
+    assert len(threads) > 5
+    assert all(name.startswith("cleaner-decode") for name in threads)
+    assert not [t for t in threading.enumerate() if t.name.startswith("cleaner-decode")]
+    survivors = [r.key for b in read_batches(d) for r in b.records]
+    assert survivors == [k(i % 40) for i in range(260, 300)]
+
+
+def test_a_corrupt_window_decoded_ahead_fails_the_pass_when_its_turn_comes(
+    log: LogBuilder, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A bad CRC in a window decoded ahead fails the pass with the file and the byte
+    position of its batch, as an in-order decode does, and leaves the files as they
+    were."""
+    for i in range(300):
+        log.append([(k(i % 40), b"v%d" % i)], pid=7)
+    log.roll()
+    d = log.write()
+    seg = d / f"{0:020d}.log"
+    data = bytearray(seg.read_bytes())
+    batches = list(scan_batches(bytes(data)))
+    bad = batches[200].position
+    data[bad + 70] ^= 0x01
+    seg.write_bytes(bytes(data))
+    before = {p.name: p.read_bytes() for p in d.iterdir()}
+    monkeypatch.setattr(cleaner, "DECODE_WINDOW_BYTES", 1000)
+    with pytest.raises(CorruptRecordError) as info:
+        clean(d, slots=64)
+    assert info.value.path == str(seg)
+    assert info.value.position == bad
+    assert {p.name: p.read_bytes() for p in d.iterdir()} == before
+    assert not [t for t in threading.enumerate() if t.name.startswith("cleaner-decode")]
 
 
 def test_a_decoded_window_counts_all_it_holds(log: LogBuilder) -> None:
