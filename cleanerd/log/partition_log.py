@@ -877,12 +877,12 @@ class PartitionLog:
         if self.owner is not None:
             self.owner.verify()
         old = self.active_segment
-        self._flush_closed()
-        old.close_for_roll()  # fsynced too: everything below the new base is durable
+        old.close_for_roll()  # fsynced too
         with file_step("creating the new active segment", log_file(self.dir, base_offset)):
             segment = self._new_segment(self.dir, base_offset, self.config)
             fsync_dir(self.dir)
-        self.recovery_point = max(self.recovery_point, base_offset)
+        if self.recovery_point >= old.base_offset:  # no closed segment below is unflushed
+            self.recovery_point = max(self.recovery_point, base_offset)
         self._segments.append(segment)
         self._inodes = self._scan_dir()
         self._take_snapshot_locked()  # at the new base offset, as Kafka does at a roll
@@ -1076,12 +1076,27 @@ class PartitionLog:
             fsync_dir(self.dir)
             self.recovery_point = self.log_end_offset
 
+    def flush_rolled(self) -> None:
+        """fsync the closed segments above the recovery point and move it to the active
+        segment's base: the flush Kafka schedules after a roll, which the maintenance
+        cycle runs at its end. A roll fsyncs only the segment it closes, so after an
+        open of a crashed dir the segments above its recovery point are fsynced here,
+        once, when the cycle is done with them; those a clean replaced in the meantime
+        (written and fsynced by the swap) are not written twice. Until then the
+        recovery point stays where the open found it."""
+        with self._locked():
+            if self.recovery_point >= self.active_segment.base_offset:
+                return
+            self._flush_closed()
+            self.recovery_point = self.active_segment.base_offset
+
     def _flush_closed(self) -> None:
         """fsync every closed segment holding offsets at or above the recovery point,
-        before the recovery point moves past it (a flush, a roll, a clean stop). cleanerd
-        fsyncs a segment when it rolls it, so there is none unless the dir was opened
-        after a crash: the segments a broker closed above its recovery point may never
-        have been fsynced (Kafka's flush covers [recovery point, end) the same way)."""
+        before the recovery point moves past it (a flush, the flush after a roll, a
+        clean stop). cleanerd fsyncs a segment when it rolls it, so there is none unless
+        the dir was opened after a crash: the segments a broker closed above its
+        recovery point may never have been fsynced (Kafka's flush covers [recovery
+        point, end) the same way)."""
         for segment, following in pairwise(self._segments):
             if following.base_offset > self.recovery_point:
                 segment.flush()

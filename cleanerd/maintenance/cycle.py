@@ -636,10 +636,11 @@ class Maintenance:
 
     def _checkpoint_recovery_points(self) -> None:
         """Keep `recovery-point-offset-checkpoint` current (Kafka writes it every
-        `log.flush.offset.checkpoint.interval.ms`): a dir where a roll or flush moved a
-        partition's recovery point gets its checkpoints written at the end of the cycle,
-        so an open after a crash walks only what was not yet durable. A failure is
-        logged (naming the file) and tried again after the next cycle."""
+        `log.flush.offset.checkpoint.interval.ms`): the segments rolled during the cycle
+        are flushed (`PartitionLog.flush_rolled`), and a dir where that or a flush moved
+        a partition's recovery point gets its checkpoints written at the end of the
+        cycle, so an open after a crash walks only what was not yet durable. A failure
+        is logged (naming the file) and tried again after the next cycle."""
         for log_dir in self.log_dirs:
             if log_dir.mode is not Mode.OWNER or log_dir.path in self._offline:
                 continue
@@ -648,6 +649,11 @@ class Maintenance:
                 for (path, _), plog in self._plogs.items()
                 if path == log_dir.path and not plog.read_only
             ]
+            for plog in plogs:
+                try:
+                    plog.flush_rolled()
+                except (CleanerdError, OSError) as exc:
+                    log.error("checkpoint.flush_failed", log_dir=str(log_dir.path), error=str(exc))
             known = log_dir.checkpoints.recovery_points
             if all(known.get(p.topic_partition, 0) == p.recovery_point for p in plogs):
                 continue

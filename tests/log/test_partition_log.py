@@ -569,12 +569,15 @@ def test_a_clean_stop_flushes_every_segment_above_the_recovery_point(
     assert snapshot_offsets(plog.dir)[-1:] == ([7] if snapshot else [4])  # (4: the roll's)
 
 
-def test_a_roll_flushes_every_segment_above_the_recovery_point(
+def test_a_roll_fsyncs_the_segment_it_closes_and_the_flush_after_it_the_rest(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A roll moves the recovery point to the new base: every closed segment above the
-    old recovery point is fsynced first (after a crash, a broker's may never have been),
-    the rolled one too; below it, none is fsynced again."""
+    """A roll fsyncs the segment it closes; the recovery point moves to the new base
+    only when nothing below it is unflushed. After an open of a crashed dir, the closed
+    segments above the recovery point (a broker's may never have been fsynced) are
+    fsynced by the flush after the roll (`flush_rolled`, at the end of a cycle), which
+    then moves the recovery point to the active segment; below it, none is fsynced
+    again, and a flush with nothing to do fsyncs nothing."""
     segments = [[[kv("a", "1")], [kv("b", "2")]]] * 3
     plog = build_log(tmp_path / "logs", segments, state_dir=tmp_path / "state", config=SMALL)
     synced: list[int] = []
@@ -582,14 +585,24 @@ def test_a_roll_flushes_every_segment_above_the_recovery_point(
 
     plog.recovery_point = 3  # as the open of a crashed broker's dir sets it
     plog.roll()
-    assert synced == [2, 4]
-    assert plog.recovery_point == 6
-
-    synced.clear()
+    assert synced == [4]
+    assert plog.recovery_point == 3
     plog.append([kv("c", "3")])
     plog.roll()
-    assert synced == [6]
+    assert synced == [4, 6]
+    assert plog.recovery_point == 3
+
+    synced.clear()
+    plog.flush_rolled()
+    assert synced == [2, 4, 6]
     assert plog.recovery_point == 7
+
+    synced.clear()
+    plog.flush_rolled()
+    plog.append([kv("d", "4")])
+    plog.roll()
+    assert synced == [7]
+    assert plog.recovery_point == 8
 
 
 def test_a_log_with_markers_a_cleaner_emptied_opens_and_snapshots(tmp_path: Path) -> None:

@@ -29,14 +29,16 @@ from cleanerd.errors import CleanerdError
 from cleanerd.log.checkpoint import (
     CLEANER_OFFSET_CHECKPOINT,
     LOG_START_OFFSET_CHECKPOINT,
+    RECOVERY_POINT_OFFSET_CHECKPOINT,
     OffsetCheckpointFile,
 )
-from cleanerd.log.files import TopicPartition
+from cleanerd.log.files import CLEAN_SHUTDOWN_FILE_NAME, TopicPartition
 from cleanerd.log.lock import PartitionLock
 from cleanerd.log.log_dir import LogDir
 from cleanerd.log.meta import PartitionMeta
 from cleanerd.log.partition_log import PartitionLog
 from cleanerd.log.roller import first_seen_path
+from cleanerd.log.segment import LogSegment
 from cleanerd.maintenance import cycle
 from cleanerd.maintenance.cycle import Maintenance
 from cleanerd.records.record import Record
@@ -130,6 +132,41 @@ def test_a_long_cycle_logs_its_progress(tmp_path: Path, engine: LocalEngine) -> 
     assert cleaning[-1]["done"] == 1
     assert cleaning[-1]["running"] == []
     assert all(e["elapsed_s"] >= 0 for e in lines)
+
+
+def test_a_cycle_after_a_crash_fsyncs_no_segment_its_clean_replaced(
+    tmp_path: Path, engine: LocalEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A crashed dir's segments above its recovery point are fsynced once, at the end of
+    the cycle (the flush after a roll), not by the roll: a segment the cycle's clean
+    replaced (its output fsynced by the swap) is never written out, and the recovery
+    point checkpoint then holds the active segment's base."""
+    c = TopicPartition("c", 0)
+    d = build(tmp_path, c, [records(range(6), T0 - 3 * HOUR), records(range(3), T0 - 2 * HOUR)])
+    for leftover in (RECOVERY_POINT_OFFSET_CHECKPOINT, CLEAN_SHUTDOWN_FILE_NAME):
+        (tmp_path / "logs" / leftover).unlink(missing_ok=True)
+    closed = (d / f"{0:020d}.log").stat().st_ino
+    cfg = write_config(
+        tmp_path,
+        {"c": {"cleanup.policy": "compact", "max.compaction.lag.ms": HOUR}},
+    )
+    flushed: list[int] = []
+    flush = LogSegment.flush
+
+    def spy(self: LogSegment) -> None:
+        flushed.append(self.log_path.stat().st_ino)
+        flush(self)
+
+    monkeypatch.setattr(LogSegment, "flush", spy)
+    with Maintenance(cfg, engine, clock=lambda: T0) as m:
+        report = m.run_once()
+        recovery = OffsetCheckpointFile(tmp_path / "logs" / RECOVERY_POINT_OFFSET_CHECKPOINT)
+        assert recovery.read() == {c: 9}
+    assert [r.base_offset for r in report.rolled] == [6]
+    assert [x.end_offset for x in report.cleaned] == [9]
+    assert (d / f"{0:020d}.log").stat().st_ino != closed
+    assert flushed
+    assert closed not in flushed
 
 
 def test_one_cycle_rolls_deletes_and_cleans(tmp_path: Path, engine: LocalEngine) -> None:
