@@ -10,9 +10,9 @@ Kafka's default producer does), and on fresh copies of it, in turn:
   the dir, planning, the pass, the report. Wall time and the CPU time of the process and
   its children (the worker pool). The generated dir is what a crash leaves: segment files
   only, no index, no recovery point, so the open validates every batch and rebuilds the
-  indexes, and the roll fsyncs the whole segment first. Its kernels are the compiled
-  ones (`cleanerd build-kernels` runs after the `numba` runs, which fill numba's cache
-  with the signatures of the shape, as a host's first runs do);
+  indexes (and the segments the clean replaced are never fsynced: the cycle flushes the
+  rest at its end). Its kernels are the compiled ones (`cleanerd build-kernels` runs
+  after the `numba` runs: its warm-up and what the runs cached);
 - `numba`: the same with the kernels loaded through numba (`CLEANERD_AOT=0`), as before
   `build-kernels` ran;
 - `stopped`: the same process on the same dir as a clean stop leaves it (indexes, the

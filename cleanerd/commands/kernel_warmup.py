@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Final
 
 from cleanerd.commands.produce import open_for_append
+from cleanerd.compaction import offset_map
 from cleanerd.config import load_config
 from cleanerd.log.partition_log import PartitionLog
 from cleanerd.records.header import Compression
@@ -178,7 +179,10 @@ def _command(*words: str) -> None:
 
 
 def warm_up(root: Path) -> None:
-    """The whole workload (see the module docstring) in the empty dir `root`."""
+    """The whole workload (see the module docstring) in the empty dir `root`. Offset
+    maps start with a few slots, so that their growth (which a round of more than
+    `FIRST_ACTIVE_SLOTS / 2` keys meets) runs on these few keys too."""
+    offset_map.FIRST_ACTIVE_SLOTS = 16
     config = root / "cleanerd.yaml"
     config.write_text(config_text(root))
     common = ("-c", str(config), "--now-ms", str(NOW_MS))

@@ -279,11 +279,11 @@ class _MapOracle:
     """The local pass's oracle: the offset map just built."""
 
     offset_map: OffsetMap
-    put_slots: dict[tuple[int, int], tuple[NDArray[np.int64], NDArray[np.int64]]]
-    """(Segment base, first keyed record) -> (offsets, map slots) of the records the map
-    build put from that window of it. When those are exactly the keyed records asked
-    about (a window wholly in the dirty range), the answer is read from their slots: no
-    hashing, no probing."""
+    put_slots: dict[tuple[int, int], tuple[NDArray[np.int64], NDArray[np.int64], int]]
+    """(Segment base, first keyed record) -> (offsets, map slots, the map's generation)
+    of the records the map build put from that window of it. When those are exactly the
+    keyed records asked about (a window wholly in the dirty range) and the map has not
+    grown since, the answer is read from their slots: no hashing, no probing."""
 
     @property
     def latest_offset(self) -> int:
@@ -301,7 +301,8 @@ class _MapOracle:
         if not offsets.size:
             return np.ones(0, np.bool_)
         put = self.put_slots.pop((base_offset, first_keyed), None)
-        if put is not None and np.array_equal(put[0], offsets):
+        fresh = put is not None and put[2] == self.offset_map.generation
+        if put is not None and fresh and np.array_equal(put[0], offsets):
             return self.offset_map.keep_slots(put[1], offsets)
         return self.offset_map.keep_mask(hashes(), offsets)
 
@@ -811,7 +812,7 @@ class _Pass:
     """The windows (segment base, start) whose CRCs this pass has checked."""
     producers: ActiveProducers = field(default_factory=lambda: ActiveProducers.of({}))
     oracle: RetentionOracle | None = None
-    put_slots: dict[tuple[int, int], tuple[NDArray[np.int64], NDArray[np.int64]]] = field(
+    put_slots: dict[tuple[int, int], tuple[NDArray[np.int64], NDArray[np.int64], int]] = field(
         default_factory=dict
     )
     """For `_MapOracle`: the map slots of the records put from each cached window."""
@@ -1173,9 +1174,12 @@ class Cleaner:
         )
         offsets = c.select(rows, c.offsets)
         slots = np.empty(rows.size, np.int64)
+        generation = m.generation
         put = int(m.put_many(c.hashes(rows), offsets, versions, has, slots=slots))
-        if (seg.base_offset, c.start) in p.cache:  # budgeted with the window's columns
-            p.put_slots[(seg.base_offset, first_keyed)] = (offsets[:put], slots[:put])
+        # Budgeted with the window's columns; the slots of a put the map grew in are not
+        # all where their keys now are.
+        if (seg.base_offset, c.start) in p.cache and m.generation == generation:
+            p.put_slots[(seg.base_offset, first_keyed)] = (offsets[:put], slots[:put], generation)
         return put, rows
 
     def _update_from_clean_section(self, p: _Pass, m: OffsetMap) -> None:

@@ -178,6 +178,28 @@ def _update_existing_kernel(
 
 
 @jit
+def _rehash_kernel(
+    hi: NDArray[np.uint64],
+    lo: NDArray[np.uint64],
+    off: NDArray[np.int64],
+    ver: NDArray[np.int64],
+    versioned: bool,
+    khi: NDArray[np.uint64],
+    klo: NDArray[np.uint64],
+    koff: NDArray[np.int64],
+    kver: NDArray[np.int64],
+) -> None:
+    """Put the entries (khi, klo, koff, kver), distinct keys, into empty slots."""
+    for j in range(khi.shape[0]):
+        slot = _probe(hi, lo, khi[j], klo[j])
+        hi[slot] = khi[j]
+        lo[slot] = klo[j]
+        off[slot] = koff[j]
+        if versioned:
+            ver[slot] = kver[j]
+
+
+@jit
 def _get_kernel(
     hi: NDArray[np.uint64],
     lo: NDArray[np.uint64],
@@ -248,6 +270,13 @@ in use."""
 MIN_ACTIVE_SLOTS: Final = 1024
 """The fewest slots a round bounded by `clear(keys_at_most=...)` uses."""
 
+FIRST_ACTIVE_SLOTS = 1 << 18
+"""The slots a bounded round starts with (6 MiB of offset entries) when its bound is
+more; it grows (`_grow`) as keys come, up to the bound. (Not final: `build-kernels`'
+warm-up starts with a few, so that growth runs on its few keys.)"""
+GROW_LOAD: Final = 0.5
+"""A bounded round's share of its slots in use past which it doubles them."""
+
 
 class OffsetMap:
     """A fixed-size map from key hash to the winning record's offset (and version).
@@ -282,6 +311,10 @@ class OffsetMap:
         self.max_keys = int(self.slots * load_factor)
         self._table = np.zeros(self.slots, dtype=dtype)
         self._active = self.slots  # the first slots, the round's (see `clear`)
+        self._bound = self.slots  # the most slots the round may grow to
+        self.generation = 0
+        """Counts the times a round's slots grew: slots `put_many` reported before a
+        growth no longer hold their keys (see `keep_slots`)."""
         self._size = 0
         self._latest_offset = -1
         self._touched: list[NDArray[np.int64]] | None = []
@@ -319,7 +352,7 @@ class OffsetMap:
     @property
     def slots_in_use(self) -> int:
         """The slots this round probes: all of them, or fewer for a round whose keys
-        `clear` was given a bound on."""
+        `clear` was given a bound on (see `clear`)."""
         return self._active
 
     @property
@@ -348,13 +381,16 @@ class OffsetMap:
         not pay for zeroing the whole map (128 MiB by default) again.
 
         `keys_at_most` bounds the keys the round can put (its records: the offsets it
-        spans). The round then probes only the first twice that many slots (at least
+        spans). The round then probes at most the first twice that many slots (at least
         `MIN_ACTIVE_SLOTS`, at most all): a round over a small partition touches, and
         first faults in, a few pages of the map, not all of them, and its probes stay in
         the CPU's caches (a first clean of 1,000,000 records over 100,000 keys faulted
-        in the whole 128 MiB map). Which keys fit, and when the map is full, do not
-        change, since a round cannot put more keys than the bound; one that did anyway
-        would find the map full, and end, before its slots in use ran out."""
+        in the whole 128 MiB map). It starts with `FIRST_ACTIVE_SLOTS` of those and
+        doubles them, rehashing, whenever more than `GROW_LOAD` of them hold keys: a
+        round's records are mostly versions of fewer keys (that clean then faulted in
+        6 MiB instead of 48). Which keys fit, and when the map is full, do not change,
+        since a round cannot put more keys than the bound; one that did anyway would
+        find the map full, and end, before its slots in use ran out."""
         if self._size:
             if self._touched is None:
                 self._table[: self._active].view(np.uint8)[:] = 0
@@ -362,9 +398,10 @@ class OffsetMap:
                 for filled in self._touched:
                     self._table[filled] = 0
         if keys_at_most is None:
-            self._active = self.slots
+            self._active = self._bound = self.slots
         else:
-            self._active = min(self.slots, max(MIN_ACTIVE_SLOTS, 2 * keys_at_most))
+            self._bound = min(self.slots, max(MIN_ACTIVE_SLOTS, 2 * keys_at_most))
+            self._active = min(self._bound, FIRST_ACTIVE_SLOTS)
         self._size = 0
         self._latest_offset = -1
         self._touched, self._tracked = [], 0
@@ -403,21 +440,57 @@ class OffsetMap:
             raise ValueError(f"slots must be {o.size} int64 entries")
         # Within a bounded round's slots, a put that would fill the last one finds the
         # map full instead, so every probe still meets an empty slot.
-        bounded = self._active < self.slots
-        max_keys = min(self.max_keys, self._active - 1) if bounded else self.max_keys
-        count, self._size = _put_kernel(
-            *self._columns(), self.versioned, self._size, max_keys, h, o, v, has, slots
-        )
+        bounded = self._bound < self.slots
+        max_keys = min(self.max_keys, self._bound - 1) if bounded else self.max_keys
+        count, n = 0, o.size
+        while True:
+            growing = self._active < self._bound
+            limit = min(max_keys, int(self._active * GROW_LOAD)) if growing else max_keys
+            put, self._size = _put_kernel(
+                *self._columns(),
+                self.versioned,
+                self._size,
+                limit,
+                h[count:],
+                o[count:],
+                v[count:] if self.versioned else v,
+                has[count:] if self.versioned else has,
+                slots[count:] if slots.size else slots,
+            )
+            count += int(put)
+            if count == n or not growing or self._size >= max_keys:
+                break
+            self._grow()
         self._track(slots, int(count))
         if count:
             self._latest_offset = int(o[count - 1])
         return int(count)
 
+    def _grow(self) -> None:
+        """Double the round's slots (at most to its bound), every key moved to its home
+        in the new slots; slots reported before no longer hold their keys."""
+        old = self._table[: self._active]
+        kept = old[(old["hash_hi"] != _EMPTY) | (old["hash_lo"] != _EMPTY)].copy()
+        old.view(np.uint8)[:] = 0
+        self._active = min(self._bound, 2 * self._active)
+        self._touched = None  # too many to zero one by one: `clear` zeroes all
+        self.generation += 1
+        ver = kept["version"] if self.versioned else kept["offset"]
+        _rehash_kernel(
+            *self._columns(),
+            self.versioned,
+            np.ascontiguousarray(kept["hash_hi"]),
+            np.ascontiguousarray(kept["hash_lo"]),
+            np.ascontiguousarray(kept["offset"]),
+            np.ascontiguousarray(ver),
+        )
+
     def keep_slots(self, slots: NDArray[np.int64], offsets: NDArray[np.int64]) -> NDArray[np.bool_]:
-        """`keep_mask` of records put since the last `clear` (their `slots` from
-        `put_many` and their `offsets`), without a lookup: a record's slot holds its
-        key's entry, so it survives iff it is the entry's own record (for the offset
-        strategy, where the newest offset wins, the same as offset >= the entry's)."""
+        """`keep_mask` of records put since the last `clear` and the last growth (their
+        `slots` from `put_many` at the same `generation`, and their `offsets`), without a
+        lookup: a record's slot holds its key's entry, so it survives iff it is the
+        entry's own record (for the offset strategy, where the newest offset wins, the
+        same as offset >= the entry's)."""
         _, _, off, _ = self._columns()
         keep = np.empty(slots.shape[0], dtype=np.bool_)
         _keep_slots_kernel(off, slots, np.ascontiguousarray(offsets, dtype=np.int64), keep)

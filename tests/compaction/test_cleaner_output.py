@@ -135,21 +135,29 @@ def test_map_oracle_answers_from_put_slots_for_the_records_put() -> None:
     offset_map = OffsetMap(1024)
     slots = np.empty(5, dtype=np.int64)
     offset_map.put_many(hashes, offsets, slots=slots)
-    oracle = cleaner._MapOracle(offset_map, {(10, 0): (offsets, slots)})
+    oracle = cleaner._MapOracle(offset_map, {(10, 0): (offsets, slots, 0)})
 
     def no_hashes() -> np.ndarray:
         raise AssertionError("answered by hash lookup")
 
     got = oracle.keep_keyed(10, 0, offsets, no_hashes, final=True)
     assert got.tolist() == [False, False, True, True, True]
-    oracle = cleaner._MapOracle(offset_map, {(10, 0): (offsets, slots)})
+    oracle = cleaner._MapOracle(offset_map, {(10, 0): (offsets, slots, 0)})
     got = oracle.keep_keyed(10, 0, offsets[2:], lambda: hashes[2:], final=True)
     assert got.tolist() == [True, True, True]
     # Another window of the segment: its own slots, or none.
-    oracle = cleaner._MapOracle(offset_map, {(10, 0): (offsets, slots)})
+    oracle = cleaner._MapOracle(offset_map, {(10, 0): (offsets, slots, 0)})
     got = oracle.keep_keyed(10, 2, offsets[2:], lambda: hashes[2:], final=True)
     assert got.tolist() == [True, True, True]
     assert (10, 0) in oracle.put_slots
+    # Slots from before the map grew: a lookup by hash.
+    offset_map.generation += 1
+    oracle = cleaner._MapOracle(offset_map, {(10, 0): (offsets, slots, 0)})
+    got = oracle.keep_keyed(10, 0, offsets, lambda: hashes, final=True)
+    assert got.tolist() == [False, False, True, True, True]
+    oracle = cleaner._MapOracle(offset_map, {(10, 0): (offsets, slots, 0)})
+    with pytest.raises(AssertionError, match="hash lookup"):
+        oracle.keep_keyed(10, 0, offsets, no_hashes, final=True)
 
 
 @pytest.mark.parametrize("window", [1, 10**9])

@@ -14,7 +14,7 @@ from aiokafka.record.memory_records import MemoryRecords
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cleanerd.compaction import cleaner, producers
+from cleanerd.compaction import cleaner, offset_map, producers
 from cleanerd.compaction.cleaner import CleanerConfig
 from cleanerd.compaction.strategy import CompactionStrategy, resolve_strategy
 from cleanerd.records.header import Compression
@@ -307,6 +307,7 @@ def _build(root: Path, batches: list[Batch], txn_ops: list[tuple[object, ...]]) 
     slots=st.integers(3, 40),
     window=st.one_of(st.just(1), st.integers(1, 300)),
     fold_rows=st.integers(1, 4),
+    first_slots=st.sampled_from([offset_map.FIRST_ACTIVE_SLOTS, 2, 5]),
 )
 def test_a_segment_cleaned_in_windows_gives_the_same_files(
     batches: list[Batch],
@@ -315,11 +316,13 @@ def test_a_segment_cleaned_in_windows_gives_the_same_files(
     slots: int,
     window: int,
     fold_rows: int,
+    first_slots: int,
 ) -> None:
     """Decoding each segment `window` bytes at a time (whole batches; a bigger batch
     alone) and folding producer state every `fold_rows` batches, pass after pass (maps
     that fill mid-window, transactions across windows, mixed codecs, every strategy),
-    writes byte for byte the files and checkpoint that whole segments do."""
+    with a map whose slots grow from `first_slots` as keys come, writes byte for byte
+    the files and checkpoint that whole segments do."""
     root = Path(tempfile.mkdtemp())
     try:
         d = _build(root / "whole", batches, txn_ops)
@@ -337,6 +340,7 @@ def test_a_segment_cleaned_in_windows_gives_the_same_files(
             with (
                 mock.patch.object(cleaner, "DECODE_WINDOW_BYTES", window),
                 mock.patch.object(producers, "FOLD_ROWS", fold_rows),
+                mock.patch.object(offset_map, "FIRST_ACTIVE_SLOTS", first_slots),
             ):
                 parts = clean(windowed, first_dirty=dirty, slots=slots, now_ms=now, config=cfg)
             assert (parts.end_offset, parts.stats.messages_read, parts.stats.messages_written) == (

@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from cleanerd.compaction import offset_map as offset_map_module
 from cleanerd.compaction.keyhash import hash_key, hash_keys
 from cleanerd.compaction.offset_map import MIN_ACTIVE_SLOTS, OffsetMap, memory_per_thread
 from cleanerd.compaction.strategy import CompactionStrategy
@@ -437,3 +438,47 @@ def test_a_round_past_its_bound_finds_the_map_full_and_clear_empties_it() -> Non
     assert offset_map.size == 0
     assert (offset_map.get_many(hashes)[0] == -1).all()
     assert offset_map.put_many(hashes, offsets) == 2000
+
+
+@pytest.mark.parametrize("strategy", [OFFSET, TIMESTAMP])
+def test_a_bounded_round_grows_its_slots_as_keys_come(
+    strategy: CompactionStrategy, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A round starts with `FIRST_ACTIVE_SLOTS` of its bound and doubles them (rehashing)
+    whenever more than half hold keys: every key keeps its winner, the round fills where
+    a map without growth does, and the slots of a put before the last growth are told
+    apart by the map's generation."""
+    monkeypatch.setattr(offset_map_module, "FIRST_ACTIVE_SLOTS", 16)
+    keys = np.arange(5000) % 1500
+    hashes = key_range(1500)[keys]
+    offsets = np.arange(5000, dtype=np.int64)
+    versions = (offsets * 7919) % 1000
+    grown = OffsetMap(2**20, strategy=strategy)
+    fixed = OffsetMap(2**20, strategy=strategy)
+    grown.clear(keys_at_most=5000)
+    with monkeypatch.context() as m:
+        m.setattr(offset_map_module, "FIRST_ACTIVE_SLOTS", 2**20)
+        fixed.clear(keys_at_most=5000)
+    assert (grown.slots_in_use, fixed.slots_in_use) == (16, 10_000)
+    early = np.empty(100, np.int64)
+    versioned = strategy is not OFFSET
+    args = (versions[:100], None) if versioned else (None, None)
+    assert grown.put_many(hashes[:100], offsets[:100], *args, slots=early) == 100
+    generation = grown.generation
+    assert generation > 0
+    rest = (versions[100:], None) if versioned else (None, None)
+    assert grown.put_many(hashes[100:], offsets[100:], *rest) == 4900
+    assert grown.generation > generation
+    assert grown.slots_in_use == 4096
+    fixed.put_many(hashes, offsets, *((versions, None) if versioned else (None, None)))
+    assert grown.size == fixed.size == 1500
+    for got, want in zip(grown.get_many(hashes), fixed.get_many(hashes), strict=True):
+        assert got.tolist() == want.tolist()
+
+    # Full where a map without growth is full: the bound's last slot is never filled.
+    grown.clear(keys_at_most=600)
+    assert grown.put_many(key_range(2000), np.arange(2000, dtype=np.int64)) == 1199
+    assert grown.slots_in_use == MIN_ACTIVE_SLOTS + 176
+    grown.clear()
+    assert grown.size == 0
+    assert int(np.count_nonzero(grown._table["hash_hi"])) == 0
