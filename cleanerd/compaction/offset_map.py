@@ -47,6 +47,7 @@ mutation (Kafka gives each cleaner thread its own map).
 
 from __future__ import annotations
 
+import math
 from typing import Final
 
 import numpy as np
@@ -119,30 +120,37 @@ def _put_kernel(
     versioned: bool,
     size: int,
     max_keys: int,
+    grow_at: int,
     hashes: NDArray[np.uint64],
     offsets: NDArray[np.int64],
     versions: NDArray[np.int64],
     has_version: NDArray[np.bool_],
     slots: NDArray[np.int64],
 ) -> tuple[int, int]:
-    """Put records in order until the map is full, writing each put record's slot to
-    `slots` unless it is empty; returns (records put, new size)."""
+    """Put records in order until the map is full, or until a new key would make it
+    hold more than `grow_at` keys, writing each put record's slot to `slots` unless it
+    is empty; returns (records put, new size)."""
     n = hashes.shape[0]
     record = slots.shape[0] > 0
     for j in range(n):
         if size >= max_keys:
             return j, size
         slot = _probe(hi, lo, hashes[j, 0], hashes[j, 1])
-        if record:
-            slots[j] = slot
         has = versioned and has_version[j]
         version = versions[j] if versioned else 0
         if _is_empty(hi, lo, slot):
+            if size >= grow_at:
+                return j, size
+            if record:
+                slots[j] = slot
             hi[slot] = hashes[j, 0]
             lo[slot] = hashes[j, 1]
             size += 1
-        elif versioned and not _beats(offsets[j], version, has, off[slot], ver[slot]):
-            continue
+        else:
+            if record:
+                slots[j] = slot
+            if versioned and not _beats(offsets[j], version, has, off[slot], ver[slot]):
+                continue
         off[slot] = _encode(offsets[j], has)
         if versioned:
             ver[slot] = version
@@ -312,6 +320,8 @@ class OffsetMap:
         self._table = np.zeros(self.slots, dtype=dtype)
         self._active = self.slots  # the first slots, the round's (see `clear`)
         self._bound = self.slots  # the most slots the round may grow to
+        self._round_records = 0  # the records the round may put (`clear`'s bound)
+        self._records_seen = 0  # the records offered to `put_many` in the round so far
         self.generation = 0
         """Counts the times a round's slots grew: slots `put_many` reported before a
         growth no longer hold their keys (see `keep_slots`)."""
@@ -402,6 +412,7 @@ class OffsetMap:
         else:
             self._bound = min(self.slots, max(MIN_ACTIVE_SLOTS, 2 * keys_at_most))
             self._active = min(self._bound, FIRST_ACTIVE_SLOTS)
+        self._round_records, self._records_seen = keys_at_most or 0, 0
         self._size = 0
         self._latest_offset = -1
         self._touched, self._tracked = [], 0
@@ -445,12 +456,13 @@ class OffsetMap:
         count, n = 0, o.size
         while True:
             growing = self._active < self._bound
-            limit = min(max_keys, int(self._active * GROW_LOAD)) if growing else max_keys
+            grow_at = int(self._active * GROW_LOAD) if growing else max_keys
             put, self._size = _put_kernel(
                 *self._columns(),
                 self.versioned,
                 self._size,
-                limit,
+                max_keys,
+                grow_at,
                 h[count:],
                 o[count:],
                 v[count:] if self.versioned else v,
@@ -458,6 +470,7 @@ class OffsetMap:
                 slots[count:] if slots.size else slots,
             )
             count += int(put)
+            self._records_seen += int(put)
             if count == n or not growing or self._size >= max_keys:
                 break
             self._grow()
@@ -467,12 +480,19 @@ class OffsetMap:
         return int(count)
 
     def _grow(self) -> None:
-        """Double the round's slots (at most to its bound), every key moved to its home
-        in the new slots; slots reported before no longer hold their keys."""
+        """Grow the round's slots (at most to its bound), every key moved to its home in
+        the new slots; slots reported before no longer hold their keys. At least twice
+        as many, and enough for the keys the round's records so far foretell (its keys
+        per record times its records): a round of distinct keys grows once, straight to
+        its bound, instead of doubling over and over."""
         old = self._table[: self._active]
         kept = old[(old["hash_hi"] != _EMPTY) | (old["hash_lo"] != _EMPTY)].copy()
         old.view(np.uint8)[:] = 0
-        self._active = min(self._bound, 2 * self._active)
+        target = 2 * self._active
+        if self._records_seen:
+            foretold = self._size * self._round_records / self._records_seen / GROW_LOAD
+            target = max(target, 1 << math.ceil(math.log2(max(foretold, 1.0))))
+        self._active = min(self._bound, target)
         self._touched = None  # too many to zero one by one: `clear` zeroes all
         self.generation += 1
         ver = kept["version"] if self.versioned else kept["offset"]

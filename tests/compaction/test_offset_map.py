@@ -441,15 +441,20 @@ def test_a_round_past_its_bound_finds_the_map_full_and_clear_empties_it() -> Non
 
 
 @pytest.mark.parametrize("strategy", [OFFSET, TIMESTAMP])
+@pytest.mark.parametrize("late", [False, True])
 def test_a_bounded_round_grows_its_slots_as_keys_come(
-    strategy: CompactionStrategy, monkeypatch: pytest.MonkeyPatch
+    strategy: CompactionStrategy, late: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A round starts with `FIRST_ACTIVE_SLOTS` of its bound and doubles them (rehashing)
-    whenever more than half hold keys: every key keeps its winner, the round fills where
-    a map without growth does, and the slots of a put before the last growth are told
-    apart by the map's generation."""
+    """A round starts with `FIRST_ACTIVE_SLOTS` of its bound and grows them (rehashing)
+    whenever more than half hold keys, to what its keys per record so far foretell: a
+    round of distinct keys goes straight to its bound; keys that come late (`late`: the
+    first 2,000 records over 8 keys) grow it step by step. Every key keeps its winner,
+    the round fills where a map without growth does, and the slots of a put before a
+    growth are told apart by the map's generation."""
     monkeypatch.setattr(offset_map_module, "FIRST_ACTIVE_SLOTS", 16)
-    keys = np.arange(5000) % 1500
+    keys = np.where(np.arange(5000) < 2000, np.arange(5000) % 8, np.arange(5000) % 1500)
+    if not late:
+        keys = np.arange(5000) % 1500
     hashes = key_range(1500)[keys]
     offsets = np.arange(5000, dtype=np.int64)
     versions = (offsets * 7919) % 1000
@@ -460,16 +465,15 @@ def test_a_bounded_round_grows_its_slots_as_keys_come(
         m.setattr(offset_map_module, "FIRST_ACTIVE_SLOTS", 2**20)
         fixed.clear(keys_at_most=5000)
     assert (grown.slots_in_use, fixed.slots_in_use) == (16, 10_000)
-    early = np.empty(100, np.int64)
     versioned = strategy is not OFFSET
-    args = (versions[:100], None) if versioned else (None, None)
-    assert grown.put_many(hashes[:100], offsets[:100], *args, slots=early) == 100
-    generation = grown.generation
-    assert generation > 0
-    rest = (versions[100:], None) if versioned else (None, None)
-    assert grown.put_many(hashes[100:], offsets[100:], *rest) == 4900
-    assert grown.generation > generation
-    assert grown.slots_in_use == 4096
+    early = np.empty(2100, np.int64)
+    head = (versions[:2100], None) if versioned else (None, None)
+    assert grown.put_many(hashes[:2100], offsets[:2100], *head, slots=early) == 2100
+    assert grown.generation >= 1
+    tail = (versions[2100:], None) if versioned else (None, None)
+    assert grown.put_many(hashes[2100:], offsets[2100:], *tail) == 2900
+    assert grown.generation >= (3 if late else 1)
+    assert grown.slots_in_use == (4096 if late else 10_000)
     fixed.put_many(hashes, offsets, *((versions, None) if versioned else (None, None)))
     assert grown.size == fixed.size == 1500
     for got, want in zip(grown.get_many(hashes), fixed.get_many(hashes), strict=True):
@@ -478,7 +482,7 @@ def test_a_bounded_round_grows_its_slots_as_keys_come(
     # Full where a map without growth is full: the bound's last slot is never filled.
     grown.clear(keys_at_most=600)
     assert grown.put_many(key_range(2000), np.arange(2000, dtype=np.int64)) == 1199
-    assert grown.slots_in_use == MIN_ACTIVE_SLOTS + 176
+    assert grown.slots_in_use == 1200
     grown.clear()
     assert grown.size == 0
     assert int(np.count_nonzero(grown._table["hash_hi"])) == 0
