@@ -39,7 +39,8 @@ keeps a record whose offset is >= its key's entry (Kafka); the version strategie
 only the winner itself (offset equal to the entry). Keys not in the map are kept.
 `put_many` can report the slot each record went to; `keep_slots` then answers
 `keep_mask` for those records by reading their slots, without hashing or probing again
-(the map build's own records are most of what the copy phase asks about).
+(the map build's own records are most of what the copy phase asks about), as long as
+the round's slots have not grown since (`generation`: see `clear`).
 
 Kernels are numba-compiled and release the GIL; a map is not safe for concurrent
 mutation (Kafka gives each cleaner thread its own map).
@@ -283,7 +284,7 @@ FIRST_ACTIVE_SLOTS = 1 << 18
 more; it grows (`_grow`) as keys come, up to the bound. (Not final: `build-kernels`'
 warm-up starts with a few, so that growth runs on its few keys.)"""
 GROW_LOAD: Final = 0.5
-"""A bounded round's share of its slots in use past which it doubles them."""
+"""A bounded round's share of its slots in use past which a new key grows them."""
 
 
 class OffsetMap:
@@ -396,9 +397,9 @@ class OffsetMap:
         first faults in, a few pages of the map, not all of them, and its probes stay in
         the CPU's caches (a first clean of 1,000,000 records over 100,000 keys faulted
         in the whole 128 MiB map). It starts with `FIRST_ACTIVE_SLOTS` of those and
-        doubles them, rehashing, whenever more than `GROW_LOAD` of them hold keys: a
-        round's records are mostly versions of fewer keys (that clean then faulted in
-        6 MiB instead of 48). Which keys fit, and when the map is full, do not change,
+        grows them (`_grow`), rehashing, when a new key would fill more than
+        `GROW_LOAD` of them: a round's records are mostly versions of fewer keys (that
+        clean then faulted in 6 MiB instead of 48). Which keys fit, and when the map is full, do not change,
         since a round cannot put more keys than the bound; one that did anyway would
         find the map full, and end, before its slots in use ran out."""
         if self._size:
