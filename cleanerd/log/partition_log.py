@@ -1084,6 +1084,8 @@ class PartitionLog:
         once, when the cycle is done with them; those a clean replaced in the meantime
         (written and fsynced by the swap) are not written twice. Until then the
         recovery point stays where the open found it."""
+        if self.recovery_point >= self.active_segment.base_offset:
+            return  # nothing rolled above it: no lock taken (a cycle asks every partition)
         with self._locked():
             if self.recovery_point >= self.active_segment.base_offset:
                 return
