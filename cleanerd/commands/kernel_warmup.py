@@ -99,6 +99,8 @@ def _records(round_: int, first_ms: int) -> Iterator[Record]:
 
 
 def _write(log: PartitionLog, codec: Compression, per_batch: int, round_: int) -> None:
+    """Writing round `round_` of a topic: `per_batch` records a batch in `codec`, every
+    other batch by an idempotent producer, rolled into `SEGMENTS` segments."""
     records = list(_records(round_, NOW_MS - 10 * DAY_MS))
     per_segment = -(-len(records) // SEGMENTS)
     for n, start in enumerate(range(0, len(records), per_batch)):
