@@ -399,9 +399,10 @@ class OffsetMap:
         in the whole 128 MiB map). It starts with `FIRST_ACTIVE_SLOTS` of those and
         grows them (`_grow`), rehashing, when a new key would fill more than
         `GROW_LOAD` of them: a round's records are mostly versions of fewer keys (that
-        clean then faulted in 6 MiB instead of 48). Which keys fit, and when the map is full, do not change,
-        since a round cannot put more keys than the bound; one that did anyway would
-        find the map full, and end, before its slots in use ran out."""
+        clean then faulted in 6 MiB instead of 48). Which keys fit, and when the map is
+        full, do not change, since a round cannot put more keys than the bound; one
+        that did anyway would find the map full, and end, before its slots in use ran
+        out."""
         if self._size:
             if self._touched is None:
                 self._table[: self._active].view(np.uint8)[:] = 0
