@@ -44,6 +44,7 @@ from cleanerd.records.walker import DECODE_WINDOW_BYTES
 
 NOW_MS: Final = 1_800_000_000_000
 DAY_MS: Final = 86_400_000
+FIRST_MS: Final = NOW_MS - 10 * DAY_MS  # the records' first timestamp: past retention
 RECORDS: Final = 120  # per partition and writing round
 SEGMENTS: Final = 3  # per partition and writing round
 TXN_TOPIC: Final = "warm-txn"
@@ -88,20 +89,20 @@ def config_text(root: Path) -> str:
     )
 
 
-def _records(round_: int, first_ms: int) -> Iterator[Record]:
+def _records(round_: int) -> Iterator[Record]:
     """`RECORDS` records over 13 keys, one in 11 a tombstone, every third with a version
-    header, timestamps a second apart from `first_ms`."""
+    header, timestamps a second apart from `FIRST_MS`."""
     for i in range(RECORDS):
         n = round_ * RECORDS + i
         value = None if n % 11 == 10 else b"value-%d" % n
         headers = (RecordHeader("version", b"%d" % (n % 7)),) if n % 3 == 0 else ()
-        yield Record(0, first_ms + 1000 * n, b"key-%d" % (n % 13), value, headers)
+        yield Record(0, FIRST_MS + 1000 * n, b"key-%d" % (n % 13), value, headers)
 
 
 def _write(log: PartitionLog, codec: Compression, per_batch: int, round_: int) -> None:
     """Writing round `round_` of a topic: `per_batch` records a batch in `codec`, every
     other batch by an idempotent producer, rolled into `SEGMENTS` segments."""
-    records = list(_records(round_, NOW_MS - 10 * DAY_MS))
+    records = list(_records(round_))
     per_segment = -(-len(records) // SEGMENTS)
     for n, start in enumerate(range(0, len(records), per_batch)):
         producer = (9, 0, round_ * RECORDS + start) if n % 2 else (-1, -1, -1)
@@ -118,7 +119,7 @@ def _write(log: PartitionLog, codec: Compression, per_batch: int, round_: int) -
 
 def _write_transactions(log: PartitionLog, round_: int) -> None:
     """Transactions of 10 records by two producers in turn, every third aborted."""
-    records = list(_records(round_, NOW_MS - 10 * DAY_MS))
+    records = list(_records(round_))
     for n, start in enumerate(range(0, len(records), 10)):
         pid = 20 + n % 2
         log.append(
@@ -138,10 +139,7 @@ def _write_big(log: PartitionLog) -> None:
     value = bytes(1000)
     n = 0
     while log.active_segment.size < BIG_SEGMENT_BYTES:
-        batch = [
-            Record(0, NOW_MS - 10 * DAY_MS + n + i, b"key-%d" % ((n + i) % 100), value)
-            for i in range(50)
-        ]
+        batch = [Record(0, FIRST_MS + n + i, b"key-%d" % ((n + i) % 100), value) for i in range(50)]
         log.append(batch, compression=Compression.NONE)
         n += len(batch)
     log.roll()
