@@ -405,11 +405,11 @@ class Daemon:
             proc.kill()
             await proc.wait()
             raise
-        lines = output.decode(errors="replace").strip().splitlines()
-        said = lines[-1] if lines else ""
+        said = output.decode(errors="replace").strip()
         if proc.returncode == 0:
-            log.info("kernels.built", result=said)
+            log.info("kernels.built", result=said.rpartition("\n")[2])  # the module's line
         else:
+            # All of it: a failed warm-up is said before the build's own last line.
             log.warning(
                 "kernels.build_failed",
                 status=proc.returncode,

@@ -566,6 +566,11 @@ async def test_shutdown_is_bounded_when_a_pass_ignores_the_abort(
             "kernels.build_failed",
             "no C compiler",
         ),
+        (
+            "import sys; print('the warm-up failed (boom)'); print('m.so: built'); sys.exit(1)",
+            "kernels.build_failed",
+            "the warm-up failed (boom)",
+        ),
     ],
 )
 async def test_the_first_cycle_has_the_kernels_compiled_in_a_process_of_their_own(
