@@ -76,6 +76,7 @@ KERNEL_MODULES: Final = (
     "compaction.transactions",
     "compaction.writer",
     "log.index",
+    "log.producer_state",
     "records.columns",
     "records.compiled_codecs",
     "records.compiled_encoders",

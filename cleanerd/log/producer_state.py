@@ -21,8 +21,9 @@ epoch, timestamp and coordinatorEpoch and closes the open transaction. A batch o
 epoch than the entry's first clears lastSequence, lastOffset and offsetDelta (to -1, -1
 and 0: Kafka drops a producer's batch metadata on an epoch change), so a marker that bumps
 the epoch leaves no last batch. A control batch without a record (a marker a cleaner
-emptied) changes nothing. `apply` runs these rules over a walked batch table with Python
-per producer, not per batch.
+emptied) changes nothing. `apply` runs these rules over a walked batch table: one
+compiled pass folds each producer's batches as they come (`_groups_kernel`, producers
+found through a hash table: no sort), then Python runs once per producer, not per batch.
 
 Crash safety: a snapshot is written to a temporary name, fsynced and renamed (then the
 dir fsynced), so a reader sees a whole snapshot or none; a damaged one is reported and
@@ -42,7 +43,9 @@ from pathlib import Path
 from typing import Final
 
 import numpy as np
+from numpy.typing import NDArray
 
+from cleanerd._jit import jit
 from cleanerd.errors import CorruptIndexError
 from cleanerd.log.files import (
     PRODUCER_SNAPSHOT_FILE_SUFFIX,
@@ -121,46 +124,25 @@ class ProducerState:
         self.offset = max(self.offset, int(last_offsets[-1]) + 1)
         if not len(rows):
             return
-        order = rows[np.argsort(table.producer_id[rows], kind="stable")]
-        pids = table.producer_id[order]
-        control = is_control[order]
-        txn = table.is_transactional[order]
-        epoch = table.producer_epoch[order]
-        index = np.arange(len(order))
-        starts = np.flatnonzero(np.r_[True, pids[1:] != pids[:-1]])
-        group = np.repeat(np.arange(len(starts)), np.diff(np.r_[starts, len(order)]))
-        last_row = order[np.r_[starts[1:], len(order)] - 1]
-        last_marker = np.maximum.reduceat(np.where(control, index, -1), starts)
-        last_data = np.maximum.reduceat(np.where(~control, index, -1), starts)
-        opening = txn & ~control & (index > last_marker[group])
-        first_open = np.minimum.reduceat(np.where(opening, index, len(order)), starts)
-        # An epoch change (after the group's last data batch, so only markers can
-        # bring one) clears what the last data batch set, as Kafka's
-        # ProducerStateEntry.maybeUpdateProducerEpoch drops its batch metadata.
-        changed = np.r_[False, epoch[1:] != epoch[:-1]]
-        changed[starts] = False
-        bumped = np.logical_or.reduceat(changed & (index > last_data[group]), starts)
-        epochs = self._marker_epochs(table, order, last_marker, buf)
-        for g, start in enumerate(starts.tolist()):
-            pid = int(pids[start])
+        groups = _producer_groups(table, rows, is_control)
+        epochs = self._marker_epochs(table, groups[:, _LAST_MARKER], buf)
+        for g, (pid, first, last, data, marker, opening, bumped) in enumerate(groups.tolist()):
             entry = self.entries.get(pid) or ProducerEntry(pid)
-            row = int(last_row[g])
-            if last_data[g] >= 0:
-                d = int(order[last_data[g]])
+            if data >= 0:
                 entry.last_sequence = _last_sequence(
-                    int(table.base_sequence[d]), int(table.last_offset_delta[d])
+                    int(table.base_sequence[data]), int(table.last_offset_delta[data])
                 )
-                entry.last_offset = int(last_offsets[d])
-                entry.offset_delta = int(table.last_offset_delta[d])
-            if bumped[g] or (last_data[g] < 0 and entry.epoch != int(epoch[start])):
+                entry.last_offset = int(last_offsets[data])
+                entry.offset_delta = int(table.last_offset_delta[data])
+            if bumped or (data < 0 and entry.epoch != int(table.producer_epoch[first])):
                 entry.last_sequence, entry.last_offset, entry.offset_delta = NO_SEQUENCE, -1, 0
-            entry.epoch = int(table.producer_epoch[row])
-            entry.timestamp = int(table.max_timestamp[row])
-            if last_marker[g] >= 0:
+            entry.epoch = int(table.producer_epoch[last])
+            entry.timestamp = int(table.max_timestamp[last])
+            if marker >= 0:
                 entry.coordinator_epoch = int(epochs[g])
                 entry.txn_first_offset = NO_TXN
-            if first_open[g] < len(order) and entry.txn_first_offset < 0:
-                entry.txn_first_offset = int(table.base_offset[order[first_open[g]]])
+            if opening >= 0 and entry.txn_first_offset < 0:
+                entry.txn_first_offset = int(table.base_offset[opening])
             self.entries[pid] = entry
 
     def _updating_rows(self, table: BatchTable, is_control: np.ndarray, buf: Buffer) -> np.ndarray:
@@ -187,15 +169,14 @@ class ProducerState:
         return rows[keep]
 
     @staticmethod
-    def _marker_epochs(
-        table: BatchTable, order: np.ndarray, last_marker: np.ndarray, buf: Buffer
-    ) -> np.ndarray:
-        """The coordinator epoch of each group's last marker (-1 where it has none)."""
-        epochs = np.full(len(last_marker), -1, np.int32)
-        has = np.flatnonzero(last_marker >= 0)
+    def _marker_epochs(table: BatchTable, markers: np.ndarray, buf: Buffer) -> np.ndarray:
+        """The coordinator epoch of each group's last marker (row `markers[g]`; -1 where
+        the group has none)."""
+        epochs = np.full(len(markers), -1, np.int32)
+        has = np.flatnonzero(markers >= 0)
         if not len(has):  # no marker: spares a process loading the kernel
             return epochs
-        rows = order[last_marker[has]]
+        rows = markers[has]
         plain = (table.attributes[rows] & COMPRESSION_MASK) == 0
         epochs[has[plain]] = marker_coordinator_epochs(
             buf, table.position[rows[plain]], table.size[rows[plain]]
@@ -228,6 +209,82 @@ class ProducerState:
         for fields in ENTRY.iter_unpack(memoryview(data)[HEADER.size :]):
             entries[fields[0]] = ProducerEntry(*fields)
         return cls(offset, entries)
+
+
+_GROUP_FIELDS: Final = 7
+"""A producer's row of `_producer_groups`: its id, then rows of the table (-1: none)."""
+_PID, _FIRST, _LAST, _DATA, _LAST_MARKER, _OPENING, _BUMPED = range(_GROUP_FIELDS)
+_GOLDEN: Final = -7046029254386353131  # 0x9E3779B97F4A7C15 as an int64: Fibonacci hashing
+
+
+def _producer_groups(table: BatchTable, rows: np.ndarray, is_control: np.ndarray) -> np.ndarray:
+    """What `rows` (the updating rows of `table`, in log order) leave for each producer,
+    one row per producer id in ascending order (see `_groups_kernel`)."""
+    n = len(rows)
+    capacity = 1 << max(4, (2 * n - 1).bit_length())  # at most half full
+    slots = np.full(capacity, -1, np.int64)
+    groups = np.empty((n, _GROUP_FIELDS), np.int64)
+    count = _groups_kernel(
+        rows.astype(np.int64, copy=False),
+        table.producer_id,
+        table.producer_epoch,
+        is_control,
+        table.is_transactional,
+        slots,
+        groups,
+    )
+    found = groups[:count]
+    return found[np.argsort(found[:, _PID], kind="stable")]
+
+
+@jit
+def _groups_kernel(
+    rows: NDArray[np.int64],
+    producer_id: NDArray[np.int64],
+    producer_epoch: NDArray[np.int16],
+    is_control: NDArray[np.bool_],
+    is_transactional: NDArray[np.bool_],
+    slots: NDArray[np.int64],
+    groups: NDArray[np.int64],
+) -> int:
+    """One pass over `rows` in log order, each producer's rows folded as they come (its
+    group found through `slots`, an open-addressing table of group numbers, all -1, its
+    size a power of two above twice the rows): into `groups[g]`, the producer id, its
+    first and last rows, its last data batch, its last marker, the first transactional
+    data batch after that marker (the open transaction), and whether a batch after its
+    last data batch changed the epoch (Kafka then drops that batch's metadata). Returns
+    how many producers."""
+    mask = slots.shape[0] - 1
+    count = 0
+    for i in range(rows.shape[0]):
+        r = rows[i]
+        pid = producer_id[r]
+        s = ((pid * _GOLDEN) >> 20) & mask
+        while slots[s] >= 0 and groups[slots[s], _PID] != pid:
+            s = (s + 1) & mask
+        g = slots[s]
+        if g < 0:
+            g = count
+            count += 1
+            slots[s] = g
+            groups[g, _PID] = pid
+            groups[g, _FIRST] = r
+            groups[g, _DATA] = -1
+            groups[g, _LAST_MARKER] = -1
+            groups[g, _OPENING] = -1
+            groups[g, _BUMPED] = 0
+        elif is_control[r] and producer_epoch[r] != producer_epoch[groups[g, _LAST]]:
+            groups[g, _BUMPED] = 1
+        if is_control[r]:
+            groups[g, _LAST_MARKER] = r
+            groups[g, _OPENING] = -1
+        else:
+            groups[g, _DATA] = r
+            groups[g, _BUMPED] = 0
+            if is_transactional[r] and groups[g, _OPENING] < 0:
+                groups[g, _OPENING] = r
+        groups[g, _LAST] = r
+    return count
 
 
 def _last_sequence(base_sequence: int, last_offset_delta: int) -> int:

@@ -108,6 +108,27 @@ def test_producer_state_from_a_table_follows_kafkas_rules_batch_by_batch(
     assert parts.entries == expected
 
 
+WIDE_PIDS = st.sampled_from([-1, 0, 5, 2**20, 2**40, 2**40 + 1, 2**62 + 3, 12_345_678_901])
+"""Producer ids a hash of the low bits would collide (the fold finds producers through a
+hash table)."""
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(WIDE_PIDS, st.booleans(), st.booleans(), st.integers(0, 2)), max_size=40))
+def test_producer_state_of_many_producers_follows_kafkas_rules(
+    specs: list[tuple[int, bool, bool, int]],
+) -> None:
+    batches = [_batch(i, *spec) for i, spec in enumerate(specs)]
+    data = b"".join(batches)
+    table = walk(data).table
+    expected: dict[int, ProducerEntry] = {}
+    for info in table.infos():
+        kafka_rules(expected, info, data)
+    state = ProducerState()
+    state.apply(table, data)
+    assert state.entries == expected
+
+
 @settings(max_examples=60, deadline=None)
 @given(
     st.lists(BATCH, min_size=1, max_size=25),
