@@ -36,7 +36,7 @@ Segments are read through `cleanerd.log.segment_reader` (mapped once per pass, e
 checked to be the file of the pass's snapshot, with its aborted transactions and offset
 bound, its records joined into one buffer) and decoded into columns
 (`cleanerd.records.columns`, numba) in windows of at most `DECODE_WINDOW_BYTES` of whole
-batches (`walker.batch_windows`; a smaller segment is one window), so the memory of a
+batches (`walker.BatchWindows`; a smaller segment is one window), so the memory of a
 pass is bounded whatever the segment size. A window is decoded once per pass where the
 cache budget allows (the dirty windows decoded for the map are reused by the copy; a
 window decoded again is not CRC-checked again). Keys are hashed once per window, and
@@ -160,7 +160,7 @@ from cleanerd.records.prefetch import prefetch
 from cleanerd.records.record import Record
 from cleanerd.records.walker import (
     DECODE_WINDOW_BYTES,
-    batch_windows,
+    BatchWindows,
     be_i16,
     be_i32,
     be_i64,
@@ -624,7 +624,8 @@ def _kept_per_batch(
     batches: int,
 ) -> tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.int64]]:
     """Per batch: kept records, kept tombstones and the kept records' bytes (one walk)."""
-    counts = np.zeros((3, batches), dtype=np.int64)  # allocated here, as `batch_windows`
+    # Allocated here: a kernel that allocates makes numba import its array module.
+    counts = np.zeros((3, batches), dtype=np.int64)
     _count_kept(batch_of, keep, value_len, record_size, counts)
     return counts[0], counts[1], counts[2]
 
@@ -816,8 +817,8 @@ class _Pass:
         default_factory=dict
     )
     """For `_MapOracle`: the map slots of the records put from each cached window."""
-    mapped: dict[int, tuple[Buffer, list[tuple[int, int]]]] = field(default_factory=dict)
-    """Segment base -> its mapping and windows (`batch_windows`), from the producer-state
+    mapped: dict[int, tuple[Buffer, BatchWindows]] = field(default_factory=dict)
+    """Segment base -> its mapping and windows (`BatchWindows`), from the producer-state
     walk until the segment is copied: faulting a mapping's pages in costs about as much
     as the walk, so each is faulted in once."""
     deleted: list[Path] = field(default_factory=list)
@@ -1014,13 +1015,13 @@ class Cleaner:
 
     # -- reading ------------------------------------------------------------------------
 
-    def _segment(self, p: _Pass, seg: SegmentMeta) -> tuple[Buffer, list[tuple[int, int]]]:
+    def _segment(self, p: _Pass, seg: SegmentMeta) -> tuple[Buffer, BatchWindows]:
         """The mapped `.log` of `seg` and its windows, mapped and cut once per pass."""
         found = p.mapped.get(seg.base_offset)
         if found is None:
             path = log_file(p.dir_path, seg.base_offset)
             raw = map_segment(path, seg, active=seg is p.segments[-1])
-            found = p.mapped[seg.base_offset] = (raw, batch_windows(raw, DECODE_WINDOW_BYTES))
+            found = p.mapped[seg.base_offset] = (raw, BatchWindows(raw, DECODE_WINDOW_BYTES))
         return found
 
     def _windows(self, p: _Pass, seg: SegmentMeta, *, keep: bool) -> Iterator[_Columns]:
@@ -1034,11 +1035,14 @@ class Cleaner:
         ahead: dict[int, Future[_Columns]] = {}
         try:
             for i, window in enumerate(windows):
-                for j in range(i + 1, min(i + 1 + DECODE_AHEAD, len(windows))):
-                    key = (seg.base_offset, windows[j][0])
+                for j in range(i + 1, i + 1 + DECODE_AHEAD):
+                    later = windows.get(j)
+                    if later is None:
+                        break
+                    key = (seg.base_offset, later[0])
                     if j not in ahead and key not in p.cache:
                         verify = key not in p.verified
-                        ahead[j] = p.decode_ahead(raw, windows[j], path, verify_crc=verify)
+                        ahead[j] = p.decode_ahead(raw, later, path, verify_crc=verify)
                 decoded = ahead.pop(i, None)
                 yield self._columns(p, seg, raw, window, keep=keep, decoded=decoded)
         finally:

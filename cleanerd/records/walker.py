@@ -24,7 +24,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, fields
-from itertools import pairwise
 from typing import Any, Final, TypeAlias
 
 import numpy as np
@@ -575,15 +574,12 @@ class Walker:
 
 
 @jit
-def _window_cuts(buf: U8, max_bytes: Int, cuts: I64) -> Int:
-    """Batch boundaries splitting `buf` into runs of whole batches of at most `max_bytes`
-    (a bigger batch is a run of its own): the start of each run after the first, into
-    `cuts`; returns how many (-1 if `cuts` is too short). Only the length fields are
-    read; the walk stops at the first entry whose length is impossible or runs past the
-    end, which stays in the last run."""
-    n = 0
-    run = 0
-    p = 0
+def _next_cut(buf: U8, run: Int, max_bytes: Int) -> Int:
+    """The start of the run of whole batches after the one starting at `run` (runs of at
+    most `max_bytes`, a bigger batch a run of its own), or -1 when that run is the last.
+    Only the length fields are read; the hop stops at the first entry whose length is
+    impossible or runs past the end, which stays in the last run."""
+    p = run
     end = buf.shape[0]
     while end - p >= PREFIX_SIZE:
         prefetch(buf, p, end)
@@ -591,13 +587,9 @@ def _window_cuts(buf: U8, max_bytes: Int, cuts: I64) -> Int:
         if size < LEGACY_V0_MIN_SIZE or size > end - p:
             break
         if p > run and p + size - run > max_bytes:
-            if n == cuts.shape[0]:
-                return -1
-            cuts[n] = p
-            n += 1
-            run = p
+            return p
         p += size
-    return n
+    return -1
 
 
 DECODE_WINDOW_BYTES: Final = 8 * 1024 * 1024
@@ -608,21 +600,49 @@ caches: a first clean of a 1 GiB segment of 1-record batches took 7.0 s with 64 
 windows (peak 485 MB), 6.2 s with 8 MiB (365 MB), 6.4 s with 2 MiB."""
 
 
-def batch_windows(buf: Buffer | U8, max_bytes: int) -> list[tuple[int, int]]:
+class BatchWindows:
     """`buf` as consecutive [start, end) byte ranges of whole batches, each at most
     `max_bytes` unless one batch is bigger: so a segment of any size can be decoded a
-    range at a time, in bounded memory. One range when `buf` fits."""
-    size = len(buf)
-    if size <= max_bytes:
-        return [(0, size)]
-    # Two runs side by side hold more than `max_bytes` (else they would be one), so
-    # there are fewer than 2 * size / max_bytes + 2 runs. The cuts are allocated here:
-    # a kernel that allocates makes numba import its array module in every process.
-    cuts = np.empty(2 * size // max_bytes + 2, np.int64)
-    n = _window_cuts(as_uint8(buf), max_bytes, cuts)
-    if n < 0:
-        raise AssertionError(f"more than {cuts.size} windows of {max_bytes} bytes in {size}")
-    return list(pairwise([0, *cuts[:n].tolist(), size]))
+    range at a time, in bounded memory. One range when `buf` fits.
+
+    Each range's end is found when the range is first asked for, by hopping over its
+    batches' length fields: a 182 MB segment of 1-record batches takes about 20 ms to hop
+    whole, which a pass decoding its first ranges in threads meanwhile need not wait for.
+    """
+
+    def __init__(self, buf: Buffer | U8, max_bytes: int) -> None:
+        self._data = as_uint8(buf)
+        self._max_bytes = max_bytes
+        self._starts = [0]
+        self._complete = self._data.shape[0] <= max_bytes
+
+    def get(self, i: int) -> tuple[int, int] | None:
+        """Range `i` (from 0), or None past the last."""
+        while len(self._starts) <= i + 1 and not self._complete:
+            cut = int(_next_cut(self._data, self._starts[-1], self._max_bytes))
+            if cut < 0:
+                self._complete = True
+            else:
+                self._starts.append(cut)
+        if i >= len(self._starts):
+            return None
+        end = self._starts[i + 1] if i + 1 < len(self._starts) else self._data.shape[0]
+        return self._starts[i], end
+
+    def __iter__(self) -> Iterator[tuple[int, int]]:
+        i = 0
+        while (window := self.get(i)) is not None:
+            yield window
+            i += 1
+
+    def __len__(self) -> int:
+        self.get(2**62)
+        return len(self._starts)
+
+
+def batch_windows(buf: Buffer | U8, max_bytes: int) -> list[tuple[int, int]]:
+    """Every range of `BatchWindows(buf, max_bytes)`, in order."""
+    return list(BatchWindows(buf, max_bytes))
 
 
 def walk_strict(

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from cleanerd.compaction.horizon import scan_horizons
 from cleanerd.errors import CorruptRecordError
+from cleanerd.records import walker
 from cleanerd.records.batch import encode_batch
 from cleanerd.records.crc import crc32c_of
 from cleanerd.records.header import Compression
@@ -209,3 +210,29 @@ def test_batch_windows_cut_a_segment_at_batch_boundaries(buf: bytes, max_bytes: 
     assert got == infos
     if len(buf) <= max_bytes:
         assert windows == [(0, len(buf))]
+
+
+def test_batch_windows_are_found_as_they_are_asked_for(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A caller decoding the first windows does not wait for the hop over the whole
+    segment: each window's end is found when the window is first asked for."""
+    buf = b"".join(
+        encode_batch([Record(i, 1000 + i, b"key-%d" % i, b"v" * 200)], base_offset=i)
+        for i in range(100)
+    )
+    expected = batch_windows(buf, 1000)
+    hops: list[int] = []
+    next_cut = walker._next_cut
+
+    def counted(data: np.ndarray, run: int, max_bytes: int) -> int:
+        hops.append(run)
+        return int(next_cut(data, run, max_bytes))
+
+    monkeypatch.setattr(walker, "_next_cut", counted)
+    windows = walker.BatchWindows(buf, 1000)
+    assert windows.get(0) == (0, 825)  # three 275-byte batches
+    assert hops == [0]
+    assert windows.get(1) == (825, 1650)
+    assert hops == [0, 825]
+    assert list(windows) == expected
+    assert len(windows) == len(hops) == 34  # the last hop found no cut
+    assert windows.get(34) is None
