@@ -412,7 +412,10 @@ def walk(
     raising (what log recovery needs: everything before it is kept)."""
     walker = Walker(buf, start=start, end=end, verify_crc=verify_crc, rows=None, own=True)
     chunks = list(walker)
-    table = chunks[0] if len(chunks) == 1 else BatchTable.concat(chunks)
+    # A table sized for small batches holds big ones in a fraction of its rows: it is
+    # copied down, so that a kept table (a pass's cached window) holds only its rows.
+    fits = len(chunks) == 1 and 2 * len(chunks[0]) > walker.rows
+    table = chunks[0] if fits else BatchTable.concat(chunks)
     return Walk(table, start, walker.stop, walker.error)
 
 
@@ -544,18 +547,19 @@ class Walker:
         self.verify_crc = verify_crc
         self.error: CorruptRecordError | None = None
         guess = (self.end - start) // _SMALL_BATCH_GUESS + 1
-        self._rows = max(1, guess if rows is None else min(rows, guess))
-        self._scratch = BatchTable.empty(0 if own else self._rows)
+        self.rows = max(1, guess if rows is None else min(rows, guess))
+        """The rows of each table (after a ramp's first steps)."""
+        self._scratch = BatchTable.empty(0 if own else self.rows)
 
     def __iter__(self) -> Iterator[BatchTable]:
         reason = FULL
-        rows = min(16, self._rows) if self.ramp else self._rows
+        rows = min(16, self.rows) if self.ramp else self.rows
         while reason == FULL and self.error is None:
             scratch = BatchTable.empty(rows) if self.own else self._scratch.head(rows)
             found = _walk_kernel(
                 self.data, self.stop, self.end, 0, self.verify_crc, *scratch.arrays()
             )
-            rows = min(2 * rows, self._rows)
+            rows = min(2 * rows, self.rows)
             n, stop, reason = (int(x) for x in found)
             chunk = scratch.head(n)
             if reason not in (DONE, FULL):

@@ -212,6 +212,23 @@ def test_batch_windows_cut_a_segment_at_batch_boundaries(buf: bytes, max_bytes: 
         assert windows == [(0, len(buf))]
 
 
+def test_a_walk_keeps_only_the_rows_of_its_batches() -> None:
+    """A walk's table is sized for small batches; one of big batches is copied down to
+    its rows, so that a kept table (a pass's cached window) holds no unused capacity."""
+    buf = b"".join(
+        encode_batch(
+            [Record(100 * b + i, 1000, b"key-%d" % i, b"v" * 100) for i in range(100)],
+            base_offset=100 * b,
+        )
+        for b in range(10)
+    )
+    table = walk(buf).table
+    assert len(table) == 10
+    for column in table.arrays():
+        owner = column if column.base is None else column.base
+        assert owner.shape == (10,)
+
+
 def test_batch_windows_are_found_as_they_are_asked_for(monkeypatch: pytest.MonkeyPatch) -> None:
     """A caller decoding the first windows does not wait for the hop over the whole
     segment: each window's end is found when the window is first asked for."""
