@@ -373,6 +373,24 @@ def _compile_with_njit_flags() -> None:
     pycc_compiler.compile_extra = compile_extra
 
 
+def missing_compiler() -> str | None:
+    """Why no module can be built here, if the C compiler pycc links it with (`CC`, else
+    the one Python was built with, as distutils picks it) is not on PATH; else None."""
+    import shlex
+    import shutil
+    import sysconfig
+
+    configured = os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc"
+    words = shlex.split(configured)
+    compiler = words[0] if words else "cc"
+    if shutil.which(compiler) is None:
+        return (
+            f"no C compiler: {compiler!r} is not on PATH (numba's pycc links the module "
+            "with it: install gcc, or set CC)"
+        )
+    return None
+
+
 def build(root: Path, *, select: Callable[[str], bool] = lambda _: True) -> Built:
     """Compile every kernel of `KERNEL_MODULES` that `select` (given its name) keeps,
     for each signature numba's cache holds for it, into the module under `root` (see the
@@ -387,6 +405,8 @@ def build(root: Path, *, select: Callable[[str], bool] = lambda _: True) -> Buil
     machine = os.uname().machine
     if machine not in _TRAMPOLINE or not sys.platform.startswith("linux"):
         raise RuntimeError(f"compiled kernels are built on Linux x86_64 and aarch64, not {machine}")
+    if (missing := missing_compiler()) is not None:
+        raise RuntimeError(missing)
     from cleanerd import _jit
 
     for name in KERNEL_MODULES:

@@ -302,6 +302,26 @@ def test_a_failed_warm_up_is_said_and_fails_the_build(
     assert "m.so: 3 kernels, 4 signatures" in said
 
 
+def test_no_c_compiler_fails_the_build_before_its_warm_up(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A host without the C compiler pycc links with (a slim container image) is told so
+    at once: no warm-up runs (it costs seconds of CPU at each daemon start) and nothing
+    is built."""
+    monkeypatch.setenv("NUMBA_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("CC", "cleanerd-no-such-cc -pthread")
+    ran: list[str] = []
+    monkeypatch.setattr(build_kernels_command, "warm_up", lambda root: ran.append("warm-up"))
+    args = argparse.Namespace(remove=False, background=False, no_warm_up=False)
+    assert build_kernels_command.run(args) == 1
+    said = capsys.readouterr().out
+    assert "no C compiler: 'cleanerd-no-such-cc' is not on PATH" in said
+    assert ran == []
+    assert not (tmp_path / "cache" / _aot.DIR_NAME).exists()
+    with pytest.raises(RuntimeError, match="no C compiler"):
+        _aot.build(tmp_path / "cache")
+
+
 def test_a_signature_accepts_the_arrays_its_code_reads_correctly() -> None:
     """A call whose argument keys no signature has goes to one that accepts them: an `A`
     (any strides) array takes any layout, a read-only one a writable array; dtypes,

@@ -8,8 +8,9 @@ process of its own), so that the module holds what the commands call on any data
 only what this host happened to run; `--no-warm-up` builds from the cache as it is.
 `--remove` removes the module (the kernels then go to numba again). The daemon runs it
 (`--background`: at the lowest CPU priority) once after its first cycle. Exits 1 when
-it cannot build (no writable cache dir, no C compiler: numba's pycc needs one) or the
-warm-up failed (the module is then built from the cache as it was).
+it cannot build (no writable cache dir, or no C compiler: numba's pycc needs one, which
+is checked before the warm-up) or the warm-up failed (the module is then built from the
+cache as it was).
 """
 
 from __future__ import annotations
@@ -68,6 +69,9 @@ def run(args: argparse.Namespace) -> int:
         _aot.remove(root)
         print(f"removed the compiled kernels under {root / _aot.DIR_NAME}")
         return 0
+    if (missing := _aot.missing_compiler()) is not None:  # before a warm-up for nothing
+        print(f"cleanerd build-kernels: {missing}")
+        return 1
     warm_up_failed = None
     if not args.no_warm_up:
         started = time.monotonic()
