@@ -18,8 +18,10 @@ Files, in the kernel cache root (`_jit.cache_root`), under `cleanerd-kernels/`:
   holds the callees it inlines, so any of them changing makes the module stale), numpy's
   version (its array layout is read by the unboxing code), the machine and its CPU
   flags (the code is compiled for this host's CPU), the extension suffix (the Python
-  ABI), the external symbols in trampoline order, and for each kernel the type key of
-  each signature with the module function compiled for it.
+  ABI), the external symbols in trampoline order, for each kernel the type key of each
+  signature with the module function compiled for it, and whether the build followed a
+  warm-up (`warmed_up`: a build for the same sources, as at a daemon's restart, then
+  runs none).
 
 A manifest that disagrees with any of these is ignored (every kernel goes to numba).
 The build writes the module and the manifest beside their final names and renames them
@@ -391,11 +393,25 @@ def missing_compiler() -> str | None:
     return None
 
 
-def build(root: Path, *, select: Callable[[str], bool] = lambda _: True) -> Built:
+def warmed_up(root: Path) -> bool:
+    """Whether the module under `root` is this process's (the same sources, numpy and
+    CPU) and was built after a warm-up: numba's cache there then holds the warm-up's
+    signatures, and a build need not run it again."""
+    try:
+        manifest = json.loads((root / DIR_NAME / MANIFEST).read_text())
+        return manifest.get("warmed_up") is True and manifest.get("built_for") == _built_for()
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def build(
+    root: Path, *, select: Callable[[str], bool] = lambda _: True, warmed_up: bool = False
+) -> Built:
     """Compile every kernel of `KERNEL_MODULES` that `select` (given its name) keeps,
     for each signature numba's cache holds for it, into the module under `root` (see the
     module docstring). Needs numba and a C compiler; raises RuntimeError saying what is
-    missing, or that the cache holds no signature yet."""
+    missing, or that the cache holds no signature yet. `warmed_up`: numba's cache holds
+    the warm-up's signatures (see `warmed_up`), which the manifest then says."""
     import hashlib
     import tempfile
     import time
@@ -445,8 +461,11 @@ def build(root: Path, *, select: Callable[[str], bool] = lambda _: True) -> Buil
     module = f"cleanerd_kernels_{digest.hexdigest()[:16]}"
     where = root / DIR_NAME
     current = where / f"{module}{_suffix()}"
-    with contextlib.suppress(OSError, ValueError):
-        if json.loads((where / MANIFEST).read_text())["module"] == module and current.exists():
+    with contextlib.suppress(OSError, ValueError, TypeError, KeyError):
+        manifest = json.loads((where / MANIFEST).read_text())
+        if manifest["module"] == module and current.exists():
+            if warmed_up and manifest.get("warmed_up") is not True:
+                _write_manifest(where, {**manifest, "warmed_up": True})
             return Built(current, len(kernels), len(exports), skipped, 0.0, up_to_date=True)
     where.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=where) as tmp:
@@ -463,19 +482,35 @@ def build(root: Path, *, select: Callable[[str], bool] = lambda _: True) -> Buil
             warnings.simplefilter("ignore")
             cc.compile()
         (Path(tmp) / current.name).replace(current)
-        manifest = {
-            "built_for": built_for,
-            "module": module,
-            "symbols": symbols,
-            "kernels": kernels,
-        }
-        staged = Path(tmp) / MANIFEST
-        staged.write_text(json.dumps(manifest))
-        staged.replace(where / MANIFEST)
+        _write_manifest(
+            where,
+            {
+                "built_for": built_for,
+                "module": module,
+                "symbols": symbols,
+                "kernels": kernels,
+                "warmed_up": warmed_up,
+            },
+        )
     for old in where.glob(f"cleanerd_kernels_*{_suffix()}"):
         if old != current:
             old.unlink(missing_ok=True)  # a process that loaded it keeps its mapping
     return Built(current, len(kernels), len(exports), skipped, time.perf_counter() - started)
+
+
+def _write_manifest(where: Path, manifest: Mapping[str, object]) -> None:
+    """Replace the manifest in `where` whole: a process loading meanwhile reads the old
+    one or the new one."""
+    import tempfile
+
+    fd, staged = tempfile.mkstemp(dir=where, prefix=f"{MANIFEST}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(json.dumps(manifest))
+        Path(staged).replace(where / MANIFEST)
+    except BaseException:
+        Path(staged).unlink(missing_ok=True)
+        raise
 
 
 def _cached_signatures(dispatcher: Any) -> list[tuple[Any, ...]]:

@@ -266,6 +266,43 @@ def test_a_stale_or_foreign_module_is_not_loaded(built: tuple[Path, dict[str, st
     assert _aot.load(root) is not None
 
 
+def test_a_build_for_the_same_sources_runs_no_warm_up_again(
+    built: tuple[Path, dict[str, str]],
+) -> None:
+    """The manifest says the module was built after a warm-up; a build for the same
+    sources (each daemon start runs one) runs no warm-up again, and still adds what this
+    host's runs cached since (here, the tests above that ran through numba). Any other
+    sources, numpy or CPU warm up again."""
+    _, env = built
+    root = Path(env["NUMBA_CACHE_DIR"])
+    manifest_path = root / _aot.DIR_NAME / _aot.MANIFEST
+    assert json.loads(manifest_path.read_text())["warmed_up"] is True
+    assert _aot.warmed_up(root)
+    for _ in range(2):
+        proc = build_kernels(env)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert proc.stdout.startswith("warm-up: already run for these sources")
+    assert proc.stdout.rstrip().endswith("up to date")  # the second: nothing new
+    good = json.loads(manifest_path.read_text())
+    assert good["warmed_up"] is True
+    try:
+        stale = json.loads(json.dumps(good))
+        stale["built_for"]["sources"]["records.walker"][0] -= 1
+        manifest_path.write_text(json.dumps(stale))
+        assert not _aot.warmed_up(root)
+        # A module built without a warm-up (`--no-warm-up`): the next build runs one,
+        # keeps the module, and its manifest then says so.
+        manifest_path.write_text(json.dumps({**good, "warmed_up": False}))
+        assert not _aot.warmed_up(root)
+        proc = build_kernels(env)
+        assert proc.stdout.startswith("warm-up: every command on every log shape")
+        assert proc.stdout.rstrip().endswith("up to date")
+        assert json.loads(manifest_path.read_text()) == good
+    finally:
+        manifest_path.write_text(json.dumps(good))
+    assert not _aot.warmed_up(root / "elsewhere")
+
+
 def test_build_kernels_says_what_stops_it(tmp_path: Path) -> None:
     """Without the warm-up, an empty kernel cache has nothing to build: exit 1 and say
     so; `--remove` removes a module."""
@@ -288,7 +325,8 @@ def test_a_failed_warm_up_is_said_and_fails_the_build(
     monkeypatch.setattr(build_kernels_command, "WARM_UP_MODULE", "cleanerd.no_such_module")
     built: list[Path] = []
 
-    def build(root: Path) -> _aot.Built:
+    def build(root: Path, *, warmed_up: bool) -> _aot.Built:
+        assert not warmed_up
         built.append(root)
         return _aot.Built(path=Path("m.so"), kernels=3, signatures=4, skipped=0, seconds=1.0)
 

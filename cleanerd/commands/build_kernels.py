@@ -73,15 +73,20 @@ def run(args: argparse.Namespace) -> int:
         print(f"cleanerd build-kernels: {missing}")
         return 1
     warm_up_failed = None
-    if not args.no_warm_up:
+    warmed = False
+    if not args.no_warm_up and _aot.warmed_up(root):
+        warmed = True  # a daemon's restart: the module says it ran for these sources
+        print("warm-up: already run for these sources (the module's manifest says so)")
+    elif not args.no_warm_up:
         started = time.monotonic()
         warm_up_failed = warm_up(root)
-        if warm_up_failed is None:
+        warmed = warm_up_failed is None
+        if warmed:
             print(f"warm-up: every command on every log shape, {time.monotonic() - started:.1f} s")
         else:
             print(f"cleanerd build-kernels: the warm-up failed ({warm_up_failed})")
     try:
-        built = _aot.build(root)
+        built = _aot.build(root, warmed_up=warmed)
     except RuntimeError as exc:
         print(f"cleanerd build-kernels: {exc}")
         return 1
