@@ -301,8 +301,11 @@ class _MapOracle:
         if not offsets.size:
             return np.ones(0, np.bool_)
         put = self.put_slots.pop((base_offset, first_keyed), None)
-        fresh = put is not None and put[2] == self.offset_map.generation
-        if put is not None and fresh and np.array_equal(put[0], offsets):
+        if (
+            put is not None
+            and put[2] == self.offset_map.generation
+            and np.array_equal(put[0], offsets)
+        ):
             return self.offset_map.keep_slots(put[1], offsets)
         return self.offset_map.keep_mask(hashes(), offsets)
 
@@ -1276,10 +1279,10 @@ class Cleaner:
     ) -> None:
         upper = segment_upper(p.segments, idx, p.first_uncleanable)
         tracker.add_aborted(aborted_between(p.aborted, seg.base_offset, upper))
-        windows = len(self._segment(p, seg)[1])
+        _, windows = self._segment(p, seg)
         first_keyed = 0
         for i, c in enumerate(self._windows(p, seg, keep=False)):
-            final = i == windows - 1
+            final = windows.get(i + 1) is None  # found as the copy goes, not all first
             self._clean_window(p, seg, c, first_keyed, output, tracker, final=final)
             first_keyed += c.keyed.size
         del p.mapped[seg.base_offset]
