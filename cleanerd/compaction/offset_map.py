@@ -287,6 +287,33 @@ GROW_LOAD: Final = 0.5
 """A bounded round's share of its slots in use past which a new key grows them."""
 
 
+def foretold_keys(keys: int, records: int, round_records: int) -> float:
+    """The distinct keys a round of `round_records` records will hold, from the `keys`
+    its first `records` held: as if each record drew its key uniformly from K keys,
+    with K the number that makes `records` draws find `keys` distinct ones on average
+    (``keys = K * (1 - exp(-records / K))``); the round's `round_records` draws then find
+    ``K * (1 - exp(-round_records / K))``. Records that were all distinct so far foretell
+    as many keys as the round has records. Keys drawn unevenly (a few hot ones) foretell
+    fewer than will come, and the round grows again as they come: a map grown too little
+    costs a rehash, one grown too much costs cache misses on every put. (Keys per
+    record times records foretells a round of 3,000,000 records over 300,000 keys,
+    whose first growth comes after 131,072 keys in about 172,000 records, as 2.3
+    million keys: a map of 134 MB in place of 24, whose page faults and cache misses
+    made that clean 12% slower.)"""
+    if records <= 0 or keys >= records:
+        return float(round_records)
+    ratio = keys / records  # = (1 - exp(-x)) / x for x = records / K, falling in x
+    low, high = 0.0, 1.0 / ratio + 1.0  # (1 - exp(-x)) / x < 1 / x <= ratio at `high`
+    for _ in range(64):
+        x = (low + high) / 2
+        if -math.expm1(-x) / x > ratio:
+            low = x
+        else:
+            high = x
+    universe = records / high
+    return max(float(keys), -math.expm1(-round_records / universe) * universe)
+
+
 class OffsetMap:
     """A fixed-size map from key hash to the winning record's offset (and version).
 
@@ -484,15 +511,17 @@ class OffsetMap:
     def _grow(self) -> None:
         """Grow the round's slots (at most to its bound), every key moved to its home in
         the new slots; slots reported before no longer hold their keys. At least twice
-        as many, and enough for the keys the round's records so far foretell (its keys
-        per record times its records): a round of distinct keys grows once, straight to
-        its bound, instead of doubling over and over."""
+        as many, and enough for the keys the round's records so far foretell
+        (`foretold_keys`): a round of distinct keys grows once, straight to its bound,
+        instead of doubling over and over, and one whose keys repeat grows to what they
+        need, not to its bound."""
         old = self._table[: self._active]
         kept = old[(old["hash_hi"] != _EMPTY) | (old["hash_lo"] != _EMPTY)].copy()
         old.view(np.uint8)[:] = 0
         target = 2 * self._active
         if self._records_seen:
-            foretold = self._size * self._round_records / self._records_seen / GROW_LOAD
+            keys = foretold_keys(self._size, self._records_seen, self._round_records)
+            foretold = keys / GROW_LOAD
             target = max(target, 1 << math.ceil(math.log2(max(foretold, 1.0))))
         self._active = min(self._bound, target)
         self._touched = None  # too many to zero one by one: `clear` zeroes all

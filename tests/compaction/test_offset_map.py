@@ -11,7 +11,12 @@ from hypothesis import strategies as st
 
 from cleanerd.compaction import offset_map as offset_map_module
 from cleanerd.compaction.keyhash import hash_key, hash_keys
-from cleanerd.compaction.offset_map import MIN_ACTIVE_SLOTS, OffsetMap, memory_per_thread
+from cleanerd.compaction.offset_map import (
+    MIN_ACTIVE_SLOTS,
+    OffsetMap,
+    foretold_keys,
+    memory_per_thread,
+)
 from cleanerd.compaction.strategy import CompactionStrategy
 
 OFFSET = CompactionStrategy.OFFSET
@@ -486,3 +491,43 @@ def test_a_bounded_round_grows_its_slots_as_keys_come(
     grown.clear()
     assert grown.size == 0
     assert int(np.count_nonzero(grown._table["hash_hi"])) == 0
+
+
+def test_a_round_whose_keys_repeat_grows_to_what_they_need() -> None:
+    """A round of 100,000 records drawn from 3,000 keys, starting with 1,024 slots: its
+    first growth comes after 512 keys in about 560 records, which a plain keys-per-record
+    ratio reads as 91,000 keys to come (and so grows to the bound, 200,000 slots); the
+    round needs 8,192 slots to hold 3,000 keys at most half full."""
+    offset_map = OffsetMap(2**23)
+    offset_map.clear(keys_at_most=100_000)
+    offset_map._active = 1024  # as FIRST_ACTIVE_SLOTS starts a round, scaled down
+    hashes = key_range(3000)[np.random.default_rng(7).integers(0, 3000, 100_000)]
+    assert offset_map.put_many(hashes, np.arange(100_000, dtype=np.int64)) == 100_000
+    assert offset_map.size == 3000
+    assert offset_map.generation >= 1
+    assert offset_map.slots_in_use == 8192
+
+
+@pytest.mark.parametrize("universe", [10_000, 1_000_000])
+def test_foretold_keys_of_uniform_draws(universe: int) -> None:
+    """Records that draw keys uniformly foretell about the keys there are, from a
+    sample of a quarter of them on; no fewer than were seen, never more than records."""
+    rng = np.random.default_rng(universe)
+    round_records = 20 * universe
+    draws = rng.integers(0, universe, round_records)
+    for seen in (universe // 4, universe, 5 * universe):
+        keys = int(np.unique(draws[:seen]).size)
+        foretold = foretold_keys(keys, seen, round_records)
+        assert keys <= foretold <= round_records
+        assert foretold == pytest.approx(universe, rel=0.15 if seen < universe else 0.06)
+
+
+def test_foretold_keys_at_the_edges() -> None:
+    """Distinct keys so far foretell as many keys as records; nothing seen foretells
+    the bound; one key over many records foretells that key; more records to come
+    never foretell fewer keys."""
+    assert foretold_keys(500, 500, 10_000) == 10_000
+    assert foretold_keys(0, 0, 10_000) == 10_000
+    assert foretold_keys(8, 2_000, 5_000) == pytest.approx(8, abs=1e-6)
+    assert foretold_keys(1, 1_000_000, 10**9) == 1
+    assert foretold_keys(100, 150, 1_000) < foretold_keys(100, 150, 10_000)
