@@ -28,6 +28,13 @@ The build writes the module and the manifest beside their final names and rename
 in, the manifest last: a process loading meanwhile reads the old manifest and its
 module or the new ones, never half of either (old modules are removed by the next build).
 
+Scratch: the warm-up's dir (under the cache root), the build's dir and the manifest
+being written (under `cleanerd-kernels/`) are named `<kind>-<pid>-<random>` after the
+process that makes them (`scratch_prefix`). A build killed mid-way (a daemon stopped
+during its build, whose whole process group goes) cannot remove its own; the next
+`build-kernels` removes those whose process is gone (`remove_leftovers`), and leaves
+those of a build still running beside it.
+
 Type keys. The module's functions unbox their arguments as declared and check nothing,
 so a call reaches a function only when the key of its arguments (`value_key`) equals
 the key of the signature it was compiled for (`numba_key`): for an array its dtype,
@@ -56,7 +63,9 @@ import importlib.machinery
 import importlib.util
 import json
 import os
+import re
 import sys
+import time
 import zlib
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -414,7 +423,6 @@ def build(
     the warm-up's signatures (see `warmed_up`), which the manifest then says."""
     import hashlib
     import tempfile
-    import time
     import warnings
 
     started = time.perf_counter()
@@ -468,7 +476,7 @@ def build(
                 _write_manifest(where, {**manifest, "warmed_up": True})
             return Built(current, len(kernels), len(exports), skipped, 0.0, up_to_date=True)
     where.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=where) as tmp:
+    with tempfile.TemporaryDirectory(prefix=scratch_prefix("build"), dir=where) as tmp:
         source = Path(tmp) / "trampolines.c"
         source.write_text(_trampolines(symbols, machine))
         cc = cc_type(module)
@@ -503,7 +511,7 @@ def _write_manifest(where: Path, manifest: Mapping[str, object]) -> None:
     one or the new one."""
     import tempfile
 
-    fd, staged = tempfile.mkstemp(dir=where, prefix=f"{MANIFEST}.", suffix=".tmp")
+    fd, staged = tempfile.mkstemp(dir=where, prefix=scratch_prefix("manifest"), suffix=".tmp")
     try:
         with os.fdopen(fd, "w") as f:
             f.write(json.dumps(manifest))
@@ -525,6 +533,67 @@ def _cached_signatures(dispatcher: Any) -> list[tuple[Any, ...]]:
         if args not in found:
             found.append(args)
     return found
+
+
+def scratch_prefix(kind: str) -> str:
+    """The name prefix of a scratch dir or file of `kind` made by this process under the
+    kernel cache root (see Scratch in the module docstring)."""
+    return f"{kind}-{os.getpid()}-"
+
+
+_SCRATCH: Final = re.compile(r"(?:warm-up|build|manifest)-(\d+)-")
+LEGACY_SCRATCH_AGE_S: Final = 3600
+"""Scratch of builds from before `scratch_prefix` (no pid in its name: `warm-up-<random>`,
+`tmp<random>`, `manifest.json.<random>.tmp`) is removed once this old: a build takes a
+minute at most."""
+
+
+def remove_leftovers(root: Path) -> list[Path]:
+    """Remove the scratch dirs and files under the kernel cache `root` whose process is
+    gone (see Scratch in the module docstring); returns them."""
+    import shutil
+
+    removed = []
+    now = time.time()
+    for where in (root, root / DIR_NAME):
+        try:
+            entries = list(where.iterdir())
+        except OSError:
+            continue
+        for path in entries:
+            if _left_over(path, in_root=where == root, now=now):
+                if path.is_dir():
+                    shutil.rmtree(path, ignore_errors=True)
+                else:
+                    path.unlink(missing_ok=True)
+                removed.append(path)
+    return removed
+
+
+def _left_over(path: Path, *, in_root: bool, now: float) -> bool:
+    """Whether `path` is scratch whose process is gone (or, without a pid, is old)."""
+    found = _SCRATCH.match(path.name)
+    if found is not None:
+        return not _running(int(found.group(1)))
+    legacy = ("warm-up-",) if in_root else ("tmp", f"{MANIFEST}.")
+    return path.name.startswith(legacy) and _age_s(path, now) > LEGACY_SCRATCH_AGE_S
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's process
+    return True
+
+
+def _age_s(path: Path, now: float) -> float:
+    try:
+        return now - path.stat().st_mtime
+    except OSError:
+        return 0.0
 
 
 def remove(root: Path) -> None:

@@ -14,6 +14,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -314,6 +315,50 @@ def test_build_kernels_says_what_stops_it(tmp_path: Path) -> None:
     proc = build_kernels(env, "--remove")
     assert proc.returncode == 0
     assert not (tmp_path / "empty" / _aot.DIR_NAME).exists()
+
+
+def test_a_build_removes_the_scratch_of_builds_that_were_killed(tmp_path: Path) -> None:
+    """Scratch named after a process that is gone (a warm-up dir, a build dir, a staged
+    manifest: a build killed mid-way) is removed by the next build, and said; that of a
+    running process (a build beside it) stays, as does anything else in the cache, and
+    the scratch of an older build (no pid in its name) goes once an hour old."""
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    root = tmp_path / "cache"
+    kernels = root / _aot.DIR_NAME
+    kernels.mkdir(parents=True)
+    gone = [
+        root / f"warm-up-{dead.pid}-abc",
+        kernels / f"build-{dead.pid}-def",
+        kernels / f"manifest-{dead.pid}-ghi.tmp",
+        root / "warm-up-old",
+        kernels / "tmpold",
+        kernels / f"{_aot.MANIFEST}.old.tmp",
+    ]
+    kept = [
+        root / f"warm-up-{os.getpid()}-abc",
+        kernels / f"build-{os.getpid()}-def",
+        kernels / "tmpnew",
+        root / "warm-up-new",
+        root / "records_0123",
+        kernels / _aot.MANIFEST,
+    ]
+    for path in gone + kept:
+        if path.suffix in (".tmp", ".json"):
+            path.write_text("{}")
+        else:
+            path.mkdir()
+            (path / "trampolines.c").write_text("")
+    hour_ago = time.time() - _aot.LEGACY_SCRATCH_AGE_S - 60
+    for old in (root / "warm-up-old", kernels / "tmpold", kernels / f"{_aot.MANIFEST}.old.tmp"):
+        os.utime(old, (hour_ago, hour_ago))
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(root)}
+    proc = build_kernels(env, "--no-warm-up")
+    for path in gone:
+        assert not path.exists()
+        assert f"removed {path}, left by a build that was killed" in proc.stdout
+    assert all(path.exists() for path in kept)
+    assert _aot.remove_leftovers(root) == []
 
 
 def test_a_failed_warm_up_is_said_and_fails_the_build(

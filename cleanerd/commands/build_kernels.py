@@ -6,11 +6,12 @@ of numba, and prints what it holds. First it runs the warm-up workload
 (`kernel_warmup`: every command on small logs of every shape, through numba, in a
 process of its own), so that the module holds what the commands call on any data, not
 only what this host happened to run; `--no-warm-up` builds from the cache as it is.
-`--remove` removes the module (the kernels then go to numba again). The daemon runs it
-(`--background`: at the lowest CPU priority) once after its first cycle. Exits 1 when
-it cannot build (no writable cache dir, or no C compiler: numba's pycc needs one, which
-is checked before the warm-up) or the warm-up failed (the module is then built from the
-cache as it was).
+`--remove` removes the module (the kernels then go to numba again). A build first
+removes what one that was killed left in the cache (`_aot.remove_leftovers`). The
+daemon runs it (`--background`: at the lowest CPU priority) once after its first cycle.
+Exits 1 when it cannot build (no writable cache dir, or no C compiler: numba's pycc
+needs one, which is checked before the warm-up) or the warm-up failed (the module is
+then built from the cache as it was).
 """
 
 from __future__ import annotations
@@ -72,6 +73,8 @@ def run(args: argparse.Namespace) -> int:
     if (missing := _aot.missing_compiler()) is not None:  # before a warm-up for nothing
         print(f"cleanerd build-kernels: {missing}")
         return 1
+    for path in _aot.remove_leftovers(root):
+        print(f"removed {path}, left by a build that was killed")
     warm_up_failed = None
     warmed = False
     if not args.no_warm_up and _aot.warmed_up(root):

@@ -34,6 +34,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Final
 
+from cleanerd import _aot
 from cleanerd.commands.produce import open_for_append
 from cleanerd.compaction import offset_map
 from cleanerd.config import load_config
@@ -203,7 +204,7 @@ def main() -> int:
     """Warm up in a temporary dir under the kernel cache root (argv[1])."""
     parent = Path(sys.argv[1])
     parent.mkdir(parents=True, exist_ok=True)
-    root = Path(tempfile.mkdtemp(prefix="warm-up-", dir=parent))
+    root = Path(tempfile.mkdtemp(prefix=_aot.scratch_prefix("warm-up"), dir=parent))
     try:
         warm_up(root)
     except Exception as exc:  # noqa: BLE001 - reported whole to the build, which goes on

@@ -58,6 +58,7 @@ import asyncio
 import contextlib
 import enum
 import functools
+import os
 import signal
 import sys
 import threading
@@ -398,11 +399,16 @@ class Daemon:
             stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.STDOUT,
+            start_new_session=True,  # its own process group: its warm-up process too
         )
         try:
             output, _ = await proc.communicate()
-        except asyncio.CancelledError:  # a stop: the build renames its files in last
-            proc.kill()
+        except asyncio.CancelledError:
+            # A stop: the whole group goes (a warm-up left running would work on for
+            # seconds after the daemon exited). The build renames its files in last;
+            # the next one removes the scratch this one leaves.
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
             await proc.wait()
             raise
         said = output.decode(errors="replace").strip()

@@ -14,6 +14,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 import structlog
 import yaml
@@ -596,6 +597,37 @@ async def test_the_first_cycle_has_the_kernels_compiled_in_a_process_of_their_ow
     assert len(outcomes) == 1
     assert outcomes[0]["event"] == event
     assert said in str(outcomes[0].get("result", outcomes[0].get("error")))
+
+
+async def test_a_stop_during_the_kernel_build_ends_its_whole_process_group(
+    config_path: Path,
+    notify_socket: NotifyReceiver,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    """A stop while `build-kernels` runs ends it and the processes it started (its
+    warm-up), not only the build itself: a warm-up left behind worked on for seconds
+    after the daemon exited, and one killed later with it left its scratch behind."""
+    pid_file = tmp_path / "child.pid"
+    command = (
+        "import subprocess, sys, time; "
+        "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
+        f"open({str(pid_file)!r}, 'w').write(str(child.pid)); time.sleep(60)"
+    )
+    monkeypatch.setenv("CLEANERD_AOT", "1")
+    monkeypatch.setattr(service, "BUILD_KERNELS_COMMAND", (sys.executable, "-c", command))
+    daemon, _ = _daemon(config_path, notify_socket)
+    async with running(daemon):
+        await eventually(lambda: pid_file.exists() and pid_file.read_text() != "", "the build")
+    child = int(pid_file.read_text())
+
+    def ended() -> bool:
+        try:
+            return psutil.Process(child).status() == psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return True
+
+    await eventually(ended, "the build's child to end")
 
 
 def _failing_cycle(config: object) -> None:
