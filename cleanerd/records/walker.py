@@ -639,10 +639,6 @@ class BatchWindows:
             yield window
             i += 1
 
-    def __len__(self) -> int:
-        self.get(2**62)
-        return len(self._starts)
-
 
 def batch_windows(buf: Buffer | U8, max_bytes: int) -> list[tuple[int, int]]:
     """Every range of `BatchWindows(buf, max_bytes)`, in order."""
