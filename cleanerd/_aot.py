@@ -580,13 +580,17 @@ def _left_over(path: Path, *, in_root: bool, now: float) -> bool:
 
 
 def _running(pid: int) -> bool:
+    """Whether process `pid` runs. A zombie does not: a build killed with its warm-up
+    leaves the warm-up a zombie until init reaps it, which can be after the next build
+    looked."""
+    import psutil
+
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        return bool(psutil.Process(pid).status() != psutil.STATUS_ZOMBIE)
+    except psutil.NoSuchProcess:
         return False
-    except PermissionError:
+    except psutil.AccessDenied:
         return True  # another user's process
-    return True
 
 
 def _age_s(path: Path, now: float) -> float:

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import psutil
 import pytest
 
 from cleanerd import _aot, _jit
@@ -318,12 +319,16 @@ def test_build_kernels_says_what_stops_it(tmp_path: Path) -> None:
 
 
 def test_a_build_removes_the_scratch_of_builds_that_were_killed(tmp_path: Path) -> None:
-    """Scratch named after a process that is gone (a warm-up dir, a build dir, a staged
-    manifest: a build killed mid-way) is removed by the next build, and said; that of a
-    running process (a build beside it) stays, as does anything else in the cache, and
-    the scratch of an older build (no pid in its name) goes once an hour old."""
+    """Scratch named after a process that is gone or a zombie (a warm-up dir, a build
+    dir, a staged manifest: a build killed mid-way) is removed by the next build, and
+    said; that of a running process (a build beside it) stays, as does anything else in
+    the cache, and the scratch of an older build (no pid in its name) goes once an hour
+    old."""
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
+    zombie = subprocess.Popen([sys.executable, "-c", "pass"])  # ended, not reaped yet
+    while psutil.Process(zombie.pid).status() != psutil.STATUS_ZOMBIE:
+        time.sleep(0.01)
     root = tmp_path / "cache"
     kernels = root / _aot.DIR_NAME
     kernels.mkdir(parents=True)
@@ -331,6 +336,7 @@ def test_a_build_removes_the_scratch_of_builds_that_were_killed(tmp_path: Path) 
         root / f"warm-up-{dead.pid}-abc",
         kernels / f"build-{dead.pid}-def",
         kernels / f"manifest-{dead.pid}-ghi.tmp",
+        root / f"warm-up-{zombie.pid}-jkl",
         root / "warm-up-old",
         kernels / "tmpold",
         kernels / f"{_aot.MANIFEST}.old.tmp",
@@ -354,6 +360,7 @@ def test_a_build_removes_the_scratch_of_builds_that_were_killed(tmp_path: Path) 
         os.utime(old, (hour_ago, hour_ago))
     env = {**os.environ, "NUMBA_CACHE_DIR": str(root)}
     proc = build_kernels(env, "--no-warm-up")
+    zombie.wait()
     for path in gone:
         assert not path.exists()
         assert f"removed {path}, left by a build that was killed" in proc.stdout
