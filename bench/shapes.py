@@ -24,7 +24,10 @@ Kafka's default producer does), and on fresh copies of it, in turn:
 - `aiokafka`: a plain-Python compaction on aiokafka's C record reader;
 - `py`: the same compaction on aiokafka's pure-Python reader (`AIOKAFKA_NO_EXTENSIONS`),
   the plain-Python compaction the issue measured (2.9 s for 500,001 1-record batches);
-- `copy`: a copy of the same segment bytes, fsynced (the floor).
+- `copy`: a copy of the same segment bytes, fsynced (the floor);
+- `empty`: the same `cleanerd clean` process on an empty log dir: the fixed cost of the
+  command (interpreter start, imports, config, the report), which a daemon pays once
+  and a one-shot command at every run.
 
 The references' times are their work alone (in a process already started), so the
 ratios of `whole` against them are conservative. Each method runs `--repeat` times and
@@ -33,9 +36,10 @@ are how many times faster the whole clean is than the aiokafka compactions (the 
 target: at least 10x the plain-Python one for 1- and 100-record batches), `numba/py` and
 `stop/py` the same for the `numba` runs and the `stopped` dir, `whole/copy`
 how many times slower than the copy (target: within 2x for 100-record batches);
-`pass/aio` and `pass/copy` the same for the pass alone. `load` is the 1-minute load
-average after the row (the machine is shared: a row measured under load varies by tens
-of percent).
+`pass/aio` and `pass/copy` the same for the pass alone; `work/py` and `work/copy` the same
+for the whole process less `empty` (its work: the open, recovery and index rebuild of a
+crash-shaped dir, then the clean). `load` is the 1-minute load average after the row
+(the machine is shared: a row measured under load varies by tens of percent).
 
     python -m bench.shapes [--records 100000] [--keys N] [--batches 1,10,100,1000]
                            [--codecs none,lz4,zstd] [--value-size 100] [--repeat 2]
@@ -133,6 +137,15 @@ def run_whole(template: Path, work: Path, env: Mapping[str, str] = COMPILED) -> 
     return timing
 
 
+def run_empty(work: Path) -> Timing:
+    """One `cleanerd clean` process over an empty log dir (`empty` in the module
+    docstring)."""
+    if work.exists():
+        shutil.rmtree(work)
+    (work / "logs").mkdir(parents=True)
+    return clean_process(work, "{cleanup.policy: compact}")[1]
+
+
 def best(runs: list[Timing]) -> Timing:
     return min(runs, key=lambda t: t.seconds)
 
@@ -152,6 +165,7 @@ def row(codec: str, per_batch: int, args: argparse.Namespace, root: Path) -> dic
     numba = best([run_whole(template, root / "whole", NUMBA) for _ in range(args.repeat)])
     build_kernels()
     whole = best([run_whole(template, root / "whole") for _ in range(args.repeat)])
+    empty = best([run_empty(root / "empty") for _ in range(args.repeat)])
     stopped = stop_cleanly(template, root / "stopped")
     whole_stopped = best([run_whole(stopped, root / "whole") for _ in range(args.repeat)])
     results = {
@@ -163,6 +177,7 @@ def row(codec: str, per_batch: int, args: argparse.Namespace, root: Path) -> dic
         "mb": mb,
         "whole_s": whole.seconds,
         "whole_cpu": whole.cpu_s,
+        "empty_s": empty.seconds,
         "stopped_s": whole_stopped.seconds,
         "numba_s": numba.seconds,
         "pass_s": results["cleanerd"]["seconds"],
@@ -196,7 +211,7 @@ def main() -> None:
     header += f"{'numba s':>7} {'stop s':>6} {'pass s':>6} {'MB/s':>6} {'aio s':>6} {'MB/s':>6} "
     header += f"{'py s':>6} {'copy s':>6} {'MB/s':>6} {'whole/aio':>9} {'whole/py':>8} "
     header += f"{'numba/py':>8} {'stop/py':>7} {'whole/copy':>10} {'pass/aio':>8} "
-    header += f"{'pass/copy':>9} {'load':>5}"
+    header += f"{'pass/copy':>9} {'empty s':>7} {'work/py':>7} {'work/copy':>9} {'load':>5}"
     print(header)
     for codec in args.codecs.split(","):
         for per_batch in (int(b) for b in args.batches.split(",")):
@@ -205,13 +220,16 @@ def main() -> None:
             mb, whole, pass_s = float(r["mb"]), float(r["whole_s"]), float(r["pass_s"])
             aio, py, copy = float(r["aio_s"]), float(r["py_s"]), float(r["copy_s"])
             stop, numba = float(r["stopped_s"]), float(r["numba_s"])
+            empty = float(r["empty_s"])
+            work = max(whole - empty, 1e-3)  # both are best-of runs: noise can cross them
             print(
                 f"{codec:<5} {per_batch:>5} {mb:>6.1f} {whole:>7.2f} {float(r['whole_cpu']):>6.2f} "
                 f"{mb / whole:>6.1f} {numba:>7.2f} {stop:>6.2f} {pass_s:>6.2f} "
                 f"{mb / pass_s:>6.1f} {aio:>6.2f} {mb / aio:>6.1f} {py:>6.2f} {copy:>6.3f} "
                 f"{mb / copy:>6.0f} {aio / whole:>8.1f}x {py / whole:>7.1f}x "
                 f"{py / numba:>7.1f}x {py / stop:>6.1f}x {whole / copy:>9.1f}x "
-                f"{aio / pass_s:>7.1f}x {pass_s / copy:>8.1f}x {os.getloadavg()[0]:>5.1f}",
+                f"{aio / pass_s:>7.1f}x {pass_s / copy:>8.1f}x {empty:>7.2f} {py / work:>6.1f}x "
+                f"{work / copy:>8.1f}x {os.getloadavg()[0]:>5.1f}",
                 flush=True,
             )
 
