@@ -35,7 +35,8 @@ startup, then whenever one of these holds (`cycle_due`):
 Lifecycle and signals:
 
 - startup: check the configured dirs (`config.check_paths`, so an unusable one is
-  reported by its key), open the log dirs, bind the metrics endpoint, start MQTT (in the
+  reported by its key), bind the metrics endpoint (before a log dir is touched: a port
+  clash changes nothing on disk), open the log dirs, start MQTT (in the
   background: a missing broker never delays startup), first watcher scan, then `READY=1`;
 - SIGHUP (or the `reload` command): `RELOADING=1` with `MONOTONIC_USEC`, read and validate
   the whole file (`reload.plan_reload`), apply it or keep the old one, `READY=1`;
@@ -85,7 +86,7 @@ from cleanerd.daemon.commands import (
 from cleanerd.daemon.events import EventKind, EventPublisher, make_publisher
 from cleanerd.daemon.metrics.exporter import MetricsExporter
 from cleanerd.daemon.metrics.model import build_snapshot
-from cleanerd.daemon.reload import ReloadPlan, plain, plan_reload
+from cleanerd.daemon.reload import KeyPath, ReloadPlan, is_under, plain, plan_reload
 from cleanerd.daemon.reporting import Reporter
 from cleanerd.daemon.systemd import Notifier, watchdog_interval
 from cleanerd.daemon.triggers import (
@@ -302,8 +303,8 @@ class Daemon:
         return 1 if self.abandoned or self.failed_at_shutdown else 0
 
     async def startup(self) -> None:
-        """Check and open the log dirs, bind the metrics endpoint, start MQTT, first scan,
-        READY."""
+        """Check the log dirs, bind the metrics endpoint, open the log dirs, start MQTT,
+        first scan, READY."""
         cfg = self.config
         log.info(
             "startup.begin",
@@ -312,9 +313,13 @@ class Daemon:
             config=str(self.config_path) if self.config_path else "embedded default",
         )
         await asyncio.to_thread(check_paths, cfg, path=self.config_path)
+        # Bound before a log dir is opened: opening one takes Kafka's clean-shutdown
+        # marker, so a port clash found after it would cost the next start (cleanerd's
+        # or a broker's) a full recovery. Until the first refresh a scrape gets the
+        # service's own families.
+        self.exporter.start()
         self.maintenance = await self._in_thread(self._open_maintenance)
         self._devices = await asyncio.to_thread(group_devices, cfg.log_dirs)
-        self.exporter.start()
         await self.publisher.start()
         self.watcher.seed({str(d.path): d.known_dirs for d in self.maintenance.log_dirs})
         await asyncio.to_thread(self.watcher.scan)
@@ -721,14 +726,28 @@ class Daemon:
                 running=plain(change.old),
                 in_file=plain(change.new),
             )
-        config, errors = await self._apply(plan)
+        config, errors, kept = await self._apply(plan)
         self.config = config
         self.exporter.record_reload(not errors)
-        changed = [c.name for c in plan.applied]
+        changed = [c.name for c in plan.applied if not any(is_under(c.key, k) for k in kept)]
         refused = [c.name for c in plan.refused]
-        log.info(
-            "config.reloaded", path=where, changed=changed, restart_required=refused, errors=errors
-        )
+        if errors:  # a part kept its old settings: the reload failed, what it lists applied
+            log.error(
+                "config.reload_failed",
+                path=where,
+                errors=errors,
+                changed=changed,
+                restart_required=refused,
+                metrics=self._metrics_address(),
+            )
+        else:
+            log.info(
+                "config.reloaded",
+                path=where,
+                changed=changed,
+                restart_required=refused,
+                metrics=self._metrics_address(),  # where a new `listen` (port 0 too) went
+            )
         self.emit(
             "config.reloaded",
             {
@@ -743,24 +762,29 @@ class Daemon:
         self.request_cycle()
         return errors
 
-    async def _apply(self, plan: ReloadPlan) -> tuple[Config, list[str]]:
-        """Apply the live parts of `plan`; a part that fails keeps its old settings."""
-        config, old, errors = plan.config, self.config, []
+    async def _apply(self, plan: ReloadPlan) -> tuple[Config, list[str], list[KeyPath]]:
+        """Apply the live parts of `plan`; a part that fails keeps its old settings:
+        (the config now running, the errors, the sections that kept their old settings)."""
+        config, old = plan.config, self.config
+        errors: list[str] = []
+        kept: list[KeyPath] = []
         if plan.touches(("logging",)):
             configure_logging(config.logging.format, config.logging.level)
         if plan.touches(("metrics",)):
             try:
                 await asyncio.to_thread(self.exporter.configure, config.metrics)
-            except OSError as exc:
-                errors.append(f"metrics.listen: cannot bind {config.metrics.listen}: {exc}")
+            except OSError as exc:  # ListenError: it names the key and the address
+                errors.append(str(exc))
                 config = config.model_copy(update={"metrics": old.metrics})
+                kept.append(("metrics",))
         if plan.touches(("mqtt",)):
             try:
                 await self._replace_publisher(config)
             except ConfigError as exc:
                 errors += exc.errors
                 config = config.model_copy(update={"mqtt": old.mqtt})
-        return config, errors
+                kept.append(("mqtt",))
+        return config, errors, kept
 
     def _new_publisher(self, config: Config) -> EventPublisher:
         return make_publisher(config.mqtt, host=self.host, on_command=self.on_command)

@@ -21,7 +21,7 @@ import yaml
 
 from cleanerd.daemon.systemd import monotonic_usec
 from cleanerd.log.checkpoint import OffsetCheckpointFile
-from cleanerd.log.files import TopicPartition
+from cleanerd.log.files import CLEAN_SHUTDOWN_FILE_NAME, TopicPartition
 from cleanerd.log.log_dir import LogDir, Mode
 from tests.builders import build_log, kv
 from tests.daemon.conftest import WAIT_S, NotifyReceiver
@@ -230,6 +230,54 @@ def test_unusable_log_dir_fails_startup_naming_the_key(tmp_path: Path) -> None:
     lines = [json.loads(x) for x in result.stderr.splitlines() if x.startswith("{")]
     failed = next(x for x in lines if x["event"] == "startup.failed")
     assert f"log.dirs[0]: {str(tmp_path / 'data')!r} is a file, not a directory" in failed["error"]
+
+
+def _files(root: Path) -> dict[str, bytes]:
+    return {
+        str(f.relative_to(root)): f.read_bytes() for f in sorted(root.rglob("*")) if f.is_file()
+    }
+
+
+def test_a_metrics_port_in_use_fails_startup_before_a_log_dir_is_touched(
+    tmp_path: Path,
+) -> None:
+    """`cleanerd run` whose `metrics.listen` is taken exits 1 naming the key and the
+    address, and leaves the log dir as it was: Kafka's clean-shutdown marker is still
+    there (opening the dir takes it, and a start that fails after that costs the next
+    one, cleanerd's or a broker's, a full recovery)."""
+    data, state = tmp_path / "data", tmp_path / "state"
+    build_log(data / "users-0", [[[kv("k", "v")]], [[kv("k", "w")]]], state_dir=state, tp=USERS)
+    (data / CLEAN_SHUTDOWN_FILE_NAME).write_text('{"version":0,"brokerEpoch":-1}')
+    before = _files(data)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        listen = f"127.0.0.1:{taken.getsockname()[1]}"
+        config = tmp_path / "cleanerd.yaml"
+        config.write_text(
+            yaml.safe_dump(
+                {
+                    "log.dirs": [str(data)],
+                    "state_dir": str(state),
+                    "metrics": {"listen": listen},
+                    "logging": {"format": "json"},
+                }
+            )
+        )
+        result = subprocess.run(
+            [sys.executable, "-m", "cleanerd", "run", "-c", str(config)],
+            cwd=tmp_path,
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+            capture_output=True,
+            text=True,
+            timeout=WAIT_S,
+            check=False,
+        )
+    assert result.returncode == 1, result.stderr
+    lines = [json.loads(x) for x in result.stderr.splitlines() if x.startswith("{")]
+    failed = next(x for x in lines if x["event"] == "startup.failed")
+    assert failed["error"].startswith(f"metrics.listen {listen}: cannot bind: ")
+    assert _files(data) == before
 
 
 def test_second_owner_is_refused_naming_the_first(tmp_path: Path) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 import sys
 import time
 import urllib.request
@@ -233,10 +234,15 @@ async def test_sighup_applies_a_changed_valid_config(
         changed = _settings(tmp_path, metrics={"listen": "127.0.0.1:0", "per_partition": True})
         changed["topics"]["events"]["retention.ms"] = 2 * HOUR
         _write(config_path, changed)
-        daemon.handle_hup()
-        reloading = await notify_socket.await_for("RELOADING")
-        assert int(reloading["MONOTONIC_USEC"]) > 0
-        await notify_socket.await_for("READY")
+        with structlog.testing.capture_logs() as logs:
+            daemon.handle_hup()
+            reloading = await notify_socket.await_for("RELOADING")
+            assert int(reloading["MONOTONIC_USEC"]) > 0
+            await notify_socket.await_for("READY")
+        (line,) = [e for e in logs if e["event"] == "config.reloaded"]
+        bound = daemon.exporter.address
+        assert bound is not None
+        assert line["metrics"] == f"{bound[0]}:{bound[1]}"
         assert daemon.config.topic_config("events").retention_ms == 2 * HOUR
         assert daemon.exporter.settings.per_partition
         (reloaded,) = events.of("config.reloaded")
@@ -270,6 +276,43 @@ async def test_sighup_refuses_an_invalid_config_whole(
         assert any("retention.msx" in e for e in errors)
         notify_socket.wait_for("RELOADING")
         notify_socket.wait_for("READY")
+        assert "cleanerd_config_last_reload_successful 0.0" in _scrape(daemon)
+
+
+async def test_a_reload_whose_metrics_port_is_taken_fails_and_says_what_applied(
+    config_path: Path, notify_socket: NotifyReceiver, tmp_path: Path
+) -> None:
+    """A valid file whose new `metrics.listen` cannot be bound: the rest of it applies,
+    the old endpoint stays, and the reload is reported failed, as the alert's runbook
+    says (`config.reload_failed` with the error once, and the keys that did apply; the
+    event says unsuccessful; the metric reads 0). Before, it was logged as
+    `config.reloaded` at info, listing `metrics.listen` among the changed keys."""
+    daemon, events = _daemon(config_path, notify_socket)
+    async with running(daemon):
+        notify_socket.wait_for("READY")
+        serving = daemon.exporter.address
+        with socket.socket() as taken:
+            taken.bind(("127.0.0.1", 0))
+            taken.listen()
+            listen = f"127.0.0.1:{taken.getsockname()[1]}"
+            new = _settings(tmp_path, metrics={"listen": listen})
+            new["log.cleaner.backoff.ms"] = 999
+            _write(config_path, new)
+            with structlog.testing.capture_logs() as logs:
+                errors = await daemon.reload()
+        assert errors == [f"metrics.listen {listen}: cannot bind: Address already in use"]
+        assert daemon.config.log_cleaner_backoff_ms == 999
+        assert daemon.exporter.address == serving
+        assert not [e for e in logs if e["event"] == "config.reloaded"]
+        (failed,) = [e for e in logs if e["event"] == "config.reload_failed"]
+        assert failed["log_level"] == "error"
+        assert failed["errors"] == errors
+        assert failed["changed"] == ["log.cleaner.backoff.ms"]
+        assert serving is not None
+        assert failed["metrics"] == f"{serving[0]}:{serving[1]}"
+        (event,) = events.of("config.reloaded")
+        assert event.data["successful"] is False
+        assert event.data["changed"] == ["log.cleaner.backoff.ms"]
         assert "cleanerd_config_last_reload_successful 0.0" in _scrape(daemon)
 
 

@@ -578,14 +578,17 @@ class MetricsExporter:
 
     def configure(self, settings: MetricsConfig) -> None:
         """Apply reloaded settings. The opt-ins apply at the next scrape; a new listen
-        address is bound before the old one is released (or, when they conflict, right
-        after it); if the new one cannot be bound the old endpoint stays and OSError is
-        raised with the settings unchanged."""
+        address is bound before the old one is released (or, when they share a port and
+        so may conflict, right after it); if the new one cannot be bound the old endpoint
+        stays (at its address, bound again when it was released for the attempt) and
+        OSError is raised with the settings unchanged."""
         if self._server is not None and settings.listen != self.settings.listen:
             old = self._server
             try:
                 self._server = self._bind(settings)
             except OSError:
+                if settings.port != int(old[0].server_address[1]):
+                    raise  # not the old endpoint in the way: it stays, where it is
                 _shutdown(old)
                 try:
                     self._server = self._bind(settings)

@@ -536,9 +536,11 @@ def test_a_taken_port_names_the_key_and_the_address() -> None:
 
 def test_reload_to_an_address_in_use_keeps_the_old_endpoint() -> None:
     """If the new address cannot be bound, OSError is raised and the endpoint keeps
-    serving under the old settings."""
+    serving under the old settings, at its old address: an ephemeral one (port 0) was
+    released and bound again, to another port, before."""
     ex = _exporter(None)
     ex.start()
+    before = ex.address
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
         busy.listen()
@@ -547,9 +549,9 @@ def test_reload_to_an_address_in_use_keeps_the_old_endpoint() -> None:
             with pytest.raises(OSError):
                 ex.configure(MetricsConfig(listen=f"127.0.0.1:{port}"))
             assert ex.settings.listen == LOCAL
-            address = ex.address
-            assert address is not None
-            assert b"cleanerd_build_info" in _get(address)
+            assert ex.address == before
+            assert before is not None
+            assert b"cleanerd_build_info" in _get(before)
         finally:
             ex.stop()
 
