@@ -195,20 +195,9 @@ def remove_stale_cleaned(dir_path: Path, ops: FileOps) -> list[Path]:
     return stale
 
 
-def _existing_files(
-    dir_path: Path, present: set[str], base_offset: int, *, with_snapshot: bool
-) -> list[Path]:
+def _existing_files(dir_path: Path, base_offset: int, *, with_snapshot: bool) -> list[Path]:
     kinds = SEGMENT_KINDS + ((PRODUCER_SNAPSHOT_FILE_SUFFIX,) if with_snapshot else ())
-    return [p for k in kinds if (p := segment_file(dir_path, base_offset, k)).name in present]
-
-
-def _listing(dir_path: Path) -> set[str]:
-    """The names in `dir_path`: one listing in place of a stat per name a step may
-    rename (a swap of 12 small segments stat-ed 70 names). Nothing else changes the
-    dir during a swap, which holds the partition lock, and a step renames only names it
-    found, so a listing at its start tells what those stats told."""
-    with file_step("listing the partition dir", dir_path):
-        return set(os.listdir(dir_path))  # noqa: PTH208 - names, not Paths
+    return [p for k in kinds if (p := segment_file(dir_path, base_offset, k)).exists()]
 
 
 def _add_suffix(path: Path, suffix: str) -> Path:
@@ -236,10 +225,9 @@ def replace_segments(
         with file_step(step, dir_path):
             ops.fsync_dir(dir_path)
 
-    present = _listing(dir_path)
     for base in sorted(new_bases, reverse=True):
         for path in cleaned_files(dir_path, base):
-            if path.name in present:
+            if path.exists():
                 swap = _add_suffix(path.with_suffix(""), SWAP_FILE_SUFFIX)
                 rename(path, swap, "renaming cleaned output to .swap")
     sync("syncing the .swap renames")
@@ -247,19 +235,17 @@ def replace_segments(
     uncovered = [b for b in old_bases if b >= new_next_offset and b not in new_bases]
     covered = [b for b in old_bases if b not in uncovered]
     deleted: list[Path] = []
-    present = _listing(dir_path)
     for base in [*reversed(uncovered), *covered]:
-        for path in _existing_files(dir_path, present, base, with_snapshot=base not in new_bases):
+        for path in _existing_files(dir_path, base, with_snapshot=base not in new_bases):
             target = _add_suffix(path, DELETED_FILE_SUFFIX)
             rename(path, target, "renaming a replaced segment to .deleted")
             deleted.append(target)
     sync("syncing the .deleted renames")
 
-    present = _listing(dir_path)
     for base in new_bases:
         for kind in SEGMENT_KINDS:
             swap = segment_file(dir_path, base, kind, SWAP_FILE_SUFFIX)
-            if swap.name in present:
+            if swap.exists():
                 rename(swap, segment_file(dir_path, base, kind), "renaming .swap into place")
     sync("syncing the swapped-in segments")
     return deleted

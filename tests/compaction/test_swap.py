@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
+
+import pytest
 
 from cleanerd.compaction.swap import (
     FileOps,
@@ -39,6 +42,28 @@ def test_replace_order_and_result(tmp_path: Path) -> None:
         f"{b:020d}{k}.deleted" for b in (0, 10, 20) for k in (".log", ".index", ".timeindex")
     )
     assert not any(p.exists() for p in cleaned_files(tmp_path, 0))
+
+
+def test_a_swap_looks_only_at_its_group(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A swap holds the partition's lock: it asks about the names of its own group, never
+    reads the whole dir, whose thousands of segments (tens of ms per listing) would
+    otherwise be paid at every group of a pass."""
+    for base in range(0, 20_000, 10):
+        seg(tmp_path, base, content=b"old")
+    seg(tmp_path, 0, suffix=".cleaned", content=b"new")
+
+    def refused(*_: object) -> None:
+        raise AssertionError("the swap listed the partition dir")
+
+    monkeypatch.setattr(os, "listdir", refused)
+    monkeypatch.setattr(os, "scandir", refused)
+    replace_segments(
+        tmp_path, new_bases=[0], new_next_offset=15, old_bases=[0, 10], ops=CrashingOps()
+    )
+    monkeypatch.undo()
+    assert log_file(tmp_path, 0).read_bytes() == b"new"
+    assert not log_file(tmp_path, 10).exists()
+    assert log_file(tmp_path, 20).read_bytes() == b"old"
 
 
 def test_replace_with_several_new_segments(tmp_path: Path) -> None:
