@@ -561,12 +561,17 @@ def remove_leftovers(root: Path) -> list[Path]:
         except OSError:
             continue
         for path in entries:
-            if _left_over(path, in_root=where == root, now=now):
+            # Scratch is never a link: one named like it is not ours to follow.
+            if path.is_symlink() or not _left_over(path, in_root=where == root, now=now):
+                continue
+            try:
                 if path.is_dir():
-                    shutil.rmtree(path, ignore_errors=True)
+                    shutil.rmtree(path)
                 else:
-                    path.unlink(missing_ok=True)
-                removed.append(path)
+                    path.unlink()
+            except OSError:  # gone meanwhile, or not ours to remove: not said as removed
+                continue
+            removed.append(path)
     return removed
 
 
@@ -582,15 +587,22 @@ def _left_over(path: Path, *, in_root: bool, now: float) -> bool:
 def _running(pid: int) -> bool:
     """Whether process `pid` runs. A zombie does not: a build killed with its warm-up
     leaves the warm-up a zombie until init reaps it, which can be after the next build
-    looked."""
+    looked. The signal check comes first: under `ProtectProc=invisible` (the systemd
+    unit) another user's process is missing from /proc, and psutil would call it gone."""
     import psutil
 
     try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's process
+    try:
         return bool(psutil.Process(pid).status() != psutil.STATUS_ZOMBIE)
     except psutil.NoSuchProcess:
-        return False
+        return False  # ended since
     except psutil.AccessDenied:
-        return True  # another user's process
+        return True
 
 
 def _age_s(path: Path, now: float) -> float:

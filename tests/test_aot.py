@@ -322,8 +322,8 @@ def test_a_build_removes_the_scratch_of_builds_that_were_killed(tmp_path: Path) 
     """Scratch named after a process that is gone or a zombie (a warm-up dir, a build
     dir, a staged manifest: a build killed mid-way) is removed by the next build, and
     said; that of a running process (a build beside it) stays, as does anything else in
-    the cache, and the scratch of an older build (no pid in its name) goes once an hour
-    old."""
+    the cache (a link named like scratch too), and the scratch of an older build (no pid
+    in its name) goes once an hour old."""
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
     zombie = subprocess.Popen([sys.executable, "-c", "pass"])  # ended, not reaped yet
@@ -355,6 +355,11 @@ def test_a_build_removes_the_scratch_of_builds_that_were_killed(tmp_path: Path) 
         else:
             path.mkdir()
             (path / "trampolines.c").write_text("")
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "kept").write_text("")
+    link = kernels / f"build-{dead.pid}-lnk"  # named like scratch, but a link: not ours
+    link.symlink_to(outside)
     hour_ago = time.time() - _aot.LEGACY_SCRATCH_AGE_S - 60
     for old in (root / "warm-up-old", kernels / "tmpold", kernels / f"{_aot.MANIFEST}.old.tmp"):
         os.utime(old, (hour_ago, hour_ago))
@@ -365,7 +370,26 @@ def test_a_build_removes_the_scratch_of_builds_that_were_killed(tmp_path: Path) 
         assert not path.exists()
         assert f"removed {path}, left by a build that was killed" in proc.stdout
     assert all(path.exists() for path in kept)
+    assert link.is_symlink()
+    assert (outside / "kept").exists()
+    assert str(link) not in proc.stdout
     assert _aot.remove_leftovers(root) == []
+
+
+def test_another_users_build_hidden_from_proc_still_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under the unit's `ProtectProc=invisible` another user's process is missing from
+    /proc (psutil: no such process) while a signal to it is refused: it runs, and its
+    scratch stays."""
+
+    def refused(pid: int, sig: int) -> None:
+        raise PermissionError(1, "Operation not permitted")
+
+    def hidden(pid: int) -> psutil.Process:
+        raise psutil.NoSuchProcess(pid)
+
+    monkeypatch.setattr(os, "kill", refused)
+    monkeypatch.setattr(psutil, "Process", hidden)
+    assert _aot._running(4242)
 
 
 def test_a_failed_warm_up_is_said_and_fails_the_build(
