@@ -301,7 +301,9 @@ def foretold_keys(keys: int, records: int, round_records: int) -> float:
     million keys: a map of 134 MB in place of 24, whose page faults and cache misses
     made that clean 12% slower.)"""
     if records <= 0 or keys >= records:
-        return float(round_records)
+        return float(max(keys, round_records))
+    if keys <= 0:  # records with no key yet: none foretold
+        return 0.0
     ratio = keys / records  # = (1 - exp(-x)) / x for x = records / K, falling in x
     low, high = 0.0, 1.0 / ratio + 1.0  # (1 - exp(-x)) / x < 1 / x <= ratio at `high`
     for _ in range(64):

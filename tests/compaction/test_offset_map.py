@@ -524,10 +524,12 @@ def test_foretold_keys_of_uniform_draws(universe: int) -> None:
 
 def test_foretold_keys_at_the_edges() -> None:
     """Distinct keys so far foretell as many keys as records; nothing seen foretells
-    the bound; one key over many records foretells that key; more records to come
-    never foretell fewer keys."""
+    the bound; one key over many records foretells that key, records without keys none;
+    more records to come never foretell fewer keys, nor a round fewer than were seen."""
     assert foretold_keys(500, 500, 10_000) == 10_000
     assert foretold_keys(0, 0, 10_000) == 10_000
     assert foretold_keys(8, 2_000, 5_000) == pytest.approx(8, abs=1e-6)
     assert foretold_keys(1, 1_000_000, 10**9) == 1
     assert foretold_keys(100, 150, 1_000) < foretold_keys(100, 150, 10_000)
+    assert foretold_keys(600, 600, 100) == 600  # never fewer than were seen
+    assert foretold_keys(0, 5, 100) == 0
