@@ -82,6 +82,21 @@ class TestCheckConfig:
         (tmp_path / "data").mkdir()
         assert run(capsys, "check-config", str(path)) == (0, f"{path}: OK\n", "")
 
+    def test_the_file_as_c_too(self, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+        """`-c FILE`, as every other command takes its config, works too; none, or two
+        different files, is a usage error that says how to give it."""
+        path = write_config(tmp_path)
+        (tmp_path / "data").mkdir()
+        assert run(capsys, "check-config", "-c", str(path)) == (0, f"{path}: OK\n", "")
+        assert run(capsys, "check-config", str(path), "-c", str(path))[0] == 0
+        usage = "cleanerd check-config: give the config file once: FILE or -c FILE\n"
+        assert run(capsys, "check-config") == (2, "", usage)
+        assert run(capsys, "check-config", str(path), "-c", str(tmp_path / "x.yaml")) == (
+            2,
+            "",
+            usage,
+        )
+
     def test_unusable_dirs_are_reported_by_key(
         self, capsys: pytest.CaptureFixture[str], tmp_path: Path
     ) -> None:

@@ -1,5 +1,5 @@
-"""`cleanerd check-config FILE`: validate a config file, then the dirs and files it
-names.
+"""`cleanerd check-config FILE` (or `-c FILE`, as the other commands take it): validate a
+config file, then the dirs and files it names.
 
 The file first (every error at once, each naming the key, the value and the rule); its
 dirs (`config.path_problems`) and the files the daemon reads at its start (the MQTT
@@ -10,6 +10,7 @@ named by its keys. Prints `FILE: OK` and exits 0, or exits 1 with the errors.
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 from typing import Final
 
@@ -19,15 +20,21 @@ from cleanerd.daemon import credentials
 from cleanerd.errors import ConfigError
 
 ARGS: Final[tuple[Arg, ...]] = (
-    (("file",), {"type": Path, "metavar": "FILE", "help": "the YAML config file"}),
+    (("file",), {"type": Path, "metavar": "FILE", "nargs": "?", "help": "the YAML config file"}),
+    (("-c", "--config"), {"type": Path, "metavar": "FILE", "help": "the same, given as -c"}),
 )
 
 
 def run(args: argparse.Namespace) -> int:
     """The `check-config` command."""
-    cfg = load_config(args.file)
+    given = {f for f in (args.file, args.config) if f is not None}
+    if len(given) != 1:
+        print("cleanerd check-config: give the config file once: FILE or -c FILE", file=sys.stderr)
+        return 2
+    (file,) = given
+    cfg = load_config(file)
     found = path_problems(cfg) + credentials.problems(cfg.mqtt)
     if found:
-        raise ConfigError(found, path=args.file)
-    print(f"{args.file}: OK")
+        raise ConfigError(found, path=file)
+    print(f"{file}: OK")
     return 0
