@@ -41,6 +41,7 @@ from cleanerd.engine.first_reads import ReaderPool
 from cleanerd.logger import get_logger, log_to_stderr
 from cleanerd.maintenance.cycle import Maintenance, wall_clock_ms
 from cleanerd.maintenance.report import CycleReport
+from cleanerd.retention.disk_usage import device_name
 from cleanerd.wording import count
 
 log = get_logger(__name__)
@@ -105,12 +106,13 @@ def render_text(report: CycleReport) -> list[str]:
         verb = "would delete" if disk.dry_run else "deleted"
         lines += [
             f"{dd.topic_partition}: {verb} segment {dd.base_offset} "
-            f"({dd.freed_bytes} bytes, {dd.reason.value}, device {dd.device})"
+            f"({dd.freed_bytes} bytes, {dd.reason.value}, device {device_name(dd.device)})"
             for dd in disk.deletions
         ]
         for before, after in zip(disk.before, disk.after, strict=True):
             lines.append(
-                f"device {before.device}: {_percent(before.used_bytes, before.total_bytes)} "
+                f"device {device_name(before.device)}: "
+                f"{_percent(before.used_bytes, before.total_bytes)} "
                 f"-> {_percent(after.used_bytes, after.total_bytes)} used "
                 f"(threshold {before.threshold_percent:g}%)"
             )

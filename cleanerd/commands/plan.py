@@ -28,6 +28,7 @@ from cleanerd.maintenance.plan import (
 )
 from cleanerd.maintenance.report import Unreadable
 from cleanerd.maintenance.steps import RollPlan
+from cleanerd.retention.disk_usage import device_name
 from cleanerd.retention.policy import Deletion
 
 ARGS: Final[tuple[Arg, ...]] = (
@@ -153,7 +154,8 @@ def render_text(
     for u in plan.devices:
         pct = 100 * u.used_bytes / u.total_bytes if u.total_bytes else 0.0
         line = (
-            f"device {u.device}: {pct:.1f}% used ({u.used_bytes} of {u.total_bytes} bytes), "
+            f"device {device_name(u.device)}: {pct:.1f}% used "
+            f"({u.used_bytes} of {u.total_bytes} bytes), "
             f"threshold {u.threshold_percent:g}%"
         )
         o = outcomes.get(u.device)

@@ -34,12 +34,19 @@ wants headroom sets `hysteresis_percent`: once triggered, deletion continues dow
 from __future__ import annotations
 
 import heapq
+import os
 from collections.abc import Iterable, Set
 from dataclasses import dataclass
 
 from cleanerd.log.files import TopicPartition
 from cleanerd.log.meta import PartitionMeta, SegmentMeta
 from cleanerd.retention.policy import DeletionReason
+
+
+def device_name(dev: int) -> str:
+    """`MAJOR:MINOR`, as /proc/self/mountinfo and lsblk show a device number (and the
+    metrics label it)."""
+    return f"{os.major(dev)}:{os.minor(dev)}"
 
 
 @dataclass(frozen=True, slots=True)

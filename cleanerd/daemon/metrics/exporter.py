@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import bisect
 import enum
-import os
 import platform
 import threading
 import time
@@ -57,6 +56,7 @@ from cleanerd.compaction.stats import CleanerStats
 from cleanerd.config import MetricsConfig
 from cleanerd.daemon.metrics.model import LogDirMetrics, MetricsSnapshot
 from cleanerd.log.roll import RollReason
+from cleanerd.retention.disk_usage import device_name
 from cleanerd.retention.policy import DeletionReason
 
 # Pass durations range from milliseconds (a small partition) to an hour (a large one
@@ -174,11 +174,6 @@ def _gauge(name: str, doc: str, value: float, labels: Mapping[str, str] | None =
     family = GaugeMetricFamily(name, doc, labels=list(labels or {}))
     family.add_metric(list((labels or {}).values()), value)
     return family
-
-
-def _device(dev: int) -> str:
-    """`MAJOR:MINOR`, as /proc/self/mountinfo and lsblk show a device number."""
-    return f"{os.major(dev)}:{os.minor(dev)}"
 
 
 def _by_reason(name: str, doc: str, counts: Mapping[str, int], reasons: Iterable[str]) -> Metric:
@@ -326,7 +321,7 @@ def _log_dir_families(snap: MetricsSnapshot) -> Iterator[Metric]:
     )
     for dev in snap.devices:
         for log_dir in dev.log_dirs:
-            info.add_metric([log_dir, _device(dev.device)], 1)
+            info.add_metric([log_dir, device_name(dev.device)], 1)
     yield info
 
 
@@ -342,8 +337,8 @@ def _device_families(snap: MetricsSnapshot) -> Iterator[Metric]:
         labels=["device"],
     )
     for dev in snap.devices:
-        usage.add_metric([_device(dev.device)], dev.usage_ratio)
-        threshold.add_metric([_device(dev.device)], dev.threshold_ratio)
+        usage.add_metric([device_name(dev.device)], dev.usage_ratio)
+        threshold.add_metric([device_name(dev.device)], dev.threshold_ratio)
     yield usage
     yield threshold
 
