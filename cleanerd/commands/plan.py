@@ -30,6 +30,7 @@ from cleanerd.maintenance.report import Unreadable
 from cleanerd.maintenance.steps import RollPlan
 from cleanerd.retention.disk_usage import device_name
 from cleanerd.retention.policy import Deletion
+from cleanerd.wording import count
 
 ARGS: Final[tuple[Arg, ...]] = (
     (("-c", "--config"), {"type": Path, "metavar": "FILE", "help": "the YAML config file"}),
@@ -76,7 +77,7 @@ def _retention_text(p: PartitionPlan) -> str:
         for d in r.deletions:
             by_reason.setdefault(d.reason.value, []).append(d)
         parts = ", ".join(
-            f"{reason}: {len(ds)} ({sum(d.size_bytes for d in ds)} bytes)"
+            f"{reason}: {count(len(ds), 'segment')} ({sum(d.size_bytes for d in ds)} bytes)"
             for reason, ds in by_reason.items()
         )
         first = "roll first, then " if p.rolled_for_retention else ""
@@ -147,7 +148,12 @@ def render_text(
             lines.append(f"{head}: the KRaft metadata log, never modified")
             continue
         lines.append(f"{head} ({','.join(p.policy)})")
-        lines.append(f"  {_roll_text(p.roll, plan.now_ms)}")
+        rule = p.rolled_for_retention
+        if rule is not None and p.roll.decision is None:
+            # Said here too: the roll line would otherwise say "not yet" above it.
+            lines.append(f"  roll: due now ({rule.value}: retention takes every segment)")
+        else:
+            lines.append(f"  {_roll_text(p.roll, plan.now_ms)}")
         lines.append(f"  {_retention_text(p)}")
         lines.append(f"  {_compaction_text(p)}")
     outcomes = {o.device: o for o in plan.disk_outcomes}

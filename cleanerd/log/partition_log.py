@@ -891,8 +891,9 @@ class PartitionLog:
             topic=self.topic_partition.topic,
             partition=self.topic_partition.partition,
             log_dir=str(self.log_dir),
-            base_offset=base_offset,
-            previous_size_bytes=old.size,
+            base_offset=old.base_offset,  # the segment rolled, as the event and reports say
+            next_offset=base_offset,  # the new active segment's base
+            size_bytes=old.size,
             reason=reason,
             now_ms=now_ms,
         )

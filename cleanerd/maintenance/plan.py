@@ -80,7 +80,7 @@ from cleanerd.retention.disk_usage import (
     freed_bytes,
     plan_disk_usage_deletions,
 )
-from cleanerd.retention.policy import RetentionPlan
+from cleanerd.retention.policy import DeletionReason, RetentionPlan
 
 # ---------------------------------------------------------------------------------------
 # The pure planning core
@@ -113,8 +113,9 @@ class PartitionPlan:
     roll: RollPlan | None
     """None for `__cluster_metadata` (never rolled)."""
     retention: RetentionPlan
-    rolled_for_retention: bool
-    """Retention would take every segment: the executor rolls first."""
+    rolled_for_retention: DeletionReason | None
+    """The rule that would take every segment, for which the executor rolls first;
+    None when it does not."""
     compaction: CompactionPlan | None
     """None for topics without `compact`."""
     order: int | None = None
@@ -154,12 +155,12 @@ def plan_partition(
     meta, topic = inp.meta, inp.topic
     if meta.never_touched:
         nothing = RetentionPlan((), meta.log_start_offset, None, None)
-        return _partition_plan(inp, None, nothing, rolled=False, compaction=None), meta
+        return _partition_plan(inp, None, nothing, rolled=None, compaction=None), meta
     if meta.damage is not None:
         # A cycle's roll and clean steps fail on it; retention stops before the damage.
         retention, _rolled, current, skipped = _retention(inp, meta, now_ms, cleaner_enabled)
         planned = _partition_plan(
-            inp, None, retention, rolled=False, compaction=None, retention_skipped=skipped
+            inp, None, retention, rolled=None, compaction=None, retention_skipped=skipped
         )
         return planned, current
     roll = roll_plan(
@@ -190,16 +191,16 @@ def plan_partition(
 
 def _retention(
     inp: PlanInput, current: PartitionMeta, now_ms: int, cleaner_enabled: bool
-) -> tuple[RetentionPlan, bool, PartitionMeta, str | None]:
-    """The retention step over `current`: the plan, whether it rolls first, the snapshot
+) -> tuple[RetentionPlan, DeletionReason | None, PartitionMeta, str | None]:
+    """The retention step over `current`: the plan, the rule it rolls first for, the snapshot
     after it, and why the step passes the partition by (None when it does not). A
     compacted partition the cycle holds uncleanable (found corrupt, or a damaged
     segment: the cycle marks it before this step) is passed by."""
     nothing = RetentionPlan((), current.log_start_offset, None, None)
     if not retention_applies(inp.topic, cleaner_enabled=cleaner_enabled):
-        return nothing, False, current, None
+        return nothing, None, current, None
     if inp.topic.compact and (inp.uncleanable is not None or current.damage is not None):
-        return nothing, False, current, HELD_UNCLEANABLE
+        return nothing, None, current, HELD_UNCLEANABLE
     retention, rolled, current = retention_step(current, inp.topic, now_ms=now_ms)
     return retention, rolled, current, None
 
@@ -209,7 +210,7 @@ def _partition_plan(
     roll: RollPlan | None,
     retention: RetentionPlan,
     *,
-    rolled: bool,
+    rolled: DeletionReason | None,
     compaction: CompactionPlan | None,
     retention_skipped: str | None = None,
 ) -> PartitionPlan:
@@ -429,9 +430,10 @@ def _rolled(partitions: Sequence[PartitionPlan]) -> list[dict[str, Any]]:
             tp = p.topic_partition
             out.append(rolled_json(p.log_dir, tp, d.base_offset, d.reason.value, d.waited_ms))
     for p in partitions:
-        if p.rolled_for_retention and p.retention.deletions:
+        rule = p.rolled_for_retention
+        if rule is not None and p.retention.deletions:
             old_active = max(x.base_offset for x in p.retention.deletions)
-            out.append(rolled_json(p.log_dir, p.topic_partition, old_active, "retention", None))
+            out.append(rolled_json(p.log_dir, p.topic_partition, old_active, rule.value, None))
     return out
 
 
@@ -446,7 +448,7 @@ def partition_json(p: PartitionPlan) -> dict[str, Any]:
         "retention": {
             "deletions": _deletions_json(p.retention),
             "log_start_offset": p.retention.log_start_offset,
-            "roll_first": p.rolled_for_retention,
+            "roll_first": p.rolled_for_retention is not None,
             "future_timestamp_base": p.retention.future_timestamp_base,
             "damaged_base": p.retention.damaged_base,
             "skipped": p.retention_skipped,

@@ -188,7 +188,7 @@ class CycleReport:
         disk_deleted = self.disk_usage is not None and bool(self.disk_usage.deletions)
         return not (
             self.rolled
-            or any(o.deletions or o.rolled for o in self.retention)
+            or any(o.deletions or o.rolled_for is not None for o in self.retention)
             or disk_deleted
             or self.cleaned
             or self.failed
@@ -299,7 +299,11 @@ class MaintenanceCounters:
 
     def count_roll(self, decision: RollDecision) -> None:
         """One segment rolled, for the decision's reason."""
-        reason = decision.reason.value
+        self.count_rolled(decision.reason.value)
+
+    def count_rolled(self, reason: str) -> None:
+        """One segment rolled for `reason`: a roll rule, or the retention rule that took
+        every segment (the active one rolled first)."""
         self._rolled[reason] = self._rolled.get(reason, 0) + 1
 
     def count_deletion(self, reason: str, size_bytes: int) -> None:

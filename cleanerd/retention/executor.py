@@ -45,7 +45,7 @@ from cleanerd.log.log_dir import LogDir
 from cleanerd.log.meta import PartitionMeta
 from cleanerd.log.partition_log import PartitionLog
 from cleanerd.log.topic_config import TopicConfig
-from cleanerd.retention.policy import Deletion, RetentionPlan, deletable_segments
+from cleanerd.retention.policy import Deletion, DeletionReason, RetentionPlan, deletable_segments
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,8 +57,9 @@ class RetentionOutcome:
     partition: int
     deletions: tuple[Deletion, ...]
     """Oldest first, each with its reason."""
-    rolled: bool
-    """The active segment was rolled first, because every segment was due."""
+    rolled_for: DeletionReason | None
+    """The rule that took every segment, for which the active segment was rolled
+    first; None when it was not."""
     log_start_offset: int
     future_timestamp_base: int | None
     """Base of a segment whose future largest timestamp stopped time retention."""
@@ -96,16 +97,16 @@ def apply_retention(
     tp = plog.topic_partition
     if plog.is_metadata:
         return RetentionOutcome(
-            str(plog.log_dir), tp.topic, tp.partition, (), False, plog.log_start_offset, None, ()
+            str(plog.log_dir), tp.topic, tp.partition, (), None, plog.log_start_offset, None, ()
         )
-    rolled = False
+    rolled_for: DeletionReason | None = None
     # Decided first on the current metadata without the lock (`PartitionLog.meta`), as
     # nearly every partition of a cycle has nothing to delete; then again under it.
     plan = retention_plan(plog.readable_meta(), topic, now_ms=now_ms)
     quiet = plan.future_timestamp_base is None and plan.damaged_base is None
     if not plan.deletions and plan.roll_for is None and quiet:
         return RetentionOutcome(
-            str(plog.log_dir), tp.topic, tp.partition, (), False, plog.log_start_offset, None, ()
+            str(plog.log_dir), tp.topic, tp.partition, (), None, plog.log_start_offset, None, ()
         )
     deleted: list[Deletion] = []
     files: list[Path] = []
@@ -119,7 +120,8 @@ def apply_retention(
             if plan.roll_for is not None:
                 # Kafka rolls so that retention can take the whole log; the line names
                 # the rule.
-                rolled = plog.roll(now_ms, reason=plan.roll_for.value) is not None
+                if plog.roll(now_ms, reason=plan.roll_for.value) is not None:
+                    rolled_for = plan.roll_for
                 plan = retention_plan(plog.readable_meta(), topic, now_ms=now_ms)
                 _delete(plog, log_dir, plan.deletions, deleted, files)
         except (CleanerdError, OSError) as exc:
@@ -135,7 +137,7 @@ def apply_retention(
         topic=tp.topic,
         partition=tp.partition,
         deletions=tuple(deleted),
-        rolled=rolled,
+        rolled_for=rolled_for,
         log_start_offset=plog.log_start_offset,
         future_timestamp_base=plan.future_timestamp_base,
         deleted_files=tuple(files),

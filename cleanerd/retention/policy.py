@@ -35,6 +35,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Final
 
 from cleanerd.log.meta import PartitionMeta, SegmentMeta
 
@@ -46,6 +47,15 @@ class DeletionReason(enum.StrEnum):
     RETENTION_BYTES = "retention.bytes"
     RETENTION_MS = "retention.ms"
     DISK_USAGE = "disk.usage"
+
+
+ROLLING_REASONS: Final = (
+    DeletionReason.LOG_START_OFFSET,
+    DeletionReason.RETENTION_BYTES,
+    DeletionReason.RETENTION_MS,
+)
+"""The rules that can take every segment of a partition, the active one rolled first
+(disk usage never takes an active segment)."""
 
 
 @dataclass(frozen=True, slots=True)

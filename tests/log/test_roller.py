@@ -67,6 +67,8 @@ def test_idle_partition_rolls_by_clock(tmp_path: Path) -> None:
     assert decision.reason is RollReason.MAX_COMPACTION_LAG_MS
     rolled = [e for e in logs if e["event"] == "segment.rolled"]
     assert [e["reason"] for e in rolled] == ["max.compaction.lag.ms"]
+    # The segment rolled, as the event and the reports name it, then the new one's base.
+    assert [(e["base_offset"], e["next_offset"]) for e in rolled] == [(0, 1)]
     assert decision.waited_ms == HOUR
     assert [s.base_offset for s in plog.segments] == [0, 1]
     assert plog.segments[-1].size == 0

@@ -212,6 +212,28 @@ def test_one_cycle_rolls_deletes_and_cleans(tmp_path: Path, engine: LocalEngine)
     assert doc["deleted"][0]["reason"] == "retention.ms"
 
 
+def test_a_roll_for_retention_is_counted_and_named_by_its_rule(
+    tmp_path: Path, engine: LocalEngine
+) -> None:
+    """Retention that takes every segment rolls the active one first: that roll is
+    reported and counted (`cleanerd_segments_rolled_total`) under the rule that forced
+    it, `retention.ms`, as the `segment.rolled` line names it. It was reported as
+    "retention" and not counted."""
+    d = TopicPartition("d", 0)
+    build(tmp_path, d, [records(range(3), T0 - 3 * HOUR), records(range(3), T0 - 2 * HOUR)])
+    cfg = write_config(
+        tmp_path,
+        {"d": {"cleanup.policy": "delete", "retention.ms": HOUR, "segment.ms": 100 * HOUR}},
+    )
+    with Maintenance(cfg, engine, clock=lambda: T0) as m:
+        report = m.run_once()
+        counted = m.counters.snapshot()
+    assert [(r.tp, r.base_offset, r.reason) for r in report.rolled] == [(d, 3, "retention.ms")]
+    assert dict(counted.segments_rolled) == {"retention.ms": 1}
+    assert dict(counted.segments_deleted) == {"retention.ms": 2}
+    assert report.to_json()["rolled"][0]["reason"] == "retention.ms"
+
+
 def test_a_dir_held_at_start_is_observed_then_owned_once_let_go(
     tmp_path: Path, engine: LocalEngine
 ) -> None:

@@ -22,6 +22,7 @@ from cleanerd.log.segment import LogSegment
 from cleanerd.log.topic_config import TopicConfig
 from cleanerd.maintenance.plan import PlanInput, gather, plan_cycle, plan_partition
 from cleanerd.retention.disk_usage import DeviceUsage
+from cleanerd.retention.policy import DeletionReason
 from tests.builders import build_log, kv
 
 MIN = 60_000
@@ -92,7 +93,7 @@ def test_retention_plan_rolls_first_and_moves_the_start() -> None:
     plan, after = plan_partition(PlanInput(m, cfg, None, SegmentAge(T0, T0)), now_ms=T0)
     assert plan.roll is not None
     assert plan.roll.decision is None
-    assert plan.rolled_for_retention
+    assert plan.rolled_for_retention is DeletionReason.RETENTION_MS
     assert [d.base_offset for d in plan.retention.deletions] == [0, 10]
     assert plan.retention.log_start_offset == 20
     assert [s.base_offset for s in after.segments] == [20]
@@ -334,3 +335,29 @@ def test_a_root_file_that_cannot_be_read_is_named(tmp_path: Path) -> None:
     assert error == (
         f"{logs}: offline, not read: {logs / 'recovery-point-offset-checkpoint'}: Is a directory"
     )
+
+
+def test_a_roll_for_retention_is_said_on_the_roll_line_by_its_rule(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """When retention takes every segment, the roll line says the active segment rolls
+    now, for that rule (it said "not yet; segment.ms rolls it at ..." right above
+    "retention: roll first"), the JSON names the same rule as `clean` does, and the
+    deletions are counted in segments."""
+    now = time.time_ns() // 1_000_000
+    old = now - 3 * HOUR
+    logs = tmp_path / "logs"
+    build_log(
+        logs,
+        [[[kv(None, "e", timestamp=old)]], [[kv(None, "f", timestamp=old)]]],
+        state_dir=tmp_path / "state",
+        tp=TopicPartition("events", 0),
+    )
+    path = config_file(tmp_path, [logs])
+    assert main(["plan", "-c", str(path), "--now-ms", str(now)]) == 0
+    text = capsys.readouterr().out
+    assert main(["plan", "-c", str(path), "--now-ms", str(now), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert "roll: due now (retention.ms: retention takes every segment)" in text
+    assert "retention: roll first, then delete retention.ms: 2 segments (" in text
+    assert [(r["base_offset"], r["reason"]) for r in doc["rolled"]] == [(1, "retention.ms")]

@@ -125,7 +125,7 @@ def test_a_roll_that_fails_on_a_full_disk_still_lets_the_due_segments_go(
         pending = PendingDeletions()
         out = apply_retention(plog, log_dir, topic(retention_ms=HOUR), now_ms=T0, pending=pending)
         assert [d.base_offset for d in out.deletions] == [0, 10]
-        assert not out.rolled
+        assert out.rolled_for is None
         assert isinstance(out.failure, FileStepError)
         assert out.failure.no_space
         assert str(out.failure).endswith(str(plog.dir / "00000000000000000020.timeindex"))
@@ -138,7 +138,7 @@ def test_a_roll_that_fails_on_a_full_disk_still_lets_the_due_segments_go(
         monkeypatch.setattr(TimeIndex, "flush_entries", real)
         out = apply_retention(plog, log_dir, topic(retention_ms=HOUR), now_ms=T0, pending=pending)
         assert out.failure is None
-        assert out.rolled
+        assert out.rolled_for is DeletionReason.RETENTION_MS
         assert [d.base_offset for d in out.deletions] == [20]
         assert [(s.base_offset, s.size) for s in plog.segments] == [(30, 0)]
         assert checkpoint.read() == {}
@@ -208,7 +208,7 @@ def test_rolls_first_when_every_segment_expired(tmp_path: Path) -> None:
         out = apply_retention(
             plog, log_dir, topic(retention_ms=HOUR), now_ms=T0, pending=PendingDeletions()
         )
-        assert out.rolled
+        assert out.rolled_for is DeletionReason.RETENTION_MS
         rolled = [e for e in logs if e["event"] == "segment.rolled"]
         assert [e["reason"] for e in rolled] == ["retention.ms"]
         assert [d.base_offset for d in out.deletions] == [0, 10]

@@ -57,7 +57,7 @@ from cleanerd.config import MetricsConfig
 from cleanerd.daemon.metrics.model import LogDirMetrics, MetricsSnapshot
 from cleanerd.log.roll import RollReason
 from cleanerd.retention.disk_usage import device_name
-from cleanerd.retention.policy import DeletionReason
+from cleanerd.retention.policy import ROLLING_REASONS, DeletionReason
 
 # Pass durations range from milliseconds (a small partition) to an hour (a large one
 # under an I/O throttle).
@@ -365,9 +365,10 @@ def model_families(snap: MetricsSnapshot) -> Iterator[Metric]:
     counters = snap.counters
     yield _by_reason(
         "cleanerd_segments_rolled",
-        "Active segments rolled, by the setting that forced the roll.",
+        "Active segments rolled, by the setting that forced the roll (a retention rule "
+        "that took every segment rolls the active one first).",
         counters.segments_rolled,
-        RollReason,
+        [*RollReason, *ROLLING_REASONS],
     )
     yield _by_reason(
         "cleanerd_segments_deleted",

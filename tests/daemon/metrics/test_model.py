@@ -153,7 +153,7 @@ def test_counters_and_devices() -> None:
     counters.count_roll(RollDecision(0, RollReason.MAX_COMPACTION_LAG_MS, 5))
     counters.count_retention(
         RetentionOutcome(
-            "/a", "t", 0, (Deletion(0, 100, DeletionReason.RETENTION_MS),), False, 10, None, ()
+            "/a", "t", 0, (Deletion(0, 100, DeletionReason.RETENTION_MS),), None, 10, None, ()
         )
     )
     tp = TopicPartition("t", 0)
