@@ -371,21 +371,24 @@ def run(args: argparse.Namespace) -> int:
                 memory_bytes=AUDIT_MEMORY_BYTES if args.memory_mb is None else args.memory_mb << 20,
                 progress=progress,
             )
+    not_audited = [a for a in result.audits if a.result is None]
     if args.json:
         doc = {
             "now_ms": now_ms,
             "slack_ms": slack_ms,
             "violations": result.violations,
             "partitions": [a.to_json() for a in result.audits],
-            "errors": result.errors,
+            # Everything not audited, as `plan --json` lists what it could not read.
+            "errors": result.errors + [f"{a.name}: not audited: {a.error}" for a in not_audited],
         }
         print(json.dumps(doc, indent=2))
     else:
         for a in result.audits:
             for line in render_text(a):
                 print(line)
+        unread = f", {len(not_audited)} not audited" if not_audited else ""
         print(
-            f"{count(len(result.audits), 'partition')} audited, "
+            f"{count(len(result.audits) - len(not_audited), 'partition')} audited{unread}, "
             f"{count(result.violations, 'deadline violation')}"
         )
         for error in result.errors:

@@ -61,8 +61,10 @@ class Snapshot:
     elapsed_s: float
 
 
-def render(s: Snapshot, *, bar: bool) -> str:
-    """One progress line: optional bar, counts, rate and ETA (`?` before any rate)."""
+def render(s: Snapshot, *, bar: bool, ended: str | None = None) -> str:
+    """One progress line: optional bar, counts, rate and ETA (`?` before any rate);
+    `ended` ("done", "stopped") for the final line of a run, which ends there whatever
+    its counts say (a torn tail's bytes are listed in the total, never read)."""
     share = s.bytes_done / s.bytes_total if s.bytes_total else 1.0
     share = min(max(share, 0.0), 1.0)
     parts = [s.label]
@@ -75,7 +77,9 @@ def render(s: Snapshot, *, bar: bool) -> str:
     parts.append(f"{human_bytes(s.bytes_done)}/{human_bytes(s.bytes_total)}")
     rate = s.bytes_done / s.elapsed_s if s.elapsed_s > 0 else 0.0
     parts.append(f"{human_bytes(rate)}/s")
-    if s.bytes_done >= s.bytes_total:
+    if ended == "stopped":
+        parts.append(f"stopped after {human_duration(s.elapsed_s)}")
+    elif ended == "done" or s.bytes_done >= s.bytes_total:
         parts.append(f"done in {human_duration(s.elapsed_s)}")
     elif rate > 0:
         parts.append(f"ETA {human_duration((s.bytes_total - s.bytes_done) / rate)}")
@@ -147,14 +151,14 @@ class Progress:
             self._last_draw = now
             self._draw(final=False)
 
-    def finish(self) -> None:
-        """Write the final line (once)."""
+    def finish(self, *, failed: bool = False) -> None:
+        """Write the final line (once): the run is done, or `failed` stopped it."""
         if not self._finished:
             self._finished = True
-            self._draw(final=True)
+            self._draw(final=True, ended="stopped" if failed else "done")
 
-    def _draw(self, *, final: bool) -> None:
-        line = render(self.snapshot(), bar=self.tty)
+    def _draw(self, *, final: bool, ended: str | None = None) -> None:
+        line = render(self.snapshot(), bar=self.tty, ended=ended)
         if self.tty:
             self.stream.write("\r\x1b[2K" + line + ("\n" if final else ""))
         else:
@@ -165,7 +169,7 @@ class Progress:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.finish()
+        self.finish(failed=exc[0] is not None)
 
 
 class TrackedEngine:

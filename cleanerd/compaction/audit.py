@@ -73,8 +73,9 @@ import dataclasses
 import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from functools import partial
+from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Final
 
@@ -658,6 +659,9 @@ def _read_runs(
     return AuditColumns.gather(parts)
 
 
+_RESULT_FIELDS: Final = tuple(f.name for f in fields(AuditResult))
+
+
 @dataclass(frozen=True, slots=True)
 class PartitionAudit:
     """The audit of one partition, with what it was measured against."""
@@ -691,9 +695,14 @@ class PartitionAudit:
             "slack_ms": self.slack_ms,
             "error": self.error,
         }
-        if self.result is not None:
-            out.update(asdict(self.result))
+        # A partition not audited has every figure, as null: one shape for a script.
+        out.update(dict.fromkeys(_RESULT_FIELDS) if self.result is None else asdict(self.result))
         return out
+
+    @property
+    def name(self) -> str:
+        """The partition's dir, as messages name it."""
+        return str(Path(self.log_dir) / f"{self.topic}-{self.partition}")
 
 
 @dataclass(frozen=True, slots=True)

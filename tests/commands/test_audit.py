@@ -257,6 +257,15 @@ def test_a_bad_batch_in_a_mapped_segment_is_reported_and_the_others_audited(
     out = capsys.readouterr().out
     assert f"not audited: corrupt record batch in {first} at position " in out
     assert "u-0 in " in out
+    # Counted apart from the partitions audited (it said "2 partitions audited").
+    assert "1 partition audited, 1 not audited, 0 deadline violations" in out
+    assert main(["audit", "-c", str(config), "--now-ms", str(NOW), "--json"]) == 1
+    doc = json.loads(capsys.readouterr().out)
+    (error,) = doc["errors"]  # as `plan --json` lists what it could not read
+    assert error.startswith(f"{d}: not audited: corrupt record batch in {first} at position ")
+    bad, ok = sorted(doc["partitions"], key=lambda a: a["topic"])
+    assert set(bad) == set(ok)  # one shape: the figures of the one not audited are null
+    assert (bad["records"], bad["violations"], ok["records"]) == (None, None, 1)
 
 
 def _audit(

@@ -6,6 +6,8 @@ import io
 from concurrent.futures import Future
 from pathlib import Path
 
+import pytest
+
 from cleanerd.commands.progress import (
     PLAIN_INTERVAL_S,
     Progress,
@@ -86,6 +88,29 @@ def test_terminal_output_redraws_in_place() -> None:
     assert text.count("\r") == 2
     assert text.endswith("done in 0:00:01\n")
     assert "[########################]" in text
+
+
+def test_the_final_line_says_the_run_ended_whatever_its_counts() -> None:
+    """A run ends where it ends: bytes listed in the total but never read (a torn tail
+    `audit` stops before) leave it short of 100%, and its last line still says done, not
+    an ETA of 0:00:00; a run that raised says it stopped."""
+    out, clock = io.StringIO(), Clock()
+    with Progress("audit", segments=2, total_bytes=1000, stream=out, tty=False, clock=clock) as p:
+        clock.t += 2
+        p.advance(segments=2, size=997)
+    assert out.getvalue().splitlines()[-1].endswith("done in 0:00:02")
+    out = io.StringIO()
+
+    def failing_run() -> None:
+        with Progress(
+            "clean", segments=2, total_bytes=200, stream=out, tty=False, clock=clock
+        ) as p:
+            p.advance(segments=1, size=100)
+            raise RuntimeError("the pass failed")
+
+    with pytest.raises(RuntimeError):
+        failing_run()
+    assert out.getvalue().splitlines()[-1].endswith("stopped after 0:00:00")
 
 
 class OneShotEngine:
