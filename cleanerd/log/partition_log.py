@@ -1140,7 +1140,14 @@ class PartitionLog:
                     )
             bases = {s.base_offset for s in segments}
             doomed = [s for s in self._segments if s.base_offset in bases]
+            snapshots: list[Path] = []
             for segment in doomed:
+                # Its producer snapshot (the state at its base) goes with it, as Kafka's
+                # deleteProducerSnapshots does; the segment's rename fsyncs the dir.
+                snapshot = snapshot_path(self.dir, segment.base_offset)
+                if snapshot.exists():
+                    snapshots.append(snapshot.with_name(snapshot.name + DELETED_FILE_SUFFIX))
+                    snapshot.replace(snapshots[-1])
                 segment.change_suffix(DELETED_FILE_SUFFIX)
                 log.info(
                     "segment.deleted",
@@ -1154,8 +1161,9 @@ class PartitionLog:
                 )
             self._segments = [s for s in self._segments if s.base_offset not in bases]
             self._inodes = self._scan_dir()
+            self._listed_snapshots = None
             self._log_start_offset = max(self._log_start_offset, self._segments[0].base_offset)
-        return [p for s in doomed for p in s.paths if p.exists()]
+        return [p for s in doomed for p in s.paths if p.exists()] + snapshots
 
 
 class _View(NamedTuple):

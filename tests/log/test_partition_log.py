@@ -423,18 +423,23 @@ def test_two_processes_append_concurrently(tmp_path: Path) -> None:
 
 
 def test_delete_segments_renames_and_moves_start(tmp_path: Path) -> None:
-    """Deleting the oldest segments renames their files to `.deleted`, returns them for
-    later unlinking, and moves the log start offset; the active segment is refused."""
+    """Deleting the oldest segments renames their files to `.deleted`, and the producer
+    snapshot at a deleted segment's base with them (as Kafka does: it stayed behind),
+    returns them for later unlinking, and moves the log start offset; the active segment
+    is refused."""
     plog = build_log(
         tmp_path / "logs",
         [[[kv("a", "1")]], [[kv("b", "2")]], [[kv("c", "3")]]],
         state_dir=tmp_path / "state",
     )
+    assert snapshot_offsets(plog.dir) == [1, 2]  # taken at each roll
     first, second, active = plog.segments
     deleted = plog.delete_segments([first, second], reason="retention.ms")
     assert sorted(p.name for p in deleted) == sorted(
-        f"{b:020d}{k}.deleted" for b in (0, 1) for k in (".log", ".index", ".timeindex")
+        [f"{b:020d}{k}.deleted" for b in (0, 1) for k in (".log", ".index", ".timeindex")]
+        + [f"{1:020d}.snapshot.deleted"]
     )
+    assert snapshot_offsets(plog.dir) == [2]
     assert all(p.exists() for p in deleted)
     assert plog.log_start_offset == 2
     assert [s.base_offset for s in plog.segments] == [2]
