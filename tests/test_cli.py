@@ -63,6 +63,25 @@ class TestHelp:
         assert code == 0
         assert text.startswith(f"usage: cleanerd {name}")
 
+    @pytest.mark.parametrize(
+        "argv",
+        [
+            ("plan", "--now-ms", "-5"),
+            ("clean", "--now-ms", "-5"),
+            ("audit", "--now-ms", "-5"),
+            ("audit", "--slack-ms", "-1"),
+            ("audit", "--max-listed", "-1"),
+        ],
+    )
+    def test_a_negative_instant_or_duration_is_a_usage_error(
+        self, capsys: pytest.CaptureFixture[str], argv: tuple[str, ...]
+    ) -> None:
+        """An instant before the epoch or a negative duration or count is refused,
+        naming the option (they were taken, and every age measured from them)."""
+        code, text = usage_exit(capsys, *argv)
+        assert code == 2
+        assert f"argument {argv[1]}: {argv[2]} is negative" in text
+
     def test_version(self, capsys: pytest.CaptureFixture[str]) -> None:
         """--version prints the package version."""
         assert usage_exit(capsys, "--version") == (0, f"cleanerd {__version__}\n")

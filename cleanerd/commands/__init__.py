@@ -103,3 +103,12 @@ def positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"{value} is not a positive integer")
     return value
+
+
+def non_negative_int(text: str) -> int:
+    """An argparse type: an integer of at least 0 (an instant in ms since the epoch, a
+    duration)."""
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value} is negative")
+    return value

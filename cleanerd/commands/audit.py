@@ -43,7 +43,7 @@ from functools import partial
 from pathlib import Path
 from typing import Final
 
-from cleanerd.commands import Arg, positive_int
+from cleanerd.commands import Arg, non_negative_int, positive_int
 from cleanerd.commands.progress import Progress
 from cleanerd.compaction.audit import (
     AUDIT_MEMORY_BYTES,
@@ -77,7 +77,7 @@ ARGS: Final[tuple[Arg, ...]] = (
     (
         ("--now-ms",),
         {
-            "type": int,
+            "type": non_negative_int,
             "metavar": "T",
             "help": "measure ages and deadlines at T (ms since the epoch; default now)",
         },
@@ -85,7 +85,7 @@ ARGS: Final[tuple[Arg, ...]] = (
     (
         ("--slack-ms",),
         {
-            "type": int,
+            "type": non_negative_int,
             "metavar": "MS",
             "help": (
                 "allowed lateness past max.compaction.lag.ms (default: log.cleaner.backoff.ms "
@@ -96,7 +96,7 @@ ARGS: Final[tuple[Arg, ...]] = (
     (
         ("--max-listed",),
         {
-            "type": int,
+            "type": non_negative_int,
             "default": DEFAULT_MAX_LISTED,
             "metavar": "N",
             "help": f"violations listed per partition, oldest first (default {DEFAULT_MAX_LISTED})",

@@ -32,7 +32,7 @@ import json
 from pathlib import Path
 from typing import Final
 
-from cleanerd.commands import Arg
+from cleanerd.commands import Arg, non_negative_int
 from cleanerd.commands.progress import Progress, TrackedEngine
 from cleanerd.compaction.stats import render_invalid_warning, render_stats
 from cleanerd.config import load_config
@@ -54,7 +54,7 @@ ARGS: Final[tuple[Arg, ...]] = (
     (
         ("--now-ms",),
         {
-            "type": int,
+            "type": non_negative_int,
             "metavar": "T",
             "help": "evaluate every time rule at T (ms since the epoch; default now)",
         },

@@ -39,6 +39,7 @@ batches are ever Python objects (a 1 GiB segment holds 5.6 million 1-record batc
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -109,9 +110,12 @@ def dump_file(path: Path, options: DumpOptions) -> Iterator[str]:
 
 def dumpable_base_offset(path: Path) -> int:
     """The base offset in the name of `path`, a file `dump` reads; UnsupportedFileError
-    for another kind of file or a name that does not start with one."""
+    for another kind of file or a name that does not start with one, FileNotFoundError
+    for a file that is not there."""
     if path.suffix not in _DUMPERS:
         raise UnsupportedFileError(f"cannot dump {path}: not a {', '.join(_DUMPERS)} file")
+    if not path.exists():  # said before what its name would need
+        raise FileNotFoundError(errno.ENOENT, "No such file or directory", str(path))
     try:
         return offset_from_filename(path.name)
     except ValueError:

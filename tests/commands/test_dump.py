@@ -267,6 +267,14 @@ def test_unsupported_files_raise_before_any_line(tmp_path: Path, name: str) -> N
         next(dump_file(path, SHALLOW))
 
 
+@pytest.mark.parametrize("name", ["nope.log", "00000000000000000000.log"])
+def test_a_missing_file_is_said_to_be_missing(tmp_path: Path, name: str) -> None:
+    """A file that is not there is said so, whatever its name (a name without a base
+    offset got "its name must start with the segment's base offset")."""
+    with pytest.raises(FileNotFoundError, match=str(tmp_path / name)):
+        next(dump_file(tmp_path / name, SHALLOW))
+
+
 @pytest.mark.parametrize("bad_crc", [False, True])
 def test_a_log_is_listed_a_window_at_a_time_as_it_is_whole(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, bad_crc: bool
