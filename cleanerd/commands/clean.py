@@ -145,7 +145,9 @@ def render_text(report: CycleReport) -> list[str]:
     ]
     for s in report.skipped:
         where = str(s.tp) if s.tp is not None else (s.log_dir or "cycle")
-        lines.append(f"{where}: {s.phase} skipped: {s.reason}")
+        # Passed by while the dirs were listed: no step of the cycle ran there.
+        what = "left alone" if s.phase == "discover" else f"{s.phase} skipped"
+        lines.append(f"{where}: {what}: {s.reason}")
     lines += [f"{o.log_dir}: offline, left alone: {o.reason}" for o in report.offline]
     lines.append(
         f"{count(len(report.rolled), 'segment')} rolled, "

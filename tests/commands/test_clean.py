@@ -305,6 +305,7 @@ def test_dir_a_broker_holds_is_observed_and_fails_the_command(
     out = capsys.readouterr().out
     lock = tmp_path / "logs" / ".lock"
     assert f"is held by pid {os.getpid()} (a running Kafka broker?): observed only" in out
+    assert f"{tmp_path / 'logs'}: left alone: {lock} is held by pid" in out  # not jargon
     assert str(lock) in out
     assert {p.name: p.read_bytes() for p in d.iterdir()} == before
 
