@@ -729,6 +729,22 @@ def _nearest_existing(path: Path, probe: Callable[[Path], PathState]) -> tuple[P
     return root, probe(root)
 
 
+def config_warnings(cfg: Config) -> list[str]:
+    """What a valid config does that its author may not expect, by key: a compacted
+    topic's `header` strategy with no header name compacts by offset (KIP-280's fallback,
+    as Kafka's cleaner does; the daemon warns at its cycles, `check-config` before)."""
+    settings = [("log.cleaner.compaction.strategy", cfg.topic_defaults())]
+    settings += [(f"topics.{key}.compaction.strategy", cfg.entry_config(key)) for key in cfg.topics]
+    return [
+        f"{key}: header, but no compaction.strategy.header names the header: "
+        "compacted by offset (Kafka's fallback)"
+        for key, topic in settings
+        if topic.compact
+        and topic.compaction_strategy == "header"
+        and not topic.compaction_strategy_header.strip()
+    ]
+
+
 def path_problems(
     cfg: Config,
     *,

@@ -101,6 +101,29 @@ class TestCheckConfig:
         (tmp_path / "data").mkdir()
         assert run(capsys, "check-config", str(path)) == (0, f"{path}: OK\n", "")
 
+    def test_a_header_strategy_without_a_header_name_is_warned_about(
+        self, capsys: pytest.CaptureFixture[str], tmp_path: Path
+    ) -> None:
+        """A compacted topic with `compaction.strategy: header` and no header name is
+        valid (Kafka compacts it by offset) but said, by key, on stderr; one that names
+        its header, or a delete topic, is not (it passed in silence)."""
+        path = write_config(
+            tmp_path,
+            "topics:\n"
+            "  a: {cleanup.policy: compact, compaction.strategy: header}\n"
+            "  b: {cleanup.policy: compact, compaction.strategy: header,"
+            " compaction.strategy.header: v}\n"
+            "  c: {cleanup.policy: delete, compaction.strategy: header}\n",
+        )
+        (tmp_path / "data").mkdir()
+        status, out, err = run(capsys, "check-config", str(path))
+        assert (status, out) == (0, f"{path}: OK\n")
+        assert err == (
+            "cleanerd check-config: warning: topics.a.compaction.strategy: header, but no "
+            "compaction.strategy.header names the header: compacted by offset (Kafka's "
+            "fallback)\n"
+        )
+
     def test_the_file_as_c_too(self, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
         """`-c FILE`, as every other command takes its config, works too; none, or two
         different files, is a usage error that says how to give it."""

@@ -4,7 +4,8 @@ config file, then the dirs and files it names.
 The file first (every error at once, each naming the key, the value and the rule); its
 dirs (`config.path_problems`) and the files the daemon reads at its start (the MQTT
 password and TLS files, `daemon.credentials`) only once it is valid, since they are
-named by its keys. Prints `FILE: OK` and exits 0, or exits 1 with the errors.
+named by its keys. Prints `FILE: OK` and exits 0 (with `config_warnings` on stderr), or
+exits 1 with the errors.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from pathlib import Path
 from typing import Final
 
 from cleanerd.commands import Arg
-from cleanerd.config import load_config, path_problems
+from cleanerd.config import config_warnings, load_config, path_problems
 from cleanerd.daemon import credentials
 from cleanerd.errors import ConfigError
 
@@ -37,4 +38,6 @@ def run(args: argparse.Namespace) -> int:
     if found:
         raise ConfigError(found, path=file)
     print(f"{file}: OK")
+    for warning in config_warnings(cfg):
+        print(f"cleanerd check-config: warning: {warning}", file=sys.stderr)
     return 0
