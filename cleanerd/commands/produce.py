@@ -41,6 +41,7 @@ from cleanerd.errors import CleanerdError
 from cleanerd.log.files import LOCK_FILE_NAME, METADATA_TOPIC, parse_topic_partition
 from cleanerd.log.log_dir import LogDir
 from cleanerd.log.partition_log import LogConfig, PartitionLog
+from cleanerd.logger import log_to_stderr
 from cleanerd.records.header import Compression
 from cleanerd.records.record import Record, RecordHeader
 from cleanerd.wording import count
@@ -279,6 +280,9 @@ ARGS: Final[tuple[Arg, ...]] = (
 def run(args: argparse.Namespace) -> int:
     """The `produce` command: append stdin's records, printing each batch's offsets."""
     cfg = load_config(args.config)
+    # Log lines go to stderr in the configured format, as for the other commands; stdout
+    # holds only the offsets appended.
+    log_to_stderr(cfg.logging.format, cfg.logging.level)
     with open_for_append(cfg, args.partition, log_dir=args.log_dir) as log:
         batches = produce(
             sys.stdin,

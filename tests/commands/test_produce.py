@@ -2,7 +2,10 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import re
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -25,6 +28,7 @@ from cleanerd.records.header import Compression
 from cleanerd.records.record import Record, RecordHeader
 from cleanerd.records.walker import scan_batches
 from tests.holders import HOLD_BROKER_LOCK, HOLD_OWNER_LOCK, held_by_other_process
+from tests.paths import REPO
 
 NOW = 1_700_000_000_000
 
@@ -227,3 +231,28 @@ class TestOpenForAppend:
         ):
             pass
         assert not (tmp_path / "data").exists()
+
+
+def test_a_produce_process_logs_in_the_configured_format_on_stderr(tmp_path: Path) -> None:
+    """`cleanerd produce` logs to stderr in `logging.format` (JSON here), as the other
+    commands do, and stdout holds only its offsets lines; it logged in the console
+    format whatever the config said."""
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / ".kafka_cleanshutdown").write_text('{"version":0,"brokerEpoch":-1}')  # logged
+    config = tmp_path / "cleanerd.yaml"
+    config.write_text(
+        f"log.dirs: [{data}]\nstate_dir: {tmp_path / 'state'}\nlogging: {{format: json}}\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "cleanerd", "produce", "-c", str(config), "t-0"],
+        input='{"key": "k", "value": "v"}\n',
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "t-0: offsets 0..0\n"
+    lines = [json.loads(line) for line in done.stderr.splitlines()]
+    assert "log_dir.clean_shutdown_found" in [line["event"] for line in lines]
