@@ -289,7 +289,8 @@ _LOG_DIR_GAUGES: Final[tuple[tuple[str, str, Callable[[LogDirMetrics], float]], 
     ("cleanerd_log_dir_size_bytes", "Bytes of segments in the log dir.", lambda d: d.size_bytes),
     (
         "cleanerd_log_dir_partitions",
-        "Partitions in the log dir (unreadable ones included).",
+        "Partitions in the log dir (unreadable ones included; the KRaft metadata log, "
+        "which cleanerd never touches, left out).",
         lambda d: d.partitions,
     ),
     (
