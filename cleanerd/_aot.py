@@ -593,7 +593,7 @@ def _running(pid: int) -> bool:
 
     try:
         os.kill(pid, 0)
-    except ProcessLookupError:
+    except (ProcessLookupError, OverflowError):  # gone, or no pid of this system
         return False
     except PermissionError:
         return True  # another user's process

@@ -390,6 +390,8 @@ def test_another_users_build_hidden_from_proc_still_runs(monkeypatch: pytest.Mon
     monkeypatch.setattr(os, "kill", refused)
     monkeypatch.setattr(psutil, "Process", hidden)
     assert _aot._running(4242)
+    monkeypatch.undo()
+    assert not _aot._running(2**32)  # a name no pid of this system has: not running
 
 
 def test_a_failed_warm_up_is_said_and_fails_the_build(

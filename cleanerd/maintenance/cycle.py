@@ -1069,17 +1069,17 @@ class Maintenance:
                         consequence="retention deletes nothing from this segment on until "
                         "it is repaired",
                     )
-                rule = outcome.rolled_for
-                if rule is not None:
-                    self.counters.count_rolled(rule.value)
-                if rule is not None and outcome.deletions:
+                roll = outcome.roll
+                if roll is not None:
                     # Every segment was due: the old active segment was rolled first,
                     # then deleted with the others (Kafka's rule).
-                    old_active = max(d.base_offset for d in outcome.deletions)
+                    self.counters.count_rolled(roll.reason.value)
                     report.rolled.append(
-                        RolledSegment(str(p.log_dir.path), tp, old_active, rule.value, None)
+                        RolledSegment(
+                            str(p.log_dir.path), tp, roll.base_offset, roll.reason.value, None
+                        )
                     )
-                if outcome.deletions or rule is not None:
+                if outcome.deletions or roll is not None:
                     report.retention.append(outcome)
                 if outcome.failure is not None:
                     report.error(p.log_dir.path, tp, "retention", outcome.failure)

@@ -188,7 +188,7 @@ class CycleReport:
         disk_deleted = self.disk_usage is not None and bool(self.disk_usage.deletions)
         return not (
             self.rolled
-            or any(o.deletions or o.rolled_for is not None for o in self.retention)
+            or any(o.deletions or o.roll is not None for o in self.retention)
             or disk_deleted
             or self.cleaned
             or self.failed

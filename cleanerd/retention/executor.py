@@ -49,6 +49,16 @@ from cleanerd.retention.policy import Deletion, DeletionReason, RetentionPlan, d
 
 
 @dataclass(frozen=True, slots=True)
+class RetentionRoll:
+    """The active segment rolled first, because a rule took every segment (Kafka's
+    rule: the log can then be emptied)."""
+
+    base_offset: int
+    """The segment rolled (then deleted with the others, unless a failure stopped it)."""
+    reason: DeletionReason
+
+
+@dataclass(frozen=True, slots=True)
 class RetentionOutcome:
     """What one retention check did to one partition."""
 
@@ -57,9 +67,9 @@ class RetentionOutcome:
     partition: int
     deletions: tuple[Deletion, ...]
     """Oldest first, each with its reason."""
-    rolled_for: DeletionReason | None
-    """The rule that took every segment, for which the active segment was rolled
-    first; None when it was not."""
+    roll: RetentionRoll | None
+    """The roll of the active segment done first, because a rule took every segment;
+    None when there was none."""
     log_start_offset: int
     future_timestamp_base: int | None
     """Base of a segment whose future largest timestamp stopped time retention."""
@@ -99,7 +109,7 @@ def apply_retention(
         return RetentionOutcome(
             str(plog.log_dir), tp.topic, tp.partition, (), None, plog.log_start_offset, None, ()
         )
-    rolled_for: DeletionReason | None = None
+    roll: RetentionRoll | None = None
     # Decided first on the current metadata without the lock (`PartitionLog.meta`), as
     # nearly every partition of a cycle has nothing to delete; then again under it.
     plan = retention_plan(plog.readable_meta(), topic, now_ms=now_ms)
@@ -120,14 +130,15 @@ def apply_retention(
             if plan.roll_for is not None:
                 # Kafka rolls so that retention can take the whole log; the line names
                 # the rule.
+                rolled = plog.active_segment.base_offset
                 if plog.roll(now_ms, reason=plan.roll_for.value) is not None:
-                    rolled_for = plan.roll_for
+                    roll = RetentionRoll(rolled, plan.roll_for)
                 plan = retention_plan(plog.readable_meta(), topic, now_ms=now_ms)
                 _delete(plog, log_dir, plan.deletions, deleted, files)
         except (CleanerdError, OSError) as exc:
-            if not deleted:
+            if not deleted and roll is None:
                 raise
-            failure = exc  # reported with what was deleted before it
+            failure = exc  # reported with what was deleted (or rolled) before it
         finally:
             # Renamed `.deleted` files are unlinked when due even when a later group or
             # the checkpoint failed (a full disk): else they waited for the next start.
@@ -137,7 +148,7 @@ def apply_retention(
         topic=tp.topic,
         partition=tp.partition,
         deletions=tuple(deleted),
-        rolled_for=rolled_for,
+        roll=roll,
         log_start_offset=plog.log_start_offset,
         future_timestamp_base=plan.future_timestamp_base,
         deleted_files=tuple(files),

@@ -49,13 +49,10 @@ class DeletionReason(enum.StrEnum):
     DISK_USAGE = "disk.usage"
 
 
-ROLLING_REASONS: Final = (
-    DeletionReason.LOG_START_OFFSET,
-    DeletionReason.RETENTION_BYTES,
-    DeletionReason.RETENTION_MS,
-)
+ROLLING_REASONS: Final = (DeletionReason.RETENTION_BYTES, DeletionReason.RETENTION_MS)
 """The rules that can take every segment of a partition, the active one rolled first
-(disk usage never takes an active segment)."""
+(the log start offset never passes the active segment's end, and disk usage never takes
+an active segment)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,7 +23,7 @@ from cleanerd.log.index import TimeIndex
 from cleanerd.log.log_dir import LogDir
 from cleanerd.log.partition_log import PartitionLog
 from cleanerd.log.topic_config import TopicConfig
-from cleanerd.retention.executor import apply_retention
+from cleanerd.retention.executor import RetentionRoll, apply_retention
 from cleanerd.retention.policy import DeletionReason
 from tests.builders import build_log, kv, partition_flocks, settle_dir
 
@@ -125,7 +125,7 @@ def test_a_roll_that_fails_on_a_full_disk_still_lets_the_due_segments_go(
         pending = PendingDeletions()
         out = apply_retention(plog, log_dir, topic(retention_ms=HOUR), now_ms=T0, pending=pending)
         assert [d.base_offset for d in out.deletions] == [0, 10]
-        assert out.rolled_for is None
+        assert out.roll is None
         assert isinstance(out.failure, FileStepError)
         assert out.failure.no_space
         assert str(out.failure).endswith(str(plog.dir / "00000000000000000020.timeindex"))
@@ -138,7 +138,7 @@ def test_a_roll_that_fails_on_a_full_disk_still_lets_the_due_segments_go(
         monkeypatch.setattr(TimeIndex, "flush_entries", real)
         out = apply_retention(plog, log_dir, topic(retention_ms=HOUR), now_ms=T0, pending=pending)
         assert out.failure is None
-        assert out.rolled_for is DeletionReason.RETENTION_MS
+        assert out.roll == RetentionRoll(20, DeletionReason.RETENTION_MS)
         assert [d.base_offset for d in out.deletions] == [20]
         assert [(s.base_offset, s.size) for s in plog.segments] == [(30, 0)]
         assert checkpoint.read() == {}
@@ -208,13 +208,36 @@ def test_rolls_first_when_every_segment_expired(tmp_path: Path) -> None:
         out = apply_retention(
             plog, log_dir, topic(retention_ms=HOUR), now_ms=T0, pending=PendingDeletions()
         )
-        assert out.rolled_for is DeletionReason.RETENTION_MS
+        assert out.roll == RetentionRoll(10, DeletionReason.RETENTION_MS)
         rolled = [e for e in logs if e["event"] == "segment.rolled"]
         assert [e["reason"] for e in rolled] == ["retention.ms"]
         assert [d.base_offset for d in out.deletions] == [0, 10]
         assert [(s.base_offset, s.size) for s in plog.segments] == [(20, 0)]
         assert plog.log_end_offset == 20
         assert out.log_start_offset == 20
+
+
+def test_a_roll_whose_deletion_fails_is_still_reported(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Retention rolls the only segment, then its deletion fails (a full disk, say): the
+    roll happened, so it is in the outcome, naming the segment rolled, beside the
+    failure; the check raised before, and the roll went uncounted and unreported."""
+    build(tmp_path, [9])
+    log_dir, plog = open_owned(tmp_path)
+
+    def failing(*_: object, **__: object) -> list[Path]:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    with log_dir:
+        monkeypatch.setattr(PartitionLog, "delete_segments", failing)
+        out = apply_retention(
+            plog, log_dir, topic(retention_ms=HOUR), now_ms=T0, pending=PendingDeletions()
+        )
+        assert out.roll == RetentionRoll(0, DeletionReason.RETENTION_MS)
+        assert out.deletions == ()
+        assert isinstance(out.failure, OSError)
+        assert [s.base_offset for s in plog.segments] == [0, 10]
 
 
 def test_compact_only_keeps_expired_segments(tmp_path: Path) -> None:

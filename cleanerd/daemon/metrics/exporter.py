@@ -584,13 +584,19 @@ class MetricsExporter:
             try:
                 self._server = self._bind(settings)
             except OSError:
-                if settings.port != int(old[0].server_address[1]):
+                port = int(old[0].server_address[1])
+                if settings.port != port:
                     raise  # not the old endpoint in the way: it stays, where it is
                 _shutdown(old)
+                self._server = None
                 try:
                     self._server = self._bind(settings)
                 except OSError:
-                    self._server = self._bind(self.settings)
+                    # Back where it was, the port it had (not a new one for port 0); if
+                    # that is taken in the gap too, this raises and nothing is served.
+                    host = self.settings.listen.rsplit(":", 1)[0]
+                    where = self.settings.model_copy(update={"listen": f"{host}:{port}"})
+                    self._server = self._bind(where)
                     raise
             else:
                 _shutdown(old)

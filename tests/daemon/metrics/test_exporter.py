@@ -556,6 +556,27 @@ def test_reload_to_an_address_in_use_keeps_the_old_endpoint() -> None:
             ex.stop()
 
 
+def test_a_failed_move_to_the_same_port_elsewhere_keeps_the_old_address() -> None:
+    """The old endpoint (listen on port 0: an ephemeral port P) is released to try the
+    new address on P's port on another interface, which a third party holds: it is
+    bound again at P, not at a new ephemeral port."""
+    ex = _exporter(None)
+    ex.start()
+    before = ex.address
+    assert before is not None
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.3", before[1]))
+        busy.listen()
+        try:
+            with pytest.raises(OSError):
+                ex.configure(MetricsConfig(listen=f"0.0.0.0:{before[1]}"))
+            assert ex.settings.listen == LOCAL
+            assert ex.address == before
+            assert b"cleanerd_build_info" in _get(before)
+        finally:
+            ex.stop()
+
+
 def test_offline_log_dirs_say_so(tmp_path: Path) -> None:
     """`cleanerd_log_dir_offline` is 1 for a log dir the last cycle could not use (its
     root checkpoints unreadable: it has no partition numbers), 0 for the others."""
