@@ -206,13 +206,20 @@ def test_unusable_log_dir_fails_startup_naming_the_key(tmp_path: Path) -> None:
     """`cleanerd run` with a file where a log dir should be exits 1 and its
     `startup.failed` line names the key and the path."""
     (tmp_path / "data").write_text("not a dir")
+    failed = _failed_start(tmp_path, "127.0.0.1:0")
+    assert f"log.dirs[0]: {str(tmp_path / 'data')!r} is a file, not a directory" in failed["error"]
+
+
+def _failed_start(tmp_path: Path, listen: str) -> dict[str, Any]:
+    """`cleanerd run` of log dir `<tmp_path>/data` with `metrics.listen` at `listen`,
+    which must exit 1 at its start: its `startup.failed` line."""
     config = tmp_path / "cleanerd.yaml"
     config.write_text(
         yaml.safe_dump(
             {
                 "log.dirs": [str(tmp_path / "data")],
                 "state_dir": str(tmp_path / "state"),
-                "metrics": {"listen": "127.0.0.1:0"},
+                "metrics": {"listen": listen},
                 "logging": {"format": "json"},
             }
         )
@@ -226,10 +233,10 @@ def test_unusable_log_dir_fails_startup_naming_the_key(tmp_path: Path) -> None:
         timeout=WAIT_S,
         check=False,
     )
-    assert result.returncode == 1
+    assert result.returncode == 1, result.stderr
     lines = [json.loads(x) for x in result.stderr.splitlines() if x.startswith("{")]
-    failed = next(x for x in lines if x["event"] == "startup.failed")
-    assert f"log.dirs[0]: {str(tmp_path / 'data')!r} is a file, not a directory" in failed["error"]
+    failed: dict[str, Any] = next(x for x in lines if x["event"] == "startup.failed")
+    return failed
 
 
 def _files(root: Path) -> dict[str, bytes]:
@@ -253,29 +260,7 @@ def test_a_metrics_port_in_use_fails_startup_before_a_log_dir_is_touched(
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         listen = f"127.0.0.1:{taken.getsockname()[1]}"
-        config = tmp_path / "cleanerd.yaml"
-        config.write_text(
-            yaml.safe_dump(
-                {
-                    "log.dirs": [str(data)],
-                    "state_dir": str(state),
-                    "metrics": {"listen": listen},
-                    "logging": {"format": "json"},
-                }
-            )
-        )
-        result = subprocess.run(
-            [sys.executable, "-m", "cleanerd", "run", "-c", str(config)],
-            cwd=tmp_path,
-            env={**os.environ, "PYTHONPATH": str(REPO)},
-            capture_output=True,
-            text=True,
-            timeout=WAIT_S,
-            check=False,
-        )
-    assert result.returncode == 1, result.stderr
-    lines = [json.loads(x) for x in result.stderr.splitlines() if x.startswith("{")]
-    failed = next(x for x in lines if x["event"] == "startup.failed")
+        failed = _failed_start(tmp_path, listen)
     assert failed["error"].startswith(f"metrics.listen {listen}: cannot bind: ")
     assert _files(data) == before
 
