@@ -30,7 +30,6 @@ from cleanerd.maintenance.report import Unreadable
 from cleanerd.maintenance.steps import RollPlan
 from cleanerd.retention.disk_usage import device_name
 from cleanerd.retention.policy import Deletion
-from cleanerd.wording import count
 
 ARGS: Final[tuple[Arg, ...]] = (
     (("-c", "--config"), {"type": Path, "metavar": "FILE", "help": "the YAML config file"}),
@@ -77,7 +76,7 @@ def _retention_text(p: PartitionPlan) -> str:
         for d in r.deletions:
             by_reason.setdefault(d.reason.value, []).append(d)
         parts = ", ".join(
-            f"{reason}: {count(len(ds), 'segment')} ({sum(d.size_bytes for d in ds)} bytes)"
+            f"{reason}: {wording.count(len(ds), 'segment')} ({sum(d.size_bytes for d in ds)} bytes)"
             for reason, ds in by_reason.items()
         )
         first = "roll first, then " if p.rolled_for_retention else ""
