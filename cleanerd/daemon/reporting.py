@@ -134,7 +134,8 @@ class Reporter:
         if report.cleaned:
             self.last_stats = tuple(c.stats for c in report.cleaned[-workers:])
         for f in report.failed:
-            self.exporter.record_pass(PassResult.ERROR)
+            if f.during_pass:  # damage found before any pass is no failed pass
+                self.exporter.record_pass(PassResult.ERROR)
             self.emit("partition.uncleanable", {"reason": f.reason}, tp=f.tp, log_dir=f.log_dir)
 
     def snapshot(

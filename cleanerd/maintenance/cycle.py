@@ -960,7 +960,7 @@ class Maintenance:
         if plog.corrupt is not None and topic.compact:
             item = CompactedLog(log_dir, plog, topic)
             if not self.manager.is_uncleanable(item, report.now_ms):
-                self._mark(item, str(plog.corrupt), report.now_ms, report)
+                self._mark(item, str(plog.corrupt), report.now_ms, report, during_pass=False)
             report.met(log_dir.path, tp, plog.corrupt)
         elif plog.corrupt is not None and opening:
             # Not compacted, so never marked uncleanable (and opened again each cycle, to
@@ -1102,12 +1102,14 @@ class Maintenance:
         except (CleanerdError, OSError):
             return  # the partition's steps report it
         if damage is not None:
-            self._mark(item, damage, report.now_ms, report)
+            self._mark(item, damage, report.now_ms, report, during_pass=False)
 
-    def _mark(self, item: CompactedLog, reason: str, now_ms: int, report: _Builder) -> None:
+    def _mark(
+        self, item: CompactedLog, reason: str, now_ms: int, report: _Builder, *, during_pass: bool
+    ) -> None:
         """Mark `item` uncleanable for `reason`, and list it among the cycle's failed."""
         self.manager.mark_uncleanable(item, reason, now_ms)
-        report.failed.append(FailedLog(str(item.log_dir.path), item.tp, reason))
+        report.failed.append(FailedLog(str(item.log_dir.path), item.tp, reason, during_pass))
 
     def _why_held(self, p: _Partition) -> str:
         state = self.manager.state(p.tp)
@@ -1165,7 +1167,7 @@ class Maintenance:
                 report.unread(item.log_dir.path, item.tp, item.topic, unread)
             if item.tp not in marked and self.manager.is_uncleanable(item, now):
                 reason = self.manager.registry.reason(item.tp) or ""
-                report.failed.append(FailedLog(str(item.log_dir.path), item.tp, reason))
+                report.failed.append(FailedLog(str(item.log_dir.path), item.tp, reason, False))
         if not self.config.log_cleaner_enable:
             report.skip("", None, "clean", "log.cleaner.enable is false")
             return
@@ -1283,7 +1285,7 @@ class Maintenance:
             if requeue:
                 self.manager.refresh_one(fresh, now)
             return
-        self._mark(fresh, failure_text(error), now, report)
+        self._mark(fresh, failure_text(error), now, report, during_pass=True)
         report.met(item.log_dir.path, candidate.tp, error)
 
     def _may_retry(self, tp: TopicPartition) -> bool:
@@ -1311,7 +1313,9 @@ class Maintenance:
         try:
             plog = item.log_dir.open_partition(item.tp, config=LogConfig.of_topic(item.topic))
         except (CleanerdError, OSError) as exc:
-            self._mark(item, f"cannot reopen after a failed pass: {exc}", now, report)
+            self._mark(
+                item, f"cannot reopen after a failed pass: {exc}", now, report, during_pass=True
+            )
             report.met(item.log_dir.path, item.tp, exc)
             return None
         self._plogs[key] = plog

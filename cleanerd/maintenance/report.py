@@ -87,11 +87,14 @@ class Unreadable:
 
 @dataclass(frozen=True, slots=True)
 class FailedLog:
-    """A pass that failed: the partition is marked uncleanable with `reason`."""
+    """A partition marked uncleanable with `reason`: by a pass that failed, or before
+    any pass, by damage its open or its metadata showed."""
 
     log_dir: str
     tp: TopicPartition
     reason: str
+    during_pass: bool
+    """A pass ran and failed (counted among the passes); False when none ran."""
 
 
 @dataclass(frozen=True, slots=True)
