@@ -183,6 +183,10 @@ DAY_MS: Final = 86_400_000
 class CleaningAborted(CleanerdError):
     """The pass was asked to stop (shutdown, pause); nothing was changed."""
 
+    requested: bool = True
+    """Asked for (a stop), rather than the engine failing the pass with nothing changed
+    (a subclass): only the latter is a failure to report."""
+
     def __init__(self, tp: TopicPartition) -> None:
         self.tp = tp
         super().__init__(f"cleaning of {tp} aborted")

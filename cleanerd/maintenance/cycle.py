@@ -1252,6 +1252,11 @@ class Maintenance:
             list(swapped_files(error)), now_ms=now, delay_ms=item.topic.file_delete_delay_ms
         )
         if isinstance(error, CleaningAborted):
+            if not error.requested:
+                # The engine failed the pass (a Spark job that failed or was killed).
+                # Nothing is marked, as the partition is not at fault, but the pass
+                # failed: said, and a failed step of the cycle.
+                report.error(item.log_dir.path, candidate.tp, "clean", error)
             return  # stopped before its next swap: nothing to recover
         # The pass may have stopped between two renames of a swap (its worker died, the
         # disk filled): recovery, under the partition lock, completes or rolls that back

@@ -25,6 +25,7 @@ from cleanerd.config import Config, load_config
 from cleanerd.daemon.metrics.model import build_snapshot
 from cleanerd.engine.base import AuditJob, CleanJob, WorkerCrashed
 from cleanerd.engine.local import LocalEngine, WorkerSettings
+from cleanerd.engine.spark.engine import SparkJobFailed
 from cleanerd.errors import CleanerdError
 from cleanerd.log.checkpoint import (
     CLEANER_OFFSET_CHECKPOINT,
@@ -1019,6 +1020,46 @@ def test_drain_finishes_the_pass_in_flight_and_picks_no_more(
         draining.drain = threading.Event()
         again = m.run_once()
     assert [c.tp for c in again.cleaned] == [t for t in tps if t != report.cleaned[0].tp]
+
+
+class _JobFails:
+    """An engine whose passes fail as a Spark job that failed to start fails them."""
+
+    name, workers, dead_workers = "spark", 1, 0
+
+    def submit_clean(self, job: CleanJob) -> Future[CleanResult]:
+        future: Future[CleanResult] = Future()
+        future.set_exception(SparkJobFailed(job.tp, "exit status 1; JAVA_GATEWAY_EXITED"))
+        return future
+
+    def submit_audit(self, job: AuditJob) -> Future[AuditColumns]:
+        raise AssertionError("a cycle does not audit")
+
+    def abort(self, tp: TopicPartition) -> bool:
+        return False
+
+    def shutdown(self, *, abort: bool = False) -> None:
+        pass
+
+
+def test_a_pass_the_engine_failed_is_a_failed_step_not_a_silent_one(tmp_path: Path) -> None:
+    """A Spark job that fails (Java missing, a bad conf) fails its passes with nothing
+    changed: the partition is not marked, but the cycle reports the failed step with the
+    job's error (`clean` exits 1). It returned as a stop asked for: `clean` printed
+    "0 cleaning passes" and exited 0, and the daemon logged nothing."""
+    c = TopicPartition("c", 0)
+    build(tmp_path, c, [records(range(6), T0 - 3 * HOUR) + records(range(3), T0 - 2 * HOUR)])
+    cfg = write_config(
+        tmp_path,
+        {"c": {"cleanup.policy": "compact", "max.compaction.lag.ms": HOUR}},
+    )
+    with Maintenance(cfg, _JobFails(), clock=lambda: T0) as m:
+        report = m.run_once()
+    assert report.cleaned == ()
+    assert report.failed == ()  # not marked uncleanable: the partition is not at fault
+    (error,) = report.errors
+    assert (error.tp, error.phase) == (c, "clean")
+    assert "spark job for c-0 failed: exit status 1; JAVA_GATEWAY_EXITED" in error.reason
 
 
 class _DiesMidSwap:

@@ -26,7 +26,8 @@ So crash safety lives in one place: the job only ever adds `.cleaned` files, whi
 crash leaves to Kafka's recovery to delete, and the swap is the one the local engine does.
 A job that fails or is killed (exit status, signal, no manifest) fails its passes with
 `SparkJobFailed`, a `CleaningAborted`: their `.cleaned` output is removed, the originals
-are untouched, nothing is marked, and the next cycle plans the partition again. A pass
+are untouched, nothing is marked, the cycle reports the failed step (`clean.failed`,
+and `cleanerd clean` exits 1), and the next cycle plans the partition again. A pass
 the job itself reports failed (a corrupt segment) or whose output fails verification
 fails with a `CleanerdError`, which marks the partition uncleanable as a local pass
 would. `abort(tp)` of a pass whose job is running lets the job finish and discards that
@@ -122,7 +123,10 @@ class SparkUnavailable(CleanerdError):
 
 
 class SparkJobFailed(CleaningAborted):
-    """The Spark job failed or was killed: an aborted pass (nothing marked)."""
+    """The Spark job failed or was killed: an aborted pass (nothing marked), reported as
+    a failed step of the cycle."""
+
+    requested = False
 
     def __init__(self, tp: TopicPartition, detail: str) -> None:
         super().__init__(tp)
