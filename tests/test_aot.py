@@ -476,3 +476,20 @@ def test_a_call_typed_as_no_signature_goes_to_one_that_accepts_it() -> None:
     }
     assert _jit._accepting(compiled, (contiguous,)) is for_any
     assert _jit._accepting(compiled, (strided, ("s", "|b1"))) is None
+
+
+def test_a_background_build_refused_a_lower_priority_runs_at_its_own(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--background` lowers the build's priority; where a filter refuses that (the
+    unit's SystemCallFilter, with SystemCallErrorNumber=EPERM) the build goes on as it
+    is: an uncaught error killed it at every daemon start."""
+    monkeypatch.setenv("NUMBA_CACHE_DIR", str(tmp_path / "cache"))
+
+    def refused(increment: int) -> int:
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(os, "nice", refused)
+    args = argparse.Namespace(remove=True, background=True, no_warm_up=True)
+    assert build_kernels_command.run(args) == 0
+    assert "removed the compiled kernels" in capsys.readouterr().out

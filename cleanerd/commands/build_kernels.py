@@ -17,6 +17,7 @@ then built from the cache as it was).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import subprocess
 import sys
@@ -61,7 +62,8 @@ def warm_up(root: Path) -> str | None:
 def run(args: argparse.Namespace) -> int:
     """The `build-kernels` command."""
     if args.background:
-        os.nice(19)
+        with contextlib.suppress(OSError):  # refused by a filter (the unit's): run as is
+            os.nice(19)
     root = _jit.cache_root()
     if root is None:
         print("cleanerd build-kernels: no writable kernel cache dir (set NUMBA_CACHE_DIR)")

@@ -61,8 +61,11 @@ def test_unit_has_the_lifecycle_and_hardening_settings() -> None:
         assert settings.get(key) == [value], key
     assert "NUMBA_CACHE_DIR=/var/cache/cleanerd/numba" in settings["Environment"]
     assert settings["WatchdogSec"][0].endswith("s")
-    assert settings["ReadWritePaths"]
+    assert settings["ReadWritePaths"] == ["-/var/lib/kafka"]  # a host without it starts
     assert settings["CapabilityBoundingSet"] == [""]
+    # A filtered call fails (EPERM) rather than killing the process: `build-kernels
+    # --background` calls setpriority, which @resources filters (it died of SIGSYS).
+    assert settings["SystemCallErrorNumber"] == ["EPERM"]
 
 
 def test_systemd_analyze_verify_passes(tmp_path: Path) -> None:
@@ -84,7 +87,7 @@ def test_observe_drop_in_makes_the_log_dirs_read_only(tmp_path: Path) -> None:
     unit."""
     settings = _settings(OBSERVE.read_text())
     assert settings["ReadWritePaths"] == [""]
-    assert settings["ReadOnlyPaths"] == ["/var/lib/kafka"]
+    assert settings["ReadOnlyPaths"] == ["-/var/lib/kafka"]
     unit = _runnable_copy(tmp_path)
     drop_ins = tmp_path / "cleanerd.service.d"
     drop_ins.mkdir()
