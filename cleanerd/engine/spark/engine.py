@@ -465,7 +465,13 @@ class SparkEngine:
             for p in batch:
                 if not p.future.done():
                     _remove_output(p.job)
-                    p.future.set_exception(SparkJobFailed(p.job.tp, str(exc)))
+                    # A job killed by `shutdown(abort=True)` aborted its passes, as asked.
+                    failure = (
+                        CleaningAborted(p.job.tp)
+                        if p.aborted
+                        else SparkJobFailed(p.job.tp, str(exc))
+                    )
+                    p.future.set_exception(failure)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
 

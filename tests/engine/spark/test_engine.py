@@ -20,7 +20,7 @@ import pytest
 import yaml
 
 from cleanerd.cli import main
-from cleanerd.compaction.cleaner import Cleaner, CleanerConfig
+from cleanerd.compaction.cleaner import Cleaner, CleanerConfig, CleaningAborted
 from cleanerd.compaction.offset_map import OffsetMap
 from cleanerd.compaction.swap import SwapProof
 from cleanerd.engine.base import CleanJob
@@ -279,6 +279,29 @@ def test_killed_job_leaves_originals_and_next_pass_cleans(spark: Any, tmp_path: 
         n for n in b if not n.endswith(".deleted")
     ]
     assert all(a[n] == b[n] for n in a if not n.endswith(".deleted"))
+
+
+def test_a_job_killed_by_an_aborting_shutdown_aborts_its_passes(tmp_path: Path) -> None:
+    """`shutdown(abort=True)` kills the running job: its passes fail as aborted, as asked
+    (`requested`), not as a failed job, which the cycle reports as a failed step: a stop
+    of the daemon during a Spark pass would have logged a clean failure."""
+    random_partition(tmp_path / "logs" / str(TP), random.Random(5))
+    running = threading.Event()
+
+    def until_killed(
+        spec_path: Path, staging: Path, kill: threading.Event, *, module: str = "clean_job"
+    ) -> None:
+        running.set()
+        assert kill.wait(WAIT_S)
+        raise CleanerdError("job process ended by signal 9")
+
+    engine = SparkEngine(SparkSettings(batch_window_s=0.0), runner=until_killed)
+    future = engine.submit_clean(job_for(tmp_path / "logs", tmp_path / "state"))
+    assert running.wait(WAIT_S)
+    engine.shutdown(abort=True)
+    error = future.exception(WAIT_S)
+    assert isinstance(error, CleaningAborted)
+    assert error.requested
 
 
 def test_tampered_output_is_refused(spark: Any, tmp_path: Path) -> None:
