@@ -86,7 +86,7 @@ from cleanerd.daemon.commands import (
 from cleanerd.daemon.events import EventKind, EventPublisher, make_publisher
 from cleanerd.daemon.metrics.exporter import MetricsExporter
 from cleanerd.daemon.metrics.model import build_snapshot
-from cleanerd.daemon.reload import KeyPath, ReloadPlan, is_under, plain, plan_reload
+from cleanerd.daemon.reload import ReloadPlan, diff_configs, plain, plan_reload
 from cleanerd.daemon.reporting import Reporter
 from cleanerd.daemon.systemd import Notifier, watchdog_interval
 from cleanerd.daemon.triggers import (
@@ -726,28 +726,24 @@ class Daemon:
                 running=plain(change.old),
                 in_file=plain(change.new),
             )
-        config, errors, kept = await self._apply(plan)
+        previous = self.config
+        config, errors = await self._apply(plan)
         self.config = config
         self.exporter.record_reload(not errors)
-        changed = [c.name for c in plan.applied if not any(is_under(c.key, k) for k in kept)]
+        # What runs now differs from before in what applied: not the refused keys, nor
+        # a part that failed and kept its old settings.
+        changed = [c.name for c in diff_configs(previous, config)]
         refused = [c.name for c in plan.refused]
+        fields = {
+            "path": where,
+            "changed": changed,
+            "restart_required": refused,
+            "metrics": self._metrics_address(),  # where a new `listen` (port 0 too) went
+        }
         if errors:  # a part kept its old settings: the reload failed, what it lists applied
-            log.error(
-                "config.reload_failed",
-                path=where,
-                errors=errors,
-                changed=changed,
-                restart_required=refused,
-                metrics=self._metrics_address(),
-            )
+            log.error("config.reload_failed", errors=errors, **fields)
         else:
-            log.info(
-                "config.reloaded",
-                path=where,
-                changed=changed,
-                restart_required=refused,
-                metrics=self._metrics_address(),  # where a new `listen` (port 0 too) went
-            )
+            log.info("config.reloaded", **fields)
         self.emit(
             "config.reloaded",
             {
@@ -762,12 +758,10 @@ class Daemon:
         self.request_cycle()
         return errors
 
-    async def _apply(self, plan: ReloadPlan) -> tuple[Config, list[str], list[KeyPath]]:
-        """Apply the live parts of `plan`; a part that fails keeps its old settings:
-        (the config now running, the errors, the sections that kept their old settings)."""
+    async def _apply(self, plan: ReloadPlan) -> tuple[Config, list[str]]:
+        """Apply the live parts of `plan`; a part that fails keeps its old settings."""
         config, old = plan.config, self.config
         errors: list[str] = []
-        kept: list[KeyPath] = []
         if plan.touches(("logging",)):
             configure_logging(config.logging.format, config.logging.level)
         if plan.touches(("metrics",)):
@@ -776,15 +770,13 @@ class Daemon:
             except OSError as exc:  # ListenError: it names the key and the address
                 errors.append(str(exc))
                 config = config.model_copy(update={"metrics": old.metrics})
-                kept.append(("metrics",))
         if plan.touches(("mqtt",)):
             try:
                 await self._replace_publisher(config)
             except ConfigError as exc:
                 errors += exc.errors
                 config = config.model_copy(update={"mqtt": old.mqtt})
-                kept.append(("mqtt",))
-        return config, errors, kept
+        return config, errors
 
     def _new_publisher(self, config: Config) -> EventPublisher:
         return make_publisher(config.mqtt, host=self.host, on_command=self.on_command)
