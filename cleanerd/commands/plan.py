@@ -79,7 +79,7 @@ def _retention_text(p: PartitionPlan) -> str:
             f"{reason}: {wording.count(len(ds), 'segment')} ({sum(d.size_bytes for d in ds)} bytes)"
             for reason, ds in by_reason.items()
         )
-        first = "roll first, then " if p.rolled_for_retention else ""
+        first = "roll first, then " if p.retention_roll is not None else ""
         text = f"retention: {first}delete {parts}; log start offset -> {r.log_start_offset}"
     if r.future_timestamp_base is not None:
         text += (
@@ -147,10 +147,10 @@ def render_text(
             lines.append(f"{head}: the KRaft metadata log, never modified")
             continue
         lines.append(f"{head} ({','.join(p.policy)})")
-        rule = p.rolled_for_retention
-        if rule is not None and p.roll.decision is None:
+        roll = p.retention_roll
+        if roll is not None and p.roll.decision is None:
             # Said here too: the roll line would otherwise say "not yet" above it.
-            lines.append(f"  roll: due now ({rule.value}: retention takes every segment)")
+            lines.append(f"  roll: due now ({roll.reason.value}: retention takes every segment)")
         else:
             lines.append(f"  {_roll_text(p.roll, plan.now_ms)}")
         lines.append(f"  {_retention_text(p)}")

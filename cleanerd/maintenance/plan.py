@@ -80,7 +80,7 @@ from cleanerd.retention.disk_usage import (
     freed_bytes,
     plan_disk_usage_deletions,
 )
-from cleanerd.retention.policy import DeletionReason, RetentionPlan
+from cleanerd.retention.policy import RetentionPlan, RetentionRoll
 
 # ---------------------------------------------------------------------------------------
 # The pure planning core
@@ -113,9 +113,9 @@ class PartitionPlan:
     roll: RollPlan | None
     """None for `__cluster_metadata` (never rolled)."""
     retention: RetentionPlan
-    rolled_for_retention: DeletionReason | None
-    """The rule that would take every segment, for which the executor rolls first;
-    None when it does not."""
+    retention_roll: RetentionRoll | None
+    """The roll the executor does first, because a rule would take every segment; None
+    when it does not."""
     compaction: CompactionPlan | None
     """None for topics without `compact`."""
     order: int | None = None
@@ -191,8 +191,8 @@ def plan_partition(
 
 def _retention(
     inp: PlanInput, current: PartitionMeta, now_ms: int, cleaner_enabled: bool
-) -> tuple[RetentionPlan, DeletionReason | None, PartitionMeta, str | None]:
-    """The retention step over `current`: the plan, the rule it rolls first for, the snapshot
+) -> tuple[RetentionPlan, RetentionRoll | None, PartitionMeta, str | None]:
+    """The retention step over `current`: the plan, the roll it does first, the snapshot
     after it, and why the step passes the partition by (None when it does not). A
     compacted partition the cycle holds uncleanable (found corrupt, or a damaged
     segment: the cycle marks it before this step) is passed by."""
@@ -210,7 +210,7 @@ def _partition_plan(
     roll: RollPlan | None,
     retention: RetentionPlan,
     *,
-    rolled: DeletionReason | None,
+    rolled: RetentionRoll | None,
     compaction: CompactionPlan | None,
     retention_skipped: str | None = None,
 ) -> PartitionPlan:
@@ -221,7 +221,7 @@ def _partition_plan(
         policy=inp.topic.cleanup_policy,
         roll=roll,
         retention=retention,
-        rolled_for_retention=rolled,
+        retention_roll=rolled,
         compaction=compaction,
         damage=inp.meta.damage,
         retention_skipped=retention_skipped,
@@ -430,10 +430,10 @@ def _rolled(partitions: Sequence[PartitionPlan]) -> list[dict[str, Any]]:
             tp = p.topic_partition
             out.append(rolled_json(p.log_dir, tp, d.base_offset, d.reason.value, d.waited_ms))
     for p in partitions:
-        rule = p.rolled_for_retention
-        if rule is not None and p.retention.deletions:
-            old_active = max(x.base_offset for x in p.retention.deletions)
-            out.append(rolled_json(p.log_dir, p.topic_partition, old_active, rule.value, None))
+        roll = p.retention_roll
+        if roll is not None:
+            tp = p.topic_partition
+            out.append(rolled_json(p.log_dir, tp, roll.base_offset, roll.reason.value, None))
     return out
 
 
@@ -448,7 +448,7 @@ def partition_json(p: PartitionPlan) -> dict[str, Any]:
         "retention": {
             "deletions": _deletions_json(p.retention),
             "log_start_offset": p.retention.log_start_offset,
-            "roll_first": p.rolled_for_retention is not None,
+            "roll_first": p.retention_roll is not None,
             "future_timestamp_base": p.retention.future_timestamp_base,
             "damaged_base": p.retention.damaged_base,
             "skipped": p.retention_skipped,

@@ -39,7 +39,7 @@ from cleanerd.log.roll import (
 from cleanerd.log.roller import roll_decision, time_rule
 from cleanerd.log.topic_config import TopicConfig
 from cleanerd.retention.executor import retention_plan
-from cleanerd.retention.policy import DeletionReason, RetentionPlan
+from cleanerd.retention.policy import RetentionPlan, RetentionRoll
 
 STEPS: Final = ("roll", "retention", "disk usage", "clean")
 """The steps of a cycle, in order."""
@@ -163,16 +163,16 @@ def roll_plan(
 
 def retention_step(
     meta: PartitionMeta, topic: TopicConfig, *, now_ms: int
-) -> tuple[RetentionPlan, DeletionReason | None, PartitionMeta]:
-    """The retention step over `meta`: the plan, the rule for which the active segment
-    is rolled first (every segment was due; None when it is not), and the snapshot
-    after it."""
+) -> tuple[RetentionPlan, RetentionRoll | None, PartitionMeta]:
+    """The retention step over `meta`: the plan, the roll of the active segment done
+    first (every segment was due; None when there is none), and the snapshot after it."""
     plan = retention_plan(meta, topic, now_ms=now_ms)
-    rolled_for = plan.roll_for
-    if rolled_for is not None:
+    roll = None
+    if plan.roll_for is not None and not meta.active.is_empty:
+        roll = RetentionRoll(meta.active.base_offset, plan.roll_for)
         meta = simulate_roll(meta, now_ms)
         plan = retention_plan(meta, topic, now_ms=now_ms)
-    return plan, rolled_for, simulate_deletions(meta, plan)
+    return plan, roll, simulate_deletions(meta, plan)
 
 
 def compaction_plan(

@@ -45,17 +45,12 @@ from cleanerd.log.log_dir import LogDir
 from cleanerd.log.meta import PartitionMeta
 from cleanerd.log.partition_log import PartitionLog
 from cleanerd.log.topic_config import TopicConfig
-from cleanerd.retention.policy import Deletion, DeletionReason, RetentionPlan, deletable_segments
-
-
-@dataclass(frozen=True, slots=True)
-class RetentionRoll:
-    """The active segment rolled first, because a rule took every segment (Kafka's
-    rule: the log can then be emptied)."""
-
-    base_offset: int
-    """The segment rolled (then deleted with the others, unless a failure stopped it)."""
-    reason: DeletionReason
+from cleanerd.retention.policy import (
+    Deletion,
+    RetentionPlan,
+    RetentionRoll,
+    deletable_segments,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,9 +125,9 @@ def apply_retention(
             if plan.roll_for is not None:
                 # Kafka rolls so that retention can take the whole log; the line names
                 # the rule.
-                rolled = plog.active_segment.base_offset
+                active_base = plog.active_segment.base_offset
                 if plog.roll(now_ms, reason=plan.roll_for.value) is not None:
-                    roll = RetentionRoll(rolled, plan.roll_for)
+                    roll = RetentionRoll(active_base, plan.roll_for)
                 plan = retention_plan(plog.readable_meta(), topic, now_ms=now_ms)
                 _delete(plog, log_dir, plan.deletions, deleted, files)
         except (CleanerdError, OSError) as exc:

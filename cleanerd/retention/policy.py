@@ -56,6 +56,16 @@ an active segment)."""
 
 
 @dataclass(frozen=True, slots=True)
+class RetentionRoll:
+    """The active segment rolled first, because a rule took every segment (Kafka's
+    rule: the log can then be emptied); what a retention check did, or plans to do."""
+
+    base_offset: int
+    """The segment rolled (then deleted with the others, unless a failure stopped it)."""
+    reason: DeletionReason
+
+
+@dataclass(frozen=True, slots=True)
 class Deletion:
     """Delete the segment starting at `base_offset`, for `reason`."""
 

@@ -22,7 +22,7 @@ from cleanerd.log.segment import LogSegment
 from cleanerd.log.topic_config import TopicConfig
 from cleanerd.maintenance.plan import PlanInput, gather, plan_cycle, plan_partition
 from cleanerd.retention.disk_usage import DeviceUsage
-from cleanerd.retention.policy import DeletionReason
+from cleanerd.retention.policy import DeletionReason, RetentionRoll
 from tests.builders import build_log, kv
 
 MIN = 60_000
@@ -93,7 +93,7 @@ def test_retention_plan_rolls_first_and_moves_the_start() -> None:
     plan, after = plan_partition(PlanInput(m, cfg, None, SegmentAge(T0, T0)), now_ms=T0)
     assert plan.roll is not None
     assert plan.roll.decision is None
-    assert plan.rolled_for_retention is DeletionReason.RETENTION_MS
+    assert plan.retention_roll == RetentionRoll(10, DeletionReason.RETENTION_MS)
     assert [d.base_offset for d in plan.retention.deletions] == [0, 10]
     assert plan.retention.log_start_offset == 20
     assert [s.base_offset for s in after.segments] == [20]

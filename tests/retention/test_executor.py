@@ -23,8 +23,8 @@ from cleanerd.log.index import TimeIndex
 from cleanerd.log.log_dir import LogDir
 from cleanerd.log.partition_log import PartitionLog
 from cleanerd.log.topic_config import TopicConfig
-from cleanerd.retention.executor import RetentionRoll, apply_retention
-from cleanerd.retention.policy import DeletionReason
+from cleanerd.retention.executor import apply_retention
+from cleanerd.retention.policy import DeletionReason, RetentionRoll
 from tests.builders import build_log, kv, partition_flocks, settle_dir
 
 T0 = 1_700_000_000_000
