@@ -45,7 +45,12 @@ def segment(records_per_batch: int, mb: float) -> tuple[bytes, int]:
         for i in range(records_per_batch)
     ]
     batch = encode_batch(records, base_offset=0)
-    return batch * max(1, int(mb * 1e6) // len(batch)), len(batch)
+    n = max(1, int(mb * 1e6) // len(batch))
+    rows = np.frombuffer(batch * n, dtype=np.uint8).reshape(n, len(batch)).copy()
+    # Each copy at its own offsets (no CRC covers the base offset): walks check they ascend.
+    offsets = (np.arange(n, dtype=np.int64) * records_per_batch).astype(">i8")
+    rows[:, :8] = offsets.view(np.uint8).reshape(n, 8)
+    return rows.tobytes(), len(batch)
 
 
 @jit

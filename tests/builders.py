@@ -9,6 +9,7 @@ and names are exactly what the daemon reads:
 - `write_segment` writes a single segment (optionally under a `.cleaned`/`.swap` suffix)
   from encoded batches, for leftover and recovery tests;
 - `offsets_and_values` lists what a log holds, for assertions;
+- `set_base_offset` damages a batch where no CRC sees it, its base offset;
 - `settle_dir` dates a partition dir's last change back, and `partition_flocks` records
   the partition locks taken, for tests of what is decided without the lock.
 """
@@ -92,6 +93,16 @@ def write_segment(
     if inactive:
         segment.close_for_roll()
     return segment
+
+
+def set_base_offset(path: Path, batch: int, value: int) -> int:
+    """Overwrite the base offset of the `batch`-th batch (-1: the last) of the segment
+    at `path` (which no CRC covers); returns the batch's position."""
+    data = bytearray(path.read_bytes())
+    position = [info.position for info in scan_batches(bytes(data), verify_crc=False)][batch]
+    data[position : position + 8] = value.to_bytes(8, "big", signed=True)
+    path.write_bytes(bytes(data))
+    return position
 
 
 def encode_records(records: Sequence[Record], base_offset: int) -> bytes:

@@ -73,7 +73,7 @@ from cleanerd.records.header import (
 )
 from cleanerd.records.record import Record
 from cleanerd.records.scan import BatchInfo
-from cleanerd.records.walker import DECODE_WINDOW_BYTES, Walk, batch_windows, walk
+from cleanerd.records.walker import DECODE_WINDOW_BYTES, OffsetRange, Walk, batch_windows, walk
 
 _SEQUENCE_MODULUS: Final = 2**31  # sequences wrap from Int.MAX to 0, as in Kafka
 
@@ -128,13 +128,15 @@ def dumpable_base_offset(path: Path) -> int:
 # .log
 
 
-def log_windows(data: Buffer) -> Iterator[tuple[list[BatchInfo], Walk]]:
-    """The batches of `data` a window of whole batches (`DECODE_WINDOW_BYTES`) at a
-    time, as `BatchInfo`s, each with the walk of its window (CRCs not checked: a batch
-    with a bad one is listed too). A walk that stopped before its window's end (bad or
-    partial bytes) is the last; its `stop` and `error` are the file's."""
-    for start, end in batch_windows(data, DECODE_WINDOW_BYTES):
-        scan = walk(data, start=start, end=end, verify_crc=False)
+def log_windows(data: Buffer, base_offset: int) -> Iterator[tuple[list[BatchInfo], Walk]]:
+    """The batches of `data` (a segment based at `base_offset`) a window of whole
+    batches (`DECODE_WINDOW_BYTES`) at a time, as `BatchInfo`s, each with the walk of
+    its window (CRCs not checked: a batch with a bad one is listed too). A walk that
+    stopped before its window's end (bad or partial bytes, offsets out of order) is the
+    last; its `stop` and `error` are the file's."""
+    ranges = OffsetRange.of_segment(base_offset)
+    for start, end, offsets in batch_windows(data, DECODE_WINDOW_BYTES, ranges):
+        scan = walk(data, start=start, end=end, verify_crc=False, offsets=offsets)
         yield scan.table.infos(), scan
         if scan.error is not None:
             return
@@ -144,7 +146,7 @@ def _log_lines(path: Path, base_offset: int, options: DumpOptions) -> Iterator[s
     yield f"Log starting offset: {base_offset}"
     data = map_file(path)
     last: Walk | None = None
-    for infos, scan in log_windows(data):
+    for infos, scan in log_windows(data, base_offset):
         last = scan
         for info in infos:
             # CRCs are checked here, so a bad one still gets its line as in Kafka.

@@ -152,7 +152,7 @@ def _log_objects(path: Path, options: DumpOptions, utf8: bool) -> Iterator[JsonO
     last: Walk | None = None
     bad = 0  # invalid batches so far
     first_problem: tuple[str, int] | None = None  # the first one's reason and position
-    for infos, scan in log_windows(data):
+    for infos, scan in log_windows(data, dumpable_base_offset(path)):
         last = scan
         problems: dict[int, CorruptRecordError] = {}
         for i, info in enumerate(infos):

@@ -109,7 +109,7 @@ from cleanerd.records.header import (
     TRANSACTIONAL_MASK,
     Buffer,
 )
-from cleanerd.records.walker import DECODE_WINDOW_BYTES, batch_windows
+from cleanerd.records.walker import DECODE_WINDOW_BYTES, OffsetRange, batch_windows
 
 I64 = NDArray[np.int64]
 U64 = NDArray[np.uint64]
@@ -635,12 +635,15 @@ def _read_runs(
         tracker = TransactionTracker()
         tracker.add_aborted(list(aborted))
     parts: list[AuditColumns] = []
-    for run in runs:
+    for i, run in enumerate(runs):
+        # Up to the next run's base offset (a joined run's segments only as a whole).
+        upper = runs[i + 1][0].base_offset if i + 1 < len(runs) else None
+        ranges = OffsetRange.of_segment(run[0].base_offset, upper)
         with _run_buffer(run) as buf:
             # A big segment is decoded a window of whole batches at a time.
-            for start, end in batch_windows(buf, DECODE_WINDOW_BYTES):
+            for start, end, offsets in batch_windows(buf, DECODE_WINDOW_BYTES, ranges):
                 try:
-                    sc = segment_columns(buf, start=start, end=end)
+                    sc = segment_columns(buf, start=start, end=end, offsets=offsets)
                     part = segment_audit_columns(
                         sc,
                         strategy=strategy,

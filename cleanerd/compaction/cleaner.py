@@ -55,10 +55,12 @@ import copy
 import dataclasses
 import threading
 import time
+from bisect import bisect_left
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
+from operator import attrgetter
 from pathlib import Path
 from typing import Final, Protocol
 
@@ -120,6 +122,7 @@ from cleanerd.log.segment_reader import (
     join_buffers,
     load_aborted,
     map_segment,
+    segment_offsets,
     segment_upper,
 )
 from cleanerd.log.txnindex import AbortedTxn
@@ -161,6 +164,8 @@ from cleanerd.records.record import Record
 from cleanerd.records.walker import (
     DECODE_WINDOW_BYTES,
     BatchWindows,
+    OffsetRange,
+    Window,
     be_i16,
     be_i32,
     be_i64,
@@ -391,9 +396,7 @@ class _Columns:
         return h
 
 
-def _decode_ahead(
-    raw: Buffer, window: tuple[int, int], path: Path, *, verify_crc: bool
-) -> _Columns:
+def _decode_ahead(raw: Buffer, window: Window, path: Path, *, verify_crc: bool) -> _Columns:
     """`_read_columns`, its keys hashed too: the work `Cleaner._windows` gives its
     decode threads."""
     c = _read_columns(raw, window, path, verify_crc=verify_crc)
@@ -401,14 +404,12 @@ def _decode_ahead(
     return c
 
 
-def _read_columns(
-    raw: Buffer, window: tuple[int, int], path: Path, *, verify_crc: bool
-) -> _Columns:
+def _read_columns(raw: Buffer, window: Window, path: Path, *, verify_crc: bool) -> _Columns:
     """Decode `window` of a segment; a CorruptRecordError names `path` and the byte
     position in it."""
-    start, end = window
+    start, end, ranges = window
     try:
-        sc = segment_columns(raw, start=start, end=end, verify_crc=verify_crc)
+        sc = segment_columns(raw, start=start, end=end, verify_crc=verify_crc, offsets=ranges)
     except CorruptRecordError as exc:
         raise exc.located(path) from exc
     joined = join_buffers(sc)
@@ -498,10 +499,10 @@ def _producer_headers(buf: NDArray[np.uint8], start: int, end: int) -> NDArray[n
     return cols[:, :n]
 
 
-def _producer_columns(raw: Buffer, window: tuple[int, int] | None = None) -> ProducerColumns:
+def _producer_columns(raw: Buffer, window: Window | None = None) -> ProducerColumns:
     """The producer columns of the batches with a producer id of one segment, or of
     `window` of it."""
-    start, end = (0, len(raw)) if window is None else window
+    start, end = (0, len(raw)) if window is None else (window.start, window.end)
     heads = _producer_headers(np.frombuffer(raw, dtype=np.uint8), start, end)
     attributes = heads[6]
     is_control = (attributes & CONTROL_MASK) != 0
@@ -838,11 +839,16 @@ class _Pass:
     and stopped when the pass ends."""
 
     def decode_ahead(
-        self, raw: Buffer, window: tuple[int, int], path: Path, *, verify_crc: bool
+        self, raw: Buffer, window: Window, path: Path, *, verify_crc: bool
     ) -> Future[_Columns]:
         if self.decoders is None:
             self.decoders = ThreadPoolExecutor(DECODE_AHEAD, thread_name_prefix="cleaner-decode")
         return self.decoders.submit(_decode_ahead, raw, window, path, verify_crc=verify_crc)
+
+    def offsets(self, seg: SegmentMeta) -> OffsetRange:
+        """The offsets `seg`'s batches may have (`segment_offsets`)."""
+        i = bisect_left(self.segments, seg.base_offset, key=attrgetter("base_offset"))
+        return segment_offsets(self.segments, i)
 
 
 class Cleaner:
@@ -1028,7 +1034,8 @@ class Cleaner:
         if found is None:
             path = log_file(p.dir_path, seg.base_offset)
             raw = map_segment(path, seg, active=seg is p.segments[-1])
-            found = p.mapped[seg.base_offset] = (raw, BatchWindows(raw, DECODE_WINDOW_BYTES))
+            windows = BatchWindows(raw, DECODE_WINDOW_BYTES, p.offsets(seg))
+            found = p.mapped[seg.base_offset] = (raw, windows)
         return found
 
     def _windows(self, p: _Pass, seg: SegmentMeta, *, keep: bool) -> Iterator[_Columns]:
@@ -1061,7 +1068,7 @@ class Cleaner:
         p: _Pass,
         seg: SegmentMeta,
         raw: Buffer,
-        window: tuple[int, int],
+        window: Window,
         *,
         keep: bool,
         decoded: Future[_Columns] | None = None,

@@ -50,8 +50,7 @@ from cleanerd._jit import jit
 from cleanerd.compaction.transactions import ABORT, COMMIT
 from cleanerd.log.producer_state import ProducerState
 from cleanerd.records.control import NO_CONTROL_RECORD
-
-INT64_MAX: Final = 2**63 - 1
+from cleanerd.records.varint import INT64_MAX
 
 NO_OFFSET: Final = -1
 """`ActiveProducers.last_data_offset` of a producer with no data in its current epoch."""

@@ -117,6 +117,7 @@ from cleanerd.records.record import Record
 from cleanerd.records.scan import BatchInfo
 from cleanerd.records.walker import (
     NO_DELETE_HORIZON,
+    OffsetRange,
     Walker,
     delete_horizon,
     scan_batches,
@@ -579,7 +580,7 @@ class PartitionLog:
                 raise
         except DAMAGE:
             with active.open_buffer() as buf:
-                scan = walk_prefix(buf)
+                scan = walk_prefix(buf, offsets=active.offsets)
                 reason = torn_tail_reason(buf, scan)
             if scan.error is None:
                 active.rebuild_indexes(reason="index does not match the log")
@@ -797,7 +798,12 @@ class PartitionLog:
                 continue  # nothing appended since the last walk
             horizon = (NO_DELETE_HORIZON, 0)
             with segment.open_buffer() as buf:
-                walker = Walker(buf, start=start, verify_crc=False)
+                walker = Walker(
+                    buf,
+                    start=start,
+                    verify_crc=False,
+                    offsets=OffsetRange.of_segment(segment.base_offset, upper),
+                )
                 try:
                     for chunk in walker:
                         state.apply(chunk, buf)
@@ -991,6 +997,9 @@ class PartitionLog:
         with self._locked():
             self.refresh()
             segments = tuple(s.meta() for s in self._segments)
+            overlap = _overlap(segments)
+            if overlap is not None:
+                raise _overlap_error(self._segments[overlap], segments, overlap)
             first_unstable = self.first_unstable_offset
             meta = self._partition_meta(segments, first_unstable)
             self._view = _View.of(self, meta)
@@ -1012,6 +1021,13 @@ class PartitionLog:
         with self._locked():
             self.refresh()
             segments = tuple(_readable(s) for s in self._segments)
+            while (i := _overlap(segments)) is not None:
+                error = _overlap_error(self._segments[i], segments, i)
+                segments = (
+                    *segments[:i],
+                    self._segments[i].damaged_meta(str(error)),
+                    *segments[i + 1 :],
+                )
             try:
                 first_unstable = self.first_unstable_offset
             except DAMAGE as exc:
@@ -1204,6 +1220,26 @@ class _View(NamedTuple):
             return self.segments[-1].stat_identity() == self.active_identity
         except OSError:
             return False
+
+
+def _overlap(segments: Sequence[SegmentMeta]) -> int | None:
+    """The first readable segment whose last offset is not below the next segment's base
+    offset: a damaged base offset (no CRC covers one) in its last batch, which its
+    metadata, read from its tail, takes as its end; None when there is none."""
+    for i in range(len(segments) - 1):
+        if segments[i].damage is None and segments[i].next_offset > segments[i + 1].base_offset:
+            return i
+    return None
+
+
+def _overlap_error(
+    segment: LogSegment, segments: Sequence[SegmentMeta], i: int
+) -> CorruptRecordError:
+    return CorruptRecordError(
+        f"last offset {segments[i].next_offset - 1} is not below the next segment's base "
+        f"offset {segments[i + 1].base_offset}",
+        path=segment.log_path,
+    )
 
 
 def _readable(segment: LogSegment) -> SegmentMeta:

@@ -106,7 +106,14 @@ from cleanerd.log.segment import IndexCheck, IndexRebuild, LogSegment
 from cleanerd.log.tail import ZERO_TAIL, torn_tail_reason
 from cleanerd.logger import get_logger
 from cleanerd.records.header import Buffer
-from cleanerd.records.walker import NO_DELETE_HORIZON, BatchTable, Walk, delete_horizon, walk_prefix
+from cleanerd.records.walker import (
+    NO_DELETE_HORIZON,
+    BatchTable,
+    OffsetRange,
+    Walk,
+    delete_horizon,
+    walk_prefix,
+)
 
 log = get_logger(__name__)
 
@@ -532,6 +539,7 @@ class ProducerFold:
 def _validate_full(
     segment: LogSegment,
     *,
+    offsets: OffsetRange,
     is_active: bool,
     quarantine_dir: Path | None,
     report: RecoveryReport,
@@ -557,7 +565,9 @@ def _validate_full(
 
         if fold is not None:
             fold.start()
-        scan = walk_prefix(buf, each=None if indexes is None and fold is None else each)
+        scan = walk_prefix(
+            buf, offsets=offsets, each=None if indexes is None and fold is None else each
+        )
         reason = torn_tail_reason(buf, scan) if is_active else None
     if scan.error is not None and reason is None:
         _report(report, scan.error.located(segment.log_path))
@@ -625,12 +635,14 @@ def validate_segments(
     for n, segment in enumerate(segments):
         is_active = n == len(segments) - 1
         upper = segments[n + 1].base_offset if not is_active else None
+        offsets = OffsetRange.of_segment(segment.base_offset, upper)
         unflushed = upper is None or upper > recovery_point
         if full_check or (
-            unflushed and not clean_shutdown and not _flushed_head(segment, recovery_point)
+            unflushed and not clean_shutdown and not _flushed_head(segment, recovery_point, offsets)
         ):
             sound = _validate_full(
                 segment,
+                offsets=offsets,
                 is_active=is_active,
                 quarantine_dir=quarantine_dir,
                 report=report,
@@ -656,7 +668,7 @@ def _as_known(segment: LogSegment, known: Mapping[int, KnownSegment] | None) -> 
     return entry is not None and segment.indexes_as_known(entry)
 
 
-def _flushed_head(segment: LogSegment, recovery_point: int) -> bool:
+def _flushed_head(segment: LogSegment, recovery_point: int, offsets: OffsetRange) -> bool:
     """Whether the segment holding the recovery point is sound up to it (the cheap check)
     and its bytes after it walk clean, CRCs checked: then only that unflushed tail needed
     reading. False sends the segment to the full validation, which tells a torn tail
@@ -670,7 +682,8 @@ def _flushed_head(segment: LogSegment, recovery_point: int) -> bool:
     except DAMAGE:
         return False
     with segment.open_buffer() as buf:
-        return walk_prefix(buf, start=start).error is None  # no table: only the verdict
+        # no table: only the verdict
+        return walk_prefix(buf, start=start, offsets=offsets).error is None
 
 
 def recover_partition(

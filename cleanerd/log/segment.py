@@ -77,6 +77,7 @@ from cleanerd.records.record import Record
 from cleanerd.records.scan import BatchInfo
 from cleanerd.records.walker import (
     BatchTable,
+    OffsetRange,
     Summary,
     Walk,
     Walker,
@@ -153,6 +154,12 @@ class LogSegment:
         self._size, self.inode = st.st_size, st.st_ino
         self._mtime_ns: int | None = st.st_mtime_ns
         self._reset_caches()
+
+    @property
+    def offsets(self) -> OffsetRange:
+        """The offsets its batches may have, as far as a segment knows: from its base
+        offset up (below the next segment's base offset too, which its log checks)."""
+        return OffsetRange.of_segment(self.base_offset)
 
     @property
     def live(self) -> bool:
@@ -507,22 +514,24 @@ class LogSegment:
         span = self._size - position
         if 0 < span <= _PREAD_SPAN:
             data = self._pread_checked(position, span)
-            summary = None if data is None else summarize(data)
+            summary = None if data is None else summarize(data, offsets=self.offsets)
             if summary is not None:
                 return summary
         with self.open_buffer() as buf:
-            summary = summarize(buf, start=position)
+            summary = summarize(buf, start=position, offsets=self.offsets)
             if summary is not None:
                 return summary
-            scan = walk_prefix(buf, start=position)
+            scan = walk_prefix(buf, start=position, offsets=self.offsets)
             if scan.error is None:  # legacy entries stopped the summary
-                return Summary.of_table(walk(buf, start=position).table, scan.stop)
+                return Summary.of_table(
+                    walk(buf, start=position, offsets=self.offsets).table, scan.stop
+                )
             if not self.live or torn_tail_reason(buf, scan) is None:
                 raise scan.error.located(self.log_path)
             self._size = scan.stop
             whole = as_uint8(buf)[: scan.stop]
-            summary = summarize(whole, start=position) or Summary.of_table(
-                walk(whole, start=position).table, scan.stop
+            summary = summarize(whole, start=position, offsets=self.offsets) or Summary.of_table(
+                walk(whole, start=position, offsets=self.offsets).table, scan.stop
             )
             del whole  # the mapping closes at the end of the block: no view may outlive it
             return summary
@@ -571,13 +580,13 @@ class LogSegment:
         if not self._size:
             return None
         head = self._pread_checked(0, min(self._size, _HEAD_READ))
-        first = None if head is None else summarize(head, limit=1)
+        first = None if head is None else summarize(head, limit=1, offsets=self.offsets)
         if first is not None and first.batches:
             return first.first_max_timestamp
         # A first batch longer than the read, or no whole valid batch: the mapped file
         # answers (and names the position of any damage).
         with self.open_buffer() as buf:
-            walker = Walker(buf, rows=1)
+            walker = Walker(buf, rows=1, offsets=self.offsets)
             chunk = next(iter(walker), None)
             error = walker.error
             if error is not None and not self.live:
@@ -659,7 +668,7 @@ class LogSegment:
         if offset_index_bytes or time_index_bytes not in (0, TimeIndex.entry.size):
             return
         data = self._pread_checked(0, self._size)
-        whole = None if data is None else summarize(data)
+        whole = None if data is None else summarize(data, offsets=self.offsets)
         if whole is None or not whole.batches or whole.stop != self._size:
             return
         next_offset = whole.last_offset + 1
@@ -757,7 +766,9 @@ class LogSegment:
         if start_position is None:
             start_position = 0 if start_offset is None else self.position_for(start_offset)
         with self.open_buffer() as buf:
-            it = scan_batches(buf, start=start_position, verify_crc=verify_crc)
+            it = scan_batches(
+                buf, start=start_position, verify_crc=verify_crc, offsets=self.offsets
+            )
             try:
                 for info in it:
                     if start_offset is None or info.last_offset >= start_offset:
@@ -771,7 +782,7 @@ class LogSegment:
         """Records in offset order from `start_offset` (all when None)."""
         with self.open_buffer() as buf:
             start = 0 if start_offset is None else self.position_for(start_offset)
-            it = scan_batches(buf, start=start)
+            it = scan_batches(buf, start=start, offsets=self.offsets)
             try:
                 for info in it:
                     for record in iter_records(buf, info):
@@ -807,7 +818,7 @@ class LogSegment:
     def scan(self, *, verify_crc: bool = True) -> Walk:
         """Walk the whole `.log`, stopping at the first bad batch instead of raising."""
         with self.open_buffer() as buf:
-            return walk(buf, verify_crc=verify_crc)
+            return walk(buf, verify_crc=verify_crc, offsets=self.offsets)
 
     def collect_aborted(self, fetch_offset: int, upper_bound_offset: int) -> TxnIndexSearchResult:
         """Aborted transactions of this segment overlapping the range (Kafka's rule)."""
@@ -951,7 +962,7 @@ class LogSegment:
         """The batches as the walker's tables (each valid until the next is taken); the
         file stays mapped until the iteration ends. CorruptRecordError names the file."""
         with self.open_buffer() as buf:
-            walker = Walker(buf, verify_crc=verify_crc)
+            walker = Walker(buf, verify_crc=verify_crc, offsets=self.offsets)
             yield from walker
             error = walker.error
             del walker  # its view of `buf` must go before the mmap closes

@@ -18,10 +18,11 @@ proves the same again under the partition lock before its first rename
 audit reads whatever a live dir holds at the moment.
 
 The rest is what both engines derive from a snapshot the same way: a segment's offset
-bound (`segment_upper`), the aborted transactions of its segments (`load_aborted`,
-`aborted_between`: Kafka's collectAbortedTransactions), and one buffer holding every
-record of a decoded segment (`join_buffers`), which the numba kernels that hash keys and
-read headers need.
+bound (`segment_upper`), the offsets its batches may have (`segment_offsets`, which the
+decode checks: no CRC covers a base offset), the aborted transactions of its segments
+(`load_aborted`, `aborted_between`: Kafka's collectAbortedTransactions), and one buffer
+holding every record of a decoded segment (`join_buffers`), which the numba kernels
+that hash keys and read headers need.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from cleanerd.log.ownership import SegmentsChanged, check_same_file
 from cleanerd.log.txnindex import AbortedTxn, TransactionIndex
 from cleanerd.records.columns import SIDE, SegmentColumns
 from cleanerd.records.header import COMPRESSION_MASK, Buffer
+from cleanerd.records.walker import OffsetRange
 
 
 def _map(f: BinaryIO, size: int) -> Buffer:
@@ -77,6 +79,13 @@ def segment_upper(segments: Sequence[SegmentMeta], i: int, first_uncleanable: in
     if i + 1 < len(segments):
         return segments[i + 1].base_offset
     return max(first_uncleanable, segments[i].next_offset)
+
+
+def segment_offsets(segments: Sequence[SegmentMeta], i: int) -> OffsetRange:
+    """What segment `i` of a snapshot may hold: its base offset up to the next segment's
+    (the active one: no bound above)."""
+    upper = segments[i + 1].base_offset if i + 1 < len(segments) else None
+    return OffsetRange.of_segment(segments[i].base_offset, upper)
 
 
 def load_aborted(dir_path: Path, segments: Sequence[SegmentMeta]) -> list[AbortedTxn]:

@@ -8,7 +8,9 @@ are all there but whose CRC does not match yet, or such a batch followed by zero
 the end of the file (the write cut short in a file extended past it).
 `torn_tail_reason` tells such a tail from damage: a tail is an append in flight (or cut
 short) only when nothing valid follows it and it has one of those shapes; anything else
-is corruption to report, never to cut or skip.
+is corruption to report, never to cut or skip. A whole batch whose offsets are out of
+place (`walker.BadOffsetError`) is such damage, wherever it is: a torn append fails its
+structure or its CRC, and a base offset is written before them.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from cleanerd.records.header import (
     RECORD_BATCH_OVERHEAD,
     Buffer,
 )
-from cleanerd.records.walker import Walk, walk
+from cleanerd.records.walker import BadOffsetError, Walk, walk
 
 ZERO_TAIL: Final = "zero bytes after the last batch"
 
@@ -33,7 +35,7 @@ ZERO_TAIL: Final = "zero bytes after the last batch"
 def torn_tail_reason(buf: Buffer, scan: Walk) -> str | None:
     """Why the bytes after the valid prefix are a crash-interrupted append, or None when
     they are something else (corruption that must be reported, not cut)."""
-    if scan.error is None:
+    if scan.error is None or isinstance(scan.error, BadOffsetError):
         return None
     start = scan.stop
     if not np.frombuffer(buf, dtype=np.uint8)[start:].any():

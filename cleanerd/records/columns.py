@@ -56,6 +56,7 @@ from cleanerd.records.prefetch import prefetch
 from cleanerd.records.record import RecordHeader
 from cleanerd.records.varint import decode_varint
 from cleanerd.records.walker import (
+    ANY_OFFSETS,
     I8,
     I16,
     I32,
@@ -64,6 +65,7 @@ from cleanerd.records.walker import (
     Array,
     BatchTable,
     Int,
+    OffsetRange,
     as_uint8,
     be_i32,
     walk_strict,
@@ -699,7 +701,12 @@ def _decompress_areas(
 
 
 def segment_columns(
-    buf: Buffer | U8, *, start: int = 0, end: int | None = None, verify_crc: bool = True
+    buf: Buffer | U8,
+    *,
+    start: int = 0,
+    end: int | None = None,
+    verify_crc: bool = True,
+    offsets: OffsetRange = ANY_OFFSETS,
 ) -> SegmentColumns:
     """Decode every batch in `buf[start:end]` (a segment's bytes) into columns.
 
@@ -708,7 +715,7 @@ def segment_columns(
     the decompressed records)."""
     seg = as_uint8(buf)
     stop = len(seg) if end is None else min(end, len(seg))
-    table = walk_strict(seg, start=start, end=stop, verify_crc=verify_crc)
+    table = walk_strict(seg, start=start, end=stop, verify_crc=verify_crc, offsets=offsets)
     view = seg.data
     v2 = table.magic == 2
     compressed = v2 & ((table.attributes & COMPRESSION_MASK) != 0)

@@ -14,6 +14,7 @@ from cleanerd.records.control import ControlRecordType, encode_end_txn_marker
 from cleanerd.records.header import Compression, TimestampType, compute_crc
 from cleanerd.records.record import Record, RecordHeader
 from cleanerd.records.walker import batch_windows
+from tests.builders import set_base_offset
 from tests.records.oracles import build_legacy
 
 SHALLOW = DumpOptions()
@@ -100,6 +101,21 @@ class TestRealKafkaFiles:
         assert info.value.path == str(path)
         assert info.value.position == 145
         assert "CRC mismatch" in str(info.value)
+
+    def test_a_damaged_base_offset_ends_the_dump_naming_the_batch(self, kafka_real: Path) -> None:
+        """A base offset (which no CRC covers) below the batch before it: the batches
+        before it are listed, then the error names the spot."""
+        path = (
+            kafka_real / "kraft-combined-logs" / "__cluster_metadata-0" / "00000000000000000000.log"
+        )
+        position = set_base_offset(path, 1, 0)
+        output = dump_file(path, SHALLOW)
+        assert [next(output) for _ in range(3)][2].startswith("baseOffset: 1 lastOffset: 4")
+        with pytest.raises(CorruptRecordError) as info:
+            next(output)
+        assert info.value.path == str(path)
+        assert info.value.position == position
+        assert "base offset 0 is not above the previous batch's last offset 4" in str(info.value)
 
     def test_truncated_tail_is_reported_not_raised(self, kafka_real: Path) -> None:
         """A last batch cut short (a crash mid-append) is Kafka's 'invalid bytes' line."""

@@ -30,6 +30,7 @@ from cleanerd.records.columns import segment_columns
 from cleanerd.records.header import Compression
 from cleanerd.records.record import RecordHeader
 from cleanerd.records.walker import walk
+from tests.builders import set_base_offset
 from tests.compaction.conftest import LogBuilder, k
 
 NOW = 1_700_000_000_000
@@ -393,9 +394,9 @@ def counting_decodes(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     decode = segment_columns
     sizes: list[int] = []
 
-    def counted(buf: Any, *, start: int = 0, end: int | None = None) -> Any:
+    def counted(buf: Any, *, start: int = 0, end: int | None = None, **kw: Any) -> Any:
         sizes.append((len(buf) if end is None else end) - start)
-        return decode(buf, start=start, end=end)
+        return decode(buf, start=start, end=end, **kw)
 
     monkeypatch.setattr(audit_module, "segment_columns", counted)
     return sizes
@@ -473,6 +474,19 @@ def test_corrupt_small_segment_is_named_with_its_position(tmp_path: Path) -> Non
     assert caught.value.path == str(fourth.log_path)
     assert caught.value.position == last_batch
     assert "CRC" in str(caught.value)
+
+
+def test_a_damaged_base_offset_in_a_small_segment_is_named(tmp_path: Path) -> None:
+    """A base offset no CRC covers, below its batch's predecessor in the fourth of eight
+    small segments read joined: the error names that file and the batch's position."""
+    plog = many_small_segments(tmp_path / "logs")
+    fourth = plog.segments[3]
+    position = set_base_offset(fourth.log_path, -1, fourth.base_offset)
+    with pytest.raises(CorruptRecordError) as caught:
+        read_columns(plog)
+    assert caught.value.path == str(fourth.log_path)
+    assert caught.value.position == position
+    assert "is not above the previous batch's last offset" in str(caught.value)
 
 
 def test_scope_reads_no_closed_segments_metadata(

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from cleanerd.compaction import cleaner as cleaner_module
 from cleanerd.compaction.cleaner import Cleaner, CleanerConfig, CleaningAborted, CleanResult
 from cleanerd.compaction.manager import UncleanablePartitions
 from cleanerd.compaction.offset_map import OffsetMap
@@ -20,6 +21,7 @@ from cleanerd.errors import CleanerdError, CorruptRecordError, failure_text
 from cleanerd.log.files import TopicPartition
 from cleanerd.log.meta import SegmentMeta
 from cleanerd.maintenance.cycle import cleaner_config_for
+from tests.builders import set_base_offset
 from tests.compaction.conftest import (
     LONG_MAX,
     TP,
@@ -132,6 +134,45 @@ def test_corrupt_batch_names_file_and_position(tmp_path: Path) -> None:
     registry = UncleanablePartitions()
     assert run_marked(d, registry) is None
     assert (registry.reason(TP) or "").startswith(f"corrupt record batch in {seg} at position 0")
+
+
+@pytest.mark.parametrize("windowed", [False, True])
+@pytest.mark.parametrize(
+    ("batch", "value", "reason"),
+    [
+        (3, -5, "negative base offset -5"),
+        (3, 11, "base offset 11 is not above the previous batch's last offset 12"),
+        (0, 5, "base offset 5 is below the segment's base offset 10"),
+        (-1, 25, "last offset 25 is not below the next segment's base offset 20"),
+    ],
+)
+def test_a_damaged_base_offset_fails_the_pass_naming_the_batch(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    batch: int,
+    value: int,
+    reason: str,
+    windowed: bool,
+) -> None:
+    """No CRC covers a batch's base offset: one outside its segment's offsets (negative,
+    not ascending, below the segment's base or reaching the next segment's) fails the
+    pass with the file and position, whether the decode sees the batch before it in the
+    same window or not; nothing is written and the partition is marked. (A negative one
+    failed deep in the map build without a file; the others were cleaned as if sound.)"""
+    d = build(tmp_path / "logs")
+    seg = d / "00000000000000000010.log"
+    position = set_base_offset(seg, batch, value)
+    if windowed:
+        monkeypatch.setattr(cleaner_module, "DECODE_WINDOW_BYTES", 1)  # a batch a window
+    before = files(d)
+    with pytest.raises(CorruptRecordError) as info:
+        clean(d)
+    assert str(info.value) == f"corrupt record batch in {seg} at position {position}: {reason}"
+    assert files(d) == before
+    registry = UncleanablePartitions()
+    assert run_marked(d, registry) is None
+    assert registry.reason(TP) == str(info.value)
+    assert files(d) == before
 
 
 def fill_disk(path: Path) -> int | None:

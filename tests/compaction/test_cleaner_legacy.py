@@ -11,7 +11,7 @@ from cleanerd.compaction.cleaner import CleanerConfig
 from cleanerd.compaction.strategy import resolve_strategy
 from cleanerd.records.batch import decode_batch, iter_records
 from cleanerd.records.header import Compression
-from cleanerd.records.walker import scan_batches
+from cleanerd.records.walker import ANY_OFFSETS, Window, scan_batches
 from tests.compaction.conftest import LogBuilder, clean, k
 
 
@@ -77,7 +77,7 @@ def test_a_legacy_entry_in_a_mixed_window_is_rewritten_with_its_values(
     d = log.write()
     path = d / f"{0:020d}.log"
     raw = path.read_bytes()
-    window = (list(scan_batches(raw))[1].position, len(raw))
+    window = Window(list(scan_batches(raw))[1].position, len(raw), ANY_OFFSETS)
     c = cleaner._read_columns(raw, window, path, verify_crc=True)
     assert c.joined.copied
     assert c.joined.segment_shift == -window[0]

@@ -20,7 +20,7 @@ from cleanerd.log.recovery import SegmentOptions, recover_partition
 from cleanerd.log.segment_reader import map_segment
 from cleanerd.records.columns import SegmentColumns, segment_columns
 from cleanerd.records.header import Buffer, Compression
-from cleanerd.records.walker import scan_batches
+from cleanerd.records.walker import ANY_OFFSETS, OffsetRange, Window, scan_batches
 from tests.compaction.conftest import LogBuilder, clean, k, read_batches
 
 
@@ -92,9 +92,11 @@ def test_crcs_are_checked_once_per_pass(log: LogBuilder, monkeypatch: pytest.Mon
     d = log.write()
     checked: list[tuple[int, bool]] = []
 
-    def spy(raw: Buffer, *, start: int, end: int, verify_crc: bool) -> SegmentColumns:
+    def spy(
+        raw: Buffer, *, start: int, end: int, verify_crc: bool, offsets: OffsetRange
+    ) -> SegmentColumns:
         checked.append((len(raw), verify_crc))
-        return segment_columns(raw, start=start, end=end, verify_crc=verify_crc)
+        return segment_columns(raw, start=start, end=end, verify_crc=verify_crc, offsets=offsets)
 
     monkeypatch.setattr(cleaner, "segment_columns", spy)
     monkeypatch.setattr(cleaner, "CACHE_BYTES", 0)
@@ -193,9 +195,11 @@ def test_a_big_segment_is_decoded_a_window_at_a_time(
     size = (d / f"{0:020d}.log").stat().st_size
     decoded: set[tuple[int, int]] = set()
 
-    def spy(raw: Buffer, *, start: int, end: int, verify_crc: bool) -> SegmentColumns:
+    def spy(
+        raw: Buffer, *, start: int, end: int, verify_crc: bool, offsets: OffsetRange
+    ) -> SegmentColumns:
         decoded.add((start, end))
-        return segment_columns(raw, start=start, end=end, verify_crc=verify_crc)
+        return segment_columns(raw, start=start, end=end, verify_crc=verify_crc, offsets=offsets)
 
     monkeypatch.setattr(cleaner, "segment_columns", spy)
     monkeypatch.setattr(cleaner, "DECODE_WINDOW_BYTES", 1000)
@@ -220,7 +224,7 @@ def test_windows_are_decoded_ahead_in_threads_the_pass_stops(
     d = log.write()
     threads: list[str] = []
 
-    def spy(raw: Buffer, window: tuple[int, int], path: Path, *, verify_crc: bool) -> object:
+    def spy(raw: Buffer, window: Window, path: Path, *, verify_crc: bool) -> object:
         threads.append(threading.current_thread().name)
         return decode_ahead(raw, window, path, verify_crc=verify_crc)
 
@@ -270,7 +274,7 @@ def test_a_decoded_window_counts_all_it_holds(log: LogBuilder) -> None:
     d = log.write()
     path = d / f"{0:020d}.log"
     raw = path.read_bytes()
-    c = cleaner._read_columns(raw, (0, len(raw)), path, verify_crc=True)
+    c = cleaner._read_columns(raw, Window(0, len(raw), ANY_OFFSETS), path, verify_crc=True)
     c.hashes(c.keyed)
     held: dict[int, int] = {}
     for name in dir(c.sc) + dir(c):

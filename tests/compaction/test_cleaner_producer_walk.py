@@ -21,6 +21,7 @@ from cleanerd.records.batch import decode_batch, encode_batch
 from cleanerd.records.control import NO_CONTROL_RECORD, control_type
 from cleanerd.records.header import LEGACY_V0_MIN_SIZE, LOG_OVERHEAD, Buffer, unpack_header
 from cleanerd.records.record import Record
+from cleanerd.records.walker import Window
 from tests.compaction.conftest import TP, T, clean, k
 from tests.compaction.test_cleaner_legacy import legacy
 
@@ -187,7 +188,7 @@ def _walked_last_offsets(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     walked: list[int] = []
     real = cleaner._producer_columns
 
-    def counting(raw: Buffer, window: tuple[int, int] | None = None) -> ProducerColumns:
+    def counting(raw: Buffer, window: Window | None = None) -> ProducerColumns:
         columns = real(raw, window)
         walked.extend(columns.last_offset.tolist())
         return columns

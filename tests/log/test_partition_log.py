@@ -47,6 +47,7 @@ from tests.builders import (
     kv,
     offsets_and_values,
     partition_flocks,
+    set_base_offset,
     settle_dir,
     write_segment,
 )
@@ -729,6 +730,27 @@ def test_the_readable_meta_stands_a_damaged_segment_in_by_its_files(
     assert bad.largest_timestamp_ms == path.stat().st_mtime_ns // 1_000_000
     assert meta.segments[0].largest_timestamp_ms == 1_001
     assert meta.log_end_offset == (4 if damaged_base == 4 else 6)
+
+
+def test_a_segment_reaching_the_next_ones_base_is_damaged(tmp_path: Path) -> None:
+    """A rolled segment's last batch whose base offset (which no CRC covers) reaches the
+    next segment's: the metadata, read from the segment's tail, would take it as the
+    segment's end, so `meta` refuses it naming the file and offsets, and `readable_meta`
+    stands the segment in as damaged (retention then stops before it)."""
+    batches = [[kv(f"k{i}", f"v{i}", timestamp=1_000 + i)] for i in range(2)]
+    build_log(tmp_path / "logs", [batches] * 3, state_dir=tmp_path / "state")
+    path = tmp_path / "logs" / "topic-0" / f"{2:020d}.log"
+    set_base_offset(path, -1, 9)
+    plog = PartitionLog.open(path.parent, state_dir=tmp_path / "state", read_only=True)
+    reason = "last offset 9 is not below the next segment's base offset 4"
+    with pytest.raises(CorruptRecordError) as caught:
+        plog.meta()
+    assert str(caught.value) == f"corrupt record batch in {path}: {reason}"
+    meta = plog.readable_meta()
+    assert [s.damage is None for s in meta.segments] == [True, False, True]
+    assert meta.damage is not None
+    assert meta.damage.endswith(reason)
+    assert meta.segments[1].next_offset == 2
 
 
 def test_the_readable_meta_stands_in_for_damage_only(

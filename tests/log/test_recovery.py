@@ -19,7 +19,14 @@ from cleanerd.log.index import IndexPastLogError
 from cleanerd.log.known_reader import read_dir
 from cleanerd.log.partition_log import LogConfig, PartitionLog
 from cleanerd.log.recovery import SpecialFileRefused, SymlinkRefused
-from tests.builders import build_log, encode_records, kv, offsets_and_values, write_segment
+from tests.builders import (
+    build_log,
+    encode_records,
+    kv,
+    offsets_and_values,
+    set_base_offset,
+    write_segment,
+)
 
 CONFIG = LogConfig(index_interval_bytes=100)
 KEYS = [f"k{j % 10}" for j in range(20)]  # offsets 0..19, two per segment
@@ -466,6 +473,44 @@ def test_flipped_byte_with_data_after_is_reported_not_cut(tmp_path: Path) -> Non
     assert plog.corrupt.path == str(active)
     assert plog.corrupt.position == 0
     assert "CRC mismatch" in str(plog.corrupt)
+    assert _files(path) == before
+
+
+@pytest.mark.parametrize(
+    ("batch", "value", "reason"),
+    [
+        (-1, 18, "base offset 18 is not above the previous batch's last offset 18"),
+        (-1, -1, "negative base offset -1"),
+        (0, 17, "base offset 17 is below the segment's base offset 18"),
+    ],
+)
+def test_a_damaged_base_offset_in_the_active_segment_is_reported_not_cut(
+    tmp_path: Path, batch: int, value: int, reason: str
+) -> None:
+    """A whole batch whose offsets are out of place is damage no CRC sees, never a torn
+    append, even as the segment's last: reported with its file and position, and
+    nothing cut. (The last batch was cut as if its CRC had failed.)"""
+    path = _build(tmp_path)
+    active = _active_log(path)
+    position = set_base_offset(active, batch, value)
+    before = _files(path)
+    plog = _open(path)
+    assert str(plog.corrupt) == f"corrupt record batch in {active} at position {position}: {reason}"
+    assert not plog.recovery_report.truncated
+    assert _files(path) == before
+
+
+def test_a_batch_reaching_the_next_segment_is_reported(tmp_path: Path) -> None:
+    """A segment walked by recovery holds offsets below the next segment's base only."""
+    path = _build(tmp_path)
+    segment = log_file(path, 4)
+    position = set_base_offset(segment, -1, 6)
+    before = _files(path)
+    plog = _open(path, full_check=True)
+    assert str(plog.corrupt) == (
+        f"corrupt record batch in {segment} at position {position}: "
+        "last offset 6 is not below the next segment's base offset 6"
+    )
     assert _files(path) == before
 
 

@@ -234,7 +234,9 @@ def test_malformed_compressed_record_names_batch_and_inner_byte() -> None:
 
     good = encode_batch(sample(0, 1), base_offset=0)
     area = compress(Compression.SNAPPY, bytes([8, 0, 0, 0, 0x7E, 1, 2, 3, 4]))
-    bad_header = dataclasses.replace(unpack_header(good), attributes=int(Compression.SNAPPY))
+    bad_header = dataclasses.replace(
+        unpack_header(good), base_offset=1, attributes=int(Compression.SNAPPY)
+    )
     data = good + _assemble(bad_header, area)
     with pytest.raises(
         CorruptRecordError, match=r"key length .*byte 0 of the decompressed"

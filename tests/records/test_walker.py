@@ -25,7 +25,8 @@ from tests.conftest import KAFKA_REAL
 
 
 def reference(buf: bytes, verify_crc: bool = True) -> tuple[list[BatchInfo], int, str | None]:
-    """One batch at a time in Python: the batches, where the walk stops, and why."""
+    """One batch at a time in Python: the batches, where the walk stops, and why. Offsets
+    must not be negative and must ascend (a legacy entry is judged by its own offset)."""
     infos: list[BatchInfo] = []
     p = 0
     while p < len(buf):
@@ -33,6 +34,19 @@ def reference(buf: bytes, verify_crc: bool = True) -> tuple[list[BatchInfo], int
             info = check_batch_at(buf, p, len(buf), verify_crc=verify_crc)
         except CorruptRecordError as exc:
             return infos, p, str(exc)
+        name, first = (
+            ("base offset", info.base_offset) if info.magic == 2 else ("offset", info.last_offset)
+        )
+        why = None
+        if first < 0:
+            why = f"negative {name} {first}"
+        elif infos and first <= (last := infos[-1].last_offset):
+            why = f"{name} {first} is not above the previous batch's last offset {last}"
+        elif info.last_offset > 2**63 - 1:
+            delta = info.last_offset - first
+            why = f"base offset {first} + lastOffsetDelta {delta} is past the largest offset"
+        if why is not None:
+            return infos, p, f"corrupt record batch at position {p}: {why}"
         infos.append(info)
         p += info.size
     return infos, p, None
@@ -198,8 +212,8 @@ def test_batch_windows_cut_a_segment_at_batch_boundaries(buf: bytes, max_bytes: 
     assert all(a[1] == b[0] for a, b in itertools.pairwise(windows))
     infos, stop, error = reference(buf)
     got: list[BatchInfo] = []
-    for start, end in windows:
-        w = walk(buf, start=start, end=end)
+    for start, end, offsets in windows:
+        w = walk(buf, start=start, end=end, offsets=offsets)
         got += w.table.infos()
         if w.error is not None or end == len(buf):
             assert w.stop == stop
@@ -209,7 +223,7 @@ def test_batch_windows_cut_a_segment_at_batch_boundaries(buf: bytes, max_bytes: 
         assert end - start <= max_bytes or len(w.table) == 1
     assert got == infos
     if len(buf) <= max_bytes:
-        assert windows == [(0, len(buf))]
+        assert windows == [(0, len(buf), walker.ANY_OFFSETS)]
 
 
 def test_a_walk_keeps_only_the_rows_of_its_batches() -> None:
@@ -240,16 +254,113 @@ def test_batch_windows_are_found_as_they_are_asked_for(monkeypatch: pytest.Monke
     hops: list[int] = []
     next_cut = walker._next_cut
 
-    def counted(data: np.ndarray, run: int, max_bytes: int) -> int:
+    def counted(data: np.ndarray, run: int, max_bytes: int) -> tuple[int, int]:
         hops.append(run)
-        return int(next_cut(data, run, max_bytes))
+        cut, last = next_cut(data, run, max_bytes)
+        return int(cut), int(last)
 
     monkeypatch.setattr(walker, "_next_cut", counted)
     windows = walker.BatchWindows(buf, 1000)
-    assert windows.get(0) == (0, 825)  # three 275-byte batches
+    assert windows.get(0) == (0, 825, walker.ANY_OFFSETS)  # three 275-byte batches
     assert hops == [0]
-    assert windows.get(1) == (825, 1650)
+    assert windows.get(1) == (825, 1650, walker.OffsetRange(3, after_batch=True))
     assert hops == [0, 825]
     assert list(windows) == expected
     assert len(expected) == len(hops) == 34  # the last hop found no cut
     assert windows.get(34) is None
+
+
+def _numbered(base: int, batches: int, per_batch: int = 1) -> bytes:
+    return b"".join(
+        encode_batch(
+            [Record(o, 1000, b"k", b"v") for o in range(at, at + per_batch)], base_offset=at
+        )
+        for at in range(base, base + batches * per_batch, per_batch)
+    )
+
+
+def _with_base(buf: bytes, batch: int, value: int) -> tuple[bytes, int]:
+    """`buf` with the base offset of its `batch`-th batch set to `value` (no CRC covers
+    it), and that batch's position."""
+    data = bytearray(buf)
+    position = int(walk(buf).table.position[batch])
+    data[position : position + 8] = value.to_bytes(8, "big", signed=True)
+    return bytes(data), position
+
+
+@pytest.mark.parametrize(
+    ("batch", "value", "offsets", "reason"),
+    [
+        (2, -5, walker.ANY_OFFSETS, "negative base offset -5"),
+        (
+            2,
+            101,
+            walker.ANY_OFFSETS,
+            "base offset 101 is not above the previous batch's last offset 101",
+        ),
+        (
+            0,
+            99,
+            walker.OffsetRange.of_segment(100),
+            "base offset 99 is below the segment's base offset 100",
+        ),
+        (
+            4,
+            110,
+            walker.OffsetRange.of_segment(100, 105),
+            "last offset 110 is not below the next segment's base offset 105",
+        ),
+    ],
+)
+def test_a_base_offset_outside_the_walks_range_stops_it(
+    batch: int, value: int, offsets: walker.OffsetRange, reason: str
+) -> None:
+    """No CRC covers a batch's base offset: a walk refuses one that is negative, does not
+    ascend, or leaves its segment's range, naming the batch; every walk agrees (one
+    table, chunks, the summary, windows of one batch)."""
+    buf, position = _with_base(_numbered(100, 5), batch, value)
+    w = walk(buf, offsets=offsets)
+    assert isinstance(w.error, walker.BadOffsetError)
+    assert str(w.error) == f"corrupt record batch at position {position}: {reason}"
+    assert (len(w.table), w.stop) == (batch, position)
+    assert summarize(buf, offsets=offsets) is None
+    chunked = Walker(buf, rows=1, offsets=offsets)
+    assert sum(len(chunk) for chunk in chunked) == batch
+    assert str(chunked.error) == str(w.error)
+    for start, end, window in batch_windows(buf, 1, offsets):  # a batch a window
+        error = walk(buf, start=start, end=end, offsets=window).error
+        if error is not None:
+            assert (start, str(error)) == (position, str(w.error))
+            break
+    else:
+        raise AssertionError("no window refused the batch")
+
+
+def test_the_largest_offset_is_still_an_offset() -> None:
+    """A batch may end at the largest offset; one more record would be past it."""
+    top = 2**63 - 1
+    assert walk(_numbered(top - 1, 1, per_batch=2)).error is None
+    buf, _ = _with_base(_numbered(0, 1, per_batch=2), 0, top)
+    error = walk(buf).error
+    assert error is not None
+    assert f"base offset {top} + lastOffsetDelta 1 is past the largest offset" in str(error)
+
+
+def test_a_segments_range_holds_exactly_its_offsets() -> None:
+    """[base offset, next segment's base offset): its bounds are offsets it may hold."""
+    buf = _numbered(100, 5)
+    assert walk(buf, offsets=walker.OffsetRange.of_segment(100, 105)).error is None
+    assert walk(buf, offsets=walker.OffsetRange.of_segment(101, 105)).error is not None
+    assert walk(buf, offsets=walker.OffsetRange.of_segment(100, 104)).error is not None
+
+
+def test_windows_narrow_the_range_to_what_follows_the_window_before() -> None:
+    buf = _numbered(100, 4, per_batch=3)
+    size = len(buf) // 4
+    windows = batch_windows(buf, size, walker.OffsetRange.of_segment(100, 200))
+    assert [w.offsets for w in windows] == [
+        walker.OffsetRange(100, 199),
+        walker.OffsetRange(103, 199, after_batch=True),
+        walker.OffsetRange(106, 199, after_batch=True),
+        walker.OffsetRange(109, 199, after_batch=True),
+    ]

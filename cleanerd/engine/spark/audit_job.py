@@ -67,6 +67,7 @@ from cleanerd.log.segment_reader import map_file
 from cleanerd.log.txnindex import AbortedTxn
 from cleanerd.records.columns import segment_columns
 from cleanerd.records.header import Buffer
+from cleanerd.records.walker import OffsetRange
 
 if TYPE_CHECKING:
     from cleanerd.engine.spark.session import SparkSession
@@ -113,6 +114,8 @@ class AuditTask:
     stable_offset: int
     aborted: tuple[AbortedTxn, ...] | None
     """The aborted transactions overlapping the segment; None when the partition has none."""
+    offsets: OffsetRange
+    """What the segment's batches may hold: up to the next segment's base offset."""
 
 
 def audit_rows(task: AuditTask, raw: Buffer) -> dict[str, NDArray[Any]]:
@@ -123,7 +126,7 @@ def audit_rows(task: AuditTask, raw: Buffer) -> dict[str, NDArray[Any]]:
         tracker = TransactionTracker()
         tracker.add_aborted(list(task.aborted))
     try:
-        sc = segment_columns(raw)
+        sc = segment_columns(raw, offsets=task.offsets)
         cols = segment_audit_columns(
             sc, strategy=task.strategy, stable_offset=task.stable_offset, tracker=tracker
         )
@@ -230,6 +233,7 @@ def audit_tasks(spec: AuditSpec) -> list[AuditTask]:
                     strategy=p.strategy,
                     stable_offset=p.stable_offset,
                     aborted=aborted,
+                    offsets=OffsetRange.of_segment(base, upper),
                 )
             )
     return tasks

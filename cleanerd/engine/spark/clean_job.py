@@ -88,13 +88,14 @@ from cleanerd.log.segment_reader import (
     join_buffers,
     load_aborted,
     map_segment,
+    segment_offsets,
     segment_upper,
 )
 from cleanerd.log.txnindex import AbortedTxn
 from cleanerd.records.columns import SegmentColumns, segment_columns
 from cleanerd.records.control import control_type_column
 from cleanerd.records.header import CONTROL_MASK, TRANSACTIONAL_MASK, Buffer
-from cleanerd.records.walker import DECODE_WINDOW_BYTES, batch_windows
+from cleanerd.records.walker import DECODE_WINDOW_BYTES, OffsetRange, batch_windows
 
 if TYPE_CHECKING:
     from cleanerd.engine.spark.session import DataFrame, SparkSession
@@ -134,6 +135,8 @@ class SegmentTask:
     strategy: ResolvedStrategy
     aborted: tuple[AbortedTxn, ...]
     """The partition's aborted transactions overlapping [base, upper)."""
+    offsets: OffsetRange
+    """What the segment's batches may hold (`segment_offsets`)."""
 
 
 class _AbortedScan:
@@ -202,8 +205,8 @@ def segment_rows(task: SegmentTask, raw: Buffer) -> dict[str, NDArray[Any]]:
     parts = []
     keyed = 0
     try:
-        for start, end in batch_windows(raw, DECODE_WINDOW_BYTES):
-            sc = segment_columns(raw, start=start, end=end, verify_crc=True)
+        for start, end, offsets in batch_windows(raw, DECODE_WINDOW_BYTES, task.offsets):
+            sc = segment_columns(raw, start=start, end=end, verify_crc=True, offsets=offsets)
             parts.append(_rows(task, sc, scan, keyed))
             keyed += int(np.count_nonzero(sc.key_len >= 0))
             del sc  # no view of a mapping may outlive the task
@@ -400,6 +403,7 @@ def segment_tasks(spec: JobSpec) -> list[SegmentTask]:
                     end=p.first_uncleanable,
                     strategy=p.config.strategy,
                     aborted=tuple(aborted_between(aborted, seg.base_offset, upper)),
+                    offsets=segment_offsets(p.segments, idx),
                 )
             )
     return tasks

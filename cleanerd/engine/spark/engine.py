@@ -61,8 +61,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final, Protocol
 
-import numpy as np
-
 from cleanerd.compaction.audit import AuditColumns, PartitionAudit
 from cleanerd.compaction.cleanable import NO_MAX_COMPACTION_LAG
 from cleanerd.compaction.cleaner import (
@@ -90,7 +88,7 @@ from cleanerd.engine.spark.specs import (
     recorded_errors,
 )
 from cleanerd.engine.spark.tasks import AUDIT_JOB, CLEAN_JOB, python_path_env
-from cleanerd.errors import CleanerdError
+from cleanerd.errors import CleanerdError, CorruptRecordError
 from cleanerd.log.files import (
     CLEANED_FILE_SUFFIX,
     INDEX_FILE_SUFFIX,
@@ -104,7 +102,7 @@ from cleanerd.log.lock import PartitionLock
 from cleanerd.log.ownership import OwnerProof
 from cleanerd.log.segment_reader import map_file
 from cleanerd.records.columns import segment_columns
-from cleanerd.records.walker import DECODE_WINDOW_BYTES, batch_windows
+from cleanerd.records.walker import DECODE_WINDOW_BYTES, OffsetRange, batch_windows
 
 MISSING_MESSAGE: Final = "the spark engine needs `pip install cleanerd[spark]` and Java 17"
 BATCH_WINDOW_S: Final = 0.2
@@ -232,23 +230,22 @@ def _check_group(dir_path: Path, group: CleanedGroup, max_index_size: int) -> No
     the manifest: sizes, records, CRCs, offsets in order within [base, next offset)."""
     size = records = 0
     ends = group.base
-    for base in group.bases:
+    for base, upper in zip(group.bases, [*group.bases[1:], group.next_offset], strict=True):
         path = log_file(dir_path, base, CLEANED_FILE_SUFFIX)
         if not path.exists():
             raise CleanerdError(f"{path}: missing, the job wrote it")
         data = map_file(path)
         # Decoded a window at a time, like any segment (an output is up to 1 GiB).
-        for start, end in batch_windows(data, DECODE_WINDOW_BYTES):
-            sc = segment_columns(data, start=start, end=end, verify_crc=True)
-            bases = sc.base_offset
-            lasts = bases + sc.last_offset_delta
-            if (bases.size and int(bases[0]) < max(base, ends)) or bool(
-                np.any(bases[1:] <= lasts[:-1])
-            ):
-                raise CleanerdError(f"{path}: batches out of offset order")
-            records += int(sc.records_count.sum())
-            ends = int(lasts[-1]) + 1 if lasts.size else ends
-            del sc, bases, lasts  # no view of the mapping may outlive the loop
+        windows = batch_windows(data, DECODE_WINDOW_BYTES, OffsetRange.of_segment(base, upper))
+        try:
+            for start, end, offsets in windows:
+                sc = segment_columns(data, start=start, end=end, verify_crc=True, offsets=offsets)
+                records += int(sc.records_count.sum())
+                if sc.num_batches:
+                    ends = int(sc.base_offset[-1]) + int(sc.last_offset_delta[-1]) + 1
+                del sc  # no view of the mapping may outlive the loop
+        except CorruptRecordError as exc:
+            raise exc.located(path) from exc
         size += len(data)
         _check_indexes(dir_path, base, len(data), max_index_size)
     if size != group.size_bytes or records != group.records or ends != group.next_offset:

@@ -28,9 +28,11 @@ from cleanerd.engine.spark.specs import (
     AuditSpec,
     record_progress,
 )
+from cleanerd.errors import CorruptRecordError
 from cleanerd.log.files import TopicPartition, log_file
 from cleanerd.log.segment import LogSegment
 from cleanerd.log.segment_reader import map_file
+from tests.builders import set_base_offset
 from tests.compaction.conftest import segment_metas
 from tests.engine.spark.support import (
     NOW,
@@ -219,3 +221,29 @@ def test_spark_audit_command_shows_progress(
     assert spark_done is not None, on_spark
     assert spark_done.groups() == local_done.groups()
     assert int(local_done[1]) > 6
+
+
+def test_a_segment_task_refuses_a_base_offset_out_of_its_segment(tmp_path: Path) -> None:
+    """An executor decodes a segment against the offsets it may hold, as the local audit
+    does: a first batch below the segment's base offset names the file and position."""
+    d = tmp_path / "logs" / "t-0"
+    random_partition(d, random.Random(5), roll=0.3)
+    metas = segment_metas(d)
+    assert len(metas) > 2
+    second = log_file(d, metas[1].base_offset)
+    set_base_offset(second, 0, metas[1].base_offset - 1)
+    part = AuditPartition(
+        log_dir=d.parent,
+        tp=TopicPartition("t", 0),
+        segments=tuple(m.base_offset for m in metas),
+        strategy=resolve_strategy("offset", None),
+        stable_offset=metas[-1].next_offset,
+        aborted=(),
+        max_compaction_lag_ms=1,
+    )
+    tasks = audit_tasks(AuditSpec((part,), now_ms=NOW, slack_ms=0, max_listed=5, staging=tmp_path))
+    with pytest.raises(CorruptRecordError) as caught:
+        audit_rows(tasks[1], map_file(second))
+    assert caught.value.path == str(second)
+    assert caught.value.position == 0
+    assert "is below the segment's base offset" in str(caught.value)

@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from cleanerd.compaction.cleaner import CleanerConfig
 from cleanerd.compaction.keyhash import hash_key
 from cleanerd.compaction.offset_map import OffsetMap
 from cleanerd.compaction.strategy import CompactionStrategy, resolve_strategy
@@ -21,15 +22,20 @@ from cleanerd.engine.spark.clean_job import (
     bitmap_path,
     read_bitmap,
     segment_rows,
+    segment_tasks,
     superseded_rows,
     write_bitmap,
 )
-from cleanerd.errors import CleanerdError, CorruptIndexError
+from cleanerd.engine.spark.specs import JobSpec, PassSpec
+from cleanerd.errors import CleanerdError, CorruptIndexError, CorruptRecordError
 from cleanerd.log.txnindex import AbortedTxn
 from cleanerd.records.batch import encode_batch
 from cleanerd.records.columns import segment_columns
 from cleanerd.records.control import ControlRecordType, encode_end_txn_marker
 from cleanerd.records.record import Record
+from cleanerd.records.walker import OffsetRange
+from tests.builders import set_base_offset
+from tests.compaction.conftest import TP, LogBuilder, k, segment_metas
 
 row_st = st.tuples(
     st.integers(0, 5),  # key
@@ -133,7 +139,7 @@ def test_missing_abort_marker_is_a_corrupt_index() -> None:
     )
     strategy = resolve_strategy("offset", None)
     txn = AbortedTxn(0, 5, 1, 2)
-    task = SegmentTask(0, "/p/0.log", 0, 2, 0, 2, strategy, (txn,))
+    task = SegmentTask(0, "/p/0.log", 0, 2, 0, 2, strategy, (txn,), OffsetRange.of_segment(0, 2))
     sc = segment_columns(_segment([data, marker]))
     assert aborted_batches(sc, task).tolist() == [True, False]
     with pytest.raises(CorruptIndexError, match="no ABORT marker at 1"):
@@ -175,6 +181,7 @@ def _txn_segment() -> tuple[bytes, SegmentTask]:
         offset + 1,
         strategy,
         (AbortedTxn(4, 5, offset, offset + 1),),
+        OffsetRange.of_segment(0, offset + 1),
     )
     return b"".join(batches), task
 
@@ -205,3 +212,39 @@ def test_a_missing_abort_marker_fails_a_segment_read_in_windows(
     monkeypatch.setattr(clean_job, "DECODE_WINDOW_BYTES", 150)
     with pytest.raises(CorruptIndexError, match="no ABORT marker"):
         segment_rows(task, raw[:cut])
+
+
+@pytest.mark.parametrize("window_bytes", [1 << 20, 1])
+def test_an_executor_refuses_a_base_offset_out_of_its_segment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, window_bytes: int
+) -> None:
+    """The job decodes each segment against the offsets it may hold, as the local pass
+    does: a base offset no CRC covers, reaching the next segment's, fails the task with
+    the file and position (it was cleaned as if sound), in one window or many."""
+    log = LogBuilder(tmp_path / "logs")
+    for i in range(30):
+        log.append([(k(i % 4), b"v")])
+        if i % 10 == 9:
+            log.roll()
+    d = log.write()
+    seg = d / f"{10:020d}.log"
+    position = set_base_offset(seg, -1, 20)
+    metas = tuple(segment_metas(d))
+    spec = PassSpec(
+        log_dir=d.parent,
+        tp=TP,
+        segments=metas,
+        first_dirty=0,
+        first_uncleanable=metas[-1].base_offset,
+        now_ms=1,
+        config=CleanerConfig(),
+    )
+    (task,) = [t for t in segment_tasks(JobSpec((spec,), tmp_path)) if t.base == 10]
+    assert task.offsets == OffsetRange(10, 19)
+    monkeypatch.setattr(clean_job, "DECODE_WINDOW_BYTES", window_bytes)
+    with pytest.raises(CorruptRecordError) as caught:
+        segment_rows(task, seg.read_bytes())
+    assert str(caught.value) == (
+        f"corrupt record batch in {seg} at position {position}: "
+        "last offset 20 is not below the next segment's base offset 20"
+    )

@@ -408,5 +408,5 @@ def test_the_output_check_reads_a_window_at_a_time(
     data = output.read_bytes()
     spans = [data[b.position : b.position + b.size] for b in scan_batches(data)]
     output.write_bytes(b"".join([spans[1], spans[0], *spans[2:]]))
-    with pytest.raises(CleanerdError, match="out of offset order"):
+    with pytest.raises(CleanerdError, match="not above the previous batch"):
         spark_engine._check_group(d, group, CleanerConfig().max_index_size)
