@@ -1227,7 +1227,13 @@ class Cleaner:
     def _clean_group(
         self, p: _Pass, group: list[SegmentMeta], tracker: TransactionTracker
     ) -> CleanedGroup:
-        output = CleanedOutput(self.ops, p.dir_path, group[0].base_offset, p.config.output_limits())
+        output = CleanedOutput(
+            self.ops,
+            p.dir_path,
+            group[0].base_offset,
+            p.config.output_limits(),
+            like=log_file(p.dir_path, group[0].base_offset),
+        )
         records_before = p.stats.messages_written
         try:
             # A group is consecutive segments of the pass (`group_segments_by_size`).

@@ -62,7 +62,7 @@ from cleanerd.log.files import (
     is_segment_file_name,
     segment_file,
 )
-from cleanerd.log.fsutil import TMP_SUFFIX, fsync_dir, safe_unlink
+from cleanerd.log.fsutil import TMP_SUFFIX, adopt_owner, fsync_dir, safe_unlink
 from cleanerd.log.meta import SegmentMeta
 from cleanerd.log.ownership import OwnerProof, StaleWork, verify_segments
 
@@ -72,9 +72,17 @@ SEGMENT_KINDS = (LOG_FILE_SUFFIX, INDEX_FILE_SUFFIX, TIME_INDEX_FILE_SUFFIX, TXN
 class FileOps:
     """The real file operations of a pass; tests substitute a counting subclass."""
 
-    def create(self, path: Path) -> int:
-        """Open `path` for writing, truncating it; returns a descriptor."""
-        return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+    def create(self, path: Path, like: Path | None = None) -> int:
+        """Open `path` for writing, truncating it, with the bits and group of `like`
+        (`fsutil.adopt_owner`); returns a descriptor."""
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+        if like is not None:
+            try:
+                adopt_owner(fd, like)
+            except BaseException:
+                os.close(fd)
+                raise
+        return fd
 
     def write(self, fd: int, data: bytes | bytearray | memoryview) -> None:
         """Write all of `data` (a short write is continued)."""
@@ -107,9 +115,9 @@ class FileOps:
         """Set the file's modification (and access) time."""
         os.utime(path, ns=(mtime_ns, mtime_ns))
 
-    def write_file(self, path: Path, data: bytes) -> None:
-        """Create `path` with `data`, fsynced."""
-        fd = self.create(path)
+    def write_file(self, path: Path, data: bytes, like: Path | None = None) -> None:
+        """Create `path` with `data`, fsynced (`like`: as `create`)."""
+        fd = self.create(path, like)
         try:
             if data:
                 self.write(fd, data)
@@ -118,9 +126,10 @@ class FileOps:
             self.close(fd)
 
     def atomic_write(self, path: Path, data: bytes) -> None:
-        """Replace `path` by `data`: `<path>.tmp`, fsync, rename, fsync the dir."""
+        """Replace `path` by `data`: `<path>.tmp`, fsync, rename, fsync the dir; the new
+        file takes the old one's bits and group, else its dir's (`fsutil.adopt_owner`)."""
         tmp = path.with_name(path.name + TMP_SUFFIX)
-        self.write_file(tmp, data)
+        self.write_file(tmp, data, path if path.exists() else path.parent)
         self.rename(tmp, path)
         self.fsync_dir(path.parent)
 

@@ -208,11 +208,20 @@ class _Segment:
 
 class CleanedOutput:
     """The output of one group: `.cleaned` segments starting at `base`, more of them
-    after an overflow. Every file operation goes through `ops`."""
+    after an overflow, each file with the bits and group of `like` (the group's first
+    `.log`, which it replaces). Every file operation goes through `ops`."""
 
-    def __init__(self, ops: FileOps, dir_path: Path, base: int, limits: OutputLimits) -> None:
+    def __init__(
+        self,
+        ops: FileOps,
+        dir_path: Path,
+        base: int,
+        limits: OutputLimits,
+        like: Path | None = None,
+    ) -> None:
         self.ops = ops
         self.dir_path = dir_path
+        self.like = like
         self._limit_row = np.array(
             [
                 limits.max_segment_bytes,
@@ -245,7 +254,7 @@ class CleanedOutput:
         path = log_file(self.dir_path, base, CLEANED_FILE_SUFFIX)
         with file_step("creating the cleaned segment", path):
             remove_cleaned(self.dir_path, base, self.ops)
-            self.segments.append(_Segment(base, path, self.ops.create(path)))
+            self.segments.append(_Segment(base, path, self.ops.create(path, self.like)))
 
     def append(self, chunk: OutputChunk) -> int:
         """Append the chunk's batches, starting a new segment at each overflow; returns
@@ -295,7 +304,7 @@ class CleanedOutput:
                 files.append((txn, b"".join(t.to_bytes() for t in mine)))
             for path, data in files:
                 with file_step("writing the cleaned index", path):
-                    self.ops.write_file(path, data)
+                    self.ops.write_file(path, data, self.like)
             for path in (seg.log_path, files[0][0], files[1][0]):
                 with file_step("setting the cleaned file's mtime", path):
                     self.ops.set_mtime(path, mtime_ns)

@@ -12,6 +12,14 @@ The argument every writer in cleanerd relies on:
 - `fsync_dir` ignores only EINVAL: some network file systems cannot fsync a directory,
   and there is nothing better to do there; every other error means the rename may not
   be durable and is raised.
+- `adopt_owner` gives a file cleanerd creates in a log dir the permission bits and group
+  (and, as root, the owner) of the file it replaces or stands beside, or of its dir when
+  it has neither (less the execute bits): the broker, or whoever reads a retired dir's
+  segments, keeps reading (and, for `.lock`, opening to write) what cleanerd writes
+  there, whatever cleanerd's own user and umask (the systemd unit runs it as `cleanerd`
+  with umask 0027). A file it creates is first a `.cleaned` or `.tmp` name, so the bits
+  are set before a rename makes the file visible under its final name. `mkdir_like` does
+  the same for a partition dir it creates.
 - `safe_unlink` survives a full disk: on some file systems (btrfs, ZFS) unlinking needs
   free space for metadata and fails with ENOSPC. If the file has a single link,
   truncating it to zero frees its data blocks without needing new space, after which
@@ -21,8 +29,10 @@ The argument every writer in cleanerd relies on:
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
+import stat
 from pathlib import Path
 
 TMP_SUFFIX = ".tmp"
@@ -49,8 +59,42 @@ def fsync_file(path: Path | str) -> None:
         os.close(fd)
 
 
-def atomic_write(path: Path | str, data: bytes) -> None:
-    """Replace `path` with `data` so that a crash leaves either the old or the new file.
+def adopt_owner(fd: int, like: Path | str) -> None:
+    """Give the file (or dir) this process created, open at `fd`, the permission bits
+    and group of `like`, and its owner when this process may (root); a group this
+    process is not in stays its own. A file like a dir takes the dir's bits less the
+    execute ones. Nothing when `like` is gone."""
+    try:
+        st = Path(like).stat()
+    except FileNotFoundError:
+        return
+    own = os.fstat(fd)
+    if own.st_uid != os.geteuid() and os.geteuid() != 0:
+        return  # another user's file (emptied, say): its bits are not this process's to set
+    mode = stat.S_IMODE(st.st_mode)
+    if stat.S_ISDIR(st.st_mode) and not stat.S_ISDIR(own.st_mode):
+        mode &= 0o666
+    # EPERM: not a member of that group, so the file keeps this process's.
+    with contextlib.suppress(PermissionError):
+        os.fchown(fd, st.st_uid if os.geteuid() == 0 else -1, st.st_gid)
+    os.fchmod(fd, mode)
+
+
+def mkdir_like(path: Path, like: Path) -> None:
+    """Create the dir `path` with the bits and group of the dir `like` (its parent, the
+    log dir a partition dir is made in)."""
+    path.mkdir()
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        adopt_owner(fd, like)
+    finally:
+        os.close(fd)
+
+
+def atomic_write(path: Path | str, data: bytes, *, like: Path | str | None = None) -> None:
+    """Replace `path` with `data` so that a crash leaves either the old or the new file;
+    the new file takes the bits and group of the old one, else of `like`, else of its
+    dir (`adopt_owner`).
 
     Order: write `<path>.tmp`, flush, fsync, `os.replace` over `path`, fsync the dir.
     On any error before the rename the temporary file is removed and the old file stays.
@@ -59,6 +103,8 @@ def atomic_write(path: Path | str, data: bytes) -> None:
     tmp = target.with_name(target.name + TMP_SUFFIX)
     try:
         with open(tmp, "wb") as f:
+            old = target if target.exists() else like
+            adopt_owner(f.fileno(), target.parent if old is None else old)
             f.write(data)
             f.flush()
             os.fsync(f.fileno())

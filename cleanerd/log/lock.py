@@ -55,6 +55,7 @@ from typing import Final, Self
 
 from cleanerd.errors import CleanerdError, LogDirLockedError
 from cleanerd.log.files import LOCK_FILE_NAME, TopicPartition
+from cleanerd.log.fsutil import adopt_owner
 
 DEFAULT_LOCK_TIMEOUT_S: Final = 30.0
 _POLL_START_S: Final = 0.001
@@ -127,7 +128,7 @@ class LogDirLock:
             # locked would drop that lock.
             if self.path.exists() and _file_key(self.path.stat()) in _held_lock:
                 raise LogDirLockedError(self.log_dir)
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            fd = _open_lock_file(self.path)
             key = _file_key(os.fstat(fd))
             try:
                 fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -303,3 +304,25 @@ def checkpoint_lock(state_dir: Path, log_dir: Path) -> Iterator[None]:
         yield
     finally:
         os.close(fd)  # closing the description drops the flock
+
+
+def _open_lock_file(path: Path) -> int:
+    """Open a log dir's `.lock` to write (a POSIX lock needs it), creating it with the
+    dir's bits and group if it is not there: a broker must open it to write too."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+    except FileExistsError:
+        try:
+            return os.open(path, os.O_RDWR)
+        except PermissionError as exc:
+            why = (
+                f"{exc.strerror} (a lock needs its file open to write: make it writable by "
+                "this user or its group, or remove it while no broker runs)"
+            )
+            raise PermissionError(exc.errno, why, str(path)) from exc
+    try:
+        adopt_owner(fd, path.parent)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd

@@ -70,7 +70,7 @@ from cleanerd.log.files import (
     offset_from_filename,
     parse_topic_partition,
 )
-from cleanerd.log.fsutil import fsync_dir, safe_unlink
+from cleanerd.log.fsutil import fsync_dir, mkdir_like, safe_unlink
 from cleanerd.log.index import (
     DEFAULT_INDEX_INTERVAL_BYTES,
     DEFAULT_MAX_INDEX_SIZE,
@@ -357,19 +357,22 @@ class PartitionLog:
         path = log_dir / str(tp)
         # A dangling link is not "missing": `open` refuses it rather than mkdir failing.
         if not path.exists() and not path.is_symlink():
-            path.mkdir()
+            mkdir_like(path, log_dir)
             fsync_dir(log_dir)
         return cls.open(
             path, config=config, state_dir=state_dir, checkpoints=checkpoints, owner=owner
         )
 
     @staticmethod
-    def _new_segment(path: Path, base_offset: int, config: LogConfig) -> LogSegment:
+    def _new_segment(
+        path: Path, base_offset: int, config: LogConfig, like: Path | None = None
+    ) -> LogSegment:
         return LogSegment.create(
             path,
             base_offset,
             index_interval_bytes=config.index_interval_bytes,
             max_index_size=config.segment_index_bytes,
+            like=like,
         )
 
     # -- state ---------------------------------------------------------------------------
@@ -856,7 +859,12 @@ class PartitionLog:
             return None
         state = ProducerState(end, self.producer_state().entries)
         try:
-            return write_snapshot(self.dir, state, log_start_offset=self.log_start_offset)
+            return write_snapshot(
+                self.dir,
+                state,
+                log_start_offset=self.log_start_offset,
+                like=self.active_segment.log_path,
+            )
         except OSError as exc:
             log.warning(
                 "producer_snapshot.write_failed",
@@ -885,7 +893,7 @@ class PartitionLog:
         old = self.active_segment
         old.close_for_roll()  # fsynced too
         with file_step("creating the new active segment", log_file(self.dir, base_offset)):
-            segment = self._new_segment(self.dir, base_offset, self.config)
+            segment = self._new_segment(self.dir, base_offset, self.config, old.log_path)
             fsync_dir(self.dir)
         if self.recovery_point >= old.base_offset:  # no closed segment below is unflushed
             self.recovery_point = max(self.recovery_point, base_offset)

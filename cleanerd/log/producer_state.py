@@ -342,11 +342,18 @@ def latest_snapshot(
     return None
 
 
-def write_snapshot(partition_dir: Path, state: ProducerState, *, log_start_offset: int) -> Path:
-    """Write `state` as `<state.offset>.snapshot` (atomically), then delete snapshots
-    below `log_start_offset` and all but the newest `KEEP`."""
+def write_snapshot(
+    partition_dir: Path,
+    state: ProducerState,
+    *,
+    log_start_offset: int,
+    like: Path | None = None,
+) -> Path:
+    """Write `state` as `<state.offset>.snapshot` (atomically, with the bits and group of
+    `like`, a segment of the partition), then delete snapshots below `log_start_offset`
+    and all but the newest `KEEP`."""
     path = snapshot_path(partition_dir, state.offset)
-    atomic_write(path, state.to_bytes())
+    atomic_write(path, state.to_bytes(), like=like)
     offsets = snapshot_offsets(partition_dir)
     for offset in offsets[:-KEEP] + [o for o in offsets[-KEEP:] if o < log_start_offset]:
         if offset != state.offset:

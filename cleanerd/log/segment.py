@@ -55,7 +55,7 @@ from cleanerd.log.files import (
     filename_prefix_from_offset,
     segment_file,
 )
-from cleanerd.log.fsutil import fsync_dir, fsync_file, safe_unlink
+from cleanerd.log.fsutil import adopt_owner, fsync_dir, fsync_file, safe_unlink
 from cleanerd.log.index import (
     DEFAULT_INDEX_INTERVAL_BYTES,
     DEFAULT_MAX_INDEX_SIZE,
@@ -194,16 +194,19 @@ class LogSegment:
         suffix: str = "",
         index_interval_bytes: int = DEFAULT_INDEX_INTERVAL_BYTES,
         max_index_size: int = DEFAULT_MAX_INDEX_SIZE,
+        like: Path | None = None,
     ) -> LogSegment:
         """Create an empty segment: empty index files first, then the `.log` (a crash in
         between leaves orphan indexes, which recovery deletes as Kafka does, and which a
-        retried create empties). An existing `.log` is never overwritten."""
+        retried create empties). An existing `.log` is never overwritten. Each file takes
+        the bits and group of `like` (the segment before), else of the partition dir
+        (`fsutil.adopt_owner`)."""
         log_path = segment_file(dir_path, base_offset, LOG_FILE_SUFFIX, suffix)
         if log_path.exists():
             raise FileExistsError(f"segment {log_path} already exists")
         for kind in (INDEX_FILE_SUFFIX, TIME_INDEX_FILE_SUFFIX):
-            segment_file(dir_path, base_offset, kind, suffix).write_bytes(b"")
-        log_path.touch(exist_ok=False)
+            _create_empty(segment_file(dir_path, base_offset, kind, suffix), like, os.O_TRUNC)
+        _create_empty(log_path, like, os.O_EXCL)
         return cls(
             dir_path,
             base_offset,
@@ -1137,3 +1140,13 @@ class IndexRebuild:
             time_index_entries=ti.entries,
         )
         segment._install_indexes(oi, ti, self._builder, self._next_offset)
+
+
+def _create_empty(path: Path, like: Path | None, flags: int) -> None:
+    """Create `path` empty (`flags`: O_TRUNC, or O_EXCL to refuse an existing one), with
+    the bits and group of `like`, else of its dir."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC | flags, 0o644)
+    try:
+        adopt_owner(fd, path.parent if like is None else like)
+    finally:
+        os.close(fd)

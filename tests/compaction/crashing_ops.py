@@ -38,9 +38,9 @@ class CrashingOps(FileOps):
             os.close(fd)
         self.open_fds.clear()
 
-    def create(self, path: Path) -> int:
+    def create(self, path: Path, like: Path | None = None) -> int:
         self._tick(f"create {path.name}")
-        fd = super().create(path)
+        fd = super().create(path, like)
         self.open_fds.add(fd)
         return fd
 

@@ -22,6 +22,7 @@ from cleanerd.records.columns import SegmentColumns, segment_columns
 from cleanerd.records.header import Buffer, Compression
 from cleanerd.records.walker import ANY_OFFSETS, OffsetRange, Window, scan_batches
 from tests.compaction.conftest import LogBuilder, clean, k, read_batches
+from tests.conftest import NOGROUP, give_mode_and_group, mode_and_group
 
 
 def test_fully_kept_batches_are_copied_byte_for_byte(log: LogBuilder) -> None:
@@ -298,3 +299,30 @@ def test_a_pass_probes_the_map_slots_its_offsets_need(log: LogBuilder) -> None:
     assert offset_map.slots_in_use == MIN_ACTIVE_SLOTS < offset_map.slots
     survivors = [r.key for b in read_batches(d) for r in b.records]
     assert survivors == [k(i % 7) for i in range(33, 40)]  # each key's last record
+
+
+@pytest.mark.usefixtures("umask_0027")
+def test_cleaned_files_take_the_bits_and_group_of_the_segments_they_replace(
+    tmp_path: Path,
+) -> None:
+    """Under the unit's umask a cleaned segment was 0640 in cleanerd's group, so the
+    broker (or its group) could no longer read a retired dir it cleaned. Its files now
+    take the bits and group of the segment they replace."""
+    log = LogBuilder(tmp_path / "logs")
+    for i in range(30):
+        log.append([(k(i % 3), b"v%d" % i)])
+        if i == 4:
+            log.append([(k(9), b"aborted")], pid=7, txn=True)
+            log.abort(7)
+        if i % 10 == 9:
+            log.roll()
+    d = log.write()
+    give_mode_and_group(sorted(d.iterdir()), 0o644, NOGROUP)
+    before = {p.name: p.stat().st_ino for p in d.iterdir()}
+    clean(d)
+    written = [
+        p for p in d.iterdir() if p.suffix != ".deleted" and before.get(p.name) != p.stat().st_ino
+    ]
+    kinds = {".log", ".index", ".timeindex", ".txnindex"}
+    assert {p.suffix for p in written} == kinds  # the cleaned segment's files
+    assert {mode_and_group(p) for p in written} == {(0o644, NOGROUP)}

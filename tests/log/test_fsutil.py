@@ -1,14 +1,17 @@
-"""Tests of cleanerd.log.fsutil: atomic writes, dir fsync and ENOSPC-safe unlink."""
+"""Tests of cleanerd.log.fsutil: atomic writes, dir fsync, ENOSPC-safe unlink, and the
+bits and group a new file takes from the one it replaces."""
 
 from __future__ import annotations
 
 import errno
 import os
+import stat
 from pathlib import Path
 
 import pytest
 
 from cleanerd.log import fsutil
+from tests.conftest import NOGROUP, mode_and_group
 
 
 def test_atomic_write_replaces_and_leaves_no_tmp(tmp_path: Path) -> None:
@@ -82,3 +85,77 @@ def test_safe_unlink_keeps_multi_link_file(tmp_path: Path, monkeypatch: pytest.M
     with pytest.raises(OSError, match="No space"):
         fsutil.safe_unlink(target)
     assert (tmp_path / "other").read_bytes() == b"data"
+
+
+@pytest.mark.usefixtures("umask_0027")
+def test_atomic_write_keeps_the_replaced_files_bits_and_group(tmp_path: Path) -> None:
+    """A checkpoint a broker wrote (0644, its group) stays one it can read after cleanerd
+    rewrites it under the unit's umask (it became 0640 and cleanerd's group)."""
+    target = tmp_path / "recovery-point-offset-checkpoint"
+    target.write_bytes(b"old")
+    os.chown(target, -1, NOGROUP)
+    target.chmod(0o644)
+    fsutil.atomic_write(target, b"new")
+    assert mode_and_group(target) == (0o644, NOGROUP)
+    fresh = tmp_path / "00000000000000000007.snapshot"
+    fsutil.atomic_write(fresh, b"x", like=target)
+    assert mode_and_group(fresh) == (0o644, NOGROUP)
+
+
+def test_adopt_owner_copies_the_bits_where_it_may_not_chown(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Not root, and not in the group: the owner and group stay the process's, the
+    bits are still copied, and nothing fails."""
+    like = tmp_path / "like"
+    like.write_bytes(b"")
+    like.chmod(0o604)
+    calls: list[tuple[int, int]] = []
+
+    def refused(fd: int, uid: int, gid: int) -> None:
+        calls.append((uid, gid))
+        raise PermissionError(errno.EPERM, "Operation not permitted")
+
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    monkeypatch.setattr(os, "fchown", refused)
+    target = tmp_path / "new"
+    fd = os.open(target, os.O_WRONLY | os.O_CREAT, 0o600)
+    os.chown(target, 1000, -1)  # created by that user
+    try:
+        fsutil.adopt_owner(fd, like)
+    finally:
+        os.close(fd)
+    assert calls == [(-1, like.stat().st_gid)]  # only the group is asked for
+    assert stat.S_IMODE(target.stat().st_mode) == 0o604
+
+
+@pytest.mark.usefixtures("umask_0027")
+def test_a_file_with_nothing_to_replace_takes_its_dirs_bits_less_execute(tmp_path: Path) -> None:
+    """A new file with no old one and no `like` (a fresh log dir's checkpoint) is as
+    readable as its dir, in its dir's group; a dir made like a dir keeps execute."""
+    log_dir = tmp_path / "logs"
+    log_dir.mkdir()
+    os.chown(log_dir, -1, NOGROUP)
+    log_dir.chmod(0o775)
+    fsutil.atomic_write(log_dir / "cleaner-offset-checkpoint", b"0\n0\n")
+    assert mode_and_group(log_dir / "cleaner-offset-checkpoint") == (0o664, NOGROUP)
+    fsutil.mkdir_like(log_dir / "t-0", log_dir)
+    assert mode_and_group(log_dir / "t-0") == (0o775, NOGROUP)
+
+
+def test_another_users_file_keeps_its_bits(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Not root: a file this process does not own (one it opened and emptied) is left as
+    it is, where a chmod would fail."""
+    like = tmp_path / "like"
+    like.write_bytes(b"")
+    like.chmod(0o600)
+    target = tmp_path / "theirs"
+    target.write_bytes(b"")
+    target.chmod(0o644)
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)  # root owns `target`
+    fd = os.open(target, os.O_WRONLY)
+    try:
+        fsutil.adopt_owner(fd, like)
+    finally:
+        os.close(fd)
+    assert stat.S_IMODE(target.stat().st_mode) == 0o644

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import errno
 import multiprocessing
+import os
 import threading
 from multiprocessing.synchronize import Event
 from pathlib import Path
@@ -18,6 +20,7 @@ from cleanerd.log.lock import (
     PartitionLockTimeout,
     partition_lock_path,
 )
+from tests.conftest import NOGROUP, give_mode_and_group, mode_and_group
 
 _CTX = multiprocessing.get_context("spawn")
 TP = TopicPartition("t", 0)
@@ -157,3 +160,36 @@ def test_owner_marker(tmp_path: Path) -> None:
     assert not probe.acquire()
     owner.release()
     assert not probe.held_elsewhere()
+
+
+@pytest.mark.usefixtures("umask_0027")
+def test_a_new_lock_file_is_one_a_broker_can_open_to_write(tmp_path: Path) -> None:
+    """A `.lock` cleanerd creates takes its dir's bits (less execute) and group: made
+    0640 in cleanerd's group, it kept a broker (in the dir's group) out of the dir. One
+    that is there keeps its own."""
+    give_mode_and_group([tmp_path], 0o775, NOGROUP)
+    with LogDirLock(tmp_path):
+        pass
+    assert mode_and_group(tmp_path / ".lock") == (0o664, NOGROUP)
+    (tmp_path / ".lock").chmod(0o600)
+    with LogDirLock(tmp_path):
+        pass
+    assert mode_and_group(tmp_path / ".lock") == (0o600, NOGROUP)
+
+
+def test_a_lock_file_this_user_cannot_write_says_what_to_do(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A broker's `.lock` (0644, its user's) cannot be opened to write by cleanerd's
+    user: the error says why a lock needs that and what to change."""
+    (tmp_path / ".lock").write_bytes(b"")
+    real_open = os.open
+
+    def refused(path: str | Path, flags: int, *args: int) -> int:
+        if flags == os.O_RDWR:
+            raise PermissionError(errno.EACCES, "Permission denied", str(path))
+        return real_open(path, flags, *args)
+
+    monkeypatch.setattr(os, "open", refused)
+    with pytest.raises(PermissionError, match="a lock needs its file open to write"):
+        LogDirLock(tmp_path).acquire()

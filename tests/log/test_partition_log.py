@@ -51,6 +51,7 @@ from tests.builders import (
     settle_dir,
     write_segment,
 )
+from tests.conftest import NOGROUP, give_mode_and_group, mode_and_group
 
 _CTX = multiprocessing.get_context("spawn")
 SMALL = LogConfig(segment_bytes=1024, index_interval_bytes=128)
@@ -126,6 +127,20 @@ def test_roll_of_empty_active_is_noop(tmp_path: Path) -> None:
     assert new.base_offset == 1
     assert plog.roll(now_ms=3) is None
     assert [s.base_offset for s in plog.segments] == [0, 1]
+
+
+@pytest.mark.usefixtures("umask_0027")
+def test_a_roll_gives_the_new_segment_and_snapshot_the_bits_of_the_old(tmp_path: Path) -> None:
+    """The segment a roll creates, and the producer snapshot written at it, take the bits
+    and group of the segment before, not the process's umask (0640) and group."""
+    plog = build_log(tmp_path / "logs", [[]], state_dir=tmp_path / "state")
+    plog.append([kv("a", "1")])
+    give_mode_and_group(sorted(plog.dir.iterdir()), 0o644, NOGROUP)
+    new = plog.roll(now_ms=2)
+    assert new is not None
+    created = sorted(plog.dir.glob(f"{new.base_offset:020d}.*"))
+    assert [p.suffix for p in created] == [".index", ".log", ".snapshot", ".timeindex"]
+    assert {mode_and_group(p) for p in created} == {(0o644, NOGROUP)}
 
 
 def test_roll_trims_and_finalizes_old_segment(tmp_path: Path) -> None:
