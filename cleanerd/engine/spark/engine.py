@@ -109,6 +109,9 @@ BATCH_WINDOW_S: Final = 0.2
 MAX_PASSES_PER_JOB: Final = 64
 KILL_GRACE_S: Final = 10.0
 LOG_TAIL_LINES: Final = 20
+_TRACEBACK: Final = "Traceback (most recent call last):"
+_LINES_BEFORE: Final = 3  # of a failed job's log, shown before its exception
+_JVM_HINT: Final = "Spark 4 needs Java 17 or later, from JAVA_HOME or else the PATH"
 PROGRESS_POLL_S: Final = 0.5
 
 
@@ -210,8 +213,23 @@ def _kill_group(proc: subprocess.Popen[bytes]) -> None:
 
 def _tail(path: Path) -> str:
     lines = path.read_text(errors="replace").splitlines() if path.exists() else []
-    useful = [line for line in lines if line.strip() and " WARN " not in line]
-    return "log tail: " + " | ".join(useful[-LOG_TAIL_LINES:]) if useful else "no output"
+    return job_log_summary([line for line in lines if line.strip() and " WARN " not in line])
+
+
+def job_log_summary(lines: Sequence[str]) -> str:
+    """What a failed job's log says: the exception that ended it, after what was printed
+    before its traceback (a JVM that did not start says why there); the log's last
+    lines when it has no traceback."""
+    starts = [i for i, line in enumerate(lines) if line.startswith(_TRACEBACK)]
+    if not starts:
+        return "log tail: " + " | ".join(lines[-LOG_TAIL_LINES:]) if lines else "no output"
+    ending = [line for line in lines[starts[-1] + 1 :] if not line[:1].isspace()]
+    name, _, message = (ending[-1] if ending else lines[-1]).partition(": ")
+    error = f"{name.rsplit('.', 1)[-1]}: {message}" if message else name
+    if "JAVA_GATEWAY_EXITED" in error:
+        error += f" (the JVM did not start: {_JVM_HINT})"
+    before = lines[max(0, starts[0] - _LINES_BEFORE) : starts[0]]
+    return " | ".join([*before, error])
 
 
 # ---------------------------------------------------------------------------------------

@@ -410,3 +410,41 @@ def test_the_output_check_reads_a_window_at_a_time(
     output.write_bytes(b"".join([spans[1], spans[0], *spans[2:]]))
     with pytest.raises(CleanerdError, match="not above the previous batch"):
         spark_engine._check_group(d, group, CleanerConfig().max_index_size)
+
+
+def test_a_job_whose_jvm_does_not_start_says_why_not_where(tmp_path: Path) -> None:
+    """A job whose JVM refuses its settings fails its pass with what the JVM said and
+    the exception that ended the job, not the traceback of a Python it never reached."""
+    random_partition(tmp_path / "logs" / str(TP), random.Random(3))
+    settings = SparkSettings(master="local[1]", conf=(("spark.driver.memory", "lots"),))
+    with SparkEngine(settings) as engine:
+        error = engine.submit_clean(job_for(tmp_path / "logs", tmp_path / "st")).exception(WAIT_S)
+    assert isinstance(error, SparkJobFailed)
+    text = str(error)
+    assert "Invalid maximum heap size: -Xmxlots" in text
+    assert "PySparkRuntimeError: [JAVA_GATEWAY_EXITED]" in text
+    assert "Spark 4 needs Java 17 or later" in text
+    assert "Traceback" not in text
+    assert 'File "' not in text
+
+
+def test_a_failed_jobs_log_is_summed_up() -> None:
+    """The lines before the traceback and the exception's last line, its type named
+    without its module; a log without a traceback by its last lines."""
+    lines = [
+        "INFO starting",
+        "Error: Could not create the Java Virtual Machine.",
+        "Traceback (most recent call last):",
+        '  File "x.py", line 1, in <module>',
+        "ValueError: first",
+        "During handling of the above exception, another exception occurred:",
+        "Traceback (most recent call last):",
+        '  File "y.py", line 2, in <module>',
+        "    raise pkg.errors.Boom('x')",
+        "pkg.errors.Boom: second",
+    ]
+    assert spark_engine.job_log_summary(lines) == (
+        "INFO starting | Error: Could not create the Java Virtual Machine. | Boom: second"
+    )
+    assert spark_engine.job_log_summary(["a", "b"]) == "log tail: a | b"
+    assert spark_engine.job_log_summary([]) == "no output"
