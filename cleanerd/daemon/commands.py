@@ -17,7 +17,10 @@ when the subscription is made: `events.py` tells both) is rejected with the reas
 never reaches the daemon; a valid command goes to the daemon's handler, which may
 reject it in turn (say, a partition that does not exist) by raising `CommandRejected`.
 Either way exactly one `CommandReply` results, published as a `command.accepted` or
-`command.rejected` event.
+`command.rejected` event, with the request's `id` whenever the payload has a legal one,
+and the rejected values shown as JSON. The one message that gets no reply is an empty
+retained one: that is how a client clears a retained message (the broker forwards it),
+not a command.
 """
 
 from __future__ import annotations
@@ -172,8 +175,16 @@ def _problem(d: ErrorDetails) -> str:
 
 
 def _shown(value: object) -> str:
-    """`value` as repr, cut short: untrusted text goes back into reply events."""
-    text = repr(value)
+    """`value` as JSON (the wire format), cut short: untrusted text goes back into reply
+    events."""
+    try:
+        return _cut(json.dumps(value))
+    except (TypeError, ValueError):
+        return _cut(repr(value))
+
+
+def _cut(text: str) -> str:
+    """`text` cut short, for a reply field."""
     if len(text) > _SHOWN_NAME_CHARS:
         return text[: _SHOWN_NAME_CHARS - 3] + "..."
     return text
@@ -193,18 +204,23 @@ class CommandReply:
 
 async def handle_command(
     name: str, payload: bytes, handler: CommandHandler, *, retained: bool = False
-) -> CommandReply:
-    """Parse, hand a valid command to `handler`, and say what became of it.
+) -> CommandReply | None:
+    """Parse, hand a valid command to `handler`, and say what became of it (None for an
+    empty retained message: a client clearing a retained one, nothing to answer).
 
     `handler` rejects by raising CommandRejected; any other exception is a bug in the
     daemon, logged with its traceback and answered with a rejection.
     """
+    if retained and not payload:
+        log.info("command.retained_cleared", command=_cut(name))
+        return None
     try:
         command = parse_command(name, payload, retained=retained)
     except CommandRejected as e:
-        shown = name if name in COMMANDS else _shown(name)
-        log.warning("command.rejected", command=shown, reason=e.reason)
-        return CommandReply(shown, accepted=False, reason=e.reason)
+        shown = _cut(name)  # the reply's `command` field: the name as sent, not quoted
+        request = _request_id(payload)
+        log.warning("command.rejected", command=shown, reason=e.reason, id=request)
+        return CommandReply(shown, accepted=False, reason=e.reason, id=request)
     try:
         await handler(command)
     except CommandRejected as e:
@@ -215,6 +231,16 @@ async def handle_command(
         return _reply(command, "internal error (see the daemon's log)")
     log.info("command.accepted", command=command.name)
     return _reply(command, None)
+
+
+def _request_id(payload: bytes) -> str | None:
+    """The legal `id` of a payload that is no valid command, if it has one to echo."""
+    try:
+        document = _json_object(payload[: MAX_PAYLOAD_BYTES + 1])
+    except CommandRejected:
+        return None
+    value = document.get("id")
+    return value if isinstance(value, str) and _REQUEST_ID.fullmatch(value) else None
 
 
 def _reply(command: Command, reason: str | None) -> CommandReply:

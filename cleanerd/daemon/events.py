@@ -283,10 +283,14 @@ class MqttPublisher:
             try:
                 await self._session()
             except* aiomqtt.MqttError as group:
-                log.warning(
+                # A lost connection is news, a broker still away at each retry is not:
+                # the first failure and every tenth retry are warnings, the rest debug.
+                logged = log.warning if self._attempt % 10 == 0 else log.debug
+                logged(
                     "mqtt.disconnected",
                     broker=f"{self._settings.host}:{self._settings.port}",
                     error="; ".join(str(e) for e in group.exceptions),
+                    failed_attempts=self._attempt + 1,
                 )
             except* Exception:
                 log.exception("mqtt.session_failed")
@@ -320,9 +324,13 @@ class MqttPublisher:
                     options=SubscribeOptions(qos=1, retainAsPublished=True),
                 )
             self._client = client
-            self._attempt = 0
+            retries, self._attempt = self._attempt, 0
             self._overflowing = False
-            log.info("mqtt.connected", broker=f"{self._settings.host}:{self._settings.port}")
+            log.info(
+                "mqtt.connected",
+                broker=f"{self._settings.host}:{self._settings.port}",
+                failed_attempts=retries,
+            )
             async with asyncio.TaskGroup() as tasks:
                 tasks.create_task(self._send_events(client))
                 tasks.create_task(self._receive_commands(client))
@@ -347,7 +355,8 @@ class MqttPublisher:
             reply = await handle_command(
                 name, _payload_bytes(message.payload), self._on_command, retained=message.retain
             )
-            self.publish(reply_event(reply, self._clock_ms()))
+            if reply is not None:
+                self.publish(reply_event(reply, self._clock_ms()))
 
 
 def make_publisher(

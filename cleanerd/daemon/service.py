@@ -658,6 +658,7 @@ class Daemon:
             self._clean_command(TopicPartition(command.topic, command.partition))
         elif isinstance(command, PauseCommand):
             self.paused = True
+            self.exporter.record_paused(True)
             if self.maintenance is not None:
                 # The running cycle picks no new partition; its passes in flight finish.
                 self.maintenance.drain.set()
@@ -665,6 +666,7 @@ class Daemon:
             self.notifier.status(self._status_line())
         elif isinstance(command, ResumeCommand):
             self.paused = False
+            self.exporter.record_paused(False)
             if self.maintenance is not None:
                 self.maintenance.drain.clear()
             log.info("cleaning.resumed")
@@ -716,7 +718,15 @@ class Daemon:
         except ConfigError as exc:
             log.error("config.reload_failed", path=where, errors=exc.errors)
             self.exporter.record_reload(False)
-            self.emit("config.reloaded", {"successful": False, "errors": list(exc.errors)})
+            self.emit(
+                "config.reloaded",
+                {
+                    "successful": False,
+                    "changed": [],
+                    "restart_required": [],
+                    "errors": list[JsonValue](exc.errors),
+                },
+            )
             return list(exc.errors)
         plan = plan_reload(self.config, new)
         for change in plan.refused:

@@ -42,7 +42,7 @@ def test_parse_commands_without_arguments(
 @pytest.mark.parametrize(
     ("name", "payload", "reason"),
     [
-        ("explode", b"{}", "unknown command 'explode'"),
+        ("explode", b"{}", 'unknown command "explode"'),
         ("clean/../x", b"{}", "unknown command"),
         ("clean", b'{"topic": "orders", "partition": ', "not JSON"),
         ("clean", b"\xff\xfe", "not UTF-8"),
@@ -93,8 +93,8 @@ def test_retained_commands_are_rejected() -> None:
 @pytest.mark.parametrize(
     ("name", "reason"),
     [
-        ("clean/extra", "unknown command 'clean/extra': the name is the one topic level after"),
-        ("pause/", "unknown command 'pause/': the name is the one topic level after"),
+        ("clean/extra", 'unknown command "clean/extra": the name is the one topic level after'),
+        ("pause/", 'unknown command "pause/": the name is the one topic level after'),
         ("", "no command name: publish to commands/<name>"),
     ],
 )
@@ -154,6 +154,7 @@ async def test_handle_command_accepts_valid_commands() -> None:
         seen.append(command)
 
     reply = await handle_command("clean", b'{"topic": "t", "partition": 1, "id": "x"}', handler)
+    assert reply is not None
     assert seen == [CleanCommand(topic="t", partition=1, id="x")]
     assert (reply.accepted, reply.command, reply.id, reply.topic, reply.partition) == (
         True,
@@ -172,6 +173,7 @@ async def test_handle_command_never_calls_the_handler_for_bad_input() -> None:
         seen.append(command)
 
     reply = await handle_command("clean", b'{"topic": "../etc", "partition": 0}', handler)
+    assert reply is not None
     assert not reply.accepted
     assert reply.reason is not None
     assert "legal Kafka topic name" in reply.reason
@@ -185,6 +187,7 @@ async def test_handler_rejection_is_reported() -> None:
         raise CommandRejected("no partition ghost-0 in any log dir")
 
     reply = await handle_command("clean", b'{"topic": "ghost", "partition": 0}', handler)
+    assert reply is not None
     assert (reply.accepted, reply.reason) == (False, "no partition ghost-0 in any log dir")
     assert (reply.topic, reply.partition) == ("ghost", 0)
 
@@ -196,6 +199,48 @@ async def test_handler_bug_is_an_internal_error_rejection() -> None:
         raise RuntimeError("boom")
 
     reply = await handle_command("reload", b"", handler)
+    assert reply is not None
     assert not reply.accepted
     assert reply.reason is not None
     assert "internal error" in reply.reason
+
+
+async def test_a_rejection_echoes_the_requests_id() -> None:
+    """A client matches replies by `id`: a rejected command (bad values, retained, even
+    unknown) still carries its legal one; an illegal one is not echoed."""
+
+    async def handler(command: Command) -> None:
+        raise AssertionError("never reached")
+
+    cases = [
+        ("clean", b'{"topic": "../etc", "partition": 0, "id": "r1"}', False, "r1"),
+        ("pause", b'{"id": "r2"}', True, "r2"),
+        ("explode", b'{"id": "r3"}', False, "r3"),
+        ("clean", b'{"topic": 7, "id": "a/b"}', False, None),
+    ]
+    for name, payload, retained, request in cases:
+        reply = await handle_command(name, payload, handler, retained=retained)
+        assert reply is not None
+        assert (reply.accepted, reply.id) == (False, request)
+
+
+async def test_an_empty_retained_message_clears_and_gets_no_reply() -> None:
+    """Publishing an empty retained message is how a client clears a retained one: it
+    is neither run (an empty `pause` is a valid pause) nor answered as a rejection."""
+
+    async def handler(command: Command) -> None:
+        raise AssertionError("never reached")
+
+    assert await handle_command("pause", b"", handler, retained=True) is None
+
+
+async def test_rejected_values_are_shown_as_json() -> None:
+    """The reply quotes what was refused as the JSON it came in, not as Python."""
+
+    async def handler(command: Command) -> None:
+        raise AssertionError("never reached")
+
+    reply = await handle_command("clean", b'{"topic": "t", "partition": "3"}', handler)
+    assert reply is not None
+    assert reply.reason is not None
+    assert reply.reason.startswith('partition: "3" ')

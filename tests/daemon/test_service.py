@@ -258,8 +258,9 @@ async def test_sighup_refuses_an_invalid_config_whole(
     config_path: Path, notify_socket: NotifyReceiver, tmp_path: Path
 ) -> None:
     """An invalid file is refused with every error logged; the old config keeps running,
-    READY=1 still follows RELOADING=1, and the reload metric reads 0."""
-    daemon, _ = _daemon(config_path, notify_socket)
+    READY=1 still follows RELOADING=1, and the reload metric reads 0. The event has the
+    keys of every `config.reloaded` event, nothing changed."""
+    daemon, events = _daemon(config_path, notify_socket)
     async with running(daemon):
         notify_socket.wait_for("READY")
         old = daemon.config
@@ -274,6 +275,13 @@ async def test_sighup_refuses_an_invalid_config_whole(
         assert failed["errors"] == errors
         assert any("log.cleaner.threads" in e for e in errors)
         assert any("retention.msx" in e for e in errors)
+        (event,) = events.of("config.reloaded")
+        assert event.data == {
+            "successful": False,
+            "changed": [],
+            "restart_required": [],
+            "errors": errors,
+        }
         notify_socket.wait_for("RELOADING")
         notify_socket.wait_for("READY")
         assert "cleanerd_config_last_reload_successful 0.0" in _scrape(daemon)
@@ -351,7 +359,9 @@ async def test_commands_are_validated_against_the_log_dirs(
         before = daemon.cycles
         await daemon.on_command(CleanCommand(topic="users", partition=0))
         await eventually(lambda: daemon.cycles > before, "the requested cycle")
+        assert "cleanerd_cleaning_paused 0.0" in _scrape(daemon)
         await daemon.on_command(PauseCommand())
+        assert "cleanerd_cleaning_paused 1.0" in _scrape(daemon)  # a dashboard sees it
         with pytest.raises(CommandRejected, match="paused"):
             await daemon.on_command(CleanCommand(topic="users", partition=0))
         paused_at = daemon.cycles
@@ -359,6 +369,7 @@ async def test_commands_are_validated_against_the_log_dirs(
         await asyncio.sleep(0.3)
         assert daemon.cycles == paused_at
         await daemon.on_command(ResumeCommand())
+        assert "cleanerd_cleaning_paused 0.0" in _scrape(daemon)
         await eventually(lambda: daemon.cycles > paused_at, "a cycle after resume")
 
 

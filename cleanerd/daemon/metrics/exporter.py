@@ -126,6 +126,8 @@ class ServiceMetrics:
     cycles_failed: int = 0
     cycle_failures_in_a_row: int = 0
     """Cycles that failed whole (an exception out of the cycle) since the last one done."""
+    paused: bool = False
+    """Cleaning paused by the `pause` command: no new pass until `resume`."""
 
     def with_pass(self, result: PassResult, stats: CleanerStats | None) -> ServiceMetrics:
         """One more pass; its bytes and duration count when its statistics are known."""
@@ -249,6 +251,11 @@ def service_families(service: ServiceMetrics, *, version: str) -> Iterator[Metri
         "cleanerd_events_dropped",
         "Events dropped because the queue to the MQTT broker was full.",
         value=service.events_dropped,
+    )
+    yield _gauge(
+        "cleanerd_cleaning_paused",
+        "1 while cleaning is paused (the MQTT `pause` command): no new pass until `resume`.",
+        int(service.paused),
     )
     if service.mqtt_connected is not None:
         yield _gauge(
@@ -543,6 +550,10 @@ class MetricsExporter:
     def record_cycle(self, done: bool) -> None:
         """Count a cycle, done or failed whole."""
         self.service = self.service.with_cycle(done)
+
+    def record_paused(self, paused: bool) -> None:
+        """Whether cleaning is paused now."""
+        self.service = replace(self.service, paused=paused)
 
     def record_events(self, published: int, dropped: int, connected: bool | None) -> None:
         """Copy the event publisher's counters (`connected` None: MQTT is off)."""
