@@ -25,7 +25,7 @@ from cleanerd.log.files import TopicPartition
 from cleanerd.log_setup import partition_context
 from cleanerd.maintenance.cycle import MaintenanceStatus
 from cleanerd.maintenance.report import CycleReport
-from cleanerd.retention.disk_usage import DeviceUsage
+from cleanerd.retention.disk_usage import DeviceUsage, device_name
 
 log = structlog.get_logger("cleanerd.service")
 
@@ -74,7 +74,7 @@ class Reporter:
     def disk_pressure(self, u: DeviceUsage) -> None:
         """A device went above `log.retention.disk.usage.percent`."""
         data: dict[str, JsonValue] = {
-            "device": u.device,
+            "device": device_name(u.device),
             "used_bytes": u.used_bytes,
             "total_bytes": u.total_bytes,
             "threshold_percent": u.threshold_percent,
@@ -108,7 +108,7 @@ class Reporter:
                     "base_offset": dd.base_offset,
                     "size_bytes": dd.size_bytes,
                     "freed_bytes": dd.freed_bytes,
-                    "device": dd.device,
+                    "device": device_name(dd.device),
                 }
                 self.emit("segment.deleted", data, tp=dd.topic_partition, log_dir=dd.log_dir)
         for c in report.cleaned:

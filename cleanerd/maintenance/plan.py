@@ -77,6 +77,7 @@ from cleanerd.retention.disk_usage import (
     DeviceUsage,
     DiskDeletion,
     PartitionOnDevice,
+    device_name,
     freed_bytes,
     plan_disk_usage_deletions,
 )
@@ -523,7 +524,7 @@ def cycle_json(
         ],
         "devices": [
             {
-                "device": u.device,
+                "device": device_name(u.device),
                 "total_bytes": u.total_bytes,
                 "used_bytes": u.used_bytes,
                 "threshold_percent": u.threshold_percent,

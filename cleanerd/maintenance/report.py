@@ -30,7 +30,7 @@ from cleanerd.log.meta import PartitionMeta
 from cleanerd.log.recovery import TruncatedTail
 from cleanerd.log.roll import RollDecision
 from cleanerd.retention.disk import DiskUsageReport
-from cleanerd.retention.disk_usage import DiskDeletion
+from cleanerd.retention.disk_usage import DiskDeletion, device_name
 from cleanerd.retention.executor import RetentionOutcome
 from cleanerd.retention.policy import Deletion
 
@@ -229,7 +229,7 @@ class CycleReport:
                 "dry_run": disk.dry_run,
                 "devices": [
                     {
-                        "device": b.device,
+                        "device": device_name(b.device),
                         "used_bytes_before": b.used_bytes,
                         "used_bytes_after": a.used_bytes,
                         "total_bytes": b.total_bytes,
@@ -390,7 +390,7 @@ def disk_deleted_json(d: DiskDeletion) -> dict[str, Any]:
         "base_offset": d.base_offset,
         "size_bytes": d.size_bytes,
         "reason": d.reason.value,
-        "device": d.device,
+        "device": device_name(d.device),
         "freed_bytes": d.freed_bytes,
         "log_start_offset": d.log_start_offset,
     }

@@ -120,8 +120,9 @@ def test_a_dir_held_by_another_process_is_said_to_be_only_observed(tmp_path: Pat
 
 
 def test_a_device_is_named_as_the_metrics_label_it(tmp_path: Path) -> None:
-    """The text names a log dir's device `MAJOR:MINOR`, as lsblk and the `device` label
-    of `cleanerd_disk_usage_ratio` do (it printed the raw `st_dev`, 65024 for 254:0)."""
+    """The text and the JSON name a log dir's device `MAJOR:MINOR`, as lsblk and the
+    `device` label of `cleanerd_disk_usage_ratio` do (they gave the raw `st_dev`, 65024
+    for 254:0)."""
     log = LogBuilder(tmp_path / "logs")
     log.append([(k("a"), b"1")])
     log.write()
@@ -130,3 +131,7 @@ def test_a_device_is_named_as_the_metrics_label_it(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     dev = (tmp_path / "logs").stat().st_dev
     assert f"device {os.major(dev)}:{os.minor(dev)}: " in done.stdout
+    done = subprocess.run([*command, "--json"], capture_output=True, text=True, env=env)
+    assert [d["device"] for d in json.loads(done.stdout)["devices"]] == [
+        f"{os.major(dev)}:{os.minor(dev)}"
+    ]
