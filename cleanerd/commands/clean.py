@@ -129,12 +129,7 @@ def render_text(report: CycleReport) -> list[str]:
         warning = render_invalid_warning(c.stats)
         if warning is not None:
             lines.append(warning)
-    for t in report.truncated:
-        kept = "" if t.tail.quarantined_to is None else f", copied to {t.tail.quarantined_to}"
-        lines.append(
-            f"{t.tp}: cut a torn tail of {t.tail.bytes_cut} bytes at position "
-            f"{t.tail.position} of {t.tail.path} ({t.tail.reason}){kept}"
-        )
+    lines += [t.text() for t in report.truncated]
     lines += [f"{f.tp}: uncleanable: {f.reason}" for f in report.failed]
     lines += [f"{e.tp}: {e.phase} failed: {e.reason}" for e in report.errors]
     named = {(e.log_dir, e.tp) for e in report.errors} | {(f.log_dir, f.tp) for f in report.failed}

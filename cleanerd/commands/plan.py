@@ -199,11 +199,15 @@ def run(args: argparse.Namespace) -> int:
         freed_first=gathered.freed_first,
     )
     if args.json:
-        doc = cycle_json(plan, gathered.errors, gathered.unreadable, gathered.observed)
+        doc = cycle_json(
+            plan, gathered.errors, gathered.unreadable, gathered.observed, gathered.truncated
+        )
         print(json.dumps(doc, indent=2))
     else:
         for line in render_text(plan, gathered.unreadable, gathered.observed):
             print(line)
+        for cut in gathered.truncated:
+            print(cut.text(foreseen=True))
         for error in gathered.errors:
             print(f"cleanerd plan: {error}", file=sys.stderr)
     return 1 if gathered.errors else 0

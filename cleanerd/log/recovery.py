@@ -103,6 +103,7 @@ from cleanerd.log.index import IndexPastLogError
 from cleanerd.log.known_segments import KnownSegment
 from cleanerd.log.producer_state import ProducerState
 from cleanerd.log.segment import IndexCheck, IndexRebuild, LogSegment
+from cleanerd.log.segment_reader import map_file
 from cleanerd.log.tail import ZERO_TAIL, torn_tail_reason
 from cleanerd.logger import get_logger
 from cleanerd.records.header import Buffer
@@ -488,6 +489,22 @@ def truncate_torn_tail(
     return TruncatedTail(
         str(segment.log_path), position, cut_bytes, reason, None if saved is None else str(saved)
     )
+
+
+def foreseen_torn_tail(segment: LogSegment) -> TruncatedTail | None:
+    """What an owner's open would cut from the end of `segment`, an active segment open
+    read-only (whose size is then the end of its last whole batch): the bytes after it
+    when they are a torn tail, `quarantined_to` None (the open copies them there); None
+    when there are none, or when they are damage, which the open reports instead."""
+    position = segment.size
+    if segment.log_path.stat().st_size <= position:
+        return None  # the usual case: one stat, nothing mapped
+    buf = map_file(segment.log_path)
+    scan = walk_prefix(buf, start=position, offsets=segment.offsets)
+    reason = torn_tail_reason(buf, scan)
+    if reason is None or scan.stop != position:
+        return None
+    return TruncatedTail(str(segment.log_path), position, len(buf) - position, reason, None)
 
 
 def _report(report: RecoveryReport, error: CleanerdError) -> None:

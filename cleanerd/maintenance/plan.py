@@ -50,11 +50,12 @@ from cleanerd.log.log_dir import LogDir
 from cleanerd.log.meta import PartitionMeta
 from cleanerd.log.ownership import lock_holder
 from cleanerd.log.partition_log import LogConfig, PartitionLog
-from cleanerd.log.recovery import leftover_bytes
+from cleanerd.log.recovery import TruncatedTail, foreseen_torn_tail, leftover_bytes
 from cleanerd.log.roll import DEFAULT_MIN_ROLL_INTERVAL_MS, SegmentAge
 from cleanerd.log.roller import FirstSeen, segment_age
 from cleanerd.log.topic_config import TopicConfig
 from cleanerd.maintenance.report import (
+    TailCut,
     Unreadable,
     deleted_json,
     disk_deleted_json,
@@ -314,6 +315,8 @@ class Gathered:
     freed_first: dict[int, int] = dataclasses.field(default_factory=dict)
     """Per device above its threshold: the bytes of leftover files the owner's opens
     delete before its KIP-61 step measures (`recovery.leftover_bytes`)."""
+    truncated: list[TailCut] = dataclasses.field(default_factory=list)
+    """The torn tails the owner's opens will cut (`recovery.foreseen_torn_tail`)."""
 
 
 def gather(cfg: Config, *, now_ms: int) -> Gathered:
@@ -331,7 +334,7 @@ def gather(cfg: Config, *, now_ms: int) -> Gathered:
                     owned[log_dir.path] = list(partitions.values())
                     marker = log_dir.path / CLEAN_SHUTDOWN_FILE_NAME
                     log_dir.owner_trusts = marker.exists()
-                _gather_dir(cfg, log_dir, partitions, now_ms, out)
+                _gather_dir(cfg, log_dir, partitions, now_ms, out, owned=why is None)
                 out.device_of_dir[str(log_dir.path)] = device_of(log_dir.path)
                 readable.append(log_dir.path)
         except (CheckpointError, OSError) as exc:  # offline for a cycle too
@@ -380,6 +383,8 @@ def _gather_dir(
     partitions: Mapping[TopicPartition, Path],
     now_ms: int,
     out: Gathered,
+    *,
+    owned: bool,
 ) -> None:
     first_seen = FirstSeen.load(cfg.state_dir, log_dir.path)
     horizons = HorizonCache()
@@ -398,6 +403,8 @@ def _gather_dir(
             out.unreadable.append(
                 Unreadable(str(log_dir.path), tp, topic.cleanup_policy, meta.damage)
             )
+        elif owned and (tail := _foreseen_cut(plog)) is not None:
+            out.truncated.append(TailCut(str(log_dir.path), tp, tail))
         out.inputs.append(
             PlanInput(
                 meta=meta,
@@ -412,6 +419,15 @@ def _gather_dir(
 
 # ---------------------------------------------------------------------------------------
 # JSON (the schema `clean --json` shares, `report`)
+
+
+def _foreseen_cut(plog: PartitionLog) -> TruncatedTail | None:
+    """The torn tail the owner's open will cut from `plog` (open read-only), if any; a
+    file gone or changed since it was read says nothing (the open sees it anew)."""
+    try:
+        return foreseen_torn_tail(plog.active_segment)
+    except OSError:
+        return None
 
 
 def _deletions_json(plan: RetentionPlan) -> list[dict[str, Any]]:
@@ -498,8 +514,10 @@ def cycle_json(
     errors: Sequence[str] = (),
     unreadable: Sequence[Unreadable] = (),
     observed: Mapping[str, str] | None = None,
+    truncated: Sequence[TailCut] = (),
 ) -> dict[str, Any]:
-    """The whole plan as a JSON-ready dict."""
+    """The whole plan as a JSON-ready dict (`truncated`: the torn tails the opens will
+    cut, as `clean --json` lists those it cut)."""
     observed = observed or {}
     return {
         "now_ms": plan.now_ms,
@@ -517,6 +535,7 @@ def cycle_json(
         ],
         "partitions": [partition_json(p) for p in plan.partitions],
         "unreadable": [u.to_json() for u in unreadable],
+        "truncated": [t.to_json() for t in truncated],
         "observed": [{"log_dir": d, "reason": why} for d, why in observed.items()],
         "cleaning_order": [
             str(p.topic_partition)

@@ -29,6 +29,7 @@ from cleanerd.log.files import TopicPartition
 from cleanerd.log.meta import PartitionMeta
 from cleanerd.log.recovery import TruncatedTail
 from cleanerd.log.roll import RollDecision
+from cleanerd.log.tail import ZERO_TAIL
 from cleanerd.retention.disk import DiskUsageReport
 from cleanerd.retention.disk_usage import DiskDeletion, device_name
 from cleanerd.retention.executor import RetentionOutcome
@@ -142,6 +143,23 @@ class TailCut:
     log_dir: str
     tp: TopicPartition
     tail: TruncatedTail
+
+    def to_json(self) -> dict[str, Any]:
+        return {**_where(self.log_dir, self.tp), **dataclasses.asdict(self.tail)}
+
+    def text(self, *, foreseen: bool = False) -> str:
+        """The line `clean` prints for the cut (`plan`, `foreseen`: for the cut to come)."""
+        what = (
+            f"a torn tail of {self.tail.bytes_cut} bytes at position {self.tail.position} "
+            f"of {self.tail.path} ({self.tail.reason})"
+        )
+        if foreseen:
+            kept = (
+                ", copying it to the quarantine dir first" if self.tail.reason != ZERO_TAIL else ""
+            )
+            return f"{self.tp}: the open will cut {what}{kept}"
+        kept = "" if self.tail.quarantined_to is None else f", copied to {self.tail.quarantined_to}"
+        return f"{self.tp}: cut {what}{kept}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -260,9 +278,7 @@ class CycleReport:
             ],
             "skipped": [skipped_json(s.log_dir, s.tp, s.phase, s.reason) for s in self.skipped],
             "unlinked": [str(p) for p in self.unlinked],
-            "truncated": [
-                {**_where(t.log_dir, t.tp), **dataclasses.asdict(t.tail)} for t in self.truncated
-            ],
+            "truncated": [t.to_json() for t in self.truncated],
             "unreadable": [u.to_json() for u in self.unreadable],
             "offline": [{"log_dir": o.log_dir, "reason": o.reason} for o in self.offline],
         }

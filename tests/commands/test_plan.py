@@ -135,3 +135,35 @@ def test_a_device_is_named_as_the_metrics_label_it(tmp_path: Path) -> None:
     assert [d["device"] for d in json.loads(done.stdout)["devices"]] == [
         f"{os.major(dev)}:{os.minor(dev)}"
     ]
+
+
+def test_a_torn_tail_the_open_will_cut_is_foreseen_as_clean_cuts_it(tmp_path: Path) -> None:
+    """A partial batch at the end of an owned dir's active segment: `plan` says the
+    open will cut it (text and JSON), exactly as `clean` then reports the cut, and
+    changes nothing itself. It said nothing, and `clean` cut it."""
+    log = LogBuilder(tmp_path / "logs")
+    log.append([(k("a"), b"1")])
+    log.append([(k("b"), b"2")])
+    part = log.write()
+    active = sorted(part.glob("*.log"))[-1]
+    whole = active.stat().st_size
+    with open(active, "ab") as f:
+        f.write(active.read_bytes()[:40])  # the first 40 bytes of a batch
+    before = active.read_bytes()
+    command, env = _plan_command(tmp_path)
+    done = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
+    assert done.returncode == 0, done.stderr
+    assert (
+        f"t-0: the open will cut a torn tail of 40 bytes at position {whole} of {active} "
+        "(incomplete batch: " in done.stdout
+    )
+    done = subprocess.run([*command, "--json"], capture_output=True, text=True, env=env)
+    (foreseen,) = json.loads(done.stdout)["truncated"]
+    assert active.read_bytes() == before
+    clean = [*command[:-3], "clean", "--json", *command[-2:]]
+    done = subprocess.run(clean, capture_output=True, text=True, env=env, check=False)
+    assert done.returncode == 0, done.stderr
+    (cut,) = json.loads(done.stdout)["truncated"]
+    assert cut["quarantined_to"] is not None
+    assert foreseen == {**cut, "quarantined_to": None}
+    assert active.stat().st_size == whole
