@@ -138,6 +138,9 @@ class LogSegment:
     ) -> None:
         self.dir = dir_path
         self.base_offset = base_offset
+        self.offsets = OffsetRange.of_segment(base_offset)
+        """The offsets its batches may have, as far as a segment knows: from its base
+        offset up (below the next segment's base offset too, which its log checks)."""
         self.suffix = suffix
         self.index_interval_bytes = index_interval_bytes
         self.max_index_size = max_index_size
@@ -154,12 +157,6 @@ class LogSegment:
         self._size, self.inode = st.st_size, st.st_ino
         self._mtime_ns: int | None = st.st_mtime_ns
         self._reset_caches()
-
-    @property
-    def offsets(self) -> OffsetRange:
-        """The offsets its batches may have, as far as a segment knows: from its base
-        offset up (below the next segment's base offset too, which its log checks)."""
-        return OffsetRange.of_segment(self.base_offset)
 
     @property
     def live(self) -> bool:

@@ -301,13 +301,13 @@ def _summary_kernel(
     )
 
 
-@dataclass(frozen=True, slots=True)
-class OffsetRange:
+class OffsetRange(NamedTuple):
     """The offsets a walk accepts: each batch's first offset at or above `low` and above
     the last offset of the batch before it, its last offset at most `high`. A segment's
     range is [its base offset, the next segment's base offset) (`of_segment`); a walk
     that knows neither still refuses a negative offset and offsets that do not ascend.
-    No CRC covers a batch's base offset, so these are the checks that catch its damage."""
+    No CRC covers a batch's base offset, so these are the checks that catch its damage.
+    (A named tuple: one is made for every segment opened, 100,000 at a large start.)"""
 
     low: int = 0
     high: int = INT64_MAX
