@@ -134,7 +134,7 @@ def log_windows(data: Buffer, base_offset: int) -> Iterator[tuple[list[BatchInfo
     its window (CRCs not checked: a batch with a bad one is listed too). A walk that
     stopped before its window's end (bad or partial bytes, offsets out of order) is the
     last; its `stop` and `error` are the file's."""
-    ranges = OffsetRange.of_segment(base_offset)
+    ranges = OffsetRange(0, max(0, base_offset))  # active or not, the file does not say
     for start, end, offsets in batch_windows(data, DECODE_WINDOW_BYTES, ranges):
         scan = walk(data, start=start, end=end, verify_crc=False, offsets=offsets)
         yield scan.table.infos(), scan

@@ -636,9 +636,14 @@ def _read_runs(
         tracker.add_aborted(list(aborted))
     parts: list[AuditColumns] = []
     for i, run in enumerate(runs):
-        # Up to the next run's base offset (a joined run's segments only as a whole).
-        upper = runs[i + 1][0].base_offset if i + 1 < len(runs) else None
-        ranges = OffsetRange.of_segment(run[0].base_offset, upper)
+        # Up to the next run's base offset (a joined run's segments only as a whole;
+        # the last run, maybe joined too, with no bound above).
+        base = max(0, run[0].base_offset)
+        ranges = (
+            OffsetRange.of_segment(base, runs[i + 1][0].base_offset)
+            if i + 1 < len(runs)
+            else OffsetRange(0, base)
+        )
         with _run_buffer(run) as buf:
             # A big segment is decoded a window of whole batches at a time.
             for start, end, offsets in batch_windows(buf, DECODE_WINDOW_BYTES, ranges):

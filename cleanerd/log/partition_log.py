@@ -112,7 +112,7 @@ from cleanerd.log.txnindex import AbortedTxn
 from cleanerd.logger import get_logger
 from cleanerd.records.batch import encode_batch, iter_records
 from cleanerd.records.control import ControlRecordType, control_type, encode_end_txn_marker
-from cleanerd.records.header import Compression, TimestampType
+from cleanerd.records.header import INT32_MAX, Compression, TimestampType
 from cleanerd.records.record import Record
 from cleanerd.records.scan import BatchInfo
 from cleanerd.records.walker import (
@@ -1005,9 +1005,10 @@ class PartitionLog:
         with self._locked():
             self.refresh()
             segments = tuple(s.meta() for s in self._segments)
-            overlap = _overlap(segments)
-            if overlap is not None:
-                raise _overlap_error(self._segments[overlap], segments, overlap)
+            misplaced = _misplaced(segments)
+            if misplaced is not None:
+                i, reason = misplaced
+                raise CorruptRecordError(reason, path=self._segments[i].log_path)
             first_unstable = self.first_unstable_offset
             meta = self._partition_meta(segments, first_unstable)
             self._view = _View.of(self, meta)
@@ -1029,8 +1030,9 @@ class PartitionLog:
         with self._locked():
             self.refresh()
             segments = tuple(_readable(s) for s in self._segments)
-            while (i := _overlap(segments)) is not None:
-                error = _overlap_error(self._segments[i], segments, i)
+            while (misplaced := _misplaced(segments)) is not None:
+                i, reason = misplaced
+                error = CorruptRecordError(reason, path=self._segments[i].log_path)
                 segments = (
                     *segments[:i],
                     self._segments[i].damaged_meta(str(error)),
@@ -1230,24 +1232,24 @@ class _View(NamedTuple):
             return False
 
 
-def _overlap(segments: Sequence[SegmentMeta]) -> int | None:
-    """The first readable segment whose last offset is not below the next segment's base
-    offset: a damaged base offset (no CRC covers one) in its last batch, which its
-    metadata, read from its tail, takes as its end; None when there is none."""
-    for i in range(len(segments) - 1):
-        if segments[i].damage is None and segments[i].next_offset > segments[i + 1].base_offset:
-            return i
+def _misplaced(segments: Sequence[SegmentMeta]) -> tuple[int, str] | None:
+    """The first readable segment whose end is out of its place, and why: its last
+    offset reaches the next segment's base offset, or (the active one) is more than
+    2^31 - 1 past its own (`walker.OffsetRange`). Either is a damaged base offset (no
+    CRC covers one) in its last batch, which the metadata, read from the segment's
+    tail, takes as its end. None when there is none."""
+    for i, seg in enumerate(segments):
+        last = seg.next_offset - 1
+        if seg.damage is not None or seg.next_offset == seg.base_offset:
+            continue
+        if i + 1 < len(segments) and last >= (upper := segments[i + 1].base_offset):
+            return i, f"last offset {last} is not below the next segment's base offset {upper}"
+        if i + 1 == len(segments) and last - seg.base_offset > INT32_MAX:
+            return i, (
+                f"last offset {last} is more than {INT32_MAX} past the segment's base "
+                f"offset {seg.base_offset}"
+            )
     return None
-
-
-def _overlap_error(
-    segment: LogSegment, segments: Sequence[SegmentMeta], i: int
-) -> CorruptRecordError:
-    return CorruptRecordError(
-        f"last offset {segments[i].next_offset - 1} is not below the next segment's base "
-        f"offset {segments[i + 1].base_offset}",
-        path=segment.log_path,
-    )
 
 
 def _readable(segment: LogSegment) -> SegmentMeta:

@@ -138,9 +138,10 @@ class LogSegment:
     ) -> None:
         self.dir = dir_path
         self.base_offset = base_offset
-        self.offsets = OffsetRange.of_segment(base_offset)
+        self.offsets = OffsetRange(0, max(0, base_offset))
         """The offsets its batches may have, as far as a segment knows: from its base
-        offset up (below the next segment's base offset too, which its log checks)."""
+        offset up (below the next segment's base offset too, and within 2^31 - 1 of its
+        own while it is the active one, which its log checks)."""
         self.suffix = suffix
         self.index_interval_bytes = index_interval_bytes
         self.max_index_size = max_index_size

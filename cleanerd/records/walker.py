@@ -43,6 +43,7 @@ from cleanerd.records.header import (
     CONTROL_MASK,
     CRC_OFFSET,
     DELETE_HORIZON_MASK,
+    INT32_MAX,
     LAST_OFFSET_DELTA_OFFSET,
     LEGACY_V0_MIN_SIZE,
     LEGACY_V1_MIN_SIZE,
@@ -153,19 +154,29 @@ def _check_batch(buf: U8, p: Int, end: Int, verify_crc: bool) -> tuple[Int, Int,
 
 @jit_inline
 def _offsets_at(buf: U8, p: Int, m: Int) -> tuple[Int, Int]:
-    """(first offset, last offset delta) of the batch at `p`, which passed `_check_batch`.
-    A legacy entry is judged by its own offset, its last inner one, as Kafka's loader
-    does (`ensureOffsetInRange`): a compressed wrapper's inner offsets may start below
-    its segment's base."""
+    """(first offset, last offset delta) of the batch at `p`, which passed `_check_batch`
+    (a legacy entry: its own offset, its last inner one, and 0)."""
     first = be_i64(buf, p + BASE_OFFSET_OFFSET)
     return first, be_i32(buf, p + LAST_OFFSET_DELTA_OFFSET) if m == 2 else 0
 
 
 @jit_inline
-def _in_range(first: Int, delta: Int, low: Int, high: Int) -> bool:
-    """Whether a batch's offsets lie in [low, high] (`delta` >= 0, so `high - delta`
-    cannot overflow)."""
-    return bool(low <= first <= high - delta)
+def _in_range(m: Int, first: Int, delta: Int, low: Int, base: Int, high: Int, span: Int) -> bool:
+    """Whether a batch's first offset is at least `low` and its last offset in [base,
+    high], and for a v2 batch at most `span` past `base` (see `OffsetRange`; `delta`
+    >= 0 and `base` >= 0, so no bound here can overflow)."""
+    if not (low <= first and base - delta <= first <= high - delta):
+        return False
+    return bool(m != 2 or first - base <= span - delta)
+
+
+@jit_inline
+def _next_range(last: Int, low: Int, high: Int) -> tuple[Int, Int]:
+    """(low, high) after a batch ending at `last`: above it; nothing at all after one
+    ending at the largest offset (high -1: no batch passes)."""
+    if last == INT64_MAX:
+        return low, -1
+    return last + 1, high
 
 
 @jit
@@ -176,7 +187,9 @@ def _walk_kernel(
     n: Int,
     verify_crc: bool,
     low: Int,
+    base: Int,
     high: Int,
+    span: Int,
     position: I64,
     size: I64,
     magic: I8,
@@ -191,19 +204,19 @@ def _walk_kernel(
     producer_epoch: I16,
     base_sequence: I32,
     records_count: I32,
-) -> tuple[Int, Int, Int, Int]:
-    """Walk buf[start:end], filling rows from `n`, each batch's offsets at or above `low`
-    (then above the last batch's) and at most `high`; (rows filled, stop position,
-    reason, the lowest offset the next batch may have)."""
+) -> tuple[Int, Int, Int, Int, Int]:
+    """Walk buf[start:end], filling rows from `n`, each batch's offsets in the range
+    (`low`, `base`, `high`: see `OffsetRange`); (rows filled, stop position, reason, the
+    `low` and `high` of what follows)."""
     p = start
     capacity = position.shape[0]
     while p < end:
         if n == capacity:
-            return n, p, FULL, low
+            return n, p, FULL, low, high
         prefetch(buf, p, end)
         total, m, reason = _check_batch(buf, p, end, verify_crc)
         if reason != DONE:
-            return n, p, reason, low
+            return n, p, reason, low, high
         # Offsets as `_offsets_at` reads them, checked once the row is written (and
         # counted only if they pass): read and checked before the stores, they cost a
         # 1-record batch 70 ns instead of 52 (`bench.walker`).
@@ -231,17 +244,25 @@ def _walk_kernel(
             producer_id[n] = -1
             producer_epoch[n] = -1
             base_sequence[n] = -1
-        if not _in_range(first, delta, low, high):
-            return n, p, BAD_OFFSET, low
-        low = first + delta + 1
+        if not _in_range(m, first, delta, low, base, high, span):
+            return n, p, BAD_OFFSET, low, high
+        low, high = _next_range(first + delta, low, high)
         n += 1
         p += total
-    return n, p, DONE, low
+    return n, p, DONE, low, high
 
 
 @jit
 def _summary_kernel(
-    buf: U8, start: Int, end: Int, limit: Int, verify_crc: bool, low: Int, high: Int
+    buf: U8,
+    start: Int,
+    end: Int,
+    limit: Int,
+    verify_crc: bool,
+    low: Int,
+    base: Int,
+    high: Int,
+    span: Int,
 ) -> tuple[Int, Int, Int, Int, Int, Int, Int, Int, Int, Int]:
     """Walk buf[start:end] as `_walk_kernel` does, up to `limit` batches, keeping only
     totals: (batches, stop, reason, first batch's max timestamp, first batch's last
@@ -269,11 +290,11 @@ def _summary_kernel(
         if reason != DONE:
             break
         first, delta = _offsets_at(buf, p, m)
-        if not _in_range(first, delta, low, high):
+        if not _in_range(m, first, delta, low, base, high, span):
             reason = BAD_OFFSET
             break
         last = first + delta
-        low = last + 1
+        low, high = _next_range(last, low, high)
         ts = be_i64(buf, p + MAX_TIMESTAMP_OFFSET)
         if n == 0:
             first_ts, first_last = ts, last
@@ -302,28 +323,42 @@ def _summary_kernel(
 
 
 class OffsetRange(NamedTuple):
-    """The offsets a walk accepts: each batch's first offset at or above `low` and above
-    the last offset of the batch before it, its last offset at most `high`. A segment's
-    range is [its base offset, the next segment's base offset) (`of_segment`); a walk
-    that knows neither still refuses a negative offset and offsets that do not ascend.
-    No CRC covers a batch's base offset, so these are the checks that catch its damage.
-    (A named tuple: one is made for every segment opened, 100,000 at a large start.)"""
+    """The offsets a walk accepts: each batch's first offset at least `low` (never
+    negative, and above the last offset of the batch before it), its last offset in
+    [`base`, `high`]. A segment's range has its base offset as `base` and the next
+    segment's base offset less one as `high` (`of_segment`): Kafka's loader judges a
+    batch by its last offset (`ensureOffsetInRange`), since a segment rolled at a legacy
+    compressed wrapper's offset (its last inner one) holds inner offsets below its base,
+    and a cleaned one holds them as a v2 batch. A walk that knows no segment still
+    refuses a negative offset and offsets that do not ascend. No CRC covers a batch's
+    base offset, so these are the checks that catch its damage. (A named tuple: one is
+    made for every segment opened, 100,000 at a large start.)"""
 
     low: int = 0
+    base: int = 0
     high: int = INT64_MAX
+    """-1 after a batch ending at the largest offset: nothing may follow it."""
     after_batch: bool = False
     """`low` is one past the last offset of the batch just before the range (a segment's
-    window after its first), not a segment's base offset: said in the error."""
+    window after its first): said in the error."""
+    span: int = INT64_MAX
+    """How far past `base` a v2 batch's last offset may be. The active segment, which no
+    next segment bounds, has 2^31 - 1: its index holds offsets relative to its base as
+    32-bit ints, and a broker rolls before a v2 batch that would not fit, so a larger
+    offset there is damage (a base offset gone wild would otherwise pass as the log's
+    end). A closed segment is bounded by the next one's base instead: old brokers wrote
+    some past 2^31 - 1 (an offset overflow, KAFKA-6264), which the cleaner splits."""
 
     @classmethod
     def of_segment(cls, base_offset: int, next_base_offset: int | None = None) -> OffsetRange:
-        high = INT64_MAX if next_base_offset is None else next_base_offset - 1
-        return cls(max(0, base_offset), high)
+        if next_base_offset is None:
+            return cls(0, max(0, base_offset), span=INT32_MAX)
+        return cls(0, max(0, base_offset), next_base_offset - 1)
 
-    def after(self, next_low: int, walked: bool) -> OffsetRange:
-        """The range left once a walk of this one has reached `next_low` (`walked`: it
-        passed a batch)."""
-        return OffsetRange(next_low, self.high, self.after_batch or walked)
+    def after(self, low: int, high: int, walked: bool) -> OffsetRange:
+        """The range left once a walk of this one has reached `low` and `high`
+        (`walked`: it passed a batch)."""
+        return self._replace(low=low, high=high, after_batch=self.after_batch or walked)
 
 
 ANY_OFFSETS: Final = OffsetRange()
@@ -348,18 +383,25 @@ def _offset_error(data: U8, p: int, offsets: OffsetRange) -> BadOffsetError:
     """Why the batch at `p` (which passed the structural checks) is outside `offsets`."""
     first, delta, v2 = _offsets_of(data, p)
     name = "base offset" if v2 else "offset"
+    last = first + delta
     if first < 0:
         reason = f"negative {name} {first}"
-    elif first < offsets.low and offsets.after_batch:
-        reason = f"{name} {first} is not above the previous batch's last offset {offsets.low - 1}"
+    elif offsets.high < 0:
+        reason = f"{name} {first} follows a batch that ends at the largest offset"
     elif first < offsets.low:
-        reason = f"{name} {first} is below the segment's base offset {offsets.low}"
-    elif offsets.high == INT64_MAX:
+        reason = f"{name} {first} is not above the previous batch's last offset {offsets.low - 1}"
+    elif last < offsets.base:
+        reason = f"last offset {last} is below the segment's base offset {offsets.base}"
+    elif last > offsets.high and offsets.high == INT64_MAX:
         reason = f"base offset {first} + lastOffsetDelta {delta} is past the largest offset"
+    elif last > offsets.high:
+        reason = (
+            f"last offset {last} is not below the next segment's base offset {offsets.high + 1}"
+        )
     else:
         reason = (
-            f"last offset {first + delta} is not below the next segment's base offset "
-            f"{offsets.high + 1}"
+            f"last offset {last} is more than {offsets.span} past the segment's base offset "
+            f"{offsets.base}"
         )
     return BadOffsetError(reason, position=p)
 
@@ -620,7 +662,9 @@ def summarize(
         -1 if limit is None else limit,
         verify_crc,
         offsets.low,
+        offsets.base,
         offsets.high,
+        offsets.span,
     )
     batches, stop, reason, first_ts, first_last, last, max_ts, at_max, horizon, stamped = (
         int(x) for x in found
@@ -691,12 +735,14 @@ class Walker:
                 0,
                 self.verify_crc,
                 offsets.low,
+                offsets.base,
                 offsets.high,
+                offsets.span,
                 *scratch.arrays(),
             )
             rows = min(2 * rows, self.rows)
-            n, stop, reason, low = (int(x) for x in found)
-            self.offsets = offsets.after(low, n > 0)
+            n, stop, reason, low, high = (int(x) for x in found)
+            self.offsets = offsets.after(low, high, n > 0)
             chunk = scratch.head(n)
             if reason == BAD_OFFSET:
                 self.error = _offset_error(self.data, stop, self.offsets)
@@ -793,7 +839,9 @@ class BatchWindows:
         """What follows the batch at `p` (not yet checked: if its offsets are bad, the
         walk of its own window says so first)."""
         first, delta, _ = _offsets_of(self._data, p)
-        return offsets.after(max(offsets.low, first + delta + 1), True)
+        if first + delta >= INT64_MAX:
+            return offsets.after(offsets.low, -1, True)
+        return offsets.after(max(offsets.low, first + delta + 1), offsets.high, True)
 
     def __iter__(self) -> Iterator[Window]:
         i = 0

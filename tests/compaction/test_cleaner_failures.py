@@ -142,7 +142,7 @@ def test_corrupt_batch_names_file_and_position(tmp_path: Path) -> None:
     [
         (3, -5, "negative base offset -5"),
         (3, 11, "base offset 11 is not above the previous batch's last offset 12"),
-        (0, 5, "base offset 5 is below the segment's base offset 10"),
+        (0, 5, "last offset 5 is below the segment's base offset 10"),
         (-1, 25, "last offset 25 is not below the next segment's base offset 20"),
     ],
 )

@@ -768,6 +768,24 @@ def test_a_segment_reaching_the_next_ones_base_is_damaged(tmp_path: Path) -> Non
     assert meta.segments[1].next_offset == 2
 
 
+def test_an_active_segment_ending_past_its_index_range_is_damaged(tmp_path: Path) -> None:
+    """The active segment's last batch with a base offset (no CRC covers it) far past
+    what its index can hold relative to its base: no next segment bounds it, so it
+    passed as the log end, and a roll then failed the whole cycle on writing the index
+    entry. `meta` refuses it; `readable_meta` stands the segment in as damaged."""
+    batches = [[kv(f"k{i}", f"v{i}", timestamp=1_000 + i)] for i in range(2)]
+    build_log(tmp_path / "logs", [batches] * 2, state_dir=tmp_path / "state")
+    path = tmp_path / "logs" / "topic-0" / f"{2:020d}.log"
+    set_base_offset(path, -1, 10**15)
+    plog = PartitionLog.open(path.parent, state_dir=tmp_path / "state", read_only=True)
+    reason = f"last offset {10**15} is more than 2147483647 past the segment's base offset 2"
+    with pytest.raises(CorruptRecordError, match=reason):
+        plog.meta()
+    meta = plog.readable_meta()
+    assert [s.damage is None for s in meta.segments] == [True, False]
+    assert meta.log_end_offset == 2
+
+
 def test_the_readable_meta_stands_in_for_damage_only(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -481,7 +481,7 @@ def test_flipped_byte_with_data_after_is_reported_not_cut(tmp_path: Path) -> Non
     [
         (-1, 18, "base offset 18 is not above the previous batch's last offset 18"),
         (-1, -1, "negative base offset -1"),
-        (0, 17, "base offset 17 is below the segment's base offset 18"),
+        (0, 17, "last offset 17 is below the segment's base offset 18"),
     ],
 )
 def test_a_damaged_base_offset_in_the_active_segment_is_reported_not_cut(

@@ -302,7 +302,13 @@ def _with_base(buf: bytes, batch: int, value: int) -> tuple[bytes, int]:
             0,
             99,
             walker.OffsetRange.of_segment(100),
-            "base offset 99 is below the segment's base offset 100",
+            "last offset 99 is below the segment's base offset 100",
+        ),
+        (
+            4,
+            100 + 2**31,
+            walker.OffsetRange.of_segment(100),
+            "last offset 2147483748 is more than 2147483647 past the segment's base offset 100",
         ),
         (
             4,
@@ -359,8 +365,38 @@ def test_windows_narrow_the_range_to_what_follows_the_window_before() -> None:
     size = len(buf) // 4
     windows = batch_windows(buf, size, walker.OffsetRange.of_segment(100, 200))
     assert [w.offsets for w in windows] == [
-        walker.OffsetRange(100, 199),
-        walker.OffsetRange(103, 199, after_batch=True),
-        walker.OffsetRange(106, 199, after_batch=True),
-        walker.OffsetRange(109, 199, after_batch=True),
+        walker.OffsetRange(0, 100, 199),
+        walker.OffsetRange(103, 100, 199, after_batch=True),
+        walker.OffsetRange(106, 100, 199, after_batch=True),
+        walker.OffsetRange(109, 100, 199, after_batch=True),
     ]
+
+
+def test_a_batch_is_in_its_segment_by_its_last_offset() -> None:
+    """Kafka's loader judges a batch by its last offset: a v2 batch starting below its
+    segment's base but ending in it (a legacy compressed wrapper, rolled at its own
+    offset, cleaned into a v2 batch) is sound; one ending below the base is not."""
+    buf = _numbered(4, 1, per_batch=3) + _numbered(7, 2)  # offsets 4..6, 7, 8
+    segment = walker.OffsetRange.of_segment(6, 9)
+    assert walk(buf, offsets=segment).error is None
+    assert summarize(buf, offsets=segment) is not None
+    error = walk(buf, offsets=walker.OffsetRange.of_segment(7, 9)).error
+    assert str(error) == (
+        "corrupt record batch at position 0: last offset 6 is below the segment's base offset 7"
+    )
+
+
+def test_nothing_follows_a_batch_at_the_largest_offset() -> None:
+    """A batch ending at the largest offset leaves no offset for another: the next one
+    is refused by every walk (its `last + 1` had wrapped to a negative bound), and
+    windows cut after it do not overflow."""
+    buf = _numbered(2**63 - 1, 1) + _numbered(5, 1)
+    whole = walk(buf)
+    assert isinstance(whole.error, walker.BadOffsetError)
+    assert "base offset 5 follows a batch that ends at the largest offset" in str(whole.error)
+    chunked = Walker(buf, rows=1)
+    list(chunked)
+    assert str(chunked.error) == str(whole.error)
+    assert summarize(buf) is None
+    errors = [walk(buf, start=a, end=b, offsets=o).error for a, b, o in batch_windows(buf, 1)]
+    assert str(errors[1]) == str(whole.error)

@@ -240,7 +240,7 @@ def test_an_executor_refuses_a_base_offset_out_of_its_segment(
         config=CleanerConfig(),
     )
     (task,) = [t for t in segment_tasks(JobSpec((spec,), tmp_path)) if t.base == 10]
-    assert task.offsets == OffsetRange(10, 19)
+    assert task.offsets == OffsetRange(0, 10, 19)
     monkeypatch.setattr(clean_job, "DECODE_WINDOW_BYTES", window_bytes)
     with pytest.raises(CorruptRecordError) as caught:
         segment_rows(task, seg.read_bytes())
