@@ -3,16 +3,21 @@ kept entries are copied as they are, partly kept ones come out as v2 batches."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 from aiokafka.record.legacy_records import LegacyRecordBatchBuilder
 
+from cleanerd.commands.dump import DumpOptions, dump_file
 from cleanerd.compaction import cleaner
 from cleanerd.compaction.cleaner import CleanerConfig
 from cleanerd.compaction.strategy import resolve_strategy
+from cleanerd.log.files import log_file
+from cleanerd.log.partition_log import PartitionLog
 from cleanerd.records.batch import decode_batch, iter_records
 from cleanerd.records.header import Compression
 from cleanerd.records.walker import ANY_OFFSETS, Window, scan_batches
-from tests.compaction.conftest import LogBuilder, clean, k
+from tests.compaction.conftest import LogBuilder, _Segment, clean, k
 
 
 def legacy(records: list[tuple[int, bytes, bytes | None]], *, codec: int) -> bytes:
@@ -101,3 +106,29 @@ def test_the_header_strategy_reads_legacy_records_as_unversioned(log: LogBuilder
         for info in scan_batches(data):
             values.update({r.key: r.value for r in iter_records(data, info)})
     assert values == {k(0): b"new", k(1): b"b"}
+
+
+def test_a_wrapper_rolled_at_its_own_offset_cleans_again_and_again(
+    log: LogBuilder, tmp_path: Path
+) -> None:
+    """Kafka 2.x rolled a legacy compressed append at the wrapper's offset (its last
+    inner one), so segment 6 holds inner offsets 4..6. Partly kept, the wrapper becomes
+    a v2 batch starting at 4, below the segment's base: sound, as Kafka's loader judges a
+    batch by its last offset. The offset checks refused cleanerd's own output, so the
+    partition could never be opened in full, cleaned or dumped again."""
+    log.segments = [_Segment(6)]
+    wrapper = legacy([(4, k(0), b"a"), (5, k(1), b"b"), (6, k(2), b"c")], codec=1)
+    log.segments[-1].batches.append(wrapper)
+    log.next_offset = 7
+    log.append([(k(1), b"B")])
+    log.roll()
+    log.append([(k(9), b"z")])
+    d = log.write()
+    clean(d)
+    first = next(scan_batches(log_file(d, 6).read_bytes()))
+    assert (first.magic, first.base_offset, first.last_offset) == (2, 4, 6)
+    clean(d)
+    assert list(dump_file(log_file(d, 6), DumpOptions()))
+    plog = PartitionLog.open(d, state_dir=tmp_path / "state", full_check=True)
+    assert plog.corrupt is None
+    assert plog.meta().damage is None
