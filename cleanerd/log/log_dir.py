@@ -411,7 +411,7 @@ class LogDir:
         starts = dict(self.checkpoints.log_start_offsets)
         for plog in logs:
             tp = plog.topic_partition
-            recovery[tp] = plog.recovery_point
+            recovery[tp] = plog.recovery_point_to_checkpoint
             starts.pop(tp, None)
             if plog.segments and plog.log_start_offset > plog.segments[0].base_offset:
                 starts[tp] = plog.log_start_offset

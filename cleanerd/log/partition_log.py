@@ -404,6 +404,22 @@ class PartitionLog:
         """Damage found when opening (the partition is then uncleanable), or None."""
         return self.recovery_report.corrupt
 
+    def _damaged_base(self) -> int | None:
+        """The base offset of the segment the open found damaged, or None."""
+        path = getattr(self.corrupt, "path", None)
+        for segment in self._segments if path is not None else ():
+            if str(segment.log_path) == path:
+                return segment.base_offset
+        return None
+
+    @property
+    def recovery_point_to_checkpoint(self) -> int:
+        """The recovery point a checkpoint may record: never past a segment the open
+        found damaged, so that the next open walks that segment again and finds the
+        damage again. (A roll moved it past, and the damage was forgotten.)"""
+        damaged = self._damaged_base()
+        return self.recovery_point if damaged is None else min(self.recovery_point, damaged)
+
     @property
     def segments(self) -> tuple[LogSegment, ...]:
         """Segments ascending by base offset."""
@@ -1024,7 +1040,7 @@ class PartitionLog:
         take it: they stop before the first damaged segment, so one bad batch does not
         keep the expired segments older than it, nor fail a device's disk-usage step."""
         try:
-            return self.meta()
+            return self._with_open_damage(self.meta())
         except DAMAGE:
             pass  # anything else (a race, a held lock, an OS error) fails as `meta` does
         with self._locked():
@@ -1053,7 +1069,23 @@ class PartitionLog:
                 first_unstable = None
             active = segments[-1]
             end = active.base_offset if active.damage is not None else None
-            return self._partition_meta(segments, first_unstable, log_end_offset=end)
+            return self._with_open_damage(
+                self._partition_meta(segments, first_unstable, log_end_offset=end)
+            )
+
+    def _with_open_damage(self, meta: PartitionMeta) -> PartitionMeta:
+        """`meta` with the segment the open found damaged (inside, where a snapshot does
+        not read) standing in as damaged too, so that retention stops before it as
+        before any damage. (Retention deleted it, and every segment after it.)"""
+        damaged = self._damaged_base()
+        segments = meta.segments
+        at = next((i for i, s in enumerate(segments) if s.base_offset == damaged), None)
+        if at is None or segments[at].damage is not None:
+            return meta
+        bad = self._segments[at].damaged_meta(str(self.corrupt))
+        segments = (*segments[:at], bad, *segments[at + 1 :])
+        end = segments[-1].base_offset if at == len(segments) - 1 else meta.log_end_offset
+        return dataclasses.replace(meta, segments=segments, log_end_offset=end)
 
     def stable_view(self) -> tuple[tuple[LogSegment, ...], int]:
         """The segments as the files are now and the last stable offset, read as `meta`

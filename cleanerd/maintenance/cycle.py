@@ -655,7 +655,9 @@ class Maintenance:
                 except (CleanerdError, OSError) as exc:
                     log.error("checkpoint.flush_failed", log_dir=str(log_dir.path), error=str(exc))
             known = log_dir.checkpoints.recovery_points
-            if all(known.get(p.topic_partition, 0) == p.recovery_point for p in plogs):
+            if all(
+                known.get(p.topic_partition, 0) == p.recovery_point_to_checkpoint for p in plogs
+            ):
                 continue
             try:
                 log_dir.reload_checkpoints()  # one gone bad since the cycle read it stays

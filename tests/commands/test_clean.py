@@ -26,12 +26,13 @@ from cleanerd.log.files import TopicPartition
 from cleanerd.log.known_segments import decode
 from cleanerd.log.lock import LogDirLock
 from cleanerd.log.partition_log import PartitionLog
+from cleanerd.log.producer_state import ProducerState, write_snapshot
 from cleanerd.maintenance import cycle
 from cleanerd.maintenance.cycle import Maintenance
 from cleanerd.maintenance.report import StepError, Unreadable
 from cleanerd.records.record import Record
 from cleanerd.records.walker import walk
-from tests.builders import build_log, cycle_report, kv
+from tests.builders import build_log, cycle_report, kv, set_base_offset
 from tests.compaction.conftest import TP, LogBuilder, k, view
 from tests.paths import REPO
 
@@ -471,3 +472,35 @@ def test_the_text_report_names_unreadable_partitions_once() -> None:
     assert "a-0: open failed: link refused" in lines
     assert "b-1: unreadable: bad CRC at 0 in /l/b-1/0.log" in lines
     assert not [line for line in lines if line.startswith("a-0: unreadable")]
+
+
+def test_damage_the_open_finds_stops_retention_and_is_found_again(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A deleted (not compacted) partition whose open finds a bad batch inside an old
+    segment, where its metadata does not read (a big segment: only its tail): the cycle
+    deletes the expired segments before it, keeps it and those after, and checkpoints
+    no recovery point past it, so the next clean walks it and reports it again.
+    Retention deleted it with every segment after it, and the recovery point moved
+    past: the next clean exited 0, the damage gone unsaid."""
+    log = LogBuilder(tmp_path / "logs")
+    for i in range(2010):  # segment 10 is big: its metadata reads only its tail
+        log.append([(k(i % 3), bytes(200))], timestamps=[NOW - 10_000])
+        if i in (9, 2009):
+            log.roll()
+    log.append([(k(9), b"active")], timestamps=[NOW - 10_000])
+    d = log.write()
+    # A producer snapshot at the log end, as a clean stop leaves: the producer state is
+    # read from it, and only the open's validation walks the old segments.
+    write_snapshot(d, ProducerState(offset=2011), log_start_offset=0)
+    seg = d / "00000000000000000010.log"
+    position = set_base_offset(seg, 500, 10**12)
+    data = seg.read_bytes()
+    cfg = str(write_config(tmp_path, **{"cleanup.policy": "delete", "retention.ms": 1000}))
+    for _ in range(2):
+        assert main(["clean", "-c", cfg, "--now-ms", str(NOW + DAY)]) == 1
+        assert f"{seg} at position {position}" in capsys.readouterr().out
+        assert sorted(p.name for p in d.glob("*.log"))[0] == seg.name
+        assert seg.read_bytes() == data
+        checkpoint = (tmp_path / "logs" / "recovery-point-offset-checkpoint").read_text()
+        assert int(checkpoint.split("\n")[2].split()[2]) <= 10
