@@ -179,8 +179,8 @@ def _shown(value: object) -> str:
     events."""
     try:
         return _cut(json.dumps(value))
-    except (TypeError, ValueError):
-        return _cut(repr(value))
+    except (TypeError, ValueError, RecursionError):  # nested past what dumps walks
+        return f"<a {type(value).__name__}>"
 
 
 def _cut(text: str) -> str:
@@ -217,10 +217,10 @@ async def handle_command(
     try:
         command = parse_command(name, payload, retained=retained)
     except CommandRejected as e:
-        shown = _cut(name)  # the reply's `command` field: the name as sent, not quoted
-        request = _request_id(payload)
-        log.warning("command.rejected", command=shown, reason=e.reason, id=request)
-        return CommandReply(shown, accepted=False, reason=e.reason, id=request)
+        return _rejected(name, payload, e.reason)
+    except Exception:  # untrusted input: a parse that fails outright is a rejection too
+        log.exception("command.unreadable", command=_cut(name))
+        return _rejected(name, payload, "payload could not be read (see the daemon's log)")
     try:
         await handler(command)
     except CommandRejected as e:
@@ -231,6 +231,13 @@ async def handle_command(
         return _reply(command, "internal error (see the daemon's log)")
     log.info("command.accepted", command=command.name)
     return _reply(command, None)
+
+
+def _rejected(name: str, payload: bytes, reason: str) -> CommandReply:
+    shown = _cut(name)  # the reply's `command` field: the name as sent, not quoted
+    request = _request_id(payload)
+    log.warning("command.rejected", command=shown, reason=reason, id=request)
+    return CommandReply(shown, accepted=False, reason=reason, id=request)
 
 
 def _request_id(payload: bytes) -> str | None:

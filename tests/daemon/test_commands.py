@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from cleanerd.daemon import commands
 from cleanerd.daemon.commands import (
     MAX_PAYLOAD_BYTES,
     CleanCommand,
@@ -244,3 +245,31 @@ async def test_rejected_values_are_shown_as_json() -> None:
     assert reply is not None
     assert reply.reason is not None
     assert reply.reason.startswith('partition: "3" ')
+
+
+def test_a_value_nested_past_what_a_reply_can_quote_is_named_by_its_type() -> None:
+    """A partition nested some 1,000 lists deep (under 4 KiB) parses, but quoting it in
+    the reply recursed past Python's limit, and the error dropped the MQTT session."""
+    deep: list[object] = []
+    for _ in range(100_000):
+        deep = [deep]
+    assert commands._shown(deep) == "<a list>"
+
+
+async def test_a_parse_that_fails_outright_is_a_rejection(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Whatever fails in reading an untrusted payload is answered as a rejection: an
+    error escaping here ended the MQTT session and lost the reply."""
+
+    def broken(name: str, payload: bytes, *, retained: bool = False) -> Command:
+        raise RecursionError("maximum recursion depth exceeded")
+
+    async def handler(command: Command) -> None:
+        raise AssertionError("never reached")
+
+    monkeypatch.setattr(commands, "parse_command", broken)
+    reply = await handle_command("clean", b'{"id": "r9"}', handler)
+    assert reply is not None
+    assert (reply.accepted, reply.id) == (False, "r9")
+    assert reply.reason == "payload could not be read (see the daemon's log)"

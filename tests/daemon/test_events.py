@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import getpass
 import json
+import logging
 import random
 import signal
 import socket
@@ -19,6 +20,7 @@ from pathlib import Path
 
 import aiomqtt
 import pytest
+import structlog
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
@@ -622,9 +624,15 @@ async def test_a_broker_that_stays_away_is_not_a_warning_at_every_retry() -> Non
         {"enabled": True, "host": "127.0.0.1", "port": _free_port()}
     )
     publisher = MqttPublisher(settings, host=HOST, backoff=Backoff(initial_s=0.001, max_s=0.002))
-    with capture_logs() as logs:
-        async with _running(publisher):
-            await _until(lambda: sum(e["event"] == "mqtt.disconnected" for e in logs) >= 12)
+    # Debug lines kept whatever level an earlier test configured (`log_to_stderr`).
+    saved = structlog.get_config()
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.DEBUG))
+    try:
+        with capture_logs() as logs:
+            async with _running(publisher):
+                await _until(lambda: sum(e["event"] == "mqtt.disconnected" for e in logs) >= 12)
+    finally:
+        structlog.configure(**saved)
     failures = [e for e in logs if e["event"] == "mqtt.disconnected"][:12]
     assert [e["failed_attempts"] for e in failures] == list(range(1, 13))
     warned = [e["failed_attempts"] for e in failures if e["log_level"] == "warning"]
