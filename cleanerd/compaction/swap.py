@@ -75,7 +75,9 @@ class FileOps:
     def create(self, path: Path, like: Path | None = None) -> int:
         """Open `path` for writing, truncating it, with the bits and group of `like`
         (`fsutil.adopt_owner`); returns a descriptor."""
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+        fd = os.open(
+            path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644
+        )
         if like is not None:
             try:
                 adopt_owner(fd, like)

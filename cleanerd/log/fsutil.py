@@ -29,11 +29,14 @@ The argument every writer in cleanerd relies on:
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import os
 import stat
 from pathlib import Path
+
+from cleanerd.logger import get_logger
+
+log = get_logger(__name__)
 
 TMP_SUFFIX = ".tmp"
 
@@ -61,30 +64,66 @@ def fsync_file(path: Path | str) -> None:
 
 def adopt_owner(fd: int, like: Path | str) -> None:
     """Give the file (or dir) this process created, open at `fd`, the permission bits
-    and group of `like`, and its owner when this process may (root); a group this
-    process is not in stays its own. A file like a dir takes the dir's bits less the
-    execute ones. Nothing when `like` is gone."""
+    and group of `like` (a regular file or dir, not followed if a link), and its owner
+    when this process may (root).
+
+    - A file takes read and write bits only (no execute, set-id or sticky bit); like a
+      dir, the dir's less the execute ones. A dir keeps the set-group-id bit its
+      parent gave it (a unit with RestrictSUIDSGID refuses to set one).
+    - When the owner changes (not root: the file is this user's), the group gets the
+      bits the owner had, so the former owner (a broker, through the data's group)
+      keeps opening the file to write, as Kafka opens every segment it loads.
+    - A group this process is not in, or cannot give (an unmapped id), is left as its
+      own, with a warning once; a file another user owns (one opened and emptied) is
+      left alone. Nothing when `like` is gone or neither a file nor a dir."""
     try:
-        st = Path(like).stat()
+        st = Path(like).lstat()
     except FileNotFoundError:
         return
+    if not (stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode)):
+        return
     own = os.fstat(fd)
-    if own.st_uid != os.geteuid() and os.geteuid() != 0:
+    root = os.geteuid() == 0
+    if own.st_uid != os.geteuid() and not root:
         return  # another user's file (emptied, say): its bits are not this process's to set
-    mode = stat.S_IMODE(st.st_mode)
-    if stat.S_ISDIR(st.st_mode) and not stat.S_ISDIR(own.st_mode):
-        mode &= 0o666
-    # EPERM: not a member of that group, so the file keeps this process's.
-    with contextlib.suppress(PermissionError):
-        os.fchown(fd, st.st_uid if os.geteuid() == 0 else -1, st.st_gid)
+    is_dir = stat.S_ISDIR(own.st_mode)
+    mode = stat.S_IMODE(st.st_mode) & (0o777 if is_dir else 0o666)
+    if is_dir:
+        mode |= stat.S_IMODE(own.st_mode) & stat.S_ISGID
+    grouped = st.st_gid == own.st_gid
+    try:
+        os.fchown(fd, st.st_uid if root else -1, st.st_gid)
+        grouped = True
+    except OSError as exc:  # EPERM: not in the group; EINVAL: an id a namespace lacks
+        _warn_group_kept(like, st.st_gid, exc)
+    if grouped and not root and st.st_uid != own.st_uid:
+        mode |= (mode & 0o700) >> 3
     os.fchmod(fd, mode)
+
+
+_group_warned: set[int] = set()
+
+
+def _warn_group_kept(like: Path | str, gid: int, exc: OSError) -> None:
+    """Say once per group that new files cannot take it (the log dirs' readers may then
+    be unable to read what cleanerd writes)."""
+    if gid in _group_warned:
+        return
+    _group_warned.add(gid)
+    log.warning(
+        "files.group_not_adopted",
+        like=str(like),
+        group=gid,
+        error=exc.strerror,
+        hint="add the service user to that group (SupplementaryGroups=)",
+    )
 
 
 def mkdir_like(path: Path, like: Path) -> None:
     """Create the dir `path` with the bits and group of the dir `like` (its parent, the
     log dir a partition dir is made in)."""
     path.mkdir()
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
     try:
         adopt_owner(fd, like)
     finally:
@@ -102,7 +141,9 @@ def atomic_write(path: Path | str, data: bytes, *, like: Path | str | None = Non
     target = Path(path)
     tmp = target.with_name(target.name + TMP_SUFFIX)
     try:
-        with open(tmp, "wb") as f:
+        # Not through a link at the `.tmp` name: it would be followed, written and chowned.
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
+        with open(os.open(tmp, flags, 0o644), "wb") as f:
             old = target if target.exists() else like
             adopt_owner(f.fileno(), target.parent if old is None else old)
             f.write(data)

@@ -1143,7 +1143,7 @@ class IndexRebuild:
 def _create_empty(path: Path, like: Path | None, flags: int) -> None:
     """Create `path` empty (`flags`: O_TRUNC, or O_EXCL to refuse an existing one), with
     the bits and group of `like`, else of its dir."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC | flags, 0o644)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW | flags, 0o644)
     try:
         adopt_owner(fd, path.parent if like is None else like)
     finally:

@@ -126,7 +126,40 @@ def test_adopt_owner_copies_the_bits_where_it_may_not_chown(
     finally:
         os.close(fd)
     assert calls == [(-1, like.stat().st_gid)]  # only the group is asked for
-    assert stat.S_IMODE(target.stat().st_mode) == 0o604
+    # The group is root's already: it gets the owner's bits, the owner having changed.
+    assert stat.S_IMODE(target.stat().st_mode) == 0o664
+
+
+def test_a_new_owner_leaves_the_former_one_its_access_through_the_group(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A broker's segment (0644, kafka:kafka) replaced by cleanerd's user (in group
+    kafka): the new file is cleanerd:kafka 0664, so the broker still opens it to write,
+    as Kafka opens every segment it loads (0644 let it only read). No execute, set-id
+    or sticky bit is copied, and a link is not followed to find the bits."""
+    like = tmp_path / "00000000000000000000.log"
+    like.write_bytes(b"")
+    os.chown(like, 1001, NOGROUP)
+    like.chmod(0o6755)
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    target = tmp_path / "00000000000000000000.log.cleaned"
+    fd = os.open(target, os.O_WRONLY | os.O_CREAT, 0o600)
+    os.chown(target, 1000, -1)
+    try:
+        fsutil.adopt_owner(fd, like)
+    finally:
+        os.close(fd)
+    assert mode_and_group(target) == (0o775 & 0o666, NOGROUP)
+    link = tmp_path / "link"
+    link.symlink_to(like)
+    other = tmp_path / "other"
+    fd = os.open(other, os.O_WRONLY | os.O_CREAT, 0o600)
+    os.chown(other, 1000, -1)
+    try:
+        fsutil.adopt_owner(fd, link)
+    finally:
+        os.close(fd)
+    assert stat.S_IMODE(other.stat().st_mode) == 0o600
 
 
 @pytest.mark.usefixtures("umask_0027")
