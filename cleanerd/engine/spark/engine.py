@@ -48,6 +48,7 @@ import dataclasses
 import importlib.util
 import itertools
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -112,6 +113,10 @@ LOG_TAIL_LINES: Final = 20
 _TRACEBACK: Final = "Traceback (most recent call last):"
 _LINES_BEFORE: Final = 3  # of a failed job's log, shown before its exception
 _JVM_HINT: Final = "Spark 4 needs Java 17 or later, from JAVA_HOME or else the PATH"
+_SPARK_LOG_LINE: Final = re.compile(
+    r"\d\d/\d\d/\d\d \d\d:\d\d:\d\d (INFO|WARN|DEBUG|TRACE) |Setting default log level"
+    r"|To adjust logging level|Using Spark's default log4j profile"
+)
 PROGRESS_POLL_S: Final = 0.5
 
 
@@ -217,19 +222,35 @@ def _tail(path: Path) -> str:
 
 
 def job_log_summary(lines: Sequence[str]) -> str:
-    """What a failed job's log says: the exception that ended it, after what was printed
-    before its traceback (a JVM that did not start says why there); the log's last
-    lines when it has no traceback."""
+    """What a failed job's log says: the exception that ended it (with the Java one a
+    Py4JJavaError carries), after what was printed before its traceback that is not
+    Spark's own logging (a JVM that did not start says why there); the log's last lines
+    when it has no whole traceback (one cut short, say)."""
     starts = [i for i, line in enumerate(lines) if line.startswith(_TRACEBACK)]
-    if not starts:
+    ending = _exception_lines(lines[starts[-1] + 1 :]) if starts else []
+    if not ending:
         return "log tail: " + " | ".join(lines[-LOG_TAIL_LINES:]) if lines else "no output"
-    ending = [line for line in lines[starts[-1] + 1 :] if not line[:1].isspace()]
-    name, _, message = (ending[-1] if ending else lines[-1]).partition(": ")
-    error = f"{name.rsplit('.', 1)[-1]}: {message}" if message else name
-    if "JAVA_GATEWAY_EXITED" in error:
+    name, _, message = ending[0].partition(": ")
+    error = " ".join([f"{name.rsplit('.', 1)[-1]}: {message}" if message else name, *ending[1:]])
+    before = [line for line in lines[: starts[0]] if not _SPARK_LOG_LINE.match(line)]
+    before = before[-_LINES_BEFORE:]
+    if "JAVA_GATEWAY_EXITED" in error and not before:
         error += f" (the JVM did not start: {_JVM_HINT})"
-    before = lines[max(0, starts[0] - _LINES_BEFORE) : starts[0]]
     return " | ".join([*before, error])
+
+
+def _exception_lines(after: Sequence[str]) -> list[str]:
+    """The exception line a traceback ends with (the first line after its frames, which
+    are indented), and the `: java.…` line a Py4JJavaError prints after it; [] when the
+    traceback was cut short."""
+    for i, line in enumerate(after):
+        if line[:1].isspace():
+            continue
+        java = (
+            [after[i + 1].strip()] if i + 1 < len(after) and after[i + 1].startswith(": ") else []
+        )
+        return [line, *java]
+    return []
 
 
 # ---------------------------------------------------------------------------------------
