@@ -118,13 +118,7 @@ def test_adopt_owner_copies_the_bits_where_it_may_not_chown(
 
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
     monkeypatch.setattr(os, "fchown", refused)
-    target = tmp_path / "new"
-    fd = os.open(target, os.O_WRONLY | os.O_CREAT, 0o600)
-    os.chown(target, 1000, -1)  # created by that user
-    try:
-        fsutil.adopt_owner(fd, like)
-    finally:
-        os.close(fd)
+    target = _created_by(1000, tmp_path / "new", like)
     assert calls == [(-1, like.stat().st_gid)]  # only the group is asked for
     # The group is root's already: it gets the owner's bits, the owner having changed.
     assert stat.S_IMODE(target.stat().st_mode) == 0o664
@@ -142,24 +136,23 @@ def test_a_new_owner_leaves_the_former_one_its_access_through_the_group(
     os.chown(like, 1001, NOGROUP)
     like.chmod(0o6755)
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
-    target = tmp_path / "00000000000000000000.log.cleaned"
-    fd = os.open(target, os.O_WRONLY | os.O_CREAT, 0o600)
-    os.chown(target, 1000, -1)
+    target = _created_by(1000, tmp_path / "00000000000000000000.log.cleaned", like)
+    assert mode_and_group(target) == (0o775 & 0o666, NOGROUP)
+    link = tmp_path / "link"
+    link.symlink_to(like)
+    other = _created_by(1000, tmp_path / "other", link)
+    assert stat.S_IMODE(other.stat().st_mode) == 0o600
+
+
+def _created_by(uid: int, path: Path, like: Path) -> Path:
+    """`path` created 0600 as if by `uid`, then given `like`'s bits and group."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
+    os.chown(path, uid, -1)
     try:
         fsutil.adopt_owner(fd, like)
     finally:
         os.close(fd)
-    assert mode_and_group(target) == (0o775 & 0o666, NOGROUP)
-    link = tmp_path / "link"
-    link.symlink_to(like)
-    other = tmp_path / "other"
-    fd = os.open(other, os.O_WRONLY | os.O_CREAT, 0o600)
-    os.chown(other, 1000, -1)
-    try:
-        fsutil.adopt_owner(fd, link)
-    finally:
-        os.close(fd)
-    assert stat.S_IMODE(other.stat().st_mode) == 0o600
+    return path
 
 
 @pytest.mark.usefixtures("umask_0027")
