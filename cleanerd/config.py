@@ -616,6 +616,9 @@ class PathState:
     """A dir whose entries this user may list and open (r and x)."""
     writable: bool = False
     """A dir in which this user may create, rename and delete entries (w and x)."""
+    lock_writable: bool = True
+    """A dir whose `.lock` (a log dir's lock file) this user may open to write, or that
+    has none (a POSIX lock needs its file open to write)."""
     error: str = ""
     """Why the path could not be looked at (`unreachable`: no search permission on a
     parent, a link loop)."""
@@ -631,10 +634,12 @@ def probe_path(path: Path) -> PathState:
         return PathState("unreachable", error=e.strerror or str(e))
     if not stat.S_ISDIR(st.st_mode):
         return PathState("file" if stat.S_ISREG(st.st_mode) else "other")
+    lock = path / ".lock"  # log.files.LOCK_FILE_NAME, which config does not import
     return PathState(
         "dir",
         readable=_may(path, os.R_OK | os.X_OK),
         writable=_may(path, os.W_OK | os.X_OK),
+        lock_writable=not lock.exists() or _may(lock, os.W_OK),
     )
 
 
@@ -684,6 +689,12 @@ def log_dir_problem(
         return (
             f"{key}: {shown} is not writable by user {user}, and mode: owner writes "
             "to it (mode: observe only reads)"
+        )
+    if not observe and not state.lock_writable:
+        return (
+            f"{key}: {str(path / '.lock')!r} is not writable by user {user}, and mode: owner "
+            "locks it (a lock needs its file open to write: make it writable by this user "
+            "or its group, or remove it while no broker runs)"
         )
     return None
 

@@ -551,6 +551,14 @@ class TestPaths:
                 False,
                 "log.dirs[1]: '/d' cannot be looked at: Permission denied",
             ),
+            (PathState("dir", readable=True, writable=True, lock_writable=False), True, None),
+            (
+                PathState("dir", readable=True, writable=True, lock_writable=False),
+                False,
+                "log.dirs[1]: '/d/.lock' is not writable by user svc (uid 999), and mode: "
+                "owner locks it (a lock needs its file open to write: make it writable by "
+                "this user or its group, or remove it while no broker runs)",
+            ),
         ],
     )
     def test_log_dir_rules(self, state: PathState, observe: bool, expected: str | None) -> None:
