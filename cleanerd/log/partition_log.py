@@ -404,13 +404,23 @@ class PartitionLog:
         """Damage found when opening (the partition is then uncleanable), or None."""
         return self.recovery_report.corrupt
 
+    def _named(self, path: str | None) -> int | None:
+        """Which segment's `.log` `path` is (an error's file), or None."""
+        return next((i for i, s in enumerate(self._segments) if str(s.log_path) == path), None)
+
     def _damaged_base(self) -> int | None:
         """The base offset of the segment the open found damaged, or None."""
-        path = getattr(self.corrupt, "path", None)
-        for segment in self._segments if path is not None else ():
-            if str(segment.log_path) == path:
-                return segment.base_offset
-        return None
+        i = self._named(getattr(self.corrupt, "path", None))
+        return None if i is None else self._segments[i].base_offset
+
+    def _stand_in(
+        self, segments: tuple[SegmentMeta, ...], i: int, damage: str
+    ) -> tuple[SegmentMeta, ...]:
+        """`segments` with segment `i` known by its files only, for `damage` (as it was,
+        if already so)."""
+        if segments[i].damage is not None:
+            return segments
+        return (*segments[:i], self._segments[i].damaged_meta(damage), *segments[i + 1 :])
 
     @property
     def recovery_point_to_checkpoint(self) -> int:
@@ -1049,23 +1059,18 @@ class PartitionLog:
             while (misplaced := _misplaced(segments)) is not None:
                 i, reason = misplaced
                 error = CorruptRecordError(reason, path=self._segments[i].log_path)
-                segments = (
-                    *segments[:i],
-                    self._segments[i].damaged_meta(str(error)),
-                    *segments[i + 1 :],
-                )
+                segments = self._stand_in(segments, i, str(error))
             try:
                 first_unstable = self.first_unstable_offset
             except DAMAGE as exc:
                 # The producer walk reads every batch: damage inside a segment whose
                 # head and tail read well stops it there. The segment it names is
                 # damaged; damage that names none fails the partition as `meta` does.
-                named = [i for i, s in enumerate(self._segments) if str(s.log_path) == exc.path]
-                if not named and all(s.damage is None for s in segments):
+                named = self._named(exc.path)
+                if named is None and all(s.damage is None for s in segments):
                     raise
-                if named and segments[named[0]].damage is None:
-                    bad = self._segments[named[0]].damaged_meta(str(exc))
-                    segments = (*segments[: named[0]], bad, *segments[named[0] + 1 :])
+                if named is not None:
+                    segments = self._stand_in(segments, named, str(exc))
                 first_unstable = None
             active = segments[-1]
             end = active.base_offset if active.damage is not None else None
@@ -1078,12 +1083,10 @@ class PartitionLog:
         not read) standing in as damaged too, so that retention stops before it as
         before any damage. (Retention deleted it, and every segment after it.)"""
         damaged = self._damaged_base()
-        segments = meta.segments
-        at = next((i for i, s in enumerate(segments) if s.base_offset == damaged), None)
-        if at is None or segments[at].damage is not None:
+        at = next((i for i, s in enumerate(meta.segments) if s.base_offset == damaged), None)
+        if at is None or meta.segments[at].damage is not None:
             return meta
-        bad = self._segments[at].damaged_meta(str(self.corrupt))
-        segments = (*segments[:at], bad, *segments[at + 1 :])
+        segments = self._stand_in(meta.segments, at, str(self.corrupt))
         end = segments[-1].base_offset if at == len(segments) - 1 else meta.log_end_offset
         return dataclasses.replace(meta, segments=segments, log_end_offset=end)
 
