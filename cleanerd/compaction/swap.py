@@ -62,7 +62,7 @@ from cleanerd.log.files import (
     is_segment_file_name,
     segment_file,
 )
-from cleanerd.log.fsutil import TMP_SUFFIX, adopt_owner, fsync_dir, safe_unlink
+from cleanerd.log.fsutil import TMP_SUFFIX, adopt_owner, fsync_dir, model_for, safe_unlink
 from cleanerd.log.meta import SegmentMeta
 from cleanerd.log.ownership import OwnerProof, StaleWork, verify_segments
 
@@ -131,7 +131,7 @@ class FileOps:
         """Replace `path` by `data`: `<path>.tmp`, fsync, rename, fsync the dir; the new
         file takes the old one's bits and group, else its dir's (`fsutil.adopt_owner`)."""
         tmp = path.with_name(path.name + TMP_SUFFIX)
-        self.write_file(tmp, data, path if path.exists() else path.parent)
+        self.write_file(tmp, data, model_for(path))
         self.rename(tmp, path)
         self.fsync_dir(path.parent)
 

@@ -119,6 +119,14 @@ def _warn_group_kept(like: Path | str, gid: int, exc: OSError) -> None:
     )
 
 
+def model_for(path: Path, like: Path | None = None) -> Path:
+    """What a file written at `path` takes its bits and group from (`adopt_owner`): the
+    file it replaces, else `like`, else its dir."""
+    if path.exists():
+        return path
+    return path.parent if like is None else like
+
+
 def mkdir_like(path: Path, like: Path) -> None:
     """Create the dir `path` with the bits and group of the dir `like` (its parent, the
     log dir a partition dir is made in)."""
@@ -144,8 +152,7 @@ def atomic_write(path: Path | str, data: bytes, *, like: Path | str | None = Non
         # Not through a link at the `.tmp` name: it would be followed, written and chowned.
         flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
         with open(os.open(tmp, flags, 0o644), "wb") as f:
-            old = target if target.exists() else like
-            adopt_owner(f.fileno(), target.parent if old is None else old)
+            adopt_owner(f.fileno(), model_for(target, None if like is None else Path(like)))
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
