@@ -136,13 +136,11 @@ from cleanerd.records.control import control_type_column, control_types_at
 from cleanerd.records.crc import crc32c_at
 from cleanerd.records.header import (
     ATTRIBUTES_OFFSET,
-    BASE_OFFSET_OFFSET,
     COMPRESSION_MASK,
     CONTROL_MASK,
     CRC_OFFSET,
     DELETE_HORIZON_MASK,
     INT32_MAX,
-    LAST_OFFSET_DELTA_OFFSET,
     LEGACY_V0_MIN_SIZE,
     LENGTH_OFFSET,
     LOG_OVERHEAD,
@@ -164,11 +162,16 @@ from cleanerd.records.record import Record
 from cleanerd.records.walker import (
     DECODE_WINDOW_BYTES,
     BatchWindows,
+    Int,
     OffsetRange,
     Window,
     be_i16,
     be_i32,
     be_i64,
+    in_range,
+    next_range,
+    offset_error,
+    offsets_at,
 )
 
 WRITE_BUFFER_BYTES: Final = 8 * 1024 * 1024
@@ -468,12 +471,19 @@ _HEAD_COLUMNS: Final = 8  # position, size, pid, epoch, last offset, max ts, att
 
 
 @jit
-def _producer_headers(buf: NDArray[np.uint8], start: int, end: int) -> NDArray[np.int64]:
+def _producer_headers(
+    buf: NDArray[np.uint8], start: int, end: int, low: Int, base: Int, high: Int, span: Int
+) -> tuple[NDArray[np.int64], int, bool, Int, Int]:
     """One column per field, one entry per v2 batch of `buf[start:end]` with a producer
     id (legacy entries are stepped over; the walk stops at the first incomplete entry):
     position, size, producer id and epoch, last offset, max timestamp, attributes,
-    record count. The columns are sized for the most batches the span can hold, which
-    costs address space only: pages past the last batch found are never touched."""
+    record count. Every batch's offsets are checked against the range (`low`, `base`,
+    `high`, `span`: see `OffsetRange`), as every walk of a segment checks them: the
+    producer state is read from batches no decode of the pass reaches (the uncleanable
+    end of the log). Returns the columns, the position the walk stopped at, whether it
+    stopped at a batch outside the range, and the range's `low` and `high` there. The
+    columns are sized for the most batches the span can hold, which costs address space
+    only: pages past the last batch found are never touched."""
     cols = np.empty((_HEAD_COLUMNS, (end - start) // RECORD_BATCH_OVERHEAD + 1), np.int64)
     n = 0
     p = start
@@ -482,28 +492,42 @@ def _producer_headers(buf: NDArray[np.uint8], start: int, end: int) -> NDArray[n
         size = LOG_OVERHEAD + int(be_i32(buf, p + LENGTH_OFFSET))
         if size < LEGACY_V0_MIN_SIZE or size > end - p:  # below every format's minimum
             break
-        if buf[p + MAGIC_OFFSET] == 2 and size >= RECORD_BATCH_OVERHEAD:
+        m = buf[p + MAGIC_OFFSET]
+        if m == 2 and size < RECORD_BATCH_OVERHEAD:  # not a batch: the decode says so
+            p += size
+            continue
+        first, delta = offsets_at(buf, p, m)
+        if not in_range(m, first, delta, low, base, high, span):
+            return cols[:, :n], p, True, low, high
+        low, high = next_range(first + delta, low, high)
+        if m == 2:
             pid = be_i64(buf, p + PRODUCER_ID_OFFSET)
             if pid >= 0:
                 cols[0, n] = p
                 cols[1, n] = size
                 cols[2, n] = pid
                 cols[3, n] = be_i16(buf, p + PRODUCER_EPOCH_OFFSET)
-                base = be_i64(buf, p + BASE_OFFSET_OFFSET)
-                cols[4, n] = base + be_i32(buf, p + LAST_OFFSET_DELTA_OFFSET)
+                cols[4, n] = first + delta
                 cols[5, n] = be_i64(buf, p + MAX_TIMESTAMP_OFFSET)
                 cols[6, n] = be_i16(buf, p + ATTRIBUTES_OFFSET)
                 cols[7, n] = be_i32(buf, p + RECORDS_COUNT_OFFSET)
                 n += 1
         p += size
-    return cols[:, :n]
+    return cols[:, :n], p, False, low, high
 
 
-def _producer_columns(raw: Buffer, window: Window | None = None) -> ProducerColumns:
-    """The producer columns of the batches with a producer id of one segment, or of
-    `window` of it."""
-    start, end = (0, len(raw)) if window is None else (window.start, window.end)
-    heads = _producer_headers(np.frombuffer(raw, dtype=np.uint8), start, end)
+def _producer_columns(raw: Buffer, window: Window, path: Path) -> ProducerColumns:
+    """The producer columns of the batches with a producer id of `window` of the segment
+    `path`; a CorruptRecordError names the file and the position of a batch whose
+    offsets are outside the window's range."""
+    data = np.frombuffer(raw, dtype=np.uint8)
+    heads, stop, bad, low, high = _producer_headers(
+        data, window.start, window.end, *window.offsets.bounds
+    )
+    if bad:
+        walked = stop > window.start
+        after = window.offsets.after(int(low), int(high), walked)
+        raise offset_error(data, stop, after).located(path)
     attributes = heads[6]
     is_control = (attributes & CONTROL_MASK) != 0
     types = np.zeros(heads.shape[1], np.int64)
@@ -1116,7 +1140,7 @@ class Cleaner:
                 continue  # every batch of it is in the snapshot
             raw, windows = self._segment(p, seg)
             for window in windows:
-                columns = _producer_columns(raw, window)
+                columns = _producer_columns(raw, window, log_file(p.dir_path, seg.base_offset))
                 builder.add(columns if seg.base_offset >= floor else columns.from_offset(floor))
             if seg.base_offset >= p.first_uncleanable:  # never decoded in this pass
                 del p.mapped[seg.base_offset]

@@ -86,7 +86,7 @@ BAD_COUNTS: Final = 5
 BAD_CRC: Final = 6
 FULL: Final = 7  # the table is full: hand it over and go on
 LEGACY: Final = 8  # `summarize` only: a legacy entry, which the table walk reads
-BAD_OFFSET: Final = 9  # offsets outside the walk's `OffsetRange` (see `_offsets_at`)
+BAD_OFFSET: Final = 9  # offsets outside the walk's `OffsetRange` (see `offsets_at`)
 NO_DELETE_HORIZON: Final = 2**63 - 1
 """The earliest delete horizon of batches that carry none (later than any time)."""
 
@@ -153,7 +153,7 @@ def _check_batch(buf: U8, p: Int, end: Int, verify_crc: bool) -> tuple[Int, Int,
 
 
 @jit_inline
-def _offsets_at(buf: U8, p: Int, m: Int) -> tuple[Int, Int]:
+def offsets_at(buf: U8, p: Int, m: Int) -> tuple[Int, Int]:
     """(first offset, last offset delta) of the batch at `p`, which passed `_check_batch`
     (a legacy entry: its own offset, its last inner one, and 0)."""
     first = be_i64(buf, p + BASE_OFFSET_OFFSET)
@@ -161,7 +161,7 @@ def _offsets_at(buf: U8, p: Int, m: Int) -> tuple[Int, Int]:
 
 
 @jit_inline
-def _in_range(m: Int, first: Int, delta: Int, low: Int, base: Int, high: Int, span: Int) -> bool:
+def in_range(m: Int, first: Int, delta: Int, low: Int, base: Int, high: Int, span: Int) -> bool:
     """Whether a batch's first offset is at least `low` and its last offset in [base,
     high], and for a v2 batch at most `span` past `base` (see `OffsetRange`; `delta`
     >= 0 and `base` >= 0, so no bound here can overflow)."""
@@ -171,7 +171,7 @@ def _in_range(m: Int, first: Int, delta: Int, low: Int, base: Int, high: Int, sp
 
 
 @jit_inline
-def _next_range(last: Int, low: Int, high: Int) -> tuple[Int, Int]:
+def next_range(last: Int, low: Int, high: Int) -> tuple[Int, Int]:
     """(low, high) after a batch ending at `last`: above it; nothing at all after one
     ending at the largest offset (high -1: no batch passes)."""
     if last == INT64_MAX:
@@ -217,7 +217,7 @@ def _walk_kernel(
         total, m, reason = _check_batch(buf, p, end, verify_crc)
         if reason != DONE:
             return n, p, reason, low, high
-        # Offsets as `_offsets_at` reads them, checked once the row is written (and
+        # Offsets as `offsets_at` reads them, checked once the row is written (and
         # counted only if they pass): read and checked before the stores, they cost a
         # 1-record batch 70 ns instead of 52 (`bench.walker`).
         first = be_i64(buf, p + BASE_OFFSET_OFFSET)
@@ -244,9 +244,9 @@ def _walk_kernel(
             producer_id[n] = -1
             producer_epoch[n] = -1
             base_sequence[n] = -1
-        if not _in_range(m, first, delta, low, base, high, span):
+        if not in_range(m, first, delta, low, base, high, span):
             return n, p, BAD_OFFSET, low, high
-        low, high = _next_range(first + delta, low, high)
+        low, high = next_range(first + delta, low, high)
         n += 1
         p += total
     return n, p, DONE, low, high
@@ -289,12 +289,12 @@ def _summary_kernel(
             reason = LEGACY
         if reason != DONE:
             break
-        first, delta = _offsets_at(buf, p, m)
-        if not _in_range(m, first, delta, low, base, high, span):
+        first, delta = offsets_at(buf, p, m)
+        if not in_range(m, first, delta, low, base, high, span):
             reason = BAD_OFFSET
             break
         last = first + delta
-        low, high = _next_range(last, low, high)
+        low, high = next_range(last, low, high)
         ts = be_i64(buf, p + MAX_TIMESTAMP_OFFSET)
         if n == 0:
             first_ts, first_last = ts, last
@@ -355,6 +355,12 @@ class OffsetRange(NamedTuple):
             return cls(0, max(0, base_offset), span=INT32_MAX)
         return cls(0, max(0, base_offset), next_base_offset - 1)
 
+    @property
+    def bounds(self) -> tuple[int, int, int, int]:
+        """(`low`, `base`, `high`, `span`): the arguments a kernel checks a batch with
+        (`in_range`)."""
+        return self.low, self.base, self.high, self.span
+
     def after(self, low: int, high: int, walked: bool) -> OffsetRange:
         """The range left once a walk of this one has reached `low` and `high`
         (`walked`: it passed a batch)."""
@@ -365,7 +371,7 @@ ANY_OFFSETS: Final = OffsetRange()
 
 
 def _offsets_of(data: U8, p: int) -> tuple[int, int, bool]:
-    """(first offset, last offset delta, is v2) of the batch at `p`, as `_offsets_at`
+    """(first offset, last offset delta, is v2) of the batch at `p`, as `offsets_at`
     reads them in a kernel."""
     view = data.data
     first = int.from_bytes(view[p : p + 8], "big", signed=True)
@@ -379,7 +385,7 @@ class BadOffsetError(CorruptRecordError):
     and never what a crash mid-append leaves (a torn batch fails its structure or CRC)."""
 
 
-def _offset_error(data: U8, p: int, offsets: OffsetRange) -> BadOffsetError:
+def offset_error(data: U8, p: int, offsets: OffsetRange) -> BadOffsetError:
     """Why the batch at `p` (which passed the structural checks) is outside `offsets`."""
     first, delta, v2 = _offsets_of(data, p)
     name = "base offset" if v2 else "offset"
@@ -661,10 +667,7 @@ def summarize(
         len(data),
         -1 if limit is None else limit,
         verify_crc,
-        offsets.low,
-        offsets.base,
-        offsets.high,
-        offsets.span,
+        *offsets.bounds,
     )
     batches, stop, reason, first_ts, first_last, last, max_ts, at_max, horizon, stamped = (
         int(x) for x in found
@@ -734,10 +737,7 @@ class Walker:
                 self.end,
                 0,
                 self.verify_crc,
-                offsets.low,
-                offsets.base,
-                offsets.high,
-                offsets.span,
+                *offsets.bounds,
                 *scratch.arrays(),
             )
             rows = min(2 * rows, self.rows)
@@ -745,7 +745,7 @@ class Walker:
             self.offsets = offsets.after(low, high, n > 0)
             chunk = scratch.head(n)
             if reason == BAD_OFFSET:
-                self.error = _offset_error(self.data, stop, self.offsets)
+                self.error = offset_error(self.data, stop, self.offsets)
             elif reason not in (DONE, FULL):
                 self.error = _stop_error(self.data, stop, self.end, self.verify_crc, reason)
             legacy_rows = np.flatnonzero(chunk.magic != 2)

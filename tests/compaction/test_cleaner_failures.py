@@ -175,6 +175,21 @@ def test_a_damaged_base_offset_fails_the_pass_naming_the_batch(
     assert files(d) == before
 
 
+def test_a_damaged_base_offset_past_the_cleanable_range_fails_the_pass(tmp_path: Path) -> None:
+    """The batches past the first uncleanable offset are never decoded by the pass, but
+    their producer headers are read for the producer state: a base offset damaged there
+    fails the pass with the file and position too, not a producer state read from it."""
+    d = build(tmp_path / "logs")
+    seg = d / "00000000000000000030.log"
+    position = set_base_offset(seg, 3, 31)
+    before = files(d)
+    with pytest.raises(CorruptRecordError) as info:
+        clean(d, first_uncleanable=20)
+    reason = "base offset 31 is not above the previous batch's last offset 32"
+    assert str(info.value) == f"corrupt record batch in {seg} at position {position}: {reason}"
+    assert files(d) == before
+
+
 def fill_disk(path: Path) -> int | None:
     """Write zeros to `path` until the file system refuses; returns that errno."""
     with open(path, "wb", buffering=0) as f:

@@ -16,12 +16,13 @@ from structlog.testing import capture_logs
 from cleanerd.compaction import cleaner
 from cleanerd.compaction.cleaner import CleanerConfig, _producer_columns
 from cleanerd.compaction.producers import ProducerBatch, ProducerColumns
+from cleanerd.errors import CorruptRecordError
 from cleanerd.log.partition_log import PartitionLog
 from cleanerd.records.batch import decode_batch, encode_batch
 from cleanerd.records.control import NO_CONTROL_RECORD, control_type
 from cleanerd.records.header import LEGACY_V0_MIN_SIZE, LOG_OVERHEAD, Buffer, unpack_header
 from cleanerd.records.record import Record
-from cleanerd.records.walker import Window
+from cleanerd.records.walker import ANY_OFFSETS, OffsetRange, Window
 from tests.compaction.conftest import TP, T, clean, k
 from tests.compaction.test_cleaner_legacy import legacy
 
@@ -60,7 +61,8 @@ def _segment(specs: list[tuple[int, int, bool, int | None, int, bool]], tail: in
         )
         offset += len(records)
     raw = b"".join(parts)
-    return raw + raw[:tail]  # an incomplete entry ends the walk
+    first = LOG_OVERHEAD + int.from_bytes(raw[8:12], "big") if raw else 0
+    return raw + raw[: min(tail, first - 1)]  # an incomplete entry ends the walk
 
 
 def _reference(raw: bytes) -> list[ProducerBatch]:
@@ -98,7 +100,7 @@ def test_producer_columns_match_a_header_walk(
     """Every v2 batch with a producer id, in order, with its marker's type; legacy entries
     and batches without producer id skipped; the walk stops at an incomplete entry."""
     raw = _segment(specs, tail)
-    got = _producer_columns(raw)
+    got = _producer_columns(raw, Window(0, len(raw), ANY_OFFSETS), Path("seg.log"))
     want = ProducerColumns.of(_reference(raw))
     for name in ("producer_id", "producer_epoch", "last_offset", "max_timestamp"):
         assert getattr(got, name).tolist() == getattr(want, name).tolist(), name
@@ -108,6 +110,41 @@ def test_producer_columns_match_a_header_walk(
     assert got.control_type[controls].tolist() == want.control_type[controls].tolist()
     assert NO_CONTROL_RECORD not in got.control_type[controls].tolist()
     assert np.all(got.producer_id >= 0)
+
+
+def _batch(offset: int, producer_id: int = 7) -> bytes:
+    return encode_batch(
+        [Record(offset, 10, b"k", b"v")],
+        base_offset=offset,
+        producer_id=producer_id,
+        producer_epoch=0,
+        base_sequence=0,
+    )
+
+
+@pytest.mark.parametrize(
+    ("offsets", "window", "message"),
+    [
+        ([5, 6, 6], OffsetRange.of_segment(5, 10), "base offset 6 is not above the previous"),
+        ([5, 6, 10], OffsetRange.of_segment(5, 10), "not below the next segment's base offset 10"),
+        ([5, 6, 3], OffsetRange.of_segment(5, 10), "base offset 3 is not above the previous"),
+        ([4, 5, 6], OffsetRange.of_segment(5, 10), "last offset 4 is below the segment's base"),
+        ([5, 6, 2**40], OffsetRange.of_segment(5), f"more than {2**31 - 1} past the segment's"),
+    ],
+)
+def test_the_producer_walk_refuses_offsets_outside_the_segment(
+    offsets: list[int], window: OffsetRange, message: str
+) -> None:
+    """No CRC covers a base offset: the producer walk, which reads batches no decode of
+    the pass reaches (the uncleanable end of the log), checks every batch's offsets as
+    every other walk of a segment does, and names the file and the batch's position."""
+    batches = [_batch(offset, producer_id=-1 if i == 0 else 7) for i, offset in enumerate(offsets)]
+    raw = b"".join(batches)
+    position = len(raw) - len(batches[-1]) if offsets[0] >= window.base else 0
+    with pytest.raises(CorruptRecordError) as caught:
+        _producer_columns(raw, Window(0, len(raw), window), Path("/logs/t-0/0005.log"))
+    assert message in str(caught.value)
+    assert f"/logs/t-0/0005.log at position {position}:" in str(caught.value)
 
 
 # (producer, epoch, transactional, what follows: None, or commit/abort marker)
@@ -188,8 +225,8 @@ def _walked_last_offsets(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     walked: list[int] = []
     real = cleaner._producer_columns
 
-    def counting(raw: Buffer, window: Window | None = None) -> ProducerColumns:
-        columns = real(raw, window)
+    def counting(raw: Buffer, window: Window, path: Path) -> ProducerColumns:
+        columns = real(raw, window, path)
         walked.extend(columns.last_offset.tolist())
         return columns
 
