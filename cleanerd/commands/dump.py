@@ -26,14 +26,18 @@ Output per file, in Kafka's words and order, so the two tools' output can be dif
 With `--json`, `dump_json` prints the same files as one JSON object per batch, record or
 index entry instead (its docstring lists the fields), built on the readers here.
 
-Corruption (a bad CRC, a batch or record whose bytes disagree with its lengths, an
-index whose size is not whole entries) ends the file's listing with an exception naming
-the file and the byte position; a batch with a bad CRC still gets its line first, with
-`isvalid: false`, as in Kafka. The listing is one line per batch or record by nature, so
-it is produced per record in Python; this is a diagnostic tool, not a hot path. Its
-memory is bounded all the same: a `.log` is mapped, not read, and walked a window of
-whole batches (`DECODE_WINDOW_BYTES`) at a time (`log_windows`), so only one window's
-batches are ever Python objects (a 1 GiB segment holds 5.6 million 1-record batches).
+A batch whose framing is sound but whose CRC, codec or records are bad gets its line,
+with `isvalid: false` (and no record lines), and the listing goes on to the next batch,
+as Kafka's does; the file then ends with an exception naming the first bad batch and how
+many there were (`InvalidBatches`), so the command exits 1 with the whole listing
+printed. Bytes that cannot be framed as a batch (a length past the file, offsets out of
+order, an index whose size is not whole entries) end the file's listing with an
+exception naming the file and the byte position. The listing is one line per batch or
+record by nature, so it is produced per record in Python; this is a diagnostic tool, not
+a hot path. Its memory is bounded all the same: a `.log` is mapped, not read, and walked
+a window of whole batches (`DECODE_WINDOW_BYTES`) at a time (`log_windows`), so only one
+window's batches are ever Python objects (a 1 GiB segment holds 5.6 million 1-record
+batches).
 """
 
 from __future__ import annotations
@@ -146,6 +150,7 @@ def _log_lines(path: Path, base_offset: int, options: DumpOptions) -> Iterator[s
     yield f"Log starting offset: {base_offset}"
     data = map_file(path)
     last: Walk | None = None
+    invalid = InvalidBatches(path)
     for infos, scan in log_windows(data, base_offset):
         last = scan
         for info in infos:
@@ -153,16 +158,49 @@ def _log_lines(path: Path, base_offset: int, options: DumpOptions) -> Iterator[s
             problem = batch_problem(data, info)
             yield _batch_line(data, info, valid=problem is None)
             if problem is not None:
-                raise _at_batch(problem, path, info)
-            if options.records:
+                invalid.add(problem, info)
+            elif options.records:
+                records: list[str] = []
                 try:
-                    yield from _record_lines(data, info, options)
+                    records.extend(_record_lines(data, info, options))
                 except CorruptRecordError as e:
-                    raise _at_batch(e, path, info) from e
+                    invalid.add(e, info)
+                yield from records
     if last is not None and last.error is not None:
         if not last.incomplete_tail:
             raise last.error.located(path)
         yield f"Found {len(data) - last.stop} invalid bytes at the end of {path.name}"
+    invalid.check()
+
+
+class InvalidBatches:
+    """The framed batches of one file that are invalid (a bad CRC, codec or records): the
+    listing goes on past them, as Kafka's goes on past a bad CRC, and the file then ends
+    with one CorruptRecordError that counts them and names the first, so the command
+    exits 1 with the whole listing printed."""
+
+    def __init__(self, path: Path) -> None:
+        self._path = path
+        self._count = 0
+        self._first: CorruptRecordError | None = None
+
+    def add(self, problem: CorruptRecordError, info: BatchInfo) -> None:
+        self._count += 1
+        if self._first is None:
+            self._first = _at_batch(problem, self._path, info)
+
+    def check(self) -> None:
+        """Raise the file's error if any batch was invalid."""
+        first = self._first
+        if first is None:
+            return
+        if self._count == 1:
+            raise first
+        raise CorruptRecordError(
+            f"{self._count} batches are invalid, the first: {first.reason}",
+            path=self._path,
+            position=first.position,
+        )
 
 
 def batch_problem(data: Buffer, info: BatchInfo) -> CorruptRecordError | None:

@@ -50,6 +50,7 @@ from numpy.typing import NDArray
 
 from cleanerd.commands.dump import (
     DumpOptions,
+    InvalidBatches,
     batch_problem,
     codec_name,
     dumpable_base_offset,
@@ -150,8 +151,7 @@ def _log_objects(path: Path, options: DumpOptions, utf8: bool) -> Iterator[JsonO
     data = map_file(path)
     file = str(path)
     last: Walk | None = None
-    bad = 0  # invalid batches so far
-    first_problem: tuple[str, int] | None = None  # the first one's reason and position
+    invalid = InvalidBatches(path)
     for infos, scan in log_windows(data, dumpable_base_offset(path)):
         last = scan
         problems: dict[int, CorruptRecordError] = {}
@@ -172,13 +172,10 @@ def _log_objects(path: Path, options: DumpOptions, utf8: bool) -> Iterator[JsonO
                 obj["count"] = int(cols.records_count[row])  # a legacy entry's, once decoded
             obj["error"] = None if i not in problems else problems[i].reason
             yield obj
+            if i in problems:
+                invalid.add(problems[i], info)
             if cols is not None and options.records:
                 yield from _record_objects(cols, row, kind, file, options, utf8)
-        if problems and first_problem is None:
-            first = min(problems)
-            e = problems[first]
-            first_problem = (e.reason, infos[first].position if e.position is None else e.position)
-        bad += len(problems)
     if last is not None and last.error is not None:
         if not last.incomplete_tail:
             raise last.error.located(path)
@@ -188,12 +185,7 @@ def _log_objects(path: Path, options: DumpOptions, utf8: bool) -> Iterator[JsonO
             "position": last.stop,
             "size": len(data) - last.stop,
         }
-    if first_problem is not None:
-        noun = "batch is" if bad == 1 else "batches are"
-        reason, position = first_problem
-        raise CorruptRecordError(
-            f"{bad} {noun} invalid, the first: {reason}", path=path, position=position
-        )
+    invalid.check()
 
 
 def _decode_runs(

@@ -295,9 +295,9 @@ def test_a_missing_file_is_said_to_be_missing(tmp_path: Path, name: str) -> None
 def test_a_log_is_listed_a_window_at_a_time_as_it_is_whole(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, bad_crc: bool
 ) -> None:
-    """With windows of about three batches, the lines (records, a legacy entry, the cut
-    tail's line, or the bad batch's line and then the error) are those of one window
-    over the whole file."""
+    """With windows of about three batches, the lines (records, a legacy entry, a bad
+    batch's line and no records, the cut tail's line, then the bad batch's error) are
+    those of one window over the whole file."""
     batches = []
     for i in range(30):
         if i == 17:
@@ -327,15 +327,42 @@ def test_a_log_is_listed_a_window_at_a_time_as_it_is_whole(
     assert len(batch_windows(bytes(data), window)) > 8
     assert listing() == whole
     printed, error = whole
-    if bad_crc:
-        assert printed[-1].startswith("baseOffset: 22 ")
-        assert f" position: {bad} " in printed[-1]
-        assert printed[-1].endswith("isvalid: false")
+    assert printed[-1] == f"Found {len(batches[-1]) - 7} invalid bytes at the end of {path.name}"
+    assert sum(line.startswith("baseOffset: ") for line in printed) == 28
+    invalid = [line for line in printed if line.endswith("isvalid: false")]
+    if bad_crc:  # its line, no record lines, then the listing goes on to the end
+        assert len(invalid) == 1
+        assert invalid[0].startswith("baseOffset: 22 ")
+        assert f" position: {bad} " in invalid[0]
+        after = printed[printed.index(invalid[0]) + 1]
+        assert after.startswith("baseOffset: 23 ")
         assert error is not None
         assert error.endswith(f"@ {bad}")
     else:
+        assert not invalid
         assert error is None
-        assert (
-            printed[-1] == f"Found {len(batches[-1]) - 7} invalid bytes at the end of {path.name}"
-        )
-        assert sum(line.startswith("baseOffset: ") for line in printed) == 28
+
+
+def test_the_listing_goes_on_past_invalid_batches_and_counts_them(tmp_path: Path) -> None:
+    """Two batches with bad CRCs in the middle of a segment: every batch gets its line
+    (the bad ones `isvalid: false`, without records), as Kafka's tool lists them, and the
+    file ends with one error that counts them and names the first."""
+    batches = [
+        encode_batch([Record(i, 1000 + i, b"k", b"v%d" % i)], base_offset=i) for i in range(6)
+    ]
+    data = bytearray(b"".join(batches))
+    positions = [sum(len(b) for b in batches[:i]) for i in (2, 4)]
+    for p in positions:
+        data[p + 70] ^= 0xFF
+    path = write_segment(tmp_path, bytes(data))
+    printed: list[str] = []
+    with pytest.raises(CorruptRecordError) as info:
+        printed.extend(dump_file(path, DEEP))
+    lines = [line for line in printed if line.startswith("baseOffset: ")]
+    assert [line.split()[1] for line in lines] == ["0", "1", "2", "3", "4", "5"]
+    assert [line.endswith("isvalid: false") for line in lines] == [0, 0, 1, 0, 1, 0]
+    assert sum(line.startswith("| offset: ") for line in printed) == 4
+    assert str(info.value).startswith(
+        f"corrupt record batch in {path} at position {positions[0]}: "
+        "2 batches are invalid, the first: CRC mismatch"
+    )
