@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Final
 
 from cleanerd.errors import CorruptIndexError
-from cleanerd.log.fsutil import atomic_write, fsync_file
+from cleanerd.log.fsutil import adopt_owner, atomic_write, fsync_file
 
 TXN_ENTRY: Final = struct.Struct(
     ">h"  # version
@@ -129,15 +129,25 @@ class TransactionIndex:
             )
         self._entries.append(txn)
         if write:
-            with open(self.path, "ab") as f:
+            flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+            with open(os.open(self.path, flags, 0o644), "ab") as f:
+                if os.fstat(f.fileno()).st_size == 0:  # created here: as its segment is
+                    adopt_owner(f.fileno(), self._segment)
                 f.write(txn.to_bytes())
 
     def write(self) -> None:
         """Replace the file atomically with the entries (no file when there are none)."""
         if self._entries:
-            atomic_write(self.path, b"".join(t.to_bytes() for t in self._entries))
+            data = b"".join(t.to_bytes() for t in self._entries)
+            atomic_write(self.path, data, like=self._segment)
         else:
             self.path.unlink(missing_ok=True)
+
+    @property
+    def _segment(self) -> Path:
+        """The segment file the index belongs to: what a new index takes its bits and
+        group from, so that whoever may open the segment may open its index."""
+        return self.path.with_suffix(".log")
 
     def collect_aborted(self, fetch_offset: int, upper_bound_offset: int) -> TxnIndexSearchResult:
         """Entries overlapping `[fetch_offset, upper_bound_offset)` (Kafka's rule)."""

@@ -143,6 +143,19 @@ def test_a_roll_gives_the_new_segment_and_snapshot_the_bits_of_the_old(tmp_path:
     assert {mode_and_group(p) for p in created} == {(0o644, NOGROUP)}
 
 
+@pytest.mark.usefixtures("umask_0027")
+def test_an_abort_gives_the_new_txnindex_the_bits_of_its_segment(tmp_path: Path) -> None:
+    """The `.txnindex` an aborted transaction creates takes the bits and group of its
+    segment, not the process's umask (0640) and group: a broker that may open the
+    segment may open its index."""
+    plog = build_log(tmp_path / "logs", [[]], state_dir=tmp_path / "state")
+    plog.append([kv("a", "1")], producer_id=7, producer_epoch=0, is_transactional=True)
+    give_mode_and_group(sorted(plog.dir.iterdir()), 0o644, NOGROUP)
+    plog.append_end_txn_marker(7, 0, commit=False, timestamp=0)
+    txnindex = plog.dir / f"{0:020d}.txnindex"
+    assert mode_and_group(txnindex) == (0o644, NOGROUP)
+
+
 def test_roll_trims_and_finalizes_old_segment(tmp_path: Path) -> None:
     """After a roll the old segment's time index holds its max timestamp as last entry."""
     plog = build_log(
