@@ -26,8 +26,9 @@ dirty ratio. Forced partitions go first, in the order asked, when free and not
 uncleanable, and only when a pass has something to do (cleanable bytes, or a passed
 delete horizon); the request is one-shot: it is consumed when its pass is picked, and
 dropped when the next refresh finds the partition gone, uncleanable or with nothing to
-clean. `force` may be called from another thread than the cycle loop's (the daemon's
-event loop): the set of requests has its own lock.
+clean (`take_dropped` hands those on, with why and the ids the requests carried, for the
+daemon to answer). `force` may be called from another thread than the cycle loop's (the
+daemon's event loop): the set of requests has its own lock.
 
 Retention asks first: `begin_deleting` grants a partition only when it has no state,
 and holds it IN_PROGRESS until `done_deleting`, so a pass never starts on a partition
@@ -262,6 +263,18 @@ class Candidate:
 
 
 @dataclass(frozen=True, slots=True)
+class DroppedRequest:
+    """A forced pass dropped without running, and why."""
+
+    tp: TopicPartition
+    log_dir: str | None
+    """None when the partition is in no log dir any more."""
+    reason: str
+    request_ids: tuple[str, ...]
+    """The ids of the `clean` commands that asked for it (those that carried one)."""
+
+
+@dataclass(frozen=True, slots=True)
 class _State:
     kind: CleaningState
     paused: int = 0
@@ -284,7 +297,9 @@ class LogCleanerManager:
         self._candidates: dict[TopicPartition, Candidate] = {}
         self.unreadable: dict[TopicPartition, str] = {}
         """The logs whose metadata the last refresh could not read, with the error."""
-        self._forced: dict[TopicPartition, None] = {}
+        self._forced: dict[TopicPartition, tuple[str, ...]] = {}
+        """Forced partitions, in the order asked, with the ids of their requests."""
+        self._dropped: list[DroppedRequest] = []
         """Forced passes asked for, in order (a dict as an ordered set)."""
         self._order: list[Candidate] | None = None
         """The eligible candidates in cleaning order, sorted on the first `grab_next`
@@ -452,11 +467,18 @@ class LogCleanerManager:
 
     # -- forced passes ------------------------------------------------------------------
 
-    def force(self, tp: TopicPartition) -> None:
+    def force(self, tp: TopicPartition, request_id: str | None = None) -> None:
         """Ask for one pass of `tp` now, whatever its dirty ratio (see the module
-        docstring). Thread-safe."""
+        docstring); `request_id` names the request, for its outcome. Thread-safe."""
         with self._forced_lock:
-            self._forced[tp] = None
+            ids = self._forced.get(tp, ())
+            self._forced[tp] = ids if request_id is None else (*ids, request_id)
+
+    def take_dropped(self) -> tuple[DroppedRequest, ...]:
+        """The forced passes dropped since the last call. Thread-safe."""
+        with self._forced_lock:
+            dropped, self._dropped = tuple(self._dropped), []
+        return dropped
 
     @property
     def forced(self) -> tuple[TopicPartition, ...]:
@@ -466,19 +488,34 @@ class LogCleanerManager:
 
     def _drop_pointless_forces(self, now_ms: int) -> None:
         with self._forced_lock:
-            for tp in list(self._forced):
+            for tp, ids in list(self._forced.items()):
                 c = self._candidates.get(tp)
                 if tp in self._states:
                     continue  # busy: its turn comes when it is free
-                if c is None or not c.has_work or self.is_uncleanable(c.log, now_ms):
-                    del self._forced[tp]
-                    log.info(
-                        "clean.request_dropped",
-                        topic=tp.topic,
-                        partition=tp.partition,
-                        log_dir=None if c is None else str(c.log.log_dir.path),
-                        reason="nothing to clean" if c is not None else "no such partition",
-                    )
+                reason = self._pointless(c, now_ms)
+                if reason is None:
+                    continue
+                del self._forced[tp]
+                log_dir = None if c is None else str(c.log.log_dir.path)
+                self._dropped.append(DroppedRequest(tp, log_dir, reason, ids))
+                log.info(
+                    "clean.request_dropped",
+                    topic=tp.topic,
+                    partition=tp.partition,
+                    log_dir=log_dir,
+                    reason=reason,
+                    ids=list(ids),
+                )
+
+    def _pointless(self, c: Candidate | None, now_ms: int) -> str | None:
+        """Why a forced pass of the log of candidate `c` would do nothing, if it would."""
+        if c is None:
+            return "no such partition"
+        if self.is_uncleanable(c.log, now_ms):
+            return f"marked uncleanable: {self.registry.reason(c.tp)}"
+        if not c.has_work:
+            return "nothing to clean"
+        return None
 
     def _grab_forced(self, now_ms: int) -> Candidate | None:
         with self._forced_lock:

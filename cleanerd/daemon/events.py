@@ -54,6 +54,7 @@ EventKind = Literal[
     "segment.deleted",
     "disk.pressure",
     "partition.uncleanable",
+    "clean.request_dropped",
     "config.reloaded",
     "command.accepted",
     "command.rejected",

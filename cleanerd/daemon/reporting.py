@@ -1,7 +1,8 @@
 """What the daemon tells the world about its cycles: events, log lines, metrics.
 
 After each cycle `Reporter.cycle` turns the `CycleReport` into MQTT events (a roll, a
-deletion with its reason, a pass with its statistics, a partition found uncleanable),
+deletion with its reason, a pass with its statistics, a partition found uncleanable, a
+requested pass dropped without running),
 `log.cleaned` lines (rolls and deletions are logged by the log layer as they happen) and
 the pass counters of the exporter. `Reporter.snapshot` builds the metrics model from the
 last cycle's states aged to the present (`PartitionState.aged`: delays grow with the
@@ -137,6 +138,10 @@ class Reporter:
             if f.during_pass:  # damage found before any pass is no failed pass
                 self.exporter.record_pass(PassResult.ERROR)
             self.emit("partition.uncleanable", {"reason": f.reason}, tp=f.tp, log_dir=f.log_dir)
+        for dropped in report.dropped:
+            ids: list[JsonValue] = list(dropped.request_ids)
+            data = {"reason": dropped.reason, "ids": ids}
+            self.emit("clean.request_dropped", data, tp=dropped.tp, log_dir=dropped.log_dir)
 
     def snapshot(
         self,

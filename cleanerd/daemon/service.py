@@ -655,7 +655,7 @@ class Daemon:
         if self.should_exit:
             raise CommandRejected("the daemon is shutting down")
         if isinstance(command, CleanCommand):
-            self._clean_command(TopicPartition(command.topic, command.partition))
+            self._clean_command(TopicPartition(command.topic, command.partition), command.id)
         elif isinstance(command, PauseCommand):
             self.paused = True
             self.exporter.record_paused(True)
@@ -677,7 +677,7 @@ class Daemon:
             if errors:
                 raise CommandRejected("config refused: " + "; ".join(errors))
 
-    def _clean_command(self, tp: TopicPartition) -> None:
+    def _clean_command(self, tp: TopicPartition, request_id: str | None) -> None:
         where = [k.log_dir for k in self.watcher.snapshot.partitions if k.tp == tp]
         if not where:
             raise CommandRejected(f"partition {tp} does not exist in any log dir")
@@ -687,7 +687,7 @@ class Daemon:
         if m is None:
             raise CommandRejected("the daemon is starting")
         try:
-            m.request_clean(tp, where)
+            m.request_clean(tp, where, request_id)
         except ConfigError as exc:
             raise CommandRejected("; ".join(exc.errors)) from None
         except CleanerdError as exc:

@@ -70,6 +70,7 @@ from cleanerd.compaction.cleaner import (
 from cleanerd.compaction.manager import (
     Candidate,
     CompactedLog,
+    DroppedRequest,
     LogCleanerManager,
     UncleanablePartitions,
 )
@@ -226,6 +227,7 @@ class _Builder:
     truncated: list[TailCut] = field(default_factory=list)
     unreadable: list[Unreadable] = field(default_factory=list)
     offline: list[OfflineLogDir] = field(default_factory=list)
+    dropped: list[DroppedRequest] = field(default_factory=list)
     damaged: set[tuple[Path, TopicPartition]] = field(default_factory=set)
     """Where damaged data was met (the process's set, shared by its cycles)."""
     repeated: Mapping[tuple[str, TopicPartition, str], str] = field(default_factory=dict)
@@ -274,6 +276,7 @@ class _Builder:
             truncated=tuple(self.truncated),
             unreadable=tuple(self.unreadable),
             offline=tuple(self.offline),
+            dropped=tuple(self.dropped),
         )
 
 
@@ -547,10 +550,14 @@ class Maintenance:
             dead_workers=self.engine.dead_workers,
         )
 
-    def request_clean(self, tp: TopicPartition, log_dirs: Iterable[str]) -> None:
+    def request_clean(
+        self, tp: TopicPartition, log_dirs: Iterable[str], request_id: str | None = None
+    ) -> None:
         """Ask for one pass of `tp` (found in `log_dirs`) in the next cycle, whatever its
         dirty ratio; raise CleanerdError with the reason when it cannot be cleaned here
-        (not a compacted topic, or in no log dir this process owns). Thread-safe."""
+        (not a compacted topic, or in no log dir this process owns). A request the cycle
+        drops (nothing to clean, say) is in its report's `dropped`, with `request_id`.
+        Thread-safe."""
         topic = self.config.topic_config(tp.topic)
         if not topic.compact:
             raise CleanerdError(
@@ -560,7 +567,7 @@ class Maintenance:
         where = set(log_dirs)
         if not any(d.mode is Mode.OWNER and str(d.path) in where for d in self.log_dirs):
             raise CleanerdError(f"{tp} is in a log dir this process does not own")
-        self.manager.force(tp)
+        self.manager.force(tp, request_id)
 
     def __enter__(self) -> Maintenance:
         return self
@@ -589,6 +596,7 @@ class Maintenance:
         ]
         report.states += self._plain_states(partitions, report)
         self._clean(compacted, report, stop)
+        report.dropped += self.manager.take_dropped()
         report.unlinked += self.pending.run_due(self.clock())
         self._checkpoint_recovery_points()
         self._report_later_cuts(partitions, report)

@@ -24,6 +24,7 @@ from types import MappingProxyType
 from typing import Any
 
 from cleanerd.compaction.cleanable import LogToClean
+from cleanerd.compaction.manager import DroppedRequest
 from cleanerd.compaction.stats import CleanerStats
 from cleanerd.log.files import TopicPartition
 from cleanerd.log.meta import PartitionMeta
@@ -201,6 +202,8 @@ class CycleReport:
     entry in `states`, so the metrics count them apart."""
     offline: tuple[OfflineLogDir, ...] = ()
     """Log dirs this cycle could not use at all (`OfflineLogDir`)."""
+    dropped: tuple[DroppedRequest, ...] = ()
+    """Requested passes (the `clean` command) this cycle dropped without running."""
 
     @property
     def idle(self) -> bool:

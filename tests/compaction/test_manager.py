@@ -457,14 +457,26 @@ def test_forced_logs_go_first_whatever_their_ratio(make_dir: Any) -> None:
 
 
 def test_a_forced_log_with_nothing_to_clean_is_dropped(make_dir: Any) -> None:
-    """Forcing a log with no cleanable bytes, or one that does not exist, does nothing."""
-    d = make_dir({A: 20}, checkpoints={A: 20})
+    """Forcing a log with no cleanable bytes, one that does not exist, or one marked
+    uncleanable does nothing, and each drop is handed on once, with why and the ids of
+    the requests."""
+    d = make_dir({A: 20, C: 30}, checkpoints={A: 20, C: 20})
     m = d.manager
-    m.force(A)
+    m.force(A, "a1")
+    m.force(A, "a2")
     m.force(B)
-    m.refresh(d.items(A), NOW)
+    m.force(C, "c")
+    m.mark_uncleanable(d.item(C), "corrupt record batch", NOW)
+    m.refresh([d.item(A), d.item(C)], NOW)
     assert m.forced == ()
     assert m.grab_next(NOW) is None
+    dropped = {r.tp: (r.reason, r.request_ids, r.log_dir) for r in m.take_dropped()}
+    assert dropped == {
+        A: ("nothing to clean", ("a1", "a2"), str(d.log_dir.path)),
+        B: ("no such partition", (), None),
+        C: ("marked uncleanable: corrupt record batch", ("c",), str(d.log_dir.path)),
+    }
+    assert m.take_dropped() == ()
 
 
 def test_a_force_waits_while_the_log_is_busy(make_dir: Any) -> None:

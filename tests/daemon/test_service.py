@@ -347,8 +347,9 @@ async def test_commands_are_validated_against_the_log_dirs(
     config_path: Path, notify_socket: NotifyReceiver
 ) -> None:
     """`clean` of a missing partition or of a topic that is not compacted is rejected; a
-    valid one starts a cycle; `pause` stops new cycles and `clean`; `resume` restarts."""
-    daemon, _ = _daemon(config_path, notify_socket)
+    valid one starts a cycle, which says so when it drops it (nothing to clean); `pause`
+    stops new cycles and `clean`; `resume` restarts."""
+    daemon, events = _daemon(config_path, notify_socket)
     async with running(daemon):
         await eventually(lambda: daemon.cycles >= 1, "the first cycle")
         with pytest.raises(CommandRejected, match="does not exist"):
@@ -357,8 +358,12 @@ async def test_commands_are_validated_against_the_log_dirs(
             await daemon.on_command(CleanCommand(topic="events", partition=0))
         await eventually(lambda: daemon.last_outcome is not None, "an idle daemon")
         before = daemon.cycles
-        await daemon.on_command(CleanCommand(topic="users", partition=0))
+        await daemon.on_command(CleanCommand(topic="users", partition=0, id="r1"))
         await eventually(lambda: daemon.cycles > before, "the requested cycle")
+        # The first cycle cleaned it all: the request is dropped, and the sender told so.
+        (dropped,) = events.of("clean.request_dropped")
+        assert (dropped.topic, dropped.partition) == ("users", 0)
+        assert dropped.data == {"reason": "nothing to clean", "ids": ["r1"]}
         assert "cleanerd_cleaning_paused 0.0" in _scrape(daemon)
         await daemon.on_command(PauseCommand())
         assert "cleanerd_cleaning_paused 1.0" in _scrape(daemon)  # a dashboard sees it
