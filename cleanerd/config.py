@@ -637,13 +637,15 @@ def probe_path(path: Path) -> PathState:
     lock = path / ".lock"  # log.files.LOCK_FILE_NAME, which config does not import
     return PathState(
         "dir",
-        readable=_may(path, os.R_OK | os.X_OK),
-        writable=_may(path, os.W_OK | os.X_OK),
-        lock_writable=not lock.exists() or _may(lock, os.W_OK),
+        readable=may(path, os.R_OK | os.X_OK),
+        writable=may(path, os.W_OK | os.X_OK),
+        lock_writable=not lock.exists() or may(lock, os.W_OK),
     )
 
 
-def _may(path: Path, mode: int) -> bool:
+def may(path: Path, mode: int) -> bool:
+    """Whether this process's effective user may access `path` in `mode` (`os.access`'s
+    bits): the service user under systemd, not the one that started it."""
     effective = os.access in os.supports_effective_ids
     return os.access(path, mode, effective_ids=effective)
 

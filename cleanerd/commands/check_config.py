@@ -4,8 +4,10 @@ config file, then the dirs and files it names.
 The file first (every error at once, each naming the key, the value and the rule); its
 dirs (`config.path_problems`) and the files the daemon reads at its start (the MQTT
 password and TLS files, `daemon.credentials`) only once it is valid, since they are
-named by its keys. Prints `FILE: OK` and exits 0 (with `config_warnings` on stderr), or
-exits 1 with the errors.
+named by its keys; then, in a mode that owns its log dirs, what it needs of every
+partition in them (`log.access`: the daemon only finds that out step by step, partition
+by partition, so this is the one place it is looked at ahead). Prints `FILE: OK` and
+exits 0 (with `config_warnings` on stderr), or exits 1 with the errors.
 """
 
 from __future__ import annotations
@@ -16,9 +18,10 @@ from pathlib import Path
 from typing import Final
 
 from cleanerd.commands import Arg
-from cleanerd.config import config_warnings, load_config, path_problems
+from cleanerd.config import config_warnings, current_user, load_config, may, path_problems
 from cleanerd.daemon import credentials
 from cleanerd.errors import ConfigError
+from cleanerd.log.access import check_partitions
 
 ARGS: Final[tuple[Arg, ...]] = (
     (("file",), {"type": Path, "metavar": "FILE", "nargs": "?", "help": "the YAML config file"}),
@@ -35,6 +38,11 @@ def run(args: argparse.Namespace) -> int:
     (file,) = given
     cfg = load_config(file)
     found = path_problems(cfg) + credentials.problems(cfg.mqtt)
+    if not found and not cfg.observe:
+        user = current_user()
+        for i, log_dir in enumerate(cfg.log_dirs):
+            access = check_partitions(log_dir, may)
+            found += access.problems(f"log.dirs[{i}]", log_dir, user)
     if found:
         raise ConfigError(found, path=file)
     print(f"{file}: OK")

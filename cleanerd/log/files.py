@@ -33,8 +33,13 @@ import os
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
+from operator import attrgetter
 from pathlib import Path
 from typing import Final
+
+from cleanerd.logger import get_logger
+
+log = get_logger(__name__)
 
 LOG_FILE_SUFFIX: Final = ".log"
 INDEX_FILE_SUFFIX: Final = ".index"
@@ -240,3 +245,22 @@ def partition_dir_gone(path: Path) -> bool:
     except FileNotFoundError:
         return True
     return False
+
+
+def list_partitions(path: Path) -> dict[TopicPartition, Path]:
+    """Every live partition dir of the log dir `path`, by topic-partition; `-delete`,
+    `-future`, `-stray` dirs and anything that is not `<topic>-<partition>` are skipped.
+    Links with a partition dir's name are listed, whatever they point to, so that opening
+    them reports and refuses them (see `log_dir`). Only the dir is read."""
+    found: dict[TopicPartition, Path] = {}
+    with os.scandir(path) as listing:
+        entries = sorted(listing, key=attrgetter("name"))
+    for entry in entries:
+        # The listing's file types (d_type) answer both, without a stat per entry.
+        if not (entry.is_symlink() or entry.is_dir(follow_symlinks=False)):
+            continue
+        try:
+            found[parse_topic_partition(entry.name)] = Path(entry.path)
+        except ValueError:
+            log.debug("log_dir.entry_skipped", path=entry.path)
+    return found

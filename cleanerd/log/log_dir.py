@@ -59,10 +59,8 @@ such a link, so a link to a foreign dir can never turn recovery or retention on 
 from __future__ import annotations
 
 import enum
-import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from operator import attrgetter
 from pathlib import Path
 from types import TracebackType
 from typing import Self
@@ -80,7 +78,7 @@ from cleanerd.log.files import (
     LOCK_FILE_NAME,
     METADATA_TOPIC,
     TopicPartition,
-    parse_topic_partition,
+    list_partitions,
 )
 from cleanerd.log.fsutil import atomic_write, fsync_dir
 from cleanerd.log.known_segments import (
@@ -134,25 +132,6 @@ class Holder:
             "daemon or `cleanerd clean`); only one may own it: stop that one first "
             "(`cleanerd plan` and `cleanerd audit` only read and can run beside it)"
         )
-
-
-def list_partitions(path: Path) -> dict[TopicPartition, Path]:
-    """Every live partition dir of the log dir `path`, by topic-partition; `-delete`,
-    `-future`, `-stray` dirs and anything that is not `<topic>-<partition>` are skipped.
-    Links with a partition dir's name are listed, whatever they point to, so that opening
-    them reports and refuses them (see the module docstring). Only the dir is read."""
-    found: dict[TopicPartition, Path] = {}
-    with os.scandir(path) as listing:
-        entries = sorted(listing, key=attrgetter("name"))
-    for entry in entries:
-        # The listing's file types (d_type) answer both, without a stat per entry.
-        if not (entry.is_symlink() or entry.is_dir(follow_symlinks=False)):
-            continue
-        try:
-            found[parse_topic_partition(entry.name)] = Path(entry.path)
-        except ValueError:
-            log.debug("log_dir.entry_skipped", path=entry.path)
-    return found
 
 
 class LogDir:

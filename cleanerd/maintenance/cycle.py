@@ -86,9 +86,9 @@ from cleanerd.errors import (
     failure_text,
 )
 from cleanerd.log.deletions import PendingDeletions
-from cleanerd.log.files import METADATA_TOPIC, TopicPartition, log_file
+from cleanerd.log.files import METADATA_TOPIC, TopicPartition, list_partitions, log_file
 from cleanerd.log.known_segments import decode
-from cleanerd.log.log_dir import LogDir, Mode, list_partitions
+from cleanerd.log.log_dir import LogDir, Mode
 from cleanerd.log.ownership import StaleWork, lock_holder
 from cleanerd.log.partition_log import LogConfig, PartitionLog
 from cleanerd.log.roller import FirstSeen, maybe_roll, segment_age
