@@ -1028,7 +1028,10 @@ def _check_last_entry(
 ) -> None:
     """Raise _LastEntryMismatch when the last offset-index entry `last` is not on the
     batch `tail` starts with: which file is wrong is not known (a damaged batch there,
-    or an entry past what was written), so both are named."""
+    or an entry past what was written), so both are named. An entry is on a batch when
+    its offset is at least the batch's base offset and at most the log's last: brokers
+    since 2.0 index the last offset of what one append wrote (a follower's append holds
+    many batches), brokers before it the first (`IndexCheck`)."""
     if not tail.batches:
         raise _LastEntryMismatch(
             f"last entry (offset {last.offset}, position {last.position}) points to no "
@@ -1036,7 +1039,7 @@ def _check_last_entry(
             "entry is",
             path=index_path,
         )
-    if not tail.first_last_offset <= last.offset <= tail.last_offset:
+    if not tail.first_base_offset <= last.offset <= tail.last_offset:
         raise _LastEntryMismatch(
             f"last entry (offset {last.offset}, position {last.position}) does not match "
             "the batch there",
@@ -1066,14 +1069,15 @@ class IndexCheck:
         if not len(table):
             return
         positions, offsets = self._positions, self._offsets
-        last_offsets = table.last_offset
         mine = np.flatnonzero((positions >= table.position[0]) & (positions < table.end[-1]))
         row = np.searchsorted(table.position, positions[mine])
         row = np.minimum(row, len(table) - 1)
+        # On the batch at its position, by its base offset or past it (see
+        # `_check_last_entry`); `finish` checks that no entry is past the log's end.
         self._found[mine] = (table.position[row] == positions[mine]) & (
-            last_offsets[row] <= offsets[mine]
+            table.base_offset[row] <= offsets[mine]
         )
-        self._next_offset = int(last_offsets[-1]) + 1
+        self._next_offset = int(table.last_offset[-1]) + 1
         self._max_ts = max(self._max_ts, int(table.max_timestamp.max()))
 
     def finish(self) -> None:
@@ -1085,11 +1089,12 @@ class IndexCheck:
             self._positions,
         )
         segment.check_time_index_within(self._next_offset)
+        found &= offsets < self._next_offset
         if not found.all():
             n = int(np.flatnonzero(~found)[0])
             raise CorruptIndexError(
-                f"entry {n} (offset {int(offsets[n])}, position {int(positions[n])}) is not on "
-                "the batch holding that offset",
+                f"entry {n} (offset {int(offsets[n])}, position {int(positions[n])}) is not at "
+                "the start of a batch at or before that offset",
                 path=segment.offset_index.path,
             )
         ti = segment.time_index

@@ -265,7 +265,7 @@ def _summary_kernel(
     span: Int,
 ) -> tuple[Int, Int, Int, Int, Int, Int, Int, Int, Int, Int]:
     """Walk buf[start:end] as `_walk_kernel` does, up to `limit` batches, keeping only
-    totals: (batches, stop, reason, first batch's max timestamp, first batch's last
+    totals: (batches, stop, reason, first batch's max timestamp, first batch's base
     offset, last offset, max timestamp, last offset of the earliest batch holding it,
     earliest KIP-534 delete horizon, batches carrying one). A legacy entry stops it with
     LEGACY (its CRC and offsets need `legacy.py`)."""
@@ -274,7 +274,7 @@ def _summary_kernel(
     horizon: Int = NO_DELETE_HORIZON
     horizons = 0
     first_ts: Int = -1
-    first_last: Int = -1
+    first_base: Int = -1
     last: Int = -1
     max_ts: Int = -1
     offset_of_max: Int = -1
@@ -297,7 +297,7 @@ def _summary_kernel(
         low, high = next_range(last, low, high)
         ts = be_i64(buf, p + MAX_TIMESTAMP_OFFSET)
         if n == 0:
-            first_ts, first_last = ts, last
+            first_ts, first_base = ts, first
             max_ts, offset_of_max = ts, last
         elif ts > max_ts:
             max_ts, offset_of_max = ts, last
@@ -313,7 +313,7 @@ def _summary_kernel(
         p,
         reason,
         first_ts,
-        first_last,
+        first_base,
         last,
         max_ts,
         offset_of_max,
@@ -598,14 +598,14 @@ def walk_prefix(
 @dataclass(frozen=True, slots=True)
 class Summary:
     """The totals of a walk that needs no table (segment metadata): how many batches,
-    where it ended, the first batch's max timestamp and last offset, the last offset, the
+    where it ended, the first batch's max timestamp and base offset, the last offset, the
     max timestamp and the last offset of the earliest batch holding it (-1 each when
     there is no batch)."""
 
     batches: int
     stop: int
     first_max_timestamp: int
-    first_last_offset: int
+    first_base_offset: int
     last_offset: int
     max_timestamp: int
     offset_of_max_timestamp: int
@@ -624,7 +624,7 @@ class Summary:
             len(table),
             stop,
             int(table.max_timestamp[0]),
-            int(last[0]),
+            int(table.base_offset[0]),
             int(last[-1]),
             int(table.max_timestamp[top]),
             int(last[top]),
@@ -669,12 +669,12 @@ def summarize(
         verify_crc,
         *offsets.bounds,
     )
-    batches, stop, reason, first_ts, first_last, last, max_ts, at_max, horizon, stamped = (
+    batches, stop, reason, first_ts, first_base, last, max_ts, at_max, horizon, stamped = (
         int(x) for x in found
     )
     if reason not in (DONE, FULL):
         return None
-    return Summary(batches, stop, first_ts, first_last, last, max_ts, at_max, (horizon, stamped))
+    return Summary(batches, stop, first_ts, first_base, last, max_ts, at_max, (horizon, stamped))
 
 
 class Walker:

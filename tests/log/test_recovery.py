@@ -15,10 +15,11 @@ from cleanerd.errors import CorruptRecordError, FileStepError
 from cleanerd.log import recovery
 from cleanerd.log.checkpoint import RECOVERY_POINT_OFFSET_CHECKPOINT, OffsetCheckpointFile
 from cleanerd.log.files import TopicPartition, log_file, offset_index_file, time_index_file
-from cleanerd.log.index import IndexPastLogError
+from cleanerd.log.index import IndexPastLogError, OffsetIndex
 from cleanerd.log.known_reader import read_dir
 from cleanerd.log.partition_log import LogConfig, PartitionLog
 from cleanerd.log.recovery import SpecialFileRefused, SymlinkRefused
+from cleanerd.records.walker import walk
 from tests.builders import (
     build_log,
     encode_records,
@@ -649,3 +650,59 @@ def test_a_quarantine_that_fails_names_its_file_and_cuts_nothing(
     assert str(tmp_path / "state" / "quarantine") in text
     assert caught.value.no_space
     assert active.read_bytes() == before
+
+
+def _batches_of_three(tmp_path: Path) -> tuple[PartitionLog, list[tuple[int, int, int]]]:
+    """A closed segment of ten 3-record batches (and an active one); its batches as
+    (position, base offset, last offset)."""
+    batches = [[kv(f"k{3 * i + j}", "v" * 30) for j in range(3)] for i in range(10)]
+    plog = build_log(
+        tmp_path / "logs", [batches, [[kv("z", "1")]]], state_dir=tmp_path / "state", config=CONFIG
+    )
+    t = walk(plog.segments[0].log_path.read_bytes()).table
+    found = zip(t.position.tolist(), t.base_offset.tolist(), t.last_offset.tolist(), strict=True)
+    return plog, list(found)
+
+
+def _write_index(plog: PartitionLog, entries: list[tuple[int, int]]) -> bytes:
+    index = OffsetIndex(plog.segments[0].offset_index_path, 0)
+    for offset, position in entries:
+        index.append(offset, position)
+    index.write()
+    return plog.segments[0].offset_index_path.read_bytes()
+
+
+@pytest.mark.parametrize("broker", ["0.11 to 1.1: first offset", "2.0 on, follower: last offset"])
+def test_index_entries_a_broker_wrote_are_not_damage(tmp_path: Path, broker: str) -> None:
+    """Brokers before 2.0 indexed the first offset of what one append wrote, so an entry's
+    offset is the base offset of the batch at its position; a follower's append holds
+    many batches, so an entry's offset is the last offset of a later batch than the one
+    at its position. A lookup by either is right (it scans forward from the position):
+    the segment is read, read-only (a plan beside a broker), and its index is kept by
+    a full check. Both were taken for damage: the partition was unreadable."""
+    plog, batches = _batches_of_three(tmp_path)
+    if broker.startswith("0.11"):
+        entries = [(base, position) for position, base, _ in batches[2::3]]
+    else:
+        entries = [(batches[i + 2][2], batches[i][0]) for i in (2, 5)]
+    index = _write_index(plog, entries)
+    read_only = PartitionLog.open(plog.dir, read_only=True, config=CONFIG)
+    assert read_only.meta().segments[0].next_offset == 30
+    reopened = _open(plog.dir, full_check=True)
+    assert reopened.corrupt is None
+    assert reopened.recovery_report.rebuilt_indexes == []
+    assert plog.segments[0].offset_index_path.read_bytes() == index
+    assert [r.offset for r in reopened.records(13)][:2] == [13, 14]
+
+
+@pytest.mark.parametrize("wrong", ["below its batch", "past the log"])
+def test_an_index_entry_off_its_batch_is_still_damage(tmp_path: Path, wrong: str) -> None:
+    """An entry whose offset is below the base offset of the batch at its position (a
+    lookup would skip offsets), or past the log's last, is rebuilt by a full check."""
+    plog, batches = _batches_of_three(tmp_path)
+    position = batches[4][0]
+    offset = batches[4][1] - 1 if wrong == "below its batch" else 30
+    _write_index(plog, [(offset, position)])
+    reopened = _open(plog.dir, full_check=True)
+    assert reopened.corrupt is None
+    assert reopened.recovery_report.rebuilt_indexes == [str(plog.segments[0].log_path)]
