@@ -725,6 +725,19 @@ class Walker:
         """The rows of each table (after a ramp's first steps)."""
         self._scratch = BatchTable.empty(0 if own else self.rows)
 
+    def _legacy_damage(self, p: int) -> CorruptRecordError | None:
+        """What is wrong with the entry at `p`, whose offsets are out of range, before
+        its offsets, when it is a legacy one: the kernel leaves a legacy entry's CRC to
+        `legacy.py`, and an entry's CRC is judged before its offsets, as a v2 batch's is
+        (a torn last entry fails its CRC, and is cut as torn, whatever its offset says)."""
+        if not self.verify_crc or self.data[p + MAGIC_OFFSET] == 2:
+            return None
+        try:
+            legacy.read_legacy_entry(self.data.data, p, self.end, verify_crc=True)
+        except CorruptRecordError as exc:
+            return exc.with_traceback(None)
+        return None
+
     def __iter__(self) -> Iterator[BatchTable]:
         reason = FULL
         rows = min(16, self.rows) if self.ramp else self.rows
@@ -745,7 +758,9 @@ class Walker:
             self.offsets = offsets.after(low, high, n > 0)
             chunk = scratch.head(n)
             if reason == BAD_OFFSET:
-                self.error = offset_error(self.data, stop, self.offsets)
+                self.error = self._legacy_damage(stop) or offset_error(
+                    self.data, stop, self.offsets
+                )
             elif reason not in (DONE, FULL):
                 self.error = _stop_error(self.data, stop, self.end, self.verify_crc, reason)
             legacy_rows = np.flatnonzero(chunk.magic != 2)

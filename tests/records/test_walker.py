@@ -22,6 +22,7 @@ from cleanerd.records.record import Record
 from cleanerd.records.scan import BatchInfo, check_batch_at
 from cleanerd.records.walker import Summary, Walker, batch_windows, summarize, walk
 from tests.conftest import KAFKA_REAL
+from tests.records.oracles import build_legacy
 
 
 def reference(buf: bytes, verify_crc: bool = True) -> tuple[list[BatchInfo], int, str | None]:
@@ -400,3 +401,23 @@ def test_nothing_follows_a_batch_at_the_largest_offset() -> None:
     assert summarize(buf) is None
     errors = [walk(buf, start=a, end=b, offsets=o).error for a, b, o in batch_windows(buf, 1)]
     assert str(errors[1]) == str(whole.error)
+
+
+def test_a_legacy_entry_is_judged_by_its_crc_before_its_offset() -> None:
+    """A legacy entry whose offset and content are both damaged (as a torn last entry
+    is) fails its CRC, as the reference walk says and as a v2 batch's does: the walk
+    checked its offset first, so log recovery took a torn entry for damage to report
+    rather than a tail to cut. One whose CRC holds is still refused for its offset."""
+    entries = [build_legacy("aiokafka", 1, 0, [Record(i, 1000 + i, b"k", b"v")]) for i in range(3)]
+    buf = bytearray(b"".join(entries))
+    last = len(entries[0]) * 2
+    buf[last : last + 8] = (0).to_bytes(8, "big")  # offset 0 again: not above 1
+    offset_only = bytes(buf)
+    buf[last + len(entries[2]) - 1] ^= 0xFF  # and the value torn
+    both = bytes(buf)
+    for damaged, kind in ((both, "CRC"), (offset_only, "offset")):
+        w = walk(damaged)
+        assert (len(w.table), w.stop) == (2, last)
+        assert str(w.error) == reference(damaged)[2]
+        assert isinstance(w.error, walker.BadOffsetError) == (kind == "offset")
+    assert "CRC" in str(walk(both).error)
