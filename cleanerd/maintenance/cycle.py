@@ -362,6 +362,7 @@ class Maintenance:
         self._offline: dict[Path, str] = {}
         """The log dirs offline in the last cycle, and why (a repeat is logged at debug)."""
         self._listed: dict[Path, list[TopicPartition]] = {}
+        self._reclaim_requested = threading.Event()
         """Each log dir's partitions when it was last listed."""
         self._first_seen: dict[Path, FirstSeen] = {}
         self._plogs: dict[tuple[Path, TopicPartition], PartitionLog] = {}
@@ -705,12 +706,35 @@ class Maintenance:
         """A partition the cycle works on: of a selected topic, and not the metadata log."""
         return tp.topic != METADATA_TOPIC and (self.topics is None or tp.topic in self.topics)
 
+    def request_reclaim(self) -> None:
+        """Have the next cycle own the log dirs that another process held when they were
+        opened and has let go of since (`_reclaim`): the daemon asks at a reload, the
+        operator's explicit word. Thread-safe."""
+        self._reclaim_requested.set()
+
     def _reclaim(self) -> None:
-        """Own again a log dir that another process held when it was opened and has let
-        go of since (a tool, a retired broker's last run): from this cycle on it is
-        maintained, not only observed. A dir observed by config stays observed."""
+        """Own the log dirs another process held when they were opened and has let go of
+        since, when a reload asked for it; otherwise say once that such a dir is free.
+
+        Never on its own: the process that lets go of a log dir is most often a broker
+        stopping to restart (or crashing, to be restarted by its supervisor), whose next
+        start fails on the `.lock` cleanerd would hold by then, and after a crash the
+        owner's open would cut and quarantine the tails the broker's own recovery
+        expects to find. A dir observed by config stays observed."""
+        asked = self._reclaim_requested.is_set()
+        self._reclaim_requested.clear()
         for i, log_dir in enumerate(self.log_dirs):
             if log_dir.held_by is None or lock_holder(log_dir.path) is not None:
+                continue
+            if not asked:
+                self._once("log_dir.released", log_dir.path, None, str(log_dir.held_by))(
+                    "log_dir.released",
+                    log_dir=str(log_dir.path),
+                    was_held_by=str(log_dir.held_by),
+                    hint="still only observed: reload cleanerd (SIGHUP, `systemctl reload "
+                    "cleanerd`) to own and maintain it; a broker being restarted needs it "
+                    "back, and beside a broker `mode: observe` belongs in the config",
+                )
                 continue
             try:
                 mine = LogDir.open(log_dir.path, state_dir=self.config.state_dir)

@@ -10,8 +10,9 @@ along (through the partition locks, as an application writing beside the daemon 
 
 Timeline: daemon D1 starts; at 8 s a SIGHUP with a changed file; at 14 s D1 is killed
 with SIGKILL, a stand-in broker takes B's `.lock` (`fcntl.lockf`, as Kafka) and appends
-to d-50..d-59, and daemon D2 starts (B observed, A owned); at 24 s the stand-in lets go
-and D2 owns B again from its next cycle; at 36 s everything stops and a final audit runs.
+to d-50..d-59, and daemon D2 starts (B observed, A owned); at 24 s the stand-in lets go,
+D2 gets a SIGHUP and owns B again from its next cycle (a dir let go is owned only when a
+reload asks); at 36 s everything stops and a final audit runs.
 
 The slack, derived (not tuned). Take a record r superseded at s (the timestamp of the
 record that supersedes it, written at about s into segment S, whose first batch has
@@ -276,6 +277,7 @@ def test_deadline_soak_with_sighup_kill_and_a_held_dir(tmp_path: Path) -> None:
                 assert d2.saw("log_dir.observe_forced")
                 at(RELEASE_AT_S)
             released_ms = wall_clock_ms()
+            d2.proc.send_signal(signal.SIGHUP)  # an operator's word: own what was let go
             wait_for(lambda: d2 is not None and d2.saw("log_dir.owned"), 30, "B owned again")
             at(STOP_AT_S)
             stop.set()

@@ -235,12 +235,15 @@ def test_a_roll_for_retention_is_counted_and_named_by_its_rule(
     assert report.to_json()["rolled"][0]["reason"] == "retention.ms"
 
 
-def test_a_dir_held_at_start_is_observed_then_owned_once_let_go(
+def test_a_dir_held_at_start_is_observed_then_owned_when_a_reload_asks(
     tmp_path: Path, engine: LocalEngine
 ) -> None:
     """A log dir whose `.lock` another process holds (`fcntl.lockf`, as a broker) is
     observed: its overdue partition is reported, nothing is written there. Once the
-    holder lets go, the next cycle owns the dir and rolls and cleans the partition."""
+    holder lets go, it is still only observed, and the cycle says it is free: a broker
+    that stopped to restart must find it free (the next cycle took it, and the broker's
+    start failed on its lock). Once a reload asks, the next cycle owns the dir and rolls
+    and cleans the partition."""
     c = TopicPartition("c", 0)
     d = build(tmp_path, c, [records(range(6), T0 - 3 * HOUR) + records(range(3), T0 - 2 * HOUR)])
     cfg = write_config(
@@ -257,6 +260,15 @@ def test_a_dir_held_at_start_is_observed_then_owned_once_let_go(
         assert state.ltc.compaction_delay_ms == 2 * HOUR
         assert dir_state(d) == before
     with m:
+        with capture_logs() as logs:
+            let_go = m.run_once()
+        assert let_go.observed == (str(tmp_path / "logs"),)
+        assert (let_go.rolled, let_go.cleaned) == ((), ())
+        assert dir_state(d) == before
+        (released,) = [e for e in logs if e["event"] == "log_dir.released"]
+        assert released["log_level"] == "warning"
+        assert "reload cleanerd" in released["hint"]
+        m.request_reclaim()
         owned = m.run_once()
     assert owned.observed == ()
     assert [(r.tp, r.reason) for r in owned.rolled] == [(c, "max.compaction.lag.ms")]
