@@ -7,7 +7,8 @@ password and TLS files, `daemon.credentials`) only once it is valid, since they 
 named by its keys; then, in a mode that owns its log dirs, what it needs of every
 partition in them (`log.access`: the daemon only finds that out step by step, partition
 by partition, so this is the one place it is looked at ahead). Prints `FILE: OK` and
-exits 0 (with `config_warnings` on stderr), or exits 1 with the errors.
+exits 0 (with `config_warnings` on stderr, and a warning for an owned log dir another
+process holds now, which the daemon would only observe), or exits 1 with the errors.
 """
 
 from __future__ import annotations
@@ -18,10 +19,20 @@ from pathlib import Path
 from typing import Final
 
 from cleanerd.commands import Arg
-from cleanerd.config import config_warnings, current_user, load_config, may, path_problems
+from cleanerd.config import (
+    Config,
+    config_warnings,
+    current_user,
+    load_config,
+    may,
+    path_problems,
+)
 from cleanerd.daemon import credentials
 from cleanerd.errors import ConfigError
 from cleanerd.log.access import check_partitions
+from cleanerd.log.files import LOCK_FILE_NAME
+from cleanerd.log.lock import OwnerLock
+from cleanerd.log.ownership import lock_holder
 
 ARGS: Final[tuple[Arg, ...]] = (
     (("file",), {"type": Path, "metavar": "FILE", "nargs": "?", "help": "the YAML config file"}),
@@ -46,6 +57,25 @@ def run(args: argparse.Namespace) -> int:
     if found:
         raise ConfigError(found, path=file)
     print(f"{file}: OK")
-    for warning in config_warnings(cfg):
+    for warning in config_warnings(cfg) + _held_by_another(cfg):
         print(f"cleanerd check-config: warning: {warning}", file=sys.stderr)
     return 0
+
+
+def _held_by_another(cfg: Config) -> list[str]:
+    """The owned log dirs whose `.lock` a process other than cleanerd holds now (a
+    running broker, most likely): the daemon would only observe them."""
+    if cfg.observe:
+        return []
+    found = []
+    for i, log_dir in enumerate(cfg.log_dirs):
+        pid = lock_holder(log_dir)
+        if pid is None or OwnerLock(cfg.state_dir, log_dir).held_elsewhere():
+            continue  # free, or a running cleanerd's own
+        found.append(
+            f"log.dirs[{i}]: {str(log_dir / LOCK_FILE_NAME)!r} is held by pid {pid} (a running "
+            "Kafka broker?): mode: owner only observes it while it is held, and owns it "
+            "only when a reload asks after it is let go; beside a live broker set "
+            "mode: observe"
+        )
+    return found

@@ -9,6 +9,7 @@ import pytest
 
 from cleanerd.cli import main
 from cleanerd.config import load_config
+from tests.holders import HOLD_BROKER_LOCK, held_by_other_process
 
 
 def test_the_default_config_as_a_file_loads_back_to_the_embedded_one(
@@ -39,3 +40,29 @@ def test_check_config_refuses_what_the_daemons_start_would(
     out = capsys.readouterr()
     assert out.out == ""
     assert f"mqtt.password_file: cannot read '{tmp_path / 'nope'}'" in out.err
+
+
+@pytest.mark.parametrize("mode", ["owner", "observe"])
+def test_check_config_warns_of_an_owned_log_dir_a_broker_holds(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], mode: str
+) -> None:
+    """A log dir whose `.lock` another process holds now (as a running broker does) in a
+    config that owns its dirs: OK, with a warning that the daemon would only observe it
+    and that beside a broker `mode: observe` is what is meant (the file was OK, and the
+    default mode then took the dir when the broker stopped). Observe mode: no warning."""
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    config = tmp_path / "cleanerd.yaml"
+    config.write_text(f"log.dirs: [{logs}]\nstate_dir: {tmp_path / 'state'}\nmode: {mode}\n")
+    with held_by_other_process(HOLD_BROKER_LOCK, logs):
+        assert main(["check-config", str(config)]) == 0
+    out = capsys.readouterr()
+    assert out.out == f"{config}: OK\n"
+    if mode == "observe":
+        assert out.err == ""
+        return
+    (warning,) = out.err.splitlines()
+    assert warning.startswith(
+        f"cleanerd check-config: warning: log.dirs[0]: '{logs / '.lock'}' is held by pid "
+    )
+    assert warning.endswith("beside a live broker set mode: observe")
