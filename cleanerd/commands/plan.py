@@ -90,13 +90,15 @@ def _retention_text(p: PartitionPlan) -> str:
     return text
 
 
-def _compaction_text(p: PartitionPlan) -> str:
+def _compaction_text(p: PartitionPlan, *, cleaner_enabled: bool) -> str:
     c = p.compaction
     if c is None:
         return "compaction: no (cleanup.policy has no compact)"
     ltc = c.ltc
     if c.uncleanable is not None:
         verdict = f"uncleanable ({c.uncleanable})"
+    elif c.eligible is not None and not cleaner_enabled:
+        verdict = f"eligible ({c.eligible.value}) but not cleaned: log.cleaner.enable is false"
     elif c.eligible is not None:
         verdict = f"eligible ({c.eligible.value}), order {p.order}"
     else:
@@ -154,7 +156,7 @@ def render_text(
         else:
             lines.append(f"  {_roll_text(p.roll, plan.now_ms)}")
         lines.append(f"  {_retention_text(p)}")
-        lines.append(f"  {_compaction_text(p)}")
+        lines.append(f"  {_compaction_text(p, cleaner_enabled=plan.cleaner_enabled)}")
     outcomes = {o.device: o for o in plan.disk_outcomes}
     for u in plan.devices:
         pct = 100 * u.used_bytes / u.total_bytes if u.total_bytes else 0.0

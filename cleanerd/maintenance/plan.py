@@ -143,6 +143,8 @@ class CyclePlan:
     devices: tuple[DeviceUsage, ...]
     disk_outcomes: tuple[DeviceOutcome, ...]
     disk_deletions: tuple[DiskDeletion, ...]
+    cleaner_enabled: bool = True
+    """`log.cleaner.enable`: when false, an eligible partition gets no pass (no order)."""
 
 
 def plan_partition(
@@ -294,7 +296,7 @@ def plan_cycle(
         protected_topics={i.meta.topic for i in inputs if protects(i.meta.topic)},
         now_ms=now_ms,
     )
-    return CyclePlan(now_ms, plans, tuple(devices), disk.devices, disk.deletions)
+    return CyclePlan(now_ms, plans, tuple(devices), disk.devices, disk.deletions, cleaner_enabled)
 
 
 # ---------------------------------------------------------------------------------------
@@ -537,6 +539,7 @@ def cycle_json(
         "unreadable": [u.to_json() for u in unreadable],
         "truncated": [t.to_json() for t in truncated],
         "observed": [{"log_dir": d, "reason": why} for d, why in observed.items()],
+        "cleaner_enabled": plan.cleaner_enabled,
         "cleaning_order": [
             str(p.topic_partition)
             for p in sorted((p for p in plan.partitions if p.order), key=lambda p: p.order or 0)

@@ -167,3 +167,27 @@ def test_a_torn_tail_the_open_will_cut_is_foreseen_as_clean_cuts_it(tmp_path: Pa
     assert cut["quarantined_to"] is not None
     assert foreseen == {**cut, "quarantined_to": None}
     assert active.stat().st_size == whole
+
+
+def test_an_eligible_partition_is_said_not_to_be_cleaned_with_the_cleaner_off(
+    tmp_path: Path,
+) -> None:
+    """With `log.cleaner.enable: false` an eligible partition gets no pass: the plan says
+    so, not "eligible, order None" (Python's None, which the cycle's order never is)."""
+    log = LogBuilder(tmp_path / "logs")
+    for n in range(3):
+        log.append([(k("a"), b"%d" % n)])
+        log.roll()
+    log.write()
+    command, env = _plan_command(tmp_path)
+    config = Path(command[command.index("-c") + 1])
+    config.write_text(config.read_text() + "log.cleaner.enable: false\n")
+    text = subprocess.run(command, capture_output=True, text=True, env=env, check=True)
+    (line,) = [x for x in text.stdout.splitlines() if x.startswith("  compaction: ")]
+    assert line.startswith(
+        "  compaction: eligible (min.cleanable.dirty.ratio) but not cleaned: "
+        "log.cleaner.enable is false; "
+    )
+    doc = subprocess.run([*command, "--json"], capture_output=True, text=True, env=env, check=True)
+    report = json.loads(doc.stdout)
+    assert (report["cleaner_enabled"], report["cleaning_order"]) == (False, [])
