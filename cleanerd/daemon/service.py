@@ -495,7 +495,9 @@ class Daemon:
         self._wake.set()
 
     def _maybe_start_cycle(self) -> None:
-        if self._cycle_task is not None or self.paused or self.should_exit:
+        # Paused, cycles still run, to read the partitions' states only (`run_once`'s
+        # `act`): the delay gauges keep following what is written during a pause.
+        if self._cycle_task is not None or self.should_exit:
             return
         last = self.last_outcome
         clock = CycleClock(
@@ -521,10 +523,10 @@ class Daemon:
         self._cycle_task = asyncio.create_task(self._cycle(trigger), name="cycle")
 
     async def _cycle(self, trigger: CycleTrigger) -> None:
-        config = self.config
+        config, act = self.config, not self.paused
         started = time.monotonic()
         try:
-            outcome = await self._in_thread(lambda: self._run_cycle(config))
+            outcome = await self._in_thread(lambda: self._run_cycle(config, act=act))
         except Exception:
             self.cycle_failures += 1
             log.exception("cycle.failed", failures_in_a_row=self.cycle_failures)
@@ -571,13 +573,14 @@ class Daemon:
             self._idle_cycles = 0
         self._next_metrics = 0.0  # publish the new states at the next tick
 
-    def _run_cycle(self, config: Config) -> CycleOutcome:
-        """One cycle, in the maintenance thread, with `config` applied first."""
+    def _run_cycle(self, config: Config, *, act: bool) -> CycleOutcome:
+        """One cycle, in the maintenance thread, with `config` applied first (only the
+        states without `act`: see `Maintenance.run_once`)."""
         m = self.maintenance
         assert m is not None
         if m.config is not config:
             m.reconfigure(config, self._engine_factory)
-        report = m.run_once(self._abort)
+        report = m.run_once(self._abort, act=act)
         return CycleOutcome(report, m.status(), self.watcher.scan())
 
     # -- events and metrics -----------------------------------------------------------------

@@ -578,8 +578,10 @@ class Maintenance:
 
     # -- one cycle ----------------------------------------------------------------------
 
-    def run_once(self, stop: threading.Event | None = None) -> CycleReport:
-        """One cycle (see the module docstring)."""
+    def run_once(self, stop: threading.Event | None = None, *, act: bool = True) -> CycleReport:
+        """One cycle (see the module docstring). Without `act` (the daemon paused), only
+        the partitions' states: no roll, retention, pass or delayed deletion, but the
+        delays and sizes the metrics show still follow what is written meanwhile."""
         report = _Builder(
             now_ms=self.clock(), damaged=self._damaged, repeated=self._last_step_errors
         )
@@ -588,17 +590,21 @@ class Maintenance:
         every = self.progress_interval_s
         self._progress = CycleProgress(math.inf if every is None else every)
         partitions = self._discover(report)
-        self._roll(partitions, report)
-        self._retention(partitions, report)
+        if act:
+            self._roll(partitions, report)
+            self._retention(partitions, report)
+        else:
+            report.skip("", None, "cycle", "paused: states only")
         compacted = [
             CompactedLog(p.log_dir, p.plog, p.topic)
             for p in partitions
             if p.topic.compact and not p.plog.is_metadata
         ]
         report.states += self._plain_states(partitions, report)
-        self._clean(compacted, report, stop)
+        self._clean(compacted, report, stop, act=act)
         report.dropped += self.manager.take_dropped()
-        report.unlinked += self.pending.run_due(self.clock())
+        if act:
+            report.unlinked += self.pending.run_due(self.clock())
         self._checkpoint_recovery_points()
         self._report_later_cuts(partitions, report)
         report.next_due_ms = self._next_due(partitions, report.now_ms)
@@ -1190,6 +1196,8 @@ class Maintenance:
         compacted: list[CompactedLog],
         report: _Builder,
         stop: threading.Event | None,
+        *,
+        act: bool,
     ) -> None:
         now = self.clock()
         marked = {item.tp for item in compacted if self.manager.is_uncleanable(item, now)}
@@ -1204,6 +1212,8 @@ class Maintenance:
                 report.failed.append(FailedLog(str(item.log_dir.path), item.tp, reason, False))
         if not self.config.log_cleaner_enable:
             report.skip("", None, "clean", "log.cleaner.enable is false")
+            return
+        if not act:
             return
         running: dict[Future[CleanResult], _Running] = {}
         stopping = False

@@ -136,6 +136,12 @@ def _sample(text: str, name: str) -> float:
     return float(line.split()[-1])
 
 
+def _largest(text: str, name: str) -> float:
+    """The largest value of the series `name` (any labels) in a scrape's `text`."""
+    values = [line.split()[-1] for line in text.splitlines() if line.startswith(name + "{")]
+    return max(map(float, values))
+
+
 def _scrape(daemon: Daemon) -> str:
     address = daemon.exporter.address
     assert address is not None
@@ -370,9 +376,12 @@ async def test_commands_are_validated_against_the_log_dirs(
         with pytest.raises(CommandRejected, match="paused"):
             await daemon.on_command(CleanCommand(topic="users", partition=0))
         paused_at = daemon.cycles
-        daemon.request_cycle()
-        await asyncio.sleep(0.3)
-        assert daemon.cycles == paused_at
+        daemon.request_cycle()  # a cycle reads the states only: nothing is done
+        await eventually(lambda: daemon.cycles > paused_at, "a states-only cycle")
+        assert daemon.last_outcome is not None
+        report = daemon.last_outcome.report
+        assert (report.rolled, report.retention, report.cleaned) == ((), (), ())
+        assert [s.reason for s in report.skipped if s.phase == "cycle"] == ["paused: states only"]
         await daemon.on_command(ResumeCommand())
         assert "cleanerd_cleaning_paused 0.0" in _scrape(daemon)
         await eventually(lambda: daemon.cycles > paused_at, "a cycle after resume")
@@ -750,6 +759,36 @@ def test_aged_states_grow_the_delay_of_an_overdue_partition(tmp_path: Path) -> N
     assert aged.ltc is not None
     assert aged.ltc.compaction_delay_ms == 3_000
     assert aged.ltc.kafka_compaction_delay_ms == 3_000
+
+
+async def test_a_paused_daemon_still_shows_the_delay_of_what_is_written(
+    config_path: Path, notify_socket: NotifyReceiver, tmp_path: Path
+) -> None:
+    """While paused, cycles read the partitions' states only: a record appended during
+    the pause and past its `max.compaction.lag.ms` shows in the delay gauge, and nothing
+    is rolled or cleaned. No cycle ran while paused, so the gauge read 0 for as long as
+    the pause lasted, and the overdue alert could not fire."""
+    lagged = {"cleanup.policy": "compact", "max.compaction.lag.ms": 2 * HOUR}
+    topics = {"users": lagged, "events": {"cleanup.policy": "delete", "retention.ms": HOUR}}
+    _write(config_path, _settings(tmp_path, topics=topics))
+    daemon, events = _daemon(config_path, notify_socket)
+    async with running(daemon):
+        await eventually(lambda: daemon.cycles >= 1, "the first cycle")
+        await daemon.on_command(PauseCommand())
+        delay = "cleanerd_max_compaction_delay_seconds"
+        await eventually(lambda: _largest(_scrape(daemon), delay) == 0, "nothing overdue")
+        cleaned, rolled = len(events.of("log.cleaned")), len(events.of("segment.rolled"))
+        build_log(
+            tmp_path / "data",
+            [[[kv("late", "v", timestamp=_now_ms() - 3 * HOUR)]]],
+            state_dir=tmp_path / "state",
+            tp=TopicPartition("users", 3),
+        )
+        await eventually(lambda: _largest(_scrape(daemon), delay) > 1800, "the delay")
+        assert (len(events.of("log.cleaned")), len(events.of("segment.rolled"))) == (
+            cleaned,
+            rolled,
+        )
 
 
 async def test_pause_lets_the_pass_in_flight_finish_and_starts_no_other(
