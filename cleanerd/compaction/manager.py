@@ -149,6 +149,11 @@ class UncleanablePartitions:
         """Forget `tp` (partition deleted, or an operator's explicit retry)."""
         self._marks.pop(tp, None)
 
+    def clear_all(self) -> list[TopicPartition]:
+        """Forget every mark (an operator's retry of them all); returns the partitions."""
+        cleared, self._marks = list(self._marks), {}
+        return cleared
+
     def retain_only(self, existing: Iterable[TopicPartition]) -> None:
         """Drop marks of partitions that no longer exist (Kafka does this every loop)."""
         keep = set(existing)

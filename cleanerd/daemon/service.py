@@ -767,10 +767,9 @@ class Daemon:
             },
         )
         # A reload also asks cleanerd to look again at once, changed or not: after a
-        # repair made in place (a byte put back, a link replaced), say; and to own the
-        # log dirs another process held at the start and has let go of since.
+        # repair made in place (a byte put back, a link replaced, a disk freed), say.
         if self.maintenance is not None:
-            self.maintenance.request_reclaim()
+            self.maintenance.reloaded()
         self.request_cycle()
         return errors
 

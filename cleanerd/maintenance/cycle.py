@@ -362,7 +362,7 @@ class Maintenance:
         self._offline: dict[Path, str] = {}
         """The log dirs offline in the last cycle, and why (a repeat is logged at debug)."""
         self._listed: dict[Path, list[TopicPartition]] = {}
-        self._reclaim_requested = threading.Event()
+        self._reload_seen = threading.Event()
         """Each log dir's partitions when it was last listed."""
         self._first_seen: dict[Path, FirstSeen] = {}
         self._plogs: dict[tuple[Path, TopicPartition], PartitionLog] = {}
@@ -589,7 +589,11 @@ class Maintenance:
         self._last_notes, self._notes = self._notes, set()
         every = self.progress_interval_s
         self._progress = CycleProgress(math.inf if every is None else every)
-        partitions = self._discover(report)
+        reloaded = self._reload_seen.is_set()
+        self._reload_seen.clear()
+        if reloaded:
+            self._retry_marked()
+        partitions = self._discover(report, reclaim=reloaded)
         if act:
             self._roll(partitions, report)
             self._retention(partitions, report)
@@ -712,23 +716,28 @@ class Maintenance:
         """A partition the cycle works on: of a selected topic, and not the metadata log."""
         return tp.topic != METADATA_TOPIC and (self.topics is None or tp.topic in self.topics)
 
-    def request_reclaim(self) -> None:
-        """Have the next cycle own the log dirs that another process held when they were
-        opened and has let go of since (`_reclaim`): the daemon asks at a reload, the
-        operator's explicit word. Thread-safe."""
-        self._reclaim_requested.set()
+    def reloaded(self) -> None:
+        """A reload is the operator's word that something outside the config may have
+        changed too: the next cycle owns the log dirs another process held when they
+        were opened and has let go of since (`_reclaim`), and tries again the partitions
+        marked uncleanable (a full disk freed, a damaged file put back), whose marks
+        would otherwise hold for an hour. Thread-safe."""
+        self._reload_seen.set()
 
-    def _reclaim(self) -> None:
+    def _retry_marked(self) -> None:
+        cleared = self.manager.registry.clear_all()
+        if cleared:
+            log.info("uncleanable.retried", partitions=sorted(map(str, cleared)))
+
+    def _reclaim(self, *, asked: bool) -> None:
         """Own the log dirs another process held when they were opened and has let go of
-        since, when a reload asked for it; otherwise say once that such a dir is free.
+        since, when a reload `asked` for it; otherwise say once that such a dir is free.
 
         Never on its own: the process that lets go of a log dir is most often a broker
         stopping to restart (or crashing, to be restarted by its supervisor), whose next
         start fails on the `.lock` cleanerd would hold by then, and after a crash the
         owner's open would cut and quarantine the tails the broker's own recovery
         expects to find. A dir observed by config stays observed."""
-        asked = self._reclaim_requested.is_set()
-        self._reclaim_requested.clear()
         for i, log_dir in enumerate(self.log_dirs):
             if log_dir.held_by is None or lock_holder(log_dir.path) is not None:
                 continue
@@ -760,8 +769,8 @@ class Maintenance:
                 self._cuts_reported.pop(key, None)
             log.info("log_dir.owned", log_dir=str(log_dir.path), was_held_by=str(log_dir.held_by))
 
-    def _discover(self, report: _Builder) -> list[_Partition]:
-        self._reclaim()
+    def _discover(self, report: _Builder, *, reclaim: bool = False) -> list[_Partition]:
+        self._reclaim(asked=reclaim)
         self._open_unopened()
         offline = dict(self._unopened)
         found: list[_Partition] = []

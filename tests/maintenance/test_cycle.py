@@ -268,11 +268,34 @@ def test_a_dir_held_at_start_is_observed_then_owned_when_a_reload_asks(
         (released,) = [e for e in logs if e["event"] == "log_dir.released"]
         assert released["log_level"] == "warning"
         assert "reload cleanerd" in released["hint"]
-        m.request_reclaim()
+        m.reloaded()
         owned = m.run_once()
     assert owned.observed == ()
     assert [(r.tp, r.reason) for r in owned.rolled] == [(c, "max.compaction.lag.ms")]
     assert [x.tp for x in owned.cleaned] == [c]
+
+
+def test_a_reload_retries_a_partition_marked_uncleanable(
+    tmp_path: Path, engine: LocalEngine
+) -> None:
+    """A pass that failed marks its partition uncleanable for an hour (a damaged batch
+    here; a full disk in a trial). Once the cause is fixed, a reload (`reloaded`) has
+    the next cycle try it again, and it is cleaned: a reload left the mark to expire."""
+    c = TopicPartition("c", 0)
+    d = build(tmp_path, c, [records(range(6), T0 - 3 * HOUR), records(range(3), T0 - 2 * HOUR)])
+    cfg = write_config(tmp_path, {"c": {"cleanup.policy": "compact"}})
+    segment = d / "00000000000000000000.log"
+    good = segment.read_bytes()
+    segment.write_bytes(good[:-1] + bytes([good[-1] ^ 0xFF]))  # the last batch's CRC fails
+    with Maintenance(cfg, engine, clock=lambda: T0) as m:
+        assert [f.tp for f in m.run_once().failed] == [c]
+        segment.write_bytes(good)
+        assert m.run_once().cleaned == ()  # still marked
+        m.reloaded()
+        with capture_logs() as logs:
+            retried = m.run_once()
+    assert [x.tp for x in retried.cleaned] == [c]
+    assert [e["partitions"] for e in logs if e["event"] == "uncleanable.retried"] == [["c-0"]]
 
 
 def test_overdue_logs_are_cleaned_first_most_overdue_first(
