@@ -124,6 +124,7 @@ from cleanerd.retention.disk import (
     measure,
     psutil_space,
 )
+from cleanerd.retention.disk_usage import device_name
 from cleanerd.retention.executor import RetentionOutcome, apply_retention
 
 log = get_logger(__name__)
@@ -1195,6 +1196,17 @@ class Maintenance:
                 error=error,
                 consequence="nothing of it is deleted for disk usage while it cannot be read",
             )
+        for u in disk.after:
+            if u.device in disk.still_above:
+                # Said when it starts: a device that stays full stays so cycle after cycle.
+                device = device_name(u.device)
+                self._once("disk.pressure", Path(device), None, device)(
+                    "disk.pressure",
+                    device=device,
+                    used_bytes=u.used_bytes,
+                    limit_bytes=u.limit_bytes(u.threshold_percent),
+                    consequence="nothing deletable is left, or writers outpace the deletions",
+                )
         self.counters.count_disk_usage(disk)
         report.disk_usage = disk
 

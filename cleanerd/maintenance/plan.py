@@ -553,6 +553,11 @@ def cycle_json(
             }
             for u in plan.devices
         ],
-        "disk_usage": {"devices": [dataclasses.asdict(o) for o in plan.disk_outcomes]},
+        "disk_usage": {
+            "devices": [
+                {**dataclasses.asdict(o), "device": device_name(o.device)}
+                for o in plan.disk_outcomes
+            ]
+        },
         "errors": list(errors),
     }

@@ -258,7 +258,7 @@ class CycleReport:
                     }
                     for b, a in zip(disk.before, disk.after, strict=True)
                 ],
-                "still_above": list(disk.still_above),
+                "still_above": [device_name(d) for d in disk.still_above],
             },
             "cleaned": [
                 {

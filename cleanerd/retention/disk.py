@@ -62,6 +62,7 @@ from cleanerd.retention.disk_usage import (
     DiskDeletion,
     DiskUsagePlan,
     PartitionOnDevice,
+    device_name,
     plan_disk_usage_deletions,
 )
 from cleanerd.retention.policy import DeletionReason
@@ -282,15 +283,6 @@ def enforce_disk_usage(
         done += deleted
     after = run.measure()
     still = tuple(u.device for u in after if is_above(u))
-    for u in after:
-        if u.device in still:
-            log.warning(
-                "disk.pressure",
-                device=u.device,
-                used_bytes=u.used_bytes,
-                limit_bytes=u.limit_bytes(u.threshold_percent),
-                consequence="nothing deletable is left, or writers outpace the deletions",
-            )
     return DiskUsageReport(
         False, before, after, tuple(done), tuple(freed), still, run.unreadable_partitions()
     )
@@ -323,7 +315,7 @@ def _execute(
             base_offset=deletion.base_offset,
             freed_bytes=deletion.freed_bytes,
             log_start_offset=plog.log_start_offset,
-            device=deletion.device,
+            device=device_name(deletion.device),
             used_bytes=used,
             target_bytes=targets[deletion.device],
             reason=deletion.reason.value,
@@ -351,7 +343,7 @@ def _dry_run(
             log_dir=d.log_dir,
             base_offset=d.base_offset,
             freed_bytes=d.freed_bytes,
-            device=d.device,
+            device=device_name(d.device),
             reason=d.reason.value,
         )
     return DiskUsageReport(

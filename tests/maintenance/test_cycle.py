@@ -44,6 +44,7 @@ from cleanerd.maintenance import cycle
 from cleanerd.maintenance.cycle import Maintenance
 from cleanerd.records.record import Record
 from cleanerd.retention.disk import DiskSpace
+from cleanerd.retention.disk_usage import device_name
 from tests.builders import build_log, kv, offsets_and_values
 from tests.compaction.crashing_ops import CrashingOps, SimulatedCrash
 from tests.faults.workload import dir_state
@@ -625,6 +626,12 @@ def test_a_partition_disk_usage_cannot_read_is_warned_about_once(
     unread = [e for e in logs if e["event"] == "disk_usage.partition_unreadable"]
     assert [e["log_level"] for e in unread if e["log_level"] != "debug"] == ["warning"]
     assert "Input/output error" in unread[0]["error"]
+    # The device stays above its threshold all along: said once too, by its name (it was
+    # a warning at every cycle, naming the device by its raw number).
+    pressure = [e for e in logs if e["event"] == "disk.pressure"]
+    assert [e["log_level"] for e in pressure] == ["warning", "debug", "debug"]
+    assert pressure[0]["device"] == device_name(disks[0].before[0].device)
+    assert ":" in pressure[0]["device"]
 
 
 class _StopWhileSwapping:
