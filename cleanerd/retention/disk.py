@@ -270,7 +270,11 @@ def enforce_disk_usage(
     freed: list[Path] = []
     if pending is not None:
         for above in over:
-            freed += pending.unlink_on_device(above.device)
+            early = pending.unlink_on_device(above.device)
+            reason = f"device {device_name(above.device)} is above its threshold"
+            for path in early:
+                log.info("segment.unlinked_early", path=str(path), reason=reason)
+            freed += early
     done: list[DiskDeletion] = []
     for _ in range(max_rounds):
         usage = run.measure()

@@ -10,6 +10,7 @@ from multiprocessing.synchronize import Event
 from pathlib import Path
 
 import pytest
+from structlog.testing import capture_logs
 
 from cleanerd.log.deletions import PendingDeletions
 from cleanerd.log.files import TopicPartition
@@ -166,17 +167,28 @@ def test_dry_run_changes_nothing(tmp_path: Path, dirs: list[LogDir]) -> None:
 
 def test_pending_deleted_files_go_before_live_segments(tmp_path: Path, dirs: list[LogDir]) -> None:
     """`.deleted` files waiting in the pending-deletion queue for file.delete.delay.ms
-    are unlinked first; when that frees enough, no live segment is deleted."""
+    are unlinked first, each said in the log (it was silent: the files were just gone
+    before their delay); when that frees enough, no live segment is deleted."""
     a = fill(dirs[0], TopicPartition("orders", 0), [9, 0])
     leftover = a.dir / "00000000000000000099.log.deleted"
     leftover.write_bytes(b"x" * 100 * KB)
     pending = PendingDeletions()
     pending.schedule([leftover], now_ms=NOW, delay_ms=HOUR)
     probe = files_probe(tmp_path, 400 * KB)
-    report = enforce_disk_usage(
-        dirs, [a], percent=20, protects=lambda _t: False, now_ms=NOW, probe=probe, pending=pending
-    )
+    with capture_logs() as logs:
+        report = enforce_disk_usage(
+            dirs,
+            [a],
+            percent=20,
+            protects=lambda _t: False,
+            now_ms=NOW,
+            probe=probe,
+            pending=pending,
+        )
     assert report.freed_pending == (leftover,)
+    (early,) = [e for e in logs if e["event"] == "segment.unlinked_early"]
+    assert early["path"] == str(leftover)
+    assert early["reason"].endswith("is above its threshold")
     assert len(pending) == 0
     assert report.deletions == ()
     assert segments_of(a) == [0, 4]
