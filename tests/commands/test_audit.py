@@ -269,7 +269,10 @@ def test_a_bad_batch_in_a_mapped_segment_is_reported_and_the_others_audited(
 
 
 def _audit(
-    tombstones: int = 1, markers: int = 0, marker_overdue_ms: int | None = None
+    tombstones: int = 1,
+    markers: int = 0,
+    marker_overdue_ms: int | None = None,
+    oldest_ms: int | None = None,
 ) -> PartitionAudit:
     result = AuditResult(
         records=1,
@@ -277,7 +280,7 @@ def _audit(
         superseded=0,
         superseded_bytes=0,
         superseded_unknown_age=0,
-        oldest_superseded_age_ms=None,
+        oldest_superseded_age_ms=oldest_ms,
         violations=1,
         listed_violations=(),
         tombstones=1,
@@ -301,6 +304,15 @@ def test_text_counts_are_singular_for_one_and_absent_parts_are_not_printed() -> 
         "  past their delete horizon: 2 tombstones (oldest by 500 ms), 1 marker (oldest by 7 ms)"
     )
     assert all("None" not in line for line in render_text(_audit()) + both)
+
+
+def test_records_superseded_from_the_future_are_said_so_not_given_a_negative_age() -> None:
+    """Every superseded record superseded by one timestamped ahead of the clock: its age
+    would be negative ("oldest -743427 ms"); the line says how far in the future."""
+    assert ", oldest 5 ms;" in render_text(_audit(oldest_ms=5))[0]
+    line = render_text(_audit(oldest_ms=-743_427))[0]
+    assert ", superseded by records timestamped up to 743427 ms in the future;" in line
+    assert "-743427" not in line
 
 
 def test_summary_line_is_singular_for_one_partition(
