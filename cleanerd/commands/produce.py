@@ -17,6 +17,8 @@ end). Consistency with the input: lines are appended in order, each batch as one
 under the partition lock, so a reader sees whole batches. On a bad line, the records
 read before it are appended (the batch being filled is flushed first) and nothing from
 the bad line on is: the error says how many records were appended and at which offsets.
+An append that fails (a full disk) leaves no part of its batch behind, and its error says
+the same, from the first line of that batch.
 Parsing is per line in Python; this is an input tool for tests and demos, not a hot
 path.
 """
@@ -37,7 +39,7 @@ from typing import Any, Final
 
 from cleanerd.commands import CONFIG_OPTIONS, Arg, positive_int
 from cleanerd.config import LONG_MAX, Config, load_config
-from cleanerd.errors import CleanerdError
+from cleanerd.errors import CleanerdError, failure_text
 from cleanerd.log.files import LOCK_FILE_NAME, METADATA_TOPIC, parse_topic_partition
 from cleanerd.log.log_dir import LogDir
 from cleanerd.log.partition_log import LogConfig, PartitionLog
@@ -61,8 +63,9 @@ class Appended:
         return self.last_offset - self.first_offset + 1
 
 
-class ProduceInputError(CleanerdError):
-    """A bad input line; `appended` lists what was appended from the lines before it."""
+class ProduceStopped(CleanerdError):
+    """Producing stopped at a line; `appended` lists what was appended from the lines
+    before it, and the message says so: nothing from that line on was."""
 
     def __init__(self, line_number: int, reason: str, appended: list[Appended]) -> None:
         self.line_number = line_number
@@ -80,6 +83,15 @@ class ProduceInputError(CleanerdError):
         super().__init__(
             f"line {line_number}: {reason}; {done}, nothing from line {line_number} on"
         )
+
+
+class ProduceInputError(ProduceStopped):
+    """A bad input line."""
+
+
+class ProduceWriteError(ProduceStopped):
+    """An append that failed (a full disk, say): the batch of records from the line it
+    names on was not appended, not even in part."""
 
 
 class _BadLine(ValueError):
@@ -134,27 +146,33 @@ def produce(
         raise ValueError(f"batch size {batch_size} must be at least 1")
     appended: list[Appended] = []
     pending: list[Record] = []
+    first_line = 0  # of the pending batch
+
+    def flush() -> Appended:
+        try:
+            first, last = log.append(pending, compression=compression)
+        except (CleanerdError, OSError) as e:
+            raise ProduceWriteError(first_line, failure_text(e), appended) from e
+        appended.append(Appended(first, last))
+        pending.clear()
+        return appended[-1]
+
     for number, line in enumerate(lines, start=1):
         if not line.strip():
             continue
         try:
-            pending.append(parse_record(line, now_ms=now_ms))
+            record = parse_record(line, now_ms=now_ms)
         except _BadLine as e:
             if pending:
-                appended.append(_append(log, pending, compression))
-                yield appended[-1]
+                yield flush()
             raise ProduceInputError(number, str(e), appended) from None
+        if not pending:
+            first_line = number
+        pending.append(record)
         if len(pending) == batch_size:
-            appended.append(_append(log, pending, compression))
-            pending = []
-            yield appended[-1]
+            yield flush()
     if pending:
-        yield _append(log, pending, compression)
-
-
-def _append(log: PartitionLog, records: list[Record], compression: Compression) -> Appended:
-    first, last = log.append(records, compression=compression)
-    return Appended(first, last)
+        yield flush()
 
 
 def parse_record(line: str, *, now_ms: int) -> Record:

@@ -841,7 +841,8 @@ class LogSegment:
         self._check_offsets(batch_infos[0].base_offset, batch_infos[-1].last_offset)
         builder = self._tail()
         start = self._size
-        self._write_log(data, start)
+        with file_step("appending a batch", self.log_path):
+            self._write_log(data, start)
         for info in batch_infos:
             builder.add_batch(
                 start + info.position, info.size, info.last_offset, info.max_timestamp

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import base64
+import errno
 import json
 import os
 import re
@@ -16,6 +17,7 @@ from hypothesis import strategies as st
 from cleanerd.commands.produce import (
     Appended,
     ProduceInputError,
+    ProduceWriteError,
     open_for_append,
     parse_record,
     produce,
@@ -139,6 +141,37 @@ class TestProduce:
             "appended (offsets 0..2), nothing from line 4 on"
         )
         assert log.log_end_offset == 3
+
+    def test_a_failed_append_says_what_was_appended_and_leaves_no_part(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """A full disk at the third batch: the two before it stay, nothing of it is left,
+        and the error names the line its batch began at, the file and what was appended
+        (it said only "No space left on device")."""
+        log = open_log(tmp_path)
+        real, writes = os.pwrite, []
+
+        def full_at_the_third(fd: int, data: bytes | memoryview, position: int) -> int:
+            writes.append(position)
+            if len(writes) == 3:
+                real(fd, bytes(data)[:10], position)  # a part, then the disk is full
+                raise OSError(errno.ENOSPC, "No space left on device")
+            return real(fd, data, position)
+
+        monkeypatch.setattr(os, "pwrite", full_at_the_third)
+        lines = [json.dumps({"value": v}) for v in "abcdef"]
+        output = produce(lines, log, batch_size=2, compression=Compression.NONE, now_ms=NOW)
+        assert [next(output), next(output)] == [Appended(0, 1), Appended(2, 3)]
+        with pytest.raises(ProduceWriteError) as info:
+            next(output)
+        segment = log.dir / "00000000000000000000.log"
+        assert str(info.value) == (
+            f"line 5: No space left on device (ENOSPC) while appending a batch: {segment}; "
+            "the 4 records before it were appended (offsets 0..3), nothing from line 5 on"
+        )
+        monkeypatch.undo()
+        assert log.log_end_offset == 4
+        assert batches_on_disk(log) == [(0, 1, Compression.NONE), (2, 3, Compression.NONE)]
 
     def test_bad_first_line_appends_nothing(self, tmp_path: Path) -> None:
         """A bad first line leaves the log empty and says nothing was appended."""

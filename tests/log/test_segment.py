@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from cleanerd.errors import CorruptIndexError, CorruptRecordError, FileChangedError
+from cleanerd.errors import CorruptIndexError, CorruptRecordError, FileChangedError, FileStepError
 from cleanerd.log import segment as segment_module
 from cleanerd.log.index import IndexPastLogError, OffsetIndex, TimeIndex
 from cleanerd.log.segment import LogSegment
@@ -146,8 +146,10 @@ def test_failed_write_leaves_no_partial_batch(
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(os, "pwrite", short_then_fail)
-    with pytest.raises(OSError, match="No space"):
+    with pytest.raises(FileStepError, match="No space") as info:
         seg.append(data, list(scan_batches(data)))
+    assert str(info.value).endswith(f"while appending a batch: {seg.log_path}")
+    assert info.value.no_space
     monkeypatch.undo()
     assert seg.log_path.stat().st_size == size
 
