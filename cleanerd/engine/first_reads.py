@@ -13,7 +13,6 @@ byte: the owner reads those segments itself.
 
 from __future__ import annotations
 
-import multiprocessing
 import signal
 import threading
 from collections.abc import Sequence
@@ -21,6 +20,7 @@ from concurrent.futures import Future, ProcessPoolExecutor
 from typing import TYPE_CHECKING, Final
 
 from cleanerd.engine.lifeline import die_with, set_parent_death_signal
+from cleanerd.engine.processes import worker_context
 from cleanerd.log.known_reader import read_dirs
 from cleanerd.log.ownership import ProcessId
 from cleanerd.logger import log_to_stderr
@@ -49,7 +49,7 @@ class ReaderPool:
         self.workers = workers
         self._pool = ProcessPoolExecutor(
             max_workers=workers,
-            mp_context=multiprocessing.get_context("forkserver"),
+            mp_context=worker_context(),
             initializer=_init_reader,
             initargs=(ProcessId.current(), log_format, log_level),
         )

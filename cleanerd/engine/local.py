@@ -55,7 +55,6 @@ import collections
 import functools
 import itertools
 import math
-import multiprocessing
 import os
 import pickle
 import signal
@@ -75,6 +74,7 @@ from cleanerd.compaction.throttle import Throttler
 from cleanerd.config import Config
 from cleanerd.engine.base import AuditJob, CheckpointLockedCleaner, CleanJob, WorkerCrashed
 from cleanerd.engine.lifeline import die_with, set_parent_death_signal
+from cleanerd.engine.processes import worker_context
 from cleanerd.errors import CleanerdError
 from cleanerd.log.files import TopicPartition
 from cleanerd.log.lock import PartitionLock
@@ -323,7 +323,7 @@ class LocalEngine:
         if in_process:
             one_cpu = (usable_cpus() if cpus is None else cpus) == 1
             self._pool_size = 0 if one_cpu else settings.workers - 1
-        self._ctx = multiprocessing.get_context("forkserver")
+        self._ctx = worker_context()
         self._ctx.set_forkserver_preload([__name__])
         n = self._pool_size + in_process
         self._inline: _Worker | None = None
