@@ -138,10 +138,15 @@ def _read_written(fd: int, length: int) -> bytes:
 
 
 def _write_at(path: Path, data: bytes, position: int) -> None:
-    """Write `data` at `position` and cut the file right after it."""
+    """Write `data` at `position` and cut the file right after it; a write that fails
+    (a full disk) cuts it at `position`, so no part of an entry is left."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
     try:
-        os.pwrite(fd, data, position)
+        try:
+            os.pwrite(fd, data, position)
+        except OSError:
+            os.ftruncate(fd, position)  # a cut needs no space
+            raise
         os.ftruncate(fd, position + len(data))
     finally:
         os.close(fd)

@@ -46,7 +46,13 @@ from pathlib import Path
 
 import numpy as np
 
-from cleanerd.errors import CorruptIndexError, CorruptRecordError, FileChangedError, file_step
+from cleanerd.errors import (
+    CorruptIndexError,
+    CorruptRecordError,
+    FileChangedError,
+    failure_text,
+    file_step,
+)
 from cleanerd.log.files import (
     INDEX_FILE_SUFFIX,
     LOG_FILE_SUFFIX,
@@ -849,8 +855,16 @@ class LogSegment:
             )
         self._size = start + len(data)
         self._next_offset = batch_infos[-1].next_offset
-        builder.offset_index.flush_entries()
-        builder.time_index.flush_entries()
+        for index in (builder.offset_index, builder.time_index):
+            try:
+                index.flush_entries()
+            except OSError as exc:
+                # The batches are in the log, which is what the append promised; their
+                # entries wait in memory for the next append's flush or the roll's, and
+                # an index short of them only makes a lookup read further.
+                log.warning(
+                    "segment.index_write_deferred", path=str(index.path), error=failure_text(exc)
+                )
         self._written()
 
     def _check_offsets(self, first: int, last: int) -> None:

@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from structlog.testing import capture_logs
 
 from cleanerd.errors import CorruptIndexError, CorruptRecordError, FileChangedError, FileStepError
 from cleanerd.log import segment as segment_module
@@ -121,6 +122,41 @@ def test_first_batch_and_largest_timestamp(tmp_path: Path) -> None:
     no_ts = write_segment(other, 8, [encode_records([kv("a", "1", timestamp=-1)], 8)])
     os.utime(no_ts.log_path, ns=(1_234_000_000, 1_234_000_000))
     assert no_ts.largest_timestamp == 1234
+
+
+def test_an_index_write_that_fails_defers_its_entries_and_fails_no_append(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The disk fills while an appended batch's index entries are written: the batch is
+    in the log (the append succeeded, which a producer is told), the index file is cut
+    back to whole entries, and the entries reach it with the next append. The append
+    failed after the batch was written: `produce` then said nothing of it was appended."""
+    batches = _batches(30)
+    seg = write_segment(tmp_path, 0, batches[:10], index_interval_bytes=200, inactive=False)
+    real_pwrite = os.pwrite
+
+    def index_full(fd: int, data: bytes, position: int) -> int:
+        if Path(f"/proc/self/fd/{fd}").readlink().name.endswith(".index"):
+            real_pwrite(fd, bytes(data)[:3], position)  # part of an entry, then full
+            raise OSError(28, "No space left on device")
+        return real_pwrite(fd, data, position)
+
+    monkeypatch.setattr(os, "pwrite", index_full)
+    with capture_logs() as logs:
+        for data in batches[10:20]:
+            seg.append(data, list(scan_batches(data)))
+    monkeypatch.undo()
+    assert seg.next_offset == 40
+    assert seg.offset_index_path.stat().st_size % 8 == 0
+    deferred = [e for e in logs if e["event"] == "segment.index_write_deferred"]
+    assert deferred
+    assert deferred[0]["path"] == str(seg.offset_index_path)
+    assert "No space left on device" in deferred[0]["error"]
+    for data in batches[20:]:
+        seg.append(data, list(scan_batches(data)))
+    (tmp_path / "w").mkdir()
+    whole = write_segment(tmp_path / "w", 0, batches, index_interval_bytes=200, inactive=False)
+    assert seg.offset_index_path.read_bytes() == whole.offset_index_path.read_bytes()
 
 
 def test_append_rejects_offsets_below_next(tmp_path: Path) -> None:
