@@ -49,33 +49,35 @@ def run(args: argparse.Namespace) -> int:
     (file,) = given
     cfg = load_config(file)
     found = path_problems(cfg) + credentials.problems(cfg.mqtt)
+    held = {} if found or cfg.observe else _held_by_another(cfg)
+    warnings = config_warnings(cfg) + list(held.values())
     if not found and not cfg.observe:
         user = current_user()
         for i, log_dir in enumerate(cfg.log_dirs):
-            access = check_partitions(log_dir, may)
-            found += access.problems(f"log.dirs[{i}]", log_dir, user)
+            if i not in held:  # a broker's now: what the owner would need waits
+                access = check_partitions(log_dir, may)
+                found += access.problems(f"log.dirs[{i}]", log_dir, user)
+    for warning in warnings:
+        print(f"cleanerd check-config: warning: {warning}", file=sys.stderr)
     if found:
         raise ConfigError(found, path=file)
     print(f"{file}: OK")
-    for warning in config_warnings(cfg) + _held_by_another(cfg):
-        print(f"cleanerd check-config: warning: {warning}", file=sys.stderr)
     return 0
 
 
-def _held_by_another(cfg: Config) -> list[str]:
-    """The owned log dirs whose `.lock` a process other than cleanerd holds now (a
-    running broker, most likely): the daemon would only observe them."""
-    if cfg.observe:
-        return []
-    found = []
+def _held_by_another(cfg: Config) -> dict[int, str]:
+    """The owned log dirs (by index) whose `.lock` a process other than cleanerd holds
+    now (a running broker, most likely), each with its warning: the daemon would only
+    observe them."""
+    found = {}
     for i, log_dir in enumerate(cfg.log_dirs):
         pid = lock_holder(log_dir)
         if pid is None or OwnerLock(cfg.state_dir, log_dir).held_elsewhere():
             continue  # free, or a running cleanerd's own
-        found.append(
+        found[i] = (
             f"log.dirs[{i}]: {str(log_dir / LOCK_FILE_NAME)!r} is held by pid {pid} (a running "
             "Kafka broker?): mode: owner only observes it while it is held, and owns it "
-            "only when a reload asks after it is let go; beside a live broker set "
+            "only from a restart after it is let go; beside a live broker set "
             "mode: observe"
         )
     return found

@@ -191,12 +191,21 @@ class OwnerLock:
             self._fd = None
 
     def held_elsewhere(self) -> bool:
-        """Whether another holder (normally the owning daemon) has the marker."""
+        """Whether another holder (normally the owning daemon) has the marker. Creates
+        nothing: a holder made the file, and a look from another user (`check-config`
+        as root) must not leave one the service user cannot open."""
         if self._fd is not None:
             return False
-        if not self.acquire():
+        try:
+            fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # a read-only open may flock
+        except BlockingIOError:
             return True
-        self.release()
+        finally:
+            os.close(fd)  # drops the probe's lock, if it took it
         return False
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from cleanerd.cli import main
+from cleanerd.commands import check_config
 from cleanerd.config import load_config
 from tests.holders import HOLD_BROKER_LOCK, held_by_other_process
 
@@ -66,3 +67,22 @@ def test_check_config_warns_of_an_owned_log_dir_a_broker_holds(
         f"cleanerd check-config: warning: log.dirs[0]: '{logs / '.lock'}' is held by pid "
     )
     assert warning.endswith("beside a live broker set mode: observe")
+    assert not (tmp_path / "state").exists()  # a look at the owner's marker made none
+
+
+def test_check_config_leaves_the_partitions_of_a_held_log_dir_alone(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A broker's log dir held now, its partition dirs not writable by this user: only the
+    warning that it is held, not advice to give a live broker's partitions to this user
+    (which hid the warning, and exited 1)."""
+    logs = tmp_path / "logs"
+    (logs / "orders-0").mkdir(parents=True)
+    config = tmp_path / "cleanerd.yaml"
+    config.write_text(f"log.dirs: [{logs}]\nstate_dir: {tmp_path / 'state'}\n")
+    monkeypatch.setattr(check_config, "may", lambda path, mode: path != logs / "orders-0")
+    with held_by_other_process(HOLD_BROKER_LOCK, logs):
+        assert main(["check-config", str(config)]) == 0
+    out = capsys.readouterr()
+    assert "is held by pid" in out.err
+    assert "partition dirs" not in out.err

@@ -155,6 +155,9 @@ def test_owner_marker(tmp_path: Path) -> None:
     owner = OwnerLock(tmp_path / "state", tmp_path)
     probe = OwnerLock(tmp_path / "state", tmp_path)
     assert not probe.held_elsewhere()
+    # A look creates nothing: `check-config` run as root left a root-owned marker the
+    # service user could not open, and the daemon could never own the dir.
+    assert not (tmp_path / "state").exists()
     assert owner.acquire()
     assert probe.held_elsewhere()
     assert not probe.acquire()
