@@ -305,7 +305,10 @@ class LogCleanerManager:
         self._forced: dict[TopicPartition, tuple[str, ...]] = {}
         """Forced partitions, in the order asked, with the ids of their requests."""
         self._dropped: list[DroppedRequest] = []
-        """Forced passes asked for, in order (a dict as an ordered set)."""
+        """Forced passes dropped since the last `take_dropped`."""
+        self._dir_unread: dict[TopicPartition, Path] = {}
+        """The logs of the last refresh whose dir's checkpoints could not be read again
+        (no candidate: `_cleaner_offsets`), and their dir."""
         self._order: list[Candidate] | None = None
         """The eligible candidates in cleaning order, sorted on the first `grab_next`
         after the candidates changed; the first `_taken` of them are picked already."""
@@ -379,9 +382,11 @@ class LogCleanerManager:
             by_dir.setdefault(item.log_dir.path, []).append(item)
         self._candidates = {}
         self.unreadable = {}
+        self._dir_unread = {}
         for items in by_dir.values():
             checkpoints = _cleaner_offsets(items[0].log_dir)
             if checkpoints is None:
+                self._dir_unread.update((item.tp, item.log_dir.path) for item in items)
                 continue
             for item in items:
                 candidate = self._evaluate(item, checkpoints.get(item.tp), now_ms)
@@ -497,7 +502,7 @@ class LogCleanerManager:
                 c = self._candidates.get(tp)
                 if tp in self._states:
                     continue  # busy: its turn comes when it is free
-                reason = self._pointless(c, now_ms)
+                reason = self._pointless(tp, c, now_ms)
                 if reason is None:
                     continue
                 del self._forced[tp]
@@ -512,9 +517,15 @@ class LogCleanerManager:
                     ids=list(ids),
                 )
 
-    def _pointless(self, c: Candidate | None, now_ms: int) -> str | None:
-        """Why a forced pass of the log of candidate `c` would do nothing, if it would."""
+    def _pointless(self, tp: TopicPartition, c: Candidate | None, now_ms: int) -> str | None:
+        """Why a forced pass of `tp` (its candidate `c`) would do nothing, if it would.
+        A partition without a candidate was not found by the refresh, or was found and
+        could not be read (its segments, or its dir's checkpoints)."""
         if c is None:
+            if tp in self.unreadable:
+                return f"unreadable: {self.unreadable[tp]}"
+            if tp in self._dir_unread:
+                return f"the checkpoints of its log dir {self._dir_unread[tp]} cannot be read"
             return "no such partition"
         if self.is_uncleanable(c.log, now_ms):
             return f"marked uncleanable: {self.registry.reason(c.tp)}"

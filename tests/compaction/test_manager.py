@@ -265,6 +265,7 @@ def _make_dir(tmp_path: Path) -> Iterator[Any]:
 
 
 A, B, C = TopicPartition("a", 0), TopicPartition("b", 0), TopicPartition("c", 0)
+D = TopicPartition("d", 0)
 
 
 def test_dirtiest_wins_and_busy_or_uncleanable_logs_are_passed_over(make_dir: Any) -> None:
@@ -456,18 +457,28 @@ def test_forced_logs_go_first_whatever_their_ratio(make_dir: Any) -> None:
     assert m.grab_next(NOW) is None
 
 
-def test_a_forced_log_with_nothing_to_clean_is_dropped(make_dir: Any) -> None:
-    """Forcing a log with no cleanable bytes, one that does not exist, or one marked
-    uncleanable does nothing, and each drop is handed on once, with why and the ids of
-    the requests."""
-    d = make_dir({A: 20, C: 30}, checkpoints={A: 20, C: 20})
+def _raise_eio() -> None:
+    raise OSError(5, "Input/output error")
+
+
+def test_a_forced_log_with_nothing_to_clean_is_dropped(
+    make_dir: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Forcing a log with no cleanable bytes, one that does not exist, one marked
+    uncleanable or one that cannot be read does nothing, and each drop is handed on
+    once, with why and the ids of the requests (an unreadable one was "no such
+    partition")."""
+    d = make_dir({A: 20, C: 30, D: 30}, checkpoints={A: 20, C: 20, D: 20})
     m = d.manager
     m.force(A, "a1")
     m.force(A, "a2")
     m.force(B)
     m.force(C, "c")
     m.mark_uncleanable(d.item(C), "corrupt record batch", NOW)
-    m.refresh([d.item(A), d.item(C)], NOW)
+    sick = d.item(D)
+    monkeypatch.setattr(sick.plog, "meta", _raise_eio)
+    m.force(D, "d")
+    m.refresh([d.item(A), d.item(C), sick], NOW)
     assert m.forced == ()
     assert m.grab_next(NOW) is None
     dropped = {r.tp: (r.reason, r.request_ids, r.log_dir) for r in m.take_dropped()}
@@ -475,6 +486,7 @@ def test_a_forced_log_with_nothing_to_clean_is_dropped(make_dir: Any) -> None:
         A: ("nothing to clean", ("a1", "a2"), str(d.log_dir.path)),
         B: ("no such partition", (), None),
         C: ("marked uncleanable: corrupt record batch", ("c",), str(d.log_dir.path)),
+        D: ("unreadable: [Errno 5] Input/output error", ("d",), None),
     }
     assert m.take_dropped() == ()
 
