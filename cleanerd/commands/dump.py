@@ -26,11 +26,13 @@ Output per file, in Kafka's words and order, so the two tools' output can be dif
 With `--json`, `dump_json` prints the same files as one JSON object per batch, record or
 index entry instead (its docstring lists the fields), built on the readers here.
 
-A batch whose framing is sound but whose CRC, codec or records are bad gets its line,
-with `isvalid: false` (and no record lines), and the listing goes on to the next batch,
-as Kafka's does; the file then ends with an exception naming the first bad batch and how
-many there were (`InvalidBatches`), so the command exits 1 with the whole listing
-printed. Bytes that cannot be framed as a batch (a length past the file, offsets out of
+A batch whose framing is sound but whose CRC or codec is bad gets its line, with
+`isvalid: false` (and no record lines), and the listing goes on to the next batch, as
+Kafka's does; with deep iteration, a batch whose records do not decode ends its record
+lines there and counts as bad too (without it, records are not decoded: `--json`
+decodes every batch's). The file then ends with an exception naming the first bad batch
+and how many there were (`InvalidBatches`), so the command exits 1 with the whole
+listing printed. Bytes that cannot be framed as a batch (a length past the file, offsets out of
 order, an index whose size is not whole entries) end the file's listing with an
 exception naming the file and the byte position. The listing is one line per batch or
 record by nature, so it is produced per record in Python; this is a diagnostic tool, not
@@ -168,16 +170,17 @@ def _log_lines(path: Path, base_offset: int, options: DumpOptions) -> Iterator[s
                 yield from records
     if last is not None and last.error is not None:
         if not last.incomplete_tail:
-            raise last.error.located(path)
+            raise invalid.stopped(last.error.located(path))
         yield f"Found {len(data) - last.stop} invalid bytes at the end of {path.name}"
     invalid.check()
 
 
 class InvalidBatches:
-    """The framed batches of one file that are invalid (a bad CRC, codec or records): the
-    listing goes on past them, as Kafka's goes on past a bad CRC, and the file then ends
-    with one CorruptRecordError that counts them and names the first, so the command
-    exits 1 with the whole listing printed."""
+    """The framed batches of one file that are invalid (a bad CRC or codec, or records
+    that do not decode where they are decoded): the listing goes on past them, as
+    Kafka's goes on past a bad CRC, and the file then ends with one CorruptRecordError
+    that counts them and names the first, so the command exits 1 with the whole listing
+    printed; bytes that stop the listing are said with them (`stopped`)."""
 
     def __init__(self, path: Path) -> None:
         self._path = path
@@ -200,6 +203,22 @@ class InvalidBatches:
             f"{self._count} batches are invalid, the first: {first.reason}",
             path=self._path,
             position=first.position,
+        )
+
+    def stopped(self, error: CorruptRecordError) -> CorruptRecordError:
+        """`error`, the bytes the listing stopped at, with the invalid batches before them
+        said too (they would otherwise go unsaid: the listing ends there)."""
+        first = self._first
+        if first is None:
+            return error
+        before = (
+            f"a batch before them is invalid, at position {first.position}"
+            if self._count == 1
+            else f"{self._count} batches before them are invalid, the first at position "
+            f"{first.position}"
+        )
+        return CorruptRecordError(
+            f"{error.reason}; {before}: {first.reason}", path=error.path, position=error.position
         )
 
 

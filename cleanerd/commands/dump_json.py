@@ -178,7 +178,7 @@ def _log_objects(path: Path, options: DumpOptions, utf8: bool) -> Iterator[JsonO
                 yield from _record_objects(cols, row, kind, file, options, utf8)
     if last is not None and last.error is not None:
         if not last.incomplete_tail:
-            raise last.error.located(path)
+            raise invalid.stopped(last.error.located(path))
         yield {
             "type": "invalid_bytes",
             "file": file,

@@ -8,6 +8,7 @@ from aiokafka.record.legacy_records import LegacyRecordBatchBuilder
 
 from cleanerd.commands import dump as dump_module
 from cleanerd.commands.dump import DumpOptions, UnsupportedFileError, dump_file
+from cleanerd.commands.dump_json import dump_file_json
 from cleanerd.errors import CorruptIndexError, CorruptRecordError
 from cleanerd.records.batch import encode_batch
 from cleanerd.records.control import ControlRecordType, encode_end_txn_marker
@@ -366,3 +367,31 @@ def test_the_listing_goes_on_past_invalid_batches_and_counts_them(tmp_path: Path
         f"corrupt record batch in {path} at position {positions[0]}: "
         "2 batches are invalid, the first: CRC mismatch"
     )
+
+
+def test_bytes_that_stop_the_listing_are_said_with_the_invalid_batches_before_them(
+    tmp_path: Path,
+) -> None:
+    """A bad CRC at the third batch, then a base offset out of order at the fifth, which
+    ends the listing: the error names the fifth and says the third was invalid (that
+    was lost: only the fifth was named)."""
+    batches = [
+        encode_batch([Record(i, 1000 + i, b"k", b"v%d" % i)], base_offset=i) for i in range(6)
+    ]
+    data = bytearray(b"".join(batches))
+    bad_crc, stop = (sum(len(b) for b in batches[:i]) for i in (2, 4))
+    data[bad_crc + 70] ^= 0xFF
+    data[stop : stop + 8] = (1).to_bytes(8, "big")
+    path = write_segment(tmp_path, bytes(data))
+    for listing in (
+        lambda: list(dump_file(path, SHALLOW)),
+        lambda: list(dump_file_json(path, SHALLOW, utf8=False)),
+    ):
+        with pytest.raises(CorruptRecordError) as info:
+            listing()
+        assert info.value.position == stop
+        assert str(info.value).startswith(
+            f"corrupt record batch in {path} at position {stop}: base offset 1 is not above "
+            "the previous batch's last offset 3; a batch before them is invalid, at position "
+            f"{bad_crc}: CRC mismatch"
+        )
