@@ -301,7 +301,7 @@ def render_text(a: PartitionAudit) -> list[str]:
     age = r.oldest_superseded_age_ms
     oldest = "" if age is None else f", oldest {age} ms"
     if age is not None and age < 0:  # every one superseded by a record from the future
-        oldest = f", superseded by records timestamped up to {-age} ms in the future"
+        oldest = f", superseded by records timestamped at least {-age} ms in the future"
     unknown = f", {r.superseded_unknown_age} of unknown age" if r.superseded_unknown_age else ""
     if a.max_compaction_lag_ms is None:
         deadline = "no max.compaction.lag.ms: no deadline"

@@ -6,7 +6,10 @@ would inherit in whatever state they were in. The resource tracker that comes wi
 `kill -9` of the daemon it reclaims the semaphores the pools left and says so with a
 Python warning on the daemon's stderr, the one line there that is not a structured log
 line, which a JSON log pipeline (journald to a collector) then fails to parse. The
-reclaiming is what should happen, so the warning says nothing an operator acts on.
+reclaiming is what should happen, so the warning says nothing an operator acts on. The
+filter quiets every warning of the tracker's module (a message filter cannot name its
+text, which holds the `:` that separates a filter's fields); they are all about what a
+dead process left, which the tracker goes on to reclaim.
 """
 
 from __future__ import annotations

@@ -311,7 +311,7 @@ def test_records_superseded_from_the_future_are_said_so_not_given_a_negative_age
     would be negative ("oldest -743427 ms"); the line says how far in the future."""
     assert ", oldest 5 ms;" in render_text(_audit(oldest_ms=5))[0]
     line = render_text(_audit(oldest_ms=-743_427))[0]
-    assert ", superseded by records timestamped up to 743427 ms in the future;" in line
+    assert ", superseded by records timestamped at least 743427 ms in the future;" in line
     assert "-743427" not in line
 
 

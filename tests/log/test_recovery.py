@@ -679,7 +679,8 @@ def test_index_entries_a_broker_wrote_are_not_damage(tmp_path: Path, broker: str
     many batches, so an entry's offset is the last offset of a later batch than the one
     at its position. A lookup by either is right (it scans forward from the position):
     the segment is read, read-only (a plan beside a broker), and its index is kept by
-    a full check. Both were taken for damage: the partition was unreadable."""
+    a full check. The first was taken for damage (the partition was unreadable); the
+    second, accepted before too, is kept here as the rule's other side."""
     plog, batches = _batches_of_three(tmp_path)
     if broker.startswith("0.11"):
         entries = [(base, position) for position, base, _ in batches[2::3]]
