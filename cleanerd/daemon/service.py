@@ -50,7 +50,11 @@ Lifecycle and signals:
   state: `clean` asks for a forced pass (`LogCleanerManager.force`: first in the next
   cycle, whatever the dirty ratio, if there is anything to clean) and requests a cycle;
   `pause` sets `Maintenance.drain` (the running cycle starts no new pass, those in
-  flight finish, no abort) and no cycle starts until `resume` clears it.
+  flight finish, no abort), and until `resume` clears it the cycles only read the
+  partitions' states (`run_once(act=False)`: no roll, retention, pass or delayed
+  deletion, no time-rule deadline), so the delay gauges keep following what is
+  written; a reload asks the maintenance state to try the uncleanable partitions again
+  (`Maintenance.reloaded`).
 """
 
 from __future__ import annotations

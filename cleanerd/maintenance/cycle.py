@@ -363,8 +363,10 @@ class Maintenance:
         self._offline: dict[Path, str] = {}
         """The log dirs offline in the last cycle, and why (a repeat is logged at debug)."""
         self._listed: dict[Path, list[TopicPartition]] = {}
-        self._reload_seen = threading.Event()
         """Each log dir's partitions when it was last listed."""
+        self._reload_lock = threading.Lock()
+        self._retry_pending = False
+        """A reload asked for the uncleanable partitions to be tried again."""
         self._first_seen: dict[Path, FirstSeen] = {}
         self._plogs: dict[tuple[Path, TopicPartition], PartitionLog] = {}
         self._crashes: dict[TopicPartition, int] = {}
@@ -557,9 +559,11 @@ class Maintenance:
     ) -> None:
         """Ask for one pass of `tp` (found in `log_dirs`) in the next cycle, whatever its
         dirty ratio; raise CleanerdError with the reason when it cannot be cleaned here
-        (not a compacted topic, or in no log dir this process owns). A request the cycle
-        drops (nothing to clean, say) is in its report's `dropped`, with `request_id`.
-        Thread-safe."""
+        (the cleaner is off, not a compacted topic, or in no log dir this process owns).
+        A request the cycle drops (nothing to clean, say) is in its report's `dropped`,
+        with `request_id`. Thread-safe."""
+        if not self.config.log_cleaner_enable:
+            raise CleanerdError("log.cleaner.enable is false: no pass runs")
         topic = self.config.topic_config(tp.topic)
         if not topic.compact:
             raise CleanerdError(
@@ -590,11 +594,8 @@ class Maintenance:
         self._last_notes, self._notes = self._notes, set()
         every = self.progress_interval_s
         self._progress = CycleProgress(math.inf if every is None else every)
-        reloaded = self._reload_seen.is_set()
-        self._reload_seen.clear()
-        if reloaded:
-            self._retry_marked()
-        partitions = self._discover(report, reclaim=reloaded)
+        self._retry_marked()
+        partitions = self._discover(report)
         if act:
             self._roll(partitions, report)
             self._retention(partitions, report)
@@ -612,7 +613,9 @@ class Maintenance:
             report.unlinked += self.pending.run_due(self.clock())
         self._checkpoint_recovery_points()
         self._report_later_cuts(partitions, report)
-        report.next_due_ms = self._next_due(partitions, report.now_ms)
+        # Paused, no time rule acts: a deadline would only start cycles that skip it (a
+        # `.deleted` file's, past and never unlinked, started one after each).
+        report.next_due_ms = self._next_due(partitions, report.now_ms) if act else None
         self._last_step_errors = {(e.log_dir, e.tp, e.phase): e.reason for e in report.errors}
         return report.build(self.clock())
 
@@ -719,59 +722,44 @@ class Maintenance:
 
     def reloaded(self) -> None:
         """A reload is the operator's word that something outside the config may have
-        changed too: the next cycle owns the log dirs another process held when they
-        were opened and has let go of since (`_reclaim`), and tries again the partitions
-        marked uncleanable (a full disk freed, a damaged file put back), whose marks
-        would otherwise hold for an hour. Thread-safe."""
-        self._reload_seen.set()
+        changed too: the next cycle tries again the partitions marked uncleanable (a
+        full disk freed, a damaged file put back), whose marks would otherwise hold for
+        an hour. Thread-safe."""
+        with self._reload_lock:
+            self._retry_pending = True
 
     def _retry_marked(self) -> None:
-        cleared = self.manager.registry.clear_all()
+        """Drop every uncleanable mark when a reload asked (`reloaded`)."""
+        with self._reload_lock:
+            asked, self._retry_pending = self._retry_pending, False
+        cleared = self.manager.registry.clear_all() if asked else []
         if cleared:
             log.info("uncleanable.retried", partitions=sorted(map(str, cleared)))
 
-    def _reclaim(self, *, asked: bool) -> None:
-        """Own the log dirs another process held when they were opened and has let go of
-        since, when a reload `asked` for it; otherwise say once that such a dir is free.
+    def _note_released(self) -> None:
+        """Say once that a log dir another process held when it was opened is free now.
 
-        Never on its own: the process that lets go of a log dir is most often a broker
-        stopping to restart (or crashing, to be restarted by its supervisor), whose next
-        start fails on the `.lock` cleanerd would hold by then, and after a crash the
-        owner's open would cut and quarantine the tails the broker's own recovery
-        expects to find. A dir observed by config stays observed."""
-        for i, log_dir in enumerate(self.log_dirs):
+        It stays observed until cleanerd restarts: the process that lets go of a log
+        dir is most often a broker stopping to restart (or crashing, to be restarted by
+        its supervisor), whose next start would fail on the `.lock` cleanerd held by
+        then, and after a crash the owner's open would cut and quarantine the tails the
+        broker's own recovery expects to find. Nothing while it runs tells that apart
+        from a holder gone for good (a retired broker), so the operator says so, by a
+        restart."""
+        for log_dir in self.log_dirs:
             if log_dir.held_by is None or lock_holder(log_dir.path) is not None:
                 continue
-            if not asked:
-                self._once("log_dir.released", log_dir.path, None, str(log_dir.held_by))(
-                    "log_dir.released",
-                    log_dir=str(log_dir.path),
-                    was_held_by=str(log_dir.held_by),
-                    hint="still only observed: reload cleanerd (SIGHUP, `systemctl reload "
-                    "cleanerd`) to own and maintain it; a broker being restarted needs it "
-                    "back, and beside a broker `mode: observe` belongs in the config",
-                )
-                continue
-            try:
-                mine = LogDir.open(log_dir.path, state_dir=self.config.state_dir)
-            except (CleanerdError, OSError) as exc:
-                why = failure_text(exc)
-                self._once("log_dir.reclaim_failed", log_dir.path, None, why)(
-                    "log_dir.reclaim_failed", log_dir=str(log_dir.path), error=why
-                )
-                continue
-            if mine.mode is not Mode.OWNER:
-                mine.close()  # taken again between the probe and the lock
-                continue
-            log_dir.close()
-            self.log_dirs[i] = mine
-            for key in [k for k in self._plogs if k[0] == log_dir.path]:
-                del self._plogs[key]  # opened read-only: reopened as the owner's
-                self._cuts_reported.pop(key, None)
-            log.info("log_dir.owned", log_dir=str(log_dir.path), was_held_by=str(log_dir.held_by))
+            self._once("log_dir.released", log_dir.path, None, str(log_dir.held_by))(
+                "log_dir.released",
+                log_dir=str(log_dir.path),
+                was_held_by=str(log_dir.held_by),
+                hint="still only observed: restart cleanerd to own and maintain it; a broker "
+                "being restarted needs it back, and beside a broker `mode: observe` belongs "
+                "in the config",
+            )
 
-    def _discover(self, report: _Builder, *, reclaim: bool = False) -> list[_Partition]:
-        self._reclaim(asked=reclaim)
+    def _discover(self, report: _Builder) -> list[_Partition]:
+        self._note_released()
         self._open_unopened()
         offline = dict(self._unopened)
         found: list[_Partition] = []

@@ -11,13 +11,13 @@ along (through the partition locks, as an application writing beside the daemon 
 Timeline: daemon D1 starts; at 8 s a SIGHUP with a changed file; at 14 s D1 is killed
 with SIGKILL, a stand-in broker takes B's `.lock` (`fcntl.lockf`, as Kafka) and appends
 to d-50..d-59, and daemon D2 starts (B observed, A owned); at 24 s the stand-in lets go,
-D2 gets a SIGHUP and owns B again from its next cycle (a dir let go is owned only when a
-reload asks); at 36 s everything stops and a final audit runs.
+D2 says so and keeps observing B (a dir let go is owned only from a restart), and D3
+replaces D2 and owns B; at 36 s everything stops and a final audit runs.
 
 The slack, derived (not tuned). Take a record r superseded at s (the timestamp of the
 record that supersedes it, written at about s into segment S, whose first batch has
 timestamp f <= s). Let P be the longest time between two cycle starts over the whole run
-(D1's and D2's, so the restart gap is in it), C the longest cycle and W the longest a
+(D1's, D2's and D3's, so the restart gaps are in it), C the longest cycle and W the longest a
 producer's append waited for the partition lock after taking its timestamp, all measured.
 
 1. S rolls at the first cycle start at which `now - f >= L` and `now - last_roll >=
@@ -43,6 +43,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import json
+import math
 import signal
 import subprocess
 import sys
@@ -261,6 +262,7 @@ def test_deadline_soak_with_sighup_kill_and_a_held_dir(tmp_path: Path) -> None:
 
     d1 = Daemon.start(cfg_path)
     d2: Daemon | None = None
+    d3: Daemon | None = None
     try:
         with writer(a, state, acks_a, BUSY_A, hold=False) as produced:
             auditor.start()
@@ -277,20 +279,32 @@ def test_deadline_soak_with_sighup_kill_and_a_held_dir(tmp_path: Path) -> None:
                 assert d2.saw("log_dir.observe_forced")
                 at(RELEASE_AT_S)
             released_ms = wall_clock_ms()
-            d2.proc.send_signal(signal.SIGHUP)  # an operator's word: own what was let go
-            wait_for(lambda: d2 is not None and d2.saw("log_dir.owned"), 30, "B owned again")
+            # Let go, B stays observed (a broker restarting would need it back) until a
+            # restart, the operator's word that the holder is gone for good.
+            wait_for(lambda: d2 is not None and d2.saw("log_dir.released"), 30, "B let go")
+            d2.proc.send_signal(signal.SIGTERM)
+            assert d2.proc.wait(timeout=60) == 0
+            restarted_ms = wall_clock_ms()
+            d3 = Daemon.start(cfg_path)
             at(STOP_AT_S)
             stop.set()
             auditor.join()
-        d2.proc.send_signal(signal.SIGTERM)
-        assert d2.proc.wait(timeout=60) == 0
+        d3.proc.send_signal(signal.SIGTERM)
+        assert d3.proc.wait(timeout=60) == 0
     finally:
         stop.set()
-        d1.reap()
-        if d2 is not None:
-            d2.reap()
+        for d in (d1, d2, d3):
+            if d is not None:
+                d.reap()
 
-    cycles = sorted(d1.cycle_starts_and_lengths() + d2.cycle_starts_and_lengths())
+    assert d2 is not None
+    assert d3 is not None
+    serving_at = [(killed_ms, d1), (restarted_ms, d2), (math.inf, d3)]
+    cycles = sorted(
+        d1.cycle_starts_and_lengths()
+        + d2.cycle_starts_and_lengths()
+        + d3.cycle_starts_and_lengths()
+    )
     starts = [s for s, _ in cycles]
     period_ms = max(y - x for x, y in itertools.pairwise(starts))
     cycle_ms = max(length for _, length in cycles)
@@ -302,7 +316,8 @@ def test_deadline_soak_with_sighup_kill_and_a_held_dir(tmp_path: Path) -> None:
     worst_ms = 0
     gauge_checked = gauge_lied = 0
     for r in observer.rounds:
-        serving = (d1 if r.scraped_ms < killed_ms else d2).cycle_starts_and_lengths()
+        daemon = next(d for until, d in serving_at if r.scraped_ms < until)
+        serving = daemon.cycle_starts_and_lengths()
         for p, age in r.ages_ms.items():
             in_b = p in B_PARTITIONS
             excused = in_b and held_ms <= r.audited_ms <= released_ms + slack_ms

@@ -236,15 +236,15 @@ def test_a_roll_for_retention_is_counted_and_named_by_its_rule(
     assert report.to_json()["rolled"][0]["reason"] == "retention.ms"
 
 
-def test_a_dir_held_at_start_is_observed_then_owned_when_a_reload_asks(
+def test_a_dir_held_at_start_is_observed_and_owned_only_from_a_restart(
     tmp_path: Path, engine: LocalEngine
 ) -> None:
     """A log dir whose `.lock` another process holds (`fcntl.lockf`, as a broker) is
     observed: its overdue partition is reported, nothing is written there. Once the
     holder lets go, it is still only observed, and the cycle says it is free: a broker
     that stopped to restart must find it free (the next cycle took it, and the broker's
-    start failed on its lock). Once a reload asks, the next cycle owns the dir and rolls
-    and cleans the partition."""
+    start failed on its lock). A reload does not take it either; a restart (a new
+    `Maintenance`) owns the dir and rolls and cleans the partition."""
     c = TopicPartition("c", 0)
     d = build(tmp_path, c, [records(range(6), T0 - 3 * HOUR) + records(range(3), T0 - 2 * HOUR)])
     cfg = write_config(
@@ -263,14 +263,17 @@ def test_a_dir_held_at_start_is_observed_then_owned_when_a_reload_asks(
     with m:
         with capture_logs() as logs:
             let_go = m.run_once()
-        assert let_go.observed == (str(tmp_path / "logs"),)
-        assert (let_go.rolled, let_go.cleaned) == ((), ())
+            m.reloaded()
+            reloaded = m.run_once()
+        for report in (let_go, reloaded):
+            assert report.observed == (str(tmp_path / "logs"),)
+            assert (report.rolled, report.cleaned) == ((), ())
         assert dir_state(d) == before
-        (released,) = [e for e in logs if e["event"] == "log_dir.released"]
-        assert released["log_level"] == "warning"
-        assert "reload cleanerd" in released["hint"]
-        m.reloaded()
-        owned = m.run_once()
+        released = [e for e in logs if e["event"] == "log_dir.released"]
+        assert released[0]["log_level"] == "warning"
+        assert "restart cleanerd" in released[0]["hint"]
+    with Maintenance(cfg, engine, clock=lambda: T0) as restarted:
+        owned = restarted.run_once()
     assert owned.observed == ()
     assert [(r.tp, r.reason) for r in owned.rolled] == [(c, "max.compaction.lag.ms")]
     assert [x.tp for x in owned.cleaned] == [c]
@@ -629,7 +632,7 @@ def test_a_partition_disk_usage_cannot_read_is_warned_about_once(
     # The device stays above its threshold all along: said once too, by its name (it was
     # a warning at every cycle, naming the device by its raw number).
     pressure = [e for e in logs if e["event"] == "disk.pressure"]
-    assert [e["log_level"] for e in pressure] == ["warning", "debug", "debug"]
+    assert [e["log_level"] for e in pressure if e["log_level"] != "debug"] == ["warning"]
     assert pressure[0]["device"] == device_name(disks[0].before[0].device)
     assert ":" in pressure[0]["device"]
 
@@ -1481,3 +1484,40 @@ def test_damage_only_the_producer_walk_meets_stops_retention_at_its_segment(
     (outcome,) = report.retention
     assert ([x.base_offset for x in outcome.deletions], outcome.damaged_base) == ([0], 4)
     assert damaged.read_bytes() == bytes(data)
+
+
+def test_a_paused_cycle_sets_no_deadline(tmp_path: Path, engine: LocalEngine) -> None:
+    """Paused (`act=False`), a cycle reads the states and deletes nothing, and sets no
+    time-rule deadline: a `.deleted` file's, past and never unlinked while paused, was
+    the next cycle's deadline after every cycle, and a paused daemon ran them back to
+    back (4,402 cycles in 3 s in a trial). Acting again, the file goes."""
+    tp = TopicPartition("e", 0)
+    build(tmp_path, tp, [records(range(10), T0 - 2 * HOUR), records([0], T0)])
+    cfg = write_config(tmp_path, {"e": {"cleanup.policy": "delete", "retention.ms": HOUR}})
+    now = [T0]
+    with Maintenance(cfg, engine, clock=lambda: now[0]) as m:
+        deleted = m.run_once()
+        assert [x.base_offset for x in deleted.retention[0].deletions] == [0]
+        assert deleted.next_due_ms == T0 + MIN  # the `.deleted` file's delay
+        now[0] = T0 + 2 * MIN
+        paused = m.run_once(act=False)
+        assert (paused.next_due_ms, paused.unlinked) == (None, ())
+        assert paused.states
+        acting = m.run_once()
+        assert "00000000000000000000.log.deleted" in [p.name for p in acting.unlinked]
+
+
+def test_a_clean_request_is_refused_while_the_cleaner_is_off(
+    tmp_path: Path, engine: LocalEngine
+) -> None:
+    """With `log.cleaner.enable: false` no pass runs, so a requested one is refused with
+    that reason: it was accepted, then never run nor dropped, and so never answered."""
+    tp = TopicPartition("c", 0)
+    build(tmp_path, tp, [records(range(6), T0 - HOUR), records([0], T0)])
+    cfg = write_config(
+        tmp_path, {"c": {"cleanup.policy": "compact"}}, **{"log.cleaner.enable": False}
+    )
+    with Maintenance(cfg, engine, clock=lambda: T0) as m:
+        m.run_once()
+        with pytest.raises(CleanerdError, match=r"log\.cleaner\.enable is false"):
+            m.request_clean(tp, [str(tmp_path / "logs")])
