@@ -198,7 +198,7 @@ class OwnerLock:
             return False
         try:
             fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
-        except FileNotFoundError:
+        except OSError:  # none (no holder made one), or not this user's to look at
             return False
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # a read-only open may flock
