@@ -1,6 +1,6 @@
 """Other processes that hold a log dir's locks, for the tests of what cleanerd does
-beside them: a stand-in broker's `.lock` (`fcntl.lockf`, as Kafka takes it) and another
-cleanerd owner's."""
+beside them: a stand-in broker's `.lock` (`fcntl.lockf`, as Kafka takes it), a tool's
+`flock` on it (as `flock(1)` takes it) and another cleanerd owner's."""
 
 from __future__ import annotations
 
@@ -19,6 +19,13 @@ import sys
 from pathlib import Path
 from tests.holders import lock_like_kafka
 lock_like_kafka(Path(sys.argv[1]))
+print("ready", flush=True)
+sys.stdin.read()
+"""
+HOLD_FLOCK = """
+import fcntl, os, sys
+fd = os.open(os.path.join(sys.argv[1], ".lock"), os.O_RDWR | os.O_CREAT, 0o644)
+fcntl.flock(fd, fcntl.LOCK_EX)
 print("ready", flush=True)
 sys.stdin.read()
 """

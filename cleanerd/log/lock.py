@@ -105,7 +105,10 @@ def default_state_dir() -> Path:
 
 
 class LogDirLock:
-    """The exclusive POSIX lock on `<log.dir>/.lock`, held until `release`."""
+    """The exclusive POSIX lock on `<log.dir>/.lock`, and a `flock` lock on it too, held
+    until `release`: a broker takes the first (Java's `FileChannel.tryLock`), a tool
+    run under `flock(1)` the second, and the two kinds never conflict, so a holder of
+    either keeps cleanerd out (and cleanerd keeps either out)."""
 
     def __init__(self, log_dir: Path) -> None:
         self.log_dir = log_dir
@@ -132,8 +135,9 @@ class LogDirLock:
             key = _file_key(os.fstat(fd))
             try:
                 fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError as exc:
-                os.close(fd)
+                os.close(fd)  # drops the POSIX lock when only the flock was refused
                 if exc.errno in (errno.EACCES, errno.EAGAIN):
                     raise LogDirLockedError(self.log_dir) from exc
                 raise

@@ -99,7 +99,8 @@ def start_ticks(pid: int) -> int | None:
 
 
 def lock_holder(log_dir: Path) -> int | None:
-    """The pid of the process holding the POSIX lock on `log_dir`'s `.lock`, None when
+    """The pid of the process holding `log_dir`'s `.lock`: its POSIX lock (a broker's,
+    cleanerd's), else a `flock` lock on it (a tool run under `flock(1)`); None when
     nobody holds it (or it does not exist)."""
     if holds_log_dir_lock(log_dir):
         return os.getpid()
@@ -110,9 +111,30 @@ def lock_holder(log_dir: Path) -> int | None:
     try:
         probe = _FLOCK.pack(fcntl.F_WRLCK, os.SEEK_SET, 0, 0, 0)
         kind, _, _, _, pid = _FLOCK.unpack(fcntl.fcntl(fd, fcntl.F_GETLK, probe))
+        st = os.fstat(fd)
     finally:
         os.close(fd)  # this process holds no lock on the file: closing drops nothing
-    return None if kind == fcntl.F_UNLCK else int(pid)
+    if kind != fcntl.F_UNLCK:
+        return int(pid)
+    return flock_holder(st.st_dev, st.st_ino)
+
+
+def flock_holder(dev: int, ino: int) -> int | None:
+    """The pid holding a `flock` lock on the file `(dev, ino)`, from `/proc/locks`
+    (which F_GETLK cannot see: the two kinds of lock never conflict); None when none
+    does, or when `/proc/locks` cannot be read. Its lines read `N: FLOCK ADVISORY WRITE
+    <pid> <major>:<minor>:<inode> 0 EOF`, major and minor in hex; a waiter's has `->`
+    after the number."""
+    try:
+        text = Path("/proc/locks").read_text()
+    except OSError:
+        return None
+    file = f"{os.major(dev):02x}:{os.minor(dev):02x}:{ino}"
+    for line in text.splitlines():
+        fields = line.split()
+        if len(fields) >= 6 and fields[1] == "FLOCK" and fields[5] == file:
+            return int(fields[4])
+    return None
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import errno
 import multiprocessing
 import os
+import subprocess
+import sys
 import threading
 from multiprocessing.synchronize import Event
 from pathlib import Path
@@ -20,7 +22,10 @@ from cleanerd.log.lock import (
     PartitionLockTimeout,
     partition_lock_path,
 )
+from cleanerd.log.log_dir import LogDir, Mode
+from cleanerd.log.ownership import lock_holder
 from tests.conftest import NOGROUP, give_mode_and_group, mode_and_group
+from tests.holders import HOLD_FLOCK, held_by_other_process
 
 _CTX = multiprocessing.get_context("spawn")
 TP = TopicPartition("t", 0)
@@ -196,3 +201,38 @@ def test_a_lock_file_this_user_cannot_write_says_what_to_do(
     monkeypatch.setattr(os, "open", refused)
     with pytest.raises(PermissionError, match="a lock needs its file open to write"):
         LogDirLock(tmp_path).acquire()
+
+
+def test_a_flock_on_the_lock_file_keeps_cleanerd_out_and_is_kept_out(tmp_path: Path) -> None:
+    """A tool run under `flock(1)` takes a `flock` lock on `.lock`, which never conflicts
+    with a POSIX lock (Kafka's, cleanerd's): cleanerd took such a dir, and in a trial cut
+    the tails the tool was still writing. A `flock` holder now keeps cleanerd out, the
+    dir is observed and the holder named; while cleanerd holds the dir, a `flock` on it
+    is refused."""
+    with held_by_other_process(HOLD_FLOCK, tmp_path):
+        with pytest.raises(LogDirLockedError):
+            LogDirLock(tmp_path).acquire()
+        pid = lock_holder(tmp_path)
+        assert pid is not None
+        assert pid != os.getpid()
+        assert b"fcntl.flock" in Path(f"/proc/{pid}/cmdline").read_bytes()
+        observed = LogDir.open(tmp_path, state_dir=tmp_path / "state")
+        try:
+            assert observed.mode is Mode.OBSERVE
+            assert observed.held_by is not None
+            assert observed.held_by.pid == pid
+        finally:
+            observed.close()
+    assert lock_holder(tmp_path) is None
+    take = (
+        "import fcntl, os, sys; "
+        "fcntl.flock(os.open(sys.argv[1], os.O_RDONLY), fcntl.LOCK_EX | fcntl.LOCK_NB)"
+    )
+    with LogDirLock(tmp_path):
+        refused = subprocess.run(
+            [sys.executable, "-c", take, str(tmp_path / ".lock")], capture_output=True, check=False
+        )
+    assert refused.returncode != 0
+    assert b"BlockingIOError" in refused.stderr
+    freed = subprocess.run([sys.executable, "-c", take, str(tmp_path / ".lock")], check=False)
+    assert freed.returncode == 0
