@@ -74,8 +74,9 @@ def _held_by_another(cfg: Config) -> dict[int, str]:
         pid = lock_holder(log_dir)
         if pid is None or OwnerLock(cfg.state_dir, log_dir).held_elsewhere():
             continue  # free, or a running cleanerd's own
+        who = f"pid {pid}" if pid else "a process whose pid is not visible here"
         found[i] = (
-            f"log.dirs[{i}]: {str(log_dir / LOCK_FILE_NAME)!r} is held by pid {pid} (a running "
+            f"log.dirs[{i}]: {str(log_dir / LOCK_FILE_NAME)!r} is held by {who} (a running "
             "Kafka broker?): mode: owner only observes it while it is held, and owns it "
             "only from a restart after it is let go; beside a live broker set "
             "mode: observe"

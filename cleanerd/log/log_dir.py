@@ -113,11 +113,12 @@ class Holder:
 
     log_dir: Path
     pid: int | None
-    """None when the holder is in another pid namespace (a container) or let go since."""
+    """None or 0 when its pid cannot be seen from here (another pid namespace, `/proc`
+    hidden) or it let go since."""
     cleanerd: bool
 
     def __str__(self) -> str:
-        pid = f"pid {self.pid}" if self.pid is not None else "a process of another namespace"
+        pid = f"pid {self.pid}" if self.pid else "a process whose pid is not visible here"
         if self.cleanerd:
             who = f"cleanerd ({pid}: a running daemon or another command owns it)"
         else:
@@ -126,7 +127,7 @@ class Holder:
 
     def refusal(self) -> str:
         """Why a second cleanerd owner is refused (a cleanerd holder only)."""
-        pid = f"pid {self.pid}" if self.pid is not None else "a process of another namespace"
+        pid = f"pid {self.pid}" if self.pid else "a process whose pid is not visible here"
         return (
             f"log dir {self.log_dir} is owned by another cleanerd process ({pid}: a running "
             "daemon or `cleanerd clean`); only one may own it: stop that one first "

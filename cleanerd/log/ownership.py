@@ -116,24 +116,41 @@ def lock_holder(log_dir: Path) -> int | None:
         os.close(fd)  # this process holds no lock on the file: closing drops nothing
     if kind != fcntl.F_UNLCK:
         return int(pid)
-    return flock_holder(st.st_dev, st.st_ino)
+    return flock_holder(log_dir / LOCK_FILE_NAME, st.st_dev, st.st_ino)
 
 
-def flock_holder(dev: int, ino: int) -> int | None:
-    """The pid holding a `flock` lock on the file `(dev, ino)`, from `/proc/locks`
-    (which F_GETLK cannot see: the two kinds of lock never conflict); None when none
-    does, or when `/proc/locks` cannot be read. Its lines read `N: FLOCK ADVISORY WRITE
-    <pid> <major>:<minor>:<inode> 0 EOF`, major and minor in hex; a waiter's has `->`
-    after the number."""
+def flock_holder(path: Path, dev: int, ino: int) -> int | None:
+    """The pid holding a `flock` lock on the file `path` (`dev`, `ino`), from
+    `/proc/locks` (F_GETLK cannot see one: the two kinds of lock never conflict); None
+    when none does. Its lines read `N: FLOCK ADVISORY WRITE <pid> <major>:<minor>:<inode>
+    0 EOF`, major and minor in hex; a waiter's has `->` after the number. Where
+    `/proc/locks` is hidden (the unit's `ProcSubset=pid`), a shared `flock` that is
+    refused says an exclusive one is held: 0, a holder whose pid cannot be seen."""
     try:
         text = Path("/proc/locks").read_text()
     except OSError:
-        return None
+        return _flock_probe(path)
     file = f"{os.major(dev):02x}:{os.minor(dev):02x}:{ino}"
     for line in text.splitlines():
         fields = line.split()
         if len(fields) >= 6 and fields[1] == "FLOCK" and fields[5] == file:
             return int(fields[4])
+    return None
+
+
+def _flock_probe(path: Path) -> int | None:
+    """0 when a shared `flock` on `path` is refused (someone holds an exclusive one),
+    else None; the probe's lock goes with its descriptor at once."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return 0
+    finally:
+        os.close(fd)  # this process holds no POSIX lock on it (`lock_holder` checked)
     return None
 
 

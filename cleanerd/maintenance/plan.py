@@ -358,7 +358,7 @@ def _observed_because(cfg: Config, path: Path) -> str | None:
         return "mode: observe"
     holder = lock_holder(path)
     if holder is not None and holder != os.getpid():
-        return f".lock held by pid {holder}"
+        return f".lock held by pid {holder}" if holder else ".lock held by another process"
     return None
 
 

@@ -10,6 +10,7 @@ import sys
 import threading
 from multiprocessing.synchronize import Event
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -223,6 +224,17 @@ def test_a_flock_on_the_lock_file_keeps_cleanerd_out_and_is_kept_out(tmp_path: P
             assert observed.held_by.pid == pid
         finally:
             observed.close()
+        # Where /proc/locks is hidden (the unit's ProcSubset=pid), still seen as held.
+        real_read_text = Path.read_text
+
+        def hidden(self: Path, *args: Any, **kwargs: Any) -> str:
+            if self == Path("/proc/locks"):
+                raise PermissionError(13, "Permission denied", str(self))
+            return real_read_text(self, *args, **kwargs)
+
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(Path, "read_text", hidden)
+            assert lock_holder(tmp_path) == 0
     assert lock_holder(tmp_path) is None
     take = (
         "import fcntl, os, sys; "
