@@ -101,12 +101,16 @@ class PendingDeletions:
         due, self._queue = self._queue, []
         return self._unlink(due)
 
-    def unlink_on_device(self, device: int) -> list[Path]:
+    def unlink_on_device(self, device: int, why: str) -> list[Path]:
         """Unlink now every file waiting on `device` (an `st_dev`), whatever its due
-        time: the space is needed (disk pressure); returns the files."""
+        time: the space is needed (`why`: disk pressure, a pass out of space), and each
+        file is logged with it, since it goes before its delay; returns the files."""
         due = [p for p in self._queue if p.device == device]
         self._queue = [p for p in self._queue if p.device != device]
-        return self._unlink(due)
+        unlinked = self._unlink(due)
+        for path in unlinked:
+            log.info("segment.unlinked_early", path=str(path), reason=why)
+        return unlinked
 
     def _unlink(self, items: list[_Pending]) -> list[Path]:
         """Unlink `items`; returns those unlinked, in the order given."""

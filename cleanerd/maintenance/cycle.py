@@ -1359,10 +1359,7 @@ class Maintenance:
             device = r.job.dir_path.stat().st_dev
         except OSError:
             return False
-        freed = self.pending.unlink_on_device(device)
-        for path in freed:
-            log.info("segment.unlinked_early", path=str(path), reason=str(error))
-        return bool(freed)
+        return bool(self.pending.unlink_on_device(device, str(error)))
 
     def _reopen(self, item: CompactedLog, now: int, report: _Builder) -> CompactedLog | None:
         """Open the partition of `item` again (recovering what a failed pass left); None,

@@ -270,11 +270,8 @@ def enforce_disk_usage(
     freed: list[Path] = []
     if pending is not None:
         for above in over:
-            early = pending.unlink_on_device(above.device)
-            reason = f"device {device_name(above.device)} is above its threshold"
-            for path in early:
-                log.info("segment.unlinked_early", path=str(path), reason=reason)
-            freed += early
+            why = f"device {device_name(above.device)} is above its threshold"
+            freed += pending.unlink_on_device(above.device, why)
     done: list[DiskDeletion] = []
     for _ in range(max_rounds):
         usage = run.measure()

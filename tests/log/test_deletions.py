@@ -40,9 +40,9 @@ def test_unlink_on_device_frees_only_that_device(tmp_path: Path) -> None:
     q = PendingDeletions()
     q.schedule([a, b], now_ms=0, delay_ms=60_000)
     device = tmp_path.stat().st_dev
-    assert q.unlink_on_device(device + 1) == []
+    assert q.unlink_on_device(device + 1, "full") == []
     assert len(q) == 2
-    assert q.unlink_on_device(device) == [a, b]
+    assert q.unlink_on_device(device, "full") == [a, b]
     assert not a.exists()
     assert not b.exists()
     assert len(q) == 0
