@@ -112,7 +112,7 @@ from cleanerd.log.txnindex import AbortedTxn
 from cleanerd.logger import get_logger
 from cleanerd.records.batch import encode_batch, iter_records
 from cleanerd.records.control import ControlRecordType, control_type, encode_end_txn_marker
-from cleanerd.records.header import INT32_MAX, Compression, TimestampType
+from cleanerd.records.header import Compression, TimestampType
 from cleanerd.records.record import Record
 from cleanerd.records.scan import BatchInfo
 from cleanerd.records.walker import (
@@ -1269,21 +1269,18 @@ class _View(NamedTuple):
 
 def _misplaced(segments: Sequence[SegmentMeta]) -> tuple[int, str] | None:
     """The first readable segment whose end is out of its place, and why: its last
-    offset reaches the next segment's base offset, or (the active one) is more than
-    2^31 - 1 past its own (`walker.OffsetRange`). Either is a damaged base offset (no
-    CRC covers one) in its last batch, which the metadata, read from the segment's
-    tail, takes as its end. None when there is none."""
+    offset is outside the segment's `OffsetRange` (it reaches the next segment's base
+    offset, or, the active one, is more than 2^31 - 1 past its own). Either is a damaged
+    base offset (no CRC covers one) in its last batch, which the metadata, read from the
+    segment's tail, takes as its end. None when there is none."""
     for i, seg in enumerate(segments):
-        last = seg.next_offset - 1
         if seg.damage is not None or seg.next_offset == seg.base_offset:
             continue
-        if i + 1 < len(segments) and last >= (upper := segments[i + 1].base_offset):
-            return i, f"last offset {last} is not below the next segment's base offset {upper}"
-        if i + 1 == len(segments) and last - seg.base_offset > INT32_MAX:
-            return i, (
-                f"last offset {last} is more than {INT32_MAX} past the segment's base "
-                f"offset {seg.base_offset}"
-            )
+        upper = segments[i + 1].base_offset if i + 1 < len(segments) else None
+        offsets = OffsetRange.of_segment(seg.base_offset, upper)
+        why = offsets.refusal(seg.next_offset - 1, 0, v2=True)
+        if why is not None:
+            return i, why
     return None
 
 

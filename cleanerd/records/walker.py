@@ -361,6 +361,31 @@ class OffsetRange(NamedTuple):
         (`in_range`)."""
         return self.low, self.base, self.high, self.span
 
+    def refusal(self, first: int, delta: int, *, v2: bool) -> str | None:
+        """Why a batch from offset `first` to `first + delta` (a v2 batch, or a legacy
+        entry) is outside this range, or None when it is inside: the rule `in_range`
+        applies in a kernel, in Python, for the error and for what metadata shows."""
+        name = "base offset" if v2 else "offset"
+        last = first + delta
+        if first < 0:
+            return f"negative {name} {first}"
+        if self.high < 0:
+            return f"{name} {first} follows a batch that ends at the largest offset"
+        if first < self.low:
+            return f"{name} {first} is not above the previous batch's last offset {self.low - 1}"
+        if last < self.base:
+            return f"last offset {last} is below the segment's base offset {self.base}"
+        if last > self.high and self.high == INT64_MAX:
+            return f"base offset {first} + lastOffsetDelta {delta} is past the largest offset"
+        if last > self.high:
+            return f"last offset {last} is not below the next segment's base offset {self.high + 1}"
+        if v2 and last - self.base > self.span:
+            return (
+                f"last offset {last} is more than {self.span} past the segment's base offset "
+                f"{self.base}"
+            )
+        return None
+
     def after(self, low: int, high: int, walked: bool) -> OffsetRange:
         """The range left once a walk of this one has reached `low` and `high`
         (`walked`: it passed a batch)."""
@@ -388,28 +413,10 @@ class BadOffsetError(CorruptRecordError):
 def offset_error(data: U8, p: int, offsets: OffsetRange) -> BadOffsetError:
     """Why the batch at `p` (which passed the structural checks) is outside `offsets`."""
     first, delta, v2 = _offsets_of(data, p)
-    name = "base offset" if v2 else "offset"
-    last = first + delta
-    if first < 0:
-        reason = f"negative {name} {first}"
-    elif offsets.high < 0:
-        reason = f"{name} {first} follows a batch that ends at the largest offset"
-    elif first < offsets.low:
-        reason = f"{name} {first} is not above the previous batch's last offset {offsets.low - 1}"
-    elif last < offsets.base:
-        reason = f"last offset {last} is below the segment's base offset {offsets.base}"
-    elif last > offsets.high and offsets.high == INT64_MAX:
-        reason = f"base offset {first} + lastOffsetDelta {delta} is past the largest offset"
-    elif last > offsets.high:
-        reason = (
-            f"last offset {last} is not below the next segment's base offset {offsets.high + 1}"
-        )
-    else:
-        reason = (
-            f"last offset {last} is more than {offsets.span} past the segment's base offset "
-            f"{offsets.base}"
-        )
-    return BadOffsetError(reason, position=p)
+    reason = offsets.refusal(first, delta, v2=v2)
+    return BadOffsetError(
+        reason or f"offsets {first}..{first + delta} are out of range", position=p
+    )
 
 
 @dataclass(slots=True)
