@@ -29,10 +29,10 @@ index entry instead (its docstring lists the fields), built on the readers here.
 A batch whose framing is sound but whose CRC or codec is bad gets its line, with
 `isvalid: false` (and no record lines), and the listing goes on to the next batch, as
 Kafka's does; with deep iteration, a batch whose records do not decode ends its record
-lines there and counts as bad too (without it, records are not decoded: `--json`
-decodes every batch's). The file then ends with an exception naming the first bad batch
-and how many there were (`InvalidBatches`), so the command exits 1 with the whole
-listing printed. Bytes that cannot be framed as a batch (a length past the file, offsets out of
+lines there and counts as bad too (without it, records are not decoded: `--json` decodes
+every batch's). The file then ends with an exception naming the first bad batch and how
+many there were (`InvalidBatches`), so the command exits 1 with the whole listing
+printed. Bytes that cannot be framed as a batch (a length past the file, offsets out of
 order, an index whose size is not whole entries) end the file's listing with an
 exception naming the file and the byte position. The listing is one line per batch or
 record by nature, so it is produced per record in Python; this is a diagnostic tool, not
