@@ -126,6 +126,7 @@ from cleanerd.log.segment_reader import (
     segment_upper,
 )
 from cleanerd.log.txnindex import AbortedTxn
+from cleanerd.records.address import Int
 from cleanerd.records.batch import empty_batch_of, encode_batch, encode_empty_batch
 from cleanerd.records.columns import (
     SegmentColumns,
@@ -162,7 +163,6 @@ from cleanerd.records.record import Record
 from cleanerd.records.walker import (
     DECODE_WINDOW_BYTES,
     BatchWindows,
-    Int,
     OffsetRange,
     Window,
     be_i16,
@@ -485,32 +485,33 @@ def _producer_headers(
     columns are sized for the most batches the span can hold, which costs address space
     only: pages past the last batch found are never touched."""
     cols = np.empty((_HEAD_COLUMNS, (end - start) // RECORD_BATCH_OVERHEAD + 1), np.int64)
+    at = buf.ctypes.data
     n = 0
     p = start
     while end - p >= PREFIX_SIZE:
-        prefetch(buf, p, end)
-        size = LOG_OVERHEAD + int(be_i32(buf, p + LENGTH_OFFSET))
+        prefetch(at, p, end)
+        size = LOG_OVERHEAD + int(be_i32(at, p + LENGTH_OFFSET))
         if size < LEGACY_V0_MIN_SIZE or size > end - p:  # below every format's minimum
             break
         m = buf[p + MAGIC_OFFSET]
         if m == 2 and size < RECORD_BATCH_OVERHEAD:  # not a batch: the decode says so
             p += size
             continue
-        first, delta = offsets_at(buf, p, m)
+        first, delta = offsets_at(at, p, m)
         if not in_range(m, first, delta, low, base, high, span):
             return cols[:, :n], p, True, low, high
         low, high = next_range(first + delta, low, high)
         if m == 2:
-            pid = be_i64(buf, p + PRODUCER_ID_OFFSET)
+            pid = be_i64(at, p + PRODUCER_ID_OFFSET)
             if pid >= 0:
                 cols[0, n] = p
                 cols[1, n] = size
                 cols[2, n] = pid
-                cols[3, n] = be_i16(buf, p + PRODUCER_EPOCH_OFFSET)
+                cols[3, n] = be_i16(at, p + PRODUCER_EPOCH_OFFSET)
                 cols[4, n] = first + delta
-                cols[5, n] = be_i64(buf, p + MAX_TIMESTAMP_OFFSET)
-                cols[6, n] = be_i16(buf, p + ATTRIBUTES_OFFSET)
-                cols[7, n] = be_i32(buf, p + RECORDS_COUNT_OFFSET)
+                cols[5, n] = be_i64(at, p + MAX_TIMESTAMP_OFFSET)
+                cols[6, n] = be_i16(at, p + ATTRIBUTES_OFFSET)
+                cols[7, n] = be_i32(at, p + RECORDS_COUNT_OFFSET)
                 n += 1
         p += size
     return cols[:, :n], p, False, low, high

@@ -33,6 +33,7 @@ from numpy.typing import NDArray
 from cleanerd._jit import jit
 from cleanerd.log.partition_log import PartitionLog
 from cleanerd.log.segment import LogSegment
+from cleanerd.records.address import Int
 from cleanerd.records.header import (
     ATTRIBUTES_OFFSET,
     DELETE_HORIZON_MASK,
@@ -42,7 +43,7 @@ from cleanerd.records.header import (
     Buffer,
 )
 from cleanerd.records.prefetch import prefetch
-from cleanerd.records.walker import NO_DELETE_HORIZON, Int, as_uint8
+from cleanerd.records.walker import NO_DELETE_HORIZON, as_uint8
 
 _BASE_TIMESTAMP_OFFSET: Final = 27
 _LENGTH_OFFSET: Final = 8
@@ -51,12 +52,13 @@ _LENGTH_OFFSET: Final = 8
 @jit
 def _horizon_kernel(buf: NDArray[np.uint8], mask: int) -> tuple[Int, int]:
     """(earliest horizon or NO_DELETE_HORIZON, batches with a horizon) over `buf`'s batches."""
+    at = buf.ctypes.data
     end = buf.shape[0]
     p: Int = 0
     best: Int = np.int64(NO_DELETE_HORIZON)
     found = 0
     while end - p >= LOG_OVERHEAD:
-        prefetch(buf, p, end)
+        prefetch(at, p, end)
         length = np.int64(0)
         for i in range(4):
             length = (length << 8) | np.int64(buf[p + _LENGTH_OFFSET + i])

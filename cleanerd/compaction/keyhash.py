@@ -31,6 +31,7 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from cleanerd._jit import jit, jit_inline
+from cleanerd.records.address import load_u8
 from cleanerd.records.header import INT32_MAX
 
 ZERO_KEY_HASH: Final = (0, 1)
@@ -62,27 +63,27 @@ def _fmix64(k: np.uint64) -> np.uint64:
 
 
 @jit_inline
-def _word8(buf: NDArray[np.uint8], pos: int) -> np.uint64:
-    """The 8 bytes at `pos` as a little-endian integer. Written out byte by byte so the
-    compiler merges them into one unaligned load."""
+def _word8(at: int, pos: int) -> np.uint64:
+    """The 8 bytes at `pos` of the bytes at address `at` as a little-endian integer.
+    Written out byte by byte so the compiler merges them into one unaligned load."""
     return (
-        np.uint64(buf[pos])
-        | (np.uint64(buf[pos + 1]) << np.uint64(8))
-        | (np.uint64(buf[pos + 2]) << np.uint64(16))
-        | (np.uint64(buf[pos + 3]) << np.uint64(24))
-        | (np.uint64(buf[pos + 4]) << np.uint64(32))
-        | (np.uint64(buf[pos + 5]) << np.uint64(40))
-        | (np.uint64(buf[pos + 6]) << np.uint64(48))
-        | (np.uint64(buf[pos + 7]) << np.uint64(56))
+        np.uint64(load_u8(at + pos))
+        | (np.uint64(load_u8(at + pos + 1)) << np.uint64(8))
+        | (np.uint64(load_u8(at + pos + 2)) << np.uint64(16))
+        | (np.uint64(load_u8(at + pos + 3)) << np.uint64(24))
+        | (np.uint64(load_u8(at + pos + 4)) << np.uint64(32))
+        | (np.uint64(load_u8(at + pos + 5)) << np.uint64(40))
+        | (np.uint64(load_u8(at + pos + 6)) << np.uint64(48))
+        | (np.uint64(load_u8(at + pos + 7)) << np.uint64(56))
     )
 
 
 @jit_inline
-def _word_le(buf: NDArray[np.uint8], pos: int, count: int) -> np.uint64:
+def _word_le(at: int, pos: int, count: int) -> np.uint64:
     """The `count` (1-8) bytes at `pos` as a little-endian integer, zero padded."""
     w = np.uint64(0)
     for i in range(count):
-        w |= np.uint64(buf[pos + i]) << np.uint64(8 * i)
+        w |= np.uint64(load_u8(at + pos + i)) << np.uint64(8 * i)
     return w
 
 
@@ -103,30 +104,29 @@ def _mix_k2(k2: np.uint64) -> np.uint64:
 
 
 @jit_inline
-def murmur3_x64_128(
-    buf: NDArray[np.uint8], pos: int, length: int, seed: int
-) -> tuple[np.uint64, np.uint64]:
-    """MurmurHash3 x64_128 of ``buf[pos:pos+length]``: the lanes (h1, h2), unmodified."""
+def murmur3_x64_128(at: int, pos: int, length: int, seed: int) -> tuple[np.uint64, np.uint64]:
+    """MurmurHash3 x64_128 of the `length` bytes at `pos` of the bytes at address `at`
+    (``array.ctypes.data``: `cleanerd.records.address`): the lanes (h1, h2), unmodified."""
     h1 = np.uint64(seed)
     h2 = np.uint64(seed)
     nblocks = length >> 4  # length >= 0
     for b in range(nblocks):
         p = pos + 16 * b
-        h1 ^= _mix_k1(_word8(buf, p))
+        h1 ^= _mix_k1(_word8(at, p))
         h1 = _rotl(h1, 27)
         h1 += h2
         h1 = h1 * _FIVE + _ADD1
-        h2 ^= _mix_k2(_word8(buf, p + 8))
+        h2 ^= _mix_k2(_word8(at, p + 8))
         h2 = _rotl(h2, 31)
         h2 += h1
         h2 = h2 * _FIVE + _ADD2
     tail = pos + 16 * nblocks
     rest = length - 16 * nblocks
     if rest > 8:
-        h2 ^= _mix_k2(_word_le(buf, tail + 8, rest - 8))
-        h1 ^= _mix_k1(_word8(buf, tail))
+        h2 ^= _mix_k2(_word_le(at, tail + 8, rest - 8))
+        h1 ^= _mix_k1(_word8(at, tail))
     elif rest > 0:
-        h1 ^= _mix_k1(_word_le(buf, tail, rest))
+        h1 ^= _mix_k1(_word_le(at, tail, rest))
     h1 ^= np.uint64(length)
     h2 ^= np.uint64(length)
     h1 += h2
@@ -139,11 +139,11 @@ def murmur3_x64_128(
 
 
 @jit_inline
-def _key_hash(buf: NDArray[np.uint8], pos: int, length: int) -> tuple[np.uint64, np.uint64]:
+def _key_hash(at: int, pos: int, length: int) -> tuple[np.uint64, np.uint64]:
     """The map's hash of one key: Murmur3 with the all-zero result replaced. Inlined,
     with Murmur3 and its steps, into the kernels that hash keys (`jit_inline`): as calls
     they took more time than the hash itself (33 ns a 12-byte key, against 15)."""
-    h1, h2 = murmur3_x64_128(buf, pos, length, 0)
+    h1, h2 = murmur3_x64_128(at, pos, length, 0)
     return h1, h2 if h1 != 0 or h2 != 0 else np.uint64(1)
 
 
@@ -153,8 +153,9 @@ def _hash_keys_kernel(
 ) -> NDArray[np.uint64]:
     n = key_pos.shape[0]
     out = np.empty((n, 2), dtype=np.uint64)
+    at = buf.ctypes.data
     for i in range(n):
-        out[i, 0], out[i, 1] = _key_hash(buf, key_pos[i], key_len[i])
+        out[i, 0], out[i, 1] = _key_hash(at, key_pos[i], key_len[i])
     return out
 
 
@@ -168,6 +169,7 @@ def _hash_record_keys_kernel(
     """Hash every record's key into `out`, (0, 0) for a null key; returns the first row
     whose key lies outside `buf`, or -1."""
     size = buf.shape[0]
+    at = buf.ctypes.data
     for i in range(key_pos.shape[0]):
         length = key_len[i]
         if length < 0:
@@ -177,7 +179,7 @@ def _hash_record_keys_kernel(
         pos = key_pos[i]
         if pos < 0 or pos > size - length:
             return i
-        out[i, 0], out[i, 1] = _key_hash(buf, pos, length)
+        out[i, 0], out[i, 1] = _key_hash(at, pos, length)
     return -1
 
 

@@ -14,10 +14,12 @@ free to say whether the record had a version: the version column costs 8 bytes, 
 nothing. A slot is empty when both hash lanes are zero; `keyhash` never produces that
 pair, and the map refuses it as input. Keys are compared by hash only.
 
-Probing is linear: a key's home slot is ``hash_hi mod slots`` and the search walks
-forward, wrapping, to the key's entry or the first empty slot. Linear probing touches
-neighbouring entries, so the extra probes of a 0.9 load are mostly in cache lines
-already fetched. Entries are never removed (only `clear`), so a search may stop at the
+Probing is linear: a key's home slot is ``hash_hi`` scaled to [0, slots) (`_home`) and
+the search walks forward, wrapping, to the key's entry or the first empty slot. Linear
+probing touches neighbouring entries, so the extra probes of a 0.9 load are mostly in
+cache lines already fetched; the kernels ask for the home slot of the record
+`LOOKAHEAD` ahead, so that a map bigger than the CPU's caches does not wait for memory
+at each record. Entries are never removed (only `clear`), so a search may stop at the
 first empty slot. At most ``max_keys = floor(slots * load_factor)`` keys are held; a map
 with ``slots * load_factor <= 1`` is refused, as Kafka refuses to start such a cleaner.
 
@@ -56,7 +58,9 @@ from numpy.typing import ArrayLike, NDArray
 
 from cleanerd._jit import jit
 from cleanerd.compaction.strategy import CompactionStrategy, is_versioned
+from cleanerd.records.address import load_u64
 from cleanerd.records.header import INT32_MAX
+from cleanerd.records.prefetch import prefetch_line
 
 OFFSET_ENTRY: Final = np.dtype([("hash_hi", "<u8"), ("hash_lo", "<u8"), ("offset", "<i8")])
 VERSIONED_ENTRY: Final = np.dtype(
@@ -69,19 +73,31 @@ MAX_MEMORY_PER_THREAD: Final = INT32_MAX  # Kafka sizes the map buffer with an I
 _HAS_VERSION: Final = np.int64(-(2**63))  # the sign bit of a stored offset
 _OFFSET_BITS: Final = np.int64(2**63 - 1)
 _EMPTY: Final = np.uint64(0)
+_FIBONACCI: Final = np.uint64(0x9E3779B97F4A7C15)  # 2^64 / the golden ratio, odd
 _NO_VERSIONS: Final = np.zeros(0, dtype=np.int64)  # passed for the offset strategy
 _NO_FLAGS: Final = np.zeros(0, dtype=np.bool_)
 _NO_SLOTS: Final = np.zeros(0, dtype=np.int64)  # put_many without slot output
 
 
 @jit
-def _probe(hi: NDArray[np.uint64], lo: NDArray[np.uint64], qh: np.uint64, ql: np.uint64) -> int:
-    """The slot holding the key (qh, ql), else the first empty slot on its path, else -1."""
-    slots = hi.shape[0]
-    slot = int(np.int64(qh % np.uint64(slots)))  # int64, so slot + 1 stays an integer
+def _home(qh: np.uint64, slots: int) -> int:
+    """The home slot of a key whose hash starts with `qh`: the top 32 bits of `qh` times
+    an odd constant (Fibonacci hashing, so that hashes differing only in low bits, as
+    tests' do, still spread), scaled to [0, slots). Two multiplies, where a modulo is a
+    division; `slots` < 2^32 always (a map is at most 2^31 - 1 bytes). An int64, so
+    that slot + 1 stays an integer."""
+    mixed = (qh * _FIBONACCI) >> np.uint64(32)
+    return int(np.int64((mixed * np.uint64(slots)) >> np.uint64(32)))
+
+
+@jit
+def _probe(at: int, stride: int, slots: int, qh: np.uint64, ql: np.uint64) -> int:
+    """The slot holding the key (qh, ql), else the first empty slot on its path, else -1,
+    in the `slots` entries of `stride` bytes at address `at` (`_entries`)."""
+    slot = _home(qh, slots)
     for _ in range(slots):
-        h = hi[slot]
-        lw = lo[slot]
+        h = load_u64(at + slot * stride)
+        lw = load_u64(at + slot * stride + 8)
         if (h == qh and lw == ql) or (h == _EMPTY and lw == _EMPTY):
             return slot
         slot += 1
@@ -91,8 +107,29 @@ def _probe(hi: NDArray[np.uint64], lo: NDArray[np.uint64], qh: np.uint64, ql: np
 
 
 @jit
-def _is_empty(hi: NDArray[np.uint64], lo: NDArray[np.uint64], slot: int) -> bool:
-    return bool(hi[slot] == _EMPTY and lo[slot] == _EMPTY)
+def _is_empty(at: int, stride: int, slot: int) -> bool:
+    at += slot * stride
+    return bool(load_u64(at) == _EMPTY and load_u64(at + 8) == _EMPTY)
+
+
+LOOKAHEAD: Final = 16
+"""Records ahead whose home slot a put or lookup asks the CPU for: a map bigger than the
+CPU's caches would otherwise wait for memory at every record (300,000 keys: a put 16 ->
+11 ns, a lookup 9.3 -> 8.2; 1,000 keys, which stay in the caches: 3.8 -> 3.5)."""
+
+
+@jit
+def _prefetch_home(at: int, stride: int, slots: int, qh: np.uint64) -> None:
+    prefetch_line(at + _home(qh, slots) * stride)
+
+
+@jit
+def _entries(hi: NDArray[np.uint64]) -> tuple[int, int, int]:
+    """(address, stride, slots) of the entries whose `hash_hi` column is `hi` (each
+    entry's `hash_lo` follows its `hash_hi`), for `_probe` and `_is_empty`: helpers
+    called per record read the entries at an address, not through the column arrays,
+    which would cost them a reference count per call (`cleanerd.records.address`)."""
+    return hi.ctypes.data, hi.strides[0], hi.shape[0]
 
 
 @jit
@@ -133,13 +170,16 @@ def _put_kernel(
     is empty; returns (records put, new size)."""
     n = hashes.shape[0]
     record = slots.shape[0] > 0
+    at, stride, capacity = _entries(hi)
     for j in range(n):
         if size >= max_keys:
             return j, size
-        slot = _probe(hi, lo, hashes[j, 0], hashes[j, 1])
+        if j + LOOKAHEAD < n:
+            _prefetch_home(at, stride, capacity, hashes[j + LOOKAHEAD, 0])
+        slot = _probe(at, stride, capacity, hashes[j, 0], hashes[j, 1])
         has = versioned and has_version[j]
         version = versions[j] if versioned else 0
-        if _is_empty(hi, lo, slot):
+        if _is_empty(at, stride, slot):
             if size >= grow_at:
                 return j, size
             if record:
@@ -172,9 +212,12 @@ def _update_existing_kernel(
 ) -> int:
     """Replace entries of keys already present that the records beat; returns how many."""
     replaced = 0
+    at, stride, capacity = _entries(hi)
     for j in range(hashes.shape[0]):
-        slot = _probe(hi, lo, hashes[j, 0], hashes[j, 1])
-        if slot < 0 or _is_empty(hi, lo, slot):
+        if j + LOOKAHEAD < hashes.shape[0]:
+            _prefetch_home(at, stride, capacity, hashes[j + LOOKAHEAD, 0])
+        slot = _probe(at, stride, capacity, hashes[j, 0], hashes[j, 1])
+        if slot < 0 or _is_empty(at, stride, slot):
             continue
         has = versioned and has_version[j]
         version = versions[j] if versioned else 0
@@ -199,8 +242,11 @@ def _rehash_kernel(
     kver: NDArray[np.int64],
 ) -> None:
     """Put the entries (khi, klo, koff, kver), distinct keys, into empty slots."""
+    at, stride, capacity = _entries(hi)
     for j in range(khi.shape[0]):
-        slot = _probe(hi, lo, khi[j], klo[j])
+        if j + LOOKAHEAD < khi.shape[0]:
+            _prefetch_home(at, stride, capacity, khi[j + LOOKAHEAD])
+        slot = _probe(at, stride, capacity, khi[j], klo[j])
         hi[slot] = khi[j]
         lo[slot] = klo[j]
         off[slot] = koff[j]
@@ -221,9 +267,12 @@ def _get_kernel(
     offsets = np.full(n, -1, dtype=np.int64)
     versions = np.zeros(n, dtype=np.int64)
     has = np.zeros(n, dtype=np.bool_)
+    at, stride, capacity = _entries(hi)
     for j in range(n):
-        slot = _probe(hi, lo, hashes[j, 0], hashes[j, 1])
-        if slot < 0 or _is_empty(hi, lo, slot):
+        if j + LOOKAHEAD < hashes.shape[0]:
+            _prefetch_home(at, stride, capacity, hashes[j + LOOKAHEAD, 0])
+        slot = _probe(at, stride, capacity, hashes[j, 0], hashes[j, 1])
+        if slot < 0 or _is_empty(at, stride, slot):
             continue
         stored = off[slot]
         offsets[j] = stored & _OFFSET_BITS
@@ -245,9 +294,12 @@ def _keep_kernel(
 ) -> None:
     # Outputs are allocated by the caller: a kernel that allocates makes numba import
     # its array module (about 35 ms) in every process that loads it.
+    at, stride, capacity = _entries(hi)
     for j in range(hashes.shape[0]):
-        slot = _probe(hi, lo, hashes[j, 0], hashes[j, 1])
-        if slot < 0 or _is_empty(hi, lo, slot):
+        if j + LOOKAHEAD < hashes.shape[0]:
+            _prefetch_home(at, stride, capacity, hashes[j + LOOKAHEAD, 0])
+        slot = _probe(at, stride, capacity, hashes[j, 0], hashes[j, 1])
+        if slot < 0 or _is_empty(at, stride, slot):
             continue
         found = off[slot] & _OFFSET_BITS
         keep[j] = offsets[j] == found if versioned else offsets[j] >= found
@@ -260,7 +312,10 @@ def _keep_slots_kernel(
     offsets: NDArray[np.int64],
     keep: NDArray[np.bool_],
 ) -> None:
+    at, stride = off.ctypes.data, off.strides[0]
     for j in range(slots.shape[0]):
+        if j + LOOKAHEAD < slots.shape[0]:
+            prefetch_line(at + slots[j + LOOKAHEAD] * stride)
         keep[j] = (off[slots[j]] & _OFFSET_BITS) == offsets[j]
 
 

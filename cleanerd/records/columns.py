@@ -43,6 +43,7 @@ import numpy as np
 from cleanerd._jit import jit
 from cleanerd.errors import CorruptRecordError
 from cleanerd.records import compiled_codecs, legacy, zlib_streams
+from cleanerd.records.address import Int, load_u8
 from cleanerd.records.compression import decompress, decompress_frames, decompress_into
 from cleanerd.records.header import (
     COMPRESSION_MASK,
@@ -64,7 +65,6 @@ from cleanerd.records.walker import (
     U8,
     Array,
     BatchTable,
-    Int,
     OffsetRange,
     as_uint8,
     be_i32,
@@ -97,16 +97,17 @@ _MESSAGES: Final = {
 
 
 @jit
-def _varint(buf: U8, p: Int, end: Int) -> tuple[Int, Int, Int]:
-    """(value, next position, status) of the zig-zag varint at p."""
-    if p < end and buf[p] < 0x80:  # most varints in a record are one byte
-        first = np.int64(buf[p])
+def _varint(at: Int, p: Int, end: Int) -> tuple[Int, Int, Int]:
+    """(value, next position, status) of the zig-zag varint at p of the bytes at
+    address `at` (`cleanerd.records.address`)."""
+    if p < end and load_u8(at + p) < 0x80:  # most varints in a record are one byte
+        first = np.int64(load_u8(at + p))
         return (first >> 1) ^ -(first & 1), p + 1, 0
     u = np.int64(0)
     for i in range(5):
         if p + i >= end:
             return 0, p, 3
-        b = np.int64(buf[p + i])
+        b = np.int64(load_u8(at + p + i))
         u |= (b & 0x7F) << (7 * i)
         if b < 0x80:
             if u > 0xFFFFFFFF:
@@ -116,16 +117,16 @@ def _varint(buf: U8, p: Int, end: Int) -> tuple[Int, Int, Int]:
 
 
 @jit
-def _varlong(buf: U8, p: Int, end: Int) -> tuple[Int, Int, Int]:
-    """(value, next position, status) of the zig-zag varlong at p."""
-    if p < end and buf[p] < 0x80:
-        first = np.int64(buf[p])
+def _varlong(at: Int, p: Int, end: Int) -> tuple[Int, Int, Int]:
+    """(value, next position, status) of the zig-zag varlong at p of the bytes at `at`."""
+    if p < end and load_u8(at + p) < 0x80:
+        first = np.int64(load_u8(at + p))
         return (first >> 1) ^ -(first & 1), p + 1, 0
     u = np.uint64(0)
     for i in range(10):
         if p + i >= end:
             return 0, p, 3
-        b = np.uint64(buf[p + i])
+        b = np.uint64(load_u8(at + p + i))
         if i == 9 and b > 1:
             return 0, p, 2
         u |= (b & np.uint64(0x7F)) << np.uint64(7 * i)
@@ -137,12 +138,13 @@ def _varlong(buf: U8, p: Int, end: Int) -> tuple[Int, Int, Int]:
 
 @jit
 def parse_record(
-    buf: U8, p: Int, area_end: Int
+    at: Int, p: Int, area_end: Int
 ) -> tuple[Int, Int, Int, Int, Int, Int, Int, Int, Int, Int, Int]:
-    """Decode the record at p. Returns (status, error position, next position, timestamp
-    delta, offset delta, key pos, key len, value pos, value len, headers pos, header count);
-    lengths are -1 for null."""
-    length, q, st = _varint(buf, p, area_end)
+    """Decode the record at p of the bytes at address `at` (`cleanerd.records.address`).
+    Returns (status, error position, next position, timestamp delta, offset delta, key
+    pos, key len, value pos, value len, headers pos, header count); lengths are -1 for
+    null."""
+    length, q, st = _varint(at, p, area_end)
     if st != 0:
         return st, p, 0, 0, 0, 0, 0, 0, 0, 0, 0
     stop = q + length
@@ -151,40 +153,40 @@ def parse_record(
     if q >= stop:
         return 5, p, 0, 0, 0, 0, 0, 0, 0, 0, 0
     q += 1  # attributes
-    ts_delta, q, st = _varlong(buf, q, stop)
+    ts_delta, q, st = _varlong(at, q, stop)
     if st != 0:
         return st, q, 0, 0, 0, 0, 0, 0, 0, 0, 0
-    off_delta, q, st = _varint(buf, q, stop)
+    off_delta, q, st = _varint(at, q, stop)
     if st != 0:
         return st, q, 0, 0, 0, 0, 0, 0, 0, 0, 0
-    key_len, q, st = _varint(buf, q, stop)
+    key_len, q, st = _varint(at, q, stop)
     if st != 0:
         return st, q, 0, 0, 0, 0, 0, 0, 0, 0, 0
     key_pos = q
     if key_len < -1 or q + max(key_len, 0) > stop:
         return 6, p, 0, 0, 0, 0, 0, 0, 0, 0, 0
     q += max(key_len, 0)
-    value_len, q, st = _varint(buf, q, stop)
+    value_len, q, st = _varint(at, q, stop)
     if st != 0:
         return st, q, 0, 0, 0, 0, 0, 0, 0, 0, 0
     value_pos = q
     if value_len < -1 or q + max(value_len, 0) > stop:
         return 7, p, 0, 0, 0, 0, 0, 0, 0, 0, 0
     q += max(value_len, 0)
-    count, q, st = _varint(buf, q, stop)
+    count, q, st = _varint(at, q, stop)
     if st != 0:
         return st, q, 0, 0, 0, 0, 0, 0, 0, 0, 0
     if count < 0:
         return 8, p, 0, 0, 0, 0, 0, 0, 0, 0, 0
     headers_pos = q
     for _ in range(count):
-        n, q, st = _varint(buf, q, stop)
+        n, q, st = _varint(at, q, stop)
         if st != 0:
             return st, q, 0, 0, 0, 0, 0, 0, 0, 0, 0
         if n < 0 or q + n > stop:
             return 9, p, 0, 0, 0, 0, 0, 0, 0, 0, 0
         q += n
-        n, q, st = _varint(buf, q, stop)
+        n, q, st = _varint(at, q, stop)
         if st != 0:
             return st, q, 0, 0, 0, 0, 0, 0, 0, 0, 0
         if n < -1 or q + max(n, 0) > stop:
@@ -225,10 +227,11 @@ def _area_kernel(
     header_count: I32,
 ) -> tuple[Int, Int, Int]:
     """Decode records back to back in buf[start:end]; (count, status, error position)."""
+    at = buf.ctypes.data
     p = start
     n = 0
     while p < end:
-        st, err, nxt, tsd, ofd, kp, kl, vp, vl, hp, hc = parse_record(buf, p, end)
+        st, err, nxt, tsd, ofd, kp, kl, vp, vl, hp, hc = parse_record(at, p, end)
         if st != 0:
             return n, st, err
         if fill:
@@ -266,6 +269,7 @@ def _batches_kernel(
     into the record table `out` (rows of `SEGMENT_ROW`) at first_record[row]; (status,
     error position, failing i). Fields are stored through the row, at fixed offsets from
     its start, which is cheaper than a dozen strided column views."""
+    at = buf.ctypes.data
     for i in range(rows.shape[0]):
         row = rows[i]
         p = area_start[i]
@@ -275,8 +279,8 @@ def _batches_kernel(
         for _ in range(records_count[row]):
             if p >= end:
                 return 12, p, i
-            prefetch(buf, p, buf.shape[0])
-            st, err, nxt, tsd, ofd, kp, kl, vp, vl, hp, hc = parse_record(buf, p, end)
+            prefetch(at, p, buf.shape[0])
+            st, err, nxt, tsd, ofd, kp, kl, vp, vl, hp, hc = parse_record(at, p, end)
             if st != 0:
                 return st, err, i
             r = out[j]
@@ -858,12 +862,13 @@ def _coordinator_epochs(buf: U8, position: I64, size: I64, out: I32) -> tuple[In
     """For each uncompressed control batch at position[i], the coordinator epoch in the
     value of its first record (an EndTxnMarker: version int16 | coordinatorEpoch int32),
     or -1 when the value is shorter; (status, failing i)."""
+    at = buf.ctypes.data
     for i in range(position.shape[0]):
         p = position[i] + RECORD_BATCH_OVERHEAD
-        st, _, _, _, _, _, _, vp, vl, _, _ = parse_record(buf, p, position[i] + size[i])
+        st, _, _, _, _, _, _, vp, vl, _, _ = parse_record(at, p, position[i] + size[i])
         if st != 0:
             return st, i
-        out[i] = be_i32(buf, vp + 2) if vl >= 6 else -1
+        out[i] = be_i32(at, vp + 2) if vl >= 6 else -1
     return 0, 0
 
 

@@ -80,9 +80,9 @@ import numpy as np
 
 from cleanerd._jit import jit, on_numba_load
 from cleanerd.records import zlib_streams
+from cleanerd.records.address import Int
 from cleanerd.records.compression import LZ4_MAGIC, XERIAL_MAGIC, XXH32_PRIMES
 from cleanerd.records.native import load_library, provide, symbol
-from cleanerd.records.walker import Int
 
 OK: Final = 0
 NEEDS_ROOM: Final = 1

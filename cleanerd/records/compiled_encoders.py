@@ -31,6 +31,7 @@ import numpy as np
 
 from cleanerd._jit import jit
 from cleanerd.records import compiled_codecs, zlib_streams
+from cleanerd.records.address import Int
 from cleanerd.records.compiled_codecs import GZIP, LZ4, OK, UNDECODED, ZSTD
 from cleanerd.records.compression import (
     LZ4_BD,
@@ -43,7 +44,6 @@ from cleanerd.records.compression import (
     lz4_header_checksum,
 )
 from cleanerd.records.header import Compression
-from cleanerd.records.walker import Int
 
 LZ4_HEADER: Final = np.frombuffer(
     LZ4_MAGIC + bytes((LZ4_FLG, LZ4_BD, lz4_header_checksum(bytes((LZ4_FLG, LZ4_BD))))),

@@ -181,6 +181,7 @@ def _control_key_types(
     """The key type of each control batch's record; NO_CONTROL_RECORD for an empty
     batch, _UNREAD where the batch is compressed or its single record or key is not
     well formed (left to Python)."""
+    at = buf.ctypes.data
     for i in range(position.shape[0]):
         if records_count[i] == 0:
             out[i] = NO_CONTROL_RECORD
@@ -190,11 +191,11 @@ def _control_key_types(
         if records_count[i] != 1 or attributes[i] & COMPRESSION_MASK != 0:
             continue
         st, _, nxt, _, _, key_pos, key_len, _, _, _, _ = parse_record(
-            buf, position[i] + RECORD_BATCH_OVERHEAD, end
+            at, position[i] + RECORD_BATCH_OVERHEAD, end
         )
-        if st != 0 or nxt != end or key_len < _KEY_SIZE or be_i16(buf, key_pos) < 0:
+        if st != 0 or nxt != end or key_len < _KEY_SIZE or be_i16(at, key_pos) < 0:
             continue
-        out[i] = be_i16(buf, key_pos + 2)
+        out[i] = be_i16(at, key_pos + 2)
 
 
 def control_types_at(

@@ -22,14 +22,13 @@ inline single-stream loop over the CPU's `crc32` instruction, tried first, reach
 from __future__ import annotations
 
 import ctypes
-from typing import Any, Final, TypeAlias
+from typing import Any, Final
 
 import numpy as np
 
 from cleanerd._jit import jit, on_numba_load, on_symbols
+from cleanerd.records.address import Int
 from cleanerd.records.crc32c_library import EXTENSION, HARDWARE_BASED
-
-Int: TypeAlias = int | np.signedinteger[Any]  # what a kernel takes and returns
 
 SYMBOL: Final = "cleanerd_crc32c_extend"
 """The LLVM symbol kernels call: ``uint32 (uint32 crc, intp address, uintp length)``."""

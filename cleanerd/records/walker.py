@@ -34,6 +34,7 @@ import numpy.typing as npt
 from cleanerd._jit import jit, jit_inline
 from cleanerd.errors import CorruptRecordError
 from cleanerd.records import legacy
+from cleanerd.records.address import Int, load_u8
 from cleanerd.records.crc import crc32c_at
 from cleanerd.records.header import (
     ATTRIBUTES_OFFSET,
@@ -73,7 +74,6 @@ I16 = npt.NDArray[np.int16]
 I8 = npt.NDArray[np.int8]
 U8 = npt.NDArray[np.uint8]
 Array: TypeAlias = npt.NDArray[Any]
-Int: TypeAlias = int | np.signedinteger[Any]  # what a kernel returns, seen from Python
 
 # Kernel stop reasons. Incomplete ones (a batch cut short by the end of the data) are
 # what a crash mid-append leaves; the others are bad bytes.
@@ -94,41 +94,41 @@ _SMALL_BATCH_GUESS: Final = 128  # bytes per batch, to size the scratch table of
 
 
 @jit
-def be_i64(buf: U8, p: Int) -> Int:
+def be_i64(at: Int, p: Int) -> Int:
     u = np.uint64(0)
     for i in range(8):
-        u = (u << np.uint64(8)) | np.uint64(buf[p + i])
+        u = (u << np.uint64(8)) | np.uint64(load_u8(at + p + i))
     return np.int64(u)
 
 
 @jit
-def be_i32(buf: U8, p: Int) -> Int:
-    u = (np.int64(buf[p]) << 24) | (np.int64(buf[p + 1]) << 16)
-    u |= (np.int64(buf[p + 2]) << 8) | np.int64(buf[p + 3])
+def be_i32(at: Int, p: Int) -> Int:
+    u = (np.int64(load_u8(at + p)) << 24) | (np.int64(load_u8(at + p + 1)) << 16)
+    u |= (np.int64(load_u8(at + p + 2)) << 8) | np.int64(load_u8(at + p + 3))
     return u - (np.int64(1) << 32) if u >= (np.int64(1) << 31) else u
 
 
 @jit
-def be_u32(buf: U8, p: Int) -> Int:
-    u = (np.int64(buf[p]) << 24) | (np.int64(buf[p + 1]) << 16)
-    return u | (np.int64(buf[p + 2]) << 8) | np.int64(buf[p + 3])
+def be_u32(at: Int, p: Int) -> Int:
+    u = (np.int64(load_u8(at + p)) << 24) | (np.int64(load_u8(at + p + 1)) << 16)
+    return u | (np.int64(load_u8(at + p + 2)) << 8) | np.int64(load_u8(at + p + 3))
 
 
 @jit
-def be_i16(buf: U8, p: Int) -> Int:
-    u = (np.int64(buf[p]) << 8) | np.int64(buf[p + 1])
+def be_i16(at: Int, p: Int) -> Int:
+    u = (np.int64(load_u8(at + p)) << 8) | np.int64(load_u8(at + p + 1))
     return u - 65536 if u >= 32768 else u
 
 
 @jit_inline
-def _check_batch(buf: U8, p: Int, end: Int, verify_crc: bool) -> tuple[Int, Int, Int]:
+def _check_batch(at: Int, p: Int, end: Int, verify_crc: bool) -> tuple[Int, Int, Int]:
     """(size, magic, DONE) of the batch at `p` if it passes the structural checks and
     (v2, `verify_crc`) its CRC-32C; else (0, magic, the stop reason)."""
     left = end - p
     if left < PREFIX_SIZE:
         return 0, 0, INCOMPLETE_PREFIX
-    length = be_i32(buf, p + LENGTH_OFFSET)
-    m = np.int64(buf[p + MAGIC_OFFSET])
+    length = be_i32(at, p + LENGTH_OFFSET)
+    m = np.int64(load_u8(at + p + MAGIC_OFFSET))
     if m > 2:
         return 0, m, BAD_MAGIC
     total = length + LOG_OVERHEAD
@@ -141,23 +141,23 @@ def _check_batch(buf: U8, p: Int, end: Int, verify_crc: bool) -> tuple[Int, Int,
     if total > left:
         return 0, m, INCOMPLETE_BATCH
     if m == 2:
-        lod = be_i32(buf, p + LAST_OFFSET_DELTA_OFFSET)
-        count = be_i32(buf, p + RECORDS_COUNT_OFFSET)
+        lod = be_i32(at, p + LAST_OFFSET_DELTA_OFFSET)
+        count = be_i32(at, p + RECORDS_COUNT_OFFSET)
         if lod < 0 or count < 0 or count > lod + 1:
             return 0, m, BAD_COUNTS
         if verify_crc and crc32c_at(
-            buf.ctypes.data + p + ATTRIBUTES_OFFSET, total - ATTRIBUTES_OFFSET
-        ) != be_u32(buf, p + CRC_OFFSET):
+            at + p + ATTRIBUTES_OFFSET, total - ATTRIBUTES_OFFSET
+        ) != be_u32(at, p + CRC_OFFSET):
             return 0, m, BAD_CRC
     return total, m, DONE
 
 
 @jit_inline
-def offsets_at(buf: U8, p: Int, m: Int) -> tuple[Int, Int]:
+def offsets_at(at: Int, p: Int, m: Int) -> tuple[Int, Int]:
     """(first offset, last offset delta) of the batch at `p`, which passed `_check_batch`
     (a legacy entry: its own offset, its last inner one, and 0)."""
-    first = be_i64(buf, p + BASE_OFFSET_OFFSET)
-    return first, be_i32(buf, p + LAST_OFFSET_DELTA_OFFSET) if m == 2 else 0
+    first = be_i64(at, p + BASE_OFFSET_OFFSET)
+    return first, be_i32(at, p + LAST_OFFSET_DELTA_OFFSET) if m == 2 else 0
 
 
 @jit_inline
@@ -208,36 +208,37 @@ def _walk_kernel(
     """Walk buf[start:end], filling rows from `n`, each batch's offsets in the range
     (`low`, `base`, `high`: see `OffsetRange`); (rows filled, stop position, reason, the
     `low` and `high` of what follows)."""
+    at = buf.ctypes.data
     p = start
     capacity = position.shape[0]
     while p < end:
         if n == capacity:
             return n, p, FULL, low, high
-        prefetch(buf, p, end)
-        total, m, reason = _check_batch(buf, p, end, verify_crc)
+        prefetch(at, p, end)
+        total, m, reason = _check_batch(at, p, end, verify_crc)
         if reason != DONE:
             return n, p, reason, low, high
         # Offsets as `offsets_at` reads them, checked once the row is written (and
         # counted only if they pass): read and checked before the stores, they cost a
         # 1-record batch 70 ns instead of 52 (`bench.walker`).
-        first = be_i64(buf, p + BASE_OFFSET_OFFSET)
+        first = be_i64(at, p + BASE_OFFSET_OFFSET)
         position[n] = p
         size[n] = total
         magic[n] = m
         base_offset[n] = first
         delta: Int = 0
         if m == 2:
-            delta = be_i32(buf, p + LAST_OFFSET_DELTA_OFFSET)
-            partition_leader_epoch[n] = be_i32(buf, p + PARTITION_LEADER_EPOCH_OFFSET)
-            crc[n] = be_u32(buf, p + CRC_OFFSET)
-            attributes[n] = be_i16(buf, p + ATTRIBUTES_OFFSET)
+            delta = be_i32(at, p + LAST_OFFSET_DELTA_OFFSET)
+            partition_leader_epoch[n] = be_i32(at, p + PARTITION_LEADER_EPOCH_OFFSET)
+            crc[n] = be_u32(at, p + CRC_OFFSET)
+            attributes[n] = be_i16(at, p + ATTRIBUTES_OFFSET)
             last_offset_delta[n] = delta
-            base_timestamp[n] = be_i64(buf, p + BASE_TIMESTAMP_OFFSET)
-            max_timestamp[n] = be_i64(buf, p + MAX_TIMESTAMP_OFFSET)
-            producer_id[n] = be_i64(buf, p + PRODUCER_ID_OFFSET)
-            producer_epoch[n] = be_i16(buf, p + PRODUCER_EPOCH_OFFSET)
-            base_sequence[n] = be_i32(buf, p + BASE_SEQUENCE_OFFSET)
-            records_count[n] = be_i32(buf, p + RECORDS_COUNT_OFFSET)
+            base_timestamp[n] = be_i64(at, p + BASE_TIMESTAMP_OFFSET)
+            max_timestamp[n] = be_i64(at, p + MAX_TIMESTAMP_OFFSET)
+            producer_id[n] = be_i64(at, p + PRODUCER_ID_OFFSET)
+            producer_epoch[n] = be_i16(at, p + PRODUCER_EPOCH_OFFSET)
+            base_sequence[n] = be_i32(at, p + BASE_SEQUENCE_OFFSET)
+            records_count[n] = be_i32(at, p + RECORDS_COUNT_OFFSET)
         else:  # legacy: `walk` fills in the rest from legacy.py
             partition_leader_epoch[n] = -1
             base_timestamp[n] = -1
@@ -269,6 +270,7 @@ def _summary_kernel(
     offset, last offset, max timestamp, last offset of the earliest batch holding it,
     earliest KIP-534 delete horizon, batches carrying one). A legacy entry stops it with
     LEGACY (its CRC and offsets need `legacy.py`)."""
+    at = buf.ctypes.data
     p = start
     n = 0
     horizon: Int = NO_DELETE_HORIZON
@@ -283,26 +285,26 @@ def _summary_kernel(
         if n == limit:
             reason = FULL
             break
-        prefetch(buf, p, end)
-        total, m, reason = _check_batch(buf, p, end, verify_crc)
+        prefetch(at, p, end)
+        total, m, reason = _check_batch(at, p, end, verify_crc)
         if reason == DONE and m != 2:
             reason = LEGACY
         if reason != DONE:
             break
-        first, delta = offsets_at(buf, p, m)
+        first, delta = offsets_at(at, p, m)
         if not in_range(m, first, delta, low, base, high, span):
             reason = BAD_OFFSET
             break
         last = first + delta
         low, high = next_range(last, low, high)
-        ts = be_i64(buf, p + MAX_TIMESTAMP_OFFSET)
+        ts = be_i64(at, p + MAX_TIMESTAMP_OFFSET)
         if n == 0:
             first_ts, first_base = ts, first
             max_ts, offset_of_max = ts, last
         elif ts > max_ts:
             max_ts, offset_of_max = ts, last
-        if be_i16(buf, p + ATTRIBUTES_OFFSET) & DELETE_HORIZON_MASK:
-            horizon = min(horizon, be_i64(buf, p + BASE_TIMESTAMP_OFFSET))
+        if be_i16(at, p + ATTRIBUTES_OFFSET) & DELETE_HORIZON_MASK:
+            horizon = min(horizon, be_i64(at, p + BASE_TIMESTAMP_OFFSET))
             horizons += 1
         n += 1
         p += total
@@ -790,12 +792,13 @@ def _next_cut(buf: U8, run: Int, max_bytes: Int) -> tuple[Int, Int]:
     and where the run's last batch starts. Only the length fields are read; the hop stops
     at the first entry whose length is impossible or runs past the end, which stays in
     the last run."""
+    at = buf.ctypes.data
     p = run
     last = run
     end = buf.shape[0]
     while end - p >= PREFIX_SIZE:
-        prefetch(buf, p, end)
-        size = LOG_OVERHEAD + int(be_i32(buf, p + LENGTH_OFFSET))
+        prefetch(at, p, end)
+        size = LOG_OVERHEAD + int(be_i32(at, p + LENGTH_OFFSET))
         if size < LEGACY_V0_MIN_SIZE or size > end - p:
             break
         if p > run and p + size - run > max_bytes:

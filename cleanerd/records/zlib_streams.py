@@ -23,9 +23,9 @@ from typing import Any, Final
 import numpy as np
 
 from cleanerd._jit import jit, on_numba_load
+from cleanerd.records.address import Int
 from cleanerd.records.compression import GZIP_LEVEL
 from cleanerd.records.native import load_library, provide, symbol
-from cleanerd.records.walker import Int
 
 Z_FINISH: Final = 4
 Z_STREAM_END: Final = 1

@@ -61,7 +61,7 @@ def reference_murmur3(data: bytes, seed: int = 0) -> tuple[int, int]:
 
 def _lanes(data: bytes, seed: int) -> tuple[int, int]:
     buf = np.frombuffer(data, dtype=np.uint8)
-    h1, h2 = murmur3_x64_128(buf, 0, len(data), seed)
+    h1, h2 = murmur3_x64_128(buf.ctypes.data, 0, len(data), seed)
     return int(h1), int(h2)
 
 
