@@ -88,6 +88,7 @@ KERNEL_MODULES: Final = (
     "compaction.writer",
     "log.index",
     "log.producer_state",
+    "records.address",
     "records.columns",
     "records.compiled_codecs",
     "records.compiled_encoders",
