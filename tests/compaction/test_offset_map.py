@@ -175,6 +175,19 @@ def test_full_table_lookup_of_absent_key_terminates() -> None:
     assert offset_map.keep_mask(keys("absent"), [0]).tolist() == [True]
 
 
+def test_hashes_differing_in_low_bits_only_spread_over_the_slots() -> None:
+    """Home slots come from the top bits of a mixed hash: 1,000 keys whose hashes are
+    1..1000 in both lanes (as tests and crafted keys have) start at many distinct slots,
+    not all at slot 0, and a put of them probes little."""
+    offset_map = OffsetMap(24 * 4096)
+    hashes = np.repeat(np.arange(1, 1001, dtype=np.uint64)[:, None], 2, axis=1)
+    slots = np.empty(1000, dtype=np.int64)
+    assert offset_map.put_many(hashes, np.arange(1000), slots=slots) == 1000
+    homes = [offset_map_module._home(np.uint64(h), offset_map.slots) for h in range(1, 1001)]
+    assert len(set(homes)) > 900
+    assert np.mean(slots - np.array(homes)) < 2  # linear probing from a spread start
+
+
 def test_refuses_bad_input() -> None:
     """All-zero hashes, negative offsets, bad shapes and mismatched lengths are refused."""
     offset_map = OffsetMap(1024, strategy=HEADER)
