@@ -80,7 +80,8 @@ def _word8(at: int, pos: int) -> np.uint64:
 
 @jit_inline
 def _word_le(at: int, pos: int, count: int) -> np.uint64:
-    """The `count` (1-8) bytes at `pos` as a little-endian integer, zero padded."""
+    """The `count` (1-8) bytes at `pos` of the bytes at address `at` as a little-endian
+    integer, zero padded."""
     w = np.uint64(0)
     for i in range(count):
         w |= np.uint64(load_u8(at + pos + i)) << np.uint64(8 * i)
@@ -211,6 +212,7 @@ def hash_record_keys(
     key (length -1). One pass, no copies of the columns: the cleaner hashes whole
     segments this way. Raises ValueError if a key lies outside `buf`."""
     out = np.empty((key_pos.shape[0], 2), dtype=np.uint64)
+    buf = np.ascontiguousarray(buf)  # read at its address: no copy when contiguous
     bad = int(_hash_record_keys_kernel(buf, key_pos, key_len, out))
     if bad >= 0:
         raise ValueError(

@@ -14,14 +14,15 @@ free to say whether the record had a version: the version column costs 8 bytes, 
 nothing. A slot is empty when both hash lanes are zero; `keyhash` never produces that
 pair, and the map refuses it as input. Keys are compared by hash only.
 
-Probing is linear: a key's home slot is ``hash_hi`` scaled to [0, slots) (`_home`) and
-the search walks forward, wrapping, to the key's entry or the first empty slot. Linear
-probing touches neighbouring entries, so the extra probes of a 0.9 load are mostly in
-cache lines already fetched; the kernels ask for the home slot of the record
-`LOOKAHEAD` ahead, so that a map bigger than the CPU's caches does not wait for memory
-at each record. Entries are never removed (only `clear`), so a search may stop at the
-first empty slot. At most ``max_keys = floor(slots * load_factor)`` keys are held; a map
-with ``slots * load_factor <= 1`` is refused, as Kafka refuses to start such a cleaner.
+Probing is linear: a key's home slot is the top 32 bits of ``hash_hi * 2^64/phi`` (mod
+2^64) scaled to [0, slots) (`_home`), and the search walks forward, wrapping, to the
+key's entry or the first empty slot. Linear probing touches neighbouring entries, so the
+extra probes of a 0.9 load are mostly in cache lines already fetched; the kernels ask
+for the home slot of the record `LOOKAHEAD` ahead, so that a map bigger than the CPU's
+caches does not wait for memory at each record. Entries are never removed (only
+`clear`), so a search may stop at the first empty slot. At most
+``max_keys = floor(slots * load_factor)`` keys are held; a map with
+``slots * load_factor <= 1`` is refused, as Kafka refuses to start such a cleaner.
 
 Building the map follows Kafka: records of the dirty range go to `put_many` in offset
 order, and **before every put**, also one for a key already present, the map is full if
@@ -68,6 +69,9 @@ VERSIONED_ENTRY: Final = np.dtype(
 )
 assert OFFSET_ENTRY.itemsize == 24
 assert VERSIONED_ENTRY.itemsize == 32
+for _entry in (OFFSET_ENTRY, VERSIONED_ENTRY):  # `_entries`: hash_hi, then hash_lo
+    assert _entry.fields is not None
+    assert (_entry.fields["hash_hi"][1], _entry.fields["hash_lo"][1]) == (0, 8)
 
 MAX_MEMORY_PER_THREAD: Final = INT32_MAX  # Kafka sizes the map buffer with an Int
 _HAS_VERSION: Final = np.int64(-(2**63))  # the sign bit of a stored offset
@@ -81,11 +85,12 @@ _NO_SLOTS: Final = np.zeros(0, dtype=np.int64)  # put_many without slot output
 
 @jit
 def _home(qh: np.uint64, slots: int) -> int:
-    """The home slot of a key whose hash starts with `qh`: the top 32 bits of `qh` times
-    an odd constant (Fibonacci hashing, so that hashes differing only in low bits, as
-    tests' do, still spread), scaled to [0, slots). Two multiplies, where a modulo is a
-    division; `slots` < 2^32 always (a map is at most 2^31 - 1 bytes). An int64, so
-    that slot + 1 stays an integer."""
+    """The home slot of a key whose hash starts with `qh`: the top 32 bits of
+    ``qh * 2^64/phi`` (mod 2^64: Fibonacci hashing, so that hashes differing only in low
+    bits, as tests' do, still spread) scaled to [0, slots), always in that range. Two
+    multiplies, where a modulo is a division. Slots beyond 2^32 (a map of more than 96
+    GiB, which `for_config` never makes) would be reached only at steps of slots / 2^32.
+    An int64, so that slot + 1 stays an integer."""
     mixed = (qh * _FIBONACCI) >> np.uint64(32)
     return int(np.int64((mixed * np.uint64(slots)) >> np.uint64(32)))
 
@@ -176,6 +181,7 @@ def _put_kernel(
             return j, size
         if j + LOOKAHEAD < n:
             _prefetch_home(at, stride, capacity, hashes[j + LOOKAHEAD, 0])
+        # Never -1: the map is found full (above) while an empty slot is left.
         slot = _probe(at, stride, capacity, hashes[j, 0], hashes[j, 1])
         has = versioned and has_version[j]
         version = versions[j] if versioned else 0

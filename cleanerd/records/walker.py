@@ -93,6 +93,9 @@ NO_DELETE_HORIZON: Final = 2**63 - 1
 _SMALL_BATCH_GUESS: Final = 128  # bytes per batch, to size the scratch table of a short walk
 
 
+# Big-endian fields at position `p` of the bytes at address `at` (`address.py`).
+
+
 @jit
 def be_i64(at: Int, p: Int) -> Int:
     u = np.uint64(0)

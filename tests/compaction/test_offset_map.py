@@ -177,15 +177,27 @@ def test_full_table_lookup_of_absent_key_terminates() -> None:
 
 def test_hashes_differing_in_low_bits_only_spread_over_the_slots() -> None:
     """Home slots come from the top bits of a mixed hash: 1,000 keys whose hashes are
-    1..1000 in both lanes (as tests and crafted keys have) start at many distinct slots,
-    not all at slot 0, and a put of them probes little."""
+    1..1000 in both lanes (as tests and crafted keys have) start at many distinct slots
+    spread over the whole map (not at slot 0, where the top bits alone would put them,
+    nor in its first 1,000 slots, where their value would), and a put of them probes
+    little."""
     offset_map = OffsetMap(24 * 4096)
+    slots_in_map = offset_map.slots
     hashes = np.repeat(np.arange(1, 1001, dtype=np.uint64)[:, None], 2, axis=1)
     slots = np.empty(1000, dtype=np.int64)
     assert offset_map.put_many(hashes, np.arange(1000), slots=slots) == 1000
-    homes = [offset_map_module._home(np.uint64(h), offset_map.slots) for h in range(1, 1001)]
-    assert len(set(homes)) > 900
-    assert np.mean(slots - np.array(homes)) < 2  # linear probing from a spread start
+    homes = np.array([offset_map_module._home(np.uint64(h), slots_in_map) for h in range(1, 1001)])
+    assert len(set(homes.tolist())) > 900
+    assert np.count_nonzero(homes >= slots_in_map // 2) > 400
+    assert np.mean((slots - homes) % slots_in_map) < 2  # linear probing from a spread start
+
+
+@given(
+    st.integers(min_value=0, max_value=2**64 - 1),
+    st.integers(min_value=1, max_value=2**32 - 1),
+)
+def test_home_slot_is_in_range(qh: int, slots: int) -> None:
+    assert 0 <= offset_map_module._home(np.uint64(qh), slots) < slots
 
 
 def test_refuses_bad_input() -> None:
