@@ -31,8 +31,7 @@ from cleanerd.daemon import credentials
 from cleanerd.errors import ConfigError
 from cleanerd.log.access import check_partitions
 from cleanerd.log.files import LOCK_FILE_NAME
-from cleanerd.log.lock import OwnerLock
-from cleanerd.log.ownership import lock_holder
+from cleanerd.log.ownership import Holder
 
 ARGS: Final[tuple[Arg, ...]] = (
     (("file",), {"type": Path, "metavar": "FILE", "nargs": "?", "help": "the YAML config file"}),
@@ -71,12 +70,11 @@ def _held_by_another(cfg: Config) -> dict[int, str]:
     observe them."""
     found = {}
     for i, log_dir in enumerate(cfg.log_dirs):
-        pid = lock_holder(log_dir)
-        if pid is None or OwnerLock(cfg.state_dir, log_dir).held_elsewhere():
+        holder = Holder.of(log_dir, cfg.state_dir)
+        if holder.pid is None or holder.cleanerd:
             continue  # free, or a running cleanerd's own
-        who = f"pid {pid}" if pid else "a process whose pid is not visible here"
         found[i] = (
-            f"log.dirs[{i}]: {str(log_dir / LOCK_FILE_NAME)!r} is held by {who} (a running "
+            f"log.dirs[{i}]: {str(log_dir / LOCK_FILE_NAME)!r} is held by {holder.who} (a running "
             "Kafka broker?): mode: owner only observes it while it is held, and owns it "
             "only from a restart after it is let go; beside a live broker set "
             "mode: observe"

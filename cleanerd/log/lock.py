@@ -198,19 +198,26 @@ class OwnerLock:
         """Whether another holder (normally the owning daemon) has the marker. Creates
         nothing: a holder made the file, and a look from another user (`check-config`
         as root) must not leave one the service user cannot open."""
-        if self._fd is not None:
-            return False
-        try:
-            fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
-        except OSError:  # none (no holder made one), or not this user's to look at
-            return False
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # a read-only open may flock
-        except BlockingIOError:
-            return True
-        finally:
-            os.close(fd)  # drops the probe's lock, if it took it
+        return self._fd is None and flock_refused(self.path, fcntl.LOCK_EX)
+
+
+def flock_refused(path: Path, operation: int) -> bool:
+    """Whether another open file holds a `flock` on `path` that refuses one of
+    `operation` (`LOCK_SH`, `LOCK_EX`) now; False when `path` cannot be opened to look
+    (there is none, or it is not this user's to read). Creates nothing, and the probe's
+    own lock, if it took it, goes with its descriptor at once. Never for a file this
+    process holds a POSIX lock on: closing any descriptor of a file drops those."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
         return False
+    try:
+        fcntl.flock(fd, operation | fcntl.LOCK_NB)  # a read-only open may flock
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+    return False
 
 
 def holds_log_dir_lock(log_dir: Path) -> bool:

@@ -60,7 +60,6 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Self
@@ -75,7 +74,6 @@ from cleanerd.log.checkpoint import (
 )
 from cleanerd.log.files import (
     CLEAN_SHUTDOWN_FILE_NAME,
-    LOCK_FILE_NAME,
     METADATA_TOPIC,
     TopicPartition,
     list_partitions,
@@ -90,7 +88,7 @@ from cleanerd.log.known_segments import (
     write_known_segments,
 )
 from cleanerd.log.lock import LogDirLock, OwnerLock, default_state_dir
-from cleanerd.log.ownership import OwnerProof, ProcessId, lock_holder, start_ticks
+from cleanerd.log.ownership import Holder, OwnerProof, ProcessId, start_ticks
 from cleanerd.log.partition_log import LogConfig, PartitionLog
 from cleanerd.log.properties import META_PROPERTIES, MetaProperties, read_meta_properties
 from cleanerd.logger import get_logger
@@ -104,35 +102,6 @@ class Mode(enum.Enum):
     OWNER = "owner"
     SHARED = "shared"
     OBSERVE = "observe"
-
-
-@dataclass(frozen=True, slots=True)
-class Holder:
-    """Another process holding a log dir's `.lock`: a cleanerd owner (it holds the owner
-    marker in the same state dir), or anything else (a Kafka broker)."""
-
-    log_dir: Path
-    pid: int | None
-    """None or 0 when its pid cannot be seen from here (another pid namespace, `/proc`
-    hidden) or it let go since."""
-    cleanerd: bool
-
-    def __str__(self) -> str:
-        pid = f"pid {self.pid}" if self.pid else "a process whose pid is not visible here"
-        if self.cleanerd:
-            who = f"cleanerd ({pid}: a running daemon or another command owns it)"
-        else:
-            who = f"{pid} (a running Kafka broker?)"
-        return f"{self.log_dir / LOCK_FILE_NAME} is held by {who}: observed only"
-
-    def refusal(self) -> str:
-        """Why a second cleanerd owner is refused (a cleanerd holder only)."""
-        pid = f"pid {self.pid}" if self.pid else "a process whose pid is not visible here"
-        return (
-            f"log dir {self.log_dir} is owned by another cleanerd process ({pid}: a running "
-            "daemon or `cleanerd clean`); only one may own it: stop that one first "
-            "(`cleanerd plan` and `cleanerd audit` only read and can run beside it)"
-        )
 
 
 class LogDir:
@@ -195,8 +164,7 @@ class LogDir:
         try:
             dir_lock.acquire()
         except LogDirLockedError:
-            pid = lock_holder(path)
-            held = Holder(path, pid, pid is not None and OwnerLock(state, path).held_elsewhere())
+            held = Holder.of(path, state)
             if allow_shared and held.pid is not None and held.cleanerd:
                 log.info("log_dir.shared", log_dir=str(path), owner_pid=held.pid)
                 owner = OwnerProof(path, ProcessId(held.pid, start_ticks(held.pid)))

@@ -39,7 +39,7 @@ from typing import Final, Self
 
 from cleanerd.errors import CleanerdError
 from cleanerd.log.files import LOCK_FILE_NAME, log_file
-from cleanerd.log.lock import holds_log_dir_lock
+from cleanerd.log.lock import OwnerLock, flock_refused, holds_log_dir_lock
 from cleanerd.log.meta import SegmentMeta
 
 _FLOCK: Final = struct.Struct("hhqqi")
@@ -128,8 +128,8 @@ def flock_holder(path: Path, dev: int, ino: int) -> int | None:
     refused says an exclusive one is held: 0, a holder whose pid cannot be seen."""
     try:
         text = Path("/proc/locks").read_text()
-    except OSError:
-        return _flock_probe(path)
+    except OSError:  # `lock_holder` checked that this process holds no lock on it
+        return 0 if flock_refused(path, fcntl.LOCK_SH) else None
     file = f"{os.major(dev):02x}:{os.minor(dev):02x}:{ino}"
     for line in text.splitlines():
         fields = line.split()
@@ -138,20 +138,43 @@ def flock_holder(path: Path, dev: int, ino: int) -> int | None:
     return None
 
 
-def _flock_probe(path: Path) -> int | None:
-    """0 when a shared `flock` on `path` is refused (someone holds an exclusive one),
-    else None; the probe's lock goes with its descriptor at once."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
-        return None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return 0
-    finally:
-        os.close(fd)  # this process holds no POSIX lock on it (`lock_holder` checked)
-    return None
+@dataclass(frozen=True, slots=True)
+class Holder:
+    """Another process holding a log dir's `.lock`: a cleanerd owner (it holds the owner
+    marker in the same state dir), or anything else (a Kafka broker)."""
+
+    log_dir: Path
+    pid: int | None
+    """None or 0 when its pid cannot be seen from here (another pid namespace, `/proc`
+    hidden) or it let go since."""
+    cleanerd: bool
+
+    @classmethod
+    def of(cls, log_dir: Path, state_dir: Path) -> Holder:
+        """Who holds `log_dir`'s `.lock` now (pid None: nobody, or it let go since), and
+        whether it is a cleanerd owner of `state_dir`."""
+        pid = lock_holder(log_dir)
+        return cls(log_dir, pid, pid is not None and OwnerLock(state_dir, log_dir).held_elsewhere())
+
+    @property
+    def who(self) -> str:
+        """`pid N`, or what stands for a pid that cannot be seen."""
+        return f"pid {self.pid}" if self.pid else "a process whose pid is not visible here"
+
+    def __str__(self) -> str:
+        if self.cleanerd:
+            who = f"cleanerd ({self.who}: a running daemon or another command owns it)"
+        else:
+            who = f"{self.who} (a running Kafka broker?)"
+        return f"{self.log_dir / LOCK_FILE_NAME} is held by {who}: observed only"
+
+    def refusal(self) -> str:
+        """Why a second cleanerd owner is refused (a cleanerd holder only)."""
+        return (
+            f"log dir {self.log_dir} is owned by another cleanerd process ({self.who}: a "
+            "running daemon or `cleanerd clean`); only one may own it: stop that one first "
+            "(`cleanerd plan` and `cleanerd audit` only read and can run beside it)"
+        )
 
 
 @dataclass(frozen=True, slots=True)
