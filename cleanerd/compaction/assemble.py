@@ -14,18 +14,19 @@ records rewritten as above (uncompressed v2) or the compressed area Python made 
 (the codecs are C libraries called per batch); and batches prebuilt whole in Python
 (empty headers, legacy entries, both rare). It leaves the CRC of the batches it heads at
 zero: CRC-32C runs in C (`crc32c`) afterwards, one call per batch. Bytes are moved with
-LLVM's memcpy, which a loop over bytes in numba does not become.
+LLVM's memcpy (`address.copy_bytes`), which a loop over bytes in numba does not become.
 """
 
 from __future__ import annotations
 
-from typing import Any, TypeAlias
+from typing import TypeAlias
 
 import numpy as np
 from numpy.typing import NDArray
 
-from cleanerd._jit import jit, on_numba_load
+from cleanerd._jit import jit
 from cleanerd.compaction.batch_retention import NO_HORIZON
+from cleanerd.records.address import Int, copy_bytes, load_u8, store_u8
 from cleanerd.records.header import (
     ATTRIBUTES_OFFSET,
     BASE_OFFSET_OFFSET,
@@ -47,80 +48,40 @@ from cleanerd.records.header import (
 )
 
 
-def _memcpy_typer(
-    typingctx: Any, dst: Any, dst_at: Any, src: Any, src_at: Any, n: Any
-) -> tuple[Any, Any] | None:
-    from numba import types
-    from numba.core import cgutils
-
-    # Byte arrays whose elements are adjacent only: the pointer arithmetic assumes it.
-    for array in (dst, src):
-        if not (isinstance(array, types.Array) and array.layout == "C" and array.ndim == 1):
-            return None
-        if array.dtype != types.uint8:
-            return None
-    sig = types.void(dst, dst_at, src, src_at, n)
-
-    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
-        dst_v, dst_at_v, src_v, src_at_v, n_v = args
-        d = context.make_array(signature.args[0])(context, builder, dst_v)
-        s = context.make_array(signature.args[2])(context, builder, src_v)
-        to, at = builder.gep(d.data, [dst_at_v]), builder.gep(s.data, [src_at_v])
-        cgutils.raw_memcpy(builder, to, at, n_v, 1)  # type: ignore[no-untyped-call]
-        return context.get_dummy_value()
-
-    return sig, codegen
-
-
-_memcpy_at: Any = None
-"""memcpy(&dst[dst_at], &src[src_at], n) for two C-contiguous uint8 arrays (jit code only),
-declared when numba is imported (kernels are compiled, or loaded from the cache, only
-after that): a command that runs no kernel does not import numba for it."""
-
-
-def _declare() -> None:
-    global _memcpy_at
-    from numba.extending import intrinsic
-
-    _memcpy_at = intrinsic(_memcpy_typer)
-
-
-on_numba_load(_declare)
-
-
 @jit
-def _memcpy(src: NDArray[np.uint8], s: int, dst: NDArray[np.uint8], d: int, n: int) -> int:
-    """Copy src[s:s+n] to dst[d:d+n] (no overlap); returns d + n."""
-    if n > 0:
-        _memcpy_at(dst, d, src, s, n)
+def _copy(at: Int, s: Int, to: Int, d: Int, n: Int) -> Int:
+    """Copy the `n` bytes from `s` at address `at` to `d` at address `to` (no overlap);
+    returns d + n."""
+    copy_bytes(to + d, at + s, n)
     return d + n
 
 
 @jit
-def _skip_varint(buf: NDArray[np.uint8], p: int) -> int:
-    """The position after the varint at `p`."""
-    while buf[p] >= 0x80:
+def _skip_varint(at: Int, p: Int) -> Int:
+    """The position after the varint at byte `p` of the bytes at address `at`."""
+    while load_u8(at + p) >= 0x80:
         p += 1
     return p + 1
 
 
 @jit
-def _put_varint(out: NDArray[np.uint8], p: int, value: int) -> int:
-    """Write `value` zig-zag encoded at `p`; returns the position after it."""
+def _put_varint(to: Int, p: Int, value: Int) -> Int:
+    """Write `value` zig-zag encoded at byte `p` of the bytes at address `to`; returns the
+    position after it."""
     u = (value << 1) ^ (value >> 63)
     while True:
         b = u & 0x7F
         u = (u >> 7) & ((1 << 57) - 1)
         if u:
-            out[p] = b | 0x80
+            store_u8(to + p, b | 0x80)
             p += 1
         else:
-            out[p] = b
+            store_u8(to + p, b)
             return p + 1
 
 
 @jit
-def _varint_size(value: int) -> int:
+def _varint_size(value: Int) -> Int:
     """How many bytes `_put_varint` writes for `value`."""
     u = ((value << 1) ^ (value >> 63)) >> 7 & ((1 << 57) - 1)
     n = 1
@@ -131,24 +92,18 @@ def _varint_size(value: int) -> int:
 
 
 @jit
-def _rewrite_record(
-    buf: NDArray[np.uint8],
-    start: int,
-    end: int,
-    ts_delta: int,
-    out: NDArray[np.uint8],
-    o: int,
-) -> int:
-    """Write the v2 record buf[start:end] at out[o] with the timestamp delta `ts_delta`;
-    returns where it ends. Only the length and timestamp-delta varints change: the
-    offset delta stays valid because the batch keeps its base offset."""
-    attr = _skip_varint(buf, start)
-    ts_end = _skip_varint(buf, attr + 1)
+def _rewrite_record(at: Int, start: Int, end: Int, ts_delta: Int, to: Int, o: Int) -> Int:
+    """Write the v2 record at bytes [start, end) of address `at` to byte `o` of address
+    `to` with the timestamp delta `ts_delta`; returns where it ends. Only the length and
+    timestamp-delta varints change: the offset delta stays valid because the batch keeps
+    its base offset."""
+    attr = _skip_varint(at, start)
+    ts_end = _skip_varint(at, attr + 1)
     tail = end - ts_end
-    o = _put_varint(out, o, 1 + _varint_size(ts_delta) + tail)
-    out[o] = buf[attr]
-    o = _put_varint(out, o + 1, ts_delta)
-    return _memcpy(buf, ts_end, out, o, tail)
+    o = _put_varint(to, o, 1 + _varint_size(ts_delta) + tail)
+    store_u8(to + o, load_u8(at + attr))
+    o = _put_varint(to, o + 1, ts_delta)
+    return _copy(at, ts_end, to, o, tail)
 
 
 @jit
@@ -162,17 +117,18 @@ def rewrite_records(
 ) -> None:
     """Write the v2 records [rec_start, rec_end) of `buf` back to back into `out` with new
     timestamp deltas, `written[i]` receiving the end of record i in `out`."""
-    o = 0
+    at, to = buf.ctypes.data, out.ctypes.data
+    o: Int = 0
     for i in range(rec_start.shape[0]):
-        o = _rewrite_record(buf, rec_start[i], rec_end[i], new_ts_delta[i], out, o)
+        o = _rewrite_record(at, rec_start[i], rec_end[i], new_ts_delta[i], to, o)
         written[i] = o
 
 
 @jit
-def _put_be(out: NDArray[np.uint8], p: int, value: int, width: int) -> None:
-    """Write the `width` low bytes of `value` big-endian at `p`."""
+def _put_be(to: Int, p: Int, value: Int, width: Int) -> None:
+    """Write the `width` low bytes of `value` big-endian at byte `p` of address `to`."""
     for k in range(width):
-        out[p + width - 1 - k] = (value >> (8 * k)) & 0xFF
+        store_u8(to + p + width - 1 - k, value >> (8 * k))
 
 
 BatchHeads: TypeAlias = tuple[
@@ -217,7 +173,7 @@ def assemble_chunk(
     out: NDArray[np.uint8],
     table: NDArray[np.int64],
     crc_rows: NDArray[np.int64],
-) -> tuple[int, int, int]:
+) -> tuple[Int, int, int]:
     """Write the output of batches [b0, b1) into `out`, back to back: COPY batches from
     `segment` as they are; a batch prebuilt whole (`prebuilt[i]` = (start, end, max
     timestamp, PREBUILT_BATCH) in `blob`; start -1 for none) from `blob`; the other
@@ -228,8 +184,15 @@ def assemble_chunk(
 
     Returns (bytes written, output batches, batches needing a CRC); `table[n]` = (end,
     base offset, last offset, max timestamp) of output batch n, `crc_rows` the output
-    batches whose CRC is to be computed."""
-    o = 0
+    batches whose CRC is to be computed. The helpers read and write at the arrays'
+    addresses (`address.py`; the arrays are C-contiguous, and held here)."""
+    seg_at, buf_at, blob_at, to = (
+        segment.ctypes.data,
+        buf.ctypes.data,
+        blob.ctypes.data,
+        out.ctypes.data,
+    )
+    o: Int = 0
     n = 0
     n_crc = 0
     for i in range(b0, b1):
@@ -239,10 +202,10 @@ def assemble_chunk(
         base = heads[0][i]
         max_ts = heads[4][i]
         if prebuilt[i, 3] == PREBUILT_BATCH:
-            o = _memcpy(blob, prebuilt[i, 0], out, o, prebuilt[i, 1] - prebuilt[i, 0])
+            o = _copy(blob_at, prebuilt[i, 0], to, o, prebuilt[i, 1] - prebuilt[i, 0])
             max_ts = prebuilt[i, 2]
         elif action == 1:  # COPY
-            o = _memcpy(segment, heads[8][i], out, o, heads[9][i])
+            o = _copy(seg_at, heads[8][i], to, o, heads[9][i])
         else:  # REENCODE
             first, count = heads[10][i], heads[11][i]
             attributes = heads[2][i]
@@ -262,28 +225,28 @@ def assemble_chunk(
                 attributes |= DELETE_HORIZON_MASK
             else:
                 attributes &= ~DELETE_HORIZON_MASK
-            q = o + RECORD_BATCH_OVERHEAD
+            q: Int = o + RECORD_BATCH_OVERHEAD
             if prebuilt[i, 3] == PREBUILT_BODY:
-                q = _memcpy(blob, prebuilt[i, 0], out, q, prebuilt[i, 1] - prebuilt[i, 0])
+                q = _copy(blob_at, prebuilt[i, 0], to, q, prebuilt[i, 1] - prebuilt[i, 0])
             else:
                 for j in range(first, first + count):
                     if keep[j]:
                         q = _rewrite_record(
-                            buf, record_pos[j], record_end[j], timestamps[j] - base_ts, out, q
+                            buf_at, record_pos[j], record_end[j], timestamps[j] - base_ts, to, q
                         )
-            _put_be(out, o + BASE_OFFSET_OFFSET, base, 8)
-            _put_be(out, o + LENGTH_OFFSET, q - o - LOG_OVERHEAD, 4)
-            _put_be(out, o + PARTITION_LEADER_EPOCH_OFFSET, heads[1][i], 4)
-            out[o + MAGIC_OFFSET] = 2
-            _put_be(out, o + CRC_OFFSET, 0, 4)
-            _put_be(out, o + ATTRIBUTES_OFFSET, attributes, 2)
-            _put_be(out, o + LAST_OFFSET_DELTA_OFFSET, heads[3][i], 4)
-            _put_be(out, o + BASE_TIMESTAMP_OFFSET, base_ts, 8)
-            _put_be(out, o + MAX_TIMESTAMP_OFFSET, max_ts, 8)
-            _put_be(out, o + PRODUCER_ID_OFFSET, heads[5][i], 8)
-            _put_be(out, o + PRODUCER_EPOCH_OFFSET, heads[6][i], 2)
-            _put_be(out, o + BASE_SEQUENCE_OFFSET, heads[7][i], 4)
-            _put_be(out, o + RECORDS_COUNT_OFFSET, kept, 4)
+            _put_be(to, o + BASE_OFFSET_OFFSET, base, 8)
+            _put_be(to, o + LENGTH_OFFSET, q - o - LOG_OVERHEAD, 4)
+            _put_be(to, o + PARTITION_LEADER_EPOCH_OFFSET, heads[1][i], 4)
+            store_u8(to + o + MAGIC_OFFSET, 2)
+            _put_be(to, o + CRC_OFFSET, 0, 4)
+            _put_be(to, o + ATTRIBUTES_OFFSET, attributes, 2)
+            _put_be(to, o + LAST_OFFSET_DELTA_OFFSET, heads[3][i], 4)
+            _put_be(to, o + BASE_TIMESTAMP_OFFSET, base_ts, 8)
+            _put_be(to, o + MAX_TIMESTAMP_OFFSET, max_ts, 8)
+            _put_be(to, o + PRODUCER_ID_OFFSET, heads[5][i], 8)
+            _put_be(to, o + PRODUCER_EPOCH_OFFSET, heads[6][i], 2)
+            _put_be(to, o + BASE_SEQUENCE_OFFSET, heads[7][i], 4)
+            _put_be(to, o + RECORDS_COUNT_OFFSET, kept, 4)
             o = q
             crc_rows[n_crc] = n
             n_crc += 1

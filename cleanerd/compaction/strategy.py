@@ -43,6 +43,7 @@ from numpy.typing import ArrayLike, NDArray
 from cleanerd._jit import jit
 from cleanerd.errors import ConfigError, CorruptRecordError
 from cleanerd.log.segment_reader import JoinedBuffer
+from cleanerd.records.address import Int, load_u8
 from cleanerd.records.columns import SegmentColumns
 from cleanerd.records.header import TIMESTAMP_TYPE_MASK
 
@@ -141,13 +142,14 @@ _VERSION_BYTES: Final = 8
 
 
 @jit
-def _read_varint(buf: NDArray[np.uint8], pos: int, end: int) -> tuple[int, int, int]:
-    """Decode the zig-zag varint at `pos`: (value, next position, error code)."""
+def _read_varint(at: Int, pos: int, end: int) -> tuple[int, int, int]:
+    """Decode the zig-zag varint at byte `pos` of the bytes at address `at` (reading no
+    further than `end`): (value, next position, error code)."""
     raw = 0
     for i in range(_VARINT_MAX_BYTES):
         if pos + i >= end:
             return 0, pos, _ERR_TRUNCATED
-        b = int(np.int64(buf[pos + i]))
+        b = int(load_u8(at + pos + i))
         raw |= (b & 0x7F) << (7 * i)
         if b < 0x80:
             raw &= 0xFFFFFFFF  # bits past 32 fall away, as in Kafka's int arithmetic
@@ -156,18 +158,18 @@ def _read_varint(buf: NDArray[np.uint8], pos: int, end: int) -> tuple[int, int, 
 
 
 @jit
-def _read_long_be(buf: NDArray[np.uint8], pos: int) -> np.int64:
+def _read_long_be(at: Int, pos: int) -> np.int64:
     v = np.uint64(0)
     for i in range(_VERSION_BYTES):
-        v = (v << np.uint64(8)) | np.uint64(buf[pos + i])
+        v = (v << np.uint64(8)) | np.uint64(load_u8(at + pos + i))
     return np.int64(v)
 
 
 @jit
-def _matches(buf: NDArray[np.uint8], pos: int, name: NDArray[np.uint8]) -> bool:
-    # An explicit loop: numba compiles it without the temporary array a slice compare makes.
-    for i in range(name.shape[0]):  # noqa: SIM110
-        if buf[pos + i] != name[i]:
+def _matches(at: Int, pos: int, name_at: Int, name_len: int) -> bool:
+    """Whether the `name_len` bytes from `pos` at address `at` are those at `name_at`."""
+    for i in range(name_len):  # noqa: SIM110 - numba compiles no generator in all()
+        if load_u8(at + pos + i) != load_u8(name_at + i):
             return False
     return True
 
@@ -181,7 +183,9 @@ def _header_versions_kernel(
     name: NDArray[np.uint8],
 ) -> tuple[NDArray[np.int64], NDArray[np.bool_], int, int, int]:
     """Walk each record's headers; returns (versions, has_version, error code, error
-    position, record index of the error)."""
+    position, record index of the error). The helpers read at the arrays' addresses
+    (`address.py`; both are C-contiguous, and held here)."""
+    at, name_at = buf.ctypes.data, name.ctypes.data
     n = headers_pos.shape[0]
     versions = np.zeros(n, dtype=np.int64)
     has = np.zeros(n, dtype=np.bool_)
@@ -198,7 +202,7 @@ def _header_versions_kernel(
         value_pos = -1
         value_len = -1
         for _ in range(header_count[r]):
-            key_len, next_pos, err = _read_varint(buf, pos, end)
+            key_len, next_pos, err = _read_varint(at, pos, end)
             if err != _ERR_NONE:
                 return versions, has, err, pos, r
             if key_len < 0:
@@ -207,19 +211,19 @@ def _header_versions_kernel(
                 return versions, has, _ERR_TRUNCATED, next_pos, r
             key_pos = next_pos
             pos = next_pos + key_len
-            vlen, next_pos, err = _read_varint(buf, pos, end)
+            vlen, next_pos, err = _read_varint(at, pos, end)
             if err != _ERR_NONE:
                 return versions, has, err, pos, r
             if vlen < -1:
                 return versions, has, _ERR_VALUE_LEN, pos, r
             if vlen > end - next_pos:
                 return versions, has, _ERR_TRUNCATED, next_pos, r
-            if key_len == name_len and _matches(buf, key_pos, name):
+            if key_len == name_len and _matches(at, key_pos, name_at, name_len):
                 value_pos = next_pos
                 value_len = vlen
             pos = next_pos + max(vlen, 0)
         if value_len == _VERSION_BYTES:
-            versions[r] = _read_long_be(buf, value_pos)
+            versions[r] = _read_long_be(at, value_pos)
             has[r] = True
     return versions, has, _ERR_NONE, 0, 0
 

@@ -1,4 +1,5 @@
-"""Byte reads at an address, for the helpers that kernels call per record or per batch.
+"""Byte reads and writes at an address, for the helpers that kernels call per record or
+per batch.
 
 A numba function that takes an array takes a reference to it: a count incremented on
 entry and decremented at every return, both atomic. numba's pruning pass removes the
@@ -8,7 +9,9 @@ were 43% of the time of decoding 100-record batches. Helpers called in a kernel'
 therefore take the address of the bytes (``array.ctypes.data``, an integer, read once
 by the kernel) and read through `load_u8`, which is a plain load: no reference, no
 bounds check (numba does not check bounds of an array index either). The kernel keeps
-the array, and so the memory, alive for as long as it runs.
+the array, and so the memory, alive for as long as it runs. Helpers that write (a
+decoder's output, an assembled batch) write through `store_u8` and `copy_bytes` (LLVM's
+memcpy, which a loop over bytes in numba does not become) the same way.
 
 The intrinsic is declared when numba is first imported (`_jit.on_numba_load`), as
 `prefetch.py`'s is, so a command that runs no kernel does not import numba for it.
@@ -43,6 +46,41 @@ def _load(bits: int, address: Any) -> tuple[Any, Any] | None:
     return sig, codegen
 
 
+def _store_u8_typer(typingctx: Any, address: Any, value: Any) -> tuple[Any, Any] | None:
+    from llvmlite import ir
+    from numba import types
+
+    if not (isinstance(address, types.Integer) and isinstance(value, types.Integer)):
+        return None
+    sig = types.void(address, value)
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        byte = ir.IntType(8)
+        pointer = builder.inttoptr(args[0], byte.as_pointer())
+        builder.store(builder.trunc(args[1], byte), pointer, align=1)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+def _copy_typer(typingctx: Any, to: Any, at: Any, n: Any) -> tuple[Any, Any] | None:
+    from llvmlite import ir
+    from numba import types
+    from numba.core import cgutils
+
+    if not all(isinstance(x, types.Integer) for x in (to, at, n)):
+        return None
+    sig = types.void(to, at, n)
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        byte_ptr = ir.IntType(8).as_pointer()
+        to_v, at_v = (builder.inttoptr(x, byte_ptr) for x in args[:2])
+        cgutils.raw_memcpy(builder, to_v, at_v, args[2], 1)  # type: ignore[no-untyped-call]
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
 def _load_u8_typer(typingctx: Any, address: Any) -> tuple[Any, Any] | None:
     return _load(8, address)
 
@@ -55,23 +93,30 @@ _load_u8: Any = None
 """The byte at an address (jit code only)."""
 _load_u64: Any = None
 """The 8 bytes at an address as a native-endian uint64 (jit code only)."""
+_store_u8: Any = None
+"""Store the low byte of an integer at an address (jit code only)."""
+_copy: Any = None
+"""memcpy(to, at, n) (jit code only)."""
 
 
 def _declare() -> None:
-    global _load_u8, _load_u64
+    global _load_u8, _load_u64, _store_u8, _copy
     from numba.extending import intrinsic
 
     _load_u8 = intrinsic(_load_u8_typer)
     _load_u64 = intrinsic(_load_u64_typer)
+    _store_u8 = intrinsic(_store_u8_typer)
+    _copy = intrinsic(_copy_typer)
 
 
 on_numba_load(_declare)
 
 
 @jit_inline
-def load_u8(address: Int) -> int:
-    """The byte at `address`, as an int64."""
-    return int(_load_u8(address))
+def load_u8(address: Int) -> np.int64:
+    """The byte at `address`, as an int64 (so that arithmetic with other int64s stays
+    integer: numba makes a float of a signed and an unsigned integer)."""
+    return np.int64(_load_u8(address))
 
 
 @jit_inline
@@ -79,3 +124,17 @@ def load_u64(address: Int) -> np.uint64:
     """The 8 bytes at `address` as a native-endian (little-endian on x86-64 and arm64)
     uint64."""
     return np.uint64(_load_u64(address))
+
+
+@jit_inline
+def store_u8(address: Int, value: Int) -> None:
+    """Write the low byte of `value` at `address`."""
+    _store_u8(address, value)
+
+
+@jit_inline
+def copy_bytes(to: Int, at: Int, n: Int) -> None:
+    """Copy the `n` bytes at address `at` to address `to` (the two ranges do not overlap;
+    nothing is copied when `n` is 0 or less)."""
+    if n > 0:
+        _copy(to, at, n)

@@ -80,7 +80,7 @@ import numpy as np
 
 from cleanerd._jit import jit, on_numba_load
 from cleanerd.records import zlib_streams
-from cleanerd.records.address import Int
+from cleanerd.records.address import Int, copy_bytes, load_u8, load_u64, store_u8
 from cleanerd.records.compression import LZ4_MAGIC, XERIAL_MAGIC, XXH32_PRIMES
 from cleanerd.records.native import load_library, provide, symbol
 
@@ -100,8 +100,9 @@ GZIP_MIN_MEMBER: Final = 18  # a 10-byte header, an empty deflate block, an 8-by
 GZIP_MAX_RATIO: Final = 1032  # deflate's most: 258 bytes from each 2 bits
 NO_STREAM: Final = np.empty(0, np.uint64)
 """`decompress_areas`'s inflating stream when zlib is not loaded."""
-_LZ4_MAGIC: Final = np.frombuffer(LZ4_MAGIC, np.uint8)
-_XERIAL_MAGIC: Final = np.frombuffer(XERIAL_MAGIC, np.uint8)
+_LZ4_WORD: Final = int.from_bytes(LZ4_MAGIC, "little")
+_XERIAL_WORD: Final = int.from_bytes(XERIAL_MAGIC, "little")
+"""The magic numbers as the little-endian words that open a frame and a xerial stream."""
 
 _M32: Final = 0xFFFFFFFF
 _P1, _P2, _P3, _P4, _P5 = XXH32_PRIMES
@@ -255,21 +256,22 @@ def _rotl(x: Int, r: Int) -> Int:
 
 
 @jit
-def _le32(buf: Any, p: Int) -> Int:
+def _le32(at: Int, p: Int) -> Int:
+    """The little-endian uint32 at byte `p` of the bytes at address `at`."""
     return (
-        np.int64(buf[p])
-        | (np.int64(buf[p + 1]) << 8)
-        | (np.int64(buf[p + 2]) << 16)
-        | (np.int64(buf[p + 3]) << 24)
+        load_u8(at + p)
+        | (load_u8(at + p + 1) << 8)
+        | (load_u8(at + p + 2) << 16)
+        | (load_u8(at + p + 3) << 24)
     )
 
 
 @jit
-def xxh32(buf: Any, start: Int, n: Int) -> Int:
-    """XXH32 (seed 0) of `buf[start:start + n]`. Products are taken in int64, which wraps;
-    only their low 32 bits are kept. `compression.xxhash32` is the same function for the
-    codec layer, which hashes a few descriptor bytes and so does not load numba for them;
-    the tests hold the two equal."""
+def xxh32(at: Int, start: Int, n: Int) -> Int:
+    """XXH32 (seed 0) of the `n` bytes from `start` of the bytes at address `at`. Products
+    are taken in int64, which wraps; only their low 32 bits are kept.
+    `compression.xxhash32` is the same function for the codec layer, which hashes a few
+    descriptor bytes and so does not load numba for them; the tests hold the two equal."""
     i, end = start, start + n
     if n >= 16:
         v1: Int = (_P1 + _P2) & _M32
@@ -277,20 +279,20 @@ def xxh32(buf: Any, start: Int, n: Int) -> Int:
         v3: Int = 0
         v4: Int = (-_P1) & _M32
         while i + 16 <= end:
-            v1 = (_rotl((v1 + _le32(buf, i) * _P2) & _M32, 13) * _P1) & _M32
-            v2 = (_rotl((v2 + _le32(buf, i + 4) * _P2) & _M32, 13) * _P1) & _M32
-            v3 = (_rotl((v3 + _le32(buf, i + 8) * _P2) & _M32, 13) * _P1) & _M32
-            v4 = (_rotl((v4 + _le32(buf, i + 12) * _P2) & _M32, 13) * _P1) & _M32
+            v1 = (_rotl((v1 + _le32(at, i) * _P2) & _M32, 13) * _P1) & _M32
+            v2 = (_rotl((v2 + _le32(at, i + 4) * _P2) & _M32, 13) * _P1) & _M32
+            v3 = (_rotl((v3 + _le32(at, i + 8) * _P2) & _M32, 13) * _P1) & _M32
+            v4 = (_rotl((v4 + _le32(at, i + 12) * _P2) & _M32, 13) * _P1) & _M32
             i += 16
         h = (_rotl(v1, 1) + _rotl(v2, 7) + _rotl(v3, 12) + _rotl(v4, 18)) & _M32
     else:
         h = _P5
     h = (h + n) & _M32
     while i + 4 <= end:
-        h = (_rotl((h + _le32(buf, i) * _P3) & _M32, 17) * _P4) & _M32
+        h = (_rotl((h + _le32(at, i) * _P3) & _M32, 17) * _P4) & _M32
         i += 4
     while i < end:
-        h = (_rotl((h + np.int64(buf[i]) * _P5) & _M32, 11) * _P1) & _M32
+        h = (_rotl((h + load_u8(at + i) * _P5) & _M32, 11) * _P1) & _M32
         i += 1
     h ^= h >> 15
     h = (h * _P2) & _M32
@@ -301,14 +303,14 @@ def xxh32(buf: Any, start: Int, n: Int) -> Int:
 
 
 @jit
-def _length(src: Any, p: Int, end: Int, n: Int) -> tuple[Int, Int]:
+def _length(at: Int, p: Int, end: Int, n: Int) -> tuple[Int, Int]:
     """A token's length nibble `n`; at 15 it goes on in the bytes from `p`, each adding
     up to 255 until one below 255: (the length, the position after it), or (-1, p) when
     the bytes end first."""
     if n != 15:
         return n, p
     while p < end:
-        more = np.int64(src[p])
+        more = load_u8(at + p)
         p += 1
         n += more
         if more != 255:
@@ -318,66 +320,66 @@ def _length(src: Any, p: Int, end: Int, n: Int) -> tuple[Int, Int]:
 
 @jit
 def _block(
-    src: Any, p: Int, end: Int, dst: Any, o: Int, cap: Int, floor: Int, room: Int
+    at: Int, p: Int, end: Int, to: Int, o: Int, cap: Int, floor: Int, room: Int
 ) -> tuple[Int, Int]:
-    """Decode one compressed block `src[p:end]` to `dst[o:]` (at most `room` bytes, none
-    past `cap`, matches reaching back to `floor` at most): (status, output end)."""
+    """Decode one compressed block (bytes `p` to `end` at address `at`) to the output at
+    address `to` from `o` (at most `room` bytes, none past `cap`, matches reaching back
+    to `floor` at most): (status, output end)."""
     limit = o + room
     while True:
         if p >= end:
             return UNDECODED, o  # an empty block, or one ending after a match
-        token = np.int64(src[p])
-        n, p = _length(src, p + 1, end, token >> 4)
+        token = load_u8(at + p)
+        n, p = _length(at, p + 1, end, token >> 4)
         if n < 0 or p + n > end or o + n > limit:
             return UNDECODED, o
         if o + n > cap:
             return NEEDS_ROOM, o
-        for k in range(n):
-            dst[o + k] = src[p + k]
+        copy_bytes(to + o, at + p, n)
         p += n
         o += n
         if p == end:
             return OK, o  # the last sequence: literals only
         if p + 2 > end:
             return UNDECODED, o
-        offset = np.int64(src[p]) | (np.int64(src[p + 1]) << 8)
+        offset = load_u8(at + p) | (load_u8(at + p + 1) << 8)
         p += 2
         if offset == 0 or offset > o - floor:
             return UNDECODED, o
-        n, p = _length(src, p, end, token & 15)
+        n, p = _length(at, p, end, token & 15)
         n += 4
         if n < 4 or o + n > limit:
             return UNDECODED, o
         if o + n > cap:
             return NEEDS_ROOM, o
         for k in range(n):  # byte by byte: the match may overlap what it writes
-            dst[o + k] = dst[o - offset + k]
+            store_u8(to + o + k, load_u8(to + o - offset + k))
         o += n
 
 
 @jit
-def _frame(src: Any, s: Int, e: Int, dst: Any, o: Int, lz4_native: bool) -> tuple[Int, Int]:
-    """Decode the frame `src[s:e]` to `dst[o:]`: (status, output end); independent blocks
-    through liblz4 when `lz4_native` (it is loaded), else here."""
-    cap = len(dst)
-    if e - s < 7 or not _starts_with(src, s, _LZ4_MAGIC):
+def _frame(at: Int, s: Int, e: Int, to: Int, cap: Int, o: Int, lz4_native: bool) -> tuple[Int, Int]:
+    """Decode the frame (bytes `s` to `e` at address `at`) to the `cap` bytes at address
+    `to` from `o`: (status, output end); independent blocks through liblz4 when
+    `lz4_native` (it is loaded), else here."""
+    if e - s < 7 or _le32(at, s) != _LZ4_WORD:
         return UNDECODED, o
-    flg, bd = np.int64(src[s + 4]), np.int64(src[s + 5])
+    flg, bd = load_u8(at + s + 4), load_u8(at + s + 5)
     if flg >> 6 != 1 or flg & 0x03 or bd & 0x8F or (bd >> 4) & 7 < 4:
         return UNDECODED, o
     block_max = np.int64(1) << (8 + 2 * ((bd >> 4) & 7))
     p = s + 6
     content_size: Int = -1
     if flg & 0x08:
-        if p + 8 > e or src[p + 7] & 0x80:
+        if p + 8 > e or load_u8(at + p + 7) & 0x80:
             return UNDECODED, o
-        content_size = _le32(src, p) | (_le32(src, p + 4) << 32)
+        content_size = _le32(at, p) | (_le32(at, p + 4) << 32)
         p += 8
     if p >= e:
         return UNDECODED, o
-    hc = np.int64(src[p])
-    standard = (xxh32(src, s + 4, p - s - 4) >> 8) & 0xFF
-    legacy = (xxh32(src, s, p - s) >> 8) & 0xFF  # Kafka's clients before 0.10
+    hc = load_u8(at + p)
+    standard = (xxh32(at, s + 4, p - s - 4) >> 8) & 0xFF
+    legacy = (xxh32(at, s, p - s) >> 8) & 0xFF  # Kafka's clients before 0.10
     if hc != standard and hc != legacy:
         return UNDECODED, o
     p += 1
@@ -387,38 +389,36 @@ def _frame(src: Any, s: Int, e: Int, dst: Any, o: Int, lz4_native: bool) -> tupl
     while True:
         if p + 4 > e:
             return UNDECODED, o
-        size = _le32(src, p)
+        size = _le32(at, p)
         p += 4
         if size == 0:
             break
         n = size & 0x7FFFFFFF
         if n > block_max or p + n + checksummed > e:
             return UNDECODED, o
-        if checksummed and xxh32(src, p, n) != _le32(src, p + n):
+        if checksummed and xxh32(at, p, n) != _le32(at, p + n):
             return UNDECODED, o
         if size & 0x80000000:
             if o + n > cap:
                 return NEEDS_ROOM, o
-            dst[o : o + n] = src[p : p + n]
+            copy_bytes(to + o, at + p, n)
             o += n
         elif independent and lz4_native:
             # liblz4's decoder (what the codec library runs), several times faster than
             # `_block`'s byte-by-byte copies; it needs room for a whole block first.
             if cap - o < block_max:
                 return NEEDS_ROOM, o
-            written = lz4_decompress_safe(
-                src.ctypes.data + p, dst.ctypes.data + o, np.int32(n), np.int32(block_max)
-            )
+            written = lz4_decompress_safe(at + p, to + o, np.int32(n), np.int32(block_max))
             if written <= 0:  # an error, or an empty block (which `_block` refuses too)
                 return UNDECODED, o
             o += written
         else:
-            status, o = _block(src, p, p + n, dst, o, cap, o if independent else start, block_max)
+            status, o = _block(at, p, p + n, to, o, cap, o if independent else start, block_max)
             if status != OK:
                 return status, o
         p += n + checksummed
     if flg & 0x04:
-        if p + 4 > e or xxh32(dst, start, o - start) != _le32(src, p):
+        if p + 4 > e or xxh32(to, start, o - start) != _le32(at, p):
             return UNDECODED, o
         p += 4
     if p != e or (content_size >= 0 and o - start != content_size):
@@ -427,23 +427,14 @@ def _frame(src: Any, s: Int, e: Int, dst: Any, o: Int, lz4_native: bool) -> tupl
 
 
 @jit
-def _starts_with(src: Any, s: Int, magic: Any) -> bool:
-    """Whether `src[s:]` begins with `magic` (the caller checked there are enough bytes)."""
-    for k in range(len(magic)):  # noqa: SIM110 - numba compiles no generator in all()
-        if src[s + k] != magic[k]:
-            return False
-    return True
-
-
-@jit
-def _varint32(src: Any, p: Int, end: Int) -> tuple[Int, Int]:
+def _varint32(at: Int, p: Int, end: Int) -> tuple[Int, Int]:
     """A little-endian base-128 varint of at most 32 bits: (value, next position), or
     (-1, p) if it is cut short or too long."""
     value = np.int64(0)
     for k in range(5):
         if p + k >= end:
             return -1, p
-        b = np.int64(src[p + k])
+        b = load_u8(at + p + k)
         value |= (b & 0x7F) << (7 * k)
         if b < 0x80:
             return (value, p + k + 1) if value <= _M32 else (-1, p)
@@ -451,18 +442,19 @@ def _varint32(src: Any, p: Int, end: Int) -> tuple[Int, Int]:
 
 
 @jit
-def _snappy_block(src: Any, p: Int, end: Int, dst: Any, o: Int) -> tuple[Int, Int]:
-    """Decode one raw snappy block `src[p:end]` to `dst[o:]`: (status, output end)."""
-    n, p = _varint32(src, p, end)
+def _snappy_block(at: Int, p: Int, end: Int, to: Int, cap: Int, o: Int) -> tuple[Int, Int]:
+    """Decode one raw snappy block (bytes `p` to `end` at address `at`) to the `cap` bytes
+    at address `to` from `o`: (status, output end)."""
+    n, p = _varint32(at, p, end)
     # No element expands more than 64 bytes from 3 (a 2-byte-offset copy): a larger
     # stated length is damage, which must not size an allocation.
     if n < 0 or n > 22 * (end - p):
         return UNDECODED, o
-    if o + n > len(dst):
+    if o + n > cap:
         return NEEDS_ROOM, o
     start, limit = o, o + n
     while p < end:
-        tag: Int = np.int64(src[p])
+        tag: Int = load_u8(at + p)
         p += 1
         kind = tag & 3
         length: Int = 0
@@ -475,13 +467,12 @@ def _snappy_block(src: Any, p: Int, end: Int, dst: Any, o: Int) -> tuple[Int, In
                     return UNDECODED, o
                 length = 0
                 for k in range(extra):
-                    length |= np.int64(src[p + k]) << (8 * k)
+                    length |= load_u8(at + p + k) << (8 * k)
                 p += extra
             length += 1
             if p + length > end or o + length > limit:
                 return UNDECODED, o
-            for k in range(length):
-                dst[o + k] = src[p + k]
+            copy_bytes(to + o, at + p, length)
             p += length
             o += length
             continue
@@ -489,24 +480,24 @@ def _snappy_block(src: Any, p: Int, end: Int, dst: Any, o: Int) -> tuple[Int, In
             if p >= end:
                 return UNDECODED, o
             length = ((tag >> 2) & 7) + 4
-            offset = ((tag >> 5) << 8) | np.int64(src[p])
+            offset = ((tag >> 5) << 8) | load_u8(at + p)
             p += 1
         elif kind == 2:
             if p + 2 > end:
                 return UNDECODED, o
             length = (tag >> 2) + 1
-            offset = np.int64(src[p]) | (np.int64(src[p + 1]) << 8)
+            offset = load_u8(at + p) | (load_u8(at + p + 1) << 8)
             p += 2
         else:
             if p + 4 > end:
                 return UNDECODED, o
             length = (tag >> 2) + 1
-            offset = _le32(src, p)
+            offset = _le32(at, p)
             p += 4
         if offset == 0 or offset > o - start or o + length > limit:
             return UNDECODED, o
         for k in range(length):  # byte by byte: the copy may overlap what it writes
-            dst[o + k] = dst[o - offset + k]
+            store_u8(to + o + k, load_u8(to + o - offset + k))
         o += length
     if o != limit:
         return UNDECODED, o
@@ -514,10 +505,11 @@ def _snappy_block(src: Any, p: Int, end: Int, dst: Any, o: Int) -> tuple[Int, In
 
 
 @jit
-def _snappy(src: Any, s: Int, e: Int, dst: Any, o: Int) -> tuple[Int, Int]:
-    """Decode the snappy area `src[s:e]` (xerial stream or one raw block) to `dst[o:]`."""
-    if e - s < 8 or not _starts_with(src, s, _XERIAL_MAGIC):
-        return _snappy_block(src, s, e, dst, o)
+def _snappy(at: Int, s: Int, e: Int, to: Int, cap: Int, o: Int) -> tuple[Int, Int]:
+    """Decode the snappy area (bytes `s` to `e` at address `at`: a xerial stream or one raw
+    block) to the `cap` bytes at address `to` from `o`."""
+    if e - s < 8 or load_u64(at + s) != np.uint64(_XERIAL_WORD):
+        return _snappy_block(at, s, e, to, cap, o)
     p = s + 16
     if p > e:
         return UNDECODED, o
@@ -525,15 +517,15 @@ def _snappy(src: Any, s: Int, e: Int, dst: Any, o: Int) -> tuple[Int, Int]:
         if p + 4 > e:
             return UNDECODED, o
         n = (
-            (np.int64(src[p]) << 24)
-            | (np.int64(src[p + 1]) << 16)
-            | (np.int64(src[p + 2]) << 8)
-            | np.int64(src[p + 3])
+            (load_u8(at + p) << 24)
+            | (load_u8(at + p + 1) << 16)
+            | (load_u8(at + p + 2) << 8)
+            | load_u8(at + p + 3)
         )
         p += 4
         if n < 0 or n >= 0x80000000 or p + n > e:
             return UNDECODED, o
-        status, o = _snappy_block(src, p, p + n, dst, o)
+        status, o = _snappy_block(at, p, p + n, to, cap, o)
         if status != OK:
             return status, o
         p += n
@@ -541,16 +533,17 @@ def _snappy(src: Any, s: Int, e: Int, dst: Any, o: Int) -> tuple[Int, Int]:
 
 
 @jit
-def _zstd_window(src: Any, s: Int, e: Int) -> Int:
-    """The window the zstd frame at `src[s:e]` needs, from its header (the frame is at
-    least 6 bytes): at most ZSTD_WINDOW_LIMIT + 1 when it is larger than that, -1 when
-    the frame is not one the kernel takes (a dictionary id, a header cut short)."""
-    descriptor = np.int64(src[s + 4])
+def _zstd_window(at: Int, s: Int, e: Int) -> Int:
+    """The window the zstd frame (bytes `s` to `e` at address `at`) needs, from its
+    header (the frame is at least 6 bytes): at most ZSTD_WINDOW_LIMIT + 1 when it is
+    larger than that, -1 when the frame is not one the kernel takes (a dictionary id, a
+    header cut short)."""
+    descriptor = load_u8(at + s + 4)
     fcs_flag, single = descriptor >> 6, descriptor & 0x20
     if descriptor & 0x03:
         return -1  # a dictionary id: Kafka's clients write none
     if not single:
-        exponent, mantissa = np.int64(src[s + 5]) >> 3, np.int64(src[s + 5]) & 7
+        exponent, mantissa = load_u8(at + s + 5) >> 3, load_u8(at + s + 5) & 7
         if exponent > 17:  # past 2^27 (and the shift would overflow)
             return ZSTD_WINDOW_LIMIT + 1
         base = np.int64(1) << (10 + exponent)
@@ -561,44 +554,45 @@ def _zstd_window(src: Any, s: Int, e: Int) -> Int:
         return -1
     size = np.int64(0)
     for k in range(n):
-        if k >= 4 and src[p + k]:
+        if k >= 4 and load_u8(at + p + k):
             return ZSTD_WINDOW_LIMIT + 1
-        size |= np.int64(src[p + k]) << (8 * k)
+        size |= load_u8(at + p + k) << (8 * k)
     return size + 256 if n == 2 else size
 
 
 @jit
-def _zstd_content_size(src: Any, s: Int, e: Int) -> Int:
-    """The content size the header of the zstd frame at `src[s:e]` states (the frame is
-    at least 6 bytes, with no dictionary id), or -1 when it states none (or one past
-    2^63)."""
-    descriptor = np.int64(src[s + 4])
+def _zstd_content_size(at: Int, s: Int, e: Int) -> Int:
+    """The content size the header of the zstd frame (bytes `s` to `e` at address `at`)
+    states (the frame is at least 6 bytes, with no dictionary id), or -1 when it states
+    none (or one past 2^63)."""
+    descriptor = load_u8(at + s + 4)
     fcs_flag, single = descriptor >> 6, descriptor & 0x20
     if fcs_flag == 0 and not single:
         return -1
     n = np.int64(1) << fcs_flag
     p = s + 5 if single else s + 6  # after the window descriptor, if any
-    if p + n > e or (n == 8 and src[p + 7] >= 0x80):
+    if p + n > e or (n == 8 and load_u8(at + p + 7) >= 0x80):
         return -1
     size = np.int64(0)
     for k in range(n):
-        size |= np.int64(src[p + k]) << (8 * k)
+        size |= load_u8(at + p + k) << (8 * k)
     return size + 256 if n == 2 else size
 
 
 @jit
-def _zstd_blocks_fit(src: Any, s: Int, e: Int, window: Int) -> bool:
-    """Whether every block of the zstd frame at `src[s:e]` (its size already checked by
-    libzstd, no dictionary id) declares at most the frame's block maximum, min(window,
-    128 KiB): a raw or RLE block its content, a compressed block its bytes, as the
-    streaming decoders check and libzstd's one-shot call does not for an RLE block."""
-    descriptor = np.int64(src[s + 4])
+def _zstd_blocks_fit(at: Int, s: Int, e: Int, window: Int) -> bool:
+    """Whether every block of the zstd frame (bytes `s` to `e` at address `at`; its size
+    already checked by libzstd, no dictionary id) declares at most the frame's block
+    maximum, min(window, 128 KiB): a raw or RLE block its content, a compressed block its
+    bytes, as the streaming decoders check and libzstd's one-shot call does not for an
+    RLE block."""
+    descriptor = load_u8(at + s + 4)
     fcs_flag, single = descriptor >> 6, (descriptor & 0x20) != 0
     fcs_bytes = (1 if single else 0) if fcs_flag == 0 else np.int64(1) << fcs_flag
     p = s + 5 + (0 if single else 1) + fcs_bytes
     limit = min(window, ZSTD_BLOCK_LIMIT)
     while p + 3 <= e:
-        header = np.int64(src[p]) | (np.int64(src[p + 1]) << 8) | (np.int64(src[p + 2]) << 16)
+        header = load_u8(at + p) | (load_u8(at + p + 1) << 8) | (load_u8(at + p + 2) << 16)
         kind, size = (header >> 1) & 3, header >> 3
         if kind == 3 or size > limit:
             return False
@@ -609,66 +603,67 @@ def _zstd_blocks_fit(src: Any, s: Int, e: Int, window: Int) -> bool:
 
 
 @jit
-def _zstd_room_bound(src: Any, s: Int, e: Int, window: Int) -> Int:
-    """The most room the kernel gives the zstd frame at `src[s:e]` (its header read, its
-    `window` known): what the frame can decode to (the content size it states, and at
-    most one block of min(window, 128 KiB) per 3 bytes of the frame, a block header's
-    size), and never past ZSTD_WINDOW_LIMIT; a bigger frame is left to the library."""
+def _zstd_room_bound(at: Int, s: Int, e: Int, window: Int) -> Int:
+    """The most room the kernel gives the zstd frame (bytes `s` to `e` at address `at`;
+    its header read, its `window` known): what the frame can decode to (the content size
+    it states, and at most one block of min(window, 128 KiB) per 3 bytes of the frame, a
+    block header's size), and never past ZSTD_WINDOW_LIMIT; a bigger frame is left to
+    the library."""
     bound = min(((e - s) // 3) * min(window, ZSTD_BLOCK_LIMIT), ZSTD_WINDOW_LIMIT)
-    stated = _zstd_content_size(src, s, e)
+    stated = _zstd_content_size(at, s, e)
     return bound if stated < 0 else min(bound, stated)
 
 
 @jit
-def _zstd(src: Any, s: Int, e: Int, dst: Any, o: Int, dctx: Int) -> tuple[Int, Int]:
-    """Decode the zstd area `src[s:e]` (one frame) to `dst[o:]` through libzstd, with the
-    decompression context at `dctx`: (status, output end)."""
-    if dctx == 0 or src.strides[0] != 1 or dst.strides[0] != 1:
-        return UNDECODED, o  # no libzstd, or bytes that are not adjacent
-    if e - s < 6 or _le32(src, s) != ZSTD_MAGIC:
+def _zstd(at: Int, s: Int, e: Int, to: Int, cap: Int, o: Int, dctx: Int) -> tuple[Int, Int]:
+    """Decode the zstd area (bytes `s` to `e` at address `at`: one frame) to the `cap`
+    bytes at address `to` from `o` through libzstd, with the decompression context at
+    `dctx`: (status, output end)."""
+    if dctx == 0:
+        return UNDECODED, o  # no libzstd
+    if e - s < 6 or _le32(at, s) != ZSTD_MAGIC:
         return UNDECODED, o
-    window = _zstd_window(src, s, e)
+    window = _zstd_window(at, s, e)
     if window < 0 or window > ZSTD_WINDOW_LIMIT:
         return UNDECODED, o
-    at = src.ctypes.data + s
-    if _find_frame_compressed_size(at, e - s) != e - s:
+    if _find_frame_compressed_size(at + s, e - s) != e - s:
         return UNDECODED, o  # several frames, bytes after the frame, or an error
-    if not _zstd_blocks_fit(src, s, e, window):
+    if not _zstd_blocks_fit(at, s, e, window):
         return UNDECODED, o
-    written = _decompress_dctx(dctx, dst.ctypes.data + o, len(dst) - o, at, e - s)
+    written = _decompress_dctx(dctx, to + o, cap - o, at + s, e - s)
     if _is_error(written):
         # libzstd also says the room is too small when damaged blocks overflow what
         # the frame may hold, however big the room: so more is asked for only up to
         # what the frame could hold, and past that the library decides.
         too_small = _get_error_code(written) == ZSTD_DST_SIZE_TOO_SMALL
-        if too_small and len(dst) - o < _zstd_room_bound(src, s, e, window):
+        if too_small and cap - o < _zstd_room_bound(at, s, e, window):
             return NEEDS_ROOM, o
         return UNDECODED, o
     return OK, o + written
 
 
 @jit
-def _gzip(src: Any, s: Int, e: Int, dst: Any, o: Int, stream: Any) -> tuple[Int, Int]:
-    """Decode the gzip area `src[s:e]` (one member) to `dst[o:]` through zlib, with this
-    thread's inflating stream (`stream`, its words; empty without zlib): (status, output
-    end). The member's trailer states its length: less room than that asks for more (up
-    to what its bytes could hold); anything zlib does not end cleanly on the area's last
-    byte (several members, bytes after one, damage: its CRC-32 and length are checked)
-    is left to the library."""
-    if len(stream) == 0 or src.strides[0] != 1 or dst.strides[0] != 1:
+def _gzip(at: Int, s: Int, e: Int, to: Int, cap: Int, o: Int, stream: Any) -> tuple[Int, Int]:
+    """Decode the gzip area (bytes `s` to `e` at address `at`: one member) to the `cap`
+    bytes at address `to` from `o` through zlib, with this thread's inflating stream
+    (`stream`, its words; empty without zlib): (status, output end). The member's trailer
+    states its length: less room than that asks for more (up to what its bytes could
+    hold); anything zlib does not end cleanly on the area's last byte (several members,
+    bytes after one, damage: its CRC-32 and length are checked) is left to the library."""
+    if len(stream) == 0:
         return UNDECODED, o
-    if e - s < GZIP_MIN_MEMBER or src[s] != 0x1F or src[s + 1] != 0x8B:
+    if e - s < GZIP_MIN_MEMBER or load_u8(at + s) != 0x1F or load_u8(at + s + 1) != 0x8B:
         return UNDECODED, o
-    stated = _le32(src, e - 4)
-    if stated > len(dst) - o:
+    stated = _le32(at, e - 4)
+    if stated > cap - o:
         if stated <= min(GZIP_MAX_RATIO * (e - s), ZSTD_WINDOW_LIMIT):
             return NEEDS_ROOM, o
         return UNDECODED, o
-    at = stream.ctypes.data
-    if zlib_streams.inflate_reset(at) != 0:
+    words = stream.ctypes.data
+    if zlib_streams.inflate_reset(words) != 0:
         return UNDECODED, o
-    zlib_streams.feed(stream, src.ctypes.data + s, e - s, dst.ctypes.data + o, len(dst) - o)
-    if zlib_streams.inflate(at, zlib_streams.Z_FINISH) != zlib_streams.Z_STREAM_END:
+    zlib_streams.feed(stream, at + s, e - s, to + o, cap - o)
+    if zlib_streams.inflate(words, zlib_streams.Z_FINISH) != zlib_streams.Z_STREAM_END:
         return UNDECODED, o
     if stream[zlib_streams.AVAIL_IN] != 0:
         return UNDECODED, o
@@ -697,19 +692,24 @@ def decompress_areas(
     `inflating` (`zlib_streams.inflating()`; empty leaves them to the library), LZ4
     blocks through liblz4 when `lz4_native` (`native.lz4_library()` is loaded). Stops at
     the first that does not fit (NEEDS_ROOM) or that is left to the codec library
-    (UNDECODED: also every area of another codec): (status, that j, bytes of `dst` used
-    before it); (OK, len, used) when all were decoded. Going in order keeps the first
-    bad batch the one reported."""
+    (UNDECODED: also every area of another codec, and every area when `src` or `dst` is
+    not one run of adjacent bytes): (status, that j, bytes of `dst` used before it);
+    (OK, len, used) when all were decoded. Going in order keeps the first bad batch the
+    one reported. The decoders read and write at addresses (`address.py`): the arrays
+    are held here, for the whole call."""
+    if src.strides[0] != 1 or dst.strides[0] != 1:
+        return UNDECODED, i, used
+    at, to, cap = src.ctypes.data, dst.ctypes.data, len(dst)
     for j in range(i, len(starts)):
         codec = codecs[j]
         if codec == LZ4:
-            status, end = _frame(src, starts[j], ends[j], dst, used, lz4_native)
+            status, end = _frame(at, starts[j], ends[j], to, cap, used, lz4_native)
         elif codec == SNAPPY:
-            status, end = _snappy(src, starts[j], ends[j], dst, used)
+            status, end = _snappy(at, starts[j], ends[j], to, cap, used)
         elif codec == ZSTD:
-            status, end = _zstd(src, starts[j], ends[j], dst, used, dctx)
+            status, end = _zstd(at, starts[j], ends[j], to, cap, used, dctx)
         elif codec == GZIP:
-            status, end = _gzip(src, starts[j], ends[j], dst, used, inflating)
+            status, end = _gzip(at, starts[j], ends[j], to, cap, used, inflating)
         else:
             return UNDECODED, j, used
         if status != OK:

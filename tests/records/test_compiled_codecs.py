@@ -139,10 +139,12 @@ def legacy_header_checksum(frame: bytes) -> bytes:
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.binary(max_size=200))
-def test_xxh32_matches_the_reference(data: bytes) -> None:
-    """The compiled XXH32 equals the plain one on every length (stripes and tails)."""
-    assert xxh32(np.frombuffer(data, np.uint8), 0, len(data)) == xxhash32(data)
+@given(st.binary(max_size=200), st.integers(0, 7))
+def test_xxh32_matches_the_reference(data: bytes, start: int) -> None:
+    """The compiled XXH32 of bytes at an address, from any position, equals the plain one
+    on every length (stripes and tails)."""
+    buf = np.frombuffer(bytes(start) + data, np.uint8)
+    assert xxh32(buf.ctypes.data, start, len(data)) == xxhash32(data)
 
 
 @settings(max_examples=150, deadline=None)
