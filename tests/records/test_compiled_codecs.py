@@ -187,6 +187,21 @@ def test_frames_of_every_shape_decode_as_the_library_does(
     assert outputs == [data] * len(frames)
 
 
+def test_an_output_that_is_not_adjacent_bytes_is_left_to_the_library() -> None:
+    """The decoders read and write at addresses, which only one run of adjacent bytes
+    has: a strided output (or input) is left to the codec library, from its first area,
+    rather than written over the bytes between its elements."""
+    frame = compress(Compression.LZ4, b"abc" * 100)
+    src = np.frombuffer(frame, np.uint8)
+    memory = np.zeros(1 << 13, np.uint8)
+    ends = np.array([len(frame)], np.int64)
+    out = np.zeros(1, np.int64), np.zeros(1, np.int64)
+    codecs = np.full(1, int(Compression.LZ4), np.int64)
+    args = (src, np.zeros(1, np.int64), ends, codecs, memory[::2], 0, *out, 0, 0)
+    assert tuple(int(x) for x in decompress_areas(*args, inflating(), True)) == (UNDECODED, 0, 0)
+    assert not memory.any()
+
+
 def test_linked_blocks_reach_back_into_the_previous_block() -> None:
     """A frame of dependent blocks (matches into the block before) decodes whole."""
     data = bytes(range(256)) * 1200  # repeats across the 64 KiB block boundary
