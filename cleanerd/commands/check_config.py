@@ -74,8 +74,8 @@ def _held_by_another(cfg: Config) -> dict[int, str]:
         if holder.pid is None or holder.cleanerd:
             continue  # free, or a running cleanerd's own
         found[i] = (
-            f"log.dirs[{i}]: {str(log_dir / LOCK_FILE_NAME)!r} is held by {holder.who} (a running "
-            "Kafka broker?): mode: owner only observes it while it is held, and owns it "
+            f"log.dirs[{i}]: {str(log_dir / LOCK_FILE_NAME)!r} is held by {holder.described}: "
+            "mode: owner only observes it while it is held, and owns it "
             "only from a restart after it is let go; beside a live broker set "
             "mode: observe"
         )

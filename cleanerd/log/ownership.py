@@ -161,12 +161,16 @@ class Holder:
         """`pid N`, or what stands for a pid that cannot be seen."""
         return f"pid {self.pid}" if self.pid else "a process whose pid is not visible here"
 
-    def __str__(self) -> str:
+    @property
+    def described(self) -> str:
+        """Who it is, for an operator: cleanerd, or what a holder that is not is likely
+        to be."""
         if self.cleanerd:
-            who = f"cleanerd ({self.who}: a running daemon or another command owns it)"
-        else:
-            who = f"{self.who} (a running Kafka broker?)"
-        return f"{self.log_dir / LOCK_FILE_NAME} is held by {who}: observed only"
+            return f"cleanerd ({self.who}: a running daemon or another command owns it)"
+        return f"{self.who} (a running Kafka broker?)"
+
+    def __str__(self) -> str:
+        return f"{self.log_dir / LOCK_FILE_NAME} is held by {self.described}: observed only"
 
     def refusal(self) -> str:
         """Why a second cleanerd owner is refused (a cleanerd holder only)."""

@@ -48,7 +48,7 @@ from cleanerd.log.files import (
 )
 from cleanerd.log.log_dir import LogDir
 from cleanerd.log.meta import PartitionMeta
-from cleanerd.log.ownership import lock_holder
+from cleanerd.log.ownership import Holder
 from cleanerd.log.partition_log import LogConfig, PartitionLog
 from cleanerd.log.recovery import TruncatedTail, foreseen_torn_tail, leftover_bytes
 from cleanerd.log.roll import DEFAULT_MIN_ROLL_INTERVAL_MS, SegmentAge
@@ -353,12 +353,13 @@ def gather(cfg: Config, *, now_ms: int) -> Gathered:
 
 def _observed_because(cfg: Config, path: Path) -> str | None:
     """Why a cycle would only observe the log dir `path` (`mode: observe`, or its
-    `.lock` held by another process: a broker, or a cleanerd daemon), or None."""
+    `.lock` held by another process: a broker, or a cleanerd daemon, named as `clean`
+    and `check-config` name it), or None."""
     if cfg.observe:
         return "mode: observe"
-    holder = lock_holder(path)
-    if holder is not None and holder != os.getpid():
-        return f".lock held by pid {holder}" if holder else ".lock held by another process"
+    holder = Holder.of(path, cfg.state_dir)
+    if holder.pid is not None and holder.pid != os.getpid():
+        return f".lock held by {holder.described}"
     return None
 
 

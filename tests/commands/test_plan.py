@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from tests.compaction.conftest import LogBuilder, k
-from tests.holders import HOLD_BROKER_LOCK, held_by_other_process
+from tests.holders import HOLD_BROKER_LOCK, HOLD_OWNER_LOCK, held_by_other_process
 from tests.paths import REPO
 
 
@@ -95,7 +95,7 @@ def test_a_partition_with_a_bad_batch_is_listed_unreadable(tmp_path: Path) -> No
 def test_a_dir_held_by_another_process_is_said_to_be_only_observed(tmp_path: Path) -> None:
     """While a broker holds the dir's `.lock`, the plan says at its head that cleanerd
     only observes the dir (naming the holder's pid), and `--json` lists it under
-    `observed`; without a holder neither does."""
+    `observed`; without a holder neither does. Another cleanerd owner is named so."""
     log = LogBuilder(tmp_path / "logs")
     log.append([(k("a"), b"1")])
     log.write()
@@ -114,9 +114,16 @@ def test_a_dir_held_by_another_process_is_said_to_be_only_observed(tmp_path: Pat
     with held_by_other_process(HOLD_BROKER_LOCK, tmp_path / "logs"):
         head, observed = plan()
     assert head.startswith(f"{tmp_path / 'logs'}: only observed (.lock held by pid ")
+    assert "(a running Kafka broker?)): cleanerd changes nothing there" in head
     (entry,) = observed
     assert entry["log_dir"] == str(tmp_path / "logs")
     assert entry["reason"].startswith(".lock held by pid ")
+    with held_by_other_process(HOLD_OWNER_LOCK, tmp_path / "logs", tmp_path / "state"):
+        head, observed = plan()
+    # Named as `clean` and `check-config` name it: another cleanerd, not a broker.
+    assert head.startswith(f"{tmp_path / 'logs'}: only observed (.lock held by cleanerd (pid ")
+    assert ": a running daemon or another command owns it)): cleanerd changes" in head
+    assert observed[0]["reason"].startswith(".lock held by cleanerd (pid ")
 
 
 def test_a_device_is_named_as_the_metrics_label_it(tmp_path: Path) -> None:
