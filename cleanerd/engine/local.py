@@ -64,7 +64,7 @@ from collections.abc import Callable
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from ctypes import c_int64
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final, Literal
 
 from cleanerd.compaction.cleaner import CleaningAborted, CleanResult, swapped_files
@@ -73,6 +73,7 @@ from cleanerd.compaction.strategy import CompactionStrategy
 from cleanerd.compaction.throttle import Throttler
 from cleanerd.config import Config
 from cleanerd.engine.base import AuditJob, CheckpointLockedCleaner, CleanJob, WorkerCrashed
+from cleanerd.engine.heap import IdleRelease, keep_freed_memory
 from cleanerd.engine.lifeline import die_with, set_parent_death_signal
 from cleanerd.engine.processes import worker_context
 from cleanerd.errors import CleanerdError
@@ -140,6 +141,9 @@ class _Worker:
     abort_all: Any
     throttler: Throttler
     offset_map: OffsetMap | None = None
+    heap: IdleRelease = field(default_factory=IdleRelease)
+    """Gives back the memory the worker's passes keep for each other once it is idle
+    (`heap.py`)."""
 
     def map_for(self, strategy: CompactionStrategy) -> OffsetMap:
         """The worker's one map (its memory is the worker's share of the dedupe buffer),
@@ -173,6 +177,7 @@ def _init_worker(
     set_parent_death_signal()
     die_with(owner)
     log_to_stderr(settings.log_format, settings.log_level)
+    keep_freed_memory()
     _worker = _Worker(
         settings,
         owner,
@@ -214,10 +219,13 @@ def _run_job(
     w.started_pids[slot] = os.getpid()
     w.started_ids[slot] = job_id
     started, cpu = time.monotonic_ns(), time.process_time_ns()
+    w.heap.busy()
     try:
         result = work(w)
     except Exception as exc:  # noqa: BLE001 - re-raised, in a form the parent can unpickle
         raise _portable(exc) from None
+    finally:
+        w.heap.idle()
     finished, cpu = time.monotonic_ns(), time.process_time_ns() - cpu
     return result, WorkerRun(job_id, kind, tp, os.getpid(), started, finished, cpu)
 
@@ -486,6 +494,7 @@ class LocalEngine:
         """Run `job` in a thread of this process (the `in_process` slot); the future
         resolves as a pool's would."""
         if self._inline is None:
+            keep_freed_memory()
             s = self.settings
             self._inline = _Worker(
                 s,
