@@ -21,7 +21,9 @@ slot in three shared-memory arrays: the job id the parent wants aborted, and the
 and pid a worker writes when it starts the job. A pass polls its slot between segments
 (the `should_abort` hook of `Cleaner`), so an abort costs a pass at most one segment of
 work and its output is removed before any swap of the group in progress (the pass
-guarantees that).
+guarantees that). A worker (and this process, for its own passes) keeps the memory a
+pass frees for its next job, and gives it back once it has had none for a few seconds
+(`heap.py`).
 
 The crash-consistency argument. The worker runs the pass, `Cleaner.clean`, with the partition
 lock (`PartitionLock`, a cross-process `flock`) as its swap lock and the log dir's
