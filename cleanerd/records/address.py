@@ -13,7 +13,7 @@ the array, and so the memory, alive for as long as it runs. Helpers that write (
 decoder's output, an assembled batch) write through `store_u8` and `copy_bytes` (LLVM's
 memcpy, which a loop over bytes in numba does not become) the same way.
 
-The intrinsic is declared when numba is first imported (`_jit.on_numba_load`), as
+The intrinsics are declared when numba is first imported (`_jit.on_numba_load`), as
 `prefetch.py`'s is, so a command that runs no kernel does not import numba for it.
 """
 

@@ -7,7 +7,8 @@ the kernel takes the whole list (`decompress_areas`), batch by batch in file ord
 checks everything the data carries (checksums, sizes, bounds, offsets); anything it
 does not take as valid, and every other codec's batch, it leaves to the caller, which
 goes through the codec library (`compression.py`): that decodes it or names the error,
-so a corrupt batch is reported exactly as before.
+so a corrupt batch is reported exactly as before. The decoders, called once a batch,
+read and write at the buffers' addresses (`address.py`), which the kernel takes once.
 
 LZ4 (codec 3). A batch holds one LZ4 frame (format 1.6, the one Kafka's
 `KafkaLZ4BlockOutputStream` writes and librdkafka and the Java client read):
