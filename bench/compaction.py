@@ -20,8 +20,9 @@ one:
 
 `measure` runs one method in a fresh process, `--repeat` times on the same data, and
 keeps the best; cleanerd first warms up (numba kernels loaded from their on-disk cache)
-and then runs as a daemon would: a first pass ("cold"), then passes on fresh copies of
-the log with the same map. `seconds` is wall time (fsync included), `cpu_s` the process's
+and then runs as a daemon's worker would: a first pass ("cold"), then passes on fresh
+copies of the log with the same map, the memory one pass frees kept for the next
+(`engine/heap.py`). `seconds` is wall time (fsync included), `cpu_s` the process's
 CPU time (user + system) of that run, `rss_mb` the process's peak RSS.
 
     python -m bench.compaction --child METHOD DIR [--repeat N]   (used by the benchmarks)
@@ -44,6 +45,7 @@ from pathlib import Path
 from typing import Final
 
 from cleanerd.compaction.offset_map import OffsetMap
+from cleanerd.engine.heap import keep_freed_memory
 from cleanerd.records.batch import encode_batch
 from cleanerd.records.header import Compression
 from cleanerd.records.record import Record
@@ -236,6 +238,7 @@ def child(method: str, d: Path, repeat: int) -> None:
     runs = []
     extra: dict[str, float] = {}
     if method == "cleanerd":
+        keep_freed_memory()  # as a worker process runs its passes (engine/heap.py)
         m = OffsetMap(DEDUPE_BYTES)
         for codec in (Compression.NONE, Compression.LZ4):  # plain and side-buffer kernels
             with tempfile.TemporaryDirectory() as tmp:
