@@ -26,7 +26,7 @@ from numpy.typing import NDArray
 
 from cleanerd._jit import jit
 from cleanerd.compaction.batch_retention import NO_HORIZON
-from cleanerd.records.address import Int, copy_bytes, load_u8, store_u8
+from cleanerd.records.address import Int, bytes_address, copy_bytes, load_u8, store_u8
 from cleanerd.records.header import (
     ATTRIBUTES_OFFSET,
     BASE_OFFSET_OFFSET,
@@ -117,7 +117,7 @@ def rewrite_records(
 ) -> None:
     """Write the v2 records [rec_start, rec_end) of `buf` back to back into `out` with new
     timestamp deltas, `written[i]` receiving the end of record i in `out`."""
-    at, to = buf.ctypes.data, out.ctypes.data
+    at, to = bytes_address(buf), bytes_address(out)
     o: Int = 0
     for i in range(rec_start.shape[0]):
         o = _rewrite_record(at, rec_start[i], rec_end[i], new_ts_delta[i], to, o)
@@ -187,10 +187,10 @@ def assemble_chunk(
     batches whose CRC is to be computed. The helpers read and write at the arrays'
     addresses (`address.py`; the arrays are C-contiguous, and held here)."""
     seg_at, buf_at, blob_at, to = (
-        segment.ctypes.data,
-        buf.ctypes.data,
-        blob.ctypes.data,
-        out.ctypes.data,
+        bytes_address(segment),
+        bytes_address(buf),
+        bytes_address(blob),
+        bytes_address(out),
     )
     o: Int = 0
     n = 0

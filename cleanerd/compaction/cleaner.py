@@ -126,7 +126,7 @@ from cleanerd.log.segment_reader import (
     segment_upper,
 )
 from cleanerd.log.txnindex import AbortedTxn
-from cleanerd.records.address import Int
+from cleanerd.records.address import Int, bytes_address
 from cleanerd.records.batch import empty_batch_of, encode_batch, encode_empty_batch
 from cleanerd.records.columns import (
     SegmentColumns,
@@ -485,7 +485,7 @@ def _producer_headers(
     columns are sized for the most batches the span can hold, which costs address space
     only: pages past the last batch found are never touched."""
     cols = np.empty((_HEAD_COLUMNS, (end - start) // RECORD_BATCH_OVERHEAD + 1), np.int64)
-    at = buf.ctypes.data
+    at = bytes_address(buf)
     n = 0
     p = start
     while end - p >= PREFIX_SIZE:
@@ -691,7 +691,7 @@ def _fill_crcs(out: NDArray[np.uint8], ends: NDArray[np.int64], rows: NDArray[np
 @jit
 def _crc_fill(out: NDArray[np.uint8], starts: NDArray[np.int64], ends: NDArray[np.int64]) -> None:
     """Write each batch's CRC-32C (of [attributes, end)) into its CRC field, big-endian."""
-    base = out.ctypes.data
+    base = bytes_address(out)
     for i in range(starts.shape[0]):
         covered = starts[i] + ATTRIBUTES_OFFSET
         crc = crc32c_at(base + covered, ends[i] - covered)

@@ -33,7 +33,7 @@ from numpy.typing import NDArray
 from cleanerd._jit import jit
 from cleanerd.log.partition_log import PartitionLog
 from cleanerd.log.segment import LogSegment
-from cleanerd.records.address import Int
+from cleanerd.records.address import Int, bytes_address
 from cleanerd.records.header import (
     ATTRIBUTES_OFFSET,
     DELETE_HORIZON_MASK,
@@ -52,7 +52,7 @@ _LENGTH_OFFSET: Final = 8
 @jit
 def _horizon_kernel(buf: NDArray[np.uint8], mask: int) -> tuple[Int, int]:
     """(earliest horizon or NO_DELETE_HORIZON, batches with a horizon) over `buf`'s batches."""
-    at = buf.ctypes.data
+    at = bytes_address(buf)
     end = buf.shape[0]
     p: Int = 0
     best: Int = np.int64(NO_DELETE_HORIZON)

@@ -31,7 +31,7 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from cleanerd._jit import jit, jit_inline
-from cleanerd.records.address import load_u8
+from cleanerd.records.address import bytes_address, load_u8
 from cleanerd.records.header import INT32_MAX
 
 ZERO_KEY_HASH: Final = (0, 1)
@@ -154,7 +154,7 @@ def _hash_keys_kernel(
 ) -> NDArray[np.uint64]:
     n = key_pos.shape[0]
     out = np.empty((n, 2), dtype=np.uint64)
-    at = buf.ctypes.data
+    at = bytes_address(buf)
     for i in range(n):
         out[i, 0], out[i, 1] = _key_hash(at, key_pos[i], key_len[i])
     return out
@@ -170,7 +170,7 @@ def _hash_record_keys_kernel(
     """Hash every record's key into `out`, (0, 0) for a null key; returns the first row
     whose key lies outside `buf`, or -1."""
     size = buf.shape[0]
-    at = buf.ctypes.data
+    at = bytes_address(buf)
     for i in range(key_pos.shape[0]):
         length = key_len[i]
         if length < 0:

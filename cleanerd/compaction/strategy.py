@@ -43,7 +43,7 @@ from numpy.typing import ArrayLike, NDArray
 from cleanerd._jit import jit
 from cleanerd.errors import ConfigError, CorruptRecordError
 from cleanerd.log.segment_reader import JoinedBuffer
-from cleanerd.records.address import Int, load_u8
+from cleanerd.records.address import Int, bytes_address, load_u8
 from cleanerd.records.columns import SegmentColumns
 from cleanerd.records.header import TIMESTAMP_TYPE_MASK
 
@@ -185,7 +185,7 @@ def _header_versions_kernel(
     """Walk each record's headers; returns (versions, has_version, error code, error
     position, record index of the error). The helpers read at the arrays' addresses
     (`address.py`; both are C-contiguous, and held here)."""
-    at, name_at = buf.ctypes.data, name.ctypes.data
+    at, name_at = bytes_address(buf), bytes_address(name)
     n = headers_pos.shape[0]
     versions = np.zeros(n, dtype=np.int64)
     has = np.zeros(n, dtype=np.bool_)

@@ -65,9 +65,10 @@ def keep_freed_memory() -> bool:
     libc = _glibc()
     if libc is None:
         return False
-    return bool(libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)) and bool(
-        libc.mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD)
-    )
+    # Each on its own: a glibc that refuses one (a smaller heap, on 32 bits) takes the other.
+    mapped = libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)
+    trimmed = libc.mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD)
+    return bool(mapped) and bool(trimmed)
 
 
 def release_freed_memory() -> None:
@@ -103,10 +104,15 @@ class IdleRelease:
             if self._running > 0:
                 return
             # A daemon thread: a one-shot command exits without waiting for it.
-            self._timer = threading.Timer(self._delay, self._fire)
-            self._timer.daemon = True
-            self._timer.name = "cleanerd-heap-release"
-            self._timer.start()
+            timer = threading.Timer(self._delay, self._fire)
+            timer.daemon = True
+            timer.name = "cleanerd-heap-release"
+            try:
+                timer.start()
+            except RuntimeError:  # no thread to be had (a task limit): give it back now
+                self._release()
+                return
+            self._timer = timer
 
     def _fire(self) -> None:
         with self._lock:

@@ -22,6 +22,7 @@ from __future__ import annotations
 from typing import Any, TypeAlias
 
 import numpy as np
+from numpy.typing import NDArray
 
 from cleanerd._jit import jit_inline, on_numba_load
 
@@ -114,8 +115,8 @@ on_numba_load(_declare)
 
 @jit_inline
 def load_u8(address: Int) -> np.int64:
-    """The byte at `address`, as an int64 (so that arithmetic with other int64s stays
-    integer: numba makes a float of a signed and an unsigned integer)."""
+    """The byte at `address`, as an int64: a byte shifted unsigned is a uint64, which numba
+    unifies with an int64 (another branch's value, say) as a float."""
     return np.int64(_load_u8(address))
 
 
@@ -138,3 +139,17 @@ def copy_bytes(to: Int, at: Int, n: Int) -> None:
     nothing is copied when `n` is 0 or less)."""
     if n > 0:
         _copy(to, at, n)
+
+
+@jit_inline
+def bytes_address(buf: NDArray[Any]) -> int:
+    """The address of the 1-D byte array `buf` (``buf.ctypes.data``), taken once by a
+    kernel whose helpers read or write it at addresses: its bytes must be adjacent (one
+    byte an element, stride 1), or the helpers would read and write the bytes between
+    its elements. Checked here, once a kernel call: an array of another layout is
+    refused (ValueError), not misread."""
+    if buf.itemsize != 1 or (buf.shape[0] > 1 and buf.strides[0] != 1):
+        raise ValueError(
+            "a kernel reads and writes this array at addresses: its bytes must be adjacent"
+        )
+    return buf.ctypes.data

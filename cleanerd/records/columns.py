@@ -43,7 +43,7 @@ import numpy as np
 from cleanerd._jit import jit
 from cleanerd.errors import CorruptRecordError
 from cleanerd.records import compiled_codecs, legacy, zlib_streams
-from cleanerd.records.address import Int, load_u8
+from cleanerd.records.address import Int, bytes_address, load_u8
 from cleanerd.records.compression import decompress, decompress_frames, decompress_into
 from cleanerd.records.header import (
     COMPRESSION_MASK,
@@ -227,7 +227,7 @@ def _area_kernel(
     header_count: I32,
 ) -> tuple[Int, Int, Int]:
     """Decode records back to back in buf[start:end]; (count, status, error position)."""
-    at = buf.ctypes.data
+    at = bytes_address(buf)
     p = start
     n = 0
     while p < end:
@@ -269,7 +269,7 @@ def _batches_kernel(
     into the record table `out` (rows of `SEGMENT_ROW`) at first_record[row]; (status,
     error position, failing i). Fields are stored through the row, at fixed offsets from
     its start, which is cheaper than a dozen strided column views."""
-    at = buf.ctypes.data
+    at = bytes_address(buf)
     for i in range(rows.shape[0]):
         row = rows[i]
         p = area_start[i]
@@ -862,7 +862,7 @@ def _coordinator_epochs(buf: U8, position: I64, size: I64, out: I32) -> tuple[In
     """For each uncompressed control batch at position[i], the coordinator epoch in the
     value of its first record (an EndTxnMarker: version int16 | coordinatorEpoch int32),
     or -1 when the value is shorter; (status, failing i)."""
-    at = buf.ctypes.data
+    at = bytes_address(buf)
     for i in range(position.shape[0]):
         p = position[i] + RECORD_BATCH_OVERHEAD
         st, _, _, _, _, _, _, vp, vl, _, _ = parse_record(at, p, position[i] + size[i])

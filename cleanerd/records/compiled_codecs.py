@@ -74,6 +74,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import functools
+import sys
 import threading
 from typing import Any, Final
 
@@ -102,8 +103,9 @@ GZIP_MAX_RATIO: Final = 1032  # deflate's most: 258 bytes from each 2 bits
 NO_STREAM: Final = np.empty(0, np.uint64)
 """`decompress_areas`'s inflating stream when zlib is not loaded."""
 _LZ4_WORD: Final = int.from_bytes(LZ4_MAGIC, "little")
-_XERIAL_WORD: Final = int.from_bytes(XERIAL_MAGIC, "little")
-"""The magic numbers as the little-endian words that open a frame and a xerial stream."""
+"""The magic number as the little-endian word that opens a frame (`_le32`)."""
+_XERIAL_WORD: Final = int.from_bytes(XERIAL_MAGIC, sys.byteorder)
+"""The magic that opens a xerial stream as the machine's word (`load_u64`)."""
 
 _M32: Final = 0xFFFFFFFF
 _P1, _P2, _P3, _P4, _P5 = XXH32_PRIMES
@@ -406,7 +408,8 @@ def _frame(at: Int, s: Int, e: Int, to: Int, cap: Int, o: Int, lz4_native: bool)
             o += n
         elif independent and lz4_native:
             # liblz4's decoder (what the codec library runs), several times faster than
-            # `_block`'s byte-by-byte copies; it needs room for a whole block first.
+            # `_block`, which copies each match byte by byte; it needs room for a whole
+            # block first.
             if cap - o < block_max:
                 return NEEDS_ROOM, o
             written = lz4_decompress_safe(at + p, to + o, np.int32(n), np.int32(block_max))

@@ -31,7 +31,7 @@ import numpy as np
 
 from cleanerd._jit import jit
 from cleanerd.records import compiled_codecs, zlib_streams
-from cleanerd.records.address import Int
+from cleanerd.records.address import Int, bytes_address
 from cleanerd.records.compiled_codecs import GZIP, LZ4, OK, UNDECODED, ZSTD
 from cleanerd.records.compression import (
     LZ4_BD,
@@ -75,7 +75,7 @@ def zstd_compress_areas(
     `zstd_compress_bound`), each frame's size in `sizes[j]`: (OK, bytes of `dst` used),
     or (UNDECODED, the area) when libzstd fails one."""
     used = 0
-    base_in, base_out = src.ctypes.data, dst.ctypes.data
+    base_in, base_out = bytes_address(src), bytes_address(dst)
     for j in range(len(starts)):
         room = len(dst) - used
         written = compiled_codecs.zstd_compress_cctx(
@@ -103,7 +103,7 @@ def lz4_compress_areas(
     for the sum of `lz4_frame_bound`), each frame's size in `sizes[j]`: (OK, bytes of
     `dst` used)."""
     used = 0
-    base_in, base_out = src.ctypes.data, dst.ctypes.data
+    base_in, base_out = bytes_address(src), bytes_address(dst)
     for j in range(len(starts)):
         begin = used
         for k in range(len(header)):
@@ -142,7 +142,7 @@ def gzip_compress_areas(
     one or `dst` lacks the room `deflateBound` asks."""
     used = 0
     at = stream.ctypes.data
-    base_in, base_out = src.ctypes.data, dst.ctypes.data
+    base_in, base_out = bytes_address(src), bytes_address(dst)
     for j in range(len(starts)):
         n = ends[j] - starts[j]
         if zlib_streams.deflate_reset(at) != 0:

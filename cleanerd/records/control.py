@@ -31,6 +31,7 @@ from numpy.typing import NDArray
 
 from cleanerd._jit import jit
 from cleanerd.errors import CorruptRecordError
+from cleanerd.records.address import bytes_address
 from cleanerd.records.batch import decode_batch
 from cleanerd.records.columns import SegmentColumns, parse_record
 from cleanerd.records.header import COMPRESSION_MASK, CONTROL_MASK, RECORD_BATCH_OVERHEAD, Buffer
@@ -181,7 +182,7 @@ def _control_key_types(
     """The key type of each control batch's record; NO_CONTROL_RECORD for an empty
     batch, _UNREAD where the batch is compressed or its single record or key is not
     well formed (left to Python)."""
-    at = buf.ctypes.data
+    at = bytes_address(buf)
     for i in range(position.shape[0]):
         if records_count[i] == 0:
             out[i] = NO_CONTROL_RECORD

@@ -27,7 +27,7 @@ from typing import Any, Final
 import numpy as np
 
 from cleanerd._jit import jit, on_numba_load, on_symbols
-from cleanerd.records.address import Int
+from cleanerd.records.address import Int, bytes_address
 from cleanerd.records.crc32c_library import EXTENSION, HARDWARE_BASED
 
 SYMBOL: Final = "cleanerd_crc32c_extend"
@@ -73,7 +73,7 @@ def crc32c_at(address: Int, length: Int) -> Int:
 
 @jit
 def _crc_of(buf: Any, start: Int, end: Int) -> Int:
-    return crc32c_at(buf.ctypes.data + start, end - start)
+    return crc32c_at(bytes_address(buf) + start, end - start)
 
 
 def crc32c_of(buf: Any, start: int = 0, end: int | None = None) -> int:

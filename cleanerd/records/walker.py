@@ -34,7 +34,7 @@ import numpy.typing as npt
 from cleanerd._jit import jit, jit_inline
 from cleanerd.errors import CorruptRecordError
 from cleanerd.records import legacy
-from cleanerd.records.address import Int, load_u8
+from cleanerd.records.address import Int, bytes_address, load_u8
 from cleanerd.records.crc import crc32c_at
 from cleanerd.records.header import (
     ATTRIBUTES_OFFSET,
@@ -211,7 +211,7 @@ def _walk_kernel(
     """Walk buf[start:end], filling rows from `n`, each batch's offsets in the range
     (`low`, `base`, `high`: see `OffsetRange`); (rows filled, stop position, reason, the
     `low` and `high` of what follows)."""
-    at = buf.ctypes.data
+    at = bytes_address(buf)
     p = start
     capacity = position.shape[0]
     while p < end:
@@ -273,7 +273,7 @@ def _summary_kernel(
     offset, last offset, max timestamp, last offset of the earliest batch holding it,
     earliest KIP-534 delete horizon, batches carrying one). A legacy entry stops it with
     LEGACY (its CRC and offsets need `legacy.py`)."""
-    at = buf.ctypes.data
+    at = bytes_address(buf)
     p = start
     n = 0
     horizon: Int = NO_DELETE_HORIZON
@@ -795,7 +795,7 @@ def _next_cut(buf: U8, run: Int, max_bytes: Int) -> tuple[Int, Int]:
     and where the run's last batch starts. Only the length fields are read; the hop stops
     at the first entry whose length is impossible or runs past the end, which stays in
     the last run."""
-    at = buf.ctypes.data
+    at = bytes_address(buf)
     p = run
     last = run
     end = buf.shape[0]

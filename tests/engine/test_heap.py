@@ -69,6 +69,8 @@ def test_release_comes_after_the_last_job_ends_and_a_new_job_cancels_it() -> Non
 
 
 def test_a_job_starting_before_the_delay_keeps_the_memory() -> None:
+    """A job that starts cancels the pending release; a timer that fired just before the
+    job took the lock (its call made here by hand) releases nothing either."""
     calls: list[None] = []
     idle = IdleRelease(delay=3600.0, release=lambda: calls.append(None))
     idle.busy()
@@ -78,4 +80,26 @@ def test_a_job_starting_before_the_delay_keeps_the_memory() -> None:
     idle.busy()
     timer.join(30)  # cancelled: it ends without calling
     assert not timer.is_alive()
+    timer.function()  # the late firing
     assert calls == []
+    idle.idle()
+    pending = idle._timer
+    assert pending is not None
+    pending.cancel()
+
+
+def test_without_a_thread_for_the_timer_the_memory_is_given_back_at_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A task limit that refuses the timer's thread fails neither the job nor the
+    release: it is made at once."""
+    calls: list[None] = []
+    idle = IdleRelease(delay=3600.0, release=lambda: calls.append(None))
+
+    def refuse(self: threading.Thread) -> None:
+        raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(threading.Timer, "start", refuse)
+    idle.busy()
+    idle.idle()
+    assert calls == [None]

@@ -3,13 +3,16 @@ stores and copies write there and nowhere else."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from numpy.typing import NDArray
 
 from cleanerd._jit import jit
-from cleanerd.records.address import copy_bytes, load_u8, load_u64, store_u8
+from cleanerd.records.address import bytes_address, copy_bytes, load_u8, load_u64, store_u8
 
 
 @jit
@@ -65,8 +68,8 @@ def test_load_u64_reads_little_endian_words_at_any_alignment(data: bytes) -> Non
 
 
 def test_load_u8_is_an_int64() -> None:
-    """numba unifies an unsigned and a signed integer as a float: a byte loaded unsigned
-    would make a float of every value it meets in a branch (and an address computed from
+    """A byte loaded unsigned and shifted is a uint64, which numba unifies with an int64
+    as a float: the value of a branch would be a float (and an address computed from
     one could not be used)."""
     buf = np.array([0x34], np.uint8)
     result = _nibble_or_none(buf.ctypes.data, True)
@@ -101,3 +104,29 @@ def test_copy_bytes_copies_the_range_and_nothing_else(
     if n > 0:
         expected[d : d + n] = src[s : s + n]
     assert out.tobytes() == bytes(expected)
+
+
+@jit
+def _address(buf: NDArray[Any]) -> int:
+    return bytes_address(buf)
+
+
+def test_bytes_address_is_the_arrays_address_when_its_bytes_are_adjacent() -> None:
+    buf = np.arange(16, dtype=np.uint8)
+    assert _address(buf) == buf.ctypes.data
+    assert _address(buf[3:9]) == buf.ctypes.data + 3
+    assert _address(buf[::2][:1]) == buf.ctypes.data  # one element: nothing between
+
+
+@pytest.mark.parametrize(
+    "array",
+    [np.arange(16, dtype=np.uint8)[::2], np.arange(8, dtype=np.uint16)],
+    ids=["strided", "wider elements"],
+)
+def test_bytes_address_refuses_an_array_whose_bytes_are_not_adjacent(
+    array: NDArray[np.generic],
+) -> None:
+    """A helper reading it at its address would read the bytes between its elements (or
+    each element's bytes as elements)."""
+    with pytest.raises(ValueError, match="bytes must be adjacent"):
+        _address(array)

@@ -189,8 +189,8 @@ def test_frames_of_every_shape_decode_as_the_library_does(
 
 def test_an_output_that_is_not_adjacent_bytes_is_left_to_the_library() -> None:
     """The decoders read and write at addresses, which only one run of adjacent bytes
-    has: a strided output (or input) is left to the codec library, from its first area,
-    rather than written over the bytes between its elements."""
+    has: a strided output is left to the codec library, from its first area, rather
+    than written over the bytes between its elements."""
     frame = compress(Compression.LZ4, b"abc" * 100)
     src = np.frombuffer(frame, np.uint8)
     memory = np.zeros(1 << 13, np.uint8)
