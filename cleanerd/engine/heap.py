@@ -10,8 +10,8 @@ every page again, each a page fault and a page zeroed by the kernel. On this pro
 1-record batches after the first. `keep_freed_memory` sets both thresholds
 (`M_MMAP_THRESHOLD` to 32 MiB, so a window's arrays come from the heap, and
 `M_TRIM_THRESHOLD` to 128 MiB of free top kept per heap), so that consecutive passes
-reuse the same pages: a whole `clean` of four such partitions (364 MB) took 0.86 s
-instead of 0.95 s (a fresh copy of the dir included), with 63,000 page faults instead
+reuse the same pages: a whole `clean` of four such partitions (364 MB) took 0.81 s
+instead of 0.92 s (a fresh copy of the dir included), with 63,000 page faults instead
 of 136,000 and 17 MiB more at its peak.
 
 What is kept is given back when the process has run no job for `IDLE_SECONDS`
