@@ -6,7 +6,7 @@ batches. By default glibc hands a block of 128 KiB or more back to the kernel wh
 is freed (its mmap threshold, which rises to at most 32 MiB as such blocks are freed),
 and trims the free top of a heap past twice that threshold; the next pass then takes
 every page again, each a page fault and a page zeroed by the kernel. On this project's
-2-core machine that was 30,000 faults, a fifth of the time, of each pass over 500,000
+2-core machine that was 30,000 faults, and a quarter of the time, of each pass over 500,000
 1-record batches after the first. `keep_freed_memory` sets both thresholds
 (`M_MMAP_THRESHOLD` to 32 MiB, so a window's arrays come from the heap, and
 `M_TRIM_THRESHOLD` to 128 MiB of free top kept per heap), so that consecutive passes
