@@ -25,7 +25,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Final
 
 import numpy as np
 from numpy.typing import NDArray
@@ -36,17 +35,16 @@ from cleanerd.log.segment import LogSegment
 from cleanerd.records.address import Int, bytes_address
 from cleanerd.records.header import (
     ATTRIBUTES_OFFSET,
+    BASE_TIMESTAMP_OFFSET,
     DELETE_HORIZON_MASK,
+    LENGTH_OFFSET,
     LOG_OVERHEAD,
     MAGIC_OFFSET,
     RECORD_BATCH_OVERHEAD,
     Buffer,
 )
 from cleanerd.records.prefetch import prefetch
-from cleanerd.records.walker import NO_DELETE_HORIZON, as_uint8
-
-_BASE_TIMESTAMP_OFFSET: Final = 27
-_LENGTH_OFFSET: Final = 8
+from cleanerd.records.walker import NO_DELETE_HORIZON, as_uint8, be_i16, be_i64, be_u32
 
 
 @jit
@@ -59,25 +57,16 @@ def _horizon_kernel(buf: NDArray[np.uint8], mask: int) -> tuple[Int, int]:
     found = 0
     while end - p >= LOG_OVERHEAD:
         prefetch(at, p, end)
-        length = np.int64(0)
-        for i in range(4):
-            length = (length << 8) | np.int64(buf[p + _LENGTH_OFFSET + i])
+        length = be_u32(at, p + LENGTH_OFFSET)
         if length >= (1 << 31):
             break  # a negative batch length: not a batch
         size = LOG_OVERHEAD + length
         if size > end - p:
             break
-        if size >= RECORD_BATCH_OVERHEAD and buf[p + MAGIC_OFFSET] == 2:
-            attributes = (np.int64(buf[p + ATTRIBUTES_OFFSET]) << 8) | np.int64(
-                buf[p + ATTRIBUTES_OFFSET + 1]
-            )
-            if attributes & mask:
-                u = np.uint64(0)
-                for i in range(8):
-                    u = (u << np.uint64(8)) | np.uint64(buf[p + _BASE_TIMESTAMP_OFFSET + i])
-                ts = np.int64(u)
-                found += 1
-                best = min(best, ts)
+        v2 = size >= RECORD_BATCH_OVERHEAD and buf[p + MAGIC_OFFSET] == 2
+        if v2 and be_i16(at, p + ATTRIBUTES_OFFSET) & mask:
+            found += 1
+            best = min(best, be_i64(at, p + BASE_TIMESTAMP_OFFSET))
         p += size
     return best, found
 

@@ -46,6 +46,7 @@ from cleanerd.log.segment_reader import JoinedBuffer
 from cleanerd.records.address import Int, bytes_address, load_u8
 from cleanerd.records.columns import SegmentColumns
 from cleanerd.records.header import TIMESTAMP_TYPE_MASK
+from cleanerd.records.walker import be_i64
 
 STRATEGY_KEY: Final = "compaction.strategy"
 STRATEGY_HEADER_KEY: Final = "compaction.strategy.header"
@@ -158,14 +159,6 @@ def _read_varint(at: Int, pos: int, end: int) -> tuple[int, int, int]:
 
 
 @jit
-def _read_long_be(at: Int, pos: int) -> np.int64:
-    v = np.uint64(0)
-    for i in range(_VERSION_BYTES):
-        v = (v << np.uint64(8)) | np.uint64(load_u8(at + pos + i))
-    return np.int64(v)
-
-
-@jit
 def _matches(at: Int, pos: int, name_at: Int, name_len: int) -> bool:
     """Whether the `name_len` bytes from `pos` at address `at` are those at `name_at`."""
     for i in range(name_len):  # noqa: SIM110 - numba compiles no generator in all()
@@ -223,7 +216,7 @@ def _header_versions_kernel(
                 value_len = vlen
             pos = next_pos + max(vlen, 0)
         if value_len == _VERSION_BYTES:
-            versions[r] = _read_long_be(at, value_pos)
+            versions[r] = be_i64(at, value_pos)
             has[r] = True
     return versions, has, _ERR_NONE, 0, 0
 

@@ -101,13 +101,13 @@ def _varint(at: Int, p: Int, end: Int) -> tuple[Int, Int, Int]:
     """(value, next position, status) of the zig-zag varint at p of the bytes at
     address `at` (`cleanerd.records.address`)."""
     if p < end and load_u8(at + p) < 0x80:  # most varints in a record are one byte
-        first = np.int64(load_u8(at + p))
+        first = load_u8(at + p)
         return (first >> 1) ^ -(first & 1), p + 1, 0
     u = np.int64(0)
     for i in range(5):
         if p + i >= end:
             return 0, p, 3
-        b = np.int64(load_u8(at + p + i))
+        b = load_u8(at + p + i)
         u |= (b & 0x7F) << (7 * i)
         if b < 0x80:
             if u > 0xFFFFFFFF:
@@ -120,7 +120,7 @@ def _varint(at: Int, p: Int, end: Int) -> tuple[Int, Int, Int]:
 def _varlong(at: Int, p: Int, end: Int) -> tuple[Int, Int, Int]:
     """(value, next position, status) of the zig-zag varlong at p of the bytes at `at`."""
     if p < end and load_u8(at + p) < 0x80:
-        first = np.int64(load_u8(at + p))
+        first = load_u8(at + p)
         return (first >> 1) ^ -(first & 1), p + 1, 0
     u = np.uint64(0)
     for i in range(10):

@@ -10,7 +10,7 @@ faults, so a kernel passes any position inside its buffer (`prefetch` clamps it 
 It takes the buffer's address (``array.ctypes.data``), not the array: see `address.py`.
 
 The intrinsic is declared when numba is first imported (`_jit.on_numba_load`), as
-`assemble.py`'s memcpy is, so a command that runs no kernel does not import numba.
+`address.py`'s are, so a command that runs no kernel does not import numba.
 """
 
 from __future__ import annotations

@@ -106,20 +106,20 @@ def be_i64(at: Int, p: Int) -> Int:
 
 @jit
 def be_i32(at: Int, p: Int) -> Int:
-    u = (np.int64(load_u8(at + p)) << 24) | (np.int64(load_u8(at + p + 1)) << 16)
-    u |= (np.int64(load_u8(at + p + 2)) << 8) | np.int64(load_u8(at + p + 3))
+    u = (load_u8(at + p) << 24) | (load_u8(at + p + 1) << 16)
+    u |= (load_u8(at + p + 2) << 8) | load_u8(at + p + 3)
     return u - (np.int64(1) << 32) if u >= (np.int64(1) << 31) else u
 
 
 @jit
 def be_u32(at: Int, p: Int) -> Int:
-    u = (np.int64(load_u8(at + p)) << 24) | (np.int64(load_u8(at + p + 1)) << 16)
-    return u | (np.int64(load_u8(at + p + 2)) << 8) | np.int64(load_u8(at + p + 3))
+    u = (load_u8(at + p) << 24) | (load_u8(at + p + 1) << 16)
+    return u | (load_u8(at + p + 2) << 8) | load_u8(at + p + 3)
 
 
 @jit
 def be_i16(at: Int, p: Int) -> Int:
-    u = (np.int64(load_u8(at + p)) << 8) | np.int64(load_u8(at + p + 1))
+    u = (load_u8(at + p) << 8) | load_u8(at + p + 1)
     return u - 65536 if u >= 32768 else u
 
 
@@ -131,7 +131,7 @@ def _check_batch(at: Int, p: Int, end: Int, verify_crc: bool) -> tuple[Int, Int,
     if left < PREFIX_SIZE:
         return 0, 0, INCOMPLETE_PREFIX
     length = be_i32(at, p + LENGTH_OFFSET)
-    m = np.int64(load_u8(at + p + MAGIC_OFFSET))
+    m = load_u8(at + p + MAGIC_OFFSET)
     if m > 2:
         return 0, m, BAD_MAGIC
     total = length + LOG_OVERHEAD
