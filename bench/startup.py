@@ -4,9 +4,15 @@ Each case is run `--runs` times as a fresh process (`python -m cleanerd ...`, fr
 checkout) after one untimed warm-up run (bytecode and numba caches in place); the table
 shows the median and the least wall time (on a busy machine the least is the better
 estimate of the cost), the median CPU time and the largest peak RSS of the process
-(`wait4`), beside two references measured in the same run: the interpreter alone
-(`python -c pass`) and `python -c "import numpy"`. Bytecode is cached as for an installed
-package, even where `PYTHONDONTWRITEBYTECODE` is set (`bytecode_env`).
+(`wait4`), beside three references measured in the same run: the interpreter alone
+(`python -c pass`), `python -c "import numpy"`, and the libraries of a `clean`: a process
+that imports, in the same order, every module outside cleanerd that a `clean` of an empty
+dir has imported by its end (the standard library's and the dependencies', listed by a
+`clean` run in a child process first), as `cli.main` imports (the collector paused, the
+environment it sets for numpy), and runs nothing of cleanerd's. What `clean (empty dir)`
+takes above that row is cleanerd's own: its modules and classes, the config, the cycle
+and the report. Bytecode is cached as for an installed package, even where
+`PYTHONDONTWRITEBYTECODE` is set (`bytecode_env`).
 
 Cases: `check-config`; `plan` of an empty log dir; `dump` of a one-batch segment;
 `clean` of an empty log dir; `clean` of one small partition (3,000 records over 7 keys
@@ -133,6 +139,49 @@ def build(work: Path, env: dict[str, str]) -> tuple[Path, Path, Path, Path]:
     return empty_config, tiny / "00000000000000000000.log", small_config, pristine
 
 
+_LIST_LIBRARIES = """
+import contextlib, io, sys
+from cleanerd import cli
+with contextlib.redirect_stdout(io.StringIO()):
+    status = cli.main(["clean", "-c", sys.argv[1]])
+for name in sys.modules:
+    if not name.startswith(("__main__", "__mp_main__", "cleanerd")):
+        print(name)
+sys.exit(status)
+"""
+"""Lists the modules outside cleanerd (in import order) that a `clean` of the config
+`argv[1]` has imported by its end: the compiled kernels' module is cleanerd's."""
+
+_IMPORT_LIBRARIES = """
+import gc, importlib, os, sys
+gc.disable()
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+os.environ.setdefault("NUMPY_MADVISE_HUGEPAGE", "0")
+for name in open(sys.argv[1]).read().split():
+    importlib.import_module(name)
+"""
+"""Imports the modules listed in the file `argv[1]` as `cli.main` makes a command's
+imports: with the collector paused (`cleanerd.collector`) and the environment it sets
+before numpy is imported."""
+
+
+def list_libraries(config: Path, out: Path, env: dict[str, str]) -> int:
+    """Write to `out` the modules outside cleanerd a `clean` of `config` imports (see
+    `_LIST_LIBRARIES`); how many."""
+    proc = subprocess.run(
+        [sys.executable, "-c", _LIST_LIBRARIES, str(config)],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=REPO,
+        check=False,
+    )
+    if proc.returncode != 0:
+        raise SystemExit(f"listing the libraries of a clean failed:\n{proc.stderr[-2000:]}")
+    out.write_text(proc.stdout)
+    return len(proc.stdout.split())
+
+
 def bytecode_env() -> dict[str, str]:
     """The environment of the measured processes: this checkout first on the path, and
     bytecode written and read as an installed package's is (`PYTHONDONTWRITEBYTECODE`
@@ -157,10 +206,13 @@ def main() -> None:
             shutil.rmtree(small_data)
             shutil.copytree(pristine, small_data)
 
+        libraries = work / "libraries.txt"
+        count = list_libraries(empty_config, libraries, env)
         cleanerd = ["-m", "cleanerd"]
         cases = [
             Case("python -c pass", ["-c", "pass"]),
             Case('python -c "import numpy"', ["-c", "import numpy"]),
+            Case(f"clean's {count} library modules", ["-c", _IMPORT_LIBRARIES, str(libraries)]),
             Case("check-config", [*cleanerd, "check-config", str(empty_config)]),
             Case("plan (empty dir)", [*cleanerd, "plan", "-c", str(empty_config)]),
             Case("dump (1-batch segment)", [*cleanerd, "dump", str(tiny_segment)]),
@@ -176,9 +228,9 @@ def main() -> None:
         rows = [measure(c, args.runs, env) for c in cases]
         load = max(load, os.getloadavg()[0])
     print(f"median of {args.runs} runs each (after one warm-up); load average up to {load:.1f}")
-    print(f"{'command':<28} {'wall s':>7} {'min s':>7} {'cpu s':>7} {'peak RSS MB':>12}")
+    print(f"{'command':<32} {'wall s':>7} {'min s':>7} {'cpu s':>7} {'peak RSS MB':>12}")
     for r in rows:
-        print(f"{r.name:<28} {r.wall_s:7.3f} {r.min_wall_s:7.3f} {r.cpu_s:7.3f} {r.rss_mb:12.1f}")
+        print(f"{r.name:<32} {r.wall_s:7.3f} {r.min_wall_s:7.3f} {r.cpu_s:7.3f} {r.rss_mb:12.1f}")
 
 
 if __name__ == "__main__":
