@@ -13,11 +13,13 @@ one-shot process has nobody left to honour `file.delete.delay.ms` for it.
 `--now-ms` is the instant every time rule is evaluated at (rolls, retention, lags,
 horizons, expiry): the cycle's clock stands still at it. `--topic` (repeatable) limits
 rolls, retention and cleaning to those topics; disk usage, which orders segments across
-every topic of a device, is then not enforced. Output: the rolls, deletions, disk usage,
-Kafka's stats block for each pass, partitions found uncleanable, steps that failed (a
-partition that could not be opened, rolled or retained, with the reason) and the
-partitions and log dirs left alone; `--json` prints the `CycleReport` as one JSON
-document. Exit status 1 when a pass or a step failed, a log dir was offline (it could not
+every topic of a device, is then not enforced. A `--topic` that matches no partition in
+the log dirs (a typo, a partition's dir name, a topic with no replica on this host) is
+named among what was left alone, and does not change the exit status. Output: the rolls,
+deletions, disk usage, Kafka's stats block for each pass, partitions found uncleanable,
+steps that failed (a partition that could not be opened, rolled or retained, with the
+reason) and the partitions and log dirs left alone; `--json` prints the `CycleReport` as
+one JSON document. Exit status 1 when a pass or a step failed, a log dir was offline (it could not
 be opened, or its root checkpoint files could not be read: the other dirs are maintained
 all the same), or a log dir could not be owned: one that another
 cleanerd process owns (a running daemon) is an error before anything is done, naming its

@@ -264,6 +264,46 @@ def test_clean_topic_limits_the_cycle(tmp_path: Path, capsys: pytest.CaptureFixt
     assert {p.name: p.read_bytes() for p in other.iterdir()} == before
 
 
+def test_clean_names_a_topic_no_log_dir_holds(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A --topic that matches no partition (a typo, a partition's dir name) is named in
+    the report, text and JSON, and does nothing; the one that matches is not named."""
+    t, other = build_cycle(tmp_path)
+    before = {d: {p.name: p.read_bytes() for p in d.iterdir()} for d in (t, other)}
+    cfg = str(cycle_config(tmp_path))
+    argv = ["clean", "-c", cfg, "--now-ms", str(NOW), "--topic", "nosuch", "--topic", "t-0"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "cycle: left alone: --topic nosuch matches no partition in the log dirs\n" in out
+    assert (
+        "--topic t-0 matches no partition in the log dirs (it names a partition of topic t)" in out
+    )
+    assert "0 cleaning passes" in out
+    assert {d: {p.name: p.read_bytes() for p in d.iterdir()} for d in (t, other)} == before
+    assert main([*argv, "--topic", "t", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    absent = [s["reason"] for s in doc["skipped"] if "matches no partition" in s["reason"]]
+    assert [r.split(" matches")[0] for r in absent] == ["--topic nosuch", "--topic t-0"]
+    assert len(doc["cleaned"]) == 1
+
+
+def test_clean_names_no_absent_topic_while_a_log_dir_is_offline(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A log dir that could not be listed may hold the topic: nothing is named."""
+    build(tmp_path)
+    cfg = yaml.safe_load(write_config(tmp_path).read_text())
+    cfg["log.dirs"].append(str(tmp_path / "not-a-dir"))
+    (tmp_path / "not-a-dir").write_text("a file")
+    path = tmp_path / "two.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    assert main(["clean", "-c", str(path), "--now-ms", str(NOW), "--topic", "nosuch"]) == 1
+    out = capsys.readouterr().out
+    assert "1 log dir offline" in out
+    assert "matches no partition" not in out
+
+
 def test_no_pass_once_every_passed_horizon_is_acted_on(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
