@@ -19,11 +19,11 @@ named among what was left alone, and does not change the exit status. Output: th
 deletions, disk usage, Kafka's stats block for each pass, partitions found uncleanable,
 steps that failed (a partition that could not be opened, rolled or retained, with the
 reason) and the partitions and log dirs left alone; `--json` prints the `CycleReport` as
-one JSON document. Exit status 1 when a pass or a step failed, a log dir was offline (it could not
-be opened, or its root checkpoint files could not be read: the other dirs are maintained
-all the same), or a log dir could not be owned: one that another
-cleanerd process owns (a running daemon) is an error before anything is done, naming its
-pid; one that another program holds (a Kafka broker) is only observed.
+one JSON document. Exit status 1 when a pass or a step failed, a log dir was offline (it
+could not be opened, or its root checkpoint files could not be read: the other dirs are
+maintained all the same), or a log dir could not be owned: one that another cleanerd
+process owns (a running daemon) is an error before anything is done, naming its pid; one
+that another program holds (a Kafka broker) is only observed.
 """
 
 from __future__ import annotations

@@ -819,17 +819,16 @@ class Maintenance:
         if self.topics is None:
             self.manager.registry.retain_only(seen)
         elif not offline:  # an offline dir may hold what the others do not
-            self._report_absent_topics(report)
+            self._report_absent_topics(self.topics, report)
         self._report_offline(report, offline)
         return found
 
-    def _report_absent_topics(self, report: _Builder) -> None:
-        """Name each topic the cycle is limited to (`--topic`) that no log dir holds a
-        partition of, every dir listed: a typo, or a topic with no replica on this host
-        (so a warning, not a failure)."""
-        assert self.topics is not None
+    def _report_absent_topics(self, topics: frozenset[str], report: _Builder) -> None:
+        """Name each of `topics` (the cycle's `--topic`) that no log dir holds a partition
+        of, every dir listed: a typo, or a topic with no replica on this host (so a
+        warning, not a failure)."""
         held = {tp.topic for listed in self._listed.values() for tp in listed}
-        for topic in sorted(self.topics - held):
+        for topic in sorted(topics - held):
             why = f"--topic {topic} matches no partition in the log dirs"
             named, _, number = topic.rpartition("-")
             if named in held and number.isdigit():  # a partition's dir name
