@@ -126,7 +126,7 @@ from cleanerd.log.segment_reader import (
     segment_upper,
 )
 from cleanerd.log.txnindex import AbortedTxn
-from cleanerd.records.address import Int, bytes_address
+from cleanerd.records.address import Int, be_i16, be_i32, be_i64, bytes_address
 from cleanerd.records.batch import empty_batch_of, encode_batch, encode_empty_batch
 from cleanerd.records.columns import (
     SegmentColumns,
@@ -165,9 +165,6 @@ from cleanerd.records.walker import (
     BatchWindows,
     OffsetRange,
     Window,
-    be_i16,
-    be_i32,
-    be_i64,
     in_range,
     next_range,
     offset_error,

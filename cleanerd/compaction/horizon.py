@@ -32,7 +32,7 @@ from numpy.typing import NDArray
 from cleanerd._jit import jit
 from cleanerd.log.partition_log import PartitionLog
 from cleanerd.log.segment import LogSegment
-from cleanerd.records.address import Int, bytes_address
+from cleanerd.records.address import Int, be_i16, be_i64, be_u32, bytes_address
 from cleanerd.records.header import (
     ATTRIBUTES_OFFSET,
     BASE_TIMESTAMP_OFFSET,
@@ -44,7 +44,7 @@ from cleanerd.records.header import (
     Buffer,
 )
 from cleanerd.records.prefetch import prefetch
-from cleanerd.records.walker import NO_DELETE_HORIZON, as_uint8, be_i16, be_i64, be_u32
+from cleanerd.records.walker import NO_DELETE_HORIZON, as_uint8
 
 
 @jit

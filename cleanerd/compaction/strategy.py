@@ -43,10 +43,9 @@ from numpy.typing import ArrayLike, NDArray
 from cleanerd._jit import jit
 from cleanerd.errors import ConfigError, CorruptRecordError
 from cleanerd.log.segment_reader import JoinedBuffer
-from cleanerd.records.address import Int, bytes_address, load_u8
+from cleanerd.records.address import Int, be_i64, bytes_address, load_u8
 from cleanerd.records.columns import SegmentColumns
 from cleanerd.records.header import TIMESTAMP_TYPE_MASK
-from cleanerd.records.walker import be_i64
 
 STRATEGY_KEY: Final = "compaction.strategy"
 STRATEGY_HEADER_KEY: Final = "compaction.strategy.header"

@@ -11,7 +11,10 @@ by the kernel) and read through `load_u8`, which is a plain load: no reference, 
 bounds check (numba does not check bounds of an array index either). The kernel keeps
 the array, and so the memory, alive for as long as it runs. Helpers that write (a
 decoder's output, an assembled batch) write through `store_u8` and `copy_bytes` (LLVM's
-memcpy, which a loop over bytes in numba does not become) the same way.
+memcpy, which a loop over bytes in numba does not become) the same way. The big-endian
+field readers (`be_i64`, `be_i32`, `be_u32`, `be_i16`: a batch header's fields, a
+xerial block's length, a header-version value) live here too, for every module that
+reads Kafka's byte order at an address.
 
 The intrinsics are declared when numba is first imported (`_jit.on_numba_load`), as
 `prefetch.py`'s is, so a command that runs no kernel does not import numba for it.
@@ -24,7 +27,7 @@ from typing import Any, TypeAlias
 import numpy as np
 from numpy.typing import NDArray
 
-from cleanerd._jit import jit_inline, on_numba_load
+from cleanerd._jit import jit, jit_inline, on_numba_load
 
 Int: TypeAlias = int | np.signedinteger[Any]
 """What a kernel takes and returns, seen from Python (numba's integers are numpy's)."""
@@ -153,3 +156,33 @@ def bytes_address(buf: NDArray[Any]) -> int:
             "a kernel reads and writes this array at addresses: its bytes must be adjacent"
         )
     return buf.ctypes.data
+
+
+# Big-endian fields (Kafka's byte order) at byte `p` of the bytes at address `at`.
+
+
+@jit
+def be_i64(at: Int, p: Int) -> Int:
+    u = np.uint64(0)
+    for i in range(8):
+        u = (u << np.uint64(8)) | np.uint64(load_u8(at + p + i))
+    return np.int64(u)
+
+
+@jit
+def be_i32(at: Int, p: Int) -> Int:
+    u = (load_u8(at + p) << 24) | (load_u8(at + p + 1) << 16)
+    u |= (load_u8(at + p + 2) << 8) | load_u8(at + p + 3)
+    return u - (np.int64(1) << 32) if u >= (np.int64(1) << 31) else u
+
+
+@jit
+def be_u32(at: Int, p: Int) -> Int:
+    u = (load_u8(at + p) << 24) | (load_u8(at + p + 1) << 16)
+    return u | (load_u8(at + p + 2) << 8) | load_u8(at + p + 3)
+
+
+@jit
+def be_i16(at: Int, p: Int) -> Int:
+    u = (load_u8(at + p) << 8) | load_u8(at + p + 1)
+    return u - 65536 if u >= 32768 else u

@@ -43,7 +43,7 @@ import numpy as np
 from cleanerd._jit import jit
 from cleanerd.errors import CorruptRecordError
 from cleanerd.records import compiled_codecs, legacy, zlib_streams
-from cleanerd.records.address import Int, bytes_address, load_u8
+from cleanerd.records.address import Int, be_i32, bytes_address, load_u8
 from cleanerd.records.compression import decompress, decompress_frames, decompress_into
 from cleanerd.records.header import (
     COMPRESSION_MASK,
@@ -67,7 +67,6 @@ from cleanerd.records.walker import (
     BatchTable,
     OffsetRange,
     as_uint8,
-    be_i32,
     walk_strict,
 )
 

@@ -82,7 +82,7 @@ import numpy as np
 
 from cleanerd._jit import jit, on_numba_load
 from cleanerd.records import zlib_streams
-from cleanerd.records.address import Int, copy_bytes, load_u8, load_u64, store_u8
+from cleanerd.records.address import Int, be_u32, copy_bytes, load_u8, load_u64, store_u8
 from cleanerd.records.compression import LZ4_MAGIC, XERIAL_MAGIC, XXH32_PRIMES
 from cleanerd.records.native import load_library, provide, symbol
 
@@ -520,12 +520,7 @@ def _snappy(at: Int, s: Int, e: Int, to: Int, cap: Int, o: Int) -> tuple[Int, In
     while p < e:
         if p + 4 > e:
             return UNDECODED, o
-        n = (
-            (load_u8(at + p) << 24)
-            | (load_u8(at + p + 1) << 16)
-            | (load_u8(at + p + 2) << 8)
-            | load_u8(at + p + 3)
-        )
+        n = be_u32(at, p)
         p += 4
         if n < 0 or n >= 0x80000000 or p + n > e:
             return UNDECODED, o

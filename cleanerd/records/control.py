@@ -31,12 +31,11 @@ from numpy.typing import NDArray
 
 from cleanerd._jit import jit
 from cleanerd.errors import CorruptRecordError
-from cleanerd.records.address import bytes_address
+from cleanerd.records.address import be_i16, bytes_address
 from cleanerd.records.batch import decode_batch
 from cleanerd.records.columns import SegmentColumns, parse_record
 from cleanerd.records.header import COMPRESSION_MASK, CONTROL_MASK, RECORD_BATCH_OVERHEAD, Buffer
 from cleanerd.records.record import Record
-from cleanerd.records.walker import be_i16
 
 CONTROL_KEY: Final = struct.Struct(">hh")
 END_TXN_VALUE: Final = struct.Struct(">hi")

@@ -34,7 +34,7 @@ import numpy.typing as npt
 from cleanerd._jit import jit, jit_inline
 from cleanerd.errors import CorruptRecordError
 from cleanerd.records import legacy
-from cleanerd.records.address import Int, bytes_address, load_u8
+from cleanerd.records.address import Int, be_i16, be_i32, be_i64, be_u32, bytes_address, load_u8
 from cleanerd.records.crc import crc32c_at
 from cleanerd.records.header import (
     ATTRIBUTES_OFFSET,
@@ -91,36 +91,6 @@ NO_DELETE_HORIZON: Final = 2**63 - 1
 """The earliest delete horizon of batches that carry none (later than any time)."""
 
 _SMALL_BATCH_GUESS: Final = 128  # bytes per batch, to size the scratch table of a short walk
-
-
-# Big-endian fields at position `p` of the bytes at address `at` (`address.py`).
-
-
-@jit
-def be_i64(at: Int, p: Int) -> Int:
-    u = np.uint64(0)
-    for i in range(8):
-        u = (u << np.uint64(8)) | np.uint64(load_u8(at + p + i))
-    return np.int64(u)
-
-
-@jit
-def be_i32(at: Int, p: Int) -> Int:
-    u = (load_u8(at + p) << 24) | (load_u8(at + p + 1) << 16)
-    u |= (load_u8(at + p + 2) << 8) | load_u8(at + p + 3)
-    return u - (np.int64(1) << 32) if u >= (np.int64(1) << 31) else u
-
-
-@jit
-def be_u32(at: Int, p: Int) -> Int:
-    u = (load_u8(at + p) << 24) | (load_u8(at + p + 1) << 16)
-    return u | (load_u8(at + p + 2) << 8) | load_u8(at + p + 3)
-
-
-@jit
-def be_i16(at: Int, p: Int) -> Int:
-    u = (load_u8(at + p) << 8) | load_u8(at + p + 1)
-    return u - 65536 if u >= 32768 else u
 
 
 @jit_inline
