@@ -8,7 +8,9 @@ runs). Then `cleanerd run` starts as a subprocess on them: its start-up to the e
 its first cycle (wall, CPU, peak RSS of the process tree) is measured, first on the dir
 as built (stopped cleanly by another tool, as a broker leaves it: nothing of cleanerd's
 own is kept), then again after the daemon's own clean stop (SIGTERM), which keeps what
-it read of every segment (`log/known_segments.py`). In between, the CPU time of the
+it read of every segment (`log/known_segments.py`), then once more after that daemon
+was killed (SIGKILL) at the end of its first cycle: a crash, which leaves no marker, so
+only the checkpoints and snapshots speed the start. In between, the CPU time of the
 daemon's process tree (the daemon, the worker pool's fork server and workers: psutil's
 user + system time) over `--seconds` of idleness. A SIGHUP with a changed policy forces
 one full cycle over every partition, the revisit the daemon runs every
@@ -214,8 +216,13 @@ def main() -> None:
         status = daemon.wait(timeout=300)
     cfg_path.write_text(yaml.safe_dump(config(data, state, backoff_ms=15_000)))
     again = start(cfg_path, log, cycles=first_cycles(log) + 1, cold=args.cold)
-    again[4].send_signal(signal.SIGTERM)
-    status = max(status, again[4].wait(timeout=300))
+    # Killed after that first cycle, as by the OOM killer or a power loss: no marker,
+    # nothing kept is used; its checkpoints and snapshots are there.
+    again[4].send_signal(signal.SIGKILL)
+    again[4].wait(timeout=300)
+    crashed = start(cfg_path, log, cycles=first_cycles(log) + 1, cold=args.cold)
+    crashed[4].send_signal(signal.SIGTERM)
+    status = max(status, crashed[4].wait(timeout=300))
 
     cache = ", page cache empty" if args.cold else ""
     rows = [
@@ -227,6 +234,7 @@ def main() -> None:
             startup_cpu,
         ),
         (f"start to first cycle after the daemon's clean stop{cache}", again[1], again[2]),
+        (f"start to first cycle after the daemon was killed (SIGKILL){cache}", *crashed[1:3]),
         (f"idle, {idle_wall:.0f} s", idle_wall, idle_cpu),
         ("one revisit cycle (SIGHUP until idle again)", revisit_wall, revisit_cpu),
     ]
@@ -238,7 +246,8 @@ def main() -> None:
     amortised = 100 * revisit_cpu / RETENTION_CHECK_S
     print(
         "peak RSS of the daemon's process tree up to its first cycle: "
-        f"{peak_rss / 2**20:.0f} MB as built, {again[3] / 2**20:.0f} MB after its clean stop"
+        f"{peak_rss / 2**20:.0f} MB as built, {again[3] / 2**20:.0f} MB after its clean stop, "
+        f"{crashed[3] / 2**20:.0f} MB after it was killed"
     )
     print(
         f"idle CPU: {100 * idle_cpu / idle_wall:.2f}% of a core "

@@ -53,7 +53,7 @@ class ReaderPool:
             initializer=_init_reader,
             initargs=(ProcessId.current(), log_format, log_level),
         )
-        self._futures: list[Future[bytes]] = []
+        self._jobs: list[tuple[Future[bytes], Sequence[str]]] = []
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -68,24 +68,34 @@ class ReaderPool:
         cpus = usable_cpus()
         return cls(min(cpus - 1, MAX_READERS), log_format, log_level) if cpus > 1 else None
 
-    def start(self, jobs: Sequence[Sequence[str]]) -> None:
-        """Start reading the partition dirs of each job (`read_dirs`), in order."""
+    def start(self, jobs: Sequence[Sequence[str]], *, check: bool = False) -> None:
+        """Start reading the partition dirs of each job (`read_dirs`, with `check`), in
+        order."""
         self._thread = threading.Thread(
-            target=self._submit, args=(jobs,), name="cleanerd-first-reads", daemon=True
+            target=self._submit, args=(jobs, check), name="cleanerd-first-reads", daemon=True
         )
         self._thread.start()
 
-    def _submit(self, jobs: Sequence[Sequence[str]]) -> None:
+    def _submit(self, jobs: Sequence[Sequence[str]], check: bool) -> None:
         for job in jobs:
             if self._stopping.is_set():
                 return
             try:
-                self._futures.append(self._pool.submit(read_dirs, list(job)))
+                self._jobs.append((self._pool.submit(read_dirs, list(job), check=check), job))
             except Exception as exc:  # noqa: BLE001 - handed to `stop`'s caller as the answer
                 failed: Future[bytes] = Future()
                 failed.set_exception(exc)
-                self._futures.append(failed)
+                self._jobs.append((failed, job))
                 return
+
+    def take_back(self) -> Sequence[str] | None:
+        """The last job that no reader has started, which they will not read now; None
+        once each has started (the processes take the jobs in order)."""
+        if self._thread is not None:
+            self._thread.join()
+        if self._jobs and self._jobs[-1][0].cancel():
+            return self._jobs.pop()[1]
+        return None
 
     def stop(self) -> list[Future[bytes]]:
         """Drop the jobs not started; the futures of those handed to the processes (a
@@ -94,4 +104,4 @@ class ReaderPool:
         if self._thread is not None:
             self._thread.join()
         self._pool.shutdown(wait=False, cancel_futures=True)
-        return self._futures
+        return [future for future, _ in self._jobs]

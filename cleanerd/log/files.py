@@ -78,10 +78,8 @@ _SEGMENT_FILE_PARTS = re.compile(rf"([0-9]{{{OFFSET_DIGITS}}})({_KINDS})({_STATE
 _STEM = rf"([0-9]{{{OFFSET_DIGITS}}})"
 LOG_NAMES: Final = re.compile(rf"/{_STEM}{re.escape(LOG_FILE_SUFFIX)}(?=/)")
 """Well-formed `.log` names (group: the stem)."""
-INDEX_NAMES: Final = re.compile(
-    rf"/{_STEM}(?:{'|'.join(re.escape(k) for k in INDEX_SUFFIXES)})(?=/)"
-)
-"""Well-formed index names, no state suffix (group: the stem)."""
+INDEX_NAMES: Final = re.compile(rf"/{_STEM}({'|'.join(re.escape(k) for k in INDEX_SUFFIXES)})(?=/)")
+"""Well-formed index names, no state suffix (groups: the stem, the kind)."""
 SNAPSHOT_NAMES: Final = re.compile(rf"/{_STEM}{re.escape(PRODUCER_SNAPSHOT_FILE_SUFFIX)}(?=/)")
 """Well-formed producer snapshot names (group: the stem)."""
 STATE_NAMES: Final = re.compile(rf"/{_STEM}(?:{_KINDS})(?:{_STATES})(?=/)")

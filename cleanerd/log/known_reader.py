@@ -18,8 +18,15 @@ mtime in ns) as it saw it. The owner takes an entry only for the very file it op
 entry names the old index sizes), so an entry describing a file that changed, was
 truncated by recovery or was replaced is never used: that segment is read by the owner
 as if no reader had run. A segment the reader cannot read (corrupt, gone, torn) gets no
-row; the owner reads it and reports it itself. The active (last) segment of each
-partition is left to the owner, which may append to it.
+row; the owner reads it and reports it itself.
+
+The owner's open leaves the cheap checks it would run (`recovery.py`: the active
+segment's after a clean shutdown; after a crash, those of the segments wholly below the
+recovery point, with `check`) to the readers: a row of such a segment also says that
+its indexes passed it, as the files were when read; a segment that fails it (or needs
+its indexes rebuilt) gets no row, so the owner checks it, rebuilds or reports. The
+owner takes a row of the active segment only while nothing was appended to it (its
+identity again).
 """
 
 from __future__ import annotations
@@ -34,8 +41,10 @@ from cleanerd.log.recovery import list_refusing_links
 from cleanerd.log.segment import LogSegment
 
 
-def read_dir(path: str) -> list[KnownSegment]:
-    """What can be read of the segments of the partition dir `path` but the last."""
+def read_dir(path: str, *, check: bool = False) -> list[KnownSegment]:
+    """What can be read of the segments of the partition dir `path`: of those that pass
+    the open's cheap check (`LogSegment.check`) for the last one, and with `check` for
+    the others."""
     dir_path = Path(path)
     try:
         # The owner's checks first: a link or a FIFO named like a segment is never opened.
@@ -43,9 +52,11 @@ def read_dir(path: str) -> list[KnownSegment]:
     except (CleanerdError, OSError):
         return []  # gone, unreadable or refused: the owner's open says why
     found = []
-    for base in bases[:-1]:
+    for n, base in enumerate(bases):
         try:
             segment = LogSegment(dir_path, base, read_only=True)
+            if check or n == len(bases) - 1:
+                segment.check()
             segment.meta()
             known = segment.known()
             # A missing index, which the owner's open creates, leaves the segment to it.
@@ -56,6 +67,6 @@ def read_dir(path: str) -> list[KnownSegment]:
     return found
 
 
-def read_dirs(paths: Sequence[str]) -> bytes:
+def read_dirs(paths: Sequence[str], *, check: bool = False) -> bytes:
     """`read_dir` of each of `paths`, in `known_segments.py`'s format."""
-    return encode((Path(p).name, read_dir(p)) for p in paths)
+    return encode((Path(p).name, read_dir(p, check=check)) for p in paths)

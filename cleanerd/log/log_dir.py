@@ -286,9 +286,11 @@ class LogDir:
         config: LogConfig | None = None,
         full_check: bool = False,
         prefetch: bool = True,
+        check_later: bool = False,
     ) -> PartitionLog:
         """Open an existing partition with this dir's mode (the metadata log is always
-        read-only; only the owner recovers); `prefetch` as `PartitionLog.open`'s."""
+        read-only; only the owner recovers); `prefetch` and `check_later` as
+        `PartitionLog.open`'s."""
         read_only = self.read_only or tp.topic == METADATA_TOPIC
         first_open = tp not in self._opened
         self._opened.add(tp)
@@ -305,6 +307,7 @@ class LogDir:
             clean_shutdown=(self.had_clean_shutdown and first_open) or self.owner_trusts,
             known=known if first_open else None,
             prefetch=prefetch,
+            check_later=check_later,
         )
 
     def create_partition(

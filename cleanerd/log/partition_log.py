@@ -99,6 +99,7 @@ from cleanerd.log.recovery import (
     ProducerFold,
     RecoveryReport,
     SegmentOptions,
+    check_unchecked,
     list_refusing_links,
     recover_partition,
     refuse_link,
@@ -244,6 +245,7 @@ class PartitionLog:
         clean_shutdown: bool = False,
         known: Mapping[int, KnownSegment] | None = None,
         prefetch: bool = True,
+        check_later: bool = False,
     ) -> PartitionLog:
         """Open the partition dir `path`.
 
@@ -264,7 +266,9 @@ class PartitionLog:
         for each segment that is still the file it describes.
         `prefetch` (the default) asks the kernel to start reading the small segments whose
         metadata is not known, which the first cycle reads; without it, the caller has
-        them read elsewhere (`take_known`).
+        them read elsewhere (`take_known`). `check_later`: the cheap checks that need not
+        come first (`recovery.py`) are the caller's, by readers or by `check_unchecked`,
+        before anything else reads the partition.
         """
         config = LogConfig() if config is None else config
         tp = parse_topic_partition(path.name)
@@ -300,6 +304,7 @@ class PartitionLog:
                 listing=listing,
                 known=known,
                 fold=None if snapshots else ProducerFold(),
+                check_later=check_later,
             )
             if not segments and not read_only:
                 start = checkpoints.log_start_offsets.get(tp, 0)
@@ -406,6 +411,8 @@ class PartitionLog:
 
     def _named(self, path: str | None) -> int | None:
         """Which segment's `.log` `path` is (an error's file), or None."""
+        if path is None:
+            return None
         return next((i for i, s in enumerate(self._segments) if str(s.log_path) == path), None)
 
     def _damaged_base(self) -> int | None:
@@ -1009,8 +1016,16 @@ class PartitionLog:
         described, as `open` takes a clean stop's; how many it took. The rest are read
         here when first needed. No lock: an entry is taken only for the very file
         (inode, size, mtime) this object saw, so what it says holds for those bytes."""
-        rebuilt = _rebuilt(self.recovery_report)
+        rebuilt = self.recovery_report.rebuilt_offsets()
         return sum(s.unread and _seed_one(s, known, rebuilt) for s in self._segments)
+
+    def check_unchecked(self, checked: Mapping[int, KnownSegment]) -> None:
+        """Run the cheap check the open left (`check_later`) on each segment a reader did
+        not check (`checked`: what readers that checked read, `known_reader.py`); damage
+        it finds makes the partition `corrupt`, as the open's would."""
+        if self.recovery_report.unchecked:
+            with self._locked():
+                check_unchecked(self._segments, self.recovery_report, checked)
 
     def _stable_at_end(self) -> bool:
         """Whether no transaction is open at the log end, as far as known without a read:
@@ -1292,12 +1307,6 @@ def _readable(segment: LogSegment) -> SegmentMeta:
         return segment.damaged_meta(str(exc))
 
 
-def _rebuilt(report: RecoveryReport) -> set[int]:
-    """The base offsets of the segments whose indexes the open rebuilt: read anew, as
-    what was known of them names the old index files."""
-    return {offset_from_filename(Path(p).name) for p in report.rebuilt_indexes}
-
-
 def _seed_one(segment: LogSegment, known: Mapping[int, KnownSegment], rebuilt: set[int]) -> bool:
     entry = known.get(segment.base_offset)
     return entry is not None and segment.base_offset not in rebuilt and segment.seed(entry)
@@ -1308,7 +1317,7 @@ def _seed(
 ) -> tuple[int, tuple[int, int, int]] | None:
     """Seed `segments` from `known` (see `LogSegment.seed`); the last segment's (base
     offset, identity) when its entry says no transaction was open at its end."""
-    rebuilt = _rebuilt(report)
+    rebuilt = report.rebuilt_offsets()
     for segment in segments:
         seeded = _seed_one(segment, known, rebuilt)
         if seeded and segment is segments[-1] and known[segment.base_offset].stable_end:

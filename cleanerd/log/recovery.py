@@ -45,6 +45,16 @@ the active one is spared it too when cleanerd's own clean stop recorded it
 (`known_segments.py`) and its `.log` (inode, size, mtime) and both index sizes are still
 as recorded: that stop had checked it, and two `stat`s replace reading both indexes and
 the log's tail (about 0.2 ms a partition, 2 s of a start on 10,000 partitions).
+
+The cheap checks that need not come first can run beside the opening (`check_later`,
+for an opening of thousands of partitions): the active segment's after a clean shutdown,
+and after a crash those of the segments wholly below the recovery point whose index
+files the listing holds (flushed with their indexes before the checkpoint named them; a
+missing index is rebuilt by the open, as before). The open then only lists them in
+`report.unchecked`; reader processes run them (`known_reader.py`), and the owner runs
+`check_unchecked` on those no reader passed, before anything reads the partition, so
+what they find is reported as the open's.
+
 The leftover steps below list the dir once and, finding nothing to do, change and fsync
 nothing. Kafka truncates any
 invalid tail; cleanerd only truncates what a crash mid-append can leave at the end of
@@ -82,6 +92,7 @@ from cleanerd.errors import DAMAGE, CleanerdError, CorruptIndexError, CorruptRec
 from cleanerd.log.files import (
     CLEANED_FILE_SUFFIX,
     DELETED_FILE_SUFFIX,
+    INDEX_FILE_SUFFIX,
     INDEX_NAMES,
     INDEX_SUFFIXES,
     LOG_FILE_SUFFIX,
@@ -89,6 +100,8 @@ from cleanerd.log.files import (
     MALFORMED_NAMES,
     STATE_NAMES,
     SWAP_FILE_SUFFIX,
+    TIME_INDEX_FILE_SUFFIX,
+    filename_prefix_from_offset,
     is_index_file,
     is_segment_file_name,
     listing_text,
@@ -188,11 +201,19 @@ class RecoveryReport:
     producers: ProducerState | None = None
     """The producer state at the log end, when the validation rebuilt it (see the
     module docstring), else None."""
+    unchecked: list[int] = field(default_factory=list)
+    """Base offsets of the segments whose cheap check the open left to
+    `check_unchecked` (`check_later`)."""
 
     @property
     def corrupt(self) -> CleanerdError | None:
         """The first damage found (the partition is then uncleanable), or None."""
         return self.errors[0] if self.errors else None
+
+    def rebuilt_offsets(self) -> set[int]:
+        """The base offsets of the segments whose indexes were rebuilt: read anew, as
+        what was known of them names the old index files."""
+        return {offset_from_filename(Path(p).name) for p in self.rebuilt_indexes}
 
 
 # -- leftovers (Kafka's LogLoader) -------------------------------------------------------
@@ -229,6 +250,12 @@ class ListedNames:
     leftovers: bool
     """Whether steps 1-4 or the orphan-index rule have anything to do in the dir: a
     segment file with a state suffix, or an index file without its `.log`."""
+    files: str
+    """The names of the regular files, as `listing_text` joins them."""
+
+    def has(self, base_offset: int, kind: str) -> bool:
+        """Whether the segment's file of `kind` (`.index`, say) was listed, as a file."""
+        return f"/{filename_prefix_from_offset(base_offset)}{kind}/" in self.files
 
 
 def sort_names(listing: Listing) -> ListedNames:
@@ -239,9 +266,9 @@ def sort_names(listing: Listing) -> ListedNames:
     if MALFORMED_NAMES.search(text) or not all([e.is_file() for e in listing]):
         return _sort_entries(listing)
     log_stems = LOG_NAMES.findall(text)
-    orphans = not set(INDEX_NAMES.findall(text)) <= set(log_stems)
+    orphans = not {stem for stem, _ in INDEX_NAMES.findall(text)} <= set(log_stems)
     leftovers = orphans or STATE_NAMES.search(text) is not None
-    return ListedNames(sorted(map(int, log_stems)), [], leftovers)
+    return ListedNames(sorted(map(int, log_stems)), [], leftovers, text)
 
 
 def _sort_entries(listing: Listing) -> ListedNames:
@@ -270,7 +297,8 @@ def _sort_entries(listing: Listing) -> ListedNames:
         elif kind in INDEX_SUFFIXES:
             index_stems.add(stem)
     log_offsets.sort()
-    return ListedNames(log_offsets, malformed, leftovers or not index_stems <= log_stems)
+    files = listing_text([e.name for e in listing if e.is_file()])
+    return ListedNames(log_offsets, malformed, leftovers or not index_stems <= log_stems, files)
 
 
 def _offset(path: Path) -> int:
@@ -643,11 +671,17 @@ def validate_segments(
     clean_shutdown: bool = False,
     known: Mapping[int, KnownSegment] | None = None,
     fold: ProducerFold | None = None,
+    check_later: bool = False,
+    names: ListedNames | None = None,
 ) -> RecoveryReport:
     """Validate every segment (see the module docstring); never raises for damage found
     in the data, which goes to `report.errors` instead. `known`: what cleanerd's own
     clean stop recorded of the segments (with `clean_shutdown` only). With `fold`, the
-    producer state is rebuilt in the same walk when every segment is walked whole."""
+    producer state is rebuilt in the same walk when every segment is walked whole.
+    `check_later`: the cheap checks that need not come first (the active segment's after
+    a clean shutdown; after a crash, each segment's wholly below the recovery point whose
+    index files `names`, the dir's listing, holds) are left to `check_unchecked`
+    (`report.unchecked`), for readers to run them beside the opening."""
     report = RecoveryReport() if report is None else report
     for n, segment in enumerate(segments):
         is_active = n == len(segments) - 1
@@ -668,16 +702,50 @@ def validate_segments(
             if fold is not None and sound:
                 fold.finish(segment)
                 continue
-        elif not clean_shutdown or (is_active and not _as_known(segment, known)):
+        elif clean_shutdown:
+            if is_active and not _as_known(segment, known):
+                if check_later:
+                    report.unchecked.append(segment.base_offset)
+                else:
+                    _validate_cheap(segment, report)
+            # else: trusted, as Kafka's loader trusts a cleanly stopped dir (the active
+            # segment only when cleanerd's own clean stop recorded it as it still is);
+            # its indexes are read when first used (their last entries checked against
+            # the log then), its batches when its metadata is first read (CRCs checked).
+        elif (
+            check_later and not unflushed and names is not None and _indexes_listed(segment, names)
+        ):
+            report.unchecked.append(segment.base_offset)  # `check_unchecked` checks it
+        else:
             _validate_cheap(segment, report)
-        # else: a segment after a clean shutdown is trusted, as Kafka's loader trusts it
-        # (the active one only when cleanerd's own clean stop recorded it as it still
-        # is); its indexes are read when first used (their last entries checked against
-        # the log then).
         fold = None  # not walked whole, or damaged: the producer state needs its own walk
     if fold is not None and not report.errors:
         report.producers = fold.state
     return report
+
+
+def _indexes_listed(segment: LogSegment, names: ListedNames) -> bool:
+    return names.has(segment.base_offset, INDEX_FILE_SUFFIX) and names.has(
+        segment.base_offset, TIME_INDEX_FILE_SUFFIX
+    )
+
+
+def check_unchecked(
+    segments: list[LogSegment], report: RecoveryReport, checked: Mapping[int, KnownSegment]
+) -> None:
+    """The cheap check of each segment the open left unchecked (`check_later`), but for
+    one that a reader checked (`known_reader.py`, with `check`: its entry in `checked`
+    describes the very `.log`, whose indexes nobody rebuilt since); damage goes to
+    `report`, as the open's."""
+    by_base = {s.base_offset: s for s in segments}
+    rebuilt = report.rebuilt_offsets()
+    for base in report.unchecked:
+        segment, entry = by_base.get(base), checked.get(base)
+        if segment is None:
+            continue
+        if entry is None or base in rebuilt or entry.identity != segment.identity:
+            _validate_cheap(segment, report)
+    report.unchecked.clear()
 
 
 def _as_known(segment: LogSegment, known: Mapping[int, KnownSegment] | None) -> bool:
@@ -715,6 +783,7 @@ def recover_partition(
     listing: Listing | None = None,
     known: Mapping[int, KnownSegment] | None = None,
     fold: ProducerFold | None = None,
+    check_later: bool = False,
 ) -> tuple[list[LogSegment], RecoveryReport]:
     """Open a partition dir's segments. Links are refused first (SymlinkRefused; or the
     caller did, making `listing` with `list_refusing_links`). With `recover` (the caller
@@ -742,5 +811,7 @@ def recover_partition(
             clean_shutdown=clean_shutdown and recover,
             known=known,
             fold=fold if recover else None,
+            check_later=check_later and recover,
+            names=names,
         )
     return segments, report

@@ -958,6 +958,14 @@ class LogSegment:
         self.rebuild_indexes(reason="missing" if problem is None else problem.reason)
         return True
 
+    def check(self) -> None:
+        """`sanity_check` without its repair, for a process that may not write: raises
+        what that would report, or rebuild (CorruptIndexError, a missing index's too)."""
+        self.txn_index.sanity_check()
+        if not (self.offset_index.file_exists and self.time_index.file_exists):
+            raise CorruptIndexError("missing", path=self.offset_index_path)
+        self._check_indexes()
+
     def _check_indexes(self) -> None:
         self.offset_index.sanity_check()
         self.time_index.sanity_check()

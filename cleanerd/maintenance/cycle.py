@@ -49,6 +49,7 @@ passes in flight finish; a `stop` event given to `run_once` aborts them instead.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import threading
 import time
@@ -87,7 +88,7 @@ from cleanerd.errors import (
 )
 from cleanerd.log.deletions import PendingDeletions
 from cleanerd.log.files import METADATA_TOPIC, TopicPartition, list_partitions, log_file
-from cleanerd.log.known_segments import decode
+from cleanerd.log.known_segments import KnownSegment, decode
 from cleanerd.log.log_dir import LogDir, Mode
 from cleanerd.log.ownership import StaleWork, lock_holder
 from cleanerd.log.partition_log import LogConfig, PartitionLog
@@ -167,8 +168,14 @@ class SegmentReaders(Protocol):
     """Processes that read segment metadata beside this one (`known_reader.py`), for a
     first opening of `MANY_OPENS` or more partitions with nothing kept of them."""
 
-    def start(self, jobs: Sequence[Sequence[str]]) -> None:
-        """Start reading the partition dirs of each job, in order, without waiting."""
+    def start(self, jobs: Sequence[Sequence[str]], *, check: bool = False) -> None:
+        """Start reading the partition dirs of each job, in order, without waiting; with
+        `check`, running the open's cheap check of each segment too."""
+        ...
+
+    def take_back(self) -> Sequence[str] | None:
+        """The last job no reader has started, which they will not read now (this
+        process reads it meanwhile); None once each has started."""
         ...
 
     def stop(self) -> list[Future[bytes]]:
@@ -183,7 +190,8 @@ class _FirstReads:
 
     readers: SegmentReaders
     partitions: frozenset[TopicPartition]
-    """Opened without prefetching: the readers read them."""
+    """Opened without prefetching (and leaving the checks that need not come first):
+    the readers read them, and run those checks."""
 
 
 def wall_clock_ms() -> int:
@@ -811,7 +819,7 @@ class Maintenance:
                             found.append(partition)
             finally:
                 if reads is not None:
-                    self._take_first_reads(log_dir, reads)
+                    self._take_first_reads(log_dir, reads, report)
             opened += len(listed)
         for key in [k for k in self._plogs if k not in live]:
             del self._plogs[key]
@@ -860,16 +868,24 @@ class Maintenance:
         if readers is None:
             return None
         paths = [str(log_dir.path / str(tp)) for tp in first]
-        readers.start([paths[i : i + READ_CHUNK] for i in range(0, len(paths), READ_CHUNK)])
+        jobs = [paths[i : i + READ_CHUNK] for i in range(0, len(paths), READ_CHUNK)]
+        # After a crash the opens leave the checks below the recovery point too.
+        readers.start(jobs, check=not log_dir.had_clean_shutdown)
         return _FirstReads(readers, frozenset(first))
 
-    def _take_first_reads(self, log_dir: LogDir, reads: _FirstReads) -> None:
-        """Seed the partitions opened from what the readers read by now (the reads not
-        started are dropped), and prefetch what the cycle still reads itself."""
-        futures = reads.readers.stop()
+    def _take_first_reads(self, log_dir: LogDir, reads: _FirstReads, report: _Builder) -> None:
+        """Read the jobs the readers have not started, from the last one back, while
+        they read on from the first; then seed the partitions opened from what they
+        read, run the checks the opens left that no reader ran, and prefetch what the
+        cycle still reads itself."""
         by_name = {str(tp): tp for tp in reads.partitions}
+        while (job := reads.readers.take_back()) is not None:
+            plogs = [self._plogs.get((log_dir.path, by_name[Path(path).name])) for path in job]
+            self._read_here([p for p in plogs if p is not None], log_dir, report)
+        futures = reads.readers.stop()
         taken = 0
         failed: list[Exception] = []
+        read: dict[TopicPartition, Mapping[int, KnownSegment]] = {}
         for future in futures:
             if future.cancelled():
                 continue
@@ -881,12 +897,15 @@ class Maintenance:
             for name, segments in kept.items():
                 tp = by_name.get(name)
                 plog = None if tp is None else self._plogs.get((log_dir.path, tp))
-                if plog is not None:
+                if tp is not None and plog is not None:
                     taken += plog.take_known(segments)
+                    read[tp] = segments
         for tp in reads.partitions:
             plog = self._plogs.get((log_dir.path, tp))
-            if plog is not None:
-                plog.prefetch()
+            if plog is None:
+                continue
+            self._check_unchecked(plog, log_dir, report, read.get(tp, {}))
+            plog.prefetch()
         log.info("first_reads.taken", log_dir=str(log_dir.path), segments=taken)
         if failed:
             log.warning(
@@ -896,6 +915,34 @@ class Maintenance:
                 error=repr(failed[0]),
                 action="read by this process",
             )
+
+    def _read_here(self, plogs: list[PartitionLog], log_dir: LogDir, report: _Builder) -> None:
+        """Check and read the segments of `plogs` that the first cycle reads (a job taken
+        back from the readers); a failure here is met again, and reported, by the step
+        that reads the partition."""
+        for plog in plogs:
+            plog.prefetch()  # so that the reads of the job's segments overlap
+        for plog in plogs:
+            self._check_unchecked(plog, log_dir, report, {})
+            with contextlib.suppress(CleanerdError, OSError):
+                plog.meta()
+
+    def _check_unchecked(
+        self,
+        plog: PartitionLog,
+        log_dir: LogDir,
+        report: _Builder,
+        checked: Mapping[int, KnownSegment],
+    ) -> None:
+        """The checks the open of `plog` left (`PartitionLog.check_unchecked`); damage
+        they find is reported as that open's."""
+        if not plog.recovery_report.unchecked:
+            return
+        sound = plog.corrupt is None
+        plog.check_unchecked(checked)
+        if sound and plog.corrupt is not None:
+            topic = self.config.topic_config(plog.topic_partition.topic)
+            self._report_damage(_Partition(log_dir, plog, topic), report, opening=True)
 
     def _opening(
         self, log_dir: LogDir, listed: list[TopicPartition]
@@ -997,7 +1044,10 @@ class Maintenance:
         try:
             if plog is None or stale:
                 plog = log_dir.open_partition(
-                    tp, config=LogConfig.of_topic(topic), prefetch=prefetch
+                    tp,
+                    config=LogConfig.of_topic(topic),
+                    prefetch=prefetch,
+                    check_later=not prefetch,  # the readers read it
                 )
                 self._plogs[key] = plog
             else:
@@ -1010,16 +1060,23 @@ class Maintenance:
             cuts = plog.recovery_report.truncated
             report.truncated += [TailCut(str(log_dir.path), tp, cut) for cut in cuts]
             self._cuts_reported[key] = (plog, len(cuts))
-        if plog.corrupt is not None and topic.compact:
-            item = CompactedLog(log_dir, plog, topic)
+        partition = _Partition(log_dir, plog, topic)
+        self._report_damage(partition, report, opening=opening)
+        return partition
+
+    def _report_damage(self, p: _Partition, report: _Builder, *, opening: bool) -> None:
+        """What the open of `p` found damaged (`corrupt`): a compacted partition is marked
+        uncleanable; another one's damage is the open's error."""
+        corrupt, tp = p.plog.corrupt, p.tp
+        if corrupt is not None and p.topic.compact:
+            item = CompactedLog(p.log_dir, p.plog, p.topic)
             if not self.manager.is_uncleanable(item, report.now_ms):
-                self._mark(item, str(plog.corrupt), report.now_ms, report, during_pass=False)
-            report.met(log_dir.path, tp, plog.corrupt)
-        elif plog.corrupt is not None and opening:
+                self._mark(item, str(corrupt), report.now_ms, report, during_pass=False)
+            report.met(p.log_dir.path, tp, corrupt)
+        elif corrupt is not None and opening:
             # Not compacted, so never marked uncleanable (and opened again each cycle, to
             # see a repair): the damage its open found is that step's error.
-            report.error(log_dir.path, tp, "open", plog.corrupt)
-        return _Partition(log_dir, plog, topic)
+            report.error(p.log_dir.path, tp, "open", corrupt)
 
     def _roll(self, partitions: list[_Partition], report: _Builder) -> None:
         by_dir: dict[Path, list[_Partition]] = {}

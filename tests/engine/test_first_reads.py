@@ -1,6 +1,6 @@
 """The reader processes of a big first opening (`first_reads.ReaderPool`): they answer
-what `read_dirs` reads in this process, drop the jobs not started when stopped, and are
-not started on a host with one CPU."""
+what `read_dirs` reads in this process, give back the jobs not started from the last one,
+drop those left when stopped, and are not started on a host with one CPU."""
 
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ def test_the_readers_answer_what_this_process_reads(tmp_path: Path) -> None:
     pool.start(jobs)
     assert pool._thread is not None
     pool._thread.join()  # every job handed over
-    pool._futures[0].result(timeout=60)  # the first job is done, the others may not be
+    pool._jobs[0][0].result(timeout=60)  # the first job is done, the others may not be
     futures = pool.stop()
 
     assert len(futures) == 3
@@ -39,7 +39,24 @@ def test_the_readers_answer_what_this_process_reads(tmp_path: Path) -> None:
         if not future.cancelled():  # dropped unless it was running
             assert decode(future.result(timeout=60)).segments == decode(read_dirs(job)).segments
     answer = decode(futures[0].result()).segments
-    assert len(answer["t-0"]) == 2  # all but the active segment
+    assert len(answer["t-0"]) == 3  # every segment
+
+
+def test_the_jobs_not_started_are_taken_back_from_the_last(tmp_path: Path) -> None:
+    paths = built(tmp_path / "logs", 3)
+    jobs = [[paths[n % 3]] for n in range(40)]
+    pool = ReaderPool(1)
+    pool.start(jobs, check=True)
+    taken = []
+    while (job := pool.take_back()) is not None:
+        taken.append(job)
+    futures = pool.stop()
+    assert taken  # one process, just started: most jobs were still waiting
+    assert all(t is j for t, j in zip(taken, reversed(jobs), strict=False))
+    assert len(taken) + len(futures) == len(jobs)
+    for job, future in zip(jobs, futures, strict=False):
+        if not future.cancelled():
+            assert decode(future.result(timeout=60)).segments == decode(read_dirs(job)).segments
 
 
 def test_a_stop_drops_the_jobs_not_handed_over_yet(

@@ -15,9 +15,11 @@ from cleanerd.cli import main
 from cleanerd.compaction.horizon import HorizonCache
 from cleanerd.log.checkpoint import RECOVERY_POINT_OFFSET_CHECKPOINT
 from cleanerd.log.files import CLEAN_SHUTDOWN_FILE_NAME, TopicPartition
-from cleanerd.log.known_segments import read_known_segments
+from cleanerd.log.known_reader import read_dirs
+from cleanerd.log.known_segments import decode, read_known_segments
 from cleanerd.log.log_dir import LogDir
 from cleanerd.log.partition_log import LogConfig, PartitionLog
+from cleanerd.log.txnindex import AbortedTxn
 from cleanerd.records import walker
 from tests.builders import kv
 
@@ -281,3 +283,180 @@ def test_the_walk_past_the_recovery_point_keeps_no_table(
     assert not clean
     assert plog.recovery_report.errors == []
     assert kept == []
+
+
+def crashed(root: Path, state: Path) -> Path:
+    """The partition as a crash after a clean stop's checkpoints leaves it: the recovery
+    point at the log end, the snapshot, the indexes, no marker. Its dir."""
+    build(root, state)
+    stop_cleanly(root, state)
+    (root / CLEAN_SHUTDOWN_FILE_NAME).unlink()
+    return root / str(TP)
+
+
+def open_leaving_checks(log_dir: LogDir) -> PartitionLog:
+    """An open whose checks of the segments below the recovery point readers run."""
+    return log_dir.open_partition(TP, config=CONFIG, prefetch=False, check_later=True)
+
+
+def test_after_a_crash_readers_check_the_segments_below_the_recovery_point(
+    tmp_path: Path, walked: list[int]
+) -> None:
+    """The cheap check of the segments wholly below the recovery point (flushed, with
+    their indexes, before the checkpoint named them) can run in a reader beside the
+    opening: the open reads none of their files, and what a reader that checked them
+    read is taken for them, nothing read twice."""
+    root, state = tmp_path / "logs", tmp_path / "state"
+    root.mkdir()
+    part = crashed(root, state)
+    with LogDir.open(root, state_dir=state) as log_dir:
+        assert not log_dir.had_clean_shutdown
+        walked.clear()
+        plog = open_leaving_checks(log_dir)
+        inactive = plog.segments[:-1]
+        assert len(inactive) >= 5
+        assert all(s.unread for s in inactive)
+        assert sum(walked) <= plog.active_segment.size
+        assert plog.recovery_report.unchecked == [s.base_offset for s in inactive]
+        read = decode(read_dirs([str(part)], check=True)).segments[str(TP)]
+        walked.clear()
+        assert plog.take_known(read) == len(inactive)
+        plog.check_unchecked(read)
+        assert walked == []
+        assert plog.recovery_report.unchecked == []
+        assert plog.corrupt is None
+        meta = plog.meta()
+    with LogDir.open(root, state_dir=state) as log_dir:
+        assert log_dir.open_partition(TP, config=CONFIG, full_check=True).meta() == meta
+
+
+def test_after_a_crash_the_checks_no_reader_ran_are_run_by_the_owner(
+    tmp_path: Path, walked: list[int]
+) -> None:
+    root, state = tmp_path / "logs", tmp_path / "state"
+    root.mkdir()
+    crashed(root, state)
+    with LogDir.open(root, state_dir=state) as log_dir:
+        plog = open_leaving_checks(log_dir)
+        walked.clear()
+        plog.check_unchecked({})
+        assert len(walked) == len(plog.segments) - 1  # each one's tail
+        assert plog.recovery_report.unchecked == []
+        assert plog.corrupt is None
+
+
+def test_after_a_crash_a_missing_index_below_the_recovery_point_is_rebuilt_at_open(
+    tmp_path: Path,
+) -> None:
+    root, state = tmp_path / "logs", tmp_path / "state"
+    root.mkdir()
+    part = crashed(root, state)
+    index = part / "00000000000000000000.index"
+    original = index.read_bytes()
+    index.unlink()
+    with LogDir.open(root, state_dir=state) as log_dir:
+        plog = open_leaving_checks(log_dir)
+        assert plog.recovery_report.rebuilt_indexes == [str(part / "00000000000000000000.log")]
+        assert 0 not in plog.recovery_report.unchecked
+    assert index.read_bytes() == original
+
+
+@pytest.mark.parametrize("damage", ["batch", "transaction index"])
+def test_after_a_crash_damage_below_the_recovery_point_is_found_before_any_read(
+    tmp_path: Path, damage: str
+) -> None:
+    """Damage a check left to the readers would have found at the open: no reader row for
+    that segment, so the owner's check finds it, and the partition is corrupt before any
+    step reads it; the files stay as they are."""
+    root, state = tmp_path / "logs", tmp_path / "state"
+    root.mkdir()
+    part = crashed(root, state)
+    if damage == "batch":
+        damaged = part / "00000000000000000000.log"
+        data = bytearray(damaged.read_bytes())
+        data[-10] ^= 0xFF  # a value byte of the last batch, past the last index entry
+        damaged.write_bytes(bytes(data))
+    else:
+        with LogDir.open(root, state_dir=state) as log_dir:
+            second = log_dir.open_partition(TP, config=CONFIG).segments[1]
+        damaged = part / f"{second.log_path.stem}.txnindex"
+        # An aborted transaction whose last offset lies below the segment's base offset.
+        damaged.write_bytes(AbortedTxn(0, 7, 1, 0).to_bytes())
+    before = {p: p.read_bytes() for p in part.iterdir()}
+    with LogDir.open(root, state_dir=state) as log_dir:
+        plog = open_leaving_checks(log_dir)
+        assert plog.corrupt is None
+        read = decode(read_dirs([str(part)], check=True)).segments[str(TP)]
+        assert len(read) == len(plog.segments) - 1  # all but the damaged one
+        plog.take_known(read)
+        plog.check_unchecked(read)
+        assert plog.corrupt is not None
+        assert str(damaged) in str(plog.corrupt)
+    assert {p: p.read_bytes() for p in part.iterdir()} == before
+
+
+@pytest.mark.parametrize("topic_policy", ["compact", "delete"])
+def test_a_clean_after_a_crash_names_damage_below_the_recovery_point_and_keeps_it(
+    tmp_path: Path, topic_policy: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The damage the open no longer reads is named by the cycle's first read of the
+    segment; the files stay byte for byte, and the stop writes no marker."""
+    root, state = tmp_path / "logs", tmp_path / "state"
+    root.mkdir()
+    part = crashed(root, state)
+    first = part / "00000000000000000000.log"
+    data = bytearray(first.read_bytes())
+    data[-10] ^= 0xFF
+    first.write_bytes(bytes(data))
+    config = tmp_path / "cleanerd.yaml"
+    config.write_text(
+        f"log.dirs: [{root}]\nstate_dir: {state}\n"
+        f"topics: {{orders: {{cleanup.policy: {topic_policy}, segment.bytes: 16384}}}}\n"
+    )
+    assert main(["clean", "-c", str(config), "--json"]) == 1
+    assert str(first) in capsys.readouterr().out
+    assert first.read_bytes() == bytes(data)
+    assert not (root / CLEAN_SHUTDOWN_FILE_NAME).exists()
+
+
+def test_after_a_clean_stop_a_reader_checks_the_active_segment(
+    tmp_path: Path, walked: list[int]
+) -> None:
+    """The one check an open after a clean stop runs (the active segment's, when no clean
+    stop of cleanerd's recorded it) can run in a reader too; damage there is found before
+    any read of the partition all the same."""
+    root, state = tmp_path / "logs", tmp_path / "state"
+    root.mkdir()
+    build(root, state)
+    stop_cleanly(root, state)
+    part = root / str(TP)
+    with LogDir.open(root, state_dir=state) as log_dir:
+        assert log_dir.had_clean_shutdown
+        walked.clear()
+        plog = open_leaving_checks(log_dir)
+        assert walked == []
+        assert plog.recovery_report.unchecked == [plog.active_segment.base_offset]
+        read = decode(read_dirs([str(part)])).segments[str(TP)]
+        walked.clear()
+        assert plog.take_known(read) == len(plog.segments)
+        plog.check_unchecked(read)
+        assert walked == []
+        assert plog.corrupt is None
+        meta = plog.meta()
+    with LogDir.open(root, state_dir=state) as log_dir:
+        assert log_dir.open_partition(TP, config=CONFIG, full_check=True).meta() == meta
+
+    stop_cleanly(root, state)
+    active = max(part.glob("*.log"))
+    data = bytearray(active.read_bytes())
+    data[-10] ^= 0xFF
+    active.write_bytes(bytes(data))
+    with LogDir.open(root, state_dir=state) as log_dir:
+        plog = open_leaving_checks(log_dir)
+        read = decode(read_dirs([str(part)])).segments[str(TP)]
+        assert active.name.replace(".log", "") not in {f"{b:020d}" for b in read}
+        plog.take_known(read)
+        plog.check_unchecked(read)
+        assert plog.corrupt is not None
+        assert str(active) in str(plog.corrupt)
+    assert active.read_bytes() == bytes(data)

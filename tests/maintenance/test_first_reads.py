@@ -17,7 +17,8 @@ import pytest
 from structlog.testing import capture_logs
 
 from cleanerd.engine.local import LocalEngine, WorkerSettings
-from cleanerd.log.files import TopicPartition
+from cleanerd.log.checkpoint import RECOVERY_POINT_OFFSET_CHECKPOINT, OffsetCheckpointFile
+from cleanerd.log.files import CLEAN_SHUTDOWN_FILE_NAME, TopicPartition
 from cleanerd.log.known_reader import read_dirs
 from cleanerd.log.segment import LogSegment
 from cleanerd.maintenance import cycle
@@ -44,16 +45,24 @@ class Reads:
 
 
 class InlineReaders:
-    """Reads each job at `start`, in this process (`ReaderPool`'s are processes); with
-    `failing`, the first job fails and the others were never started."""
+    """Reads each job at `start`, in this process (`ReaderPool`'s are processes), but the
+    last `waiting` ones, which `take_back` gives back; with `failing`, the first job fails
+    and the others were never started."""
 
-    def __init__(self, reads: Reads, *, failing: bool = False) -> None:
+    def __init__(self, reads: Reads, *, failing: bool = False, waiting: int = 0) -> None:
         self.reads = reads
         self.failing = failing
+        self.waiting = waiting
         self.futures: list[Future[bytes]] = []
+        self.check: bool | None = None
+        self.waiting_jobs: list[Sequence[str]] = []
+        self.taken_back: list[Sequence[str]] = []
 
-    def start(self, jobs: Sequence[Sequence[str]]) -> None:
-        for n, job in enumerate(jobs):
+    def start(self, jobs: Sequence[Sequence[str]], *, check: bool = False) -> None:
+        self.check = check
+        started = len(jobs) - self.waiting
+        self.waiting_jobs = list(jobs[started:])
+        for n, job in enumerate(jobs[:started]):
             future: Future[bytes] = Future()
             if self.failing and n == 0:
                 future.set_exception(OSError("the reader died"))
@@ -61,9 +70,15 @@ class InlineReaders:
                 future.cancel()
             else:
                 self.reads.reading = True
-                future.set_result(read_dirs(job))
+                future.set_result(read_dirs(job, check=check))
                 self.reads.reading = False
             self.futures.append(future)
+
+    def take_back(self) -> Sequence[str] | None:
+        if not self.waiting_jobs:
+            return None
+        self.taken_back.append(self.waiting_jobs.pop())
+        return self.taken_back[-1]
 
     def stop(self) -> list[Future[bytes]]:
         return self.futures
@@ -72,16 +87,26 @@ class InlineReaders:
 @pytest.fixture(name="reads")
 def _reads(monkeypatch: pytest.MonkeyPatch) -> Reads:
     reads = Reads()
-    original = LogSegment._read_small_whole
+    read_small_whole, check = LogSegment._read_small_whole, LogSegment.check
 
-    def counting(self: LogSegment) -> None:
+    def count(segment: LogSegment) -> None:
+        if not segment.unread:
+            return  # read already (a checking reader's `check` read it)
         if reads.reading:
             reads.reader += 1
         else:
             reads.owner += 1
-        original(self)
+
+    def counting(self: LogSegment) -> None:
+        count(self)
+        read_small_whole(self)
+
+    def checking(self: LogSegment) -> None:
+        count(self)
+        check(self)
 
     monkeypatch.setattr(LogSegment, "_read_small_whole", counting)
+    monkeypatch.setattr(LogSegment, "check", checking)
     monkeypatch.setattr(cycle, "MANY_OPENS", PARTITIONS)
     monkeypatch.setattr(cycle, "READ_CHUNK", 3)
     return reads
@@ -137,9 +162,29 @@ def test_a_big_first_opening_takes_what_the_readers_read(
     assert len(started) == 1
     assert len(started[0].futures) == 2  # 4 partitions in jobs of 3
     taken = [e for e in logs if e["event"] == "first_reads.taken"]
-    assert taken[0]["segments"] == PARTITIONS * 4
-    assert reads.reader == PARTITIONS * 4
-    assert reads.owner <= PARTITIONS  # at most the active segments
+    assert taken[0]["segments"] == reads.reader == PARTITIONS * 5  # the active ones too
+    assert reads.owner == 0
+
+
+def test_the_jobs_no_reader_started_are_read_by_the_owner_meanwhile(
+    tmp_path: Path, engine: LocalEngine, reads: Reads
+) -> None:
+    """Once its opening is done, the owner takes back the jobs the readers have not
+    started (from the last one) and reads them while the readers read on."""
+    plain, with_readers = copies(tmp_path, 2)
+    expected, _ = run(plain, engine, None)
+    reads.owner = 0
+    started: list[InlineReaders] = []
+
+    def readers() -> InlineReaders:
+        started.append(InlineReaders(reads, waiting=1))
+        return started[-1]
+
+    got, _ = run(with_readers, engine, readers)
+    assert got == expected
+    assert [list(job) for job in started[0].taken_back] == [[str(with_readers / "logs/d-3")]]
+    assert reads.reader == 3 * 5  # the first job's three partitions
+    assert reads.owner == 5  # the last one's
 
 
 def test_readers_that_fail_only_lose_their_answer(
@@ -182,3 +227,74 @@ def test_no_readers_for_a_small_opening_nor_once_the_partitions_are_open(
     # A host with one CPU gets no readers: the factory answers None.
     with Maintenance(cfg, engine, clock=lambda: T0, readers=lambda: None) as m:
         m.run_once()
+
+
+def crashed_copies(tmp_path: Path, engine: LocalEngine, n: int) -> list[Path]:
+    """`n` copies of partitions that a daemon's cycle left with their recovery points at
+    the log ends, then crashed: no marker, nothing kept."""
+    root = built(tmp_path / "built")
+    cfg = write_config(root, {"d": {"cleanup.policy": "delete", "retention.ms": 2 * HOUR}})
+    with Maintenance(cfg, engine, clock=lambda: T0) as m:
+        m.run_once()
+    assert not (root / "logs" / CLEAN_SHUTDOWN_FILE_NAME).exists()
+    points = OffsetCheckpointFile(root / "logs" / RECOVERY_POINT_OFFSET_CHECKPOINT).read()
+    assert len(points) == PARTITIONS
+    for i in range(n):
+        shutil.copytree(root, tmp_path / str(i))
+    return [tmp_path / str(i) for i in range(n)]
+
+
+def segments(root: Path) -> int:
+    return sum(len(list(d.glob("*.log"))) for d in (root / "logs").glob("d-*"))
+
+
+@pytest.mark.parametrize("waiting", [0, 1])
+def test_after_a_crash_the_readers_run_the_checks_the_opening_leaves(
+    tmp_path: Path, engine: LocalEngine, reads: Reads, waiting: int
+) -> None:
+    """Below the recovery point the opens leave their cheap checks to the readers, which
+    read those segments once for both (the owner runs those of the jobs it took back);
+    the cycle's outcome is the same."""
+    plain, with_readers = crashed_copies(tmp_path, engine, 2)
+    expected, _ = run(plain, engine, None)
+    reads.owner = reads.reader = 0
+    started: list[InlineReaders] = []
+
+    def readers() -> InlineReaders:
+        started.append(InlineReaders(reads, waiting=waiting))
+        return started[-1]
+
+    got, _ = run(with_readers, engine, readers)
+    assert got == expected
+    assert started[0].check is True
+    every = segments(with_readers)
+    assert every >= PARTITIONS * 3
+    if waiting:
+        assert reads.reader == every * 3 // PARTITIONS  # the first job's three partitions
+    else:
+        assert reads.reader == every
+        assert reads.owner == 0
+
+
+@pytest.mark.parametrize("readers", [None, "reader", "taken back"])
+def test_after_a_crash_damage_below_the_recovery_point_is_the_opens_error(
+    tmp_path: Path, engine: LocalEngine, reads: Reads, readers: str | None
+) -> None:
+    """Found before any step reads the partition, whoever ran the check (the owner's
+    open, the owner for a reader, the owner for a job it took back), and reported as the
+    open's error (the topic is not compacted); the files stay as they are."""
+    (root,) = crashed_copies(tmp_path, engine, 1)
+    damaged = sorted((root / "logs" / "d-0").glob("*.log"))[0]
+    data = bytearray(damaged.read_bytes())
+    data[-3] ^= 0xFF  # a value byte of its last batch
+    damaged.write_bytes(bytes(data))
+    waiting = 2 if readers == "taken back" else 0
+    factory = None if readers is None else (lambda: InlineReaders(reads, waiting=waiting))
+    cfg = write_config(root, {"d": {"cleanup.policy": "delete", "retention.ms": 2 * HOUR}})
+    with Maintenance(cfg, engine, clock=lambda: T0, readers=factory) as m:
+        report = m.run_once()
+    phases = [(e.tp, e.phase) for e in report.errors]
+    assert phases[0] == (TopicPartition("d", 0), "open")
+    assert all(tp == TopicPartition("d", 0) for tp, _ in phases)
+    assert all(str(damaged) in e.reason for e in report.errors)
+    assert damaged.read_bytes() == bytes(data)
