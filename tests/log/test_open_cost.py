@@ -285,13 +285,16 @@ def test_the_walk_past_the_recovery_point_keeps_no_table(
     assert kept == []
 
 
-def crashed(root: Path, state: Path) -> Path:
+def crashed(tmp_path: Path) -> tuple[Path, Path, Path]:
     """The partition as a crash after a clean stop's checkpoints leaves it: the recovery
-    point at the log end, the snapshot, the indexes, no marker. Its dir."""
+    point at the log end, the snapshot, the indexes, no marker. The log dir, the state
+    dir and the partition's dir."""
+    root, state = tmp_path / "logs", tmp_path / "state"
+    root.mkdir()
     build(root, state)
     stop_cleanly(root, state)
     (root / CLEAN_SHUTDOWN_FILE_NAME).unlink()
-    return root / str(TP)
+    return root, state, root / str(TP)
 
 
 def open_leaving_checks(log_dir: LogDir) -> PartitionLog:
@@ -306,9 +309,7 @@ def test_after_a_crash_readers_check_the_segments_below_the_recovery_point(
     their indexes, before the checkpoint named them) can run in a reader beside the
     opening: the open reads none of their files, and what a reader that checked them
     read is taken for them, nothing read twice."""
-    root, state = tmp_path / "logs", tmp_path / "state"
-    root.mkdir()
-    part = crashed(root, state)
+    root, state, part = crashed(tmp_path)
     with LogDir.open(root, state_dir=state) as log_dir:
         assert not log_dir.had_clean_shutdown
         walked.clear()
@@ -333,9 +334,7 @@ def test_after_a_crash_readers_check_the_segments_below_the_recovery_point(
 def test_after_a_crash_the_checks_no_reader_ran_are_run_by_the_owner(
     tmp_path: Path, walked: list[int]
 ) -> None:
-    root, state = tmp_path / "logs", tmp_path / "state"
-    root.mkdir()
-    crashed(root, state)
+    root, state, _ = crashed(tmp_path)
     with LogDir.open(root, state_dir=state) as log_dir:
         plog = open_leaving_checks(log_dir)
         walked.clear()
@@ -348,9 +347,7 @@ def test_after_a_crash_the_checks_no_reader_ran_are_run_by_the_owner(
 def test_after_a_crash_a_missing_index_below_the_recovery_point_is_rebuilt_at_open(
     tmp_path: Path,
 ) -> None:
-    root, state = tmp_path / "logs", tmp_path / "state"
-    root.mkdir()
-    part = crashed(root, state)
+    root, state, part = crashed(tmp_path)
     index = part / "00000000000000000000.index"
     original = index.read_bytes()
     index.unlink()
@@ -368,9 +365,7 @@ def test_after_a_crash_damage_below_the_recovery_point_is_found_before_any_read(
     """Damage a check left to the readers would have found at the open: no reader row for
     that segment, so the owner's check finds it, and the partition is corrupt before any
     step reads it; the files stay as they are."""
-    root, state = tmp_path / "logs", tmp_path / "state"
-    root.mkdir()
-    part = crashed(root, state)
+    root, state, part = crashed(tmp_path)
     if damage == "batch":
         damaged = part / "00000000000000000000.log"
         data = bytearray(damaged.read_bytes())
@@ -401,9 +396,7 @@ def test_a_clean_after_a_crash_names_damage_below_the_recovery_point_and_keeps_i
 ) -> None:
     """The damage the open no longer reads is named by the cycle's first read of the
     segment; the files stay byte for byte, and the stop writes no marker."""
-    root, state = tmp_path / "logs", tmp_path / "state"
-    root.mkdir()
-    part = crashed(root, state)
+    root, state, part = crashed(tmp_path)
     first = part / "00000000000000000000.log"
     data = bytearray(first.read_bytes())
     data[-10] ^= 0xFF
