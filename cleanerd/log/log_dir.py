@@ -275,6 +275,11 @@ class LogDir:
         """Every live partition dir, by topic-partition (`list_partitions`)."""
         return list_partitions(self.path)
 
+    def opens_cleanly(self, tp: TopicPartition) -> bool:
+        """Whether `open_partition(tp)` would open it as after a clean shutdown (the
+        marker was found and `tp` not opened since, or `owner_trusts`)."""
+        return (self.had_clean_shutdown and tp not in self._opened) or self.owner_trusts
+
     def knows(self, tp: TopicPartition) -> bool:
         """Whether a clean stop left what it knew of `tp`'s segments, not yet taken."""
         return str(tp) in self._known
@@ -293,6 +298,7 @@ class LogDir:
         `PartitionLog.open`'s."""
         read_only = self.read_only or tp.topic == METADATA_TOPIC
         first_open = tp not in self._opened
+        clean_shutdown = self.opens_cleanly(tp)
         self._opened.add(tp)
         known = self._known.pop(str(tp), None)
         return PartitionLog.open(
@@ -304,7 +310,7 @@ class LogDir:
             checkpoints=self.checkpoints,
             full_check=full_check,
             owner=self.owner,
-            clean_shutdown=(self.had_clean_shutdown and first_open) or self.owner_trusts,
+            clean_shutdown=clean_shutdown,
             known=known if first_open else None,
             prefetch=prefetch,
             check_later=check_later,

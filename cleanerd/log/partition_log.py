@@ -225,6 +225,9 @@ class PartitionLog:
         self._view: _View | None = None
         """The last `meta()` and what vouches that it still describes the files."""
         self._listed_snapshots: tuple[tuple[int, int], list[int]] | None = None
+        self._strays: list[int] | None = None
+        """After a crash, the snapshots to remove past the log end once the checks the
+        open left (`check_unchecked`) find the partition sound."""
         """(dir stamp, snapshot offsets) from the open's listing, good while the dir's
         stamp is that one (saves listing it again for the first producer state)."""
 
@@ -336,7 +339,9 @@ class PartitionLog:
         # Only a crash leaves snapshots past the log end: a clean stop flushed the log
         # before its snapshot (and a damaged partition is left as it is).
         crashed = owns and not clean_shutdown and plog.corrupt is None
-        if crashed and plog._remove_snapshots_past_the_end(snapshots):
+        if crashed and report.unchecked:
+            plog._strays = snapshots  # once the checks left find no damage either
+        elif crashed and plog._remove_snapshots_past_the_end(snapshots):
             listed = None
         if listed is not None:
             plog._listed_snapshots = (listed, snapshots)
@@ -1022,10 +1027,18 @@ class PartitionLog:
     def check_unchecked(self, checked: Mapping[int, KnownSegment]) -> None:
         """Run the cheap check the open left (`check_later`) on each segment a reader did
         not check (`checked`: what readers that checked read, `known_reader.py`); damage
-        it finds makes the partition `corrupt`, as the open's would."""
-        if self.recovery_report.unchecked:
-            with self._locked():
-                check_unchecked(self._segments, self.recovery_report, checked)
+        it finds makes the partition `corrupt`, as the open's would, and otherwise the
+        snapshots a crash left past the log end go, as the open's sound end removes them.
+        Raises what the open would (an index that cannot be rebuilt); the checks stay
+        left then."""
+        if not self.recovery_report.unchecked:
+            return
+        with self._locked():
+            check_unchecked(self._segments, self.recovery_report, checked)
+            strays, self._strays = self._strays, None
+            sound = strays is not None and self.corrupt is None
+            if sound and self._remove_snapshots_past_the_end(strays or []):
+                self._listed_snapshots = None
 
     def _stable_at_end(self) -> bool:
         """Whether no transaction is open at the log end, as far as known without a read:

@@ -735,17 +735,32 @@ def check_unchecked(
 ) -> None:
     """The cheap check of each segment the open left unchecked (`check_later`), but for
     one that a reader checked (`known_reader.py`, with `check`: its entry in `checked`
-    describes the very `.log`, whose indexes nobody rebuilt since); damage goes to
-    `report`, as the open's."""
+    describes the very `.log`, whose indexes nobody rebuilt since, in a dir whose
+    leftovers the open did not rename or delete); damage goes to `report`, in segment
+    order with the open's. Raises what the open would have (an index that cannot be
+    rebuilt), the checks then still left."""
     by_base = {s.base_offset: s for s in segments}
     rebuilt = report.rebuilt_offsets()
+    if report.renamed or report.deleted:
+        checked = {}  # the open changed files the readers may have checked before
+    found = RecoveryReport()
     for base in report.unchecked:
         segment, entry = by_base.get(base), checked.get(base)
         if segment is None:
             continue
         if entry is None or base in rebuilt or entry.identity != segment.identity:
-            _validate_cheap(segment, report)
+            _validate_cheap(segment, found)
+    # In segment order, as the open's own checks would have found them: the first
+    # damage is the lowest segment's (`corrupt`, where retention stops).
+    report.errors[:] = sorted([*report.errors, *found.errors], key=_error_offset)
+    report.rebuilt_indexes += found.rebuilt_indexes
     report.unchecked.clear()
+
+
+def _error_offset(exc: CleanerdError) -> int:
+    """The base offset of the segment file an error names (the last, if it names none)."""
+    name = Path(getattr(exc, "path", None) or "").name
+    return offset_from_filename(name) if is_segment_file_name(name) else 2**63
 
 
 def _as_known(segment: LogSegment, known: Mapping[int, KnownSegment] | None) -> bool:

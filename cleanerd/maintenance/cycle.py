@@ -192,6 +192,9 @@ class _FirstReads:
     partitions: frozenset[TopicPartition]
     """Opened without prefetching (and leaving the checks that need not come first):
     the readers read them, and run those checks."""
+    check: bool
+    """The readers check every segment (some of the partitions open as after a crash);
+    without it, only the active ones."""
 
 
 def wall_clock_ms() -> int:
@@ -820,6 +823,8 @@ class Maintenance:
             finally:
                 if reads is not None:
                     self._take_first_reads(log_dir, reads, report)
+            # A partition whose left checks failed as its open would have is not open.
+            found = [p for p in found if self._plogs.get((p.log_dir.path, p.tp)) is p.plog]
             opened += len(listed)
         for key in [k for k in self._plogs if k not in live]:
             del self._plogs[key]
@@ -869,9 +874,10 @@ class Maintenance:
             return None
         paths = [str(log_dir.path / str(tp)) for tp in first]
         jobs = [paths[i : i + READ_CHUNK] for i in range(0, len(paths), READ_CHUNK)]
-        # After a crash the opens leave the checks below the recovery point too.
-        readers.start(jobs, check=not log_dir.had_clean_shutdown)
-        return _FirstReads(readers, frozenset(first))
+        # An open as after a crash leaves the checks below the recovery point too.
+        check = not all(log_dir.opens_cleanly(tp) for tp in first)
+        readers.start(jobs, check=check)
+        return _FirstReads(readers, frozenset(first), check)
 
     def _take_first_reads(self, log_dir: LogDir, reads: _FirstReads, report: _Builder) -> None:
         """Read the jobs the readers have not started, from the last one back, while
@@ -900,12 +906,16 @@ class Maintenance:
                 if tp is not None and plog is not None:
                     taken += plog.take_known(segments)
                     read[tp] = segments
-        for tp in reads.partitions:
+        for tp in sorted(reads.partitions):
             plog = self._plogs.get((log_dir.path, tp))
             if plog is None:
                 continue
-            self._check_unchecked(plog, log_dir, report, read.get(tp, {}))
-            plog.prefetch()
+            rows = read.get(tp, {})
+            if not reads.check:  # rows of segments no reader checked: the active one's was
+                active = plog.active_segment.base_offset
+                rows = {active: rows[active]} if active in rows else {}
+            if self._check_unchecked(plog, log_dir, report, rows):
+                plog.prefetch()
         log.info("first_reads.taken", log_dir=str(log_dir.path), segments=taken)
         if failed:
             log.warning(
@@ -918,14 +928,14 @@ class Maintenance:
 
     def _read_here(self, plogs: list[PartitionLog], log_dir: LogDir, report: _Builder) -> None:
         """Check and read the segments of `plogs` that the first cycle reads (a job taken
-        back from the readers); a failure here is met again, and reported, by the step
-        that reads the partition."""
+        back from the readers). The checks report as the open would; a failure of the
+        read is met again, and reported, by the step that reads the partition."""
         for plog in plogs:
             plog.prefetch()  # so that the reads of the job's segments overlap
         for plog in plogs:
-            self._check_unchecked(plog, log_dir, report, {})
-            with contextlib.suppress(CleanerdError, OSError):
-                plog.meta()
+            if self._check_unchecked(plog, log_dir, report, {}):
+                with contextlib.suppress(CleanerdError, OSError):
+                    plog.meta()
 
     def _check_unchecked(
         self,
@@ -933,16 +943,26 @@ class Maintenance:
         log_dir: LogDir,
         report: _Builder,
         checked: Mapping[int, KnownSegment],
-    ) -> None:
+    ) -> bool:
         """The checks the open of `plog` left (`PartitionLog.check_unchecked`); damage
-        they find is reported as that open's."""
+        they find is reported as that open's. Whether the partition stays open: a check
+        that fails as the open would fail (an index it cannot rebuild) is that open's
+        error, and the partition is opened anew by the next cycle."""
         if not plog.recovery_report.unchecked:
-            return
+            return True
+        tp = plog.topic_partition
+        topic = self.config.topic_config(tp.topic)
         sound = plog.corrupt is None
-        plog.check_unchecked(checked)
+        try:
+            plog.check_unchecked(checked)
+        except (CleanerdError, OSError) as exc:
+            report.error(log_dir.path, tp, "open", exc)
+            report.unread(log_dir.path, tp, topic, str(exc))
+            del self._plogs[(log_dir.path, tp)]
+            return False
         if sound and plog.corrupt is not None:
-            topic = self.config.topic_config(plog.topic_partition.topic)
             self._report_damage(_Partition(log_dir, plog, topic), report, opening=True)
+        return True
 
     def _opening(
         self, log_dir: LogDir, listed: list[TopicPartition]
@@ -1056,6 +1076,8 @@ class Maintenance:
             report.error(log_dir.path, tp, "open", exc)
             report.unread(log_dir.path, tp, topic, str(exc))
             return None
+        if prefetch and not self._check_unchecked(plog, log_dir, report, {}):
+            return None  # left by an opening whose cycle failed before it ran them
         if opening:
             cuts = plog.recovery_report.truncated
             report.truncated += [TailCut(str(log_dir.path), tp, cut) for cut in cuts]

@@ -44,14 +44,15 @@ def test_the_readers_answer_what_this_process_reads(tmp_path: Path) -> None:
 
 def test_the_jobs_not_started_are_taken_back_from_the_last(tmp_path: Path) -> None:
     paths = built(tmp_path / "logs", 3)
-    jobs = [[paths[n % 3]] for n in range(40)]
+    # Long jobs (300 dir reads each): the first ones handed to the process take a while.
+    jobs = [paths * 100 for _ in range(10)]
     pool = ReaderPool(1)
     pool.start(jobs, check=True)
     taken = []
     while (job := pool.take_back()) is not None:
         taken.append(job)
     futures = pool.stop()
-    assert taken  # one process, just started: most jobs were still waiting
+    assert taken  # one process, busy with the first: the others were still waiting
     assert all(t is j for t, j in zip(taken, reversed(jobs), strict=False))
     assert len(taken) + len(futures) == len(jobs)
     for job, future in zip(jobs, futures, strict=False):

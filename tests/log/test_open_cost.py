@@ -13,8 +13,8 @@ import pytest
 
 from cleanerd.cli import main
 from cleanerd.compaction.horizon import HorizonCache
-from cleanerd.log.checkpoint import RECOVERY_POINT_OFFSET_CHECKPOINT
-from cleanerd.log.files import CLEAN_SHUTDOWN_FILE_NAME, TopicPartition
+from cleanerd.log.checkpoint import RECOVERY_POINT_OFFSET_CHECKPOINT, OffsetCheckpointFile
+from cleanerd.log.files import CLEAN_SHUTDOWN_FILE_NAME, TopicPartition, offset_from_filename
 from cleanerd.log.known_reader import read_dirs
 from cleanerd.log.known_segments import decode, read_known_segments
 from cleanerd.log.log_dir import LogDir
@@ -394,8 +394,9 @@ def test_after_a_crash_damage_below_the_recovery_point_is_found_before_any_read(
 def test_a_clean_after_a_crash_names_damage_below_the_recovery_point_and_keeps_it(
     tmp_path: Path, topic_policy: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """The damage the open no longer reads is named by the cycle's first read of the
-    segment; the files stay byte for byte, and the stop writes no marker."""
+    """A `clean` of a few partitions (no readers: its open checks them itself) names the
+    damage below the recovery point and exits 1; the files stay byte for byte, and the
+    stop writes no marker."""
     root, state, part = crashed(tmp_path)
     first = part / "00000000000000000000.log"
     data = bytearray(first.read_bytes())
@@ -453,3 +454,68 @@ def test_after_a_clean_stop_a_reader_checks_the_active_segment(
         assert plog.corrupt is not None
         assert str(active) in str(plog.corrupt)
     assert active.read_bytes() == bytes(data)
+
+
+def flip_last_batch(log: Path) -> bytes:
+    """A value byte of the segment's last batch flipped (past its last index entry);
+    the damaged bytes."""
+    data = bytearray(log.read_bytes())
+    data[-10] ^= 0xFF
+    log.write_bytes(bytes(data))
+    return bytes(data)
+
+
+def test_the_first_damage_is_the_lowest_segments_whoever_found_it(tmp_path: Path) -> None:
+    """Damage the open found past the recovery point and damage a left check found below
+    it: `corrupt` (where retention stops) is the lower one's, as an open finding both
+    would say."""
+    root, state, part = crashed(tmp_path)
+    logs = sorted(part.glob("*.log"))
+    # The recovery point at the third segment: the ones from there on are walked whole.
+    OffsetCheckpointFile(root / RECOVERY_POINT_OFFSET_CHECKPOINT).write(
+        {TP: offset_from_filename(logs[2].name)}
+    )
+    flip_last_batch(logs[3])
+    flip_last_batch(logs[0])
+    with LogDir.open(root, state_dir=state) as log_dir:
+        plog = open_leaving_checks(log_dir)
+        assert plog.recovery_report.unchecked == [0, offset_from_filename(logs[1].name)]
+        assert plog.corrupt is not None
+        assert str(logs[3]) in str(plog.corrupt)
+        plog.check_unchecked({})
+        assert [Path(str(getattr(e, "path", ""))).name for e in plog.recovery_report.errors] == [
+            logs[0].name,
+            logs[3].name,
+        ]
+        assert str(logs[0]) in str(plog.corrupt)
+
+
+@pytest.mark.parametrize("damaged", [False, True])
+def test_the_snapshots_a_crash_left_past_the_end_go_once_the_checks_find_no_damage(
+    tmp_path: Path, damaged: bool
+) -> None:
+    root, state, part = crashed(tmp_path)
+    stray = part / "00000000000000099999.snapshot"
+    stray.write_bytes(max(part.glob("*.snapshot")).read_bytes())
+    if damaged:
+        flip_last_batch(sorted(part.glob("*.log"))[0])
+    with LogDir.open(root, state_dir=state) as log_dir:
+        plog = open_leaving_checks(log_dir)
+        assert stray.exists()  # not before the checks the open left
+        plog.check_unchecked({})
+        assert (plog.corrupt is not None) == damaged
+    assert stray.exists() == damaged  # a damaged partition is left as it is
+
+
+def test_rows_read_before_the_open_changed_files_are_not_taken_for_checks(
+    tmp_path: Path, walked: list[int]
+) -> None:
+    root, state, part = crashed(tmp_path)
+    with LogDir.open(root, state_dir=state) as log_dir:
+        plog = open_leaving_checks(log_dir)
+        read = decode(read_dirs([str(part)], check=True)).segments[str(TP)]
+        # As if the open had finished a swap (renamed a leftover) after the reads.
+        plog.recovery_report.renamed.append(("x.txnindex.swap", "x.txnindex"))
+        walked.clear()
+        plog.check_unchecked(read)
+        assert len(walked) == len(plog.segments) - 1  # each checked here

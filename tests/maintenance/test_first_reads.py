@@ -5,8 +5,10 @@ the same with readers, without them, and with readers that fail."""
 
 from __future__ import annotations
 
+import errno
 import re
 import shutil
+import struct
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -90,8 +92,6 @@ def _reads(monkeypatch: pytest.MonkeyPatch) -> Reads:
     read_small_whole, check = LogSegment._read_small_whole, LogSegment.check
 
     def count(segment: LogSegment) -> None:
-        if not segment.unread:
-            return  # read already (a checking reader's `check` read it)
         if reads.reading:
             reads.reader += 1
         else:
@@ -298,3 +298,77 @@ def test_after_a_crash_damage_below_the_recovery_point_is_the_opens_error(
     assert all(tp == TopicPartition("d", 0) for tp, _ in phases)
     assert all(str(damaged) in e.reason for e in report.errors)
     assert damaged.read_bytes() == bytes(data)
+
+
+@pytest.mark.parametrize("readers", [None, "reader"])
+def test_partitions_opened_again_after_their_dir_was_offline_get_the_checks_too(
+    tmp_path: Path, engine: LocalEngine, reads: Reads, readers: str | None
+) -> None:
+    """After a clean stop, a dir that goes offline for a cycle has its partitions opened
+    again as after a crash (only a first open trusts the marker): the readers then check
+    every segment, and damage below the recovery point is the open's error."""
+    (root,) = copies(tmp_path, 1)
+    cfg = write_config(root, {"d": {"cleanup.policy": "delete", "retention.ms": 2 * HOUR}})
+    with Maintenance(cfg, engine, clock=lambda: T0) as m:
+        m.run_once()
+        assert m.checkpoint(clean_stop=True) == []
+    logs = root / "logs"
+    started: list[InlineReaders] = []
+
+    def factory() -> InlineReaders:
+        started.append(InlineReaders(reads))
+        return started[-1]
+
+    with Maintenance(cfg, engine, clock=lambda: T0, readers=factory if readers else None) as m:
+        m.run_once()
+        points = logs / RECOVERY_POINT_OFFSET_CHECKPOINT
+        good = points.read_bytes()
+        points.write_text("garbage\n")
+        assert m.run_once().offline
+        points.write_bytes(good)
+        # The time index's last entry names an offset past its log: the cheap check's.
+        index = sorted((logs / "d-0").glob("*.timeindex"))[0]
+        index.write_bytes(index.read_bytes() + struct.pack(">qi", T0, 1_000_000))
+        report = m.run_once()
+    if readers:  # (the start after the clean stop took what it kept: no readers)
+        assert [r.check for r in started] == [True]
+    errors = [(e.tp, e.phase) for e in report.errors]
+    assert errors == [(TopicPartition("d", 0), "open")]
+    assert str(index) in report.errors[0].reason
+
+
+@pytest.mark.parametrize("readers", [None, "failing", "taken back"])
+def test_a_check_that_fails_as_an_open_would_is_that_opens_error(
+    tmp_path: Path,
+    engine: LocalEngine,
+    reads: Reads,
+    readers: str | None,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An I/O error in a check the open left (one it cannot run, as it could not have
+    run it at the open) is that partition's open error: the cycle goes on without the
+    partition, and the next one opens it anew, checks included."""
+    (root,) = crashed_copies(tmp_path, engine, 1)
+    cfg = write_config(root, {"d": {"cleanup.policy": "delete", "retention.ms": 2 * HOUR}})
+    original = LogSegment.sanity_check
+    broken = {"d-1"}
+
+    def sanity_check(self: LogSegment) -> bool:
+        if self.log_path.parent.name in broken:
+            raise OSError(errno.EIO, "Input/output error", str(self.log_path))
+        return original(self)
+
+    monkeypatch.setattr(LogSegment, "sanity_check", sanity_check)
+    factory = {
+        None: None,
+        "failing": lambda: InlineReaders(reads, failing=True),
+        "taken back": lambda: InlineReaders(reads, waiting=2),
+    }[readers]
+    with Maintenance(cfg, engine, clock=lambda: T0, readers=factory) as m:
+        report = m.run_once()
+        assert [(e.tp, e.phase) for e in report.errors] == [(TopicPartition("d", 1), "open")]
+        assert all(not p.recovery_report.unchecked for p in m._plogs.values())
+        assert (root / "logs", TopicPartition("d", 1)) not in m._plogs
+        broken.clear()
+        assert m.run_once().errors == ()
+        assert (root / "logs", TopicPartition("d", 1)) in m._plogs
