@@ -225,11 +225,11 @@ class PartitionLog:
         self._view: _View | None = None
         """The last `meta()` and what vouches that it still describes the files."""
         self._listed_snapshots: tuple[tuple[int, int], list[int]] | None = None
+        """(dir stamp, snapshot offsets) from the open's listing, good while the dir's
+        stamp is that one (saves listing it again for the first producer state)."""
         self._strays: list[int] | None = None
         """After a crash, the snapshots to remove past the log end once the checks the
         open left (`check_unchecked`) find the partition sound."""
-        """(dir stamp, snapshot offsets) from the open's listing, good while the dir's
-        stamp is that one (saves listing it again for the first producer state)."""
 
     # -- opening -----------------------------------------------------------------------
 

@@ -735,14 +735,14 @@ def check_unchecked(
 ) -> None:
     """The cheap check of each segment the open left unchecked (`check_later`), but for
     one that a reader checked (`known_reader.py`, with `check`: its entry in `checked`
-    describes the very `.log`, whose indexes nobody rebuilt since, in a dir whose
-    leftovers the open did not rename or delete); damage goes to `report`, in segment
-    order with the open's. Raises what the open would have (an index that cannot be
-    rebuilt), the checks then still left."""
+    describes the very `.log`, whose indexes nobody rebuilt since, in a dir where the
+    open finished no swap); damage goes to `report`, in segment order with the open's.
+    Raises what the open would have (an index that cannot be rebuilt), the checks then
+    still left."""
     by_base = {s.base_offset: s for s in segments}
     rebuilt = report.rebuilt_offsets()
-    if report.renamed or report.deleted:
-        checked = {}  # the open changed files the readers may have checked before
+    if report.renamed:
+        checked = {}  # the open finished a swap: files the readers may have read before
     found = RecoveryReport()
     for base in report.unchecked:
         segment, entry = by_base.get(base), checked.get(base)

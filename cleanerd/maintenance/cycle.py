@@ -885,10 +885,12 @@ class Maintenance:
         read, run the checks the opens left that no reader ran, and prefetch what the
         cycle still reads itself."""
         by_name = {str(tp): tp for tp in reads.partitions}
-        while (job := reads.readers.take_back()) is not None:
-            plogs = [self._plogs.get((log_dir.path, by_name[Path(path).name])) for path in job]
-            self._read_here([p for p in plogs if p is not None], log_dir, report)
-        futures = reads.readers.stop()
+        try:
+            while (job := reads.readers.take_back()) is not None:
+                plogs = [self._plogs.get((log_dir.path, by_name[Path(path).name])) for path in job]
+                self._read_here([p for p in plogs if p is not None], log_dir, report)
+        finally:
+            futures = reads.readers.stop()
         taken = 0
         failed: list[Exception] = []
         read: dict[TopicPartition, Mapping[int, KnownSegment]] = {}
@@ -959,6 +961,7 @@ class Maintenance:
             report.error(log_dir.path, tp, "open", exc)
             report.unread(log_dir.path, tp, topic, str(exc))
             del self._plogs[(log_dir.path, tp)]
+            self._cuts_reported.pop((log_dir.path, tp), None)
             return False
         if sound and plog.corrupt is not None:
             self._report_damage(_Partition(log_dir, plog, topic), report, opening=True)
@@ -1525,12 +1528,15 @@ def _prepare_clean_shutdown(
 def _all_sound(
     log_dir: LogDir, plogs: list[PartitionLog], damaged: Collection[tuple[Path, TopicPartition]]
 ) -> bool:
-    """Every writable partition of the dir is open here and none is damaged (found so by
-    its open, or by any step since): only then may the next owner skip recovery."""
+    """Every writable partition of the dir is open here, checked (no check its open left
+    is still undone: a cycle failed before it) and not damaged (found so by its open, or
+    by any step since): only then may the next owner skip recovery."""
     opened = {
         p.topic_partition
         for p in plogs
-        if p.corrupt is None and (log_dir.path, p.topic_partition) not in damaged
+        if p.corrupt is None
+        and not p.recovery_report.unchecked
+        and (log_dir.path, p.topic_partition) not in damaged
     }
     writable = {tp for tp in log_dir.partitions() if tp.topic != METADATA_TOPIC}
     return writable <= opened

@@ -372,3 +372,38 @@ def test_a_check_that_fails_as_an_open_would_is_that_opens_error(
         broken.clear()
         assert m.run_once().errors == ()
         assert (root / "logs", TopicPartition("d", 1)) in m._plogs
+
+
+class BrokenReaders(InlineReaders):
+    """Readers whose stop fails (as a bug would): the cycle fails before the checks."""
+
+    def stop(self) -> list[Future[bytes]]:
+        raise RuntimeError("the readers could not be stopped")
+
+
+def test_checks_a_failed_cycle_left_undone_are_run_first_and_cost_the_marker(
+    tmp_path: Path, engine: LocalEngine, reads: Reads
+) -> None:
+    """A cycle that fails before the checks its opening left leaves them undone: a clean
+    stop then writes no marker (so the next start checks again), and the next cycle runs
+    them before any step reads the partition."""
+    (root,) = crashed_copies(tmp_path, engine, 1)
+    damaged = sorted((root / "logs" / "d-0").glob("*.log"))[0]
+    data = bytearray(damaged.read_bytes())
+    data[-3] ^= 0xFF
+    damaged.write_bytes(bytes(data))
+    cfg = write_config(root, {"d": {"cleanup.policy": "delete", "retention.ms": 2 * HOUR}})
+    marker = root / "logs" / CLEAN_SHUTDOWN_FILE_NAME
+    with Maintenance(cfg, engine, clock=lambda: T0, readers=lambda: BrokenReaders(reads)) as m:
+        with pytest.raises(RuntimeError):
+            m.run_once()
+        assert any(p.recovery_report.unchecked for p in m._plogs.values())
+        m.checkpoint(clean_stop=True)
+    assert not marker.exists()
+    with Maintenance(cfg, engine, clock=lambda: T0, readers=lambda: BrokenReaders(reads)) as m:
+        with pytest.raises(RuntimeError):
+            m.run_once()
+        report = m.run_once()
+        assert [(e.tp, e.phase) for e in report.errors][:1] == [(TopicPartition("d", 0), "open")]
+        assert str(damaged) in report.errors[0].reason
+        assert all(not p.recovery_report.unchecked for p in m._plogs.values())
