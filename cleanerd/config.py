@@ -924,7 +924,10 @@ def _field_error(d: ErrorDetails) -> str:
         return f"{where}: required key is missing"
     if kind == "invalid_key" or d["loc"][-1:] == ("[key]",):  # a key that is not a string
         parent = d["loc"][:-1] if kind == "invalid_key" else d["loc"][:-2]
-        return f"{_key_path(parent) or 'top level'}: key {_show(d['input'])} must be a string"
+        rule = "must be a string"
+        if isinstance(d["input"], bool):  # a topic named `off` or `no`, say
+            rule += " (YAML reads yes/no/on/off as booleans: quote the key)"
+        return f"{_key_path(parent) or 'top level'}: key {_show(d['input'])} {rule}"
     ctx = d.get("ctx", {})
     if kind in _BOUNDS:
         op, name = _BOUNDS[kind]

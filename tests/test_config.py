@@ -454,9 +454,17 @@ class TestYaml:
         ]
 
     def test_keys_must_be_strings(self, tmp_path: Path) -> None:
-        """A key YAML reads as a boolean or number is named where it sits."""
-        errors = yaml_errors(tmp_path, "log.dirs: [/nonexistent]\nyes: 1\ntopics: {7: {}}\n")
-        assert errors == ["topics: key 7 must be a string", "top level: key true must be a string"]
+        """A key YAML reads as a boolean or number is named where it sits; a boolean one
+        (a topic named `off`) with the hint to quote it."""
+        errors = yaml_errors(
+            tmp_path, "log.dirs: [/nonexistent]\nyes: 1\ntopics: {7: {}, off: {}}\n"
+        )
+        hint = "(YAML reads yes/no/on/off as booleans: quote the key)"
+        assert errors == [
+            "topics: key 7 must be a string",
+            f"topics: key false must be a string {hint}",
+            f"top level: key true must be a string {hint}",
+        ]
 
     def test_missing_file(self, tmp_path: Path) -> None:
         """A file that does not exist is a ConfigError naming it."""
