@@ -1407,6 +1407,8 @@ class Maintenance:
                 # Nothing is marked, as the partition is not at fault, but the pass
                 # failed: said, and a failed step of the cycle.
                 report.error(item.log_dir.path, candidate.tp, "clean", error)
+            else:  # a stop or a pause: which pass it cut short, for the operator
+                log.info("clean.aborted", **_fields(candidate.tp, item.log_dir.path))
             return  # stopped before its next swap: nothing to recover
         # The pass may have stopped between two renames of a swap (its worker died, the
         # disk filled): recovery, under the partition lock, completes or rolls that back

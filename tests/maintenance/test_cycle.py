@@ -672,11 +672,17 @@ def test_stop_aborts_the_pass_in_flight(tmp_path: Path, engine: LocalEngine) -> 
     cfg = write_config(tmp_path, {"t": {"cleanup.policy": "compact", "segment.bytes": 800}})
     stop = threading.Event()
     lock = PartitionLock(tmp_path / "state", tmp_path / "logs", tp)
-    with Maintenance(cfg, _StopWhileSwapping(engine, stop, lock), clock=lambda: T0) as m:
+    with (
+        capture_logs() as logs,
+        Maintenance(cfg, _StopWhileSwapping(engine, stop, lock), clock=lambda: T0) as m,
+    ):
         report = m.run_once(stop)
         assert report.aborted
         assert not report.cleaned
         assert m.manager.state(tp) is None
+    # The pass the stop cut short is named.
+    aborted = [(e["topic"], e["partition"]) for e in logs if e["event"] == "clean.aborted"]
+    assert aborted == [("t", 0)]
     assert not (tmp_path / "logs" / CLEANER_OFFSET_CHECKPOINT).exists()
     assert {p.name: p.read_bytes() for p in d.glob("*.log") if p.name in tail} == tail
 
