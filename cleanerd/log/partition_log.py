@@ -1036,8 +1036,11 @@ class PartitionLog:
         with self._locked():
             check_unchecked(self._segments, self.recovery_report, checked)
             strays, self._strays = self._strays, None
-            sound = strays is not None and self.corrupt is None
-            if sound and self._remove_snapshots_past_the_end(strays or []):
+            if (
+                strays is not None
+                and self.corrupt is None
+                and self._remove_snapshots_past_the_end(strays)
+            ):
                 self._listed_snapshots = None
 
     def _stable_at_end(self) -> bool:

@@ -938,29 +938,28 @@ class LogSegment:
         past the end of the log, CorruptIndexError for a damaged `.txnindex` (it cannot be
         rebuilt from the log alone), CorruptRecordError when the log itself is unreadable.
         """
-        self.txn_index.sanity_check()
-        missing = not (self.offset_index.file_exists and self.time_index.file_exists)
-        problem: CorruptIndexError | None = None
-        if not missing:
-            try:
-                self._check_indexes()
-            except IndexPastLogError:
+        try:
+            self.check()
+        except IndexPastLogError:
+            raise
+        except CorruptIndexError as exc:
+            if exc.path == str(self.txn_index_path):
                 raise
-            except CorruptIndexError as exc:
-                problem = exc
-            except CorruptRecordError:
-                problem = CorruptIndexError(
-                    "the last offset-index entry is not on a batch boundary",
-                    path=self.offset_index_path,
-                )
-        if not missing and problem is None:
+            problem = exc
+        except CorruptRecordError:
+            problem = CorruptIndexError(
+                "the last offset-index entry is not on a batch boundary",
+                path=self.offset_index_path,
+            )
+        else:
             return False
-        self.rebuild_indexes(reason="missing" if problem is None else problem.reason)
+        self.rebuild_indexes(reason=problem.reason)
         return True
 
     def check(self) -> None:
-        """`sanity_check` without its repair, for a process that may not write: raises
-        what that would report, or rebuild (CorruptIndexError, a missing index's too)."""
+        """`sanity_check` without its repair, for a process that may not write (and the
+        check that one repairs after): raises what that would report, or rebuild
+        (CorruptIndexError, reason "missing" for a missing index)."""
         self.txn_index.sanity_check()
         if not (self.offset_index.file_exists and self.time_index.file_exists):
             raise CorruptIndexError("missing", path=self.offset_index_path)

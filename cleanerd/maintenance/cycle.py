@@ -816,8 +816,8 @@ class Maintenance:
                             continue
                         seen[tp] = log_dir.path
                         live.add((log_dir.path, tp))
-                        prefetch = reads is None or tp not in reads.partitions
-                        partition = self._open(log_dir, tp, report, prefetch=prefetch)
+                        by_readers = reads is not None and tp in reads.partitions
+                        partition = self._open(log_dir, tp, report, by_readers=by_readers)
                         if partition is not None:
                             found.append(partition)
             finally:
@@ -1047,8 +1047,10 @@ class Maintenance:
             yield PartitionState(meta, ltc)
 
     def _open(
-        self, log_dir: LogDir, tp: TopicPartition, report: _Builder, *, prefetch: bool = True
+        self, log_dir: LogDir, tp: TopicPartition, report: _Builder, *, by_readers: bool = False
     ) -> _Partition | None:
+        """Open `tp` (or follow the checkpoints of its open log); `by_readers`: a first
+        opening's readers read its segments and run the checks its open leaves."""
         topic = self.config.topic_config(tp.topic)
         key = (log_dir.path, tp)
         plog = self._plogs.get(key)
@@ -1069,8 +1071,8 @@ class Maintenance:
                 plog = log_dir.open_partition(
                     tp,
                     config=LogConfig.of_topic(topic),
-                    prefetch=prefetch,
-                    check_later=not prefetch,  # the readers read it
+                    prefetch=not by_readers,
+                    check_later=by_readers,
                 )
                 self._plogs[key] = plog
             else:
@@ -1079,7 +1081,7 @@ class Maintenance:
             report.error(log_dir.path, tp, "open", exc)
             report.unread(log_dir.path, tp, topic, str(exc))
             return None
-        if prefetch and not self._check_unchecked(plog, log_dir, report, {}):
+        if not by_readers and not self._check_unchecked(plog, log_dir, report, {}):
             return None  # left by an opening whose cycle failed before it ran them
         if opening:
             cuts = plog.recovery_report.truncated
