@@ -51,10 +51,20 @@ def read_dir(path: str, *, check: bool = False) -> list[KnownSegment]:
         bases = log_file_offsets([e.name for e in list_refusing_links(dir_path)])
     except (CleanerdError, OSError):
         return []  # gone, unreadable or refused: the owner's open says why
-    found = []
-    for n, base in enumerate(bases):
+    segments: list[LogSegment | None] = []
+    for base in bases:
         try:
-            segment = LogSegment(dir_path, base, read_only=True)
+            segments.append(LogSegment(dir_path, base, read_only=True))
+        except (CleanerdError, OSError):
+            segments.append(None)
+    for segment in segments:
+        if segment is not None:
+            segment.prefetch()  # so that the reads of a cold dir overlap
+    found = []
+    for n, segment in enumerate(segments):
+        if segment is None:
+            continue
+        try:
             if check or n == len(bases) - 1:
                 segment.check()
             segment.meta()

@@ -8,12 +8,15 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import pytest
+
 from cleanerd.log.files import TopicPartition
 from cleanerd.log.known_reader import read_dir, read_dirs
 from cleanerd.log.known_segments import KnownSegment, decode
 from cleanerd.log.log_dir import LogDir
-from cleanerd.log.meta import PartitionMeta
+from cleanerd.log.meta import PartitionMeta, SegmentMeta
 from cleanerd.log.partition_log import LogConfig, PartitionLog
+from cleanerd.log.segment import LogSegment
 from tests.builders import kv
 
 TP = TopicPartition("orders", 0)
@@ -60,6 +63,32 @@ def test_the_reader_gives_what_the_owner_reads_for_every_segment(tmp_path: Path)
     assert len(expected) > 5
 
     assert read_dir(str(root / str(TP))) == expected
+
+
+def test_the_reader_asks_for_every_segment_of_a_dir_before_reading_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Cold, a reader waited a disk round trip per segment; each `.log` is advised
+    (`LogSegment.prefetch`) before the first is read, so the reads overlap."""
+    root, state = tmp_path / "logs", tmp_path / "state"
+    root.mkdir()
+    build(root, state)
+    events: list[str] = []
+    prefetch, meta = LogSegment.prefetch, LogSegment.meta
+
+    def advised(self: LogSegment) -> None:
+        events.append("prefetch")
+        prefetch(self)
+
+    def read(self: LogSegment) -> SegmentMeta:
+        events.append("read")
+        return meta(self)
+
+    monkeypatch.setattr(LogSegment, "prefetch", advised)
+    monkeypatch.setattr(LogSegment, "meta", read)
+    found = read_dir(str(root / str(TP)))
+    assert len(found) > 5
+    assert events == ["prefetch"] * len(found) + ["read"] * len(found)
 
 
 def test_read_dirs_answers_in_the_known_segments_format_by_dir_name(tmp_path: Path) -> None:
