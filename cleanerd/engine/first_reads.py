@@ -54,6 +54,8 @@ class ReaderPool:
             initargs=(ProcessId.current(), log_format, log_level),
         )
         self._jobs: list[tuple[Future[bytes], Sequence[str]]] = []
+        self._handed = 0
+        """How many of `_jobs`, from the first, `finished` has handed out."""
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -88,20 +90,33 @@ class ReaderPool:
                 self._jobs.append((failed, job))
                 return
 
+    def finished(self) -> list[Future[bytes]]:
+        """The futures of the jobs done since the last call, in order up to the first
+        one that is not (a cancelled job was taken back and is not among them); `stop`
+        returns only the others."""
+        done = []
+        for future, _ in self._jobs[self._handed :]:
+            if not future.done():
+                break
+            done.append(future)
+        self._handed += len(done)
+        return done
+
     def take_back(self) -> Sequence[str] | None:
         """The last job that no reader has started, which they will not read now; None
         once each has started (the processes take the jobs in order)."""
         if self._thread is not None:
             self._thread.join()
-        if self._jobs and self._jobs[-1][0].cancel():
+        if len(self._jobs) > self._handed and self._jobs[-1][0].cancel():
             return self._jobs.pop()[1]
         return None
 
     def stop(self) -> list[Future[bytes]]:
         """Drop the jobs not started; the futures of those handed to the processes (a
-        cancelled one was dropped), which may still be running."""
+        cancelled one was dropped), which may still be running, but those `finished`
+        gave."""
         self._stopping.set()
         if self._thread is not None:
             self._thread.join()
         self._pool.shutdown(wait=False, cancel_futures=True)
-        return [future for future, _ in self._jobs]
+        return [future for future, _ in self._jobs[self._handed :]]

@@ -173,6 +173,11 @@ class SegmentReaders(Protocol):
         `check`, running the open's cheap check of each segment too."""
         ...
 
+    def finished(self) -> list[Future[bytes]]:
+        """The futures of the jobs done since the last call, from the first job on; `stop`
+        does not return them again."""
+        ...
+
     def take_back(self) -> Sequence[str] | None:
         """The last job no reader has started, which they will not read now (this
         process reads it meanwhile); None once each has started."""
@@ -180,7 +185,8 @@ class SegmentReaders(Protocol):
 
     def stop(self) -> list[Future[bytes]]:
         """Drop the jobs not started; the futures of the others (a cancelled one was
-        dropped), each answering `known_segments.py`'s format for its job's dirs."""
+        dropped) but those `finished` gave, each answering `known_segments.py`'s format
+        for its job's dirs."""
         ...
 
 
@@ -195,6 +201,20 @@ class _FirstReads:
     check: bool
     """The readers check every segment (some of the partitions open as after a crash);
     without it, only the active ones."""
+
+
+@dataclass(slots=True)
+class _Taking:
+    """What the owner has taken so far of one log dir's first reads."""
+
+    log_dir: LogDir
+    reads: _FirstReads
+    by_name: dict[str, TopicPartition]
+    seen: set[TopicPartition] = field(default_factory=set)
+    """The partitions some reader's answer held, and those of the jobs taken back."""
+    taken: int = 0
+    """Segments seeded from the answers."""
+    failed: list[Exception] = field(default_factory=list)
 
 
 def wall_clock_ms() -> int:
@@ -880,53 +900,64 @@ class Maintenance:
         return _FirstReads(readers, frozenset(first), check)
 
     def _take_first_reads(self, log_dir: LogDir, reads: _FirstReads, report: _Builder) -> None:
-        """Read the jobs the readers have not started, from the last one back, while
-        they read on from the first; then seed the partitions opened from what they
-        read, run the checks the opens left that no reader ran, and prefetch what the
-        cycle still reads itself."""
-        by_name = {str(tp): tp for tp in reads.partitions}
+        """Take what the readers have read, job by job as they finish, and read the jobs
+        they have not started, from the last one back, while they read on from the
+        first; then take the rest. Both CPUs so work to the end: the owner's part of a
+        partition the readers read (its seeding, the checks the open left that no reader
+        ran, its first `meta`) runs while they read others."""
+        taking = _Taking(log_dir, reads, {str(tp): tp for tp in reads.partitions})
         try:
-            while (job := reads.readers.take_back()) is not None:
-                plogs = [self._plogs.get((log_dir.path, by_name[Path(path).name])) for path in job]
+            while True:
+                for future in reads.readers.finished():
+                    self._take_read(taking, future, report)
+                if (job := reads.readers.take_back()) is None:
+                    break
+                tps = [taking.by_name[Path(path).name] for path in job]
+                taking.seen.update(tps)
+                plogs = [self._plogs.get((log_dir.path, tp)) for tp in tps]
                 self._read_here([p for p in plogs if p is not None], log_dir, report)
         finally:
             futures = reads.readers.stop()
-        taken = 0
-        failed: list[Exception] = []
-        read: dict[TopicPartition, Mapping[int, KnownSegment]] = {}
         for future in futures:
-            if future.cancelled():
-                continue
-            try:
-                kept = decode(future.result()).segments
-            except Exception as exc:  # noqa: BLE001 - a reader's failure only loses its answer
-                failed.append(exc)
-                continue
-            for name, segments in kept.items():
-                tp = by_name.get(name)
-                plog = None if tp is None else self._plogs.get((log_dir.path, tp))
-                if tp is not None and plog is not None:
-                    taken += plog.take_known(segments)
-                    read[tp] = segments
-        for tp in sorted(reads.partitions):
+            if not future.cancelled():
+                self._take_read(taking, future, report)
+        for tp in sorted(reads.partitions - taking.seen):  # a failed reader's, or no rows
             plog = self._plogs.get((log_dir.path, tp))
-            if plog is None:
+            if plog is not None and self._check_unchecked(plog, log_dir, report, {}):
+                plog.prefetch()
+        log.info("first_reads.taken", log_dir=str(log_dir.path), segments=taking.taken)
+        if taking.failed:
+            log.warning(
+                "first_reads.failed",
+                log_dir=str(log_dir.path),
+                reads=len(taking.failed),
+                error=repr(taking.failed[0]),
+                action="read by this process",
+            )
+
+    def _take_read(self, taking: _Taking, future: Future[bytes], report: _Builder) -> None:
+        """Seed the partitions of one reader's answer, run the checks their opens left
+        that it did not, and read what the cycle needs of them beyond it (`meta`)."""
+        log_dir = taking.log_dir
+        try:
+            kept = decode(future.result()).segments
+        except Exception as exc:  # noqa: BLE001 - a reader's failure only loses its answer
+            taking.failed.append(exc)
+            return
+        for name, rows in kept.items():
+            tp = taking.by_name.get(name)
+            plog = None if tp is None else self._plogs.get((log_dir.path, tp))
+            if tp is None or plog is None:
                 continue
-            rows = read.get(tp, {})
-            if not reads.check:  # rows of segments no reader checked: the active one's was
+            taking.seen.add(tp)
+            taking.taken += plog.take_known(rows)
+            if not taking.reads.check:  # rows of segments no reader checked: the active one's was
                 active = plog.active_segment.base_offset
                 rows = {active: rows[active]} if active in rows else {}
             if self._check_unchecked(plog, log_dir, report, rows):
                 plog.prefetch()
-        log.info("first_reads.taken", log_dir=str(log_dir.path), segments=taken)
-        if failed:
-            log.warning(
-                "first_reads.failed",
-                log_dir=str(log_dir.path),
-                reads=len(failed),
-                error=repr(failed[0]),
-                action="read by this process",
-            )
+                with contextlib.suppress(CleanerdError, OSError):
+                    plog.meta()  # a failure is met again, and reported, by the step
 
     def _read_here(self, plogs: list[PartitionLog], log_dir: LogDir, report: _Builder) -> None:
         """Check and read the segments of `plogs` that the first cycle reads (a job taken

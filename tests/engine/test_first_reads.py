@@ -1,6 +1,7 @@
 """The reader processes of a big first opening (`first_reads.ReaderPool`): they answer
-what `read_dirs` reads in this process, give back the jobs not started from the last one,
-drop those left when stopped, and are not started on a host with one CPU."""
+what `read_dirs` reads in this process, hand out each answer finished once, give back
+the jobs not started from the last one, drop those left when stopped, and are not
+started on a host with one CPU."""
 
 from __future__ import annotations
 
@@ -40,6 +41,25 @@ def test_the_readers_answer_what_this_process_reads(tmp_path: Path) -> None:
             assert decode(future.result(timeout=60)).segments == decode(read_dirs(job)).segments
     answer = decode(futures[0].result()).segments
     assert len(answer["t-0"]) == 3  # every segment
+
+
+def test_the_answers_finished_are_handed_out_once(tmp_path: Path) -> None:
+    paths = built(tmp_path / "logs", 3)
+    jobs = [paths[:1], paths[1:2], paths[2:]]
+    pool = ReaderPool(1)
+    pool.start(jobs)
+    assert pool._thread is not None
+    pool._thread.join()
+    pool._jobs[0][0].result(timeout=60)
+    finished = pool.finished()
+    assert finished[:1] == [pool._jobs[0][0]]  # the first, and any done after it
+    for future in finished:
+        assert decode(future.result()).segments  # done: no wait
+    pool._jobs[-1][0].result(timeout=60)  # one process: every job is done
+    later = pool.finished()  # the others, not those handed out already
+    rest = pool.stop()
+    assert rest == []
+    assert finished + later + rest == [future for future, _ in pool._jobs]
 
 
 def test_the_jobs_not_started_are_taken_back_from_the_last(tmp_path: Path) -> None:

@@ -22,6 +22,8 @@ from cleanerd.engine.local import LocalEngine, WorkerSettings
 from cleanerd.log.checkpoint import RECOVERY_POINT_OFFSET_CHECKPOINT, OffsetCheckpointFile
 from cleanerd.log.files import CLEAN_SHUTDOWN_FILE_NAME, TopicPartition
 from cleanerd.log.known_reader import read_dirs
+from cleanerd.log.meta import PartitionMeta
+from cleanerd.log.partition_log import PartitionLog
 from cleanerd.log.segment import LogSegment
 from cleanerd.maintenance import cycle
 from cleanerd.maintenance.cycle import Maintenance
@@ -49,7 +51,8 @@ class Reads:
 class InlineReaders:
     """Reads each job at `start`, in this process (`ReaderPool`'s are processes), but the
     last `waiting` ones, which `take_back` gives back; with `failing`, the first job fails
-    and the others were never started."""
+    and the others were never started. `finished` hands out the answers (`events` records
+    when, and when a job is taken back)."""
 
     def __init__(self, reads: Reads, *, failing: bool = False, waiting: int = 0) -> None:
         self.reads = reads
@@ -59,6 +62,8 @@ class InlineReaders:
         self.check: bool | None = None
         self.waiting_jobs: list[Sequence[str]] = []
         self.taken_back: list[Sequence[str]] = []
+        self.handed = 0
+        self.events: list[str] = []
 
     def start(self, jobs: Sequence[Sequence[str]], *, check: bool = False) -> None:
         self.check = check
@@ -76,14 +81,25 @@ class InlineReaders:
                 self.reads.reading = False
             self.futures.append(future)
 
+    def finished(self) -> list[Future[bytes]]:
+        done = []
+        for future in self.futures[self.handed :]:
+            if future.cancelled():  # only `stop` drops jobs
+                break
+            done.append(future)
+        self.handed += len(done)
+        self.events += ["finished"] * bool(done)
+        return done
+
     def take_back(self) -> Sequence[str] | None:
         if not self.waiting_jobs:
             return None
         self.taken_back.append(self.waiting_jobs.pop())
+        self.events.append("taken back")
         return self.taken_back[-1]
 
     def stop(self) -> list[Future[bytes]]:
-        return self.futures
+        return self.futures[self.handed :]
 
 
 @pytest.fixture(name="reads")
@@ -185,6 +201,41 @@ def test_the_jobs_no_reader_started_are_read_by_the_owner_meanwhile(
     assert [list(job) for job in started[0].taken_back] == [[str(with_readers / "logs/d-3")]]
     assert reads.reader == 3 * 5  # the first job's three partitions
     assert reads.owner == 5  # the last one's
+
+
+def test_the_owner_takes_each_answer_as_it_comes_before_reading_a_job_itself(
+    tmp_path: Path, engine: LocalEngine, reads: Reads, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While the readers read on, the owner seeds the partitions of each answer come
+    in, and reads what its first cycle needs of them beyond it (`meta`), before it takes
+    back a job: that part of the owner's work runs beside the readers', not after."""
+    plain, with_readers = copies(tmp_path, 2)
+    expected, _ = run(plain, engine, None)
+    started: list[InlineReaders] = []
+
+    def readers() -> InlineReaders:
+        started.append(InlineReaders(reads, waiting=1))
+        return started[-1]
+
+    meta = PartitionLog.meta
+
+    def noted(self: PartitionLog) -> PartitionMeta:
+        if started:
+            started[0].events.append(f"meta {self.topic_partition}")
+        return meta(self)
+
+    monkeypatch.setattr(PartitionLog, "meta", noted)
+    got, _ = run(with_readers, engine, readers)
+    assert got == expected
+    events = started[0].events
+    assert events[: events.index("taken back") + 2] == [
+        "finished",
+        "meta d-0",
+        "meta d-1",
+        "meta d-2",
+        "taken back",
+        "meta d-3",
+    ]
 
 
 def test_readers_that_fail_only_lose_their_answer(
@@ -375,7 +426,11 @@ def test_a_check_that_fails_as_an_open_would_is_that_opens_error(
 
 
 class BrokenReaders(InlineReaders):
-    """Readers whose stop fails (as a bug would): the cycle fails before the checks."""
+    """Readers that finish nothing and whose stop fails (as a bug would): the cycle
+    fails before the checks."""
+
+    def finished(self) -> list[Future[bytes]]:
+        return []
 
     def stop(self) -> list[Future[bytes]]:
         raise RuntimeError("the readers could not be stopped")
