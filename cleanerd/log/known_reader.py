@@ -58,8 +58,8 @@ def read_dir(path: str, *, check: bool = False) -> list[KnownSegment]:
         except (CleanerdError, OSError):
             segments.append(None)
     for segment in segments:
-        if segment is not None:
-            segment.prefetch()  # so that the reads of a cold dir overlap
+        if segment is not None:  # so that the reads of a cold dir overlap
+            segment.prefetch(indexes=check)
     found = []
     for n, segment in enumerate(segments):
         if segment is None:

@@ -1011,9 +1011,11 @@ class PartitionLog:
 
     def prefetch(self) -> None:
         """Ask the kernel to start reading the closed segments whose metadata is not
-        known yet (`LogSegment.prefetch`), which the next cycle reads."""
+        known yet, and the index files of those whose checks the open left
+        (`LogSegment.prefetch`): what the next cycle reads."""
+        unchecked = set(self.recovery_report.unchecked)
         for segment in self._segments[:-1]:
-            segment.prefetch()
+            segment.prefetch(indexes=segment.base_offset in unchecked)
 
     def take_known(self, known: Mapping[int, KnownSegment]) -> int:
         """Take `known` (read by another process since the open, `known_reader.py`) for

@@ -76,9 +76,9 @@ def test_the_reader_asks_for_every_segment_of_a_dir_before_reading_one(
     events: list[str] = []
     prefetch, meta = LogSegment.prefetch, LogSegment.meta
 
-    def advised(self: LogSegment) -> None:
+    def advised(self: LogSegment, *, indexes: bool = False) -> None:
         events.append("prefetch")
-        prefetch(self)
+        prefetch(self, indexes=indexes)
 
     def read(self: LogSegment) -> SegmentMeta:
         events.append("read")

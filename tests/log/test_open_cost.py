@@ -15,7 +15,7 @@ from cleanerd.cli import main
 from cleanerd.compaction.horizon import HorizonCache
 from cleanerd.log.checkpoint import RECOVERY_POINT_OFFSET_CHECKPOINT, OffsetCheckpointFile
 from cleanerd.log.files import CLEAN_SHUTDOWN_FILE_NAME, TopicPartition, offset_from_filename
-from cleanerd.log.known_reader import read_dirs
+from cleanerd.log.known_reader import read_dir, read_dirs
 from cleanerd.log.known_segments import decode, read_known_segments
 from cleanerd.log.log_dir import LogDir
 from cleanerd.log.partition_log import LogConfig, PartitionLog
@@ -329,6 +329,43 @@ def test_after_a_crash_readers_check_the_segments_below_the_recovery_point(
         meta = plog.meta()
     with LogDir.open(root, state_dir=state) as log_dir:
         assert log_dir.open_partition(TP, config=CONFIG, full_check=True).meta() == meta
+
+
+def test_the_index_files_a_left_check_reads_are_prefetched_too(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Cold, a check waited a disk round trip for each segment's index files: the owner
+    (`PartitionLog.prefetch`) and a reader that checks (`read_dir(check=True)`) ask for
+    them with the `.log`, but never for a preallocated index (megabytes of holes)."""
+    root, state, part = crashed(tmp_path)
+    big = sorted(part.glob("*.timeindex"))[0]
+    os.truncate(big, 10 * 1024 * 1024)  # as preallocated; past the last entry it is zeros
+    advised: list[str] = []
+    fadvise = os.posix_fadvise
+
+    def recording(fd: int, offset: int, length: int, advice: int) -> None:
+        if advice == os.POSIX_FADV_WILLNEED:
+            advised.append(Path(f"/proc/self/fd/{fd}").readlink().name)
+        fadvise(fd, offset, length, advice)
+
+    monkeypatch.setattr(os, "posix_fadvise", recording)
+    with LogDir.open(root, state_dir=state) as log_dir:
+        plog = open_leaving_checks(log_dir)
+        assert advised == []
+        plog.prefetch()
+        closed = plog.segments[:-1]
+        expected = {s.log_path.name for s in closed}
+        expected |= {s.offset_index_path.name for s in closed if s.offset_index_path.stat().st_size}
+        expected |= {s.time_index_path.name for s in closed} - {big.name}
+        assert set(advised) == expected
+        assert len(advised) == len(expected)
+    advised.clear()
+    read_dir(str(part), check=True)
+    assert expected <= set(advised)
+    assert big.name not in advised
+    advised.clear()
+    read_dir(str(part))  # no checks but the active segment's: no index asked for
+    assert all(name.endswith(".log") for name in advised)
 
 
 def test_after_a_crash_the_checks_no_reader_ran_are_run_by_the_owner(
