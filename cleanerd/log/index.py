@@ -98,7 +98,7 @@ _READ_WHOLE = 4096
 """An index file up to this size is read whole when loaded (as cheap as its last entry)."""
 
 
-def _pread_exact(path: Path, size: int, position: int) -> bytes:
+def _pread_exact(path: Path | str, size: int, position: int) -> bytes:
     fd = os.open(path, os.O_RDONLY)
     try:
         _check_regular(fd, path)
@@ -107,7 +107,7 @@ def _pread_exact(path: Path, size: int, position: int) -> bytes:
         os.close(fd)
 
 
-def _check_regular(fd: int, path: Path) -> os.stat_result:
+def _check_regular(fd: int, path: Path | str) -> os.stat_result:
     """The stat of the file open at `fd`; an error naming `path` when it is not a
     regular file (a read of a dir fails with an error that names no file)."""
     st = os.fstat(fd)
@@ -137,7 +137,7 @@ def _read_written(fd: int, length: int) -> bytes:
     return os.pread(fd, length, 0)
 
 
-def _write_at(path: Path, data: bytes, position: int) -> None:
+def _write_at(path: Path | str, data: bytes, position: int) -> None:
     """Write `data` at `position` and cut the file right after it; a write that fails
     (a full disk) cuts it at `position`, so no part of an entry is left."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
@@ -160,9 +160,12 @@ class _Index(ABC):
     entry: ClassVar[struct.Struct]
 
     def __init__(
-        self, path: Path, base_offset: int, *, max_index_size: int = DEFAULT_MAX_INDEX_SIZE
+        self, path: Path | str, base_offset: int, *, max_index_size: int = DEFAULT_MAX_INDEX_SIZE
     ) -> None:
-        self.path = path
+        self.os_path = os.fspath(path)
+        """The file, for system calls: a `Path` is built only when asked for (`path`), as
+        a check of 100,000 segments would build them for nothing."""
+        self._path = path if isinstance(path, Path) else None
         self.base_offset = base_offset
         self.max_entries = max_index_size // self.entry.size
         self.file_exists = False
@@ -175,9 +178,16 @@ class _Index(ABC):
         self._last: tuple[int, int] | None = None
         self._columns: tuple[NDArray[np.int64], NDArray[np.int64]] | None = None
 
+    @property
+    def path(self) -> Path:
+        """The index file."""
+        if self._path is None:
+            self._path = Path(self.os_path)
+        return self._path
+
     @classmethod
     def load(
-        cls, path: Path, base_offset: int, *, max_index_size: int = DEFAULT_MAX_INDEX_SIZE
+        cls, path: Path | str, base_offset: int, *, max_index_size: int = DEFAULT_MAX_INDEX_SIZE
     ) -> Self:
         """Open `path` (an absent file is an empty index with `file_exists` False)."""
         index = cls(path, base_offset, max_index_size=max_index_size)
@@ -186,11 +196,11 @@ class _Index(ABC):
 
     def _load(self) -> None:
         try:
-            fd = os.open(self.path, os.O_RDONLY)
+            fd = os.open(self.os_path, os.O_RDONLY)
         except FileNotFoundError:
             return
         try:
-            length = _check_regular(fd, self.path).st_size
+            length = _check_regular(fd, self.os_path).st_size
             self.file_exists = True
             self._file_bytes = length
             size = self.entry.size
@@ -275,7 +285,7 @@ class _Index(ABC):
         if self._columns is None:
             raw = b""
             if self._in_file:
-                raw = _pread_exact(self.path, self._in_file * self.entry.size, 0)
+                raw = _pread_exact(self.os_path, self._in_file * self.entry.size, 0)
             self._columns = self._parse(raw + self._pending_bytes())
         return self._columns
 
@@ -319,7 +329,7 @@ class _Index(ABC):
         target = self.entries * self.entry.size
         if self.file_exists and self._file_bytes == target:
             return
-        _write_at(self.path, self._pending_bytes(), self._in_file * self.entry.size)
+        _write_at(self.os_path, self._pending_bytes(), self._in_file * self.entry.size)
         self._in_file, self._pending_a, self._pending_b = self.entries, [], []
         self._file_bytes, self.file_exists = target, True
 
@@ -410,12 +420,12 @@ class OffsetIndex(_Index):
     def sanity_check(self) -> None:
         """Raise CorruptIndexError unless offsets and positions strictly increase."""
         rel, pos = self._columns_all()
-        _check_increasing(rel, "offset", self.path, self.base_offset, strict=True)
-        _check_increasing(pos, "position", self.path, 0, strict=True)
+        _check_increasing(rel, "offset", self.os_path, self.base_offset, strict=True)
+        _check_increasing(pos, "position", self.os_path, 0, strict=True)
         if rel.size and (rel[0] < 0 or pos[0] < 0):
             raise CorruptIndexError("entry 0 has a negative offset or position", path=self.path)
 
-    def check_within(self, log_size: int, log_path: Path) -> None:
+    def check_within(self, log_size: int, log_path: Path | str) -> None:
         """Raise IndexPastLogError if the last entry points at or past `log_size`, the
         size of the segment's `log_path` (both files named: which one is wrong is not
         known), CorruptIndexError if it points before the log's start (a damaged entry:
@@ -522,14 +532,14 @@ class TimeIndex(_Index):
         """Raise CorruptIndexError unless timestamps strictly increase and offsets never
         decrease."""
         ts, rel = self._columns_all()
-        _check_increasing(ts, "timestamp", self.path, 0, strict=True)
-        _check_increasing(rel, "offset", self.path, self.base_offset, strict=False)
+        _check_increasing(ts, "timestamp", self.os_path, 0, strict=True)
+        _check_increasing(rel, "offset", self.os_path, self.base_offset, strict=False)
         if rel.size and rel[0] < 0:
             raise CorruptIndexError("entry 0 has a negative relative offset", path=self.path)
 
 
 def _check_increasing(
-    values: NDArray[np.int64], what: str, path: Path, shift: int, *, strict: bool
+    values: NDArray[np.int64], what: str, path: Path | str, shift: int, *, strict: bool
 ) -> None:
     if values.size < 2:
         return  # nothing to compare (numpy costs more than the check on tiny indexes)

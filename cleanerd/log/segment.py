@@ -433,7 +433,9 @@ class LogSegment:
         """The offset index (read on first use)."""
         if self._offset_index is None:
             self._offset_index = OffsetIndex.load(
-                self.offset_index_path, self.base_offset, max_index_size=self.max_index_size
+                self._os_path(INDEX_FILE_SUFFIX),
+                self.base_offset,
+                max_index_size=self.max_index_size,
             )
         return self._offset_index
 
@@ -442,7 +444,9 @@ class LogSegment:
         """The time index (read on first use)."""
         if self._time_index is None:
             self._time_index = TimeIndex.load(
-                self.time_index_path, self.base_offset, max_index_size=self.max_index_size
+                self._os_path(TIME_INDEX_FILE_SUFFIX),
+                self.base_offset,
+                max_index_size=self.max_index_size,
             )
         return self._time_index
 
@@ -450,7 +454,9 @@ class LogSegment:
     def txn_index(self) -> TransactionIndex:
         """The transaction index (read on first use; empty when the file is absent)."""
         if self._txn_index is None:
-            self._txn_index = TransactionIndex.load(self.txn_index_path, self.base_offset)
+            self._txn_index = TransactionIndex.load(
+                self._os_path(TXN_INDEX_FILE_SUFFIX), self.base_offset
+            )
         return self._txn_index
 
     def _tail(self) -> IndexBuilder:
@@ -460,11 +466,11 @@ class LogSegment:
             oi, ti = self.offset_index, self.time_index
             last, ts = oi.last_entry, ti.last_entry
             try:
-                oi.check_within(self._size, self.log_path)
+                oi.check_within(self._size, self._os_path(LOG_FILE_SUFFIX))
                 tail = self._whole_batches_from(last.position)
                 torn = oi.entries > 0 and not tail.batches and self._torn_at(last.position)
                 if oi.entries and not torn:
-                    _check_last_entry(oi.path, self.log_path, last, tail)
+                    _check_last_entry(oi.os_path, self._os_path(LOG_FILE_SUFFIX), last, tail)
             except (IndexPastLogError, _LastEntryMismatch, CorruptRecordError):
                 if not self.live:
                     raise
@@ -1040,7 +1046,7 @@ class _LastEntryMismatch(CorruptIndexError):
 
 
 def _check_last_entry(
-    index_path: Path, log_path: Path, last: OffsetPosition, tail: Summary
+    index_path: Path | str, log_path: Path | str, last: OffsetPosition, tail: Summary
 ) -> None:
     """Raise _LastEntryMismatch when the last offset-index entry `last` is not on the
     batch `tail` starts with: which file is wrong is not known (a damaged batch there,

@@ -78,7 +78,7 @@ class TxnIndexSearchResult:
     is_complete: bool
 
 
-def parse_txn_index(data: bytes, path: Path) -> list[AbortedTxn]:
+def parse_txn_index(data: bytes, path: Path | str) -> list[AbortedTxn]:
     """Decode a whole `.txnindex` file's bytes."""
     if len(data) % TXN_ENTRY.size:
         raise CorruptIndexError(
@@ -100,18 +100,29 @@ def parse_txn_index(data: bytes, path: Path) -> list[AbortedTxn]:
 class TransactionIndex:
     """A segment's `.txnindex`, held in memory; appends also go to the file."""
 
-    def __init__(self, path: Path, base_offset: int, entries: Iterable[AbortedTxn] = ()) -> None:
-        self.path = path
+    def __init__(
+        self, path: Path | str, base_offset: int, entries: Iterable[AbortedTxn] = ()
+    ) -> None:
+        self._os_path = os.fspath(path)
+        self._path = path if isinstance(path, Path) else None  # built when asked for
         self.base_offset = base_offset
         self._entries = list(entries)
 
+    @property
+    def path(self) -> Path:
+        """The `.txnindex` file."""
+        if self._path is None:
+            self._path = Path(self._os_path)
+        return self._path
+
     @classmethod
-    def load(cls, path: Path, base_offset: int) -> TransactionIndex:
+    def load(cls, path: Path | str, base_offset: int) -> TransactionIndex:
         """Read `path`; an absent file holds no entries."""
         try:
-            data = path.read_bytes()
+            with open(path, "rb") as f:
+                data = f.read()
         except FileNotFoundError:  # the usual case: one failed open, no stat first
-            data = b""
+            return cls(path, base_offset)
         return cls(path, base_offset, parse_txn_index(data, path))
 
     @property
