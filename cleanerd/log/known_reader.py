@@ -61,7 +61,9 @@ def read_dir(path: str, *, check: bool = False) -> list[KnownSegment]:
         if segment is not None:  # so that the reads of a cold dir overlap
             segment.prefetch(indexes=check)
     found = []
-    for n, segment in enumerate(segments):
+    for n in range(len(segments)):
+        # Each segment goes once read: a checked one holds its indexes' entries.
+        segment, segments[n] = segments[n], None
         if segment is None:
             continue
         try:

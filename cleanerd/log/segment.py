@@ -1172,7 +1172,8 @@ def _advise(path: str, size: int | None) -> None:
     own); a file that is gone, or a failure, only loses the hint. A preallocated index
     (tens of MB of holes) is not small."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        # Never through a link, nor waiting on a FIFO put where a segment file was.
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError:
         return
     try:

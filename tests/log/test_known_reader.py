@@ -6,6 +6,7 @@ nothing read twice."""
 from __future__ import annotations
 
 import os
+import weakref
 from pathlib import Path
 
 import pytest
@@ -89,6 +90,26 @@ def test_the_reader_asks_for_every_segment_of_a_dir_before_reading_one(
     found = read_dir(str(root / str(TP)))
     assert len(found) > 5
     assert events == ["prefetch"] * len(found) + ["read"] * len(found)
+
+
+def test_a_reader_holds_one_segment_at_a_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A checked segment holds its indexes' entries (megabytes for a big segment): a
+    reader drops each once read, so it holds one segment's, not its partition's."""
+    root, state = tmp_path / "logs", tmp_path / "state"
+    root.mkdir()
+    build(root, state)
+    checked: list[weakref.ref[LogSegment]] = []
+    check = LogSegment.check
+
+    def checking(self: LogSegment) -> None:
+        assert [ref for ref in checked if ref() is not None] == []
+        checked.append(weakref.ref(self))
+        check(self)
+
+    monkeypatch.setattr(LogSegment, "check", checking)
+    assert len(read_dir(str(root / str(TP)), check=True)) == len(checked) > 5
 
 
 def test_read_dirs_answers_in_the_known_segments_format_by_dir_name(tmp_path: Path) -> None:
