@@ -894,8 +894,10 @@ class Maintenance:
             return None
         paths = [str(log_dir.path / str(tp)) for tp in first]
         jobs = [paths[i : i + READ_CHUNK] for i in range(0, len(paths), READ_CHUNK)]
-        # An open as after a crash leaves the checks below the recovery point too.
-        check = not all(log_dir.opens_cleanly(tp) for tp in first)
+        # An open as after a crash leaves the checks below the recovery point too; an
+        # observer's leaves none.
+        owner = log_dir.mode is Mode.OWNER
+        check = owner and not all(log_dir.opens_cleanly(tp) for tp in first)
         readers.start(jobs, check=check)
         return _FirstReads(readers, frozenset(first), check)
 
@@ -1036,7 +1038,26 @@ class Maintenance:
         unreadable) and read again the next, never marked."""
         checkpoints = log_dir.checkpoints.cleaner_offsets
         with self._opening(log_dir, listed):
+            reads = self._start_first_reads(log_dir, listed)
+            if reads is not None:
+                try:
+                    self._open_observed(log_dir, listed, reads.partitions)
+                finally:
+                    self._take_first_reads(log_dir, reads, report)
             return list(self._observe_listed(log_dir, listed, checkpoints, report, live))
+
+    def _open_observed(
+        self, log_dir: LogDir, listed: list[TopicPartition], read: Collection[TopicPartition]
+    ) -> None:
+        """Open the partitions of an observed dir that readers read, reading none of their
+        segments here; a failure is met again, and reported, by `_observe_listed`."""
+        for tp in listed:
+            if tp in read:
+                topic = self.config.topic_config(tp.topic)
+                with suppress(CleanerdError, OSError):
+                    self._plogs[(log_dir.path, tp)] = log_dir.open_partition(
+                        tp, config=LogConfig.of_topic(topic), prefetch=False
+                    )
 
     def _observe_listed(
         self,

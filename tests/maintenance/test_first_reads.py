@@ -28,6 +28,7 @@ from cleanerd.log.segment import LogSegment
 from cleanerd.maintenance import cycle
 from cleanerd.maintenance.cycle import Maintenance
 from cleanerd.maintenance.report import CycleReport
+from tests.holders import HOLD_BROKER_LOCK, held_by_other_process
 from tests.maintenance.test_cycle import HOUR, T0, build, records, write_config
 
 PARTITIONS = 4
@@ -236,6 +237,34 @@ def test_the_owner_takes_each_answer_as_it_comes_before_reading_a_job_itself(
         "taken back",
         "meta d-3",
     ]
+
+
+def test_an_observer_takes_what_the_readers_read_beside_its_opening(
+    tmp_path: Path, engine: LocalEngine, reads: Reads
+) -> None:
+    """Beside a live broker (its `.lock` held), a big first opening is read by readers
+    too: they check only the active segments (an observer's open leaves no check), and
+    the states come out as without them."""
+    plain, with_readers = copies(tmp_path, 2)
+    with held_by_other_process(HOLD_BROKER_LOCK, plain / "logs"):
+        expected, report = run(plain, engine, None)
+    assert report.observed == (str(plain / "logs"),)
+    assert len(report.states) == PARTITIONS
+    assert reads.owner >= PARTITIONS * 4
+    reads.owner = 0
+    started: list[InlineReaders] = []
+
+    def readers() -> InlineReaders:
+        started.append(InlineReaders(reads))
+        return started[-1]
+
+    with held_by_other_process(HOLD_BROKER_LOCK, with_readers / "logs"):
+        got, _ = run(with_readers, engine, readers)
+    holder = re.compile(r"pid \d+")  # the holder the skip names is another process
+    assert holder.sub("pid", got) == holder.sub("pid", expected)
+    assert started[0].check is False
+    assert reads.reader == PARTITIONS * 5
+    assert reads.owner == 0
 
 
 def test_readers_that_fail_only_lose_their_answer(
