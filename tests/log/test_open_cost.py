@@ -197,15 +197,9 @@ def test_two_growths_between_reads_are_both_walked(tmp_path: Path, walked: list[
         assert walked[0] == appended  # both growths, in one walk
 
 
-def test_segments_the_first_cycle_reads_are_prefetched_at_open(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """An open asks the kernel to start reading each small inactive segment whose
-    metadata the first cycle will read (so that cold reads overlap); after a clean stop
-    that kept what it read, there is nothing to prefetch."""
-    root, state = tmp_path / "logs", tmp_path / "state"
-    root.mkdir()
-    build(root, state)
+@pytest.fixture(name="advised")
+def _advised(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The names of the files advised `POSIX_FADV_WILLNEED` (`posix_fadvise` recorded)."""
     advised: list[str] = []
     fadvise = os.posix_fadvise
 
@@ -215,6 +209,19 @@ def test_segments_the_first_cycle_reads_are_prefetched_at_open(
         fadvise(fd, offset, length, advice)
 
     monkeypatch.setattr(os, "posix_fadvise", recording)
+    return advised
+
+
+def test_segments_the_first_cycle_reads_are_prefetched_at_open(
+    tmp_path: Path, advised: list[str]
+) -> None:
+    """An open asks the kernel to start reading each small inactive segment whose
+    metadata the first cycle will read (so that cold reads overlap); after a clean stop
+    that kept what it read, there is nothing to prefetch."""
+    root, state = tmp_path / "logs", tmp_path / "state"
+    root.mkdir()
+    build(root, state)
+    advised.clear()
     with LogDir.open(root, state_dir=state) as log_dir:
         plog = log_dir.open_partition(TP, config=CONFIG)
         assert sorted(advised) == [s.log_path.name for s in plog.segments[:-1]]
@@ -332,7 +339,7 @@ def test_after_a_crash_readers_check_the_segments_below_the_recovery_point(
 
 
 def test_the_index_files_a_left_check_reads_are_prefetched_too(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, advised: list[str]
 ) -> None:
     """Cold, a check waited a disk round trip for each segment's index files: the owner
     (`PartitionLog.prefetch`) and a reader that checks (`read_dir(check=True)`) ask for
@@ -340,15 +347,7 @@ def test_the_index_files_a_left_check_reads_are_prefetched_too(
     root, state, part = crashed(tmp_path)
     big = sorted(part.glob("*.timeindex"))[0]
     os.truncate(big, 10 * 1024 * 1024)  # as preallocated; past the last entry it is zeros
-    advised: list[str] = []
-    fadvise = os.posix_fadvise
-
-    def recording(fd: int, offset: int, length: int, advice: int) -> None:
-        if advice == os.POSIX_FADV_WILLNEED:
-            advised.append(Path(f"/proc/self/fd/{fd}").readlink().name)
-        fadvise(fd, offset, length, advice)
-
-    monkeypatch.setattr(os, "posix_fadvise", recording)
+    advised.clear()  # what building it asked for
     with LogDir.open(root, state_dir=state) as log_dir:
         plog = open_leaving_checks(log_dir)
         assert advised == []
