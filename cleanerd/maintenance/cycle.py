@@ -49,7 +49,6 @@ passes in flight finish; a `stop` event given to `run_once` aborts them instead.
 
 from __future__ import annotations
 
-import contextlib
 import math
 import threading
 import time
@@ -956,21 +955,30 @@ class Maintenance:
             if not taking.reads.check:  # rows of segments no reader checked: the active one's was
                 active = plog.active_segment.base_offset
                 rows = {active: rows[active]} if active in rows else {}
-            if self._check_unchecked(plog, log_dir, report, rows):
-                plog.prefetch()
-                with contextlib.suppress(CleanerdError, OSError):
-                    plog.meta()  # a failure is met again, and reported, by the step
+            plog.prefetch()
+            self._check_and_read(plog, log_dir, report, rows)
 
     def _read_here(self, plogs: list[PartitionLog], log_dir: LogDir, report: _Builder) -> None:
         """Check and read the segments of `plogs` that the first cycle reads (a job taken
-        back from the readers). The checks report as the open would; a failure of the
-        read is met again, and reported, by the step that reads the partition."""
+        back from the readers), all of them advised first so that their reads overlap."""
         for plog in plogs:
             plog.prefetch()  # so that the reads of the job's segments overlap
         for plog in plogs:
-            if self._check_unchecked(plog, log_dir, report, {}):
-                with contextlib.suppress(CleanerdError, OSError):
-                    plog.meta()
+            self._check_and_read(plog, log_dir, report, {})
+
+    def _check_and_read(
+        self,
+        plog: PartitionLog,
+        log_dir: LogDir,
+        report: _Builder,
+        checked: Mapping[int, KnownSegment],
+    ) -> None:
+        """The checks the open of `plog` left (`_check_unchecked`), then what the first
+        cycle reads of it (`meta`) if it stays open; a failure of that read is met again,
+        and reported, by the step that reads the partition."""
+        if self._check_unchecked(plog, log_dir, report, checked):
+            with suppress(CleanerdError, OSError):
+                plog.meta()
 
     def _check_unchecked(
         self,
