@@ -955,8 +955,7 @@ class Maintenance:
             if not taking.reads.check:  # rows of segments no reader checked: the active one's was
                 active = plog.active_segment.base_offset
                 rows = {active: rows[active]} if active in rows else {}
-            plog.prefetch()
-            self._check_and_read(plog, log_dir, report, rows)
+            self._check_and_read(plog, log_dir, report, rows, prefetch=True)
 
     def _read_here(self, plogs: list[PartitionLog], log_dir: LogDir, report: _Builder) -> None:
         """Check and read the segments of `plogs` that the first cycle reads (a job taken
@@ -964,7 +963,7 @@ class Maintenance:
         for plog in plogs:
             plog.prefetch()  # so that the reads of the job's segments overlap
         for plog in plogs:
-            self._check_and_read(plog, log_dir, report, {})
+            self._check_and_read(plog, log_dir, report, {}, prefetch=False)
 
     def _check_and_read(
         self,
@@ -972,13 +971,20 @@ class Maintenance:
         log_dir: LogDir,
         report: _Builder,
         checked: Mapping[int, KnownSegment],
+        *,
+        prefetch: bool,
     ) -> None:
-        """The checks the open of `plog` left (`_check_unchecked`), then what the first
-        cycle reads of it (`meta`) if it stays open; a failure of that read is met again,
-        and reported, by the step that reads the partition."""
-        if self._check_unchecked(plog, log_dir, report, checked):
-            with suppress(CleanerdError, OSError):
-                plog.meta()
+        """The checks the open of `plog` left (`_check_unchecked`), then, if it stays
+        open, what the first cycle reads of it (`meta`), with `prefetch` advised first; a
+        failure of that read is met again, and reported, by the step that reads it."""
+        if not self._check_unchecked(plog, log_dir, report, checked):
+            return
+        if prefetch:
+            # After the checks: advised before them, the index files of every segment a
+            # reader already checked would be opened for nothing.
+            plog.prefetch()
+        with suppress(CleanerdError, OSError):
+            plog.meta()
 
     def _check_unchecked(
         self,
