@@ -10,7 +10,8 @@ as built (stopped cleanly by another tool, as a broker leaves it: nothing of cle
 own is kept), then again after the daemon's own clean stop (SIGTERM), which keeps what
 it read of every segment (`log/known_segments.py`), then once more after that daemon
 was killed (SIGKILL) at the end of its first cycle: a crash, which leaves no marker, so
-only the checkpoints and snapshots speed the start. In between, the CPU time of the
+the start walks what lies past each recovery point and takes what was kept only for the
+segments wholly below it (`log/recovery.py`). In between, the CPU time of the
 daemon's process tree (the daemon, the worker pool's fork server and workers: psutil's
 user + system time) over `--seconds` of idleness. A SIGHUP with a changed policy forces
 one full cycle over every partition, the revisit the daemon runs every
@@ -216,8 +217,8 @@ def main() -> None:
         status = daemon.wait(timeout=300)
     cfg_path.write_text(yaml.safe_dump(config(data, state, backoff_ms=15_000)))
     again = start(cfg_path, log, cycles=first_cycles(log) + 1, cold=args.cold)
-    # Killed after that first cycle, as by the OOM killer or a power loss: no marker,
-    # nothing kept is used; its checkpoints and snapshots are there.
+    # Killed after that first cycle, as by the OOM killer or a power loss: no marker;
+    # its checkpoints, snapshots and known segments are there.
     again[4].send_signal(signal.SIGKILL)
     again[4].wait(timeout=300)
     crashed = start(cfg_path, log, cycles=first_cycles(log) + 1, cold=args.cold)

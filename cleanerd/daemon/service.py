@@ -576,6 +576,13 @@ class Daemon:
             log.info("cycle.done", **fields, idle_cycles_before=self._idle_cycles)
             self._idle_cycles = 0
         self._next_metrics = 0.0  # publish the new states at the next tick
+        maintenance = self.maintenance
+        if maintenance is not None:
+            # After the cycle is reported: what it costs delays no state or metric.
+            try:
+                await self._in_thread(maintenance.keep_known)
+            except Exception:  # an aid to the next start: never the daemon's end
+                log.exception("known_segments.keep_failed")
 
     def _run_cycle(self, config: Config, *, act: bool) -> CycleOutcome:
         """One cycle, in the maintenance thread, with `config` applied first (only the

@@ -1,12 +1,13 @@
-"""What an owner knew of each segment's bytes when it stopped cleanly, for the next
-owner's start (`<state dir>/known-segments/<log dir key>`).
+"""What an owner knew of each segment's bytes when it stopped cleanly or last changed
+them, for the next owner's start (`<state dir>/known-segments/<log dir key>`).
 
 Metadata of a segment (its next offset, max timestamp, first batch, index sizes, its
 earliest delete horizon) costs a dozen system calls and a walk of its tail to read; on a
 host with 100,000 segments that is most of a start. Kafka's loader trusts a cleanly
 stopped dir's index files instead; cleanerd also keeps what it had read, keyed by each
 `.log` file's identity, and a start after a clean stop (`log_dir.py`'s marker) takes
-each segment's metadata from here when the file is still the one described.
+each segment's metadata from here when the file is still the one described; a start
+after a crash, for the segments wholly below the recovery point only.
 
 Format (little endian)::
 
@@ -29,11 +30,16 @@ active `.log`'s size and mtime, what the daemon's watcher sees of the dir (`Know
 so its first scan lists only dirs that changed since.
 
 Crash consistency: the file is written whole with `atomic_write` (temp file, fsync,
-rename) by a clean stop, before the clean-shutdown marker, and only read by a start that
-found the marker (or by an observer while it is there). An entry is used only for a
+rename) by a clean stop, before the clean-shutdown marker, and by the daemon after each
+cycle that changed the segments (a roll, a clean, a deletion, a segment read for the
+first time), so a crash leaves the old file or the new one. An entry is used only for a
 `.log` whose (inode, size, mtime in ns) equal the entry's: a segment appended to,
 truncated, rewritten or replaced since has another identity and is read from its
-files. A crash after the file was written leaves no marker, so nothing of it is used.
+files. Without the marker (a crash), an entry is used only for a segment wholly below
+the recovery point: that file was flushed after its last write and before the checkpoint
+named it, so its size and mtime cannot have outlived the bytes they describe, which an
+unflushed file's can (a crash may keep an append's new size and lose its data). An
+observer uses the file only while the marker is there.
 The identity relies on every write moving the mtime, which nanosecond mtimes (ext4,
 xfs, tmpfs) do; on a filesystem with one-second mtimes, a segment replaced within the
 same second by a file of the same size under a reused inode number would pass for the

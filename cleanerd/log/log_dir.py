@@ -38,7 +38,9 @@ with no broker epoch). The next owner (cleanerd or a broker) that finds it skips
 recovery walk of unflushed segments; cleanerd's stop also keeps what it knew of every
 segment in the state dir (`known_segments.py`), which its next start (and, while the
 marker is there, an observer such as `plan`) takes instead of reading each segment
-again. cleanerd removes the marker (and fsyncs the dir) as soon
+again. The daemon keeps it after each cycle that changed the segments too, and a start
+after a crash takes it for the segments wholly below the recovery point (`recovery.py`).
+cleanerd removes the marker (and fsyncs the dir) as soon
 as it owns the dir, before any write, so a crash after that start is never taken for a
 clean stop, and trusts it only for the first open of each partition. A stop that
 failed to flush or checkpoint a partition, or that did not open every partition of the
@@ -135,11 +137,11 @@ class LogDir:
         clean-shutdown marker: its owner's open would trust the segments as they are, and
         nobody writes them (a bad active tail is damage, not an append in flight)."""
         self._known: Known = {}
-        """After a clean stop: what that owner knew of the segments (`known_segments.py`),
-        taken by the first open of each partition (owner mode, which took the marker, or
-        observe mode while the marker is there)."""
+        """What cleanerd last kept of the segments (`known_segments.py`), taken by the
+        first open of each partition (owner mode, or observe mode while the clean-shutdown
+        marker is there)."""
         self.known_dirs: dict[str, KnownDir] = {}
-        """The partition dirs as that clean stop left them, by name (`KnownDir`)."""
+        """The partition dirs as cleanerd last kept them, by name (`KnownDir`)."""
         self._opened: set[TopicPartition] = set()
 
     @classmethod
@@ -188,8 +190,9 @@ class LogDir:
             raise
         try:
             owned.had_clean_shutdown = owned._take_clean_shutdown_marker()
-            if owned.had_clean_shutdown:
-                owned._take_known(read_known_segments(state, path))
+            # After a crash too: each open takes only what still describes its files, and
+            # then only below the recovery point (`PartitionLog.open`).
+            owned._take_known(read_known_segments(state, path))
         except BaseException:
             owned.close()
             raise
@@ -212,7 +215,8 @@ class LogDir:
 
     def keep_known_segments(self, logs: Iterable[PartitionLog]) -> None:
         """Keep what is known of the segments of `logs` for the next owner's start (owner
-        mode, at a clean stop, before the marker; see `known_segments.py`). A failure is
+        mode: at a clean stop, before the marker, and by the daemon after a cycle that
+        changed them; see `known_segments.py`). A failure is
         logged, naming the file, and stops nothing: the next start then reads the
         segments (what an older file says is only taken for files it still describes)."""
         if self.mode is not Mode.OWNER:
@@ -281,7 +285,7 @@ class LogDir:
         return (self.had_clean_shutdown and tp not in self._opened) or self.owner_trusts
 
     def knows(self, tp: TopicPartition) -> bool:
-        """Whether a clean stop left what it knew of `tp`'s segments, not yet taken."""
+        """Whether what cleanerd last kept of `tp`'s segments is there, not yet taken."""
         return str(tp) in self._known
 
     def open_partition(

@@ -265,8 +265,10 @@ class PartitionLog:
         (shared mode): every roll first proves that it still does. `clean_shutdown`: the
         log dir's owner found Kafka's clean-shutdown marker, so recovery scans nothing
         (read-only: the dir holds the marker and no writer, `stopped_cleanly`); `known`:
-        what the owner that stopped then knew of the segments (`known_segments.py`), taken
-        for each segment that is still the file it describes.
+        what cleanerd last kept of the segments (`known_segments.py`), taken for each
+        segment that is still the file it describes (when recovering without
+        `clean_shutdown`, only for those the validation trusted as kept:
+        `RecoveryReport.as_kept`).
         `prefetch` (the default) asks the kernel to start reading the small segments whose
         metadata is not known, which the first cycle reads; without it, the caller has
         them read elsewhere (`take_known`). `check_later`: the cheap checks that need not
@@ -316,6 +318,8 @@ class PartitionLog:
                 listed = None
             if report.deleted or report.renamed:
                 listed = None  # recovery changed the dir since
+            if known and owns and not clean_shutdown:  # a crash: what the validation trusted
+                known = {base: known[base] for base in report.as_kept}
             stable_end = _seed(segments, known, report) if known else None
         plog = cls(
             path,

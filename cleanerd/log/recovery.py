@@ -45,6 +45,12 @@ the active one is spared it too when cleanerd's own clean stop recorded it
 (`known_segments.py`) and its `.log` (inode, size, mtime) and both index sizes are still
 as recorded: that stop had checked it, and two `stat`s replace reading both indexes and
 the log's tail (about 0.2 ms a partition, 2 s of a start on 10,000 partitions).
+After a crash, a segment wholly below the recovery point is trusted in the same way
+when what cleanerd last kept of it (the daemon keeps it after each cycle that changed
+the dir's segments) describes its very `.log` and both index sizes: those files were
+flushed before the checkpoint named them, and were checked (or trusted by this rule, or
+Kafka's) when cleanerd opened them. Kafka's loader trusts every such segment after a
+crash without looking at it; cleanerd gives the others the cheap check.
 
 The cheap checks that need not come first can run beside the opening (`check_later`,
 for an opening of thousands of partitions): the active segment's after a clean shutdown,
@@ -204,6 +210,9 @@ class RecoveryReport:
     unchecked: list[int] = field(default_factory=list)
     """Base offsets of the segments whose cheap check the open left to
     `check_unchecked` (`check_later`)."""
+    as_kept: list[int] = field(default_factory=list)
+    """After a crash: base offsets of the segments trusted as cleanerd last kept them
+    (`known`), whose metadata the open takes from there."""
 
     @property
     def corrupt(self) -> CleanerdError | None:
@@ -675,8 +684,8 @@ def validate_segments(
     names: ListedNames | None = None,
 ) -> RecoveryReport:
     """Validate every segment (see the module docstring); never raises for damage found
-    in the data, which goes to `report.errors` instead. `known`: what cleanerd's own
-    clean stop recorded of the segments (with `clean_shutdown` only). With `fold`, the
+    in the data, which goes to `report.errors` instead. `known`: what cleanerd last kept
+    of the segments (`known_segments.py`). With `fold`, the
     producer state is rebuilt in the same walk when every segment is walked whole.
     `check_later`: the cheap checks that need not come first (the active segment's after
     a clean shutdown; after a crash, each segment's wholly below the recovery point whose
@@ -712,6 +721,8 @@ def validate_segments(
             # segment only when cleanerd's own clean stop recorded it as it still is);
             # its indexes are read when first used (their last entries checked against
             # the log then), its batches when its metadata is first read (CRCs checked).
+        elif not unflushed and _as_known(segment, known):
+            report.as_kept.append(segment.base_offset)  # after a crash (see above)
         elif (
             check_later and not unflushed and names is not None and _indexes_listed(segment, names)
         ):

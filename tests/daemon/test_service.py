@@ -39,6 +39,7 @@ from cleanerd.daemon.watcher import PartitionKey
 from cleanerd.engine.base import AuditJob, CleanJob
 from cleanerd.log.checkpoint import OffsetCheckpointFile
 from cleanerd.log.files import TopicPartition
+from cleanerd.log.known_segments import known_segments_path
 from cleanerd.log.lock import holds_log_dir_lock
 from cleanerd.maintenance.cycle import Maintenance
 from cleanerd.maintenance.report import PartitionState
@@ -839,6 +840,18 @@ async def test_no_pass_is_rerun_once_the_passed_horizons_are_acted_on(
             await eventually(partial(lambda n: daemon.cycles >= n, n), f"cycle {n}")
             daemon.request_cycle()
     assert events.of("log.cleaned") == []
+
+
+async def test_the_daemon_keeps_what_it_knows_after_its_cycle(
+    config_path: Path, notify_socket: NotifyReceiver, tmp_path: Path
+) -> None:
+    """While it runs, not only at its clean stop: a start after it was killed takes what
+    it kept (`Maintenance.keep_known`)."""
+    kept = known_segments_path(tmp_path / "state", tmp_path / "data")
+    daemon, _ = _daemon(config_path, notify_socket)
+    async with running(daemon):
+        await eventually(lambda: daemon.cycles >= 1, "the first cycle")
+        await eventually(kept.exists, "the known segments kept")
 
 
 async def test_a_start_after_a_clean_stop_lists_no_unchanged_partition_dir(

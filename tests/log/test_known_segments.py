@@ -1,6 +1,7 @@
 """What a clean stop keeps of each segment (`known_segments.py`): the next start takes it
-for every `.log` that is still the file described, reads nothing of those segments, and
-ends up with exactly the metadata a full read gives; anything else is read anew."""
+for every `.log` that is still the file described (after a crash, only below the
+recovery point), reads nothing of those segments, and ends up with exactly the metadata
+a full read gives; anything else is read anew."""
 
 from __future__ import annotations
 
@@ -142,17 +143,84 @@ def test_a_segment_changed_since_the_stop_is_read_anew(tmp_path: Path, walked: l
     assert again.identity[2] == 1_000_000_000
 
 
-def test_without_the_marker_nothing_kept_is_used(tmp_path: Path, walked: list[int]) -> None:
+def crash_after_a_stop(root: Path, state: Path, *, recovery_point: int | None = None) -> None:
+    """A dir as a crash after `stop_cleanly` leaves it (no marker); `recovery_point`: as
+    if the checkpoint had been written before the last segments were flushed."""
+    (root / CLEAN_SHUTDOWN_FILE_NAME).unlink()
+    if recovery_point is not None:
+        (root / "recovery-point-offset-checkpoint").write_text(
+            f"0\n1\n{TP.topic} 0 {recovery_point}\n"
+        )
+
+
+def test_after_a_crash_what_was_kept_is_taken_below_the_recovery_point(
+    tmp_path: Path, walked: list[int]
+) -> None:
+    """Kafka's loader trusts the segments wholly below the recovery point after a crash:
+    cleanerd takes what it kept of them (their files unchanged, index sizes included),
+    neither reading nor checking them, and walks the active one."""
     root, state = tmp_path / "logs", tmp_path / "state"
     root.mkdir()
     build(root, state)
     stop_cleanly(root, state)
-    (root / CLEAN_SHUTDOWN_FILE_NAME).unlink()  # as a crash after the stop leaves it
+    crash_after_a_stop(root, state)
+    expected = fresh_meta(root)
 
     walked.clear()
-    _, meta = start(root, state)
-    assert meta == fresh_meta(root)
-    assert sum(walked) > 0
+    plog, meta = start(root, state)
+    assert meta == expected
+    closed = [s.base_offset for s in plog.segments[:-1]]
+    assert plog.recovery_report.as_kept == closed
+    assert 0 < sum(walked) <= 2 * plog.active_segment.size
+    assert all(s._offset_index is None for s in plog.segments[:-1])  # not even checked
+
+
+def test_after_a_crash_nothing_kept_is_taken_from_the_recovery_point_on(
+    tmp_path: Path, walked: list[int]
+) -> None:
+    """A segment holding offsets at or past the recovery point may have kept an append's
+    size and mtime but not its bytes: it is walked, whatever was kept of it."""
+    root, state = tmp_path / "logs", tmp_path / "state"
+    root.mkdir()
+    build(root, state)
+    stop_cleanly(root, state)
+    with LogDir.open(root, observe=True, state_dir=tmp_path / "peek") as peek:
+        segments = peek.open_partition(TP, config=CONFIG).segments
+    point = segments[3].base_offset + 1  # inside the fourth segment
+    crash_after_a_stop(root, state, recovery_point=point)
+    expected = fresh_meta(root)
+
+    walked.clear()
+    plog, meta = start(root, state)
+    assert meta == expected
+    assert plog.recovery_report.as_kept == [s.base_offset for s in segments[:3]]
+    unflushed = sum(s.size for s in segments[3:])
+    assert sum(walked) >= unflushed - segments[3].position_for(point)
+
+
+def test_after_a_crash_a_kept_segment_whose_index_changed_is_checked(
+    tmp_path: Path, walked: list[int]
+) -> None:
+    """An offset-index entry added to a closed segment after the keep (pointing past its
+    log's end) changes the index's size: the segment is not taken as kept, and the
+    open's check finds the damage."""
+    root, state = tmp_path / "logs", tmp_path / "state"
+    root.mkdir()
+    build(root, state)
+    stop_cleanly(root, state)
+    crash_after_a_stop(root, state)
+    with LogDir.open(root, observe=True, state_dir=tmp_path / "peek") as peek:
+        victim = peek.open_partition(TP, config=CONFIG).segments[2]
+    index = victim.offset_index_path
+    entries = index.stat().st_size // 8
+    with index.open("ab") as f:
+        f.write((entries + 1000).to_bytes(4, "big") + (victim.size + 4096).to_bytes(4, "big"))
+
+    with LogDir.open(root, state_dir=state) as log_dir:
+        plog = log_dir.open_partition(TP, config=CONFIG)
+    assert victim.base_offset not in plog.recovery_report.as_kept
+    assert plog.corrupt is not None
+    assert str(index) in str(plog.corrupt)
 
 
 def test_a_damaged_file_is_reported_and_ignored(tmp_path: Path) -> None:
@@ -217,7 +285,11 @@ def test_a_stop_that_cannot_keep_them_still_stops_cleanly(tmp_path: Path) -> Non
     (state / "known-segments").write_bytes(b"")  # a file where the dir should be
     with capture_logs() as logs:
         stop_cleanly(root, state)
-    assert [e["event"] for e in logs if e["log_level"] == "warning"] == ["known_segments.not_kept"]
+    # The start finds no file it can read either, and says so.
+    assert [e["event"] for e in logs if e["log_level"] == "warning"] == [
+        "known_segments.unreadable",
+        "known_segments.not_kept",
+    ]
     assert (root / CLEAN_SHUTDOWN_FILE_NAME).exists()
     _, meta = start(root, state)
     assert meta == fresh_meta(root)
