@@ -82,6 +82,24 @@ class TestHelp:
         assert code == 2
         assert f"argument {argv[1]}: {argv[2]} is negative" in text
 
+    @pytest.mark.parametrize("command", ["plan", "clean", "audit"])
+    @pytest.mark.parametrize(
+        ("given", "said"),
+        [
+            ("1800000000", "seconds? In milliseconds that is 1800000000000"),
+            ("1800000000000000", "microseconds? In milliseconds that is 1800000000000"),
+        ],
+    )
+    def test_an_instant_in_seconds_or_microseconds_is_a_usage_error(
+        self, capsys: pytest.CaptureFixture[str], command: str, given: str, said: str
+    ) -> None:
+        """Taken as milliseconds, seconds put every rule in 1970 (nothing is due) and
+        microseconds far in the future (every segment past its retention, deleted)."""
+        code, text = usage_exit(capsys, command, "--now-ms", given)
+        assert code == 2
+        assert f"argument --now-ms: {given} is" in text
+        assert said in " ".join(text.split())
+
     def test_version(self, capsys: pytest.CaptureFixture[str]) -> None:
         """--version prints the package version."""
         assert usage_exit(capsys, "--version") == (0, f"cleanerd {__version__}\n")

@@ -106,9 +106,33 @@ def positive_int(text: str) -> int:
 
 
 def non_negative_int(text: str) -> int:
-    """An argparse type: an integer of at least 0 (an instant in ms since the epoch, a
-    duration)."""
+    """An argparse type: an integer of at least 0 (a duration, a count)."""
     value = int(text)
     if value < 0:
         raise argparse.ArgumentTypeError(f"{value} is negative")
+    return value
+
+
+EARLIEST_MS: Final = 10**11
+"""1973-03-03 in ms since the epoch: a smaller instant is one given in seconds."""
+LATEST_MS: Final = 10**14
+"""The year 5138 in ms since the epoch: a larger instant is one given in microseconds."""
+
+
+def epoch_ms(text: str) -> int:
+    """An argparse type: an instant in milliseconds since the epoch (`--now-ms`). One that
+    reads as seconds or microseconds is refused, saying which: taken as milliseconds,
+    seconds would put every time rule in 1970 (nothing due, nothing expired) and
+    microseconds far in the future (every segment past its retention)."""
+    value = non_negative_int(text)
+    if value < EARLIEST_MS:
+        raise argparse.ArgumentTypeError(
+            f"{value} is before 1973 as ms since the epoch: seconds? "
+            f"In milliseconds that is {value * 1000}"
+        )
+    if value > LATEST_MS:
+        raise argparse.ArgumentTypeError(
+            f"{value} is after the year 5000 as ms since the epoch: microseconds? "
+            f"In milliseconds that is {value // 1000}"
+        )
     return value

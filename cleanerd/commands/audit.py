@@ -43,7 +43,7 @@ from functools import partial
 from pathlib import Path
 from typing import Final
 
-from cleanerd.commands import Arg, non_negative_int, positive_int
+from cleanerd.commands import Arg, epoch_ms, non_negative_int, positive_int
 from cleanerd.commands.progress import Progress
 from cleanerd.compaction.audit import (
     AUDIT_MEMORY_BYTES,
@@ -77,7 +77,7 @@ ARGS: Final[tuple[Arg, ...]] = (
     (
         ("--now-ms",),
         {
-            "type": non_negative_int,
+            "type": epoch_ms,
             "metavar": "T",
             "help": "measure ages and deadlines at T (ms since the epoch; default now)",
         },

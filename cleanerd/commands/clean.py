@@ -34,7 +34,7 @@ import json
 from pathlib import Path
 from typing import Final
 
-from cleanerd.commands import Arg, non_negative_int
+from cleanerd.commands import Arg, epoch_ms
 from cleanerd.commands.progress import Progress, TrackedEngine
 from cleanerd.compaction.stats import render_invalid_warning, render_stats
 from cleanerd.config import load_config
@@ -56,7 +56,7 @@ ARGS: Final[tuple[Arg, ...]] = (
     (
         ("--now-ms",),
         {
-            "type": non_negative_int,
+            "type": epoch_ms,
             "metavar": "T",
             "help": "evaluate every time rule at T (ms since the epoch; default now)",
         },

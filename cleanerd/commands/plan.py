@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Final
 
 from cleanerd import wording
-from cleanerd.commands import Arg, non_negative_int
+from cleanerd.commands import Arg, epoch_ms
 from cleanerd.config import load_config
 from cleanerd.logger import log_to_stderr
 from cleanerd.maintenance.plan import (
@@ -36,7 +36,7 @@ ARGS: Final[tuple[Arg, ...]] = (
     (
         ("--now-ms",),
         {
-            "type": non_negative_int,
+            "type": epoch_ms,
             "metavar": "T",
             "help": "evaluate every time rule at T (ms since the epoch; default now)",
         },
