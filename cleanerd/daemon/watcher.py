@@ -317,7 +317,7 @@ class LogDirWatcher:
         return max(self.min_interval_s, self.last_scan_cpu_s / self.max_duty)
 
     def seed(self, known: Mapping[str, Mapping[str, KnownDir]]) -> None:
-        """Before the first scan: take what a clean stop recorded of the partition dirs
+        """Before the first scan: take what cleanerd last kept of the partition dirs
         (log dir -> dir name -> `KnownDir`) as if a scan had seen it, so the first scan
         lists only the dirs whose stamp moved since (and stats the others' active
         segment, as every scan does). A start after cleanerd's clean stop then lists

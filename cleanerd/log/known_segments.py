@@ -115,7 +115,7 @@ Known = dict[str, dict[int, KnownSegment]]
 
 
 class KnownDir(NamedTuple):
-    """A partition dir as the clean stop left it, all its segments known."""
+    """A partition dir as cleanerd last kept it, all its segments known."""
 
     inode: int
     mtime_ns: int

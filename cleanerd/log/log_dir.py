@@ -213,10 +213,10 @@ class LogDir:
         log.info("log_dir.clean_shutdown_found", log_dir=str(self.path))
         return True
 
-    def keep_known_segments(self, logs: Iterable[PartitionLog]) -> None:
+    def keep_known_segments(self, logs: Iterable[PartitionLog]) -> bool:
         """Keep what is known of the segments of `logs` for the next owner's start (owner
         mode: at a clean stop, before the marker, and by the daemon after a cycle that
-        changed them; see `known_segments.py`). A failure is
+        changed them; see `known_segments.py`); whether it was kept. A failure is
         logged, naming the file, and stops nothing: the next start then reads the
         segments (what an older file says is only taken for files it still describes)."""
         if self.mode is not Mode.OWNER:
@@ -234,6 +234,8 @@ class LogDir:
         except OSError as exc:
             path = known_segments_path(self.state_dir, self.path)
             log.warning("known_segments.not_kept", path=str(path), error=str(exc))
+            return False
+        return True
 
     def mark_clean_shutdown(self) -> None:
         """Write the clean-shutdown marker (owner mode; the caller has flushed and
@@ -285,8 +287,9 @@ class LogDir:
         return (self.had_clean_shutdown and tp not in self._opened) or self.owner_trusts
 
     def knows(self, tp: TopicPartition) -> bool:
-        """Whether what cleanerd last kept of `tp`'s segments is there, not yet taken."""
-        return str(tp) in self._known
+        """Whether what cleanerd last kept of `tp`'s segments is there (a segment at
+        least), not yet taken."""
+        return bool(self._known.get(str(tp)))
 
     def open_partition(
         self,

@@ -689,8 +689,8 @@ def validate_segments(
     producer state is rebuilt in the same walk when every segment is walked whole.
     `check_later`: the cheap checks that need not come first (the active segment's after
     a clean shutdown; after a crash, each segment's wholly below the recovery point whose
-    index files `names`, the dir's listing, holds) are left to `check_unchecked`
-    (`report.unchecked`), for readers to run them beside the opening."""
+    index files `names`, the dir's listing, holds and that is not as kept) are left to
+    `check_unchecked` (`report.unchecked`), for readers to run them beside the opening."""
     report = RecoveryReport() if report is None else report
     for n, segment in enumerate(segments):
         is_active = n == len(segments) - 1
@@ -718,7 +718,7 @@ def validate_segments(
                 else:
                     _validate_cheap(segment, report)
             # else: trusted, as Kafka's loader trusts a cleanly stopped dir (the active
-            # segment only when cleanerd's own clean stop recorded it as it still is);
+            # segment only when what cleanerd last kept describes it as it still is);
             # its indexes are read when first used (their last entries checked against
             # the log then), its batches when its metadata is first read (CRCs checked).
         elif not unflushed and _as_known(segment, known):

@@ -301,7 +301,8 @@ class LogSegment:
     def indexes_as_known(self, known: KnownSegment) -> bool:
         """Whether `known` describes this very `.log` (inode, size, mtime) and both index
         files still have the sizes it recorded (two `stat`s, nothing read): the segment
-        as a clean stop of cleanerd left it, which had checked it before stopping."""
+        as cleanerd kept it (at its clean stop or between cycles), when it had opened and
+        checked it, or trusted it as Kafka's loader does."""
         if known.base_offset != self.base_offset or known.identity != self.identity:
             return False
         return self._index_sizes() == (known.offset_index_bytes, known.time_index_bytes)

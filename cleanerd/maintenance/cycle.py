@@ -57,7 +57,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from contextlib import AbstractContextManager, nullcontext, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Final, Protocol
+from typing import Final, NamedTuple, Protocol
 
 from cleanerd.collector import long_lived_objects
 from cleanerd.compaction.cleanable import log_to_clean
@@ -419,9 +419,8 @@ class Maintenance:
         self._damaged: set[tuple[Path, TopicPartition]] = set()
         """The partitions where a step of this process met damaged data: a clean stop
         writes no clean-shutdown marker in their dirs."""
-        self._kept: dict[Path, tuple[object, int]] = {}
-        """Per owned log dir, the segments (`_segments_key`) `keep_known` last kept, and
-        when."""
+        self._kept: dict[Path, _Kept] = {}
+        """Per owned log dir, what `keep_known` last kept."""
         self.drain = threading.Event()
         """While set, the cleaning phase starts no pass (those in flight finish). Any
         thread may set or clear it."""
@@ -551,7 +550,8 @@ class Maintenance:
         daemon calls this after each cycle, so that a start after a crash takes the
         metadata of the segments wholly below the recovery point instead of reading them
         again (`recovery.py`). Only partitions whose open finished its checks and met no
-        damage since are kept: what a start after a crash trusts, a check has passed."""
+        damage since are kept, and a partition that leaves that set (damage met, a
+        partition gone) is dropped from the file at once, whenever it was last kept."""
         now = self.clock()
         for log_dir in self.log_dirs:
             if log_dir.mode is not Mode.OWNER or log_dir.path in self._offline:
@@ -565,14 +565,23 @@ class Maintenance:
                 and not plog.recovery_report.unchecked
                 and (path, tp) not in self._damaged
             ]
-            key, last = _segments_key(plogs), self._kept.get(log_dir.path)
-            if last is not None and (last[0] == key or now - last[1] < KEEP_INTERVAL_MS):
-                continue
+            tps = frozenset(p.topic_partition for p in plogs)
+            last = self._kept.get(log_dir.path)
+            if last is not None and last.partitions <= tps:
+                if 0 <= now - last.at_ms < KEEP_INTERVAL_MS:  # a clock set back: not this
+                    continue
+                key = _segments_key(plogs)
+                if key == last.key:
+                    continue
+            else:
+                key = _segments_key(plogs)
             try:
-                log_dir.keep_known_segments(plogs)
+                kept = log_dir.keep_known_segments(plogs)
             except (CleanerdError, OSError) as exc:  # a segment gone since the cycle
                 log.warning("known_segments.not_kept", log_dir=str(log_dir.path), error=str(exc))
-            self._kept[log_dir.path] = (key, now)
+                kept = False
+            if kept:
+                self._kept[log_dir.path] = _Kept(key, tps, now)
 
     @property
     def observed_dirs(self) -> list[Path]:
@@ -1629,6 +1638,15 @@ def _prepare_clean_shutdown(
         except (CleanerdError, OSError) as exc:
             failures[n] = exc
     return {plogs[n]: failures[n] for n in sorted(failures)}
+
+
+class _Kept(NamedTuple):
+    """What `Maintenance.keep_known` last kept of a log dir."""
+
+    key: object
+    """`_segments_key` of the partitions kept."""
+    partitions: frozenset[TopicPartition]
+    at_ms: int
 
 
 def _segments_key(plogs: list[PartitionLog]) -> object:

@@ -31,6 +31,7 @@ from cleanerd.log.meta import PartitionMeta
 from cleanerd.log.partition_log import LogConfig, PartitionLog
 from cleanerd.log.producer_state import ProducerState
 from cleanerd.records.batch import encode_batch
+from cleanerd.records.crc32c_library import crc32c
 from tests.builders import kv, settle_dir
 
 TP = TopicPartition("orders", 0)
@@ -196,6 +197,38 @@ def test_after_a_crash_nothing_kept_is_taken_from_the_recovery_point_on(
     assert plog.recovery_report.as_kept == [s.base_offset for s in segments[:3]]
     unflushed = sum(s.size for s in segments[3:])
     assert sum(walked) >= unflushed - segments[3].position_for(point)
+
+
+def test_after_a_crash_a_segment_past_the_recovery_point_is_read_whatever_was_kept(
+    tmp_path: Path,
+) -> None:
+    """Its size and mtime may have outlived its bytes (here its last batch's max timestamp
+    is rewritten, with its CRC, and the mtime set back: the same inode, size and mtime
+    as kept): its metadata comes from its bytes, not from what was kept."""
+    root, state = tmp_path / "logs", tmp_path / "state"
+    root.mkdir()
+    build(root, state)
+    stop_cleanly(root, state)
+    with LogDir.open(root, observe=True, state_dir=tmp_path / "peek") as peek:
+        segments = peek.open_partition(TP, config=CONFIG).segments
+    victim = segments[4].log_path
+    before = victim.stat()
+    data = bytearray(victim.read_bytes())
+    pos = last = 0
+    while pos < len(data):  # to the last batch: base offset (8), length (4), then length
+        last, pos = pos, pos + 12 + int.from_bytes(data[pos + 8 : pos + 12], "big")
+    max_ts = int.from_bytes(data[last + 35 : last + 43], "big") + 1000
+    data[last + 35 : last + 43] = max_ts.to_bytes(8, "big")
+    data[last + 17 : last + 21] = crc32c(bytes(data[last + 21 : pos])).to_bytes(4, "big")
+    victim.write_bytes(bytes(data))
+    os.utime(victim, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert victim.stat().st_ino == before.st_ino
+    crash_after_a_stop(root, state, recovery_point=segments[3].base_offset + 1)
+
+    plog, meta = start(root, state)
+    assert segments[4].base_offset not in plog.recovery_report.as_kept
+    assert meta == fresh_meta(root)
+    assert meta.segments[4].largest_timestamp_ms == max_ts
 
 
 def test_after_a_crash_a_kept_segment_whose_index_changed_is_checked(

@@ -4,12 +4,15 @@ segments wholly below the recovery point instead of reading them again."""
 
 from __future__ import annotations
 
+import errno
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from cleanerd.engine.local import LocalEngine, WorkerSettings
+from cleanerd.log import known_segments
+from cleanerd.log import log_dir as log_dir_module
 from cleanerd.log.files import CLEAN_SHUTDOWN_FILE_NAME, TopicPartition
 from cleanerd.log.known_segments import known_segments_path, read_known_segments
 from cleanerd.log.partition_log import PartitionLog
@@ -113,4 +116,58 @@ def test_a_damaged_partition_is_not_kept(tmp_path: Path, engine: LocalEngine) ->
     assert plog(m, root, OTHER).corrupt is not None
     m.keep_known()
     assert sorted(read_known_segments(tmp_path / "state", root).segments) == [str(TP)]
+    m.close(unlink_pending=False)
+
+
+def test_a_partition_with_checks_left_or_damage_met_is_not_kept(
+    tmp_path: Path, engine: LocalEngine
+) -> None:
+    """What a start after a crash trusts, the open checked: a partition whose checks are
+    still left, or where a step met damage, is not kept."""
+    root = built(tmp_path)
+    m = maintenance(tmp_path, engine)
+    m.run_once()
+    plog(m, root, TP).recovery_report.unchecked.append(0)
+    m.keep_known()
+    assert sorted(read_known_segments(tmp_path / "state", root).segments) == [str(OTHER)]
+    plog(m, root, TP).recovery_report.unchecked.clear()
+    m._damaged.add((root, OTHER))
+    m._kept.clear()
+    m.keep_known()
+    assert sorted(read_known_segments(tmp_path / "state", root).segments) == [str(TP)]
+    m.close(unlink_pending=False)
+
+
+def test_a_partition_that_leaves_the_kept_set_is_dropped_at_once(
+    tmp_path: Path, engine: LocalEngine
+) -> None:
+    """Damage met since the last keep drops the partition from the file at the next
+    keep, however soon: a start after a crash must not trust it."""
+    root = built(tmp_path)
+    m = maintenance(tmp_path, engine)
+    m.run_once()
+    m.keep_known()
+    m._damaged.add((root, OTHER))
+    m.keep_known()  # the clock has not moved
+    assert sorted(read_known_segments(tmp_path / "state", root).segments) == [str(TP)]
+    m.close(unlink_pending=False)
+
+
+def test_a_keep_that_failed_is_tried_again(
+    tmp_path: Path, engine: LocalEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = built(tmp_path)
+    m = maintenance(tmp_path, engine)
+    m.run_once()
+    original = known_segments.write_known_segments
+
+    def full_disk(*args: object, **kwargs: object) -> Path:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(log_dir_module, "write_known_segments", full_disk)
+    m.keep_known()
+    assert not known_segments_path(tmp_path / "state", root).exists()
+    monkeypatch.setattr(log_dir_module, "write_known_segments", original)
+    m.keep_known()  # nothing changed, the clock has not moved: but nothing was kept
+    assert sorted(read_known_segments(tmp_path / "state", root).segments) == [str(TP), str(OTHER)]
     m.close(unlink_pending=False)
