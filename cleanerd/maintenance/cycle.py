@@ -544,6 +544,18 @@ class Maintenance:
                 errors.append(exc)
         return errors
 
+    def _owned(self) -> Iterator[tuple[LogDir, list[PartitionLog]]]:
+        """Each log dir this process owns and has online, with its open writable
+        partitions."""
+        for log_dir in self.log_dirs:
+            if log_dir.mode is Mode.OWNER and log_dir.path not in self._offline:
+                plogs = [
+                    plog
+                    for (path, _), plog in self._plogs.items()
+                    if path == log_dir.path and not plog.read_only
+                ]
+                yield log_dir, plogs
+
     def keep_known(self) -> None:
         """Keep what is known of each owned dir's segments (`LogDir.keep_known_segments`)
         when they changed since it was last kept, at most every `KEEP_INTERVAL_MS`: the
@@ -553,17 +565,13 @@ class Maintenance:
         damage since are kept, and a partition that leaves that set (damage met, a
         partition gone) is dropped from the file at once, whenever it was last kept."""
         now = self.clock()
-        for log_dir in self.log_dirs:
-            if log_dir.mode is not Mode.OWNER or log_dir.path in self._offline:
-                continue
+        for log_dir, writable in self._owned():
             plogs = [
                 plog
-                for (path, tp), plog in self._plogs.items()
-                if path == log_dir.path
-                and not plog.read_only
-                and plog.corrupt is None
+                for plog in writable
+                if plog.corrupt is None
                 and not plog.recovery_report.unchecked
-                and (path, tp) not in self._damaged
+                and (log_dir.path, plog.topic_partition) not in self._damaged
             ]
             tps = frozenset(p.topic_partition for p in plogs)
             last = self._kept.get(log_dir.path)
@@ -739,14 +747,7 @@ class Maintenance:
         a partition's recovery point gets its checkpoints written at the end of the
         cycle, so an open after a crash walks only what was not yet durable. A failure
         is logged (naming the file) and tried again after the next cycle."""
-        for log_dir in self.log_dirs:
-            if log_dir.mode is not Mode.OWNER or log_dir.path in self._offline:
-                continue
-            plogs = [
-                plog
-                for (path, _), plog in self._plogs.items()
-                if path == log_dir.path and not plog.read_only
-            ]
+        for log_dir, plogs in self._owned():
             for plog in plogs:
                 try:
                     plog.flush_rolled()

@@ -30,6 +30,7 @@ from cleanerd.log.log_dir import LogDir
 from cleanerd.log.meta import PartitionMeta
 from cleanerd.log.partition_log import LogConfig, PartitionLog
 from cleanerd.log.producer_state import ProducerState
+from cleanerd.log.segment import LogSegment
 from cleanerd.records.batch import encode_batch
 from cleanerd.records.crc32c_library import crc32c
 from tests.builders import kv, settle_dir
@@ -144,6 +145,21 @@ def test_a_segment_changed_since_the_stop_is_read_anew(tmp_path: Path, walked: l
     assert again.identity[2] == 1_000_000_000
 
 
+def stopped(tmp_path: Path) -> tuple[Path, Path]:
+    """The log dir and state dir of a partition `build` wrote, stopped cleanly."""
+    root, state = tmp_path / "logs", tmp_path / "state"
+    root.mkdir()
+    build(root, state)
+    stop_cleanly(root, state)
+    return root, state
+
+
+def peek(tmp_path: Path, root: Path) -> tuple[LogSegment, ...]:
+    """The partition's segments, seen by an observer that keeps nothing."""
+    with LogDir.open(root, observe=True, state_dir=tmp_path / "peek") as observer:
+        return observer.open_partition(TP, config=CONFIG).segments
+
+
 def crash_after_a_stop(root: Path, state: Path, *, recovery_point: int | None = None) -> None:
     """A dir as a crash after `stop_cleanly` leaves it (no marker); `recovery_point`: as
     if the checkpoint had been written before the last segments were flushed."""
@@ -160,10 +176,7 @@ def test_after_a_crash_what_was_kept_is_taken_below_the_recovery_point(
     """Kafka's loader trusts the segments wholly below the recovery point after a crash:
     cleanerd takes what it kept of them (their files unchanged, index sizes included),
     neither reading nor checking them, and walks the active one."""
-    root, state = tmp_path / "logs", tmp_path / "state"
-    root.mkdir()
-    build(root, state)
-    stop_cleanly(root, state)
+    root, state = stopped(tmp_path)
     crash_after_a_stop(root, state)
     expected = fresh_meta(root)
 
@@ -181,12 +194,8 @@ def test_after_a_crash_nothing_kept_is_taken_from_the_recovery_point_on(
 ) -> None:
     """A segment holding offsets at or past the recovery point may have kept an append's
     size and mtime but not its bytes: it is walked, whatever was kept of it."""
-    root, state = tmp_path / "logs", tmp_path / "state"
-    root.mkdir()
-    build(root, state)
-    stop_cleanly(root, state)
-    with LogDir.open(root, observe=True, state_dir=tmp_path / "peek") as peek:
-        segments = peek.open_partition(TP, config=CONFIG).segments
+    root, state = stopped(tmp_path)
+    segments = peek(tmp_path, root)
     point = segments[3].base_offset + 1  # inside the fourth segment
     crash_after_a_stop(root, state, recovery_point=point)
     expected = fresh_meta(root)
@@ -205,12 +214,8 @@ def test_after_a_crash_a_segment_past_the_recovery_point_is_read_whatever_was_ke
     """Its size and mtime may have outlived its bytes (here its last batch's max timestamp
     is rewritten, with its CRC, and the mtime set back: the same inode, size and mtime
     as kept): its metadata comes from its bytes, not from what was kept."""
-    root, state = tmp_path / "logs", tmp_path / "state"
-    root.mkdir()
-    build(root, state)
-    stop_cleanly(root, state)
-    with LogDir.open(root, observe=True, state_dir=tmp_path / "peek") as peek:
-        segments = peek.open_partition(TP, config=CONFIG).segments
+    root, state = stopped(tmp_path)
+    segments = peek(tmp_path, root)
     victim = segments[4].log_path
     before = victim.stat()
     data = bytearray(victim.read_bytes())
@@ -237,13 +242,9 @@ def test_after_a_crash_a_kept_segment_whose_index_changed_is_checked(
     """An offset-index entry added to a closed segment after the keep (pointing past its
     log's end) changes the index's size: the segment is not taken as kept, and the
     open's check finds the damage."""
-    root, state = tmp_path / "logs", tmp_path / "state"
-    root.mkdir()
-    build(root, state)
-    stop_cleanly(root, state)
+    root, state = stopped(tmp_path)
     crash_after_a_stop(root, state)
-    with LogDir.open(root, observe=True, state_dir=tmp_path / "peek") as peek:
-        victim = peek.open_partition(TP, config=CONFIG).segments[2]
+    victim = peek(tmp_path, root)[2]
     index = victim.offset_index_path
     entries = index.stat().st_size // 8
     with index.open("ab") as f:
