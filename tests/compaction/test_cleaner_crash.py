@@ -13,12 +13,16 @@ import pytest
 
 from cleanerd.compaction.cleaner import CleanerConfig
 from cleanerd.log.checkpoint import CLEANER_OFFSET_CHECKPOINT, OffsetCheckpointFile
+from cleanerd.log.log_dir import LogDir
+from cleanerd.log.meta import PartitionMeta
+from cleanerd.log.partition_log import LogConfig
 from cleanerd.log.recovery import SegmentOptions, recover_partition
 from tests.compaction.conftest import LONG_MAX, TP, LogBuilder, clean, k, read_batches
 from tests.compaction.crashing_ops import CrashingOps, SimulatedCrash
 from tests.paths import REPO
 
 OPTIONS = SegmentOptions(index_interval_bytes=64, max_index_size=10 * 1024 * 1024)
+LOG_CONFIG = LogConfig(index_interval_bytes=64)
 
 Records = frozenset[tuple[int, bytes | None, bytes | None]]
 
@@ -115,6 +119,55 @@ def test_crash_at_every_file_operation(
         assert records(root / "t-0") == post
         shutil.rmtree(root)
     assert seen == {False, True}
+
+
+def _kept(root: Path, state: Path) -> None:
+    """What the daemon keeps after a cycle (`Maintenance.keep_known`), with the recovery
+    point at the active segment (`PartitionLog.flush_rolled`)."""
+    with LogDir.open(root, state_dir=state) as log_dir:
+        plog = log_dir.open_partition(TP, config=LOG_CONFIG)
+        plog.meta()
+        plog.flush_rolled()
+        log_dir.checkpoint_logs([plog])
+        assert log_dir.keep_known_segments([plog])
+
+
+def _metas(root: Path, state: Path) -> tuple[PartitionMeta, list[int], PartitionMeta]:
+    """An owner's open after a crash (what it takes as kept, its metadata), then the
+    metadata read from the files alone by an observer that keeps nothing."""
+    with LogDir.open(root, state_dir=state) as log_dir:
+        plog = log_dir.open_partition(TP, config=LOG_CONFIG)
+        opened, as_kept = plog.meta(), plog.recovery_report.as_kept
+    with LogDir.open(root, observe=True, state_dir=root.parent / "elsewhere") as observer:
+        return opened, as_kept, observer.open_partition(TP, config=LOG_CONFIG).meta()
+
+
+def test_a_start_after_a_crash_at_every_file_operation_takes_only_what_is_still_so(
+    tmp_path: Path,
+) -> None:
+    """What was kept before a pass is taken, after a crash at any file operation of that
+    pass, only for files still as kept: the owner's open ends up with the metadata a
+    full read gives, whatever the pass had swapped."""
+    template = build(tmp_path / "template").parent
+    ops = CrashingOps()
+    reference = tmp_path / "reference"
+    shutil.copytree(template, reference)
+    clean(reference / "t-0", ops=ops, config=cfg(400))
+    taken = set()
+    for at in range(ops.count):
+        root, state = tmp_path / f"crash-{at}", tmp_path / f"state-{at}"
+        shutil.copytree(template, root)
+        _kept(root, state)
+        crashing = CrashingOps(at)
+        with pytest.raises(SimulatedCrash):
+            clean(root / "t-0", ops=crashing, config=cfg(400))
+        crashing.die()
+        opened, as_kept, fresh = _metas(root, state)
+        assert opened == fresh, f"after a crash at {ops.trace[at]}"
+        taken.add(len(as_kept))
+        shutil.rmtree(root)
+    assert max(taken) >= 3  # the segments no swap had reached were taken as kept
+    assert min(taken) < max(taken)  # and those swapped were not
 
 
 @pytest.mark.parametrize("fraction", [0.3, 0.7, 0.95])
