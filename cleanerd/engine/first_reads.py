@@ -1,13 +1,14 @@
 """Helper processes that read segment metadata for the owner's first cycle
 (`cleanerd.log.known_reader`), while the owner's process opens the partitions.
 
-Started only for a start with thousands of partitions and nothing kept of them (see
-`Maintenance`), and stopped when the first opening is done. The jobs are handed to the
-processes from a thread of their own, so the owner's opening never waits for the
-processes to start. The workers are started by `forkserver` (never `fork`: the daemon
-holds locks and threads; the server is the one the local engine's workers come from)
-and die with the owner (`lifeline.py`), though they write nothing: a reader left
-running would only waste a core. A reader that fails or dies loses its answer, never a
+Started only for a start with thousands of partitions and nothing kept of them, or
+(only warming the kernel's caches, `warm_dirs`) thousands opened as after a crash with
+what was kept of them (see `Maintenance`), and stopped when the first opening is done.
+The jobs are handed to the processes from a thread of their own, so the owner's opening
+never waits for the processes to start. The workers are started by `forkserver` (never
+`fork`: the daemon holds locks and threads; the server is the one the local engine's
+workers come from) and die with the owner (`lifeline.py`), though they write nothing: a
+reader left running would only waste a core. A reader that fails or dies loses its answer, never a
 byte: the owner reads those segments itself.
 """
 
@@ -21,7 +22,7 @@ from typing import TYPE_CHECKING, Final
 
 from cleanerd.engine.lifeline import die_with, set_parent_death_signal
 from cleanerd.engine.processes import worker_context
-from cleanerd.log.known_reader import read_dirs
+from cleanerd.log.known_reader import read_dirs, warm_dirs
 from cleanerd.log.ownership import ProcessId
 from cleanerd.logger import log_to_stderr
 
@@ -70,20 +71,30 @@ class ReaderPool:
         cpus = usable_cpus()
         return cls(min(cpus - 1, MAX_READERS), log_format, log_level) if cpus > 1 else None
 
-    def start(self, jobs: Sequence[Sequence[str]], *, check: bool = False) -> None:
-        """Start reading the partition dirs of each job (`read_dirs`, with `check`), in
-        order."""
+    def start(
+        self, jobs: Sequence[Sequence[str]], *, check: bool = False, warm: bool = False
+    ) -> None:
+        """Start reading the partition dirs of each job (`read_dirs`, with `check`; with
+        `warm`, `warm_dirs`), in order."""
         self._thread = threading.Thread(
-            target=self._submit, args=(jobs, check), name="cleanerd-first-reads", daemon=True
+            target=self._submit,
+            args=(jobs, check, warm),
+            name="cleanerd-first-reads",
+            daemon=True,
         )
         self._thread.start()
 
-    def _submit(self, jobs: Sequence[Sequence[str]], check: bool) -> None:
+    def _submit(self, jobs: Sequence[Sequence[str]], check: bool, warm: bool) -> None:
         for job in jobs:
             if self._stopping.is_set():
                 return
             try:
-                self._jobs.append((self._pool.submit(read_dirs, list(job), check=check), job))
+                future = (
+                    self._pool.submit(warm_dirs, list(job))
+                    if warm
+                    else self._pool.submit(read_dirs, list(job), check=check)
+                )
+                self._jobs.append((future, job))
             except Exception as exc:  # noqa: BLE001 - handed to `stop`'s caller as the answer
                 failed: Future[bytes] = Future()
                 failed.set_exception(exc)

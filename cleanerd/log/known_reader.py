@@ -27,18 +27,32 @@ its indexes passed it, as the files were when read; a segment that fails it (or 
 its indexes rebuilt) gets no row, so the owner checks it, rebuilds or reports. The
 owner takes a row of the active segment only while nothing was appended to it (its
 identity again).
+
+A start after a crash that takes what cleanerd kept (`recovery.py`) reads no segment
+below the recovery point, so there is nothing to read beside it; but its opening waits
+on the disk for what it does read (each segment file's inode, the active segment, the
+latest producer snapshot). `warm_dirs` brings those into the kernel's caches from
+another process, from the last partition back while the owner opens from the first,
+without reading them itself (a `stat`, and `POSIX_FADV_WILLNEED` on the small files).
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
+from contextlib import suppress
 from pathlib import Path
 
 from cleanerd.errors import CleanerdError
-from cleanerd.log.files import log_file_offsets
+from cleanerd.log.files import (
+    PRODUCER_SNAPSHOT_FILE_SUFFIX,
+    filename_prefix_from_offset,
+    log_file_offsets,
+)
 from cleanerd.log.known_segments import KnownSegment, encode
+from cleanerd.log.producer_state import snapshot_offsets_in
 from cleanerd.log.recovery import list_refusing_links
-from cleanerd.log.segment import LogSegment
+from cleanerd.log.segment import LogSegment, advise_small
 
 
 def read_dir(path: str, *, check: bool = False) -> list[KnownSegment]:
@@ -77,6 +91,29 @@ def read_dir(path: str, *, check: bool = False) -> list[KnownSegment]:
         except (CleanerdError, OSError):
             continue
     return found
+
+
+def warm_dirs(paths: Sequence[str]) -> bytes:
+    """Bring into the kernel's caches what an owner's open after a crash reads of each of
+    the partition dirs `paths` (see the module docstring); no rows (`encode`'s format,
+    empty). Nothing is written or read, and no link is followed."""
+    for path in paths:
+        try:
+            names = [e.name for e in list_refusing_links(Path(path))]
+        except (CleanerdError, OSError):
+            continue  # the owner's open says why
+        for name in names:
+            with suppress(OSError):
+                os.lstat(os.path.join(path, name))  # noqa: PTH118 - strs, not Paths
+        bases = log_file_offsets(names)
+        if bases:
+            with suppress(CleanerdError, OSError):
+                LogSegment(Path(path), bases[-1], read_only=True).prefetch(indexes=True)
+        snapshots = snapshot_offsets_in(names)
+        if snapshots:
+            name = filename_prefix_from_offset(snapshots[-1]) + PRODUCER_SNAPSHOT_FILE_SUFFIX
+            advise_small(os.path.join(path, name), None)  # noqa: PTH118
+    return encode([])
 
 
 def read_dirs(paths: Sequence[str], *, check: bool = False) -> bytes:

@@ -654,10 +654,10 @@ class LogSegment:
         for each in turn costs a disk round trip per segment (measured: 171 us per cold
         2 KB segment read one by one, 48 us when advised first)."""
         if self._meta is None and 0 < self._size <= _PREAD_SPAN:
-            _advise(self._os_path(LOG_FILE_SUFFIX), self._size)
+            advise_small(self._os_path(LOG_FILE_SUFFIX), self._size)
         if indexes:
-            _advise(self._os_path(INDEX_FILE_SUFFIX), None)
-            _advise(self._os_path(TIME_INDEX_FILE_SUFFIX), None)
+            advise_small(self._os_path(INDEX_FILE_SUFFIX), None)
+            advise_small(self._os_path(TIME_INDEX_FILE_SUFFIX), None)
 
     def _read_small_whole(self) -> None:
         """The end, head and delete horizons of a small segment with an empty offset index
@@ -1168,7 +1168,7 @@ class IndexRebuild:
         segment._install_indexes(oi, ti, self._builder, self._next_offset)
 
 
-def _advise(path: str, size: int | None) -> None:
+def advise_small(path: str, size: int | None) -> None:
     """`POSIX_FADV_WILLNEED` on the file at `path` when it is small (`size`, else its
     own); a file that is gone, or a failure, only loses the hint. A preallocated index
     (tens of MB of holes) is not small."""

@@ -171,9 +171,13 @@ class SegmentReaders(Protocol):
     """Processes that read segment metadata beside this one (`known_reader.py`), for a
     first opening of `MANY_OPENS` or more partitions with nothing kept of them."""
 
-    def start(self, jobs: Sequence[Sequence[str]], *, check: bool = False) -> None:
+    def start(
+        self, jobs: Sequence[Sequence[str]], *, check: bool = False, warm: bool = False
+    ) -> None:
         """Start reading the partition dirs of each job, in order, without waiting; with
-        `check`, running the open's cheap check of each segment too."""
+        `check`, running the open's cheap check of each segment too; with `warm`, only
+        bringing what an open after a crash reads into the kernel's caches, answering no
+        rows (`known_reader.warm_dirs`)."""
         ...
 
     def finished(self) -> list[Future[bytes]]:
@@ -204,6 +208,9 @@ class _FirstReads:
     check: bool
     """The readers check every segment (some of the partitions open as after a crash);
     without it, only the active ones."""
+    warm: bool = False
+    """The readers only warm the kernel's caches for the opening (`warm_dirs`): they
+    read nothing for it to take, and no partition is left to them."""
 
 
 @dataclass(slots=True)
@@ -918,17 +925,22 @@ class Maintenance:
         self, log_dir: LogDir, listed: list[TopicPartition]
     ) -> _FirstReads | None:
         """Start `SegmentReaders` on the partitions of `log_dir` opened for the first
-        time with nothing kept of them, when there are `MANY_OPENS` or more."""
+        time with nothing kept of them, when there are `MANY_OPENS` or more; else, when
+        `MANY_OPENS` or more open for the first time as after a crash, with what was kept
+        of them, start them warming the kernel's caches for the opening (`warm_dirs`),
+        from the last partition back."""
         if self.readers is None:
             return None
-        first = [
-            tp
-            for tp in listed
-            if (log_dir.path, tp) not in self._plogs
-            and not log_dir.knows(tp)
-            and self._maintained(tp)
+        opening = [
+            tp for tp in listed if (log_dir.path, tp) not in self._plogs and self._maintained(tp)
         ]
-        if len(first) < MANY_OPENS:
+        first = [tp for tp in opening if not log_dir.knows(tp)]
+        owner = log_dir.mode is Mode.OWNER
+        # An open as after a crash leaves the checks below the recovery point too; an
+        # observer's leaves none.
+        crashed = owner and not all(log_dir.opens_cleanly(tp) for tp in opening)
+        warm = len(first) < MANY_OPENS
+        if warm and (not crashed or len(opening) < MANY_OPENS):
             return None
         try:
             readers = self.readers()
@@ -937,14 +949,10 @@ class Maintenance:
             return None
         if readers is None:
             return None
-        paths = [str(log_dir.path / str(tp)) for tp in first]
+        paths = [str(log_dir.path / str(tp)) for tp in (opening[::-1] if warm else first)]
         jobs = [paths[i : i + READ_CHUNK] for i in range(0, len(paths), READ_CHUNK)]
-        # An open as after a crash leaves the checks below the recovery point too; an
-        # observer's leaves none.
-        owner = log_dir.mode is Mode.OWNER
-        check = owner and not all(log_dir.opens_cleanly(tp) for tp in first)
-        readers.start(jobs, check=check)
-        return _FirstReads(readers, frozenset(first), check)
+        readers.start(jobs, check=crashed, warm=warm)
+        return _FirstReads(readers, frozenset() if warm else frozenset(first), crashed, warm)
 
     def _take_first_reads(self, log_dir: LogDir, reads: _FirstReads, report: _Builder) -> None:
         """Take what the readers have read, job by job as they finish, and read the jobs
@@ -952,6 +960,9 @@ class Maintenance:
         first; then take the rest. Both CPUs so work to the end: the owner's part of a
         partition the readers read (its seeding, the checks the open left that no reader
         ran, its first `meta`) runs while they read others."""
+        if reads.warm:
+            reads.readers.stop()  # what they warmed is in the kernel's caches
+            return
         taking = _Taking(log_dir, reads, {str(tp): tp for tp in reads.partitions})
         try:
             while True:

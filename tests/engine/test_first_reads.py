@@ -43,6 +43,18 @@ def test_the_readers_answer_what_this_process_reads(tmp_path: Path) -> None:
     assert len(answer["t-0"]) == 3  # every segment
 
 
+def test_warming_readers_answer_no_rows(tmp_path: Path) -> None:
+    """`warm`: the processes run `warm_dirs`, which reads nothing for the owner."""
+    paths = built(tmp_path / "logs", 2)
+    pool = ReaderPool(1)
+    pool.start([paths], warm=True)
+    assert pool._thread is not None
+    pool._thread.join()
+    pool._jobs[0][0].result(timeout=60)
+    (future,) = pool.stop()
+    assert decode(future.result()).segments == {}
+
+
 def test_the_answers_finished_are_handed_out_once(tmp_path: Path) -> None:
     paths = built(tmp_path / "logs", 3)
     jobs = [paths[:1], paths[1:2], paths[2:]]

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -29,3 +31,18 @@ def walked(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     monkeypatch.setattr(walker.Walker, "__iter__", counting)
     monkeypatch.setattr(walker, "_summary_kernel", counting_summary)
     return sizes
+
+
+@pytest.fixture(name="advised")
+def _advised(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The names of the files advised `POSIX_FADV_WILLNEED` (`posix_fadvise` recorded)."""
+    advised: list[str] = []
+    fadvise = os.posix_fadvise
+
+    def recording(fd: int, offset: int, length: int, advice: int) -> None:
+        if advice == os.POSIX_FADV_WILLNEED:
+            advised.append(Path(f"/proc/self/fd/{fd}").readlink().name)
+        fadvise(fd, offset, length, advice)
+
+    monkeypatch.setattr(os, "posix_fadvise", recording)
+    return advised

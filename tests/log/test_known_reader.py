@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from cleanerd.log.files import TopicPartition
-from cleanerd.log.known_reader import read_dir, read_dirs
+from cleanerd.log.known_reader import read_dir, read_dirs, warm_dirs
 from cleanerd.log.known_segments import KnownSegment, decode
 from cleanerd.log.log_dir import LogDir
 from cleanerd.log.meta import PartitionMeta, SegmentMeta
@@ -90,6 +90,33 @@ def test_the_reader_asks_for_every_segment_of_a_dir_before_reading_one(
     found = read_dir(str(root / str(TP)))
     assert len(found) > 5
     assert events == ["prefetch"] * len(found) + ["read"] * len(found)
+
+
+def test_warming_advises_what_an_open_after_a_crash_reads_and_reads_nothing(
+    tmp_path: Path, advised: list[str], walked: list[int]
+) -> None:
+    """`warm_dirs`: the active segment's `.log` and small index files and the latest
+    producer snapshot are advised; no segment is read, no row answered; a partition dir
+    that is a link is not followed."""
+    root, state = tmp_path / "logs", tmp_path / "state"
+    root.mkdir()
+    build(root, state, (TP, OTHER))
+    with LogDir.open(root, state_dir=state) as log_dir:
+        plog = log_dir.open_partition(TP, config=CONFIG)
+        plog.prepare_clean_shutdown()  # a producer snapshot at the end
+        active = plog.active_segment.log_path.name[: -len(".log")]
+    snapshot = sorted(p.name for p in (root / str(TP)).glob("*.snapshot"))[-1]
+    elsewhere = tmp_path / "elsewhere"
+    (root / str(OTHER)).rename(elsewhere)
+    (root / str(OTHER)).symlink_to(elsewhere)
+
+    advised.clear()  # the open's own
+    walked.clear()
+    answer = warm_dirs([str(root / str(TP)), str(root / str(OTHER))])
+    assert decode(answer).segments == {}
+    # Not the active segment's index files: preallocated, they are not small.
+    assert sorted(advised) == [f"{active}.log", snapshot]
+    assert walked == []
 
 
 def test_a_reader_holds_one_segment_at_a_time(

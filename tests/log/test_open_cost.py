@@ -197,21 +197,6 @@ def test_two_growths_between_reads_are_both_walked(tmp_path: Path, walked: list[
         assert walked[0] == appended  # both growths, in one walk
 
 
-@pytest.fixture(name="advised")
-def _advised(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """The names of the files advised `POSIX_FADV_WILLNEED` (`posix_fadvise` recorded)."""
-    advised: list[str] = []
-    fadvise = os.posix_fadvise
-
-    def recording(fd: int, offset: int, length: int, advice: int) -> None:
-        if advice == os.POSIX_FADV_WILLNEED:
-            advised.append(Path(f"/proc/self/fd/{fd}").readlink().name)
-        fadvise(fd, offset, length, advice)
-
-    monkeypatch.setattr(os, "posix_fadvise", recording)
-    return advised
-
-
 def test_segments_the_first_cycle_reads_are_prefetched_at_open(
     tmp_path: Path, advised: list[str]
 ) -> None:

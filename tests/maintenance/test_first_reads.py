@@ -21,7 +21,7 @@ from structlog.testing import capture_logs
 from cleanerd.engine.local import LocalEngine, WorkerSettings
 from cleanerd.log.checkpoint import RECOVERY_POINT_OFFSET_CHECKPOINT, OffsetCheckpointFile
 from cleanerd.log.files import CLEAN_SHUTDOWN_FILE_NAME, TopicPartition
-from cleanerd.log.known_reader import read_dirs
+from cleanerd.log.known_reader import read_dirs, warm_dirs
 from cleanerd.log.meta import PartitionMeta
 from cleanerd.log.partition_log import PartitionLog
 from cleanerd.log.segment import LogSegment
@@ -65,9 +65,13 @@ class InlineReaders:
         self.taken_back: list[Sequence[str]] = []
         self.handed = 0
         self.events: list[str] = []
+        self.warm: bool | None = None
+        self.jobs: list[Sequence[str]] = []
 
-    def start(self, jobs: Sequence[Sequence[str]], *, check: bool = False) -> None:
-        self.check = check
+    def start(
+        self, jobs: Sequence[Sequence[str]], *, check: bool = False, warm: bool = False
+    ) -> None:
+        self.check, self.warm, self.jobs = check, warm, list(jobs)
         started = len(jobs) - self.waiting
         self.waiting_jobs = list(jobs[started:])
         for n, job in enumerate(jobs[:started]):
@@ -78,7 +82,7 @@ class InlineReaders:
                 future.cancel()
             else:
                 self.reads.reading = True
-                future.set_result(read_dirs(job, check=check))
+                future.set_result(warm_dirs(job) if warm else read_dirs(job, check=check))
                 self.reads.reading = False
             self.futures.append(future)
 
@@ -309,9 +313,12 @@ def test_no_readers_for_a_small_opening_nor_once_the_partitions_are_open(
         m.run_once()
 
 
-def crashed_copies(tmp_path: Path, engine: LocalEngine, n: int) -> list[Path]:
+def crashed_copies(
+    tmp_path: Path, engine: LocalEngine, n: int, *, kept: bool = False
+) -> list[Path]:
     """`n` copies of partitions that a daemon's cycle left with their recovery points at
-    the log ends, then crashed: no marker, nothing kept."""
+    the log ends, then crashed: no marker, nothing kept (with `kept`, what the daemon
+    keeps after its cycle, by a cycle of each copy: it is kept by the log dir's path)."""
     root = built(tmp_path / "built")
     cfg = write_config(root, {"d": {"cleanup.policy": "delete", "retention.ms": 2 * HOUR}})
     with Maintenance(cfg, engine, clock=lambda: T0) as m:
@@ -321,6 +328,13 @@ def crashed_copies(tmp_path: Path, engine: LocalEngine, n: int) -> list[Path]:
     assert len(points) == PARTITIONS
     for i in range(n):
         shutil.copytree(root, tmp_path / str(i))
+        if kept:
+            policy = {"d": {"cleanup.policy": "delete", "retention.ms": 2 * HOUR}}
+            with Maintenance(
+                write_config(tmp_path / str(i), policy), engine, clock=lambda: T0
+            ) as m:
+                m.run_once()
+                m.keep_known()
     return [tmp_path / str(i) for i in range(n)]
 
 
@@ -354,6 +368,32 @@ def test_after_a_crash_the_readers_run_the_checks_the_opening_leaves(
     else:
         assert reads.reader == every
         assert reads.owner == 0
+
+
+def test_after_a_crash_with_what_was_kept_the_readers_warm_the_caches_from_the_back(
+    tmp_path: Path, engine: LocalEngine, reads: Reads
+) -> None:
+    """The opening takes what was kept below the recovery points and leaves no check or
+    read to the readers; they only warm the kernel's caches for it (`warm_dirs`, no
+    segment read), from the last partition back while it opens from the first. The
+    cycle's outcome is the same."""
+    plain, with_readers = crashed_copies(tmp_path, engine, 2, kept=True)
+    expected, _ = run(plain, engine, None)
+    reads.owner = reads.reader = 0
+    started: list[InlineReaders] = []
+
+    def readers() -> InlineReaders:
+        started.append(InlineReaders(reads))
+        return started[-1]
+
+    with capture_logs() as logs:
+        got, _ = run(with_readers, engine, readers)
+    assert got == expected
+    assert started[0].warm is True
+    names = [[Path(p).name for p in job] for job in started[0].jobs]
+    assert names == [["d-3", "d-2", "d-1"], ["d-0"]]  # jobs of 3
+    assert reads.reader == 0
+    assert not [e for e in logs if e["event"] == "first_reads.taken"]  # nothing to take
 
 
 @pytest.mark.parametrize("readers", [None, "reader", "taken back"])
