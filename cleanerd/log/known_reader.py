@@ -33,7 +33,8 @@ below the recovery point, so there is nothing to read beside it; but its opening
 on the disk for what it does read (each segment file's inode, the active segment, the
 latest producer snapshot). `warm_dirs` brings those into the kernel's caches from
 another process, from the last partition back while the owner opens from the first,
-without reading them itself (a `stat`, and `POSIX_FADV_WILLNEED` on the small files).
+without reading them itself (an `lstat` of each file, and `POSIX_FADV_WILLNEED` on the
+active `.log` and the latest snapshot when small, opened with `O_NOFOLLOW`).
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ from pathlib import Path
 
 from cleanerd.errors import CleanerdError
 from cleanerd.log.files import (
+    LOG_FILE_SUFFIX,
     PRODUCER_SNAPSHOT_FILE_SUFFIX,
     filename_prefix_from_offset,
     log_file_offsets,
@@ -105,14 +107,14 @@ def warm_dirs(paths: Sequence[str]) -> bytes:
         for name in names:
             with suppress(OSError):
                 os.lstat(os.path.join(path, name))  # noqa: PTH118 - strs, not Paths
-        bases = log_file_offsets(names)
-        if bases:
-            with suppress(CleanerdError, OSError):
-                LogSegment(Path(path), bases[-1], read_only=True).prefetch(indexes=True)
-        snapshots = snapshot_offsets_in(names)
-        if snapshots:
-            name = filename_prefix_from_offset(snapshots[-1]) + PRODUCER_SNAPSHOT_FILE_SUFFIX
-            advise_small(os.path.join(path, name), None)  # noqa: PTH118
+        # The active segment's index files are left out: preallocated, never small.
+        for last, suffix in (
+            (log_file_offsets(names), LOG_FILE_SUFFIX),
+            (snapshot_offsets_in(names), PRODUCER_SNAPSHOT_FILE_SUFFIX),
+        ):
+            if last:
+                name = filename_prefix_from_offset(last[-1]) + suffix
+                advise_small(os.path.join(path, name), None)  # noqa: PTH118
     return encode([])
 
 

@@ -16,9 +16,11 @@ A cycle, at the instant `now = clock()` it starts:
    other dirs maintained meanwhile. A process where no dir can be opened at all does
    not start. When `MANY_OPENS` or more of a dir's partitions
    are opened for the first time with nothing kept of them (a first start, or one after
-   a crash), `SegmentReaders` read their segments' metadata in other processes
-   meanwhile, and each partition takes what was read of its very files
-   (`PartitionLog.take_known`);
+   a crash before anything was kept), `SegmentReaders` read their segments' metadata in
+   other processes meanwhile, and each partition takes what was read of its very files
+   (`PartitionLog.take_known`); when `MANY_OPENS` or more open as after a crash and
+   fewer than that have nothing kept, they only warm the kernel's caches for the
+   opening, which checks and reads every partition itself;
 2. **roll** (`roller.maybe_roll`): every active segment due by size or time;
 3. **retention** (`executor.apply_retention`) on every partition the step applies to
    (`steps.retention_applies`), each only when the manager grants it
@@ -169,7 +171,8 @@ Clock = Callable[[], int]
 
 class SegmentReaders(Protocol):
     """Processes that read segment metadata beside this one (`known_reader.py`), for a
-    first opening of `MANY_OPENS` or more partitions with nothing kept of them."""
+    first opening of `MANY_OPENS` or more partitions with nothing kept of them (or that
+    only warm the kernel's caches for one as after a crash, with what was kept)."""
 
     def start(
         self, jobs: Sequence[Sequence[str]], *, check: bool = False, warm: bool = False
@@ -951,8 +954,10 @@ class Maintenance:
             return None
         paths = [str(log_dir.path / str(tp)) for tp in (opening[::-1] if warm else first)]
         jobs = [paths[i : i + READ_CHUNK] for i in range(0, len(paths), READ_CHUNK)]
-        readers.start(jobs, check=crashed, warm=warm)
-        return _FirstReads(readers, frozenset() if warm else frozenset(first), crashed, warm)
+        readers.start(jobs, check=crashed and not warm, warm=warm)
+        if warm:  # the opening checks and reads every partition itself
+            return _FirstReads(readers, frozenset(), check=False, warm=True)
+        return _FirstReads(readers, frozenset(first), check=crashed)
 
     def _take_first_reads(self, log_dir: LogDir, reads: _FirstReads, report: _Builder) -> None:
         """Take what the readers have read, job by job as they finish, and read the jobs

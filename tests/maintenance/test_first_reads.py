@@ -396,23 +396,31 @@ def test_after_a_crash_with_what_was_kept_the_readers_warm_the_caches_from_the_b
     assert not [e for e in logs if e["event"] == "first_reads.taken"]  # nothing to take
 
 
-@pytest.mark.parametrize("readers", [None, "reader", "taken back"])
+@pytest.mark.parametrize("readers", [None, "reader", "taken back", "warming"])
 def test_after_a_crash_damage_below_the_recovery_point_is_the_opens_error(
     tmp_path: Path, engine: LocalEngine, reads: Reads, readers: str | None
 ) -> None:
     """Found before any step reads the partition, whoever ran the check (the owner's
-    open, the owner for a reader, the owner for a job it took back), and reported as the
-    open's error (the topic is not compacted); the files stay as they are."""
-    (root,) = crashed_copies(tmp_path, engine, 1)
+    open, the owner for a reader, the owner for a job it took back, the owner's open
+    beside readers that only warm the caches: the damaged file is no longer as kept),
+    and reported as the open's error (the topic is not compacted); the files stay as
+    they are."""
+    (root,) = crashed_copies(tmp_path, engine, 1, kept=readers == "warming")
     damaged = sorted((root / "logs" / "d-0").glob("*.log"))[0]
     data = bytearray(damaged.read_bytes())
     data[-3] ^= 0xFF  # a value byte of its last batch
     damaged.write_bytes(bytes(data))
     waiting = 2 if readers == "taken back" else 0
-    factory = None if readers is None else (lambda: InlineReaders(reads, waiting=waiting))
+    started: list[InlineReaders] = []
+
+    def factory() -> InlineReaders:
+        started.append(InlineReaders(reads, waiting=waiting))
+        return started[-1]
+
     cfg = write_config(root, {"d": {"cleanup.policy": "delete", "retention.ms": 2 * HOUR}})
-    with Maintenance(cfg, engine, clock=lambda: T0, readers=factory) as m:
+    with Maintenance(cfg, engine, clock=lambda: T0, readers=factory if readers else None) as m:
         report = m.run_once()
+    assert [r.warm for r in started] == ([True] if readers == "warming" else [False] * len(started))
     phases = [(e.tp, e.phase) for e in report.errors]
     assert phases[0] == (TopicPartition("d", 0), "open")
     assert all(tp == TopicPartition("d", 0) for tp, _ in phases)
