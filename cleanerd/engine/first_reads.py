@@ -3,13 +3,13 @@
 
 Started only for a start with thousands of partitions and nothing kept of them, or
 (only warming the kernel's caches, `warm_dirs`) thousands opened as after a crash with
-what was kept of them (see `Maintenance`), and stopped when the first opening is done.
-The jobs are handed to the processes from a thread of their own, so the owner's opening
-never waits for the processes to start. The workers are started by `forkserver` (never
-`fork`: the daemon holds locks and threads; the server is the one the local engine's
-workers come from) and die with the owner (`lifeline.py`), though they write nothing: a
-reader left running would only waste a core. A reader that fails or dies loses its answer, never a
-byte: the owner reads those segments itself.
+what was kept of most of them (see `Maintenance`), and stopped when the first opening
+is done. The jobs are handed to the processes from a thread of their own, so the
+owner's opening never waits for the processes to start. The workers are started by
+`forkserver` (never `fork`: the daemon holds locks and threads; the server is the one
+the local engine's workers come from) and die with the owner (`lifeline.py`), though
+they write nothing: a reader left running would only waste a core. A reader that fails
+or dies loses its answer, never a byte: the owner reads those segments itself.
 """
 
 from __future__ import annotations

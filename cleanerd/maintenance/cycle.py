@@ -586,7 +586,7 @@ class Maintenance:
             tps = frozenset(p.topic_partition for p in plogs)
             last = self._kept.get(log_dir.path)
             if last is not None and last.partitions <= tps:
-                if 0 <= now - last.at_ms < KEEP_INTERVAL_MS:  # a clock set back: not this
+                if 0 <= now - last.at_ms < KEEP_INTERVAL_MS:  # (a clock set back keeps)
                     continue
                 key = _segments_key(plogs)
                 if key == last.key:
@@ -929,9 +929,9 @@ class Maintenance:
     ) -> _FirstReads | None:
         """Start `SegmentReaders` on the partitions of `log_dir` opened for the first
         time with nothing kept of them, when there are `MANY_OPENS` or more; else, when
-        `MANY_OPENS` or more open for the first time as after a crash, with what was kept
-        of them, start them warming the kernel's caches for the opening (`warm_dirs`),
-        from the last partition back."""
+        `MANY_OPENS` or more open for the first time as after a crash (fewer than that
+        with nothing kept), start them warming the kernel's caches for the opening
+        (`warm_dirs`), from the last partition back."""
         if self.readers is None:
             return None
         opening = [
