@@ -9,7 +9,7 @@ import errno
 import re
 import shutil
 import struct
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
@@ -107,6 +107,20 @@ class InlineReaders:
         return self.futures[self.handed :]
 
 
+def starting(
+    reads: Reads, **options: Any
+) -> tuple[list[InlineReaders], Callable[[], InlineReaders]]:
+    """A readers factory for `Maintenance` (`InlineReaders` with `options`), and the list
+    of the readers it started."""
+    started: list[InlineReaders] = []
+
+    def readers() -> InlineReaders:
+        started.append(InlineReaders(reads, **options))
+        return started[-1]
+
+    return started, readers
+
+
 @pytest.fixture(name="reads")
 def _reads(monkeypatch: pytest.MonkeyPatch) -> Reads:
     reads = Reads()
@@ -171,11 +185,7 @@ def test_a_big_first_opening_takes_what_the_readers_read(
     assert reads.owner >= PARTITIONS * 4  # every closed segment read by the owner
 
     reads.owner = 0
-    started: list[InlineReaders] = []
-
-    def readers() -> InlineReaders:
-        started.append(InlineReaders(reads))
-        return started[-1]
+    started, readers = starting(reads)
 
     with capture_logs() as logs:
         got, _ = run(with_readers, engine, readers)
@@ -195,11 +205,7 @@ def test_the_jobs_no_reader_started_are_read_by_the_owner_meanwhile(
     plain, with_readers = copies(tmp_path, 2)
     expected, _ = run(plain, engine, None)
     reads.owner = 0
-    started: list[InlineReaders] = []
-
-    def readers() -> InlineReaders:
-        started.append(InlineReaders(reads, waiting=1))
-        return started[-1]
+    started, readers = starting(reads, waiting=1)
 
     got, _ = run(with_readers, engine, readers)
     assert got == expected
@@ -216,11 +222,7 @@ def test_the_owner_takes_each_answer_as_it_comes_before_reading_a_job_itself(
     back a job: that part of the owner's work runs beside the readers', not after."""
     plain, with_readers = copies(tmp_path, 2)
     expected, _ = run(plain, engine, None)
-    started: list[InlineReaders] = []
-
-    def readers() -> InlineReaders:
-        started.append(InlineReaders(reads, waiting=1))
-        return started[-1]
+    started, readers = starting(reads, waiting=1)
 
     meta = PartitionLog.meta
 
@@ -256,11 +258,7 @@ def test_an_observer_takes_what_the_readers_read_beside_its_opening(
     assert len(report.states) == PARTITIONS
     assert reads.owner >= PARTITIONS * 4
     reads.owner = 0
-    started: list[InlineReaders] = []
-
-    def readers() -> InlineReaders:
-        started.append(InlineReaders(reads))
-        return started[-1]
+    started, readers = starting(reads)
 
     with held_by_other_process(HOLD_BROKER_LOCK, with_readers / "logs"):
         got, _ = run(with_readers, engine, readers)
@@ -292,11 +290,7 @@ def test_no_readers_for_a_small_opening_nor_once_the_partitions_are_open(
     tmp_path: Path, engine: LocalEngine, reads: Reads, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     (root,) = copies(tmp_path, 1)
-    started: list[InlineReaders] = []
-
-    def readers() -> InlineReaders:
-        started.append(InlineReaders(reads))
-        return started[-1]
+    started, readers = starting(reads)
 
     cfg = write_config(root, {"d": {"cleanup.policy": "delete", "retention.ms": 2 * HOUR}})
     monkeypatch.setattr(cycle, "MANY_OPENS", PARTITIONS + 1)
@@ -352,11 +346,7 @@ def test_after_a_crash_the_readers_run_the_checks_the_opening_leaves(
     plain, with_readers = crashed_copies(tmp_path, engine, 2)
     expected, _ = run(plain, engine, None)
     reads.owner = reads.reader = 0
-    started: list[InlineReaders] = []
-
-    def readers() -> InlineReaders:
-        started.append(InlineReaders(reads, waiting=waiting))
-        return started[-1]
+    started, readers = starting(reads, waiting=waiting)
 
     got, _ = run(with_readers, engine, readers)
     assert got == expected
@@ -380,11 +370,7 @@ def test_after_a_crash_with_what_was_kept_the_readers_warm_the_caches_from_the_b
     plain, with_readers = crashed_copies(tmp_path, engine, 2, kept=True)
     expected, _ = run(plain, engine, None)
     reads.owner = reads.reader = 0
-    started: list[InlineReaders] = []
-
-    def readers() -> InlineReaders:
-        started.append(InlineReaders(reads))
-        return started[-1]
+    started, readers = starting(reads)
 
     with capture_logs() as logs:
         got, _ = run(with_readers, engine, readers)
@@ -411,11 +397,7 @@ def test_after_a_crash_damage_below_the_recovery_point_is_the_opens_error(
     data[-3] ^= 0xFF  # a value byte of its last batch
     damaged.write_bytes(bytes(data))
     waiting = 2 if readers == "taken back" else 0
-    started: list[InlineReaders] = []
-
-    def factory() -> InlineReaders:
-        started.append(InlineReaders(reads, waiting=waiting))
-        return started[-1]
+    started, factory = starting(reads, waiting=waiting)
 
     cfg = write_config(root, {"d": {"cleanup.policy": "delete", "retention.ms": 2 * HOUR}})
     with Maintenance(cfg, engine, clock=lambda: T0, readers=factory if readers else None) as m:
@@ -441,11 +423,7 @@ def test_partitions_opened_again_after_their_dir_was_offline_get_the_checks_too(
         m.run_once()
         assert m.checkpoint(clean_stop=True) == []
     logs = root / "logs"
-    started: list[InlineReaders] = []
-
-    def factory() -> InlineReaders:
-        started.append(InlineReaders(reads))
-        return started[-1]
+    started, factory = starting(reads)
 
     with Maintenance(cfg, engine, clock=lambda: T0, readers=factory if readers else None) as m:
         m.run_once()
