@@ -49,8 +49,9 @@ After a crash, a segment wholly below the recovery point is trusted in the same 
 when what cleanerd last kept of it (the daemon keeps it after each cycle that changed
 the dir's segments) describes its very `.log` and both index sizes: those files were
 flushed before the checkpoint named them, and were checked (or trusted by this rule, or
-Kafka's) when cleanerd opened them. Kafka's loader trusts every such segment after a
-crash without looking at it; cleanerd gives the others the cheap check.
+Kafka's) when cleanerd opened them. Kafka's loader, after a crash, checks no more of
+such a segment than that its offset index exists and its transaction index is sound
+(`LogSegment.sanityCheck`); cleanerd gives the others the cheap check.
 
 The cheap checks that need not come first can run beside the opening (`check_later`,
 for an opening of thousands of partitions): the active segment's after a clean shutdown,
