@@ -165,7 +165,6 @@ class _Index(ABC):
         self.os_path = os.fspath(path)
         """The file, for system calls: a `Path` is built only when asked for (`path`), as
         a check of 100,000 segments would build them for nothing."""
-        self._path = path if isinstance(path, Path) else None
         self.base_offset = base_offset
         self.max_entries = max_index_size // self.entry.size
         self.file_exists = False
@@ -178,12 +177,10 @@ class _Index(ABC):
         self._last: tuple[int, int] | None = None
         self._columns: tuple[NDArray[np.int64], NDArray[np.int64]] | None = None
 
-    @property
+    @functools.cached_property
     def path(self) -> Path:
         """The index file."""
-        if self._path is None:
-            self._path = Path(self.os_path)
-        return self._path
+        return Path(self.os_path)
 
     @classmethod
     def load(

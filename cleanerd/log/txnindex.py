@@ -28,6 +28,7 @@ snapshots.
 
 from __future__ import annotations
 
+import functools
 import os
 import struct
 from collections.abc import Iterable
@@ -103,17 +104,14 @@ class TransactionIndex:
     def __init__(
         self, path: Path | str, base_offset: int, entries: Iterable[AbortedTxn] = ()
     ) -> None:
-        self._os_path = os.fspath(path)
-        self._path = path if isinstance(path, Path) else None  # built when asked for
+        self._os_path = os.fspath(path)  # a `Path` is built only when asked for
         self.base_offset = base_offset
         self._entries = list(entries)
 
-    @property
+    @functools.cached_property
     def path(self) -> Path:
         """The `.txnindex` file."""
-        if self._path is None:
-            self._path = Path(self._os_path)
-        return self._path
+        return Path(self._os_path)
 
     @classmethod
     def load(cls, path: Path | str, base_offset: int) -> TransactionIndex:

@@ -576,13 +576,7 @@ class Maintenance:
         partition gone) is dropped from the file at once, whenever it was last kept."""
         now = self.clock()
         for log_dir, writable in self._owned():
-            plogs = [
-                plog
-                for plog in writable
-                if plog.corrupt is None
-                and not plog.recovery_report.unchecked
-                and (log_dir.path, plog.topic_partition) not in self._damaged
-            ]
+            plogs = _sound(log_dir, writable, self._damaged)
             tps = frozenset(p.topic_partition for p in plogs)
             last = self._kept.get(log_dir.path)
             if last is not None and last.partitions <= tps:
@@ -1677,18 +1671,26 @@ def _segments_key(plogs: list[PartitionLog]) -> object:
     ]
 
 
-def _all_sound(
+def _sound(
     log_dir: LogDir, plogs: list[PartitionLog], damaged: Collection[tuple[Path, TopicPartition]]
-) -> bool:
-    """Every writable partition of the dir is open here, checked (no check its open left
-    is still undone: a cycle failed before it) and not damaged (found so by its open, or
-    by any step since): only then may the next owner skip recovery."""
-    opened = {
-        p.topic_partition
+) -> list[PartitionLog]:
+    """Those of `log_dir`'s `plogs` checked (no check their open left is still undone: a
+    cycle failed before it) and not damaged (found so by their open, or by any step
+    since): what a clean stop's marker and a start after a crash may trust."""
+    return [
+        p
         for p in plogs
         if p.corrupt is None
         and not p.recovery_report.unchecked
         and (log_dir.path, p.topic_partition) not in damaged
-    }
+    ]
+
+
+def _all_sound(
+    log_dir: LogDir, plogs: list[PartitionLog], damaged: Collection[tuple[Path, TopicPartition]]
+) -> bool:
+    """Every writable partition of the dir is open here and sound (`_sound`): only then
+    may the next owner skip recovery."""
+    opened = {p.topic_partition for p in _sound(log_dir, plogs, damaged)}
     writable = {tp for tp in log_dir.partitions() if tp.topic != METADATA_TOPIC}
     return writable <= opened
