@@ -24,15 +24,21 @@ def built(root: Path, partitions: int) -> list[str]:
     return [str(root / f"t-{n}") for n in range(partitions)]
 
 
+def first_done(jobs: list[list[str]], *, warm: bool = False) -> ReaderPool:
+    """A pool of one process that was handed every job of `jobs` and has done the first
+    (the others may not be)."""
+    pool = ReaderPool(1)
+    pool.start(jobs, warm=warm)
+    assert pool._thread is not None
+    pool._thread.join()  # every job handed over
+    pool._jobs[0][0].result(timeout=60)
+    return pool
+
+
 def test_the_readers_answer_what_this_process_reads(tmp_path: Path) -> None:
     paths = built(tmp_path / "logs", 4)
     jobs = [paths[:1], paths[1:3], paths[3:]]
-    pool = ReaderPool(1)
-    pool.start(jobs)
-    assert pool._thread is not None
-    pool._thread.join()  # every job handed over
-    pool._jobs[0][0].result(timeout=60)  # the first job is done, the others may not be
-    futures = pool.stop()
+    futures = first_done(jobs).stop()
 
     assert len(futures) == 3
     assert not futures[0].cancelled()
@@ -45,24 +51,13 @@ def test_the_readers_answer_what_this_process_reads(tmp_path: Path) -> None:
 
 def test_warming_readers_answer_no_rows(tmp_path: Path) -> None:
     """`warm`: the processes run `warm_dirs`, which reads nothing for the owner."""
-    paths = built(tmp_path / "logs", 2)
-    pool = ReaderPool(1)
-    pool.start([paths], warm=True)
-    assert pool._thread is not None
-    pool._thread.join()
-    pool._jobs[0][0].result(timeout=60)
-    (future,) = pool.stop()
+    (future,) = first_done([built(tmp_path / "logs", 2)], warm=True).stop()
     assert decode(future.result()).segments == {}
 
 
 def test_the_answers_finished_are_handed_out_once(tmp_path: Path) -> None:
     paths = built(tmp_path / "logs", 3)
-    jobs = [paths[:1], paths[1:2], paths[2:]]
-    pool = ReaderPool(1)
-    pool.start(jobs)
-    assert pool._thread is not None
-    pool._thread.join()
-    pool._jobs[0][0].result(timeout=60)
+    pool = first_done([paths[:1], paths[1:2], paths[2:]])
     finished = pool.finished()
     assert finished[:1] == [pool._jobs[0][0]]  # the first, and any done after it
     for future in finished:

@@ -42,6 +42,11 @@ def maintenance(tmp_path: Path, engine: LocalEngine, now: list[int] | None = Non
     return Maintenance(cfg, engine, clock=lambda: clock[0])
 
 
+def kept_partitions(tmp_path: Path) -> list[str]:
+    """The partition dirs the file kept for the log dir holds, by name."""
+    return sorted(read_known_segments(tmp_path / "state", tmp_path / "logs").segments)
+
+
 def plog(m: Maintenance, root: Path, tp: TopicPartition) -> PartitionLog:
     return m._plogs[(root, tp)]
 
@@ -115,7 +120,7 @@ def test_a_damaged_partition_is_not_kept(tmp_path: Path, engine: LocalEngine) ->
     m.run_once()
     assert plog(m, root, OTHER).corrupt is not None
     m.keep_known()
-    assert sorted(read_known_segments(tmp_path / "state", root).segments) == [str(TP)]
+    assert kept_partitions(tmp_path) == [str(TP)]
     m.close(unlink_pending=False)
 
 
@@ -129,12 +134,12 @@ def test_a_partition_with_checks_left_or_damage_met_is_not_kept(
     m.run_once()
     plog(m, root, TP).recovery_report.unchecked.append(0)
     m.keep_known()
-    assert sorted(read_known_segments(tmp_path / "state", root).segments) == [str(OTHER)]
+    assert kept_partitions(tmp_path) == [str(OTHER)]
     plog(m, root, TP).recovery_report.unchecked.clear()
     m._damaged.add((root, OTHER))
     m._kept.clear()
     m.keep_known()
-    assert sorted(read_known_segments(tmp_path / "state", root).segments) == [str(TP)]
+    assert kept_partitions(tmp_path) == [str(TP)]
     m.close(unlink_pending=False)
 
 
@@ -149,7 +154,7 @@ def test_a_partition_that_leaves_the_kept_set_is_dropped_at_once(
     m.keep_known()
     m._damaged.add((root, OTHER))
     m.keep_known()  # the clock has not moved
-    assert sorted(read_known_segments(tmp_path / "state", root).segments) == [str(TP)]
+    assert kept_partitions(tmp_path) == [str(TP)]
     m.close(unlink_pending=False)
 
 
@@ -169,5 +174,5 @@ def test_a_keep_that_failed_is_tried_again(
     assert not known_segments_path(tmp_path / "state", root).exists()
     monkeypatch.setattr(log_dir_module, "write_known_segments", original)
     m.keep_known()  # nothing changed, the clock has not moved: but nothing was kept
-    assert sorted(read_known_segments(tmp_path / "state", root).segments) == [str(TP), str(OTHER)]
+    assert kept_partitions(tmp_path) == [str(TP), str(OTHER)]
     m.close(unlink_pending=False)
