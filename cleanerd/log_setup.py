@@ -13,7 +13,10 @@ collects under systemd):
 Third-party libraries that log through the standard library (paho-mqtt under aiomqtt as
 `mqtt`, py4j) go through `structlog.stdlib.ProcessorFormatter` with the same chain, so
 the journal holds a single format. Loggers are not cached, so a SIGHUP that changes the
-level applies to loggers that already exist.
+level applies to loggers that already exist. The compiler's loggers (`COMPILER_LOGGERS`)
+are held at `warning` whatever the level: at `debug` numba logs its compiler's internals
+(bytecode dumps, every SSA pass), megabytes per kernel compiled, which would drown the
+lines an operator turned `debug` on for.
 """
 
 from __future__ import annotations
@@ -33,6 +36,10 @@ from cleanerd.logger import drop_pending
 
 LogFormat = Literal["auto", "json", "console"]
 LogLevel = Literal["debug", "info", "warning", "error", "critical"]
+
+
+COMPILER_LOGGERS = ("numba", "llvmlite")
+"""Loggers of the kernel compiler, never below `warning` (see the module docstring)."""
 
 
 class _CleanerdHandler(logging.StreamHandler[TextIO]):
@@ -122,6 +129,8 @@ def configure_logging(
         root.removeHandler(old)
     root.addHandler(handler)
     root.setLevel(level_no)
+    for name in COMPILER_LOGGERS:
+        logging.getLogger(name).setLevel(max(level_no, logging.WARNING))
     return fmt
 
 

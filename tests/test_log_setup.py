@@ -13,7 +13,12 @@ from typing import Any
 import pytest
 import structlog
 
-from cleanerd.log_setup import configure_logging, partition_context, resolve_format
+from cleanerd.log_setup import (
+    COMPILER_LOGGERS,
+    configure_logging,
+    partition_context,
+    resolve_format,
+)
 
 LOG_DIR = Path("/var/lib/kafka/data")
 
@@ -30,6 +35,8 @@ def _restore_logging() -> Iterator[None]:
         structlog.contextvars.clear_contextvars()
         root.handlers[:] = handlers
         root.setLevel(level)
+        for name in COMPILER_LOGGERS:
+            logging.getLogger(name).setLevel(logging.NOTSET)
 
 
 def _json_lines(stream: io.StringIO) -> list[dict[str, Any]]:
@@ -112,6 +119,28 @@ def test_level_filters_both_kinds_of_logger() -> None:
     logging.getLogger("py4j").info("quiet too")
     structlog.get_logger().error("loud")
     assert [line["event"] for line in _json_lines(out)] == ["loud"]
+
+
+def test_debug_leaves_out_the_compilers_internals() -> None:
+    """At `debug` the kernel compiler's loggers stay at `warning` (numba's debug lines
+    are its compiler's internals, megabytes per kernel); other libraries' debug lines
+    come out, and a compiler warning still does."""
+    out = io.StringIO()
+    configure_logging("json", "debug", out)
+    logging.getLogger("numba.core.ssa").debug("==== SSA block rewrite pass on 0")
+    logging.getLogger("numba.core.byteflow").info("stack: []")
+    logging.getLogger("llvmlite.binding").debug("add symbol")
+    logging.getLogger("py4j.clientserver").debug("Command to send")
+    logging.getLogger("numba.core.caching").warning("cannot cache")
+    structlog.get_logger().debug("segment.read")
+    events = [(line.get("logger"), line["event"]) for line in _json_lines(out)]
+    assert events == [
+        ("py4j.clientserver", "Command to send"),
+        ("numba.core.caching", "cannot cache"),
+        (None, "segment.read"),
+    ]
+    configure_logging("json", "error", out)  # a reload to a higher level raises them too
+    assert logging.getLogger("numba").level == logging.ERROR
 
 
 def test_exceptions_render_as_structured_tracebacks() -> None:
