@@ -60,7 +60,11 @@ from cleanerd.errors import (
     LogDirLockedError,
     file_step,
 )
-from cleanerd.log.checkpoint import LOG_START_OFFSET_CHECKPOINT, RootCheckpoints
+from cleanerd.log.checkpoint import (
+    LOG_START_OFFSET_CHECKPOINT,
+    RECOVERY_POINT_OFFSET_CHECKPOINT,
+    RootCheckpoints,
+)
 from cleanerd.log.files import (
     DELETED_FILE_SUFFIX,
     METADATA_TOPIC,
@@ -217,6 +221,9 @@ class PartitionLog:
         self._log_start_offset = checkpoints.log_start_offsets.get(tp, 0)
         self.high_watermark = checkpoints.high_watermarks.get(tp)
         self.recovery_point = checkpoints.recovery_points.get(tp, 0)
+        self._recovery_point_said: Path | None = None
+        """The checkpoint file to name if the recovery point proves past the log end
+        (an owner's open that cut no tail), until its end is known."""
         self._producers: ProducerState | None = None
         self._stable_end: tuple[int, tuple[int, int, int]] | None = None
         """(base offset, identity) of a last segment that a clean stop recorded with no
@@ -334,10 +341,9 @@ class PartitionLog:
             stopped_cleanly=read_only and clean_shutdown,
         )
         plog._refuse_log_start_past_the_end()
-        if report.truncated and plog.recovery_point > plog.log_end_offset:
-            # As Kafka's loader: a recovery point never lies past the log end (a cut tail
-            # took back offsets the checkpoint called flushed).
-            plog.recovery_point = plog.log_end_offset
+        if owns and not report.truncated:
+            plog._recovery_point_said = path.parent / RECOVERY_POINT_OFFSET_CHECKPOINT
+        plog._bring_the_recovery_point_to_the_log_end(read=not report.unchecked)
         if report.producers is not None and plog.corrupt is None:
             plog._adopt_producers(report.producers)
         # Only a crash leaves snapshots past the log end: a clean stop flushed the log
@@ -498,6 +504,43 @@ class PartitionLog:
                 "entry)",
                 path=self.dir.parent / LOG_START_OFFSET_CHECKPOINT,
             )
+
+    def _bring_the_recovery_point_to_the_log_end(self, *, read: bool) -> None:
+        """As Kafka's loader: a recovery point never lies past the log end. A cut tail
+        took back offsets the checkpoint called flushed; otherwise the checkpoint is
+        wrong (edited, or restored with other data): kept, it would be written back, and
+        the offsets appended up to it would pass for flushed, so that a start after a
+        crash would trust the segments holding them unread (`recovery.py`). An owner's
+        open says so (an observer may have read the checkpoint after the broker's
+        appends that its listing missed). Only a recovery point inside or past the
+        active segment needs that segment's end; unless `read`, it is taken only when
+        known without a read (the open leaves the active segment's check to readers
+        after a clean stop: `check_unchecked` settles it then)."""
+        active = self._segments[-1] if self._segments else None
+        if active is None or self.recovery_point <= active.base_offset:
+            self._recovery_point_said = None
+            return
+        end = active.known_next_offset()
+        if end is None and read:
+            try:
+                end = active.next_offset
+            except CleanerdError:
+                end = None  # damaged: what reads it reports it
+        if end is None:
+            return
+        said, self._recovery_point_said = self._recovery_point_said, None
+        if self.recovery_point <= end:
+            return
+        if said is not None:
+            log.warning(
+                "checkpoint.recovery_point_past_log_end",
+                path=str(said),
+                partition=str(self.topic_partition),
+                recovery_point=self.recovery_point,
+                log_end_offset=end,
+                action="brought back to the log end",
+            )
+        self.recovery_point = end
 
     def follow_checkpoints(self, checkpoints: RootCheckpoints) -> None:
         """Take up the dir's checkpoint files as re-read since the partition was opened:
@@ -1041,6 +1084,7 @@ class PartitionLog:
             return
         with self._locked():
             check_unchecked(self._segments, self.recovery_report, checked)
+            self._bring_the_recovery_point_to_the_log_end(read=True)
             strays, self._strays = self._strays, None
             if (
                 strays is not None

@@ -395,6 +395,11 @@ class LogSegment:
             self._appended_from = (known[0], known[1])
         return True
 
+    def known_next_offset(self) -> int | None:
+        """`next_offset` if known without reading anything."""
+        summary = self._end_summary()
+        return None if summary is None else summary[0]
+
     def _end_summary(self) -> tuple[int, int, int] | None:
         """(next offset, max timestamp, its offset) if known without reading anything."""
         if self._builder is not None and self._next_offset is not None:

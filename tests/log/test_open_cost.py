@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from structlog.testing import capture_logs
 
 from cleanerd.cli import main
 from cleanerd.compaction.horizon import HorizonCache
@@ -432,6 +433,29 @@ def test_a_clean_after_a_crash_names_damage_below_the_recovery_point_and_keeps_i
     assert str(first) in capsys.readouterr().out
     assert first.read_bytes() == bytes(data)
     assert not (root / CLEAN_SHUTDOWN_FILE_NAME).exists()
+
+
+def test_a_recovery_point_past_the_end_waits_for_the_active_segments_check(
+    tmp_path: Path, walked: list[int]
+) -> None:
+    """After a clean stop whose active segment nothing kept describes, an open that
+    leaves that segment's check to readers reads nothing, not even to bring a recovery
+    point checkpointed past the log end back to it: the check left does, and says so."""
+    root, state = tmp_path / "logs", tmp_path / "state"
+    root.mkdir()
+    build(root, state)
+    stop_cleanly(root, state)
+    checkpoint = root / RECOVERY_POINT_OFFSET_CHECKPOINT
+    OffsetCheckpointFile(checkpoint).write({TP: 10**6})
+    with LogDir.open(root, state_dir=state) as log_dir, capture_logs() as logs:
+        walked.clear()
+        plog = open_leaving_checks(log_dir)
+        assert walked == []
+        assert plog.recovery_point == 10**6
+        plog.check_unchecked({})
+        assert plog.recovery_point == plog.log_end_offset < 10**6
+    (warned,) = [e for e in logs if e["event"] == "checkpoint.recovery_point_past_log_end"]
+    assert warned["path"] == str(checkpoint)
 
 
 def test_after_a_clean_stop_a_reader_checks_the_active_segment(

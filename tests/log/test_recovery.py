@@ -415,6 +415,28 @@ def test_a_cut_tail_brings_the_recovery_point_back_to_the_log_end(tmp_path: Path
     assert plog.recovery_point == 19
 
 
+def test_a_recovery_point_past_the_log_end_is_brought_back_to_it(tmp_path: Path) -> None:
+    """A recovery point checkpointed past the log end with nothing cut (an edited
+    checkpoint, or one restored with other data) comes back to the log end, as in Kafka's
+    loader, and the owner's open says so, naming the file: kept, it was written back, and
+    offsets appended up to it would have passed for flushed after a crash. An observer
+    takes the log end too, without a word (a broker may have appended since its listing)."""
+    path = _build(tmp_path)
+    checkpoint = path.parent / RECOVERY_POINT_OFFSET_CHECKPOINT
+    OffsetCheckpointFile(checkpoint).write({TopicPartition("topic", 0): 99999})
+    with capture_logs() as logs:
+        observed = PartitionLog.open(path, read_only=True, config=CONFIG)
+    assert (observed.log_end_offset, observed.recovery_point) == (20, 20)
+    assert logs == []
+    with capture_logs() as logs:
+        plog = _open(path)
+    assert plog.recovery_report.truncated == []
+    assert (plog.recovery_point, plog.recovery_point_to_checkpoint) == (20, 20)
+    (warned,) = [e for e in logs if e["event"] == "checkpoint.recovery_point_past_log_end"]
+    assert warned["path"] == str(checkpoint)
+    assert (warned["recovery_point"], warned["log_end_offset"]) == (99999, 20)
+
+
 @pytest.mark.parametrize(
     "mangle",
     [
