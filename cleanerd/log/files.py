@@ -139,7 +139,10 @@ def parse_topic_partition(dirname: str) -> TopicPartition:
     Raises ValueError when the name is not one: no `-`, an empty topic, a partition that
     is not a decimal number or is above `MAX_PARTITION`, or a `-delete` / `-future` /
     `-stray` dir (whose well-formed shape is `<topic>-<partition>.<uuid>-delete`;
-    malformed ones are rejected too).
+    malformed ones are rejected too); `MisnamedPartitionDir` for a partition number with
+    a leading zero (`orders-07`), which Kafka never writes: everything here names a
+    partition's dir `<log dir>/<topic>-<partition>`, so such a dir would be read under a
+    name that is not its own (and `orders-07` beside `orders-7` would be one partition).
     """
     suffix = special_dir_suffix(dirname)
     if suffix is not None:
@@ -150,7 +153,20 @@ def parse_topic_partition(dirname: str) -> TopicPartition:
         raise ValueError(f"{dirname!r} is not a <topic>-<partition> dir name")
     if int(partition) > MAX_PARTITION:
         raise ValueError(f"{dirname!r}: partition {partition} is above Kafka's {MAX_PARTITION}")
+    if partition != str(int(partition)):
+        raise MisnamedPartitionDir(
+            f"{dirname!r}: the partition number has a leading zero; Kafka names this "
+            f"partition's dir {topic}-{int(partition)}"
+        )
     return TopicPartition(topic, int(partition))
+
+
+class MisnamedPartitionDir(ValueError):
+    """A partition dir's name that is not the one Kafka gives it (`parse_topic_partition`)."""
+
+
+_misnamed_said: set[str] = set()
+"""The misnamed dirs `list_partitions` warned of (once per process each)."""
 
 
 def is_segment_file_name(filename: str) -> bool:
@@ -247,7 +263,8 @@ def partition_dir_gone(path: Path) -> bool:
 
 def list_partitions(path: Path) -> dict[TopicPartition, Path]:
     """Every live partition dir of the log dir `path`, by topic-partition; `-delete`,
-    `-future`, `-stray` dirs and anything that is not `<topic>-<partition>` are skipped.
+    `-future`, `-stray` dirs and anything that is not `<topic>-<partition>` are skipped,
+    a misnamed partition dir (`MisnamedPartitionDir`) with a warning.
     Links with a partition dir's name are listed, whatever they point to, so that opening
     them reports and refuses them (see `log_dir`). Only the dir is read."""
     found: dict[TopicPartition, Path] = {}
@@ -259,6 +276,15 @@ def list_partitions(path: Path) -> dict[TopicPartition, Path]:
             continue
         try:
             found[parse_topic_partition(entry.name)] = Path(entry.path)
+        except MisnamedPartitionDir as exc:
+            if entry.path not in _misnamed_said:
+                _misnamed_said.add(entry.path)
+                log.warning(
+                    "log_dir.partition_dir_misnamed",
+                    path=entry.path,
+                    error=str(exc),
+                    action="not read nor maintained: rename it, or remove it if a copy",
+                )
         except ValueError:
             log.debug("log_dir.entry_skipped", path=entry.path)
     return found

@@ -7,13 +7,16 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from structlog.testing import capture_logs
 
 from cleanerd.log.files import (
+    MisnamedPartitionDir,
     TopicPartition,
     filename_prefix_from_offset,
     is_index_file,
     is_log_file,
     is_segment_file_name,
+    list_partitions,
     log_file,
     log_file_offsets,
     looks_like_segment_file,
@@ -108,6 +111,32 @@ def test_a_partition_above_kafkas_int_range_is_no_partition_dir() -> None:
     for dirname in ("orders-2147483648", "orders-99999999999"):
         with pytest.raises(ValueError, match="is above Kafka's 2147483647"):
             parse_topic_partition(dirname)
+
+
+@pytest.mark.parametrize(("dirname", "canonical"), [("orders-07", "orders-7"), ("a-00", "a-0")])
+def test_a_partition_number_with_a_leading_zero_is_a_misnamed_dir(
+    dirname: str, canonical: str
+) -> None:
+    """Kafka never writes `orders-07`: it is refused (its partition's dir is
+    `orders-7`, and a path built from the partition would name that one)."""
+    with pytest.raises(
+        MisnamedPartitionDir, match=f"Kafka names this partition's dir {canonical}$"
+    ):
+        parse_topic_partition(dirname)
+
+
+def test_a_listing_warns_once_of_a_misnamed_partition_dir(tmp_path: Path) -> None:
+    """A misnamed partition dir is not listed, and is named in a warning, once per
+    process (the daemon lists its dirs every cycle); the partition's own dir is listed."""
+    for name in ("orders-7", "orders-07", "orders-x"):
+        (tmp_path / name).mkdir()
+    with capture_logs() as logs:
+        first = list_partitions(tmp_path)
+        again = list_partitions(tmp_path)
+    assert first == again == {TopicPartition("orders", 7): tmp_path / "orders-7"}
+    (warned,) = [e for e in logs if e["log_level"] == "warning"]
+    assert warned["event"] == "log_dir.partition_dir_misnamed"
+    assert warned["path"] == str(tmp_path / "orders-07")
 
 
 def test_topic_partition_str_is_the_dir_name() -> None:
