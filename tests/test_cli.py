@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import structlog
 
 from cleanerd import __version__
 from cleanerd.cli import main
@@ -141,6 +142,20 @@ class TestCheckConfig:
             "compaction.strategy.header names the header: compacted by offset (Kafka's "
             "fallback)\n"
         )
+
+    def test_a_brokers_leftover_dirs_print_no_debug_lines(
+        self, capsys: pytest.CaptureFixture[str], tmp_path: Path
+    ) -> None:
+        """The dirs a broker leaves beside its partitions (`-delete`, `-future`, not
+        partitions) are skipped at debug level; check-config logs at the config's level
+        (info) to stderr, as the other commands do, so none of those lines comes out.
+        (Before, it printed one `[debug] log_dir.entry_skipped` line per dir.)"""
+        structlog.reset_defaults()  # a process's start: no logging configured yet
+        path = write_config(tmp_path)
+        (tmp_path / "data" / "t-0").mkdir(parents=True)
+        (tmp_path / "data" / "t-1.0123456789abcdef0123456789abcdef-delete").mkdir()
+        (tmp_path / "data" / "t-2.0123456789abcdef0123456789abcdef-future").mkdir()
+        assert run(capsys, "check-config", str(path)) == (0, f"{path}: OK\n", "")
 
     def test_the_file_as_c_too(self, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
         """`-c FILE`, as every other command takes its config, works too; none, or two

@@ -32,6 +32,7 @@ from cleanerd.errors import ConfigError
 from cleanerd.log.access import check_partitions
 from cleanerd.log.files import LOCK_FILE_NAME
 from cleanerd.log.ownership import Holder
+from cleanerd.logger import log_to_stderr
 
 ARGS: Final[tuple[Arg, ...]] = (
     (("file",), {"type": Path, "metavar": "FILE", "nargs": "?", "help": "the YAML config file"}),
@@ -47,6 +48,8 @@ def run(args: argparse.Namespace) -> int:
         return 2
     (file,) = given
     cfg = load_config(file)
+    # Log lines (a dir the checks skip, at debug) go to stderr at the config's level.
+    log_to_stderr(cfg.logging.format, cfg.logging.level)
     found = path_problems(cfg) + credentials.problems(cfg.mqtt)
     held = {} if found or cfg.observe else _held_by_another(cfg)
     warnings = config_warnings(cfg) + list(held.values())
