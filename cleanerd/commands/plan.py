@@ -114,10 +114,17 @@ def _compaction_text(p: PartitionPlan, *, cleaner_enabled: bool) -> str:
         else:
             deadline += " not yet passed"
     horizon = "; a delete horizon has passed" if c.horizon_due else ""
+    cleanable = (
+        f"cleanable [{ltc.first_dirty}, {ltc.first_uncleanable}) {ltc.cleanable_bytes} bytes"
+    )
+    if ltc.first_dirty > ltc.first_uncleanable:  # a log start inside the active segment
+        cleanable = (
+            f"nothing cleanable (first dirty offset {ltc.first_dirty}, first uncleanable "
+            f"{ltc.first_uncleanable})"
+        )
     return (
         f"compaction: {verdict}; dirty ratio {ltc.cleanable_ratio:.3f} vs "
-        f"{c.min_cleanable_ratio:g}; cleanable [{ltc.first_dirty}, {ltc.first_uncleanable}) "
-        f"{ltc.cleanable_bytes} bytes, blocked by {', '.join(c.blocked_by)}; "
+        f"{c.min_cleanable_ratio:g}; {cleanable}, blocked by {', '.join(c.blocked_by)}; "
         f"{deadline}{horizon}"
     )
 

@@ -198,3 +198,21 @@ def test_an_eligible_partition_is_said_not_to_be_cleaned_with_the_cleaner_off(
     doc = subprocess.run([*command, "--json"], capture_output=True, text=True, env=env, check=True)
     report = json.loads(doc.stdout)
     assert (report["cleaner_enabled"], report["cleaning_order"]) == (False, [])
+
+
+def test_a_log_start_inside_the_active_segment_leaves_nothing_cleanable(tmp_path: Path) -> None:
+    """A log start offset inside the active segment puts the first dirty offset past the
+    first uncleanable one: the plan says nothing is cleanable, naming both, rather than
+    an inverted range (`cleanable [4, 3)`)."""
+    log = LogBuilder(tmp_path / "logs")
+    for n in range(3):
+        log.append([(k("a"), b"%d" % n)])
+    log.roll()
+    log.append([(k("a"), b"3")])
+    log.append([(k("a"), b"4")])
+    log.write()
+    (tmp_path / "logs" / "log-start-offset-checkpoint").write_text("0\n1\nt 0 4\n")
+    command, env = _plan_command(tmp_path)
+    text = subprocess.run(command, capture_output=True, text=True, env=env, check=True)
+    (line,) = [x for x in text.stdout.splitlines() if x.startswith("  compaction: ")]
+    assert "; nothing cleanable (first dirty offset 4, first uncleanable 3), blocked by " in line
