@@ -409,6 +409,20 @@ def test_every_name_in_the_alerts_and_dashboard_is_exported(tmp_path: Path) -> N
     assert used - exported == set()
 
 
+def test_every_native_family_is_in_the_readmes_metrics_table(tmp_path: Path) -> None:
+    """Each cleanerd_* family exported is in README's metrics table (its first column):
+    an operator looks a series up there (`cleanerd_log_dir_observed` was missing)."""
+    text = _full_exporter(tmp_path).exposition().decode()
+    families = _family_names(text).items()
+    exported = {n + ("_total" if t == "counter" else "") for n, t in families}
+    exported = {n for n in exported if n.startswith("cleanerd_")}
+    readme = (REPO / "README.md").read_text()
+    table = readme[readme.index("| metric | type | labels |") :].split("\n\n", 1)[0]
+    listed = {name for row in table.splitlines() for name in _names_used(row.split("|")[1])}
+    assert len(exported) > 25
+    assert exported - listed == set()
+
+
 def test_dashboard_has_the_variables_and_panels_operators_need() -> None:
     """datasource/job/instance variables, every query filtered by job and instance, and
     panels for delay, dirty ratio, passes, deletions, disk vs threshold, uncleanable."""
