@@ -18,7 +18,8 @@ Output per file, in Kafka's words and order, so the two tools' output can be dif
   also prints the KRaft record as JSON; cleanerd prints the name only). Printing the
   data adds ` key: ...` and ` payload: ...` (UTF-8, malformed bytes replaced) to data
   records. A truncated last batch, as a crash mid-append leaves, ends the listing with
-  `Found <n> invalid bytes at the end of <file name>`.
+  `Found <n> invalid bytes at the end of <file name>` (then an exception naming the
+  position when a later segment follows the file: `closed_segment_cut_short`).
 - `.index`: `offset: N position: P` per entry (`<path> is empty.` when none);
   `.timeindex`: `timestamp: T offset: O`; `.txnindex`: `version: 0 producerId: P
   firstOffset: F lastOffset: L lastStableOffset: S`.
@@ -60,6 +61,7 @@ from cleanerd.log.files import (
     PRODUCER_SNAPSHOT_FILE_SUFFIX,
     TIME_INDEX_FILE_SUFFIX,
     TXN_INDEX_FILE_SUFFIX,
+    log_file_offsets,
     offset_from_filename,
 )
 from cleanerd.log.index import OffsetIndex, OffsetPosition, TimeIndex, TimestampOffset
@@ -172,7 +174,36 @@ def _log_lines(path: Path, base_offset: int, options: DumpOptions) -> Iterator[s
         if not last.incomplete_tail:
             raise invalid.stopped(last.error.located(path))
         yield f"Found {len(data) - last.stop} invalid bytes at the end of {path.name}"
+        if (
+            damage := closed_segment_cut_short(path, base_offset, last.stop, len(data))
+        ) is not None:
+            raise invalid.stopped(damage)
     invalid.check()
+
+
+def closed_segment_cut_short(
+    path: Path, base_offset: int, stop: int, size: int
+) -> CorruptRecordError | None:
+    """The bytes from `stop` to `size` at the end of the `.log` `path`, which hold no
+    whole batch, as damage when a later `.log` sits beside it: that segment is not the
+    active one, so no append can be in flight at its end, and the owner's open calls
+    them damage too (a length past the file there is a damaged length, not a batch cut
+    short). Kafka's tool and this one print `Found N invalid bytes` either way; the
+    command then exits 1 for such a segment. None for the last segment of its dir, or a
+    file outside a partition dir."""
+    try:
+        names = [p.name for p in path.parent.iterdir()]
+        later = any(o > base_offset for o in log_file_offsets(names))
+    except OSError:
+        return None
+    if not later:
+        return None
+    return CorruptRecordError(
+        f"the {size - stop} bytes at its end hold no whole batch, and a later segment "
+        "follows it: damage, not an append cut short",
+        path=path,
+        position=stop,
+    )
 
 
 class InvalidBatches:

@@ -52,6 +52,7 @@ from cleanerd.commands.dump import (
     DumpOptions,
     InvalidBatches,
     batch_problem,
+    closed_segment_cut_short,
     codec_name,
     dumpable_base_offset,
     legacy_entry,
@@ -152,7 +153,8 @@ def _log_objects(path: Path, options: DumpOptions, utf8: bool) -> Iterator[JsonO
     file = str(path)
     last: Walk | None = None
     invalid = InvalidBatches(path)
-    for infos, scan in log_windows(data, dumpable_base_offset(path)):
+    base_offset = dumpable_base_offset(path)
+    for infos, scan in log_windows(data, base_offset):
         last = scan
         problems: dict[int, CorruptRecordError] = {}
         for i, info in enumerate(infos):
@@ -185,6 +187,10 @@ def _log_objects(path: Path, options: DumpOptions, utf8: bool) -> Iterator[JsonO
             "position": last.stop,
             "size": len(data) - last.stop,
         }
+        if (
+            damage := closed_segment_cut_short(path, base_offset, last.stop, len(data))
+        ) is not None:
+            raise invalid.stopped(damage)
     invalid.check()
 
 

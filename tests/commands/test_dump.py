@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import itertools
 import struct
 from pathlib import Path
 
@@ -128,6 +129,31 @@ class TestRealKafkaFiles:
             lines(path)[2],
             "Found 156 invalid bytes at the end of 00000000000000000000.log",
         ]
+
+    def test_a_closed_segment_cut_short_is_damage(self, tmp_path: Path) -> None:
+        """Bytes at the end that hold no whole batch (a length past the file) are Kafka's
+        'invalid bytes' line in either segment; in one a later segment follows (so no
+        append is in flight there: the owner's open calls it damage too) the command
+        then raises, naming the file and the position, in text and JSON alike."""
+        batch = encode_batch([Record(0, 1000, b"k", b"v")], base_offset=0)
+        cut = batch + batch[:-7]  # the second batch's length says more than is left
+        closed = write_segment(tmp_path, cut)
+        later = encode_batch([Record(5, 1000, b"k", b"v")], base_offset=5)
+        active = write_segment(tmp_path, later[:-3], base_offset=5)
+        output = dump_file(closed, SHALLOW)
+        assert list(itertools.islice(output, 4))[-1] == (
+            f"Found {len(batch) - 7} invalid bytes at the end of {closed.name}"
+        )
+        with pytest.raises(CorruptRecordError) as info:
+            next(output)
+        assert (info.value.path, info.value.position) == (str(closed), len(batch))
+        assert "a later segment follows it" in info.value.reason
+        with pytest.raises(CorruptRecordError, match="a later segment follows it"):
+            list(dump_file_json(closed, SHALLOW))
+        assert (
+            lines(active)[-1] == f"Found {len(batch) - 3} invalid bytes at the end of {active.name}"
+        )
+        assert list(dump_file_json(active, SHALLOW))[-1]["type"] == "invalid_bytes"
 
     def test_garbage_after_a_batch_raises_at_its_position(self, kafka_real: Path) -> None:
         """Bytes that are no batch (magic 7) raise an error naming file and position."""
