@@ -61,7 +61,7 @@ from pydantic import (
 )
 from pydantic_core import ErrorDetails, PydanticCustomError
 
-from cleanerd.errors import ConfigError
+from cleanerd.errors import ConfigError, failure_text
 from cleanerd.log.files import parse_topic_partition
 from cleanerd.log.roll import DEFAULT_MIN_ROLL_INTERVAL_MS
 from cleanerd.log.topic_config import CleanupPolicy, CompactionStrategyName, TopicConfig
@@ -699,6 +699,21 @@ def log_dir_problem(
             "or its group, or remove it while no broker runs)"
         )
     return None
+
+
+def log_dir_failure(cfg: Config, path: Path, exc: BaseException) -> str:
+    """Why the log dir `path` of `cfg` could not be opened: in `log_dir_problem`'s words,
+    naming its key as `check-config` and `run` do, when the path shows why (missing, not
+    a dir, unreadable), else the error's (`failure_text`)."""
+    for i, configured in enumerate(cfg.log_dirs):
+        if Path(configured) == path:
+            user = current_user()
+            why = log_dir_problem(
+                f"log.dirs[{i}]", path, probe_path(path), observe=cfg.observe, user=user
+            )
+            if why is not None:
+                return why
+    return failure_text(exc)
 
 
 def state_dir_problem(

@@ -77,7 +77,7 @@ from cleanerd.compaction.manager import (
     UncleanablePartitions,
 )
 from cleanerd.compaction.strategy import resolve_strategy
-from cleanerd.config import Config
+from cleanerd.config import Config, log_dir_failure
 from cleanerd.engine.base import CleanJob, Engine, WorkerCrashed
 from cleanerd.errors import (
     DAMAGE,
@@ -441,7 +441,7 @@ class Maintenance:
                 except LogDirLockedError:
                     raise  # another cleanerd owns it: a mistake to fix before anything
                 except (CleanerdError, OSError) as exc:
-                    self._unopened[path] = failure_text(exc)
+                    self._unopened[path] = log_dir_failure(self.config, path, exc)
             if not self.log_dirs:  # nothing could be opened: as a broker, do not start
                 why = "; ".join(self._unopened.values())
                 raise CleanerdError(f"no log dir could be opened: {why}")
@@ -471,7 +471,7 @@ class Maintenance:
             try:
                 self._open_dir(path)
             except (CleanerdError, OSError) as exc:
-                self._unopened[path] = failure_text(exc)
+                self._unopened[path] = log_dir_failure(self.config, path, exc)
             else:
                 del self._unopened[path]
 

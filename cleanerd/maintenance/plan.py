@@ -33,11 +33,10 @@ from typing import Any
 
 from cleanerd.compaction.horizon import HorizonCache, SegmentHorizon
 from cleanerd.compaction.manager import order_for_cleaning
-from cleanerd.config import Config
+from cleanerd.config import Config, log_dir_failure
 from cleanerd.errors import (
     CheckpointError,
     CleanerdError,
-    failure_text,
     reread_on_change,
 )
 from cleanerd.log.files import (
@@ -340,7 +339,7 @@ def gather(cfg: Config, *, now_ms: int) -> Gathered:
                 out.device_of_dir[str(log_dir.path)] = device_of(log_dir.path)
                 readable.append(log_dir.path)
         except (CheckpointError, OSError) as exc:  # offline for a cycle too
-            out.errors.append(f"{path}: offline, not read: {failure_text(exc)}")
+            out.errors.append(f"{path}: offline, not read: {log_dir_failure(cfg, Path(path), exc)}")
     out.devices = measure(group_devices(readable), cfg.log_retention_disk_usage_percent)
     if any(is_above(u) for u in out.devices):
         for path, partition_dirs in owned.items():

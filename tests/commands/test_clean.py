@@ -264,6 +264,22 @@ def test_clean_topic_limits_the_cycle(tmp_path: Path, capsys: pytest.CaptureFixt
     assert {p.name: p.read_bytes() for p in other.iterdir()} == before
 
 
+def test_a_log_dir_that_is_a_file_is_named_as_check_config_names_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A log dir that cannot be opened is named with its key, as check-config and run
+    name it, not by the open's error on its `.lock` ('afile/.lock: Not a directory')."""
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"log.dirs: [{afile}]\nstate_dir: {tmp_path / 'state'}\n")
+    assert main(["clean", "-c", str(cfg), "--now-ms", str(NOW)]) == 1
+    assert capsys.readouterr().err == (
+        f"cleanerd clean: no log dir could be opened: log.dirs[0]: {str(afile)!r} is a "
+        "file, not a directory\n"
+    )
+
+
 def test_clean_names_a_topic_no_log_dir_holds(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

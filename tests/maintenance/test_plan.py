@@ -219,13 +219,18 @@ def test_plan_text_and_json_change_nothing(
 def test_plan_reports_unreadable_log_dir(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """A missing log dir is named on stderr and the exit status is 1; the others are planned."""
+    """A missing log dir is named on stderr, in check-config's words with its key, and
+    the exit status is 1; the others are planned."""
     logs = build(tmp_path, T0)
-    path = config_file(tmp_path, [logs, tmp_path / "missing"])
+    missing = tmp_path / "missing"
+    path = config_file(tmp_path, [logs, missing])
     assert main(["plan", "-c", str(path), "--now-ms", str(T0)]) == 1
     captured = capsys.readouterr()
     assert "users-0 in" in captured.out
-    assert "missing: offline, not read: " in captured.err
+    assert (
+        f"{missing}: offline, not read: log.dirs[1]: {str(missing)!r} does not exist "
+        "(cleanerd does not create log dirs" in captured.err
+    )
 
 
 def test_plan_names_a_log_dir_with_a_malformed_root_checkpoint_as_offline(
