@@ -120,6 +120,18 @@ def reread_on_change(
         attempt += 1
 
 
+class NoSegmentYet(CleanerdError):
+    """A partition dir with no segment, read without owning it: a partition a broker is
+    creating, or one a crash left so (its owner's open creates the first segment). Not
+    damage: there is nothing to read or plan in it yet."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            "no segment yet (a partition being created, or one a crash left so: its "
+            "owner's open creates the first segment)"
+        )
+
+
 class CheckpointError(CleanerdError):
     """A checkpoint file whose text is not in Kafka's checkpoint format."""
 

@@ -217,6 +217,6 @@ def run(args: argparse.Namespace) -> int:
             print(line)
         for cut in gathered.truncated:
             print(cut.text(foreseen=True))
-        for error in gathered.errors:
-            print(f"cleanerd plan: {error}", file=sys.stderr)
+    for error in gathered.errors:  # in the JSON too: the exit status 1 says why here
+        print(f"cleanerd plan: {error}", file=sys.stderr)
     return 1 if gathered.errors else 0

@@ -58,6 +58,7 @@ from cleanerd.errors import (
     CorruptRecordError,
     InvalidTxnStateError,
     LogDirLockedError,
+    NoSegmentYet,
     file_step,
 )
 from cleanerd.log.checkpoint import (
@@ -1190,12 +1191,8 @@ class PartitionLog:
         log_end_offset: int | None = None,
     ) -> PartitionMeta:
         tp = self.topic_partition
-        if not segments:
-            # Only read-only: the owner's open creates the first segment.
-            raise CleanerdError(
-                "no segment yet (a partition being created, or one a crash left so: its "
-                "owner's open creates the first segment)"
-            )
+        if not segments:  # only read-only: the owner's open creates the first segment
+            raise NoSegmentYet
         return PartitionMeta(
             topic=tp.topic,
             partition=tp.partition,

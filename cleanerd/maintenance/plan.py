@@ -37,6 +37,7 @@ from cleanerd.config import Config, log_dir_failure
 from cleanerd.errors import (
     CheckpointError,
     CleanerdError,
+    NoSegmentYet,
     reread_on_change,
 )
 from cleanerd.log.files import (
@@ -394,6 +395,10 @@ def _gather_dir(
         topic = cfg.topic_config(tp.topic)
         try:
             plog, meta, segment_horizons = _read_partition(log_dir, tp, topic, horizons)
+        except NoSegmentYet:
+            # Being created by a broker, or left so by a crash (the owner's open creates
+            # the first segment): nothing to plan, and nothing wrong, as `audit` finds.
+            continue
         except (CleanerdError, OSError) as exc:
             if partition_dir_gone(log_dir.path / str(tp)):
                 continue  # deleted since the listing (a topic deletion): nothing to plan

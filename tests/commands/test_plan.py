@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from contextlib import nullcontext
 from pathlib import Path
 
 from tests.compaction.conftest import LogBuilder, k
@@ -79,6 +80,8 @@ def test_a_partition_with_a_bad_batch_is_listed_unreadable(tmp_path: Path) -> No
     assert lines[at + 2] == "  retention: skipped (partition is uncleanable)"
     assert sum(line.startswith("t-0 in ") for line in lines) == 1
     assert any(line.startswith("u-0 in ") for line in lines)
+    assert doc.stderr.count("cleanerd plan: ") == 1  # each error named on stderr
+    assert f"{first} at position 0: CRC mismatch" in doc.stderr
     report = json.loads(doc.stdout)
     damaged, healthy = report["partitions"]
     assert (damaged["topic"], healthy["topic"], healthy["damage"]) == ("t", "u", None)
@@ -216,3 +219,23 @@ def test_a_log_start_inside_the_active_segment_leaves_nothing_cleanable(tmp_path
     text = subprocess.run(command, capture_output=True, text=True, env=env, check=True)
     (line,) = [x for x in text.stdout.splitlines() if x.startswith("  compaction: ")]
     assert "; nothing cleanable (first dirty offset 4, first uncleanable 3), blocked by " in line
+
+
+def test_a_partition_being_created_is_no_error(tmp_path: Path) -> None:
+    """A partition dir with no segment yet, beside a broker (which is creating it) or in
+    an owned dir (a crash left it so; the open creates the first segment), is nothing to
+    plan and no error: `plan` exited 1 whenever a broker created a partition."""
+    log = LogBuilder(tmp_path / "logs")
+    log.append([(k("a"), b"1")])
+    log.write()
+    (tmp_path / "logs" / "t-1").mkdir()
+    command, env = _plan_command(tmp_path)
+    for hold in (HOLD_BROKER_LOCK, None):
+        with held_by_other_process(hold, tmp_path / "logs") if hold else nullcontext():
+            text = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
+            doc = subprocess.run([*command, "--json"], capture_output=True, text=True, env=env)
+        assert (text.returncode, doc.returncode) == (0, 0), text.stderr
+        assert "t-1" not in text.stdout + text.stderr
+        report = json.loads(doc.stdout)
+        assert (report["errors"], report["unreadable"]) == ([], [])
+        assert [p["partition"] for p in report["partitions"]] == [0]
