@@ -1443,7 +1443,9 @@ class Maintenance:
         if not self.config.log_cleaner_enable:
             report.skip("", None, "clean", "log.cleaner.enable is false")
             return
-        if not act:
+        if not act or not any(d.mode is Mode.OWNER for d in self._online_dirs()):
+            # Only observed: no worker looks for a log to clean, so the last-clean gauges
+            # (Kafka's time since the cleaner last ran) stay as they are.
             return
         running: dict[Future[CleanResult], _Running] = {}
         stopping = False

@@ -1224,6 +1224,8 @@ def test_an_observed_dir_reports_its_states_and_nothing_in_it_changes(
         with Maintenance(cfg, engine, clock=lambda: T0) as m:
             report = m.run_once()
             assert m.observed_dirs == [logs]
+            # No worker looked for a log to clean (the last-clean gauges stay at 0).
+            assert m.manager.last_run_ms is None
     finally:
         done.set()
         holder.join(30)
@@ -1238,6 +1240,9 @@ def test_an_observed_dir_reports_its_states_and_nothing_in_it_changes(
     assert overdue.kafka_compaction_delay_ms == 0  # Kafka ignores the active segment
     after = {p: (p.stat().st_size, p.stat().st_mtime_ns) for p in logs.rglob("*")}
     assert after == before
+    with Maintenance(cfg, engine, clock=lambda: T0) as m:
+        m.run_once()
+        assert m.manager.last_run_ms == T0  # owned now: the workers looked
 
 
 def test_opening_many_partitions_runs_as_long_lived_work(
