@@ -133,6 +133,14 @@ MAX_PARTITION: Final = 2**31 - 1
 (its checkpoint lines would not parse there either)."""
 
 
+class MisnamedPartitionDir(ValueError):
+    """A partition dir's name that is not the one Kafka gives it (`parse_topic_partition`)."""
+
+
+_misnamed_said: set[str] = set()
+"""The misnamed dirs `list_partitions` warned of (once per process each)."""
+
+
 def parse_topic_partition(dirname: str) -> TopicPartition:
     """Parse a live partition dir name `<topic>-<partition>`.
 
@@ -159,14 +167,6 @@ def parse_topic_partition(dirname: str) -> TopicPartition:
             f"partition's dir {topic}-{int(partition)}"
         )
     return TopicPartition(topic, int(partition))
-
-
-class MisnamedPartitionDir(ValueError):
-    """A partition dir's name that is not the one Kafka gives it (`parse_topic_partition`)."""
-
-
-_misnamed_said: set[str] = set()
-"""The misnamed dirs `list_partitions` warned of (once per process each)."""
 
 
 def is_segment_file_name(filename: str) -> bool:
