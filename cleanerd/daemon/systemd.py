@@ -22,6 +22,10 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Final
 
+from cleanerd.logger import get_logger
+
+log = get_logger(__name__)
+
 NOTIFY_SOCKET: Final = "NOTIFY_SOCKET"
 WATCHDOG_USEC: Final = "WATCHDOG_USEC"
 WATCHDOG_PID: Final = "WATCHDOG_PID"
@@ -110,6 +114,10 @@ class Notifier:
     """The messages cleanerd sends, each one datagram; all no-ops when not under systemd.
 
     `environ` is read at every call (default `os.environ`); `clock` gives MONOTONIC_USEC.
+    A datagram that cannot be sent (nobody listens at `$NOTIFY_SOCKET`: a supervisor that
+    passes it on without serving it, a manager gone) is logged, once until one gets
+    through again, and the daemon runs on, as a caller of sd_notify(3) gets its error
+    back: a side channel must not stop the service, nor cost it its clean stop.
     """
 
     def __init__(
@@ -119,6 +127,8 @@ class Notifier:
     ) -> None:
         self._environ = environ
         self._clock = clock
+        self._failing: str | None = None
+        """The error of the last datagram that could not be sent, until one is."""
 
     @property
     def enabled(self) -> bool:
@@ -153,4 +163,20 @@ class Notifier:
     def _send(self, fields: dict[str, FieldValue], status: str | None) -> bool:
         if status is not None:
             fields["STATUS"] = status
-        return notify(environ=self._environ, **fields)
+        try:
+            sent = notify(environ=self._environ, **fields)
+        except OSError as exc:
+            if self._failing != str(exc):
+                self._failing = str(exc)
+                env = os.environ if self._environ is None else self._environ
+                log.warning(
+                    "systemd.notify_failed",
+                    socket=env.get(NOTIFY_SOCKET),
+                    message=",".join(fields),
+                    error=str(exc),
+                    consequence="the service manager hears nothing (readiness, watchdog) "
+                    "until a message gets through; the daemon runs on",
+                )
+            return False
+        self._failing = None
+        return sent

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from structlog.testing import capture_logs
 
 from cleanerd.daemon.systemd import (
     Notifier,
@@ -117,6 +118,32 @@ def test_notifier_takes_an_explicit_environment(tmp_path: Path) -> None:
     with _receiver(path) as sock:
         assert Notifier(environ={"NOTIFY_SOCKET": path}).stopping()
         assert _fields(sock) == [("STOPPING", "1")]
+
+
+def test_a_socket_nobody_listens_at_is_logged_once_and_stops_nothing(tmp_path: Path) -> None:
+    """A $NOTIFY_SOCKET nobody listens at (a supervisor passing it on, a manager gone) is
+    said once, naming it, until a message gets through again; no call raises (the
+    daemon's start failed on it, and a watchdog ping ended it without a clean stop)."""
+    path = str(tmp_path / "gone.sock")
+    notifier = Notifier(environ={"NOTIFY_SOCKET": path})
+    with capture_logs() as logs:
+        assert not notifier.ready("watching")
+        assert not notifier.watchdog()
+    (failed,) = logs
+    assert (failed["event"], failed["socket"], failed["message"]) == (
+        "systemd.notify_failed",
+        path,
+        "READY,STATUS",
+    )
+    with _receiver(path) as sock, capture_logs() as logs:
+        assert notifier.watchdog()
+        assert _fields(sock) == [("WATCHDOG", "1")]
+    assert logs == []
+    sock.close()
+    Path(path).unlink()
+    with capture_logs() as logs:
+        assert not notifier.stopping()
+    assert [e["event"] for e in logs] == ["systemd.notify_failed"]  # failing again: said
 
 
 @pytest.mark.parametrize("value", ["relative.sock", "@", "vsock:2:1234"])
