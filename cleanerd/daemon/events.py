@@ -220,6 +220,9 @@ class MqttPublisher:
         self._inflight: Event | None = None
         self._client: aiomqtt.Client | None = None
         self._task: asyncio.Task[None] | None = None
+        self._stopped = False
+        """Set by `stop()`, for good: the session loop ends at its next turn even if a
+        cancellation was lost in the session's teardown, and `start()` starts nothing."""
         self._attempt = 0
         self._overflowing = False
         self.published = 0
@@ -254,33 +257,39 @@ class MqttPublisher:
         self._queue.put_nowait(event)
 
     async def start(self) -> None:
-        """Start the connection task; returns at once (a broker outage never delays startup)."""
-        if self._task is None:
+        """Start the connection task; returns at once (a broker outage never delays startup).
+        A publisher stopped before it started never starts (a reload replaced it)."""
+        if self._task is None and not self._stopped:
             self._task = asyncio.create_task(self._run(), name="mqtt-publisher")
 
     async def stop(self) -> None:
         """Deliver queued events for up to `stop_timeout_s` (only if connected), publish
-        the retained `offline` status, and disconnect cleanly so the will is not sent."""
-        if self._task is None:
+        the retained `offline` status, and disconnect cleanly so the will is not sent.
+        The session task ends whatever happens meanwhile (a stop cancelled midway)."""
+        self._stopped = True
+        task = self._task
+        if task is None:
             return
-        timeout = self._stop_timeout_s
-        if self._client is not None:
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(timeout):
-                    await self._queue.join()
-        client = self._client
-        if client is not None:
-            with contextlib.suppress(aiomqtt.MqttError):
-                await client.publish(
-                    self.status_topic, OFFLINE, qos=1, retain=True, timeout=timeout
-                )
-        self._task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._task
-        self._task = None
+        try:
+            timeout = self._stop_timeout_s
+            if self._client is not None:
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(timeout):
+                        await self._queue.join()
+            client = self._client
+            if client is not None:
+                with contextlib.suppress(aiomqtt.MqttError):
+                    await client.publish(
+                        self.status_topic, OFFLINE, qos=1, retain=True, timeout=timeout
+                    )
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            self._task = None
 
     async def _run(self) -> None:
-        while True:
+        while not self._stopped:
             try:
                 await self._session()
             except* aiomqtt.MqttError as group:
@@ -297,6 +306,11 @@ class MqttPublisher:
                 log.exception("mqtt.session_failed")
             finally:
                 self._client = None
+            if self._stopped:
+                # The cancellation of `stop()` can be lost: a session's task group that
+                # fails on a dropped connection while it is cancelled raises that
+                # failure, not the cancellation.
+                return
             delay = self._backoff.delay(self._attempt, self._rng)
             self._attempt += 1
             await asyncio.sleep(delay)

@@ -808,12 +808,22 @@ class Daemon:
         return make_publisher(config.mqtt, host=self.host, on_command=self.on_command)
 
     async def _replace_publisher(self, config: Config) -> None:
+        """Events go to the new publisher at once; its connection starts once the old
+        one is stopped (its queue delivered, its retained `offline` published), in a task
+        of its own, so the reload does not wait. Both use one client id: started first,
+        the new session took the old one over and the old, reconnecting, took it back,
+        each dropping the other without end, and the old's `offline` came after the
+        new's `online`."""
         new = self._new_publisher(config)
         old, self.publisher = self.publisher, new
         published, dropped = self._events_base
         self._events_base = (published + old.published, dropped + old.dropped)
-        await new.start()
-        self._spawn(f"mqtt-retire-{id(old)}", old.stop)
+
+        async def hand_over() -> None:
+            await old.stop()
+            await new.start()
+
+        self._spawn(f"mqtt-hand-over-{id(old)}", hand_over)
 
     # -- shutdown ---------------------------------------------------------------------------
 

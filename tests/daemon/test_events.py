@@ -637,3 +637,34 @@ async def test_a_broker_that_stays_away_is_not_a_warning_at_every_retry() -> Non
     assert [e["failed_attempts"] for e in failures] == list(range(1, 13))
     warned = [e["failed_attempts"] for e in failures if e["log_level"] == "warning"]
     assert warned == [1, 11]
+
+
+async def test_stop_ends_the_session_loop_even_when_its_cancellation_is_lost(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A session that turns the cancellation of `stop()` into a dropped connection (as
+    a task group whose client fails while it is cancelled does) still ends: the loop
+    retried it, so a publisher a reload replaced kept reconnecting under the new one's
+    client id for good. A stopped publisher never starts again."""
+    settings = MqttConfig.model_validate({"enabled": True, "host": "127.0.0.1", "port": 1})
+    publisher = MqttPublisher(settings, host=HOST, backoff=FAST)
+    sessions = 0
+
+    async def lossy_session() -> None:
+        nonlocal sessions
+        sessions += 1
+        try:
+            await asyncio.sleep(WAIT_S * 10)
+        except asyncio.CancelledError:
+            raise aiomqtt.MqttError("Disconnected during message iteration") from None
+
+    monkeypatch.setattr(publisher, "_session", lossy_session)
+    await publisher.start()
+    await _until(lambda: sessions == 1)
+    async with asyncio.timeout(WAIT_S):
+        await publisher.stop()
+    assert sessions == 1
+    await publisher.start()
+    assert not publisher.connected
+    await asyncio.sleep(0.1)
+    assert sessions == 1

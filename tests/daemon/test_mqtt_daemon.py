@@ -14,6 +14,7 @@ from typing import Any
 import aiomqtt
 import pytest
 import yaml
+from structlog.testing import capture_logs
 
 from cleanerd.config import load_config
 from cleanerd.daemon.events import MqttPublisher
@@ -241,3 +242,43 @@ async def test_deeper_topics_and_retained_commands_live_and_at_reconnect(
         accepted = await inbox.wait(_kind("command.accepted"), "the plain pause accepted")
         assert accepted["data"]["id"] == "plain"
         assert daemon.paused
+
+
+async def test_a_reload_that_changes_mqtt_hands_the_connection_over_once(
+    broker: Broker, tmp_path: Path, notify_socket: NotifyReceiver
+) -> None:
+    """A SIGHUP that changes an `mqtt` key replaces the connection: the old one stops
+    (its retained `offline` first), then the new one connects, once, and stays, and the
+    retained status ends `online`. Both have one client id: the new one started first
+    took the old one's session over and the old one took it back, without end."""
+    _dirty(tmp_path, TopicPartition("users", 0), timestamp=_now_ms() - HOUR)
+    daemon = _daemon(tmp_path, broker, notify_socket)
+    config_path = tmp_path / "cleanerd.yaml"
+    async with contextlib.AsyncExitStack() as stack:
+        await stack.enter_async_context(running(daemon))
+        await eventually(lambda: daemon.publisher.connected, "the broker connection")
+        old = daemon.publisher
+        assert isinstance(old, MqttPublisher)
+        stop = old.stop
+
+        async def slow_stop() -> None:  # a stop that takes its time (events to deliver)
+            await asyncio.sleep(0.5)
+            await stop()
+
+        old.stop = slow_stop  # type: ignore[method-assign]
+        data = yaml.safe_load(config_path.read_text())
+        data["mqtt"]["keepalive_s"] = 9
+        config_path.write_text(yaml.safe_dump(data))
+        with capture_logs() as logs:
+            await daemon.reload()
+            await eventually(lambda: daemon.publisher.connected, "the new connection")
+            assert old._task is None  # stopped before the new one connected
+            await asyncio.sleep(2)  # a fight over the client id shows within this
+        assert daemon.publisher is not old
+        assert not old.connected
+        assert daemon.publisher.connected
+        events = [e["event"] for e in logs if e["event"].startswith("mqtt.")]
+        assert events == ["mqtt.connected"]
+        sub = await stack.enter_async_context(_subscriber(broker, f"{BASE}/status"))
+        status = await anext(aiter(sub.messages))
+        assert (status.payload, status.retain) == (b"online", True)
