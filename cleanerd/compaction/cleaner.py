@@ -1224,12 +1224,17 @@ class Cleaner:
 
     def _update_from_clean_section(self, p: _Pass, m: OffsetMap) -> None:
         """Let records below the dirty range beat the dirty winners of their keys (the
-        timestamp and header strategies can prefer an older record)."""
-        for seg in p.segments:
+        timestamp and header strategies can prefer an older record). As in the map build,
+        aborted data is no contender: it is discarded whatever its version, so a winner
+        it beat would have been deleted with it."""
+        tracker = TransactionTracker()
+        for idx, seg in enumerate(p.segments):
             if seg.base_offset >= p.first_dirty:
                 break
+            upper = segment_upper(p.segments, idx, p.first_dirty)
+            tracker.add_aborted(aborted_between(p.aborted, seg.base_offset, upper))
             for c in self._windows(p, seg, keep=True):
-                data = (c.sc.attributes[c.batch_of] & CONTROL_MASK) == 0
+                data = self._mappable_batches(c, tracker)[c.batch_of]
                 rows = np.flatnonzero(data & (c.sc.key_len >= 0) & (c.offsets < p.first_dirty))
                 versions, has = segment_versions(p.config.strategy, c.sc, c.joined, rows)
                 m.update_existing_many(c.hashes(rows), c.offsets[rows], versions, has)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import struct
 
+import pytest
+
 from cleanerd.compaction.cleaner import CleanerConfig
 from cleanerd.compaction.strategy import resolve_strategy
 from cleanerd.records.record import RecordHeader
@@ -44,6 +46,24 @@ def test_timestamp_strategy_older_clean_record_beats_newer_dirty(log: LogBuilder
         (3, 0),
         (4, 1),
     ]
+
+
+@pytest.mark.parametrize("name", ["timestamp", "header"])
+def test_aborted_data_below_the_dirty_range_beats_no_winner(log: LogBuilder, name: str) -> None:
+    """An aborted record in the clean section, with a higher timestamp or version than
+    its key's live record in the dirty range, is no contender: it goes (aborted data
+    always does) and the live record stays. It won, and the live record was deleted."""
+    log.append([(k(1), b"aborted")], pid=7, txn=True, timestamps=[9_000], headers=[version(9)])
+    log.abort(7)
+    log.roll()
+    log.append([(k(1), b"live")], timestamps=[1_000], headers=[version(1)])
+    log.append([(k(2), b"x")], timestamps=[1_000])
+    log.roll()
+    log.append([(k(9), b"y")], timestamps=[1_000])
+    d = log.write()
+    clean(d, first_dirty=2, config=config(name))
+    values = [(r.key, r.value) for b in read_batches(d) for r in b.records if r.key == k(1)]
+    assert values == [(k(1), b"live")]
 
 
 def test_header_strategy_rules(log: LogBuilder) -> None:

@@ -228,12 +228,17 @@ def _rows(
     krow = np.cumsum(keyed, dtype=np.int64) - 1 + keyed_before
     offsets = sc.offset
     rows = np.flatnonzero(keyed & data & (offsets < task.end))
-    cand = np.zeros(rows.size, np.bool_)
-    if task.upper > task.first_dirty:
-        mappable = ~scan.of(sc)[bi[rows]]
-        cand = mappable & (offsets[rows] >= task.first_dirty)
+    dirty = task.upper > task.first_dirty
     versioned = task.strategy.versioned
-    upd = (offsets[rows] < task.first_dirty) if versioned else np.zeros(rows.size, np.bool_)
+    # Aborted data is no candidate, nor (below the dirty range) a contender of the
+    # timestamp and header strategies: it is discarded whatever its version.
+    mappable = ~scan.of(sc)[bi[rows]] if dirty or versioned else np.ones(rows.size, np.bool_)
+    cand = np.zeros(rows.size, np.bool_)
+    if dirty:
+        cand = mappable & (offsets[rows] >= task.first_dirty)
+    upd = np.zeros(rows.size, np.bool_)
+    if versioned:
+        upd = mappable & (offsets[rows] < task.first_dirty)
     joined = join_buffers(sc)
     hashes = hash_keys(joined.buf, joined.key_pos[rows], sc.key_len[rows])
     version, has = segment_versions(task.strategy, sc, joined, rows)

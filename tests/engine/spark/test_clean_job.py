@@ -3,6 +3,7 @@ and the per-segment transaction check."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -200,6 +201,19 @@ def test_segment_rows_in_windows_are_the_rows_of_one_decode(
     assert whole.keys() == windowed.keys()
     for name in whole:
         np.testing.assert_array_equal(windowed[name], whole[name], err_msg=name)
+
+
+def test_aborted_data_below_the_dirty_range_contends_with_no_winner() -> None:
+    """Below the dirty range, the timestamp strategy's contenders (`upd`) are the keyed
+    records of data that is not aborted, as in the local pass; aborted ones contended
+    and could beat (and delete) their key's live record."""
+    raw, task = _txn_segment()
+    below = replace(task, first_dirty=task.upper, strategy=resolve_strategy("timestamp", None))
+    rows = segment_rows(below, raw)
+    aborted = np.isin(rows["offset"], [4, 5, 10, 11])  # batches 2 and 5, producer 5
+    assert aborted.any()
+    assert rows["upd"].tolist() == (~aborted).tolist()
+    assert not rows["cand"].any()
 
 
 def test_a_missing_abort_marker_fails_a_segment_read_in_windows(
