@@ -62,6 +62,7 @@ import pickle
 import signal
 import threading
 import time
+import traceback
 from collections.abc import Callable
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -205,6 +206,24 @@ def _portable(exc: BaseException) -> BaseException:
     return portable
 
 
+def _release_frames(exc: BaseException) -> None:
+    """Clear the locals of the finished frames in the tracebacks of `exc` and of the
+    exceptions it carries (`__cause__`, `__context__`), keeping what a traceback prints.
+    A failed pass's frames hold its mapped segments, and the pool's worker keeps its
+    last error until another job fails: the files of a pass that failed (ENOSPC) stayed
+    mapped, so deleting them freed no space and KIP-61 deleted more than it needed."""
+    seen: set[int] = set()
+    todo: list[BaseException | None] = [exc]
+    while todo:
+        e = todo.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        if e.__traceback__ is not None:
+            traceback.clear_frames(e.__traceback__)
+        todo += [e.__cause__, e.__context__]
+
+
 def _pool_worker() -> _Worker:
     assert _worker is not None, "the pool initializer sets up every worker"
     return _worker
@@ -225,6 +244,7 @@ def _run_job(
     try:
         result = work(w)
     except Exception as exc:  # noqa: BLE001 - re-raised, in a form the parent can unpickle
+        _release_frames(exc)
         raise _portable(exc) from None
     finally:
         w.heap.idle()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import signal
@@ -9,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+import traceback
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -18,15 +20,16 @@ from cleanerd.compaction.audit import read_audit_columns
 from cleanerd.compaction.cleaner import Cleaner, CleanerConfig, CleaningAborted
 from cleanerd.compaction.offset_map import OffsetMap
 from cleanerd.compaction.strategy import CompactionStrategy, ResolvedStrategy
-from cleanerd.engine import Engine
+from cleanerd.engine import Engine, local
 from cleanerd.engine.base import AuditJob, CleanJob, WorkerCrashed
 from cleanerd.engine.local import LocalEngine, WorkerSettings
-from cleanerd.errors import CorruptRecordError
+from cleanerd.errors import CleanerdError, CorruptRecordError
 from cleanerd.log.checkpoint import CLEANER_OFFSET_CHECKPOINT, OffsetCheckpointFile
 from cleanerd.log.files import TopicPartition
 from cleanerd.log.lock import PartitionLock, checkpoint_lock
 from cleanerd.log.ownership import OwnershipLost, SegmentsChanged, StaleWork
 from cleanerd.log.partition_log import PartitionLog
+from cleanerd.log.segment_reader import map_file
 from tests.compaction.conftest import TP, LogBuilder, k, segment_metas, view
 from tests.engine.owned import own
 from tests.paths import REPO
@@ -461,3 +464,35 @@ def test_in_process_pass_runs_beside_the_callers_thread(tmp_path: Path) -> None:
             assert engine.running_pids()[TP] == os.getpid()
             assert not future.done()
         assert future.result().end_offset == 30
+
+
+def test_a_failed_job_keeps_none_of_its_files_mapped(tmp_path: Path) -> None:
+    """A job that fails, holding a mapped segment in a frame of its traceback (or of an
+    error it chains), leaves nothing mapped once its error is raised, although the error
+    itself lives on (the pool's worker keeps its last one until another job fails): a
+    failed pass's segments stayed mapped, so deleting them freed no space."""
+    seg = tmp_path / "00000000000000000000.log"
+    seg.write_bytes(b"x" * 65536)
+
+    def work(_w: local._Worker) -> None:
+        raw = map_file(seg)
+        try:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        except OSError as exc:
+            raise CleanerdError(f"writing the cleaned segment beside {len(raw)} bytes") from exc
+
+    worker = local._Worker(  # what `_run_job` uses of a pool worker's state
+        settings=WorkerSettings(workers=1),
+        owner=None,  # type: ignore[arg-type]
+        abort_ids=None,
+        started_ids=[0],
+        started_pids=[0],
+        abort_all=None,
+        throttler=None,  # type: ignore[arg-type]
+    )
+    with pytest.raises(CleanerdError) as caught:
+        local._run_job(worker, "clean", 0, 1, TP, work)
+    chained = caught.value.__context__  # (its cause is dropped to make it portable)
+    assert isinstance(chained, OSError)
+    assert str(seg) not in Path("/proc/self/maps").read_text()
+    assert "raise OSError" in "".join(traceback.format_exception(chained))  # still printable
