@@ -136,10 +136,11 @@ def time_roll_due(
 ) -> TimeRollDue:
     """The instant the time rule rolls the (non-empty) `segment`: its rolling timestamp
     plus `maxSegmentMs - jitter`, but not before `min(min_roll_interval_ms,
-    maxSegmentMs)` after the partition's last roll."""
+    maxSegmentMs)` after the partition's last roll (no floor when that interval is 0,
+    even if the last roll's time, a file's mtime, is later than the time rule's)."""
     rolling = rolling_timestamp(segment, age.first_seen_ms)
     by_time = rolling + max_segment_ms - jitter_ms
-    if age.last_roll_ms is None:
+    if age.last_roll_ms is None or min_roll_interval_ms <= 0:
         return TimeRollDue(by_time, rolling, False)
     floor = age.last_roll_ms + min(min_roll_interval_ms, max_segment_ms)
     return TimeRollDue(max(by_time, floor), rolling, floor > by_time)

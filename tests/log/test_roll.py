@@ -122,6 +122,16 @@ def test_min_roll_interval_stops_a_segment_per_append():
     assert roll(old, now=seen + 15 * 60_000, last_roll_ms=seen) is not None
 
 
+def test_a_min_roll_interval_of_zero_holds_no_roll():
+    """`rolls.min_interval_ms: 0` turns the floor off, even when the last roll's time (a
+    file's mtime) is later than the time rule's instant: the floor held the roll until
+    that mtime (a past --now-ms, a clock stepped back, files with future mtimes)."""
+    old = active(first_ts=T0 - 365 * DAY)
+    later = T0 + DAY  # the previous segment's mtime, after `now`
+    assert roll(old, now=T0, last_roll_ms=later, min_roll_interval_ms=0) is not None
+    assert roll(old, now=T0, last_roll_ms=later) is None  # the default floor still holds
+
+
 def test_min_roll_interval_is_capped_by_max_segment_ms():
     """A one-minute lag still rolls every minute, and jitter above the lag cannot go faster."""
     seen = T0
