@@ -120,6 +120,7 @@ from cleanerd.maintenance.steps import (
 from cleanerd.retention.disk import (
     DiskUsageReport,
     UsageProbe,
+    device_of,
     enforce_disk_usage,
     group_devices,
     is_above,
@@ -1409,12 +1410,21 @@ class Maintenance:
             if u.device in disk.still_above:
                 # Said when it starts: a device that stays full stays so cycle after cycle.
                 device = device_name(u.device)
+                in_logs = _log_bytes_on(u.device, partitions)
+                limit = u.limit_bytes(u.threshold_percent)
+                consequence = "nothing deletable is left, or writers outpace the deletions"
+                if u.used_bytes - in_logs > limit:
+                    consequence = (
+                        "other files fill the device: without a byte of the log dirs it "
+                        "would still be above the threshold"
+                    )
                 self._once("disk.pressure", Path(device), None, device)(
                     "disk.pressure",
                     device=device,
                     used_bytes=u.used_bytes,
-                    limit_bytes=u.limit_bytes(u.threshold_percent),
-                    consequence="nothing deletable is left, or writers outpace the deletions",
+                    limit_bytes=limit,
+                    log_dirs_bytes=in_logs,
+                    consequence=consequence,
                 )
         self.counters.count_disk_usage(disk)
         report.disk_usage = disk
@@ -1651,6 +1661,17 @@ def _prepare_clean_shutdown(
         except (CleanerdError, OSError) as exc:
             failures[n] = exc
     return {plogs[n]: failures[n] for n in sorted(failures)}
+
+
+def _log_bytes_on(device: int, partitions: list[_Partition]) -> int:
+    """The segment bytes of `partitions` whose log dir is on `device`."""
+    devices = {p.log_dir.path: 0 for p in partitions}
+    for path in devices:
+        with suppress(OSError):
+            devices[path] = device_of(path)
+    return sum(
+        s.size for p in partitions if devices[p.log_dir.path] == device for s in p.plog.segments
+    )
 
 
 class _Kept(NamedTuple):

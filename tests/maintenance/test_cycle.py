@@ -637,6 +637,39 @@ def test_a_partition_disk_usage_cannot_read_is_warned_about_once(
     assert ":" in pressure[0]["device"]
 
 
+def test_disk_pressure_says_when_other_files_fill_the_device(
+    tmp_path: Path, engine: LocalEngine
+) -> None:
+    """A device that stays above its threshold because files outside the log dirs fill
+    it is said to be so, with the log dirs' bytes: 'nothing deletable is left' sent the
+    operator looking for Kafka data that was not there."""
+    tp = TopicPartition("t", 0)
+    build(tmp_path, tp, [records(range(20), T0 - 5 * HOUR), records([0], T0)])
+    logs = tmp_path / "logs"
+    in_logs = sum(p.stat().st_size for p in (logs / str(tp)).glob("*.log"))
+    other = 100 * in_logs  # foreign files, 100 times the log bytes, on the same device
+
+    def probe(_path: Path) -> DiskSpace:
+        used = sum(p.stat().st_size for p in (logs / str(tp)).glob("*.log"))
+        return DiskSpace(4 * other, other + used)
+
+    cfg = write_config(
+        tmp_path, {"t": {"cleanup.policy": "delete"}}, **{"log.retention.disk.usage.percent": 10}
+    )
+    with (
+        Maintenance(cfg, engine, clock=lambda: T0, usage_probe=probe) as m,
+        capture_logs() as logs_,
+    ):
+        report = m.run_once()
+    assert report.disk_usage is not None
+    assert report.disk_usage.still_above
+    (pressure,) = [e for e in logs_ if e["event"] == "disk.pressure"]
+    assert pressure["log_dirs_bytes"] == sum(
+        p.stat().st_size for p in (logs / str(tp)).glob("*.log")
+    )
+    assert pressure["consequence"].startswith("other files fill the device")
+
+
 class _StopWhileSwapping:
     """An engine that holds the partition lock from the submission (so the pass waits
     at its first swap) and sets `stop` at once; the cycle's abort releases the lock."""
