@@ -62,7 +62,7 @@ from pathlib import Path
 from typing import Final, NamedTuple, Protocol
 
 from cleanerd.collector import long_lived_objects
-from cleanerd.compaction.cleanable import log_to_clean
+from cleanerd.compaction.cleanable import LogToClean, log_to_clean
 from cleanerd.compaction.cleaner import (
     CleanerConfig,
     CleaningAborted,
@@ -91,6 +91,7 @@ from cleanerd.log.deletions import PendingDeletions
 from cleanerd.log.files import METADATA_TOPIC, TopicPartition, list_partitions, log_file
 from cleanerd.log.known_segments import KnownSegment, decode
 from cleanerd.log.log_dir import LogDir, Mode
+from cleanerd.log.meta import PartitionMeta
 from cleanerd.log.ownership import StaleWork, lock_holder
 from cleanerd.log.partition_log import LogConfig, PartitionLog
 from cleanerd.log.roller import FirstSeen, maybe_roll, segment_age
@@ -129,6 +130,7 @@ from cleanerd.retention.disk import (
 )
 from cleanerd.retention.disk_usage import device_name
 from cleanerd.retention.executor import RetentionOutcome, apply_retention
+from cleanerd.retention.policy import retention_due_ms
 
 log = get_logger(__name__)
 
@@ -1087,7 +1089,7 @@ class Maintenance:
             if p.topic.compact or p.plog.is_metadata:
                 continue
             try:
-                states.append(PartitionState(p.plog.meta()))
+                states.append(_state(p.plog.meta(), p.topic))
             except (CleanerdError, OSError) as exc:
                 self._note("partition.unreadable", p, str(exc), error=str(exc))
                 report.met(p.log_dir.path, p.tp, exc)
@@ -1167,7 +1169,7 @@ class Maintenance:
                     min_compaction_lag_ms=topic.min_compaction_lag_ms,
                     max_compaction_lag_ms=topic.max_compaction_lag_ms,
                 )
-            yield PartitionState(meta, ltc)
+            yield _state(meta, topic, ltc)
 
     def _open(
         self, log_dir: LogDir, tp: TopicPartition, report: _Builder, *, by_readers: bool = False
@@ -1442,7 +1444,7 @@ class Maintenance:
         now = self.clock()
         marked = {item.tp for item in compacted if self.manager.is_uncleanable(item, now)}
         candidates = self.manager.refresh(compacted, now)
-        report.states += [PartitionState(c.meta, c.ltc) for c in candidates]
+        report.states += [_state(c.meta, c.log.topic, c.ltc) for c in candidates]
         for item in compacted:
             unread = self.manager.unreadable.get(item.tp)
             if unread is not None:  # marked uncleanable too
@@ -1661,6 +1663,15 @@ def _prepare_clean_shutdown(
         except (CleanerdError, OSError) as exc:
             failures[n] = exc
     return {plogs[n]: failures[n] for n in sorted(failures)}
+
+
+def _state(
+    meta: PartitionMeta, topic: TopicConfig, ltc: LogToClean | None = None
+) -> PartitionState:
+    """A partition's state for the metrics, with when its data first outlived
+    `retention.ms` (`retention_due_ms`)."""
+    due = retention_due_ms(meta, retention_ms=topic.retention_ms, policy_delete=topic.delete)
+    return PartitionState(meta, ltc, due)
 
 
 def _log_bytes_on(device: int, partitions: list[_Partition]) -> int:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -294,13 +294,20 @@ class PartitionState:
     meta: PartitionMeta
     ltc: LogToClean | None = None
     """None for a topic without `compact` in its cleanup policy."""
+    retention_due_ms: int | None = None
+    """When data here first outlived `retention.ms` (`policy.retention_due_ms`)."""
 
     def aged(self, now_ms: int) -> PartitionState:
         """The state with its compaction delays at `now_ms` (`LogToClean.aged`)."""
         if self.ltc is None:
             return self
         ltc = self.ltc.aged(now_ms)
-        return self if ltc is self.ltc else PartitionState(self.meta, ltc)
+        return self if ltc is self.ltc else replace(self, ltc=ltc)
+
+    def retention_overdue_ms(self, now_ms: int) -> int:
+        """How long data older than `retention.ms` has been on disk at `now_ms`."""
+        due = self.retention_due_ms
+        return 0 if due is None else max(0, now_ms - due)
 
 
 @dataclass(frozen=True, slots=True)

@@ -210,3 +210,18 @@ def deletable_segments(
         future_timestamp_base=future_base,
         damaged_base=walk.damaged_base,
     )
+
+
+def retention_due_ms(meta: PartitionMeta, *, retention_ms: int, policy_delete: bool) -> int | None:
+    """When data of `meta` first outlived `retention.ms`: the least largest timestamp
+    (the `.log` mtime for a segment with none) plus `retention.ms` over its non-empty,
+    readable segments; None without time retention (not a `delete` policy, a negative
+    `retention.ms`, the metadata log) or without such a segment. Past it, data older
+    than `retention.ms` is on disk whatever keeps it (a later segment's future timestamp,
+    damage, a high watermark behind, a paused daemon, an offline or observed log dir),
+    which is what a deadline to delete by needs to see, whether the rules would delete
+    it yet or not."""
+    if not policy_delete or retention_ms < 0 or meta.never_touched:
+        return None
+    stamps = [s.largest_timestamp_ms for s in meta.segments if s.size_bytes and not s.damage]
+    return min(stamps) + retention_ms if stamps else None

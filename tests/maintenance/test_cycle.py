@@ -670,6 +670,34 @@ def test_disk_pressure_says_when_other_files_fill_the_device(
     assert pressure["consequence"].startswith("other files fill the device")
 
 
+def test_the_states_say_when_data_outlived_its_retention(
+    tmp_path: Path, engine: LocalEngine
+) -> None:
+    """A delete-policy partition whose expired data a segment with a future timestamp
+    keeps (Kafka's rule deletes nothing from it on) carries, in the cycle's states, when
+    that data outlived retention.ms: what the retention gauges show; a compacted
+    partition carries none."""
+    d, c = TopicPartition("d", 0), TopicPartition("c", 0)
+    build(
+        tmp_path,
+        d,
+        [records(range(3), T0 + HOUR), records(range(3), T0 - 5 * HOUR), records([0], T0)],
+    )
+    build(tmp_path, c, [records(range(3), T0 - 5 * HOUR), records([0], T0)])
+    topics: dict[str, dict[str, Any]] = {
+        "d": {"cleanup.policy": "delete", "retention.ms": HOUR},
+        "c": {"cleanup.policy": "compact"},
+    }
+    cfg = write_config(tmp_path, topics)
+    with Maintenance(cfg, engine, clock=lambda: T0) as m:
+        report = m.run_once()
+    assert all(not r.deletions for r in report.retention)  # the future timestamp holds
+    states = {s.meta.topic: s for s in report.states}
+    assert states["d"].retention_due_ms == T0 - 4 * HOUR
+    assert states["d"].retention_overdue_ms(T0) == 4 * HOUR
+    assert states["c"].retention_due_ms is None
+
+
 class _StopWhileSwapping:
     """An engine that holds the partition lock from the submission (so the pass waits
     at its first swap) and sets `stop` at once; the cycle's abort releases the lock."""

@@ -3,7 +3,12 @@ from __future__ import annotations
 import dataclasses
 
 from cleanerd.log.meta import PartitionMeta, SegmentMeta
-from cleanerd.retention.policy import DeletionReason, RetentionPlan, deletable_segments
+from cleanerd.retention.policy import (
+    DeletionReason,
+    RetentionPlan,
+    deletable_segments,
+    retention_due_ms,
+)
 
 NOW = 1_700_000_000_000
 HOUR = 3_600_000
@@ -236,3 +241,31 @@ def test_a_damaged_segment_in_the_future_is_not_named_a_future_timestamp():
     past the clock is no future record timestamp to warn about."""
     p = plan(damaged(partition([50, -2, 20]), 1), retention_ms=DAY)
     assert (bases(p), p.future_timestamp_base, p.damaged_base) == ([0], None, None)
+
+
+def test_retention_is_due_from_the_oldest_data_whatever_keeps_it() -> None:
+    """Data outlives `retention.ms` at its segment's largest timestamp plus
+    `retention.ms`: the oldest non-empty, readable segment's, even behind a segment with
+    a future timestamp (which keeps it from the rule); nothing without time retention."""
+    meta = partition([30, 50, 20])  # out of order: the 50-hour-old segment is the oldest
+    assert retention_due_ms(meta, retention_ms=DAY, policy_delete=True) == NOW - 50 * HOUR + DAY
+    future = dataclasses.replace(meta, segments=(seg(0, 10, ts=NOW + HOUR), *meta.segments[1:]))
+    assert not plan(future, retention_ms=DAY).deletions  # the rule deletes nothing...
+    assert retention_due_ms(future, retention_ms=DAY, policy_delete=True) == NOW - 26 * HOUR
+    damaged = dataclasses.replace(
+        meta,
+        segments=(
+            meta.segments[0],
+            dataclasses.replace(meta.segments[1], damage="bad CRC"),
+            *meta.segments[2:],
+        ),
+    )
+    assert retention_due_ms(damaged, retention_ms=DAY, policy_delete=True) == NOW - 30 * HOUR + DAY
+    assert (
+        retention_due_ms(partition([], active_records=0), retention_ms=DAY, policy_delete=True)
+        is None
+    )
+    assert retention_due_ms(meta, retention_ms=-1, policy_delete=True) is None
+    assert retention_due_ms(meta, retention_ms=DAY, policy_delete=False) is None
+    metadata = dataclasses.replace(meta, topic="__cluster_metadata")
+    assert retention_due_ms(metadata, retention_ms=DAY, policy_delete=True) is None

@@ -273,6 +273,13 @@ _LOG_DIR_GAUGES: Final[tuple[tuple[str, str, Callable[[LogDirMetrics], float]], 
         lambda d: d.max_compaction_delay_ms / 1000,
     ),
     (
+        "cleanerd_max_retention_overdue_seconds",
+        "How long data older than retention.ms has been on disk in the log dir, in its "
+        "oldest such partition (0: none): whatever keeps it (a retention check not yet run, "
+        "a future timestamp, damage, a pause, an offline or observed dir).",
+        lambda d: d.max_retention_overdue_ms / 1000,
+    ),
+    (
         "cleanerd_max_dirty_ratio",
         "Highest dirty ratio (cleanable bytes / total bytes) of a cleanable partition.",
         lambda d: d.max_dirty_ratio,
@@ -412,14 +419,20 @@ def partition_families(snap: MetricsSnapshot) -> Iterator[Metric]:
     segments = GaugeMetricFamily(
         "cleanerd_partition_segments", "Segments in the partition.", labels=labels
     )
+    overdue = GaugeMetricFamily(
+        "cleanerd_partition_retention_overdue_seconds",
+        "How long data older than retention.ms has been on disk in the partition (0: none).",
+        labels=labels,
+    )
     for p in snap.partitions:
         key = [p.topic, str(p.partition), p.log_dir]
         size.add_metric(key, p.size_bytes)
         segments.add_metric(key, p.segments)
+        overdue.add_metric(key, p.retention_overdue_ms / 1000)
         if p.compacted:
             delay.add_metric(key, p.compaction_delay_ms / 1000)
             dirty.add_metric(key, p.dirty_ratio)
-    yield from (delay, dirty, size, segments)
+    yield from (delay, dirty, size, segments, overdue)
 
 
 def jmx_exporter_name(mbean_type: str, name: str) -> str:

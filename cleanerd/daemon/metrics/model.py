@@ -66,6 +66,8 @@ class PartitionMetrics:
     deadline_ms: int | None
     uncleanable: bool
     uncleanable_reason: str | None
+    retention_overdue_ms: int = 0
+    """How long data older than `retention.ms` has been on disk (0: none)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +89,8 @@ class LogDirMetrics:
     offline: bool = False
     """The last cycle could not use the dir at all (`OfflineLogDir`): its numbers are
     those of no partition."""
+    max_retention_overdue_ms: int = 0
+    """The longest a partition's data older than `retention.ms` has been on disk."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,8 +171,10 @@ class MetricsSnapshot:
         return int(100 * self.recopy_ratio)
 
 
-def partition_metrics(state: PartitionState, *, uncleanable_reason: str | None) -> PartitionMetrics:
-    """One partition's numbers from its snapshot and LogToClean."""
+def partition_metrics(
+    state: PartitionState, *, uncleanable_reason: str | None, now_ms: int
+) -> PartitionMetrics:
+    """One partition's numbers from its snapshot and LogToClean, at `now_ms`."""
     meta, ltc = state.meta, state.ltc
     return PartitionMetrics(
         log_dir=meta.log_dir,
@@ -184,6 +190,7 @@ def partition_metrics(state: PartitionState, *, uncleanable_reason: str | None) 
         deadline_ms=None if ltc is None else ltc.deadline_ms,
         uncleanable=uncleanable_reason is not None,
         uncleanable_reason=uncleanable_reason,
+        retention_overdue_ms=state.retention_overdue_ms(now_ms),
     )
 
 
@@ -204,6 +211,7 @@ def log_dir_metrics(log_dir: str, partitions: Sequence[PartitionMetrics]) -> Log
         max_dirty_ratio=max((p.dirty_ratio for p in kafka if p.size_bytes > 0), default=0.0),
         uncleanable_partitions=len(uncleanable),
         uncleanable_bytes=sum(p.cleanable_bytes for p in uncleanable),
+        max_retention_overdue_ms=max((p.retention_overdue_ms for p in partitions), default=0),
     )
 
 
@@ -239,7 +247,9 @@ def build_snapshot(
     for s in states:
         mark = marks.get(s.meta.log_dir, {}).get(s.meta.topic_partition)
         per_partition.append(
-            partition_metrics(s, uncleanable_reason=None if mark is None else mark.reason)
+            partition_metrics(
+                s, uncleanable_reason=None if mark is None else mark.reason, now_ms=now_ms
+            )
         )
     by_dir: dict[str, list[PartitionMetrics]] = {d: [] for d in dirs}
     for p in per_partition:

@@ -610,3 +610,23 @@ def test_observed_log_dirs_say_so(tmp_path: Path) -> None:
     delay = _value(ex, "cleanerd_max_compaction_delay_seconds", log_dir=data)
     assert delay is not None
     assert delay > 0
+
+
+def test_data_kept_past_its_retention_is_measured_to_the_snapshot(tmp_path: Path) -> None:
+    """The retention gauges say how long data older than retention.ms has been on disk,
+    per log dir (its oldest such partition) and per partition, to the snapshot's time;
+    a dir or partition without such data reads 0."""
+    overdue = _overdue_state(tmp_path / "data", tmp_path / "state", "orders")
+    events = _overdue_state(tmp_path / "data", tmp_path / "state", "events")
+    kept = replace(events, ltc=None, retention_due_ms=NOW_MS - 90_000)
+    snap = _snapshot(tmp_path, partitions=[overdue, kept])
+    ex = _exporter(snap, per_partition=True)
+    data, empty = str(tmp_path / "data"), str(tmp_path / "empty")
+    assert _value(ex, "cleanerd_max_retention_overdue_seconds", log_dir=data) == 90.0
+    assert _value(ex, "cleanerd_max_retention_overdue_seconds", log_dir=empty) == 0.0
+    series = "cleanerd_partition_retention_overdue_seconds"
+    labels = {"topic": "events", "partition": "0", "log_dir": data}
+    assert _value(ex, series, **labels) == 90.0
+    assert _value(ex, series, **{**labels, "topic": "orders"}) == 0.0
+    later = _snapshot(tmp_path / "later", partitions=[kept], now_ms=NOW_MS + 10_000)
+    assert _value(_exporter(later, per_partition=True), series, **labels) == 100.0
