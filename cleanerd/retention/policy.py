@@ -218,7 +218,7 @@ def retention_due_ms(meta: PartitionMeta, *, retention_ms: int, policy_delete: b
     readable segments; None without time retention (not a `delete` policy, a negative
     `retention.ms`, the metadata log) or without such a segment. Past it, data older
     than `retention.ms` is on disk whatever keeps it (a later segment's future timestamp,
-    damage, a high watermark behind, a paused daemon, an offline or observed log dir),
+    damage, a high watermark behind, a paused daemon, a log dir only observed),
     which is what a deadline to delete by needs to see, whether the rules would delete
     it yet or not."""
     if not policy_delete or retention_ms < 0 or meta.never_touched:

@@ -276,7 +276,7 @@ _LOG_DIR_GAUGES: Final[tuple[tuple[str, str, Callable[[LogDirMetrics], float]], 
         "cleanerd_max_retention_overdue_seconds",
         "How long data older than retention.ms has been on disk in the log dir, in its "
         "oldest such partition (0: none): whatever keeps it (a retention check not yet run, "
-        "a future timestamp, damage, a pause, an offline or observed dir).",
+        "a future timestamp, damage, a pause, a dir only observed; an offline dir reads 0).",
         lambda d: d.max_retention_overdue_ms / 1000,
     ),
     (
