@@ -1354,7 +1354,9 @@ class Cleaner:
             decisions,
             kept=kept,
             total=c.sc.records_count.astype(np.int64),
-            kept_tombstone=kept_tombstone > 0,
+            # A legacy entry has no delete horizon: its tombstones go by the segment's
+            # mtime (Kafka's rule below magic 2), and one kept whole is copied as it is.
+            kept_tombstone=(kept_tombstone > 0) & (c.sc.batch_magic == 2),
             delete_horizon_ms=horizons,
             now_ms=p.now_ms,
             delete_retention_ms=p.config.delete_retention_ms,

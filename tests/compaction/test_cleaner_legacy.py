@@ -132,3 +132,22 @@ def test_a_wrapper_rolled_at_its_own_offset_cleans_again_and_again(
     plog = PartitionLog.open(d, state_dir=tmp_path / "state", full_check=True)
     assert plog.corrupt is None
     assert plog.meta().damage is None
+
+
+def test_a_legacy_tombstone_kept_whole_is_copied_as_it_was(log: LogBuilder) -> None:
+    """A legacy entry that keeps its tombstone is copied byte for byte: it has no delete
+    horizon to stamp (its tombstones go by the segment's mtime, Kafka's rule below magic
+    2). It was rewritten as a v2 batch, which a later pass then stamped and removed on
+    v2 timing."""
+    tombstone = legacy([(0, k(0), None)], codec=0)
+    log.segments[-1].batches.append(tombstone)
+    log.segments[-1].batches.append(legacy([(1, k(1), b"b")], codec=0))
+    log.next_offset = 2
+    log.roll()
+    log.append([(k(9), b"z")])
+    d = log.write()
+    clean(d)
+    raw = (d / "00000000000000000000.log").read_bytes()
+    infos = list(scan_batches(raw))
+    assert [i.magic for i in infos] == [1, 1]
+    assert raw[: len(tombstone)] == tombstone
