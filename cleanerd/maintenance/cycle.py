@@ -92,7 +92,7 @@ from cleanerd.log.files import METADATA_TOPIC, TopicPartition, list_partitions, 
 from cleanerd.log.known_segments import KnownSegment, decode
 from cleanerd.log.log_dir import LogDir, Mode
 from cleanerd.log.meta import PartitionMeta
-from cleanerd.log.ownership import StaleWork, lock_holder
+from cleanerd.log.ownership import OwnerProof, OwnershipLost, StaleWork, lock_holder
 from cleanerd.log.partition_log import LogConfig, PartitionLog
 from cleanerd.log.roller import FirstSeen, maybe_roll, segment_age
 from cleanerd.log.topic_config import TopicConfig
@@ -535,8 +535,10 @@ class Maintenance:
                 continue
             plogs = by_dir[log_dir.path]
             try:
-                # A root checkpoint gone bad since the cycle read it: the dir is written
-                # nothing (no checkpoint over the file, no marker), as an offline one.
+                # A dir another process holds now (its `.lock` replaced and taken), or a
+                # root checkpoint gone bad since the cycle read it: the dir is written
+                # nothing (no snapshot, no checkpoint over the file, no marker).
+                OwnerProof.of_this_process(log_dir.path).verify()
                 log_dir.reload_checkpoints()
                 failed: dict[PartitionLog, CleanerdError | OSError] = {}
                 if clean_stop:
@@ -855,9 +857,13 @@ class Maintenance:
             listed: list[TopicPartition] = []
             if log_dir is not None:
                 try:
+                    if log_dir.mode is Mode.OWNER:
+                        # Its `.lock` replaced and taken by another process (a broker
+                        # started): nothing more is written there in this one's name.
+                        OwnerProof.of_this_process(log_dir.path).verify()
                     log_dir.reload_checkpoints()
                     listed = list(log_dir.partitions())
-                except (CheckpointError, OSError) as exc:
+                except (CheckpointError, OSError, OwnershipLost) as exc:
                     why = failure_text(exc)
             if log_dir is None or why is not None:
                 offline[path] = why or ""
@@ -1557,9 +1563,10 @@ class Maintenance:
         where = _fields(candidate.tp, item.log_dir.path)
         retry = False
         if isinstance(error, StaleWork):
-            # Planned on a state that no longer holds; nothing was changed.
+            # Planned on a state that no longer holds; nothing was changed. Planned again,
+            # unless the dir is another process's now.
             log.warning("clean.stale", **where, detail=str(error))
-            retry = self._may_retry(candidate.tp)
+            retry = not isinstance(error, OwnershipLost) and self._may_retry(candidate.tp)
             if not retry:
                 return
         elif isinstance(error, WorkerCrashed):

@@ -698,6 +698,36 @@ def test_the_states_say_when_data_outlived_its_retention(
     assert states["c"].retention_due_ms is None
 
 
+def test_a_dir_whose_lock_another_process_took_is_written_nothing_more(
+    tmp_path: Path, engine: LocalEngine
+) -> None:
+    """Once another process holds the dir's `.lock` (the file replaced, then locked, as a
+    broker starting over a removed lock file would), the owner's next cycle leaves the
+    dir alone (offline, naming the holder) and its clean stop writes nothing there: no
+    snapshot, no checkpoint, no clean-shutdown marker (which would let that process skip
+    its recovery). It wrote all three at its stop."""
+    tp = TopicPartition("t", 0)
+    build(tmp_path, tp, [records(range(20), T0 - 5 * HOUR), records([0], T0)])
+    logs = tmp_path / "logs"
+    cfg = write_config(tmp_path, {"t": {"cleanup.policy": "compact"}})
+    with Maintenance(cfg, engine, clock=lambda: T0) as m:
+        m.run_once()
+        fresh = tmp_path / "lock.new"
+        fresh.write_bytes(b"")
+        fresh.replace(logs / ".lock")
+        with held_by_other_process(HOLD_BROKER_LOCK, logs):
+            before = {p: p.stat().st_mtime_ns for p in logs.rglob("*") if p.name != ".lock"}
+            errors = m.checkpoint(clean_stop=True)  # a stop right after the other took it
+            report = m.run_once()
+            m.checkpoint(clean_stop=True)
+            after = {p: p.stat().st_mtime_ns for p in logs.rglob("*") if p.name != ".lock"}
+    assert [o.log_dir for o in report.offline] == [str(logs)]
+    assert "is no longer held by its owner" in report.offline[0].reason
+    assert [type(e).__name__ for e in errors] == ["OwnershipLost"]
+    assert after == before
+    assert not (logs / ".kafka_cleanshutdown").exists()
+
+
 class _StopWhileSwapping:
     """An engine that holds the partition lock from the submission (so the pass waits
     at its first swap) and sets `stop` at once; the cycle's abort releases the lock."""
