@@ -232,11 +232,18 @@ def job_log_summary(lines: Sequence[str]) -> str:
         return "log tail: " + " | ".join(lines[-LOG_TAIL_LINES:]) if lines else "no output"
     name, _, message = ending[0].partition(": ")
     error = " ".join([f"{name.rsplit('.', 1)[-1]}: {message}" if message else name, *ending[1:]])
-    before = [line for line in lines[: starts[0]] if not _SPARK_LOG_LINE.match(line)]
+    before = [line for line in lines[: starts[0]] if not _said_nothing(line)]
     before = before[-_LINES_BEFORE:]
     if "JAVA_GATEWAY_EXITED" in error and not before:
         error += f" (the JVM did not start: {_JVM_HINT})"
     return " | ".join([*before, error])
+
+
+def _said_nothing(line: str) -> bool:
+    """A line of Spark's own logging, or of a Java stack trace (a frame, `... N more`):
+    what a JVM that stopped says of why is the exception line above its frames."""
+    text = line.strip()
+    return bool(_SPARK_LOG_LINE.match(line)) or text.startswith("at ") or text.startswith("...")
 
 
 def _exception_lines(after: Sequence[str]) -> list[str]:

@@ -470,3 +470,17 @@ def test_a_failed_jobs_log_is_summed_up() -> None:
     assert "Spark 4 needs Java 17" in spark_engine.job_log_summary(gateway)
     said = ["Invalid maximum heap size: -Xmxlots", *gateway]
     assert "Java 17" not in spark_engine.job_log_summary(said)  # the JVM said why
+    # spark-submit's exception, not its stack frames (they filled the three lines kept).
+    master = [
+        'Exception in thread "main" org.apache.spark.SparkException: Master must either be'
+        " yarn or start with spark, k8s, or local",
+        "\tat org.apache.spark.deploy.SparkSubmit.error(SparkSubmit.scala:1080)",
+        "\tat org.apache.spark.deploy.SparkSubmit$$anon$2.doSubmit(SparkSubmit.scala:1171)",
+        "\tat org.apache.spark.deploy.SparkSubmit.main(SparkSubmit.scala)",
+        "\t... 3 more",
+        *gateway,
+    ]
+    assert spark_engine.job_log_summary(master).startswith(
+        'Exception in thread "main" org.apache.spark.SparkException: Master must either be'
+        " yarn or start with spark, k8s, or local | PySparkRuntimeError:"
+    )
