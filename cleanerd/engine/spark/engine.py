@@ -118,6 +118,13 @@ _SPARK_LOG_LINE: Final = re.compile(
     r"|To adjust logging level|Using Spark's default log4j profile"
 )
 PROGRESS_POLL_S: Final = 0.5
+STARVED_S: Final = 120.0
+"""A job whose tasks no executor took for this long is stopped (`Starvation`)."""
+_STARVED_LINE: Final = b"has not accepted any resources"
+"""Spark's scheduler warning, repeated every 15 s while no executor takes a task set."""
+_STARVED_GAP_S: Final = 40.0
+"""Warnings further apart than this are two spells, not one."""
+_STARVED_CHECK_S: Final = 5.0
 
 
 class SparkUnavailable(CleanerdError):
@@ -192,10 +199,23 @@ def launch_job(
             env=env,
             start_new_session=True,
         )
+    starvation = Starvation()
+    checked = time.monotonic()
     while proc.poll() is None:
         if kill.wait(0.2):
             _kill_group(proc)
             raise CleanerdError("killed (shutdown)")
+        now = time.monotonic()
+        if now - checked >= _STARVED_CHECK_S:
+            checked = now
+            if starvation.seen(log_path.read_bytes().count(_STARVED_LINE), now):
+                _kill_group(proc)
+                raise CleanerdError(
+                    f"stopped: no Spark executor took the job's tasks for {STARVED_S:.0f} s "
+                    "(Spark: 'Initial job has not accepted any resources'): no worker is "
+                    "registered, or none has the cores and memory the job asks for "
+                    "(engine.spark: master, spark.executor.memory, spark.executor.cores)"
+                )
     if proc.returncode != 0:
         how = (
             f"killed by signal {-proc.returncode}"
@@ -203,6 +223,29 @@ def launch_job(
             else f"exit status {proc.returncode}"
         )
         raise CleanerdError(f"{how}; {_tail(log_path)}")
+
+
+class Starvation:
+    """Whether a job's tasks have waited for an executor for `STARVED_S`: Spark warns
+    every 15 s while none takes them (no worker, or none big enough), and would wait so
+    for ever, the pass with it, and with it every pass of a daemon's Spark batches."""
+
+    def __init__(self) -> None:
+        self._count = 0
+        self._since: float | None = None
+        """When the current spell of warnings began."""
+        self._last = 0.0
+
+    def seen(self, count: int, now: float) -> bool:
+        """Take the count of warnings in the log at `now`; True once one spell of them,
+        none more than `_STARVED_GAP_S` apart, has lasted `STARVED_S`."""
+        if count > self._count:
+            if self._since is None or now - self._last > _STARVED_GAP_S:
+                self._since = now
+            self._count, self._last = count, now
+        elif self._since is not None and now - self._last > _STARVED_GAP_S:
+            self._since = None  # the tasks were taken: the warnings stopped
+        return self._since is not None and now - self._since >= STARVED_S
 
 
 def _kill_group(proc: subprocess.Popen[bytes]) -> None:

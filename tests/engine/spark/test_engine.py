@@ -484,3 +484,45 @@ def test_a_failed_jobs_log_is_summed_up() -> None:
         'Exception in thread "main" org.apache.spark.SparkException: Master must either be'
         " yarn or start with spark, k8s, or local | PySparkRuntimeError:"
     )
+
+
+def test_starvation_is_one_spell_of_warnings_lasting_the_limit() -> None:
+    """Warnings at most the gap apart make one spell; the limit counts from its first;
+    a pause longer than the gap (the tasks were taken) ends it."""
+    gap, limit = spark_engine._STARVED_GAP_S, spark_engine.STARVED_S
+    s = spark_engine.Starvation()
+    assert not s.seen(0, 0.0)
+    assert not s.seen(1, 15.0)
+    t, n = 15.0, 1
+    while t < 15.0 + limit - 15:
+        t, n = t + 15, n + 1
+        assert not s.seen(n, t)
+    assert s.seen(n + 1, 15.0 + limit)
+    quiet = spark_engine.Starvation()
+    assert not quiet.seen(1, 0.0)
+    assert not quiet.seen(1, gap + 1)  # no new warning for longer than the gap
+    assert not quiet.seen(2, limit + 1)  # a new spell starts here
+    t, n = limit + 1, 2
+    while t + 15 < 2 * limit + 1:
+        t, n = t + 15, n + 1
+        assert not quiet.seen(n, t)
+    assert quiet.seen(n + 1, 2 * limit + 1)
+
+
+def test_a_job_no_executor_takes_is_stopped_and_said_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A job whose tasks no executor takes (no worker, or none with the memory it asks
+    for) is stopped, its whole session, with an error that says so: it waited for ever,
+    and with it the pass and every later one of the batch."""
+    monkeypatch.setattr(spark_engine, "STARVED_S", 0.6)
+    monkeypatch.setattr(spark_engine, "_STARVED_GAP_S", 0.5)
+    monkeypatch.setattr(spark_engine, "_STARVED_CHECK_S", 0.1)
+    spec = tmp_path / "spec.json"
+    spec.write_text("{}")
+    started = time.monotonic()
+    with pytest.raises(CleanerdError, match="no Spark executor took the job's tasks"):
+        spark_engine.launch_job(
+            spec, tmp_path, threading.Event(), module="tests.engine.spark._starving_job"
+        )
+    assert time.monotonic() - started < 30
