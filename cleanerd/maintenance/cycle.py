@@ -525,15 +525,10 @@ class Maintenance:
         clean-shutdown marker in every dir where all of that worked for every partition
         (`log_dir.py`). Returns the errors (each names its file), one
         log dir's failure not stopping the others."""
-        by_dir: dict[Path, list[PartitionLog]] = {}
-        for (path, _), plog in self._plogs.items():
-            if not plog.read_only:
-                by_dir.setdefault(path, []).append(plog)
         errors: list[CleanerdError | OSError] = []
-        for log_dir in self.log_dirs:
-            if log_dir.mode is not Mode.OWNER or log_dir.path not in by_dir:
+        for log_dir, plogs in self._owned():  # (an offline dir's partitions are dropped)
+            if not plogs:
                 continue
-            plogs = by_dir[log_dir.path]
             try:
                 # A dir another process holds now (its `.lock` replaced and taken), or a
                 # root checkpoint gone bad since the cycle read it: the dir is written
