@@ -223,7 +223,12 @@ def audit_log_dirs_on_spark(
 ) -> AuditRun:
     """`audit_log_dirs` with the scan on Spark (`engine/spark/audit_job.py`), in a job process;
     `progress` counts the segments as the executors finish them."""
-    from cleanerd.engine.spark.engine import SparkSettings, audit_on_spark, check_spark_available
+    from cleanerd.engine.spark.engine import (
+        SparkSettings,
+        audit_on_spark,
+        check_spark_available,
+        new_staging_dir,
+    )
     from cleanerd.engine.spark.specs import audit_partition_spec
 
     check_spark_available()
@@ -236,7 +241,7 @@ def audit_log_dirs_on_spark(
             # Not decoded on Spark (it could not be opened whole): done already.
             sizes = [s.size for s in plog.segments]
             progress.advance(segments=len(sizes), size=sum(sizes))
-    staging = Path(cfg.state_dir) / "spark" / f"audit-{time.time_ns()}"
+    staging = new_staging_dir(Path(cfg.state_dir), "audit", 1)
     try:
         run.audits = audit_on_spark(
             partitions,

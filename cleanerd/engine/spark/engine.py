@@ -38,6 +38,11 @@ output that overflowed a segment is based at offsets of no source segment.
 
 Audits (`submit_audit`, and `audit_on_spark` for `cleanerd audit --engine spark`) run the
 audit job (`audit_job.py`) the same way, one job per call.
+
+Staging dirs are `<state_dir>/spark/<job|audit>-<pid>-<n>`, named after the process that
+made them (`new_staging_dir`), which removes its own when the job ends. One left by a
+killed process is removed when the next staging dir is made in that state dir, once no
+process has its pid.
 """
 
 from __future__ import annotations
@@ -100,10 +105,13 @@ from cleanerd.log.files import (
 )
 from cleanerd.log.index import OffsetIndex, TimeIndex
 from cleanerd.log.lock import PartitionLock
-from cleanerd.log.ownership import OwnerProof
+from cleanerd.log.ownership import OwnerProof, ProcessId
 from cleanerd.log.segment_reader import map_file
+from cleanerd.logger import get_logger
 from cleanerd.records.columns import segment_columns
 from cleanerd.records.walker import DECODE_WINDOW_BYTES, OffsetRange, batch_windows
+
+log = get_logger(__name__)
 
 MISSING_MESSAGE: Final = "the spark engine needs `pip install cleanerd[spark]` and Java 17"
 BATCH_WINDOW_S: Final = 0.2
@@ -541,7 +549,7 @@ class SparkEngine:
                 self._running = []
 
     def _run_batch(self, batch: list[_Pending]) -> None:
-        staging = _staging_dir(batch[0].job.state_dir, next(self._ids))
+        staging = new_staging_dir(batch[0].job.state_dir, "job", next(self._ids))
         try:
             manifest = self._run_job(batch, staging)
             for p, outcome in zip(batch, manifest.outcomes, strict=True):
@@ -606,11 +614,43 @@ def _proof_of(job: CleanJob) -> SwapProof:
     )
 
 
-def _staging_dir(state_dir: Path, n: int) -> Path:
-    path = state_dir / "spark" / f"job-{os.getpid()}-{n}"
+STAGING_ROOT: Final = "spark"
+"""The staging dirs' dir under the state dir."""
+_STAGING: Final = re.compile(r"(?:job|audit)-(\d+)-")
+
+
+def new_staging_dir(state_dir: Path, kind: str, n: int) -> Path:
+    """A fresh, empty staging dir `<state_dir>/spark/<kind>-<pid>-<n>` of this process.
+
+    A process killed while its job ran (SIGKILL, OOM, power) left its staging dir behind,
+    bitmaps and decoded columns that can run to gigabytes, and nothing else will remove
+    it: so the ones whose process is gone are removed first. Those of a process still
+    running (a `cleanerd audit --engine spark` beside the daemon) are left to it."""
+    root = state_dir / STAGING_ROOT
+    for left in left_over_staging(root):
+        shutil.rmtree(left, ignore_errors=True)
+        log.info("spark.staging_removed", path=str(left))
+    path = root / f"{kind}-{os.getpid()}-{n}"
     shutil.rmtree(path, ignore_errors=True)
     path.mkdir(parents=True)
     return path
+
+
+def left_over_staging(root: Path) -> list[Path]:
+    """The staging dirs under `root` whose process is gone; a pid reused by another
+    process keeps its dir until that one ends too."""
+    try:
+        entries = list(root.iterdir())
+    except OSError:
+        return []
+    left = []
+    for path in entries:
+        found = _STAGING.match(path.name)
+        if found is None or path.is_symlink() or not path.is_dir():
+            continue
+        if not ProcessId(int(found.group(1)), None).alive():
+            left.append(path)
+    return sorted(left)
 
 
 # ---------------------------------------------------------------------------------------

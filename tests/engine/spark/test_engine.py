@@ -526,3 +526,38 @@ def test_a_job_no_executor_takes_is_stopped_and_said_so(
             spec, tmp_path, threading.Event(), module="tests.engine.spark._starving_job"
         )
     assert time.monotonic() - started < 30
+
+
+def test_staging_dirs_a_killed_process_left_are_removed_by_the_next_job(
+    tmp_path: Path,
+) -> None:
+    """A process killed while its job ran cannot remove its staging dir (bitmaps and
+    columns, up to gigabytes): the next job made in the same state dir removes those whose
+    process is gone, and leaves a running process's and anything not a staging dir."""
+    random_partition(tmp_path / "logs" / str(TP), random.Random(6))
+    staging_root = tmp_path / "state" / "spark"
+    ended = subprocess.Popen(["true"])
+    ended.wait()
+    running = subprocess.Popen(["sleep", "600"])
+    try:
+        left = [staging_root / f"job-{ended.pid}-3", staging_root / f"audit-{ended.pid}-1"]
+        kept = [staging_root / f"job-{running.pid}-1", staging_root / "notes"]
+        for path in left + kept:
+            (path / "pass-0").mkdir(parents=True)
+            (path / "pass-0" / "00000000000000000000.superseded").write_bytes(b"\0" * 64)
+        seen: list[set[str]] = []
+
+        def listing(
+            spec_path: Path, staging: Path, kill: threading.Event, *, module: str = ""
+        ) -> None:
+            seen.append({p.name for p in staging_root.iterdir()})
+            raise CleanerdError("job process ended by signal 9")
+
+        with SparkEngine(SparkSettings(batch_window_s=0.0), runner=listing) as engine:
+            future = engine.submit_clean(job_for(tmp_path / "logs", tmp_path / "state"))
+            assert isinstance(future.exception(WAIT_S), SparkJobFailed)
+        assert seen == [{f"job-{running.pid}-1", "notes", f"job-{os.getpid()}-1"}]
+        assert sorted(p.name for p in staging_root.iterdir()) == sorted(p.name for p in kept)
+    finally:
+        running.kill()
+        running.wait()
