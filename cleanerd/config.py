@@ -32,6 +32,9 @@ something cleanerd creates: `run` could not lock it, and a missing mount point o
 is likelier than a new dir, which would land on whatever filesystem holds its parent. A
 configured `state_dir` must be a directory or creatable as one, and in owner mode
 writable (cleanerd creates it on first use); in observe mode nothing is written there.
+`check-config` reports every such problem; `run` starts on the usable log dirs and
+leaves the others offline, and does not start when none is usable or the state dir is
+not (`check_paths`).
 """
 
 from __future__ import annotations
@@ -773,6 +776,9 @@ def config_warnings(cfg: Config) -> list[str]:
     ]
 
 
+_LOG_DIRS_KEY: Final = "log.dirs"
+
+
 def path_problems(
     cfg: Config,
     *,
@@ -784,7 +790,7 @@ def path_problems(
     user = current_user() if user is None else user
     observe = cfg.observe
     problems = [
-        log_dir_problem(f"log.dirs[{i}]", path, probe(path), observe=observe, user=user)
+        log_dir_problem(f"{_LOG_DIRS_KEY}[{i}]", path, probe(path), observe=observe, user=user)
         for i, path in enumerate(cfg.log_dirs)
     ]
     if "state_dir" in cfg.model_fields_set:
@@ -796,11 +802,18 @@ def path_problems(
     return [p for p in problems if p is not None]
 
 
-def check_paths(cfg: Config, *, path: Path | None = None) -> None:
-    """Raise ConfigError listing `path_problems(cfg)`, if any (`path` names the file)."""
+def check_paths(cfg: Config, *, path: Path | None = None) -> list[str]:
+    """The check a daemon makes at its start: raise ConfigError listing
+    `path_problems(cfg)` (`path` names the file) when they leave nothing to start on, the
+    state dir unusable or no log dir usable; else return the problems of the log dirs
+    that cannot be used, which go offline while the others are maintained (as a broker
+    starts with the log dirs it can use: a disk that failed at boot or was not mounted
+    yet must not keep the daemon from protecting the others)."""
     problems = path_problems(cfg)
-    if problems:
+    unusable = [p for p in problems if p.startswith(_LOG_DIRS_KEY)]
+    if len(unusable) < len(problems) or len(unusable) == len(cfg.log_dirs):
         raise ConfigError(problems, path=path)
+    return unusable
 
 
 class _Loader(yaml.SafeLoader):

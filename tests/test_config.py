@@ -641,6 +641,23 @@ class TestPaths:
             check_paths(cfg, path=Path("c.yaml"))
         assert str(info.value).startswith("invalid configuration c.yaml:\n  log.dirs[1]: ")
 
+    def test_the_daemon_starts_on_the_usable_log_dirs(self, tmp_path: Path) -> None:
+        """`check_paths` (the daemon's start) refuses a config only when no log dir or
+        not the state dir can be used; an unusable log dir beside usable ones is returned,
+        to go offline."""
+        (tmp_path / "good").mkdir()
+        missing = [str(tmp_path / "gone"), str(tmp_path / "unmounted")]
+        cfg = config_from_data({"log.dirs": [str(tmp_path / "good"), missing[0]]})
+        (problem,) = check_paths(cfg)
+        assert problem.startswith(f"log.dirs[1]: {missing[0]!r} does not exist")
+        with pytest.raises(ConfigError, match=r"log.dirs\[0\]: .*\n  log.dirs\[1\]: "):
+            check_paths(config_from_data({"log.dirs": missing}))
+        state = tmp_path / "afile"
+        state.write_text("x")
+        cfg = config_from_data({"log.dirs": [str(tmp_path / "good")], "state_dir": str(state)})
+        with pytest.raises(ConfigError, match="state_dir: "):
+            check_paths(cfg)
+
     def test_state_dir_is_checked_only_when_configured(self, tmp_path: Path) -> None:
         """The default state dir is relative to wherever the command runs: it is looked
         at only when the file names one."""

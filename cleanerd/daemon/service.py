@@ -35,8 +35,9 @@ startup, then whenever one of these holds (`cycle_due`):
 Lifecycle and signals:
 
 - startup: check the configured dirs (`config.check_paths`, so an unusable one is
-  reported by its key), bind the metrics endpoint (before a log dir is touched: a port
-  clash changes nothing on disk), open the log dirs, start MQTT (in the
+  reported by its key; the daemon starts unless the state dir or every log dir is
+  unusable, the others going offline), bind the metrics endpoint (before a log dir is
+  touched: a port clash changes nothing on disk), open the log dirs, start MQTT (in the
   background: a missing broker never delays startup), first watcher scan, then `READY=1`;
 - SIGHUP (or the `reload` command): `RELOADING=1` with `MONOTONIC_USEC`, read and validate
   the whole file (`reload.plan_reload`), apply it or keep the old one, `READY=1`;
@@ -316,6 +317,8 @@ class Daemon:
             mode=cfg.mode,
             config=str(self.config_path) if self.config_path else "embedded default",
         )
+        # A log dir unusable beside usable ones goes offline with the others maintained,
+        # and is tried again every cycle; Maintenance reports it in the same words.
         await asyncio.to_thread(check_paths, cfg, path=self.config_path)
         # Bound before a log dir is opened: opening one takes Kafka's clean-shutdown
         # marker, so a port clash found after it would cost the next start (cleanerd's
@@ -472,6 +475,9 @@ class Daemon:
 
     async def _probe_disks(self) -> None:
         percent = self.config.log_retention_disk_usage_percent
+        # Grouped anew at each probe: a log dir whose disk was mounted again is on
+        # another device, and one missing at the start may have come.
+        self._devices = await asyncio.to_thread(group_devices, self.config.log_dirs)
         if not self._devices:
             return
         try:

@@ -107,10 +107,16 @@ class Device:
 
 
 def group_devices(log_dirs: Iterable[Path]) -> tuple[Device, ...]:
-    """The devices of `log_dirs`, each with its dirs; ordered by device number."""
+    """The devices of `log_dirs`, each with its dirs; ordered by device number. A dir
+    that cannot be looked at (gone, its disk unmounted) is on no device: the cycle finds
+    it offline; one mounted again is on its new device at the next call."""
     by_device: dict[int, list[Path]] = {}
     for path in log_dirs:
-        by_device.setdefault(device_of(path), []).append(path)
+        try:
+            device = device_of(path)
+        except OSError:
+            continue
+        by_device.setdefault(device, []).append(path)
     return tuple(Device(dev, tuple(sorted(dirs))) for dev, dirs in sorted(by_device.items()))
 
 

@@ -43,6 +43,8 @@ from cleanerd.log.known_segments import known_segments_path
 from cleanerd.log.lock import holds_log_dir_lock
 from cleanerd.maintenance.cycle import Maintenance
 from cleanerd.maintenance.report import PartitionState
+from cleanerd.retention.disk import device_of
+from cleanerd.retention.disk_usage import device_name
 from tests.builders import build_log, kv, settle_dir
 from tests.daemon.conftest import (
     NotifyReceiver,
@@ -459,6 +461,37 @@ async def test_a_malformed_root_checkpoint_takes_its_log_dir_offline_not_the_cyc
         await asyncio.to_thread(checkpoint.unlink)
         daemon.request_cycle()
         await eventually(lambda: _sample(_scrape(daemon), offline) == 0, "the dir back")
+
+
+async def test_a_log_dir_missing_at_the_start_is_offline_until_it_is_there(
+    notify_socket: NotifyReceiver, tmp_path: Path
+) -> None:
+    """One of two log dirs missing at the start (a disk not mounted yet, or dead): the
+    daemon starts on the other and maintains it, as a broker starts with the dirs it can
+    use, reports the missing one offline with check-config's words, and takes it, on its
+    device, once it is there. It used to refuse to start, and under systemd's restart
+    limit to stay down, leaving the healthy disks without retention or KIP-61."""
+    _logs(tmp_path)
+    late = tmp_path / "late"
+    dirs = {"log.dirs": [str(tmp_path / "data"), str(late)]}
+    config_path = _write(tmp_path / "cleanerd.yaml", _settings(tmp_path, **dirs))
+    daemon, events = _daemon(config_path, notify_socket)
+    offline = f'cleanerd_log_dir_offline{{log_dir="{late}"}}'
+    device = f'cleanerd_log_dir_device_info{{device="{device_name(device_of(tmp_path))}"'
+    async with running(daemon):
+        await notify_socket.await_for("READY")
+        assert holds_log_dir_lock(tmp_path / "data")
+        await eventually(lambda: offline in _scrape(daemon), "the first cycle exported")
+        assert _sample(_scrape(daemon), offline) == 1
+        assert [(e.topic, e.partition) for e in events.of("log.cleaned")] == [("users", 0)]
+        assert f'{device},log_dir="{late}"}} 1.0' not in _scrape(daemon)
+        await asyncio.to_thread(late.mkdir)
+        daemon.request_cycle()
+        await eventually(lambda: _sample(_scrape(daemon), offline) == 0, "the dir taken")
+        assert holds_log_dir_lock(late)
+        await eventually(
+            lambda: f'{device},log_dir="{late}"}} 1.0' in _scrape(daemon), "its device"
+        )
 
 
 async def test_reload_command_reports_an_invalid_file(
