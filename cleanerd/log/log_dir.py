@@ -61,12 +61,13 @@ such a link, so a link to a foreign dir can never turn recovery or retention on 
 from __future__ import annotations
 
 import enum
+import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import Self
 
-from cleanerd.errors import LogDirLockedError, file_step
+from cleanerd.errors import CleanerdError, LogDirLockedError, file_step
 from cleanerd.log.checkpoint import (
     CLEANER_OFFSET_CHECKPOINT,
     LOG_START_OFFSET_CHECKPOINT,
@@ -96,6 +97,10 @@ from cleanerd.log.properties import META_PROPERTIES, MetaProperties, read_meta_p
 from cleanerd.logger import get_logger
 
 log = get_logger(__name__)
+
+
+class ReadOnlyFileSystem(CleanerdError):
+    """An owned log dir whose file system is mounted read-only (`LogDir.verify_writable`)."""
 
 
 class Mode(enum.Enum):
@@ -339,6 +344,20 @@ class LogDir:
             checkpoints=self.checkpoints,
             owner=self.owner,
         )
+
+    def verify_writable(self) -> None:
+        """Raise ReadOnlyFileSystem when the dir's file system is mounted read-only: the
+        kernel remounts one so after an I/O error (`errors=remount-ro`), and an owner could
+        then only fail every step there, each with its own error, the dir looking online.
+        As Kafka takes a log dir offline at its first failed write, the owner's cycle takes
+        it offline until the file system is writable again (observe mode writes nothing)."""
+        if os.statvfs(self.path).f_flag & os.ST_RDONLY:
+            raise ReadOnlyFileSystem(
+                f"{self.path}: its file system is mounted read-only (as the kernel remounts "
+                "one after an I/O error, errors=remount-ro, or an administrator did): "
+                "nothing can be rolled, deleted, cleaned or checkpointed there until it is "
+                "writable again"
+            )
 
     # -- root checkpoints --------------------------------------------------------------------
 

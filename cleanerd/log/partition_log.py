@@ -1247,7 +1247,8 @@ class PartitionLog:
         """What a clean stop leaves behind (Kafka's LogManager.shutdown): everything
         appended is durable, so the recovery point is the log end offset, and (with
         `snapshot`) a producer snapshot is there at that offset."""
-        with self._write_lock():
+        # An error names the partition's dir: an fsync's error names no file.
+        with self._write_lock(), file_step("preparing the partition for a clean stop", self.dir):
             unflushed = self.unflushed
             if unflushed:
                 self._flush_closed()

@@ -90,7 +90,7 @@ from cleanerd.errors import (
 from cleanerd.log.deletions import PendingDeletions
 from cleanerd.log.files import METADATA_TOPIC, TopicPartition, list_partitions, log_file
 from cleanerd.log.known_segments import KnownSegment, decode
-from cleanerd.log.log_dir import LogDir, Mode
+from cleanerd.log.log_dir import LogDir, Mode, ReadOnlyFileSystem
 from cleanerd.log.meta import PartitionMeta
 from cleanerd.log.ownership import OwnerProof, OwnershipLost, StaleWork, lock_holder
 from cleanerd.log.partition_log import LogConfig, PartitionLog
@@ -856,9 +856,10 @@ class Maintenance:
                         # Its `.lock` replaced and taken by another process (a broker
                         # started): nothing more is written there in this one's name.
                         OwnerProof.of_this_process(log_dir.path).verify()
+                        log_dir.verify_writable()
                     log_dir.reload_checkpoints()
                     listed = list(log_dir.partitions())
-                except (CheckpointError, OSError, OwnershipLost) as exc:
+                except (CheckpointError, OSError, OwnershipLost, ReadOnlyFileSystem) as exc:
                     why = failure_text(exc)
             if log_dir is None or why is not None:
                 offline[path] = why or ""

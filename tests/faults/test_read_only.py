@@ -153,3 +153,37 @@ def test_read_only_partition_dir_fails_clean_naming_the_file(tmp_path: Path) -> 
     assert f"{other}: cleaned" in done.stdout
     for tp in (TP, other):
         verify(data / str(tp), work[tp])
+
+
+def test_a_log_dir_whose_file_system_turns_read_only_goes_offline_until_writable(
+    tmp_path: Path,
+) -> None:
+    """The file system under an owned log dir turns read-only while the daemon runs (as
+    the kernel remounts one after an I/O error; here a read-only bind mount over the dir,
+    the same files and the same `.lock` seen through a read-only mount): the next cycle
+    takes the dir offline, saying why, rather than failing each of its steps with an
+    error of its own while it looked online; once writable again it is back online, and
+    the partition is intact."""
+    data, state = tmp_path / "data", tmp_path / "state"
+    work = write_partition(data, state, records=2_000, keys=200, segment_bytes=SEGMENT_BYTES, ts=TS)
+    config = write_config(
+        tmp_path / "c.yaml",
+        data,
+        state,
+        **{"log.retention.check.interval.ms": 200, "metrics": {"listen": "127.0.0.1:0"}},
+    )
+    with started("run", "-c", str(config)) as daemon:
+        lines = Lines(daemon)
+        lines.wait_for("cycle.done")
+        with read_only_bind(data):
+            lines.wait_for("log_dir.offline")
+        lines.wait_for("log_dir.online")
+        daemon.send_signal(signal.SIGTERM)
+        assert daemon.wait(WAIT_S) == 0
+        out = lines.join()
+    (offline,) = [e for e in lines.events() if e["event"] == "log_dir.offline"]
+    assert offline["log_dir"] == str(data)
+    assert str(offline["error"]).startswith(f"{data}: its file system is mounted read-only")
+    errors = [e["event"] for e in lines.events() if e["level"] == "error"]
+    assert errors == ["log_dir.offline"], out[-3000:]
+    verify(data / str(TP), work)

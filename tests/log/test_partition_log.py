@@ -19,7 +19,12 @@ from hypothesis import strategies as st
 from structlog.testing import capture_logs
 
 from cleanerd.config import load_config
-from cleanerd.errors import CheckpointError, CorruptRecordError, InvalidTxnStateError
+from cleanerd.errors import (
+    CheckpointError,
+    CorruptRecordError,
+    FileStepError,
+    InvalidTxnStateError,
+)
 from cleanerd.log.checkpoint import (
     LOG_START_OFFSET_CHECKPOINT,
     REPLICATION_OFFSET_CHECKPOINT,
@@ -601,6 +606,25 @@ def test_a_clean_stop_flushes_every_segment_above_the_recovery_point(
     assert plog.recovery_point == plog.log_end_offset == 7
     assert dir_syncs == ([] if snapshot else [plog.dir])
     assert snapshot_offsets(plog.dir)[-1:] == ([7] if snapshot else [4])  # (4: the roll's)
+
+
+def test_a_clean_stop_that_fails_names_the_partition(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An fsync refused at a clean stop (a file system the kernel made read-only) raises
+    an error naming the step and the partition's dir: an fsync's own error names no
+    file, and `shutdown.checkpoint_failed` said only `[Errno 30] Read-only file system`."""
+    plog = build_log(tmp_path / "logs", [[[kv("a", "1")]]], state_dir=tmp_path / "state")
+    plog.append([kv("b", "2")])
+
+    def refused(self: LogSegment) -> None:
+        raise OSError(errno.EROFS, "Read-only file system")
+
+    monkeypatch.setattr(LogSegment, "flush", refused)
+    with pytest.raises(FileStepError) as info:
+        plog.prepare_clean_shutdown()
+    assert str(info.value).startswith("Read-only file system (EROFS) while preparing the ")
+    assert str(info.value).endswith(f": {plog.dir}")
 
 
 def test_a_roll_fsyncs_the_segment_it_closes_and_the_flush_after_it_the_rest(
