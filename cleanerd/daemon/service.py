@@ -32,6 +32,10 @@ startup, then whenever one of these holds (`cycle_due`):
   safety net for what neither a deadline nor a scan sees (a clock step, a file changed
   in place without moving its size or mtime).
 
+After a cycle that failed whole, only a request starts one before `retry_wait_ms` has
+passed (`log.cleaner.backoff.ms`, doubled for each failure in a row, up to the revisit
+interval): what failed it would fail the next at once, at every tick.
+
 Lifecycle and signals:
 
 - startup: check the configured dirs (`config.check_paths`, so an unusable one is
@@ -520,6 +524,7 @@ class Daemon:
             overdue=self._deadlines.overdue,
             disk_pressure=bool(self._above),
             requested=self._cycle_requested,
+            failures_in_a_row=self.cycle_failures,
         )
         trigger = cycle_due(
             clock,
@@ -569,6 +574,7 @@ class Daemon:
             "disk_deleted": 0 if report.disk_usage is None else len(report.disk_usage.deletions),
             "cleaned": len(report.cleaned),
             "failed": len(report.failed),
+            "errors": len(report.errors),
             "unlinked": len(report.unlinked),
             "aborted": report.aborted,
         }

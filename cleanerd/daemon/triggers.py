@@ -30,6 +30,7 @@ class CycleTrigger(enum.StrEnum):
     DISK_PRESSURE = "disk-pressure"
     REVISIT = "revisit"
     REQUESTED = "requested"
+    RETRY = "retry"
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +54,8 @@ class CycleClock:
     uncleanable (its dirty data waits for a roll, or for a blocking bound to move)."""
     disk_pressure: bool
     requested: bool
+    failures_in_a_row: int = 0
+    """Cycles that failed whole since the last one done (`retry_wait_ms`)."""
 
 
 def cycle_due(c: CycleClock, *, backoff_ms: int, revisit_ms: int) -> CycleTrigger | None:
@@ -61,6 +64,10 @@ def cycle_due(c: CycleClock, *, backoff_ms: int, revisit_ms: int) -> CycleTrigge
         return CycleTrigger.STARTUP
     if c.requested:
         return CycleTrigger.REQUESTED
+    if c.failures_in_a_row:
+        waited = c.now_ms - c.last_end_ms
+        wait = retry_wait_ms(c.failures_in_a_row, backoff_ms=backoff_ms, revisit_ms=revisit_ms)
+        return CycleTrigger.RETRY if waited >= wait else None
     if c.last_cleaned:
         return CycleTrigger.MORE_WORK
     idle_for = c.now_ms - c.last_end_ms
@@ -77,6 +84,17 @@ def cycle_due(c: CycleClock, *, backoff_ms: int, revisit_ms: int) -> CycleTrigge
     if idle_for >= revisit_ms:
         return CycleTrigger.REVISIT
     return None
+
+
+def retry_wait_ms(failures_in_a_row: int, *, backoff_ms: int, revisit_ms: int) -> int:
+    """How long after a cycle that failed whole the next one waits: `backoff_ms`,
+    doubled for each failure in a row after the first, up to `revisit_ms` (at least
+    `backoff_ms`). What failed the cycle fails the next one too until something changes,
+    and a due time rule, a deadline or the watcher would otherwise start it at once, a
+    traceback logged at every tick; a request (a command, a reload after a fix) does not
+    wait."""
+    doubled = backoff_ms << min(failures_in_a_row - 1, 32)
+    return max(backoff_ms, min(doubled, revisit_ms))
 
 
 @dataclass(frozen=True, slots=True)

@@ -83,6 +83,7 @@ from cleanerd.errors import (
     DAMAGE,
     CheckpointError,
     CleanerdError,
+    ConfigError,
     FileStepError,
     LogDirLockedError,
     failure_text,
@@ -870,6 +871,7 @@ class Maintenance:
                         seen.setdefault(tp, path)
                 continue
             self._listed[path] = listed
+            listed = self._unambiguous(log_dir.path, listed, report)
             if log_dir.mode is not Mode.OWNER:
                 why = str(log_dir.held_by or f"{log_dir.mode.value} mode")
                 report.skip(log_dir.path, None, "discover", why)
@@ -909,6 +911,24 @@ class Maintenance:
             self._report_absent_topics(self.topics, report)
         self._report_offline(report, offline)
         return found
+
+    def _unambiguous(
+        self, path: Path, listed: list[TopicPartition], report: _Builder
+    ) -> list[TopicPartition]:
+        """`listed` without the partitions of topics that two `topics:` globs match, each
+        of which is a failed step naming the globs: which settings apply is the config's
+        to say, and the other partitions are maintained. Such a topic is refused when the
+        config is loaded, unless it was created since (a reload would be refused then)."""
+        why: dict[str, CleanerdError] = {}
+        for topic in {tp.topic for tp in listed if self._maintained(tp)}:
+            try:
+                self.config.topic_entry(topic)
+            except ConfigError as exc:
+                why[topic] = CleanerdError("; ".join(exc.errors))
+        for tp in listed:
+            if tp.topic in why:
+                report.error(path, tp, "discover", why[tp.topic])
+        return [tp for tp in listed if tp.topic not in why] if why else listed
 
     def _report_absent_topics(self, topics: frozenset[str], report: _Builder) -> None:
         """Name each of `topics` (the cycle's `--topic`) that no log dir holds a partition

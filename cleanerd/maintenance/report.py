@@ -102,9 +102,10 @@ class FailedLog:
 @dataclass(frozen=True, slots=True)
 class StepError:
     """A step the cycle could not carry out on a partition (an I/O error, a refused
-    file): `phase` is `open`, `roll`, `retention`, `reopen` or `clean` (a pass its engine
-    failed with nothing changed: a Spark job that failed). Unlike a skip, never by
-    design; the step is tried again the next cycle, and `cleanerd clean` exits 1."""
+    file): `phase` is `discover` (a topic two `topics:` globs match), `open`, `roll`,
+    `retention`, `reopen` or `clean` (a pass its engine failed with nothing changed: a
+    Spark job that failed). Unlike a skip, never by design; the step is tried again the
+    next cycle, and `cleanerd clean` exits 1."""
 
     log_dir: str
     tp: TopicPartition

@@ -35,6 +35,7 @@ from cleanerd.daemon.commands import (
 )
 from cleanerd.daemon.service import Daemon, ServiceState, Timings
 from cleanerd.daemon.systemd import Notifier
+from cleanerd.daemon.triggers import Deadlines
 from cleanerd.daemon.watcher import PartitionKey
 from cleanerd.engine.base import AuditJob, CleanJob
 from cleanerd.log.checkpoint import OffsetCheckpointFile
@@ -432,6 +433,29 @@ async def test_failed_cycles_are_counted_and_exported(
         daemon.request_cycle()
         await eventually(lambda: daemon.cycle_failures == 0, "a done cycle")
         assert "cleanerd_cycle_failures_in_a_row 0.0" in _scrape(daemon)
+
+
+async def test_a_cycle_that_fails_whole_is_not_retried_at_every_tick(
+    config_path: Path, notify_socket: NotifyReceiver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cycle that fails whole leaves the deadlines of the last good one, here a time
+    rule already due: the next cycle waits `log.cleaner.backoff.ms` (200 ms here),
+    doubled for each failure, instead of starting at the next tick. The daemon ran about
+    a thousand failing cycles a second, each logging its traceback."""
+    daemon, _ = _daemon(config_path, notify_socket)
+
+    def failing(self: Any, report: Any) -> Any:
+        raise RuntimeError("injected")
+
+    async with running(daemon):
+        await eventually(lambda: daemon.cycles >= 1, "the first cycle")
+        monkeypatch.setattr(Maintenance, "_discover", failing)
+        daemon._deadlines = Deadlines(due_ms=1)  # a time rule due since long ago
+        daemon.request_cycle()
+        await eventually(partial(_failed_at_least, daemon, 1), "a failed cycle")
+        await asyncio.sleep(1.0)
+        # 200, 400 and 800 ms: three retries in that second at most.
+        assert daemon.cycle_failures <= 4
 
 
 async def test_a_malformed_root_checkpoint_takes_its_log_dir_offline_not_the_cycle(

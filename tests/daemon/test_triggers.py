@@ -60,6 +60,48 @@ def test_cycle_due(changes: dict[str, Any], expected: CycleTrigger | None) -> No
     assert cycle_due(_clock(**changes), backoff_ms=2_000, revisit_ms=60_000) == expected
 
 
+_DUE_AT_ONCE: dict[str, Any] = {
+    "last_cleaned": True,
+    "next_deadline_ms": 9_000,
+    "next_due_ms": 9_000,
+    "overdue": True,
+    "changed": True,
+    "disk_pressure": True,
+}
+
+
+@pytest.mark.parametrize(
+    ("failures", "waited_ms", "expected"),
+    [
+        (1, 1_999, None),
+        (1, 2_000, CycleTrigger.RETRY),
+        (2, 3_999, None),
+        (2, 4_000, CycleTrigger.RETRY),
+        (5, 31_999, None),
+        (5, 32_000, CycleTrigger.RETRY),
+        (6, 59_999, None),  # 64 s, but never longer than the revisit
+        (6, 60_000, CycleTrigger.RETRY),
+        (10_000, 60_000, CycleTrigger.RETRY),
+    ],
+)
+def test_a_cycle_that_failed_whole_waits_longer_after_each_failure(
+    failures: int, waited_ms: int, expected: CycleTrigger | None
+) -> None:
+    """After a cycle that failed whole (an ambiguous topic, a bug), whatever would start
+    the next one at once (its due time rule, its deadline, a progress, a change, the disk)
+    waits the backoff, doubled for each failure in a row, up to the revisit interval: the
+    daemon ran some thousand failing cycles a second, a traceback each."""
+    clock = _clock(**_DUE_AT_ONCE, failures_in_a_row=failures, now_ms=9_000 + waited_ms)
+    assert cycle_due(clock, backoff_ms=2_000, revisit_ms=60_000) == expected
+
+
+def test_a_request_does_not_wait_for_the_retry() -> None:
+    """A command or a reload (the operator's fix) starts a cycle at once, failures or
+    not."""
+    clock = _clock(failures_in_a_row=3, requested=True)
+    assert cycle_due(clock, backoff_ms=2_000, revisit_ms=60_000) == CycleTrigger.REQUESTED
+
+
 def _cleaned(first_dirty: int, end_offset: int, read: int, written: int) -> CleanedLog:
     stats = CleanerStats(0, 0, 0, 0, read, written, 0, 0.0, 0, 0, 0)
     return CleanedLog("/d", USERS, "r", None, 0, first_dirty, end_offset, stats, 0, 0)

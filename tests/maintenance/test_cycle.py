@@ -214,6 +214,35 @@ def test_one_cycle_rolls_deletes_and_cleans(tmp_path: Path, engine: LocalEngine)
     assert doc["deleted"][0]["reason"] == "retention.ms"
 
 
+def test_a_topic_two_globs_match_fails_its_partitions_only(
+    tmp_path: Path, engine: LocalEngine
+) -> None:
+    """A topic created after the config was loaded that two `topics:` globs match: each
+    of its partitions is a failed step naming the globs, left as it is, and the other
+    partitions are maintained. The whole cycle failed, every cycle, so nothing was
+    rolled, deleted or cleaned anywhere."""
+    d, xy = TopicPartition("d", 0), TopicPartition("xy", 0)
+    build(tmp_path, d, [records(range(3), T0 - 3 * HOUR), records(range(3), T0)])
+    retain = {"cleanup.policy": "delete", "retention.ms": HOUR}
+    cfg = write_config(tmp_path, {"d": retain, "x*": retain, "*y": retain})
+    xy_dir = build(tmp_path, xy, [records(range(3), T0 - 3 * HOUR), records(range(3), T0)])
+    before = dir_state(xy_dir)
+    with Maintenance(cfg, engine, clock=lambda: T0) as m:
+        report = m.run_once()
+    assert [(o.topic, [x.base_offset for x in o.deletions]) for o in report.retention] == [
+        ("d", [0])
+    ]
+    assert [(e.tp, e.phase, e.reason) for e in report.errors] == [
+        (
+            xy,
+            "discover",
+            "topics: topic 'xy' matches more than one glob: '*y' and 'x*'; add an exact "
+            "entry for it or make the globs disjoint",
+        )
+    ]
+    assert dir_state(xy_dir) == before
+
+
 def test_a_roll_for_retention_is_counted_and_named_by_its_rule(
     tmp_path: Path, engine: LocalEngine
 ) -> None:
