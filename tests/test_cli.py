@@ -262,6 +262,7 @@ class TestProduce:
     def test_produce_then_dump(self, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
         """Records produced from stdin read back with dump, batch by batch."""
         config = write_config(tmp_path)
+        (tmp_path / "data").mkdir()
         lines = [
             {"key": "a", "value": "1", "timestamp": 1000},
             {"key": "a", "value": None, "timestamp": 1001, "headers": {"why": "gone"}},
@@ -288,6 +289,7 @@ class TestProduce:
     def test_bad_line_is_named(self, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
         """A bad JSON line exits 1 naming its line number and what was appended."""
         config = write_config(tmp_path)
+        (tmp_path / "data").mkdir()
         stdin = '{"value": "a"}\n{"value": "b"}\n{"value": \n{"value": "c"}\n'
         status, out, err = run(capsys, "produce", "-c", str(config), "t-0", stdin=stdin)
         assert status == 1
@@ -298,12 +300,38 @@ class TestProduce:
         )
 
     def test_log_dir_option(self, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
-        """--log-dir writes to that dir instead of the first of log.dirs."""
+        """--log-dir writes to that dir instead of the first of log.dirs, and says when
+        the config does not maintain it."""
         config = write_config(tmp_path)
+        (tmp_path / "other").mkdir()
         argv = ["produce", "-c", str(config), "--log-dir", str(tmp_path / "other"), "t-3"]
-        assert run(capsys, *argv, stdin='{"value": "x"}\n')[0] == 0
+        status, _, err = run(capsys, *argv, stdin='{"value": "x"}\n')
+        assert status == 0
+        assert err == (
+            f"cleanerd produce: --log-dir {tmp_path / 'other'} is not one of log.dirs: "
+            "cleanerd does not maintain what is written there under this config\n"
+        )
         assert (tmp_path / "other" / "t-3" / "00000000000000000000.log").stat().st_size > 0
         assert not (tmp_path / "data").exists()
+
+    @pytest.mark.parametrize("option", [(), ("--log-dir", "elsewhere")])
+    def test_a_missing_log_dir_is_not_created(
+        self, capsys: pytest.CaptureFixture[str], tmp_path: Path, option: tuple[str, ...]
+    ) -> None:
+        """A missing log dir is refused, in check-config's words, and nothing is written:
+        it is usually an unmounted disk or a typo, and the records would land on its
+        parent's file system, where the daemon would then take the dir. It was created."""
+        config = write_config(tmp_path)
+        where = [str(tmp_path / o) if o == "elsewhere" else o for o in option]
+        argv = ["produce", "-c", str(config), *where, "t-0"]
+        status, out, err = run(capsys, *argv, stdin='{"value": "x"}\n')
+        key, missing = ("--log-dir", "elsewhere") if option else ("log.dirs[0]", "data")
+        assert (status, out) == (1, "")
+        assert err.endswith(
+            f"cleanerd produce: {key}: {str(tmp_path / missing)!r} does not exist (cleanerd "
+            "does not create log dirs: a missing one is usually an unmounted disk or a typo)\n"
+        )
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["cleanerd.yaml"]
 
 
 def test_module_entry_point_runs(kafka_real: Path) -> None:

@@ -186,6 +186,7 @@ def warm_up(root: Path) -> None:
     offset_map.FIRST_ACTIVE_SLOTS = 16
     config = root / "cleanerd.yaml"
     config.write_text(config_text(root))
+    (root / "logs").mkdir()
     common = ("-c", str(config), "--now-ms", str(NOW_MS))
     write_logs(root, 0)
     as_a_crash_leaves_it(root / "logs")

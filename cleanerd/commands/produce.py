@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from cleanerd.commands import CONFIG_OPTIONS, Arg, positive_int
-from cleanerd.config import LONG_MAX, Config, load_config
+from cleanerd.config import LONG_MAX, Config, load_config, log_dir_problem, probe_path
 from cleanerd.errors import CleanerdError, failure_text
 from cleanerd.log.files import LOCK_FILE_NAME, METADATA_TOPIC, parse_topic_partition
 from cleanerd.log.log_dir import LogDir
@@ -103,12 +103,15 @@ def open_for_append(
     cfg: Config, partition: str, *, log_dir: Path | None = None
 ) -> Iterator[PartitionLog]:
     """The partition `partition` (`<topic>-<n>`) in `log_dir` (default: the first of
-    `log.dirs`), opened for appending with the topic's settings, dir created if needed.
+    `log.dirs`), opened for appending with the topic's settings, its dir created if
+    needed (never the log dir: a missing one is usually an unmounted disk or a typo, and
+    the records would land on whatever file system holds its parent).
 
     The log dir is opened as `LogDir` does for any writer: owned (its `.lock` taken)
     when nobody holds it, shared when a cleanerd daemon owns it. Raises CleanerdError
-    when it may not be written: observe mode, a `.lock` held by anything else (a running
-    broker), the KRaft metadata log, or a name that is not `<topic>-<n>`.
+    when it may not be written: observe mode, a missing log dir, a `.lock` held by
+    anything else (a running broker), the KRaft metadata log, or a name that is not
+    `<topic>-<n>`.
     """
     try:
         tp = parse_topic_partition(partition)
@@ -119,7 +122,10 @@ def open_for_append(
     if cfg.observe:
         raise CleanerdError("mode is observe: cleanerd does not write to its log dirs")
     target = cfg.log_dirs[0] if log_dir is None else log_dir
-    target.mkdir(parents=True, exist_ok=True)
+    if not target.is_dir():
+        key = "--log-dir" if log_dir is not None else "log.dirs[0]"
+        why = log_dir_problem(key, target, probe_path(target), observe=False, user="")
+        raise CleanerdError(why or f"{key}: {str(target)!r} is not a directory")
     with LogDir.open(target, allow_shared=True, state_dir=cfg.state_dir) as opened:
         if opened.read_only:
             raise CleanerdError(
@@ -301,6 +307,14 @@ def run(args: argparse.Namespace) -> int:
     # Log lines go to stderr in the configured format, as for the other commands; stdout
     # holds only the offsets appended.
     log_to_stderr(cfg.logging.format, cfg.logging.level)
+    if args.log_dir is not None and args.log_dir.resolve() not in {
+        d.resolve() for d in cfg.log_dirs
+    }:
+        print(
+            f"cleanerd produce: --log-dir {args.log_dir} is not one of log.dirs: "
+            "cleanerd does not maintain what is written there under this config",
+            file=sys.stderr,
+        )
     with open_for_append(cfg, args.partition, log_dir=args.log_dir) as log:
         batches = produce(
             sys.stdin,

@@ -222,8 +222,9 @@ class TestOpenForAppend:
             {"log.dirs": [str(root / "data")], "state_dir": str(root / "state"), "mode": mode}
         )
 
-    def test_creates_the_log_dir_and_partition(self, tmp_path: Path) -> None:
-        """A fresh log dir and partition dir are created with the topic's settings."""
+    def test_creates_the_partition(self, tmp_path: Path) -> None:
+        """A fresh partition dir is created with the topic's settings."""
+        (tmp_path / "data").mkdir()
         with open_for_append(self.config(tmp_path), "orders-2") as log:
             assert log.dir == tmp_path / "data" / "orders-2"
             assert log.log_end_offset == 0

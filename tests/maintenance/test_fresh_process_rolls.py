@@ -43,6 +43,7 @@ def setup(tmp_path: Path) -> Path:
             }
         )
     )
+    (tmp_path / "data").mkdir()
     old = int(time.time() * 1000) - 30 * MINUTE
     lines = "".join(
         json.dumps({"key": f"k{i % 5}", "value": f"v{i}", "timestamp": old}) + "\n"
