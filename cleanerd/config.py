@@ -64,6 +64,12 @@ from pydantic import (
 )
 from pydantic_core import ErrorDetails, PydanticCustomError
 
+from cleanerd.compaction.map_memory import (
+    OFFSET_ENTRY_BYTES,
+    VERSIONED_ENTRY_BYTES,
+    memory_per_thread,
+    too_small,
+)
 from cleanerd.errors import ConfigError, failure_text
 from cleanerd.log.files import parse_topic_partition
 from cleanerd.log.roll import DEFAULT_MIN_ROLL_INTERVAL_MS
@@ -1007,6 +1013,7 @@ def _cross_field_problems(cfg: Config) -> Iterator[tuple[list[Loc], str]]:
                 f"log.cleaner.min.compaction.lag.ms ({min_lag})"
             ),
         )
+    yield from _offset_map_problems(cfg)
     for key, override in cfg.topics.items():
         if not is_glob(key) and not _TOPIC_NAME.fullmatch(key):
             yield (
@@ -1021,6 +1028,20 @@ def _cross_field_problems(cfg: Config) -> Iterator[tuple[list[Loc], str]]:
             lag_keys = [("topics", key, name) for name in _LAG_NAMES]
             yield [*lag_keys, *_BROKER_LAG_KEYS], problem
     yield from _mqtt_problems(cfg.mqtt)
+
+
+def _offset_map_problems(cfg: Config) -> Iterator[tuple[list[Loc], str]]:
+    """A cleaner thread's offset map that cannot hold one key (its slots the larger
+    where a compacted topic's strategy adds versions): every pass would fail, and Kafka
+    would not start its cleaner."""
+    strategies = {cfg.entry_config(key).compaction_strategy for key in cfg.topics}
+    strategies.add(cfg.log_cleaner_compaction_strategy)
+    entry = OFFSET_ENTRY_BYTES if strategies == {"offset"} else VERSIONED_ENTRY_BYTES
+    memory = memory_per_thread(cfg.log_cleaner_dedupe_buffer_size, cfg.log_cleaner_threads)
+    why = too_small(memory, entry, cfg.log_cleaner_io_buffer_load_factor)
+    if why is not None:
+        keys: list[Loc] = [("log.cleaner.dedupe.buffer.size",), ("log.cleaner.threads",)]
+        yield keys, f"log.cleaner.dedupe.buffer.size: {why}"
 
 
 _LAG_NAMES: Final = ("min.compaction.lag.ms", "max.compaction.lag.ms")

@@ -686,3 +686,18 @@ class TestPaths:
             found = path_problems(cfg)
         assert len(found) == problems
         assert all("is not writable by user" in p for p in found)
+
+
+def test_an_offset_map_that_cannot_hold_a_key_is_refused() -> None:
+    """A dedupe buffer whose share per cleaner thread cannot hold one key is refused at
+    load (every pass would fail, the partitions marked uncleanable one by one); the
+    slots are the larger where a topic's strategy adds versions. It passed check-config."""
+    small = {"log.dirs": ["/d"], "log.cleaner.dedupe.buffer.size": 96, "log.cleaner.threads": 2}
+    assert config_from_data(small).log_cleaner_dedupe_buffer_size == 96  # 2 slots of 24
+    versioned = {**small, "topics": {"prices": {"compaction.strategy": "timestamp"}}}
+    assert errors_of(versioned) == [
+        "log.cleaner.dedupe.buffer.size: offset map of 48 bytes (1 slots of 32 bytes at "
+        "load factor 0.9) is too small to fit even a single key, so log cleaning would "
+        "never make progress; increase log.cleaner.dedupe.buffer.size or decrease "
+        "log.cleaner.threads"
+    ]

@@ -58,22 +58,26 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from cleanerd._jit import jit
+from cleanerd.compaction.map_memory import (
+    OFFSET_ENTRY_BYTES,
+    VERSIONED_ENTRY_BYTES,
+    memory_per_thread,
+    too_small,
+)
 from cleanerd.compaction.strategy import CompactionStrategy, is_versioned
 from cleanerd.records.address import load_u64
-from cleanerd.records.header import INT32_MAX
 from cleanerd.records.prefetch import prefetch_line
 
 OFFSET_ENTRY: Final = np.dtype([("hash_hi", "<u8"), ("hash_lo", "<u8"), ("offset", "<i8")])
 VERSIONED_ENTRY: Final = np.dtype(
     [("hash_hi", "<u8"), ("hash_lo", "<u8"), ("offset", "<i8"), ("version", "<i8")]
 )
-assert OFFSET_ENTRY.itemsize == 24
-assert VERSIONED_ENTRY.itemsize == 32
+assert OFFSET_ENTRY.itemsize == OFFSET_ENTRY_BYTES
+assert VERSIONED_ENTRY.itemsize == VERSIONED_ENTRY_BYTES
 for _entry in (OFFSET_ENTRY, VERSIONED_ENTRY):  # `_entries`: hash_hi, then hash_lo
     assert _entry.fields is not None
     assert (_entry.fields["hash_hi"][1], _entry.fields["hash_lo"][1]) == (0, 8)
 
-MAX_MEMORY_PER_THREAD: Final = INT32_MAX  # Kafka sizes the map buffer with an Int
 _HAS_VERSION: Final = np.int64(-(2**63))  # the sign bit of a stored offset
 _OFFSET_BITS: Final = np.int64(2**63 - 1)
 _EMPTY: Final = np.uint64(0)
@@ -325,14 +329,6 @@ def _keep_slots_kernel(
         keep[j] = (off[slots[j]] & _OFFSET_BITS) == offsets[j]
 
 
-def memory_per_thread(dedupe_buffer_size: int, threads: int) -> int:
-    """Kafka's split of log.cleaner.dedupe.buffer.size: each cleaner thread gets
-    ``min(dedupe_buffer_size / threads, 2^31 - 1)`` bytes."""
-    if threads < 1:
-        raise ValueError(f"log.cleaner.threads must be >= 1, got {threads}")
-    return min(dedupe_buffer_size // threads, MAX_MEMORY_PER_THREAD)
-
-
 TRACKED_FRACTION: Final = 16
 """`clear` zeroes the filled slots one by one while they are at most 1/16 of the slots
 in use."""
@@ -399,13 +395,9 @@ class OffsetMap:
         self.versioned = is_versioned(strategy)
         dtype = VERSIONED_ENTRY if self.versioned else OFFSET_ENTRY
         self.slots = max(memory_bytes, 0) // dtype.itemsize
-        if self.slots * load_factor <= 1:
-            raise ValueError(
-                f"offset map of {memory_bytes} bytes ({self.slots} slots of "
-                f"{dtype.itemsize} bytes at load factor {load_factor}) is too small to fit "
-                "even a single key, so log cleaning would never make progress; increase "
-                "log.cleaner.dedupe.buffer.size or decrease log.cleaner.threads"
-            )
+        why = too_small(memory_bytes, dtype.itemsize, load_factor)
+        if why is not None:
+            raise ValueError(why)
         self.load_factor = load_factor
         self.max_keys = int(self.slots * load_factor)
         self._table = np.zeros(self.slots, dtype=dtype)

@@ -47,7 +47,8 @@ import numpy as np
 from cleanerd.compaction.audit import AuditColumns
 from cleanerd.compaction.cleaner import CleanResult
 from cleanerd.compaction.keyhash import hash_keys
-from cleanerd.compaction.offset_map import OFFSET_ENTRY, VERSIONED_ENTRY, memory_per_thread
+from cleanerd.compaction.map_memory import memory_per_thread
+from cleanerd.compaction.offset_map import OFFSET_ENTRY, VERSIONED_ENTRY
 from cleanerd.config import Config
 from cleanerd.engine.base import AuditJob, CleanJob, Engine
 from cleanerd.engine.local import LocalEngine

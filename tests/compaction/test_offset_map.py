@@ -15,7 +15,6 @@ from cleanerd.compaction.offset_map import (
     MIN_ACTIVE_SLOTS,
     OffsetMap,
     foretold_keys,
-    memory_per_thread,
 )
 from cleanerd.compaction.strategy import CompactionStrategy
 
@@ -52,14 +51,6 @@ def test_kafka_default_buffer_sizes() -> None:
     versioned = OffsetMap.for_config(128 * 1024 * 1024, 2, 0.9, TIMESTAMP)
     assert versioned.entry_bytes == 32
     assert (versioned.slots, versioned.max_keys) == (2_097_152, 1_887_436)
-
-
-def test_memory_per_thread_is_split_and_capped() -> None:
-    """Each thread gets the buffer divided by the thread count, at most 2^31 - 1 bytes."""
-    assert memory_per_thread(100, 3) == 33
-    assert memory_per_thread(8 * 1024**3, 2) == 2**31 - 1
-    with pytest.raises(ValueError, match=r"log\.cleaner\.threads"):
-        memory_per_thread(100, 0)
 
 
 @pytest.mark.parametrize(
