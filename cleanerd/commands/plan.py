@@ -206,6 +206,7 @@ def run(args: argparse.Namespace) -> int:
         cleaner_enabled=cfg.log_cleaner_enable,
         min_roll_interval_ms=cfg.rolls.min_interval_ms,
         freed_first=gathered.freed_first,
+        no_disk_usage=gathered.no_disk_usage,
     )
     if args.json:
         doc = cycle_json(

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -242,13 +242,16 @@ def plan_cycle(
     cleaner_enabled: bool = True,
     min_roll_interval_ms: int = DEFAULT_MIN_ROLL_INTERVAL_MS,
     freed_first: Mapping[int, int] | None = None,
+    no_disk_usage: Collection[str] = (),
 ) -> CyclePlan:
     """Plan every partition (`steps`), order the eligible ones for cleaning, and plan
     KIP-61 over the post-retention snapshots of the partitions on `devices` when one is
     above its threshold. The cycle's KIP-61 step measures after the opens deleted the
     leftover files (`freed_first`, bytes per device) and after the files retention
     renamed `.deleted` were unlinked (a device above its threshold gets them unlinked at
-    once): the plan takes both off the measured usage before planning."""
+    once): the plan takes both off the measured usage before planning. KIP-61 deletes
+    nothing in the log dirs `no_disk_usage` (whose owner has no such step: a broker),
+    whose bytes still count on their device."""
     planned = [
         plan_partition(
             i,
@@ -275,7 +278,9 @@ def plan_cycle(
     )
     where = device_of_dir or {}
     on_devices = [
-        PartitionOnDevice(where[meta.log_dir], meta) for _, meta in planned if meta.log_dir in where
+        PartitionOnDevice(where[meta.log_dir], meta)
+        for _, meta in planned
+        if meta.log_dir in where and meta.log_dir not in no_disk_usage
     ]
     freed = dict(freed_first or {})
     block = {u.device: u.block_bytes for u in devices}
@@ -314,6 +319,9 @@ class Gathered:
     unreadable: list[Unreadable] = dataclasses.field(default_factory=list)
     observed: dict[str, str] = dataclasses.field(default_factory=dict)
     """The log dirs a cycle of this config would only observe, and why."""
+    no_disk_usage: set[str] = dataclasses.field(default_factory=set)
+    """The log dirs whose owner has no KIP-61 step: those a broker holds, and all in
+    `mode: observe` (a cleanerd daemon holding one deletes there as this config would)."""
     freed_first: dict[int, int] = dataclasses.field(default_factory=dict)
     """Per device above its threshold: the bytes of leftover files the owner's opens
     delete before its KIP-61 step measures (`recovery.leftover_bytes`)."""
@@ -331,7 +339,9 @@ def gather(cfg: Config, *, now_ms: int) -> Gathered:
             with LogDir.open(Path(path), observe=True, state_dir=cfg.state_dir) as log_dir:
                 partitions = log_dir.partitions()
                 if (why := _observed_because(cfg, log_dir.path)) is not None:
-                    out.observed[str(log_dir.path)] = why
+                    out.observed[str(log_dir.path)] = why.reason
+                    if not why.by_cleanerd:
+                        out.no_disk_usage.add(str(log_dir.path))
                 else:
                     owned[log_dir.path] = list(partitions.values())
                     marker = log_dir.path / CLEAN_SHUTDOWN_FILE_NAME
@@ -351,15 +361,22 @@ def gather(cfg: Config, *, now_ms: int) -> Gathered:
     return out
 
 
-def _observed_because(cfg: Config, path: Path) -> str | None:
+@dataclass(frozen=True, slots=True)
+class _Observed:
+    reason: str
+    by_cleanerd: bool
+    """Held by a cleanerd owner, whose cycle does what this config's would."""
+
+
+def _observed_because(cfg: Config, path: Path) -> _Observed | None:
     """Why a cycle would only observe the log dir `path` (`mode: observe`, or its
     `.lock` held by another process: a broker, or a cleanerd daemon, named as `clean`
     and `check-config` name it), or None."""
     if cfg.observe:
-        return "mode: observe"
+        return _Observed("mode: observe", by_cleanerd=False)
     holder = Holder.of(path, cfg.state_dir)
     if holder.pid is not None and holder.pid != os.getpid():
-        return f".lock held by {holder.described}"
+        return _Observed(f".lock held by {holder.described}", by_cleanerd=holder.cleanerd)
     return None
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import shutil
@@ -24,6 +25,7 @@ from cleanerd.maintenance.plan import PlanInput, gather, plan_cycle, plan_partit
 from cleanerd.retention.disk_usage import DeviceUsage
 from cleanerd.retention.policy import DeletionReason, RetentionRoll
 from tests.builders import build_log, kv
+from tests.holders import HOLD_BROKER_LOCK, HOLD_OWNER_LOCK, held_by_other_process
 
 MIN = 60_000
 HOUR = 60 * MIN
@@ -123,6 +125,26 @@ def test_cycle_orders_overdue_first_and_plans_disk_usage() -> None:
     assert [(str(d.topic_partition), d.base_offset) for d in cycle.disk_deletions] == [
         ("late-0", 0),
         ("dirty-0", 0),
+    ]
+    assert cycle.disk_outcomes[0].above_threshold
+
+
+def test_disk_usage_deletes_nothing_where_the_owner_has_no_kip61() -> None:
+    """Two log dirs on one device above its threshold, the older data in one a broker
+    holds: its bytes count, but only the other dir's segments are planned for deletion,
+    as the cycle deletes (a broker has no KIP-61 step). The plan listed the broker's."""
+    age = SegmentAge(T0, T0)
+    broker = PlanInput(meta("old", [T0 - 9 * HOUR, T0], log_dir="/broker"), topic(), None, age)
+    own = PlanInput(meta("new", [T0 - 2 * HOUR, T0], log_dir="/own"), topic(), None, age)
+    cycle = plan_cycle(
+        [broker, own],
+        now_ms=T0,
+        devices=[DeviceUsage(7, 1000, 900, 50)],
+        device_of_dir={"/broker": 7, "/own": 7},
+        no_disk_usage={"/broker"},
+    )
+    assert [(str(d.topic_partition), d.log_dir) for d in cycle.disk_deletions] == [
+        ("new-0", "/own")
     ]
     assert cycle.disk_outcomes[0].above_threshold
 
@@ -327,6 +349,30 @@ def test_segment_deleted_by_a_live_broker_while_read_is_read_again(
     assert gathered.errors == []
     (only,) = gathered.inputs
     assert [s.base_offset for s in only.meta.segments] == [1, 2]
+
+
+@pytest.mark.parametrize(
+    ("hold", "mode", "deletes"),
+    [
+        (None, "owner", True),
+        (HOLD_BROKER_LOCK, "owner", False),
+        (HOLD_OWNER_LOCK, "owner", True),
+        (None, "observe", False),
+    ],
+)
+def test_kip61_is_planned_only_where_the_owner_has_it(
+    tmp_path: Path, hold: str | None, mode: str, deletes: bool
+) -> None:
+    """A log dir a broker holds, or every dir in `mode: observe`, gets no KIP-61
+    deletions in the plan (its owner has no such step); one another cleanerd owns does,
+    its cycle deleting as this config would."""
+    logs, state = tmp_path / "logs", tmp_path / "state"
+    build_log(logs, [[[kv("a", "1")]]], state_dir=state, tp=TopicPartition("users", 0))
+    cfg = Config.model_validate({"log.dirs": [str(logs)], "state_dir": str(state), "mode": mode})
+    holding = held_by_other_process(hold, logs, state) if hold else contextlib.nullcontext()
+    with holding:
+        gathered = gather(cfg, now_ms=T0)
+    assert (str(logs) not in gathered.no_disk_usage) == deletes
 
 
 def test_a_root_file_that_cannot_be_read_is_named(tmp_path: Path) -> None:
