@@ -132,6 +132,7 @@ from cleanerd.retention.disk import (
 from cleanerd.retention.disk_usage import device_name
 from cleanerd.retention.executor import RetentionOutcome, apply_retention
 from cleanerd.retention.policy import retention_due_ms
+from cleanerd.wording import count
 
 log = get_logger(__name__)
 
@@ -722,14 +723,15 @@ class Maintenance:
         detail: str,
         *,
         error: bool = False,
+        info: bool = False,
     ) -> Callable[..., object]:
-        """`log.warning` (`log.error` with `error`), or `log.debug` when the previous
-        cycle logged the same."""
+        """`log.warning` (`log.error` with `error`, `log.info` with `info`), or
+        `log.debug` when the previous cycle logged the same."""
         key = (event, log_dir, tp, detail)
         self._notes.add(key)
         if key in self._last_notes:
             return log.debug
-        return log.error if error else log.warning
+        return log.error if error else log.info if info else log.warning
 
     def _report_later_cuts(self, partitions: list[_Partition], report: _Builder) -> None:
         """List the torn tails a step cut after the open (a write checks the active
@@ -1430,6 +1432,20 @@ class Maintenance:
                 error=error,
                 consequence="nothing of it is deleted for disk usage while it cannot be read",
             )
+        for d in disk.deletions if disk.dry_run else ():
+            # What a dry run would delete is said once, not at every check while the
+            # device stays above its threshold.
+            path = Path(d.log_dir)
+            self._once(
+                "disk_usage.would_delete", path, d.topic_partition, str(d.base_offset), info=True
+            )(
+                "disk_usage.would_delete",
+                **_fields(d.topic_partition, path),
+                base_offset=d.base_offset,
+                freed_bytes=d.freed_bytes,
+                device=device_name(d.device),
+                reason=d.reason.value,
+            )
         for u in disk.after:
             if u.device in disk.still_above:
                 # Said when it starts: a device that stays full stays so cycle after cycle.
@@ -1441,6 +1457,11 @@ class Maintenance:
                     consequence = (
                         "other files fill the device: without a byte of the log dirs it "
                         "would still be above the threshold"
+                    )
+                if disk.dry_run:
+                    made = count(len(disk.deletions), "deletion")
+                    consequence = (
+                        f"dry run: above even after the {made} it would make ({consequence})"
                     )
                 self._once("disk.pressure", Path(device), None, device)(
                     "disk.pressure",

@@ -342,17 +342,6 @@ def _dry_run(
     after = tuple(
         dataclasses.replace(u, used_bytes=projected.get(u.device, u.used_bytes)) for u in before
     )
-    for d in planned.deletions:
-        log.info(
-            "disk_usage.would_delete",
-            topic=d.topic_partition.topic,
-            partition=d.topic_partition.partition,
-            log_dir=d.log_dir,
-            base_offset=d.base_offset,
-            freed_bytes=d.freed_bytes,
-            device=device_name(d.device),
-            reason=d.reason.value,
-        )
     return DiskUsageReport(
         True, before, after, planned.deletions, (), planned.still_above, run.unreadable_partitions()
     )

@@ -699,6 +699,42 @@ def test_disk_pressure_says_when_other_files_fill_the_device(
     assert pressure["consequence"].startswith("other files fill the device")
 
 
+def test_a_dry_run_says_once_what_it_would_delete_and_that_it_deleted_nothing(
+    tmp_path: Path, engine: LocalEngine
+) -> None:
+    """`disk_usage.dry_run` above the threshold: the segments it would delete are logged
+    at info once (at debug while the device stays above), nothing is deleted, and the
+    pressure line says the device would stay above even after those deletions. The same
+    lines came at info at every check, and 'nothing deletable is left' beside 4
+    deletable segments."""
+    tp = TopicPartition("t", 0)
+    build(tmp_path, tp, [records(range(5), T0 - 5 * HOUR), records([0], T0)])
+    part = tmp_path / "logs" / str(tp)
+    before = dir_state(part)
+
+    def probe(_path: Path) -> DiskSpace:
+        return DiskSpace(1000, 990)  # other files fill it: no deletion brings it down
+
+    cfg = write_config(
+        tmp_path,
+        {"t": {"cleanup.policy": "delete"}},
+        **{"log.retention.disk.usage.percent": 10, "disk_usage": {"dry_run": True}},
+    )
+    with Maintenance(cfg, engine, clock=lambda: T0, usage_probe=probe) as m:
+        levels = []
+        for _ in range(2):
+            with capture_logs() as logs:
+                report = m.run_once()
+            levels.append([e["log_level"] for e in logs if e["event"] == "disk_usage.would_delete"])
+    assert levels == [["info"], ["debug"]]
+    assert report.disk_usage is not None
+    assert report.disk_usage.dry_run
+    assert [d.base_offset for d in report.disk_usage.deletions] == [0]
+    (pressure,) = [e for e in logs if e["event"] == "disk.pressure"]
+    assert pressure["consequence"].startswith("dry run: above even after the 1 deletion ")
+    assert dir_state(part) == before
+
+
 def test_the_states_say_when_data_outlived_its_retention(
     tmp_path: Path, engine: LocalEngine
 ) -> None:
