@@ -227,6 +227,18 @@ def holds_log_dir_lock(log_dir: Path) -> bool:
         return path.exists() and _file_key(path.stat()) in _held_lock
 
 
+def holds_replaced_lock(log_dir: Path) -> bool:
+    """Whether this process holds a lock on a `.lock` of `log_dir` that is no longer the
+    file at that path (the dir replaced, or its disk unmounted and mounted again)."""
+    path = log_dir / LOCK_FILE_NAME
+    try:
+        now: tuple[int, int] | None = _file_key(path.stat())
+    except OSError:
+        now = None
+    with _held_lock_guard:
+        return any(lock.path == path and key != now for key, lock in _held_lock.items())
+
+
 def _file_key(st: os.stat_result) -> tuple[int, int]:
     return (st.st_dev, st.st_ino)
 

@@ -39,7 +39,7 @@ from typing import Final, Self
 
 from cleanerd.errors import CleanerdError
 from cleanerd.log.files import LOCK_FILE_NAME, log_file
-from cleanerd.log.lock import OwnerLock, flock_refused, holds_log_dir_lock
+from cleanerd.log.lock import OwnerLock, flock_refused, holds_log_dir_lock, holds_replaced_lock
 from cleanerd.log.meta import SegmentMeta
 
 _FLOCK: Final = struct.Struct("hhqqi")
@@ -201,6 +201,13 @@ class OwnerProof:
                 "nothing is changed in its name"
             )
         holder = lock_holder(self.log_dir)
+        if holder is None and self.owner.pid == os.getpid() and holds_replaced_lock(self.log_dir):
+            raise OwnershipLost(
+                f"{self.log_dir / LOCK_FILE_NAME} is no longer the file this process "
+                "locked, and nobody holds it: the dir was replaced, or its disk unmounted "
+                "and mounted again; nothing is changed in its name (a restart of cleanerd "
+                "takes it again, the operator's word that it is the same dir)"
+            )
         if holder != self.owner.pid:
             held = "nobody holds it" if holder is None else f"pid {holder} holds it"
             raise OwnershipLost(

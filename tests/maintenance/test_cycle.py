@@ -793,6 +793,33 @@ def test_a_dir_whose_lock_another_process_took_is_written_nothing_more(
     assert not (logs / ".kafka_cleanshutdown").exists()
 
 
+def test_a_dir_whose_lock_file_was_replaced_says_so_and_waits_for_a_restart(
+    tmp_path: Path, engine: LocalEngine
+) -> None:
+    """The dir's `.lock` is another file than the one the owner locked, and nobody holds
+    it (its disk unmounted and mounted again under the daemon): the dir is offline, the
+    reason saying what happened and that a restart takes it again, and it stays so (the
+    owner cannot tell the same dir from another's). It said only 'nobody holds it'."""
+    tp = TopicPartition("t", 0)
+    build(tmp_path, tp, [records(range(20), T0 - 5 * HOUR), records([0], T0)])
+    logs = tmp_path / "logs"
+    cfg = write_config(tmp_path, {"t": {"cleanup.policy": "compact"}})
+    with Maintenance(cfg, engine, clock=lambda: T0) as m:
+        m.run_once()
+        fresh = tmp_path / "lock.new"
+        fresh.write_bytes(b"")
+        fresh.replace(logs / ".lock")
+        reports = [m.run_once(), m.run_once()]
+    for report in reports:
+        (offline,) = report.offline
+        assert offline.reason == (
+            f"{logs / '.lock'} is no longer the file this process locked, and nobody holds "
+            "it: the dir was replaced, or its disk unmounted and mounted again; nothing is "
+            "changed in its name (a restart of cleanerd takes it again, the operator's word "
+            "that it is the same dir)"
+        )
+
+
 class _StopWhileSwapping:
     """An engine that holds the partition lock from the submission (so the pass waits
     at its first swap) and sets `stop` at once; the cycle's abort releases the lock."""
