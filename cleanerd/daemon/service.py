@@ -109,7 +109,7 @@ from cleanerd.daemon.triggers import (
 from cleanerd.daemon.watcher import LogDirWatcher, PartitionKey, WatchDelta
 from cleanerd.engine import Engine, create_engine
 from cleanerd.engine.first_reads import ReaderPool
-from cleanerd.errors import CleanerdError, ConfigError
+from cleanerd.errors import CleanerdError, ConfigError, LogDirLockedError
 from cleanerd.log.files import TopicPartition
 from cleanerd.log_setup import configure_logging, partition_context
 from cleanerd.maintenance.cycle import Maintenance, MaintenanceStatus, wall_clock_ms
@@ -127,6 +127,8 @@ T = TypeVar("T")
 
 FORCED_EXIT: Final = 130
 """Exit status after a second SIGINT (128 + SIGINT, as a shell reports it)."""
+OWNER_POLL_S: Final = 0.2
+"""How often the start looks again at a log dir a one-shot cleanerd command owns."""
 MAX_CYCLE_FAILURES: Final = 3
 """Cycles in a row that may fail with an unexpected error before the watchdog stops."""
 
@@ -163,6 +165,9 @@ class Timings:
     watch_max_duty: float = 0.005
     progress_interval_s: float = 5.0
     """A cycle running longer logs `cycle.progress` this often."""
+    owner_wait_s: float = 60.0
+    """How long the start waits for a one-shot cleanerd command (a `produce`, a `clean`)
+    that owns a log dir to let go (below systemd's TimeoutStartSec=120s)."""
 
 
 class Daemon:
@@ -343,16 +348,32 @@ class Daemon:
 
     def _open_maintenance(self) -> Maintenance:
         engine = self._engine_factory(self.config)
+        readers = functools.partial(
+            ReaderPool.for_this_host, self.config.logging.format, self.config.logging.level
+        )
+        waiting_since: float | None = None
         try:
-            return Maintenance(
-                self.config,
-                engine,
-                clock=self.clock_ms,
-                progress_interval_s=self.timings.progress_interval_s,
-                readers=functools.partial(
-                    ReaderPool.for_this_host, self.config.logging.format, self.config.logging.level
-                ),
-            )
+            while True:
+                try:
+                    return Maintenance(
+                        self.config,
+                        engine,
+                        clock=self.clock_ms,
+                        progress_interval_s=self.timings.progress_interval_s,
+                        readers=readers,
+                    )
+                except LogDirLockedError as exc:
+                    # A one-shot command beside the start (an application's `produce`)
+                    # lets go in moments; another daemon does not, and is refused.
+                    if not exc.ends_by_itself or self.should_exit:
+                        raise
+                    now = time.monotonic()
+                    if waiting_since is None:
+                        waiting_since = now
+                        log.info("startup.waiting_for_owner", reason=str(exc))
+                    elif now - waiting_since >= self.timings.owner_wait_s:
+                        raise
+                    time.sleep(OWNER_POLL_S)
         except BaseException:
             engine.shutdown()
             raise

@@ -179,7 +179,10 @@ class LogDir:
             if held.cleanerd:
                 # Two cleanerd owners of one state dir would each believe they own the
                 # dir, and observing it would look like success: refuse, naming the first.
-                raise LogDirLockedError(path, held.refusal()) from None
+                refused = LogDirLockedError(
+                    path, held.refusal(), ends_by_itself=held.ends_by_itself
+                )
+                raise refused from None
             observed = cls(path, Mode.OBSERVE, state_dir=state, held_by=held)
             log.warning("log_dir.observe_forced", log_dir=str(path), reason=str(held))
             return observed

@@ -148,13 +148,23 @@ class Holder:
     """None or 0 when its pid cannot be seen from here (another pid namespace, `/proc`
     hidden) or it let go since."""
     cleanerd: bool
+    command: str | None = None
+    """A cleanerd holder's command (`run`, `clean`, `produce`...), when its command line
+    can be read."""
 
     @classmethod
     def of(cls, log_dir: Path, state_dir: Path) -> Holder:
         """Who holds `log_dir`'s `.lock` now (pid None: nobody, or it let go since), and
         whether it is a cleanerd owner of `state_dir`."""
         pid = lock_holder(log_dir)
-        return cls(log_dir, pid, pid is not None and OwnerLock(state_dir, log_dir).held_elsewhere())
+        ours = pid is not None and OwnerLock(state_dir, log_dir).held_elsewhere()
+        return cls(log_dir, pid, ours, cleanerd_command(pid) if ours and pid else None)
+
+    @property
+    def ends_by_itself(self) -> bool:
+        """A cleanerd holder running a one-shot command (`produce`, `clean`), which lets
+        go of the dir when it is done, unlike a daemon."""
+        return self.command is not None and self.command != "run"
 
     @property
     def who(self) -> str:
@@ -166,8 +176,14 @@ class Holder:
         """Who it is, for an operator: cleanerd, or what a holder that is not is likely
         to be."""
         if self.cleanerd:
-            return f"cleanerd ({self.who}: a running daemon or another command owns it)"
+            return f"cleanerd ({self.who}: {self._running} owns it)"
         return f"{self.who} (a running Kafka broker?)"
+
+    @property
+    def _running(self) -> str:
+        if self.command is None:
+            return "a running daemon or another command"
+        return f"`cleanerd {self.command}`"
 
     def __str__(self) -> str:
         return f"{self.log_dir / LOCK_FILE_NAME} is held by {self.described}: observed only"
@@ -175,10 +191,25 @@ class Holder:
     def refusal(self) -> str:
         """Why a second cleanerd owner is refused (a cleanerd holder only)."""
         return (
-            f"log dir {self.log_dir} is owned by another cleanerd process ({self.who}: a "
-            "running daemon or `cleanerd clean`); only one may own it: stop that one first "
+            f"log dir {self.log_dir} is owned by another cleanerd process ({self.who}: "
+            f"{self._running}); only one may own it: stop that one first "
             "(`cleanerd plan` and `cleanerd audit` only read and can run beside it)"
         )
+
+
+def cleanerd_command(pid: int) -> str | None:
+    """The cleanerd command process `pid` runs (`cleanerd run ...`, `python -m cleanerd
+    produce ...`: `run`, `produce`), from `/proc/<pid>/cmdline`; None when it cannot be
+    read or names none."""
+    try:
+        args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return None
+    words = [a.decode(errors="replace") for a in args]
+    for i, word in enumerate(words):
+        if word == "cleanerd" or word.endswith("/cleanerd"):
+            return next((w for w in words[i + 1 :] if w and not w.startswith("-")), None)
+    return None
 
 
 @dataclass(frozen=True, slots=True)

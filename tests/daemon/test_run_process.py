@@ -301,6 +301,61 @@ def test_second_owner_is_refused_naming_the_first(tmp_path: Path) -> None:
             assert sorted(p.name for p in data.iterdir()) == before
 
 
+def test_a_start_waits_for_a_produce_that_owns_the_dir(tmp_path: Path) -> None:
+    """An application's `cleanerd produce` owns the dir as the daemon starts: the start
+    waits for it (`startup.waiting_for_owner`, naming the command), then takes the dir
+    and runs. It exited 1 at once, naming a 'running daemon or `cleanerd clean`'; under
+    systemd, a restart loop while appends kept landing at start time."""
+    data, state = tmp_path / "data", tmp_path / "state"
+    data.mkdir()
+    config = tmp_path / "cleanerd.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "log.dirs": [str(data)],
+                "state_dir": str(state),
+                "metrics": {"listen": "127.0.0.1:0"},
+                "logging": {"format": "json"},
+            }
+        )
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    command = [sys.executable, "-m", "cleanerd"]
+    with subprocess.Popen(
+        [*command, "produce", "-c", str(config), "t-0"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        env=env,
+        text=True,
+    ) as producer:
+        assert producer.stdin is not None
+        producer.stdin.write('{"key": "a", "value": "1"}\n')  # appended at the end
+        producer.stdin.flush()
+        deadline = time.monotonic() + WAIT_S  # until it holds the dir: its partition made
+        while not (data / "t-0").is_dir() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        log_path = tmp_path / "run.log"
+        with open(log_path, "wb") as log_file:
+            daemon = subprocess.Popen(
+                [*command, "run", "-c", str(config)], stderr=log_file, env=env, cwd=tmp_path
+            )
+        try:
+            process = Process(daemon, log_path, "")
+            waiting = process.wait_log(
+                lambda e: e["event"] == "startup.waiting_for_owner", "the wait"
+            )
+            assert f"(pid {producer.pid}: `cleanerd produce`)" in waiting["reason"]
+            producer.stdin.close()
+            assert producer.wait(WAIT_S) == 0
+            process.wait_log(lambda e: e["event"] == "startup.done", "the start")
+            daemon.send_signal(signal.SIGTERM)
+            assert daemon.wait(WAIT_S) == 0
+        finally:
+            if daemon.poll() is None:
+                daemon.kill()
+                daemon.wait()
+
+
 def test_a_log_reader_gone_costs_the_lines_not_the_cycles_or_the_stop(tmp_path: Path) -> None:
     """`cleanerd run 2>&1 | tee …` whose `tee` dies: every later log line meets EPIPE.
     The lines are dropped; cycles still run and succeed (the metrics say so), and
