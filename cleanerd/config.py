@@ -366,7 +366,8 @@ class MetricsConfig(_Section):
     listen: Annotated[str, AfterValidator(_check_listen)] = "127.0.0.1:9644"
     per_partition: bool = False
     kafka_names: bool = True
-    refresh_interval_s: float = Field(default=10.0, gt=0)
+    # At most an hour: the gauges exist to follow the clock (an infinite one froze them).
+    refresh_interval_s: float = Field(default=10.0, gt=0, le=3600, allow_inf_nan=False)
 
     @property
     def host(self) -> str:
@@ -396,7 +397,7 @@ class MqttConfig(_Section):
     username: str | None = None
     password_file: FsPath | None = None
     tls: TlsConfig = TlsConfig()
-    client_id: str | None = None
+    client_id: str | None = Field(default=None, min_length=1)
     topic_prefix: Annotated[str, AfterValidator(_check_topic_prefix)] = "cleanerd"
     queue_size: int = Field(default=1000, ge=1)
     keepalive_s: int = Field(default=60, ge=1, le=65535)

@@ -701,3 +701,26 @@ def test_an_offset_map_that_cannot_hold_a_key_is_refused() -> None:
         "never make progress; increase log.cleaner.dedupe.buffer.size or decrease "
         "log.cleaner.threads"
     ]
+
+
+@pytest.mark.parametrize(
+    ("section", "error"),
+    [
+        (
+            {"metrics": {"refresh_interval_s": math.inf}},
+            "metrics.refresh_interval_s: .inf input should be a finite number",
+        ),
+        (
+            {"metrics": {"refresh_interval_s": 86400}},
+            "metrics.refresh_interval_s: 86400 must be <= 3600",
+        ),
+        (
+            {"mqtt": {"client_id": ""}},
+            "mqtt.client_id: '' must not be empty",
+        ),
+    ],
+)
+def test_values_that_only_look_valid_are_refused(section: dict[str, Any], error: str) -> None:
+    """An infinite refresh interval froze every gauge, and an empty client id has the
+    broker give each connection a new one: both passed check-config."""
+    assert errors_of({"log.dirs": ["/d"], **section}) == [error]
