@@ -132,7 +132,7 @@ def epoch_ms(text: str) -> int:
         )
     if value > LATEST_MS:
         raise argparse.ArgumentTypeError(
-            f"{value} is after the year 5000 as ms since the epoch: microseconds? "
+            f"{value} is after the year 5138 as ms since the epoch: microseconds? "
             f"In milliseconds that is {value // 1000}"
         )
     return value
