@@ -236,6 +236,9 @@ class CleanResult:
     deleted_files: tuple[Path, ...]
     cleaned: tuple[CleanedGroup, ...] = ()
     """The `.cleaned` output awaiting `Cleaner.install` (a pass run with install=False)."""
+    ran_out_of_space: bool = False
+    """The disk ran full during the pass, which went on once the files its earlier
+    groups had replaced were unlinked at once (`_clean_group_or_free_space`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -998,7 +1001,9 @@ class Cleaner:
         if install:
             self._write_checkpoint(p.proof.log_dir, p.tp, end_offset, p.proof)
         stats = p.stats.freeze(self.clock_ms())
-        return CleanResult(p.first_dirty, end_offset, stats, tuple(p.deleted), tuple(cleaned))
+        return CleanResult(
+            p.first_dirty, end_offset, stats, tuple(p.deleted), tuple(cleaned), p.no_space
+        )
 
     def _clean_group_or_free_space(
         self, p: _Pass, group: list[SegmentMeta], tracker: TransactionTracker

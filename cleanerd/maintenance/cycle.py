@@ -1569,6 +1569,14 @@ class Maintenance:
                 list(result.deleted_files), now_ms=now, delay_ms=item.topic.file_delete_delay_ms
             )
             report.cleaned.append(self._cleaned(r, result, now))
+            if result.ran_out_of_space:
+                # It got through, but the next pass, or the broker's next append, may not.
+                log.warning(
+                    "clean.ran_out_of_space",
+                    **_fields(candidate.tp, item.log_dir.path),
+                    consequence="the pass went on once the segments it had replaced were "
+                    "unlinked at once, without file.delete.delay.ms",
+                )
             if not item.plog.read_only:
                 item.plog.take_snapshot()  # the state at the end of the cleaned log
             # A pass that stopped short of its range (the offset map filled up) made

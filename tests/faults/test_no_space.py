@@ -10,8 +10,10 @@ still cannot fit fails naming the file and the step, leaving the partition as it
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -33,6 +35,10 @@ SEGMENT_BYTES = 4 * 1024 * 1024
 TS = 1_700_000_000_000
 
 
+def json_lines(text: str) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in text.splitlines() if line.startswith("{")]
+
+
 def used(path: Path) -> int:
     return int(psutil.disk_usage(str(path)).used)
 
@@ -49,7 +55,8 @@ def test_clean_on_a_nearly_full_disk_frees_its_own_leftovers_and_finishes(
 ) -> None:
     """29 MB of log (unique keys: the output is as big as the input) on a 40 MB tmpfs:
     the pass runs out of space at its third group, unlinks the old files of its first
-    two groups at once, writes the group again and finishes; nothing is left behind."""
+    two groups at once, writes the group again and finishes, and says the disk ran full
+    (`clean.ran_out_of_space`: it said nothing); nothing is left behind."""
     with tmpfs(tmp_path / "mnt", "40m") as mnt:
         data, state = mnt / "data", tmp_path / "state"
         work = write_partition(
@@ -65,6 +72,8 @@ def test_clean_on_a_nearly_full_disk_frees_its_own_leftovers_and_finishes(
         done = cleanerd("clean", "-c", str(config))
         assert done.returncode == 0, done.stdout + done.stderr
         assert "1 cleaning pass, 0 partitions uncleanable" in done.stdout
+        (warned,) = [e for e in json_lines(done.stderr) if e["event"] == "clean.ran_out_of_space"]
+        assert (warned["topic"], warned["partition"], warned["level"]) == (TP.topic, 0, "warning")
         verify(data / str(TP), work)
         assert used(mnt) <= before + 64 * 1024  # + the checkpoint files
 
