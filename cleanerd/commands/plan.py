@@ -182,11 +182,12 @@ def render_text(
             if o.above_threshold:
                 line += ", still above the threshold"
         lines.append(line)
-    lines.extend(
-        f"  disk.usage: delete {d.topic_partition} segment {d.base_offset} in {d.log_dir} "
-        f"({d.freed_bytes} bytes)"
-        for d in plan.disk_deletions
-    )
+        lines.extend(
+            f"  disk.usage: delete {d.topic_partition} segment {d.base_offset} in {d.log_dir} "
+            f"({d.freed_bytes} bytes)"
+            for d in plan.disk_deletions
+            if d.device == u.device
+        )
     return lines
 
 

@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from cleanerd.cli import main
+from cleanerd.commands.plan import render_text
 from cleanerd.config import BrokerConfig, Config
 from cleanerd.log.files import TopicPartition
 from cleanerd.log.log_dir import LogDir
@@ -147,6 +148,24 @@ def test_disk_usage_deletes_nothing_where_the_owner_has_no_kip61() -> None:
         ("new-0", "/own")
     ]
     assert cycle.disk_outcomes[0].above_threshold
+
+
+def test_the_text_lists_each_devices_deletions_under_it() -> None:
+    """Two devices above their threshold: each device line is followed by its own
+    deletions (all of them came after the last device line)."""
+    age = SegmentAge(T0, T0)
+    first = PlanInput(meta("a", [T0 - 9 * HOUR, T0], log_dir="/d1"), topic(), None, age)
+    second = PlanInput(meta("b", [T0 - 8 * HOUR, T0], log_dir="/d2"), topic(), None, age)
+    cycle = plan_cycle(
+        [first, second],
+        now_ms=T0,
+        devices=[DeviceUsage(7, 1000, 900, 50), DeviceUsage(8, 1000, 900, 50)],
+        device_of_dir={"/d1": 7, "/d2": 8},
+    )
+    lines = [x.split(":")[0].strip() for x in render_text(cycle, [], {}) if "disk" in x]
+    assert lines == ["device 0", "disk.usage", "device 0", "disk.usage"]
+    text = "\n".join(render_text(cycle, [], {}))
+    assert text.index("a-0 segment 0 in /d1") < text.index("device 0:8") < text.index("b-0 segment")
 
 
 def test_metadata_log_is_never_planned() -> None:
