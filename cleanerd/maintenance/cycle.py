@@ -486,8 +486,9 @@ class Maintenance:
 
     @property
     def offline_dirs(self) -> list[Path]:
-        """The log dirs offline in the last cycle."""
-        return list(self._offline)
+        """The log dirs offline in the last cycle, and those not opened since (before
+        the first cycle: the ones the start could not open)."""
+        return list(self._offline) + [p for p in self._unopened if p not in self._offline]
 
     def _last_listed(self, path: Path) -> list[TopicPartition]:
         """The partitions of the offline dir `path`: listed now, or when it last was."""

@@ -503,7 +503,10 @@ async def test_a_log_dir_missing_at_the_start_is_offline_until_it_is_there(
     offline = f'cleanerd_log_dir_offline{{log_dir="{late}"}}'
     device = f'cleanerd_log_dir_device_info{{device="{device_name(device_of(tmp_path))}"'
     async with running(daemon):
-        await notify_socket.await_for("READY")
+        ready = await notify_socket.await_for("READY")
+        assert ready["STATUS"] == (
+            "watching 2 log dirs (1 offline: left alone until readable), 2 partitions"
+        )
         assert holds_log_dir_lock(tmp_path / "data")
         await eventually(lambda: offline in _scrape(daemon), "the first cycle exported")
         assert _sample(_scrape(daemon), offline) == 1
