@@ -109,8 +109,9 @@ from cleanerd.daemon.triggers import (
 from cleanerd.daemon.watcher import LogDirWatcher, PartitionKey, WatchDelta
 from cleanerd.engine import Engine, create_engine
 from cleanerd.engine.first_reads import ReaderPool
-from cleanerd.errors import CleanerdError, ConfigError, LogDirLockedError
+from cleanerd.errors import CleanerdError, ConfigError
 from cleanerd.log.files import TopicPartition
+from cleanerd.log.ownership import Holder
 from cleanerd.log_setup import configure_logging, partition_context
 from cleanerd.maintenance.cycle import Maintenance, MaintenanceStatus, wall_clock_ms
 from cleanerd.maintenance.report import CycleReport, made_progress
@@ -334,6 +335,9 @@ class Daemon:
         # or a broker's) a full recovery. Until the first refresh a scrape gets the
         # service's own families.
         self.exporter.start()
+        await asyncio.to_thread(self._wait_for_one_shot_owners)
+        if self.should_exit:
+            return  # stopped while it waited: nothing was opened
         self.maintenance = await self._in_thread(self._open_maintenance)
         self._devices = await asyncio.to_thread(group_devices, cfg.log_dirs)
         await self.publisher.start()
@@ -346,34 +350,38 @@ class Daemon:
         self.notifier.ready(status)
         log.info("startup.done", status=status, metrics=self._metrics_address())
 
+    def _wait_for_one_shot_owners(self) -> None:
+        """Wait, up to `Timings.owner_wait_s` or a stop, while a one-shot cleanerd command
+        (an application's `produce`, a `clean`) owns one of the log dirs: it lets go in
+        moments, where another daemon does not (the open refuses that one at once). No
+        dir is opened meanwhile, so none loses its clean-shutdown marker to a retry."""
+        if self.config.observe:
+            return  # nothing is owned: nothing to wait for
+        deadline: float | None = None
+        while not self.should_exit:
+            held = [Holder.of(d, self.config.state_dir) for d in self.config.log_dirs]
+            waiting = [h for h in held if h.ends_by_itself]
+            if not waiting:
+                return
+            if deadline is None:
+                deadline = time.monotonic() + self.timings.owner_wait_s
+                log.info("startup.waiting_for_owner", reason=waiting[0].refusal())
+            elif time.monotonic() >= deadline:
+                return  # the open refuses it, naming it
+            time.sleep(OWNER_POLL_S)
+
     def _open_maintenance(self) -> Maintenance:
         engine = self._engine_factory(self.config)
-        readers = functools.partial(
-            ReaderPool.for_this_host, self.config.logging.format, self.config.logging.level
-        )
-        waiting_since: float | None = None
         try:
-            while True:
-                try:
-                    return Maintenance(
-                        self.config,
-                        engine,
-                        clock=self.clock_ms,
-                        progress_interval_s=self.timings.progress_interval_s,
-                        readers=readers,
-                    )
-                except LogDirLockedError as exc:
-                    # A one-shot command beside the start (an application's `produce`)
-                    # lets go in moments; another daemon does not, and is refused.
-                    if not exc.ends_by_itself or self.should_exit:
-                        raise
-                    now = time.monotonic()
-                    if waiting_since is None:
-                        waiting_since = now
-                        log.info("startup.waiting_for_owner", reason=str(exc))
-                    elif now - waiting_since >= self.timings.owner_wait_s:
-                        raise
-                    time.sleep(OWNER_POLL_S)
+            return Maintenance(
+                self.config,
+                engine,
+                clock=self.clock_ms,
+                progress_interval_s=self.timings.progress_interval_s,
+                readers=functools.partial(
+                    ReaderPool.for_this_host, self.config.logging.format, self.config.logging.level
+                ),
+            )
         except BaseException:
             engine.shutdown()
             raise

@@ -17,7 +17,10 @@ a log dir (holds its `.lock`) also holds an `flock` on
 `<state dir>/locks/<log dir key>/owner.lock`. Another cleanerd process (`cleanerd
 produce`) that finds `.lock` taken checks that file: held means a cleanerd owner, with
 which appends are coordinated through partition locks; free means a broker or another
-program, whose dir is only observed.
+program, whose dir is only observed. The holder writes its command (`run`, `produce`)
+into the file, so a daemon starting beside an application's `produce` can tell a
+one-shot owner, which it waits for, from another daemon, even where another user's
+`/proc/<pid>` is hidden from it.
 
 `checkpoint_lock` serializes the rewrites of a log dir's `cleaner-offset-checkpoint`
 across processes: the file is rewritten whole (read, change one entry, tmp file, fsync,
@@ -39,11 +42,13 @@ to a timeout, after which `PartitionLockTimeout` names the lock file.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import functools
 import hashlib
 import os
+import re
 import tempfile
 import threading
 import time
@@ -167,6 +172,9 @@ class LogDirLock:
         self.release()
 
 
+_COMMAND: Final = re.compile(r"[a-z][a-z-]{0,31}")
+
+
 class OwnerLock:
     """The marker a log dir's cleanerd owner holds in the state dir (see above)."""
 
@@ -174,8 +182,11 @@ class OwnerLock:
         self.path = state_dir / "locks" / log_dir_key(log_dir) / "owner.lock"
         self._fd: int | None = None
 
-    def acquire(self) -> bool:
-        """Take the marker without waiting; False if another holder has it."""
+    def acquire(self, command: str | None = None) -> bool:
+        """Take the marker without waiting; False if another holder has it. It then
+        holds `command`, the cleanerd command this process runs (`run`, `produce`), for
+        `holder_command`: another user's `/proc/<pid>/cmdline` may be hidden from the
+        one asking (the unit's `ProtectProc=invisible`)."""
         if self._fd is not None:
             return True
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -185,8 +196,20 @@ class OwnerLock:
         except BlockingIOError:
             os.close(fd)
             return False
+        with contextlib.suppress(OSError):  # a full disk: the command goes unnamed
+            os.ftruncate(fd, 0)
+            if command is not None:
+                os.pwrite(fd, command.encode(), 0)
         self._fd = fd
         return True
+
+    def holder_command(self) -> str | None:
+        """The command the marker's holder said it runs, when it can be read."""
+        try:
+            text = self.path.read_bytes()[:64].decode()
+        except (OSError, UnicodeDecodeError):
+            return None
+        return text if _COMMAND.fullmatch(text) else None
 
     def release(self) -> None:
         """Drop the marker."""

@@ -91,7 +91,13 @@ from cleanerd.log.known_segments import (
     write_known_segments,
 )
 from cleanerd.log.lock import LogDirLock, OwnerLock, default_state_dir
-from cleanerd.log.ownership import Holder, OwnerProof, ProcessId, start_ticks
+from cleanerd.log.ownership import (
+    Holder,
+    OwnerProof,
+    ProcessId,
+    cleanerd_command,
+    start_ticks,
+)
 from cleanerd.log.partition_log import LogConfig, PartitionLog
 from cleanerd.log.properties import META_PROPERTIES, MetaProperties, read_meta_properties
 from cleanerd.logger import get_logger
@@ -179,15 +185,12 @@ class LogDir:
             if held.cleanerd:
                 # Two cleanerd owners of one state dir would each believe they own the
                 # dir, and observing it would look like success: refuse, naming the first.
-                refused = LogDirLockedError(
-                    path, held.refusal(), ends_by_itself=held.ends_by_itself
-                )
-                raise refused from None
+                raise LogDirLockedError(path, held.refusal()) from None
             observed = cls(path, Mode.OBSERVE, state_dir=state, held_by=held)
             log.warning("log_dir.observe_forced", log_dir=str(path), reason=str(held))
             return observed
         owner_lock = OwnerLock(state, path)
-        if not owner_lock.acquire():
+        if not owner_lock.acquire(cleanerd_command(os.getpid())):
             dir_lock.release()
             raise LogDirLockedError(path)
         try:

@@ -157,8 +157,11 @@ class Holder:
         """Who holds `log_dir`'s `.lock` now (pid None: nobody, or it let go since), and
         whether it is a cleanerd owner of `state_dir`."""
         pid = lock_holder(log_dir)
-        ours = pid is not None and OwnerLock(state_dir, log_dir).held_elsewhere()
-        return cls(log_dir, pid, ours, cleanerd_command(pid) if ours and pid else None)
+        marker = OwnerLock(state_dir, log_dir)
+        if pid is None or not marker.held_elsewhere():
+            return cls(log_dir, pid, cleanerd=False)
+        command = marker.holder_command() or (cleanerd_command(pid) if pid else None)
+        return cls(log_dir, pid, cleanerd=True, command=command)
 
     @property
     def ends_by_itself(self) -> bool:

@@ -301,18 +301,24 @@ def test_second_owner_is_refused_naming_the_first(tmp_path: Path) -> None:
             assert sorted(p.name for p in data.iterdir()) == before
 
 
-def test_a_start_waits_for_a_produce_that_owns_the_dir(tmp_path: Path) -> None:
-    """An application's `cleanerd produce` owns the dir as the daemon starts: the start
-    waits for it (`startup.waiting_for_owner`, naming the command), then takes the dir
-    and runs. It exited 1 at once, naming a 'running daemon or `cleanerd clean`'; under
-    systemd, a restart loop while appends kept landing at start time."""
-    data, state = tmp_path / "data", tmp_path / "state"
+@pytest.mark.parametrize("stopped", [False, True], ids=["produce-ends", "sigterm"])
+def test_a_start_waits_for_a_produce_that_owns_the_dir(tmp_path: Path, stopped: bool) -> None:
+    """An application's `cleanerd produce` owns one of the dirs as the daemon starts: the
+    start waits for it (`startup.waiting_for_owner`, naming the command) with no dir
+    opened, so the other dir keeps its clean-shutdown marker, then takes the dirs and
+    runs; a SIGTERM while it waits stops it with status 0. It exited 1 at once, naming a
+    'running daemon or `cleanerd clean`': under systemd, a restart loop while appends
+    kept landing at start time."""
+    data, other, state = tmp_path / "data", tmp_path / "other", tmp_path / "state"
     data.mkdir()
+    other.mkdir()
+    marker = other / CLEAN_SHUTDOWN_FILE_NAME
+    marker.write_text('{"version":0,"brokerEpoch":-1}')
     config = tmp_path / "cleanerd.yaml"
     config.write_text(
         yaml.safe_dump(
             {
-                "log.dirs": [str(data)],
+                "log.dirs": [str(other), str(data)],
                 "state_dir": str(state),
                 "metrics": {"listen": "127.0.0.1:0"},
                 "logging": {"format": "json"},
@@ -322,9 +328,10 @@ def test_a_start_waits_for_a_produce_that_owns_the_dir(tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     command = [sys.executable, "-m", "cleanerd"]
     with subprocess.Popen(
-        [*command, "produce", "-c", str(config), "t-0"],
+        [*command, "produce", "-c", str(config), "--log-dir", str(data), "t-0"],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
         env=env,
         text=True,
     ) as producer:
@@ -345,6 +352,13 @@ def test_a_start_waits_for_a_produce_that_owns_the_dir(tmp_path: Path) -> None:
                 lambda e: e["event"] == "startup.waiting_for_owner", "the wait"
             )
             assert f"(pid {producer.pid}: `cleanerd produce`)" in waiting["reason"]
+            assert marker.exists()  # no dir opened while it waits
+            if stopped:
+                daemon.send_signal(signal.SIGTERM)
+                assert daemon.wait(WAIT_S) == 0
+                assert marker.exists()
+                assert "startup.failed" not in log_path.read_text()
+                return
             producer.stdin.close()
             assert producer.wait(WAIT_S) == 0
             process.wait_log(lambda e: e["event"] == "startup.done", "the start")

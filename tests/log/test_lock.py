@@ -171,6 +171,25 @@ def test_owner_marker(tmp_path: Path) -> None:
     assert not probe.held_elsewhere()
 
 
+def test_the_owner_marker_names_its_holders_command(tmp_path: Path) -> None:
+    """The marker holds the command of its holder, the latest one's only, which a user
+    who cannot see the holder's `/proc` entry reads; a holder that named none, or a
+    file that is not a command name, names nothing."""
+    first, probe = OwnerLock(tmp_path / "state", tmp_path), OwnerLock(tmp_path / "state", tmp_path)
+    assert first.acquire("build-kernels")
+    assert probe.holder_command() == "build-kernels"
+    first.release()
+    second = OwnerLock(tmp_path / "state", tmp_path)
+    assert second.acquire("run")
+    assert probe.holder_command() == "run"
+    second.release()
+    assert second.acquire()
+    assert probe.holder_command() is None
+    second.release()
+    second.path.write_bytes(b"../../etc\n")
+    assert probe.holder_command() is None
+
+
 @pytest.mark.usefixtures("umask_0027")
 def test_a_new_lock_file_is_one_a_broker_can_open_to_write(tmp_path: Path) -> None:
     """A `.lock` cleanerd creates takes its dir's bits (less execute) and group: made
