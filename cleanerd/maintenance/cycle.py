@@ -1451,7 +1451,9 @@ class Maintenance:
             if u.device in disk.still_above:
                 # Said when it starts: a device that stays full stays so cycle after cycle.
                 device = device_name(u.device)
-                in_logs = _log_bytes_on(u.device, partitions)
+                # A dry run's usage is projected past its deletions: so are the log bytes.
+                would = [d for d in disk.deletions if disk.dry_run and d.device == u.device]
+                in_logs = _log_bytes_on(u.device, partitions) - sum(d.freed_bytes for d in would)
                 limit = u.limit_bytes(u.threshold_percent)
                 consequence = "nothing deletable is left, or writers outpace the deletions"
                 if u.used_bytes - in_logs > limit:
@@ -1460,7 +1462,7 @@ class Maintenance:
                         "would still be above the threshold"
                     )
                 if disk.dry_run:
-                    made = count(len(disk.deletions), "deletion")
+                    made = count(len(would), "deletion")
                     consequence = (
                         f"dry run: above even after the {made} it would make ({consequence})"
                     )
