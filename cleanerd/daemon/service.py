@@ -33,8 +33,8 @@ startup, then whenever one of these holds (`cycle_due`):
   in place without moving its size or mtime).
 
 After a cycle that failed whole, only a request starts one before `retry_wait_ms` has
-passed (`log.cleaner.backoff.ms`, doubled for each failure in a row, up to the revisit
-interval): what failed it would fail the next at once, at every tick.
+passed (`log.cleaner.backoff.ms`, at least a second, doubled for each failure in a row, up
+to the revisit interval): what failed it would fail the next at once, at every tick.
 
 Lifecycle and signals:
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import enum
 from dataclasses import dataclass
+from typing import Final
 
 from cleanerd.daemon.watcher import PartitionKey
 from cleanerd.log.files import TopicPartition, parse_topic_partition
@@ -86,15 +87,19 @@ def cycle_due(c: CycleClock, *, backoff_ms: int, revisit_ms: int) -> CycleTrigge
     return None
 
 
+MIN_RETRY_WAIT_MS: Final = 1000
+"""The least wait after a failed cycle, whatever `log.cleaner.backoff.ms` (0 is allowed)."""
+
+
 def retry_wait_ms(failures_in_a_row: int, *, backoff_ms: int, revisit_ms: int) -> int:
-    """How long after a cycle that failed whole the next one waits: `backoff_ms`,
-    doubled for each failure in a row after the first, up to `revisit_ms` (at least
-    `backoff_ms`). What failed the cycle fails the next one too until something changes,
-    and a due time rule, a deadline or the watcher would otherwise start it at once, a
-    traceback logged at every tick; a request (a command, a reload after a fix) does not
-    wait."""
-    doubled = backoff_ms << min(failures_in_a_row - 1, 32)
-    return max(backoff_ms, min(doubled, revisit_ms))
+    """How long after a cycle that failed whole the next one waits: `backoff_ms` (at
+    least `MIN_RETRY_WAIT_MS`), doubled for each failure in a row after the first, up to
+    `revisit_ms` (never less than the first wait). What failed the cycle fails the next
+    one too until something changes, and a due time rule, a deadline or the watcher would
+    otherwise start it at once, a traceback logged at every tick; a request (a command,
+    a reload after a fix) does not wait."""
+    first = max(backoff_ms, MIN_RETRY_WAIT_MS)
+    return max(first, min(first << min(failures_in_a_row - 1, 32), revisit_ms))
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,7 +9,14 @@ import pytest
 
 from cleanerd.compaction.stats import CleanerStats
 from cleanerd.config import load_config
-from cleanerd.daemon.triggers import CycleClock, CycleTrigger, Deadlines, cycle_due, deadlines
+from cleanerd.daemon.triggers import (
+    CycleClock,
+    CycleTrigger,
+    Deadlines,
+    cycle_due,
+    deadlines,
+    retry_wait_ms,
+)
 from cleanerd.log.files import TopicPartition
 from cleanerd.maintenance.report import CleanedLog, CycleReport, PartitionState, made_progress
 from tests.builders import cycle_report
@@ -93,6 +100,13 @@ def test_a_cycle_that_failed_whole_waits_longer_after_each_failure(
     daemon ran some thousand failing cycles a second, a traceback each."""
     clock = _clock(**_DUE_AT_ONCE, failures_in_a_row=failures, now_ms=9_000 + waited_ms)
     assert cycle_due(clock, backoff_ms=2_000, revisit_ms=60_000) == expected
+
+
+@pytest.mark.parametrize(("failures", "wait_ms"), [(1, 1_000), (2, 2_000), (7, 60_000)])
+def test_a_retry_waits_at_least_a_second_with_no_backoff(failures: int, wait_ms: int) -> None:
+    """`log.cleaner.backoff.ms: 0` (allowed) still spaces the retries of a failing cycle:
+    doubling 0 kept it at 0, a thousand failing cycles a second."""
+    assert retry_wait_ms(failures, backoff_ms=0, revisit_ms=60_000) == wait_ms
 
 
 def test_a_request_does_not_wait_for_the_retry() -> None:
