@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import socket
 import sys
 import time
@@ -141,9 +142,10 @@ def _sample(text: str, name: str) -> float:
 
 
 def _largest(text: str, name: str) -> float:
-    """The largest value of the series `name` (any labels) in a scrape's `text`."""
+    """The largest value of the series `name` (any labels) in a scrape's `text`; -inf
+    before the first metrics refresh exports any."""
     values = [line.split()[-1] for line in text.splitlines() if line.startswith(name + "{")]
-    return max(map(float, values))
+    return max(map(float, values), default=-math.inf)
 
 
 def _scrape(daemon: Daemon) -> str:
