@@ -61,6 +61,7 @@ such a link, so a link to a foreign dir can never turn recovery or retention on 
 from __future__ import annotations
 
 import enum
+import errno
 import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -77,6 +78,7 @@ from cleanerd.log.checkpoint import (
 )
 from cleanerd.log.files import (
     CLEAN_SHUTDOWN_FILE_NAME,
+    LOCK_FILE_NAME,
     METADATA_TOPIC,
     TopicPartition,
     list_partitions,
@@ -352,17 +354,32 @@ class LogDir:
         )
 
     def verify_writable(self) -> None:
-        """Raise ReadOnlyFileSystem when the dir's file system is mounted read-only: the
-        kernel remounts one so after an I/O error (`errors=remount-ro`), and an owner could
-        then only fail every step there, each with its own error, the dir looking online.
-        As Kafka takes a log dir offline at its first failed write, the owner's cycle takes
-        it offline until the file system is writable again (observe mode writes nothing)."""
-        if os.statvfs(self.path).f_flag & os.ST_RDONLY:
+        """Raise ReadOnlyFileSystem when the dir's file system refuses writes: mounted
+        read-only, or made so by the kernel after an I/O error (`errors=remount-ro`, which
+        recent kernels apply without the read-only mount flag), and an owner could then
+        only fail every step there, each with its own error, the dir looking online. As
+        Kafka takes a log dir offline at its first failed write, the owner's cycle takes it
+        offline until the file system takes writes again (observe mode writes nothing).
+
+        The probe sets `.lock`'s times to what they are: a write the file system refuses
+        with EROFS, which changes nothing else, and which does not open the file (closing
+        any descriptor of it would drop this process's lock)."""
+        lock = self.path / LOCK_FILE_NAME
+        read_only = bool(os.statvfs(self.path).f_flag & os.ST_RDONLY)
+        if not read_only:
+            st = lock.stat()
+            try:
+                os.utime(lock, ns=(st.st_atime_ns, st.st_mtime_ns))
+            except OSError as exc:
+                if exc.errno != errno.EROFS:
+                    raise
+                read_only = True
+        if read_only:
             raise ReadOnlyFileSystem(
-                f"{self.path}: its file system is mounted read-only (as the kernel remounts "
-                "one after an I/O error, errors=remount-ro, or an administrator did): "
-                "nothing can be rolled, deleted, cleaned or checkpointed there until it is "
-                "writable again"
+                f"{self.path}: its file system refuses writes, read-only (mounted so, or "
+                "made so by the kernel after an I/O error, errors=remount-ro): nothing can "
+                "be rolled, deleted, cleaned or checkpointed there until it takes writes "
+                "again"
             )
 
     # -- root checkpoints --------------------------------------------------------------------

@@ -183,7 +183,59 @@ def test_a_log_dir_whose_file_system_turns_read_only_goes_offline_until_writable
         out = lines.join()
     (offline,) = [e for e in lines.events() if e["event"] == "log_dir.offline"]
     assert offline["log_dir"] == str(data)
-    assert str(offline["error"]).startswith(f"{data}: its file system is mounted read-only")
+    assert str(offline["error"]).startswith(f"{data}: its file system refuses writes, read-only")
     errors = [e["event"] for e in lines.events() if e["level"] == "error"]
     assert errors == ["log_dir.offline"], out[-3000:]
     verify(data / str(TP), work)
+
+
+@contextlib.contextmanager
+def ext4_image(path: Path, size: str) -> Iterator[Path]:
+    """A fresh ext4 file system in a loop-mounted image at `path`, which the kernel makes
+    read-only at its first error (`errors=remount-ro`); unmounted at the end."""
+    image, mnt = path.with_suffix(".img"), path
+    mnt.mkdir()
+    subprocess.run(["truncate", "-s", size, str(image)], check=True)
+    done = subprocess.run(["mkfs.ext4", "-q", "-F", str(image)], capture_output=True, text=True)
+    if done.returncode != 0:
+        unavailable(f"mkfs.ext4: {done.stderr.strip()}")
+    mount("-o", "loop,errors=remount-ro", str(image), str(mnt))
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=True)
+
+
+def test_a_log_dir_the_kernel_makes_read_only_after_an_error_goes_offline(
+    tmp_path: Path,
+) -> None:
+    """An ext4 error under a running daemon (`errors=remount-ro`; recent kernels refuse
+    every write from then on without setting the read-only mount flag, so `statvfs`
+    still says read-write): the next cycle takes the dir offline saying its file system
+    refuses writes, and the stop writes nothing there. Each step failed on its own, the
+    dir counted online."""
+    with ext4_image(tmp_path / "mnt", "24M") as mnt:
+        data, state = mnt / "data", tmp_path / "state"
+        write_partition(data, state, records=2_000, keys=200, segment_bytes=SEGMENT_BYTES, ts=TS)
+        config = write_config(
+            tmp_path / "c.yaml",
+            data,
+            state,
+            **{"log.retention.check.interval.ms": 200, "metrics": {"listen": "127.0.0.1:0"}},
+        )
+        source = subprocess.run(
+            ["findmnt", "-n", "-o", "SOURCE", str(mnt)], capture_output=True, text=True
+        ).stdout.strip()
+        trigger = Path("/sys/fs/ext4") / Path(source).name / "trigger_fs_error"
+        if not trigger.exists():
+            unavailable(f"no {trigger}: this kernel cannot be asked for an ext4 error")
+        with started("run", "-c", str(config)) as daemon:
+            lines = Lines(daemon)
+            lines.wait_for("cycle.done")
+            trigger.write_text("1")
+            lines.wait_for("log_dir.offline")
+            daemon.send_signal(signal.SIGTERM)
+            assert daemon.wait(WAIT_S) == 0
+            out = lines.join()
+    (offline,) = [e for e in lines.events() if e["event"] == "log_dir.offline"]
+    assert str(offline["error"]).startswith(f"{data}: its file system refuses writes"), out
