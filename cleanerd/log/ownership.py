@@ -149,19 +149,24 @@ class Holder:
     hidden) or it let go since."""
     cleanerd: bool
     command: str | None = None
-    """A cleanerd holder's command (`run`, `clean`, `produce`...), when its command line
-    can be read."""
+    """The cleanerd command the holder runs (`run`, `clean`, `produce`...), when it is a
+    cleanerd process (of this state dir or another) and that can be read."""
 
     @classmethod
     def of(cls, log_dir: Path, state_dir: Path) -> Holder:
         """Who holds `log_dir`'s `.lock` now (pid None: nobody, or it let go since), and
         whether it is a cleanerd owner of `state_dir`."""
         pid = lock_holder(log_dir)
-        marker = OwnerLock(state_dir, log_dir)
-        if pid is None or not marker.held_elsewhere():
+        if pid is None:
             return cls(log_dir, pid, cleanerd=False)
-        command = marker.holder_command() or (cleanerd_command(pid) if pid else None)
-        return cls(log_dir, pid, cleanerd=True, command=command)
+        marker = OwnerLock(state_dir, log_dir)
+        ours = marker.held_elsewhere()
+        # A cleanerd process of another state dir is no owner of this one, but is named
+        # as what it is, and a one-shot one is waited for all the same.
+        command = (marker.holder_command() if ours else None) or (
+            cleanerd_command(pid) if pid else None
+        )
+        return cls(log_dir, pid, cleanerd=ours, command=command)
 
     @property
     def ends_by_itself(self) -> bool:
@@ -180,6 +185,8 @@ class Holder:
         to be."""
         if self.cleanerd:
             return f"cleanerd ({self.who}: {self._running} owns it)"
+        if self.command is not None:
+            return f"{self.who} ({self._running}, of another state_dir)"
         return f"{self.who} (a running Kafka broker?)"
 
     @property

@@ -301,14 +301,22 @@ def test_second_owner_is_refused_naming_the_first(tmp_path: Path) -> None:
             assert sorted(p.name for p in data.iterdir()) == before
 
 
-@pytest.mark.parametrize("stopped", [False, True], ids=["produce-ends", "sigterm"])
-def test_a_start_waits_for_a_produce_that_owns_the_dir(tmp_path: Path, stopped: bool) -> None:
+@pytest.mark.parametrize(
+    ("stopped", "own_state"),
+    [(False, True), (True, True), (False, False)],
+    ids=["produce-ends", "sigterm", "produce-of-another-state-dir"],
+)
+def test_a_start_waits_for_a_produce_that_owns_the_dir(
+    tmp_path: Path, stopped: bool, own_state: bool
+) -> None:
     """An application's `cleanerd produce` owns one of the dirs as the daemon starts: the
     start waits for it (`startup.waiting_for_owner`, naming the command) with no dir
     opened, so the other dir keeps its clean-shutdown marker, then takes the dirs and
-    runs; a SIGTERM while it waits stops it with status 0. It exited 1 at once, naming a
-    'running daemon or `cleanerd clean`': under systemd, a restart loop while appends
-    kept landing at start time."""
+    runs; a SIGTERM while it waits stops it with status 0. So too for a `produce` whose
+    config has another state dir (it was taken for a broker: the dir stayed observed,
+    maintained by nothing, until a restart). It exited 1 at once, naming a 'running
+    daemon or `cleanerd clean`': under systemd, a restart loop while appends kept landing
+    at start time."""
     data, other, state = tmp_path / "data", tmp_path / "other", tmp_path / "state"
     data.mkdir()
     other.mkdir()
@@ -325,10 +333,13 @@ def test_a_start_waits_for_a_produce_that_owns_the_dir(tmp_path: Path, stopped: 
             }
         )
     )
+    app = tmp_path / "app.yaml"
+    app.write_text(yaml.safe_dump({"log.dirs": [str(data)], "state_dir": str(tmp_path / "app")}))
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     command = [sys.executable, "-m", "cleanerd"]
+    produce = ["produce", "-c", str(config if own_state else app), "--log-dir", str(data)]
     with subprocess.Popen(
-        [*command, "produce", "-c", str(config), "--log-dir", str(data), "t-0"],
+        [*command, *produce, "t-0"],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
@@ -351,7 +362,7 @@ def test_a_start_waits_for_a_produce_that_owns_the_dir(tmp_path: Path, stopped: 
             waiting = process.wait_log(
                 lambda e: e["event"] == "startup.waiting_for_owner", "the wait"
             )
-            assert f"(pid {producer.pid}: `cleanerd produce`)" in waiting["reason"]
+            assert f"(pid {producer.pid}: `cleanerd produce`" in waiting["reason"]
             assert marker.exists()  # no dir opened while it waits
             if stopped:
                 daemon.send_signal(signal.SIGTERM)
@@ -362,6 +373,7 @@ def test_a_start_waits_for_a_produce_that_owns_the_dir(tmp_path: Path, stopped: 
             producer.stdin.close()
             assert producer.wait(WAIT_S) == 0
             process.wait_log(lambda e: e["event"] == "startup.done", "the start")
+            assert "observe_forced" not in log_path.read_text()  # it owns both
             daemon.send_signal(signal.SIGTERM)
             assert daemon.wait(WAIT_S) == 0
         finally:
