@@ -1034,10 +1034,13 @@ def _cross_field_problems(cfg: Config) -> Iterator[tuple[list[Loc], str]]:
 def _offset_map_problems(cfg: Config) -> Iterator[tuple[list[Loc], str]]:
     """A cleaner thread's offset map that cannot hold one key (its slots the larger
     where a compacted topic's strategy adds versions): every pass would fail, and Kafka
-    would not start its cleaner."""
-    strategies = {cfg.entry_config(key).compaction_strategy for key in cfg.topics}
-    strategies.add(cfg.log_cleaner_compaction_strategy)
-    entry = OFFSET_ENTRY_BYTES if strategies == {"offset"} else VERSIONED_ENTRY_BYTES
+    would not start its cleaner. Not asked where no map is ever built: the cleaner off,
+    or `mode: observe`."""
+    if cfg.observe or not cfg.log_cleaner_enable:
+        return
+    settings = [cfg.entry_config(key) for key in cfg.topics] + [cfg.topic_defaults()]
+    strategies = {t.compaction_strategy for t in settings if t.compact}
+    entry = OFFSET_ENTRY_BYTES if strategies <= {"offset"} else VERSIONED_ENTRY_BYTES
     memory = memory_per_thread(cfg.log_cleaner_dedupe_buffer_size, cfg.log_cleaner_threads)
     why = too_small(memory, entry, cfg.log_cleaner_io_buffer_load_factor)
     if why is not None:

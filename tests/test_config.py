@@ -694,13 +694,20 @@ def test_an_offset_map_that_cannot_hold_a_key_is_refused() -> None:
     slots are the larger where a topic's strategy adds versions. It passed check-config."""
     small = {"log.dirs": ["/d"], "log.cleaner.dedupe.buffer.size": 96, "log.cleaner.threads": 2}
     assert config_from_data(small).log_cleaner_dedupe_buffer_size == 96  # 2 slots of 24
-    versioned = {**small, "topics": {"prices": {"compaction.strategy": "timestamp"}}}
+    by_time = {"cleanup.policy": "compact", "compaction.strategy": "timestamp"}
+    versioned = {**small, "topics": {"prices": by_time}}
     assert errors_of(versioned) == [
         "log.cleaner.dedupe.buffer.size: offset map of 48 bytes (1 slots of 32 bytes at "
         "load factor 0.9) is too small to fit even a single key, so log cleaning would "
         "never make progress; increase log.cleaner.dedupe.buffer.size or decrease "
         "log.cleaner.threads"
     ]
+    # No map is built where nothing is compacted by versions, the cleaner is off, or
+    # nothing is written.
+    deleted = {"compaction.strategy": "timestamp", "cleanup.policy": "delete"}
+    assert config_from_data({**small, "topics": {"prices": deleted}})
+    for where_none in ({"log.cleaner.enable": False}, {"mode": "observe"}):
+        assert config_from_data({**versioned, **where_none, "log.cleaner.dedupe.buffer.size": 1})
 
 
 @pytest.mark.parametrize(
