@@ -39,10 +39,10 @@ output that overflowed a segment is based at offsets of no source segment.
 Audits (`submit_audit`, and `audit_on_spark` for `cleanerd audit --engine spark`) run the
 audit job (`audit_job.py`) the same way, one job per call.
 
-Staging dirs are `<state_dir>/spark/<job|audit>-<pid>-<n>`, named after the process that
-made them (`new_staging_dir`), which removes its own when the job ends. One left by a
-killed process is removed when the next staging dir is made in that state dir, once no
-process has its pid.
+Staging dirs are `<state_dir>/spark/<job|audit>-<pid>-<start ticks>-<n>`, named after
+the process that made them (`new_staging_dir`), which removes its own when the job ends.
+One left by a killed process is removed when the next staging dir is made in that state
+dir.
 """
 
 from __future__ import annotations
@@ -616,40 +616,55 @@ def _proof_of(job: CleanJob) -> SwapProof:
 
 STAGING_ROOT: Final = "spark"
 """The staging dirs' dir under the state dir."""
-_STAGING: Final = re.compile(r"(?:job|audit)-(\d+)-")
+_STAGING: Final = re.compile(r"(?:job|audit)-(\d+)-(\d+)-\d+")
+"""`<kind>-<pid>-<start ticks>-<n>`: a pid with its start time names one process."""
+_OLD_STAGING: Final = re.compile(r"job-\d+-\d+|audit-\d+")
+"""The names of staging dirs made before they held the start time."""
+OLD_STAGING_AGE_S: Final = 86_400
+"""An old-named staging dir is removed once this old: no job of that version runs on."""
 
 
 def new_staging_dir(state_dir: Path, kind: str, n: int) -> Path:
-    """A fresh, empty staging dir `<state_dir>/spark/<kind>-<pid>-<n>` of this process.
+    """A fresh, empty staging dir `<state_dir>/spark/<kind>-<pid>-<start ticks>-<n>` of
+    this process.
 
     A process killed while its job ran (SIGKILL, OOM, power) left its staging dir behind,
     bitmaps and decoded columns that can run to gigabytes, and nothing else will remove
     it: so the ones whose process is gone are removed first. Those of a process still
-    running (a `cleanerd audit --engine spark` beside the daemon) are left to it."""
+    running (a `cleanerd audit --engine spark` beside the daemon) are left to it. The
+    start time tells a dir of this process from one of an earlier process with its pid
+    (a container's daemon runs as pid 1 at every start)."""
     root = state_dir / STAGING_ROOT
-    for left in left_over_staging(root):
+    for left in left_over_staging(root, now=time.time()):
         shutil.rmtree(left, ignore_errors=True)
-        log.info("spark.staging_removed", path=str(left))
-    path = root / f"{kind}-{os.getpid()}-{n}"
+        if not left.exists():
+            log.info("spark.staging_removed", path=str(left))
+    me = ProcessId.current()
+    path = root / f"{kind}-{me.pid}-{me.start_ticks or 0}-{n}"
     shutil.rmtree(path, ignore_errors=True)
     path.mkdir(parents=True)
     return path
 
 
-def left_over_staging(root: Path) -> list[Path]:
-    """The staging dirs under `root` whose process is gone; a pid reused by another
-    process keeps its dir until that one ends too."""
+def left_over_staging(root: Path, *, now: float) -> list[Path]:
+    """The staging dirs under `root` whose process is gone, and old-named ones a day
+    old (at `now`)."""
     try:
         entries = list(root.iterdir())
     except OSError:
         return []
     left = []
     for path in entries:
-        found = _STAGING.match(path.name)
-        if found is None or path.is_symlink() or not path.is_dir():
+        if path.is_symlink() or not path.is_dir():
             continue
-        if not ProcessId(int(found.group(1)), None).alive():
-            left.append(path)
+        if (found := _STAGING.fullmatch(path.name)) is not None:
+            pid, ticks = int(found.group(1)), int(found.group(2))
+            if not ProcessId(pid, ticks or None).alive():
+                left.append(path)
+        elif _OLD_STAGING.fullmatch(path.name):
+            with contextlib.suppress(OSError):  # removed meanwhile
+                if now - path.stat().st_mtime > OLD_STAGING_AGE_S:
+                    left.append(path)
     return sorted(left)
 
 

@@ -29,6 +29,7 @@ from cleanerd.engine.spark.clean_job import run_job
 from cleanerd.engine.spark.engine import SparkEngine, SparkJobFailed, SparkSettings
 from cleanerd.engine.spark.specs import JobSpec, PassSpec
 from cleanerd.errors import CleanerdError
+from cleanerd.log.ownership import ProcessId, start_ticks
 from cleanerd.log.partition_log import PartitionLog
 from cleanerd.records.walker import scan_batches
 from tests.compaction.conftest import TP, LogBuilder, k, read_batches, segment_metas
@@ -533,18 +534,33 @@ def test_staging_dirs_a_killed_process_left_are_removed_by_the_next_job(
 ) -> None:
     """A process killed while its job ran cannot remove its staging dir (bitmaps and
     columns, up to gigabytes): the next job made in the same state dir removes those whose
-    process is gone, and leaves a running process's and anything not a staging dir."""
+    process is gone, named by pid and start time (one of an earlier process with this
+    one's pid too: a container's daemon is pid 1 at every start), and old-named ones a
+    day old; it leaves a running process's, a new old-named one, and anything else."""
     random_partition(tmp_path / "logs" / str(TP), random.Random(6))
     staging_root = tmp_path / "state" / "spark"
     ended = subprocess.Popen(["true"])
     ended.wait()
     running = subprocess.Popen(["sleep", "600"])
+    me = ProcessId.current()
     try:
-        left = [staging_root / f"job-{ended.pid}-3", staging_root / f"audit-{ended.pid}-1"]
-        kept = [staging_root / f"job-{running.pid}-1", staging_root / "notes"]
+        ticks = start_ticks(running.pid)
+        left = [
+            staging_root / f"job-{ended.pid}-{ticks}-3",
+            staging_root / f"audit-{ended.pid}-{ticks}-1",
+            staging_root / f"job-{me.pid}-{(me.start_ticks or 0) + 1}-5",
+            staging_root / "audit-1700000000000000000",
+        ]
+        kept = [
+            staging_root / f"job-{running.pid}-{ticks}-1",
+            staging_root / f"job-{running.pid}-2",  # old-named, but new
+            staging_root / "notes",
+        ]
         for path in left + kept:
             (path / "pass-0").mkdir(parents=True)
             (path / "pass-0" / "00000000000000000000.superseded").write_bytes(b"\0" * 64)
+        two_days_ago = time.time() - 2 * 86_400
+        os.utime(staging_root / "audit-1700000000000000000", (two_days_ago, two_days_ago))
         seen: list[set[str]] = []
 
         def listing(
@@ -556,7 +572,8 @@ def test_staging_dirs_a_killed_process_left_are_removed_by_the_next_job(
         with SparkEngine(SparkSettings(batch_window_s=0.0), runner=listing) as engine:
             future = engine.submit_clean(job_for(tmp_path / "logs", tmp_path / "state"))
             assert isinstance(future.exception(WAIT_S), SparkJobFailed)
-        assert seen == [{f"job-{running.pid}-1", "notes", f"job-{os.getpid()}-1"}]
+        own = f"job-{me.pid}-{me.start_ticks}-1"
+        assert seen == [{p.name for p in kept} | {own}]
         assert sorted(p.name for p in staging_root.iterdir()) == sorted(p.name for p in kept)
     finally:
         running.kill()
