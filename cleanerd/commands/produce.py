@@ -38,7 +38,14 @@ from pathlib import Path
 from typing import Any, Final
 
 from cleanerd.commands import CONFIG_OPTIONS, Arg, positive_int
-from cleanerd.config import LONG_MAX, Config, load_config, log_dir_problem, probe_path
+from cleanerd.config import (
+    LONG_MAX,
+    Config,
+    current_user,
+    load_config,
+    log_dir_problem,
+    probe_path,
+)
 from cleanerd.errors import CleanerdError, failure_text
 from cleanerd.log.files import LOCK_FILE_NAME, METADATA_TOPIC, parse_topic_partition
 from cleanerd.log.log_dir import LogDir
@@ -124,7 +131,7 @@ def open_for_append(
     target = cfg.log_dirs[0] if log_dir is None else log_dir
     if not target.is_dir():
         key = "--log-dir" if log_dir is not None else "log.dirs[0]"
-        why = log_dir_problem(key, target, probe_path(target), observe=False, user="")
+        why = log_dir_problem(key, target, probe_path(target), observe=False, user=current_user())
         raise CleanerdError(why or f"{key}: {str(target)!r} is not a directory")
     with LogDir.open(target, allow_shared=True, state_dir=cfg.state_dir) as opened:
         if opened.read_only:

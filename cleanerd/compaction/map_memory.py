@@ -28,10 +28,15 @@ def memory_per_thread(dedupe_buffer_size: int, threads: int) -> int:
     return min(dedupe_buffer_size // threads, MAX_MEMORY_PER_THREAD)
 
 
+def map_slots(memory_bytes: int, entry_bytes: int) -> int:
+    """The slots of a map of `memory_bytes` in slots of `entry_bytes`."""
+    return max(memory_bytes, 0) // entry_bytes
+
+
 def too_small(memory_bytes: int, entry_bytes: int, load_factor: float) -> str | None:
     """Why a map of `memory_bytes` in slots of `entry_bytes` cannot hold a single key at
     `load_factor` (None: it can)."""
-    slots = max(memory_bytes, 0) // entry_bytes
+    slots = map_slots(memory_bytes, entry_bytes)
     if slots * load_factor > 1:
         return None
     return (

@@ -61,6 +61,7 @@ from cleanerd._jit import jit
 from cleanerd.compaction.map_memory import (
     OFFSET_ENTRY_BYTES,
     VERSIONED_ENTRY_BYTES,
+    map_slots,
     memory_per_thread,
     too_small,
 )
@@ -394,7 +395,7 @@ class OffsetMap:
         self.strategy = strategy
         self.versioned = is_versioned(strategy)
         dtype = VERSIONED_ENTRY if self.versioned else OFFSET_ENTRY
-        self.slots = max(memory_bytes, 0) // dtype.itemsize
+        self.slots = map_slots(memory_bytes, dtype.itemsize)
         why = too_small(memory_bytes, dtype.itemsize, load_factor)
         if why is not None:
             raise ValueError(why)

@@ -47,8 +47,12 @@ import numpy as np
 from cleanerd.compaction.audit import AuditColumns
 from cleanerd.compaction.cleaner import CleanResult
 from cleanerd.compaction.keyhash import hash_keys
-from cleanerd.compaction.map_memory import memory_per_thread
-from cleanerd.compaction.offset_map import OFFSET_ENTRY, VERSIONED_ENTRY
+from cleanerd.compaction.map_memory import (
+    OFFSET_ENTRY_BYTES,
+    VERSIONED_ENTRY_BYTES,
+    map_slots,
+    memory_per_thread,
+)
 from cleanerd.config import Config
 from cleanerd.engine.base import AuditJob, CleanJob, Engine
 from cleanerd.engine.local import LocalEngine
@@ -69,9 +73,8 @@ def local_key_capacity(
     dedupe_buffer_size: int, threads: int, load_factor: float, *, versioned: bool
 ) -> int:
     """How many keys one local worker's offset map holds."""
-    entry = VERSIONED_ENTRY if versioned else OFFSET_ENTRY
-    slots = memory_per_thread(dedupe_buffer_size, threads) // entry.itemsize
-    return int(slots * load_factor)
+    entry = VERSIONED_ENTRY_BYTES if versioned else OFFSET_ENTRY_BYTES
+    return int(map_slots(memory_per_thread(dedupe_buffer_size, threads), entry) * load_factor)
 
 
 def gee_distinct(counts: Sequence[int] | np.ndarray, population: int) -> int:

@@ -245,9 +245,10 @@ class OwnerProof:
         if holder is None and self.owner.pid == os.getpid() and holds_replaced_lock(self.log_dir):
             raise OwnershipLost(
                 f"{self.log_dir / LOCK_FILE_NAME} is no longer the file this process "
-                "locked, and nobody holds it: the dir was replaced, or its disk unmounted "
-                "and mounted again; nothing is changed in its name (a restart of cleanerd "
-                "takes it again, the operator's word that it is the same dir)"
+                "locked, and nobody holds it: the dir or its .lock was replaced or removed, "
+                "or its disk unmounted and mounted again; nothing is changed in its name (a "
+                "restart of cleanerd takes it again, the operator's word that it is the "
+                "same dir)"
             )
         if holder != self.owner.pid:
             held = "nobody holds it" if holder is None else f"pid {holder} holds it"

@@ -821,9 +821,9 @@ def test_a_dir_whose_lock_file_was_replaced_says_so_and_waits_for_a_restart(
         (offline,) = report.offline
         assert offline.reason == (
             f"{logs / '.lock'} is no longer the file this process locked, and nobody holds "
-            "it: the dir was replaced, or its disk unmounted and mounted again; nothing is "
-            "changed in its name (a restart of cleanerd takes it again, the operator's word "
-            "that it is the same dir)"
+            "it: the dir or its .lock was replaced or removed, or its disk unmounted and "
+            "mounted again; nothing is changed in its name (a restart of cleanerd takes it "
+            "again, the operator's word that it is the same dir)"
         )
 
 
