@@ -239,3 +239,26 @@ def test_a_partition_being_created_is_no_error(tmp_path: Path) -> None:
         report = json.loads(doc.stdout)
         assert (report["errors"], report["unreadable"]) == ([], [])
         assert [p["partition"] for p in report["partitions"]] == [0]
+
+
+def test_no_disk_usage_deletion_is_planned_in_a_dir_a_broker_holds(tmp_path: Path) -> None:
+    """A device above `log.retention.disk.usage.percent` (1%: any host's is): `plan`
+    lists the oldest segment for deletion in a dir cleanerd would own, and none in the
+    same dir while a broker holds it, as the cycle deletes there nothing."""
+    log = LogBuilder(tmp_path / "logs")
+    log.append([(k("a"), b"1")])
+    log.roll()
+    log.append([(k("a"), b"2")])
+    log.write()
+    command, env = _plan_command(tmp_path)
+    with (tmp_path / "cleanerd.yaml").open("a") as f:
+        f.write("log.retention.disk.usage.percent: 1\n")
+
+    def deletions() -> list[str]:
+        done = subprocess.run(command, capture_output=True, text=True, env=env, check=True)
+        return [x.strip() for x in done.stdout.splitlines() if "disk.usage: delete" in x]
+
+    (deletion,) = deletions()  # its size rounded up to the file system's blocks
+    assert deletion.startswith(f"disk.usage: delete t-0 segment 0 in {tmp_path / 'logs'} (")
+    with held_by_other_process(HOLD_BROKER_LOCK, tmp_path / "logs"):
+        assert deletions() == []
