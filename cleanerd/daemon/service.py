@@ -238,6 +238,8 @@ class Daemon:
         self._last_cycle_end_ms: int | None = None
         self._deadlines = Deadlines()
         self._devices: tuple[Device, ...] = ()
+        self._present: frozenset[Path] = frozenset()
+        """The log dirs the last disk probe found."""
         self._usage: tuple[DeviceUsage, ...] = ()
         self._above: frozenset[int] = frozenset()
         self._probe_ok = True
@@ -511,6 +513,11 @@ class Daemon:
         # Grouped anew at each probe: a log dir whose disk was mounted again is on
         # another device, and one missing at the start may have come.
         self._devices = await asyncio.to_thread(group_devices, self.config.log_dirs)
+        present = frozenset(d for dev in self._devices for d in dev.log_dirs)
+        m = self.maintenance
+        if m is not None and (present - self._present) & set(m.offline_dirs):
+            self.request_cycle()  # an offline dir came (its disk mounted): take it now
+        self._present = present
         if not self._devices:
             return
         try:

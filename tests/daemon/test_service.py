@@ -495,8 +495,9 @@ async def test_a_log_dir_missing_at_the_start_is_offline_until_it_is_there(
     """One of two log dirs missing at the start (a disk not mounted yet, or dead): the
     daemon starts on the other and maintains it, as a broker starts with the dirs it can
     use, reports the missing one offline with check-config's words, and takes it, on its
-    device, once it is there. It used to refuse to start, and under systemd's restart
-    limit to stay down, leaving the healthy disks without retention or KIP-61."""
+    device, as soon as the disk probe sees it there, not at the next cycle due. It used
+    to refuse to start, and under systemd's restart limit to stay down, leaving the
+    healthy disks without retention or KIP-61."""
     _logs(tmp_path)
     late = tmp_path / "late"
     dirs = {"log.dirs": [str(tmp_path / "data"), str(late)]}
@@ -514,8 +515,7 @@ async def test_a_log_dir_missing_at_the_start_is_offline_until_it_is_there(
         assert _sample(_scrape(daemon), offline) == 1
         assert [(e.topic, e.partition) for e in events.of("log.cleaned")] == [("users", 0)]
         assert f'{device},log_dir="{late}"}} 1.0' not in _scrape(daemon)
-        await asyncio.to_thread(late.mkdir)
-        daemon.request_cycle()
+        await asyncio.to_thread(late.mkdir)  # no cycle is due for 5 minutes: the probe
         await eventually(lambda: _sample(_scrape(daemon), offline) == 0, "the dir taken")
         assert holds_log_dir_lock(late)
         await eventually(
