@@ -851,6 +851,9 @@ class Maintenance:
         live: set[tuple[Path, TopicPartition]] = set()
         opened = total = 0
         opened_dirs = {d.path: d for d in self.log_dirs}
+        # Where each open partition is maintained: a copy that appears in another dir
+        # (one that came online with a stale copy) does not take its place.
+        maintained_in = {tp: path for path, tp in self._plogs}
         for path in self._configured_dirs():
             log_dir, why = opened_dirs.get(path), self._unopened.get(path)
             listed: list[TopicPartition] = []
@@ -889,9 +892,9 @@ class Maintenance:
                         self._progress.tick("open", opened + n, total)
                         if not self._maintained(tp):
                             continue
-                        if tp in seen:
-                            why = f"also in log dir {seen[tp]}"
-                            report.skip(log_dir.path, tp, "discover", why)
+                        other = seen.get(tp) or maintained_in.get(tp, log_dir.path)
+                        if other != log_dir.path:
+                            self._duplicate(log_dir.path, tp, other, report)
                             continue
                         seen[tp] = log_dir.path
                         live.add((log_dir.path, tp))
@@ -914,6 +917,18 @@ class Maintenance:
             self._report_absent_topics(self.topics, report)
         self._report_offline(report, offline)
         return found
+
+    def _duplicate(self, path: Path, tp: TopicPartition, other: Path, report: _Builder) -> None:
+        """Leave alone the copy of `tp` in `path`, the one in `other` being maintained, and
+        say so (once while it lasts): a broker refuses to start with a partition in two
+        log dirs, and which copy is right is the operator's call."""
+        report.skip(path, tp, "discover", f"also in log dir {other}")
+        self._once("partition.duplicate", path, tp, str(other))(
+            "partition.duplicate",
+            **_fields(tp, path),
+            maintained_in=str(other),
+            consequence="this copy is left alone; a Kafka broker would refuse to start",
+        )
 
     def _unambiguous(
         self, path: Path, listed: list[TopicPartition], report: _Builder

@@ -901,6 +901,33 @@ def test_second_copy_and_observed_dirs_are_left_alone(tmp_path: Path, engine: Lo
     assert [x.log_dir for x in report.cleaned] == [str(tmp_path / "logs")]
 
 
+def test_a_stale_copy_in_a_dir_that_comes_online_does_not_replace_the_maintained_one(
+    tmp_path: Path, engine: LocalEngine
+) -> None:
+    """The first log dir is missing at the start, and `t-0` is maintained in the second;
+    the first comes online holding an older copy of `t-0`: the maintained copy stays,
+    the other is left alone and said to be a duplicate. The first dir's copy silently
+    took over, being first in the config."""
+    tp = TopicPartition("t", 0)
+    build(tmp_path, tp, [records([0, 1], T0), records([2], T0)], logs="logs2")
+    cfg = write_config(tmp_path, {"t": {"cleanup.policy": "compact"}})
+    cfg = cfg.model_copy(update={"log_dirs": (str(tmp_path / "logs"), str(tmp_path / "logs2"))})
+    with Maintenance(cfg, engine, clock=lambda: T0) as m:
+        first = m.run_once()
+        build(tmp_path, tp, [records([0], T0 - HOUR)], logs="logs")  # the stale copy comes
+        with capture_logs() as logs:
+            second = m.run_once()
+    assert [s.meta.log_dir for s in first.states] == [str(tmp_path / "logs2")]
+    assert [s.meta.log_dir for s in second.states] == [str(tmp_path / "logs2")]
+    skipped = {(s.log_dir, str(s.tp)): s.reason for s in second.skipped}
+    assert skipped[(str(tmp_path / "logs"), "t-0")] == f"also in log dir {tmp_path / 'logs2'}"
+    (warned,) = [e for e in logs if e["event"] == "partition.duplicate"]
+    assert (warned["log_dir"], warned["maintained_in"]) == (
+        str(tmp_path / "logs"),
+        str(tmp_path / "logs2"),
+    )
+
+
 def test_partition_that_cannot_be_opened_is_reported_and_the_others_go_on(
     tmp_path: Path, engine: LocalEngine
 ) -> None:
