@@ -168,4 +168,5 @@ class Reporter:
             observed_log_dirs=report.observed,
             unreadable=report.unreadable,
             offline_log_dirs=[o.log_dir for o in report.offline],
+            failed_steps=report.errors,
         )

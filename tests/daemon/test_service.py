@@ -62,6 +62,9 @@ USERS = TopicPartition("users", 0)
 EVENTS = TopicPartition("events", 0)
 
 
+XY = TopicPartition("xy", 0)
+
+
 def _now_ms() -> int:
     return time.time_ns() // 1_000_000
 
@@ -458,6 +461,27 @@ async def test_a_cycle_that_fails_whole_is_not_retried_at_every_tick(
         await asyncio.sleep(1.0)
         # The first retry a second after the failure, the next two seconds later.
         assert daemon.cycle_failures <= 2
+
+
+async def test_a_topic_two_globs_match_fails_its_steps_and_says_so_in_the_metrics(
+    notify_socket: NotifyReceiver, tmp_path: Path
+) -> None:
+    """A topic that two `topics:` globs match, created while the daemon runs: the
+    cycles go on (none fails whole), and `cleanerd_failed_steps` counts its partition's
+    failed step until the config says which entry applies. It was only logged once."""
+    _logs(tmp_path)
+    retain = {"cleanup.policy": "delete", "retention.ms": HOUR}
+    topics = {"users": {"cleanup.policy": "compact"}, "events": retain, "x*": retain, "*y": retain}
+    config_path = _write(tmp_path / "cleanerd.yaml", _settings(tmp_path, topics=topics))
+    daemon, _ = _daemon(config_path, notify_socket)
+    failed = f'cleanerd_failed_steps{{log_dir="{tmp_path / "data"}"}}'
+    async with running(daemon):
+        await eventually(lambda: failed in _scrape(daemon), "the first cycle exported")
+        assert _sample(_scrape(daemon), failed) == 0
+        build_log(tmp_path / "data", [[[kv("k", "v")]]], state_dir=tmp_path / "state", tp=XY)
+        daemon.request_cycle()
+        await eventually(lambda: _sample(_scrape(daemon), failed) == 1, "the step counted")
+        assert daemon.cycle_failures == 0
 
 
 async def test_a_malformed_root_checkpoint_takes_its_log_dir_offline_not_the_cycle(

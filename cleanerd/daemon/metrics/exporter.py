@@ -300,6 +300,13 @@ _LOG_DIR_GAUGES: Final[tuple[tuple[str, str, Callable[[LogDirMetrics], float]], 
         "changing under an observed broker): no other gauge has numbers for them.",
         lambda d: d.unreadable_partitions,
     ),
+    (
+        "cleanerd_failed_steps",
+        "Steps of the last cycle that failed in the log dir (a roll, a retention, an open, "
+        "a partition whose topic two topics: globs match), each logged as <step>.failed "
+        "and tried again every cycle.",
+        lambda d: d.failed_steps,
+    ),
     ("cleanerd_log_dir_size_bytes", "Bytes of segments in the log dir.", lambda d: d.size_bytes),
     (
         "cleanerd_log_dir_partitions",

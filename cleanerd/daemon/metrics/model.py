@@ -37,13 +37,14 @@ deleted by reason. Devices: used and total bytes, usage and threshold as ratios.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from cleanerd.compaction.manager import UncleanablePartitions
 from cleanerd.compaction.stats import CleanerStats
 from cleanerd.log.files import TopicPartition
-from cleanerd.maintenance.report import Counters, PartitionState, Unreadable
+from cleanerd.maintenance.report import Counters, PartitionState, StepError, Unreadable
 from cleanerd.retention.disk_usage import DeviceUsage
 
 
@@ -91,6 +92,9 @@ class LogDirMetrics:
     those of no partition."""
     max_retention_overdue_ms: int = 0
     """The longest a partition's data older than `retention.ms` has been on disk."""
+    failed_steps: int = 0
+    """Steps of the last cycle that failed there (`StepError`: a roll, a retention, an
+    open, a partition whose topic two globs match), each tried again every cycle."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -230,18 +234,22 @@ def build_snapshot(
     observed_log_dirs: Iterable[str] = (),
     unreadable: Iterable[Unreadable] = (),
     offline_log_dirs: Iterable[str] = (),
+    failed_steps: Iterable[StepError] = (),
 ) -> MetricsSnapshot:
     """The snapshot at `now_ms`. `log_dirs` lists dirs to report even when they hold no
     partition (so their series exist); `last_runs` holds each worker's last round;
     `unreadable`, the partitions the last cycle could not read; `offline_log_dirs`, the
-    log dirs it could not use at all."""
+    log dirs it could not use at all; `failed_steps`, its steps that failed."""
     states = list(partitions)
     observed = set(observed_log_dirs)
     offline = set(offline_log_dirs)
     unread: dict[str, set[TopicPartition]] = {}
     for u in unreadable:
         unread.setdefault(u.log_dir, set()).add(u.tp)
-    dirs = list(dict.fromkeys([*log_dirs, *(s.meta.log_dir for s in states), *unread, *offline]))
+    failed = Counter(e.log_dir for e in failed_steps)
+    dirs = list(
+        dict.fromkeys([*log_dirs, *(s.meta.log_dir for s in states), *unread, *offline, *failed])
+    )
     marks = {d: uncleanable.in_dir(d) for d in dirs} if uncleanable is not None else {}
     per_partition = []
     for s in states:
@@ -270,6 +278,7 @@ def build_snapshot(
             unreadable_partitions=len(unread_here),
             observed=d in observed,
             offline=d in offline,
+            failed_steps=failed[d],
         )
         dir_metrics.append(m)
     read = sum(r.bytes_read for r in last_runs)

@@ -30,7 +30,7 @@ from cleanerd.daemon.metrics.exporter import (
 )
 from cleanerd.daemon.metrics.model import MetricsSnapshot, build_snapshot
 from cleanerd.log.files import TopicPartition
-from cleanerd.maintenance.report import MaintenanceCounters, PartitionState
+from cleanerd.maintenance.report import MaintenanceCounters, PartitionState, StepError
 from cleanerd.retention.disk_usage import DeviceUsage
 from tests.builders import build_log, kv
 from tests.paths import REPO
@@ -598,6 +598,20 @@ def test_offline_log_dirs_say_so(tmp_path: Path) -> None:
     ex = _exporter(_snapshot(tmp_path, offline_log_dirs=[empty]))
     assert _value(ex, "cleanerd_log_dir_offline", log_dir=empty) == 1
     assert _value(ex, "cleanerd_log_dir_offline", log_dir=data) == 0
+
+
+def test_the_steps_that_failed_are_counted_per_log_dir(tmp_path: Path) -> None:
+    """`cleanerd_failed_steps` counts the last cycle's failed steps of each log dir (a
+    roll, a retention, a partition whose topic two globs match): they were only logged,
+    so no alert could say that retention waited on a failing step."""
+    data, empty = str(tmp_path / "data"), str(tmp_path / "empty")
+    failed = [
+        StepError(data, TopicPartition("users", 0), "roll", "No space left on device"),
+        StepError(data, TopicPartition("xy", 0), "discover", "topics: topic 'xy' matches"),
+    ]
+    ex = _exporter(_snapshot(tmp_path, failed_steps=failed))
+    assert _value(ex, "cleanerd_failed_steps", log_dir=data) == 2
+    assert _value(ex, "cleanerd_failed_steps", log_dir=empty) == 0
 
 
 def test_observed_log_dirs_say_so(tmp_path: Path) -> None:
