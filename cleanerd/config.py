@@ -632,6 +632,8 @@ class PathState:
     error: str = ""
     """Why the path could not be looked at (`unreachable`: no search permission on a
     parent, a link loop)."""
+    read_only_fs: bool = False
+    """A dir on a file system mounted read-only (nobody may write it, root neither)."""
 
 
 def probe_path(path: Path) -> PathState:
@@ -645,11 +647,16 @@ def probe_path(path: Path) -> PathState:
     if not stat.S_ISDIR(st.st_mode):
         return PathState("file" if stat.S_ISREG(st.st_mode) else "other")
     lock = path / ".lock"  # log.files.LOCK_FILE_NAME, which config does not import
+    try:
+        read_only_fs = bool(os.statvfs(path).f_flag & os.ST_RDONLY)
+    except OSError:
+        read_only_fs = False
     return PathState(
         "dir",
         readable=may(path, os.R_OK | os.X_OK),
         writable=may(path, os.W_OK | os.X_OK),
         lock_writable=not lock.exists() or may(lock, os.W_OK),
+        read_only_fs=read_only_fs,
     )
 
 
@@ -697,6 +704,11 @@ def log_dir_problem(
         return f"{key}: {wrong}"
     if not state.readable:
         return f"{key}: {shown} is not readable by user {user}"
+    if not observe and state.read_only_fs:
+        return (
+            f"{key}: {shown} is on a read-only file system, and mode: owner writes to it "
+            "(mode: observe only reads)"
+        )
     if not observe and not state.writable:
         return (
             f"{key}: {shown} is not writable by user {user}, and mode: owner writes "
