@@ -161,8 +161,12 @@ class InvalidTxnStateError(CleanerdError):
 class LogDirLockedError(CleanerdError):
     """A log dir whose `.lock` another process (a broker, another cleanerd) holds."""
 
-    def __init__(self, path: Path | str, detail: str | None = None) -> None:
+    def __init__(
+        self, path: Path | str, detail: str | None = None, *, ends_by_itself: bool = False
+    ) -> None:
         self.path = str(path)
+        self.ends_by_itself = ends_by_itself
+        """The holder is a one-shot cleanerd command, which lets go when it is done."""
         super().__init__(detail or f"log dir {self.path} is locked by another process")
 
 

@@ -361,16 +361,23 @@ class Daemon:
             return  # nothing is owned: nothing to wait for
         deadline: float | None = None
         while not self.should_exit:
-            held = [Holder.of(d, self.config.state_dir) for d in self.config.log_dirs]
-            waiting = [h for h in held if h.ends_by_itself]
+            waiting = [h for h in map(self._holder, self.config.log_dirs) if h and h.ends_by_itself]
             if not waiting:
                 return
             if deadline is None:
                 deadline = time.monotonic() + self.timings.owner_wait_s
-                log.info("startup.waiting_for_owner", reason=waiting[0].refusal())
+                h = waiting[0]
+                log.info("startup.waiting_for_owner", log_dir=str(h.log_dir), holder=h.described)
             elif time.monotonic() >= deadline:
-                return  # the open refuses it, naming it
+                return  # the open leaves it offline, tried again every cycle
             time.sleep(OWNER_POLL_S)
+
+    def _holder(self, log_dir: Path) -> Holder | None:
+        """Who holds `log_dir`; None when it cannot be looked at (the open says why)."""
+        try:
+            return Holder.of(log_dir, self.config.state_dir)
+        except OSError:
+            return None
 
     def _open_maintenance(self) -> Maintenance:
         engine = self._engine_factory(self.config)

@@ -184,10 +184,14 @@ class LogDir:
                 log.info("log_dir.shared", log_dir=str(path), owner_pid=held.pid)
                 owner = OwnerProof(path, ProcessId(held.pid, start_ticks(held.pid)))
                 return cls(path, Mode.SHARED, state_dir=state, owner=owner)
-            if held.cleanerd:
+            if held.cleanerd or held.ends_by_itself:
                 # Two cleanerd owners of one state dir would each believe they own the
                 # dir, and observing it would look like success: refuse, naming the first.
-                raise LogDirLockedError(path, held.refusal()) from None
+                # A one-shot command (of any state dir) lets go: its caller may try again.
+                refused = LogDirLockedError(
+                    path, held.refusal(), ends_by_itself=held.ends_by_itself
+                )
+                raise refused from None
             observed = cls(path, Mode.OBSERVE, state_dir=state, held_by=held)
             log.warning("log_dir.observe_forced", log_dir=str(path), reason=str(held))
             return observed
@@ -361,19 +365,18 @@ class LogDir:
         Kafka takes a log dir offline at its first failed write, the owner's cycle takes it
         offline until the file system takes writes again (observe mode writes nothing).
 
-        The probe sets `.lock`'s times to what they are: a write the file system refuses
-        with EROFS, which changes nothing else, and which does not open the file (closing
-        any descriptor of it would drop this process's lock)."""
+        The probe touches `.lock` (its times set to now, which any user who may write the
+        file may do, its owner or not: a broker's `.lock` is kafka's, cleanerd writes it
+        through the group): a write the file system refuses with EROFS, which changes
+        nothing else, and which does not open the file (closing any descriptor of it would
+        drop this process's lock). Any other refusal is not this check's to judge."""
         lock = self.path / LOCK_FILE_NAME
         read_only = bool(os.statvfs(self.path).f_flag & os.ST_RDONLY)
         if not read_only:
-            st = lock.stat()
             try:
-                os.utime(lock, ns=(st.st_atime_ns, st.st_mtime_ns))
+                os.utime(lock)
             except OSError as exc:
-                if exc.errno != errno.EROFS:
-                    raise
-                read_only = True
+                read_only = exc.errno == errno.EROFS
         if read_only:
             raise ReadOnlyFileSystem(
                 f"{self.path}: its file system refuses writes, read-only (mounted so, or "

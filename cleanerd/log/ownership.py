@@ -199,7 +199,12 @@ class Holder:
         return f"{self.log_dir / LOCK_FILE_NAME} is held by {self.described}: observed only"
 
     def refusal(self) -> str:
-        """Why a second cleanerd owner is refused (a cleanerd holder only)."""
+        """Why a second cleanerd owner is refused (a cleanerd holder only), or waits."""
+        if self.ends_by_itself:
+            return (
+                f"log dir {self.log_dir} is owned for now by another cleanerd process "
+                f"({self.who}: {self._running}), which lets go when it is done"
+            )
         return (
             f"log dir {self.log_dir} is owned by another cleanerd process ({self.who}: "
             f"{self._running}); only one may own it: stop that one first "

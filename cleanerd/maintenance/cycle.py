@@ -439,15 +439,21 @@ class Maintenance:
         self.drain = threading.Event()
         """While set, the cleaning phase starts no pass (those in flight finish). Any
         thread may set or clear it."""
+        lent = False  # a dir a one-shot command owns: it will be usable
         try:
             for path in self._configured_dirs():
                 try:
                     self._open_dir(path)
-                except LogDirLockedError:
-                    raise  # another cleanerd owns it: a mistake to fix before anything
+                except LogDirLockedError as exc:
+                    if not exc.ends_by_itself:
+                        raise  # another cleanerd daemon owns it: a mistake to fix first
+                    # A one-shot command (a `produce` that came after the start's wait):
+                    # offline until it lets go, tried again every cycle.
+                    self._unopened[path] = log_dir_failure(self.config, path, exc)
+                    lent = True
                 except (CleanerdError, OSError) as exc:
                     self._unopened[path] = log_dir_failure(self.config, path, exc)
-            if not self.log_dirs:  # nothing could be opened: as a broker, do not start
+            if not self.log_dirs and not lent:  # none usable: as a broker, do not start
                 why = "; ".join(self._unopened.values())
                 raise CleanerdError(f"no log dir could be opened: {why}")
         except BaseException:

@@ -362,7 +362,9 @@ def test_a_start_waits_for_a_produce_that_owns_the_dir(
             waiting = process.wait_log(
                 lambda e: e["event"] == "startup.waiting_for_owner", "the wait"
             )
-            assert f"(pid {producer.pid}: `cleanerd produce`" in waiting["reason"]
+            assert waiting["log_dir"] == str(data)
+            assert f"pid {producer.pid}" in waiting["holder"]
+            assert "`cleanerd produce`" in waiting["holder"]
             assert marker.exists()  # no dir opened while it waits
             if stopped:
                 daemon.send_signal(signal.SIGTERM)

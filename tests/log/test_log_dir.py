@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import multiprocessing
 import os
 import time
@@ -20,7 +21,7 @@ from cleanerd.log.checkpoint import (
 )
 from cleanerd.log.files import TopicPartition
 from cleanerd.log.lock import LogDirLock
-from cleanerd.log.log_dir import LogDir, Mode
+from cleanerd.log.log_dir import LogDir, Mode, ReadOnlyFileSystem
 from cleanerd.log.ownership import OwnershipLost
 from cleanerd.log.partition_log import LogConfig
 from cleanerd.log.recovery import SymlinkRefused
@@ -295,3 +296,25 @@ def test_dangling_partition_link_is_listed_and_refused(tmp_path: Path) -> None:
         with pytest.raises(SymlinkRefused):
             log_dir.create_partition(TP)
     assert not gone.exists()
+
+
+@pytest.mark.parametrize(
+    ("refusal", "offline"), [(errno.EROFS, True), (errno.EPERM, False), (errno.EACCES, False)]
+)
+def test_the_write_probe_takes_only_a_read_only_file_system_for_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, refusal: int, offline: bool
+) -> None:
+    """`verify_writable` touches `.lock`; only EROFS says the file system refuses writes.
+    A `.lock` that is kafka's, which cleanerd writes through the group, cannot be given
+    explicit times by another user (EPERM): that took every such dir offline."""
+    with LogDir.open(tmp_path, state_dir=tmp_path / "state") as owned:
+
+        def refused(path: Path, *args: object, **kwargs: object) -> None:
+            raise OSError(refusal, os.strerror(refusal), str(path))
+
+        monkeypatch.setattr(os, "utime", refused)
+        if offline:
+            with pytest.raises(ReadOnlyFileSystem, match="refuses writes"):
+                owned.verify_writable()
+        else:
+            owned.verify_writable()

@@ -265,6 +265,43 @@ def test_a_roll_for_retention_is_counted_and_named_by_its_rule(
     assert report.to_json()["rolled"][0]["reason"] == "retention.ms"
 
 
+HOLD_AS_PRODUCE = """
+import sys
+from pathlib import Path
+from cleanerd.log.lock import LogDirLock, OwnerLock
+log_dir, state_dir = Path(sys.argv[1]), Path(sys.argv[2])
+LogDirLock(log_dir).acquire()
+OwnerLock(state_dir, log_dir).acquire("produce")
+print("ready", flush=True)
+sys.stdin.read()
+"""
+
+
+def test_a_dir_a_one_shot_command_owns_at_the_start_is_taken_when_it_lets_go(
+    tmp_path: Path, engine: LocalEngine
+) -> None:
+    """A `produce` (named by the owner marker: its process's command line says nothing
+    here) owns the dir as the cycle's owner opens: the open neither fails nor observes
+    it for good; the dir is offline, saying who has it, and the next cycle after it let
+    go takes it. The start failed (a daemon's start past its wait)."""
+    tp = TopicPartition("t", 0)
+    build(tmp_path, tp, [records(range(5), T0), records([0], T0)])
+    logs = tmp_path / "logs"
+    cfg = write_config(tmp_path, {"t": {"cleanup.policy": "compact"}})
+    with held_by_other_process(HOLD_AS_PRODUCE, logs, tmp_path / "state"):
+        m = Maintenance(cfg, engine, clock=lambda: T0)
+        first = m.run_once()
+    try:
+        second = m.run_once()
+    finally:
+        m.close(unlink_pending=False)
+    (offline,) = first.offline
+    assert "is owned for now by another cleanerd process" in offline.reason
+    assert "`cleanerd produce`), which lets go when it is done" in offline.reason
+    assert not second.offline
+    assert [s.meta.topic_partition for s in second.states] == [tp]
+
+
 def test_a_dir_held_at_start_is_observed_and_owned_only_from_a_restart(
     tmp_path: Path, engine: LocalEngine
 ) -> None:
