@@ -18,9 +18,10 @@ a log dir (holds its `.lock`) also holds an `flock` on
 produce`) that finds `.lock` taken checks that file: held means a cleanerd owner, with
 which appends are coordinated through partition locks; free means a broker or another
 program, whose dir is only observed. The holder writes its command (`run`, `produce`)
-into the file, so a daemon starting beside an application's `produce` can tell a
-one-shot owner, which it waits for, from another daemon, even where another user's
-`/proc/<pid>` is hidden from it.
+into the file, so a daemon starting beside an application's `produce` of the same state
+dir can tell a one-shot owner, which it waits for, from another daemon, even where the
+other user's `/proc/<pid>` is hidden from it (a holder of another state dir is known by
+its `/proc/<pid>/cmdline` only, where that can be read).
 
 `checkpoint_lock` serializes the rewrites of a log dir's `cleaner-offset-checkpoint`
 across processes: the file is rewritten whole (read, change one entry, tmp file, fsync,
@@ -186,7 +187,7 @@ class OwnerLock:
         """Take the marker without waiting; False if another holder has it. It then
         holds `command`, the cleanerd command this process runs (`run`, `produce`), for
         `holder_command`: another user's `/proc/<pid>/cmdline` may be hidden from the
-        one asking (the unit's `ProtectProc=invisible`)."""
+        one asking (the unit's `ProtectProc=invisible`), who shares this state dir."""
         if self._fd is not None:
             return True
         self.path.parent.mkdir(parents=True, exist_ok=True)

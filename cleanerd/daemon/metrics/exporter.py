@@ -302,9 +302,9 @@ _LOG_DIR_GAUGES: Final[tuple[tuple[str, str, Callable[[LogDirMetrics], float]], 
     ),
     (
         "cleanerd_failed_steps",
-        "Steps of the last cycle that failed in the log dir (a roll, a retention, an open, "
-        "a partition whose topic two topics: globs match), each logged as <step>.failed "
-        "and tried again every cycle.",
+        "Steps of the last cycle that failed in the log dir (a roll, a retention, an open "
+        "or reopen, a pass its engine failed, a partition whose topic two topics: globs "
+        "match), each logged as <step>.failed and tried again every cycle.",
         lambda d: d.failed_steps,
     ),
     ("cleanerd_log_dir_size_bytes", "Bytes of segments in the log dir.", lambda d: d.size_bytes),

@@ -618,8 +618,9 @@ STAGING_ROOT: Final = "spark"
 """The staging dirs' dir under the state dir."""
 _STAGING: Final = re.compile(r"(?:job|audit)-(\d+)-(\d+)-\d+")
 """`<kind>-<pid>-<start ticks>-<n>`: a pid with its start time names one process."""
-_OLD_STAGING: Final = re.compile(r"job-\d+-\d+|audit-\d+")
-"""The names of staging dirs made before they held the start time."""
+_OLD_STAGING: Final = re.compile(r"(?:job|audit)-\d+-\d+|audit-\d+")
+"""The names of staging dirs made before they held the start time (`job-<pid>-<n>`,
+`audit-<pid>-<n>`, and `audit-<ns>` before that)."""
 OLD_STAGING_AGE_S: Final = 86_400
 """An old-named staging dir is removed once this old: no job of that version runs on."""
 

@@ -550,6 +550,7 @@ def test_staging_dirs_a_killed_process_left_are_removed_by_the_next_job(
             staging_root / f"audit-{ended.pid}-{ticks}-1",
             staging_root / f"job-{me.pid}-{(me.start_ticks or 0) + 1}-5",
             staging_root / "audit-1700000000000000000",
+            staging_root / f"audit-{running.pid}-1",  # old-named, a day old
         ]
         kept = [
             staging_root / f"job-{running.pid}-{ticks}-1",
@@ -560,7 +561,8 @@ def test_staging_dirs_a_killed_process_left_are_removed_by_the_next_job(
             (path / "pass-0").mkdir(parents=True)
             (path / "pass-0" / "00000000000000000000.superseded").write_bytes(b"\0" * 64)
         two_days_ago = time.time() - 2 * 86_400
-        os.utime(staging_root / "audit-1700000000000000000", (two_days_ago, two_days_ago))
+        for old in ("audit-1700000000000000000", f"audit-{running.pid}-1"):
+            os.utime(staging_root / old, (two_days_ago, two_days_ago))
         seen: list[set[str]] = []
 
         def listing(
