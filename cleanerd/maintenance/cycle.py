@@ -413,6 +413,10 @@ class Maintenance:
         """The log dirs offline in the last cycle, and why (a repeat is logged at debug)."""
         self._listed: dict[Path, list[TopicPartition]] = {}
         """Each log dir's partitions when it was last listed."""
+        self._maintained_in: dict[TopicPartition, Path] = {}
+        """The log dir each partition is maintained in, kept while that dir is offline: a
+        copy that appears in another dir (one that came online with a stale copy) does
+        not take its place."""
         self._reload_lock = threading.Lock()
         self._retry_pending = False
         """A reload asked for the uncleanable partitions to be tried again."""
@@ -857,9 +861,7 @@ class Maintenance:
         live: set[tuple[Path, TopicPartition]] = set()
         opened = total = 0
         opened_dirs = {d.path: d for d in self.log_dirs}
-        # Where each open partition is maintained: a copy that appears in another dir
-        # (one that came online with a stale copy) does not take its place.
-        maintained_in = {tp: path for path, tp in self._plogs}
+        maintained_in = self._maintained_in
         for path in self._configured_dirs():
             log_dir, why = opened_dirs.get(path), self._unopened.get(path)
             listed: list[TopicPartition] = []
@@ -902,7 +904,7 @@ class Maintenance:
                         if other != log_dir.path:
                             self._duplicate(log_dir.path, tp, other, report)
                             continue
-                        seen[tp] = log_dir.path
+                        seen[tp] = maintained_in[tp] = log_dir.path
                         live.add((log_dir.path, tp))
                         by_readers = reads is not None and tp in reads.partitions
                         partition = self._open(log_dir, tp, report, by_readers=by_readers)
@@ -917,6 +919,10 @@ class Maintenance:
         for key in [k for k in self._plogs if k not in live]:
             del self._plogs[key]
             self._cuts_reported.pop(key, None)
+        listed_in = {path: set(self._listed.get(path, ())) for path in opened_dirs}
+        for tp, path in list(maintained_in.items()):
+            if path not in offline and tp not in listed_in.get(path, ()):
+                del maintained_in[tp]  # gone from its dir: a copy elsewhere may take over
         if self.topics is None:
             self.manager.registry.retain_only(seen)
         elif not offline:  # an offline dir may hold what the others do not

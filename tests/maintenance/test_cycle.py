@@ -943,8 +943,9 @@ def test_a_stale_copy_in_a_dir_that_comes_online_does_not_replace_the_maintained
 ) -> None:
     """The first log dir is missing at the start, and `t-0` is maintained in the second;
     the first comes online holding an older copy of `t-0`: the maintained copy stays,
-    the other is left alone and said to be a duplicate. The first dir's copy silently
-    took over, being first in the config."""
+    even over a cycle that finds its dir offline, and the other is left alone and said
+    to be a duplicate. The first dir's copy silently took over, being first in the
+    config."""
     tp = TopicPartition("t", 0)
     build(tmp_path, tp, [records([0, 1], T0), records([2], T0)], logs="logs2")
     cfg = write_config(tmp_path, {"t": {"cleanup.policy": "compact"}})
@@ -954,8 +955,14 @@ def test_a_stale_copy_in_a_dir_that_comes_online_does_not_replace_the_maintained
         build(tmp_path, tp, [records([0], T0 - HOUR)], logs="logs")  # the stale copy comes
         with capture_logs() as logs:
             second = m.run_once()
+        (tmp_path / "logs2").rename(tmp_path / "away")  # offline for a cycle
+        third = m.run_once()
+        (tmp_path / "away").rename(tmp_path / "logs2")
+        fourth = m.run_once()
     assert [s.meta.log_dir for s in first.states] == [str(tmp_path / "logs2")]
     assert [s.meta.log_dir for s in second.states] == [str(tmp_path / "logs2")]
+    assert ([o.log_dir for o in third.offline], third.states) == ([str(tmp_path / "logs2")], ())
+    assert [s.meta.log_dir for s in fourth.states] == [str(tmp_path / "logs2")]
     skipped = {(s.log_dir, str(s.tp)): s.reason for s in second.skipped}
     assert skipped[(str(tmp_path / "logs"), "t-0")] == f"also in log dir {tmp_path / 'logs2'}"
     (warned,) = [e for e in logs if e["event"] == "partition.duplicate"]
