@@ -238,8 +238,8 @@ class Daemon:
         self._last_cycle_end_ms: int | None = None
         self._deadlines = Deadlines()
         self._devices: tuple[Device, ...] = ()
-        self._present: frozenset[Path] = frozenset()
-        """The log dirs the last disk probe found."""
+        self._present: frozenset[tuple[Path, int]] = frozenset()
+        """The log dirs the last disk probe found, each with its device."""
         self._usage: tuple[DeviceUsage, ...] = ()
         self._above: frozenset[int] = frozenset()
         self._probe_ok = True
@@ -342,6 +342,7 @@ class Daemon:
             return  # stopped while it waited: nothing was opened
         self.maintenance = await self._in_thread(self._open_maintenance)
         self._devices = await asyncio.to_thread(group_devices, cfg.log_dirs)
+        self._present = frozenset((d, dev.device) for dev in self._devices for d in dev.log_dirs)
         await self.publisher.start()
         self.watcher.seed({str(d.path): d.known_dirs for d in self.maintenance.log_dirs})
         await asyncio.to_thread(self.watcher.scan)
@@ -520,9 +521,10 @@ class Daemon:
         # Grouped anew at each probe: a log dir whose disk was mounted again is on
         # another device, and one missing at the start may have come.
         self._devices = await asyncio.to_thread(group_devices, self.config.log_dirs)
-        present = frozenset(d for dev in self._devices for d in dev.log_dirs)
+        present = frozenset((d, dev.device) for dev in self._devices for d in dev.log_dirs)
         m = self.maintenance
-        if m is not None and (present - self._present) & set(m.offline_dirs):
+        came = {d for d, _ in present - self._present}  # new, or on another device
+        if m is not None and came & set(m.offline_dirs):
             self.request_cycle()  # an offline dir came (its disk mounted): take it now
         self._present = present
         if not self._devices:

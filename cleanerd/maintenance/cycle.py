@@ -498,7 +498,10 @@ class Maintenance:
     def offline_dirs(self) -> list[Path]:
         """The log dirs offline in the last cycle, and those not opened since (before
         the first cycle: the ones the start could not open)."""
-        return list(self._offline) + [p for p in self._unopened if p not in self._offline]
+        # Asked from the daemon's event loop while a cycle may change them: copies (a
+        # dict's copy is made whole under the GIL) rather than iterations.
+        offline, unopened = self._offline.copy(), self._unopened.copy()
+        return list(offline) + [p for p in unopened if p not in offline]
 
     def _last_listed(self, path: Path) -> list[TopicPartition]:
         """The partitions of the offline dir `path`: listed now, or when it last was."""

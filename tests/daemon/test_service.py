@@ -45,7 +45,7 @@ from cleanerd.log.known_segments import known_segments_path
 from cleanerd.log.lock import holds_log_dir_lock
 from cleanerd.maintenance.cycle import Maintenance
 from cleanerd.maintenance.report import PartitionState
-from cleanerd.retention.disk import device_of
+from cleanerd.retention.disk import Device, device_of
 from cleanerd.retention.disk_usage import device_name
 from tests.builders import build_log, kv, settle_dir
 from tests.daemon.conftest import (
@@ -545,6 +545,39 @@ async def test_a_log_dir_missing_at_the_start_is_offline_until_it_is_there(
         await eventually(
             lambda: f'{device},log_dir="{late}"}} 1.0' in _scrape(daemon), "its device"
         )
+
+
+async def test_an_offline_mount_point_is_taken_when_a_disk_is_mounted_on_it(
+    notify_socket: NotifyReceiver, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A log dir whose path is there but unusable (here a file; a root-owned mount point
+    with no disk in practice), then a disk mounted on it (the path on another device):
+    the disk probe sees the device change and starts a cycle that takes the dir, not
+    the revisit five minutes later; it looked only at whether the path was there."""
+    _logs(tmp_path)
+    late = tmp_path / "late"
+    late.write_text("not a dir")
+    dirs = {"log.dirs": [str(tmp_path / "data"), str(late)]}
+    config_path = _write(tmp_path / "cleanerd.yaml", _settings(tmp_path, **dirs))
+    daemon, _ = _daemon(config_path, notify_socket)
+    offline = f'cleanerd_log_dir_offline{{log_dir="{late}"}}'
+    mounted = False
+    real = service.group_devices
+
+    def devices(log_dirs: Any) -> Any:
+        grouped = real(log_dirs)
+        if not mounted:
+            return grouped
+        return tuple(Device(d.device + 1, d.log_dirs) if late in d.log_dirs else d for d in grouped)
+
+    monkeypatch.setattr(service, "group_devices", devices)
+    async with running(daemon):
+        await eventually(lambda: offline in _scrape(daemon), "the first cycle exported")
+        assert _sample(_scrape(daemon), offline) == 1
+        await asyncio.to_thread(late.unlink)
+        await asyncio.to_thread(late.mkdir)  # the disk's root, as the mount shows it
+        mounted = True
+        await eventually(lambda: _sample(_scrape(daemon), offline) == 0, "the dir taken")
 
 
 async def test_reload_command_reports_an_invalid_file(
