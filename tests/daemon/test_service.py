@@ -45,7 +45,7 @@ from cleanerd.log.known_segments import known_segments_path
 from cleanerd.log.lock import holds_log_dir_lock
 from cleanerd.maintenance.cycle import Maintenance
 from cleanerd.maintenance.report import PartitionState
-from cleanerd.retention.disk import Device, device_of
+from cleanerd.retention.disk import Device, device_of, group_devices
 from cleanerd.retention.disk_usage import device_name
 from tests.builders import build_log, kv, settle_dir
 from tests.daemon.conftest import (
@@ -562,7 +562,7 @@ async def test_an_offline_mount_point_is_taken_when_a_disk_is_mounted_on_it(
     daemon, _ = _daemon(config_path, notify_socket)
     offline = f'cleanerd_log_dir_offline{{log_dir="{late}"}}'
     mounted = False
-    real = service.group_devices
+    real = group_devices
 
     def devices(log_dirs: Any) -> Any:
         grouped = real(log_dirs)

@@ -18,6 +18,7 @@ import pytest
 from cleanerd.log.files import TopicPartition
 from tests.faults.workload import (
     TP,
+    Workload,
     cleanerd,
     dir_state,
     started,
@@ -155,6 +156,20 @@ def test_read_only_partition_dir_fails_clean_naming_the_file(tmp_path: Path) -> 
         verify(data / str(tp), work[tp])
 
 
+def watched(tmp_path: Path, data: Path) -> tuple[Workload, Path]:
+    """A small partition in the log dir `data`, and the config of a daemon that looks at
+    it every 200 ms (its state dir in `tmp_path`)."""
+    state = tmp_path / "state"
+    work = write_partition(data, state, records=2_000, keys=200, segment_bytes=SEGMENT_BYTES, ts=TS)
+    config = write_config(
+        tmp_path / "c.yaml",
+        data,
+        state,
+        **{"log.retention.check.interval.ms": 200, "metrics": {"listen": "127.0.0.1:0"}},
+    )
+    return work, config
+
+
 def test_a_log_dir_whose_file_system_turns_read_only_goes_offline_until_writable(
     tmp_path: Path,
 ) -> None:
@@ -164,14 +179,8 @@ def test_a_log_dir_whose_file_system_turns_read_only_goes_offline_until_writable
     takes the dir offline, saying why, rather than failing each of its steps with an
     error of its own while it looked online; once writable again it is back online, and
     the partition is intact."""
-    data, state = tmp_path / "data", tmp_path / "state"
-    work = write_partition(data, state, records=2_000, keys=200, segment_bytes=SEGMENT_BYTES, ts=TS)
-    config = write_config(
-        tmp_path / "c.yaml",
-        data,
-        state,
-        **{"log.retention.check.interval.ms": 200, "metrics": {"listen": "127.0.0.1:0"}},
-    )
+    data = tmp_path / "data"
+    work, config = watched(tmp_path, data)
     with started("run", "-c", str(config)) as daemon:
         lines = Lines(daemon)
         lines.wait_for("cycle.done")
@@ -215,14 +224,8 @@ def test_a_log_dir_the_kernel_makes_read_only_after_an_error_goes_offline(
     refuses writes, and the stop writes nothing there. Each step failed on its own, the
     dir counted online."""
     with ext4_image(tmp_path / "mnt", "24M") as mnt:
-        data, state = mnt / "data", tmp_path / "state"
-        write_partition(data, state, records=2_000, keys=200, segment_bytes=SEGMENT_BYTES, ts=TS)
-        config = write_config(
-            tmp_path / "c.yaml",
-            data,
-            state,
-            **{"log.retention.check.interval.ms": 200, "metrics": {"listen": "127.0.0.1:0"}},
-        )
+        data = mnt / "data"
+        _, config = watched(tmp_path, data)
         source = subprocess.run(
             ["findmnt", "-n", "-o", "SOURCE", str(mnt)], capture_output=True, text=True
         ).stdout.strip()
