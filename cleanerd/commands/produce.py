@@ -135,9 +135,11 @@ def open_for_append(
         raise CleanerdError(why or f"{key}: {str(target)!r} is not a directory")
     with LogDir.open(target, allow_shared=True, state_dir=cfg.state_dir) as opened:
         if opened.read_only:
+            # Named as the daemon names it: a broker, or cleanerd of another state dir.
+            held = opened.held_by
+            who = held.described if held is not None else "a process that is not a cleanerd daemon"
             raise CleanerdError(
-                f"{target / LOCK_FILE_NAME} is held by a process that is not a cleanerd "
-                "daemon (a running Kafka broker?): not writing to that log dir"
+                f"{target / LOCK_FILE_NAME} is held by {who}: not writing to that log dir"
             )
         yield opened.create_partition(tp, config=LogConfig.of_topic(cfg.topic_config(tp.topic)))
 

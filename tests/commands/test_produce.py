@@ -240,6 +240,21 @@ class TestOpenForAppend:
             pass
         assert not (tmp_path / "data" / "orders-0").exists()
 
+    def test_refused_beside_a_daemon_of_another_state_dir_naming_it(self, tmp_path: Path) -> None:
+        """A cleanerd daemon of another state dir (here its command line says
+        `cleanerd run`) holds the log dir: no writes, and the refusal says what holds it,
+        as the daemon's start does; it called it a Kafka broker."""
+        (tmp_path / "data").mkdir()
+        with (
+            held_by_other_process(
+                HOLD_BROKER_LOCK, tmp_path / "data", Path("cleanerd"), Path("run")
+            ),
+            pytest.raises(CleanerdError, match=r"\(`cleanerd run`, of another state_dir\)"),
+            open_for_append(self.config(tmp_path), "orders-0"),
+        ):
+            pass
+        assert not (tmp_path / "data" / "orders-0").exists()
+
     def test_shared_with_the_owning_daemon(self, tmp_path: Path) -> None:
         """While a cleanerd owner holds the log dir, produce appends alongside it."""
         (tmp_path / "data").mkdir()
