@@ -512,7 +512,10 @@ class Daemon:
         if delta.partitions() - own or delta.start_offsets:
             self._changed = True
         unreadable = frozenset(self.watcher.snapshot.unreadable_log_dirs)
-        for path in sorted(unreadable - self._unreadable):
+        m = self.maintenance
+        offline = {str(p) for p in m.offline_dirs} if m is not None else set()
+        for path in sorted(unreadable - self._unreadable - offline):
+            # (An offline dir is said by the cycle, with why: `log_dir.offline`.)
             log.error("log_dir.unreadable", log_dir=path)
         self._unreadable = unreadable
 

@@ -529,22 +529,26 @@ async def test_a_log_dir_missing_at_the_start_is_offline_until_it_is_there(
     daemon, events = _daemon(config_path, notify_socket)
     offline = f'cleanerd_log_dir_offline{{log_dir="{late}"}}'
     device = f'cleanerd_log_dir_device_info{{device="{device_name(device_of(tmp_path))}"'
-    async with running(daemon):
-        ready = await notify_socket.await_for("READY")
-        assert ready["STATUS"] == (
-            "watching 2 log dirs (1 offline: left alone until readable), 2 partitions"
-        )
-        assert holds_log_dir_lock(tmp_path / "data")
-        await eventually(lambda: offline in _scrape(daemon), "the first cycle exported")
-        assert _sample(_scrape(daemon), offline) == 1
-        assert [(e.topic, e.partition) for e in events.of("log.cleaned")] == [("users", 0)]
-        assert f'{device},log_dir="{late}"}} 1.0' not in _scrape(daemon)
-        await asyncio.to_thread(late.mkdir)  # no cycle is due for 5 minutes: the probe
-        await eventually(lambda: _sample(_scrape(daemon), offline) == 0, "the dir taken")
-        assert holds_log_dir_lock(late)
-        await eventually(
-            lambda: f'{device},log_dir="{late}"}} 1.0' in _scrape(daemon), "its device"
-        )
+    with structlog.testing.capture_logs() as logs:
+        async with running(daemon):
+            ready = await notify_socket.await_for("READY")
+            assert ready["STATUS"] == (
+                "watching 2 log dirs (1 offline: left alone until readable), 2 partitions"
+            )
+            assert holds_log_dir_lock(tmp_path / "data")
+            await eventually(lambda: offline in _scrape(daemon), "the first cycle exported")
+            assert _sample(_scrape(daemon), offline) == 1
+            assert f'{device},log_dir="{late}"}} 1.0' not in _scrape(daemon)
+            await asyncio.to_thread(late.mkdir)  # no cycle is due for 5 minutes: the probe
+            await eventually(lambda: _sample(_scrape(daemon), offline) == 0, "the dir taken")
+            assert holds_log_dir_lock(late)
+            await eventually(
+                lambda: f'{device},log_dir="{late}"}} 1.0' in _scrape(daemon), "its device"
+            )
+    said = [(e["event"], e["log_dir"]) for e in logs if e["log_level"] == "error"]
+    assert said == [("log_dir.offline", str(late))]  # once, with why; not also unreadable
+    assert [e["log_dir"] for e in logs if e["event"] == "log_dir.online"] == [str(late)]
+    assert [(e.topic, e.partition) for e in events.of("log.cleaned")] == [("users", 0)]
 
 
 async def test_an_offline_mount_point_is_taken_when_a_disk_is_mounted_on_it(
