@@ -342,7 +342,7 @@ class Daemon:
             return  # stopped while it waited: nothing was opened
         self.maintenance = await self._in_thread(self._open_maintenance)
         self._devices = await asyncio.to_thread(group_devices, cfg.log_dirs)
-        self._present = frozenset((d, dev.device) for dev in self._devices for d in dev.log_dirs)
+        self._present = _placed(self._devices)
         await self.publisher.start()
         self.watcher.seed({str(d.path): d.known_dirs for d in self.maintenance.log_dirs})
         await asyncio.to_thread(self.watcher.scan)
@@ -524,7 +524,7 @@ class Daemon:
         # Grouped anew at each probe: a log dir whose disk was mounted again is on
         # another device, and one missing at the start may have come.
         self._devices = await asyncio.to_thread(group_devices, self.config.log_dirs)
-        present = frozenset((d, dev.device) for dev in self._devices for d in dev.log_dirs)
+        present = _placed(self._devices)
         m = self.maintenance
         came = {d for d, _ in present - self._present}  # new, or on another device
         if m is not None and came & set(m.offline_dirs):
@@ -943,3 +943,8 @@ def _disk_deleted(disk: DiskUsageReport | None, *, dry_run: bool) -> int:
     if disk is None or disk.dry_run is not dry_run:
         return 0
     return len(disk.deletions)
+
+
+def _placed(devices: tuple[Device, ...]) -> frozenset[tuple[Path, int]]:
+    """Each log dir of `devices` with its device."""
+    return frozenset((d, dev.device) for dev in devices for d in dev.log_dirs)

@@ -360,30 +360,29 @@ class LogDir:
     def verify_writable(self) -> None:
         """Raise ReadOnlyFileSystem when the dir's file system refuses writes: mounted
         read-only, or made so by the kernel after an I/O error (`errors=remount-ro`, which
-        recent kernels apply without the read-only mount flag), and an owner could then
-        only fail every step there, each with its own error, the dir looking online. As
-        Kafka takes a log dir offline at its first failed write, the owner's cycle takes it
-        offline until the file system takes writes again (observe mode writes nothing).
+        recent kernels apply without the read-only mount flag, so `statvfs` cannot tell),
+        and an owner could then only fail every step there, each with its own error, the
+        dir looking online. As Kafka takes a log dir offline at its first failed write,
+        the owner's cycle takes it offline until the file system takes writes again
+        (observe mode writes nothing).
 
         The probe touches `.lock` (its times set to now, which any user who may write the
         file may do, its owner or not: a broker's `.lock` is kafka's, cleanerd writes it
-        through the group): a write the file system refuses with EROFS, which changes
-        nothing else, and which does not open the file (closing any descriptor of it would
-        drop this process's lock). Any other refusal is not this check's to judge."""
-        lock = self.path / LOCK_FILE_NAME
-        read_only = bool(os.statvfs(self.path).f_flag & os.ST_RDONLY)
-        if not read_only:
-            try:
-                os.utime(lock)
-            except OSError as exc:
-                read_only = exc.errno == errno.EROFS
-        if read_only:
+        through the group): a write that either kind of read-only file system refuses
+        with EROFS, which changes nothing else, and which does not open the file (closing
+        any descriptor of it would drop this process's lock). Any other refusal is not
+        this check's to judge."""
+        try:
+            os.utime(self.path / LOCK_FILE_NAME)
+        except OSError as exc:
+            if exc.errno != errno.EROFS:
+                return
             raise ReadOnlyFileSystem(
                 f"{self.path}: its file system refuses writes, read-only (mounted so, or "
                 "made so by the kernel after an I/O error, errors=remount-ro): nothing can "
                 "be rolled, deleted, cleaned or checkpointed there until it takes writes "
                 "again"
-            )
+            ) from None
 
     # -- root checkpoints --------------------------------------------------------------------
 

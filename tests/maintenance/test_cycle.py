@@ -810,6 +810,14 @@ def test_the_states_say_when_data_outlived_its_retention(
     assert states["c"].retention_due_ms is None
 
 
+def _replace_lock_file(logs: Path) -> None:
+    """Put another file where the log dir's `.lock` is (renamed over it: as a broker
+    starting over a removed lock file, or a disk mounted again, shows it)."""
+    fresh = logs.parent / "lock.new"
+    fresh.write_bytes(b"")
+    fresh.replace(logs / ".lock")
+
+
 def test_a_dir_whose_lock_another_process_took_is_written_nothing_more(
     tmp_path: Path, engine: LocalEngine
 ) -> None:
@@ -824,9 +832,7 @@ def test_a_dir_whose_lock_another_process_took_is_written_nothing_more(
     cfg = write_config(tmp_path, {"t": {"cleanup.policy": "compact"}})
     with Maintenance(cfg, engine, clock=lambda: T0) as m:
         m.run_once()
-        fresh = tmp_path / "lock.new"
-        fresh.write_bytes(b"")
-        fresh.replace(logs / ".lock")
+        _replace_lock_file(logs)
         with held_by_other_process(HOLD_BROKER_LOCK, logs):
             before = {p: p.stat().st_mtime_ns for p in logs.rglob("*") if p.name != ".lock"}
             errors = m.checkpoint(clean_stop=True)  # a stop right after the other took it
@@ -853,9 +859,7 @@ def test_a_dir_whose_lock_file_was_replaced_says_so_and_waits_for_a_restart(
     cfg = write_config(tmp_path, {"t": {"cleanup.policy": "compact"}})
     with Maintenance(cfg, engine, clock=lambda: T0) as m:
         m.run_once()
-        fresh = tmp_path / "lock.new"
-        fresh.write_bytes(b"")
-        fresh.replace(logs / ".lock")
+        _replace_lock_file(logs)
         reports = [m.run_once(), m.run_once()]
     for report in reports:
         (offline,) = report.offline
