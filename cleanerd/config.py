@@ -40,6 +40,7 @@ not (`check_paths`).
 from __future__ import annotations
 
 import copy
+import difflib
 import errno
 import math
 import os
@@ -50,7 +51,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, replace
 from fnmatch import fnmatchcase
 from pathlib import Path
-from typing import Annotated, Any, Final, Literal
+from typing import Annotated, Any, Final, Literal, get_args, get_origin
 
 import yaml
 from pydantic import (
@@ -966,7 +967,7 @@ def _field_error(d: ErrorDetails) -> str:
     where = _key_path(d["loc"])
     kind = d["type"]
     if kind == "extra_forbidden":
-        return f"{where}: unknown key (value {_show(d['input'])})"
+        return f"{where}: unknown key (value {_show(d['input'])}){_suggestion(d['loc'])}"
     if kind == "missing":
         return f"{where}: required key is missing"
     if kind == "invalid_key" or d["loc"][-1:] == ("[key]",):  # a key that is not a string
@@ -990,6 +991,49 @@ def _field_error(d: ErrorDetails) -> str:
     if isinstance(d["input"], bool) and kind != "bool_type":
         rule += " (YAML reads yes/no/on/off as booleans: quote the value)"
     return f"{where}: {_show(d['input'])} {rule}"
+
+
+def _suggestion(loc: Loc) -> str:
+    """` (did you mean X?)` for an unknown key at `loc` that is a near miss of a key its
+    mapping takes: a typo, or a broker-level name in a topic entry (`log.retention.ms`
+    for `retention.ms`) and the other way round; empty when nothing is close."""
+    key = str(loc[-1])
+    known = _keys_at(loc[:-1])
+    near = [k for k in (f"log.{key}", key.removeprefix("log.")) if k != key and k in known]
+    near += [k for k in known if key and "." not in k and k.startswith(key) and k != key]
+    near += difflib.get_close_matches(key, known, n=1, cutoff=0.75)
+    return f" (did you mean {near[0]}?)" if near else ""
+
+
+def _keys_at(loc: Loc) -> list[str]:
+    """The keys the mapping at `loc` in the config file takes (empty where its keys are
+    free, as under `topics:`)."""
+    model: type[BaseModel] = Config
+    parts = list(loc)
+    while parts:
+        part = parts.pop(0)
+        field = next((f for n, f in model.model_fields.items() if (f.alias or n) == part), None)
+        if field is None:
+            return []
+        annotation = field.annotation
+        if get_origin(annotation) is dict:
+            if not parts:
+                return []
+            parts.pop(0)  # a `topics:` entry's name
+            annotation = get_args(annotation)[1]
+        inner = _model_in(annotation)
+        if inner is None:
+            return []
+        model = inner
+    return [f.alias or n for n, f in model.model_fields.items()]
+
+
+def _model_in(annotation: Any) -> type[BaseModel] | None:
+    """The config model `annotation` names, itself or as `X | None`."""
+    for candidate in (annotation, *get_args(annotation)):
+        if isinstance(candidate, type) and issubclass(candidate, BaseModel):
+            return candidate
+    return None
 
 
 def _key_path(loc: tuple[str | int, ...]) -> str:

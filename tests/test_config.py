@@ -370,6 +370,32 @@ class TestValidation:
         errors = errors_of({"log.dirs": ["/nonexistent/kafka"], **data})
         assert [e for e in errors if e.startswith(expected)] != [], errors
 
+    @pytest.mark.parametrize(
+        ("data", "expected"),
+        [
+            ({"topics": {"t": {"retention.msx": 3}}}, "(did you mean retention.ms?)"),
+            ({"topics": {"t": {"log.retention.ms": 3}}}, "(did you mean retention.ms?)"),
+            ({"retention.ms": 3}, "(did you mean log.retention.ms?)"),
+            ({"log.retentoin.hours": 3}, "(did you mean log.retention.hours?)"),
+            ({"metrics": {"lisen": "x"}}, "(did you mean listen?)"),
+            ({"mqtt": {"tls": {"ca_fle": "/c"}}}, "(did you mean ca_file?)"),
+            ({"log": {"level": "debug"}}, "(did you mean logging?)"),
+            ({"engine": {"spark": {"masterr": "x"}}}, "(did you mean master?)"),
+        ],
+    )
+    def test_an_unknown_key_near_a_known_one_is_named(
+        self, data: dict[str, Any], expected: str
+    ) -> None:
+        """A typo, or a broker-level name in a topic entry (and the other way round), is
+        answered with the key the mapping takes."""
+        errors = errors_of({"log.dirs": ["/nonexistent/kafka"], **data})
+        (unknown,) = [e for e in errors if "unknown key" in e]
+        assert unknown.endswith(expected), errors
+
+    def test_an_unknown_key_near_nothing_gets_no_guess(self) -> None:
+        errors = errors_of({"log.dirs": ["/nonexistent/kafka"], "colour": "blue"})
+        assert "colour: unknown key (value 'blue')" in errors
+
     def test_all_errors_are_collected_at_once(self) -> None:
         """Field errors and cross-field errors of the same file come in one ConfigError."""
         errors = errors_of(
