@@ -121,6 +121,8 @@ def _path(value: object) -> object:
     if isinstance(value, str):
         if not value.strip():
             raise PydanticCustomError("path", "must be a non-empty path")
+        if "\0" in value:  # no system call takes one: YAML's "\0" escape makes it
+            raise PydanticCustomError("path", "must not contain a NUL character")
         return Path(value)
     return value
 
@@ -868,13 +870,23 @@ def _read_yaml(path: Path) -> object:
         raise ConfigError([f"cannot read the file: {e.strerror or e}"], path=path) from e
     except UnicodeDecodeError as e:
         raise ConfigError([f"not UTF-8 text: byte {e.start} ({e.reason})"], path=path) from e
-    loader = _Loader(text)
+    try:
+        loader = _Loader(text)  # its reader refuses control characters here
+    except yaml.reader.ReaderError as e:
+        line = text.count("\n", 0, e.position) + 1
+        column = e.position - text.rfind("\n", 0, e.position)
+        where = f"line {line}, column {column}: "
+        raise ConfigError(
+            [f"{where}character U+{e.character:04X} is not allowed in YAML"], path=path
+        ) from e
     try:
         return loader.get_single_data()
     except yaml.MarkedYAMLError as e:
         raise ConfigError([_yaml_error(e)], path=path) from e
     except yaml.YAMLError as e:
         raise ConfigError([f"YAML error: {e}"], path=path) from e
+    except RecursionError as e:  # PyYAML's parser recurses once per nesting level
+        raise ConfigError(["YAML nested too deeply"], path=path) from e
     finally:
         loader.dispose()
 

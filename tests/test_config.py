@@ -511,6 +511,20 @@ class TestYaml:
         )
         assert error == ("line 4, column 3: YAML syntax error: duplicate key 't' (first at line 3)")
 
+    def test_a_control_character_is_named_by_line_and_column(self, tmp_path: Path) -> None:
+        assert yaml_errors(tmp_path, "log.dirs: [/a]\nmode: ow\x00ner\n") == [
+            "line 2, column 9: character U+0000 is not allowed in YAML"
+        ]
+
+    def test_nesting_too_deep_for_the_parser_is_an_error(self, tmp_path: Path) -> None:
+        depth = 5000
+        text = "log.dirs: [/a]\nmqtt: " + "[" * depth + "]" * depth + "\n"
+        assert yaml_errors(tmp_path, text) == ["YAML nested too deeply"]
+
+    def test_a_path_with_a_nul_is_refused(self) -> None:
+        (error,) = errors_of({"log.dirs": ["/a\x00b"]})
+        assert error == "log.dirs[0]: '/a\\x00b' must not contain a NUL character"
+
     @pytest.mark.parametrize(("text", "kind"), [("- a\n- b\n", "list"), ("just text\n", "string")])
     def test_document_must_be_a_mapping(self, tmp_path: Path, text: str, kind: str) -> None:
         """A document that is not a mapping is refused as a whole."""
