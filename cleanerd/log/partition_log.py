@@ -447,11 +447,17 @@ class PartitionLog:
 
     @property
     def recovery_point_to_checkpoint(self) -> int:
-        """The recovery point a checkpoint may record: never past a segment the open
-        found damaged, so that the next open walks that segment again and finds the
-        damage again. (A roll moved it past, and the damage was forgotten.)"""
+        """The recovery point a checkpoint may record: never past a closed segment the
+        open found damaged, so that the next open walks that segment again and finds the
+        damage again. (A roll moved it past, and the damage was forgotten.) A damaged
+        active segment leaves it where it is: every open after a crash walks the active
+        segment from the recovery point on, and its reader checks the CRCs below it;
+        brought down to the segment's base, the recovery point would make damage in its
+        last batch pass for a torn append, which the next owner's open cuts."""
         damaged = self._damaged_base()
-        return self.recovery_point if damaged is None else min(self.recovery_point, damaged)
+        if damaged is None or damaged == self.active_segment.base_offset:
+            return self.recovery_point
+        return min(self.recovery_point, damaged)
 
     @property
     def segments(self) -> tuple[LogSegment, ...]:
@@ -670,7 +676,9 @@ class PartitionLog:
         except DAMAGE:
             with active.open_buffer() as buf:
                 scan = walk_prefix(buf, offsets=active.offsets)
-                reason = torn_tail_reason(buf, scan)
+                reason = torn_tail_reason(
+                    buf, scan, flushed_to=self.recovery_point, first_offset=active.base_offset
+                )
             if scan.error is None:
                 active.rebuild_indexes(reason="index does not match the log")
             elif reason is None:

@@ -529,7 +529,7 @@ def truncate_torn_tail(
     )
 
 
-def foreseen_torn_tail(segment: LogSegment) -> TruncatedTail | None:
+def foreseen_torn_tail(segment: LogSegment, recovery_point: int) -> TruncatedTail | None:
     """What an owner's open would cut from the end of `segment`, an active segment open
     read-only (whose size is then the end of its last whole batch): the bytes after it
     when they are a torn tail, `quarantined_to` None (the open copies them there); None
@@ -539,7 +539,9 @@ def foreseen_torn_tail(segment: LogSegment) -> TruncatedTail | None:
         return None  # the usual case: one stat, nothing mapped
     buf = map_file(segment.log_path)
     scan = walk_prefix(buf, start=position, offsets=segment.offsets)
-    reason = torn_tail_reason(buf, scan)
+    reason = torn_tail_reason(
+        buf, scan, flushed_to=recovery_point, first_offset=segment.next_offset
+    )
     if reason is None or scan.stop != position:
         return None
     return TruncatedTail(str(segment.log_path), position, len(buf) - position, reason, None)
@@ -596,6 +598,7 @@ def _validate_full(
     *,
     offsets: OffsetRange,
     is_active: bool,
+    recovery_point: int,
     quarantine_dir: Path | None,
     report: RecoveryReport,
     fold: ProducerFold | None = None,
@@ -623,7 +626,11 @@ def _validate_full(
         scan = walk_prefix(
             buf, offsets=offsets, each=None if indexes is None and fold is None else each
         )
-        reason = torn_tail_reason(buf, scan) if is_active else None
+        reason = (
+            torn_tail_reason(buf, scan, flushed_to=recovery_point, first_offset=segment.base_offset)
+            if is_active
+            else None
+        )
     if scan.error is not None and reason is None:
         _report(report, scan.error.located(segment.log_path))
         return False
@@ -705,6 +712,7 @@ def validate_segments(
                 segment,
                 offsets=offsets,
                 is_active=is_active,
+                recovery_point=recovery_point,
                 quarantine_dir=quarantine_dir,
                 report=report,
                 fold=fold,

@@ -10,7 +10,12 @@ the end of the file (the write cut short in a file extended past it).
 short) only when nothing valid follows it and it has one of those shapes; anything else
 is corruption to report, never to cut or skip. A whole batch whose offsets are out of
 place (`walker.BadOffsetError`) is such damage, wherever it is: a torn append fails its
-structure or its CRC, and a base offset is written before them.
+structure or its CRC, and a base offset is written before them. So is a last batch
+whose bytes are all there but fail its CRC where offsets below the recovery point
+belong: the checkpoint named those offsets only after they were flushed, so the batch
+was whole on disk, and bytes that changed since are damage. (Bytes missing there, zeros
+or a batch cut short, are lost whatever is done; they are cut as Kafka's loader cuts
+them, what is left of them copied aside first.)
 """
 
 from __future__ import annotations
@@ -32,9 +37,13 @@ from cleanerd.records.walker import BadOffsetError, Walk, walk
 ZERO_TAIL: Final = "zero bytes after the last batch"
 
 
-def torn_tail_reason(buf: Buffer, scan: Walk) -> str | None:
+def torn_tail_reason(
+    buf: Buffer, scan: Walk, *, flushed_to: int = 0, first_offset: int = 0
+) -> str | None:
     """Why the bytes after the valid prefix are a crash-interrupted append, or None when
-    they are something else (corruption that must be reported, not cut)."""
+    they are something else (corruption that must be reported, not cut). `flushed_to`:
+    the recovery point; `first_offset`: the offset the walk's first batch holds (where
+    the bytes after the prefix belong when the walk found no batch)."""
     if scan.error is None or isinstance(scan.error, BadOffsetError):
         return None
     start = scan.stop
@@ -44,6 +53,8 @@ def torn_tail_reason(buf: Buffer, scan: Walk) -> str | None:
         return None
     if scan.incomplete_tail:
         return f"incomplete batch: {scan.error.reason}"
+    if (scan.last_offset + 1 if scan.last_offset >= 0 else first_offset) < flushed_to:
+        return None  # all its bytes are there, and were flushed: they changed since
     if len(buf) - start >= PREFIX_SIZE:
         at = start + LENGTH_OFFSET
         size = int.from_bytes(buf[at : at + 4], "big", signed=True) + LOG_OVERHEAD

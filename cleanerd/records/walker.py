@@ -518,6 +518,8 @@ class Walk:
     start: int
     stop: int
     error: CorruptRecordError | None
+    last_offset: int = -1
+    """The last offset of the valid prefix (-1 when it holds no batch)."""
 
     @property
     def valid_bytes(self) -> int:
@@ -555,7 +557,8 @@ def walk(
     # copied down, so that a kept table (a pass's cached window) holds only its rows.
     fits = len(chunks) == 1 and 2 * len(chunks[0]) > walker.rows
     table = chunks[0] if fits else BatchTable.concat(chunks)
-    return Walk(table, start, walker.stop, walker.error)
+    last = int(table.base_offset[-1]) + int(table.last_offset_delta[-1]) if len(table) else -1
+    return Walk(table, start, walker.stop, walker.error, last)
 
 
 def walk_prefix(
@@ -571,10 +574,13 @@ def walk_prefix(
     why. A whole segment costs no more memory than one scratch table. `each` is given
     every table of the valid prefix in turn (valid until it returns)."""
     walker = Walker(buf, start=start, end=end, verify_crc=verify_crc, offsets=offsets)
+    last = -1
     for table in walker:
+        if len(table):
+            last = int(table.base_offset[-1]) + int(table.last_offset_delta[-1])
         if each is not None:
             each(table)
-    return Walk(BatchTable.empty(0), start, walker.stop, walker.error)
+    return Walk(BatchTable.empty(0), start, walker.stop, walker.error, last)
 
 
 @dataclass(frozen=True, slots=True)

@@ -480,6 +480,34 @@ def test_a_half_written_last_batch_before_zeros_is_cut(tmp_path: Path) -> None:
     assert offsets_and_values(plog) == ORIGINAL
 
 
+def test_a_last_batch_failing_its_crc_where_the_log_was_flushed_is_damage(
+    tmp_path: Path,
+) -> None:
+    """A last batch whose bytes are all there but fail its CRC, at offsets the recovery
+    point calls flushed, changed on disk since (no append was cut short there): the
+    owner's open reports it at its position and cuts nothing, a writer refuses to append
+    after it, and the recovery point it checkpoints stays, so that the next open does not
+    take the batch for a torn append either. Cut, its offset would go to the next record."""
+    path = _build(tmp_path)
+    batch = encode_records([kv("x", "last")], 20)
+    active = _active_log(path)
+    size = active.stat().st_size
+    with open(active, "ab") as f:
+        f.write(batch[:-1] + bytes([batch[-1] ^ 1]))
+    OffsetCheckpointFile(path.parent / RECOVERY_POINT_OFFSET_CHECKPOINT).write(
+        {TopicPartition("topic", 0): 21}
+    )
+    before = active.read_bytes()
+    plog = _open(path)
+    assert isinstance(plog.corrupt, CorruptRecordError)
+    assert (plog.corrupt.path, plog.corrupt.position) == (str(active), size)
+    assert plog.recovery_report.truncated == []
+    assert plog.recovery_point_to_checkpoint == 21
+    with pytest.raises(CorruptRecordError, match="CRC mismatch"):
+        plog.append([kv("y", "new")])
+    assert active.read_bytes() == before
+
+
 def test_flipped_byte_with_data_after_is_reported_not_cut(tmp_path: Path) -> None:
     """A bad CRC followed by valid batches in the active segment is reported with file and
     position, and no file changes."""

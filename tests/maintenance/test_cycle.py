@@ -45,7 +45,7 @@ from cleanerd.maintenance.cycle import Maintenance
 from cleanerd.records.record import Record
 from cleanerd.retention.disk import DiskSpace
 from cleanerd.retention.disk_usage import device_name
-from tests.builders import build_log, kv, offsets_and_values
+from tests.builders import build_log, encode_records, kv, offsets_and_values
 from tests.compaction.crashing_ops import CrashingOps, SimulatedCrash
 from tests.faults.workload import dir_state
 from tests.holders import HOLD_BROKER_LOCK, held_by_other_process
@@ -1634,11 +1634,14 @@ def test_a_compacted_partition_whose_damage_its_open_did_not_read_skips_retentio
     assert sorted(f.name for f in d.glob("*.log"))[0] == "00000000000000000000.log"
 
 
-def test_a_tail_cut_by_a_steps_write_is_reported(tmp_path: Path, engine: LocalEngine) -> None:
-    """After a clean stop, a bad CRC in the active segment's last batch is met by the
-    retention step: the segments before it are deleted, and the write first cuts the
-    torn tail (to the quarantine dir). The cycle's report lists that cut as it lists an
-    open's; before, only a log line said so."""
+def test_a_bad_crc_in_the_last_batch_a_clean_stop_flushed_is_left_as_it_is(
+    tmp_path: Path, engine: LocalEngine
+) -> None:
+    """After a clean stop, a bad CRC in the active segment's last batch is damage, not a
+    torn append (the stop flushed it, and the recovery point says so): the retention
+    step deletes the expired segments before it and cuts nothing, the active segment is
+    left byte for byte, and the next cycle does not cut it either. Before, the step's
+    write cut the batch, and the next append took its offset."""
     tp = TopicPartition("d", 0)
     d = build(
         tmp_path,
@@ -1657,8 +1660,38 @@ def test_a_tail_cut_by_a_steps_write_is_reported(tmp_path: Path, engine: LocalEn
     with Maintenance(later, engine, clock=lambda: T0) as m:
         report = m.run_once()
         assert [x.base_offset for x in report.retention[0].deletions] == [0, 10]
+        assert report.truncated == ()
+        assert m.run_once().truncated == ()
+        m.shutdown()
+    assert active.read_bytes() == bytes(data)
+
+
+def test_a_tail_cut_by_a_steps_write_is_reported(tmp_path: Path, engine: LocalEngine) -> None:
+    """A last batch past the recovery point that fails its CRC (an append a crash cut
+    short, after a clean stop) is met by the retention step: the segments before it are
+    deleted, and the write first cuts the torn tail (to the quarantine dir). The cycle's
+    report lists that cut as it lists an open's; before, only a log line said so."""
+    tp = TopicPartition("d", 0)
+    d = build(
+        tmp_path,
+        tp,
+        [records(range(10), T0 - 5 * HOUR), records(range(10), T0 - 4 * HOUR), records([0, 1], T0)],
+    )
+    topic = {"cleanup.policy": "delete", "retention.ms": -1}
+    with Maintenance(write_config(tmp_path, {"d": topic}), engine, clock=lambda: T0) as m:
+        m.run_once()
+        assert m.shutdown() == []
+    active = max(d.glob("*.log"))
+    torn = bytearray(encode_records([kv("x", "torn")], 22))
+    torn[-1] ^= 0xFF
+    with open(active, "ab") as f:
+        f.write(torn)
+    later = write_config(tmp_path, {"d": {**topic, "retention.ms": HOUR}})
+    with Maintenance(later, engine, clock=lambda: T0) as m:
+        report = m.run_once()
+        assert [x.base_offset for x in report.retention[0].deletions] == [0, 10]
         (cut,) = report.truncated
-        assert (cut.tp, cut.tail.path) == (tp, str(active))
+        assert (cut.tp, cut.tail.path, cut.tail.bytes_cut) == (tp, str(active), len(torn))
         assert cut.tail.quarantined_to is not None
         assert m.run_once().truncated == ()  # reported once
 
