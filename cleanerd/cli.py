@@ -17,6 +17,7 @@ from typing import cast
 from cleanerd import __version__
 from cleanerd.collector import long_lived_objects
 from cleanerd.commands import COMMANDS, Arg, print_error
+from cleanerd.daemon import hangup
 from cleanerd.errors import CleanerdError
 
 
@@ -62,6 +63,8 @@ def main(argv: list[str] | None = None) -> int:
     at its first touch; a whole `clean` of 1,000,000 records in 100-record batches took
     about 4% longer with them (paired runs), and its offset map probes gained nothing."""
     words = sys.argv[1:] if argv is None else argv
+    if argv is None and _selected(words) == "run":
+        hangup.hold()  # before the imports: a SIGHUP in them must not end the daemon
     if argv is None and "numpy" not in sys.modules:
         os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
         os.environ.setdefault("NUMPY_MADVISE_HUGEPAGE", "0")

@@ -84,6 +84,7 @@ from pydantic import JsonValue
 
 from cleanerd._jit import compiled_kernels_on
 from cleanerd.config import Config, check_paths, load_config
+from cleanerd.daemon import hangup
 from cleanerd.daemon.commands import (
     CleanCommand,
     Command,
@@ -254,10 +255,13 @@ class Daemon:
     # -- signals ----------------------------------------------------------------------------
 
     def install_signal_handlers(self) -> None:
-        """Route SIGTERM, SIGINT and SIGHUP to `handle_<name>` on the running loop."""
+        """Route SIGTERM, SIGINT and SIGHUP to `handle_<name>` on the running loop; a
+        SIGHUP that came before (`hangup.hold`) is handled now."""
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             loop.add_signal_handler(sig, self.handle_signal, sig)
+        if hangup.take():
+            self.handle_hup()
 
     def remove_signal_handlers(self) -> None:
         """Give the signals back to their default handling."""
@@ -412,7 +416,9 @@ class Daemon:
         """Housekeeping: reload, watchdog, watcher, disk probe, metrics, cycle. Each piece
         of background work runs as its own task, one at a time per kind."""
         now = time.monotonic()
-        if self._reload_wanted and not self._reload_lock.locked():
+        # Until the last reload's task is gone (its done callback comes a loop turn after
+        # its lock is released), a new one cannot be spawned: the wish waits for it.
+        if self._reload_wanted and "reload" not in self._tasks and not self._reload_lock.locked():
             self._reload_wanted = False
             self._spawn("reload", self._reload_task)
         if self._watchdog_s is not None and now >= self._next_watchdog and self.healthy():

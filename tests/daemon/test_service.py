@@ -5,7 +5,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
+import os
+import signal
 import socket
+import subprocess
 import sys
 import time
 import urllib.request
@@ -26,7 +29,7 @@ from cleanerd.compaction.audit import AuditColumns
 from cleanerd.compaction.cleanable import log_to_clean
 from cleanerd.compaction.cleaner import CleaningAborted, CleanResult
 from cleanerd.config import Config, load_config
-from cleanerd.daemon import service
+from cleanerd.daemon import hangup, service
 from cleanerd.daemon.commands import (
     CleanCommand,
     CommandRejected,
@@ -404,6 +407,79 @@ async def test_a_reload_of_an_unchanged_file_starts_a_cycle(
     async with _idle_daemon(config_path, notify_socket, tmp_path) as (daemon, idle):
         daemon.handle_hup()
         await eventually(lambda: daemon.cycles > idle, "a cycle after the reload")
+
+
+async def test_a_sighup_before_the_loop_took_the_signal_is_a_reload(
+    config_path: Path, notify_socket: NotifyReceiver, tmp_path: Path
+) -> None:
+    """A SIGHUP while `cleanerd run` imports and starts (held by `hangup.hold`, which the
+    command line installs first) is answered with a reload once the daemon's handler
+    is in place. Before, the default action ended the process with status 129."""
+    changed = _settings(tmp_path)
+    changed["topics"]["events"]["retention.ms"] = 3 * HOUR
+    daemon, _ = _daemon(config_path, notify_socket)
+    _write(config_path, changed)  # after the start read it: only a reload sees this
+    hangup.hold()
+    os.kill(os.getpid(), signal.SIGHUP)
+    async with running(daemon):
+        await eventually(
+            lambda: daemon.config.topic_config("events").retention_ms == 3 * HOUR,
+            "the reload the early SIGHUP asked for",
+        )
+    assert not hangup.take()
+
+
+def test_the_run_command_holds_sighup_from_its_first_instant(tmp_path: Path) -> None:
+    """`cleanerd run` installs `hangup.hold` before it imports the daemon (here: before
+    it finds its config file missing); the other commands leave SIGHUP alone."""
+    probe = (
+        "import signal, sys\n"
+        "from cleanerd import cli\n"
+        "sys.argv = ['cleanerd', sys.argv[1], '-c', sys.argv[2]]\n"
+        "cli.main()\n"
+        "print(getattr(signal.getsignal(signal.SIGHUP), '__name__', 'default'))\n"
+    )
+    missing = str(tmp_path / "missing.yaml")
+    held = {
+        command: subprocess.run(
+            [sys.executable, "-c", probe, command, missing],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+        for command in ("run", "plan")
+    }
+    assert held == {"run": "_remember", "plan": "default"}
+
+
+async def test_a_sighup_while_the_last_reload_task_ends_is_not_lost(
+    config_path: Path, notify_socket: NotifyReceiver, tmp_path: Path
+) -> None:
+    """A SIGHUP that comes after a reload released its lock but before its task is gone
+    (its done callback runs a loop turn later; a reload that rebinds the metrics
+    listener made the window wide enough for a quick second edit to fall in it) waits
+    for the task, then reloads. Before, the tick cleared the wish and spawned nothing,
+    and the newest file was never read."""
+    async with _idle_daemon(config_path, notify_socket, tmp_path) as (daemon, _):
+        ending = asyncio.Event()
+
+        async def linger() -> None:
+            await ending.wait()
+
+        lingering = asyncio.create_task(linger(), name="reload")
+        daemon._tasks["reload"] = lingering
+        lingering.add_done_callback(daemon._task_done)
+        changed = _settings(tmp_path)
+        changed["topics"]["events"]["retention.ms"] = 3 * HOUR
+        _write(config_path, changed)
+        daemon.handle_hup()
+        daemon.on_tick()
+        assert daemon.config.topic_config("events").retention_ms != 3 * HOUR
+        ending.set()
+        await eventually(
+            lambda: daemon.config.topic_config("events").retention_ms == 3 * HOUR,
+            "the newest file applied",
+        )
 
 
 async def test_failed_cycles_are_counted_and_exported(
