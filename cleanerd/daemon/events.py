@@ -34,7 +34,7 @@ import contextlib
 import random
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Final, Literal, Protocol
 
@@ -127,6 +127,12 @@ class EventPublisher(Protocol):
     async def stop(self) -> None:
         """Deliver what is queued within a bounded time and close."""
 
+    def undelivered(self) -> list[Event]:
+        """After `stop`: the events it could not deliver, oldest first (taken out)."""
+
+    def adopt(self, events: Sequence[Event]) -> None:
+        """Queue `events` (a replaced publisher's undelivered ones) ahead of this one's."""
+
 
 class NullPublisher:
     """The sink when MQTT is off: every event is discarded, nothing is counted."""
@@ -147,6 +153,12 @@ class NullPublisher:
 
     async def stop(self) -> None:
         return None
+
+    def undelivered(self) -> list[Event]:
+        return []
+
+    def adopt(self, events: Sequence[Event]) -> None:
+        del events  # MQTT was turned off: nothing is sent
 
 
 @dataclass(frozen=True, slots=True)
@@ -287,6 +299,19 @@ class MqttPublisher:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
             self._task = None
+
+    def undelivered(self) -> list[Event]:
+        events = [] if self._inflight is None else [self._inflight]
+        self._inflight = None
+        while not self._queue.empty():
+            events.append(self._queue.get_nowait())
+            self._queue.task_done()
+        return events
+
+    def adopt(self, events: Sequence[Event]) -> None:
+        # Through `publish`, oldest first: an overflow drops the oldest and counts it.
+        for event in [*events, *self.undelivered()]:
+            self.publish(event)
 
     async def _run(self) -> None:
         while not self._stopped:

@@ -877,7 +877,8 @@ class Daemon:
 
     async def _replace_publisher(self, config: Config) -> None:
         """Events go to the new publisher at once; its connection starts once the old
-        one is stopped (its queue delivered, its retained `offline` published), in a task
+        one is stopped (its queue delivered, or handed over when its broker is away, its
+        retained `offline` published), in a task
         of its own, so the reload does not wait. Both use one client id: started first,
         the new session took the old one over and the old, reconnecting, took it back,
         each dropping the other without end, and the old's `offline` came after the
@@ -885,10 +886,19 @@ class Daemon:
         new = self._new_publisher(config)
         old, self.publisher = self.publisher, new
         published, dropped = self._events_base
-        self._events_base = (published + old.published, dropped + old.dropped)
+        at_swap = (old.published, old.dropped)
+        self._events_base = (published + at_swap[0], dropped + at_swap[1])
 
         async def hand_over() -> None:
             await old.stop()
+            # What the old one delivered or dropped while it stopped; what it could not
+            # deliver (its broker away) goes out through the new one, oldest first.
+            published, dropped = self._events_base
+            self._events_base = (
+                published + old.published - at_swap[0],
+                dropped + old.dropped - at_swap[1],
+            )
+            new.adopt(old.undelivered())
             await new.start()
 
         self._spawn(f"mqtt-hand-over-{id(old)}", hand_over)

@@ -282,3 +282,49 @@ async def test_a_reload_that_changes_mqtt_hands_the_connection_over_once(
         sub = await stack.enter_async_context(_subscriber(broker, f"{BASE}/status"))
         status = await anext(aiter(sub.messages))
         assert (status.payload, status.retain) == (b"online", True)
+
+
+async def test_events_queued_while_the_broker_is_away_outlive_a_reload_that_changes_mqtt(
+    broker: Broker, tmp_path: Path, notify_socket: NotifyReceiver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With the broker away, a reload that changes an `mqtt` key replaces the connection:
+    the events the old one still held go to the new one, oldest first, and are delivered
+    once the broker is back. Before, they went with the old connection, counted nowhere."""
+    _dirty(tmp_path, TopicPartition("users", 0), timestamp=_now_ms() - HOUR)
+    daemon = _daemon(tmp_path, broker, notify_socket)
+    config_path = tmp_path / "cleanerd.yaml"
+    gate = asyncio.Event()  # the new connection waits for the test's subscriber
+    made = daemon._new_publisher
+
+    def gated(config: Any) -> Any:
+        publisher = made(config)
+        assert isinstance(publisher, MqttPublisher)
+        session = publisher._session
+
+        async def gated_session() -> None:
+            await gate.wait()
+            await session()
+
+        monkeypatch.setattr(publisher, "_session", gated_session)
+        return publisher
+
+    monkeypatch.setattr(daemon, "_new_publisher", gated)
+    async with contextlib.AsyncExitStack() as stack:
+        await stack.enter_async_context(running(daemon))
+        await eventually(lambda: daemon.publisher.connected, "the broker connection")
+        broker.kill()
+        await eventually(lambda: not daemon.publisher.connected, "the connection lost")
+        assert await daemon.reload() == []  # the file as it was: its event waits
+        data = yaml.safe_load(config_path.read_text())
+        data["mqtt"]["keepalive_s"] = 9
+        config_path.write_text(yaml.safe_dump(data))
+        assert await daemon.reload() == []
+        broker.start()
+        sub = await stack.enter_async_context(_subscriber(broker, f"{BASE}/events/#"))
+        gate.set()
+        inbox = Inbox(sub)
+        reloaded = _kind("config.reloaded")
+        first = await inbox.wait(reloaded, "the event of the reload before the new connection")
+        second = await inbox.wait(reloaded, "the event of the reload that made it", 2)
+        assert (first["data"]["changed"], second["data"]["changed"]) == ([], ["mqtt.keepalive_s"])
+        assert daemon.publisher.dropped == 0
