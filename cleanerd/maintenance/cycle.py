@@ -1366,7 +1366,7 @@ class Maintenance:
                     report.error(p.log_dir.path, tp, "retention", exc)
                     continue
                 self.counters.count_retention(outcome)
-                if outcome.future_timestamp_base is not None:
+                if _future_now(outcome, self.clock):
                     self._note(
                         "retention.future_timestamp",
                         p,
@@ -1715,6 +1715,15 @@ class Maintenance:
             started_ms=r.started_ms,
             finished_ms=now,
         )
+
+
+def _future_now(outcome: RetentionOutcome, clock: Callable[[], int]) -> bool:
+    """Whether the segment whose future timestamp stopped time retention is still ahead
+    of the clock, read again: the cycle's time was taken before it read the segments,
+    and a batch an application appended since, stamped with its clock, was no more than
+    a few milliseconds ahead of it, which is not a timestamp to warn about."""
+    stamp = outcome.future_timestamp_ms
+    return stamp is not None and stamp > clock()
 
 
 def _prepare_clean_shutdown(

@@ -70,6 +70,8 @@ class RetentionOutcome:
     """Base of a segment whose future largest timestamp stopped time retention."""
     deleted_files: tuple[Path, ...]
     """The `.deleted` files handed to the pending-deletion queue."""
+    future_timestamp_ms: int | None = None
+    """The largest timestamp of the segment at `future_timestamp_base`."""
     damaged_base: int | None = None
     """Base of a damaged segment that stopped a pass which would have taken it."""
     failure: CleanerdError | OSError | None = None
@@ -146,6 +148,7 @@ def apply_retention(
         roll=roll,
         log_start_offset=plog.log_start_offset,
         future_timestamp_base=plan.future_timestamp_base,
+        future_timestamp_ms=plan.future_timestamp_ms,
         deleted_files=tuple(files),
         damaged_base=plan.damaged_base,
         failure=failure,

@@ -88,6 +88,8 @@ class RetentionPlan:
     future_timestamp_base: int | None
     """Base of a segment whose largest timestamp is in the future and that stopped
     time retention; None when none did."""
+    future_timestamp_ms: int | None = None
+    """That segment's largest timestamp."""
     damaged_base: int | None = None
     """Base of a damaged segment that stopped a pass which would otherwise have taken
     it; None when none did."""
@@ -187,7 +189,7 @@ def deletable_segments(
     walk.delete_while(
         DeletionReason.LOG_START_OFFSET, _start_offset_breached(meta.log_start_offset)
     )
-    future_base: int | None = None
+    future: SegmentMeta | None = None
     if policy_delete:
         size = sum(s.size_bytes for s in walk.remaining)
         if retention_bytes >= 0 and size >= retention_bytes:
@@ -200,14 +202,19 @@ def deletable_segments(
             )
             # An empty segment has no record timestamp: its largest is the file's mtime,
             # which a fresh roll may leave a moment past the cycle's clock.
-            future = stopper is not None and stopper.largest_timestamp_ms > now_ms
-            if stopper is not None and future and stopper.size_bytes > 0 and not stopper.damage:
-                future_base = stopper.base_offset
+            if (
+                stopper is not None
+                and stopper.largest_timestamp_ms > now_ms
+                and stopper.size_bytes > 0
+                and not stopper.damage
+            ):
+                future = stopper
     return RetentionPlan(
         deletions=tuple(walk.deletions),
         log_start_offset=max(meta.log_start_offset, walk.remaining[0].base_offset),
         roll_for=walk.roll_for,
-        future_timestamp_base=future_base,
+        future_timestamp_base=None if future is None else future.base_offset,
+        future_timestamp_ms=None if future is None else future.largest_timestamp_ms,
         damaged_base=walk.damaged_base,
     )
 

@@ -45,6 +45,7 @@ from cleanerd.maintenance.cycle import Maintenance
 from cleanerd.records.record import Record
 from cleanerd.retention.disk import DiskSpace
 from cleanerd.retention.disk_usage import device_name
+from cleanerd.retention.executor import RetentionOutcome
 from tests.builders import build_log, encode_records, kv, offsets_and_values
 from tests.compaction.crashing_ops import CrashingOps, SimulatedCrash
 from tests.faults.workload import dir_state
@@ -1833,3 +1834,32 @@ def test_a_clean_request_is_refused_while_the_cleaner_is_off(
         m.run_once()
         with pytest.raises(CleanerdError, match=r"log\.cleaner\.enable is false"):
             m.request_clean(tp, [str(tmp_path / "logs")])
+
+
+@pytest.mark.parametrize(
+    ("stamp", "clock_now", "warned"),
+    [
+        (T0 + 5, T0 + 10, False),  # appended after the cycle's time, stamped before now
+        (T0 + HOUR, T0 + 10, True),  # ahead of the clock read again too
+        (None, T0, False),
+    ],
+)
+def test_a_future_timestamp_is_judged_against_the_clock_read_again(
+    stamp: int | None, clock_now: int, warned: bool
+) -> None:
+    """`retention.future_timestamp` is a warning only for a segment still ahead of the
+    clock when the step is done: the cycle took its time before it read the segments,
+    and an application appending meanwhile stamps its batches a few milliseconds past
+    it. Before, such an active segment drew the warning every few cycles."""
+    outcome = RetentionOutcome(
+        log_dir="/logs",
+        topic="t",
+        partition=0,
+        deletions=(),
+        roll=None,
+        log_start_offset=0,
+        future_timestamp_base=None if stamp is None else 10,
+        deleted_files=(),
+        future_timestamp_ms=stamp,
+    )
+    assert cycle._future_now(outcome, lambda: clock_now) is warned
