@@ -35,12 +35,27 @@ from cleanerd.log.files import TopicPartition
 METADATA_TOPIC = "__cluster_metadata"
 
 
-def last_stable_offset(
-    high_watermark: int | None, log_end_offset: int, first_unstable_offset: int | None
+def bounded_high_watermark(
+    high_watermark: int | None, log_start_offset: int, log_end_offset: int
 ) -> int:
-    """min(high watermark, first unstable offset), the log end offset standing in for a
-    high watermark none is known of (see `PartitionMeta.high_watermark_or_end`)."""
-    hw = log_end_offset if high_watermark is None else high_watermark
+    """The high watermark as Kafka's log holds it (`updateHighWatermark`): never below
+    the log start offset nor past the log end offset (a checkpoint left stale by a
+    DeleteRecords or a truncation says otherwise); the log end offset when none is
+    known (see `PartitionMeta.high_watermark_or_end`)."""
+    if high_watermark is None:
+        return log_end_offset
+    return min(max(high_watermark, log_start_offset), log_end_offset)
+
+
+def last_stable_offset(
+    high_watermark: int | None,
+    log_start_offset: int,
+    log_end_offset: int,
+    first_unstable_offset: int | None,
+) -> int:
+    """min(high watermark, first unstable offset), the high watermark bounded as
+    `bounded_high_watermark` bounds it."""
+    hw = bounded_high_watermark(high_watermark, log_start_offset, log_end_offset)
     return hw if first_unstable_offset is None else min(hw, first_unstable_offset)
 
 
@@ -185,13 +200,18 @@ class PartitionMeta:
         A dir without a replication checkpoint belongs to an unreplicated writer (cleanerd's
         own producer), for which everything appended is committed.
         """
-        return self.log_end_offset if self.high_watermark is None else self.high_watermark
+        return bounded_high_watermark(
+            self.high_watermark, self.log_start_offset, self.log_end_offset
+        )
 
     @property
     def last_stable_offset(self) -> int:
         """min(high watermark, first unstable offset): nothing at or above it is cleaned."""
         return last_stable_offset(
-            self.high_watermark, self.log_end_offset, self.first_unstable_offset
+            self.high_watermark,
+            self.log_start_offset,
+            self.log_end_offset,
+            self.first_unstable_offset,
         )
 
     def upper_bound(self, index: int) -> int:

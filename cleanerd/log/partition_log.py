@@ -1187,7 +1187,10 @@ class PartitionLog:
         with self._locked():
             self.refresh()
             stable = last_stable_offset(
-                self.high_watermark, self.log_end_offset, self.first_unstable_offset
+                self.high_watermark,
+                self.log_start_offset,
+                self.log_end_offset,
+                self.first_unstable_offset,
             )
             return tuple(self._segments), stable
 

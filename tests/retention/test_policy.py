@@ -147,6 +147,26 @@ def test_high_watermark_bounds_deletion():
     ]
 
 
+def test_a_high_watermark_below_the_log_start_offset_counts_as_the_log_start_offset():
+    """A replication checkpoint left behind by a DeleteRecords (high watermark 1, log
+    start offset 25) holds back no segment wholly below the log start offset: Kafka's
+    log never holds its high watermark below the log start offset. Before, the stale
+    value kept those segments, and a pass rewrote them above the high watermark."""
+    meta = partition([50, 50, 50], log_start=25, hw=1)
+    assert meta.high_watermark_or_end == 25
+    assert meta.last_stable_offset == 25
+    p = plan(meta, policy_delete=False)
+    assert [(d.base_offset, d.reason.value) for d in p.deletions] == [
+        (0, "log.start.offset"),
+        (10, "log.start.offset"),
+    ]
+
+
+def test_a_high_watermark_past_the_log_end_counts_as_the_log_end():
+    meta = partition([50, 50], hw=99)
+    assert (meta.high_watermark_or_end, meta.last_stable_offset) == (21, 21)
+
+
 def test_active_segment_is_never_deleted_but_roll_is_requested():
     """When every segment has expired, the active one stays and the plan asks for a roll."""
     meta = partition([50, 50])
