@@ -429,16 +429,37 @@ def _gather_dir(
             )
         elif owned and (tail := _foreseen_cut(plog)) is not None:
             out.truncated.append(TailCut(str(log_dir.path), tp, tail))
+        age = segment_age(plog, first_seen, meta.active, now_ms)
+        compacted = topic.compact and tp.topic != METADATA_TOPIC and meta.damage is None
+        if owned and compacted and _rolls(meta, topic, age, now_ms, cfg.rolls.min_interval_ms):
+            # The cycle rolls first, then looks for passed horizons in the segment it
+            # closed too: so must the plan (only then, as reading it costs a walk).
+            segment_horizons += (horizons.segment(plog.active_segment),)
         out.inputs.append(
             PlanInput(
                 meta=meta,
                 topic=topic,
                 checkpoint=log_dir.checkpoints.cleaner_offsets.get(tp),
-                age=segment_age(plog, first_seen, meta.active, now_ms),
+                age=age,
                 horizons=segment_horizons,
                 uncleanable=None if plog.corrupt is None else str(plog.corrupt),
             )
         )
+
+
+def _rolls(
+    meta: PartitionMeta, topic: TopicConfig, age: SegmentAge, now_ms: int, min_interval_ms: int
+) -> bool:
+    """Whether the cycle's roll step closes the active segment (`plan_partition`'s roll)."""
+    roll = roll_plan(
+        meta.topic_partition,
+        meta.active,
+        topic,
+        now_ms=now_ms,
+        age=age,
+        min_roll_interval_ms=min_interval_ms,
+    )
+    return roll.decision is not None
 
 
 # ---------------------------------------------------------------------------------------

@@ -382,3 +382,47 @@ def test_plan_reads_a_torn_tail_as_the_owners_open_does(
         assert [d["base_offset"] for d in done["deleted"]] == [0, 4]
     else:
         assert done["deleted"] == []
+
+
+def test_plan_finds_a_passed_horizon_in_the_segment_the_cycle_rolls(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The active segment, due to roll, holds a tombstone whose delete horizon (stamped
+    by an earlier pass) has passed: the cycle rolls it, then finds the horizon due and
+    cleans, and `plan` says so. Before, `plan` read horizons of the closed segments
+    only and predicted the roll but no pass."""
+    from cleanerd.log.partition_log import PartitionLog
+    from cleanerd.records.batch import encode_batch
+
+    old = NOW - 10 * 24 * HOUR
+    (tmp_path / "logs").mkdir()
+    plog = PartitionLog.create(
+        tmp_path / "logs", TopicPartition("t", 0), state_dir=tmp_path / "state"
+    )
+    plog.append_batches(encode_batch([Record(0, old, b"k0", b"v0")], base_offset=0))
+    stamped = encode_batch(
+        [Record(1, old + 1, b"k0", None)], base_offset=1, delete_horizon_ms=NOW - 1000
+    )
+    plog.append_batches(stamped)
+    plog.append_batches(encode_batch([Record(2, old + 2, b"k1", b"v2")], base_offset=2))
+    plog.flush()
+    config = tmp_path / "cleanerd.yaml"
+    topic = {
+        "cleanup.policy": "compact",
+        "segment.ms": 24 * HOUR,
+        "min.cleanable.dirty.ratio": 1.0,
+        "delete.retention.ms": MIN,
+    }
+    doc = {
+        "log.dirs": [str(tmp_path / "logs")],
+        "state_dir": str(tmp_path / "state"),
+        "rolls": {"min_interval_ms": 0},
+        "topics": {"t": topic},
+    }
+    config.write_text(yaml.safe_dump(doc))
+    capsys.readouterr()
+    plan = _run_json("plan", config, capsys, status=0)
+    done = _run_json("clean", config, capsys, status=0)
+    assert [(r["base_offset"], r["reason"]) for r in done["rolled"]] == [(0, "segment.ms")]
+    assert [(c["reason"], c["end_offset"]) for c in done["cleaned"]] == [("delete.retention.ms", 3)]
+    assert plan["cleaning_order"] == ["t-0"]
