@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections import Counter
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -261,21 +262,6 @@ def plan_cycle(
         )
         for i in inputs
     ]
-    eligible = [
-        p.compaction.ltc
-        for p, _ in planned
-        if cleaner_enabled and p.compaction is not None and p.compaction.eligible is not None
-    ]
-    order_of = {
-        ltc.topic_partition: n
-        for n, ltc in enumerate(order_for_cleaning(eligible, now_ms), start=1)
-    }
-    plans = tuple(
-        dataclasses.replace(p, order=order_of[p.topic_partition])
-        if p.topic_partition in order_of
-        else p
-        for p, _ in planned
-    )
     where = device_of_dir or {}
     on_devices = [
         PartitionOnDevice(where[meta.log_dir], meta)
@@ -301,7 +287,56 @@ def plan_cycle(
         protected_topics={i.meta.topic for i in inputs if protects(i.meta.topic)},
         now_ms=now_ms,
     )
+    if disk.deletions:
+        planned = _after_disk_usage(inputs, planned, disk.deletions, now_ms)
+    eligible = [
+        p.compaction.ltc
+        for p, _ in planned
+        if cleaner_enabled and p.compaction is not None and p.compaction.eligible is not None
+    ]
+    order_of = {
+        ltc.topic_partition: n
+        for n, ltc in enumerate(order_for_cleaning(eligible, now_ms), start=1)
+    }
+    plans = tuple(
+        dataclasses.replace(p, order=order_of[p.topic_partition])
+        if p.topic_partition in order_of
+        else p
+        for p, _ in planned
+    )
     return CyclePlan(now_ms, plans, tuple(devices), disk.devices, disk.deletions, cleaner_enabled)
+
+
+def _after_disk_usage(
+    inputs: Sequence[PlanInput],
+    planned: list[tuple[PartitionPlan, PartitionMeta]],
+    deletions: Sequence[DiskDeletion],
+    now_ms: int,
+) -> list[tuple[PartitionPlan, PartitionMeta]]:
+    """The clean step planned again over the snapshots the KIP-61 step cut (its
+    deletions are each partition's oldest segments, never the active one): the cycle
+    cleans after that step, so a pass never covers what it deleted."""
+    gone = Counter((d.log_dir, d.topic_partition) for d in deletions)
+    out = []
+    for inp, (p, meta) in zip(inputs, planned, strict=True):
+        cut = gone.get((meta.log_dir, meta.topic_partition), 0)
+        if cut and p.compaction is not None:
+            meta = dataclasses.replace(
+                meta,
+                segments=meta.segments[cut:],
+                log_start_offset=max(meta.log_start_offset, meta.segments[cut].base_offset),
+            )
+            compaction = compaction_plan(
+                meta,
+                inp.topic,
+                now_ms=now_ms,
+                checkpoint=inp.checkpoint,
+                horizons=inp.horizons,
+                uncleanable=inp.uncleanable,
+            )
+            p = dataclasses.replace(p, compaction=compaction)
+        out.append((p, meta))
+    return out
 
 
 # ---------------------------------------------------------------------------------------

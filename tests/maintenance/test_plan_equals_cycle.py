@@ -426,3 +426,30 @@ def test_plan_finds_a_passed_horizon_in_the_segment_the_cycle_rolls(
     assert [(r["base_offset"], r["reason"]) for r in done["rolled"]] == [(0, "segment.ms")]
     assert [(c["reason"], c["end_offset"]) for c in done["cleaned"]] == [("delete.retention.ms", 3)]
     assert plan["cleaning_order"] == ["t-0"]
+
+
+def test_plan_cleans_nothing_the_disk_usage_step_deleted(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """On a real tmpfs far above its KIP-61 threshold, the disk usage step deletes every
+    closed segment of a dirty compacted partition; the clean step comes after it, so
+    the cycle has nothing left to clean, and `plan` lists no pass either. Before, `plan`
+    planned the pass over the snapshot retention left, before the disk usage step."""
+    from tests.tools import tmpfs
+
+    with tmpfs(tmp_path / "dev", "4m") as dev:
+        logs = dev / "logs"
+        segments = [[[kv(f"k{s % 2}", "v", timestamp=NOW - (50 - s) * HOUR)]] for s in range(8)]
+        build_log(logs, segments, state_dir=tmp_path / "state", tp=TopicPartition("c", 0))
+        (dev / "other-files").write_bytes(os.urandom(1 << 20))
+        capsys.readouterr()  # what building the log printed
+        kept = {"c": {"cleanup.policy": "delete"}}
+        _run_json("clean", _config_above(tmp_path, dev, logs, -(2**40), kept), capsys, status=0)
+        topics = {"c": {"cleanup.policy": "compact", "min.cleanable.dirty.ratio": 0.0}}
+        config = _config_above(tmp_path, dev, logs, 500_000, topics)
+        plan = _run_json("plan", config, capsys, status=0)
+        done = _run_json("clean", config, capsys, status=0)
+    assert [d["base_offset"] for d in done["deleted"]] == list(range(8))
+    assert plan["deleted"] == done["deleted"]
+    assert done["cleaned"] == []
+    assert plan["cleaning_order"] == []
