@@ -105,7 +105,8 @@ def test_retention_plan_rolls_first_and_moves_the_start() -> None:
 
 def test_cycle_orders_overdue_first_and_plans_disk_usage() -> None:
     """Eligible partitions are ranked overdue first, then by dirtiness; KIP-61 is planned
-    over the post-retention snapshots of each device, sparing protected topics."""
+    over the post-retention snapshots of each device, sparing protected topics, and the
+    clean step after it: what it deleted is not cleaned."""
     overdue = PlanInput(meta("late", [T0 - 3 * HOUR, T0]), topic(), None, SegmentAge(T0, T0))
     age = SegmentAge(T0, T0)
     dirty = PlanInput(
@@ -114,6 +115,8 @@ def test_cycle_orders_overdue_first_and_plans_disk_usage() -> None:
     spared = PlanInput(
         meta("vip", [T0 - 99 * HOUR, T0]), topic(cleanup_policy=("delete",)), None, age
     )
+    below = plan_cycle([dirty, overdue, spared], now_ms=T0)
+    assert {p.topic: p.order for p in below.partitions} == {"late": 1, "dirty": 2, "vip": None}
     cycle = plan_cycle(
         [dirty, overdue, spared],
         now_ms=T0,
@@ -121,13 +124,17 @@ def test_cycle_orders_overdue_first_and_plans_disk_usage() -> None:
         device_of_dir={"/logs": 7},
         protects=lambda t: t == "vip",
     )
-    order = {p.topic: p.order for p in cycle.partitions}
-    assert order == {"late": 1, "dirty": 2, "vip": None}
     assert [(str(d.topic_partition), d.base_offset) for d in cycle.disk_deletions] == [
         ("late-0", 0),
         ("dirty-0", 0),
     ]
     assert cycle.disk_outcomes[0].above_threshold
+    # Their one closed segment deleted, neither is left anything to clean.
+    assert {p.topic: p.order for p in cycle.partitions} == {
+        "late": None,
+        "dirty": None,
+        "vip": None,
+    }
 
 
 def test_disk_usage_deletes_nothing_where_the_owner_has_no_kip61() -> None:
