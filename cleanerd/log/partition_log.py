@@ -1123,12 +1123,23 @@ class PartitionLog:
             segments = tuple(s.meta() for s in self._segments)
             misplaced = _misplaced(segments)
             if misplaced is not None:
-                i, reason = misplaced
-                raise CorruptRecordError(reason, path=self._segments[i].log_path)
+                raise self._misplaced_error(*misplaced)
             first_unstable = self.first_unstable_offset
             meta = self._partition_meta(segments, first_unstable)
             self._view = _View.of(self, meta)
         return meta
+
+    def _misplaced_error(self, i: int, reason: str) -> CorruptRecordError:
+        """The damage `_misplaced` found in segment `i`, at the position of the batch
+        it is in (or of damage before it): a walk of the segment, which only damage
+        costs."""
+        segment = self._segments[i]
+        upper = self._segments[i + 1].base_offset if i + 1 < len(self._segments) else None
+        with segment.open_buffer() as buf:
+            scan = walk_prefix(buf, offsets=OffsetRange.of_segment(segment.base_offset, upper))
+        if scan.error is not None:
+            return scan.error.located(segment.log_path)
+        return CorruptRecordError(reason, path=segment.log_path)
 
     def readable_meta(self) -> PartitionMeta:
         """`meta`, or, when a segment's batches cannot be read, the snapshot as far as it
@@ -1147,9 +1158,8 @@ class PartitionLog:
             self.refresh()
             segments = tuple(_readable(s) for s in self._segments)
             while (misplaced := _misplaced(segments)) is not None:
-                i, reason = misplaced
-                error = CorruptRecordError(reason, path=self._segments[i].log_path)
-                segments = self._stand_in(segments, i, str(error))
+                i = misplaced[0]
+                segments = self._stand_in(segments, i, str(self._misplaced_error(*misplaced)))
             try:
                 first_unstable = self.first_unstable_offset
             except DAMAGE as exc:

@@ -787,21 +787,23 @@ def test_the_readable_meta_stands_a_damaged_segment_in_by_its_files(
 def test_a_segment_reaching_the_next_ones_base_is_damaged(tmp_path: Path) -> None:
     """A rolled segment's last batch whose base offset (which no CRC covers) reaches the
     next segment's: the metadata, read from the segment's tail, would take it as the
-    segment's end, so `meta` refuses it naming the file and offsets, and `readable_meta`
-    stands the segment in as damaged (retention then stops before it)."""
+    segment's end, so `meta` refuses it naming the file, the batch's position and the
+    offsets, and `readable_meta` stands the segment in as damaged (retention then stops
+    before it). Before, the position was missing: found from the tail, the damage was
+    not looked for in the file."""
     batches = [[kv(f"k{i}", f"v{i}", timestamp=1_000 + i)] for i in range(2)]
     build_log(tmp_path / "logs", [batches] * 3, state_dir=tmp_path / "state")
     path = tmp_path / "logs" / "topic-0" / f"{2:020d}.log"
     set_base_offset(path, -1, 9)
+    second = 12 + int.from_bytes(path.read_bytes()[8:12], "big")  # the last batch's position
     plog = PartitionLog.open(path.parent, state_dir=tmp_path / "state", read_only=True)
     reason = "last offset 9 is not below the next segment's base offset 4"
     with pytest.raises(CorruptRecordError) as caught:
         plog.meta()
-    assert str(caught.value) == f"corrupt record batch in {path}: {reason}"
+    assert str(caught.value) == f"corrupt record batch in {path} at position {second}: {reason}"
     meta = plog.readable_meta()
     assert [s.damage is None for s in meta.segments] == [True, False, True]
-    assert meta.damage is not None
-    assert meta.damage.endswith(reason)
+    assert meta.damage == str(caught.value)
     assert meta.segments[1].next_offset == 2
 
 
@@ -816,7 +818,8 @@ def test_an_active_segment_ending_past_its_index_range_is_damaged(tmp_path: Path
     set_base_offset(path, -1, 10**15)
     plog = PartitionLog.open(path.parent, state_dir=tmp_path / "state", read_only=True)
     reason = f"last offset {10**15} is more than 2147483647 past the segment's base offset 2"
-    with pytest.raises(CorruptRecordError, match=reason):
+    second = 12 + int.from_bytes(path.read_bytes()[8:12], "big")
+    with pytest.raises(CorruptRecordError, match=f"at position {second}: {reason}"):
         plog.meta()
     meta = plog.readable_meta()
     assert [s.damage is None for s in meta.segments] == [True, False]
