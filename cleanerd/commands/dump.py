@@ -34,8 +34,9 @@ lines there and counts as bad too (without it, records are not decoded: `--json`
 every batch's). The file then ends with an exception naming the first bad batch and how
 many there were (`InvalidBatches`), so the command exits 1 with the whole listing
 printed. Bytes that cannot be framed as a batch (a length past the file, offsets out of
-order, an index whose size is not whole entries) end the file's listing with an
-exception naming the file and the byte position. The listing is one line per batch or
+order or out of the segment's place among its dir's segments, `segment_place`, an index
+whose size is not whole entries) end the file's listing with an exception naming the
+file and the byte position. The listing is one line per batch or
 record by nature, so it is produced per record in Python; this is a diagnostic tool, not
 a hot path. Its memory is bounded all the same: a `.log` is mapped, not read, and walked
 a window of whole batches (`DECODE_WINDOW_BYTES`) at a time (`log_windows`), so only one
@@ -63,6 +64,7 @@ from cleanerd.log.files import (
     TXN_INDEX_FILE_SUFFIX,
     log_file_offsets,
     offset_from_filename,
+    parse_topic_partition,
 )
 from cleanerd.log.index import OffsetIndex, OffsetPosition, TimeIndex, TimestampOffset
 from cleanerd.log.producer_state import ProducerEntry, read_snapshot
@@ -136,13 +138,41 @@ def dumpable_base_offset(path: Path) -> int:
 # .log
 
 
-def log_windows(data: Buffer, base_offset: int) -> Iterator[tuple[list[BatchInfo], Walk]]:
-    """The batches of `data` (a segment based at `base_offset`) a window of whole
-    batches (`DECODE_WINDOW_BYTES`) at a time, as `BatchInfo`s, each with the walk of
-    its window (CRCs not checked: a batch with a bad one is listed too). A walk that
-    stopped before its window's end (bad or partial bytes, offsets out of order) is the
-    last; its `stop` and `error` are the file's."""
-    ranges = OffsetRange(0, max(0, base_offset))  # active or not, the file does not say
+@dataclass(frozen=True, slots=True)
+class SegmentPlace:
+    """Where a `.log` stands among its dir's segments: the offsets its batches may hold,
+    as the owner's open judges them, and whether a later segment follows it."""
+
+    offsets: OffsetRange
+    later: bool
+
+
+def segment_place(path: Path, base_offset: int) -> SegmentPlace:
+    """Below the next `.log`'s base offset when one follows `path` in its dir; within
+    2^31 - 1 of its own base when it is the last of a partition dir (the active
+    segment); only ascending from its base otherwise (a file alone elsewhere, or a dir
+    that cannot be listed: its place is not known)."""
+    unknown = SegmentPlace(OffsetRange(0, max(0, base_offset)), later=False)
+    try:
+        names = [p.name for p in path.parent.iterdir()]
+    except OSError:
+        return unknown
+    following = [o for o in log_file_offsets(names) if o > base_offset]
+    if following:
+        return SegmentPlace(OffsetRange.of_segment(base_offset, min(following)), later=True)
+    try:
+        parse_topic_partition(path.parent.name)
+    except ValueError:
+        return unknown
+    return SegmentPlace(OffsetRange.of_segment(base_offset), later=False)
+
+
+def log_windows(data: Buffer, ranges: OffsetRange) -> Iterator[tuple[list[BatchInfo], Walk]]:
+    """The batches of `data` (a segment whose batches may hold `ranges`) a window of
+    whole batches (`DECODE_WINDOW_BYTES`) at a time, as `BatchInfo`s, each with the walk
+    of its window (CRCs not checked: a batch with a bad one is listed too). A walk that
+    stopped before its window's end (bad or partial bytes, offsets out of order or out
+    of the segment's place) is the last; its `stop` and `error` are the file's."""
     for start, end, offsets in batch_windows(data, DECODE_WINDOW_BYTES, ranges):
         scan = walk(data, start=start, end=end, verify_crc=False, offsets=offsets)
         yield scan.table.infos(), scan
@@ -155,7 +185,8 @@ def _log_lines(path: Path, base_offset: int, options: DumpOptions) -> Iterator[s
     data = map_file(path)
     last: Walk | None = None
     invalid = InvalidBatches(path)
-    for infos, scan in log_windows(data, base_offset):
+    place = segment_place(path, base_offset)
+    for infos, scan in log_windows(data, place.offsets):
         last = scan
         for info in infos:
             # CRCs are checked here, so a bad one still gets its line as in Kafka.
@@ -174,29 +205,21 @@ def _log_lines(path: Path, base_offset: int, options: DumpOptions) -> Iterator[s
         if not last.incomplete_tail:
             raise invalid.stopped(last.error.located(path))
         yield f"Found {len(data) - last.stop} invalid bytes at the end of {path.name}"
-        if (
-            damage := closed_segment_cut_short(path, base_offset, last.stop, len(data))
-        ) is not None:
+        if (damage := closed_segment_cut_short(path, place, last.stop, len(data))) is not None:
             raise invalid.stopped(damage)
     invalid.check()
 
 
 def closed_segment_cut_short(
-    path: Path, base_offset: int, stop: int, size: int
+    path: Path, place: SegmentPlace, stop: int, size: int
 ) -> CorruptRecordError | None:
     """The bytes from `stop` to `size` at the end of the `.log` `path`, which hold no
     whole batch, as damage when a later `.log` sits beside it: that segment is not the
     active one, so no append can be in flight at its end, and the owner's open calls
     them damage too (a length past the file there is a damaged length, not a batch cut
     short). Kafka's tool and this one print `Found N invalid bytes` either way; the
-    command then exits 1 for such a segment. None for the last segment of its dir, or a
-    file outside a partition dir."""
-    try:
-        names = [p.name for p in path.parent.iterdir()]
-        later = any(o > base_offset for o in log_file_offsets(names))
-    except OSError:
-        return None
-    if not later:
+    command then exits 1 for such a segment. None for the last segment of its dir."""
+    if not place.later:
         return None
     return CorruptRecordError(
         f"the {size - stop} bytes at its end hold no whole batch, and a later segment "

@@ -59,6 +59,7 @@ from cleanerd.commands.dump import (
     legacy_timestamp_type,
     log_windows,
     offset_index_entries,
+    segment_place,
     snapshot_entries,
     time_index_entries,
     txn_index_entries,
@@ -153,8 +154,8 @@ def _log_objects(path: Path, options: DumpOptions, utf8: bool) -> Iterator[JsonO
     file = str(path)
     last: Walk | None = None
     invalid = InvalidBatches(path)
-    base_offset = dumpable_base_offset(path)
-    for infos, scan in log_windows(data, base_offset):
+    place = segment_place(path, dumpable_base_offset(path))
+    for infos, scan in log_windows(data, place.offsets):
         last = scan
         problems: dict[int, CorruptRecordError] = {}
         for i, info in enumerate(infos):
@@ -187,9 +188,7 @@ def _log_objects(path: Path, options: DumpOptions, utf8: bool) -> Iterator[JsonO
             "position": last.stop,
             "size": len(data) - last.stop,
         }
-        if (
-            damage := closed_segment_cut_short(path, base_offset, last.stop, len(data))
-        ) is not None:
+        if (damage := closed_segment_cut_short(path, place, last.stop, len(data))) is not None:
             raise invalid.stopped(damage)
     invalid.check()
 

@@ -155,6 +155,35 @@ class TestRealKafkaFiles:
         )
         assert list(dump_file_json(active, SHALLOW))[-1]["type"] == "invalid_bytes"
 
+    def test_offsets_out_of_the_segments_place_end_the_dump_as_the_owner_judges_them(
+        self, tmp_path: Path
+    ) -> None:
+        """A batch whose base offset (no CRC covers it) reaches the next segment's, and
+        in the last segment of a partition dir one more than 2^31 - 1 past its base, end
+        the listing with an error naming the file and position, in text and JSON, as the
+        owner's open and `plan` call them. Before, `dump` listed both as valid and exited
+        0: it checked only that offsets ascend."""
+        part = tmp_path / "t-0"
+        part.mkdir()
+        first = encode_batch([Record(0, 1000, b"k", b"v")], base_offset=0)
+        reaching = encode_batch([Record(7, 1000, b"k", b"v")], base_offset=7)
+        closed = write_segment(part, first, reaching)
+        wild = encode_batch([Record(5 + 2**31, 1000, b"k", b"v")], base_offset=5 + 2**31)
+        active = write_segment(
+            part, encode_batch([Record(5, 1000, b"k", b"v")], base_offset=5), wild, base_offset=5
+        )
+        for path, why in (
+            (closed, "is not below the next segment's base offset 5"),
+            (active, "is more than 2147483647 past the segment's base offset 5"),
+        ):
+            output = dump_file(path, SHALLOW)
+            assert len(list(itertools.islice(output, 3))) == 3  # the first batch's line
+            with pytest.raises(CorruptRecordError, match=why) as info:
+                next(output)
+            assert (info.value.path, info.value.position) == (str(path), len(first))
+            with pytest.raises(CorruptRecordError, match=why):
+                list(dump_file_json(path, SHALLOW))
+
     def test_garbage_after_a_batch_raises_at_its_position(self, kafka_real: Path) -> None:
         """Bytes that are no batch (magic 7) raise an error naming file and position."""
         path = kafka_real / "kraft-combined-logs" / "foo-0" / "00000000000000000000.log"
