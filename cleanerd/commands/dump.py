@@ -69,6 +69,7 @@ from cleanerd.log.files import (
 from cleanerd.log.index import OffsetIndex, OffsetPosition, TimeIndex, TimestampOffset
 from cleanerd.log.producer_state import ProducerEntry, read_snapshot
 from cleanerd.log.segment_reader import map_file
+from cleanerd.log.tail import torn_tail_reason
 from cleanerd.log.txnindex import TXN_ENTRY_VERSION, AbortedTxn, TransactionIndex
 from cleanerd.records import legacy
 from cleanerd.records.batch import iter_records
@@ -202,12 +203,20 @@ def _log_lines(path: Path, base_offset: int, options: DumpOptions) -> Iterator[s
                     invalid.add(e, info)
                 yield from records
     if last is not None and last.error is not None:
-        if not last.incomplete_tail:
+        if not cut_short(data, last):
             raise invalid.stopped(last.error.located(path))
         yield f"Found {len(data) - last.stop} invalid bytes at the end of {path.name}"
         if (damage := closed_segment_cut_short(path, place, last.stop, len(data))) is not None:
             raise invalid.stopped(damage)
     invalid.check()
+
+
+def cut_short(data: Buffer, scan: Walk) -> bool:
+    """Whether the walk of a whole `.log` stopped at a batch cut short, Kafka's `Found N
+    invalid bytes`: an incomplete batch with no valid batch after it (`torn_tail_reason`,
+    as the owner's open judges it). A length past the file followed by whole valid
+    batches is a damaged length, reported at its position as the owner reports it."""
+    return scan.incomplete_tail and torn_tail_reason(data, scan) is not None
 
 
 def closed_segment_cut_short(

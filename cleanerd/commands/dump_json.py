@@ -54,6 +54,7 @@ from cleanerd.commands.dump import (
     batch_problem,
     closed_segment_cut_short,
     codec_name,
+    cut_short,
     dumpable_base_offset,
     legacy_entry,
     legacy_timestamp_type,
@@ -180,7 +181,7 @@ def _log_objects(path: Path, options: DumpOptions, utf8: bool) -> Iterator[JsonO
             if cols is not None and options.records:
                 yield from _record_objects(cols, row, kind, file, options, utf8)
     if last is not None and last.error is not None:
-        if not last.incomplete_tail:
+        if not cut_short(data, last):
             raise invalid.stopped(last.error.located(path))
         yield {
             "type": "invalid_bytes",

@@ -155,6 +155,23 @@ class TestRealKafkaFiles:
         )
         assert list(dump_file_json(active, SHALLOW))[-1]["type"] == "invalid_bytes"
 
+    def test_a_length_past_the_file_with_valid_batches_after_it_is_damage(
+        self, tmp_path: Path
+    ) -> None:
+        """A batch in the middle of the last segment whose length field runs past the
+        file, whole valid batches after it: damage, named at its position, as the owner's
+        open calls it, not `Found N invalid bytes` (a crash mid-append leaves nothing
+        valid after what it cut short). Before, `dump` exited 0 on it."""
+        batches = [encode_batch([Record(n, 1000, b"k", b"v")], base_offset=n) for n in range(3)]
+        data = bytearray(b"".join(batches))
+        at = len(batches[0])
+        data[at + 8 : at + 12] = struct.pack(">i", 0x7FFF0000)
+        path = write_segment(tmp_path, bytes(data))
+        for dump in (lambda: lines(path), lambda: list(dump_file_json(path, SHALLOW))):
+            with pytest.raises(CorruptRecordError) as info:
+                dump()
+            assert (info.value.path, info.value.position) == (str(path), at)
+
     def test_offsets_out_of_the_segments_place_end_the_dump_as_the_owner_judges_them(
         self, tmp_path: Path
     ) -> None:
