@@ -29,6 +29,7 @@ from cleanerd.log.partition_log import LogConfig, PartitionLog
 from cleanerd.log.segment import LogSegment
 from cleanerd.maintenance.report import CycleReport
 from cleanerd.records.batch import encode_batch
+from cleanerd.records.header import compute_crc
 from cleanerd.records.record import Record, RecordHeader
 from cleanerd.records.walker import scan_batches
 
@@ -152,3 +153,13 @@ def cycle_report(now_ms: int, **fields: Any) -> CycleReport:
         "states": (),
     }
     return CycleReport(now_ms=now_ms, finished_ms=now_ms, **(nothing | fields))
+
+
+def control_bit_on_first_batch(seg: Path) -> None:
+    """Set the control bit on the segment's first batch, its CRC made to match: a
+    framed, CRC-valid batch whose record is no control record."""
+    data = bytearray(seg.read_bytes())
+    size = 12 + int.from_bytes(data[8:12], "big")
+    data[21:23] = (int.from_bytes(data[21:23], "big") | 0x20).to_bytes(2, "big")
+    data[17:21] = compute_crc(bytes(data[:size])).to_bytes(4, "big")
+    seg.write_bytes(bytes(data))

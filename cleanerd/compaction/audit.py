@@ -475,6 +475,8 @@ def _aborted_batches(sc: SegmentColumns, tracker: TransactionTracker | None) -> 
     so skipping the others changes nothing."""
     aborted = np.zeros(sc.num_batches, np.bool_)
     if tracker is None:
+        if (sc.attributes & CONTROL_MASK).any():
+            control_type_column(sc)  # a malformed control record is damage all the same
         return aborted
     attrs = sc.attributes.astype(np.int64)
     flagged = np.flatnonzero(attrs & (CONTROL_MASK | TRANSACTIONAL_MASK))

@@ -333,6 +333,8 @@ class _Columns:
     (`segment_reader.join_buffers`), so a kernel needs a single buffer."""
 
     raw: Buffer
+    path: Path
+    """The segment file, which errors found in the columns name."""
     start: int
     end: int
     sc: SegmentColumns
@@ -430,6 +432,7 @@ def _read_columns(raw: Buffer, window: Window, path: Path, *, verify_crc: bool) 
     joined_bytes = joined.buf.nbytes if joined.copied else 0
     return _Columns(
         raw=raw,
+        path=path,
         start=start,
         end=end,
         sc=sc,
@@ -806,11 +809,15 @@ def _track_flagged(
     if not flagged.size:
         return flagged, np.zeros(0, np.bool_)
     is_control = (attributes[flagged] & CONTROL_MASK) != 0
+    try:
+        types = control_type_column(c.sc)
+    except CorruptRecordError as exc:
+        raise exc.located(c.path) from exc
     verdicts = tracker.on_batches(
         producer_id=c.sc.producer_id[flagged],
         is_control=is_control,
         is_transactional=np.ones(flagged.size, np.bool_),
-        control_type=control_type_column(c.sc)[flagged],
+        control_type=types[flagged],
         last_offset=c.last_offsets()[flagged],
     )
     return flagged, verdicts

@@ -30,7 +30,7 @@ from cleanerd.records.columns import segment_columns
 from cleanerd.records.header import Compression
 from cleanerd.records.record import RecordHeader
 from cleanerd.records.walker import walk
-from tests.builders import set_base_offset
+from tests.builders import control_bit_on_first_batch, set_base_offset
 from tests.compaction.conftest import LogBuilder, k
 
 NOW = 1_700_000_000_000
@@ -474,6 +474,22 @@ def test_corrupt_small_segment_is_named_with_its_position(tmp_path: Path) -> Non
     assert caught.value.path == str(fourth.log_path)
     assert caught.value.position == last_batch
     assert "CRC" in str(caught.value)
+
+
+def test_a_data_batch_flagged_control_is_named_without_transactions(tmp_path: Path) -> None:
+    """A CRC-valid batch whose attributes say control but whose record is data, in a
+    partition with no transaction (no tracker): damage named with its file and position.
+    Before, the audit read no control record there and silently left its records out."""
+    log = LogBuilder(tmp_path / "logs")
+    for i in range(4):
+        log.append([(k(f"k{i % 2}"), b"v")], timestamps=[NOW - (60 - i) * MIN])
+        log.roll()
+    plog = open_log(log)
+    third = plog.segments[2]
+    control_bit_on_first_batch(third.log_path)
+    with pytest.raises(CorruptRecordError, match="control record has a") as caught:
+        read_columns(plog)
+    assert (caught.value.path, caught.value.position) == (str(third.log_path), 0)
 
 
 def test_a_damaged_base_offset_in_a_small_segment_is_named(tmp_path: Path) -> None:

@@ -21,7 +21,7 @@ from cleanerd.errors import CleanerdError, CorruptRecordError, failure_text
 from cleanerd.log.files import TopicPartition
 from cleanerd.log.meta import SegmentMeta
 from cleanerd.maintenance.cycle import cleaner_config_for
-from tests.builders import set_base_offset
+from tests.builders import control_bit_on_first_batch, set_base_offset
 from tests.compaction.conftest import (
     LONG_MAX,
     TP,
@@ -134,6 +134,20 @@ def test_corrupt_batch_names_file_and_position(tmp_path: Path) -> None:
     registry = UncleanablePartitions()
     assert run_marked(d, registry) is None
     assert (registry.reason(TP) or "").startswith(f"corrupt record batch in {seg} at position 0")
+
+
+def test_a_data_batch_flagged_control_fails_the_pass_naming_the_file(tmp_path: Path) -> None:
+    """A CRC-valid batch whose attributes say control but whose record is data (its key
+    no control key): the pass fails naming the file and the batch's position. Before,
+    the reason named the position only."""
+    d = build(tmp_path / "logs")
+    seg = d / "00000000000000000010.log"
+    control_bit_on_first_batch(seg)
+    before = files(d)
+    with pytest.raises(CorruptRecordError, match="control record has a") as info:
+        clean(d)
+    assert (info.value.path, info.value.position) == (str(seg), 0)
+    assert files(d) == before
 
 
 @pytest.mark.parametrize("windowed", [False, True])
