@@ -151,7 +151,7 @@ def _json_object(payload: bytes) -> dict[str, Any]:
     if not payload.strip():
         return {}
     try:
-        document = json.loads(payload.decode("utf-8"))
+        document = json.loads(payload.decode("utf-8"), object_pairs_hook=_unique_keys)
     except UnicodeDecodeError as e:
         raise CommandRejected(f"payload is not UTF-8 (byte {e.start})") from None
     except json.JSONDecodeError as e:
@@ -160,6 +160,17 @@ def _json_object(payload: bytes) -> dict[str, Any]:
         raise CommandRejected("payload is not JSON: nested too deeply") from None
     if not isinstance(document, dict):
         raise CommandRejected(f"payload must be a JSON object, not {type(document).__name__}")
+    return document
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object whose keys are all different: one given twice is refused, as the
+    config file refuses one (which of the two was meant is not for the daemon to guess)."""
+    document: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in document:
+            raise CommandRejected(f"payload gives the key {_shown(key)} twice")
+        document[key] = value
     return document
 
 

@@ -47,6 +47,8 @@ def test_parse_commands_without_arguments(
         ("clean/../x", b"{}", "unknown command"),
         ("clean", b'{"topic": "orders", "partition": ', "not JSON"),
         ("clean", b"\xff\xfe", "not UTF-8"),
+        ("pause", b'{"id": "c17", "id": "c18"}', 'payload gives the key "id" twice'),
+        ("clean", b'{"topic": "a", "partition": 0, "topic": "b"}', 'key "topic" twice'),
         ("clean", b"[1, 2]", "must be a JSON object, not list"),
         ("clean", b'"clean"', "must be a JSON object, not str"),
         ("clean", b'{"topic": "orders"}', "partition: required"),
