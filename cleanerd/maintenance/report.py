@@ -210,8 +210,10 @@ class CycleReport:
     def idle(self) -> bool:
         """Nothing was rolled, deleted, unlinked, cleaned or found failing, unreadable or
         offline, and nothing was cut short: the cycle only looked (the daemon logs such
-        cycles at debug)."""
-        disk_deleted = self.disk_usage is not None and bool(self.disk_usage.deletions)
+        cycles at debug). A dry run's would-be deletions delete nothing: they are said
+        once, by `disk_usage.would_delete`, not by every cycle that finds them again."""
+        usage = self.disk_usage
+        disk_deleted = usage is not None and bool(usage.deletions) and not usage.dry_run
         return not (
             self.rolled
             or any(o.deletions or o.roll is not None for o in self.retention)

@@ -742,9 +742,9 @@ def test_a_dry_run_says_once_what_it_would_delete_and_that_it_deleted_nothing(
 ) -> None:
     """`disk_usage.dry_run` above the threshold: the segments it would delete are logged
     at info once (at debug while the device stays above), nothing is deleted, and the
-    pressure line says the device would stay above even after those deletions. The same
-    lines came at info at every check, and 'nothing deletable is left' beside 4
-    deletable segments."""
+    pressure line says the device would stay above even after those deletions, and the
+    cycle counts as idle (its `cycle.done` at debug). The same lines came at info at every
+    check, and 'nothing deletable is left' beside 4 deletable segments."""
     tp = TopicPartition("t", 0)
     build(tmp_path, tp, [records(range(5), T0 - 5 * HOUR), records([0], T0)])
     part = tmp_path / "logs" / str(tp)
@@ -775,6 +775,8 @@ def test_a_dry_run_says_once_what_it_would_delete_and_that_it_deleted_nothing(
     assert report.disk_usage is not None
     assert report.disk_usage.dry_run
     assert [d.base_offset for d in report.disk_usage.deletions] == [0]
+    # Nothing else to say: the daemon logs the cycle at debug, not at every backoff.
+    assert report.idle
     (pressure,) = [e for e in cycles[0] if e["event"] == "disk.pressure"]
     assert pressure["consequence"] == (
         "dry run: above even after the 1 deletion it would make (other files fill the "
