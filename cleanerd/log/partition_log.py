@@ -210,6 +210,9 @@ class PartitionLog:
         self.stopped_cleanly = stopped_cleanly
         """Read-only: the dir holds the clean-shutdown marker and no writer, so its
         owner's open would cut no torn tail (`open`'s `clean_shutdown`, for `plan`)."""
+        self._flushed_to = checkpoints.recovery_points.get(self.topic_partition, 0)
+        """The recovery point the checkpoint names (`recovery_point` may come down to
+        the log end as read): below it no append can be in flight."""
         self._mark_growing()
         self._dir_stamp: tuple[int, int] | None = None
         self._inodes: dict[int, int] = {}
@@ -645,11 +648,13 @@ class PartitionLog:
     def _mark_growing(self) -> None:
         """Read-only, the active segment is the one another writer may be appending to,
         whose torn tail its owner's open would cut, unless the dir stopped cleanly: then
-        nobody writes, and a bad tail is damage, as the owner meets it."""
+        nobody writes, and a bad tail is damage, as the owner meets it; so is a bad last
+        batch whose bytes are all there below the checkpoint's recovery point."""
         for segment in self._segments:
             segment.growing = False
         if self.read_only and self._segments:
             self._segments[-1].growing = not self.stopped_cleanly
+            self._segments[-1].flushed_to = self._flushed_to
 
     # -- appending -------------------------------------------------------------------------
 
@@ -676,9 +681,7 @@ class PartitionLog:
         except DAMAGE:
             with active.open_buffer() as buf:
                 scan = walk_prefix(buf, offsets=active.offsets)
-                reason = torn_tail_reason(
-                    buf, scan, flushed_to=self.recovery_point, first_offset=active.base_offset
-                )
+                reason = torn_tail_reason(buf, scan, flushed_to=self.recovery_point)
             if scan.error is None:
                 active.rebuild_indexes(reason="index does not match the log")
             elif reason is None:
@@ -687,6 +690,9 @@ class PartitionLog:
             else:
                 cut = truncate_torn_tail(active, scan, reason, self._quarantine_dir)
                 self.recovery_report.truncated.append(cut)
+                # Offsets cut here were not there to flush (the checkpoint was wrong
+                # about them): the records appended next are not flushed either.
+                self.recovery_point = min(self.recovery_point, active.next_offset)
 
     def append(
         self,

@@ -68,7 +68,9 @@ invalid tail; cleanerd only truncates what a crash mid-append can leave at the e
 the **active** segment:
 
 - a partial batch (fewer bytes than the header or the declared size),
-- a last batch whose CRC fails with nothing but zeros (or nothing) after it,
+- a last batch whose CRC fails with nothing but zeros (or nothing) after it, at
+  offsets from the recovery point on (below it the batch was flushed whole, so a bad
+  CRC there is damage: `tail.torn_tail_reason`),
 - a run of zero bytes (a file extended but not yet written),
 
 after copying the cut bytes to `<state dir>/quarantine/` when a state dir is given and
@@ -529,7 +531,7 @@ def truncate_torn_tail(
     )
 
 
-def foreseen_torn_tail(segment: LogSegment, recovery_point: int) -> TruncatedTail | None:
+def foreseen_torn_tail(segment: LogSegment) -> TruncatedTail | None:
     """What an owner's open would cut from the end of `segment`, an active segment open
     read-only (whose size is then the end of its last whole batch): the bytes after it
     when they are a torn tail, `quarantined_to` None (the open copies them there); None
@@ -539,9 +541,7 @@ def foreseen_torn_tail(segment: LogSegment, recovery_point: int) -> TruncatedTai
         return None  # the usual case: one stat, nothing mapped
     buf = map_file(segment.log_path)
     scan = walk_prefix(buf, start=position, offsets=segment.offsets)
-    reason = torn_tail_reason(
-        buf, scan, flushed_to=recovery_point, first_offset=segment.next_offset
-    )
+    reason = torn_tail_reason(buf, scan, flushed_to=segment.flushed_to)
     if reason is None or scan.stop != position:
         return None
     return TruncatedTail(str(segment.log_path), position, len(buf) - position, reason, None)
@@ -626,11 +626,7 @@ def _validate_full(
         scan = walk_prefix(
             buf, offsets=offsets, each=None if indexes is None and fold is None else each
         )
-        reason = (
-            torn_tail_reason(buf, scan, flushed_to=recovery_point, first_offset=segment.base_offset)
-            if is_active
-            else None
-        )
+        reason = torn_tail_reason(buf, scan, flushed_to=recovery_point) if is_active else None
     if scan.error is not None and reason is None:
         _report(report, scan.error.located(segment.log_path))
         return False

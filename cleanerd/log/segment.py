@@ -156,6 +156,9 @@ class LogSegment:
         """Another writer may be appending to it now: the active segment of a partition
         open read-only beside a live broker. Only then is a torn tail an append in
         flight that ends the segment for now; in any other segment it is corruption."""
+        self.flushed_to = 0
+        """A growing segment's: the recovery point its partition's checkpoint names (see
+        `tail.torn_tail_reason`)."""
         self._paths: dict[str, Path] = {}
         # Strs, not Paths, for this object's own syscalls: building Paths for 100,000
         # segments costs more than the syscalls (a Path comes when a caller asks).
@@ -545,7 +548,7 @@ class LogSegment:
                 return Summary.of_table(
                     walk(buf, start=position, offsets=self.offsets).table, scan.stop
                 )
-            if not self.live or torn_tail_reason(buf, scan) is None:
+            if not self.live or torn_tail_reason(buf, scan, flushed_to=self.flushed_to) is None:
                 raise scan.error.located(self.log_path)
             self._size = scan.stop
             whole = as_uint8(buf)[: scan.stop]

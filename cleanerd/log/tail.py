@@ -37,13 +37,10 @@ from cleanerd.records.walker import BadOffsetError, Walk, walk
 ZERO_TAIL: Final = "zero bytes after the last batch"
 
 
-def torn_tail_reason(
-    buf: Buffer, scan: Walk, *, flushed_to: int = 0, first_offset: int = 0
-) -> str | None:
+def torn_tail_reason(buf: Buffer, scan: Walk, *, flushed_to: int = 0) -> str | None:
     """Why the bytes after the valid prefix are a crash-interrupted append, or None when
     they are something else (corruption that must be reported, not cut). `flushed_to`:
-    the recovery point; `first_offset`: the offset the walk's first batch holds (where
-    the bytes after the prefix belong when the walk found no batch)."""
+    the recovery point its partition's checkpoint names."""
     if scan.error is None or isinstance(scan.error, BadOffsetError):
         return None
     start = scan.stop
@@ -53,9 +50,9 @@ def torn_tail_reason(
         return None
     if scan.incomplete_tail:
         return f"incomplete batch: {scan.error.reason}"
-    if (scan.last_offset + 1 if scan.last_offset >= 0 else first_offset) < flushed_to:
-        return None  # all its bytes are there, and were flushed: they changed since
     if len(buf) - start >= PREFIX_SIZE:
+        if _first_offset_after(buf, scan) < flushed_to:
+            return None  # its bytes were flushed whole: they changed since
         at = start + LENGTH_OFFSET
         size = int.from_bytes(buf[at : at + 4], "big", signed=True) + LOG_OVERHEAD
         if size == len(buf) - start:
@@ -73,6 +70,15 @@ def torn_tail_reason(
             # interrupts an append to a preallocated or extended file.
             return f"last batch fails its CRC, zero bytes after it: {scan.error.reason}"
     return None
+
+
+def _first_offset_after(buf: Buffer, scan: Walk) -> int:
+    """The first offset of the batch after the valid prefix: one past the prefix's last,
+    or, when the walk found no batch before it (it began at an index entry, say), the
+    batch's own base offset."""
+    if scan.last_offset >= 0:
+        return scan.last_offset + 1
+    return int.from_bytes(buf[scan.stop : scan.stop + 8], "big", signed=True)
 
 
 def _valid_batch_after(buf: Buffer, start: int) -> int | None:

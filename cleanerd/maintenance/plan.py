@@ -505,7 +505,7 @@ def _foreseen_cut(plog: PartitionLog) -> TruncatedTail | None:
     """The torn tail the owner's open will cut from `plog` (open read-only), if any; a
     file gone or changed since it was read says nothing (the open sees it anew)."""
     try:
-        return foreseen_torn_tail(plog.active_segment, plog.recovery_point)
+        return foreseen_torn_tail(plog.active_segment)
     except OSError:
         return None
 

@@ -508,6 +508,57 @@ def test_a_last_batch_failing_its_crc_where_the_log_was_flushed_is_damage(
     assert active.read_bytes() == before
 
 
+@pytest.mark.parametrize(("recovery_point", "torn"), [(21, False), (20, True)])
+def test_a_read_only_open_judges_a_bad_last_batch_as_the_owners_open(
+    tmp_path: Path, recovery_point: int, torn: bool
+) -> None:
+    """Open read-only (`plan`, an observer), the active segment's last batch failing its
+    CRC is judged by the recovery point the checkpoint names, as the owner's open judges
+    it: below it, damage (the partition's snapshot says so, and nothing is foreseen cut);
+    at it, an append in flight, which the owner's open will cut. Before, the read-only
+    open brought the recovery point down to the end it read first, so `plan` foresaw a
+    cut of a batch the owner then called damage."""
+    path = _build(tmp_path)
+    batch = encode_records([kv("x", "last")], 20)
+    with open(_active_log(path), "ab") as f:
+        f.write(batch[:-1] + bytes([batch[-1] ^ 1]))
+    OffsetCheckpointFile(path.parent / RECOVERY_POINT_OFFSET_CHECKPOINT).write(
+        {TopicPartition("topic", 0): recovery_point}
+    )
+    observed = PartitionLog.open(path, config=CONFIG, read_only=True)
+    damage = observed.readable_meta().damage
+    foreseen = recovery.foreseen_torn_tail(observed.active_segment)
+    owner = _open(path)
+    if torn:
+        assert (damage, owner.corrupt) == (None, None)
+        assert foreseen is not None
+        assert owner.recovery_report.truncated[0].position == foreseen.position
+    else:
+        assert foreseen is None
+        assert damage is not None
+        assert "CRC mismatch" in damage
+        assert isinstance(owner.corrupt, CorruptRecordError)
+
+
+def test_a_tail_a_write_cuts_brings_the_recovery_point_down(tmp_path: Path) -> None:
+    """A flushed last batch found cut short by a write (its bytes lost since the open):
+    the cut takes back offsets the recovery point called flushed, so the recovery point
+    comes down to the new end, and the record appended next counts as unflushed. It
+    stayed above, so a crash could leave that record's batch to pass for damage."""
+    path = _build(tmp_path)
+    OffsetCheckpointFile(path.parent / RECOVERY_POINT_OFFSET_CHECKPOINT).write(
+        {TopicPartition("topic", 0): 20}
+    )
+    plog = _open(path)
+    assert (plog.recovery_point, plog.log_end_offset) == (20, 20)
+    active = _active_log(path)
+    os.truncate(active, active.stat().st_size - 10)
+    plog.append([kv("new", "x")])  # the write cuts the tail first: the record takes 19
+    assert plog.log_end_offset == 20
+    assert plog.recovery_point == 19
+    assert plog.recovery_point_to_checkpoint == 19
+
+
 def test_flipped_byte_with_data_after_is_reported_not_cut(tmp_path: Path) -> None:
     """A bad CRC followed by valid batches in the active segment is reported with file and
     position, and no file changes."""
