@@ -209,7 +209,7 @@ class TestCheckConfig:
             "  mode: false must be 'owner' or 'observe' "
             "(YAML reads yes/no/on/off as booleans: quote the value)",
             "  topics.orders.max.compaction.lag.ms: 0 must be >= 1",
-            "  topics.orders.retention.msx: unknown key (value 1)",
+            "  topics.orders.retention.msx: unknown key (value 1) (did you mean retention.ms?)",
         ]
 
     def test_missing_file(self, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:

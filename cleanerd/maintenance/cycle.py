@@ -1296,6 +1296,8 @@ class Maintenance:
                 first_seen = FirstSeen.load(self.config.state_dir, path)
                 self._first_seen[path] = first_seen
             for p in items:
+                if self._paused_in("roll", report):
+                    break
                 self._progress.tick("roll", done, len(partitions))
                 done += 1
                 try:
@@ -1332,6 +1334,16 @@ class Maintenance:
                     "first_seen.save_failed", log_dir=str(path), error=why
                 )
 
+    def _paused_in(self, step: str, report: _Builder) -> bool:
+        """Whether a pause came while the cycle runs (`drain`): its roll, retention and
+        disk usage steps then change nothing more (once said per step), as the cycles
+        after it change nothing; the passes in flight finish (`_clean`)."""
+        if not self.drain.is_set():
+            return False
+        if not any(s.phase == step and s.tp is None for s in report.skipped):
+            report.skip("", None, step, "paused")
+        return True
+
     def _devices_above(self) -> bool:
         percent = self.config.log_retention_disk_usage_percent
         if percent >= 100:
@@ -1356,6 +1368,8 @@ class Maintenance:
                 if p.tp not in held:
                     report.skip(p.log_dir.path, p.tp, "retention", self._why_held(p))
             for n, tp in enumerate(granted):
+                if self._paused_in("retention", report):
+                    return
                 self._progress.tick("retention", n, len(granted))
                 p = by_tp[tp]
                 try:
@@ -1400,6 +1414,8 @@ class Maintenance:
                     report.retention.append(outcome)
                 if outcome.failure is not None:
                     report.error(p.log_dir.path, tp, "retention", outcome.failure)
+        if self._paused_in("disk usage", report):
+            return
         above = self._devices_above()
         if disk_usage_applies(any_device_above=above, all_topics=self.topics is None):
             self._disk_usage(partitions, report)

@@ -1865,3 +1865,25 @@ def test_a_future_timestamp_is_judged_against_the_clock_read_again(
         future_timestamp_ms=stamp,
     )
     assert cycle._future_now(outcome, lambda: clock_now) is warned
+
+
+def test_a_pause_during_a_cycle_stops_its_rolls_and_deletions(
+    tmp_path: Path, engine: LocalEngine
+) -> None:
+    """A pause (`drain`) that comes while a cycle runs: its roll, retention and disk
+    usage steps change nothing more, as the cycles after a pause change nothing, and the
+    report says so. Before, only its cleaning phase stopped: the running cycle went on
+    rolling and deleting after the operator paused."""
+    tp = TopicPartition("d", 0)
+    d = build(tmp_path, tp, [records(range(10), T0 - 5 * HOUR), records([0, 1], T0 - 4 * HOUR)])
+    before = dir_state(d)
+    topic = {"cleanup.policy": "delete", "retention.ms": HOUR, "segment.ms": HOUR}
+    with Maintenance(write_config(tmp_path, {"d": topic}), engine, clock=lambda: T0) as m:
+        m.drain.set()  # as `pause` sets it while the cycle is on its way
+        report = m.run_once()
+    assert (report.rolled, report.retention) == ((), ())
+    assert {(s.phase, s.reason) for s in report.skipped if s.tp is None} >= {
+        ("roll", "paused"),
+        ("retention", "paused"),
+    }
+    assert dir_state(d) == before
