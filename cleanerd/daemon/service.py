@@ -230,6 +230,8 @@ class Daemon:
         self._reload_lock = asyncio.Lock()
         self._reload_wanted = False
         self._cycle_task: asyncio.Task[None] | None = None
+        self._hand_over: asyncio.Task[None] | None = None
+        """The last MQTT connection hand-over a reload started (`_replace_publisher`)."""
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._cycle_requested = False
         self._changed = False
@@ -888,8 +890,13 @@ class Daemon:
         published, dropped = self._events_base
         at_swap = (old.published, old.dropped)
         self._events_base = (published + at_swap[0], dropped + at_swap[1])
+        before = self._hand_over
 
         async def hand_over() -> None:
+            if before is not None:
+                # A reload before this one is still handing over to `old`: `old` has
+                # its events, and is started, only once that is done.
+                await asyncio.wait({before})
             await old.stop()
             # What the old one delivered or dropped while it stopped; what it could not
             # deliver (its broker away) goes out through the new one, oldest first.
@@ -901,7 +908,9 @@ class Daemon:
             new.adopt(old.undelivered())
             await new.start()
 
-        self._spawn(f"mqtt-hand-over-{id(old)}", hand_over)
+        name = f"mqtt-hand-over-{id(old)}"
+        self._spawn(name, hand_over)
+        self._hand_over = self._tasks.get(name)
 
     # -- shutdown ---------------------------------------------------------------------------
 

@@ -37,6 +37,7 @@ from cleanerd.daemon.commands import (
     ReloadCommand,
     ResumeCommand,
 )
+from cleanerd.daemon.events import Event, MqttPublisher
 from cleanerd.daemon.service import Daemon, ServiceState, Timings
 from cleanerd.daemon.systemd import Notifier
 from cleanerd.daemon.triggers import Deadlines
@@ -1084,3 +1085,44 @@ async def test_a_start_after_a_clean_stop_lists_no_unchanged_partition_dir(
         assert daemon.watcher.snapshot.partitions[
             PartitionKey(str(data), USERS.topic, USERS.partition)
         ].segments == (0, 9)
+
+
+class _SlowToStop(RecordingPublisher):
+    """A connection still delivering when a reload replaces it, with one event it then
+    cannot deliver."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.release = asyncio.Event()
+        self.pending = [Event(kind="config.reloaded", time_ms=1)]
+
+    async def stop(self) -> None:
+        await self.release.wait()
+
+    def undelivered(self) -> list[Event]:
+        out, self.pending = self.pending, []
+        return out
+
+
+async def test_two_quick_mqtt_reloads_hand_the_first_connections_events_on(
+    config_path: Path, notify_socket: NotifyReceiver
+) -> None:
+    """A second reload that changes `mqtt` while the first one's hand-over waits for the
+    old connection to stop: the hand-overs run in turn, so the events the first
+    connection could not deliver reach the last one. Before, the first hand-over gave
+    them to the connection the second reload had already stopped: lost, uncounted."""
+    daemon, _ = _daemon(config_path, notify_socket)
+    first = _SlowToStop()
+    daemon.publisher = first
+    mqtt = daemon.config.mqtt.model_copy(update={"enabled": True, "port": 1})  # no broker
+    config = daemon.config.model_copy(update={"mqtt": mqtt})
+    await daemon._replace_publisher(config)
+    await daemon._replace_publisher(config)
+    last = daemon.publisher
+    assert isinstance(last, MqttPublisher)
+    await asyncio.sleep(0.1)  # the second hand-over's turn comes while the first waits
+    first.release.set()
+    await asyncio.sleep(0.2); print("QUEUED", last.queued, [t.get_name() for t in daemon._tasks.values()])
+    await eventually(lambda: last.queued == 1, "the first connection's event queued last")
+    await asyncio.gather(*daemon._tasks.values())
+    await last.stop()
