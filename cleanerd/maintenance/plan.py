@@ -381,7 +381,16 @@ def gather(cfg: Config, *, now_ms: int) -> Gathered:
                     owned[log_dir.path] = list(partitions.values())
                     marker = log_dir.path / CLEAN_SHUTDOWN_FILE_NAME
                     log_dir.owner_trusts = marker.exists()
-                _gather_dir(cfg, log_dir, partitions, now_ms, out, owned=why is None)
+                rolled_by_cleanerd = why is None or why.by_cleanerd
+                _gather_dir(
+                    cfg,
+                    log_dir,
+                    partitions,
+                    now_ms,
+                    out,
+                    owned=why is None,
+                    rolls=rolled_by_cleanerd,
+                )
                 out.device_of_dir[str(log_dir.path)] = device_of(log_dir.path)
                 readable.append(log_dir.path)
         except (CheckpointError, OSError) as exc:  # offline for a cycle too
@@ -440,7 +449,11 @@ def _gather_dir(
     out: Gathered,
     *,
     owned: bool,
+    rolls: bool,
 ) -> None:
+    """The planning inputs of one log dir into `out`. `owned`: this config's cycle would
+    own the dir (its opens cut torn tails); `rolls`: a cleanerd cycle rolls there (this
+    config's, or the daemon's that holds it)."""
     first_seen = FirstSeen.load(cfg.state_dir, log_dir.path)
     horizons = HorizonCache()
     for tp in partitions:
@@ -466,7 +479,7 @@ def _gather_dir(
             out.truncated.append(TailCut(str(log_dir.path), tp, tail))
         age = segment_age(plog, first_seen, meta.active, now_ms)
         compacted = topic.compact and tp.topic != METADATA_TOPIC and meta.damage is None
-        if owned and compacted and _rolls(meta, topic, age, now_ms, cfg.rolls.min_interval_ms):
+        if rolls and compacted and _rolls(meta, topic, age, now_ms, cfg.rolls.min_interval_ms):
             # The cycle rolls first, then looks for passed horizons in the segment it
             # closed too: so must the plan (only then, as reading it costs a walk).
             segment_horizons += (horizons.segment(plog.active_segment),)

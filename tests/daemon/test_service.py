@@ -1122,7 +1122,6 @@ async def test_two_quick_mqtt_reloads_hand_the_first_connections_events_on(
     assert isinstance(last, MqttPublisher)
     await asyncio.sleep(0.1)  # the second hand-over's turn comes while the first waits
     first.release.set()
-    await asyncio.sleep(0.2); print("QUEUED", last.queued, [t.get_name() for t in daemon._tasks.values()])
     await eventually(lambda: last.queued == 1, "the first connection's event queued last")
     await asyncio.gather(*daemon._tasks.values())
     await last.stop()

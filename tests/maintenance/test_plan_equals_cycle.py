@@ -31,6 +31,7 @@ from cleanerd.maintenance.cycle import Maintenance
 from cleanerd.maintenance.plan import cycle_json, gather, plan_cycle
 from cleanerd.records.record import Record
 from tests.builders import build_log, kv
+from tests.holders import HOLD_OWNER_LOCK, held_by_other_process
 
 MIN = 60_000
 HOUR = 60 * MIN
@@ -389,8 +390,8 @@ def test_plan_finds_a_passed_horizon_in_the_segment_the_cycle_rolls(
 ) -> None:
     """The active segment, due to roll, holds a tombstone whose delete horizon (stamped
     by an earlier pass) has passed: the cycle rolls it, then finds the horizon due and
-    cleans, and `plan` says so. Before, `plan` read horizons of the closed segments
-    only and predicted the roll but no pass."""
+    cleans, and `plan` says so, also beside a daemon that holds the dir. Before, `plan`
+    read horizons of the closed segments only and predicted the roll but no pass."""
     from cleanerd.log.partition_log import PartitionLog
     from cleanerd.records.batch import encode_batch
 
@@ -421,11 +422,16 @@ def test_plan_finds_a_passed_horizon_in_the_segment_the_cycle_rolls(
     }
     config.write_text(yaml.safe_dump(doc))
     capsys.readouterr()
+    # Beside a cleanerd daemon holding the dir, `plan` says what that daemon's cycle does.
+    with held_by_other_process(HOLD_OWNER_LOCK, tmp_path / "logs", tmp_path / "state"):
+        beside = _run_json("plan", config, capsys, status=0)
     plan = _run_json("plan", config, capsys, status=0)
     done = _run_json("clean", config, capsys, status=0)
     assert [(r["base_offset"], r["reason"]) for r in done["rolled"]] == [(0, "segment.ms")]
     assert [(c["reason"], c["end_offset"]) for c in done["cleaned"]] == [("delete.retention.ms", 3)]
     assert plan["cleaning_order"] == ["t-0"]
+    assert beside["observed"] != []
+    assert beside["cleaning_order"] == ["t-0"]
 
 
 def test_plan_cleans_nothing_the_disk_usage_step_deleted(
