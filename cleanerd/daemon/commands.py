@@ -251,13 +251,25 @@ def _rejected(name: str, payload: bytes, reason: str) -> CommandReply:
     return CommandReply(shown, accepted=False, reason=reason, id=request)
 
 
+class _Pairs(list[tuple[str, Any]]):
+    """A JSON object's members as given, a key given twice too."""
+
+
 def _request_id(payload: bytes) -> str | None:
-    """The legal `id` of a payload that is no valid command, if it has one to echo."""
+    """The legal `id` of a payload that is no valid command, if it has one to echo (one
+    `id` only: of a payload refused for giving it twice, none)."""
     try:
-        document = _json_object(payload[: MAX_PAYLOAD_BYTES + 1])
-    except CommandRejected:
+        document = json.loads(
+            payload[: MAX_PAYLOAD_BYTES + 1].decode("utf-8"), object_pairs_hook=_Pairs
+        )
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
         return None
-    value = document.get("id")
+    if not isinstance(document, _Pairs):
+        return None
+    ids = [value for key, value in document if key == "id"]
+    if len(ids) != 1:
+        return None
+    value = ids[0]
     return value if isinstance(value, str) and _REQUEST_ID.fullmatch(value) else None
 
 

@@ -209,8 +209,9 @@ async def test_handler_bug_is_an_internal_error_rejection() -> None:
 
 
 async def test_a_rejection_echoes_the_requests_id() -> None:
-    """A client matches replies by `id`: a rejected command (bad values, retained, even
-    unknown) still carries its legal one; an illegal one is not echoed."""
+    """A client matches replies by `id`: a rejected command (bad values, a key given
+    twice, retained, even unknown) still carries its legal one; an illegal one, or one
+    given twice, is not echoed."""
 
     async def handler(command: Command) -> None:
         raise AssertionError("never reached")
@@ -220,6 +221,8 @@ async def test_a_rejection_echoes_the_requests_id() -> None:
         ("pause", b'{"id": "r2"}', True, "r2"),
         ("explode", b'{"id": "r3"}', False, "r3"),
         ("clean", b'{"topic": 7, "id": "a/b"}', False, None),
+        ("clean", b'{"id": "r4", "topic": "a", "partition": 0, "topic": "b"}', False, "r4"),
+        ("pause", b'{"id": "r5", "id": "r6"}', False, None),
     ]
     for name, payload, retained, request in cases:
         reply = await handle_command(name, payload, handler, retained=retained)
