@@ -1380,13 +1380,13 @@ class Maintenance:
                     report.error(p.log_dir.path, tp, "retention", exc)
                     continue
                 self.counters.count_retention(outcome)
-                if _future_now(outcome, self.clock):
+                if (later := _still_future(outcome, self.clock)) is not None:
                     self._note(
                         "retention.future_timestamp",
                         p,
                         str(outcome.future_timestamp_base),
                         base_offset=outcome.future_timestamp_base,
-                        now_ms=now,
+                        now_ms=later,
                         consequence="retention.ms deletes nothing from this segment on",
                     )
                 if outcome.damaged_base is not None:
@@ -1733,13 +1733,16 @@ class Maintenance:
         )
 
 
-def _future_now(outcome: RetentionOutcome, clock: Callable[[], int]) -> bool:
-    """Whether the segment whose future timestamp stopped time retention is still ahead
-    of the clock, read again: the cycle's time was taken before it read the segments,
-    and a batch an application appended since, stamped with its clock, was no more than
-    a few milliseconds ahead of it, which is not a timestamp to warn about."""
+def _still_future(outcome: RetentionOutcome, clock: Callable[[], int]) -> int | None:
+    """The clock, read again, when the segment whose future timestamp stopped time
+    retention is still ahead of it; else None. The cycle's time was taken before it read
+    the segments, and a batch an application appended since, stamped with its clock, was
+    no more than a few milliseconds ahead of it, which is not a timestamp to warn about."""
     stamp = outcome.future_timestamp_ms
-    return stamp is not None and stamp > clock()
+    if stamp is None:
+        return None
+    now = clock()
+    return now if stamp > now else None
 
 
 def _prepare_clean_shutdown(

@@ -43,9 +43,9 @@ from cleanerd.log.segment import LogSegment
 from cleanerd.maintenance import cycle
 from cleanerd.maintenance.cycle import Maintenance
 from cleanerd.records.record import Record
+from cleanerd.retention import executor
 from cleanerd.retention.disk import DiskSpace
 from cleanerd.retention.disk_usage import device_name
-from cleanerd.retention.executor import RetentionOutcome
 from tests.builders import build_log, encode_records, kv, offsets_and_values
 from tests.compaction.crashing_ops import CrashingOps, SimulatedCrash
 from tests.faults.workload import dir_state
@@ -1838,33 +1838,42 @@ def test_a_clean_request_is_refused_while_the_cleaner_is_off(
             m.request_clean(tp, [str(tmp_path / "logs")])
 
 
-@pytest.mark.parametrize(
-    ("stamp", "clock_now", "warned"),
-    [
-        (T0 + 5, T0 + 10, False),  # appended after the cycle's time, stamped before now
-        (T0 + HOUR, T0 + 10, True),  # ahead of the clock read again too
-        (None, T0, False),
-    ],
-)
+@pytest.mark.parametrize("appended_after_the_cycles_time", [True, False])
 def test_a_future_timestamp_is_judged_against_the_clock_read_again(
-    stamp: int | None, clock_now: int, warned: bool
+    tmp_path: Path,
+    engine: LocalEngine,
+    monkeypatch: pytest.MonkeyPatch,
+    appended_after_the_cycles_time: bool,
 ) -> None:
     """`retention.future_timestamp` is a warning only for a segment still ahead of the
-    clock when the step is done: the cycle took its time before it read the segments,
-    and an application appending meanwhile stamps its batches a few milliseconds past
-    it. Before, such an active segment drew the warning every few cycles."""
-    outcome = RetentionOutcome(
-        log_dir="/logs",
-        topic="t",
-        partition=0,
-        deletions=(),
-        roll=None,
-        log_start_offset=0,
-        future_timestamp_base=None if stamp is None else 10,
-        deleted_files=(),
-        future_timestamp_ms=stamp,
-    )
-    assert cycle._future_now(outcome, lambda: clock_now) is warned
+    clock when the retention step has read it: the cycle took its time before, and an
+    application appending meanwhile stamps its batches a few milliseconds past it (here
+    the clock moves on 10 s while the step reads; its active segment is stamped 5 s past
+    the cycle's time). Before, such an active segment drew the warning every few
+    cycles."""
+    tp = TopicPartition("d", 0)
+    build(tmp_path, tp, [records(range(10), T0 - 5 * HOUR), records([0], T0 + 5_000)])
+    clock = [T0]
+    apply = executor.apply_retention
+
+    def reading(*args: Any, **kwargs: Any) -> Any:
+        outcome = apply(*args, **kwargs)
+        if appended_after_the_cycles_time:
+            clock[0] = T0 + 10_000
+        return outcome
+
+    monkeypatch.setattr(cycle, "apply_retention", reading)
+    topic = {"cleanup.policy": "delete", "retention.ms": HOUR}
+    config = write_config(tmp_path, {"d": topic})
+    with Maintenance(config, engine, clock=lambda: clock[0]) as m, capture_logs() as logs:
+        report = m.run_once()
+    assert [d.base_offset for o in report.retention for d in o.deletions] == [0]
+    warned = [e for e in logs if e["event"] == "retention.future_timestamp"]
+    if appended_after_the_cycles_time:
+        assert warned == []
+    else:
+        (line,) = warned
+        assert (line["base_offset"], line["now_ms"]) == (10, T0)
 
 
 def test_a_pause_during_a_cycle_stops_its_rolls_and_deletions(
