@@ -1012,7 +1012,7 @@ def _suggestion(loc: Loc) -> str:
     key = str(loc[-1])
     known = _keys_at(loc[:-1])
     near = [k for k in (f"log.{key}", key.removeprefix("log.")) if k != key and k in known]
-    near += [k for k in known if key and "." not in k and k.startswith(key) and k != key]
+    near += [k for k in known if len(key) >= 3 and "." not in k and k.startswith(key) and k != key]
     near += difflib.get_close_matches(key, known, n=1, cutoff=0.75)
     return f" (did you mean {near[0]}?)" if near else ""
 

@@ -421,13 +421,17 @@ async def test_a_sighup_before_the_loop_took_the_signal_is_a_reload(
     daemon, _ = _daemon(config_path, notify_socket)
     _write(config_path, changed)  # after the start read it: only a reload sees this
     hangup.hold()
-    os.kill(os.getpid(), signal.SIGHUP)
-    async with running(daemon):
-        await eventually(
-            lambda: daemon.config.topic_config("events").retention_ms == 3 * HOUR,
-            "the reload the early SIGHUP asked for",
-        )
-    assert not hangup.take()
+    try:
+        os.kill(os.getpid(), signal.SIGHUP)
+        async with running(daemon):
+            await eventually(
+                lambda: daemon.config.topic_config("events").retention_ms == 3 * HOUR,
+                "the reload the early SIGHUP asked for",
+            )
+        assert not hangup.take()
+    finally:  # whatever happened, no later test inherits the handler or the wish
+        signal.signal(signal.SIGHUP, signal.SIG_DFL)
+        hangup.take()
 
 
 def test_the_run_command_holds_sighup_from_its_first_instant(tmp_path: Path) -> None:
