@@ -81,7 +81,7 @@ from cleanerd.engine.spark.specs import (
     recorded_errors,
 )
 from cleanerd.engine.spark.tasks import CLEAN_JOB, Columns, decode_groups, job_main, pack_tasks
-from cleanerd.errors import CleanerdError, CorruptIndexError, CorruptRecordError
+from cleanerd.errors import CleanerdError, CorruptIndexError, CorruptRecordError, file_step
 from cleanerd.log.files import log_file
 from cleanerd.log.segment_reader import (
     aborted_between,
@@ -309,10 +309,11 @@ def write_bitmap(path: Path, krows: I64) -> int:
     bits = int(krows.max()) + 1 if krows.size else 0
     dense = np.zeros(bits, np.bool_)
     dense[krows] = True
-    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(bits.to_bytes(8, "little") + np.packbits(dense).tobytes())
-    tmp.replace(path)
+    with file_step("staging a segment's superseded-record bitmap", path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_bytes(bits.to_bytes(8, "little") + np.packbits(dense).tobytes())
+        tmp.replace(path)
     return bits
 
 

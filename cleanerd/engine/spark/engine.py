@@ -124,7 +124,19 @@ _JVM_HINT: Final = "Spark 4 needs Java 17 or later, from JAVA_HOME or else the P
 _SPARK_LOG_LINE: Final = re.compile(
     r"\d\d/\d\d/\d\d \d\d:\d\d:\d\d (INFO|WARN|DEBUG|TRACE) |Setting default log level"
     r"|To adjust logging level|Using Spark's default log4j profile"
+    # What the JVM and PySpark say at every start, whatever went wrong: a JDK module note,
+    # a Python warning and the source line it quotes, socketserver's banner.
+    r"|WARNING: Using incubator modules|\S+:\d+: \w*Warning: |\s+\w+\(.*\)$|-{20,}$"
+    r"|Exception occurred during processing of request from"
 )
+_GATEWAY_GONE: Final = (
+    "ConnectionRefusedError",
+    "Py4JNetworkError",
+    "Answer from Java side is empty",
+)
+"""How a job's Python side finds its Spark driver's JVM gone (killed, or out of memory)."""
+_FULL_BYTES: Final = 1 << 20
+"""Free bytes below which a job's staging dir counts as on a full file system."""
 PROGRESS_POLL_S: Final = 0.5
 STARVED_S: Final = 120.0
 """A job whose tasks no executor took for this long is stopped (`Starvation`)."""
@@ -269,7 +281,16 @@ def _kill_group(proc: subprocess.Popen[bytes]) -> None:
 
 def _tail(path: Path) -> str:
     lines = path.read_text(errors="replace").splitlines() if path.exists() else []
-    return job_log_summary([line for line in lines if line.strip() and " WARN " not in line])
+    summary = job_log_summary([line for line in lines if line.strip() and " WARN " not in line])
+    with contextlib.suppress(OSError):
+        free = shutil.disk_usage(path.parent).free
+        if free < _FULL_BYTES:
+            # The job's own log is in the staging dir: on a full disk it is cut short.
+            return (
+                f"the state dir's file system is full ({free} bytes free at {path.parent}), "
+                f"which cut the job's log short; {summary}"
+            )
+    return summary
 
 
 def job_log_summary(lines: Sequence[str]) -> str:
@@ -287,6 +308,8 @@ def job_log_summary(lines: Sequence[str]) -> str:
     before = before[-_LINES_BEFORE:]
     if "JAVA_GATEWAY_EXITED" in error and not before:
         error += f" (the JVM did not start: {_JVM_HINT})"
+    elif any(sign in error for sign in _GATEWAY_GONE):
+        error += " (the Spark driver's JVM is gone: killed, or out of memory)"
     return " | ".join([*before, error])
 
 

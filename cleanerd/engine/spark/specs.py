@@ -39,7 +39,7 @@ from cleanerd.compaction.audit import AuditColumns, PartitionAudit, audit_scope
 from cleanerd.compaction.cleaner import CleanedGroup, CleanerConfig
 from cleanerd.compaction.stats import CleanerStats
 from cleanerd.compaction.strategy import ResolvedStrategy, resolve_strategy
-from cleanerd.errors import CleanerdError
+from cleanerd.errors import CleanerdError, file_step
 from cleanerd.log.files import TopicPartition
 from cleanerd.log.meta import SegmentMeta
 from cleanerd.log.partition_log import PartitionLog
@@ -62,8 +62,9 @@ class _Document:
     def write(self, path: Path) -> None:
         """Write the document (tmp file and rename: a reader never sees half)."""
         tmp = path.with_name(path.name + ".tmp")
-        tmp.write_bytes(TypeAdapter(type(self)).dump_json(self))
-        tmp.replace(path)
+        with file_step(f"staging the Spark job's {path.name}", path):
+            tmp.write_bytes(TypeAdapter(type(self)).dump_json(self))
+            tmp.replace(path)
 
     @classmethod
     def read(cls, path: Path) -> Self:
@@ -222,10 +223,11 @@ def _columns_path(staging: Path, part: int) -> Path:
 def stage_columns(staging: Path, part: int, cols: AuditColumns) -> None:
     """Stage partition `part`'s columns (mode `columns`)."""
     path = _columns_path(staging, part)
-    path.parent.mkdir(parents=True, exist_ok=True)
     arrays = {f.name: getattr(cols, f.name) for f in dataclasses.fields(cols)}
-    with open(path, "wb") as f:
-        np.savez(f, **arrays)
+    with file_step("staging a partition's decoded columns", path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "wb") as f:
+            np.savez(f, **arrays)
 
 
 def load_columns(staging: Path, part: int) -> AuditColumns:
@@ -244,8 +246,10 @@ def load_columns(staging: Path, part: int) -> AuditColumns:
 def record_error(staging: Path, group: int, segment: int, exc: BaseException) -> None:
     """Record why segment `segment` of pass or partition `group` could not be decoded."""
     errors = staging / "errors"
-    errors.mkdir(parents=True, exist_ok=True)
-    (errors / f"{group:08d}-{segment:020d}.txt").write_text(str(exc))
+    path = errors / f"{group:08d}-{segment:020d}.txt"
+    with file_step("recording why a segment could not be decoded", path):
+        errors.mkdir(parents=True, exist_ok=True)
+        path.write_text(str(exc))
 
 
 def recorded_errors(staging: Path) -> dict[int, str]:
@@ -267,8 +271,10 @@ def record_progress(staging: Path, group: int, segment: int, size: int) -> None:
     One empty file per segment: a retried Spark task marks the same name again, and a
     reader lists the dir without reading any file."""
     done = staging / "progress"
-    done.mkdir(parents=True, exist_ok=True)
-    (done / f"{group:08d}-{segment:020d}-{size}").touch()
+    mark = done / f"{group:08d}-{segment:020d}-{size}"
+    with file_step("marking a segment decoded", mark):
+        done.mkdir(parents=True, exist_ok=True)
+        mark.touch()
 
 
 def progress_marks(staging: Path) -> dict[str, int]:

@@ -27,8 +27,8 @@ from cleanerd.engine.spark.clean_job import (
     superseded_rows,
     write_bitmap,
 )
-from cleanerd.engine.spark.specs import JobSpec, PassSpec
-from cleanerd.errors import CleanerdError, CorruptIndexError, CorruptRecordError
+from cleanerd.engine.spark.specs import JobSpec, Manifest, PassSpec
+from cleanerd.errors import CleanerdError, CorruptIndexError, CorruptRecordError, FileStepError
 from cleanerd.log.txnindex import AbortedTxn
 from cleanerd.records.batch import encode_batch
 from cleanerd.records.columns import segment_columns
@@ -90,6 +90,22 @@ def test_reduce_supersedes_what_the_offset_map_drops(
     }
     got = superseded_rows(cols, np.array([versioned]))
     assert sorted(got["krow"].tolist()) == expected.tolist()
+
+
+def test_a_staging_write_that_fails_names_its_file_and_step(tmp_path: Path) -> None:
+    """A bitmap or a job document the staging dir cannot take (a full disk; here a
+    file where its dir should be) fails naming the file and the step, as every other
+    file operation of a pass does. Before, the job's error was the bare
+    `[Errno 28] No space left on device`."""
+    (tmp_path / "pass-0").write_text("not a dir")
+    path = bitmap_path(tmp_path, 0, 100)
+    with pytest.raises(FileStepError) as info:
+        write_bitmap(path, np.array([1], np.int64))
+    assert info.value.path == str(path)
+    assert "while staging a segment's superseded-record bitmap" in str(info.value)
+    spec = tmp_path / "pass-0" / "spec.json"
+    with pytest.raises(FileStepError, match=r"while staging the Spark job's spec\.json"):
+        Manifest(outcomes=()).write(spec)
 
 
 def test_bitmap_round_trip_and_oracle(tmp_path: Path) -> None:

@@ -487,6 +487,43 @@ def test_a_failed_jobs_log_is_summed_up() -> None:
     )
 
 
+def test_a_dead_driver_is_named_without_the_start_up_noise() -> None:
+    """A job whose driver JVM was killed: its Python side's connection refused is said
+    to mean the JVM is gone, and what every start prints (the JDK's incubator note,
+    PySpark's pandas warning and the line it quotes, socketserver's banner) is left out.
+    Before, those lines came first and nothing said the JVM had died."""
+    lines = [
+        "WARNING: Using incubator modules: jdk.incubator.vector",
+        "/venv/lib/python3.11/site-packages/pyspark/sql/pandas/utils.py:42: FutureWarning: "
+        "pandas is old",
+        "  require_minimum_pandas_version()",
+        "----------------------------------------",
+        "Exception occurred during processing of request from ('127.0.0.1', 55032)",
+        "Traceback (most recent call last):",
+        '  File "socketserver.py", line 317, in _handle_request_noblock',
+        "ConnectionRefusedError: [Errno 111] Connection refused",
+    ]
+    assert spark_engine.job_log_summary(lines) == (
+        "ConnectionRefusedError: [Errno 111] Connection refused "
+        "(the Spark driver's JVM is gone: killed, or out of memory)"
+    )
+
+
+def test_a_job_log_on_a_full_state_dir_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The job's log lives in its staging dir: on a full file system it is cut short,
+    often before any Python error, so the failure says the state dir is full and where."""
+    log = tmp_path / "job.log"
+    log.write_text("\tat org.apache.spark.rdd.RDD.iterator(RDD.scala:338)\n")
+    full = shutil._ntuple_diskusage(4 << 20, 4 << 20, 0)
+    monkeypatch.setattr(shutil, "disk_usage", lambda _path: full)
+    assert spark_engine._tail(log).startswith(
+        f"the state dir's file system is full (0 bytes free at {tmp_path}), which cut the "
+        "job's log short; log tail: "
+    )
+
+
 def test_starvation_is_one_spell_of_warnings_lasting_the_limit() -> None:
     """Warnings at most the gap apart make one spell; the limit counts from its first;
     a pause longer than the gap (the tasks were taken) ends it."""
