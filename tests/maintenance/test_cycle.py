@@ -1637,14 +1637,11 @@ def test_a_compacted_partition_whose_damage_its_open_did_not_read_skips_retentio
     assert sorted(f.name for f in d.glob("*.log"))[0] == "00000000000000000000.log"
 
 
-def test_a_bad_crc_in_the_last_batch_a_clean_stop_flushed_is_left_as_it_is(
+def _stopped_cleanly_with_two_expired(
     tmp_path: Path, engine: LocalEngine
-) -> None:
-    """After a clean stop, a bad CRC in the active segment's last batch is damage, not a
-    torn append (the stop flushed it, and the recovery point says so): the retention
-    step deletes the expired segments before it and cuts nothing, the active segment is
-    left byte for byte, and the next cycle does not cut it either. Before, the step's
-    write cut the batch, and the next append took its offset."""
+) -> tuple[TopicPartition, Path, dict[str, Any]]:
+    """A `delete` partition of two old segments and an active one, stopped cleanly by a
+    cycle that kept everything: its partition, active `.log` and topic settings."""
     tp = TopicPartition("d", 0)
     d = build(
         tmp_path,
@@ -1655,7 +1652,18 @@ def test_a_bad_crc_in_the_last_batch_a_clean_stop_flushed_is_left_as_it_is(
     with Maintenance(write_config(tmp_path, {"d": topic}), engine, clock=lambda: T0) as m:
         m.run_once()
         assert m.shutdown() == []
-    active = max(d.glob("*.log"))
+    return tp, max(d.glob("*.log")), topic
+
+
+def test_a_bad_crc_in_the_last_batch_a_clean_stop_flushed_is_left_as_it_is(
+    tmp_path: Path, engine: LocalEngine
+) -> None:
+    """After a clean stop, a bad CRC in the active segment's last batch is damage, not a
+    torn append (the stop flushed it, and the recovery point says so): the retention
+    step deletes the expired segments before it and cuts nothing, the active segment is
+    left byte for byte, and the next cycle does not cut it either. Before, the step's
+    write cut the batch, and the next append took its offset."""
+    _, active, topic = _stopped_cleanly_with_two_expired(tmp_path, engine)
     data = bytearray(active.read_bytes())
     data[-1] ^= 0xFF
     active.write_bytes(bytes(data))
@@ -1674,17 +1682,7 @@ def test_a_tail_cut_by_a_steps_write_is_reported(tmp_path: Path, engine: LocalEn
     short, after a clean stop) is met by the retention step: the segments before it are
     deleted, and the write first cuts the torn tail (to the quarantine dir). The cycle's
     report lists that cut as it lists an open's; before, only a log line said so."""
-    tp = TopicPartition("d", 0)
-    d = build(
-        tmp_path,
-        tp,
-        [records(range(10), T0 - 5 * HOUR), records(range(10), T0 - 4 * HOUR), records([0, 1], T0)],
-    )
-    topic = {"cleanup.policy": "delete", "retention.ms": -1}
-    with Maintenance(write_config(tmp_path, {"d": topic}), engine, clock=lambda: T0) as m:
-        m.run_once()
-        assert m.shutdown() == []
-    active = max(d.glob("*.log"))
+    tp, active, topic = _stopped_cleanly_with_two_expired(tmp_path, engine)
     torn = bytearray(encode_records([kv("x", "torn")], 22))
     torn[-1] ^= 0xFF
     with open(active, "ab") as f:
