@@ -350,6 +350,20 @@ def _split_listen(value: str) -> tuple[str, int]:
     return host, int(port)
 
 
+_SPARK_MASTER: Final = re.compile(r"local(-cluster)?(\[[^\]]*\])?|(spark|k8s)://\S+|yarn")
+
+
+def _check_spark_master(value: str) -> str:
+    # Spark refuses any other master when the job starts, a pass later (SparkSubmit:
+    # "Master must either be yarn or start with spark, k8s, or local").
+    if not _SPARK_MASTER.fullmatch(value):
+        raise PydanticCustomError(
+            "spark_master",
+            "must be local, local[N], spark://HOST:PORT, k8s://URL or yarn (Spark's masters)",
+        )
+    return value
+
+
 def _check_topic_prefix(value: str) -> str:
     if (
         not value
@@ -418,7 +432,7 @@ class SparkConfig(_Section):
     threshold: a pass goes to Spark when its dirty range's estimated distinct keys exceed
     `min_keys_over_capacity` times the local offset map's capacity."""
 
-    master: str = Field(default="local[*]", min_length=1)
+    master: Annotated[str, AfterValidator(_check_spark_master)] = "local[*]"
     conf: dict[str, str] = {}
     min_keys_over_capacity: float = Field(default=1.0, ge=1.0, allow_inf_nan=False)
 

@@ -363,6 +363,11 @@ class TestValidation:
             ({"mqtt": {"password_file": "/p"}}, "mqtt.password_file: '/p' needs mqtt.username"),
             ({"mqtt": {"topic_prefix": "a/#"}}, "mqtt.topic_prefix: 'a/#' must be a non-empty"),
             ({"engine": {"spark": {"conf": {"a": 1}}}}, "engine.spark.conf.a: 1 must be a string"),
+            (
+                {"engine": {"spark": {"master": "sprak://h:7077"}}},
+                "engine.spark.master: 'sprak://h:7077' must be local, local[N], spark://",
+            ),
+            ({"engine": {"spark": {"master": ""}}}, "engine.spark.master: '' must be local"),
         ],
     )
     def test_error_names_key_value_and_rule(self, data: dict[str, Any], expected: str) -> None:
