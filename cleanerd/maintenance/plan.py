@@ -71,6 +71,7 @@ from cleanerd.maintenance.steps import (
     retention_applies,
     retention_step,
     roll_plan,
+    simulate_deletions,
     simulate_roll,
 )
 from cleanerd.retention.disk import device_of, group_devices, is_above, measure
@@ -321,11 +322,7 @@ def _after_disk_usage(
     for inp, (p, meta) in zip(inputs, planned, strict=True):
         cut = gone.get((meta.log_dir, meta.topic_partition), 0)
         if cut and p.compaction is not None:
-            meta = dataclasses.replace(
-                meta,
-                segments=meta.segments[cut:],
-                log_start_offset=max(meta.log_start_offset, meta.segments[cut].base_offset),
-            )
+            meta = simulate_deletions(meta, cut)
             compaction = compaction_plan(
                 meta,
                 inp.topic,

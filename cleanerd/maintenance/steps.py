@@ -118,14 +118,15 @@ def simulate_roll(meta: PartitionMeta, now_ms: int) -> PartitionMeta:
     return dataclasses.replace(meta, segments=segments)
 
 
-def simulate_deletions(meta: PartitionMeta, plan: RetentionPlan) -> PartitionMeta:
-    """`meta` after the plan's deletions (always a prefix of the segments)."""
-    if not plan.deletions:
+def simulate_deletions(meta: PartitionMeta, count: int) -> PartitionMeta:
+    """`meta` after its `count` oldest segments are deleted (retention's and disk usage's
+    deletions are a prefix, never the active segment): the log start offset moves up to
+    the first segment left."""
+    if not count:
         return meta
-    gone = len(plan.deletions)
-    return dataclasses.replace(
-        meta, segments=meta.segments[gone:], log_start_offset=plan.log_start_offset
-    )
+    left = meta.segments[count:]
+    start = max(meta.log_start_offset, left[0].base_offset)
+    return dataclasses.replace(meta, segments=left, log_start_offset=start)
 
 
 def roll_plan(
@@ -172,7 +173,7 @@ def retention_step(
         roll = RetentionRoll(meta.active.base_offset, plan.roll_for)
         meta = simulate_roll(meta, now_ms)
         plan = retention_plan(meta, topic, now_ms=now_ms)
-    return plan, roll, simulate_deletions(meta, plan)
+    return plan, roll, simulate_deletions(meta, len(plan.deletions))
 
 
 def compaction_plan(
