@@ -407,7 +407,7 @@ def _swap_range(dir_path: Path, swaps: list[Path], options: SegmentOptions) -> t
                 position=scanned.error.position,
             )
         table = scanned.table
-        next_offset = int(table.last_offset[-1]) + 1 if len(table) else base
+        next_offset = table.final_offset + 1 if len(table) else base
         low = base if low is None else min(low, base)
         high = next_offset if high is None else max(high, next_offset)
         log.info("recovery.swap_found", path=str(path), base_offset=base, next_offset=next_offset)

@@ -1108,7 +1108,7 @@ class IndexCheck:
         self._found[mine] = (table.position[row] == positions[mine]) & (
             table.base_offset[row] <= offsets[mine]
         )
-        self._next_offset = int(table.last_offset[-1]) + 1
+        self._next_offset = table.final_offset + 1
         self._max_ts = max(self._max_ts, int(table.max_timestamp.max()))
 
     def finish(self) -> None:
@@ -1156,7 +1156,7 @@ class IndexRebuild:
             self._builder.add_batches(
                 table.position, table.size, table.last_offset, table.max_timestamp
             )
-            self._next_offset = int(table.last_offset[-1]) + 1
+            self._next_offset = table.final_offset + 1
 
     def finish(self, *, reason: str) -> None:
         """Add the final time-index entry, write both files and make them the segment's."""

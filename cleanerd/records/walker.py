@@ -450,6 +450,14 @@ class BatchTable:
         return self.base_offset + self.last_offset_delta.astype(np.int64)
 
     @property
+    def final_offset(self) -> int:
+        """The last offset of the last row (-1 when there is none): `last_offset[-1]`
+        without the whole column."""
+        if not len(self):
+            return -1
+        return int(self.base_offset[-1]) + int(self.last_offset_delta[-1])
+
+    @property
     def end(self) -> I64:
         """Where each batch ends (the next one's position)."""
         return self.position + self.size
@@ -557,8 +565,7 @@ def walk(
     # copied down, so that a kept table (a pass's cached window) holds only its rows.
     fits = len(chunks) == 1 and 2 * len(chunks[0]) > walker.rows
     table = chunks[0] if fits else BatchTable.concat(chunks)
-    last = int(table.base_offset[-1]) + int(table.last_offset_delta[-1]) if len(table) else -1
-    return Walk(table, start, walker.stop, walker.error, last)
+    return Walk(table, start, walker.stop, walker.error, table.final_offset)
 
 
 def walk_prefix(
@@ -577,7 +584,7 @@ def walk_prefix(
     last = -1
     for table in walker:
         if len(table):
-            last = int(table.base_offset[-1]) + int(table.last_offset_delta[-1])
+            last = table.final_offset
         if each is not None:
             each(table)
     return Walk(BatchTable.empty(0), start, walker.stop, walker.error, last)
