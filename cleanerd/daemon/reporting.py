@@ -102,8 +102,8 @@ class Reporter:
                 }
                 self.emit("segment.deleted", data, tp=tp, log_dir=o.log_dir)
         disk = report.disk_usage
-        if disk is not None and not disk.dry_run:
-            for dd in disk.deletions:
+        if disk is not None:
+            for dd in disk.deleted:
                 data = {
                     "reason": dd.reason.value,
                     "base_offset": dd.base_offset,

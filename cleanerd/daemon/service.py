@@ -116,7 +116,7 @@ from cleanerd.log.ownership import Holder
 from cleanerd.log_setup import configure_logging, partition_context
 from cleanerd.maintenance.cycle import Maintenance, MaintenanceStatus, wall_clock_ms
 from cleanerd.maintenance.report import CycleReport, made_progress
-from cleanerd.retention.disk import Device, DiskUsageReport, group_devices, is_above, measure
+from cleanerd.retention.disk import Device, group_devices, is_above, measure
 from cleanerd.retention.disk_usage import DeviceUsage
 from cleanerd.wording import count
 
@@ -621,21 +621,22 @@ class Daemon:
         self._deadlines = deadlines(report, uncleanable=marked)
         self.reporter.cycle(report, workers=self.config.log_cleaner_threads)
         self._on_delta(outcome.changes, own=touched_partitions(outcome.report))
+        disk = report.disk_usage
         fields = {
             "trigger": trigger.value,
             "duration_s": round(time.monotonic() - started, 3),
             "partitions": len(self.watcher.snapshot.partitions),
             "rolled": len(report.rolled),
             "deleted": sum(len(o.deletions) for o in report.retention),
-            "disk_deleted": _disk_deleted(report.disk_usage, dry_run=False),
+            "disk_deleted": len(disk.deleted) if disk is not None else 0,
             "cleaned": len(report.cleaned),
             "failed": len(report.failed),
             "errors": len(report.errors),
             "unlinked": len(report.unlinked),
             "aborted": report.aborted,
         }
-        if report.disk_usage is not None and report.disk_usage.dry_run:
-            fields["disk_would_delete"] = _disk_deleted(report.disk_usage, dry_run=True)
+        if disk is not None and disk.dry_run:
+            fields["disk_would_delete"] = len(disk.deletions)
         if report.idle and self.cycles > 1:
             # An idle cycle (the watcher's, the safety net's) says nothing new: at debug,
             # counted on the next line that reports work, so a quiet daemon's log is not
@@ -961,13 +962,6 @@ class Daemon:
         for exc in m.shutdown():
             self.failed_at_shutdown = True
             log.error("shutdown.checkpoint_failed", error=str(exc))
-
-
-def _disk_deleted(disk: DiskUsageReport | None, *, dry_run: bool) -> int:
-    """The segments a cycle's KIP-61 step deleted (`dry_run`: would have deleted)."""
-    if disk is None or disk.dry_run is not dry_run:
-        return 0
-    return len(disk.deletions)
 
 
 def _placed(devices: tuple[Device, ...]) -> frozenset[tuple[Path, int]]:

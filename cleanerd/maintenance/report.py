@@ -212,8 +212,7 @@ class CycleReport:
         offline, and nothing was cut short: the cycle only looked (the daemon logs such
         cycles at debug). A dry run's would-be deletions delete nothing: they are said
         once, by `disk_usage.would_delete`, not by every cycle that finds them again."""
-        usage = self.disk_usage
-        disk_deleted = usage is not None and bool(usage.deletions) and not usage.dry_run
+        disk_deleted = self.disk_usage is not None and bool(self.disk_usage.deleted)
         return not (
             self.rolled
             or any(o.deletions or o.roll is not None for o in self.retention)
@@ -232,7 +231,6 @@ class CycleReport:
         """The report as a JSON-ready dict (`cleanerd clean --json`; see the module
         docstring for the fields it shares with `cleanerd plan --json`)."""
         disk = self.disk_usage
-        done = disk is not None and not disk.dry_run
         return {
             "now_ms": self.now_ms,
             "finished_ms": self.finished_ms,
@@ -246,7 +244,7 @@ class CycleReport:
                 for o in self.retention
                 for d in o.deletions
             ]
-            + [disk_deleted_json(d) for d in (disk.deletions if done and disk else ())],
+            + [disk_deleted_json(d) for d in (disk.deleted if disk else ())],
             "disk_usage": None
             if disk is None
             else {

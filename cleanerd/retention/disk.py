@@ -164,6 +164,11 @@ class DiskUsageReport:
         """Segment bytes (`.log` and indexes) the deletions gave back."""
         return sum(d.freed_bytes for d in self.deletions)
 
+    @property
+    def deleted(self) -> tuple[DiskDeletion, ...]:
+        """The deletions done: none in a dry run, whose `deletions` only would be."""
+        return () if self.dry_run else self.deletions
+
 
 def _target_bytes(usage: DeviceUsage, hysteresis_percent: float) -> int:
     return usage.limit_bytes(max(usage.threshold_percent - hysteresis_percent, 0.0))
