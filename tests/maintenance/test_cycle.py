@@ -821,6 +821,21 @@ def _replace_lock_file(logs: Path) -> None:
     fresh.replace(logs / ".lock")
 
 
+@contextlib.contextmanager
+def _owner_whose_lock_file_was_replaced(
+    tmp_path: Path, engine: LocalEngine
+) -> Iterator[tuple[Maintenance, Path]]:
+    """An owner of a compacted partition past its first cycle, whose log dir's `.lock`
+    was then replaced by another file: the owner and the log dir."""
+    build(tmp_path, TopicPartition("t", 0), [records(range(20), T0 - 5 * HOUR), records([0], T0)])
+    logs = tmp_path / "logs"
+    cfg = write_config(tmp_path, {"t": {"cleanup.policy": "compact"}})
+    with Maintenance(cfg, engine, clock=lambda: T0) as m:
+        m.run_once()
+        _replace_lock_file(logs)
+        yield m, logs
+
+
 def test_a_dir_whose_lock_another_process_took_is_written_nothing_more(
     tmp_path: Path, engine: LocalEngine
 ) -> None:
@@ -829,19 +844,15 @@ def test_a_dir_whose_lock_another_process_took_is_written_nothing_more(
     dir alone (offline, naming the holder) and its clean stop writes nothing there: no
     snapshot, no checkpoint, no clean-shutdown marker (which would let that process skip
     its recovery). It wrote all three at its stop."""
-    tp = TopicPartition("t", 0)
-    build(tmp_path, tp, [records(range(20), T0 - 5 * HOUR), records([0], T0)])
-    logs = tmp_path / "logs"
-    cfg = write_config(tmp_path, {"t": {"cleanup.policy": "compact"}})
-    with Maintenance(cfg, engine, clock=lambda: T0) as m:
-        m.run_once()
-        _replace_lock_file(logs)
-        with held_by_other_process(HOLD_BROKER_LOCK, logs):
-            before = {p: p.stat().st_mtime_ns for p in logs.rglob("*") if p.name != ".lock"}
-            errors = m.checkpoint(clean_stop=True)  # a stop right after the other took it
-            report = m.run_once()
-            m.checkpoint(clean_stop=True)
-            after = {p: p.stat().st_mtime_ns for p in logs.rglob("*") if p.name != ".lock"}
+    with (
+        _owner_whose_lock_file_was_replaced(tmp_path, engine) as (m, logs),
+        held_by_other_process(HOLD_BROKER_LOCK, logs),
+    ):
+        before = {p: p.stat().st_mtime_ns for p in logs.rglob("*") if p.name != ".lock"}
+        errors = m.checkpoint(clean_stop=True)  # a stop right after the other took it
+        report = m.run_once()
+        m.checkpoint(clean_stop=True)
+        after = {p: p.stat().st_mtime_ns for p in logs.rglob("*") if p.name != ".lock"}
     assert [o.log_dir for o in report.offline] == [str(logs)]
     assert "is no longer held by its owner" in report.offline[0].reason
     assert [type(e).__name__ for e in errors] == ["OwnershipLost"]
@@ -856,13 +867,7 @@ def test_a_dir_whose_lock_file_was_replaced_says_so_and_waits_for_a_restart(
     it (its disk unmounted and mounted again under the daemon): the dir is offline, the
     reason saying what happened and that a restart takes it again, and it stays so (the
     owner cannot tell the same dir from another's). It said only 'nobody holds it'."""
-    tp = TopicPartition("t", 0)
-    build(tmp_path, tp, [records(range(20), T0 - 5 * HOUR), records([0], T0)])
-    logs = tmp_path / "logs"
-    cfg = write_config(tmp_path, {"t": {"cleanup.policy": "compact"}})
-    with Maintenance(cfg, engine, clock=lambda: T0) as m:
-        m.run_once()
-        _replace_lock_file(logs)
+    with _owner_whose_lock_file_was_replaced(tmp_path, engine) as (m, logs):
         reports = [m.run_once(), m.run_once()]
     for report in reports:
         (offline,) = report.offline
