@@ -105,9 +105,11 @@ def run_spark(d: Path, master: str, state: Path) -> tuple[float, str]:
         config=CONFIG,
     )
     conf = (("spark.driver.memory", "2g"), ("spark.ui.showConsoleProgress", "false"))
-    with SparkEngine(SparkSettings(master=master, conf=conf, batch_window_s=0)) as engine:
+    with SparkEngine(SparkSettings(master=master, conf=conf)) as engine:
         start = time.perf_counter()
-        engine.submit_clean(job).result()
+        future = engine.submit_clean(job)
+        engine.flush()
+        future.result()
         seconds = time.perf_counter() - start
         m = engine.manifests[-1]
     rest = seconds - (m.startup_ms + m.reduce_ms + m.copy_ms) / 1000

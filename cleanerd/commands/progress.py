@@ -201,6 +201,9 @@ class TrackedEngine:
         future.add_done_callback(lambda _: self.progress.advance(segments=count, size=size))
         return future
 
+    def flush(self) -> None:
+        self.engine.flush()
+
     def submit_audit(self, job: AuditJob) -> Future[AuditColumns]:
         return self.engine.submit_audit(job)
 

@@ -151,6 +151,13 @@ class Engine(Protocol):
         """Start a pass; the future resolves when the swap is done (see the contract)."""
         ...
 
+    def flush(self) -> None:
+        """Start every pass submitted so far without waiting for more: the caller has
+        submitted all it means to for now (the cycle says so after each round). An engine
+        that gathers passes into jobs (`spark`) starts its job; the others start each
+        pass as it is submitted and do nothing here."""
+        ...
+
     def submit_audit(self, job: AuditJob) -> Future[AuditColumns]:
         """Start an audit scan; the future resolves with the partition's columns, or
         fails with CorruptRecordError naming the file and byte position."""

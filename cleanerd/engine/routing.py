@@ -256,6 +256,11 @@ class AutoEngine:
                 self._spark = self._spark_factory()
             return self._spark
 
+    def flush(self) -> None:
+        self.local.flush()
+        if self._spark is not None:
+            self._spark.flush()
+
     def submit_audit(self, job: AuditJob) -> Future[AuditColumns]:
         return self.local.submit_audit(job)
 

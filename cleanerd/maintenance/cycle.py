@@ -1566,6 +1566,7 @@ class Maintenance:
                 if submitted is None:
                     break
                 running[submitted[0]] = submitted[1]
+            self.engine.flush()  # this round's passes may start together (one Spark job)
             if not running:
                 return
             done, _ = wait(

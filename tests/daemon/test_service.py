@@ -760,6 +760,9 @@ class BlockingEngine:
         self.submitted.append(job.tp)
         return future
 
+    def flush(self) -> None:
+        pass
+
     def submit_audit(self, job: AuditJob) -> Future[AuditColumns]:
         raise AssertionError("the daemon does not audit")
 

@@ -43,6 +43,7 @@ class FakeEngine:
         self.jobs: list[CleanJob] = []
         self.audits: list[AuditJob] = []
         self.shut = False
+        self.flushes = 0
 
     def submit_clean(self, job: CleanJob) -> Future[CleanResult]:
         self.jobs.append(job)
@@ -50,6 +51,9 @@ class FakeEngine:
         end = job.first_uncleanable if self.end is None else self.end
         f.set_result(CleanResult(job.first_dirty, end, STATS, ()))
         return f
+
+    def flush(self) -> None:
+        self.flushes += 1
 
     def submit_audit(self, job: AuditJob) -> Future[AuditColumns]:
         self.audits.append(job)
@@ -120,7 +124,8 @@ def test_estimate_from_size_and_sample(tmp_path: Path) -> None:
 
 def test_auto_engine_routes_big_ranges_and_learns_from_a_filled_map(tmp_path: Path) -> None:
     """Small ranges stay local without creating a Spark engine; a local pass that ended
-    early sends the partition's next pass to Spark; audits run locally."""
+    early sends the partition's next pass to Spark; flushes reach both engines (the
+    Spark one once made); audits run locally."""
     job = build(tmp_path, keys=400)
     local = FakeEngine("local", end=10)
     spark = FakeEngine("spark")
@@ -132,9 +137,11 @@ def test_auto_engine_routes_big_ranges_and_learns_from_a_filled_map(tmp_path: Pa
 
     policy = AutoEngine(local, factory, lambda j: 10**6)
     policy.submit_clean(job)
-    assert (len(local.jobs), made) == (1, [])
+    policy.flush()
+    assert (len(local.jobs), made, local.flushes) == (1, [], 1)
     policy.submit_clean(job)  # the first pass filled the map (ended at 10)
-    assert (len(local.jobs), len(spark.jobs)) == (1, 1)
+    policy.flush()
+    assert (len(local.jobs), len(spark.jobs), spark.flushes) == (1, 1, 1)
     assert policy.decisions[TP][1].source == "history"
     tight = AutoEngine(FakeEngine("local"), lambda: spark, lambda j: 50, sample_bytes=4000)
     tight.submit_clean(job)

@@ -893,6 +893,9 @@ class _StopWhileSwapping:
         self.stop.set()
         return future
 
+    def flush(self) -> None:
+        self.inner.flush()
+
     def submit_audit(self, job: AuditJob) -> Future[AuditColumns]:
         return self.inner.submit_audit(job)
 
@@ -1304,6 +1307,45 @@ def test_a_pass_cut_short_by_a_full_map_is_followed_by_more(tmp_path: Path) -> N
     assert OffsetCheckpointFile(tmp_path / "logs" / CLEANER_OFFSET_CHECKPOINT).read() == {tp: 20}
 
 
+class _Recording:
+    """An engine that notes each submission and flush, in order."""
+
+    def __init__(self, inner: LocalEngine) -> None:
+        self.inner = inner
+        self.calls: list[str] = []
+        self.name, self.workers, self.dead_workers = "local", 2, 0
+
+    def submit_clean(self, job: CleanJob) -> Future[CleanResult]:
+        self.calls.append(f"submit {job.tp}")
+        return self.inner.submit_clean(job)
+
+    def flush(self) -> None:
+        self.calls.append("flush")
+
+    def submit_audit(self, job: AuditJob) -> Future[AuditColumns]:
+        return self.inner.submit_audit(job)
+
+    def abort(self, tp: TopicPartition) -> bool:
+        return self.inner.abort(tp)
+
+    def shutdown(self, *, abort: bool = False) -> None:
+        self.inner.shutdown(abort=abort)
+
+
+def test_the_cycle_flushes_each_round_of_submissions(tmp_path: Path, engine: LocalEngine) -> None:
+    """The cycle flushes after submitting what its free workers take, so an engine that
+    gathers passes into jobs (Spark) starts the round's job at once, with all of them."""
+    tps = [TopicPartition("t", i) for i in range(2)]
+    for tp in tps:
+        build(tmp_path, tp, [records(range(5), T0) * 2, records([0], T0)])
+    cfg = write_config(tmp_path, {"t": {"cleanup.policy": "compact"}})
+    recording = _Recording(engine)
+    with Maintenance(cfg, recording, clock=lambda: T0) as m:
+        assert len(m.run_once().cleaned) == 2
+    assert sorted(recording.calls[:2]) == ["submit t-0", "submit t-1"]
+    assert recording.calls[2] == "flush"
+
+
 class _DrainOnSubmit:
     """An engine that sets the cycle's drain flag as it accepts its first pass."""
 
@@ -1316,6 +1358,9 @@ class _DrainOnSubmit:
         assert self.drain is not None
         self.drain.set()
         return self.inner.submit_clean(job)
+
+    def flush(self) -> None:
+        self.inner.flush()
 
     def submit_audit(self, job: AuditJob) -> Future[AuditColumns]:
         return self.inner.submit_audit(job)
@@ -1358,6 +1403,9 @@ class _JobFails:
         future: Future[CleanResult] = Future()
         future.set_exception(SparkJobFailed(job.tp, "exit status 1; JAVA_GATEWAY_EXITED"))
         return future
+
+    def flush(self) -> None:
+        pass
 
     def submit_audit(self, job: AuditJob) -> Future[AuditColumns]:
         raise AssertionError("a cycle does not audit")
@@ -1420,6 +1468,9 @@ class _DiesMidSwap:
         assert first_deleted is not None
         future.set_exception(WorkerCrashed(job.tp, f"killed at {first_deleted}"))
         return future
+
+    def flush(self) -> None:
+        self.inner.flush()
 
     def submit_audit(self, job: AuditJob) -> Future[AuditColumns]:
         return self.inner.submit_audit(job)

@@ -5,10 +5,14 @@ writes a spec into a staging dir (`specs.py`), starts a job process on it
 (`launch_job`: ``python -m cleanerd.engine.spark.clean_job SPEC.json`` or
 ``... .audit_job``, in its own session) and reads the results back.
 
-Submitted passes are batched: the dispatcher thread waits `batch_window_s` after the first
-one, then hands everything queued (up to `max_passes`) to one job process, so the JVM's
-start-up is paid once per batch rather than once per partition. Jobs run one after
-another; passes submitted while a job runs go into the next.
+Submitted passes are batched: the dispatcher thread gathers them until the caller says it
+has submitted all it means to for now (`flush`: the maintenance cycle does after each
+round of submissions), or until `max_passes` are queued, or, for a caller that never
+flushes, until `linger_s` (5 s) passes with no new submission. Then it hands everything
+queued (up to `max_passes`) to one job process, so the JVM's start-up is paid once per
+round rather than once per partition, however long the caller takes between two
+submissions (the `auto` engine samples each dirty range before routing it). Jobs run one
+after another; passes submitted while a job runs go into the next.
 
 The clean job (`clean_job.py`) writes every pass's `.cleaned` segments and a manifest.
 This process then, per pass:
@@ -114,7 +118,7 @@ from cleanerd.records.walker import DECODE_WINDOW_BYTES, OffsetRange, batch_wind
 log = get_logger(__name__)
 
 MISSING_MESSAGE: Final = "the spark engine needs `pip install cleanerd[spark]` and Java 17"
-BATCH_WINDOW_S: Final = 0.2
+LINGER_S: Final = 5.0
 MAX_PASSES_PER_JOB: Final = 64
 KILL_GRACE_S: Final = 10.0
 LOG_TAIL_LINES: Final = 20
@@ -184,7 +188,7 @@ class SparkSettings:
     master: str = "local[*]"
     conf: tuple[tuple[str, str], ...] = ()
     max_passes: int = MAX_PASSES_PER_JOB
-    batch_window_s: float = BATCH_WINDOW_S
+    linger_s: float = LINGER_S
 
 
 class JobRunner(Protocol):
@@ -476,6 +480,9 @@ class SparkEngine:
         self._running: list[_Pending] = []
         self._kill = threading.Event()
         self._closed = False
+        self._flushed = False
+        """Everything queued was flushed: the next job need not wait for more."""
+        self._last_submitted = 0.0
         self._ids = itertools.count(1)
         self.workers = settings.max_passes
         self.dead_workers = 0
@@ -499,8 +506,15 @@ class SparkEngine:
             if self._closed:
                 raise RuntimeError("the spark engine is shut down")
             self._queue.append(_Pending(job, future, _proof_of(job)))
+            self._flushed = False
+            self._last_submitted = time.monotonic()
             self._wake.notify_all()
         return future
+
+    def flush(self) -> None:
+        with self._lock:
+            self._flushed = True
+            self._wake.notify_all()
 
     def submit_audit(self, job: AuditJob) -> Future[AuditColumns]:
         future: Future[AuditColumns] = Future()
@@ -556,8 +570,7 @@ class SparkEngine:
                     self._wake.wait()
                 if not self._queue:
                     return
-            time.sleep(self.settings.batch_window_s)  # let a cycle's submissions gather
-            with self._lock:
+                self._gather()
                 batch = [
                     p
                     for p in itertools.islice(self._queue, self.settings.max_passes)
@@ -570,6 +583,15 @@ class SparkEngine:
                 self._run_batch(batch)
             with self._lock:
                 self._running = []
+
+    def _gather(self) -> None:
+        """Wait (holding the lock) until the queue may go to a job: flushed, full, shut
+        down, or `linger_s` after the last submission."""
+        while not (self._flushed or self._closed or len(self._queue) >= self.settings.max_passes):
+            quiet = time.monotonic() - self._last_submitted
+            if quiet >= self.settings.linger_s:
+                return
+            self._wake.wait(self.settings.linger_s - quiet)
 
     def _run_batch(self, batch: list[_Pending]) -> None:
         staging = new_staging_dir(batch[0].job.state_dir, "job", next(self._ids))

@@ -296,13 +296,54 @@ def test_a_job_killed_by_an_aborting_shutdown_aborts_its_passes(tmp_path: Path) 
         assert kill.wait(WAIT_S)
         raise CleanerdError("job process ended by signal 9")
 
-    engine = SparkEngine(SparkSettings(batch_window_s=0.0), runner=until_killed)
+    engine = SparkEngine(SparkSettings(linger_s=0.0), runner=until_killed)
     future = engine.submit_clean(job_for(tmp_path / "logs", tmp_path / "state"))
     assert running.wait(WAIT_S)
     engine.shutdown(abort=True)
     error = future.exception(WAIT_S)
     assert isinstance(error, CleaningAborted)
     assert error.requested
+
+
+def _counting_runner(jobs: list[int]) -> spark_engine.JobRunner:
+    """A job runner that notes how many passes each job was given, then fails the job."""
+
+    def count(
+        spec_path: Path, staging: Path, kill: threading.Event, *, module: str = "clean_job"
+    ) -> None:
+        jobs.append(len(JobSpec.read(spec_path).passes))
+        raise CleanerdError("job process ended by signal 9")
+
+    return count
+
+
+def test_a_round_of_passes_submitted_slowly_goes_into_one_job(tmp_path: Path) -> None:
+    """Passes submitted some time apart, then flushed (as the cycle does after a round,
+    where the `auto` engine sampled ranges between its Spark-bound passes), share one job:
+    a job used to start 0.2 s after the first submission, and these went into two, a JVM
+    start each. The flush starts the job: nothing else would for an hour."""
+    jobs: list[int] = []
+    futures = []
+    with SparkEngine(SparkSettings(linger_s=3600), runner=_counting_runner(jobs)) as engine:
+        for name in ("a", "b"):
+            random_partition(tmp_path / name / str(TP), random.Random(5))
+            futures.append(engine.submit_clean(job_for(tmp_path / name, tmp_path / "state")))
+            time.sleep(0.3)  # the routing of the next candidate: its key sample
+        engine.flush()
+        for future in futures:
+            assert isinstance(future.exception(WAIT_S), SparkJobFailed)
+    assert jobs == [2]
+
+
+def test_passes_nobody_flushes_start_after_the_linger(tmp_path: Path) -> None:
+    """A caller that never flushes still gets its pass run, once `linger_s` passed
+    without another submission."""
+    jobs: list[int] = []
+    random_partition(tmp_path / "logs" / str(TP), random.Random(5))
+    with SparkEngine(SparkSettings(linger_s=0.05), runner=_counting_runner(jobs)) as engine:
+        future = engine.submit_clean(job_for(tmp_path / "logs", tmp_path / "state"))
+        assert isinstance(future.exception(WAIT_S), SparkJobFailed)
+    assert jobs == [1]
 
 
 def test_tampered_output_is_refused(spark: Any, tmp_path: Path) -> None:
@@ -608,7 +649,7 @@ def test_staging_dirs_a_killed_process_left_are_removed_by_the_next_job(
             seen.append({p.name for p in staging_root.iterdir()})
             raise CleanerdError("job process ended by signal 9")
 
-        with SparkEngine(SparkSettings(batch_window_s=0.0), runner=listing) as engine:
+        with SparkEngine(SparkSettings(linger_s=0.0), runner=listing) as engine:
             future = engine.submit_clean(job_for(tmp_path / "logs", tmp_path / "state"))
             assert isinstance(future.exception(WAIT_S), SparkJobFailed)
         own = f"job-{me.pid}-{me.start_ticks}-1"
