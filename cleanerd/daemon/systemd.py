@@ -12,6 +12,11 @@ reload notification without the timestamp), `STOPPING=1` when shutdown begins, `
 for `systemctl status`, and `WATCHDOG=1` while the event loop is healthy. The watchdog
 pings come from a task on the event loop itself, so a blocked loop stops them and systemd
 restarts the service.
+
+A datagram socket's send blocks while the receiver's queue is full (ten datagrams by
+default, `net.unix.max_dgram_qlen`): a manager that stalls, or a supervisor that passes
+`$NOTIFY_SOCKET` on and reads it slowly, would freeze the event loop that sends. A send
+waits at most `SEND_TIMEOUT_S`, then fails as a manager gone does.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ log = get_logger(__name__)
 NOTIFY_SOCKET: Final = "NOTIFY_SOCKET"
 WATCHDOG_USEC: Final = "WATCHDOG_USEC"
 WATCHDOG_PID: Final = "WATCHDOG_PID"
+SEND_TIMEOUT_S: Final = 0.5
 
 FieldValue = str | int
 
@@ -72,7 +78,8 @@ def notify(*, environ: Mapping[str, str] | None = None, **fields: FieldValue) ->
     """Send `fields` (e.g. `READY=1`) to the service manager.
 
     Returns False without doing anything when `$NOTIFY_SOCKET` is unset, True once the
-    datagram is sent. A socket error (the manager went away) propagates as OSError.
+    datagram is sent. A socket error (the manager went away), or a receiver's queue still
+    full after `SEND_TIMEOUT_S` (TimeoutError), propagates as OSError.
     """
     env = os.environ if environ is None else environ
     value = env.get(NOTIFY_SOCKET)
@@ -81,6 +88,7 @@ def notify(*, environ: Mapping[str, str] | None = None, **fields: FieldValue) ->
     address = notify_address(value)
     message = format_message(fields)
     with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as sock:
+        sock.settimeout(SEND_TIMEOUT_S)
         sock.sendto(message, address)
     return True
 

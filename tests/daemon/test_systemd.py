@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import socket
+import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -144,6 +145,29 @@ def test_a_socket_nobody_listens_at_is_logged_once_and_stops_nothing(tmp_path: P
     with capture_logs() as logs:
         assert not notifier.stopping()
     assert [e["event"] for e in logs] == ["systemd.notify_failed"]  # failing again: said
+
+
+def test_a_receiver_that_stops_reading_costs_a_bounded_wait(tmp_path: Path) -> None:
+    """A receiver whose queue is full (a stalled manager) makes a send fail after a
+    bounded wait, which the notifier logs, instead of blocking its caller, the daemon's
+    event loop, until the receiver reads: a test daemon pinging every 50 ms froze so."""
+    path = str(tmp_path / "stalled.sock")
+    notifier = Notifier(environ={"NOTIFY_SOCKET": path})
+    outcomes: list[bool] = []
+
+    def ping_until_refused() -> None:
+        while not outcomes or outcomes[-1]:
+            outcomes.append(notifier.watchdog())
+
+    with _receiver(path), capture_logs() as logs:  # never read
+        pinging = threading.Thread(target=ping_until_refused, daemon=True)
+        pinging.start()
+        pinging.join(30)
+        assert not pinging.is_alive()
+    assert outcomes[-1] is False
+    assert all(outcomes[:-1])
+    (failed,) = logs
+    assert failed["event"] == "systemd.notify_failed"
 
 
 @pytest.mark.parametrize("value", ["relative.sock", "@", "vsock:2:1234"])
