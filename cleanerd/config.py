@@ -72,7 +72,8 @@ from cleanerd.compaction.map_memory import (
     too_small,
 )
 from cleanerd.errors import ConfigError, failure_text
-from cleanerd.log.files import parse_topic_partition
+from cleanerd.log.files import LOCK_FILE_NAME, parse_topic_partition
+from cleanerd.log.ownership import lock_holder
 from cleanerd.log.roll import DEFAULT_MIN_ROLL_INTERVAL_MS
 from cleanerd.log.topic_config import CleanupPolicy, CompactionStrategyName, TopicConfig
 from cleanerd.records.header import INT32_MAX
@@ -651,6 +652,9 @@ class PathState:
     parent, a link loop)."""
     read_only_fs: bool = False
     """A dir on a file system mounted read-only (nobody may write it, root neither)."""
+    held: bool = False
+    """A log dir whose `.lock` another process holds now (a broker): owner mode only
+    observes it while it is held, so only reading it matters."""
 
 
 def probe_path(path: Path) -> PathState:
@@ -663,7 +667,7 @@ def probe_path(path: Path) -> PathState:
         return PathState("unreachable", error=e.strerror or str(e))
     if not stat.S_ISDIR(st.st_mode):
         return PathState("file" if stat.S_ISREG(st.st_mode) else "other")
-    lock = path / ".lock"  # log.files.LOCK_FILE_NAME, which config does not import
+    lock = path / LOCK_FILE_NAME
     try:
         read_only_fs = bool(os.statvfs(path).f_flag & os.ST_RDONLY)
     except OSError:
@@ -674,6 +678,7 @@ def probe_path(path: Path) -> PathState:
         writable=may(path, os.W_OK | os.X_OK),
         lock_writable=not lock.exists() or may(lock, os.W_OK),
         read_only_fs=read_only_fs,
+        held=lock_holder(path) not in (None, os.getpid()),
     )
 
 
@@ -709,7 +714,10 @@ def log_dir_problem(
     key: str, path: Path, state: PathState, *, observe: bool, user: str
 ) -> str | None:
     """Why a log dir in `state` cannot be used (None: it can). Owner mode needs to read
-    and write it, observe mode only to read it."""
+    and write it; observe mode only to read it, and so does owner mode while another
+    process holds it (`LogDir.open` observes it then: a broker's dir is often read-only
+    to cleanerd, as the unit's observe drop-in makes it)."""
+    observe = observe or state.held
     shown = repr(str(path))
     if state.kind == "missing":
         return (

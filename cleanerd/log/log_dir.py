@@ -98,6 +98,7 @@ from cleanerd.log.ownership import (
     OwnerProof,
     ProcessId,
     cleanerd_command,
+    lock_holder,
     start_ticks,
 )
 from cleanerd.log.partition_log import LogConfig, PartitionLog
@@ -179,22 +180,13 @@ class LogDir:
         try:
             dir_lock.acquire()
         except LogDirLockedError:
-            held = Holder.of(path, state)
-            if allow_shared and held.pid is not None and held.cleanerd:
-                log.info("log_dir.shared", log_dir=str(path), owner_pid=held.pid)
-                owner = OwnerProof(path, ProcessId(held.pid, start_ticks(held.pid)))
-                return cls(path, Mode.SHARED, state_dir=state, owner=owner)
-            if held.cleanerd or held.ends_by_itself:
-                # Two cleanerd owners of one state dir would each believe they own the
-                # dir, and observing it would look like success: refuse, naming the first.
-                # A one-shot command (of any state dir) lets go: its caller may try again.
-                refused = LogDirLockedError(
-                    path, held.refusal(), ends_by_itself=held.ends_by_itself
-                )
-                raise refused from None
-            observed = cls(path, Mode.OBSERVE, state_dir=state, held_by=held)
-            log.warning("log_dir.observe_forced", log_dir=str(path), reason=str(held))
-            return observed
+            return cls._beside_holder(path, state, allow_shared=allow_shared)
+        except OSError:
+            # `.lock` cannot be opened to write (a read-only mount, another user's file):
+            # a dir that some process holds is observed all the same.
+            if lock_holder(path) is None:
+                raise
+            return cls._beside_holder(path, state, allow_shared=allow_shared)
         owner_lock = OwnerLock(state, path)
         if not owner_lock.acquire(cleanerd_command(os.getpid())):
             dir_lock.release()
@@ -214,6 +206,26 @@ class LogDir:
             owned.close()
             raise
         return owned
+
+    @classmethod
+    def _beside_holder(cls, path: Path, state: Path, *, allow_shared: bool) -> LogDir:
+        """`path`, whose `.lock` another process holds, as `open` takes it: shared with a
+        cleanerd owner when `allow_shared`, refused when that holder is a cleanerd owner
+        of `state` or a one-shot command, else observed (with a warning)."""
+        held = Holder.of(path, state)
+        if allow_shared and held.pid is not None and held.cleanerd:
+            log.info("log_dir.shared", log_dir=str(path), owner_pid=held.pid)
+            owner = OwnerProof(path, ProcessId(held.pid, start_ticks(held.pid)))
+            return cls(path, Mode.SHARED, state_dir=state, owner=owner)
+        if held.cleanerd or held.ends_by_itself:
+            # Two cleanerd owners of one state dir would each believe they own the dir,
+            # and observing it would look like success: refuse, naming the first. A
+            # one-shot command (of any state dir) lets go: its caller may try again.
+            refused = LogDirLockedError(path, held.refusal(), ends_by_itself=held.ends_by_itself)
+            raise refused from None  # raised while `open` handles the lock's refusal
+        observed = cls(path, Mode.OBSERVE, state_dir=state, held_by=held)
+        log.warning("log_dir.observe_forced", log_dir=str(path), reason=str(held))
+        return observed
 
     def _take_known(self, kept: KnownFile) -> None:
         self._known, self.known_dirs = kept.segments, kept.dirs

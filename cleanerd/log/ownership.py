@@ -101,7 +101,9 @@ def start_ticks(pid: int) -> int | None:
 def lock_holder(log_dir: Path) -> int | None:
     """The pid of the process holding `log_dir`'s `.lock`: its POSIX lock (a broker's,
     cleanerd's), else a `flock` lock on it (a tool run under `flock(1)`); None when
-    nobody holds it (or it does not exist)."""
+    nobody holds it (or it does not exist). 0 for a holder whose pid cannot be seen: the
+    kernel gives -1 for an open file description lock (`F_OFD_SETLK`), which belongs to
+    no process."""
     if holds_log_dir_lock(log_dir):
         return os.getpid()
     try:
@@ -115,7 +117,7 @@ def lock_holder(log_dir: Path) -> int | None:
     finally:
         os.close(fd)  # this process holds no lock on the file: closing drops nothing
     if kind != fcntl.F_UNLCK:
-        return int(pid)
+        return max(int(pid), 0)
     return flock_holder(log_dir / LOCK_FILE_NAME, st.st_dev, st.st_ino)
 
 

@@ -26,6 +26,7 @@ from tests.faults.workload import (
     write_config,
     write_partition,
 )
+from tests.holders import HOLD_BROKER_LOCK, held_by_other_process
 from tests.tools import unavailable
 
 pytestmark = pytest.mark.root
@@ -154,6 +155,29 @@ def test_read_only_partition_dir_fails_clean_naming_the_file(tmp_path: Path) -> 
     assert f"{other}: cleaned" in done.stdout
     for tp in (TP, other):
         verify(data / str(tp), work[tp])
+
+
+def test_a_brokers_dir_seen_read_only_is_observed_in_owner_mode(tmp_path: Path) -> None:
+    """A dir a broker holds, which cleanerd sees through a read-only mount (the unit's
+    observe drop-in makes it so), is observed under an owner-mode config, as a writable
+    one is: `check-config` warned no more than that but refused it as read-only, `clean`
+    could open no log dir, and the daemon did not start."""
+    data, seen, state = tmp_path / "data", tmp_path / "seen", tmp_path / "state"
+    work = write_partition(data, state, records=2_000, keys=200, segment_bytes=SEGMENT_BYTES, ts=TS)
+    seen.mkdir()
+    config = write_config(tmp_path / "c.yaml", seen, state)
+    before = dir_state(data / str(TP))
+    with held_by_other_process(HOLD_BROKER_LOCK, data), read_only_bind(seen, data):
+        checked = cleanerd("check-config", str(config))
+        assert checked.returncode == 0, checked.stderr
+        assert "is held by pid" in checked.stderr
+        assert "read-only" not in checked.stderr
+        done = cleanerd("clean", "-c", str(config), "--json")
+        assert "no log dir could be opened" not in done.stderr
+        assert "log_dir.observe_forced" in done.stderr
+        assert json.loads(done.stdout)["cleaned"] == []
+    assert dir_state(data / str(TP)) == before
+    verify(data / str(TP), work)
 
 
 def watched(tmp_path: Path, data: Path) -> tuple[Workload, Path]:

@@ -223,6 +223,26 @@ def test_a_lock_file_this_user_cannot_write_says_what_to_do(
         LogDirLock(tmp_path).acquire()
 
 
+def test_an_open_file_description_lock_is_held_by_a_pid_not_visible(tmp_path: Path) -> None:
+    """A `.lock` held with an open file description lock (`F_OFD_SETLK`) keeps cleanerd
+    out; its holder, whose pid the kernel gives as -1, was named "pid -1"."""
+    take = (
+        "import fcntl, os, struct, sys; "
+        "fd = os.open(os.path.join(sys.argv[1], '.lock'), os.O_RDWR | os.O_CREAT, 0o644); "
+        "fcntl.fcntl(fd, fcntl.F_OFD_SETLK, struct.pack('hhqqi', fcntl.F_WRLCK, 0, 0, 0, 0)); "
+        "print('ready', flush=True); sys.stdin.read()"
+    )
+    with held_by_other_process(take, tmp_path):
+        assert lock_holder(tmp_path) == 0
+        observed = LogDir.open(tmp_path, state_dir=tmp_path / "state")
+        try:
+            assert observed.mode is Mode.OBSERVE
+            assert observed.held_by is not None
+            assert observed.held_by.who == "a process whose pid is not visible here"
+        finally:
+            observed.close()
+
+
 def test_a_flock_on_the_lock_file_keeps_cleanerd_out_and_is_kept_out(tmp_path: Path) -> None:
     """A tool run under `flock(1)` takes a `flock` lock on `.lock`, which never conflicts
     with a POSIX lock (Kafka's, cleanerd's): cleanerd took such a dir, and in a trial cut
