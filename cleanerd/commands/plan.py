@@ -45,10 +45,12 @@ ARGS: Final[tuple[Arg, ...]] = (
 )
 
 
-def _roll_text(roll: RollPlan, now_ms: int) -> str:
+def _roll_text(roll: RollPlan, now_ms: int, *, at_append: bool = False) -> str:
     d = roll.decision
     if d is not None:
         waited = "" if d.waited_ms is None else f", waited {d.waited_ms} ms of {roll.limit_ms} ms"
+        if at_append:  # a broker's dir: it rolls only when it appends
+            return f"roll: due at the broker's next append ({d.reason.value}{waited})"
         return f"roll: due now ({d.reason.value}{waited})"
     if roll.due_at_ms is None:
         return "roll: no (the active segment is empty)"
@@ -161,7 +163,7 @@ def render_text(
             # Said here too: the roll line would otherwise say "not yet" above it.
             lines.append(f"  roll: due now ({roll.reason.value}: retention takes every segment)")
         else:
-            lines.append(f"  {_roll_text(p.roll, plan.now_ms)}")
+            lines.append(f"  {_roll_text(p.roll, plan.now_ms, at_append=p.roll_at_append)}")
         lines.append(f"  {_retention_text(p)}")
         lines.append(f"  {_compaction_text(p, cleaner_enabled=plan.cleaner_enabled)}")
     outcomes = {o.device: o for o in plan.disk_outcomes}

@@ -104,6 +104,10 @@ class PlanInput:
     """Delete horizons of the non-active segments (`HorizonCache`)."""
     uncleanable: str | None = None
     """Why the partition is uncleanable, or None."""
+    rolls: bool = True
+    """A cleanerd cycle rolls the partition (this config's, or the daemon's that holds
+    its dir); False beside a broker, which rolls only when it appends (an idle
+    partition's active segment never rolls, so its data is not cleanable)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,6 +134,9 @@ class PartitionPlan:
     retention_skipped: str | None = None
     """Why the retention step passes the partition by (`steps.HELD_UNCLEANABLE`), or
     None."""
+    roll_at_append: bool = False
+    """The roll is due, but a broker holds the dir: it rolls at its next append, not in
+    a cycle, and nothing is planned past that roll."""
 
     @property
     def topic_partition(self) -> TopicPartition:
@@ -177,7 +184,8 @@ def plan_partition(
         age=inp.age,
         min_roll_interval_ms=min_roll_interval_ms,
     )
-    current = simulate_roll(meta, now_ms) if roll.decision is not None else meta
+    rolls_now = roll.decision is not None and inp.rolls
+    current = simulate_roll(meta, now_ms) if rolls_now else meta
     retention, rolled, current, skipped = _retention(inp, current, now_ms, cleaner_enabled)
     compaction = None
     if topic.compact:
@@ -192,6 +200,8 @@ def plan_partition(
     planned = _partition_plan(
         inp, roll, retention, rolled=rolled, compaction=compaction, retention_skipped=skipped
     )
+    if roll.decision is not None and not inp.rolls:
+        planned = dataclasses.replace(planned, roll_at_append=True)
     return planned, current
 
 
@@ -488,6 +498,7 @@ def _gather_dir(
                 age=age,
                 horizons=segment_horizons,
                 uncleanable=None if plog.corrupt is None else str(plog.corrupt),
+                rolls=rolls,
             )
         )
 
@@ -533,7 +544,7 @@ def _rolled(partitions: Sequence[PartitionPlan]) -> list[dict[str, Any]]:
     out = []
     for p in partitions:
         d = None if p.roll is None else p.roll.decision
-        if d is not None:
+        if d is not None and not p.roll_at_append:
             tp = p.topic_partition
             out.append(rolled_json(p.log_dir, tp, d.base_offset, d.reason.value, d.waited_ms))
     for p in partitions:
@@ -573,6 +584,7 @@ def partition_json(p: PartitionPlan) -> dict[str, Any]:
             "limit_reason": p.roll.limit_reason,
             "due_at_ms": p.roll.due_at_ms,
             "held_by_min_interval": p.roll.held_by_min_interval,
+            "at_next_append": p.roll_at_append,
         }
     c = p.compaction
     if c is not None:

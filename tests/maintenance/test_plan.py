@@ -401,6 +401,40 @@ def test_kip61_is_planned_only_where_the_owner_has_it(
     assert (str(logs) not in gathered.no_disk_usage) == deletes
 
 
+@pytest.mark.parametrize(("hold", "rolls"), [(HOLD_BROKER_LOCK, False), (HOLD_OWNER_LOCK, True)])
+def test_a_brokers_idle_partition_is_planned_without_the_roll_it_never_makes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], hold: str, rolls: bool
+) -> None:
+    """A broker rolls only when it appends: the overdue active segment of an idle
+    partition in its dir stays as it is, so `plan` plans nothing past that roll (no
+    cleanable range, Kafka's delay 0), as the daemon's gauges have it. It planned the
+    roll a cleanerd cycle makes, and a pass over the segment. A dir another cleanerd
+    owns is still planned with its roll."""
+    logs, state = tmp_path / "logs", tmp_path / "state"
+    old = T0 - 30 * MIN  # past the minimum roll interval too
+    batches = [[[kv(f"k{i % 2}", f"v{i}", timestamp=old + i)] for i in range(6)]]  # active only
+    build_log(logs, batches, state_dir=state, tp=TopicPartition("cfg", 0))
+    cfg = {
+        "log.dirs": [str(logs)],
+        "state_dir": str(state),
+        "topics": {"cfg": {"cleanup.policy": "compact", "max.compaction.lag.ms": MIN}},
+    }
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    with held_by_other_process(hold, logs, state):
+        assert main(["plan", "-c", str(path), "--now-ms", str(T0)]) == 0
+        text = capsys.readouterr().out
+        assert main(["plan", "-c", str(path), "--now-ms", str(T0), "--json"]) == 0
+        doc = json.loads(capsys.readouterr().out)
+    (p,) = doc["partitions"]
+    assert p["roll"]["due"]
+    assert p["roll"]["at_next_append"] is not rolls
+    assert bool(doc["rolled"]) is rolls
+    assert (p["compaction"]["cleanable_bytes"] > 0) is rolls
+    assert (p["compaction"]["kafka_overdue_ms"] > 0) is rolls
+    assert ("roll: due at the broker's next append (max.compaction.lag.ms" in text) is not rolls
+
+
 def test_a_root_file_that_cannot_be_read_is_named(tmp_path: Path) -> None:
     """A root checkpoint that cannot be read (a dir where the file should be, here) is
     named in the error, not only the log dir and the reason."""
