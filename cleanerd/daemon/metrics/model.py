@@ -8,14 +8,15 @@ the snapshot, so the HTTP thread never sees a half-updated state.
 
 Per partition and per log dir, and the maximum over all:
 
-- compaction delay, two variants. cleanerd's, the honest one:
+- compaction delay, the honest one:
   `max(0, now - earliest dirty timestamp - max.compaction.lag.ms)` where the earliest
   dirty timestamp counts the active segment's first batch too, over every compacted
-  partition, uncleanable ones included (an operator must see those first). Kafka's:
-  dirty non-active segments only, over the partitions Kafka's selection would consider
-  (uncleanable ones excluded); it reads 0 while overdue data waits in an unrolled active
-  segment. The maxima feed `cleanerd_max_compaction_delay_seconds` and
-  `kafka_log_logcleaner_max_compaction_delay_secs` (whole seconds, as Kafka's gauge);
+  partition, uncleanable ones included (an operator must see those first). Its maxima
+  feed `cleanerd_max_compaction_delay_seconds` and, deliberately, Kafka's
+  `kafka_log_logcleaner_max_compaction_delay_secs` too (whole seconds, as Kafka's
+  gauge; see the exporter). Kafka's own variant (dirty non-active segments only: it
+  reads 0 while overdue data waits in an unrolled active segment) is `plan`'s "Kafka
+  sees" (`LogToClean.kafka_compaction_delay_ms`);
 - dirty ratio (Kafka's cleanableRatio); the max over non-empty, cleanable candidates is
   `max-dirty-percent`;
 - uncleanable partitions and bytes per log dir (bytes: the partitions' current cleanable
@@ -62,8 +63,6 @@ class PartitionMetrics:
     cleanable_bytes: int
     compaction_delay_ms: int
     """cleanerd's delay (active segment counted)."""
-    kafka_compaction_delay_ms: int
-    """Kafka's delay (dirty non-active segments only)."""
     deadline_ms: int | None
     uncleanable: bool
     uncleanable_reason: str | None
@@ -79,7 +78,6 @@ class LogDirMetrics:
     partitions: int
     size_bytes: int
     max_compaction_delay_ms: int
-    kafka_max_compaction_delay_ms: int
     max_dirty_ratio: float
     uncleanable_partitions: int
     uncleanable_bytes: int
@@ -123,7 +121,6 @@ class MetricsSnapshot:
     log_dirs: tuple[LogDirMetrics, ...]
     devices: tuple[DeviceMetrics, ...]
     max_compaction_delay_ms: int
-    kafka_max_compaction_delay_ms: int
     max_dirty_ratio: float
     last_run_ms: int | None
     max_clean_time_ms: int
@@ -143,11 +140,6 @@ class MetricsSnapshot:
         return sum(d.uncleanable_bytes for d in self.log_dirs)
 
     # Kafka's gauges, in Kafka's units and integer truncation.
-
-    @property
-    def kafka_max_compaction_delay_secs(self) -> int:
-        """`max-compaction-delay-secs`."""
-        return self.kafka_max_compaction_delay_ms // 1000
 
     @property
     def kafka_max_dirty_percent(self) -> int:
@@ -190,7 +182,6 @@ def partition_metrics(
         dirty_ratio=0.0 if ltc is None else ltc.cleanable_ratio,
         cleanable_bytes=0 if ltc is None else ltc.cleanable_bytes,
         compaction_delay_ms=0 if ltc is None else ltc.compaction_delay_ms,
-        kafka_compaction_delay_ms=0 if ltc is None else ltc.kafka_compaction_delay_ms,
         deadline_ms=None if ltc is None else ltc.deadline_ms,
         uncleanable=uncleanable_reason is not None,
         uncleanable_reason=uncleanable_reason,
@@ -211,7 +202,6 @@ def log_dir_metrics(log_dir: str, partitions: Sequence[PartitionMetrics]) -> Log
         partitions=len(partitions),
         size_bytes=sum(p.size_bytes for p in partitions),
         max_compaction_delay_ms=max((p.compaction_delay_ms for p in partitions), default=0),
-        kafka_max_compaction_delay_ms=max((p.kafka_compaction_delay_ms for p in kafka), default=0),
         max_dirty_ratio=max((p.dirty_ratio for p in kafka if p.size_bytes > 0), default=0.0),
         uncleanable_partitions=len(uncleanable),
         uncleanable_bytes=sum(p.cleanable_bytes for p in uncleanable),
@@ -299,9 +289,6 @@ def build_snapshot(
             for u in devices
         ),
         max_compaction_delay_ms=max((d.max_compaction_delay_ms for d in dir_metrics), default=0),
-        kafka_max_compaction_delay_ms=max(
-            (d.kafka_max_compaction_delay_ms for d in dir_metrics), default=0
-        ),
         max_dirty_ratio=max((d.max_dirty_ratio for d in dir_metrics), default=0.0),
         last_run_ms=last_run_ms,
         max_clean_time_ms=max((r.end_ms - r.start_ms for r in last_runs), default=0),

@@ -49,19 +49,17 @@ def stats(read: int, written: int, util: float, ms: int) -> CleanerStats:
 
 
 def test_honest_delay_counts_the_active_segment() -> None:
-    """Overdue data in an unrolled active segment shows in cleanerd's delay and not in
-    Kafka's, per partition, per log dir and overall."""
+    """Overdue data in an unrolled active segment shows in the delay (not in Kafka's own,
+    which `plan` shows), per partition, per log dir and overall."""
     idle = state(meta("idle", "/a", [NOW - 60 * MIN]))
     rolled = state(meta("rolled", "/b", [NOW - 30 * MIN, NOW]))
     snap = build_snapshot(now_ms=NOW, partitions=[idle, rolled])
     by_topic = {p.topic: p for p in snap.partitions}
     assert by_topic["idle"].compaction_delay_ms == 50 * MIN
-    assert by_topic["idle"].kafka_compaction_delay_ms == 0
+    assert idle.ltc is not None
+    assert idle.ltc.kafka_compaction_delay_ms == 0
     assert by_topic["rolled"].compaction_delay_ms == 20 * MIN
-    assert by_topic["rolled"].kafka_compaction_delay_ms == 20 * MIN
     assert snap.max_compaction_delay_ms == 50 * MIN
-    assert snap.kafka_max_compaction_delay_ms == 20 * MIN
-    assert snap.kafka_max_compaction_delay_secs == 20 * 60
     assert [(d.log_dir, d.max_compaction_delay_ms) for d in snap.log_dirs] == [
         ("/a", 50 * MIN),
         ("/b", 20 * MIN),
@@ -70,8 +68,8 @@ def test_honest_delay_counts_the_active_segment() -> None:
 
 def test_uncleanable_partitions_and_bytes_per_dir() -> None:
     """Uncleanable partitions count per log dir with their cleanable bytes; they stay in
-    cleanerd's delay but leave Kafka's delay and dirty ratio; a marked partition without a
-    snapshot still counts."""
+    the delay but leave Kafka's dirty ratio; a marked partition without a snapshot still
+    counts."""
     bad = state(meta("bad", "/a", [NOW - 60 * MIN, NOW - 50 * MIN, NOW]))
     good = state(meta("good", "/a", [NOW, NOW, NOW]), checkpoint=10)
     registry = UncleanablePartitions()
@@ -84,7 +82,6 @@ def test_uncleanable_partitions_and_bytes_per_dir() -> None:
     assert (a.uncleanable_partitions, a.uncleanable_bytes) == (2, 200)
     assert (empty.log_dir, empty.partitions, empty.uncleanable_partitions) == ("/empty", 0, 0)
     assert a.max_compaction_delay_ms == 50 * MIN
-    assert a.kafka_max_compaction_delay_ms == 0
     assert a.max_dirty_ratio == 0.5  # good's; bad's 1.0 does not count
     assert snap.uncleanable_partitions == 2
     assert snap.partitions[0].uncleanable_reason == "corrupt"
@@ -134,7 +131,7 @@ def test_scenario_43_worker_gauges_are_maxima_and_zero_without_runs() -> None:
     none = build_snapshot(now_ms=NOW, partitions=[])
     assert none.kafka_max_buffer_utilization_percent == 0
     assert none.kafka_max_clean_time_secs == 0
-    assert none.kafka_max_compaction_delay_secs == 0
+    assert none.max_compaction_delay_ms == 0
 
     def gauges(utils: list[float], secs: list[float]) -> tuple[int, int]:
         runs = [stats(1, 1, u, int(t * 1000)) for u, t in zip(utils, secs, strict=True)]
