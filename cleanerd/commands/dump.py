@@ -69,7 +69,7 @@ from cleanerd.log.files import (
 from cleanerd.log.index import OffsetIndex, OffsetPosition, TimeIndex, TimestampOffset
 from cleanerd.log.producer_state import ProducerEntry, read_snapshot
 from cleanerd.log.segment_reader import map_file
-from cleanerd.log.tail import torn_tail_reason
+from cleanerd.log.tail import ZERO_TAIL, torn_tail_reason
 from cleanerd.log.txnindex import TXN_ENTRY_VERSION, AbortedTxn, TransactionIndex
 from cleanerd.records import legacy
 from cleanerd.records.batch import iter_records
@@ -213,10 +213,13 @@ def _log_lines(path: Path, base_offset: int, options: DumpOptions) -> Iterator[s
 
 def cut_short(data: Buffer, scan: Walk) -> bool:
     """Whether the walk of a whole `.log` stopped at a batch cut short, Kafka's `Found N
-    invalid bytes`: an incomplete batch with no valid batch after it (`torn_tail_reason`,
-    as the owner's open judges it). A length past the file followed by whole valid
-    batches is a damaged length, reported at its position as the owner reports it."""
-    return scan.incomplete_tail and torn_tail_reason(data, scan) is not None
+    invalid bytes`: an incomplete batch with no valid batch after it, or only zeros after
+    the last batch (a broker's preallocated active segment: `preallocate`), as the
+    owner's open judges them (`torn_tail_reason`). A length past the file followed by
+    whole valid batches is a damaged length, reported at its position as the owner
+    reports it."""
+    reason = torn_tail_reason(data, scan)
+    return reason is not None and (scan.incomplete_tail or reason == ZERO_TAIL)
 
 
 def closed_segment_cut_short(

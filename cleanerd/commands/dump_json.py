@@ -23,7 +23,8 @@ Every object has `type` and `file` (the path as given). Types and fields:
   are valid UTF-8, and the `_b64` field for any that are not. null is null in both. A
   record printed with `--utf8` thus uses `cleanerd produce`'s input field names.
 - `invalid_bytes`: the incomplete batch a crash mid-append leaves at the end of a
-  segment: `position` and `size` (Kafka's "Found N invalid bytes at the end").
+  segment, or the zeros after the last batch of a preallocated one: `position` and
+  `size` (Kafka's "Found N invalid bytes at the end").
 - `offset_index_entry` (`.index`): `offset`, `position`; `time_index_entry`
   (`.timeindex`): `timestamp`, `offset`; `txn_index_entry` (`.txnindex`): `version`,
   `producer_id`, `first_offset`, `last_offset`, `last_stable_offset`.

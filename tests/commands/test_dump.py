@@ -155,6 +155,23 @@ class TestRealKafkaFiles:
         )
         assert list(dump_file_json(active, SHALLOW))[-1]["type"] == "invalid_bytes"
 
+    def test_zeros_after_the_last_batch_are_invalid_bytes_as_in_a_preallocated_segment(
+        self, tmp_path: Path
+    ) -> None:
+        """A broker's preallocated active segment (`preallocate`) has zeros after its last
+        batch: `Found N invalid bytes`, exit 0, as the owner's open cuts them. It was a
+        corrupt batch ("batch size 12 is below the magic 0 minimum 26"), exit 1; in a
+        closed segment the zeros are damage, as the owner calls them."""
+        batch = encode_batch([Record(0, 1000, b"k", b"v")], base_offset=0)
+        active = write_segment(tmp_path, batch + bytes(4096))
+        assert lines(active)[-1] == f"Found 4096 invalid bytes at the end of {active.name}"
+        assert list(dump_file_json(active, SHALLOW))[-1]["type"] == "invalid_bytes"
+        write_segment(
+            tmp_path, encode_batch([Record(5, 1000, b"k", b"v")], base_offset=5), base_offset=5
+        )
+        with pytest.raises(CorruptRecordError, match="a later segment follows it"):
+            lines(active)
+
     def test_a_length_past_the_file_with_valid_batches_after_it_is_damage(
         self, tmp_path: Path
     ) -> None:
