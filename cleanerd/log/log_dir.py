@@ -176,6 +176,10 @@ class LogDir:
             if (path / CLEAN_SHUTDOWN_FILE_NAME).exists():  # nobody owned it since the stop
                 observer._take_known(read_known_segments(state, path))
             return observer
+        if lock_holder(path) not in (None, os.getpid()):
+            # Held (a broker's, most likely): asked read-only, so that not even an open
+            # for writing reaches the holder's dir (a lock attempt needs one).
+            return cls._beside_holder(path, state, allow_shared=allow_shared)
         dir_lock = LogDirLock(path)
         try:
             dir_lock.acquire()

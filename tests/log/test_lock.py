@@ -26,7 +26,7 @@ from cleanerd.log.lock import (
 from cleanerd.log.log_dir import LogDir, Mode
 from cleanerd.log.ownership import lock_holder
 from tests.conftest import NOGROUP, give_mode_and_group, mode_and_group
-from tests.holders import HOLD_FLOCK, held_by_other_process
+from tests.holders import HOLD_BROKER_LOCK, HOLD_FLOCK, held_by_other_process
 
 _CTX = multiprocessing.get_context("spawn")
 TP = TopicPartition("t", 0)
@@ -221,6 +221,29 @@ def test_a_lock_file_this_user_cannot_write_says_what_to_do(
     monkeypatch.setattr(os, "open", refused)
     with pytest.raises(PermissionError, match="a lock needs its file open to write"):
         LogDirLock(tmp_path).acquire()
+
+
+def test_a_dir_a_broker_holds_is_never_opened_to_write(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An owner-mode open of a dir a broker holds observes it without opening `.lock`
+    to write (a lock attempt needs that): a watch of the broker's dir saw cleanerd's
+    write-opens of its `.lock`, though no byte changed."""
+    opened: list[int] = []
+    real_open = os.open
+
+    def watching(path: Any, flags: int, *args: Any, **kwargs: Any) -> int:
+        if str(path).endswith(".lock"):
+            opened.append(flags)
+        return real_open(path, flags, *args, **kwargs)
+
+    with held_by_other_process(HOLD_BROKER_LOCK, tmp_path):
+        monkeypatch.setattr(os, "open", watching)
+        observed = LogDir.open(tmp_path, state_dir=tmp_path / "state")
+        observed.close()
+    assert observed.mode is Mode.OBSERVE
+    assert opened
+    assert all(flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT) == 0 for flags in opened)
 
 
 def test_an_open_file_description_lock_is_held_by_a_pid_not_visible(tmp_path: Path) -> None:
