@@ -1212,7 +1212,7 @@ class Maintenance:
             except (CleanerdError, OSError) as exc:
                 self._plogs.pop(key, None)
                 self._cuts_reported.pop(key, None)
-                log.debug("observe.skipped", **_fields(tp, log_dir.path), reason=str(exc))
+                self._observe_skipped(log_dir.path, tp, str(exc))
                 report.unread(log_dir.path, tp, topic, str(exc))
                 continue
             ltc = None
@@ -1225,6 +1225,19 @@ class Maintenance:
                     max_compaction_lag_ms=topic.max_compaction_lag_ms,
                 )
             yield _state(meta, topic, ltc)
+
+    def _observe_skipped(self, log_dir: Path, tp: TopicPartition, reason: str) -> None:
+        """Log an observed partition that could not be read: at debug, as a broker
+        changing it as it was read makes it so for one cycle; once the same error is met
+        in the next cycle too, it stays (damage, a file it may not read), and a warning
+        says so, once."""
+        skipped = ("observe.skipped", log_dir, tp, reason)
+        if skipped in self._last_notes:
+            self._once("observe.unreadable", log_dir, tp, reason)(
+                "observe.unreadable", **_fields(tp, log_dir), error=reason
+            )
+        self._notes.add(skipped)
+        log.debug("observe.skipped", **_fields(tp, log_dir), reason=reason)
 
     def _open(
         self, log_dir: LogDir, tp: TopicPartition, report: _Builder, *, by_readers: bool = False

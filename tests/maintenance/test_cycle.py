@@ -536,6 +536,37 @@ def test_a_partition_that_cannot_be_opened_is_reported_unreadable_and_counted(
     assert (counted.partitions, counted.unreadable_partitions) == (2, 1)
 
 
+def test_an_observed_partition_unreadable_two_cycles_in_a_row_is_a_warning_once(
+    tmp_path: Path, engine: LocalEngine
+) -> None:
+    """An observed partition that cannot be read is logged at debug the first time (a
+    broker was changing it, most often), with a warning naming the error once it is met
+    again in the next cycle, and not again after: damage beside a broker was said only
+    at debug."""
+    bad = TopicPartition("c", 1)
+    bad_dir = build(tmp_path, bad, [records(range(3), T0)])
+    (tmp_path / "elsewhere").write_bytes(b"")
+    (bad_dir / "00000000000000000099.snapshot").symlink_to(tmp_path / "elsewhere")
+    cfg = write_config(tmp_path, {"c": {"cleanup.policy": "compact"}}, mode="observe")
+    warned = []
+    with Maintenance(cfg, engine, clock=lambda: T0) as m:
+        for _ in range(3):
+            with capture_logs() as logs:
+                m.run_once()
+            warned.append([e for e in logs if e["event"].startswith("observe.")])
+    assert [e["log_level"] for e in warned[0]] == ["debug"]
+    assert [e["log_level"] for e in warned[2]] == ["debug", "debug"]
+    warning, skipped = warned[1]
+    assert skipped["log_level"] == "debug"
+    assert (warning["log_level"], warning["event"], warning["topic"], warning["partition"]) == (
+        "warning",
+        "observe.unreadable",
+        "c",
+        1,
+    )
+    assert "00000000000000000099.snapshot" in warning["error"]
+
+
 @pytest.mark.parametrize("marked_before", [False, True])
 def test_a_compacted_partition_whose_metadata_cannot_be_read_is_unreadable(
     tmp_path: Path, engine: LocalEngine, marked_before: bool
