@@ -34,8 +34,9 @@ are untouched, nothing is marked, the cycle reports the failed step (`clean.fail
 and `cleanerd clean` exits 1), and the next cycle plans the partition again. A pass
 the job itself reports failed (a corrupt segment) or whose output fails verification
 fails with a `CleanerdError`, which marks the partition uncleanable as a local pass
-would. `abort(tp)` of a pass whose job is running lets the job finish and discards that
-pass's output; `shutdown(abort=True)` kills the job's process group. Removing a pass's
+would. `abort(tp)` of a pass whose job is running discards that pass's output, and kills
+the job once every pass of it is aborted (a stop of the daemon aborts them all);
+`shutdown(abort=True)` kills the job's process group. Removing a pass's
 output removes every `.cleaned` file of its partition (`swap.remove_stale_cleaned`): only
 the pass writes them (the scheduler runs one pass of a partition at a time), and an
 output that overflowed a segment is based at offsets of no source segment.
@@ -98,7 +99,7 @@ from cleanerd.engine.spark.specs import (
     recorded_errors,
 )
 from cleanerd.engine.spark.tasks import AUDIT_JOB, CLEAN_JOB, python_path_env
-from cleanerd.errors import CleanerdError, CorruptRecordError
+from cleanerd.errors import CleanerdError, CorruptRecordError, file_step
 from cleanerd.log.files import (
     CLEANED_FILE_SUFFIX,
     INDEX_FILE_SUFFIX,
@@ -479,6 +480,7 @@ class SparkEngine:
         self._queue: collections.deque[_Pending] = collections.deque()
         self._running: list[_Pending] = []
         self._kill = threading.Event()
+        """Kills the running job (each job gets its own)."""
         self._closed = False
         self._flushed = False
         """Everything queued was flushed: the next job need not wait for more."""
@@ -537,6 +539,8 @@ class SparkEngine:
                 running = [p for p in self._running if p.job.tp == tp]
                 for p in running:
                     p.aborted = True
+                if running and all(p.aborted for p in self._running):
+                    self._kill.set()  # nothing of the job is wanted any more: stop it now
                 return bool(running)
         queued.future.set_exception(CleaningAborted(tp))
         return True
@@ -579,6 +583,7 @@ class SparkEngine:
                 for _ in range(min(len(self._queue), self.settings.max_passes)):
                     self._queue.popleft()
                 self._running = batch
+                self._kill = threading.Event()
             if batch:
                 self._run_batch(batch)
             with self._lock:
@@ -594,8 +599,9 @@ class SparkEngine:
             self._wake.wait(self.settings.linger_s - quiet)
 
     def _run_batch(self, batch: list[_Pending]) -> None:
-        staging = new_staging_dir(batch[0].job.state_dir, "job", next(self._ids))
+        staging: Path | None = None
         try:
+            staging = new_staging_dir(batch[0].job.state_dir, "job", next(self._ids))
             manifest = self._run_job(batch, staging)
             for p, outcome in zip(batch, manifest.outcomes, strict=True):
                 self._finish(p, outcome, manifest.startup_ms + manifest.reduce_ms)
@@ -612,7 +618,8 @@ class SparkEngine:
                     )
                     p.future.set_exception(failure)
         finally:
-            shutil.rmtree(staging, ignore_errors=True)
+            if staging is not None:
+                shutil.rmtree(staging, ignore_errors=True)
 
     def _run_job(self, batch: Sequence[_Pending], staging: Path) -> Manifest:
         spec = JobSpec(
@@ -688,7 +695,8 @@ def new_staging_dir(state_dir: Path, kind: str, n: int) -> Path:
     me = ProcessId.current()
     path = root / f"{kind}-{me.pid}-{me.start_ticks or 0}-{n}"
     shutil.rmtree(path, ignore_errors=True)
-    path.mkdir(parents=True)
+    with file_step("creating the Spark job's staging dir", path):
+        path.mkdir(parents=True)
     return path
 
 

@@ -346,6 +346,62 @@ def test_passes_nobody_flushes_start_after_the_linger(tmp_path: Path) -> None:
     assert jobs == [1]
 
 
+def test_a_staging_dir_that_cannot_be_made_fails_the_passes_not_the_engine(
+    tmp_path: Path,
+) -> None:
+    """A staging dir that cannot be made (here `state/spark` is a file; out of inodes,
+    elsewhere) fails the job's passes naming it, and the engine takes the next job: the
+    dispatcher thread died on it, and every pass waited for ever."""
+    jobs: list[int] = []
+    random_partition(tmp_path / "logs" / str(TP), random.Random(5))
+    (tmp_path / "state").mkdir()
+    (tmp_path / "state" / "spark").write_text("")
+    with SparkEngine(SparkSettings(), runner=_counting_runner(jobs)) as engine:
+        future = engine.submit_clean(job_for(tmp_path / "logs", tmp_path / "state"))
+        engine.flush()
+        error = future.exception(WAIT_S)
+        assert isinstance(error, SparkJobFailed)
+        assert "while creating the Spark job's staging dir" in str(error)
+        (tmp_path / "state" / "spark").unlink()
+        future = engine.submit_clean(job_for(tmp_path / "logs", tmp_path / "state"))
+        engine.flush()
+        assert isinstance(future.exception(WAIT_S), SparkJobFailed)
+    assert jobs == [1]
+
+
+def test_aborting_every_pass_of_a_running_job_kills_it(tmp_path: Path) -> None:
+    """Once every pass of the running job is aborted (a stop of the daemon aborts them
+    all), the job is killed and they end as aborted: the job ran on to its end, and the
+    daemon's stop gave up waiting for it. The next job is not killed."""
+    random_partition(tmp_path / "logs" / str(TP), random.Random(5))
+    running = threading.Event()
+    killed: list[tuple[bool, bool]] = []  # (at its start, at its end)
+
+    def until_killed(
+        spec_path: Path, staging: Path, kill: threading.Event, *, module: str = "clean_job"
+    ) -> None:
+        at_start = kill.is_set()
+        running.set()
+        killed.append((at_start, kill.wait(WAIT_S)))
+        raise CleanerdError("job process ended by signal 9")
+
+    with SparkEngine(SparkSettings(), runner=until_killed) as engine:
+        future = engine.submit_clean(job_for(tmp_path / "logs", tmp_path / "state"))
+        engine.flush()
+        assert running.wait(WAIT_S)
+        assert engine.abort(TP)
+        error = future.exception(WAIT_S)
+        assert isinstance(error, CleaningAborted)
+        assert error.requested
+        running.clear()
+        future = engine.submit_clean(job_for(tmp_path / "logs", tmp_path / "state"))
+        engine.flush()
+        assert running.wait(WAIT_S)
+        engine.shutdown(abort=True)
+        assert isinstance(future.exception(WAIT_S), CleaningAborted)
+    assert killed == [(False, True), (False, True)]
+
+
 def test_tampered_output_is_refused(spark: Any, tmp_path: Path) -> None:
     """Output that disagrees with the job's manifest is not swapped in: the pass fails
     with a CleanerdError, its `.cleaned` files go and the originals stay."""
