@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from cleanerd.compaction.cleaner import Cleaner, CleanerConfig, CleanResult
+from cleanerd.compaction.cleaner import Cleaner, CleanerConfig, CleaningAborted, CleanResult
 from cleanerd.compaction.offset_map import OffsetMap
 from cleanerd.compaction.strategy import ResolvedStrategy
 from cleanerd.compaction.swap import SwapProof
@@ -126,6 +126,18 @@ class WorkerCrashed(CleanerdError):
         self.tp = tp
         self.detail = detail
         super().__init__(f"worker cleaning {tp} died: {detail}")
+
+
+class PassNotStarted(CleaningAborted):
+    """The engine could not take the pass (`submit_clean` raised: the Spark engine the
+    `auto` engine needs cannot start, say): an aborted pass, nothing changed and nothing
+    marked, as the partition is not at fault; the cycle reports it as a failed step."""
+
+    requested = False
+
+    def __init__(self, tp: TopicPartition, error: BaseException) -> None:
+        super().__init__(tp)
+        self.args = (f"the engine could not start the pass of {tp}: {error}",)
 
 
 @runtime_checkable

@@ -78,7 +78,7 @@ from cleanerd.compaction.manager import (
 )
 from cleanerd.compaction.strategy import resolve_strategy
 from cleanerd.config import Config, log_dir_failure
-from cleanerd.engine.base import CleanJob, Engine, WorkerCrashed
+from cleanerd.engine.base import CleanJob, Engine, PassNotStarted, WorkerCrashed
 from cleanerd.errors import (
     DAMAGE,
     CheckpointError,
@@ -1616,7 +1616,14 @@ class Maintenance:
         if job.config.strategy.warning is not None:
             log.warning("compaction.strategy", **where, warning=job.config.strategy.warning)
         log.debug("clean.submitted", **where, reason=str(candidate.eligible))
-        return self.engine.submit_clean(job), _Running(candidate, job, now)
+        try:
+            future = self.engine.submit_clean(job)
+        except (CleanerdError, OSError) as exc:
+            # Failed as a pass the engine failed: the partition, in progress since it was
+            # grabbed, is released when its future is seen done.
+            future = Future()
+            future.set_exception(PassNotStarted(job.tp, exc))
+        return future, _Running(candidate, job, now)
 
     def _finished(
         self, future: Future[CleanResult], r: _Running, report: _Builder, *, requeue: bool

@@ -25,7 +25,7 @@ from cleanerd.config import Config, load_config
 from cleanerd.daemon.metrics.model import build_snapshot
 from cleanerd.engine.base import AuditJob, CleanJob, WorkerCrashed
 from cleanerd.engine.local import LocalEngine, WorkerSettings
-from cleanerd.engine.spark.engine import SparkJobFailed
+from cleanerd.engine.spark.engine import SparkJobFailed, SparkUnavailable
 from cleanerd.errors import CleanerdError
 from cleanerd.log.checkpoint import (
     CLEANER_OFFSET_CHECKPOINT,
@@ -1466,6 +1466,57 @@ def test_a_pass_the_engine_failed_is_a_failed_step_not_a_silent_one(tmp_path: Pa
     (error,) = report.errors
     assert (error.tp, error.phase) == (c, "clean")
     assert "spark job for c-0 failed: exit status 1; JAVA_GATEWAY_EXITED" in error.reason
+
+
+class _RefusesFirst:
+    """An engine whose first submission raises, as the `auto` engine's does when the
+    Spark engine it needs cannot start; later passes run on `inner`."""
+
+    def __init__(self, inner: LocalEngine) -> None:
+        self.inner = inner
+        self.refused = False
+        self.name, self.workers, self.dead_workers = "auto", 1, 0
+
+    def submit_clean(self, job: CleanJob) -> Future[CleanResult]:
+        if not self.refused:
+            self.refused = True
+            raise SparkUnavailable("no java on PATH or in JAVA_HOME")
+        return self.inner.submit_clean(job)
+
+    def flush(self) -> None:
+        self.inner.flush()
+
+    def submit_audit(self, job: AuditJob) -> Future[AuditColumns]:
+        return self.inner.submit_audit(job)
+
+    def abort(self, tp: TopicPartition) -> bool:
+        return self.inner.abort(tp)
+
+    def shutdown(self, *, abort: bool = False) -> None:
+        self.inner.shutdown(abort=abort)
+
+
+def test_a_pass_the_engine_cannot_start_is_a_failed_step_and_the_partition_is_freed(
+    tmp_path: Path, engine: LocalEngine
+) -> None:
+    """A submission the engine refuses (Java missing when `auto` first needs Spark) is a
+    failed step naming why, nothing marked, and the next cycle cleans the partition: the
+    cycle failed with a traceback, and the partition, left in progress, was never
+    cleaned again until a restart."""
+    c = TopicPartition("c", 0)
+    build(tmp_path, c, [records(range(6), T0 - 3 * HOUR) + records(range(3), T0 - 2 * HOUR)])
+    cfg = write_config(
+        tmp_path, {"c": {"cleanup.policy": "compact", "max.compaction.lag.ms": HOUR}}
+    )
+    with Maintenance(cfg, _RefusesFirst(engine), clock=lambda: T0) as m:
+        refused = m.run_once()
+        later = m.run_once()
+    assert refused.cleaned == ()
+    assert refused.failed == ()
+    (error,) = refused.errors
+    assert (error.tp, error.phase) == (c, "clean")
+    assert "the engine could not start the pass of c-0: the spark engine needs" in error.reason
+    assert [r.tp for r in later.cleaned] == [c]
 
 
 class _DiesMidSwap:
