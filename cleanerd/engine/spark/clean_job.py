@@ -81,7 +81,13 @@ from cleanerd.engine.spark.specs import (
     recorded_errors,
 )
 from cleanerd.engine.spark.tasks import CLEAN_JOB, Columns, decode_groups, job_main, pack_tasks
-from cleanerd.errors import CleanerdError, CorruptIndexError, CorruptRecordError, file_step
+from cleanerd.errors import (
+    CleanerdError,
+    CorruptIndexError,
+    CorruptRecordError,
+    FileStepError,
+    file_step,
+)
 from cleanerd.log.files import log_file
 from cleanerd.log.segment_reader import (
     aborted_between,
@@ -516,7 +522,8 @@ def copy_pass(spec: JobSpec, index: int) -> PassOutcome:
         # Only this pass writes `.cleaned` files of the partition (the scheduler runs one
         # pass of a partition at a time), so every one there is this pass's.
         remove_stale_cleaned(p.dir_path, FileOps())
-        return PassOutcome(end_offset=p.first_uncleanable, error=str(exc))
+        errno = exc.errno if isinstance(exc, (OSError, FileStepError)) else None
+        return PassOutcome(end_offset=p.first_uncleanable, error=str(exc), errno=errno)
     return PassOutcome(end_offset=result.end_offset, cleaned=result.cleaned, stats=result.stats)
 
 

@@ -99,7 +99,7 @@ from cleanerd.engine.spark.specs import (
     recorded_errors,
 )
 from cleanerd.engine.spark.tasks import AUDIT_JOB, CLEAN_JOB, python_path_env
-from cleanerd.errors import CleanerdError, CorruptRecordError, file_step
+from cleanerd.errors import CleanerdError, CorruptRecordError, FileStepError, file_step
 from cleanerd.log.files import (
     CLEANED_FILE_SUFFIX,
     INDEX_FILE_SUFFIX,
@@ -402,9 +402,16 @@ def install_outcome(
     """Verify and swap in one pass's output, proving `proof` (taken when the pass was
     submitted) under the partition lock first; raise CleanerdError (output removed) if
     the job reported the pass failed or its output is not sound, StaleWork (output
-    removed) if the partition changed since."""
+    removed) if the partition changed since, which is also what a failure in the job is
+    when the partition changed under it (a segment replaced as it was read), and a
+    FileStepError, as the local pass's, for a file operation that failed there (a full
+    disk: the cycle frees space and tries again)."""
     try:
         if outcome.error is not None or outcome.stats is None:
+            proof.verify()
+            if outcome.errno is not None:
+                cause = OSError(outcome.errno, outcome.error)
+                raise FileStepError("running the pass in the Spark job", job.dir_path, cause)
             raise CleanerdError(outcome.error or "the job reported no statistics")
         verify_cleaned(job, outcome)
     except BaseException:

@@ -122,6 +122,8 @@ class PassOutcome:
     cleaned: tuple[CleanedGroup, ...] = ()
     stats: CleanerStats | None = None
     error: str | None = None
+    errno: int | None = None
+    """The errno of the file operation behind `error`, when one failed (a full disk)."""
 
 
 @dataclass(frozen=True, slots=True, config=_CONFIG)

@@ -3,6 +3,7 @@ and a killed job leaves the originals as they were."""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import random
@@ -27,9 +28,10 @@ from cleanerd.engine.base import CleanJob
 from cleanerd.engine.spark import engine as spark_engine
 from cleanerd.engine.spark.clean_job import run_job
 from cleanerd.engine.spark.engine import SparkEngine, SparkJobFailed, SparkSettings
-from cleanerd.engine.spark.specs import JobSpec, PassSpec
-from cleanerd.errors import CleanerdError
-from cleanerd.log.ownership import ProcessId, start_ticks
+from cleanerd.engine.spark.specs import MANIFEST, JobSpec, Manifest, PassOutcome, PassSpec
+from cleanerd.errors import CleanerdError, FileStepError
+from cleanerd.log.files import log_file
+from cleanerd.log.ownership import ProcessId, StaleWork, start_ticks
 from cleanerd.log.partition_log import PartitionLog
 from cleanerd.records.walker import scan_batches
 from tests.compaction.conftest import TP, LogBuilder, k, read_batches, segment_metas
@@ -400,6 +402,54 @@ def test_aborting_every_pass_of_a_running_job_kills_it(tmp_path: Path) -> None:
         engine.shutdown(abort=True)
         assert isinstance(future.exception(WAIT_S), CleaningAborted)
     assert killed == [(False, True), (False, True)]
+
+
+def _failing_outcome(error: str, errno: int | None, before: Any = None) -> spark_engine.JobRunner:
+    """A job runner that calls `before` (if any), then reports every pass failed."""
+
+    def fail(
+        spec_path: Path, staging: Path, kill: threading.Event, *, module: str = "clean_job"
+    ) -> None:
+        if before is not None:
+            before()
+        spec = JobSpec.read(spec_path)
+        outcomes = tuple(
+            PassOutcome(end_offset=p.first_uncleanable, error=error, errno=errno)
+            for p in spec.passes
+        )
+        Manifest(outcomes=outcomes).write(staging / MANIFEST)
+
+    return fail
+
+
+def test_a_pass_failed_in_the_job_keeps_its_kind(tmp_path: Path) -> None:
+    """A pass that failed in the job as its partition changed under it (a segment
+    replaced as it was read) is stale work, planned again, and one whose file operation
+    failed there a FileStepError, a full disk said so (the cycle frees space and tries
+    again): both came back as a plain CleanerdError, which marks the partition."""
+    dir_path = tmp_path / "logs" / str(TP)
+    random_partition(dir_path, random.Random(5))
+    job = job_for(tmp_path / "logs", tmp_path / "state")
+    first = log_file(dir_path, job.segments[0].base_offset)
+
+    def replace() -> None:
+        copy = first.with_suffix(".copy")
+        shutil.copyfile(first, copy)
+        copy.replace(first)
+
+    replaced = _failing_outcome(f"{first} was replaced since it was read", None, replace)
+    with SparkEngine(SparkSettings(), runner=replaced) as engine:
+        future = engine.submit_clean(job)
+        engine.flush()
+        assert isinstance(future.exception(WAIT_S), StaleWork)
+    job = job_for(tmp_path / "logs", tmp_path / "state")
+    full = _failing_outcome("No space left on device (ENOSPC) while ...", errno.ENOSPC)
+    with SparkEngine(SparkSettings(), runner=full) as engine:
+        future = engine.submit_clean(job)
+        engine.flush()
+        error = future.exception(WAIT_S)
+    assert isinstance(error, FileStepError)
+    assert error.no_space
 
 
 def test_tampered_output_is_refused(spark: Any, tmp_path: Path) -> None:
