@@ -60,9 +60,12 @@ from cleanerd.engine.spark.engine import SparkEngine
 from cleanerd.errors import CleanerdError
 from cleanerd.log.files import TopicPartition, log_file
 from cleanerd.log.meta import SegmentMeta
+from cleanerd.logger import get_logger
 from cleanerd.records.columns import segment_columns
 from cleanerd.records.header import CONTROL_MASK
 from cleanerd.records.walker import scan_batches
+
+log = get_logger(__name__)
 
 SAMPLE_BYTES: Final = 8 * 1024 * 1024
 MIN_RECORD_BYTES: Final = 8
@@ -228,8 +231,21 @@ class AutoEngine:
 
     def submit_clean(self, job: CleanJob) -> Future[CleanResult]:
         estimate = self.estimate(job)
+        capacity = self._capacity(job)
         choice = choose_engine(
-            estimate, self._capacity(job), min_keys_over_capacity=self.min_keys_over_capacity
+            estimate, capacity, min_keys_over_capacity=self.min_keys_over_capacity
+        )
+        # Said at info where the pass leaves this host: which engine ran it shows nowhere
+        # else (a Spark pass's statistics have no map to show).
+        (log.info if choice == "spark" else log.debug)(
+            "clean.routed",
+            topic=job.tp.topic,
+            partition=job.tp.partition,
+            log_dir=str(job.log_dir),
+            engine=choice,
+            keys=estimate.keys,
+            keys_from=estimate.source,
+            local_capacity=capacity,
         )
         engine = self._spark_engine() if choice == "spark" else self.local
         with self._lock:

@@ -8,6 +8,7 @@ from concurrent.futures import Future
 from pathlib import Path
 
 import pytest
+from structlog.testing import capture_logs
 
 from cleanerd.compaction.audit import AuditColumns
 from cleanerd.compaction.cleaner import CleanerConfig, CleanResult
@@ -144,7 +145,15 @@ def test_auto_engine_routes_big_ranges_and_learns_from_a_filled_map(tmp_path: Pa
     assert (len(local.jobs), len(spark.jobs), spark.flushes) == (1, 1, 1)
     assert policy.decisions[TP][1].source == "history"
     tight = AutoEngine(FakeEngine("local"), lambda: spark, lambda j: 50, sample_bytes=4000)
-    tight.submit_clean(job)
+    with capture_logs() as logs:
+        tight.submit_clean(job)
+    (routed,) = logs  # which engine ran a pass was said nowhere
+    assert (routed["event"], routed["log_level"], routed["engine"]) == (
+        "clean.routed",
+        "info",
+        "spark",
+    )
+    assert (routed["keys_from"], routed["local_capacity"]) == ("sample", 50)
     assert len(spark.jobs) == 2
     assert tight.decisions[TP][0] == "spark"
     audit = AuditJob(job.log_dir, TP, job.segments, CleanerConfig().strategy, 0)
