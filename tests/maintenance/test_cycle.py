@@ -910,19 +910,16 @@ def test_a_dir_whose_lock_file_was_replaced_says_so_and_waits_for_a_restart(
         )
 
 
-class _StopWhileSwapping:
-    """An engine that holds the partition lock from the submission (so the pass waits
-    at its first swap) and sets `stop` at once; the cycle's abort releases the lock."""
+class _Wrapping:
+    """An engine that hands every call to the local engine `inner`; a test's engine
+    changes what its test needs."""
 
-    def __init__(self, inner: LocalEngine, stop: threading.Event, lock: PartitionLock) -> None:
-        self.inner, self.stop, self.lock = inner, stop, lock
+    def __init__(self, inner: LocalEngine) -> None:
+        self.inner = inner
         self.name, self.workers, self.dead_workers = "local", 1, 0
 
     def submit_clean(self, job: CleanJob) -> Future[CleanResult]:
-        self.lock.acquire()
-        future = self.inner.submit_clean(job)
-        self.stop.set()
-        return future
+        return self.inner.submit_clean(job)
 
     def flush(self) -> None:
         self.inner.flush()
@@ -931,12 +928,30 @@ class _StopWhileSwapping:
         return self.inner.submit_audit(job)
 
     def abort(self, tp: TopicPartition) -> bool:
-        aborted = self.inner.abort(tp)
-        self.lock.release()
-        return aborted
+        return self.inner.abort(tp)
 
     def shutdown(self, *, abort: bool = False) -> None:
         self.inner.shutdown(abort=abort)
+
+
+class _StopWhileSwapping(_Wrapping):
+    """An engine that holds the partition lock from the submission (so the pass waits
+    at its first swap) and sets `stop` at once; the cycle's abort releases the lock."""
+
+    def __init__(self, inner: LocalEngine, stop: threading.Event, lock: PartitionLock) -> None:
+        super().__init__(inner)
+        self.stop, self.lock = stop, lock
+
+    def submit_clean(self, job: CleanJob) -> Future[CleanResult]:
+        self.lock.acquire()
+        future = self.inner.submit_clean(job)
+        self.stop.set()
+        return future
+
+    def abort(self, tp: TopicPartition) -> bool:
+        aborted = self.inner.abort(tp)
+        self.lock.release()
+        return aborted
 
 
 def test_stop_aborts_the_pass_in_flight(tmp_path: Path, engine: LocalEngine) -> None:
@@ -1338,13 +1353,13 @@ def test_a_pass_cut_short_by_a_full_map_is_followed_by_more(tmp_path: Path) -> N
     assert OffsetCheckpointFile(tmp_path / "logs" / CLEANER_OFFSET_CHECKPOINT).read() == {tp: 20}
 
 
-class _Recording:
+class _Recording(_Wrapping):
     """An engine that notes each submission and flush, in order."""
 
     def __init__(self, inner: LocalEngine) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.calls: list[str] = []
-        self.name, self.workers, self.dead_workers = "local", 2, 0
+        self.workers = 2
 
     def submit_clean(self, job: CleanJob) -> Future[CleanResult]:
         self.calls.append(f"submit {job.tp}")
@@ -1352,15 +1367,6 @@ class _Recording:
 
     def flush(self) -> None:
         self.calls.append("flush")
-
-    def submit_audit(self, job: AuditJob) -> Future[AuditColumns]:
-        return self.inner.submit_audit(job)
-
-    def abort(self, tp: TopicPartition) -> bool:
-        return self.inner.abort(tp)
-
-    def shutdown(self, *, abort: bool = False) -> None:
-        self.inner.shutdown(abort=abort)
 
 
 def test_the_cycle_flushes_each_round_of_submissions(tmp_path: Path, engine: LocalEngine) -> None:
@@ -1377,30 +1383,17 @@ def test_the_cycle_flushes_each_round_of_submissions(tmp_path: Path, engine: Loc
     assert recording.calls[2] == "flush"
 
 
-class _DrainOnSubmit:
+class _DrainOnSubmit(_Wrapping):
     """An engine that sets the cycle's drain flag as it accepts its first pass."""
 
     def __init__(self, inner: LocalEngine) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.drain: threading.Event | None = None
-        self.name, self.workers, self.dead_workers = "local", 1, 0
 
     def submit_clean(self, job: CleanJob) -> Future[CleanResult]:
         assert self.drain is not None
         self.drain.set()
         return self.inner.submit_clean(job)
-
-    def flush(self) -> None:
-        self.inner.flush()
-
-    def submit_audit(self, job: AuditJob) -> Future[AuditColumns]:
-        return self.inner.submit_audit(job)
-
-    def abort(self, tp: TopicPartition) -> bool:
-        return self.inner.abort(tp)
-
-    def shutdown(self, *, abort: bool = False) -> None:
-        self.inner.shutdown(abort=abort)
 
 
 def test_drain_finishes_the_pass_in_flight_and_picks_no_more(
@@ -1468,32 +1461,17 @@ def test_a_pass_the_engine_failed_is_a_failed_step_not_a_silent_one(tmp_path: Pa
     assert "spark job for c-0 failed: exit status 1; JAVA_GATEWAY_EXITED" in error.reason
 
 
-class _RefusesFirst:
+class _RefusesFirst(_Wrapping):
     """An engine whose first submission raises, as the `auto` engine's does when the
     Spark engine it needs cannot start; later passes run on `inner`."""
 
-    def __init__(self, inner: LocalEngine) -> None:
-        self.inner = inner
-        self.refused = False
-        self.name, self.workers, self.dead_workers = "auto", 1, 0
+    refused = False
 
     def submit_clean(self, job: CleanJob) -> Future[CleanResult]:
         if not self.refused:
             self.refused = True
             raise SparkUnavailable("no java on PATH or in JAVA_HOME")
         return self.inner.submit_clean(job)
-
-    def flush(self) -> None:
-        self.inner.flush()
-
-    def submit_audit(self, job: AuditJob) -> Future[AuditColumns]:
-        return self.inner.submit_audit(job)
-
-    def abort(self, tp: TopicPartition) -> bool:
-        return self.inner.abort(tp)
-
-    def shutdown(self, *, abort: bool = False) -> None:
-        self.inner.shutdown(abort=abort)
 
 
 def test_a_pass_the_engine_cannot_start_is_a_failed_step_and_the_partition_is_freed(
@@ -1519,14 +1497,10 @@ def test_a_pass_the_engine_cannot_start_is_a_failed_step_and_the_partition_is_fr
     assert [r.tp for r in later.cleaned] == [c]
 
 
-class _DiesMidSwap:
+class _DiesMidSwap(_Wrapping):
     """An engine whose first pass dies between two renames of its swap (the `.swap`
     files in place, an old segment already `.deleted`), as a worker killed there leaves
     it; later passes run on `inner`."""
-
-    def __init__(self, inner: LocalEngine) -> None:
-        self.inner = inner
-        self.name, self.workers, self.dead_workers = "local", 1, 0
 
     def submit_clean(self, job: CleanJob) -> Future[CleanResult]:
         future: Future[CleanResult] = Future()
@@ -1550,18 +1524,6 @@ class _DiesMidSwap:
         assert first_deleted is not None
         future.set_exception(WorkerCrashed(job.tp, f"killed at {first_deleted}"))
         return future
-
-    def flush(self) -> None:
-        self.inner.flush()
-
-    def submit_audit(self, job: AuditJob) -> Future[AuditColumns]:
-        return self.inner.submit_audit(job)
-
-    def abort(self, tp: TopicPartition) -> bool:
-        return self.inner.abort(tp)
-
-    def shutdown(self, *, abort: bool = False) -> None:
-        self.inner.shutdown(abort=abort)
 
 
 class _DieAt(CrashingOps):
