@@ -34,12 +34,14 @@ are untouched, nothing is marked, the cycle reports the failed step (`clean.fail
 and `cleanerd clean` exits 1), and the next cycle plans the partition again. A pass
 the job itself reports failed (a corrupt segment) or whose output fails verification
 fails with a `CleanerdError`, which marks the partition uncleanable as a local pass
-would. `abort(tp)` of a pass whose job is running discards that pass's output, and kills
-the job once every pass of it is aborted (a stop of the daemon aborts them all);
-`shutdown(abort=True)` kills the job's process group. Removing a pass's
-output removes every `.cleaned` file of its partition (`swap.remove_stale_cleaned`): only
-the pass writes them (the scheduler runs one pass of a partition at a time), and an
-output that overflowed a segment is based at offsets of no source segment.
+would; one that failed in the job keeps its kind where it matters (`install_outcome`:
+stale work is planned again, a full disk is a `FileStepError`). `abort(tp)` of a pass
+whose job is running discards that pass's output, and kills the job once every pass of
+it is aborted (a stop of the daemon aborts them all); `shutdown(abort=True)` kills the
+job's process group. Removing a pass's output removes every `.cleaned` file of its
+partition (`swap.remove_stale_cleaned`): only the pass writes them (the scheduler runs
+one pass of a partition at a time), and an output that overflowed a segment is based at
+offsets of no source segment.
 
 Audits (`submit_audit`, and `audit_on_spark` for `cleanerd audit --engine spark`) run the
 audit job (`audit_job.py`) the same way, one job per call.
