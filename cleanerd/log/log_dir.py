@@ -178,18 +178,14 @@ class LogDir:
             return observer
         if lock_holder(path) not in (None, os.getpid()):
             # Held (a broker's, most likely): asked read-only, so that not even an open
-            # for writing reaches the holder's dir (a lock attempt needs one).
+            # for writing reaches the holder's dir (a lock attempt needs one), and a dir
+            # this process may not write (a read-only mount, the broker user's files) is
+            # observed as any held dir is.
             return cls._beside_holder(path, state, allow_shared=allow_shared)
         dir_lock = LogDirLock(path)
         try:
             dir_lock.acquire()
         except LogDirLockedError:
-            return cls._beside_holder(path, state, allow_shared=allow_shared)
-        except OSError:
-            # `.lock` cannot be opened to write (a read-only mount, another user's file):
-            # a dir that some process holds is observed all the same.
-            if lock_holder(path) is None:
-                raise
             return cls._beside_holder(path, state, allow_shared=allow_shared)
         owner_lock = OwnerLock(state, path)
         if not owner_lock.acquire(cleanerd_command(os.getpid())):
@@ -226,7 +222,7 @@ class LogDir:
             # and observing it would look like success: refuse, naming the first. A
             # one-shot command (of any state dir) lets go: its caller may try again.
             refused = LogDirLockedError(path, held.refusal(), ends_by_itself=held.ends_by_itself)
-            raise refused from None  # raised while `open` handles the lock's refusal
+            raise refused from None  # `open` may be handling the lock's refusal
         observed = cls(path, Mode.OBSERVE, state_dir=state, held_by=held)
         log.warning("log_dir.observe_forced", log_dir=str(path), reason=str(held))
         return observed
