@@ -184,8 +184,8 @@ def plan_partition(
         age=inp.age,
         min_roll_interval_ms=min_roll_interval_ms,
     )
-    rolls_now = roll.decision is not None and inp.rolls
-    current = simulate_roll(meta, now_ms) if rolls_now else meta
+    at_append = roll.decision is not None and not inp.rolls
+    current = simulate_roll(meta, now_ms) if roll.decision is not None and inp.rolls else meta
     retention, rolled, current, skipped = _retention(inp, current, now_ms, cleaner_enabled)
     compaction = None
     if topic.compact:
@@ -198,10 +198,14 @@ def plan_partition(
             uncleanable=inp.uncleanable,
         )
     planned = _partition_plan(
-        inp, roll, retention, rolled=rolled, compaction=compaction, retention_skipped=skipped
+        inp,
+        roll,
+        retention,
+        rolled=rolled,
+        compaction=compaction,
+        retention_skipped=skipped,
+        roll_at_append=at_append,
     )
-    if roll.decision is not None and not inp.rolls:
-        planned = dataclasses.replace(planned, roll_at_append=True)
     return planned, current
 
 
@@ -229,6 +233,7 @@ def _partition_plan(
     rolled: RetentionRoll | None,
     compaction: CompactionPlan | None,
     retention_skipped: str | None = None,
+    roll_at_append: bool = False,
 ) -> PartitionPlan:
     return PartitionPlan(
         log_dir=inp.meta.log_dir,
@@ -241,6 +246,7 @@ def _partition_plan(
         compaction=compaction,
         damage=inp.meta.damage,
         retention_skipped=retention_skipped,
+        roll_at_append=roll_at_append,
     )
 
 
