@@ -881,11 +881,10 @@ class Daemon:
     async def _replace_publisher(self, config: Config) -> None:
         """Events go to the new publisher at once; its connection starts once the old
         one is stopped (its queue delivered, or handed over when its broker is away, its
-        retained `offline` published), in a task
-        of its own, so the reload does not wait. Both use one client id: started first,
-        the new session took the old one over and the old, reconnecting, took it back,
-        each dropping the other without end, and the old's `offline` came after the
-        new's `online`."""
+        retained `offline` published), in a task of its own, so the reload does not
+        wait. Both use one client id: started first, the new session took the old one
+        over and the old, reconnecting, took it back, each dropping the other without
+        end, and the old's `offline` came after the new's `online`."""
         new = self._new_publisher(config)
         old, self.publisher = self.publisher, new
         published, dropped = self._events_base
