@@ -204,9 +204,12 @@ def run(args: argparse.Namespace) -> int:
             for exc in stop_errors:
                 log.error("shutdown.checkpoint_failed", error=str(exc))
             unlinked = maintenance.close(unlink_pending=True)
-    finally:
+    except BaseException:
         if progress.segments_total:
-            progress.finish()
+            progress.finish(failed=True)
+        raise
+    if progress.segments_total:
+        progress.finish()
     if args.json:
         doc = report.to_json()
         doc["unlinked"] += [str(p) for p in unlinked]

@@ -59,6 +59,7 @@ class Snapshot:
     bytes_done: int
     bytes_total: int
     elapsed_s: float
+    segments_failed: int = 0
 
 
 def render(s: Snapshot, *, bar: bool, ended: str | None = None) -> str:
@@ -73,7 +74,8 @@ def render(s: Snapshot, *, bar: bool, ended: str | None = None) -> str:
         parts.append("[" + "#" * filled + "-" * (BAR_WIDTH - filled) + "]")
     parts.append(f"{share * 100:5.1f}%")
     noun = "segment" if s.segments_total == 1 else "segments"
-    parts.append(f"{s.segments_done}/{s.segments_total} {noun}")
+    failed = f" ({s.segments_failed} failed)" if s.segments_failed else ""
+    parts.append(f"{s.segments_done}/{s.segments_total} {noun}{failed}")
     parts.append(f"{human_bytes(s.bytes_done)}/{human_bytes(s.bytes_total)}")
     rate = s.bytes_done / s.elapsed_s if s.elapsed_s > 0 else 0.0
     parts.append(f"{human_bytes(rate)}/s")
@@ -118,6 +120,7 @@ class Progress:
         self.clock = clock
         self.started = clock()
         self.segments_done = 0
+        self.segments_failed = 0
         self.bytes_done = 0
         self._last_draw = self.started
         self._finished = False
@@ -131,6 +134,7 @@ class Progress:
             self.bytes_done,
             self.bytes_total,
             self.clock() - self.started,
+            self.segments_failed,
         )
 
     def expect(self, *, segments: int = 0, size: int = 0) -> None:
@@ -138,11 +142,14 @@ class Progress:
         self.segments_total += segments
         self.bytes_total += size
 
-    def advance(self, *, segments: int = 0, size: int = 0) -> None:
-        """Count `segments` and `size` bytes more as done; redraw when due. Work done
-        beyond the totals (segments a live broker wrote after they were counted) grows
-        them: "257/249 segments" read as a bug."""
+    def advance(self, *, segments: int = 0, size: int = 0, failed: bool = False) -> None:
+        """Count `segments` and `size` bytes more as done (`failed`: their work failed,
+        counted apart so that the line never calls a run with failures plainly done);
+        redraw when due. Work done beyond the totals (segments a live broker wrote after
+        they were counted) grows them: "257/249 segments" read as a bug."""
         self.segments_done += segments
+        if failed:
+            self.segments_failed += segments
         self.bytes_done += size
         self.segments_total = max(self.segments_total, self.segments_done)
         self.bytes_total = max(self.bytes_total, self.bytes_done)
@@ -175,7 +182,8 @@ class Progress:
 class TrackedEngine:
     """An `Engine` that reports its clean passes to a `Progress`: a pass's segments below
     its first uncleanable offset are expected when it is submitted and done when it ends
-    (whether it succeeded or not: the work is over either way)."""
+    (whether it succeeded or not: the work is over either way; a pass that raised counts
+    its segments as failed)."""
 
     def __init__(self, engine: Engine, progress: Progress) -> None:
         self.engine = engine
@@ -198,7 +206,11 @@ class TrackedEngine:
         count, size = len(segs), sum(s.size_bytes for s in segs)
         self.progress.expect(segments=count, size=size)
         future = self.engine.submit_clean(job)
-        future.add_done_callback(lambda _: self.progress.advance(segments=count, size=size))
+        future.add_done_callback(
+            lambda f: self.progress.advance(
+                segments=count, size=size, failed=f.cancelled() or f.exception() is not None
+            )
+        )
         return future
 
     def flush(self) -> None:

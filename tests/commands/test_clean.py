@@ -564,3 +564,19 @@ def test_damage_the_open_finds_stops_retention_and_is_found_again(
         assert seg.read_bytes() == data
         checkpoint = (tmp_path / "logs" / "recovery-point-offset-checkpoint").read_text()
         assert int(checkpoint.split("\n")[2].split()[2]) <= 10
+
+
+def test_a_clean_stopped_after_its_passes_ends_its_progress_as_stopped(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ctrl-C after a pass ran: the progress line ends "stopped", never "done"."""
+    build(tmp_path)
+
+    def interrupted(*_: object, **__: object) -> list[OSError]:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Maintenance, "checkpoint", interrupted)
+    assert main(["clean", "-c", str(write_config(tmp_path)), "--now-ms", str(NOW)]) == 130
+    last = capsys.readouterr().err.splitlines()[-1]
+    assert "stopped after" in last
+    assert "done" not in last

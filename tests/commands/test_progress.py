@@ -144,3 +144,25 @@ def test_tracked_engine_expects_then_counts_each_pass() -> None:
     )
     assert future.done()
     assert (progress.segments_done, progress.bytes_done) == (1, 100)
+
+
+def test_a_pass_that_failed_counts_its_segments_as_failed() -> None:
+    """The final line of a run whose pass raised says how many segments failed, so it
+    never reads as plainly done."""
+    out = io.StringIO()
+    progress = Progress("clean", segments=0, total_bytes=0, stream=out, tty=False)
+    inner = OneShotEngine()
+    engine = TrackedEngine(inner, progress)  # type: ignore[arg-type]
+    segs = (SegmentMeta(0, 10, 100, 0, 0, 0, 0, 0), SegmentMeta(10, 20, 50, 0, 0, 0, 0, 0))
+    for partition in (0, 1):
+        job = CleanJob(
+            Path("/l"), Path("/s"), TopicPartition("t", partition), segs, 0, 20, 0, CleanerConfig()
+        )
+        engine.submit_clean(job)
+    inner.futures[0].set_exception(OSError("disk gone"))
+    inner.futures[1].set_result(
+        CleanResult(0, 20, CleanerStats(0, 0, 0, 0, 0, 0, 0, 0.0, 0, 0, 0), ())
+    )
+    progress.finish()
+    assert (progress.segments_done, progress.segments_failed) == (4, 2)
+    assert "4/4 segments (2 failed)" in out.getvalue().splitlines()[-1]
