@@ -19,14 +19,11 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Final, TextIO
+from typing import Final, TextIO
 
 from cleanerd.compaction.cleaner import CleanResult
-from cleanerd.engine.base import AuditJob, CleanJob, Engine
+from cleanerd.engine.base import CleanJob, Engine
 from cleanerd.log.files import TopicPartition
-
-if TYPE_CHECKING:  # `clean` shows progress too, and never loads the audit code
-    from cleanerd.compaction.audit import AuditColumns
 
 BAR_WIDTH: Final = 24
 TTY_INTERVAL_S: Final = 0.2
@@ -215,9 +212,6 @@ class TrackedEngine:
 
     def flush(self) -> None:
         self.engine.flush()
-
-    def submit_audit(self, job: AuditJob) -> Future[AuditColumns]:
-        return self.engine.submit_audit(job)
 
     def abort(self, tp: TopicPartition) -> bool:
         return self.engine.abort(tp)

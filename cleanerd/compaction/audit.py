@@ -63,8 +63,7 @@ they are read in turn, the buckets done so far kept. A key's rows cannot be spli
 key with more rows than the budget holds would make one half of every split overflow: a
 bucket split `MAX_SPLITS` times is read whole, whatever it holds, so such a key costs at
 most 2 x `MAX_SPLITS` more reads. The buckets are the
-local scan's: an engine's `submit_audit` returns a partition's rows whole, and the Spark
-audit ranks a partition's rows in one task.
+local scan's: the Spark audit ranks a partition's rows in one task.
 """
 
 from __future__ import annotations

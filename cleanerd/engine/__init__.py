@@ -1,4 +1,4 @@
-"""Engines that run clean passes and audit scans (`base.Engine`).
+"""Engines that run clean passes (`base.Engine`).
 
 One name per engine, the same in the config (`engine.name`) and on the command line
 (`--engine`): `local` runs every pass in worker processes on this host (the default),
@@ -11,9 +11,9 @@ and only that one.
 from __future__ import annotations
 
 from cleanerd.config import Config
-from cleanerd.engine.base import AuditJob, CleanJob, Engine, WorkerCrashed
+from cleanerd.engine.base import CleanJob, Engine, WorkerCrashed
 
-__all__ = ["AuditJob", "CleanJob", "Engine", "WorkerCrashed", "create_engine"]
+__all__ = ["CleanJob", "Engine", "WorkerCrashed", "create_engine"]
 
 
 def create_engine(config: Config, name: str | None = None, *, in_process: bool = False) -> Engine:

@@ -1,11 +1,11 @@
-"""The engine interface: where a clean pass and an audit scan run.
+"""The engine interface: where a clean pass runs.
 
 The scheduler decides *what* to clean (a partition, its segments, the range
 [first_dirty, first_uncleanable), the instant `now_ms`); an engine decides *where* the work
 runs: `local` in a pool of worker processes on this host, `spark` on a Spark cluster,
 `auto` on either, pass by pass. All take the same plain, picklable job descriptions and
-answer with the same results, so the scheduler, the `clean` command and the `audit`
-command never know which engine they use.
+answer with the same results, so the scheduler and the `clean` command never know
+which engine they use.
 
 The crash-consistency contract every engine keeps, whatever runs the pass:
 
@@ -40,20 +40,15 @@ from __future__ import annotations
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from cleanerd.compaction.cleaner import Cleaner, CleanerConfig, CleaningAborted, CleanResult
 from cleanerd.compaction.offset_map import OffsetMap
-from cleanerd.compaction.strategy import ResolvedStrategy
 from cleanerd.compaction.swap import SwapProof
 from cleanerd.errors import CleanerdError
 from cleanerd.log.files import TopicPartition
 from cleanerd.log.lock import checkpoint_lock
 from cleanerd.log.meta import SegmentMeta
-from cleanerd.log.txnindex import AbortedTxn
-
-if TYPE_CHECKING:  # the audit code is loaded only by the commands and jobs that audit
-    from cleanerd.compaction.audit import AuditColumns
 
 
 class CheckpointLockedCleaner(Cleaner):
@@ -97,28 +92,6 @@ class CleanJob:
         return self.log_dir / str(self.tp)
 
 
-@dataclass(frozen=True, slots=True)
-class AuditJob:
-    """The audit scan of one partition: decode `segments` into `AuditColumns`.
-
-    The caller computed the last stable offset and the aborted transactions below it
-    (both need the whole partition); the engine only decodes and hashes, so the pure
-    `audit.audit_columns` gives the same report whichever engine produced the columns.
-    """
-
-    log_dir: Path
-    tp: TopicPartition
-    segments: tuple[SegmentMeta, ...]
-    strategy: ResolvedStrategy
-    stable_offset: int
-    aborted: tuple[AbortedTxn, ...] = ()
-
-    @property
-    def dir_path(self) -> Path:
-        """The partition dir."""
-        return self.log_dir / str(self.tp)
-
-
 class WorkerCrashed(CleanerdError):
     """The worker running a job died (killed, out of memory, a crash in native code)."""
 
@@ -142,7 +115,7 @@ class PassNotStarted(CleaningAborted):
 
 @runtime_checkable
 class Engine(Protocol):
-    """Runs clean passes and audit scans; see the module docstring for the contract."""
+    """Runs clean passes; see the module docstring for the contract."""
 
     @property
     def name(self) -> str:
@@ -168,11 +141,6 @@ class Engine(Protocol):
         submitted all it means to for now (the cycle says so after each round). An engine
         that gathers passes into jobs (`spark`) starts its job; the others start each
         pass as it is submitted and do nothing here."""
-        ...
-
-    def submit_audit(self, job: AuditJob) -> Future[AuditColumns]:
-        """Start an audit scan; the future resolves with the partition's columns, or
-        fails with CorruptRecordError naming the file and byte position."""
         ...
 
     def abort(self, tp: TopicPartition) -> bool:

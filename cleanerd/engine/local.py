@@ -1,4 +1,4 @@
-"""The `local` engine: clean passes and audit scans in a pool of worker processes.
+"""The `local` engine: clean passes in a pool of worker processes.
 
 Why processes. A pass spends part of its time in numba kernels that release the GIL, but
 the per-batch Python around them (and the numpy calls between kernels) holds it, so two
@@ -68,14 +68,14 @@ from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from ctypes import c_int64
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Final, Literal
+from typing import TYPE_CHECKING, Any, Final
 
 from cleanerd.compaction.cleaner import CleaningAborted, CleanResult, swapped_files
 from cleanerd.compaction.offset_map import OffsetMap
 from cleanerd.compaction.strategy import CompactionStrategy
 from cleanerd.compaction.throttle import Throttler
 from cleanerd.config import Config
-from cleanerd.engine.base import AuditJob, CheckpointLockedCleaner, CleanJob, WorkerCrashed
+from cleanerd.engine.base import CheckpointLockedCleaner, CleanJob, WorkerCrashed
 from cleanerd.engine.heap import IdleRelease, keep_freed_memory
 from cleanerd.engine.lifeline import die_with, set_parent_death_signal
 from cleanerd.engine.processes import worker_context
@@ -83,11 +83,9 @@ from cleanerd.errors import CleanerdError
 from cleanerd.log.files import TopicPartition
 from cleanerd.log.lock import PartitionLock
 from cleanerd.log.ownership import OwnerProof, ProcessId
-from cleanerd.log.segment import LogSegment
 from cleanerd.logger import log_to_stderr
 
 if TYPE_CHECKING:
-    from cleanerd.compaction.audit import AuditColumns
     from cleanerd.log_setup import LogFormat, LogLevel
 
 RECENT_RUNS: Final = 1024
@@ -95,8 +93,6 @@ RECENT_RUNS: Final = 1024
 
 MAX_REQUEUES: Final = 3
 """How often a job that never started is moved to a new pool before it fails."""
-
-JobKind = Literal["clean", "audit"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,7 +114,6 @@ class WorkerRun:
     Linux, so runs in different processes compare)."""
 
     job_id: int
-    kind: JobKind
     tp: TopicPartition
     pid: int
     started_ns: int
@@ -231,7 +226,6 @@ def _pool_worker() -> _Worker:
 
 def _run_job(
     w: _Worker,
-    kind: JobKind,
     slot: int,
     job_id: int,
     tp: TopicPartition,
@@ -249,15 +243,11 @@ def _run_job(
     finally:
         w.heap.idle()
     finished, cpu = time.monotonic_ns(), time.process_time_ns() - cpu
-    return result, WorkerRun(job_id, kind, tp, os.getpid(), started, finished, cpu)
+    return result, WorkerRun(job_id, tp, os.getpid(), started, finished, cpu)
 
 
 def _clean_in_worker(slot: int, job_id: int, job: CleanJob) -> tuple[Any, WorkerRun]:
     return _clean_job(_pool_worker(), slot, job_id, job)
-
-
-def _audit_in_worker(slot: int, job_id: int, job: AuditJob) -> tuple[Any, WorkerRun]:
-    return _audit_job(_pool_worker(), slot, job_id, job)
 
 
 def _clean_job(w0: _Worker, slot: int, job_id: int, job: CleanJob) -> tuple[Any, WorkerRun]:
@@ -282,25 +272,7 @@ def _clean_job(w0: _Worker, slot: int, job_id: int, job: CleanJob) -> tuple[Any,
             owner=OwnerProof(job.log_dir, w.owner),
         )
 
-    return _run_job(w0, "clean", slot, job_id, job.tp, work)
-
-
-def _audit_job(w0: _Worker, slot: int, job_id: int, job: AuditJob) -> tuple[Any, WorkerRun]:
-    """An audit scan, in a pool worker or in this process (`in_process`)."""
-    # Imported here: a pool that only cleans (the daemon's, `cleanerd clean`'s) never
-    # loads the audit code.
-    from cleanerd.compaction.audit import read_audit_columns
-
-    def work(_w: _Worker) -> AuditColumns:
-        segments = [LogSegment(job.dir_path, s.base_offset, read_only=True) for s in job.segments]
-        return read_audit_columns(
-            segments,
-            strategy=job.strategy,
-            stable_offset=job.stable_offset,
-            aborted=job.aborted,
-        )
-
-    return _run_job(w0, "audit", slot, job_id, job.tp, work)
+    return _run_job(w0, slot, job_id, job.tp, work)
 
 
 # ---------------------------------------------------------------------------------------
@@ -310,9 +282,8 @@ def _audit_job(w0: _Worker, slot: int, job_id: int, job: AuditJob) -> tuple[Any,
 @dataclass(slots=True)
 class _Job:
     id: int
-    kind: JobKind
     tp: TopicPartition
-    payload: CleanJob | AuditJob
+    payload: CleanJob
     future: Future[Any]
     slot: int = -1
     generation: int = -1
@@ -332,7 +303,7 @@ def usable_cpus() -> int:
 
 
 class LocalEngine:
-    """Clean passes and audit scans in `settings.workers` worker processes, or with
+    """Clean passes in `settings.workers` worker processes, or with
     `in_process`, one of them in this process (see the module docstring).
 
     Thread-safe: jobs may be submitted, aborted and awaited from any thread.
@@ -395,25 +366,20 @@ class LocalEngine:
 
     def submit_clean(self, job: CleanJob) -> Future[CleanResult]:
         future: Future[CleanResult] = Future()
-        self._submit(_Job(next(self._ids), "clean", job.tp, job, future))
+        self._submit(_Job(next(self._ids), job.tp, job, future))
         return future
 
     def flush(self) -> None:
         pass  # each pass starts as a worker is free
 
-    def submit_audit(self, job: AuditJob) -> Future[AuditColumns]:
-        future: Future[AuditColumns] = Future()
-        self._submit(_Job(next(self._ids), "audit", job.tp, job, future))
-        return future
-
     def abort(self, tp: TopicPartition) -> bool:
         with self._lock:
-            queued = next((j for j in self._queue if j.tp == tp and j.kind == "clean"), None)
+            queued = next((j for j in self._queue if j.tp == tp), None)
             if queued is not None:
                 self._queue.remove(queued)
                 self._idle.notify_all()
             else:
-                running = [j for j in self._running.values() if j.tp == tp and j.kind == "clean"]
+                running = [j for j in self._running.values() if j.tp == tp]
                 for job in running:
                     self._abort_ids[job.slot] = job.id
                 return bool(running)
@@ -536,10 +502,7 @@ class LocalEngine:
 
         def run() -> None:
             try:
-                if isinstance(job.payload, CleanJob):
-                    done = _clean_job(w, job.slot, job.id, job.payload)
-                else:
-                    done = _audit_job(w, job.slot, job.id, job.payload)
+                done = _clean_job(w, job.slot, job.id, job.payload)
             except BaseException as exc:  # noqa: BLE001 - handed to the caller, as a pool would
                 inner.set_exception(exc)
             else:
@@ -556,9 +519,7 @@ class LocalEngine:
 
     @staticmethod
     def _submit_to_pool(pool: ProcessPoolExecutor, job: _Job) -> Future[tuple[Any, WorkerRun]]:
-        if isinstance(job.payload, CleanJob):
-            return pool.submit(_clean_in_worker, job.slot, job.id, job.payload)
-        return pool.submit(_audit_in_worker, job.slot, job.id, job.payload)
+        return pool.submit(_clean_in_worker, job.slot, job.id, job.payload)
 
     def _pool_broke_locked(self, generation: int) -> None:
         """Count the death once per pool and drop the pool; the next dispatch makes one."""

@@ -44,7 +44,6 @@ from typing import Final
 
 import numpy as np
 
-from cleanerd.compaction.audit import AuditColumns
 from cleanerd.compaction.cleaner import CleanResult
 from cleanerd.compaction.keyhash import hash_keys
 from cleanerd.compaction.map_memory import (
@@ -54,7 +53,7 @@ from cleanerd.compaction.map_memory import (
     memory_per_thread,
 )
 from cleanerd.config import Config
-from cleanerd.engine.base import AuditJob, CleanJob, Engine
+from cleanerd.engine.base import CleanJob, Engine
 from cleanerd.engine.local import LocalEngine
 from cleanerd.engine.spark.engine import SparkEngine
 from cleanerd.errors import CleanerdError
@@ -178,8 +177,8 @@ def estimate_keys(job: CleanJob, *, capacity: int, sample_bytes: int = SAMPLE_BY
 
 
 class AutoEngine:
-    """The `auto` engine: each pass on the engine `choose_engine` picks; audits run
-    locally. `spark_factory` is called on the first Spark pass."""
+    """The `auto` engine: each pass on the engine `choose_engine` picks.
+    `spark_factory` is called on the first Spark pass."""
 
     def __init__(
         self,
@@ -276,9 +275,6 @@ class AutoEngine:
         self.local.flush()
         if self._spark is not None:
             self._spark.flush()
-
-    def submit_audit(self, job: AuditJob) -> Future[AuditColumns]:
-        return self.local.submit_audit(job)
 
     def abort(self, tp: TopicPartition) -> bool:
         with self._lock:

@@ -25,7 +25,6 @@ import structlog
 import yaml
 
 from cleanerd.cli import main
-from cleanerd.compaction.audit import AuditColumns
 from cleanerd.compaction.cleanable import log_to_clean
 from cleanerd.compaction.cleaner import CleaningAborted, CleanResult
 from cleanerd.config import Config, load_config
@@ -42,7 +41,7 @@ from cleanerd.daemon.service import Daemon, ServiceState, Timings
 from cleanerd.daemon.systemd import Notifier
 from cleanerd.daemon.triggers import Deadlines
 from cleanerd.daemon.watcher import PartitionKey
-from cleanerd.engine.base import AuditJob, CleanJob
+from cleanerd.engine.base import CleanJob
 from cleanerd.log.checkpoint import OffsetCheckpointFile
 from cleanerd.log.files import TopicPartition
 from cleanerd.log.known_segments import known_segments_path
@@ -762,9 +761,6 @@ class BlockingEngine:
 
     def flush(self) -> None:
         pass
-
-    def submit_audit(self, job: AuditJob) -> Future[AuditColumns]:
-        raise AssertionError("the daemon does not audit")
 
     def abort(self, tp: TopicPartition) -> bool:
         self.aborted.append(tp)

@@ -10,11 +10,10 @@ from pathlib import Path
 import pytest
 from structlog.testing import capture_logs
 
-from cleanerd.compaction.audit import AuditColumns
 from cleanerd.compaction.cleaner import CleanerConfig, CleanResult
 from cleanerd.compaction.stats import CleanerStats
 from cleanerd.config import config_from_data
-from cleanerd.engine.base import AuditJob, CleanJob
+from cleanerd.engine.base import CleanJob
 from cleanerd.engine.routing import (
     AutoEngine,
     KeyEstimate,
@@ -42,7 +41,6 @@ class FakeEngine:
         self.dead_workers = 0
         self.end = end
         self.jobs: list[CleanJob] = []
-        self.audits: list[AuditJob] = []
         self.shut = False
         self.flushes = 0
 
@@ -55,12 +53,6 @@ class FakeEngine:
 
     def flush(self) -> None:
         self.flushes += 1
-
-    def submit_audit(self, job: AuditJob) -> Future[AuditColumns]:
-        self.audits.append(job)
-        f: Future[AuditColumns] = Future()
-        f.set_result(AuditColumns.empty())
-        return f
 
     def abort(self, tp: TopicPartition) -> bool:
         return False
@@ -156,9 +148,6 @@ def test_auto_engine_routes_big_ranges_and_learns_from_a_filled_map(tmp_path: Pa
     assert (routed["keys_from"], routed["local_capacity"]) == ("sample", 50)
     assert len(spark.jobs) == 2
     assert tight.decisions[TP][0] == "spark"
-    audit = AuditJob(job.log_dir, TP, job.segments, CleanerConfig().strategy, 0)
-    assert len(policy.submit_audit(audit).result()) == 0
-    assert local.audits == [audit]
     assert policy.workers == 2
     policy.shutdown()
     assert local.shut

@@ -17,13 +17,12 @@ import pytest
 import yaml
 from structlog.testing import capture_logs
 
-from cleanerd.compaction.audit import AuditColumns
 from cleanerd.compaction.cleaner import Cleaner, CleanResult
 from cleanerd.compaction.manager import config_fingerprint
 from cleanerd.compaction.offset_map import OffsetMap
 from cleanerd.config import Config, load_config
 from cleanerd.daemon.metrics.model import build_snapshot
-from cleanerd.engine.base import AuditJob, CleanJob, WorkerCrashed
+from cleanerd.engine.base import CleanJob, WorkerCrashed
 from cleanerd.engine.local import LocalEngine, WorkerSettings
 from cleanerd.engine.spark.engine import SparkJobFailed, SparkUnavailable
 from cleanerd.errors import CleanerdError
@@ -921,9 +920,6 @@ class _Wrapping:
     def flush(self) -> None:
         self.inner.flush()
 
-    def submit_audit(self, job: AuditJob) -> Future[AuditColumns]:
-        return self.inner.submit_audit(job)
-
     def abort(self, tp: TopicPartition) -> bool:
         return self.inner.abort(tp)
 
@@ -1427,9 +1423,6 @@ class _JobFails:
 
     def flush(self) -> None:
         pass
-
-    def submit_audit(self, job: AuditJob) -> Future[AuditColumns]:
-        raise AssertionError("a cycle does not audit")
 
     def abort(self, tp: TopicPartition) -> bool:
         return False

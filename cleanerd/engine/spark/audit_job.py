@@ -22,9 +22,6 @@ strategy and max lag), exactly as `audit.audit_partition` computes them
    a Parquet table with one row per partition (the `cleanerd audit --json` fields, nested
    `listed_violations`), through Spark's writer, so the Parquet path may be any Hadoop
    filesystem URI.
-
-Mode `columns` (the engine's `submit_audit`) stops after step 1 and stages each
-partition's columns (`specs.stage_columns`) instead.
 """
 
 from __future__ import annotations
@@ -58,7 +55,6 @@ from cleanerd.engine.spark.specs import (
     record_error,
     record_progress,
     recorded_errors,
-    stage_columns,
 )
 from cleanerd.engine.spark.tasks import AUDIT_JOB, Columns, decode_groups, job_main, pack_tasks
 from cleanerd.errors import CorruptRecordError
@@ -191,15 +187,11 @@ def _audit_of(p: AuditPartition, read: AuditColumns | str, spec: AuditSpec) -> P
 
 def _audit_partitions(spec: AuditSpec, rows: Columns) -> Iterator[Columns]:
     """Stage 2 over the rows of whole partitions: (part, doc) per partition, the doc its
-    audit as JSON (mode `report`), or empty once its columns are staged (`columns`)."""
+    audit as JSON."""
     parts, docs = [], []
     for part in np.unique(rows["part"]).tolist():
         cols = columns_of({k: v[rows["part"] == part] for k, v in rows.items()})
-        if spec.mode == "columns":
-            stage_columns(spec.staging, part, cols)
-            doc = ""
-        else:
-            doc = _AUDIT_JSON.dump_json(_audit_of(spec.partitions[part], cols, spec)).decode()
+        doc = _AUDIT_JSON.dump_json(_audit_of(spec.partitions[part], cols, spec)).decode()
         parts.append(part)
         docs.append(doc)
     yield {"part": np.array(parts, np.int32), "doc": np.array(docs, object)}
@@ -260,9 +252,9 @@ def _decode(
 
 
 def run_audit(spec: AuditSpec, *, spark: SparkSession | None = None) -> None:
-    """Run the audit of `spec`: mode `report` writes the `AuditReport` (and, if asked, the
-    Parquet table), mode `columns` stages the partitions' columns; `spark` is an existing
-    session to use (tests share one), else the job starts and stops its own."""
+    """Run the audit of `spec`: write the `AuditReport` (and, if asked, the Parquet
+    table); `spark` is an existing session to use (tests share one), else the job starts
+    and stops its own."""
     spec.staging.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
     own = spark is None
@@ -271,20 +263,18 @@ def run_audit(spec: AuditSpec, *, spark: SparkSession | None = None) -> None:
 
         spark = session.spark_session(spec.master, spec.conf, "cleanerd-audit")
     try:
-        audited = _run(spark, spec)
-        if spec.mode == "report":
-            audits = tuple(_report(spec, audited))
-            if spec.parquet is not None:
-                _write_parquet(spark, audits, spec.parquet)
-            elapsed_ms = round((time.monotonic() - started) * 1000)
-            AuditReport(audits, elapsed_ms).write(spec.staging / REPORT)
+        audits = tuple(_report(spec, _run(spark, spec)))
+        if spec.parquet is not None:
+            _write_parquet(spark, audits, spec.parquet)
+        elapsed_ms = round((time.monotonic() - started) * 1000)
+        AuditReport(audits, elapsed_ms).write(spec.staging / REPORT)
     finally:
         if own:
             spark.stop()
 
 
 def _run(spark: SparkSession, spec: AuditSpec) -> dict[int, PartitionAudit]:
-    """Stages 1 and 2; the audits of the partitions with candidate rows (mode `report`)."""
+    """Stages 1 and 2; the audits of the partitions with candidate rows."""
     from cleanerd.engine.spark import session  # Spark's pipeline: the job's heavy seam
 
     tasks = audit_tasks(spec)
@@ -300,8 +290,6 @@ def _run(spark: SparkSession, spec: AuditSpec) -> dict[int, PartitionAudit]:
         n = max(1, min(len(spec.partitions), 2 * parallelism))
         audit = session.numpy_stage(lambda cols: _audit_partitions(spec, cols))
         out = rows.repartition(n, "part").mapInArrow(audit, OUT_SCHEMA).collect()
-    if spec.mode == "columns":
-        return {}
     return {int(r["part"]): _AUDIT_JSON.validate_json(r["doc"]) for r in out}
 
 

@@ -43,8 +43,8 @@ partition (`swap.remove_stale_cleaned`): only the pass writes them (the schedule
 one pass of a partition at a time), and an output that overflowed a segment is based at
 offsets of no source segment.
 
-Audits (`submit_audit`, and `audit_on_spark` for `cleanerd audit --engine spark`) run the
-audit job (`audit_job.py`) the same way, one job per call.
+Audits (`audit_on_spark`, for `cleanerd audit --engine spark`) run the audit job
+(`audit_job.py`) the same way, one job per call.
 
 Staging dirs are `<state_dir>/spark/<job|audit>-<pid>-<start ticks>-<n>`, named after
 the process that made them (`new_staging_dir`), which removes its own when the job ends.
@@ -65,7 +65,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -74,8 +73,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final, Protocol
 
-from cleanerd.compaction.audit import AuditColumns, PartitionAudit
-from cleanerd.compaction.cleanable import NO_MAX_COMPACTION_LAG
+from cleanerd.compaction.audit import PartitionAudit
 from cleanerd.compaction.cleaner import (
     CleanedGroup,
     CleaningAborted,
@@ -83,7 +81,7 @@ from cleanerd.compaction.cleaner import (
 )
 from cleanerd.compaction.swap import FileOps, SwapProof, cleaner_offset, remove_stale_cleaned
 from cleanerd.config import Config
-from cleanerd.engine.base import AuditJob, CheckpointLockedCleaner, CleanJob
+from cleanerd.engine.base import CheckpointLockedCleaner, CleanJob
 from cleanerd.engine.lifeline import owner_env
 from cleanerd.engine.spark.specs import (
     MANIFEST,
@@ -96,9 +94,7 @@ from cleanerd.engine.spark.specs import (
     Manifest,
     PassOutcome,
     PassSpec,
-    load_columns,
     progress_marks,
-    recorded_errors,
 )
 from cleanerd.engine.spark.tasks import AUDIT_JOB, CLEAN_JOB, python_path_env
 from cleanerd.errors import CleanerdError, CorruptRecordError, FileStepError, file_step
@@ -527,18 +523,6 @@ class SparkEngine:
             self._flushed = True
             self._wake.notify_all()
 
-    def submit_audit(self, job: AuditJob) -> Future[AuditColumns]:
-        future: Future[AuditColumns] = Future()
-
-        def run() -> None:
-            try:
-                future.set_result(audit_columns_on_spark([job], self.settings)[0])
-            except BaseException as exc:  # noqa: BLE001 - handed to the future
-                future.set_exception(exc)
-
-        threading.Thread(target=run, name="spark-audit", daemon=True).start()
-        return future
-
     def abort(self, tp: TopicPartition) -> bool:
         with self._lock:
             queued = next((p for p in self._queue if p.job.tp == tp), None)
@@ -733,49 +717,6 @@ def left_over_staging(root: Path, *, now: float) -> list[Path]:
 
 # ---------------------------------------------------------------------------------------
 # Audits.
-
-
-def audit_columns_on_spark(
-    jobs: Sequence[AuditJob], settings: SparkSettings, *, runner: JobRunner | None = None
-) -> list[AuditColumns]:
-    """The engine's `submit_audit`: the jobs' columns, decoded by an audit job in mode
-    `columns` (in a job process, or with `runner`); a segment that cannot be read raises
-    CleanerdError with its reason."""
-    partitions = tuple(
-        AuditPartition(
-            log_dir=j.log_dir,
-            tp=j.tp,
-            segments=tuple(s.base_offset for s in j.segments),
-            strategy=j.strategy,
-            stable_offset=j.stable_offset,
-            aborted=tuple(j.aborted),
-            max_compaction_lag_ms=NO_MAX_COMPACTION_LAG,
-        )
-        for j in jobs
-    )
-    staging = Path(tempfile.mkdtemp(prefix="cleanerd-audit-"))
-    try:
-        spec = AuditSpec(
-            partitions=partitions,
-            now_ms=0,
-            slack_ms=0,
-            max_listed=0,
-            staging=staging,
-            mode="columns",
-            master=settings.master,
-            conf=dict(settings.conf),
-        )
-        spec.write(staging / SPEC)
-        (runner or launch_job)(staging / SPEC, staging, threading.Event(), module=AUDIT_JOB)
-        errors = recorded_errors(staging)
-        out = []
-        for i in range(len(jobs)):
-            if i in errors:
-                raise CleanerdError(errors[i])
-            out.append(load_columns(staging, i))
-        return out
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
 
 
 def audit_on_spark(

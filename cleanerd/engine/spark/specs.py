@@ -7,8 +7,7 @@ exits; the engine reads them once the job has ended, then removes the dir. Files
     spec.json                  a clean job's `JobSpec` or an audit job's `AuditSpec`
     manifest.json              the clean job's `Manifest`: per pass its `.cleaned` output
                                or why it failed
-    report.json                the audit job's `AuditReport` (mode `report`)
-    columns/<part>.npz         the `AuditColumns` of partition <part> (mode `columns`)
+    report.json                the audit job's `AuditReport`
     errors/<group>-<seg>.txt   why segment <seg> of pass or partition <group> could not be
                                decoded (the first of a group is the group's error)
     pass-<i>/<base>.superseded the clean job's own bitmaps (`clean_job`)
@@ -31,11 +30,10 @@ from dataclasses import field
 from pathlib import Path
 from typing import Final, Literal, Self
 
-import numpy as np
 from pydantic import ConfigDict, TypeAdapter
 from pydantic.dataclasses import dataclass
 
-from cleanerd.compaction.audit import AuditColumns, PartitionAudit, audit_scope
+from cleanerd.compaction.audit import PartitionAudit, audit_scope
 from cleanerd.compaction.cleaner import CleanedGroup, CleanerConfig
 from cleanerd.compaction.stats import CleanerStats
 from cleanerd.compaction.strategy import ResolvedStrategy, resolve_strategy
@@ -200,8 +198,6 @@ class AuditSpec(_Document):
     slack_ms: int
     max_listed: int
     staging: Path
-    mode: Literal["report", "columns"] = "report"
-    """`report` (JSON and Parquet) or `columns` (staged `AuditColumns`)."""
     parquet: str | None = None
     master: str = "local[*]"
     conf: Mapping[str, str] = field(default_factory=dict)
@@ -210,35 +206,11 @@ class AuditSpec(_Document):
 
 @dataclass(frozen=True, slots=True, config=_CONFIG)
 class AuditReport(_Document):
-    """The audit job's result in mode `report`: the partitions' audits in spec order."""
+    """The audit job's result: the partitions' audits in spec order."""
 
     audits: tuple[PartitionAudit, ...]
     elapsed_ms: int
     version: Literal[1] = SPEC_VERSION
-
-
-def _columns_path(staging: Path, part: int) -> Path:
-    """Where mode `columns` stages partition `part`'s columns."""
-    return staging / "columns" / f"{part:08d}.npz"
-
-
-def stage_columns(staging: Path, part: int, cols: AuditColumns) -> None:
-    """Stage partition `part`'s columns (mode `columns`)."""
-    path = _columns_path(staging, part)
-    arrays = {f.name: getattr(cols, f.name) for f in dataclasses.fields(cols)}
-    with file_step("staging a partition's decoded columns", path):
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with open(path, "wb") as f:
-            np.savez(f, **arrays)
-
-
-def load_columns(staging: Path, part: int) -> AuditColumns:
-    """The columns staged for `part` (no rows when none were staged)."""
-    path = _columns_path(staging, part)
-    if not path.exists():
-        return AuditColumns.empty()
-    with np.load(path) as z:
-        return AuditColumns(**{name: z[name] for name in z.files})
 
 
 # ---------------------------------------------------------------------------------------

@@ -1,5 +1,5 @@
 """`cleanerd audit --engine spark`: the local audit's report, record for record, plus
-Parquet; and the engine's `submit_audit` columns."""
+Parquet."""
 
 from __future__ import annotations
 
@@ -17,10 +17,9 @@ import pytest
 from cleanerd.cli import main
 from cleanerd.compaction.audit import read_audit_columns
 from cleanerd.compaction.strategy import resolve_strategy
-from cleanerd.engine.base import AuditJob
 from cleanerd.engine.spark import engine as spark_engine
 from cleanerd.engine.spark.audit_job import audit_rows, audit_tasks, columns_of
-from cleanerd.engine.spark.engine import SparkSettings, audit_columns_on_spark, audit_on_spark
+from cleanerd.engine.spark.engine import SparkSettings, audit_on_spark
 from cleanerd.engine.spark.specs import (
     REPORT,
     AuditPartition,
@@ -139,31 +138,6 @@ def test_segment_rows_rebuild_the_local_columns(tmp_path: Path) -> None:
     for name in expected.__dataclass_fields__:
         assert np.array_equal(getattr(got, name), getattr(expected, name)), name
     assert expected.keyless_count.sum() > 0
-
-
-@pytest.mark.spark
-def test_submit_audit_columns_match_local(spark: Any, tmp_path: Path) -> None:
-    """The engine's `submit_audit` path gives the columns the local reader gives."""
-    d = tmp_path / "logs" / "t-0"
-    random_partition(d, random.Random(9), roll=0.3)
-    metas = tuple(segment_metas(d))
-    strategy = resolve_strategy("timestamp", None)
-    job = AuditJob(
-        log_dir=d.parent,
-        tp=TopicPartition("t", 0),
-        segments=metas,
-        strategy=strategy,
-        stable_offset=metas[-1].next_offset,
-    )
-    runner = in_process_runner(spark)
-    (got,) = audit_columns_on_spark([job], spark_engine.SparkSettings(), runner=runner)
-    expected = read_audit_columns(
-        [LogSegment(d, m.base_offset, read_only=True) for m in metas],
-        strategy=strategy,
-        stable_offset=job.stable_offset,
-    )
-    for name in expected.__dataclass_fields__:
-        assert np.array_equal(getattr(got, name), getattr(expected, name)), name
 
 
 def test_audit_on_spark_reports_progress_while_the_job_runs(tmp_path: Path) -> None:
