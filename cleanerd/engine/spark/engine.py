@@ -493,7 +493,8 @@ class SparkEngine:
         self._ids = itertools.count(1)
         self.workers = settings.max_passes
         self.dead_workers = 0
-        """Jobs that failed, since start (the Engine protocol's)."""
+        """Jobs that failed, since start (the Engine protocol's); not those killed because
+        every pass of theirs was aborted."""
         self.manifests: collections.deque[Manifest] = collections.deque(maxlen=64)
         """The manifests of the last jobs (timings for metrics and the bench)."""
         self._thread = threading.Thread(target=self._dispatch, name="spark-engine", daemon=True)
@@ -599,7 +600,8 @@ class SparkEngine:
             for p, outcome in zip(batch, manifest.outcomes, strict=True):
                 self._finish(p, outcome, manifest.startup_ms + manifest.reduce_ms)
         except BaseException as exc:  # noqa: BLE001 - every pass of the job fails with it
-            self.dead_workers += 1
+            if not all(p.aborted for p in batch):  # a job killed as asked did not die
+                self.dead_workers += 1
             for p in batch:
                 if not p.future.done():
                     _remove_output(p.job)

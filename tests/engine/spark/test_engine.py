@@ -402,6 +402,23 @@ def test_aborting_every_pass_of_a_running_job_kills_it(tmp_path: Path) -> None:
         engine.shutdown(abort=True)
         assert isinstance(future.exception(WAIT_S), CleaningAborted)
     assert killed == [(False, True), (False, True)]
+    assert engine.dead_workers == 0  # killed as asked: no worker died
+
+
+def test_a_job_that_failed_counts_as_a_dead_worker(tmp_path: Path) -> None:
+    """A job that ended in an error (its process died) is the engine's dead worker."""
+    random_partition(tmp_path / "logs" / str(TP), random.Random(5))
+
+    def dies(
+        spec_path: Path, staging: Path, kill: threading.Event, *, module: str = "clean_job"
+    ) -> None:
+        raise CleanerdError("killed by signal 9")
+
+    with SparkEngine(SparkSettings(), runner=dies) as engine:
+        future = engine.submit_clean(job_for(tmp_path / "logs", tmp_path / "state"))
+        engine.flush()
+        assert isinstance(future.exception(WAIT_S), spark_engine.SparkJobFailed)
+    assert engine.dead_workers == 1
 
 
 def _failing_outcome(error: str, errno: int | None, before: Any = None) -> spark_engine.JobRunner:
