@@ -22,9 +22,12 @@ Why cleaning never waits for the broker: `publish()` is synchronous and only put
 event into a bounded queue; when the queue is full it drops the oldest event and counts
 it (`dropped`, exported as `cleanerd_events_dropped_total`). One supervised task owns the
 connection: it connects, drains the queue, and after any failure reconnects with capped
-exponential backoff and jitter. An event taken from the queue is held until the broker
-acknowledges it, so a connection lost mid-publish resends it on the next connection
-(QoS 1 is at-least-once; a subscriber may see it twice).
+exponential backoff and jitter. Only a session that lasted `STABLE_S` starts the backoff
+over: one the broker ends at once, again and again (another client connecting with the
+same client id takes the session over each time), backs off like a failed connect. An
+event taken from the queue is held until the broker acknowledges it, so a connection
+lost mid-publish resends it on the next connection (QoS 1 is at-least-once; a
+subscriber may see it twice).
 """
 
 from __future__ import annotations
@@ -161,6 +164,11 @@ class NullPublisher:
         del events  # MQTT was turned off: nothing is sent
 
 
+STABLE_S: Final = 10.0
+"""A session connected at least this long was a working connection: the next reconnect
+starts the backoff over."""
+
+
 @dataclass(frozen=True, slots=True)
 class Backoff:
     """Capped exponential backoff with jitter: attempt n waits a random time in
@@ -236,6 +244,8 @@ class MqttPublisher:
         """Set by `stop()`, for good: the session loop ends at its next turn even if a
         cancellation was lost in the session's teardown, and `start()` starts nothing."""
         self._attempt = 0
+        self._connected_at: float | None = None
+        """When the current session connected (monotonic seconds)."""
         self._overflowing = False
         self.published = 0
         self.dropped = 0
@@ -318,16 +328,27 @@ class MqttPublisher:
             try:
                 await self._session()
             except* aiomqtt.MqttError as group:
+                lasted = self._session_ended()
                 # A lost connection is news, a broker still away at each retry is not:
                 # the first failure and every tenth retry are warnings, the rest debug.
                 logged = log.warning if self._attempt % 10 == 0 else log.debug
+                fields: dict[str, object] = {}
+                if lasted is not None and lasted < STABLE_S:
+                    fields["connected_s"] = round(lasted, 3)
+                    fields["consequence"] = (
+                        "the broker ended the session as soon as it began: backing off; "
+                        "is another client using the same mqtt.client_id (a second "
+                        "cleanerd on this host)?"
+                    )
                 logged(
                     "mqtt.disconnected",
                     broker=f"{self._settings.host}:{self._settings.port}",
                     error="; ".join(str(e) for e in group.exceptions),
                     failed_attempts=self._attempt + 1,
+                    **fields,
                 )
             except* Exception:
+                self._session_ended()
                 log.exception("mqtt.session_failed")
             finally:
                 self._client = None
@@ -339,6 +360,16 @@ class MqttPublisher:
             delay = self._backoff.delay(self._attempt, self._rng)
             self._attempt += 1
             await asyncio.sleep(delay)
+
+    def _session_ended(self) -> float | None:
+        """How long the session that just ended was connected (None: it never was); one
+        that lasted `STABLE_S` starts the backoff over."""
+        if self._connected_at is None:
+            return None
+        lasted, self._connected_at = time.monotonic() - self._connected_at, None
+        if lasted >= STABLE_S:
+            self._attempt = 0
+        return lasted
 
     def _new_client(self) -> aiomqtt.Client:
         settings = self._settings
@@ -357,6 +388,7 @@ class MqttPublisher:
     async def _session(self) -> None:
         client = self._new_client()
         async with client:
+            self._connected_at = time.monotonic()
             await client.publish(self.status_topic, ONLINE, qos=1, retain=True)
             if self._on_command is not None:
                 await client.subscribe(
@@ -364,12 +396,11 @@ class MqttPublisher:
                     options=SubscribeOptions(qos=1, retainAsPublished=True),
                 )
             self._client = client
-            retries, self._attempt = self._attempt, 0
             self._overflowing = False
             log.info(
                 "mqtt.connected",
                 broker=f"{self._settings.host}:{self._settings.port}",
-                failed_attempts=retries,
+                failed_attempts=self._attempt,
             )
             async with asyncio.TaskGroup() as tasks:
                 tasks.create_task(self._send_events(client))

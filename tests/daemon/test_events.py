@@ -639,6 +639,33 @@ async def test_a_broker_that_stays_away_is_not_a_warning_at_every_retry() -> Non
     assert warned == [1, 11]
 
 
+@pytest.mark.network
+async def test_two_clients_taking_one_client_id_over_back_off(broker: Broker) -> None:
+    """Two daemons on one host with the default client id: the broker ends one's session
+    whenever the other connects. A session that ends at once counts as a failed attempt
+    (the backoff grows, the warning says why) instead of starting the backoff over, which
+    made the two take the id from each other several times a second for good."""
+    backoff = Backoff(initial_s=0.05, max_s=60.0)
+    one = MqttPublisher(_settings(broker), host=HOST, backoff=backoff)
+    two = MqttPublisher(_settings(broker), host=HOST, backoff=backoff)
+    saved = structlog.get_config()
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.DEBUG))
+    try:
+        with capture_logs() as logs:
+            async with _running(one), _running(two):
+                await _until(lambda: sum(e["event"] == "mqtt.disconnected" for e in logs) >= 4)
+                await asyncio.sleep(1.0)
+    finally:
+        structlog.configure(**saved)
+    lost = [e for e in logs if e["event"] == "mqtt.disconnected"]
+    assert max(e["failed_attempts"] for e in lost) >= 3  # counted on, not started over
+    assert len(lost) < 20  # 0.05 s, 0.1 s, 0.2 s, ... not a take-over every 0.3 s
+    short = [e for e in lost if "connected_s" in e]  # (a few lose the race to connect)
+    assert short
+    assert all(e["connected_s"] < 10 for e in short)
+    assert "same mqtt.client_id" in short[0]["consequence"]
+
+
 async def test_stop_ends_the_session_loop_even_when_its_cancellation_is_lost(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
