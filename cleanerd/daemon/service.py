@@ -17,7 +17,9 @@ count even when nothing changed, so the daemon does not repeat it blindly: it ru
 startup, then whenever one of these holds (`cycle_due`):
 
 - a command or a reload asked for one, or a device went above
-  `log.retention.disk.usage.percent` (probed every tick);
+  `log.retention.disk.usage.percent` (probed every tick; while a cycle's passes run on,
+  the cycle is asked to run its deletion steps beside them instead, `Maintenance.interject`,
+  and keeps its time rules going itself);
 - a pass of the previous cycle made progress (more may be eligible);
 - a compacted partition's max-lag deadline (active segment counted) has come;
 - a time rule falls due (`CycleReport.next_due_ms`): a `segment.ms` or max-lag roll,
@@ -245,6 +247,9 @@ class Daemon:
         """The log dirs the last disk probe found, each with its device."""
         self._usage: tuple[DeviceUsage, ...] = ()
         self._above: frozenset[int] = frozenset()
+        self._interjected_ms: int | None = None
+        """When the running cycle was last asked to run its deletion steps beside its
+        passes (`_interject_on_pressure`); None: at the next tick."""
         self._probe_ok = True
         self._next_scan = 0.0
         self._next_metrics = 0.0
@@ -555,6 +560,7 @@ class Daemon:
                 self.reporter.disk_pressure(u)
         if above - self._above:
             self.request_cycle()  # a threshold crossing acts at once
+            self._interjected_ms = None  # beside a running cycle's passes too
         self._above = above
 
     # -- cycles -----------------------------------------------------------------------------
@@ -567,7 +573,10 @@ class Daemon:
     def _maybe_start_cycle(self) -> None:
         # Paused, cycles still run, to read the partitions' states only (`run_once`'s
         # `act`): the delay gauges keep following what is written during a pause.
-        if self._cycle_task is not None or self.should_exit:
+        if self._cycle_task is not None:
+            self._interject_on_pressure()
+            return
+        if self.should_exit:
             return
         last = self.last_outcome
         clock = CycleClock(
@@ -591,7 +600,23 @@ class Daemon:
             return
         self._cycle_requested = False
         self._changed = False
+        self._interjected_ms = clock.now_ms  # the cycle runs the disk-usage step itself
         self._cycle_task = asyncio.create_task(self._cycle(trigger), name="cycle")
+
+    def _interject_on_pressure(self) -> None:
+        """While a cycle's passes run on, a device above its threshold has the cycle run
+        its deletion steps beside them (`Maintenance.interject`): at once when the device
+        went above, then every `log.cleaner.backoff.ms` while it stays there, as cycles
+        would. (The time rules the cycle keeps itself.)"""
+        m = self.maintenance
+        if m is None or not self._above or self.paused or self.should_exit:
+            return
+        now = self.clock_ms()
+        last = self._interjected_ms
+        if last is not None and now - last < self.config.log_cleaner_backoff_ms:
+            return
+        self._interjected_ms = now
+        m.interject()
 
     async def _cycle(self, trigger: CycleTrigger) -> None:
         config, act = self.config, not self.paused
@@ -720,7 +745,10 @@ class Daemon:
 
     def _metrics_address(self) -> str | None:
         address = self.exporter.address
-        return None if address is None else f"{address[0]}:{address[1]}"
+        if address is None:
+            return None
+        host = f"[{address[0]}]" if ":" in address[0] else address[0]  # an IPv6 address
+        return f"{host}:{address[1]}"
 
     def _status_line(self) -> str:
         partitions = len(self.watcher.snapshot.partitions)

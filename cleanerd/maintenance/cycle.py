@@ -38,7 +38,11 @@ A cycle, at the instant `now = clock()` it starts:
    (a pass whose offset map filled up ends early). The phase ends when nothing eligible
    is left and no pass is running. A failed pass is recovered (its partition reopened)
    and marks its partition uncleanable; a pass whose worker died, that was planned on a
-   stale state, or that ran out of space after space was freed is retried once;
+   stale state, or that ran out of space after space was freed is retried once. Passes
+   may run for hours (terabytes, a throttled cleaner, a Spark job): once they have run
+   `INTERLEAVE_AFTER_S`, steps 2-4 and 6 run again beside them whenever a time rule
+   falls due, and when `interject` asks (a device went above its threshold), so that no
+   deletion deadline and no full disk waits for them (`_interleave`);
 6. **flush**: `.deleted` files whose `file.delete.delay.ms` has passed are unlinked.
 
 Everything done is returned as a `CycleReport`. Nothing here decides: the decisions are
@@ -150,6 +154,9 @@ CYCLE_RETRIES: Final = 1
 freed, a full disk."""
 POLL_S: Final = 0.2
 """How often the cleaning phase looks at the stop event while passes run."""
+INTERLEAVE_AFTER_S: Final = 5.0
+"""How long the cleaning phase waits on its passes before it keeps the time rules going
+beside them (`_interleave`)."""
 MANY_OPENS: Final = 1000
 """Partitions a log dir must have to open (the daemon's first cycle on a storage host)
 for the opening to run as long-lived work (`cleanerd.collector`): the partitions stay
@@ -258,6 +265,18 @@ def cleaner_config_for(topic: TopicConfig, *, producer_id_expiration_ms: int) ->
 
 
 @dataclass(slots=True)
+class _Interleaving:
+    """The cleaning phase's steps beside its passes (`Maintenance._interleave`)."""
+
+    since: float
+    """When the phase began (monotonic seconds)."""
+    due_ms: int | None = None
+    """The next time-rule deadline; None: none."""
+    due_known: bool = False
+    """`due_ms` was computed (only once the passes ran `INTERLEAVE_AFTER_S`)."""
+
+
+@dataclass(slots=True)
 class _Builder:
     """The report of the cycle in progress."""
 
@@ -282,9 +301,15 @@ class _Builder:
     """Where damaged data was met (the process's set, shared by its cycles)."""
     repeated: Mapping[tuple[str, TopicPartition, str], str] = field(default_factory=dict)
     """The previous cycle's step errors (log dir, partition, phase -> reason)."""
+    _skipped: set[SkippedLog] = field(default_factory=set)
 
     def skip(self, log_dir: Path | str, tp: TopicPartition | None, phase: str, reason: str) -> None:
-        self.skipped.append(SkippedLog(str(log_dir), tp, phase, reason))
+        """Record a step left out; once per cycle (a step run again beside long passes
+        meets the same partitions again)."""
+        skipped = SkippedLog(str(log_dir), tp, phase, reason)
+        if skipped not in self._skipped:
+            self._skipped.add(skipped)
+            self.skipped.append(skipped)
 
     def error(self, log_dir: Path, tp: TopicPartition, phase: str, exc: BaseException) -> None:
         """Record a failed step, logged as an error naming the partition (and, through
@@ -292,10 +317,13 @@ class _Builder:
         # The same failure as the previous cycle's is logged at debug: a damaged
         # partition fails its steps every cycle until it is repaired, and the daemon
         # would log it again every few seconds.
+        # So is one the same cycle met already (its steps run again beside long passes).
+        error = StepError(str(log_dir), tp, phase, str(exc))
         same = self.repeated.get((str(log_dir), tp, phase)) == str(exc)
-        logged = log.debug if same else log.error
+        logged = log.debug if same or error in self.errors else log.error
         logged(f"{phase}.failed", **_fields(tp, log_dir), error=str(exc), repeated=same)
-        self.errors.append(StepError(str(log_dir), tp, phase, str(exc)))
+        if error not in self.errors:
+            self.errors.append(error)
         self.met(log_dir, tp, exc)
 
     def unread(self, log_dir: Path, tp: TopicPartition, topic: TopicConfig, reason: str) -> None:
@@ -443,6 +471,9 @@ class Maintenance:
         self.drain = threading.Event()
         """While set, the cleaning phase starts no pass (those in flight finish). Any
         thread may set or clear it."""
+        self._interject = threading.Event()
+        """Set by `interject`: the cleaning phase runs the other steps again beside its
+        passes."""
         lent = False  # a dir a one-shot command owns: it will be usable
         try:
             for path in self._configured_dirs():
@@ -700,8 +731,8 @@ class Maintenance:
         self._retry_marked()
         partitions = self._discover(report)
         if act:
-            self._roll(partitions, report)
-            self._retention(partitions, report)
+            self._roll(partitions, report, report.now_ms)
+            self._retention(partitions, report, report.now_ms)
         else:
             report.skip("", None, "cycle", "paused: states only")
         compacted = [
@@ -710,7 +741,7 @@ class Maintenance:
             if p.topic.compact and not p.plog.is_metadata
         ]
         report.states += self._plain_states(partitions, report)
-        self._clean(compacted, report, stop, act=act)
+        self._clean(compacted, partitions, report, stop, act=act)
         report.dropped += self.manager.take_dropped()
         if act:
             report.unlinked += self.pending.run_due(self.clock())
@@ -740,10 +771,12 @@ class Maintenance:
         info: bool = False,
     ) -> Callable[..., object]:
         """`log.warning` (`log.error` with `error`, `log.info` with `info`), or
-        `log.debug` when the previous cycle logged the same."""
+        `log.debug` when this cycle (its steps run again beside long passes) or the
+        previous one logged the same."""
         key = (event, log_dir, tp, detail)
+        seen = key in self._notes or key in self._last_notes
         self._notes.add(key)
-        if key in self._last_notes:
+        if seen:
             return log.debug
         return log.error if error else log.info if info else log.warning
 
@@ -1298,7 +1331,7 @@ class Maintenance:
             # see a repair): the damage its open found is that step's error.
             report.error(p.log_dir.path, tp, "open", corrupt)
 
-    def _roll(self, partitions: list[_Partition], report: _Builder) -> None:
+    def _roll(self, partitions: list[_Partition], report: _Builder, now_ms: int) -> None:
         by_dir: dict[Path, list[_Partition]] = {}
         for p in partitions:
             by_dir.setdefault(p.log_dir.path, []).append(p)
@@ -1318,7 +1351,7 @@ class Maintenance:
                         p.plog,
                         p.topic,
                         first_seen,
-                        now_ms=report.now_ms,
+                        now_ms=now_ms,
                         min_roll_interval_ms=self.config.rolls.min_interval_ms,
                     )
                 except (CleanerdError, OSError) as exc:
@@ -1365,8 +1398,7 @@ class Maintenance:
         devices = measure(group_devices(owned), percent, self.usage_probe)
         return any(is_above(u) for u in devices)
 
-    def _retention(self, partitions: list[_Partition], report: _Builder) -> None:
-        now = report.now_ms
+    def _retention(self, partitions: list[_Partition], report: _Builder, now: int) -> None:
         cleaner_enabled = self.config.log_cleaner_enable
         wanted = [
             p for p in partitions if retention_applies(p.topic, cleaner_enabled=cleaner_enabled)
@@ -1431,7 +1463,7 @@ class Maintenance:
             return
         above = self._devices_above()
         if disk_usage_applies(any_device_above=above, all_topics=self.topics is None):
-            self._disk_usage(partitions, report)
+            self._disk_usage(partitions, report, now)
         elif above:
             report.skip("", None, "disk usage", "not enforced for a --topic subset")
 
@@ -1463,8 +1495,7 @@ class Maintenance:
             return f"partition is {state.value}"
         return HELD_UNCLEANABLE
 
-    def _disk_usage(self, partitions: list[_Partition], report: _Builder) -> None:
-        now = report.now_ms
+    def _disk_usage(self, partitions: list[_Partition], report: _Builder, now: int) -> None:
         logs = [(p.tp, p.topic) for p in partitions]
         with self.manager.retention_hold(logs, now, skip_uncleanable=False) as granted:
             held = set(granted)
@@ -1534,13 +1565,14 @@ class Maintenance:
                     consequence=consequence,
                 )
         self.counters.count_disk_usage(disk)
-        report.disk_usage = disk
+        report.disk_usage = disk if report.disk_usage is None else report.disk_usage.then(disk)
 
     # -- cleaning -----------------------------------------------------------------------
 
     def _clean(
         self,
         compacted: list[CompactedLog],
+        partitions: list[_Partition],
         report: _Builder,
         stop: threading.Event | None,
         *,
@@ -1566,6 +1598,7 @@ class Maintenance:
             return
         running: dict[Future[CleanResult], _Running] = {}
         stopping = False
+        beside = _Interleaving(since=time.monotonic())
         while True:
             if stop is not None and stop.is_set() and not stopping:
                 stopping = report.aborted = True
@@ -1582,17 +1615,58 @@ class Maintenance:
             self.engine.flush()  # this round's passes may start together (one Spark job)
             if not running:
                 return
-            done, _ = wait(
-                running, timeout=POLL_S if stop is not None else None, return_when=FIRST_COMPLETED
-            )
+            done, _ = wait(running, timeout=POLL_S, return_when=FIRST_COMPLETED)
             for future in done:
                 self._finished(future, running.pop(future), report, requeue=not stopping)
+            if running and not stopping and not self.drain.is_set():
+                self._interleave(partitions, report, beside, running.values())
             self._progress.tick(
                 "clean",
                 len(report.cleaned),
                 None,
                 running=sorted(str(r.job.tp) for r in running.values()),
             )
+
+    def _interleave(
+        self,
+        partitions: list[_Partition],
+        report: _Builder,
+        beside: _Interleaving,
+        running: Iterable[_Running],
+    ) -> None:
+        """Beside passes that run long (a partition of terabytes, a throttled cleaner, a
+        Spark job), run the roll, retention and disk-usage steps and the delayed
+        deletions again when a time rule falls due or `interject` asks, so that
+        no deletion deadline and no full disk waits for the passes to end (in Kafka,
+        retention does not wait for the cleaner either). The partitions the passes
+        hold are left out of retention and disk usage, as at any time; a roll only adds
+        a segment after a pass's range, which the pass's proof does not cover."""
+        asked = self._interject.is_set()
+        if not asked:
+            if not beside.due_known:
+                if time.monotonic() - beside.since < INTERLEAVE_AFTER_S:
+                    return
+                # From the cycle's instant: a rule that fell due since its steps ran is due.
+                beside.due_ms, beside.due_known = self._next_due(partitions, report.now_ms), True
+            if beside.due_ms is None or self.clock() < beside.due_ms:
+                return
+        self._interject.clear()
+        now = self.clock()
+        log.info(
+            "cycle.interleaved",
+            reason="asked" if asked else "time rule due",
+            running=sorted(str(r.job.tp) for r in running),
+        )
+        self._roll(partitions, report, now)
+        self._retention(partitions, report, now)
+        report.unlinked += self.pending.run_due(now)
+        beside.due_ms, beside.due_known = self._next_due(partitions, now), True
+
+    def interject(self) -> None:
+        """Have the cycle in progress, if its passes run on, run its roll, retention and
+        disk-usage steps again now (the daemon asks when a device goes above
+        `log.retention.disk.usage.percent`). Thread-safe."""
+        self._interject.set()
 
     def _submit_next(self) -> tuple[Future[CleanResult], _Running] | None:
         now = self.clock()

@@ -169,6 +169,20 @@ class DiskUsageReport:
         """The deletions done: none in a dry run, whose `deletions` only would be."""
         return () if self.dry_run else self.deletions
 
+    def then(self, later: DiskUsageReport) -> DiskUsageReport:
+        """This enforcement and a `later` one of the same cycle as one report: usage
+        before this one and after the later one, the deletions of both (of a dry run,
+        the later one's only: it projects from what is on disk, as this one did)."""
+        return DiskUsageReport(
+            dry_run=later.dry_run,
+            before=self.before,
+            after=later.after,
+            deletions=later.deletions if later.dry_run else self.deletions + later.deletions,
+            freed_pending=self.freed_pending + later.freed_pending,
+            still_above=later.still_above,
+            unreadable=later.unreadable,
+        )
+
 
 def _target_bytes(usage: DeviceUsage, hysteresis_percent: float) -> int:
     return usage.limit_bytes(max(usage.threshold_percent - hysteresis_percent, 0.0))

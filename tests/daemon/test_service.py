@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import math
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -58,6 +59,7 @@ from tests.daemon.conftest import (
     eventually,
     running,
 )
+from tests.tools import tmpfs
 
 HOUR = 3_600_000
 FAST = Timings(tick_s=0.05, shutdown_timeout_s=20.0, watch_min_interval_s=0.05)
@@ -181,6 +183,22 @@ async def test_startup_holds_the_log_dirs_and_sends_ready(
         assert "cleanerd_build_info" in _scrape(daemon)
     assert task.result() == 0
     assert not holds_log_dir_lock(tmp_path / "data")
+
+
+async def test_an_ipv6_metrics_address_is_logged_in_brackets(
+    notify_socket: NotifyReceiver, tmp_path: Path
+) -> None:
+    """`startup.done` names an IPv6 endpoint as a URL does, `[::1]:PORT`, not `::1:PORT`."""
+    if not socket.has_ipv6:
+        pytest.skip("no IPv6 here")
+    _logs(tmp_path)
+    path = _write(tmp_path / "cleanerd.yaml", _settings(tmp_path, metrics={"listen": "[::1]:0"}))
+    daemon, _ = _daemon(path, notify_socket)
+    with structlog.testing.capture_logs() as logs:
+        async with running(daemon):
+            await notify_socket.await_for("READY")
+    (done,) = [e for e in logs if e["event"] == "startup.done"]
+    assert re.fullmatch(r"\[::1\]:\d+", done["metrics"])
 
 
 async def test_startup_cycle_cleans_and_deletes_and_publishes_events(
@@ -828,6 +846,43 @@ async def test_shutdown_is_bounded_when_a_pass_ignores_the_abort(
         assert daemon.abandoned
     finally:
         engine.release()
+
+
+async def test_a_device_going_above_its_threshold_beside_a_long_pass_is_acted_on_at_once(
+    notify_socket: NotifyReceiver, tmp_path: Path
+) -> None:
+    """A real tmpfs: while a pass runs on (held here), a file fills the device past
+    log.retention.disk.usage.percent; the probe sees it, and the running cycle deletes
+    the oldest segments for disk usage then, without waiting for the pass to end."""
+    with tmpfs(tmp_path / "dev", "4m") as dev:
+        data, state = dev / "data", tmp_path / "state"
+        now = _now_ms()
+        keys = [[[kv(f"k{i}", f"v{n}", timestamp=now) for i in range(10)]] for n in range(3)]
+        build_log(data, keys, state_dir=state, tp=USERS)
+        value = "x" * 1000
+        old = [[[kv(None, value, timestamp=now - HOUR)] * 100] for _ in range(4)]
+        build_log(data, old, state_dir=state, tp=EVENTS)
+        settings = _settings(tmp_path, **{"log.retention.disk.usage.percent": 50})
+        settings["log.dirs"] = [str(data)]
+        settings["topics"]["events"]["retention.ms"] = -1
+        config_path = _write(tmp_path / "cleanerd.yaml", settings)
+        engine = BlockingEngine()
+        daemon = _blocking_daemon(config_path, notify_socket, engine, FAST)
+        events = RecordingPublisher()
+        daemon.publisher = events
+        try:
+            async with running(daemon):
+                await eventually(lambda: engine.submitted == [USERS], "the pass to start")
+                oldest = data / str(EVENTS) / f"{0:020d}.log"
+                assert oldest.exists()
+                (dev / "filler").write_bytes(b"\0" * (2 * 1024 * 1024 + 512 * 1024))
+                await eventually(lambda: not oldest.exists(), "a deletion beside the pass")
+                assert USERS in engine._running  # the pass still runs
+                engine.release()
+        finally:
+            engine.release()
+    deleted = events.of("segment.deleted")  # published with the cycle's report
+    assert {e.data["reason"] for e in deleted} == {"disk.usage"}
 
 
 @pytest.mark.parametrize(

@@ -1984,3 +1984,143 @@ def test_a_pause_during_a_cycle_stops_its_rolls_and_deletions(
         ("retention", "paused"),
     }
     assert dir_state(d) == before
+
+
+class _HeldPass(_Wrapping):
+    """An engine whose passes start only once `release` is set (a pass that runs long:
+    a partition of terabytes, a throttled cleaner, a Spark job); `submitted` is set as
+    the first is submitted. Its passes run in this process (the module's engine may be
+    shut down by an earlier test's `_Wrapping`)."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            LocalEngine(WorkerSettings(workers=1, dedupe_buffer_size=1 << 22), in_process=True)
+        )
+        self.submitted, self.release = threading.Event(), threading.Event()
+
+    def submit_clean(self, job: CleanJob) -> Future[CleanResult]:
+        outer: Future[CleanResult] = Future()
+
+        def run() -> None:
+            self.release.wait()
+            inner = self.inner.submit_clean(job)
+            inner.add_done_callback(lambda f: _chain(f, outer))
+
+        threading.Thread(target=run, daemon=True).start()
+        self.submitted.set()
+        return outer
+
+
+def _chain(source: Future[CleanResult], to: Future[CleanResult]) -> None:
+    if (error := source.exception()) is not None:
+        to.set_exception(error)
+    else:
+        to.set_result(source.result())
+
+
+def _cycle_beside_a_held_pass(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> tuple[Maintenance, _HeldPass, list[int], TopicPartition, TopicPartition]:
+    """A compacted partition `c` whose pass is held, and a delete partition `d` whose
+    oldest segment's `retention.ms` falls due 10 s after the cycle's instant."""
+    monkeypatch.setattr(cycle, "INTERLEAVE_AFTER_S", 0.0)
+    c, d = TopicPartition("c", 0), TopicPartition("d", 0)
+    build(tmp_path, c, [records(range(5), T0) * 2, records([0], T0)])
+    build(tmp_path, d, [records(range(3), T0 - HOUR + 10_000), records(range(3), T0)])
+    cfg = write_config(
+        tmp_path,
+        {
+            "c": {"cleanup.policy": "compact"},
+            "d": {"cleanup.policy": "delete", "retention.ms": HOUR},
+        },
+    )
+    now = [T0]
+    held = _HeldPass()
+    return Maintenance(cfg, held, clock=lambda: now[0]), held, now, c, d
+
+
+def _wait_for(condition: Any, what: str) -> None:
+    for _ in range(200):
+        if condition():
+            return
+        threading.Event().wait(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_retention_falling_due_beside_a_long_pass_is_not_held_by_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cycle's passes may run for hours: a retention.ms that falls due meanwhile
+    deletes its segment then, not once the passes end (nor does a roll wait)."""
+    m, held, now, c, d = _cycle_beside_a_held_pass(tmp_path, monkeypatch)
+    first = tmp_path / "logs" / str(d) / f"{0:020d}.log"
+    reports: list[Any] = []
+    with m:
+        cycling = threading.Thread(
+            target=lambda: reports.append(m.run_once(threading.Event())), daemon=True
+        )
+        cycling.start()
+        try:
+            assert held.submitted.wait(10)
+            threading.Event().wait(0.3)
+            assert first.exists()  # not due yet
+            now[0] = T0 + 20_000
+            _wait_for(lambda: not first.exists(), "the retention deletion beside the pass")
+            assert cycling.is_alive()  # the pass is still held
+        finally:
+            held.release.set()
+            cycling.join(30)
+    (report,) = reports
+    assert [(o.topic, [x.base_offset for x in o.deletions]) for o in report.retention] == [
+        ("d", [0])
+    ]
+    assert [x.tp for x in report.cleaned] == [c]
+
+
+def test_an_interjection_runs_disk_usage_beside_a_long_pass(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A device that goes above log.retention.disk.usage.percent while a pass runs on
+    (the daemon's probe sees it and calls `interject`) loses its oldest segments then,
+    and the cycle's report has those deletions."""
+    monkeypatch.setattr(cycle, "INTERLEAVE_AFTER_S", 3600.0)  # only the interjection acts
+    c, d = TopicPartition("c", 0), TopicPartition("d", 0)
+    build(tmp_path, c, [records(range(5), T0) * 2, records([0], T0)])
+    build(tmp_path, d, [records(range(20), T0 - 2 * HOUR), records(range(20), T0)])
+    logs = tmp_path / "logs"
+    full = [False]
+
+    def used() -> int:
+        return sum(p.stat().st_size for p in logs.rglob("*") if p.is_file())
+
+    total = used() * 100 // 40
+
+    def probe(_path: Path) -> DiskSpace:
+        return DiskSpace(total, used() + (total // 2 if full[0] else 0))
+
+    cfg = write_config(
+        tmp_path,
+        {"c": {"cleanup.policy": "compact"}, "d": {"cleanup.policy": "delete"}},
+        **{"log.retention.disk.usage.percent": 80},
+    )
+    first = logs / str(d) / f"{0:020d}.log"
+    held = _HeldPass()
+    reports: list[Any] = []
+    with Maintenance(cfg, held, clock=lambda: T0, usage_probe=probe) as m:
+        cycling = threading.Thread(
+            target=lambda: reports.append(m.run_once(threading.Event())), daemon=True
+        )
+        cycling.start()
+        try:
+            assert held.submitted.wait(10)
+            full[0] = True
+            m.interject()
+            _wait_for(lambda: not first.exists(), "the disk-usage deletion beside the pass")
+            assert cycling.is_alive()
+        finally:
+            held.release.set()
+            cycling.join(30)
+    (report,) = reports
+    assert report.disk_usage is not None
+    assert [(x.topic_partition, x.base_offset) for x in report.disk_usage.deletions] == [(d, 0)]
+    assert [x.tp for x in report.cleaned] == [c]

@@ -19,10 +19,12 @@ from cleanerd.log.partition_log import LogConfig, PartitionLog
 from cleanerd.records.record import Record
 from cleanerd.retention.disk import (
     DiskSpace,
+    DiskUsageReport,
     enforce_disk_usage,
     group_devices,
     psutil_space,
 )
+from cleanerd.retention.disk_usage import DeviceUsage, DiskDeletion
 from cleanerd.retention.policy import DeletionReason
 from tests.builders import kv
 from tests.tools import tmpfs
@@ -343,3 +345,34 @@ def test_tmpfs_devices_oldest_first_with_concurrent_producer(tmp_path: Path) -> 
         finally:
             for log_dir in dirs:
                 log_dir.close()
+
+
+def _enforcement(used: tuple[int, int], bases: list[int], *, dry_run: bool) -> DiskUsageReport:
+    tp = TopicPartition("t", 0)
+    before, after = (DeviceUsage(1, 100, u, 50.0) for u in used)
+    return DiskUsageReport(
+        dry_run=dry_run,
+        before=(before,),
+        after=(after,),
+        deletions=tuple(DiskDeletion(tp, "/l", b, 10, 10, 1, b + 1) for b in bases),
+        freed_pending=(Path(f"/l/t-0/{bases[0]}.log.deleted"),) if bases else (),
+        still_above=(1,) if after.used_bytes > 50 else (),
+    )
+
+
+def test_two_enforcements_of_one_cycle_report_as_one() -> None:
+    """A cycle that enforces again beside its long passes reports both: usage before the
+    first and after the later, the deletions of both; of a dry run, the later one's
+    projection only (it saw the same segments)."""
+    first = _enforcement((90, 70), [0, 1], dry_run=False)
+    later = _enforcement((80, 40), [2], dry_run=False)
+    both = first.then(later)
+    assert [d.base_offset for d in both.deletions] == [0, 1, 2]
+    assert (both.before, both.after) == (first.before, later.after)
+    assert both.still_above == ()
+    assert len(both.freed_pending) == 2
+    dry = _enforcement((90, 70), [0, 1], dry_run=True).then(
+        _enforcement((90, 70), [0, 1], dry_run=True)
+    )
+    assert [d.base_offset for d in dry.deletions] == [0, 1]
+    assert dry.still_above == (1,)
