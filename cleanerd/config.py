@@ -549,8 +549,10 @@ def load_config(path: Path | None) -> Config:
 
     Raises ConfigError listing every problem: an unreadable file, a YAML syntax error
     (with line and column), a document that is not a mapping, every invalid key and
-    value, every failed cross-field check, and every topic found in the log dirs that
-    two globs match.
+    value, every failed cross-field check. A topic in the log dirs that two globs match
+    is no load error (`ambiguous_on_disk`): the daemon leaves only its partitions alone,
+    as it does with one created while it runs, rather than refusing to start or reload
+    because of one topic; `check-config` reports it.
     """
     if path is None:
         return config_from_data(default_config_data())
@@ -568,7 +570,7 @@ def config_from_data(data: object, *, path: Path | None = None) -> Config:
         )
     errors, broken, cfg = _validate_fields(data)
     if cfg is not None:
-        problems = [*_cross_field_problems(cfg), *_disk_problems(cfg)]
+        problems = list(_cross_field_problems(cfg))
         errors += [message for keys, message in problems if not _touches(keys, broken)]
     if errors:
         raise ConfigError(errors, path=path)
@@ -829,7 +831,8 @@ def path_problems(
     probe: Callable[[Path], PathState] = probe_path,
     user: str | None = None,
 ) -> list[str]:
-    """One line per `log.dirs` entry, and for `state_dir` when the file sets it, that
+    """One line per `log.dirs` entry, and for `state_dir` (the default `./state` too,
+    relative to this process's working directory, where `run` would make it), that
     cannot be used as `cfg.mode` needs (see the module docstring), each naming the key."""
     user = current_user() if user is None else user
     observe = cfg.observe
@@ -837,12 +840,15 @@ def path_problems(
         log_dir_problem(f"{_LOG_DIRS_KEY}[{i}]", path, probe(path), observe=observe, user=user)
         for i, path in enumerate(cfg.log_dirs)
     ]
-    if "state_dir" in cfg.model_fields_set:
-        state = probe(cfg.state_dir)
-        ancestor = _nearest_existing(cfg.state_dir, probe) if state.kind == "missing" else None
-        problems.append(
-            state_dir_problem(cfg.state_dir, state, ancestor, observe=observe, user=user)
-        )
+    state = probe(cfg.state_dir)
+    ancestor = _nearest_existing(cfg.state_dir, probe) if state.kind == "missing" else None
+    problem = state_dir_problem(cfg.state_dir, state, ancestor, observe=observe, user=user)
+    if problem is not None and "state_dir" not in cfg.model_fields_set:
+        # Not in the file: say where the default landed, which depends on the directory
+        # the command runs in.
+        where = f"state_dir (not set: the default {str(cfg.state_dir)!r} in {Path.cwd()}):"
+        problem = problem.replace("state_dir:", where, 1)
+    problems.append(problem)
     return [p for p in problems if p is not None]
 
 
@@ -1210,9 +1216,12 @@ def _mqtt_problems(mqtt: MqttConfig) -> Iterator[tuple[list[Loc], str]]:
         )
 
 
-def _disk_problems(cfg: Config) -> Iterator[tuple[list[Loc], str]]:
-    """Globs that are ambiguous for a topic that exists in the log dirs today."""
+def ambiguous_on_disk(cfg: Config) -> list[str]:
+    """One line for each topic in the log dirs today that two globs match (its
+    partitions are left alone until the config says which entry applies)."""
     on_disk = topics_on_disk(cfg.log_dirs)
-    for topic, partition_dir in on_disk.items():
-        for error in cfg.ambiguous_topics([topic]):
-            yield [("log.dirs",)], f"{error} (found in {partition_dir})"
+    return [
+        f"{error} (found in {partition_dir})"
+        for topic, partition_dir in on_disk.items()
+        for error in cfg.ambiguous_topics([topic])
+    ]

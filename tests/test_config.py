@@ -22,6 +22,7 @@ from cleanerd.config import (
     Config,
     PathState,
     TopicOverride,
+    ambiguous_on_disk,
     check_paths,
     config_from_data,
     load_config,
@@ -128,11 +129,33 @@ class TestDefaults:
         assert events.retention_ms < KAFKA_TOPIC_DEFAULTS.retention_ms
         assert cfg.topic_config("demo-prices").compaction_strategy == "timestamp"
 
-    def test_sample_config_validates(self) -> None:
-        """config/cleanerd.yaml is a valid config."""
+    def test_sample_config_validates_and_sets_no_topic(self) -> None:
+        """config/cleanerd.yaml is a valid config that leaves every topic at the
+        broker-level settings (installed as it is, it must not compact or shorten the
+        retention of an operator's topics that happen to share an example's name), and
+        its commented examples are a valid `topics` block once uncommented."""
         cfg = load_config(SAMPLE)
-        assert cfg.topic_config("logs-app").retention_ms == 259200000
-        assert cfg.topic_config("prices").compaction_strategy_header == "version"
+        assert cfg.topics == {}
+        assert cfg.topic_config("orders") == cfg.topic_config("logs-app")
+        assert not cfg.topic_config("orders").compact
+        text = SAMPLE.read_text()
+        examples = text[text.index("topics: {}") :].split("\n\n")[0].splitlines()[2:]
+        block = "topics:\n" + "\n".join(line.removeprefix("#") for line in examples)
+        data = yaml.safe_load(text)
+        data["topics"] = yaml.safe_load(block)["topics"]
+        with_examples = config_from_data(data)
+        assert with_examples.topic_config("logs-app").retention_ms == 259200000
+        assert with_examples.topic_config("prices").compaction_strategy_header == "version"
+
+    def test_sample_config_leaves_the_hours_keys_in_force(self, tmp_path: Path) -> None:
+        """The sample sets no `.ms` key that would shadow the `.hours` one an operator
+        uncomments beside it (Kafka reads `.hours` only when `.ms` is absent)."""
+        text = SAMPLE.read_text().replace("# log.retention.hours: 168", "log.retention.hours: 24")
+        text = text.replace("# log.roll.hours: 168", "log.roll.hours: 2")
+        path = tmp_path / "cleanerd.yaml"
+        path.write_text(text)
+        topic = load_config(path).topic_config("any")
+        assert (topic.retention_ms, topic.segment_ms) == (24 * 3_600_000, 2 * 3_600_000)
 
     def test_sample_config_shows_every_key(self) -> None:
         """The sample sets or shows (commented out) every key, nested ones by their name."""
@@ -250,26 +273,29 @@ class TestTopicOverrides:
         assert "'*.v1'" in message
         assert cfg.ambiguous_topics(["orders.v2", "orders.v1"]) == [message]
 
-    def test_ambiguous_topic_on_disk_fails_the_load(self, tmp_path: Path) -> None:
-        """Loading fails when a topic present in a log dir matches two globs."""
+    def test_an_ambiguous_topic_on_disk_is_listed_not_a_load_error(self, tmp_path: Path) -> None:
+        """A topic in a log dir that two globs match does not fail the load (a restart or
+        reload refused for one topic stopped every topic's maintenance): it is listed
+        for `check-config`, naming the globs and the partition dir, and the cycle leaves
+        only its partitions alone."""
         (tmp_path / "data" / "orders.v1-0").mkdir(parents=True)
         (tmp_path / "data" / "payments-3").mkdir()
         data = {
             "log.dirs": [str(tmp_path / "data")],
             "topics": {"orders.*": {}, "*.v1": {}, "pay*": {}, "*ments": {}},
         }
-        errors = errors_of(data)
-        assert len(errors) == 2
-        assert "'orders.v1'" in errors[0]
-        assert "'orders.*' and '*.v1'" in errors[0]
-        assert str(tmp_path / "data" / "orders.v1-0") in errors[0]
-        assert "'payments'" in errors[1]
+        problems = ambiguous_on_disk(config_from_data(data))
+        assert len(problems) == 2
+        assert "'orders.v1'" in problems[0]
+        assert "'orders.*' and '*.v1'" in problems[0]
+        assert str(tmp_path / "data" / "orders.v1-0") in problems[0]
+        assert "'payments'" in problems[1]
 
     def test_ambiguous_globs_without_such_topic_on_disk_load(self, tmp_path: Path) -> None:
         """Overlapping globs are fine until a topic that both match exists."""
         (tmp_path / "data" / "orders.v2-0").mkdir(parents=True)
         data = {"log.dirs": [str(tmp_path / "data")], "topics": {"orders.*": {}, "*.v1": {}}}
-        config_from_data(data)
+        assert ambiguous_on_disk(config_from_data(data)) == []
 
     def test_max_segment_ms_is_kip_354s(self) -> None:
         """max_segment_ms is min(segment.ms, max.compaction.lag.ms) for compacted topics only."""
@@ -706,9 +732,13 @@ class TestPaths:
         with pytest.raises(ConfigError, match="state_dir: "):
             check_paths(cfg)
 
-    def test_state_dir_is_checked_only_when_configured(self, tmp_path: Path) -> None:
-        """The default state dir is relative to wherever the command runs: it is looked
-        at only when the file names one."""
+    def test_the_default_state_dir_is_checked_where_the_command_runs(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """The default state dir, `./state`, is relative to the working directory: it is
+        checked there, and a problem says it is the default and where it landed (a unit
+        without a working directory put it in the read-only `/`, and `run` then failed
+        with "no log dir could be opened: state: Permission denied")."""
         (tmp_path / "logs").mkdir()
         cfg = config_from_data({"log.dirs": [str(tmp_path / "logs")]})
         looked_at: list[Path] = []
@@ -717,8 +747,14 @@ class TestPaths:
             looked_at.append(path)
             return probe_path(path)
 
+        monkeypatch.chdir(tmp_path)
         assert path_problems(cfg, probe=probe) == []
-        assert looked_at == [tmp_path / "logs"]
+        assert looked_at[:2] == [tmp_path / "logs", Path("state")]
+        (tmp_path / "state").write_text("not a dir")
+        (problem,) = path_problems(cfg)
+        assert problem.startswith(f"state_dir (not set: the default 'state' in {tmp_path}): ")
+        with pytest.raises(ConfigError, match="the default 'state'"):
+            check_paths(cfg)
 
     @pytest.mark.parametrize(("mode", "problems"), [("owner", 2), ("observe", 0)])
     def test_read_only_filesystem(self, tmp_path: Path, mode: str, problems: int) -> None:
@@ -749,7 +785,7 @@ def test_an_offset_map_that_cannot_hold_a_key_is_refused() -> None:
     by_time = {"cleanup.policy": "compact", "compaction.strategy": "timestamp"}
     versioned = {**small, "topics": {"prices": by_time}}
     assert errors_of(versioned) == [
-        "log.cleaner.dedupe.buffer.size: offset map of 48 bytes (1 slots of 32 bytes at "
+        "log.cleaner.dedupe.buffer.size: offset map of 48 bytes (1 slot of 32 bytes at "
         "load factor 0.9) is too small to fit even a single key, so log cleaning would "
         "never make progress; increase log.cleaner.dedupe.buffer.size or decrease "
         "log.cleaner.threads"

@@ -55,6 +55,7 @@ from cleanerd.config import Config, load_config
 from cleanerd.errors import (
     CheckpointError,
     CleanerdError,
+    ConfigError,
     failure_text,
     reread_on_change,
 )
@@ -160,7 +161,11 @@ def compacted_partitions(cfg: Config, run: AuditRun) -> Iterator[tuple[Partition
         try:
             with LogDir.open(Path(path), observe=True, state_dir=cfg.state_dir) as log_dir:
                 for tp in log_dir.partitions():
-                    topic = cfg.topic_config(tp.topic)
+                    try:
+                        topic = cfg.topic_config(tp.topic)
+                    except ConfigError as exc:  # two globs match it: not audited
+                        run.errors.append(f"{log_dir.path / str(tp)}: {'; '.join(exc.errors)}")
+                        continue
                     if not topic.compact or tp.topic == METADATA_TOPIC:
                         continue
                     try:

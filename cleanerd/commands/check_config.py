@@ -4,9 +4,11 @@ config file, then the dirs and files it names.
 The file first (every error at once, each naming the key, the value and the rule); its
 dirs (`config.path_problems`) and the files the daemon reads at its start (the MQTT
 password and TLS files, `daemon.credentials`) only once it is valid, since they are
-named by its keys; then, in a mode that owns its log dirs, what it needs of every
-partition in them (`log.access`: the daemon only finds that out step by step, partition
-by partition, so this is the one place it is looked at ahead). Prints `FILE: OK` and
+named by its keys, and the topics in the log dirs that two globs match (which the
+daemon leaves alone, `config.ambiguous_on_disk`); then, in a mode that owns its log
+dirs, what it needs of every partition in them (`log.access`: the daemon only finds
+that out step by step, partition by partition, so this is the one place it is looked
+at ahead). Prints `FILE: OK` and
 exits 0 (with `config_warnings` on stderr, and a warning for an owned log dir another
 process holds now, which the daemon would only observe), or exits 1 with the errors.
 """
@@ -21,6 +23,7 @@ from typing import Final
 from cleanerd.commands import Arg
 from cleanerd.config import (
     Config,
+    ambiguous_on_disk,
     config_warnings,
     current_user,
     load_config,
@@ -50,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
     cfg = load_config(file)
     # Log lines (a dir the checks skip, at debug) go to stderr at the config's level.
     log_to_stderr(cfg.logging.format, cfg.logging.level)
-    found = path_problems(cfg) + credentials.problems(cfg.mqtt)
+    found = path_problems(cfg) + ambiguous_on_disk(cfg) + credentials.problems(cfg.mqtt)
     held = {} if found or cfg.observe else _held_by_another(cfg)
     warnings = config_warnings(cfg) + list(held.values())
     if not found and not cfg.observe:

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from typing import Final
 
+from cleanerd.wording import count
+
 OFFSET_ENTRY_BYTES: Final = 24
 """A slot of the `offset` strategy's map: key hash (16 bytes) and offset (8)."""
 VERSIONED_ENTRY_BYTES: Final = 32
@@ -40,8 +42,8 @@ def too_small(memory_bytes: int, entry_bytes: int, load_factor: float) -> str | 
     if slots * load_factor > 1:
         return None
     return (
-        f"offset map of {memory_bytes} bytes ({slots} slots of {entry_bytes} bytes at load "
-        f"factor {load_factor}) is too small to fit even a single key, so log cleaning "
+        f"offset map of {memory_bytes} bytes ({count(slots, 'slot')} of {entry_bytes} bytes "
+        f"at load factor {load_factor}) is too small to fit even a single key, so log cleaning "
         "would never make progress; increase log.cleaner.dedupe.buffer.size or decrease "
         "log.cleaner.threads"
     )

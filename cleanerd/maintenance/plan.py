@@ -38,6 +38,7 @@ from cleanerd.config import Config, log_dir_failure
 from cleanerd.errors import (
     CheckpointError,
     CleanerdError,
+    ConfigError,
     NoSegmentYet,
     reread_on_change,
 )
@@ -470,7 +471,11 @@ def _gather_dir(
     first_seen = FirstSeen.load(cfg.state_dir, log_dir.path)
     horizons = HorizonCache()
     for tp in partitions:
-        topic = cfg.topic_config(tp.topic)
+        try:
+            topic = cfg.topic_config(tp.topic)
+        except ConfigError as exc:  # two globs match it: the cycle leaves it alone too
+            out.errors.append(f"{log_dir.path / str(tp)}: {'; '.join(exc.errors)}")
+            continue
         try:
             plog, meta, segment_horizons = _read_partition(log_dir, tp, topic, horizons)
         except NoSegmentYet:

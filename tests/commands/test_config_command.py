@@ -43,6 +43,23 @@ def test_check_config_refuses_what_the_daemons_start_would(
     assert f"mqtt.password_file: cannot read '{tmp_path / 'nope'}'" in out.err
 
 
+def test_check_config_names_a_topic_on_disk_two_globs_match(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Which the daemon would leave alone: an error of check-config, not of the load."""
+    (tmp_path / "logs" / "demo-x-0").mkdir(parents=True)
+    config = tmp_path / "cleanerd.yaml"
+    config.write_text(
+        f"log.dirs: [{tmp_path / 'logs'}]\nstate_dir: {tmp_path / 'state'}\n"
+        "topics: {'demo-*': {}, '*-x': {}}\n"
+    )
+    load_config(config)
+    assert main(["check-config", str(config)]) == 1
+    err = capsys.readouterr().err
+    assert "topic 'demo-x' matches more than one glob: 'demo-*' and '*-x'" in err
+    assert str(tmp_path / "logs" / "demo-x-0") in err
+
+
 @pytest.mark.parametrize("mode", ["owner", "observe"])
 def test_check_config_warns_of_an_owned_log_dir_a_broker_holds(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], mode: str

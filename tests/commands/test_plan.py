@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from contextlib import nullcontext
@@ -241,6 +242,27 @@ def test_a_partition_being_created_is_no_error(tmp_path: Path) -> None:
         report = json.loads(doc.stdout)
         assert (report["errors"], report["unreadable"]) == ([], [])
         assert [p["partition"] for p in report["partitions"]] == [0]
+
+
+def test_a_topic_two_globs_match_is_an_error_and_the_others_are_planned(
+    tmp_path: Path,
+) -> None:
+    """`plan` names the partition two globs match (as the cycle leaves it alone) and
+    plans the others, exit 1; it refused the whole config before."""
+    log = LogBuilder(tmp_path / "logs")
+    log.append([(k("a"), b"1")])
+    log.write()
+    shutil.copytree(tmp_path / "logs" / "t-0", tmp_path / "logs" / "x-y-0")
+    command, env = _plan_command(tmp_path)
+    config = Path(command[-1])
+    config.write_text(config.read_text() + "topics: {'x-*': {}, '*-y': {}}\n")
+    done = subprocess.run([*command, "--json"], capture_output=True, text=True, env=env)
+    assert done.returncode == 1, done.stderr
+    report = json.loads(done.stdout)
+    assert [(p["topic"], p["partition"]) for p in report["partitions"]] == [("t", 0)]
+    (error,) = report["errors"]
+    assert "x-y-0" in error
+    assert "matches more than one glob: 'x-*' and '*-y'" in error
 
 
 def test_no_disk_usage_deletion_is_planned_in_a_dir_a_broker_holds(tmp_path: Path) -> None:

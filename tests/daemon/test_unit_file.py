@@ -55,6 +55,8 @@ def test_unit_has_the_lifecycle_and_hardening_settings() -> None:
         "PrivateTmp": "yes",
         "CacheDirectory": "cleanerd",
         "StateDirectory": "cleanerd",
+        # The default state_dir, ./state, must not resolve in the read-only /.
+        "WorkingDirectory": "/var/lib/cleanerd",
         "KillMode": "mixed",
     }
     for key, value in expected.items():
