@@ -8,10 +8,12 @@ the module."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -25,10 +27,13 @@ import pytest
 
 from cleanerd import _aot, _jit
 from cleanerd.commands import build_kernels as build_kernels_command
+from cleanerd.engine.lifeline import OWNER_ENV
+from cleanerd.log.ownership import start_ticks
 from cleanerd.records.columns import SEGMENT_ROW
 from cleanerd.records.header import Compression
 from tests.compaction.conftest import LogBuilder, k
 from tests.paths import REPO
+from tests.tools import session_processes, wait_for_session_end
 
 pytestmark = pytest.mark.slow
 
@@ -493,3 +498,39 @@ def test_a_background_build_refused_a_lower_priority_runs_at_its_own(
     args = argparse.Namespace(remove=True, background=True, no_warm_up=True)
     assert build_kernels_command.run(args) == 0
     assert "removed the compiled kernels" in capsys.readouterr().out
+
+
+def test_a_daemons_build_dies_with_the_daemon(tmp_path: Path) -> None:
+    """A build the daemon started (its owner named in the environment, as the daemon
+    does) ends, with its warm-up, when the daemon is killed: a SIGKILLed daemon's build
+    ran on for a minute."""
+    owner = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    build: subprocess.Popen[bytes] | None = None
+    try:
+        env = {
+            **os.environ,
+            "NUMBA_CACHE_DIR": str(tmp_path / "cache"),
+            OWNER_ENV: f"{owner.pid}:{start_ticks(owner.pid)}",
+        }
+        build = subprocess.Popen(
+            [sys.executable, "-m", "cleanerd", "build-kernels", "--background"],
+            env=env,
+            cwd=REPO,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        deadline = time.monotonic() + 60
+        while len(session_processes(build.pid)) < 2:  # the build and its warm-up
+            assert build.poll() is None, "the build ended before its warm-up started"
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        owner.kill()
+        owner.wait()
+        wait_for_session_end(build.pid, 10)
+        assert build.wait(10) == -9
+    finally:
+        owner.kill()
+        for pid in session_processes(build.pid) if build is not None else []:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)

@@ -8,7 +8,9 @@ process of its own), so that the module holds what the commands call on any data
 only what this host happened to run; `--no-warm-up` builds from the cache as it is.
 `--remove` removes the module (the kernels then go to numba again). A build first
 removes what one that was killed left in the cache (`_aot.remove_leftovers`). The
-daemon runs it (`--background`: at the lowest CPU priority) once after its first cycle.
+daemon runs it (`--background`: at the lowest CPU priority) once after its first cycle,
+in a session of its own that dies with the daemon (`lifeline`: a daemon killed with
+SIGKILL left its build, and the build's warm-up, running for a minute).
 Exits 1 when it cannot build (no writable cache dir, or no C compiler: numba's pycc
 needs one, which is checked before the warm-up) or the warm-up failed (the module is
 then built from the cache as it was).
@@ -27,6 +29,7 @@ from typing import Final
 
 from cleanerd import _aot, _jit
 from cleanerd.commands import Arg
+from cleanerd.engine.lifeline import OWNER_ENV, die_with_owner_from_env
 
 ARGS: Final[tuple[Arg, ...]] = (
     (("--remove",), {"action": "store_true", "help": "remove the compiled kernels"}),
@@ -64,6 +67,8 @@ def run(args: argparse.Namespace) -> int:
     if args.background:
         with contextlib.suppress(OSError):  # refused by a filter (the unit's): run as is
             os.nice(19)
+    if OWNER_ENV in os.environ:  # the daemon's: its session (the warm-up) dies with it
+        die_with_owner_from_env(whole_session=True)
     root = _jit.cache_root()
     if root is None:
         print("cleanerd build-kernels: no writable kernel cache dir (set NUMBA_CACHE_DIR)")

@@ -112,6 +112,7 @@ from cleanerd.daemon.triggers import (
 from cleanerd.daemon.watcher import LogDirWatcher, PartitionKey, WatchDelta
 from cleanerd.engine import Engine, create_engine
 from cleanerd.engine.first_reads import ReaderPool
+from cleanerd.engine.lifeline import owner_env
 from cleanerd.errors import CleanerdError, ConfigError
 from cleanerd.log.files import TopicPartition
 from cleanerd.log.ownership import Holder
@@ -464,6 +465,7 @@ class Daemon:
         already built from the same sources and signatures is kept as it is."""
         proc = await asyncio.create_subprocess_exec(
             *BUILD_KERNELS_COMMAND,
+            env={**os.environ, **owner_env()},  # dies with this process (`lifeline`)
             stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.STDOUT,
