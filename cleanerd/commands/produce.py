@@ -8,7 +8,9 @@ Input, one JSON object per line (blank lines are skipped)::
   `value_b64` give the bytes in base64 instead (one of each pair at most). `value` (or
   `value_b64`) must be present, so a tombstone is always written on purpose.
 - `headers`: an object of string keys to string-or-null values, or a list of
-  `[key, value]` pairs when a key repeats (order is kept).
+  `[key, value]` pairs when a key repeats (order is kept). `headers_b64` gives the
+  values in base64 instead, as `cleanerd dump --json` prints them, so its records can
+  be fed back in (a header strategy's version of any bytes, say).
 - `timestamp`: milliseconds (CreateTime); the current time when absent.
 
 Records are grouped into batches of `batch_size` and each batch is appended as one v2
@@ -55,7 +57,9 @@ from cleanerd.records.header import Compression
 from cleanerd.records.record import Record, RecordHeader
 from cleanerd.wording import count
 
-_FIELDS: Final = frozenset({"key", "key_b64", "value", "value_b64", "headers", "timestamp"})
+_FIELDS: Final = frozenset(
+    {"key", "key_b64", "value", "value_b64", "headers", "headers_b64", "timestamp"}
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -211,7 +215,7 @@ def parse_record(line: str, *, now_ms: int) -> Record:
         _timestamp(obj.get("timestamp", now_ms)),
         _bytes_field(obj, "key"),
         _bytes_field(obj, "value"),
-        _headers(obj.get("headers", {})),
+        _headers(obj),
     )
 
 
@@ -237,13 +241,18 @@ def _bytes_field(obj: dict[str, Any], name: str) -> bytes | None:
     return _utf8(value, name)
 
 
-def _headers(raw: object) -> tuple[RecordHeader, ...]:
+def _headers(obj: dict[str, Any]) -> tuple[RecordHeader, ...]:
+    if "headers" in obj and "headers_b64" in obj:
+        raise _BadLine('give "headers" or "headers_b64", not both')
+    b64 = "headers_b64" in obj
+    name = "headers_b64" if b64 else "headers"
+    raw = obj.get(name, {})
     if isinstance(raw, dict):
         pairs: list[object] = [[k, v] for k, v in raw.items()]
     elif isinstance(raw, list):
         pairs = raw
     else:
-        raise _BadLine('"headers" must be an object or a list of [key, value] pairs')
+        raise _BadLine(f'"{name}" must be an object or a list of [key, value] pairs')
     headers = []
     for pair in pairs:
         if not (isinstance(pair, list) and len(pair) == 2 and isinstance(pair[0], str)):
@@ -252,7 +261,15 @@ def _headers(raw: object) -> tuple[RecordHeader, ...]:
         _utf8(key, "header key")  # the key is stored as text, but must encode
         if value is not None and not isinstance(value, str):
             raise _BadLine(f"header {key!r} value must be a string or null")
-        headers.append(RecordHeader(key, None if value is None else _utf8(value, "header value")))
+        if value is None:
+            headers.append(RecordHeader(key, None))
+        elif b64:
+            try:
+                headers.append(RecordHeader(key, base64.b64decode(value, validate=True)))
+            except binascii.Error as e:
+                raise _BadLine(f"header {key!r} value is not valid base64: {e}") from None
+        else:
+            headers.append(RecordHeader(key, _utf8(value, "header value")))
     return tuple(headers)
 
 

@@ -79,10 +79,31 @@ class TestParseRecord:
         record = parse_record(line, now_ms=NOW)
         assert (record.key, record.value) == (b"\x00\x01", b"\xff")
 
+    def test_base64_header_values(self) -> None:
+        """headers_b64 carries header values of any bytes (a header strategy's binary
+        version), in either shape, as `dump --json` prints them."""
+        version = (2**63 - 1).to_bytes(8, "big")
+        for headers in (
+            {"version": base64.b64encode(version).decode(), "n": None},
+            [["version", base64.b64encode(version).decode()], ["n", None]],
+        ):
+            line = json.dumps({"value": "v", "headers_b64": headers})
+            record = parse_record(line, now_ms=NOW)
+            assert record.headers == (RecordHeader("version", version), RecordHeader("n", None))
+
     @pytest.mark.parametrize(
         ("line", "reason"),
         [
             ('{"key": "a", "value": ', "invalid JSON: Expecting value (column 23)"),
+            (
+                '{"value": "v", "headers": {}, "headers_b64": {}}',
+                'give "headers" or "headers_b64", not both',
+            ),
+            (
+                '{"value": "v", "headers_b64": {"h": "***"}}',
+                "header 'h' value is not valid base64",
+            ),
+            ('{"value": "v", "headers_b64": 5}', '"headers_b64" must be an object or a list'),
             ("[1, 2]", "expected a JSON object, got an array"),
             ('{"value": "v", "vaule": 1}', "unknown field vaule;"),
             ('{"value": "v", "a": 1, "b": 2}', "unknown fields a, b;"),
