@@ -725,6 +725,7 @@ class Maintenance:
             now_ms=self.clock(), damaged=self._damaged, repeated=self._last_step_errors
         )
         self._retries.clear()
+        self._interject.clear()  # this cycle's own steps come first: they act on it
         self._last_notes, self._notes = self._notes, set()
         every = self.progress_interval_s
         self._progress = CycleProgress(math.inf if every is None else every)
