@@ -128,20 +128,30 @@ class OneShotEngine:
         return self.futures[-1]
 
 
-def test_tracked_engine_expects_then_counts_each_pass() -> None:
-    """A submitted pass grows the totals by its segments below the uncleanable offset;
-    its end counts them done."""
+def _tracked() -> tuple[TrackedEngine, OneShotEngine, Progress, io.StringIO]:
     out = io.StringIO()
     progress = Progress("clean", segments=0, total_bytes=0, stream=out, tty=False)
     inner = OneShotEngine()
-    engine = TrackedEngine(inner, progress)  # type: ignore[arg-type]
+    return TrackedEngine(inner, progress), inner, progress, out  # type: ignore[arg-type]
+
+
+def _job(partition: int, first_uncleanable: int) -> CleanJob:
     segs = (SegmentMeta(0, 10, 100, 0, 0, 0, 0, 0), SegmentMeta(10, 20, 50, 0, 0, 0, 0, 0))
-    job = CleanJob(Path("/l"), Path("/s"), TopicPartition("t", 0), segs, 0, 10, 0, CleanerConfig())
-    future = engine.submit_clean(job)
+    tp = TopicPartition("t", partition)
+    return CleanJob(Path("/l"), Path("/s"), tp, segs, 0, first_uncleanable, 0, CleanerConfig())
+
+
+def _result(end: int) -> CleanResult:
+    return CleanResult(0, end, CleanerStats(0, 0, 0, 0, 0, 0, 0, 0.0, 0, 0, 0), ())
+
+
+def test_tracked_engine_expects_then_counts_each_pass() -> None:
+    """A submitted pass grows the totals by its segments below the uncleanable offset;
+    its end counts them done."""
+    engine, inner, progress, _ = _tracked()
+    future = engine.submit_clean(_job(0, 10))
     assert (progress.segments_total, progress.bytes_total, progress.bytes_done) == (1, 100, 0)
-    inner.futures[0].set_result(
-        CleanResult(0, 10, CleanerStats(0, 0, 0, 0, 0, 0, 0, 0.0, 0, 0, 0), ())
-    )
+    inner.futures[0].set_result(_result(10))
     assert future.done()
     assert (progress.segments_done, progress.bytes_done) == (1, 100)
 
@@ -149,20 +159,11 @@ def test_tracked_engine_expects_then_counts_each_pass() -> None:
 def test_a_pass_that_failed_counts_its_segments_as_failed() -> None:
     """The final line of a run whose pass raised says how many segments failed, so it
     never reads as plainly done."""
-    out = io.StringIO()
-    progress = Progress("clean", segments=0, total_bytes=0, stream=out, tty=False)
-    inner = OneShotEngine()
-    engine = TrackedEngine(inner, progress)  # type: ignore[arg-type]
-    segs = (SegmentMeta(0, 10, 100, 0, 0, 0, 0, 0), SegmentMeta(10, 20, 50, 0, 0, 0, 0, 0))
+    engine, inner, progress, out = _tracked()
     for partition in (0, 1):
-        job = CleanJob(
-            Path("/l"), Path("/s"), TopicPartition("t", partition), segs, 0, 20, 0, CleanerConfig()
-        )
-        engine.submit_clean(job)
+        engine.submit_clean(_job(partition, 20))
     inner.futures[0].set_exception(OSError("disk gone"))
-    inner.futures[1].set_result(
-        CleanResult(0, 20, CleanerStats(0, 0, 0, 0, 0, 0, 0, 0.0, 0, 0, 0), ())
-    )
+    inner.futures[1].set_result(_result(20))
     progress.finish()
     assert (progress.segments_done, progress.segments_failed) == (4, 2)
     assert "4/4 segments (2 failed)" in out.getvalue().splitlines()[-1]
