@@ -809,10 +809,11 @@ def _nearest_existing(path: Path, probe: Callable[[Path], PathState]) -> tuple[P
 def config_warnings(cfg: Config) -> list[str]:
     """What a valid config does that its author may not expect, by key: a compacted
     topic's `header` strategy with no header name compacts by offset (KIP-280's fallback,
-    as Kafka's cleaner does; the daemon warns at its cycles, `check-config` before)."""
+    as Kafka's cleaner does; the daemon warns at its cycles, `check-config` before); TLS
+    files named while `mqtt.tls.enabled` is false are not used."""
     settings = [("log.cleaner.compaction.strategy", cfg.topic_defaults())]
     settings += [(f"topics.{key}.compaction.strategy", cfg.entry_config(key)) for key in cfg.topics]
-    return [
+    warnings = [
         f"{key}: header, but no compaction.strategy.header names the header: "
         "compacted by offset (Kafka's fallback)"
         for key, topic in settings
@@ -820,6 +821,12 @@ def config_warnings(cfg: Config) -> list[str]:
         and topic.compaction_strategy == "header"
         and not topic.compaction_strategy_header.strip()
     ]
+    tls = cfg.mqtt.tls
+    named = [f for f in ("ca_file", "cert_file", "key_file") if getattr(tls, f) is not None]
+    if cfg.mqtt.enabled and named and not tls.enabled:
+        files = ", ".join(f"mqtt.tls.{f}" for f in named)
+        warnings.append(f"{files} set, but mqtt.tls.enabled is false: the connection is plain")
+    return warnings
 
 
 _LOG_DIRS_KEY: Final = "log.dirs"

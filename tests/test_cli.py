@@ -143,6 +143,23 @@ class TestCheckConfig:
             "fallback)\n"
         )
 
+    def test_tls_files_without_tls_enabled_are_warned_about(
+        self, capsys: pytest.CaptureFixture[str], tmp_path: Path
+    ) -> None:
+        """A CA file named with `mqtt.tls.enabled: false` would be silently unused: the
+        connection would go out in plain text."""
+        path = write_config(
+            tmp_path,
+            f"mqtt: {{enabled: true, tls: {{ca_file: {tmp_path / 'ca.pem'}}}}}\n",
+        )
+        (tmp_path / "data").mkdir()
+        status, out, err = run(capsys, "check-config", str(path))
+        assert (status, out) == (0, f"{path}: OK\n")
+        assert err == (
+            "cleanerd check-config: warning: mqtt.tls.ca_file set, but mqtt.tls.enabled is "
+            "false: the connection is plain\n"
+        )
+
     def test_a_brokers_leftover_dirs_print_no_debug_lines(
         self, capsys: pytest.CaptureFixture[str], tmp_path: Path
     ) -> None:
