@@ -425,6 +425,8 @@ class Maintenance:
         self.readers = readers
         self.progress_interval_s = progress_interval_s
         self._progress = CycleProgress(math.inf)
+        self._stop: threading.Event | None = None
+        """The running cycle's stop event (`run_once`)."""
         self.usage_probe = usage_probe
         self.engine = engine
         self.clock = clock
@@ -729,6 +731,7 @@ class Maintenance:
         self._last_notes, self._notes = self._notes, set()
         every = self.progress_interval_s
         self._progress = CycleProgress(math.inf if every is None else every)
+        self._stop = stop
         self._retry_marked()
         partitions = self._discover(report)
         if act:
@@ -1382,13 +1385,20 @@ class Maintenance:
                 )
 
     def _paused_in(self, step: str, report: _Builder) -> bool:
-        """Whether a pause came while the cycle runs (`drain`): its roll, retention and
-        disk usage steps then change nothing more (once said per step), as the cycles
-        after it change nothing; the passes in flight finish (`_clean`)."""
-        if not self.drain.is_set():
+        """Whether a pause (`drain`) or a stop (`run_once`'s `stop`) came while the cycle
+        runs: its roll, retention and disk usage steps then change nothing more (once
+        said per step), as the cycles after a pause change nothing, and a stop does not
+        wait for the retention of thousands of partitions (the daemon's stop gives up
+        after 30 s and leaves without its checkpoints); the passes in flight finish
+        (`_clean`), or a stop aborts them."""
+        if self._stop is not None and self._stop.is_set():
+            report.aborted = True
+            why = "stopping"
+        elif self.drain.is_set():
+            why = "paused"
+        else:
             return False
-        if not any(s.phase == step and s.tp is None for s in report.skipped):
-            report.skip("", None, step, "paused")
+        report.skip("", None, step, why)
         return True
 
     def _devices_above(self) -> bool:

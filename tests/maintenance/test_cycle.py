@@ -2124,3 +2124,30 @@ def test_an_interjection_runs_disk_usage_beside_a_long_pass(
     assert report.disk_usage is not None
     assert [(x.topic_partition, x.base_offset) for x in report.disk_usage.deletions] == [(d, 0)]
     assert [x.tp for x in report.cleaned] == [c]
+
+
+def test_a_stop_during_retention_ends_the_step(
+    tmp_path: Path, engine: LocalEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stop that comes while retention works through thousands of expired partitions
+    ends the step after the partition in hand (the daemon's stop waited for all of them,
+    gave up after 30 s and left without its checkpoints)."""
+    tps = [TopicPartition("d", i) for i in range(3)]
+    for tp in tps:
+        build(tmp_path, tp, [records(range(3), T0 - 3 * HOUR), records(range(3), T0)])
+    cfg = write_config(tmp_path, {"d": {"cleanup.policy": "delete", "retention.ms": HOUR}})
+    stop = threading.Event()
+    applied = cycle.apply_retention
+
+    def then_stop(*args: Any, **kwargs: Any) -> Any:
+        stop.set()  # SIGTERM arrives during the first partition's retention
+        return applied(*args, **kwargs)
+
+    monkeypatch.setattr(cycle, "apply_retention", then_stop)
+    with Maintenance(cfg, engine, clock=lambda: T0) as m:
+        report = m.run_once(stop)
+    assert len(report.retention) == 1
+    assert report.aborted
+    assert [(s.phase, s.reason) for s in report.skipped if s.tp is None] == [
+        ("retention", "stopping")
+    ]
