@@ -164,6 +164,8 @@ class NullPublisher:
         del events  # MQTT was turned off: nothing is sent
 
 
+CONNECTED_BURST: Final = 100
+"""While connected, the queue holds this many times `mqtt.queue_size` (see `publish`)."""
 STABLE_S: Final = 10.0
 """A session connected at least this long was a working connection: the next reconnect
 starts the backoff over."""
@@ -236,7 +238,8 @@ class MqttPublisher:
         self._rng = rng if rng is not None else random.Random()
         self._clock_ms = clock_ms
         self._stop_timeout_s = stop_timeout_s
-        self._queue: asyncio.Queue[Event] = asyncio.Queue(maxsize=settings.queue_size)
+        self._queue: asyncio.Queue[Event] = asyncio.Queue()  # bounded in `publish`
+        self._queue_size = settings.queue_size
         self._inflight: Event | None = None
         self._client: aiomqtt.Client | None = None
         self._task: asyncio.Task[None] | None = None
@@ -268,14 +271,19 @@ class MqttPublisher:
         return self._queue.qsize() + (self._inflight is not None)
 
     def publish(self, event: Event) -> None:
-        """Queue `event`; when the queue is full, drop the oldest queued event."""
-        if self._queue.full():
+        """Queue `event`; when the queue is full, drop the oldest queued events. Full is
+        `queue_size` while the broker is away, `CONNECTED_BURST` times that while it is
+        connected: a cycle hands over all its events at its end (thousands, on a big
+        host's first cycle), which a connected broker takes in a moment, and the bound
+        alone dropped most of them."""
+        limit = self._queue_size * (CONNECTED_BURST if self.connected else 1)
+        while self._queue.qsize() >= limit:
             self._queue.get_nowait()
             self._queue.task_done()
             self.dropped += 1
             if not self._overflowing:
                 self._overflowing = True
-                log.warning("mqtt.events_dropping", queue_size=self._queue.maxsize)
+                log.warning("mqtt.events_dropping", queue_size=self._queue_size)
         self._queue.put_nowait(event)
 
     async def start(self) -> None:

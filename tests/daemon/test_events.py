@@ -305,6 +305,21 @@ async def test_status_online_then_offline_on_clean_stop(broker: Broker) -> None:
 
 
 @pytest.mark.network
+async def test_a_burst_while_connected_is_delivered_whole(broker: Broker) -> None:
+    """A cycle hands over all its events at its end: with the broker connected, more
+    than `queue_size` at once are all delivered (the bound, meant for a broker that is
+    away, dropped most of a big host's first cycle)."""
+    publisher = MqttPublisher(_settings(broker, queue_size=5), host=HOST, backoff=FAST)
+    async with _subscriber(broker, f"cleanerd/{HOST}/events/#") as sub, _running(publisher):
+        await _until(lambda: publisher.connected)
+        for n in range(40):
+            publisher.publish(_event(n))
+        received = [json.loads((await _next(sub)).payload) for _ in range(40)]
+    assert [r["data"]["n"] for r in received] == list(range(40))
+    assert publisher.dropped == 0
+
+
+@pytest.mark.network
 async def test_queued_events_survive_until_connect_newest_kept(broker: Broker) -> None:
     """Events published before the broker is reached are delivered in order after the
     connect, minus the oldest ones the full queue dropped."""

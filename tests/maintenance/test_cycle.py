@@ -2137,7 +2137,7 @@ def test_a_stop_during_retention_ends_the_step(
         build(tmp_path, tp, [records(range(3), T0 - 3 * HOUR), records(range(3), T0)])
     cfg = write_config(tmp_path, {"d": {"cleanup.policy": "delete", "retention.ms": HOUR}})
     stop = threading.Event()
-    applied = cycle.apply_retention
+    applied = executor.apply_retention
 
     def then_stop(*args: Any, **kwargs: Any) -> Any:
         stop.set()  # SIGTERM arrives during the first partition's retention
