@@ -82,7 +82,7 @@ from pathlib import Path
 from cleanerd.compaction.cleanable import EligibilityReason, LogToClean, eligibility, log_to_clean
 from cleanerd.compaction.horizon import HorizonCache
 from cleanerd.errors import CheckpointError, CleanerdError, failure_text
-from cleanerd.log.files import TopicPartition
+from cleanerd.log.files import TopicPartition, partition_dir_gone
 from cleanerd.log.lock import checkpoint_lock
 from cleanerd.log.log_dir import LogDir
 from cleanerd.log.meta import PartitionMeta
@@ -416,6 +416,8 @@ class LogCleanerManager:
         try:
             meta = item.plog.meta()
         except (CleanerdError, OSError) as exc:
+            if partition_dir_gone(item.plog.dir):
+                return None  # deleted since it was opened (its topic): the next cycle forgets it
             self._failed(item, exc, now_ms)
             self.unreadable[item.tp] = str(exc)
             return None
@@ -446,6 +448,8 @@ class LogCleanerManager:
         return Candidate(item, meta, ltc, reason, due)
 
     def _failed(self, item: CompactedLog, exc: Exception, now_ms: int) -> None:
+        if partition_dir_gone(item.plog.dir):
+            return  # its deletion, not damage (its topic was deleted)
         if not self.is_uncleanable(item, now_ms):
             self.mark_uncleanable(item, failure_text(exc), now_ms)
 

@@ -93,7 +93,13 @@ from cleanerd.errors import (
     failure_text,
 )
 from cleanerd.log.deletions import PendingDeletions
-from cleanerd.log.files import METADATA_TOPIC, TopicPartition, list_partitions, log_file
+from cleanerd.log.files import (
+    METADATA_TOPIC,
+    TopicPartition,
+    list_partitions,
+    log_file,
+    partition_dir_gone,
+)
 from cleanerd.log.known_segments import KnownSegment, decode
 from cleanerd.log.log_dir import LogDir, Mode, ReadOnlyFileSystem
 from cleanerd.log.meta import PartitionMeta
@@ -318,6 +324,10 @@ class _Builder:
         # partition fails its steps every cycle until it is repaired, and the daemon
         # would log it again every few seconds.
         # So is one the same cycle met already (its steps run again beside long passes).
+        # A partition deleted meanwhile (its topic) met its deletion, not a failure.
+        if partition_dir_gone(Path(log_dir) / str(tp)):
+            log.info(f"{phase}.partition_gone", **_fields(tp, log_dir), error=str(exc))
+            return
         error = StepError(str(log_dir), tp, phase, str(exc))
         same = self.repeated.get((str(log_dir), tp, phase)) == str(exc)
         logged = log.debug if same or error in self.errors else log.error
@@ -637,7 +647,12 @@ class Maintenance:
             else:
                 key = _segments_key(plogs)
             try:
-                kept = log_dir.keep_known_segments(plogs)
+                try:
+                    kept = log_dir.keep_known_segments(plogs)
+                except (CleanerdError, OSError):
+                    # A partition deleted since the cycle (its topic): kept without it.
+                    plogs = [p for p in plogs if not partition_dir_gone(p.dir)]
+                    kept = log_dir.keep_known_segments(plogs)
             except (CleanerdError, OSError) as exc:  # a segment gone since the cycle
                 log.warning("known_segments.not_kept", log_dir=str(log_dir.path), error=str(exc))
                 kept = False
@@ -810,7 +825,10 @@ class Maintenance:
                 try:
                     plog.flush_rolled()
                 except (CleanerdError, OSError) as exc:
-                    log.error("checkpoint.flush_failed", log_dir=str(log_dir.path), error=str(exc))
+                    if not partition_dir_gone(plog.dir):  # else deleted (its topic) meanwhile
+                        log.error(
+                            "checkpoint.flush_failed", log_dir=str(log_dir.path), error=str(exc)
+                        )
             known = log_dir.checkpoints.recovery_points
             if all(
                 known.get(p.topic_partition, 0) == p.recovery_point_to_checkpoint for p in plogs
@@ -1812,6 +1830,8 @@ class Maintenance:
         try:
             plog = item.log_dir.open_partition(item.tp, config=LogConfig.of_topic(item.topic))
         except (CleanerdError, OSError) as exc:
+            if partition_dir_gone(item.log_dir.path / str(item.tp)):
+                return None  # deleted under the pass (its topic): the next cycle forgets it
             self._mark(
                 item, f"cannot reopen after a failed pass: {exc}", now, report, during_pass=True
             )

@@ -419,17 +419,21 @@ def test_state_transitions() -> None:
 
 
 def test_failure_while_evaluating_marks_only_that_log(make_dir: Any) -> None:
-    """Scenario 54: a log whose candidate cannot be computed (its dir vanished) is
-    marked uncleanable with the reason; the other log is still chosen."""
-    d = make_dir({A: 30, B: 30})
-    items = d.items(A, B)
-    for f in (d.log_dir.path / str(A)).iterdir():
-        f.unlink()
-    (d.log_dir.path / str(A)).rmdir()
+    """Scenario 54: a log whose candidate cannot be computed (its segments cannot be
+    read) is marked uncleanable with the reason; the other log is still chosen. One
+    whose dir vanished (its topic deleted meanwhile) met its deletion: no candidate, no
+    mark."""
+    d = make_dir({A: 30, B: 30, C: 30})
+    items = d.items(A, B, C)
+    for tp in (A, C):
+        for f in (d.log_dir.path / str(tp)).iterdir():
+            f.unlink()
+    (d.log_dir.path / str(C)).rmdir()
     m = d.manager
     candidates = m.refresh(items, NOW)
     assert [c.tp for c in candidates] == [B]
     assert m.registry.reason(A) is not None
+    assert m.registry.reason(C) is None
     picked = m.grab_next(NOW)
     assert picked is not None
     assert picked.tp == B

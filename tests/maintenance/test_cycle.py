@@ -37,7 +37,7 @@ from cleanerd.log.lock import PartitionLock
 from cleanerd.log.log_dir import LogDir
 from cleanerd.log.meta import PartitionMeta
 from cleanerd.log.partition_log import PartitionLog
-from cleanerd.log.roller import first_seen_path
+from cleanerd.log.roller import first_seen_path, maybe_roll
 from cleanerd.log.segment import LogSegment
 from cleanerd.maintenance import cycle
 from cleanerd.maintenance.cycle import Maintenance
@@ -2151,3 +2151,37 @@ def test_a_stop_during_retention_ends_the_step(
     assert [(s.phase, s.reason) for s in report.skipped if s.tp is None] == [
         ("retention", "stopping")
     ]
+
+
+def test_a_partition_deleted_during_a_cycle_is_gone_not_failed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A topic deleted while a cycle works on it (a broker renames its dirs `-delete`,
+    then removes them) met its deletion: no failed step, no uncleanable mark, and what
+    a restart reads is still kept for the other partitions (each was a warning or an
+    error, and the gauges of failed steps and uncleanable partitions rose)."""
+    c, gone = TopicPartition("c", 0), TopicPartition("c", 1)
+    for tp in (c, gone):
+        build(tmp_path, tp, [records(range(5), T0 - 2 * HOUR) * 2, records([0], T0 - HOUR)])
+    cfg = write_config(
+        tmp_path, {"c": {"cleanup.policy": "compact", "max.compaction.lag.ms": HOUR}}
+    )
+    rolled = maybe_roll
+
+    def deleting(plog: PartitionLog, *args: Any, **kwargs: Any) -> Any:
+        if plog.topic_partition == gone and plog.dir.exists():
+            doomed = plog.dir.with_name(f"{gone}.0123456789abcdef0123456789abcdef-delete")
+            plog.dir.rename(doomed)
+            shutil.rmtree(doomed)
+        return rolled(plog, *args, **kwargs)
+
+    monkeypatch.setattr(cycle, "maybe_roll", deleting)
+    engine = LocalEngine(WorkerSettings(workers=1, dedupe_buffer_size=1 << 22), in_process=True)
+    with Maintenance(cfg, engine, clock=lambda: T0) as m, capture_logs() as logs:
+        report = m.run_once()
+        status = m.status()
+        m.keep_known()
+    assert (report.errors, report.failed) == ((), ())
+    assert not [e for e in logs if e["log_level"] in ("warning", "error")]
+    assert [x.tp for x in report.cleaned] == [c]
+    assert status.uncleanable.in_dir(str(tmp_path / "logs")) == {}
