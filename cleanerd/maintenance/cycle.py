@@ -464,6 +464,8 @@ class Maintenance:
         self._plogs: dict[tuple[Path, TopicPartition], PartitionLog] = {}
         self._crashes: dict[TopicPartition, int] = {}
         self._retries: dict[TopicPartition, int] = {}
+        self._passed_again: dict[TopicPartition, int] = {}
+        """Whole passes of a partition looked at again in this cycle (`_finished`)."""
         """Passes retried this cycle, by partition (`CYCLE_RETRIES`)."""
         self._last_step_errors: Mapping[tuple[str, TopicPartition, str], str] = {}
         """The previous cycle's step errors, whose repeats are logged at debug."""
@@ -742,6 +744,7 @@ class Maintenance:
             now_ms=self.clock(), damaged=self._damaged, repeated=self._last_step_errors
         )
         self._retries.clear()
+        self._passed_again.clear()
         self._interject.clear()  # this cycle's own steps come first: they act on it
         self._last_notes, self._notes = self._notes, set()
         every = self.progress_interval_s
@@ -1754,9 +1757,13 @@ class Maintenance:
                 item.plog.take_snapshot()  # the state at the end of the cleaned log
             # A pass that stopped short of its range (the offset map filled up) made
             # progress and has more to do: the partition goes back in the queue. One that
-            # covered its range is done for this cycle, as is one that made no progress.
+            # covered its range is looked at once more: it is eligible again only when
+            # the horizons it stamped have passed already (`delete.retention.ms: 0`),
+            # and then the tombstones go in this cycle, as `plan` says (`clean` ended
+            # with the partition still eligible). One that made no progress is done.
             partial = result.first_dirty < result.end_offset < r.job.first_uncleanable
-            if requeue and partial:
+            progressed = result.end_offset > result.first_dirty
+            if requeue and (partial or (progressed and self._may_pass_again(candidate.tp))):
                 self.manager.refresh_one(item, now)
             return
         # Groups a failed pass had swapped in are done: their old files go as usual.
@@ -1807,6 +1814,11 @@ class Maintenance:
             return
         self._mark(fresh, failure_text(error), now, report, during_pass=True)
         report.met(item.log_dir.path, candidate.tp, error)
+
+    def _may_pass_again(self, tp: TopicPartition) -> bool:
+        """Count a second whole pass of `tp` in this cycle; False after the first."""
+        self._passed_again[tp] = self._passed_again.get(tp, 0) + 1
+        return self._passed_again[tp] <= 1
 
     def _may_retry(self, tp: TopicPartition) -> bool:
         """Count a retry of `tp` in this cycle; False once it had its `CYCLE_RETRIES`."""

@@ -33,7 +33,7 @@ from cleanerd.maintenance.report import StepError, Unreadable
 from cleanerd.records.record import Record
 from cleanerd.records.walker import walk
 from tests.builders import build_log, cycle_report, kv, set_base_offset
-from tests.compaction.conftest import TP, LogBuilder, k, view
+from tests.compaction.conftest import TP, LogBuilder, k, read_batches, view
 from tests.paths import REPO
 
 NOW = 1_700_000_000_000
@@ -580,3 +580,21 @@ def test_a_clean_stopped_after_its_passes_ends_its_progress_as_stopped(
     last = capsys.readouterr().err.splitlines()[-1]
     assert "stopped after" in last
     assert "done" not in last
+
+
+def test_a_tombstone_with_no_delete_retention_goes_in_one_clean(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """With `delete.retention.ms: 0` the horizon a pass stamps has passed at once, so the
+    partition is eligible again: the same `clean` runs the second pass that removes the
+    tombstone (it ended with `plan` still calling the partition eligible)."""
+    d = build(tmp_path)
+    cfg = str(write_config(tmp_path, **{"delete.retention.ms": 0}))
+    assert main(["clean", "-c", cfg, "--now-ms", str(NOW)]) == 0
+    out = capsys.readouterr().out
+    assert "2 cleaning passes, 0 partitions uncleanable" in out
+    assert "cleaned (delete.retention.ms" in out
+    tombstones = [r for b in read_batches(d) for r in b.records if r.value is None]
+    assert tombstones == []
+    assert main(["plan", "-c", cfg, "--now-ms", str(NOW)]) == 0
+    assert "compaction: not eligible" in capsys.readouterr().out
