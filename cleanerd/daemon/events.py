@@ -19,8 +19,9 @@ client therefore speaks MQTT 5 (mosquitto 1.6 and later, and the other current b
 and subscribes with Retain As Published: the flag then reaches the daemon either way.
 
 Why cleaning never waits for the broker: `publish()` is synchronous and only puts the
-event into a bounded queue; when the queue is full it drops the oldest event and counts
-it (`dropped`, exported as `cleanerd_events_dropped_total`). One supervised task owns the
+event into a bounded queue (`mqtt.queue_size` while the broker is away, `CONNECTED_BURST`
+times that while it is connected); when the queue is full it drops the oldest event and
+counts it (`dropped`, exported as `cleanerd_events_dropped_total`). One supervised task owns the
 connection: it connects, drains the queue, and after any failure reconnects with capped
 exponential backoff and jitter. Only a session that lasted `STABLE_S` starts the backoff
 over: one the broker ends at once, again and again (another client connecting with the
