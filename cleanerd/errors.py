@@ -179,6 +179,11 @@ class ConfigError(CleanerdError):
         head = f"invalid configuration {self.path}" if self.path else "invalid configuration"
         super().__init__(head + ":\n" + "\n".join(f"  {e}" for e in errors))
 
+    @property
+    def reason(self) -> str:
+        """The problems on one line, for a report about one partition."""
+        return "; ".join(self.errors)
+
 
 def os_error_text(e: OSError) -> str:
     """`e` as "file: reason" when it names a file (the text of an `OSError` raised with

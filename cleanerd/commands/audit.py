@@ -164,7 +164,7 @@ def compacted_partitions(cfg: Config, run: AuditRun) -> Iterator[tuple[Partition
                     try:
                         topic = cfg.topic_config(tp.topic)
                     except ConfigError as exc:  # two globs match it: not audited
-                        run.errors.append(f"{log_dir.path / str(tp)}: {'; '.join(exc.errors)}")
+                        run.errors.append(f"{log_dir.path / str(tp)}: {exc.reason}")
                         continue
                     if not topic.compact or tp.topic == METADATA_TOPIC:
                         continue

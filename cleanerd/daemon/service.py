@@ -804,7 +804,7 @@ class Daemon:
         try:
             m.request_clean(tp, where, request_id)
         except ConfigError as exc:
-            raise CommandRejected("; ".join(exc.errors)) from None
+            raise CommandRejected(exc.reason) from None
         except CleanerdError as exc:
             raise CommandRejected(str(exc)) from None
         with partition_context(tp.topic, tp.partition, where[0]):

@@ -1008,14 +1008,14 @@ class Maintenance:
     ) -> list[TopicPartition]:
         """`listed` without the partitions of topics that two `topics:` globs match, each
         of which is a failed step naming the globs: which settings apply is the config's
-        to say, and the other partitions are maintained. Such a topic is refused when the
-        config is loaded, unless it was created since (a reload would be refused then)."""
+        to say, and the other partitions are maintained, whether the topic was there when
+        the config was loaded or came since (`config.ambiguous_on_disk`)."""
         why: dict[str, CleanerdError] = {}
         for topic in {tp.topic for tp in listed if self._maintained(tp)}:
             try:
                 self.config.topic_entry(topic)
             except ConfigError as exc:
-                why[topic] = CleanerdError("; ".join(exc.errors))
+                why[topic] = CleanerdError(exc.reason)
         for tp in listed:
             if tp.topic in why:
                 report.error(path, tp, "discover", why[tp.topic])

@@ -474,7 +474,7 @@ def _gather_dir(
         try:
             topic = cfg.topic_config(tp.topic)
         except ConfigError as exc:  # two globs match it: the cycle leaves it alone too
-            out.errors.append(f"{log_dir.path / str(tp)}: {'; '.join(exc.errors)}")
+            out.errors.append(f"{log_dir.path / str(tp)}: {exc.reason}")
             continue
         try:
             plog, meta, segment_horizons = _read_partition(log_dir, tp, topic, horizons)
