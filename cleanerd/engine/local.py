@@ -282,12 +282,15 @@ def _clean_job(w0: _Worker, slot: int, job_id: int, job: CleanJob) -> tuple[Any,
 @dataclass(slots=True)
 class _Job:
     id: int
-    tp: TopicPartition
     payload: CleanJob
     future: Future[Any]
     slot: int = -1
     generation: int = -1
     requeues: int = 0
+
+    @property
+    def tp(self) -> TopicPartition:
+        return self.payload.tp
 
 
 IN_PROCESS_SLOT: Final = 0
@@ -366,7 +369,7 @@ class LocalEngine:
 
     def submit_clean(self, job: CleanJob) -> Future[CleanResult]:
         future: Future[CleanResult] = Future()
-        self._submit(_Job(next(self._ids), job.tp, job, future))
+        self._submit(_Job(next(self._ids), job, future))
         return future
 
     def flush(self) -> None:
