@@ -190,7 +190,7 @@ async def test_an_ipv6_metrics_address_is_logged_in_brackets(
 ) -> None:
     """`startup.done` names an IPv6 endpoint as a URL does, `[::1]:PORT`, not `::1:PORT`."""
     if not socket.has_ipv6:
-        pytest.skip("no IPv6 here")
+        pytest.skip(reason="this host has no IPv6 support")
     _logs(tmp_path)
     path = _write(tmp_path / "cleanerd.yaml", _settings(tmp_path, metrics={"listen": "[::1]:0"}))
     daemon, _ = _daemon(path, notify_socket)

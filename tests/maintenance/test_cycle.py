@@ -1362,13 +1362,18 @@ class _Recording(_Wrapping):
         self.calls.append("flush")
 
 
-def test_the_cycle_flushes_each_round_of_submissions(tmp_path: Path, engine: LocalEngine) -> None:
-    """The cycle flushes after submitting what its free workers take, so an engine that
-    gathers passes into jobs (Spark) starts the round's job at once, with all of them."""
+def _two_dirty_partitions(tmp_path: Path) -> tuple[list[TopicPartition], Config]:
+    """t-0 and t-1, each with keys written twice: both eligible at T0."""
     tps = [TopicPartition("t", i) for i in range(2)]
     for tp in tps:
         build(tmp_path, tp, [records(range(5), T0) * 2, records([0], T0)])
-    cfg = write_config(tmp_path, {"t": {"cleanup.policy": "compact"}})
+    return tps, write_config(tmp_path, {"t": {"cleanup.policy": "compact"}})
+
+
+def test_the_cycle_flushes_each_round_of_submissions(tmp_path: Path, engine: LocalEngine) -> None:
+    """The cycle flushes after submitting what its free workers take, so an engine that
+    gathers passes into jobs (Spark) starts the round's job at once, with all of them."""
+    _, cfg = _two_dirty_partitions(tmp_path)
     recording = _Recording(engine)
     with Maintenance(cfg, recording, clock=lambda: T0) as m:
         assert len(m.run_once().cleaned) == 2
@@ -1394,10 +1399,7 @@ def test_drain_finishes_the_pass_in_flight_and_picks_no_more(
 ) -> None:
     """With `drain` set mid-cycle the running pass completes, no other starts, and
     clearing it lets the next cycle clean the rest."""
-    tps = [TopicPartition("t", i) for i in range(2)]
-    for tp in tps:
-        build(tmp_path, tp, [records(range(5), T0) * 2, records([0], T0)])
-    cfg = write_config(tmp_path, {"t": {"cleanup.policy": "compact"}})
+    tps, cfg = _two_dirty_partitions(tmp_path)
     draining = _DrainOnSubmit(engine)
     with Maintenance(cfg, draining, clock=lambda: T0) as m:
         draining.drain = m.drain
