@@ -772,22 +772,24 @@ def state_dir_problem(
     *,
     observe: bool,
     user: str,
+    key: str = "state_dir",
 ) -> str | None:
-    """Why `state_dir` cannot be used (None: it can). `ancestor` is its nearest existing
-    ancestor, where a missing state dir would be created (needed only then). Observe mode
-    writes nothing there, so only something other than a dir in its place is a problem."""
+    """Why `state_dir` cannot be used (None: it can), named as `key`. `ancestor` is its
+    nearest existing ancestor, where a missing state dir would be created (needed only
+    then). Observe mode writes nothing there, so only something other than a dir in its
+    place is a problem."""
     shown = repr(str(path))
     if state.kind != "missing":
         wrong = _not_a_dir(path, state)
         if wrong is not None:
-            return f"state_dir: {wrong}"
+            return f"{key}: {wrong}"
         if observe or state.writable:
             return None
-        return f"state_dir: {shown} is not writable by user {user}"
+        return f"{key}: {shown} is not writable by user {user}"
     if observe or ancestor is None:
         return None
     parent, parent_state = ancestor
-    cannot = f"state_dir: {shown} does not exist and cannot be created"
+    cannot = f"{key}: {shown} does not exist and cannot be created"
     wrong = _not_a_dir(parent, parent_state)
     if wrong is not None:
         return f"{cannot}: {wrong}"
@@ -849,13 +851,14 @@ def path_problems(
     ]
     state = probe(cfg.state_dir)
     ancestor = _nearest_existing(cfg.state_dir, probe) if state.kind == "missing" else None
-    problem = state_dir_problem(cfg.state_dir, state, ancestor, observe=observe, user=user)
-    if problem is not None and "state_dir" not in cfg.model_fields_set:
-        # Not in the file: say where the default landed, which depends on the directory
-        # the command runs in.
-        where = f"state_dir (not set: the default {str(cfg.state_dir)!r} in {Path.cwd()}):"
-        problem = problem.replace("state_dir:", where, 1)
-    problems.append(problem)
+    # Not in the file: say where the default landed, which depends on the directory the
+    # command runs in.
+    key = "state_dir"
+    if key not in cfg.model_fields_set:
+        key += f" (not set: the default {str(cfg.state_dir)!r} in {Path.cwd()})"
+    problems.append(
+        state_dir_problem(cfg.state_dir, state, ancestor, observe=observe, user=user, key=key)
+    )
     return [p for p in problems if p is not None]
 
 
