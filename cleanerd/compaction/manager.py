@@ -416,10 +416,8 @@ class LogCleanerManager:
         try:
             meta = item.plog.meta()
         except (CleanerdError, OSError) as exc:
-            if partition_dir_gone(item.plog.dir):
-                return None  # deleted since it was opened (its topic): the next cycle forgets it
-            self._failed(item, exc, now_ms)
-            self.unreadable[item.tp] = str(exc)
+            if self._failed(item, exc, now_ms):
+                self.unreadable[item.tp] = str(exc)
             return None
         ltc = log_to_clean(
             meta,
@@ -447,11 +445,14 @@ class LogCleanerManager:
         reason = eligibility(ltc, item.topic.min_cleanable_dirty_ratio, horizon_due=due)
         return Candidate(item, meta, ltc, reason, due)
 
-    def _failed(self, item: CompactedLog, exc: Exception, now_ms: int) -> None:
+    def _failed(self, item: CompactedLog, exc: Exception, now_ms: int) -> bool:
+        """Mark `item` for `exc`; False, and nothing marked, when its dir is gone: it met
+        its deletion (its topic), not damage, and the next cycle forgets it."""
         if partition_dir_gone(item.plog.dir):
-            return  # its deletion, not damage (its topic was deleted)
+            return False
         if not self.is_uncleanable(item, now_ms):
             self.mark_uncleanable(item, failure_text(exc), now_ms)
+        return True
 
     @staticmethod
     def _reset_checkpoint(item: CompactedLog, old: int | None, first_dirty: int) -> None:
