@@ -1439,58 +1439,17 @@ class Maintenance:
         for p in wanted:
             if p.topic.compact and not p.plog.is_metadata:
                 self._mark_damaged(p, report)
+        changed: dict[LogDir, list[_Partition]] = {}
         with self.manager.retention_hold([(p.tp, p.topic) for p in wanted], now) as granted:
             held = set(granted)  # a set: `in` on the list is quadratic over 10,000 partitions
             for p in wanted:
                 if p.tp not in held:
                     report.skip(p.log_dir.path, p.tp, "retention", self._why_held(p))
-            for n, tp in enumerate(granted):
-                if self._paused_in("retention", report):
+            try:
+                if not self._retain(granted, by_tp, report, now, changed):
                     return
-                self._progress.tick("retention", n, len(granted))
-                p = by_tp[tp]
-                try:
-                    outcome = apply_retention(
-                        p.plog, p.log_dir, p.topic, now_ms=now, pending=self.pending
-                    )
-                except (CleanerdError, OSError) as exc:
-                    report.error(p.log_dir.path, tp, "retention", exc)
-                    continue
-                self.counters.count_retention(outcome)
-                if (later := _still_future(outcome, self.clock)) is not None:
-                    self._note(
-                        "retention.future_timestamp",
-                        p,
-                        str(outcome.future_timestamp_base),
-                        base_offset=outcome.future_timestamp_base,
-                        now_ms=later,
-                        consequence="retention.ms deletes nothing from this segment on",
-                    )
-                if outcome.damaged_base is not None:
-                    base = outcome.damaged_base
-                    self._note(
-                        "retention.stopped_at_damage",
-                        p,
-                        str(base),
-                        base_offset=base,
-                        path=str(log_file(p.plog.dir, base)),
-                        consequence="retention deletes nothing from this segment on until "
-                        "it is repaired",
-                    )
-                roll = outcome.roll
-                if roll is not None:
-                    # Every segment was due: the old active segment was rolled first,
-                    # then deleted with the others (Kafka's rule).
-                    self.counters.count_rolled(roll.reason.value)
-                    report.rolled.append(
-                        RolledSegment(
-                            str(p.log_dir.path), tp, roll.base_offset, roll.reason.value, None
-                        )
-                    )
-                if outcome.deletions or roll is not None:
-                    report.retention.append(outcome)
-                if outcome.failure is not None:
-                    report.error(p.log_dir.path, tp, "retention", outcome.failure)
+            finally:
+                _checkpoint_retention(changed, report)
         if self._paused_in("disk usage", report):
             return
         above = self._devices_above()
@@ -1498,6 +1457,66 @@ class Maintenance:
             self._disk_usage(partitions, report, now)
         elif above:
             report.skip("", None, "disk usage", "not enforced for a --topic subset")
+
+    def _retain(
+        self,
+        granted: list[TopicPartition],
+        by_tp: dict[TopicPartition, _Partition],
+        report: _Builder,
+        now: int,
+        changed: dict[LogDir, list[_Partition]],
+    ) -> bool:
+        """Apply retention to the `granted` partitions, adding those it changed to
+        `changed` by log dir, for the caller to checkpoint; False: a stop or a pause
+        ended the step."""
+        for n, tp in enumerate(granted):
+            if self._paused_in("retention", report):
+                return False
+            self._progress.tick("retention", n, len(granted))
+            p = by_tp[tp]
+            try:
+                outcome = apply_retention(p.plog, p.topic, now_ms=now, pending=self.pending)
+            except (CleanerdError, OSError) as exc:
+                report.error(p.log_dir.path, tp, "retention", exc)
+                continue
+            if outcome.deletions:
+                changed.setdefault(p.log_dir, []).append(p)
+            self.counters.count_retention(outcome)
+            if (later := _still_future(outcome, self.clock)) is not None:
+                self._note(
+                    "retention.future_timestamp",
+                    p,
+                    str(outcome.future_timestamp_base),
+                    base_offset=outcome.future_timestamp_base,
+                    now_ms=later,
+                    consequence="retention.ms deletes nothing from this segment on",
+                )
+            if outcome.damaged_base is not None:
+                base = outcome.damaged_base
+                self._note(
+                    "retention.stopped_at_damage",
+                    p,
+                    str(base),
+                    base_offset=base,
+                    path=str(log_file(p.plog.dir, base)),
+                    consequence="retention deletes nothing from this segment on until "
+                    "it is repaired",
+                )
+            roll = outcome.roll
+            if roll is not None:
+                # Every segment was due: the old active segment was rolled first,
+                # then deleted with the others (Kafka's rule).
+                self.counters.count_rolled(roll.reason.value)
+                report.rolled.append(
+                    RolledSegment(
+                        str(p.log_dir.path), tp, roll.base_offset, roll.reason.value, None
+                    )
+                )
+            if outcome.deletions or roll is not None:
+                report.retention.append(outcome)
+            if outcome.failure is not None:
+                report.error(p.log_dir.path, tp, "retention", outcome.failure)
+        return True
 
     def _mark_damaged(self, p: _Partition, report: _Builder) -> None:
         """Mark a compacted partition uncleanable when a segment's metadata shows damage,
@@ -1881,6 +1900,19 @@ def _still_future(outcome: RetentionOutcome, clock: Callable[[], int]) -> int | 
         return None
     now = clock()
     return now if stamp > now else None
+
+
+def _checkpoint_retention(changed: dict[LogDir, list[_Partition]], report: _Builder) -> None:
+    """Write each dir's checkpoints once for the partitions its retention step changed
+    (see `cleanerd.retention.executor`: the renames are durable already). A failure (a
+    full disk) is each of those partitions' failed retention step; their deletions stand,
+    and the start offsets are read back from the first segments meanwhile."""
+    for log_dir, changed_in in changed.items():
+        try:
+            log_dir.checkpoint_logs(p.plog for p in changed_in)
+        except (CleanerdError, OSError) as exc:
+            for p in changed_in:
+                report.error(log_dir.path, p.tp, "retention", exc)
 
 
 def _prepare_clean_shutdown(

@@ -9,23 +9,29 @@ One call, for one partition of an owned log dir, under the partition lock:
 2. remove the planned segments with `PartitionLog.delete_segments`, one call per
    reason, oldest first: each segment's files are renamed to `.deleted` and the dir
    fsynced, and the log start offset moves up to the first remaining segment;
-3. write `log-start-offset-checkpoint` (and the recovery point) with
-   `LogDir.checkpoint_logs` (tmp file, fsync, rename, dir fsync);
-4. when the plan would take the active segment too, roll it (Kafka rolls an empty
+3. when the plan would take the active segment too, roll it (Kafka rolls an empty
    segment when every segment would go), plan again over the new snapshot, so the old
    active segment is then an ordinary inactive one and the new empty one stays, and
-   repeat steps 2 and 3 for it. Kafka rolls before it deletes; the end state is the
+   repeat step 2 for it. Kafka rolls before it deletes; the end state is the
    same, and deleting first frees a full disk whose lack of space fails the roll (its
    final index entries): the failure is then reported with the deletions done;
-5. hand the `.deleted` files to the `PendingDeletions` queue, which unlinks them after
+4. hand the `.deleted` files to the `PendingDeletions` queue, which unlinks them after
    `file.delete.delay.ms` (Kafka's delay, so readers that still have the old files open
    finish).
 
+The caller then writes `log-start-offset-checkpoint` (and the recovery points) once per
+log dir for every partition the step changed (`LogDir.checkpoint_logs`: tmp file, fsync,
+rename, dir fsync), as Kafka writes it on a schedule rather than at each deletion: the
+file holds every partition of the dir, and one write per changed partition made a
+step over N partitions with expired segments cost N^2 (with its listing of the dir).
+
 Crash consistency: the renames are durable before the checkpoint is written, and the
-log start offset is read back as max(checkpoint, first segment base), so a crash
-between steps 3 and 4 loses nothing: on restart the first remaining segment gives the
+log start offset is read back as max(checkpoint, first segment base), which after a
+deletion of whole segments is the start offset the checkpoint would hold (a start
+offset above the first survivor's base was checkpointed before, and stays), so a crash
+before the checkpoint loses nothing: on restart the first remaining segment gives the
 same start offset, and startup recovery removes leftover `.deleted` files. A crash
-before step 3's dir fsync leaves the segments in place, and the next check deletes them
+before step 2's dir fsync leaves the segments in place, and the next check deletes them
 again. The high watermark bounds every deletion when one is known, and the active
 segment is never deleted. A segment whose largest timestamp lies in the future blocks
 time retention, as in Kafka, and a damaged segment stops a pass which would otherwise
@@ -41,7 +47,6 @@ from pathlib import Path
 
 from cleanerd.errors import CleanerdError
 from cleanerd.log.deletions import PendingDeletions
-from cleanerd.log.log_dir import LogDir
 from cleanerd.log.meta import PartitionMeta
 from cleanerd.log.partition_log import PartitionLog
 from cleanerd.log.topic_config import TopicConfig
@@ -75,8 +80,8 @@ class RetentionOutcome:
     damaged_base: int | None = None
     """Base of a damaged segment that stopped a pass which would have taken it."""
     failure: CleanerdError | OSError | None = None
-    """What stopped the check after `deletions` were done (the roll or a checkpoint
-    write on a full disk); the caller reports it as the partition's failed step."""
+    """What stopped the check after `deletions` were done (the roll on a full disk);
+    the caller reports it as the partition's failed step."""
 
 
 def retention_plan(meta: PartitionMeta, topic: TopicConfig, *, now_ms: int) -> RetentionPlan:
@@ -92,15 +97,14 @@ def retention_plan(meta: PartitionMeta, topic: TopicConfig, *, now_ms: int) -> R
 
 def apply_retention(
     plog: PartitionLog,
-    log_dir: LogDir,
     topic: TopicConfig,
     *,
     now_ms: int,
     pending: PendingDeletions,
 ) -> RetentionOutcome:
-    """Run one retention check on `plog` (a partition of the owned `log_dir`); see the
-    module docstring. `__cluster_metadata` is left alone; any other read-only partition
-    raises PermissionError."""
+    """Run one retention check on `plog` (a partition of an owned log dir; the caller
+    checkpoints it when it changed); see the module docstring. `__cluster_metadata` is
+    left alone; any other read-only partition raises PermissionError."""
     tp = plog.topic_partition
     if plog.is_metadata:
         return RetentionOutcome(
@@ -123,7 +127,7 @@ def apply_retention(
             plan = retention_plan(plog.readable_meta(), topic, now_ms=now_ms)
             # The due inactive segments go before the roll: they need no space, and on a
             # full disk (where the roll's index write fails) they are what frees it.
-            _delete(plog, log_dir, plan.deletions, deleted, files)
+            _delete(plog, plan.deletions, deleted, files)
             if plan.roll_for is not None:
                 # Kafka rolls so that retention can take the whole log; the line names
                 # the rule.
@@ -131,14 +135,14 @@ def apply_retention(
                 if plog.roll(now_ms, reason=plan.roll_for.value) is not None:
                     roll = RetentionRoll(active_base, plan.roll_for)
                 plan = retention_plan(plog.readable_meta(), topic, now_ms=now_ms)
-                _delete(plog, log_dir, plan.deletions, deleted, files)
+                _delete(plog, plan.deletions, deleted, files)
         except (CleanerdError, OSError) as exc:
             if not deleted and roll is None:
                 raise
             failure = exc  # reported with what was deleted (or rolled) before it
         finally:
             # Renamed `.deleted` files are unlinked when due even when a later group or
-            # the checkpoint failed (a full disk): else they waited for the next start.
+            # the roll failed (a full disk): else they waited for the next start.
             pending.schedule(files, now_ms=now_ms, delay_ms=topic.file_delete_delay_ms)
     return RetentionOutcome(
         log_dir=str(plog.log_dir),
@@ -157,17 +161,14 @@ def apply_retention(
 
 def _delete(
     plog: PartitionLog,
-    log_dir: LogDir,
     deletions: tuple[Deletion, ...],
     deleted: list[Deletion],
     files: list[Path],
 ) -> None:
-    """Delete `deletions` (one call per reason, oldest first) and checkpoint the new log
-    start offset, adding to `deleted` and `files` as each group's renames are done."""
+    """Delete `deletions` (one call per reason, oldest first), adding to `deleted` and
+    `files` as each group's renames are done."""
     by_base = {s.base_offset: s for s in plog.segments}
     for reason, group in itertools.groupby(deletions, key=lambda d: d.reason):
         chosen = [d for d in group if d.base_offset in by_base]
         files += plog.delete_segments([by_base[d.base_offset] for d in chosen], reason=reason.value)
         deleted += chosen
-    if deletions:
-        log_dir.checkpoint_logs([plog])

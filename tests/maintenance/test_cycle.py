@@ -2155,6 +2155,70 @@ def test_a_stop_during_retention_ends_the_step(
     ]
 
 
+def test_retention_checkpoints_a_dir_once_for_all_its_deletions(
+    tmp_path: Path, engine: LocalEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The retention step writes a dir's checkpoints once, for every partition it
+    changed, not once per partition: each write holds every partition of the dir, and
+    500 partitions with one expired segment each spent four fifths of their `clean` in
+    those writes. A checkpointed start offset that the deletions passed is dropped."""
+    tps = [TopicPartition("d", i) for i in range(3)]
+    for tp in tps:
+        build(tmp_path, tp, [records(range(3), T0 - 3 * HOUR), records(range(3), T0)])
+    start = OffsetCheckpointFile(tmp_path / "logs" / LOG_START_OFFSET_CHECKPOINT)
+    start.write(dict.fromkeys(tps, 1))
+    cfg = write_config(tmp_path, {"d": {"cleanup.policy": "delete", "retention.ms": HOUR}})
+    writes: list[set[TopicPartition]] = []
+    checkpoint_logs = LogDir.checkpoint_logs
+
+    def counting(log_dir: LogDir, logs: Any) -> None:
+        logs = list(logs)
+        writes.append({p.topic_partition for p in logs})
+        checkpoint_logs(log_dir, logs)
+
+    monkeypatch.setattr(LogDir, "checkpoint_logs", counting)
+    with Maintenance(cfg, engine, clock=lambda: T0) as m:
+        report = m.run_once()
+    assert (
+        sorted(tp for o in report.retention for tp in [TopicPartition(o.topic, o.partition)]) == tps
+    )
+    assert writes[0] == set(tps)
+    assert all(w == set(tps) for w in writes)
+    assert start.read() == {}
+    for tp in tps:
+        assert PartitionLog.open(tmp_path / "logs" / str(tp), read_only=True).log_start_offset == 3
+
+
+def test_a_failed_retention_checkpoint_fails_the_step_of_each_partition_it_held(
+    tmp_path: Path, engine: LocalEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The checkpoint write after a dir's deletions fails (a full disk): the deletions
+    stand and are reported, each of those partitions' retention step is a failed one,
+    and the `.deleted` files are still unlinked when due, not left until the next
+    start."""
+    tps = [TopicPartition("d", i) for i in range(2)]
+    for tp in tps:
+        build(tmp_path, tp, [records(range(3), T0 - 3 * HOUR), records(range(3), T0)])
+    cfg = write_config(
+        tmp_path,
+        {"d": {"cleanup.policy": "delete", "retention.ms": HOUR, "file.delete.delay.ms": 0}},
+    )
+
+    def full(*_: Any) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(LogDir, "checkpoint_logs", full)
+    with Maintenance(cfg, engine, clock=lambda: T0) as m:
+        report = m.run_once()
+        assert len(report.retention) == 2
+        assert sorted((e.tp, e.phase) for e in report.errors) == [(tp, "retention") for tp in tps]
+        assert all("No space left" in e.reason for e in report.errors)
+        m.run_once()
+    for tp in tps:
+        assert not list((tmp_path / "logs" / str(tp)).glob("*.deleted"))
+        assert PartitionLog.open(tmp_path / "logs" / str(tp), read_only=True).log_start_offset == 3
+
+
 def test_a_partition_deleted_during_a_cycle_is_gone_not_failed(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -62,9 +62,7 @@ def test_retention_ms_renames_and_defers_unlink(tmp_path: Path) -> None:
     log_dir, plog = open_owned(tmp_path)
     with log_dir:
         pending = PendingDeletions()
-        out = apply_retention(
-            plog, log_dir, topic(retention_ms=2 * HOUR), now_ms=T0, pending=pending
-        )
+        out = apply_retention(plog, topic(retention_ms=2 * HOUR), now_ms=T0, pending=pending)
         assert [(d.base_offset, d.reason) for d in out.deletions] == [
             (0, DeletionReason.RETENTION_MS),
             (10, DeletionReason.RETENTION_MS),
@@ -79,31 +77,6 @@ def test_retention_ms_renames_and_defers_unlink(tmp_path: Path) -> None:
         assert sorted(p.name for p in pending.run_due(T0 + 60_000)) == deleted
         assert not list(plog.dir.glob("*.deleted"))
         assert PartitionLog.open(plog.dir, read_only=True).log_start_offset == 20
-
-
-def test_renamed_files_are_unlinked_when_due_even_if_the_checkpoint_fails(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The checkpoint write after the renames fails (a full disk): the error is the
-    outcome's failure, reported with the deletions done, and the `.deleted` files are
-    still queued, so they are unlinked when due, not left until the next start."""
-    build(tmp_path, [5, 4, 1, 0])
-    log_dir, plog = open_owned(tmp_path)
-
-    def full(*_: Any) -> None:
-        raise OSError(28, "No space left on device")
-
-    monkeypatch.setattr(log_dir, "checkpoint_logs", full)
-    with log_dir:
-        pending = PendingDeletions()
-        out = apply_retention(
-            plog, log_dir, topic(retention_ms=2 * HOUR), now_ms=T0, pending=pending
-        )
-        assert isinstance(out.failure, OSError)
-        assert [d.base_offset for d in out.deletions] == [0, 10]
-        deleted = sorted(p.name for p in plog.dir.glob("*.deleted"))
-        assert deleted
-        assert sorted(p.name for p in pending.run_due(T0 + 60_000)) == deleted
 
 
 def test_a_roll_that_fails_on_a_full_disk_still_lets_the_due_segments_go(
@@ -123,7 +96,7 @@ def test_a_roll_that_fails_on_a_full_disk_still_lets_the_due_segments_go(
     monkeypatch.setattr(TimeIndex, "flush_entries", full)
     with log_dir:
         pending = PendingDeletions()
-        out = apply_retention(plog, log_dir, topic(retention_ms=HOUR), now_ms=T0, pending=pending)
+        out = apply_retention(plog, topic(retention_ms=HOUR), now_ms=T0, pending=pending)
         assert [d.base_offset for d in out.deletions] == [0, 10]
         assert out.roll is None
         assert isinstance(out.failure, FileStepError)
@@ -136,7 +109,7 @@ def test_a_roll_that_fails_on_a_full_disk_still_lets_the_due_segments_go(
         assert len(pending.run_due(T0 + 60_000)) == len(out.deleted_files) > 0
 
         monkeypatch.setattr(TimeIndex, "flush_entries", real)
-        out = apply_retention(plog, log_dir, topic(retention_ms=HOUR), now_ms=T0, pending=pending)
+        out = apply_retention(plog, topic(retention_ms=HOUR), now_ms=T0, pending=pending)
         assert out.failure is None
         assert out.roll == RetentionRoll(20, DeletionReason.RETENTION_MS)
         assert [d.base_offset for d in out.deletions] == [20]
@@ -157,31 +130,32 @@ def test_a_roll_failure_with_nothing_deleted_is_raised(
 
     monkeypatch.setattr(TimeIndex, "flush_entries", full)
     with log_dir, pytest.raises(FileStepError, match=r"00000000000000000000\.timeindex"):
-        apply_retention(
-            plog, log_dir, topic(retention_ms=HOUR), now_ms=T0, pending=PendingDeletions()
-        )
+        apply_retention(plog, topic(retention_ms=HOUR), now_ms=T0, pending=PendingDeletions())
     assert [s.base_offset for s in plog.segments] == [0]
 
 
 def test_log_start_offset_checkpoint_follows_deletions(tmp_path: Path) -> None:
     """A checkpointed log start offset deletes the segments below it and stays
     checkpointed while it lies above the first survivor's base; once deletions pass it,
-    its entry goes (the first base is the start offset, as Kafka writes it)."""
+    its entry goes (the first base is the start offset, as Kafka writes it) when the
+    caller checkpoints the partition, as the cycle does after its retention step."""
     build(tmp_path, [3, 3, 3, 0])
     OffsetCheckpointFile(tmp_path / "logs" / LOG_START_OFFSET_CHECKPOINT).write({TP: 15})
     log_dir, plog = open_owned(tmp_path)
     with log_dir:
-        out = apply_retention(plog, log_dir, topic(), now_ms=T0, pending=PendingDeletions())
+        out = apply_retention(plog, topic(), now_ms=T0, pending=PendingDeletions())
         assert [(d.base_offset, d.reason) for d in out.deletions] == [
             (0, DeletionReason.LOG_START_OFFSET)
         ]
+        log_dir.checkpoint_logs([plog])
         checkpoint = OffsetCheckpointFile(tmp_path / "logs" / LOG_START_OFFSET_CHECKPOINT)
         assert checkpoint.read() == {TP: 15}
         out = apply_retention(
-            plog, log_dir, topic(retention_ms=2 * HOUR), now_ms=T0, pending=PendingDeletions()
+            plog, topic(retention_ms=2 * HOUR), now_ms=T0, pending=PendingDeletions()
         )
         assert [d.base_offset for d in out.deletions] == [10, 20]
         assert out.log_start_offset == 30
+        log_dir.checkpoint_logs([plog])
         assert checkpoint.read() == {}
 
 
@@ -192,7 +166,7 @@ def test_retention_bytes_deletes_oldest(tmp_path: Path) -> None:
     with log_dir:
         size = plog.segments[0].size
         cfg = topic(retention_bytes=2 * size)
-        out = apply_retention(plog, log_dir, cfg, now_ms=T0, pending=PendingDeletions())
+        out = apply_retention(plog, cfg, now_ms=T0, pending=PendingDeletions())
         assert [(d.base_offset, d.reason) for d in out.deletions] == [
             (0, DeletionReason.RETENTION_BYTES),
             (10, DeletionReason.RETENTION_BYTES),
@@ -205,9 +179,7 @@ def test_rolls_first_when_every_segment_expired(tmp_path: Path) -> None:
     build(tmp_path, [9, 8])
     log_dir, plog = open_owned(tmp_path)
     with log_dir, capture_logs() as logs:
-        out = apply_retention(
-            plog, log_dir, topic(retention_ms=HOUR), now_ms=T0, pending=PendingDeletions()
-        )
+        out = apply_retention(plog, topic(retention_ms=HOUR), now_ms=T0, pending=PendingDeletions())
         assert out.roll == RetentionRoll(10, DeletionReason.RETENTION_MS)
         rolled = [e for e in logs if e["event"] == "segment.rolled"]
         assert [e["reason"] for e in rolled] == ["retention.ms"]
@@ -231,9 +203,7 @@ def test_a_roll_whose_deletion_fails_is_still_reported(
 
     with log_dir:
         monkeypatch.setattr(PartitionLog, "delete_segments", failing)
-        out = apply_retention(
-            plog, log_dir, topic(retention_ms=HOUR), now_ms=T0, pending=PendingDeletions()
-        )
+        out = apply_retention(plog, topic(retention_ms=HOUR), now_ms=T0, pending=PendingDeletions())
         assert out.roll == RetentionRoll(0, DeletionReason.RETENTION_MS)
         assert out.deletions == ()
         assert isinstance(out.failure, OSError)
@@ -246,7 +216,7 @@ def test_compact_only_keeps_expired_segments(tmp_path: Path) -> None:
     log_dir, plog = open_owned(tmp_path)
     with log_dir:
         cfg = topic(cleanup_policy=("compact",), retention_ms=HOUR)
-        out = apply_retention(plog, log_dir, cfg, now_ms=T0, pending=PendingDeletions())
+        out = apply_retention(plog, cfg, now_ms=T0, pending=PendingDeletions())
         assert out.deletions == ()
         assert len(plog.segments) == 3
 
@@ -257,9 +227,7 @@ def test_high_watermark_bounds_deletion(tmp_path: Path) -> None:
     OffsetCheckpointFile(tmp_path / "logs" / REPLICATION_OFFSET_CHECKPOINT).write({TP: 15})
     log_dir, plog = open_owned(tmp_path)
     with log_dir:
-        out = apply_retention(
-            plog, log_dir, topic(retention_ms=HOUR), now_ms=T0, pending=PendingDeletions()
-        )
+        out = apply_retention(plog, topic(retention_ms=HOUR), now_ms=T0, pending=PendingDeletions())
         assert [d.base_offset for d in out.deletions] == [0]
 
 
@@ -269,9 +237,7 @@ def test_future_timestamp_blocks_and_is_named(tmp_path: Path) -> None:
     build(tmp_path, [9, -5, 9, 0])
     log_dir, plog = open_owned(tmp_path)
     with log_dir:
-        out = apply_retention(
-            plog, log_dir, topic(retention_ms=HOUR), now_ms=T0, pending=PendingDeletions()
-        )
+        out = apply_retention(plog, topic(retention_ms=HOUR), now_ms=T0, pending=PendingDeletions())
     assert [d.base_offset for d in out.deletions] == [0]
     assert out.future_timestamp_base == 10
 
@@ -290,15 +256,13 @@ def test_metadata_log_untouched_and_read_only_refused(tmp_path: Path) -> None:
     with LogDir.open(tmp_path / "logs", state_dir=tmp_path / "state") as log_dir:
         metadata = log_dir.open_partition(meta_tp)
         out = apply_retention(
-            metadata, log_dir, topic(retention_ms=0), now_ms=T0, pending=PendingDeletions()
+            metadata, topic(retention_ms=0), now_ms=T0, pending=PendingDeletions()
         )
         assert out.deletions == ()
         assert len(metadata.segments) == 2
         read_only = PartitionLog.open(tmp_path / "logs" / str(TP), read_only=True)
         with pytest.raises(PermissionError):
-            apply_retention(
-                read_only, log_dir, topic(retention_ms=0), now_ms=T0, pending=PendingDeletions()
-            )
+            apply_retention(read_only, topic(retention_ms=0), now_ms=T0, pending=PendingDeletions())
 
 
 def test_nothing_to_delete_is_decided_without_the_partition_lock(
@@ -313,13 +277,9 @@ def test_nothing_to_delete_is_decided_without_the_partition_lock(
         plog.meta()
         taken = partition_flocks(monkeypatch)
         pending = PendingDeletions()
-        out = apply_retention(
-            plog, log_dir, topic(retention_ms=6 * HOUR), now_ms=T0, pending=pending
-        )
+        out = apply_retention(plog, topic(retention_ms=6 * HOUR), now_ms=T0, pending=pending)
         assert out.deletions == ()
         assert taken == []
-        out = apply_retention(
-            plog, log_dir, topic(retention_ms=2 * HOUR), now_ms=T0, pending=pending
-        )
+        out = apply_retention(plog, topic(retention_ms=2 * HOUR), now_ms=T0, pending=pending)
         assert [d.base_offset for d in out.deletions] == [0, 10]
         assert taken == [plog.lock.path]
