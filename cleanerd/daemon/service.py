@@ -25,7 +25,10 @@ startup, then whenever one of these holds (`cycle_due`):
 - a time rule falls due (`CycleReport.next_due_ms`): a `segment.ms` or max-lag roll,
   `retention.ms` reaching the oldest segment, a delete horizon or the min lag passing, a
   `.deleted` file's `file.delete.delay.ms`; so each acts within a tick plus one cycle of
-  its due time, and a reload (which asks for a cycle) recomputes them all;
+  its due time, and a reload (which asks for a cycle) recomputes them all. When they
+  (or max-lag deadlines) fall due one after another, the next cycle waits nine times the
+  last one's length, at most `log.cleaner.backoff.ms` (`steps.due_wait_ms`): a tenth of a
+  core, not all of it;
 - after `log.cleaner.backoff.ms` since the previous cycle: the watcher saw partitions,
   segments, appends or a log start offset change (changes the daemon made itself do not
   count); a device is still above its threshold; or a partition is past its deadline but
@@ -242,6 +245,7 @@ class Daemon:
         self._idle_cycles = 0
         """Idle cycles since the last `cycle.done` line at info."""
         self._last_cycle_end_ms: int | None = None
+        self._last_cycle_ms = 0
         self._deadlines = Deadlines()
         self._devices: tuple[Device, ...] = ()
         self._present: frozenset[tuple[Path, int]] = frozenset()
@@ -592,6 +596,7 @@ class Daemon:
             disk_pressure=bool(self._above),
             requested=self._cycle_requested,
             failures_in_a_row=self.cycle_failures,
+            last_length_ms=self._last_cycle_ms,
         )
         trigger = cycle_due(
             clock,
@@ -632,6 +637,7 @@ class Daemon:
         finally:
             self._cycle_task = None
             self._last_cycle_end_ms = self.clock_ms()
+            self._last_cycle_ms = round((time.monotonic() - started) * 1000)
             self._wake.set()
         self.exporter.record_cycle(outcome is not None)
         if outcome is None:

@@ -17,6 +17,7 @@ from typing import Final
 from cleanerd.daemon.watcher import PartitionKey
 from cleanerd.log.files import TopicPartition, parse_topic_partition
 from cleanerd.maintenance.report import CycleReport
+from cleanerd.maintenance.steps import due_wait_ms
 
 
 class CycleTrigger(enum.StrEnum):
@@ -57,6 +58,8 @@ class CycleClock:
     requested: bool
     failures_in_a_row: int = 0
     """Cycles that failed whole since the last one done (`retry_wait_ms`)."""
+    last_length_ms: int = 0
+    """How long the previous cycle ran (`due_wait_ms`)."""
 
 
 def cycle_due(c: CycleClock, *, backoff_ms: int, revisit_ms: int) -> CycleTrigger | None:
@@ -74,9 +77,10 @@ def cycle_due(c: CycleClock, *, backoff_ms: int, revisit_ms: int) -> CycleTrigge
     idle_for = c.now_ms - c.last_end_ms
     if c.disk_pressure and idle_for >= backoff_ms:
         return CycleTrigger.DISK_PRESSURE
-    if c.next_deadline_ms is not None and c.now_ms >= c.next_deadline_ms:
+    paced = idle_for >= due_wait_ms(c.last_length_ms, backoff_ms=backoff_ms)
+    if paced and c.next_deadline_ms is not None and c.now_ms >= c.next_deadline_ms:
         return CycleTrigger.DEADLINE
-    if c.next_due_ms is not None and c.now_ms >= c.next_due_ms:
+    if paced and c.next_due_ms is not None and c.now_ms >= c.next_due_ms:
         return CycleTrigger.DUE
     if c.overdue and idle_for >= backoff_ms:
         return CycleTrigger.OVERDUE

@@ -126,6 +126,7 @@ from cleanerd.maintenance.report import (
 from cleanerd.maintenance.steps import (
     HELD_UNCLEANABLE,
     disk_usage_applies,
+    due_wait_ms,
     next_due_ms,
     retention_applies,
 )
@@ -280,6 +281,10 @@ class _Interleaving:
     """The next time-rule deadline; None: none."""
     due_known: bool = False
     """`due_ms` was computed (only once the passes ran `INTERLEAVE_AFTER_S`)."""
+    ran_at_ms: int | None = None
+    """When the steps beside the passes last ended (the cycle's clock); None: never."""
+    ran_ms: int = 0
+    """How long they ran then (`steps.due_wait_ms`)."""
 
 
 @dataclass(slots=True)
@@ -1691,7 +1696,9 @@ class Maintenance:
         no deletion deadline and no full disk waits for the passes to end (in Kafka,
         retention does not wait for the cleaner either). The partitions the passes
         hold are left out of retention and disk usage, as at any time; a roll only adds
-        a segment after a pass's range, which the pass's proof does not cover."""
+        a segment after a pass's range, which the pass's proof does not cover. Rules
+        falling due one after another wait `due_wait_ms` after the last run, as the
+        daemon's cycles do."""
         asked = self._interject.is_set()
         if not asked:
             if not beside.due_known:
@@ -1700,6 +1707,9 @@ class Maintenance:
                 # From the cycle's instant: a rule that fell due since its steps ran is due.
                 beside.due_ms, beside.due_known = self._next_due(partitions, report.now_ms), True
             if beside.due_ms is None or self.clock() < beside.due_ms:
+                return
+            wait_ms = due_wait_ms(beside.ran_ms, backoff_ms=self.config.log_cleaner_backoff_ms)
+            if beside.ran_at_ms is not None and self.clock() - beside.ran_at_ms < wait_ms:
                 return
         self._interject.clear()
         now = self.clock()
@@ -1712,6 +1722,8 @@ class Maintenance:
         self._retention(partitions, report, now)
         report.unlinked += self.pending.run_due(now)
         beside.due_ms, beside.due_known = self._next_due(partitions, now), True
+        beside.ran_at_ms = self.clock()
+        beside.ran_ms = beside.ran_at_ms - now
 
     def interject(self) -> None:
         """Have the cycle in progress, if its passes run on, run its roll, retention and

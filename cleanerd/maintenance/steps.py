@@ -260,3 +260,19 @@ def next_due_ms(
             lag = topic.min_compaction_lag_ms
             due += [s.largest_timestamp_ms + lag for s in meta.segments[:-1]]
     return min((d for d in due if d > now_ms), default=None)
+
+
+DUE_SHARE: Final = 0.1
+"""The most of the time that the steps started by time rules falling due take when
+those fall due one after another (`due_wait_ms`)."""
+
+
+def due_wait_ms(last_ms: int, *, backoff_ms: int) -> int:
+    """How long after the steps last ran (for `last_ms`) a time rule that fell due runs
+    them again: at once after a quick run, else after nine times its length, so that rules
+    falling due one after another (thousands of partitions, each rolling and expiring at
+    its own instant) take a tenth of a core rather than all of it, and each run acts on
+    all that fell due meanwhile; never longer than `log.cleaner.backoff.ms`, the delay
+    Kafka's cleaner takes to see a log (its retention runs every
+    `log.retention.check.interval.ms`, 5 minutes)."""
+    return min(round(last_ms * (1 - DUE_SHARE) / DUE_SHARE), backoff_ms)

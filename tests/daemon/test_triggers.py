@@ -67,6 +67,30 @@ def test_cycle_due(changes: dict[str, Any], expected: CycleTrigger | None) -> No
     assert cycle_due(_clock(**changes), backoff_ms=2_000, revisit_ms=60_000) == expected
 
 
+@pytest.mark.parametrize("kind", ["next_due_ms", "next_deadline_ms"])
+def test_rules_falling_due_one_after_another_wait_nine_times_the_last_cycle(
+    kind: str,
+) -> None:
+    """Thousands of partitions each expire and roll at their own instant, and every one
+    started a full cycle at once: a core kept busy (2,000 partitions, a segment expiring
+    every 15 ms: 98% of a core). A due rule now waits nine times the previous cycle's
+    length after it, at most the backoff; a quick cycle's does not wait."""
+    due = {kind: 9_000}
+    expected = CycleTrigger.DUE if kind == "next_due_ms" else CycleTrigger.DEADLINE
+    assert cycle_due(_clock(**due, last_length_ms=5), backoff_ms=2_000, revisit_ms=60_000) == (
+        expected
+    )
+    slow = {**due, "last_length_ms": 100}  # waits 900 ms after the end at 9,000
+    assert cycle_due(_clock(**slow, now_ms=9_899), backoff_ms=2_000, revisit_ms=60_000) is None
+    assert cycle_due(_clock(**slow, now_ms=9_900), backoff_ms=2_000, revisit_ms=60_000) == (
+        expected
+    )
+    longest = {**due, "last_length_ms": 60_000, "now_ms": 10_999}  # the backoff bounds it
+    assert cycle_due(_clock(**longest), backoff_ms=2_000, revisit_ms=60_000) is None
+    longest["now_ms"] = 11_000
+    assert cycle_due(_clock(**longest), backoff_ms=2_000, revisit_ms=60_000) == expected
+
+
 _DUE_AT_ONCE: dict[str, Any] = {
     "last_cleaned": True,
     "next_deadline_ms": 9_000,

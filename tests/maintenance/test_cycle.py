@@ -2079,6 +2079,61 @@ def test_retention_falling_due_beside_a_long_pass_is_not_held_by_it(
     assert [x.tp for x in report.cleaned] == [c]
 
 
+def test_rules_falling_due_one_after_another_beside_a_long_pass_are_paced(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Beside a long pass, steps that took 1 s wait 9 s after they ran before a rule
+    that fell due meanwhile runs them again (as the daemon's cycles do), not at once:
+    segments expiring one after another kept a core busy with those steps."""
+    monkeypatch.setattr(cycle, "INTERLEAVE_AFTER_S", 0.0)
+    c, d = TopicPartition("c", 0), TopicPartition("d", 0)
+    build(tmp_path, c, [records(range(5), T0) * 2, records([0], T0)])
+    build(
+        tmp_path,
+        d,
+        [
+            records(range(3), T0 - HOUR + 10_000),
+            records(range(3), T0 - HOUR + 12_000),
+            records(range(3), T0),
+        ],
+    )
+    cfg = write_config(
+        tmp_path,
+        {
+            "c": {"cleanup.policy": "compact"},
+            "d": {"cleanup.policy": "delete", "retention.ms": HOUR},
+        },
+    )
+    now = [T0]
+    applied = executor.apply_retention
+
+    def taking_a_second(plog: PartitionLog, *args: Any, **kwargs: Any) -> Any:
+        outcome = applied(plog, *args, **kwargs)
+        if outcome.deletions:
+            now[0] += 1_000
+        return outcome
+
+    monkeypatch.setattr(cycle, "apply_retention", taking_a_second)
+    first, second = (tmp_path / "logs" / str(d) / f"{base:020d}.log" for base in (0, 3))
+    held = _HeldPass()
+    with Maintenance(cfg, held, clock=lambda: now[0]) as m:
+        cycling = threading.Thread(target=lambda: m.run_once(threading.Event()), daemon=True)
+        cycling.start()
+        try:
+            assert held.submitted.wait(10)
+            now[0] = T0 + 10_001
+            _wait_for(lambda: now[0] == T0 + 11_001, "the first deletion, which takes 1 s")
+            assert not first.exists()
+            now[0] = T0 + 20_000  # the second segment is due, 9 s not yet passed
+            threading.Event().wait(0.5)
+            assert second.exists()
+            now[0] = T0 + 20_001
+            _wait_for(lambda: not second.exists(), "the second deletion, 9 s after the first")
+        finally:
+            held.release.set()
+            cycling.join(30)
+
+
 def test_an_interjection_runs_disk_usage_beside_a_long_pass(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -9,7 +9,7 @@ from cleanerd.compaction.horizon import SegmentHorizon
 from cleanerd.config import load_config
 from cleanerd.log.roll import SegmentAge
 from cleanerd.log.topic_config import TopicConfig
-from cleanerd.maintenance.steps import next_due_ms
+from cleanerd.maintenance.steps import due_wait_ms, next_due_ms
 from tests.retention.test_policy import DAY, HOUR, NOW, damaged, partition
 
 AGE = SegmentAge(first_seen_ms=NOW, last_roll_ms=NOW - HOUR)
@@ -97,3 +97,11 @@ def test_a_damaged_partition_is_due_only_for_the_retention_of_its_healthy_oldest
     assert next_due_ms(meta, topic, now_ms=NOW, age=AGE) == NOW + HOUR
     for index, due in ((1, NOW - 5 * HOUR + DAY + 1), (0, None)):
         assert next_due_ms(damaged(meta, index), topic, now_ms=NOW, age=AGE) == due
+
+
+def test_due_wait_is_nine_times_the_last_run_up_to_the_backoff() -> None:
+    """Steps started by rules falling due take at most a tenth of the time."""
+    assert due_wait_ms(0, backoff_ms=15_000) == 0
+    assert due_wait_ms(300, backoff_ms=15_000) == 2_700
+    assert due_wait_ms(2_000, backoff_ms=15_000) == 15_000
+    assert due_wait_ms(300, backoff_ms=0) == 0
