@@ -135,15 +135,18 @@ def test_full_disk_unlinks_what_other_passes_left_waiting(tmp_path: Path) -> Non
             assert sum(1 for _ in records_on_disk(data / str(tp))) == 90_000
 
 
-def test_retention_on_a_full_disk_deletes_what_is_due_before_what_needs_space(
+def test_retention_on_a_full_disk_deletes_everything_due_in_one_clean(
     tmp_path: Path,
 ) -> None:
     """A `delete` topic whose every record is past `retention.ms`, on a tmpfs with no
-    byte free. Taking the active segment needs a roll, whose writes fail; the inactive
-    due segments need none. The first `clean` deletes them and fails naming the file it
-    could not write; their unlink frees the disk, and the next `clean` rolls the active
-    segment and deletes it too. (Before, the roll came first, its failure skipped every
-    deletion, and a full disk stayed full.)"""
+    byte free. The inactive due segments need no space; the roll that lets retention
+    take the active one needs next to none (it succeeds here: a producer snapshot it
+    cannot write is only a warning); the checkpoints written after the step need new
+    files, and fail. The first `clean` deletes every due segment, the active one too,
+    and fails naming the checkpoint it could not write; their unlink frees the disk, and
+    the next `clean` writes the checkpoints. (Before, each partition's checkpoint was
+    written between its deletions and its roll, and its failure skipped the roll: the
+    active segment's records outlived `retention.ms` until the next `clean`.)"""
     with tmpfs(tmp_path / "mnt", "8m") as mnt:
         data, state = mnt / "data", tmp_path / "state"
         write_partition(data, state, records=30_000, keys=30_000, segment_bytes=1 << 20, ts=TS)
@@ -166,13 +169,15 @@ def test_retention_on_a_full_disk_deletes_what_is_due_before_what_needs_space(
         assert first.returncode == 1, first.stdout + first.stderr
         line = next(li for li in first.stdout.splitlines() if "retention failed" in li)
         assert re.search(r"No space left on device \(ENOSPC\) while writing \S+: /", line)
-        assert f"{len(logs) - 1} deleted by retention" in first.stdout
-        assert sorted(p.name for p in partition.glob("*.log")) == logs[-1:]
+        assert line.endswith(str(data / "recovery-point-offset-checkpoint"))
+        assert f"1 segment rolled, {len(logs)} deleted by retention" in first.stdout
+        (active,) = partition.glob("*.log")
+        assert active.stat().st_size == 0
+        assert active.name == f"{30_000:020d}.log"
         assert not list(partition.glob("*.deleted"))
 
         second = cleanerd("clean", "-c", str(config), *now)
         assert second.returncode == 0, second.stdout + second.stderr
-        assert "1 deleted by retention" in second.stdout
-        (active,) = partition.glob("*.log")
-        assert active.stat().st_size == 0
-        assert active.name == f"{30_000:020d}.log"
+        assert "0 deleted by retention" in second.stdout
+        checkpoint = (data / "recovery-point-offset-checkpoint").read_text().split("\n")
+        assert f"{TP.topic} {TP.partition} 30000" in checkpoint
