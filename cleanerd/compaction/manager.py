@@ -71,6 +71,7 @@ freed), so a long-running daemon recovers without a restart.
 
 from __future__ import annotations
 
+import bisect
 import enum
 import hashlib
 import threading
@@ -406,7 +407,16 @@ class LogCleanerManager:
             self._candidates.pop(item.tp, None)
         else:
             self._candidates[item.tp] = candidate
-        self._order = None
+            if self._order is not None and candidate.eligible is not None:
+                # Into the sorted order, not a new sort per pass (n passes over n
+                # candidates cost O(n^2 log n)); an entry replaced or gone is passed over
+                # (`_waiting`), and one sorting before the picks so far is next.
+                bisect.insort(
+                    self._order,
+                    candidate,
+                    lo=self._taken,
+                    key=lambda c: priority_key(c.ltc, now_ms),
+                )
         return candidate
 
     def _evaluate(

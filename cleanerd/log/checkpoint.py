@@ -256,10 +256,10 @@ class OffsetCheckpointFile:
         if parsed.lines is None:
             parsed.lines = {str(t): _offset_entry(t, o) for t, o in parsed.offsets.items()}
         present = set(os.listdir(self.path.parent))  # noqa: PTH208 - names, not Paths
-        lines = {name: line for name, line in parsed.lines.items() if name in present}
-        if len(lines) == len(parsed.lines):
-            offsets = dict(parsed.offsets)
+        if parsed.lines.keys() <= present:  # nearly always: one set test, no loop per entry
+            lines, offsets = dict(parsed.lines), dict(parsed.offsets)
         else:
+            lines = {name: line for name, line in parsed.lines.items() if name in present}
             offsets = {t: o for t, o in parsed.offsets.items() if str(t) in present}
         lines[str(tp)] = _offset_entry(tp, offset)
         offsets[tp] = offset
