@@ -38,6 +38,7 @@ from typing import Any
 import psutil
 import yaml
 
+from bench.idle import tree_cpu
 from cleanerd.log.files import TopicPartition
 from cleanerd.log.log_dir import LogDir
 from cleanerd.log.partition_log import LogConfig
@@ -86,17 +87,6 @@ def config(root: Path, logs: Path, backoff_ms: int) -> Path:
     path = root / f"cleanerd-{backoff_ms}.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return path
-
-
-def tree_cpu(proc: psutil.Process) -> float:
-    total = 0.0
-    for p in [proc, *proc.children(recursive=True)]:
-        try:
-            times = p.cpu_times()
-        except psutil.Error:
-            continue
-        total += times.user + times.system
-    return total
 
 
 def events(log: Path) -> list[dict[str, Any]]:

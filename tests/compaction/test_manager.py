@@ -527,6 +527,19 @@ def test_partition_log_lines_carry_topic_partition_and_log_dir(make_dir: Any) ->
         assert line["log_dir"] == str(d.log_dir.path)
 
 
+def _refreshed(
+    make_dir: Any, ends: dict[str, int]
+) -> tuple[LogCleanerManager, dict[TopicPartition, CompactedLog], list[TopicPartition]]:
+    """Partitions `<topic>-0` ending at `ends[topic]`, checkpointed at 21, refreshed once:
+    the manager, the logs and the eligible ones in cleaning order."""
+    tps = [TopicPartition(topic, 0) for topic in ends]
+    d = make_dir({tp: ends[tp.topic] for tp in tps}, checkpoints=dict.fromkeys(tps, 21))
+    items = {tp: d.item(tp) for tp in tps}
+    candidates = d.manager.refresh(list(items.values()), NOW)
+    ltcs = [c.ltc for c in candidates if c.eligible is not None]
+    return d.manager, items, [ltc.topic_partition for ltc in order_for_cleaning(ltcs, NOW)]
+
+
 def test_a_pass_ending_does_not_sort_every_candidate_again(
     make_dir: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -535,13 +548,7 @@ def test_a_pass_ending_does_not_sort_every_candidate_again(
     partitions cost O(n^2 log n) (at 4,000 partitions, 6% of the cycle). A recomputed
     candidate now goes into the sorted order where it belongs (a binary search), and the
     picks still follow the order."""
-    tps = [TopicPartition(f"t{i:02d}", 0) for i in range(40)]
-    d = make_dir({tp: 26 + i for i, tp in enumerate(tps)}, checkpoints=dict.fromkeys(tps, 21))
-    items = {tp: d.item(tp) for tp in tps}
-    m = d.manager
-    candidates = m.refresh(list(items.values()), NOW)
-    ltcs = [c.ltc for c in candidates if c.eligible is not None]
-    expected = [ltc.topic_partition for ltc in order_for_cleaning(ltcs, NOW)]
+    m, items, expected = _refreshed(make_dir, {f"t{i:02d}": 26 + i for i in range(40)})
     assert len(expected) == 40
     keys = [0]
     counted = manager.priority_key
@@ -574,13 +581,7 @@ def test_grabs_follow_the_cleaning_order_around_busy_and_uncleanable_logs(
     sorted once per refresh, a busy log at its head is passed over and still picked once
     free, a log marked uncleanable after the refresh is skipped, a recomputed candidate
     (refresh_one) takes its new place, and time passing between picks changes nothing."""
-    tps = [TopicPartition(f"t{i}", 0) for i in range(7)]
-    d = make_dir({tp: 26 + 5 * i for i, tp in enumerate(tps)}, checkpoints=dict.fromkeys(tps, 21))
-    items = {tp: d.item(tp) for tp in tps}
-    m = d.manager
-    candidates = m.refresh(list(items.values()), NOW)
-    ltcs = [c.ltc for c in candidates if c.eligible is not None]
-    expected = [ltc.topic_partition for ltc in order_for_cleaning(ltcs, NOW)]
+    m, items, expected = _refreshed(make_dir, {f"t{i}": 26 + 5 * i for i in range(7)})
     assert len(expected) == 7
     first, second, third = expected[:3]
     assert m.begin_deleting([(first, topic())], NOW) == [first]  # busy: retention holds it
