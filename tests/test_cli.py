@@ -47,6 +47,16 @@ def write_config(tmp_path: Path, extra: str = "") -> Path:
     return path
 
 
+def _passes_check(capsys: pytest.CaptureFixture[str], tmp_path: Path, extra: str = "") -> str:
+    """`check-config` of `write_config(tmp_path, extra)` with its log dir made: asserts
+    it exits 0 saying OK; returns what it wrote on stderr (its warnings)."""
+    path = write_config(tmp_path, extra)
+    (tmp_path / "data").mkdir()
+    status, out, err = run(capsys, "check-config", str(path))
+    assert (status, out) == (0, f"{path}: OK\n")
+    return err
+
+
 class TestHelp:
     def test_help_lists_every_command(self, capsys: pytest.CaptureFixture[str]) -> None:
         """`cleanerd --help` names each registered command."""
@@ -116,9 +126,7 @@ class TestCheckConfig:
     def test_valid_file(self, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
         """A valid file whose log dir exists exits 0 and says so. (The sample's own
         /var/lib/kafka/data need not exist here: test_config loads the sample.)"""
-        path = write_config(tmp_path)
-        (tmp_path / "data").mkdir()
-        assert run(capsys, "check-config", str(path)) == (0, f"{path}: OK\n", "")
+        assert _passes_check(capsys, tmp_path) == ""
 
     def test_a_header_strategy_without_a_header_name_is_warned_about(
         self, capsys: pytest.CaptureFixture[str], tmp_path: Path
@@ -126,7 +134,8 @@ class TestCheckConfig:
         """A compacted topic with `compaction.strategy: header` and no header name is
         valid (Kafka compacts it by offset) but said, by key, on stderr; one that names
         its header, or a delete topic, is not (it passed in silence)."""
-        path = write_config(
+        err = _passes_check(
+            capsys,
             tmp_path,
             "topics:\n"
             "  a: {cleanup.policy: compact, compaction.strategy: header}\n"
@@ -134,9 +143,6 @@ class TestCheckConfig:
             " compaction.strategy.header: v}\n"
             "  c: {cleanup.policy: delete, compaction.strategy: header}\n",
         )
-        (tmp_path / "data").mkdir()
-        status, out, err = run(capsys, "check-config", str(path))
-        assert (status, out) == (0, f"{path}: OK\n")
         assert err == (
             "cleanerd check-config: warning: topics.a.compaction.strategy: header, but no "
             "compaction.strategy.header names the header: compacted by offset (Kafka's "
@@ -148,13 +154,9 @@ class TestCheckConfig:
     ) -> None:
         """A CA file named with `mqtt.tls.enabled: false` would be silently unused: the
         connection would go out in plain text."""
-        path = write_config(
-            tmp_path,
-            f"mqtt: {{enabled: true, tls: {{ca_file: {tmp_path / 'ca.pem'}}}}}\n",
+        err = _passes_check(
+            capsys, tmp_path, f"mqtt: {{enabled: true, tls: {{ca_file: {tmp_path / 'ca.pem'}}}}}\n"
         )
-        (tmp_path / "data").mkdir()
-        status, out, err = run(capsys, "check-config", str(path))
-        assert (status, out) == (0, f"{path}: OK\n")
         assert err == (
             "cleanerd check-config: warning: mqtt.tls.ca_file set, but mqtt.tls.enabled is "
             "false: the connection is plain\n"
