@@ -313,6 +313,7 @@ class _Builder:
     repeated: Mapping[tuple[str, TopicPartition, str], str] = field(default_factory=dict)
     """The previous cycle's step errors (log dir, partition, phase -> reason)."""
     _skipped: set[SkippedLog] = field(default_factory=set)
+    _errors: set[StepError] = field(default_factory=set)
 
     def skip(self, log_dir: Path | str, tp: TopicPartition | None, phase: str, reason: str) -> None:
         """Record a step left out; once per cycle (a step run again beside long passes
@@ -335,9 +336,11 @@ class _Builder:
             return
         error = StepError(str(log_dir), tp, phase, str(exc))
         same = self.repeated.get((str(log_dir), tp, phase)) == str(exc)
-        logged = log.debug if same or error in self.errors else log.error
+        met = error in self._errors  # a set: a dir's thousands of partitions may fail
+        logged = log.debug if same or met else log.error
         logged(f"{phase}.failed", **_fields(tp, log_dir), error=str(exc), repeated=same)
-        if error not in self.errors:
+        if not met:
+            self._errors.add(error)
             self.errors.append(error)
         self.met(log_dir, tp, exc)
 
@@ -469,9 +472,9 @@ class Maintenance:
         self._plogs: dict[tuple[Path, TopicPartition], PartitionLog] = {}
         self._crashes: dict[TopicPartition, int] = {}
         self._retries: dict[TopicPartition, int] = {}
+        """Passes retried this cycle, by partition (`CYCLE_RETRIES`)."""
         self._passed_again: dict[TopicPartition, int] = {}
         """Whole passes of a partition looked at again in this cycle (`_finished`)."""
-        """Passes retried this cycle, by partition (`CYCLE_RETRIES`)."""
         self._last_step_errors: Mapping[tuple[str, TopicPartition, str], str] = {}
         """The previous cycle's step errors, whose repeats are logged at debug."""
         self._last_notes: set[tuple[str, Path, TopicPartition | None, str]] = set()
@@ -768,7 +771,7 @@ class Maintenance:
             if p.topic.compact and not p.plog.is_metadata
         ]
         report.states += self._plain_states(partitions, report)
-        self._clean(compacted, partitions, report, stop, act=act)
+        self._clean(compacted, partitions, report, act=act)
         report.dropped += self.manager.take_dropped()
         if act:
             report.unlinked += self.pending.run_due(self.clock())
@@ -1630,7 +1633,6 @@ class Maintenance:
         compacted: list[CompactedLog],
         partitions: list[_Partition],
         report: _Builder,
-        stop: threading.Event | None,
         *,
         act: bool,
     ) -> None:
@@ -1656,7 +1658,7 @@ class Maintenance:
         stopping = False
         beside = _Interleaving(since=time.monotonic())
         while True:
-            if stop is not None and stop.is_set() and not stopping:
+            if self._stop is not None and self._stop.is_set() and not stopping:
                 stopping = report.aborted = True
                 for r in running.values():
                     self.engine.abort(r.job.tp)
@@ -1848,13 +1850,11 @@ class Maintenance:
 
     def _may_pass_again(self, tp: TopicPartition) -> bool:
         """Count a second whole pass of `tp` in this cycle; False after the first."""
-        self._passed_again[tp] = self._passed_again.get(tp, 0) + 1
-        return self._passed_again[tp] <= 1
+        return _count_within(self._passed_again, tp, 1)
 
     def _may_retry(self, tp: TopicPartition) -> bool:
         """Count a retry of `tp` in this cycle; False once it had its `CYCLE_RETRIES`."""
-        self._retries[tp] = self._retries.get(tp, 0) + 1
-        return self._retries[tp] <= CYCLE_RETRIES
+        return _count_within(self._retries, tp, CYCLE_RETRIES)
 
     def _free_space(self, error: FileStepError, r: _Running) -> bool:
         """A pass ran out of space: unlink at once every file waiting for
@@ -1912,6 +1912,12 @@ def _still_future(outcome: RetentionOutcome, clock: Callable[[], int]) -> int | 
         return None
     now = clock()
     return now if stamp > now else None
+
+
+def _count_within(counts: dict[TopicPartition, int], tp: TopicPartition, most: int) -> bool:
+    """Count one more for `tp`; whether that stays within `most`."""
+    counts[tp] = counts.get(tp, 0) + 1
+    return counts[tp] <= most
 
 
 def _checkpoint_retention(changed: dict[LogDir, list[_Partition]], report: _Builder) -> None:
