@@ -1,14 +1,17 @@
 """What the daemon tells the world about its cycles: events, log lines, metrics.
 
-After each cycle `Reporter.cycle` turns the `CycleReport` into MQTT events (a roll, a
-deletion with its reason, a pass with its statistics, a partition found uncleanable, a
-requested pass dropped without running),
-`log.cleaned` lines (rolls and deletions are logged by the log layer as they happen) and
-the pass counters of the exporter. `Reporter.snapshot` builds the metrics model from the
-last cycle's states aged to the present (`PartitionState.aged`: delays grow with the
-clock without reading a file), the maintenance status, the devices' usage and the last
-passes' statistics (Kafka's cleaner gauges are maxima over each worker's last round).
-Events are queued, never awaited: a slow or absent broker never slows a cycle.
+While a cycle runs, `Reporter.happened` turns what it did so far (`CycleNews`, told
+after each step and as passes finish) into MQTT events (a roll, a deletion with its
+reason, a pass with its statistics, a partition found uncleanable, a requested pass
+dropped without running), `log.cleaned` lines (rolls and deletions are logged by the log
+layer as they happen) and the pass counters of the exporter: a cycle whose passes run
+for hours does not hold back the news of the passes that ended and of the deletions made
+beside them. After each cycle, `Reporter.cycle` keeps its last passes' statistics.
+`Reporter.snapshot` builds the metrics model from the last cycle's states aged to the
+present (`PartitionState.aged`: delays grow with the clock without reading a file), the
+maintenance status, the devices' usage and the last passes' statistics (Kafka's cleaner
+gauges are maxima over each worker's last round). Events are queued, never awaited: a
+slow or absent broker never slows a cycle.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from cleanerd.daemon.metrics.model import MetricsSnapshot, build_snapshot
 from cleanerd.log.files import TopicPartition
 from cleanerd.log_setup import partition_context
 from cleanerd.maintenance.cycle import MaintenanceStatus
-from cleanerd.maintenance.report import CycleReport
+from cleanerd.maintenance.report import CycleNews, CycleReport
 from cleanerd.retention.disk_usage import DeviceUsage, device_name
 
 log = structlog.get_logger("cleanerd.service")
@@ -83,16 +86,16 @@ class Reporter:
         log.warning("disk.pressure_detected", **data)
         self.emit("disk.pressure", data)
 
-    def cycle(self, report: CycleReport, *, workers: int) -> None:
-        """Events, log lines and pass counters for what one cycle did."""
-        for r in report.rolled:
+    def happened(self, news: CycleNews) -> None:
+        """Events, log lines and pass counters for what a cycle did since it last told."""
+        for r in news.rolled:
             self.emit(
                 "segment.rolled",
                 {"base_offset": r.base_offset, "reason": r.reason, "waited_ms": r.waited_ms},
                 tp=r.tp,
                 log_dir=r.log_dir,
             )
-        for o in report.retention:
+        for o in news.retention:
             tp = TopicPartition(o.topic, o.partition)
             for d in o.deletions:
                 data: dict[str, JsonValue] = {
@@ -101,18 +104,16 @@ class Reporter:
                     "size_bytes": d.size_bytes,
                 }
                 self.emit("segment.deleted", data, tp=tp, log_dir=o.log_dir)
-        disk = report.disk_usage
-        if disk is not None:
-            for dd in disk.deleted:
-                data = {
-                    "reason": dd.reason.value,
-                    "base_offset": dd.base_offset,
-                    "size_bytes": dd.size_bytes,
-                    "freed_bytes": dd.freed_bytes,
-                    "device": device_name(dd.device),
-                }
-                self.emit("segment.deleted", data, tp=dd.topic_partition, log_dir=dd.log_dir)
-        for c in report.cleaned:
+        for dd in news.disk_deleted:
+            data = {
+                "reason": dd.reason.value,
+                "base_offset": dd.base_offset,
+                "size_bytes": dd.size_bytes,
+                "freed_bytes": dd.freed_bytes,
+                "device": device_name(dd.device),
+            }
+            self.emit("segment.deleted", data, tp=dd.topic_partition, log_dir=dd.log_dir)
+        for c in news.cleaned:
             stats: dict[str, JsonValue] = dict(c.stats.fields())
             with partition_context(c.tp.topic, c.tp.partition, c.log_dir):
                 log.info(
@@ -132,16 +133,20 @@ class Reporter:
                 "stats": stats,
             }
             self.emit("log.cleaned", data, tp=c.tp, log_dir=c.log_dir)
-        if report.cleaned:
-            self.last_stats = tuple(c.stats for c in report.cleaned[-workers:])
-        for f in report.failed:
+        for f in news.failed:
             if f.during_pass:  # damage found before any pass is no failed pass
                 self.exporter.record_pass(PassResult.ERROR)
             self.emit("partition.uncleanable", {"reason": f.reason}, tp=f.tp, log_dir=f.log_dir)
-        for dropped in report.dropped:
+        for dropped in news.dropped:
             ids: list[JsonValue] = list(dropped.request_ids)
             data = {"reason": dropped.reason, "ids": ids}
             self.emit("clean.request_dropped", data, tp=dropped.tp, log_dir=dropped.log_dir)
+
+    def cycle(self, report: CycleReport, *, workers: int) -> None:
+        """Keep the statistics of the last pass of each worker of a cycle that ended
+        (what it did was told as it happened: `happened`)."""
+        if report.cleaned:
+            self.last_stats = tuple(c.stats for c in report.cleaned[-workers:])
 
     def snapshot(
         self,

@@ -9,6 +9,9 @@ Threads and what each may touch:
   cycle (`Maintenance.run_once`: rolls, retention, disk usage, then cleaning with the
   engine's worker processes), applies a reloaded config between cycles, and at shutdown
   writes the checkpoints and releases the locks;
+- the cycle tells the loop what it did as it goes (`Maintenance.on_news`, through
+  `call_soon_threadsafe`): the events of a pass or a deletion go out when it ends, not
+  when the cycle does;
 - **short-lived executor threads** run the watcher's scan, the per-tick disk-usage probe
   (one statvfs per device) and the metrics snapshot build, on immutable inputs.
 
@@ -121,7 +124,7 @@ from cleanerd.log.files import TopicPartition
 from cleanerd.log.ownership import Holder
 from cleanerd.log_setup import configure_logging, partition_context
 from cleanerd.maintenance.cycle import Maintenance, MaintenanceStatus, wall_clock_ms
-from cleanerd.maintenance.report import CycleReport, made_progress
+from cleanerd.maintenance.report import CycleNews, CycleReport, made_progress
 from cleanerd.retention.disk import Device, group_devices, is_above, measure
 from cleanerd.retention.disk_usage import DeviceUsage
 from cleanerd.wording import count
@@ -356,7 +359,8 @@ class Daemon:
         await asyncio.to_thread(self._wait_for_one_shot_owners)
         if self.should_exit:
             return  # stopped while it waited: nothing was opened
-        self.maintenance = await self._in_thread(self._open_maintenance)
+        loop = asyncio.get_running_loop()
+        self.maintenance = await self._in_thread(lambda: self._open_maintenance(loop))
         self._devices = await asyncio.to_thread(group_devices, cfg.log_dirs)
         self._present = _placed(self._devices)
         await self.publisher.start()
@@ -396,7 +400,7 @@ class Daemon:
         except OSError:
             return None
 
-    def _open_maintenance(self) -> Maintenance:
+    def _open_maintenance(self, loop: asyncio.AbstractEventLoop) -> Maintenance:
         engine = self._engine_factory(self.config)
         try:
             return Maintenance(
@@ -407,10 +411,16 @@ class Daemon:
                 readers=functools.partial(
                     ReaderPool.for_this_host, self.config.logging.format, self.config.logging.level
                 ),
+                on_news=functools.partial(self._told, loop),
             )
         except BaseException:
             engine.shutdown()
             raise
+
+    def _told(self, loop: asyncio.AbstractEventLoop, news: CycleNews) -> None:
+        """From the maintenance thread: report what the running cycle did so far."""
+        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody listens
+            loop.call_soon_threadsafe(self.reporter.happened, news)
 
     async def main_loop(self) -> None:
         """Tick until asked to stop; a tick only starts background work and never waits

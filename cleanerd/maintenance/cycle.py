@@ -45,12 +45,15 @@ A cycle, at the instant `now = clock()` it starts:
    deletion deadline and no full disk waits for them (`_interleave`);
 6. **flush**: `.deleted` files whose `file.delete.delay.ms` has passed are unlinked.
 
-Everything done is returned as a `CycleReport`. Nothing here decides: the decisions are
-the pure functions `steps` names; this module only orders them and carries them out, and
-every mutation is one of the crash-safe operations of the log layer (roll,
-`delete_segments`, the pass's swap), each under its partition lock. `Maintenance.drain`
-(the daemon's `pause`) makes the cleaning phase pick no new partition and let the
-passes in flight finish; a `stop` event given to `run_once` aborts them instead.
+Everything done is returned as a `CycleReport`, and told while the cycle runs
+(`on_news`: after each step and as passes finish, `CycleNews` of what happened since the
+last telling), so that what a cycle of hours did is known as it happens. Nothing here
+decides: the decisions are the pure functions `steps` names; this module only orders
+them and carries them out, and every mutation is one of the crash-safe operations of the
+log layer (roll, `delete_segments`, the pass's swap), each under its partition lock.
+`Maintenance.drain` (the daemon's `pause`) makes the cleaning phase pick no new
+partition and let the passes in flight finish; a `stop` event given to `run_once` aborts
+them instead.
 """
 
 from __future__ import annotations
@@ -112,6 +115,7 @@ from cleanerd.maintenance.progress import CycleProgress
 from cleanerd.maintenance.report import (
     CleanedLog,
     Counters,
+    CycleNews,
     CycleReport,
     FailedLog,
     MaintenanceCounters,
@@ -314,6 +318,8 @@ class _Builder:
     """The previous cycle's step errors (log dir, partition, phase -> reason)."""
     _skipped: set[SkippedLog] = field(default_factory=set)
     _errors: set[StepError] = field(default_factory=set)
+    _told: tuple[int, int, int, int, int, int] = (0, 0, 0, 0, 0, 0)
+    """How many of each kind of `CycleNews` were told (`news`): each list only grows."""
 
     def skip(self, log_dir: Path | str, tp: TopicPartition | None, phase: str, reason: str) -> None:
         """Record a step left out; once per cycle (a step run again beside long passes
@@ -352,6 +358,27 @@ class _Builder:
         """Keep `tp` among the damaged partitions when `exc` is damage it holds."""
         if isinstance(exc, DAMAGE):
             self.damaged.add((log_dir, tp))
+
+    def news(self) -> CycleNews:
+        """What the cycle did since the last call (empty: nothing)."""
+        disk = () if self.disk_usage is None else self.disk_usage.deleted
+        r, o, d, c, f, x = self._told
+        self._told = (
+            len(self.rolled),
+            len(self.retention),
+            len(disk),
+            len(self.cleaned),
+            len(self.failed),
+            len(self.dropped),
+        )
+        return CycleNews(
+            tuple(self.rolled[r:]),
+            tuple(self.retention[o:]),
+            disk[d:],
+            tuple(self.cleaned[c:]),
+            tuple(self.failed[f:]),
+            tuple(self.dropped[x:]),
+        )
 
     def build(self, finished_ms: int) -> CycleReport:
         return CycleReport(
@@ -425,6 +452,8 @@ class Maintenance:
             a model of a small disk).
         progress_interval_s: log `cycle.progress` this often during a long cycle (the
             daemon's; None: never, as for `cleanerd clean`, which draws its own).
+        on_news: called, in the cycle's thread, with what the cycle in progress did
+            since it was last called (the daemon's events); None: the report only.
     """
 
     def __init__(
@@ -437,9 +466,11 @@ class Maintenance:
         usage_probe: UsageProbe = psutil_space,
         progress_interval_s: float | None = None,
         readers: Callable[[], SegmentReaders | None] | None = None,
+        on_news: Callable[[CycleNews], None] | None = None,
     ) -> None:
         """`readers`: starts `SegmentReaders` for a big first opening (None: none)."""
         self.config = config
+        self.on_news = on_news
         self.readers = readers
         self.progress_interval_s = progress_interval_s
         self._progress = CycleProgress(math.inf)
@@ -758,11 +789,19 @@ class Maintenance:
         every = self.progress_interval_s
         self._progress = CycleProgress(math.inf if every is None else every)
         self._stop = stop
+        try:
+            return self._run(report, act=act)
+        finally:  # what a failing cycle did is told too
+            self._tell(report)
+
+    def _run(self, report: _Builder, *, act: bool) -> CycleReport:
+        """The steps of `run_once`, into `report`."""
         self._retry_marked()
         partitions = self._discover(report)
         if act:
             self._roll(partitions, report, report.now_ms)
             self._retention(partitions, report, report.now_ms)
+            self._tell(report)
         else:
             report.skip("", None, "cycle", "paused: states only")
         compacted = [
@@ -782,6 +821,11 @@ class Maintenance:
         report.next_due_ms = self._next_due(partitions, report.now_ms) if act else None
         self._last_step_errors = {(e.log_dir, e.tp, e.phase): e.reason for e in report.errors}
         return report.build(self.clock())
+
+    def _tell(self, report: _Builder) -> None:
+        """Hand what the cycle did since the last telling to `on_news`, if anything."""
+        if self.on_news is not None and (news := report.news()):
+            self.on_news(news)
 
     def _note(self, event: str, p: _Partition, detail: str, **fields: object) -> None:
         """Log a warning about `p`'s state, at debug when the previous cycle logged the
@@ -1678,6 +1722,7 @@ class Maintenance:
                 self._finished(future, running.pop(future), report, requeue=not stopping)
             if running and not stopping and not self.drain.is_set():
                 self._interleave(partitions, report, beside, running.values())
+            self._tell(report)
             self._progress.tick(
                 "clean",
                 len(report.cleaned),

@@ -5,8 +5,9 @@ A cycle's report (`CycleReport`) lists the segments rolled, the segments deleted
 retention, with its rule as the reason, and by KIP-61 disk usage), the passes run, the
 partitions marked uncleanable, the steps that failed and the partitions left alone, and
 the state of every compacted partition before cleaning (`PartitionState`, the metrics'
-input). The counters (`MaintenanceCounters`) add up rolls and deletions by reason over
-the process's life.
+input). What a cycle did so far (`CycleNews`) is told while it runs: the daemon's events
+come as things happen, not once a cycle of hours of passes ends. The counters
+(`MaintenanceCounters`) add up rolls and deletions by reason over the process's life.
 
 JSON: one name per field in both documents. A rolled segment is `{log_dir, topic,
 partition, base_offset, reason, waited_ms}`; a deleted segment `{log_dir, topic,
@@ -286,6 +287,30 @@ class CycleReport:
             "unreadable": [u.to_json() for u in self.unreadable],
             "offline": [{"log_dir": o.log_dir, "reason": o.reason} for o in self.offline],
         }
+
+
+@dataclass(frozen=True, slots=True)
+class CycleNews:
+    """What a cycle did since it last told: the rolls, deletions, passes, partitions
+    found uncleanable and requested passes dropped, in the order they happened per kind
+    (the daemon's events, sent as the cycle goes: `Maintenance`'s `on_news`)."""
+
+    rolled: tuple[RolledSegment, ...] = ()
+    retention: tuple[RetentionOutcome, ...] = ()
+    disk_deleted: tuple[DiskDeletion, ...] = ()
+    cleaned: tuple[CleanedLog, ...] = ()
+    failed: tuple[FailedLog, ...] = ()
+    dropped: tuple[DroppedRequest, ...] = ()
+
+    def __bool__(self) -> bool:
+        return bool(
+            self.rolled
+            or self.retention
+            or self.disk_deleted
+            or self.cleaned
+            or self.failed
+            or self.dropped
+        )
 
 
 @dataclass(frozen=True, slots=True)

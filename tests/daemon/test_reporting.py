@@ -6,8 +6,7 @@ from cleanerd.config import MetricsConfig
 from cleanerd.daemon.metrics.exporter import MetricsExporter
 from cleanerd.daemon.reporting import Reporter
 from cleanerd.log.files import TopicPartition
-from cleanerd.maintenance.report import FailedLog
-from tests.builders import cycle_report
+from cleanerd.maintenance.report import CycleNews, FailedLog
 from tests.daemon.conftest import RecordingPublisher
 
 NOW_MS = 1_700_000_000_000
@@ -25,7 +24,7 @@ def test_damage_found_before_any_pass_is_no_failed_pass() -> None:
         FailedLog("/d", TopicPartition("a", 0), "corrupt record batch", during_pass=False),
         FailedLog("/d", TopicPartition("b", 0), "the pass failed", during_pass=True),
     )
-    reporter.cycle(cycle_report(NOW_MS, failed=failed), workers=1)
+    reporter.happened(CycleNews(failed=failed))
     passes = "cleanerd_cleaner_passes_total"
     assert exporter.registry.get_sample_value(passes, {"result": "error"}) == 1
     assert [e.topic for e in events.of("partition.uncleanable")] == ["a", "b"]

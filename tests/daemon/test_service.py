@@ -538,6 +538,28 @@ async def test_failed_cycles_are_counted_and_exported(
         assert "cleanerd_cycle_failures_in_a_row 0.0" in _scrape(daemon)
 
 
+async def test_a_cycle_that_fails_after_deleting_still_publishes_the_deletions(
+    config_path: Path, notify_socket: NotifyReceiver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What a cycle did before it failed (here its deletions, before its cleaning phase
+    raised, as a bug would) is published: the events go out as the cycle goes. Before,
+    they came from the report of a cycle that ended, and a failed one lost them."""
+
+    def failing(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("injected")
+
+    monkeypatch.setattr(Maintenance, "_clean", failing)
+    daemon, events = _daemon(config_path, notify_socket)
+    async with running(daemon):
+        await eventually(partial(_failed_at_least, daemon, 1), "a failed cycle")
+        await eventually(lambda: bool(events.of("segment.deleted")), "the deletions published")
+    assert daemon.cycles == 0
+    deleted = events.of("segment.deleted")
+    assert {(e.topic, e.partition, e.data["reason"]) for e in deleted} == {
+        ("events", 0, "retention.ms")
+    }
+
+
 async def test_a_cycle_that_fails_whole_is_not_retried_at_every_tick(
     config_path: Path, notify_socket: NotifyReceiver, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -41,6 +41,7 @@ from cleanerd.log.roller import first_seen_path, maybe_roll
 from cleanerd.log.segment import LogSegment
 from cleanerd.maintenance import cycle
 from cleanerd.maintenance.cycle import Maintenance
+from cleanerd.maintenance.report import CycleNews
 from cleanerd.records.record import Record
 from cleanerd.retention import executor
 from cleanerd.retention.disk import DiskSpace
@@ -2077,6 +2078,38 @@ def test_retention_falling_due_beside_a_long_pass_is_not_held_by_it(
         ("d", [0])
     ]
     assert [x.tp for x in report.cleaned] == [c]
+
+
+def test_what_a_cycle_does_is_told_as_it_happens_and_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`on_news` hears of a deletion made beside a long pass while the pass still runs,
+    and of the pass when it ends, each once: the daemon sends its events from it, and
+    before, the events of a cycle of hours of passes came only at its end."""
+    m, held, now, c, d = _cycle_beside_a_held_pass(tmp_path, monkeypatch)
+    told: list[CycleNews] = []
+    m.on_news = told.append
+    reports: list[Any] = []
+    with m:
+        cycling = threading.Thread(
+            target=lambda: reports.append(m.run_once(threading.Event())), daemon=True
+        )
+        cycling.start()
+        try:
+            assert held.submitted.wait(10)
+            now[0] = T0 + 20_000
+            _wait_for(lambda: any(n.retention for n in told), "the deletion told")
+            assert cycling.is_alive()  # the pass is still held
+            assert not any(n.cleaned for n in told)
+        finally:
+            held.release.set()
+            cycling.join(30)
+    (report,) = reports
+    assert all(told)  # nothing empty is told
+    assert [o for n in told for o in n.retention] == list(report.retention)
+    assert [x for n in told for x in n.cleaned] == list(report.cleaned)
+    assert [x.tp for x in report.cleaned] == [c]
+    assert [o.topic for o in report.retention] == [d.topic]
 
 
 def test_rules_falling_due_one_after_another_beside_a_long_pass_are_paced(
