@@ -37,6 +37,7 @@ from typing import Final
 
 from cleanerd.log.files import TopicPartition
 from cleanerd.log.meta import PartitionMeta
+from cleanerd.log.topic_config import TopicConfig
 
 NO_MAX_COMPACTION_LAG: Final = 2**63 - 1
 """Kafka's default max.compaction.lag.ms (Long.MAX_VALUE): no deadline at all."""
@@ -270,6 +271,19 @@ def log_to_clean(
         needs_compaction_now=kafka.delay_ms > 0,
         cleanable_range=rng,
         kafka_deadline_ms=kafka.deadline_ms,
+    )
+
+
+def topic_log_to_clean(
+    meta: PartitionMeta, topic: TopicConfig, *, checkpoint: int | None, now_ms: int
+) -> LogToClean:
+    """`log_to_clean` under `topic`'s compaction lags."""
+    return log_to_clean(
+        meta,
+        checkpoint=checkpoint,
+        now_ms=now_ms,
+        min_compaction_lag_ms=topic.min_compaction_lag_ms,
+        max_compaction_lag_ms=topic.max_compaction_lag_ms,
     )
 
 

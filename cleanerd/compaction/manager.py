@@ -80,7 +80,12 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from cleanerd.compaction.cleanable import EligibilityReason, LogToClean, eligibility, log_to_clean
+from cleanerd.compaction.cleanable import (
+    EligibilityReason,
+    LogToClean,
+    eligibility,
+    topic_log_to_clean,
+)
 from cleanerd.compaction.horizon import HorizonCache
 from cleanerd.errors import CheckpointError, CleanerdError, failure_text
 from cleanerd.log.files import TopicPartition, partition_dir_gone
@@ -429,13 +434,7 @@ class LogCleanerManager:
             if self._failed(item, exc, now_ms):
                 self.unreadable[item.tp] = str(exc)
             return None
-        ltc = log_to_clean(
-            meta,
-            checkpoint=checkpoint,
-            now_ms=now_ms,
-            min_compaction_lag_ms=item.topic.min_compaction_lag_ms,
-            max_compaction_lag_ms=item.topic.max_compaction_lag_ms,
-        )
+        ltc = topic_log_to_clean(meta, item.topic, checkpoint=checkpoint, now_ms=now_ms)
         if ltc.cleanable_range.checkpoint_reset:
             try:
                 self._reset_checkpoint(item, checkpoint, ltc.first_dirty)

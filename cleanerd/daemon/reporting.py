@@ -16,6 +16,7 @@ slow or absent broker never slows a cycle.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Mapping, Sequence
 
 import structlog
@@ -28,7 +29,7 @@ from cleanerd.daemon.metrics.model import MetricsSnapshot, build_snapshot
 from cleanerd.log.files import TopicPartition
 from cleanerd.log_setup import partition_context
 from cleanerd.maintenance.cycle import MaintenanceStatus
-from cleanerd.maintenance.report import CycleNews, CycleReport
+from cleanerd.maintenance.report import CycleNews, CycleReport, PartitionState
 from cleanerd.retention.disk_usage import DeviceUsage, device_name
 
 log = structlog.get_logger("cleanerd.service")
@@ -54,6 +55,13 @@ class Reporter:
         self.clock_ms = clock_ms
         self.last_stats: tuple[CleanerStats, ...] = ()
         """The statistics of the last pass of each worker."""
+        self._passed: dict[tuple[str, TopicPartition], PartitionState] = {}
+        """States after the passes of the cycle in progress (`CycleNews.passed`)."""
+        self._passed_last: dict[tuple[str, TopicPartition], PartitionState] = {}
+        """States after the passes of the last cycle that ended: newer than its report's
+        states, which are from before its cleaning."""
+        self.passed_count = 0
+        """How many states after passes were told: a new one changes the metrics."""
 
     def emit(
         self,
@@ -141,16 +149,31 @@ class Reporter:
             ids: list[JsonValue] = list(dropped.request_ids)
             data = {"reason": dropped.reason, "ids": ids}
             self.emit("clean.request_dropped", data, tp=dropped.tp, log_dir=dropped.log_dir)
+        for state in news.passed:
+            self._passed[_key(state)] = state
+        self.passed_count += len(news.passed)
 
     def cycle(self, report: CycleReport, *, workers: int) -> None:
         """Keep the statistics of the last pass of each worker of a cycle that ended
-        (what it did was told as it happened: `happened`)."""
+        (what it did was told as it happened: `happened`), and the states its passes
+        left."""
         if report.cleaned:
             self.last_stats = tuple(c.stats for c in report.cleaned[-workers:])
+        self._passed_last, self._passed = self._passed, {}
+
+    def states(self, report: CycleReport) -> tuple[PartitionState, ...]:
+        """The partitions' latest states: those of `report` (the last cycle that ended),
+        each replaced by the state a later pass left, if any."""
+        latest = {_key(s): s for s in report.states}
+        for key, state in itertools.chain(self._passed_last.items(), self._passed.items()):
+            if key in latest:
+                latest[key] = state
+        return tuple(latest.values())
 
     def snapshot(
         self,
         report: CycleReport,
+        states: Sequence[PartitionState],
         status: MaintenanceStatus,
         *,
         now_ms: int,
@@ -158,10 +181,11 @@ class Reporter:
         usage: Sequence[DeviceUsage],
         device_dirs: Mapping[int, Sequence[str]],
     ) -> MetricsSnapshot:
-        """The metrics model at `now_ms` from the last cycle (see the module docstring)."""
+        """The metrics model at `now_ms` from the last cycle and the partitions' latest
+        `states` (see the module docstring)."""
         return build_snapshot(
             now_ms=now_ms,
-            partitions=[s.aged(now_ms) for s in report.states],
+            partitions=[s.aged(now_ms) for s in states],
             log_dirs=log_dirs,
             uncleanable=status.uncleanable,
             last_runs=self.last_stats,
@@ -175,3 +199,7 @@ class Reporter:
             offline_log_dirs=[o.log_dir for o in report.offline],
             failed_steps=report.errors,
         )
+
+
+def _key(state: PartitionState) -> tuple[str, TopicPartition]:
+    return state.meta.log_dir, state.meta.topic_partition

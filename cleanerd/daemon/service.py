@@ -264,7 +264,8 @@ class Daemon:
         self._next_watchdog = 0.0
         self._watchdog_s: float | None = None
         self._events_base = (0, 0)
-        self._snapshot_source: CycleOutcome | None = None
+        self._snapshot_source: tuple[CycleOutcome, int] | None = None
+        """The cycle and the count of states after passes the last snapshot was built of."""
         self._unreadable: frozenset[str] = frozenset()
 
     # -- signals ----------------------------------------------------------------------------
@@ -723,7 +724,7 @@ class Daemon:
 
     async def _refresh_metrics(self) -> None:
         """Publish the metrics model. The partition part is rebuilt only when a new cycle
-        reported or some delay moves with the clock (a partition is overdue); otherwise
+        or pass reported or some delay moves with the clock (a partition is overdue); otherwise
         the last snapshot gets fresh device usage only, which keeps an idle daemon with
         thousands of partitions cheap."""
         self._record_events()
@@ -734,17 +735,21 @@ class Daemon:
         last = self.exporter.snapshot
         d = self._deadlines
         moving = d.overdue or (d.next_ms is not None and now >= d.next_ms)
-        if last is None or outcome is not self._snapshot_source or moving:
+        source = (outcome, self.reporter.passed_count)
+        built = self._snapshot_source
+        new = built is None or built[0] is not outcome or built[1] != source[1]
+        if last is None or new or moving:
             snapshot = await asyncio.to_thread(
                 self.reporter.snapshot,
                 outcome.report,
+                self.reporter.states(outcome.report),
                 outcome.status,
                 now_ms=now,
                 log_dirs=[str(p) for p in config.log_dirs],
                 usage=usage,
                 device_dirs=self._device_dirs(),
             )
-            self._snapshot_source = outcome
+            self._snapshot_source = source
         else:
             devices = build_snapshot(
                 now_ms=now, partitions=(), devices=usage, device_log_dirs=self._device_dirs()

@@ -69,7 +69,7 @@ from pathlib import Path
 from typing import Final, NamedTuple, Protocol
 
 from cleanerd.collector import long_lived_objects
-from cleanerd.compaction.cleanable import LogToClean, log_to_clean
+from cleanerd.compaction.cleanable import LogToClean, topic_log_to_clean
 from cleanerd.compaction.cleaner import (
     CleanerConfig,
     CleaningAborted,
@@ -318,7 +318,9 @@ class _Builder:
     """The previous cycle's step errors (log dir, partition, phase -> reason)."""
     _skipped: set[SkippedLog] = field(default_factory=set)
     _errors: set[StepError] = field(default_factory=set)
-    _told: tuple[int, int, int, int, int, int] = (0, 0, 0, 0, 0, 0)
+    passed: list[PartitionState] = field(default_factory=list)
+    """States of partitions after their passes (`CycleNews.passed`)."""
+    _told: tuple[int, int, int, int, int, int, int] = (0, 0, 0, 0, 0, 0, 0)
     """How many of each kind of `CycleNews` were told (`news`): each list only grows."""
 
     def skip(self, log_dir: Path | str, tp: TopicPartition | None, phase: str, reason: str) -> None:
@@ -362,7 +364,7 @@ class _Builder:
     def news(self) -> CycleNews:
         """What the cycle did since the last call (empty: nothing)."""
         disk = () if self.disk_usage is None else self.disk_usage.deleted
-        r, o, d, c, f, x = self._told
+        r, o, d, c, f, x, p = self._told
         self._told = (
             len(self.rolled),
             len(self.retention),
@@ -370,6 +372,7 @@ class _Builder:
             len(self.cleaned),
             len(self.failed),
             len(self.dropped),
+            len(self.passed),
         )
         return CycleNews(
             tuple(self.rolled[r:]),
@@ -378,6 +381,7 @@ class _Builder:
             tuple(self.cleaned[c:]),
             tuple(self.failed[f:]),
             tuple(self.dropped[x:]),
+            tuple(self.passed[p:]),
         )
 
     def build(self, finished_ms: int) -> CycleReport:
@@ -1327,12 +1331,8 @@ class Maintenance:
                 continue
             ltc = None
             if topic.compact:
-                ltc = log_to_clean(
-                    meta,
-                    checkpoint=checkpoints.get(tp),
-                    now_ms=report.now_ms,
-                    min_compaction_lag_ms=topic.min_compaction_lag_ms,
-                    max_compaction_lag_ms=topic.max_compaction_lag_ms,
+                ltc = topic_log_to_clean(
+                    meta, topic, checkpoint=checkpoints.get(tp), now_ms=report.now_ms
                 )
             yield _state(meta, topic, ltc)
 
@@ -1809,6 +1809,16 @@ class Maintenance:
             future.set_exception(PassNotStarted(job.tp, exc))
         return future, _Running(candidate, job, now)
 
+    @staticmethod
+    def _after_pass(item: CompactedLog, end_offset: int, now: int, report: _Builder) -> None:
+        """Add the state `item`'s pass left (cleaned up to `end_offset`) to `report`, for
+        the metrics (`CycleNews.passed`); one that cannot be read is read by the next
+        cycle."""
+        with suppress(CleanerdError, OSError):
+            meta = item.plog.meta()
+            ltc = topic_log_to_clean(meta, item.topic, checkpoint=end_offset, now_ms=now)
+            report.passed.append(_state(meta, item.topic, ltc))
+
     def _finished(
         self, future: Future[CleanResult], r: _Running, report: _Builder, *, requeue: bool
     ) -> None:
@@ -1833,6 +1843,8 @@ class Maintenance:
                 )
             if not item.plog.read_only:
                 item.plog.take_snapshot()  # the state at the end of the cleaned log
+            if self.on_news is not None:
+                self._after_pass(item, result.end_offset, now, report)
             # A pass that stopped short of its range (the offset map filled up) made
             # progress and has more to do: the partition goes back in the queue. One that
             # covered its range is looked at once more: it is eligible again only when

@@ -301,6 +301,10 @@ class CycleNews:
     cleaned: tuple[CleanedLog, ...] = ()
     failed: tuple[FailedLog, ...] = ()
     dropped: tuple[DroppedRequest, ...] = ()
+    passed: tuple[PartitionState, ...] = ()
+    """The states of partitions after their passes: the metrics follow each pass, as
+    Kafka's cleaner gauges follow each of its rounds (the report's `states` are from
+    before the cleaning)."""
 
     def __bool__(self) -> bool:
         return bool(
@@ -310,6 +314,7 @@ class CycleNews:
             or self.cleaned
             or self.failed
             or self.dropped
+            or self.passed
         )
 
 

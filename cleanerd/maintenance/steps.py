@@ -26,7 +26,12 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Final
 
-from cleanerd.compaction.cleanable import EligibilityReason, LogToClean, eligibility, log_to_clean
+from cleanerd.compaction.cleanable import (
+    EligibilityReason,
+    LogToClean,
+    eligibility,
+    topic_log_to_clean,
+)
 from cleanerd.compaction.horizon import SegmentHorizon, horizon_due
 from cleanerd.log.files import TopicPartition
 from cleanerd.log.meta import PartitionMeta, SegmentMeta
@@ -188,13 +193,7 @@ def compaction_plan(
     """The clean step of a compacted partition: its cleaning candidate (the manager's
     `log_to_clean` and `eligibility`, as a cycle computes them) over the snapshot left
     by the roll and retention steps."""
-    ltc = log_to_clean(
-        meta,
-        checkpoint=checkpoint,
-        now_ms=now_ms,
-        min_compaction_lag_ms=topic.min_compaction_lag_ms,
-        max_compaction_lag_ms=topic.max_compaction_lag_ms,
-    )
+    ltc = topic_log_to_clean(meta, topic, checkpoint=checkpoint, now_ms=now_ms)
     live = {s.base_offset for s in meta.segments}
     due = horizon_due(
         (h for h in horizons if h.base_offset in live),

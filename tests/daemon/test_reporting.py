@@ -7,7 +7,9 @@ from cleanerd.daemon.metrics.exporter import MetricsExporter
 from cleanerd.daemon.reporting import Reporter
 from cleanerd.log.files import TopicPartition
 from cleanerd.maintenance.report import CycleNews, FailedLog
+from tests.builders import cycle_report
 from tests.daemon.conftest import RecordingPublisher
+from tests.daemon.metrics.test_model import meta, state
 
 NOW_MS = 1_700_000_000_000
 
@@ -28,3 +30,27 @@ def test_damage_found_before_any_pass_is_no_failed_pass() -> None:
     passes = "cleanerd_cleaner_passes_total"
     assert exporter.registry.get_sample_value(passes, {"result": "error"}) == 1
     assert [e.topic for e in events.of("partition.uncleanable")] == ["a", "b"]
+
+
+def test_the_states_follow_each_pass_not_only_each_cycle() -> None:
+    """A partition's state for the metrics is the one its last pass left, told as the
+    pass ended, until a cycle that began after that pass reports a newer one: the
+    report's states are from before its cleaning. Before, a partition cleaned early in
+    a cycle of hours kept its delay, growing, until the cycle after it ended."""
+    reporter = Reporter(
+        MetricsExporter(MetricsConfig(listen="127.0.0.1:0")), RecordingPublisher, lambda: NOW_MS
+    )
+    ma, mb = meta("a", "/d", [NOW_MS - 3_600_000, NOW_MS]), meta("b", "/d", [NOW_MS])
+    a_before, b_before = state(ma), state(mb)
+    a_after, b_after = state(ma, checkpoint=10), state(mb, checkpoint=5)
+    first = cycle_report(NOW_MS, states=(a_before, b_before))
+    reporter.happened(CycleNews(passed=(a_after,)))
+    reporter.cycle(first, workers=1)
+    assert reporter.states(first) == (a_after, b_before)
+    reporter.happened(CycleNews(passed=(b_after,)))  # the next cycle, in progress
+    assert reporter.states(first) == (a_after, b_after)
+    second = cycle_report(NOW_MS, states=(state(ma, checkpoint=7), b_before))
+    reporter.cycle(second, workers=1)
+    assert reporter.states(second) == (state(ma, checkpoint=7), b_after)
+    reporter.cycle(cycle_report(NOW_MS, states=second.states), workers=1)
+    assert reporter.states(second) == second.states

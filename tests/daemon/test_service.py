@@ -26,7 +26,7 @@ import structlog
 import yaml
 
 from cleanerd.cli import main
-from cleanerd.compaction.cleanable import log_to_clean
+from cleanerd.compaction.cleanable import topic_log_to_clean
 from cleanerd.compaction.cleaner import CleaningAborted, CleanResult
 from cleanerd.config import Config, load_config
 from cleanerd.daemon import hangup, service
@@ -1015,14 +1015,7 @@ def _state(tmp_path: Path, config: Config, *, first_ts: int, now_ms: int) -> Par
     batches = [[[kv("k", "v", timestamp=first_ts)]], [[kv("k", "w", timestamp=first_ts)]]]
     plog = build_log(tmp_path / "data", batches, state_dir=tmp_path / "state", tp=USERS)
     meta = plog.meta()
-    topic = config.topic_config("users")
-    ltc = log_to_clean(
-        meta,
-        checkpoint=None,
-        now_ms=now_ms,
-        min_compaction_lag_ms=topic.min_compaction_lag_ms,
-        max_compaction_lag_ms=topic.max_compaction_lag_ms,
-    )
+    ltc = topic_log_to_clean(meta, config.topic_config("users"), checkpoint=None, now_ms=now_ms)
     return PartitionState(meta, ltc)
 
 
