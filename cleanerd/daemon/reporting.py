@@ -55,13 +55,12 @@ class Reporter:
         self.clock_ms = clock_ms
         self.last_stats: tuple[CleanerStats, ...] = ()
         """The statistics of the last pass of each worker."""
-        self._passed: dict[tuple[str, TopicPartition], PartitionState] = {}
-        """States after the passes of the cycle in progress (`CycleNews.passed`)."""
-        self._passed_last: dict[tuple[str, TopicPartition], PartitionState] = {}
-        """States after the passes of the last cycle that ended: newer than its report's
-        states, which are from before its cleaning."""
-        self.passed_count = 0
-        """How many states after passes were told: a new one changes the metrics."""
+        self._later: dict[tuple[str, TopicPartition], PartitionState] = {}
+        """The cycle in progress's `CycleNews.later_states`."""
+        self._later_last: dict[tuple[str, TopicPartition], PartitionState] = {}
+        """Those of the last cycle that ended: newer than its report's states."""
+        self.later_count = 0
+        """How many later states were told: a new one changes the metrics."""
 
     def emit(
         self,
@@ -149,23 +148,23 @@ class Reporter:
             ids: list[JsonValue] = list(dropped.request_ids)
             data = {"reason": dropped.reason, "ids": ids}
             self.emit("clean.request_dropped", data, tp=dropped.tp, log_dir=dropped.log_dir)
-        for state in news.passed:
-            self._passed[_key(state)] = state
-        self.passed_count += len(news.passed)
+        for state in news.later_states:
+            self._later[_key(state)] = state
+        self.later_count += len(news.later_states)
 
     def cycle(self, report: CycleReport, *, workers: int) -> None:
         """Keep the statistics of the last pass of each worker of a cycle that ended
-        (what it did was told as it happened: `happened`), and the states its passes
-        left."""
+        (what it did was told as it happened: `happened`), and its later states."""
         if report.cleaned:
             self.last_stats = tuple(c.stats for c in report.cleaned[-workers:])
-        self._passed_last, self._passed = self._passed, {}
+        self._later_last, self._later = self._later, {}
 
     def states(self, report: CycleReport) -> tuple[PartitionState, ...]:
         """The partitions' latest states: those of `report` (the last cycle that ended),
-        each replaced by the state a later pass left, if any."""
+        each replaced by a later one told since, if any (after a pass, or a roll or
+        deletion beside the passes)."""
         latest = {_key(s): s for s in report.states}
-        for key, state in itertools.chain(self._passed_last.items(), self._passed.items()):
+        for key, state in itertools.chain(self._later_last.items(), self._later.items()):
             if key in latest:
                 latest[key] = state
         return tuple(latest.values())

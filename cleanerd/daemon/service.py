@@ -735,7 +735,7 @@ class Daemon:
         last = self.exporter.snapshot
         d = self._deadlines
         moving = d.overdue or (d.next_ms is not None and now >= d.next_ms)
-        source = (outcome, self.reporter.passed_count)
+        source = (outcome, self.reporter.later_count)
         built = self._snapshot_source
         new = built is None or built[0] is not outcome or built[1] != source[1]
         if last is None or new or moving:

@@ -95,6 +95,7 @@ from cleanerd.errors import (
     LogDirLockedError,
     failure_text,
 )
+from cleanerd.log.checkpoint import CLEANER_OFFSET_CHECKPOINT, OffsetCheckpointFile
 from cleanerd.log.deletions import PendingDeletions
 from cleanerd.log.files import (
     METADATA_TOPIC,
@@ -144,7 +145,7 @@ from cleanerd.retention.disk import (
     measure,
     psutil_space,
 )
-from cleanerd.retention.disk_usage import device_name
+from cleanerd.retention.disk_usage import DiskDeletion, device_name
 from cleanerd.retention.executor import RetentionOutcome, apply_retention
 from cleanerd.retention.policy import retention_due_ms
 from cleanerd.wording import count
@@ -318,8 +319,8 @@ class _Builder:
     """The previous cycle's step errors (log dir, partition, phase -> reason)."""
     _skipped: set[SkippedLog] = field(default_factory=set)
     _errors: set[StepError] = field(default_factory=set)
-    passed: list[PartitionState] = field(default_factory=list)
-    """States of partitions after their passes (`CycleNews.passed`)."""
+    later_states: list[PartitionState] = field(default_factory=list)
+    """`CycleNews.later_states`."""
     _told: tuple[int, int, int, int, int, int, int] = (0, 0, 0, 0, 0, 0, 0)
     """How many of each kind of `CycleNews` were told (`news`): each list only grows."""
 
@@ -361,9 +362,25 @@ class _Builder:
         if isinstance(exc, DAMAGE):
             self.damaged.add((log_dir, tp))
 
+    def _disk_deleted(self) -> tuple[DiskDeletion, ...]:
+        return () if self.disk_usage is None else self.disk_usage.deleted
+
+    def mark(self) -> tuple[int, int, int]:
+        """Where the rolls and deletions so far end (`touched_since`)."""
+        return len(self.rolled), len(self.retention), len(self._disk_deleted())
+
+    def touched_since(self, mark: tuple[int, int, int]) -> set[tuple[str, TopicPartition]]:
+        """The partitions (log dir, topic-partition) rolled or deleted from since `mark`."""
+        rolled, retained, disk = mark
+        return (
+            {(r.log_dir, r.tp) for r in self.rolled[rolled:]}
+            | {(o.log_dir, TopicPartition(o.topic, o.partition)) for o in self.retention[retained:]}
+            | {(d.log_dir, d.topic_partition) for d in self._disk_deleted()[disk:]}
+        )
+
     def news(self) -> CycleNews:
         """What the cycle did since the last call (empty: nothing)."""
-        disk = () if self.disk_usage is None else self.disk_usage.deleted
+        disk = self._disk_deleted()
         r, o, d, c, f, x, p = self._told
         self._told = (
             len(self.rolled),
@@ -372,7 +389,7 @@ class _Builder:
             len(self.cleaned),
             len(self.failed),
             len(self.dropped),
-            len(self.passed),
+            len(self.later_states),
         )
         return CycleNews(
             tuple(self.rolled[r:]),
@@ -381,7 +398,7 @@ class _Builder:
             tuple(self.cleaned[c:]),
             tuple(self.failed[f:]),
             tuple(self.dropped[x:]),
-            tuple(self.passed[p:]),
+            tuple(self.later_states[p:]),
         )
 
     def build(self, finished_ms: int) -> CycleReport:
@@ -1765,9 +1782,15 @@ class Maintenance:
             reason="asked" if asked else "time rule due",
             running=sorted(str(r.job.tp) for r in running),
         )
+        mark = report.mark()
         self._roll(partitions, report, now)
         self._retention(partitions, report, now)
         report.unlinked += self.pending.run_due(now)
+        changed = report.touched_since(mark)
+        for p in partitions:
+            if (str(p.log_dir.path), p.tp) in changed:
+                plog = self._plogs.get((p.log_dir.path, p.tp), p.plog)
+                self._later_state(report, p.log_dir.path, plog, p.topic, self.clock())
         beside.due_ms, beside.due_known = self._next_due(partitions, now), True
         beside.ran_at_ms = self.clock()
         beside.ran_ms = beside.ran_at_ms - now
@@ -1809,15 +1832,31 @@ class Maintenance:
             future.set_exception(PassNotStarted(job.tp, exc))
         return future, _Running(candidate, job, now)
 
-    @staticmethod
-    def _after_pass(item: CompactedLog, end_offset: int, now: int, report: _Builder) -> None:
-        """Add the state `item`'s pass left (cleaned up to `end_offset`) to `report`, for
-        the metrics (`CycleNews.passed`); one that cannot be read is read by the next
-        cycle."""
+    def _later_state(
+        self,
+        report: _Builder,
+        log_dir: Path,
+        plog: PartitionLog,
+        topic: TopicConfig,
+        now: int,
+        *,
+        cleaned_to: int | None = None,
+    ) -> None:
+        """Add `plog`'s state at `now` to `report`'s later states, for the metrics, when
+        someone listens (`on_news`); one that cannot be read is read by the next cycle.
+        A compacted partition is clean up to `cleaned_to` (the end of the pass that just
+        ended), else up to its entry in the cleaner checkpoint."""
+        if self.on_news is None:
+            return
         with suppress(CleanerdError, OSError):
-            meta = item.plog.meta()
-            ltc = topic_log_to_clean(meta, item.topic, checkpoint=end_offset, now_ms=now)
-            report.passed.append(_state(meta, item.topic, ltc))
+            meta = plog.meta()
+            ltc = None
+            if topic.compact:
+                if cleaned_to is None:
+                    cleaner = OffsetCheckpointFile(log_dir / CLEANER_OFFSET_CHECKPOINT)
+                    cleaned_to = cleaner.read().get(plog.topic_partition)
+                ltc = topic_log_to_clean(meta, topic, checkpoint=cleaned_to, now_ms=now)
+            report.later_states.append(_state(meta, topic, ltc))
 
     def _finished(
         self, future: Future[CleanResult], r: _Running, report: _Builder, *, requeue: bool
@@ -1843,8 +1882,9 @@ class Maintenance:
                 )
             if not item.plog.read_only:
                 item.plog.take_snapshot()  # the state at the end of the cleaned log
-            if self.on_news is not None:
-                self._after_pass(item, result.end_offset, now, report)
+            self._later_state(
+                report, item.log_dir.path, item.plog, item.topic, now, cleaned_to=result.end_offset
+            )
             # A pass that stopped short of its range (the offset map filled up) made
             # progress and has more to do: the partition goes back in the queue. One that
             # covered its range is looked at once more: it is eligible again only when

@@ -301,10 +301,10 @@ class CycleNews:
     cleaned: tuple[CleanedLog, ...] = ()
     failed: tuple[FailedLog, ...] = ()
     dropped: tuple[DroppedRequest, ...] = ()
-    passed: tuple[PartitionState, ...] = ()
-    """The states of partitions after their passes: the metrics follow each pass, as
-    Kafka's cleaner gauges follow each of its rounds (the report's `states` are from
-    before the cleaning)."""
+    later_states: tuple[PartitionState, ...] = ()
+    """States taken after the report's `states` (which are from before the cleaning): a
+    partition's after its pass, or after a roll or deletion beside the passes. The
+    metrics follow them, as Kafka's cleaner gauges follow each of its rounds."""
 
     def __bool__(self) -> bool:
         return bool(
@@ -314,7 +314,7 @@ class CycleNews:
             or self.cleaned
             or self.failed
             or self.dropped
-            or self.passed
+            or self.later_states
         )
 
 

@@ -44,10 +44,10 @@ def test_the_states_follow_each_pass_not_only_each_cycle() -> None:
     a_before, b_before = state(ma), state(mb)
     a_after, b_after = state(ma, checkpoint=10), state(mb, checkpoint=5)
     first = cycle_report(NOW_MS, states=(a_before, b_before))
-    reporter.happened(CycleNews(passed=(a_after,)))
+    reporter.happened(CycleNews(later_states=(a_after,)))
     reporter.cycle(first, workers=1)
     assert reporter.states(first) == (a_after, b_before)
-    reporter.happened(CycleNews(passed=(b_after,)))  # the next cycle, in progress
+    reporter.happened(CycleNews(later_states=(b_after,)))  # the next cycle, in progress
     assert reporter.states(first) == (a_after, b_after)
     second = cycle_report(NOW_MS, states=(state(ma, checkpoint=7), b_before))
     reporter.cycle(second, workers=1)

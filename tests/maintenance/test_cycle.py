@@ -2084,9 +2084,9 @@ def test_what_a_cycle_does_is_told_as_it_happens_and_once(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """`on_news` hears of a deletion made beside a long pass while the pass still runs,
-    and of the pass (and the state it left) when it ends, each once: the daemon sends
-    its events and follows its metrics from it. Before, the events of a cycle of hours
-    of passes came only at its end."""
+    and of the pass when it ends, each once, with the states they left: the daemon
+    sends its events and follows its metrics from it. Before, the events and states of
+    a cycle of hours of passes came only at its end."""
     m, held, now, c, d = _cycle_beside_a_held_pass(tmp_path, monkeypatch)
     told: list[CycleNews] = []
     m.on_news = told.append
@@ -2111,14 +2111,17 @@ def test_what_a_cycle_does_is_told_as_it_happens_and_once(
     assert [x for n in told for x in n.cleaned] == list(report.cleaned)
     assert [x.tp for x in report.cleaned] == [c]
     assert [o.topic for o in report.retention] == [d.topic]
-    # The state the pass left (the report's is from before it): the metrics follow it.
-    (passed,) = [s for n in told for s in n.passed]
-    assert passed.meta.topic_partition == c
-    assert passed.ltc is not None
-    assert passed.ltc.first_dirty == report.cleaned[0].end_offset
-    (before,) = [s for s in report.states if s.meta.topic_partition == c]
-    assert before.ltc is not None
-    assert before.ltc.first_dirty == 0
+    # The states the deletion and the pass left (the report's are from before them):
+    # the metrics follow them.
+    later = {s.meta.topic_partition: s for n in told for s in n.later_states}
+    before = {s.meta.topic_partition: s for s in report.states}
+    assert later.keys() == {c, d}
+    assert [s.base_offset for s in later[d].meta.segments] == [3]
+    assert [s.base_offset for s in before[d].meta.segments] == [0, 3]
+    due = (before[d].retention_due_ms, later[d].retention_due_ms)
+    assert due == (T0 + 10_000, T0 + HOUR)
+    cleaned = (before[c].ltc, later[c].ltc)
+    assert [x.first_dirty if x else None for x in cleaned] == [0, report.cleaned[0].end_offset]
 
 
 def test_rules_falling_due_one_after_another_beside_a_long_pass_are_paced(
