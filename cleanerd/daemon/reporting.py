@@ -7,11 +7,12 @@ dropped without running), `log.cleaned` lines (rolls and deletions are logged by
 layer as they happen) and the pass counters of the exporter: a cycle whose passes run
 for hours does not hold back the news of the passes that ended and of the deletions made
 beside them. After each cycle, `Reporter.cycle` keeps its last passes' statistics.
-`Reporter.snapshot` builds the metrics model from the last cycle's states aged to the
-present (`PartitionState.aged`: delays grow with the clock without reading a file), the
-maintenance status, the devices' usage and the last passes' statistics (Kafka's cleaner
-gauges are maxima over each worker's last round). Events are queued, never awaited: a
-slow or absent broker never slows a cycle.
+`Reporter.snapshot` builds the metrics model from the partitions' latest states
+(`Reporter.states`: the last cycle's, each replaced by a later one told since) aged to
+the present (`PartitionState.aged`: delays grow with the clock without reading a file),
+the maintenance status, the devices' usage and the last passes' statistics (Kafka's
+cleaner gauges are maxima over each worker's last round). Events are queued, never
+awaited: a slow or absent broker never slows a cycle.
 """
 
 from __future__ import annotations

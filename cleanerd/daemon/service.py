@@ -265,7 +265,7 @@ class Daemon:
         self._watchdog_s: float | None = None
         self._events_base = (0, 0)
         self._snapshot_source: tuple[CycleOutcome, int] | None = None
-        """The cycle and the count of states after passes the last snapshot was built of."""
+        """The cycle and the count of later states the last snapshot was built of."""
         self._unreadable: frozenset[str] = frozenset()
 
     # -- signals ----------------------------------------------------------------------------
@@ -723,10 +723,10 @@ class Daemon:
         self.reporter.emit(kind, data, tp=tp, log_dir=log_dir)
 
     async def _refresh_metrics(self) -> None:
-        """Publish the metrics model. The partition part is rebuilt only when a new cycle
-        or pass reported or some delay moves with the clock (a partition is overdue); otherwise
-        the last snapshot gets fresh device usage only, which keeps an idle daemon with
-        thousands of partitions cheap."""
+        """Publish the metrics model. The partition part is rebuilt only when a cycle
+        ended, a later state was told (`Reporter.states`) or some delay moves with the
+        clock (a partition is overdue); otherwise the last snapshot gets fresh device
+        usage only, which keeps an idle daemon with thousands of partitions cheap."""
         self._record_events()
         outcome, config, usage = self.last_outcome, self.config, self._usage
         if outcome is None:
@@ -735,9 +735,9 @@ class Daemon:
         last = self.exporter.snapshot
         d = self._deadlines
         moving = d.overdue or (d.next_ms is not None and now >= d.next_ms)
-        source = (outcome, self.reporter.later_count)
+        told = self.reporter.later_count
         built = self._snapshot_source
-        new = built is None or built[0] is not outcome or built[1] != source[1]
+        new = built is None or built[0] is not outcome or built[1] != told
         if last is None or new or moving:
             snapshot = await asyncio.to_thread(
                 self.reporter.snapshot,
@@ -749,7 +749,7 @@ class Daemon:
                 usage=usage,
                 device_dirs=self._device_dirs(),
             )
-            self._snapshot_source = source
+            self._snapshot_source = (outcome, told)
         else:
             devices = build_snapshot(
                 now_ms=now, partitions=(), devices=usage, device_log_dirs=self._device_dirs()

@@ -39,6 +39,14 @@ to the open file description, so the lock also excludes other lock objects in th
 process; a thread lock on top makes it safe across threads, and a depth counter makes it
 reentrant for the thread holding it. Waiting is bounded: polling with a short backoff up
 to a timeout, after which `PartitionLockTimeout` names the lock file.
+
+A partition's lock file goes with its partition (`remove_partition_lock`, once the
+partition dir is gone: a topic deleted), so the state dir does not keep one file per
+partition that ever was. Removal is safe beside acquirers because of how both work: the
+remover unlinks the file only while it holds its `flock`, and an acquirer, once it has
+the `flock`, checks that the path still names the file it locked (device and inode) and
+starts again otherwise. Whoever holds a partition lock therefore holds it on the file
+the path names, the one every later acquirer opens.
 """
 
 from __future__ import annotations
@@ -60,7 +68,7 @@ from types import TracebackType
 from typing import Final, Self
 
 from cleanerd.errors import CleanerdError, LogDirLockedError
-from cleanerd.log.files import LOCK_FILE_NAME, TopicPartition
+from cleanerd.log.files import LOCK_FILE_NAME, TopicPartition, parse_topic_partition
 from cleanerd.log.fsutil import adopt_owner
 
 DEFAULT_LOCK_TIMEOUT_S: Final = 30.0
@@ -303,12 +311,8 @@ class PartitionLock:
             raise
 
     def _flock(self, deadline: float) -> int:
-        try:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        except FileNotFoundError:  # the first lock of this log dir in this state dir
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         delay = _POLL_START_S
+        fd = self._open()
         while True:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -318,8 +322,18 @@ class PartitionLock:
                     raise PartitionLockTimeout(self.path, self.timeout_s) from None
                 time.sleep(delay)
                 delay = min(delay * 2, _POLL_MAX_S)
-            else:
+                continue
+            if _names(self.path, fd):
                 return fd
+            os.close(fd)  # removed or replaced while it was waited for: lock the new one
+            fd = self._open()
+
+    def _open(self) -> int:
+        try:
+            return os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        except FileNotFoundError:  # the first lock of this log dir in this state dir
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            return os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
 
     def release(self) -> None:
         """Release one level; the file lock goes when the outermost level does."""
@@ -342,6 +356,48 @@ class PartitionLock:
         tb: TracebackType | None,
     ) -> None:
         self.release()
+
+
+def partition_locks(state_dir: Path, log_dir: Path) -> list[TopicPartition]:
+    """The partitions of `log_dir` that have a lock file in `state_dir`."""
+    try:
+        names = os.listdir(state_subdir(state_dir, "locks", log_dir))  # noqa: PTH208 - names
+    except FileNotFoundError:
+        return []
+    found = []
+    for name in names:
+        if name.endswith(".lock"):
+            with contextlib.suppress(ValueError):  # `owner.lock`, the checkpoint's lock
+                found.append(parse_topic_partition(name.removesuffix(".lock")))
+    return found
+
+
+def remove_partition_lock(state_dir: Path, log_dir: Path, tp: TopicPartition) -> bool:
+    """Remove the lock file of `tp` of `log_dir`, whose partition dir is gone; False,
+    and nothing removed, while a process holds it (see the module docstring)."""
+    path = partition_lock_path(state_dir, log_dir, tp)
+    try:
+        fd = os.open(path, os.O_RDWR)
+    except FileNotFoundError:
+        return True
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        if _names(path, fd):  # not replaced since it was opened (by another remover)
+            path.unlink()
+        return True
+    finally:
+        os.close(fd)  # closing the description drops the flock
+
+
+def _names(path: Path, fd: int) -> bool:
+    """Whether `path` names the file open as `fd`."""
+    try:
+        return _file_key(path.stat()) == _file_key(os.fstat(fd))
+    except FileNotFoundError:
+        return False
 
 
 CHECKPOINT_LOCK_NAME: Final = "cleaner-offset-checkpoint.lock"

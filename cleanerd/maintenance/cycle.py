@@ -105,6 +105,7 @@ from cleanerd.log.files import (
     partition_dir_gone,
 )
 from cleanerd.log.known_segments import KnownSegment, decode
+from cleanerd.log.lock import partition_locks, remove_partition_lock
 from cleanerd.log.log_dir import LogDir, Mode, ReadOnlyFileSystem
 from cleanerd.log.meta import PartitionMeta
 from cleanerd.log.ownership import OwnerProof, OwnershipLost, StaleWork, lock_holder
@@ -1018,7 +1019,7 @@ class Maintenance:
                     for tp in self._last_listed(path):
                         seen.setdefault(tp, path)
                 continue
-            self._listed[path] = listed
+            before, self._listed[path] = self._listed.get(path), listed
             listed = self._unambiguous(log_dir.path, listed, report)
             if log_dir.mode is not Mode.OWNER:
                 why = str(log_dir.held_by or f"{log_dir.mode.value} mode")
@@ -1026,6 +1027,7 @@ class Maintenance:
                 report.observed.append(str(log_dir.path))
                 report.states += self._observe(log_dir, listed, report, live)
                 continue
+            self._remove_gone_locks(log_dir, before, self._listed[path])
             total += len(listed)
             reads = self._start_first_reads(log_dir, listed)
             try:
@@ -1266,6 +1268,22 @@ class Maintenance:
         more of them are not open yet."""
         unopened = sum((log_dir.path, tp) not in self._plogs for tp in listed)
         return long_lived_objects() if unopened >= MANY_OPENS else nullcontext()
+
+    def _remove_gone_locks(
+        self, log_dir: LogDir, before: list[TopicPartition] | None, listed: list[TopicPartition]
+    ) -> None:
+        """Remove the partition lock files of `log_dir`'s partitions that are gone (their
+        topics deleted): those listed `before` and not now, and at the dir's first listing
+        by this process, any it finds (left by earlier processes). One held by another
+        process (a `produce` on its way) stays, for the next time."""
+        now = set(listed)
+        candidates = partition_locks(log_dir.state_dir, log_dir.path) if before is None else before
+        for tp in candidates:
+            if tp not in now and partition_dir_gone(log_dir.path / str(tp)):
+                try:
+                    remove_partition_lock(log_dir.state_dir, log_dir.path, tp)
+                except OSError as exc:  # an aid to the state dir's size: never a failure
+                    log.debug("lock.remove_failed", **_fields(tp, log_dir.path), error=str(exc))
 
     def _plain_states(self, partitions: list[_Partition], report: _Builder) -> list[PartitionState]:
         """The snapshots of the partitions that are not compacted (sizes and counts for

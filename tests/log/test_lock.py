@@ -22,6 +22,8 @@ from cleanerd.log.lock import (
     PartitionLock,
     PartitionLockTimeout,
     partition_lock_path,
+    partition_locks,
+    remove_partition_lock,
 )
 from cleanerd.log.log_dir import LogDir, Mode
 from cleanerd.log.ownership import lock_holder
@@ -154,6 +156,53 @@ def test_release_without_acquire_is_an_error(tmp_path: Path) -> None:
     """Releasing a lock that is not held raises."""
     with pytest.raises(RuntimeError, match="not held"):
         PartitionLock(tmp_path, tmp_path, TP).release()
+
+
+def test_a_free_partition_lock_file_is_removed_and_a_held_one_kept(tmp_path: Path) -> None:
+    """`remove_partition_lock` removes the lock file of a partition nobody holds, and
+    leaves the one of a partition a process holds (it says so); the checkpoint's and
+    the owner's lock files are no partition's."""
+    log_dir, state = tmp_path / "logs", tmp_path / "state"
+    free, held = TopicPartition("gone", 0), TopicPartition("gone", 1)
+    with PartitionLock(state, log_dir, free):
+        pass
+    (state / "locks" / partition_lock_path(state, log_dir, TP).parent.name / "owner.lock").touch()
+    with PartitionLock(state, log_dir, held):
+        assert sorted(partition_locks(state, log_dir)) == [free, held]
+        assert remove_partition_lock(state, log_dir, free)
+        assert not remove_partition_lock(state, log_dir, held)
+        assert partition_locks(state, log_dir) == [held]
+    assert remove_partition_lock(state, log_dir, held)
+    assert remove_partition_lock(state, log_dir, held)  # none left: nothing to do
+    assert partition_locks(state, log_dir) == []
+
+
+def test_a_lock_file_removed_while_it_was_waited_for_is_not_held_in_vain(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An acquirer that opened the lock file just before another process removed it
+    locks the new file at the path, not the unlinked one: a third process opening the
+    path would otherwise take the lock too, and two would hold one partition."""
+    log_dir, state = tmp_path / "logs", tmp_path / "state"
+    with PartitionLock(state, log_dir, TP):
+        pass
+    lock = PartitionLock(state, log_dir, TP, timeout_s=5)
+    opened = lock._open
+    removed: list[bool] = []
+
+    def opened_then_removed() -> int:
+        fd = opened()
+        if not removed:  # the first open: the remover comes in between
+            removed.append(remove_partition_lock(state, log_dir, TP))
+        return fd
+
+    monkeypatch.setattr(lock, "_open", opened_then_removed)
+    with lock:
+        assert removed == [True]
+        with pytest.raises(PartitionLockTimeout):
+            PartitionLock(state, log_dir, TP, timeout_s=0.05).acquire()
+    with PartitionLock(state, log_dir, TP, timeout_s=5):
+        pass
 
 
 def test_owner_marker(tmp_path: Path) -> None:

@@ -33,7 +33,7 @@ from cleanerd.log.checkpoint import (
     OffsetCheckpointFile,
 )
 from cleanerd.log.files import CLEAN_SHUTDOWN_FILE_NAME, TopicPartition
-from cleanerd.log.lock import PartitionLock
+from cleanerd.log.lock import PartitionLock, partition_locks
 from cleanerd.log.log_dir import LogDir
 from cleanerd.log.meta import PartitionMeta
 from cleanerd.log.partition_log import PartitionLog
@@ -1965,6 +1965,32 @@ def test_a_future_timestamp_is_judged_against_the_clock_read_again(
     else:
         (line,) = warned
         assert (line["base_offset"], line["now_ms"]) == (10, T0)
+
+
+def test_the_lock_files_of_partitions_gone_are_removed(tmp_path: Path, engine: LocalEngine) -> None:
+    """A partition deleted (its topic) loses its lock file in the state dir at the next
+    cycle, as do those earlier processes left of partitions gone, at the first; one a
+    process holds stays. Before, the state dir kept a file for every partition that
+    ever was."""
+    logs, state = tmp_path / "logs", tmp_path / "state"
+    kept, deleted = TopicPartition("d", 0), TopicPartition("d", 1)
+    for tp in (kept, deleted):
+        build(tmp_path, tp, [records(range(3), T0)])
+    left, held = TopicPartition("old", 0), TopicPartition("old", 1)
+    for tp in (kept, deleted, left):
+        with PartitionLock(state, logs, tp):  # as an earlier process left them
+            pass
+    holder = PartitionLock(state, logs, held)
+    holder.acquire()  # a `produce` on its way, say
+    try:
+        with Maintenance(write_config(tmp_path, {"d": {}}), engine, clock=lambda: T0) as m:
+            m.run_once()
+            assert sorted(partition_locks(state, logs)) == [kept, deleted, held]
+            shutil.rmtree(logs / str(deleted))
+            m.run_once()
+            assert sorted(partition_locks(state, logs)) == [kept, held]
+    finally:
+        holder.release()
 
 
 def test_a_pause_during_a_cycle_stops_its_rolls_and_deletions(
