@@ -8,16 +8,16 @@ layer as they happen) and the pass counters of the exporter: a cycle whose passe
 for hours does not hold back the news of the passes that ended and of the deletions made
 beside them. After each cycle, `Reporter.cycle` keeps its last passes' statistics.
 `Reporter.snapshot` builds the metrics model from the partitions' latest states
-(`Reporter.states`: the last cycle's, each replaced by a later one told since) aged to
-the present (`PartitionState.aged`: delays grow with the clock without reading a file),
-the maintenance status, the devices' usage and the last passes' statistics (Kafka's
-cleaner gauges are maxima over each worker's last round). Events are queued, never
-awaited: a slow or absent broker never slows a cycle.
+(`Reporter.states`: those the last cycle took before its passes, told then, each
+replaced by a later one told since) aged to the present (`PartitionState.aged`: delays
+grow with the clock without reading a file), the maintenance status, the devices' usage
+and the last passes' statistics (Kafka's cleaner gauges are maxima over each worker's
+last round). Events are queued, never awaited: a slow or absent broker never slows a
+cycle.
 """
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Callable, Mapping, Sequence
 
 import structlog
@@ -57,9 +57,7 @@ class Reporter:
         self.last_stats: tuple[CleanerStats, ...] = ()
         """The statistics of the last pass of each worker."""
         self._later: dict[tuple[str, TopicPartition], PartitionState] = {}
-        """The cycle in progress's `CycleNews.later_states`."""
-        self._later_last: dict[tuple[str, TopicPartition], PartitionState] = {}
-        """Those of the last cycle that ended: newer than its report's states."""
+        """`CycleNews.later_states` told since the last cycle took its states."""
         self.later_count = 0
         """How many later states were told: a new one changes the metrics."""
 
@@ -149,23 +147,24 @@ class Reporter:
             ids: list[JsonValue] = list(dropped.request_ids)
             data = {"reason": dropped.reason, "ids": ids}
             self.emit("clean.request_dropped", data, tp=dropped.tp, log_dir=dropped.log_dir)
+        if news.taken is not None:  # newer than any later state told before
+            self._later = {}
         for state in news.later_states:
             self._later[_key(state)] = state
         self.later_count += len(news.later_states)
 
     def cycle(self, report: CycleReport, *, workers: int) -> None:
         """Keep the statistics of the last pass of each worker of a cycle that ended
-        (what it did was told as it happened: `happened`), and its later states."""
+        (what it did was told as it happened: `happened`)."""
         if report.cleaned:
             self.last_stats = tuple(c.stats for c in report.cleaned[-workers:])
-        self._later_last, self._later = self._later, {}
 
     def states(self, report: CycleReport) -> tuple[PartitionState, ...]:
-        """The partitions' latest states: those of `report` (the last cycle that ended),
-        each replaced by a later one told since, if any (after a pass, or a roll or
-        deletion beside the passes)."""
+        """The partitions' latest states: those of `report` (the last cycle's, from when it
+        took them), each replaced by a later one told since, if any (after a pass, or a
+        roll or deletion beside the passes)."""
         latest = {_key(s): s for s in report.states}
-        for key, state in itertools.chain(self._later_last.items(), self._later.items()):
+        for key, state in self._later.items():
             if key in latest:
                 latest[key] = state
         return tuple(latest.values())

@@ -264,8 +264,12 @@ class Daemon:
         self._next_watchdog = 0.0
         self._watchdog_s: float | None = None
         self._events_base = (0, 0)
-        self._snapshot_source: tuple[CycleOutcome, int] | None = None
-        """The cycle and the count of later states the last snapshot was built of."""
+        self._metrics_base: tuple[CycleReport, MaintenanceStatus] | None = None
+        """What the partition metrics are built from: the last cycle's report and the
+        maintenance status, told once it took every partition's state (before its
+        passes), then at its end."""
+        self._snapshot_source: tuple[CycleReport, int] | None = None
+        """The report and the count of later states the last snapshot was built of."""
         self._unreadable: frozenset[str] = frozenset()
 
     # -- signals ----------------------------------------------------------------------------
@@ -419,9 +423,18 @@ class Daemon:
             raise
 
     def _told(self, loop: asyncio.AbstractEventLoop, news: CycleNews) -> None:
-        """From the maintenance thread: report what the running cycle did so far."""
+        """From the maintenance thread: report what the running cycle did so far (with
+        the maintenance status, taken here, once it took its partitions' states)."""
+        m = self.maintenance
+        status = m.status() if news.taken is not None and m is not None else None
         with contextlib.suppress(RuntimeError):  # the loop is closed: nobody listens
-            loop.call_soon_threadsafe(self.reporter.happened, news)
+            loop.call_soon_threadsafe(self._hear, news, status)
+
+    def _hear(self, news: CycleNews, status: MaintenanceStatus | None) -> None:
+        self.reporter.happened(news)
+        if news.taken is not None and status is not None:
+            self._metrics_base = (news.taken, status)
+            self._next_metrics = 0.0  # publish the states at the next tick
 
     async def main_loop(self) -> None:
         """Tick until asked to stop; a tick only starts background work and never waits
@@ -656,6 +669,7 @@ class Daemon:
         self.cycle_failures = 0
         self.cycles += 1
         self.last_outcome = outcome
+        self._metrics_base = (outcome.report, outcome.status)
         if self.cycles == 1 and compiled_kernels_on():
             self._spawn("build-kernels", self._build_kernels)
         report = outcome.report
@@ -728,28 +742,29 @@ class Daemon:
         clock (a partition is overdue); otherwise the last snapshot gets fresh device
         usage only, which keeps an idle daemon with thousands of partitions cheap."""
         self._record_events()
-        outcome, config, usage = self.last_outcome, self.config, self._usage
-        if outcome is None:
+        base, config, usage = self._metrics_base, self.config, self._usage
+        if base is None:
             return
+        report, status = base
         now = self.clock_ms()
         last = self.exporter.snapshot
         d = self._deadlines
         moving = d.overdue or (d.next_ms is not None and now >= d.next_ms)
         told = self.reporter.later_count
         built = self._snapshot_source
-        new = built is None or built[0] is not outcome or built[1] != told
+        new = built is None or built[0] is not report or built[1] != told
         if last is None or new or moving:
             snapshot = await asyncio.to_thread(
                 self.reporter.snapshot,
-                outcome.report,
-                self.reporter.states(outcome.report),
-                outcome.status,
+                report,
+                self.reporter.states(report),
+                status,
                 now_ms=now,
                 log_dirs=[str(p) for p in config.log_dirs],
                 usage=usage,
                 device_dirs=self._device_dirs(),
             )
-            self._snapshot_source = (outcome, told)
+            self._snapshot_source = (report, told)
         else:
             devices = build_snapshot(
                 now_ms=now, partitions=(), devices=usage, device_log_dirs=self._device_dirs()

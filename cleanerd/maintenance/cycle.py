@@ -64,7 +64,7 @@ import time
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from contextlib import AbstractContextManager, nullcontext, suppress
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Final, NamedTuple, Protocol
 
@@ -844,9 +844,15 @@ class Maintenance:
         self._last_step_errors = {(e.log_dir, e.tp, e.phase): e.reason for e in report.errors}
         return report.build(self.clock())
 
-    def _tell(self, report: _Builder) -> None:
-        """Hand what the cycle did since the last telling to `on_news`, if anything."""
-        if self.on_news is not None and (news := report.news()):
+    def _tell(self, report: _Builder, *, taken: bool = False) -> None:
+        """Hand what the cycle did since the last telling to `on_news`, if anything; with
+        `taken`, the report so far too (every partition's state is in it)."""
+        if self.on_news is None:
+            return
+        news = report.news()
+        if taken:
+            news = replace(news, taken=report.build(self.clock()))
+        if news:
             self.on_news(news)
 
     def _note(self, event: str, p: _Partition, detail: str, **fields: object) -> None:
@@ -1726,6 +1732,7 @@ class Maintenance:
             if item.tp not in marked and self.manager.is_uncleanable(item, now):
                 reason = self.manager.registry.reason(item.tp) or ""
                 report.failed.append(FailedLog(str(item.log_dir.path), item.tp, reason, False))
+        self._tell(report, taken=True)
         if not self.config.log_cleaner_enable:
             report.skip("", None, "clean", "log.cleaner.enable is false")
             return

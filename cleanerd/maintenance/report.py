@@ -305,6 +305,10 @@ class CycleNews:
     """States taken after the report's `states` (which are from before the cleaning): a
     partition's after its pass, or after a roll or deletion beside the passes. The
     metrics follow them, as Kafka's cleaner gauges follow each of its rounds."""
+    taken: CycleReport | None = None
+    """The report so far, told once the cycle has taken every partition's state, before
+    its passes: the metrics show those states from then on, not from the cycle's end
+    (the first cycle of a big host may clean for minutes)."""
 
     def __bool__(self) -> bool:
         return bool(
@@ -315,6 +319,7 @@ class CycleNews:
             or self.failed
             or self.dropped
             or self.later_states
+            or self.taken is not None
         )
 
 

@@ -34,23 +34,24 @@ def test_damage_found_before_any_pass_is_no_failed_pass() -> None:
 
 def test_the_states_follow_each_pass_not_only_each_cycle() -> None:
     """A partition's state for the metrics is the one its last pass left, told as the
-    pass ended, until a cycle that began after that pass reports a newer one: the
-    report's states are from before its cleaning. Before, a partition cleaned early in
-    a cycle of hours kept its delay, growing, until the cycle after it ended."""
-    reporter = Reporter(
-        MetricsExporter(MetricsConfig(listen="127.0.0.1:0")), RecordingPublisher, lambda: NOW_MS
-    )
+    pass ended, until a cycle takes its states again (before its passes): a cycle's
+    report has the states from before its cleaning. Before, a partition cleaned early
+    in a cycle of hours kept its delay, growing, until the cycle after it ended."""
+    exporter = MetricsExporter(MetricsConfig(listen="127.0.0.1:0"))
+    events = RecordingPublisher()
+    reporter = Reporter(exporter, lambda: events, lambda: NOW_MS)
     ma, mb = meta("a", "/d", [NOW_MS - 3_600_000, NOW_MS]), meta("b", "/d", [NOW_MS])
     a_before, b_before = state(ma), state(mb)
     a_after, b_after = state(ma, checkpoint=10), state(mb, checkpoint=5)
+    a_again = state(ma, checkpoint=7)
     first = cycle_report(NOW_MS, states=(a_before, b_before))
+    reporter.happened(CycleNews(taken=first))
     reporter.happened(CycleNews(later_states=(a_after,)))
-    reporter.cycle(first, workers=1)
     assert reporter.states(first) == (a_after, b_before)
-    reporter.happened(CycleNews(later_states=(b_after,)))  # the next cycle, in progress
-    assert reporter.states(first) == (a_after, b_after)
-    second = cycle_report(NOW_MS, states=(state(ma, checkpoint=7), b_before))
-    reporter.cycle(second, workers=1)
-    assert reporter.states(second) == (state(ma, checkpoint=7), b_after)
-    reporter.cycle(cycle_report(NOW_MS, states=second.states), workers=1)
-    assert reporter.states(second) == second.states
+    reporter.cycle(first, workers=1)  # it ended: the state its pass left still holds
+    assert reporter.states(first) == (a_after, b_before)
+    second = cycle_report(NOW_MS, states=(a_again, b_before))
+    reporter.happened(CycleNews(taken=second))  # taken after the first cycle's passes
+    assert reporter.states(second) == (a_again, b_before)
+    reporter.happened(CycleNews(later_states=(b_after,)))
+    assert reporter.states(second) == (a_again, b_after)

@@ -870,6 +870,27 @@ async def test_shutdown_is_bounded_when_a_pass_ignores_the_abort(
         engine.release()
 
 
+async def test_the_partition_metrics_come_before_the_first_cycles_passes_end(
+    config_path: Path, notify_socket: NotifyReceiver
+) -> None:
+    """The first cycle of a big host may clean for minutes: its partitions' states are
+    exported once it has taken them, while its passes still run (one is held here).
+    Before, a scrape had no partition metric until the first cycle ended."""
+    engine = BlockingEngine()
+    daemon = _blocking_daemon(config_path, notify_socket, engine, FAST)
+    try:
+        async with running(daemon):
+            await eventually(lambda: engine.submitted == [USERS], "the pass to start")
+            await eventually(
+                lambda: "cleanerd_max_dirty_ratio{" in _scrape(daemon), "the partition metrics"
+            )
+            assert daemon.cycles == 0  # the first cycle has not ended
+            text = _scrape(daemon)
+            assert _largest(text, "cleanerd_max_dirty_ratio") > 0  # users-0, before its pass
+    finally:
+        engine.release()
+
+
 async def test_a_device_going_above_its_threshold_beside_a_long_pass_is_acted_on_at_once(
     notify_socket: NotifyReceiver, tmp_path: Path
 ) -> None:
