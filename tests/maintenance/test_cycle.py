@@ -2076,13 +2076,10 @@ def _wait_for(condition: Any, what: str) -> None:
     raise AssertionError(f"timed out waiting for {what}")
 
 
-def test_retention_falling_due_beside_a_long_pass_is_not_held_by_it(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A cycle's passes may run for hours: a retention.ms that falls due meanwhile
-    deletes its segment then, not once the passes end (nor does a roll wait)."""
-    m, held, now, c, d = _cycle_beside_a_held_pass(tmp_path, monkeypatch)
-    first = tmp_path / "logs" / str(d) / f"{0:020d}.log"
+@contextlib.contextmanager
+def _cycling(m: Maintenance, held: _HeldPass) -> Iterator[tuple[threading.Thread, list[Any]]]:
+    """`m`'s cycle in a thread, its first pass submitted and held until the block ends;
+    the cycle's report is in the list once the thread ended."""
     reports: list[Any] = []
     with m:
         cycling = threading.Thread(
@@ -2091,14 +2088,25 @@ def test_retention_falling_due_beside_a_long_pass_is_not_held_by_it(
         cycling.start()
         try:
             assert held.submitted.wait(10)
-            threading.Event().wait(0.3)
-            assert first.exists()  # not due yet
-            now[0] = T0 + 20_000
-            _wait_for(lambda: not first.exists(), "the retention deletion beside the pass")
-            assert cycling.is_alive()  # the pass is still held
+            yield cycling, reports
         finally:
             held.release.set()
             cycling.join(30)
+
+
+def test_retention_falling_due_beside_a_long_pass_is_not_held_by_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cycle's passes may run for hours: a retention.ms that falls due meanwhile
+    deletes its segment then, not once the passes end (nor does a roll wait)."""
+    m, held, now, c, d = _cycle_beside_a_held_pass(tmp_path, monkeypatch)
+    first = tmp_path / "logs" / str(d) / f"{0:020d}.log"
+    with _cycling(m, held) as (cycling, reports):
+        threading.Event().wait(0.3)
+        assert first.exists()  # not due yet
+        now[0] = T0 + 20_000
+        _wait_for(lambda: not first.exists(), "the retention deletion beside the pass")
+        assert cycling.is_alive()  # the pass is still held
     (report,) = reports
     assert [(o.topic, [x.base_offset for x in o.deletions]) for o in report.retention] == [
         ("d", [0])
@@ -2116,21 +2124,11 @@ def test_what_a_cycle_does_is_told_as_it_happens_and_once(
     m, held, now, c, d = _cycle_beside_a_held_pass(tmp_path, monkeypatch)
     told: list[CycleNews] = []
     m.on_news = told.append
-    reports: list[Any] = []
-    with m:
-        cycling = threading.Thread(
-            target=lambda: reports.append(m.run_once(threading.Event())), daemon=True
-        )
-        cycling.start()
-        try:
-            assert held.submitted.wait(10)
-            now[0] = T0 + 20_000
-            _wait_for(lambda: any(n.retention for n in told), "the deletion told")
-            assert cycling.is_alive()  # the pass is still held
-            assert not any(n.cleaned for n in told)
-        finally:
-            held.release.set()
-            cycling.join(30)
+    with _cycling(m, held) as (cycling, reports):
+        now[0] = T0 + 20_000
+        _wait_for(lambda: any(n.retention for n in told), "the deletion told")
+        assert cycling.is_alive()  # the pass is still held
+        assert not any(n.cleaned for n in told)
     (report,) = reports
     assert all(told)  # nothing empty is told
     assert [o for n in told for o in n.retention] == list(report.retention)
@@ -2233,21 +2231,12 @@ def test_an_interjection_runs_disk_usage_beside_a_long_pass(
     )
     first = logs / str(d) / f"{0:020d}.log"
     held = _HeldPass()
-    reports: list[Any] = []
-    with Maintenance(cfg, held, clock=lambda: T0, usage_probe=probe) as m:
-        cycling = threading.Thread(
-            target=lambda: reports.append(m.run_once(threading.Event())), daemon=True
-        )
-        cycling.start()
-        try:
-            assert held.submitted.wait(10)
-            full[0] = True
-            m.interject()
-            _wait_for(lambda: not first.exists(), "the disk-usage deletion beside the pass")
-            assert cycling.is_alive()
-        finally:
-            held.release.set()
-            cycling.join(30)
+    m = Maintenance(cfg, held, clock=lambda: T0, usage_probe=probe)
+    with _cycling(m, held) as (cycling, reports):
+        full[0] = True
+        m.interject()
+        _wait_for(lambda: not first.exists(), "the disk-usage deletion beside the pass")
+        assert cycling.is_alive()
     (report,) = reports
     assert report.disk_usage is not None
     assert [(x.topic_partition, x.base_offset) for x in report.disk_usage.deletions] == [(d, 0)]
