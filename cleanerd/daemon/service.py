@@ -264,12 +264,14 @@ class Daemon:
         self._next_watchdog = 0.0
         self._watchdog_s: float | None = None
         self._events_base = (0, 0)
-        self._metrics_base: tuple[CycleReport, MaintenanceStatus] | None = None
-        """What the partition metrics are built from: the last cycle's report and the
-        maintenance status, told once it took every partition's state (before its
-        passes), then at its end."""
-        self._snapshot_source: tuple[CycleReport, int] | None = None
-        """The report and the count of later states the last snapshot was built of."""
+        self._taken: tuple[CycleReport, MaintenanceStatus] | None = None
+        """The report and maintenance status of the last cycle that took its partitions'
+        states (told then, before its passes; replaced by the whole report at its end):
+        the partition metrics show those states. The other numbers come from the last
+        cycle that ended (a cycle's failed steps and marks are known at its end), or
+        from this until the first one ends."""
+        self._snapshot_source: tuple[CycleReport, CycleReport, int] | None = None
+        """The two reports and the count of later states the last snapshot was built of."""
         self._unreadable: frozenset[str] = frozenset()
 
     # -- signals ----------------------------------------------------------------------------
@@ -433,7 +435,7 @@ class Daemon:
     def _hear(self, news: CycleNews, status: MaintenanceStatus | None) -> None:
         self.reporter.happened(news)
         if news.taken is not None and status is not None:
-            self._metrics_base = (news.taken, status)
+            self._taken = (news.taken, status)
             self._next_metrics = 0.0  # publish the states at the next tick
 
     async def main_loop(self) -> None:
@@ -669,7 +671,7 @@ class Daemon:
         self.cycle_failures = 0
         self.cycles += 1
         self.last_outcome = outcome
-        self._metrics_base = (outcome.report, outcome.status)
+        self._taken = (outcome.report, outcome.status)
         if self.cycles == 1 and compiled_kernels_on():
             self._spawn("build-kernels", self._build_kernels)
         report = outcome.report
@@ -742,29 +744,34 @@ class Daemon:
         clock (a partition is overdue); otherwise the last snapshot gets fresh device
         usage only, which keeps an idle daemon with thousands of partitions cheap."""
         self._record_events()
-        base, config, usage = self._metrics_base, self.config, self._usage
-        if base is None:
+        taken, outcome, config, usage = self._taken, self.last_outcome, self.config, self._usage
+        if taken is None:
             return
-        report, status = base
+        report, status = taken if outcome is None else (outcome.report, outcome.status)
         now = self.clock_ms()
         last = self.exporter.snapshot
         d = self._deadlines
         moving = d.overdue or (d.next_ms is not None and now >= d.next_ms)
-        told = self.reporter.later_count
+        source = (taken[0], report, self.reporter.later_count)
         built = self._snapshot_source
-        new = built is None or built[0] is not report or built[1] != told
-        if last is None or new or moving:
+        same = (
+            built is not None
+            and built[0] is source[0]
+            and built[1] is source[1]
+            and built[2] == source[2]
+        )
+        if last is None or not same or moving:
             snapshot = await asyncio.to_thread(
                 self.reporter.snapshot,
                 report,
-                self.reporter.states(report),
+                self.reporter.states(taken[0]),
                 status,
                 now_ms=now,
                 log_dirs=[str(p) for p in config.log_dirs],
                 usage=usage,
                 device_dirs=self._device_dirs(),
             )
-            self._snapshot_source = (report, told)
+            self._snapshot_source = source
         else:
             devices = build_snapshot(
                 now_ms=now, partitions=(), devices=usage, device_log_dirs=self._device_dirs()

@@ -317,16 +317,17 @@ class PartitionLock:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
-                if time.monotonic() >= deadline:
-                    os.close(fd)
-                    raise PartitionLockTimeout(self.path, self.timeout_s) from None
-                time.sleep(delay)
-                delay = min(delay * 2, _POLL_MAX_S)
-                continue
-            if _names(self.path, fd):
-                return fd
-            os.close(fd)  # removed or replaced while it was waited for: lock the new one
-            fd = self._open()
+                pass
+            else:
+                if _names(self.path, fd):
+                    return fd
+                os.close(fd)  # removed or replaced while it was waited for: lock the new one
+                fd = self._open()
+            if time.monotonic() >= deadline:
+                os.close(fd)
+                raise PartitionLockTimeout(self.path, self.timeout_s)
+            time.sleep(delay)
+            delay = min(delay * 2, _POLL_MAX_S)
 
     def _open(self) -> int:
         try:

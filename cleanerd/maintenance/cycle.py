@@ -513,6 +513,9 @@ class Maintenance:
         self._offline: dict[Path, str] = {}
         """The log dirs offline in the last cycle, and why (a repeat is logged at debug)."""
         self._listed: dict[Path, list[TopicPartition]] = {}
+        self._lock_files_left: dict[Path, set[TopicPartition]] = {}
+        """Per owned log dir, the gone partitions whose lock files could not be removed
+        yet (`_remove_gone_locks`); a dir not in it was never listed as owned."""
         """Each log dir's partitions when it was last listed."""
         self._maintained_in: dict[TopicPartition, Path] = {}
         """The log dir each partition is maintained in, kept while that dir is offline: a
@@ -1279,17 +1282,31 @@ class Maintenance:
         self, log_dir: LogDir, before: list[TopicPartition] | None, listed: list[TopicPartition]
     ) -> None:
         """Remove the partition lock files of `log_dir`'s partitions that are gone (their
-        topics deleted): those listed `before` and not now, and at the dir's first listing
-        by this process, any it finds (left by earlier processes). One held by another
-        process (a `produce` on its way) stays, for the next time."""
-        now = set(listed)
-        candidates = partition_locks(log_dir.state_dir, log_dir.path) if before is None else before
-        for tp in candidates:
-            if tp not in now and partition_dir_gone(log_dir.path / str(tp)):
-                try:
-                    remove_partition_lock(log_dir.state_dir, log_dir.path, tp)
-                except OSError as exc:  # an aid to the state dir's size: never a failure
-                    log.debug("lock.remove_failed", **_fields(tp, log_dir.path), error=str(exc))
+        topics deleted): those listed `before` (the dir's previous listing) and not now,
+        those left from earlier tries (held by another process then, a `produce` on its
+        way, or failing), and at the dir's first listing as its owner, any it finds (left
+        by earlier processes). An aid to the state dir's size: an error is never the
+        cycle's."""
+        now, path = set(listed), log_dir.path
+        left = self._lock_files_left.get(path)
+        try:
+            if left is None:
+                candidates = set(partition_locks(log_dir.state_dir, path))
+            else:
+                candidates = left | (set(before or ()) - now)
+        except OSError as exc:
+            log.debug("lock.remove_failed", log_dir=str(path), error=str(exc))
+            return
+        self._lock_files_left[path] = left = set()
+        for tp in candidates - now:
+            try:
+                if partition_dir_gone(path / str(tp)) and not remove_partition_lock(
+                    log_dir.state_dir, path, tp
+                ):
+                    left.add(tp)
+            except OSError as exc:
+                left.add(tp)
+                log.debug("lock.remove_failed", **_fields(tp, path), error=str(exc))
 
     def _plain_states(self, partitions: list[_Partition], report: _Builder) -> list[PartitionState]:
         """The snapshots of the partitions that are not compacted (sizes and counts for
@@ -1812,10 +1829,18 @@ class Maintenance:
         self._retention(partitions, report, now)
         report.unlinked += self.pending.run_due(now)
         changed = report.touched_since(mark)
+        cleaner: dict[Path, dict[TopicPartition, int]] = {}
         for p in partitions:
             if (str(p.log_dir.path), p.tp) in changed:
                 plog = self._plogs.get((p.log_dir.path, p.tp), p.plog)
-                self._later_state(report, p.log_dir.path, plog, p.topic, self.clock())
+                cleaned_to = None
+                if p.topic.compact:
+                    path = p.log_dir.path / CLEANER_OFFSET_CHECKPOINT
+                    with suppress(CleanerdError, OSError):  # then the next cycle reads it
+                        if path not in cleaner:
+                            cleaner[path] = OffsetCheckpointFile(path).read()
+                        cleaned_to = cleaner[path].get(p.tp)
+                self._later_state(report, plog, p.topic, self.clock(), cleaned_to)
         beside.due_ms, beside.due_known = self._next_due(partitions, now), True
         beside.ran_at_ms = self.clock()
         beside.ran_ms = beside.ran_at_ms - now
@@ -1860,26 +1885,20 @@ class Maintenance:
     def _later_state(
         self,
         report: _Builder,
-        log_dir: Path,
         plog: PartitionLog,
         topic: TopicConfig,
         now: int,
-        *,
-        cleaned_to: int | None = None,
+        cleaned_to: int | None,
     ) -> None:
         """Add `plog`'s state at `now` to `report`'s later states, for the metrics, when
         someone listens (`on_news`); one that cannot be read is read by the next cycle.
-        A compacted partition is clean up to `cleaned_to` (the end of the pass that just
-        ended), else up to its entry in the cleaner checkpoint."""
+        A compacted partition is clean up to `cleaned_to` (None: not cleaned yet)."""
         if self.on_news is None:
             return
         with suppress(CleanerdError, OSError):
             meta = plog.meta()
             ltc = None
             if topic.compact:
-                if cleaned_to is None:
-                    cleaner = OffsetCheckpointFile(log_dir / CLEANER_OFFSET_CHECKPOINT)
-                    cleaned_to = cleaner.read().get(plog.topic_partition)
                 ltc = topic_log_to_clean(meta, topic, checkpoint=cleaned_to, now_ms=now)
             report.later_states.append(_state(meta, topic, ltc))
 
@@ -1907,9 +1926,7 @@ class Maintenance:
                 )
             if not item.plog.read_only:
                 item.plog.take_snapshot()  # the state at the end of the cleaned log
-            self._later_state(
-                report, item.log_dir.path, item.plog, item.topic, now, cleaned_to=result.end_offset
-            )
+            self._later_state(report, item.plog, item.topic, now, result.end_offset)
             # A pass that stopped short of its range (the offset map filled up) made
             # progress and has more to do: the partition goes back in the queue. One that
             # covered its range is looked at once more: it is eligible again only when

@@ -42,7 +42,7 @@ from cleanerd.daemon.service import Daemon, ServiceState, Timings
 from cleanerd.daemon.systemd import Notifier
 from cleanerd.daemon.triggers import Deadlines
 from cleanerd.daemon.watcher import PartitionKey
-from cleanerd.engine.base import CleanJob
+from cleanerd.engine.base import CleanJob, PassNotStarted
 from cleanerd.log.checkpoint import OffsetCheckpointFile
 from cleanerd.log.files import TopicPartition
 from cleanerd.log.known_segments import known_segments_path
@@ -887,6 +887,43 @@ async def test_the_partition_metrics_come_before_the_first_cycles_passes_end(
             assert daemon.cycles == 0  # the first cycle has not ended
             text = _scrape(daemon)
             assert _largest(text, "cleanerd_max_dirty_ratio") > 0  # users-0, before its pass
+    finally:
+        engine.release()
+
+
+class _FailingFirst(BlockingEngine):
+    """Fails its first pass as an engine does (nothing started); holds the others."""
+
+    def submit_clean(self, job: CleanJob) -> Future[CleanResult]:
+        future = super().submit_clean(job)
+        if len(self.submitted) == 1:
+            self._running.pop(job.tp)
+            future.set_exception(PassNotStarted(job.tp, OSError("injected")))
+        return future
+
+
+async def test_a_cycles_failed_steps_stay_exported_while_the_next_one_runs(
+    config_path: Path, notify_socket: NotifyReceiver, tmp_path: Path
+) -> None:
+    """The partition gauges come from the states a cycle took before its passes, but a
+    step that failed in the last cycle stays counted in `cleanerd_failed_steps` while
+    the next one runs: that one's failures are known at its end. Taken from the running
+    cycle's report, the gauge fell to 0 for as long as its passes ran."""
+    engine = _FailingFirst()
+    daemon = _blocking_daemon(config_path, notify_socket, engine, FAST)
+    failed = f'cleanerd_failed_steps{{log_dir="{tmp_path / "data"}"}}'
+    try:
+        async with running(daemon):
+            await eventually(lambda: failed in _scrape(daemon), "the first cycle exported")
+            await eventually(lambda: _sample(_scrape(daemon), failed) == 1, "the failed pass")
+            daemon.request_cycle()
+            await eventually(lambda: engine.submitted == [USERS, USERS], "the second pass")
+            await asyncio.sleep(0.5)  # ticks: the second cycle's states are exported
+            taken, ended = daemon._taken, daemon.last_outcome
+            assert taken is not None
+            assert ended is not None
+            assert taken[0] is not ended.report  # the second cycle took its states
+            assert _sample(_scrape(daemon), failed) == 1
     finally:
         engine.release()
 

@@ -1970,8 +1970,8 @@ def test_a_future_timestamp_is_judged_against_the_clock_read_again(
 def test_the_lock_files_of_partitions_gone_are_removed(tmp_path: Path, engine: LocalEngine) -> None:
     """A partition deleted (its topic) loses its lock file in the state dir at the next
     cycle, as do those earlier processes left of partitions gone, at the first; one a
-    process holds stays. Before, the state dir kept a file for every partition that
-    ever was."""
+    process holds stays until a cycle finds it free. Before, the state dir kept a file
+    for every partition that ever was."""
     logs, state = tmp_path / "logs", tmp_path / "state"
     kept, deleted = TopicPartition("d", 0), TopicPartition("d", 1)
     for tp in (kept, deleted):
@@ -1989,8 +1989,28 @@ def test_the_lock_files_of_partitions_gone_are_removed(tmp_path: Path, engine: L
             shutil.rmtree(logs / str(deleted))
             m.run_once()
             assert sorted(partition_locks(state, logs)) == [kept, held]
+            holder.release()
+            m.run_once()
+            assert partition_locks(state, logs) == [kept]
     finally:
-        holder.release()
+        if holder._depth:
+            holder.release()
+
+
+def test_a_lock_file_that_cannot_be_looked_at_fails_no_cycle(
+    tmp_path: Path, engine: LocalEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The removal of gone partitions' lock files only keeps the state dir small: an
+    error in it (the locks dir unreadable, say) fails no step of the cycle."""
+
+    def unreadable(*_args: Any) -> list[TopicPartition]:
+        raise PermissionError(errno.EACCES, "Permission denied")
+
+    monkeypatch.setattr(cycle, "partition_locks", unreadable)
+    build(tmp_path, TopicPartition("d", 0), [records(range(3), T0)])
+    with Maintenance(write_config(tmp_path, {"d": {}}), engine, clock=lambda: T0) as m:
+        report = m.run_once()
+    assert (report.errors, report.offline) == ((), ())
 
 
 def test_a_pause_during_a_cycle_stops_its_rolls_and_deletions(
