@@ -1828,19 +1828,7 @@ class Maintenance:
         self._roll(partitions, report, now)
         self._retention(partitions, report, now)
         report.unlinked += self.pending.run_due(now)
-        changed = report.touched_since(mark)
-        cleaner: dict[Path, dict[TopicPartition, int]] = {}
-        for p in partitions:
-            if (str(p.log_dir.path), p.tp) in changed:
-                plog = self._plogs.get((p.log_dir.path, p.tp), p.plog)
-                cleaned_to = None
-                if p.topic.compact:
-                    path = p.log_dir.path / CLEANER_OFFSET_CHECKPOINT
-                    with suppress(CleanerdError, OSError):  # then the next cycle reads it
-                        if path not in cleaner:
-                            cleaner[path] = OffsetCheckpointFile(path).read()
-                        cleaned_to = cleaner[path].get(p.tp)
-                self._later_state(report, plog, p.topic, self.clock(), cleaned_to)
+        self._changed_states(partitions, report.touched_since(mark), report)
         beside.due_ms, beside.due_known = self._next_due(partitions, now), True
         beside.ran_at_ms = self.clock()
         beside.ran_ms = beside.ran_at_ms - now
@@ -1881,6 +1869,35 @@ class Maintenance:
             future = Future()
             future.set_exception(PassNotStarted(job.tp, exc))
         return future, _Running(candidate, job, now)
+
+    def _changed_states(
+        self,
+        partitions: list[_Partition],
+        changed: set[tuple[str, TopicPartition]],
+        report: _Builder,
+    ) -> None:
+        """The later states of the partitions a step beside the passes `changed` (for a
+        listener only: `_later_state`)."""
+        if self.on_news is None:
+            return
+        cleaner: dict[Path, dict[TopicPartition, int] | None] = {}
+        for p in partitions:
+            if (str(p.log_dir.path), p.tp) not in changed:
+                continue
+            cleaned_to = None
+            if p.topic.compact:
+                path = p.log_dir.path / CLEANER_OFFSET_CHECKPOINT
+                if path not in cleaner:
+                    try:
+                        cleaner[path] = OffsetCheckpointFile(path).read()
+                    except (CleanerdError, OSError):
+                        cleaner[path] = None
+                offsets = cleaner[path]
+                if offsets is None:
+                    continue  # its state waits for the next cycle, which reads it again
+                cleaned_to = offsets.get(p.tp)
+            plog = self._plogs.get((p.log_dir.path, p.tp), p.plog)
+            self._later_state(report, plog, p.topic, self.clock(), cleaned_to)
 
     def _later_state(
         self,
