@@ -46,7 +46,8 @@ partition that ever was. Removal is safe beside acquirers because of how both wo
 remover unlinks the file only while it holds its `flock`, and an acquirer, once it has
 the `flock`, checks that the path still names the file it locked (device and inode) and
 starts again otherwise. Whoever holds a partition lock therefore holds it on the file
-the path names, the one every later acquirer opens.
+the path names, the one every later acquirer opens. (A process of a cleanerd from before
+the check does not make it: the processes that share a state dir are upgraded together.)
 """
 
 from __future__ import annotations
