@@ -6,14 +6,13 @@ reason, a pass with its statistics, a partition found uncleanable, a requested p
 dropped without running), `log.cleaned` lines (rolls and deletions are logged by the log
 layer as they happen) and the pass counters of the exporter: a cycle whose passes run
 for hours does not hold back the news of the passes that ended and of the deletions made
-beside them. After each cycle, `Reporter.cycle` keeps its last passes' statistics.
-`Reporter.snapshot` builds the metrics model from the partitions' latest states
-(`Reporter.states`: those the last cycle took before its passes, told then, each
+beside them. `Reporter.snapshot` builds the metrics model from the partitions' latest
+states (`Reporter.states`: those the last cycle took before its passes, told then, each
 replaced by a later one told since) aged to the present (`PartitionState.aged`: delays
 grow with the clock without reading a file), the maintenance status, the devices' usage
-and the last passes' statistics (Kafka's cleaner gauges are maxima over each worker's
-last round). Events are queued, never awaited: a slow or absent broker never slows a
-cycle.
+and the statistics of the last passes, one per worker (Kafka's cleaner gauges are maxima
+over each worker's last round). Events are queued, never awaited: a slow or absent
+broker never slows a cycle.
 """
 
 from __future__ import annotations
@@ -92,8 +91,10 @@ class Reporter:
         log.warning("disk.pressure_detected", **data)
         self.emit("disk.pressure", data)
 
-    def happened(self, news: CycleNews) -> None:
-        """Events, log lines and pass counters for what a cycle did since it last told."""
+    def happened(self, news: CycleNews, *, workers: int) -> None:
+        """Events, log lines, pass counters and states for what a cycle did since it last
+        told; the statistics of the last `workers` passes are kept (Kafka's cleaner
+        gauges are over each worker's last round, whichever cycle it was in)."""
         for r in news.rolled:
             self.emit(
                 "segment.rolled",
@@ -147,17 +148,13 @@ class Reporter:
             ids: list[JsonValue] = list(dropped.request_ids)
             data = {"reason": dropped.reason, "ids": ids}
             self.emit("clean.request_dropped", data, tp=dropped.tp, log_dir=dropped.log_dir)
+        if news.cleaned:
+            self.last_stats = (self.last_stats + tuple(c.stats for c in news.cleaned))[-workers:]
         if news.taken is not None:  # newer than any later state told before
             self._later = {}
         for state in news.later_states:
             self._later[_key(state)] = state
         self.later_count += len(news.later_states)
-
-    def cycle(self, report: CycleReport, *, workers: int) -> None:
-        """Keep the statistics of the last pass of each worker of a cycle that ended
-        (what it did was told as it happened: `happened`)."""
-        if report.cleaned:
-            self.last_stats = tuple(c.stats for c in report.cleaned[-workers:])
 
     def states(self, report: CycleReport) -> tuple[PartitionState, ...]:
         """The partitions' latest states: those of `report` (the last cycle's, from when it

@@ -433,7 +433,7 @@ class Daemon:
             loop.call_soon_threadsafe(self._hear, news, status)
 
     def _hear(self, news: CycleNews, status: MaintenanceStatus | None) -> None:
-        self.reporter.happened(news)
+        self.reporter.happened(news, workers=self.config.log_cleaner_threads)
         if news.taken is not None and status is not None:
             self._taken = (news.taken, status)
             self._next_metrics = 0.0  # publish the states at the next tick
@@ -679,7 +679,6 @@ class Daemon:
             tp for d in self.config.log_dirs for tp in outcome.status.uncleanable.in_dir(str(d))
         )
         self._deadlines = deadlines(report, uncleanable=marked)
-        self.reporter.cycle(report, workers=self.config.log_cleaner_threads)
         self._on_delta(outcome.changes, own=touched_partitions(outcome.report))
         disk = report.disk_usage
         fields = {

@@ -21,7 +21,8 @@ from typing import Any
 import pytest
 
 from cleanerd.compaction.horizon import HorizonCache
-from cleanerd.daemon.service import Daemon
+from cleanerd.config import Config
+from cleanerd.daemon.service import CycleOutcome, Daemon
 from cleanerd.log.checkpoint import LOG_START_OFFSET_CHECKPOINT, OffsetCheckpointFile
 from cleanerd.log.log_dir import LogDir
 from cleanerd.maintenance.report import CycleReport
@@ -34,15 +35,16 @@ LEAD_MS = 2_500
 
 
 def _recorded(daemon: Daemon) -> list[CycleReport]:
-    """Every report the daemon's cycles hand to its reporter, in order."""
+    """The report of every cycle the daemon runs, in order."""
     reports: list[CycleReport] = []
-    original = daemon.reporter.cycle
+    original = daemon._run_cycle
 
-    def cycle(report: CycleReport, *, workers: int) -> None:
-        reports.append(report)
-        original(report, workers=workers)
+    def run_cycle(config: Config, *, act: bool) -> CycleOutcome:
+        outcome = original(config, act=act)
+        reports.append(outcome.report)
+        return outcome
 
-    daemon.reporter.cycle = cycle  # type: ignore[method-assign]
+    daemon._run_cycle = run_cycle  # type: ignore[method-assign]
     return reports
 
 
