@@ -366,13 +366,10 @@ class _Builder:
     def _disk_deleted(self) -> tuple[DiskDeletion, ...]:
         return () if self.disk_usage is None else self.disk_usage.deleted
 
-    def mark(self) -> tuple[int, int, int]:
-        """Where the rolls and deletions so far end (`touched_since`)."""
-        return len(self.rolled), len(self.retention), len(self._disk_deleted())
-
-    def touched_since(self, mark: tuple[int, int, int]) -> set[tuple[str, TopicPartition]]:
-        """The partitions (log dir, topic-partition) rolled or deleted from since `mark`."""
-        rolled, retained, disk = mark
+    def touched_untold(self) -> set[tuple[str, TopicPartition]]:
+        """The partitions (log dir, topic-partition) rolled or deleted from since the last
+        `news`."""
+        rolled, retained, disk = self._told[:3]
         return (
             {(r.log_dir, r.tp) for r in self.rolled[rolled:]}
             | {(o.log_dir, TopicPartition(o.topic, o.partition)) for o in self.retention[retained:]}
@@ -513,10 +510,10 @@ class Maintenance:
         self._offline: dict[Path, str] = {}
         """The log dirs offline in the last cycle, and why (a repeat is logged at debug)."""
         self._listed: dict[Path, list[TopicPartition]] = {}
+        """Each log dir's partitions when it was last listed."""
         self._lock_files_left: dict[Path, set[TopicPartition]] = {}
         """Per owned log dir, the gone partitions whose lock files could not be removed
         yet (`_remove_gone_locks`); a dir not in it was never listed as owned."""
-        """Each log dir's partitions when it was last listed."""
         self._maintained_in: dict[TopicPartition, Path] = {}
         """The log dir each partition is maintained in, kept while that dir is offline: a
         copy that appears in another dir (one that came online with a stale copy) does
@@ -1824,11 +1821,11 @@ class Maintenance:
             reason="asked" if asked else "time rule due",
             running=sorted(str(r.job.tp) for r in running),
         )
-        mark = report.mark()
+        self._tell(report)  # so that what the steps change is what is left to tell
         self._roll(partitions, report, now)
         self._retention(partitions, report, now)
         report.unlinked += self.pending.run_due(now)
-        self._changed_states(partitions, report.touched_since(mark), report)
+        self._changed_states(partitions, report)
         beside.due_ms, beside.due_known = self._next_due(partitions, now), True
         beside.ran_at_ms = self.clock()
         beside.ran_ms = beside.ran_at_ms - now
@@ -1870,16 +1867,12 @@ class Maintenance:
             future.set_exception(PassNotStarted(job.tp, exc))
         return future, _Running(candidate, job, now)
 
-    def _changed_states(
-        self,
-        partitions: list[_Partition],
-        changed: set[tuple[str, TopicPartition]],
-        report: _Builder,
-    ) -> None:
-        """The later states of the partitions a step beside the passes `changed` (for a
-        listener only: `_later_state`)."""
+    def _changed_states(self, partitions: list[_Partition], report: _Builder) -> None:
+        """The later states of the partitions the steps beside the passes changed, all
+        else having been told before them (for a listener only: `_later_state`)."""
         if self.on_news is None:
             return
+        changed = report.touched_untold()
         cleaner: dict[Path, dict[TopicPartition, int] | None] = {}
         for p in partitions:
             if (str(p.log_dir.path), p.tp) not in changed:
