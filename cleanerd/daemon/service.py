@@ -270,8 +270,9 @@ class Daemon:
         the partition metrics show those states. The other numbers come from the last
         cycle that ended (a cycle's failed steps and marks are known at its end), or
         from this until the first one ends."""
-        self._snapshot_source: tuple[CycleReport, CycleReport, int] | None = None
-        """The two reports and the count of later states the last snapshot was built of."""
+        self._snapshot_source: tuple[tuple[CycleReport, MaintenanceStatus], int] | None = None
+        """The `_taken` and the count of later states the last snapshot was built of (a
+        cycle's end replaces `_taken` and `last_outcome` together)."""
         self._unreadable: frozenset[str] = frozenset()
 
     # -- signals ----------------------------------------------------------------------------
@@ -751,15 +752,9 @@ class Daemon:
         last = self.exporter.snapshot
         d = self._deadlines
         moving = d.overdue or (d.next_ms is not None and now >= d.next_ms)
-        source = (taken[0], report, self.reporter.later_count)
+        told = self.reporter.later_count
         built = self._snapshot_source
-        same = (
-            built is not None
-            and built[0] is source[0]
-            and built[1] is source[1]
-            and built[2] == source[2]
-        )
-        if last is None or not same or moving:
+        if last is None or moving or built is None or built[0] is not taken or built[1] != told:
             snapshot = await asyncio.to_thread(
                 self.reporter.snapshot,
                 report,
@@ -770,7 +765,7 @@ class Daemon:
                 usage=usage,
                 device_dirs=self._device_dirs(),
             )
-            self._snapshot_source = source
+            self._snapshot_source = (taken, told)
         else:
             devices = build_snapshot(
                 now_ms=now, partitions=(), devices=usage, device_log_dirs=self._device_dirs()
