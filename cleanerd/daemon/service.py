@@ -49,7 +49,8 @@ Lifecycle and signals:
 - startup: check the configured dirs (`config.check_paths`, so an unusable one is
   reported by its key; the daemon starts unless the state dir or every log dir is
   unusable, the others going offline), bind the metrics endpoint (before a log dir is
-  touched: a port clash changes nothing on disk), open the log dirs, start MQTT (in the
+  touched: a port clash changes nothing on disk; one with another daemon that owns a
+  log dir of this state dir is named as that owner), open the log dirs, start MQTT (in the
   background: a missing broker never delays startup), first watcher scan, then `READY=1`;
 - SIGHUP (or the `reload` command): `RELOADING=1` with `MONOTONIC_USEC`, read and validate
   the whole file (`reload.plan_reload`), apply it or keep the old one, `READY=1`;
@@ -119,7 +120,7 @@ from cleanerd.daemon.watcher import LogDirWatcher, PartitionKey, WatchDelta
 from cleanerd.engine import Engine, create_engine
 from cleanerd.engine.first_reads import ReaderPool
 from cleanerd.engine.lifeline import owner_env
-from cleanerd.errors import CleanerdError, ConfigError
+from cleanerd.errors import CleanerdError, ConfigError, LogDirLockedError
 from cleanerd.log.files import TopicPartition
 from cleanerd.log.ownership import Holder
 from cleanerd.log_setup import configure_logging, partition_context
@@ -363,7 +364,15 @@ class Daemon:
         # marker, so a port clash found after it would cost the next start (cleanerd's
         # or a broker's) a full recovery. Until the first refresh a scrape gets the
         # service's own families.
-        self.exporter.start()
+        try:
+            self.exporter.start()
+        except OSError as exc:
+            # Most often a second daemon of the same config, whose endpoint holds the
+            # port: named as the open would name it, not by the port it also holds.
+            refused = await asyncio.to_thread(self._owned_by_another_daemon)
+            if refused is not None:
+                raise refused from exc
+            raise
         await asyncio.to_thread(self._wait_for_one_shot_owners)
         if self.should_exit:
             return  # stopped while it waited: nothing was opened
@@ -400,6 +409,17 @@ class Daemon:
             elif time.monotonic() >= deadline:
                 return  # the open leaves it offline, tried again every cycle
             time.sleep(OWNER_POLL_S)
+
+    def _owned_by_another_daemon(self) -> LogDirLockedError | None:
+        """The refusal the open gives for the first log dir that another cleanerd daemon
+        of this state dir owns; None when none does (or nothing is to be owned)."""
+        if self.config.observe:
+            return None
+        for log_dir in self.config.log_dirs:
+            h = self._holder(log_dir)
+            if h is not None and h.cleanerd and not h.ends_by_itself:
+                return LogDirLockedError(log_dir, h.refusal())
+        return None
 
     def _holder(self, log_dir: Path) -> Holder | None:
         """Who holds `log_dir`; None when it cannot be looked at (the open says why)."""

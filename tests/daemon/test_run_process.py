@@ -3,6 +3,7 @@ the test reads, real signals, the log on stderr and the metrics over HTTP."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -267,22 +268,28 @@ def test_a_metrics_port_in_use_fails_startup_before_a_log_dir_is_touched(
 
 def test_second_owner_is_refused_naming_the_first(tmp_path: Path) -> None:
     """While one cleanerd process owns the log dir (here this test, through the same state
-    dir, as a running daemon would), `cleanerd run` and `cleanerd clean` on the same
-    config exit 1 naming its pid, and write nothing."""
+    dir, as a running daemon would, its metrics endpoint on the config's port too),
+    `cleanerd run` and `cleanerd clean` on the same config exit 1 naming its pid, and
+    write nothing. `run` said only that the port was in use: it binds the port before it
+    opens a dir."""
     data, state = tmp_path / "data", tmp_path / "state"
     data.mkdir()
     config = tmp_path / "cleanerd.yaml"
-    config.write_text(
-        yaml.safe_dump(
-            {
-                "log.dirs": [str(data)],
-                "state_dir": str(state),
-                "metrics": {"listen": "127.0.0.1:0"},
-                "logging": {"format": "json"},
-            }
+    with contextlib.ExitStack() as held:
+        endpoint = held.enter_context(socket.socket())
+        endpoint.bind(("127.0.0.1", 0))
+        endpoint.listen()
+        first = held.enter_context(LogDir.open(data, state_dir=state))
+        config.write_text(
+            yaml.safe_dump(
+                {
+                    "log.dirs": [str(data)],
+                    "state_dir": str(state),
+                    "metrics": {"listen": f"127.0.0.1:{endpoint.getsockname()[1]}"},
+                    "logging": {"format": "json"},
+                }
+            )
         )
-    )
-    with LogDir.open(data, state_dir=state) as first:
         assert first.mode is Mode.OWNER
         before = sorted(p.name for p in data.iterdir())
         for command in ("run", "clean"):
