@@ -18,8 +18,9 @@ the log dirs (a typo, a partition's dir name, a topic with no replica on this ho
 named among what was left alone, and does not change the exit status. Output: the rolls,
 deletions, disk usage, Kafka's stats block for each pass, partitions found uncleanable,
 steps that failed (a partition that could not be opened, rolled or retained, with the
-reason) and the partitions and log dirs left alone; `--json` prints the `CycleReport` as
-one JSON document. Exit status 1 when a pass or a step failed, a log dir was offline (it
+reason), the partitions and log dirs left alone, and the writes of the clean stop after
+the cycle that failed; `--json` prints the `CycleReport` as one JSON document (and
+`stop_errors`). Exit status 1 when a pass or a step failed, a log dir was offline (it
 could not be opened, or its root checkpoint files could not be read: the other dirs are
 maintained all the same), or a log dir could not be owned: one that another cleanerd
 process owns (a running daemon) is an error before anything is done, naming its pid; one
@@ -31,6 +32,7 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Final
 
@@ -89,8 +91,9 @@ ARGS: Final[tuple[Arg, ...]] = (
 )
 
 
-def render_text(report: CycleReport) -> list[str]:
-    """The report as terminal lines."""
+def render_text(report: CycleReport, stop_errors: Sequence[str] = ()) -> list[str]:
+    """The report as terminal lines; `stop_errors`: what the writes of a clean stop after
+    the cycle (flushes, snapshots, checkpoints) failed with, each naming its file."""
     lines = [
         f"{r.tp}: rolled segment {r.base_offset} ({r.reason}"
         + (f", first batch {r.waited_ms} ms old" if r.waited_ms is not None else "")
@@ -146,13 +149,15 @@ def render_text(report: CycleReport) -> list[str]:
         what = "left alone" if s.phase == "discover" else f"{s.phase} skipped"
         lines.append(f"{where}: {what}: {s.reason}")
     lines += [f"{o.log_dir}: offline, left alone: {o.reason}" for o in report.offline]
+    lines += [f"stop: checkpoint failed: {e}" for e in stop_errors]
     lines.append(
         f"{count(len(report.rolled), 'segment')} rolled, "
         f"{sum(len(o.deletions) for o in report.retention)} deleted by retention, "
         f"{len(disk.deletions) if disk is not None and not disk.dry_run else 0} "
         f"deleted for disk usage"
     )
-    errors = f", {count(len(report.errors), 'step')} failed" if report.errors else ""
+    failed = len(report.errors) + len(stop_errors)
+    errors = f", {count(failed, 'step')} failed" if failed else ""
     if report.offline:
         errors += f", {count(len(report.offline), 'log dir')} offline"
     lines.append(
@@ -168,8 +173,8 @@ def _percent(used: int, total: int) -> str:
 
 def run(args: argparse.Namespace) -> int:
     """The `clean` subcommand; exit status 1 if any step failed (opening, rolling,
-    retention, cleaning a partition), a log dir was offline or could not be owned (see
-    above)."""
+    retention, cleaning a partition, a write of the stop), a log dir was offline or could
+    not be owned (see above)."""
     config = load_config(args.config)
     # Log lines go to stderr, so stdout holds only the report (`--json` stays parseable).
     log_to_stderr(config.logging.format, config.logging.level)
@@ -200,9 +205,9 @@ def run(args: argparse.Namespace) -> int:
             held = any(d.held_by is not None for d in maintenance.log_dirs)
             # What a clean stop leaves (flushed, snapshots, checkpoints, Kafka's marker),
             # so the next open of these dirs reads no segment it need not.
-            stop_errors = maintenance.checkpoint(clean_stop=True)
-            for exc in stop_errors:
-                log.error("shutdown.checkpoint_failed", error=str(exc))
+            stop_errors = [str(exc) for exc in maintenance.checkpoint(clean_stop=True)]
+            for error in stop_errors:
+                log.error("shutdown.checkpoint_failed", error=error)
             unlinked = maintenance.close(unlink_pending=True)
     except BaseException:
         if progress.segments_total:
@@ -213,7 +218,8 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         doc = report.to_json()
         doc["unlinked"] += [str(p) for p in unlinked]
+        doc["stop_errors"] = stop_errors
         print(json.dumps(doc, indent=1))
     else:
-        print("\n".join(render_text(report)))
+        print("\n".join(render_text(report, stop_errors)))
     return 1 if report.failed or report.errors or report.offline or held or stop_errors else 0

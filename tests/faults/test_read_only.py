@@ -15,7 +15,9 @@ from pathlib import Path
 
 import pytest
 
+from cleanerd.cli import main
 from cleanerd.log.files import TopicPartition
+from cleanerd.maintenance.cycle import Maintenance
 from tests.faults.workload import (
     TP,
     Workload,
@@ -129,6 +131,39 @@ def test_unwritable_checkpoint_at_shutdown_is_an_error_and_fails_the_exit(
     assert "Traceback" not in out
     assert "never retrieved" not in out
     verify(data / str(TP), work)
+
+
+@pytest.mark.parametrize("as_json", [False, True], ids=["text", "json"])
+def test_unwritable_checkpoint_at_the_end_of_clean_is_printed_with_the_failure(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    as_json: bool,
+) -> None:
+    """The log dir's root turns unwritable once `clean`'s cycle is done, as it writes
+    what a clean stop leaves: exit 1, and the report says why, naming the checkpoint
+    file, among the failed steps. It printed no failure at all: the reason was only in
+    the log on stderr."""
+    data, state = tmp_path / "data", tmp_path / "state"
+    write_partition(data, state, records=2_000, keys=200, segment_bytes=SEGMENT_BYTES, ts=TS)
+    config = write_config(tmp_path / "c.yaml", data, state)
+    stop = Maintenance.checkpoint
+
+    def unwritable_at_stop(self: Maintenance, *, clean_stop: bool = False) -> list[object]:
+        with immutable(data):
+            return list(stop(self, clean_stop=clean_stop))
+
+    monkeypatch.setattr(Maintenance, "checkpoint", unwritable_at_stop)
+    assert main(["clean", "-c", str(config), *(["--json"] if as_json else [])]) == 1
+    out = capsys.readouterr().out
+    file = str(data / "recovery-point-offset-checkpoint")
+    if as_json:
+        [error] = json.loads(out)["stop_errors"]
+        assert file in error, out
+    else:
+        [failed] = [x for x in out.splitlines() if x.startswith("stop: checkpoint failed: ")]
+        assert file in failed, out
+        assert out.splitlines()[-1].endswith(", 1 step failed"), out
 
 
 def test_read_only_partition_dir_fails_clean_naming_the_file(tmp_path: Path) -> None:
