@@ -78,6 +78,7 @@ from cleanerd.compaction.cleaner import (
 )
 from cleanerd.compaction.manager import (
     Candidate,
+    CleaningState,
     CompactedLog,
     DroppedRequest,
     LogCleanerManager,
@@ -1550,7 +1551,7 @@ class Maintenance:
         with self.manager.retention_hold([(p.tp, p.topic) for p in wanted], now) as granted:
             held = set(granted)  # a set: `in` on the list is quadratic over 10,000 partitions
             for p in wanted:
-                if p.tp not in held:
+                if p.tp not in held and not self._in_its_pass(p):
                     report.skip(p.log_dir.path, p.tp, "retention", self._why_held(p))
             try:
                 if not self._retain(granted, by_tp, report, now, changed):
@@ -1646,6 +1647,13 @@ class Maintenance:
         """Mark `item` uncleanable for `reason`, and list it among the cycle's failed."""
         self.manager.mark_uncleanable(item, reason, now_ms)
         report.failed.append(FailedLog(str(item.log_dir.path), item.tp, reason, during_pass))
+
+    def _in_its_pass(self, p: _Partition) -> bool:
+        """A compacted partition without `delete` whose pass is running: the retention
+        step passes it by without a word, as Kafka's cleaner-driven retention passes a
+        log being cleaned (only the log start offset rule applies to it, and the next
+        cycle applies it)."""
+        return not p.topic.delete and self.manager.state(p.tp) is CleaningState.IN_PROGRESS
 
     def _why_held(self, p: _Partition) -> str:
         state = self.manager.state(p.tp)
