@@ -5,7 +5,8 @@ observer beside a live broker), or a loader after a crash in the middle of one, 
 valid prefix followed by part of a batch: zeros (blocks allocated, not yet written), a
 batch whose declared length runs past the end of the file, a last batch whose bytes
 are all there but whose CRC does not match yet, or such a batch followed by zeros to
-the end of the file (the write cut short in a file extended past it).
+the end of the file (the write cut short in a file extended past it), or only the first
+bytes of a batch header followed by zeros (so in a preallocated file).
 `torn_tail_reason` tells such a tail from damage: a tail is an append in flight (or cut
 short) only when nothing valid follows it and it has one of those shapes; anything else
 is corruption to report, never to cut or skip. A whole batch whose offsets are out of
@@ -32,7 +33,7 @@ from cleanerd.records.header import (
     RECORD_BATCH_OVERHEAD,
     Buffer,
 )
-from cleanerd.records.walker import BadOffsetError, Walk, walk
+from cleanerd.records.walker import U8, BadOffsetError, Walk, walk
 
 ZERO_TAIL: Final = "zero bytes after the last batch"
 
@@ -69,7 +70,26 @@ def torn_tail_reason(buf: Buffer, scan: Walk, *, flushed_to: int = 0) -> str | N
             # itself was cut (some of its pages may be zeros too), as when a crash
             # interrupts an append to a preallocated or extended file.
             return f"last batch fails its CRC, zero bytes after it: {scan.error.reason}"
+        if _header_cut_before_zeros(data, start, scan.last_offset):
+            # The same with less of the batch written: only its first bytes (the base
+            # offset, maybe the length), as a reader beside a broker appending to a
+            # preallocated segment (`log.preallocate`) sees it, or a crash leaves it.
+            return f"a batch header cut short, zero bytes after it: {scan.error.reason}"
     return None
+
+
+def _header_cut_before_zeros(data: U8, start: int, last_offset: int) -> bool:
+    """Whether the bytes at `start` are the first bytes of a batch header and nothing
+    but zeros follows them to the end: a base offset past the valid prefix's last
+    offset, and a length either not written yet or one that fits."""
+    written = np.flatnonzero(data[start:])
+    if not len(written) or int(written[-1]) >= RECORD_BATCH_OVERHEAD:
+        return False
+    head = data[start : start + PREFIX_SIZE].tobytes()
+    base = int.from_bytes(head[:8], "big", signed=True)
+    length = int.from_bytes(head[LENGTH_OFFSET : LENGTH_OFFSET + 4], "big", signed=True)
+    fits = RECORD_BATCH_OVERHEAD <= length + LOG_OVERHEAD <= len(data) - start
+    return base > last_offset and (length == 0 or fits)
 
 
 def _first_offset_after(buf: Buffer, scan: Walk) -> int:

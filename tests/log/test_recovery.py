@@ -480,6 +480,47 @@ def test_a_half_written_last_batch_before_zeros_is_cut(tmp_path: Path) -> None:
     assert offsets_and_values(plog) == ORIGINAL
 
 
+@pytest.mark.parametrize("written", [8, 12, 16])
+def test_the_first_bytes_of_a_batch_header_before_zeros_are_cut(
+    tmp_path: Path, written: int
+) -> None:
+    """Only the first bytes of the last batch's header (its base offset, its length, not
+    yet its magic) reached a file extended past it with zeros, as in a preallocated
+    segment (`log.preallocate`) whose append was cut or is being read while it happens:
+    cut as a torn tail too. It was reported as a corrupt batch ('batch size 12 is below
+    the magic 0 minimum'), and an observer called the partition unreadable."""
+    path = _build(tmp_path)
+    batch = encode_records([kv("x", "last" * 20)], 20)
+    torn = batch[:written] + bytes(8000)
+    active = _active_log(path)
+    size = active.stat().st_size
+    with open(active, "ab") as f:
+        f.write(torn)
+    plog = _open(path)
+    assert plog.corrupt is None
+    (cut,) = plog.recovery_report.truncated
+    assert (cut.position, cut.bytes_cut) == (size, len(torn))
+    assert "a batch header cut short, zero bytes after it" in cut.reason
+    assert offsets_and_values(plog) == ORIGINAL
+
+
+def test_a_header_before_zeros_whose_offset_goes_back_is_damage(tmp_path: Path) -> None:
+    """The same bytes with a base offset at or below the last one before them are no
+    append: reported at their position, nothing cut."""
+    path = _build(tmp_path)
+    batch = encode_records([kv("x", "last" * 20)], 19)
+    active = _active_log(path)
+    size = active.stat().st_size
+    with open(active, "ab") as f:
+        f.write(batch[:12] + bytes(8000))
+    before = active.read_bytes()
+    plog = _open(path)
+    assert isinstance(plog.corrupt, CorruptRecordError)
+    assert plog.corrupt.position == size
+    assert plog.recovery_report.truncated == []
+    assert active.read_bytes() == before
+
+
 def test_a_last_batch_failing_its_crc_where_the_log_was_flushed_is_damage(
     tmp_path: Path,
 ) -> None:
