@@ -41,6 +41,7 @@ from cleanerd.records.header import (
 )
 
 _SIZE_AND_MAGIC: Final = struct.Struct(">i4xb")  # from LENGTH_OFFSET: length, epoch, magic
+_OFFSET: Final = struct.Struct(">q")
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,7 +92,32 @@ def _scan_legacy(buf: Buffer, position: int, end: int, verify_crc: bool) -> Batc
 
 def check_batch_at(buf: Buffer, position: int, end: int, *, verify_crc: bool) -> BatchInfo:
     """Check the batch at `position` (which must end by `end`) and describe it; raise
-    CorruptRecordError (position = `position`) if it is incomplete or invalid."""
+    CorruptRecordError (position = `position`) if it is incomplete or invalid, naming the
+    offset its header holds (`naming_offset`)."""
+    try:
+        return _check_batch_at(buf, position, end, verify_crc=verify_crc)
+    except CorruptRecordError as exc:
+        error = naming_offset(exc, buf, position, end)
+    # Raised here, not in the handler: the error would hold the first one as its context,
+    # whose frames hold views of `buf` (a mapping its reader then cannot close).
+    raise error
+
+
+def naming_offset(
+    error: CorruptRecordError, buf: Buffer, position: int, end: int
+) -> CorruptRecordError:
+    """`error`, of the batch at `position`, naming the offset the batch's first 8 bytes
+    hold (when it has them): no CRC covers that field, so it is told as what the header
+    says, which is what an operator looks the batch up by."""
+    if end - position < 8:
+        return error
+    (offset,) = _OFFSET.unpack_from(buf, position)
+    return type(error)(
+        f"{error.reason} (its header names offset {offset})", position=error.position
+    )
+
+
+def _check_batch_at(buf: Buffer, position: int, end: int, *, verify_crc: bool) -> BatchInfo:
     left = end - position
     if left < PREFIX_SIZE:
         raise IncompleteBatchError(

@@ -65,7 +65,7 @@ from cleanerd.records.header import (
     Compression,
 )
 from cleanerd.records.prefetch import prefetch
-from cleanerd.records.scan import BatchInfo, IncompleteBatchError, check_batch_at
+from cleanerd.records.scan import BatchInfo, IncompleteBatchError, check_batch_at, naming_offset
 from cleanerd.records.varint import INT64_MAX
 
 I64 = npt.NDArray[np.int64]
@@ -730,7 +730,7 @@ class Walker:
         try:
             legacy.read_legacy_entry(self.data.data, p, self.end, verify_crc=True)
         except CorruptRecordError as exc:
-            return exc.with_traceback(None)
+            return naming_offset(exc, self.data.data, p, self.end)
         return None
 
     def __iter__(self) -> Iterator[BatchTable]:

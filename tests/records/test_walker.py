@@ -130,6 +130,8 @@ def test_real_broker_segments_walk_like_the_reference() -> None:
 
 
 def test_a_bad_crc_stops_the_walk_at_that_batch() -> None:
+    """The walk stops at the batch and its error names the batch's position and the
+    offset its header holds (what `dump` lists it by)."""
     batches = [
         encode_batch([Record(offset=i, timestamp=i, key=b"k", value=b"v" * 50)], base_offset=i)
         for i in range(3)
@@ -140,7 +142,8 @@ def test_a_bad_crc_stops_the_walk_at_that_batch() -> None:
     assert len(w.table) == 1
     assert w.stop == len(batches[0])
     assert w.error is not None
-    assert "CRC mismatch" in str(w.error)
+    assert f"at position {len(batches[0])}: CRC mismatch" in str(w.error)
+    assert str(w.error).endswith(" (its header names offset 1)")
     assert not w.incomplete_tail
     assert len(walk(bytes(data), verify_crc=False).table) == 3
 
