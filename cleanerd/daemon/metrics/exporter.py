@@ -54,7 +54,7 @@ from prometheus_client.core import (
 from cleanerd import __version__
 from cleanerd.compaction.stats import CleanerStats
 from cleanerd.config import MetricsConfig
-from cleanerd.daemon.metrics.model import LogDirMetrics, MetricsSnapshot
+from cleanerd.daemon.metrics.model import LogDirMetrics, MetricsSnapshot, build_snapshot
 from cleanerd.log.roll import RollReason
 from cleanerd.retention.disk_usage import device_name
 from cleanerd.retention.policy import ROLLING_REASONS, DeletionReason
@@ -501,6 +501,18 @@ class SnapshotCollector:
 
     def __init__(self, exporter: MetricsExporter) -> None:
         self._exporter = exporter
+
+    def describe(self) -> Iterator[Metric]:
+        """Every family `collect` may yield, whatever the settings say now (a reload may
+        turn the opt-ins on): the registry learns the names it answers a scrape for
+        named families with (`/metrics?name[]=...`) from these. It took them from a
+        `collect` at registration, before the first snapshot: only the service's."""
+        ex = self._exporter
+        empty = build_snapshot(now_ms=0, partitions=())
+        yield from service_families(replace(ex.service, mqtt_connected=False), version=ex.version)
+        yield from model_families(empty)
+        yield from partition_families(empty)
+        yield from kafka_families(empty, 0)
 
     def collect(self) -> Iterator[Metric]:
         """Every family, from one read of each state reference."""
