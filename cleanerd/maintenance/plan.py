@@ -183,7 +183,9 @@ def plan_partition(
         topic,
         now_ms=now_ms,
         age=inp.age,
-        min_roll_interval_ms=min_roll_interval_ms,
+        # A broker's roll (`LogSegment.shouldRoll`) keeps no minimum interval: cleanerd's
+        # floor on its own rolls is no rule of the broker's.
+        min_roll_interval_ms=min_roll_interval_ms if inp.rolls else 0,
     )
     at_append = roll.decision is not None and not inp.rolls
     current = simulate_roll(meta, now_ms) if roll.decision is not None and inp.rolls else meta

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import os
 import shutil
 import time
 from pathlib import Path
@@ -433,6 +434,33 @@ def test_a_brokers_idle_partition_is_planned_without_the_roll_it_never_makes(
     assert (p["compaction"]["cleanable_bytes"] > 0) is rolls
     assert (p["compaction"]["kafka_overdue_ms"] > 0) is rolls
     assert ("roll: due at the broker's next append (max.compaction.lag.ms" in text) is not rolls
+
+
+def test_a_brokers_roll_is_held_by_no_minimum_interval(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A broker's partition that rolled a second ago, whose active segment's first batch
+    is past `max.compaction.lag.ms`: the broker rolls it at its next append (Kafka's
+    `LogSegment.shouldRoll` keeps no minimum interval), and `plan` says so. It held the
+    roll by cleanerd's own `rolls.min_interval_ms`, a rule of cleanerd's rolls only."""
+    logs, state = tmp_path / "logs", tmp_path / "state"
+    old = T0 - 5 * MIN
+    segments = [
+        [[kv("a", "1", timestamp=old)], [kv("a", "2", timestamp=old)]],
+        [[kv("a", "3", timestamp=old)], [kv("b", "4", timestamp=old)]],
+    ]
+    build_log(logs, segments, state_dir=state, tp=TopicPartition("cfg", 0))
+    for f in (logs / "cfg-0").iterdir():
+        os.utime(f, ns=((T0 - 1_000) * 1_000_000,) * 2)  # the roll a second ago
+    path = tmp_path / "c.yaml"
+    topics = {"cfg": {"cleanup.policy": "compact", "max.compaction.lag.ms": MIN}}
+    path.write_text(
+        yaml.safe_dump({"log.dirs": [str(logs)], "state_dir": str(state), "topics": topics})
+    )
+    with held_by_other_process(HOLD_BROKER_LOCK, logs, state):
+        assert main(["plan", "-c", str(path), "--now-ms", str(T0)]) == 0
+        text = capsys.readouterr().out
+    assert "roll: due at the broker's next append (max.compaction.lag.ms" in text, text
 
 
 def test_a_root_file_that_cannot_be_read_is_named(tmp_path: Path) -> None:
