@@ -417,7 +417,7 @@ class LogSegment:
         assert self._appended_from is not None
         position, (next_offset, max_ts, max_ts_offset) = self._appended_from
         try:
-            tail = self._whole_batches_from(position)
+            tail = self._whole_batches_from(position, after=next_offset)
         except CorruptRecordError:
             if not self.live:
                 raise
@@ -521,7 +521,7 @@ class LogSegment:
         at the end of its last whole batch)."""
         return self.live and self._size == position
 
-    def _whole_batches_from(self, position: int) -> Summary:
+    def _whole_batches_from(self, position: int, *, after: int | None = None) -> Summary:
         """The totals of the batches from `position` to the end. A `growing` read-only
         segment belongs to another writer (observe mode: a live broker), which may be in
         the middle of an append: such a tail (`tail.torn_tail_reason`) ends the segment for
@@ -532,28 +532,32 @@ class LogSegment:
         walk clean, is walked in the mapped file, whose positions the errors name. No
         walk keeps a table (72 bytes a batch: 425 MB for a 1 GiB segment of 1-record
         batches, read whole when its indexes are missing) unless it meets legacy
-        entries, which only a table walk reads."""
+        entries, which only a table walk reads.
+        `after`: the offset the batches from `position` start at, when the bytes before
+        it were read (an append), which they are judged by, as a walk of the whole
+        segment judges them."""
+        offsets = self.offsets
+        if after is not None and position > 0:
+            offsets = offsets.after(after, offsets.high, True)
         span = self._size - position
         if 0 < span <= _PREAD_SPAN:
             data = self._pread_checked(position, span)
-            summary = None if data is None else summarize(data, offsets=self.offsets)
+            summary = None if data is None else summarize(data, offsets=offsets)
             if summary is not None:
                 return summary
         with self.open_buffer() as buf:
-            summary = summarize(buf, start=position, offsets=self.offsets)
+            summary = summarize(buf, start=position, offsets=offsets)
             if summary is not None:
                 return summary
-            scan = walk_prefix(buf, start=position, offsets=self.offsets)
+            scan = walk_prefix(buf, start=position, offsets=offsets)
             if scan.error is None:  # legacy entries stopped the summary
-                return Summary.of_table(
-                    walk(buf, start=position, offsets=self.offsets).table, scan.stop
-                )
+                return Summary.of_table(walk(buf, start=position, offsets=offsets).table, scan.stop)
             if not self.live or torn_tail_reason(buf, scan, flushed_to=self.flushed_to) is None:
                 raise scan.error.located(self.log_path)
             self._size = scan.stop
             whole = as_uint8(buf)[: scan.stop]
-            summary = summarize(whole, start=position, offsets=self.offsets) or Summary.of_table(
-                walk(whole, start=position, offsets=self.offsets).table, scan.stop
+            summary = summarize(whole, start=position, offsets=offsets) or Summary.of_table(
+                walk(whole, start=position, offsets=offsets).table, scan.stop
             )
             del whole  # the mapping closes at the end of the block: no view may outlive it
             return summary

@@ -21,6 +21,7 @@ them, what is left of them copied aside first.)
 
 from __future__ import annotations
 
+import struct
 from typing import Final
 
 import numpy as np
@@ -36,6 +37,7 @@ from cleanerd.records.header import (
 from cleanerd.records.walker import U8, BadOffsetError, Walk, walk
 
 ZERO_TAIL: Final = "zero bytes after the last batch"
+_OFFSET: Final = struct.Struct(">q")
 
 
 def torn_tail_reason(buf: Buffer, scan: Walk, *, flushed_to: int = 0) -> str | None:
@@ -70,7 +72,7 @@ def torn_tail_reason(buf: Buffer, scan: Walk, *, flushed_to: int = 0) -> str | N
             # itself was cut (some of its pages may be zeros too), as when a crash
             # interrupts an append to a preallocated or extended file.
             return f"last batch fails its CRC, zero bytes after it: {scan.error.reason}"
-        if _header_cut_before_zeros(data, start, scan.last_offset):
+        if _header_cut_before_zeros(data, start, size, scan):
             # The same with less of the batch written: only its first bytes (the base
             # offset, maybe the length), as a reader beside a broker appending to a
             # preallocated segment (`log.preallocate`) sees it, or a crash leaves it.
@@ -78,18 +80,21 @@ def torn_tail_reason(buf: Buffer, scan: Walk, *, flushed_to: int = 0) -> str | N
     return None
 
 
-def _header_cut_before_zeros(data: U8, start: int, last_offset: int) -> bool:
-    """Whether the bytes at `start` are the first bytes of a batch header and nothing
-    but zeros follows them to the end: a base offset past the valid prefix's last
-    offset, and a length either not written yet or one that fits."""
+def _header_cut_before_zeros(data: U8, start: int, size: int, scan: Walk) -> bool:
+    """Whether the bytes at `start` are the first fields of a batch header, written in
+    their order, before the magic byte, and nothing but zeros follows them to the end:
+    a base offset the batch after the walk may have (above its last offset, in its
+    range), then either no length yet (nor anything after it) or a length (`size` with
+    the log overhead) that fits."""
     written = np.flatnonzero(data[start:])
-    if not len(written) or int(written[-1]) >= RECORD_BATCH_OVERHEAD:
+    if not len(written) or int(written[-1]) >= MAGIC_OFFSET:
+        return False  # a written magic byte is the rule above's
+    (base,) = _OFFSET.unpack_from(data.data, start)
+    if base <= scan.last_offset or scan.offsets.refusal(base, 0, v2=True) is not None:
         return False
-    head = data[start : start + PREFIX_SIZE].tobytes()
-    base = int.from_bytes(head[:8], "big", signed=True)
-    length = int.from_bytes(head[LENGTH_OFFSET : LENGTH_OFFSET + 4], "big", signed=True)
-    fits = RECORD_BATCH_OVERHEAD <= length + LOG_OVERHEAD <= len(data) - start
-    return base > last_offset and (length == 0 or fits)
+    if size == LOG_OVERHEAD:  # no length yet: nothing written after the base offset
+        return int(written[-1]) < LENGTH_OFFSET
+    return RECORD_BATCH_OVERHEAD <= size <= len(data) - start
 
 
 def _first_offset_after(buf: Buffer, scan: Walk) -> int:

@@ -528,6 +528,9 @@ class Walk:
     error: CorruptRecordError | None
     last_offset: int = -1
     """The last offset of the valid prefix (-1 when it holds no batch)."""
+    offsets: OffsetRange = ANY_OFFSETS
+    """The range the walk was given (the batch after the valid prefix must also be above
+    `last_offset`)."""
 
     @property
     def valid_bytes(self) -> int:
@@ -565,7 +568,7 @@ def walk(
     # copied down, so that a kept table (a pass's cached window) holds only its rows.
     fits = len(chunks) == 1 and 2 * len(chunks[0]) > walker.rows
     table = chunks[0] if fits else BatchTable.concat(chunks)
-    return Walk(table, start, walker.stop, walker.error, table.final_offset)
+    return Walk(table, start, walker.stop, walker.error, table.final_offset, offsets)
 
 
 def walk_prefix(
@@ -587,7 +590,7 @@ def walk_prefix(
             last = table.final_offset
         if each is not None:
             each(table)
-    return Walk(BatchTable.empty(0), start, walker.stop, walker.error, last)
+    return Walk(BatchTable.empty(0), start, walker.stop, walker.error, last, offsets)
 
 
 @dataclass(frozen=True, slots=True)
@@ -911,7 +914,7 @@ def _read_legacy_rows(
                 inner = legacy.entry_records(entry, verify_crc=verify_crc)
                 first, count = inner[0].offset, len(inner)
         except CorruptRecordError as exc:
-            return row, exc.with_traceback(None)
+            return row, naming_offset(exc, view, p, len(data))
         table.attributes[row] = entry.attributes
         table.crc[row] = entry.crc
         table.base_offset[row] = first

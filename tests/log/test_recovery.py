@@ -19,6 +19,7 @@ from cleanerd.log.index import IndexPastLogError, OffsetIndex
 from cleanerd.log.known_reader import read_dir
 from cleanerd.log.partition_log import LogConfig, PartitionLog
 from cleanerd.log.recovery import SpecialFileRefused, SymlinkRefused
+from cleanerd.records.record import Record
 from cleanerd.records.walker import walk
 from tests.builders import (
     build_log,
@@ -28,6 +29,7 @@ from tests.builders import (
     set_base_offset,
     write_segment,
 )
+from tests.records.oracles import build_legacy
 
 CONFIG = LogConfig(index_interval_bytes=100)
 KEYS = [f"k{j % 10}" for j in range(20)]  # offsets 0..19, two per segment
@@ -504,21 +506,87 @@ def test_the_first_bytes_of_a_batch_header_before_zeros_are_cut(
     assert offsets_and_values(plog) == ORIGINAL
 
 
-def test_a_header_before_zeros_whose_offset_goes_back_is_damage(tmp_path: Path) -> None:
-    """The same bytes with a base offset at or below the last one before them are no
-    append: reported at their position, nothing cut."""
+def _no_append(shape: str) -> bytes:
+    """Bytes at offset 20 of the active segment, then zeros, that no append cut short
+    writes (see the test below)."""
+    batch = encode_records([kv("x", "last" * 20)], 20)
+    if shape == "offset-goes-back":
+        return encode_records([kv("x", "last" * 20)], 19)[:12]
+    if shape == "magic-not-2":
+        return batch[:16] + bytes([7])
+    if shape == "epoch-without-length":
+        return batch[:8] + bytes(4) + b"\x00\x00\x00\x01"
+    if shape == "length-below-a-batch":
+        return batch[:8] + (10).to_bytes(4, "big")
+    entry = bytearray(build_legacy("aiokafka", 1, 0, [Record(20, 1000, None, bytes(40))]))
+    entry[-45] ^= 1  # its timestamp: a whole entry failing its CRC, no torn write
+    return bytes(entry)
+
+
+@pytest.mark.parametrize(
+    "shape",
+    [
+        "offset-goes-back",
+        "magic-not-2",
+        "epoch-without-length",
+        "length-below-a-batch",
+        "legacy-entry-failing-its-crc",
+    ],
+)
+def test_bytes_before_zeros_that_no_append_writes_are_damage(tmp_path: Path, shape: str) -> None:
+    """Bytes before zeros that are no first fields of a batch header written in order (a
+    base offset not above the last one, a magic byte other than 2, a leader epoch with no
+    length before it, a length no batch has, a whole legacy entry whose CRC fails) are
+    reported at their position, nothing cut."""
     path = _build(tmp_path)
-    batch = encode_records([kv("x", "last" * 20)], 19)
     active = _active_log(path)
     size = active.stat().st_size
     with open(active, "ab") as f:
-        f.write(batch[:12] + bytes(8000))
+        f.write(_no_append(shape) + bytes(8000))
     before = active.read_bytes()
     plog = _open(path)
     assert isinstance(plog.corrupt, CorruptRecordError)
     assert plog.corrupt.position == size
     assert plog.recovery_report.truncated == []
     assert active.read_bytes() == before
+
+
+@pytest.mark.parametrize(("base", "torn"), [(20, True), (3, False)])
+def test_a_header_before_zeros_opening_a_segment_is_judged_by_its_base(
+    tmp_path: Path, base: int, torn: bool
+) -> None:
+    """A new active segment holding only the first bytes of a header, then zeros: cut
+    when it names the segment's base offset, damage when it names an offset below it."""
+    path = _build(tmp_path)
+    header = encode_records([kv("x", "first")], base)[:12]
+    new = log_file(path, 20)
+    new.write_bytes(header + bytes(8000))
+    plog = _open(path)
+    assert (plog.corrupt is None) is torn
+    assert bool(plog.recovery_report.truncated) is torn
+
+
+def test_an_observer_judges_an_appended_header_as_the_owner_does(tmp_path: Path) -> None:
+    """Read beside its writer (read-only, the active segment growing), the first bytes of
+    a header appended after what was read are judged by the offsets before them, as an
+    open walking the whole segment judges them: one that goes back is damage, one that
+    follows is an append in flight."""
+    path = _build(tmp_path)
+    active = _active_log(path)
+    state = tmp_path / "state"
+    plog = PartitionLog.open(path, state_dir=state, config=CONFIG, read_only=True)
+    assert plog.meta().log_end_offset == 20
+    good = active.read_bytes()
+    for base, torn in ((19, False), (20, True)):
+        active.write_bytes(good + encode_records([kv("x", "y" * 80)], base)[:12] + bytes(8000))
+        if torn:
+            assert plog.meta().log_end_offset == 20
+        else:
+            with pytest.raises(CorruptRecordError):
+                plog.meta()
+        owner = _open(path) if not torn else None
+        assert owner is None or isinstance(owner.corrupt, CorruptRecordError)
+        active.write_bytes(good)
 
 
 def test_a_last_batch_failing_its_crc_where_the_log_was_flushed_is_damage(

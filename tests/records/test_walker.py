@@ -148,6 +148,16 @@ def test_a_bad_crc_stops_the_walk_at_that_batch() -> None:
     assert len(walk(bytes(data), verify_crc=False).table) == 3
 
 
+def test_a_legacy_entry_failing_its_crc_names_its_offset_too() -> None:
+    """A legacy entry's damage names the offset its header holds, as a v2 batch's does."""
+    entries = [build_legacy("aiokafka", 1, 0, [Record(i, 1000 + i, b"k", b"v")]) for i in range(3)]
+    data = bytearray(b"".join(entries))
+    data[len(entries[0]) + len(entries[1]) - 1] ^= 1  # the second entry's value
+    w = walk(bytes(data))
+    assert w.stop == len(entries[0])
+    assert str(w.error).endswith("(its header names offset 1)")
+
+
 @settings(max_examples=200, deadline=None)
 @given(st.binary(max_size=600), st.data())
 def test_compiled_crc32c_matches_the_package(data: bytes, draw: st.DataObject) -> None:
