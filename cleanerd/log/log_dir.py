@@ -20,8 +20,8 @@ Ownership (DESIGN section 2):
   recover, roll, clean, delete and write the root checkpoints.
 - `SHARED`: `.lock` is held by another cleanerd process (its owner marker is held);
   this process may only append, coordinated by partition locks (`cleanerd produce`),
-  and proves before each roll that the same owner still holds the dir
-  (`ownership.OwnerProof`).
+  and proves before each roll that the owner, or a cleanerd owner of the same state dir
+  that took the dir after it, holds the dir (`ownership.AppenderOwner`).
 - `OBSERVE`: read only. Chosen, or forced when `.lock` is held by anything else (a live
   broker), with a warning naming the dir.
 
@@ -94,6 +94,7 @@ from cleanerd.log.known_segments import (
 )
 from cleanerd.log.lock import LogDirLock, OwnerLock, default_state_dir
 from cleanerd.log.ownership import (
+    AppenderOwner,
     Holder,
     OwnerProof,
     ProcessId,
@@ -131,7 +132,7 @@ class LogDir:
         state_dir: Path,
         dir_lock: LogDirLock | None = None,
         owner_lock: OwnerLock | None = None,
-        owner: OwnerProof | None = None,
+        owner: AppenderOwner | None = None,
         held_by: Holder | None = None,
     ) -> None:
         self.path = path
@@ -216,7 +217,7 @@ class LogDir:
         if allow_shared and held.pid is not None and held.cleanerd:
             log.info("log_dir.shared", log_dir=str(path), owner_pid=held.pid)
             owner = OwnerProof(path, ProcessId(held.pid, start_ticks(held.pid)))
-            return cls(path, Mode.SHARED, state_dir=state, owner=owner)
+            return cls(path, Mode.SHARED, state_dir=state, owner=AppenderOwner(owner, state))
         if held.cleanerd or held.ends_by_itself:
             # Two cleanerd owners of one state dir would each believe they own the dir,
             # and observing it would look like success: refuse, naming the first. A

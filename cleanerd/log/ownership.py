@@ -265,6 +265,32 @@ class OwnerProof:
             )
 
 
+class AppenderOwner:
+    """The cleanerd owner that an appender beside it (shared mode: `cleanerd produce`, an
+    application's log library) writes beside, proven before each of its rolls. When that
+    owner is gone and another cleanerd owner of the same state dir holds the dir (the
+    daemon restarted), the appender goes on beside the new one: the partition locks
+    coordinate it with any owner of the state dir. A dir nobody holds, or that another
+    program (a broker) holds, is written nothing in anyone's name (OwnershipLost)."""
+
+    def __init__(self, proof: OwnerProof, state_dir: Path) -> None:
+        self.proof = proof
+        self.state_dir = state_dir
+
+    def verify(self) -> None:
+        """Raise OwnershipLost unless the owner, or a cleanerd owner of the state dir
+        that took the dir after it, is alive and holds the dir's `.lock`."""
+        try:
+            self.proof.verify()
+        except OwnershipLost:
+            held = Holder.of(self.proof.log_dir, self.state_dir)
+            if not held.cleanerd or not held.pid:
+                raise
+            followed = OwnerProof(self.proof.log_dir, ProcessId(held.pid, start_ticks(held.pid)))
+            followed.verify()
+            self.proof = followed
+
+
 def verify_segments(dir_path: Path, segments: Sequence[SegmentMeta]) -> None:
     """Raise SegmentsChanged unless every segment of `segments` (a snapshot, ascending,
     the active one last) is still the same `.log` file: the same inode where the

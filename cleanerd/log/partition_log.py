@@ -91,7 +91,7 @@ from cleanerd.log.lock import (
     state_subdir,
 )
 from cleanerd.log.meta import PartitionMeta, SegmentMeta, last_stable_offset
-from cleanerd.log.ownership import OwnerProof, SegmentsChanged
+from cleanerd.log.ownership import AppenderOwner, SegmentsChanged
 from cleanerd.log.producer_state import (
     ProducerState,
     latest_snapshot,
@@ -192,7 +192,7 @@ class PartitionLog:
         checkpoints: RootCheckpoints,
         report: RecoveryReport,
         quarantine_dir: Path | None,
-        owner: OwnerProof | None = None,
+        owner: AppenderOwner | None = None,
         listed: tuple[int, int] | None = None,
         stopped_cleanly: bool = False,
     ) -> None:
@@ -255,7 +255,7 @@ class PartitionLog:
         recover: bool | None = None,
         checkpoints: RootCheckpoints | None = None,
         full_check: bool = False,
-        owner: OwnerProof | None = None,
+        owner: AppenderOwner | None = None,
         clean_shutdown: bool = False,
         known: Mapping[int, KnownSegment] | None = None,
         prefetch: bool = True,
@@ -373,7 +373,7 @@ class PartitionLog:
         config: LogConfig | None = None,
         state_dir: Path | None = None,
         checkpoints: RootCheckpoints | None = None,
-        owner: OwnerProof | None = None,
+        owner: AppenderOwner | None = None,
     ) -> PartitionLog:
         """Open `<log_dir>/<topic>-<partition>`, creating the dir if needed."""
         if parse_topic_partition(str(tp)) != tp or "/" in tp.topic or tp.topic in (".", ".."):

@@ -155,6 +155,41 @@ def test_shared_mode_roll_proves_the_owner_still_holds_the_dir(tmp_path: Path) -
         owner.join(30)
 
 
+def test_an_appender_goes_on_beside_the_owner_that_took_the_dir_after_its_own(
+    tmp_path: Path,
+) -> None:
+    """The owner an appender writes beside stops, and another cleanerd owner of the same
+    state dir takes the dir (the daemon restarted): the appender's rolls go on beside the
+    new one. Every roll after the restart failed with OwnershipLost until the
+    application opened the log again."""
+    root, state = tmp_path / "logs", tmp_path / "state"
+    root.mkdir()
+    first, second = (_CTX.Event() for _ in range(2))
+    owners = [_CTX.Process(target=_own_dir, args=(root, state, first))]
+    owners[0].start()
+    try:
+        assert first.wait(30)
+        with LogDir.open(root, allow_shared=True, state_dir=state) as producer:
+            plog = producer.open_partition(TP, config=LogConfig(segment_bytes=200))
+            plog.append([kv("a", "x" * 100)])
+            owners[0].kill()
+            owners[0].join(30)
+            owners.append(_CTX.Process(target=_own_dir, args=(root, state, second)))
+            owners[1].start()
+            assert second.wait(30)
+            for _ in range(3):
+                plog.append([kv("b", "y" * 100)])  # each rolls
+            assert len(list(plog.dir.glob("*.log"))) == 4
+            owners[1].kill()
+            owners[1].join(30)
+            with pytest.raises(OwnershipLost, match=r"\(pid \d+\) has exited"):
+                plog.append([kv("c", "z" * 100)])  # and nobody holds the dir now
+    finally:
+        for owner in owners:
+            owner.kill()
+            owner.join(30)
+
+
 def test_cleaner_offsets_round_trip_and_drop_vanished(tmp_path: Path) -> None:
     """Cleaner offsets are written atomically; entries of partitions that no longer exist
     are dropped, as Kafka's cleaner does."""
