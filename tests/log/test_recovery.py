@@ -460,14 +460,29 @@ def test_crc_failing_last_batch_or_zero_tail_is_cut(
     assert plog.log_end_offset == 20
 
 
-def test_a_half_written_last_batch_before_zeros_is_cut(tmp_path: Path) -> None:
-    """A last batch whose second half never reached the disk, in a file extended past it
-    with zeros (a crash mid-append), is cut with the zeros, as Kafka's loader cuts it;
-    the cut bytes are quarantined. It was reported as damage and left in place."""
+@pytest.mark.parametrize(
+    ("written", "reason"),
+    [
+        (None, "last batch fails its CRC, zero bytes after it"),
+        (8, "a batch header cut short, zero bytes after it"),
+        (12, "a batch header cut short, zero bytes after it"),
+        (16, "a batch header cut short, zero bytes after it"),
+    ],
+    ids=["half-the-batch", "base-offset", "and-length", "and-leader-epoch"],
+)
+def test_a_last_batch_cut_short_before_zeros_is_cut(
+    tmp_path: Path, written: int | None, reason: str
+) -> None:
+    """A last batch of which only a part reached a file extended past it with zeros (a
+    crash mid-append, or, in a preallocated segment, `log.preallocate`, an append read
+    while it happens): its first half, or only the first fields of its header (not yet
+    its magic byte), is cut with the zeros, as Kafka's loader cuts it; the cut bytes are
+    quarantined. Both were reported as damage and left in place (the header ones as
+    'batch size 12 is below the magic 0 minimum'; an observer called the partition
+    unreadable)."""
     path = _build(tmp_path)
     batch = encode_records([kv("x", "last" * 20)], 20)
-    half = len(batch) // 2
-    torn = batch[:half] + bytes(len(batch) - half) + bytes(8000)
+    torn = batch[: len(batch) // 2 if written is None else written] + bytes(8000)
     active = _active_log(path)
     size = active.stat().st_size
     with open(active, "ab") as f:
@@ -476,33 +491,9 @@ def test_a_half_written_last_batch_before_zeros_is_cut(tmp_path: Path) -> None:
     assert plog.corrupt is None
     (cut,) = plog.recovery_report.truncated
     assert (cut.position, cut.bytes_cut) == (size, len(torn))
-    assert "zero bytes after it" in cut.reason
+    assert reason in cut.reason
     assert cut.quarantined_to is not None
     assert Path(cut.quarantined_to).read_bytes() == torn
-    assert offsets_and_values(plog) == ORIGINAL
-
-
-@pytest.mark.parametrize("written", [8, 12, 16])
-def test_the_first_bytes_of_a_batch_header_before_zeros_are_cut(
-    tmp_path: Path, written: int
-) -> None:
-    """Only the first bytes of the last batch's header (its base offset, its length, not
-    yet its magic) reached a file extended past it with zeros, as in a preallocated
-    segment (`log.preallocate`) whose append was cut or is being read while it happens:
-    cut as a torn tail too. It was reported as a corrupt batch ('batch size 12 is below
-    the magic 0 minimum'), and an observer called the partition unreadable."""
-    path = _build(tmp_path)
-    batch = encode_records([kv("x", "last" * 20)], 20)
-    torn = batch[:written] + bytes(8000)
-    active = _active_log(path)
-    size = active.stat().st_size
-    with open(active, "ab") as f:
-        f.write(torn)
-    plog = _open(path)
-    assert plog.corrupt is None
-    (cut,) = plog.recovery_report.truncated
-    assert (cut.position, cut.bytes_cut) == (size, len(torn))
-    assert "a batch header cut short, zero bytes after it" in cut.reason
     assert offsets_and_values(plog) == ORIGINAL
 
 

@@ -2155,6 +2155,10 @@ def test_what_a_cycle_does_is_told_as_it_happens_and_once(
     assert [x for n in told for x in n.cleaned] == list(report.cleaned)
     assert [x.tp for x in report.cleaned] == [c]
     assert [o.topic for o in report.retention] == [d.topic]
+    # Nor is `c` said to be skipped by the retention step beside its pass, which passes
+    # it by as Kafka's cleaner-driven retention does: `clean` printed 'c-0: retention
+    # skipped: partition is in-progress', as if a deletion had waited.
+    assert [(s.tp, s.phase) for s in report.skipped] == []
     # The states the deletion and the pass left (the report's are from before them):
     # the metrics follow them.
     later = {s.meta.topic_partition: s for n in told for s in n.later_states}
@@ -2166,25 +2170,6 @@ def test_what_a_cycle_does_is_told_as_it_happens_and_once(
     assert due == (T0 + 10_000, T0 + HOUR)
     cleaned = (before[c].ltc, later[c].ltc)
     assert [x.first_dirty if x else None for x in cleaned] == [0, report.cleaned[0].end_offset]
-
-
-def test_retention_beside_a_pass_passes_its_compacted_partition_by_without_a_word(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The retention step run beside a held pass of a `compact` partition deletes what is
-    due elsewhere and reports nothing of that partition, as Kafka's cleaner-driven
-    retention passes a log being cleaned by. `clean` printed `c-0: retention skipped:
-    partition is in-progress`, as if a deletion had waited."""
-    m, held, now, c, d = _cycle_beside_a_held_pass(tmp_path, monkeypatch)
-    told: list[CycleNews] = []
-    m.on_news = told.append
-    with _cycling(m, held) as (_, reports):
-        now[0] = T0 + 20_000
-        _wait_for(lambda: any(n.retention for n in told), "the deletion beside the pass")
-    (report,) = reports
-    assert [x.tp for x in report.cleaned] == [c]
-    assert [o.topic for o in report.retention] == [d.topic]
-    assert [(s.tp, s.phase) for s in report.skipped] == []
 
 
 def test_rules_falling_due_one_after_another_beside_a_long_pass_are_paced(
