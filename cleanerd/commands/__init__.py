@@ -54,7 +54,9 @@ COMMANDS: Final[tuple[CommandInfo, ...]] = (
         "plan", "print what one cycle would do to each partition, and why (changes nothing)", "plan"
     ),
     CommandInfo(
-        "audit", "report superseded records still on disk and deletion-deadline violations", "audit"
+        "audit",
+        "report superseded records still on disk and max.compaction.lag.ms deadline violations",
+        "audit",
     ),
     CommandInfo(
         "check-config",
