@@ -283,12 +283,27 @@ class AppenderOwner:
         try:
             self.proof.verify()
         except OwnershipLost:
-            held = Holder.of(self.proof.log_dir, self.state_dir)
-            if not held.cleanerd or not held.pid:
+            log_dir = self.proof.log_dir
+            pid = lock_holder(log_dir)
+            # The very process that holds `.lock` must hold the state dir's owner marker:
+            # that the marker is held by someone (`Holder.cleanerd`, a momentary probe
+            # by another process too) says nothing of a broker that took the dir.
+            if not pid or _marker_holder(self.state_dir, log_dir) != pid:
                 raise
-            followed = OwnerProof(self.proof.log_dir, ProcessId(held.pid, start_ticks(held.pid)))
+            followed = OwnerProof(log_dir, ProcessId(pid, start_ticks(pid)))
             followed.verify()
             self.proof = followed
+
+
+def _marker_holder(state_dir: Path, log_dir: Path) -> int | None:
+    """The pid holding the owner marker of `log_dir` in `state_dir` (`flock_holder`: 0
+    when it cannot be seen); None when nobody does or there is none."""
+    path = OwnerLock(state_dir, log_dir).path
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return flock_holder(path, st.st_dev, st.st_ino)
 
 
 def verify_segments(dir_path: Path, segments: Sequence[SegmentMeta]) -> None:

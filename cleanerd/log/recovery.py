@@ -540,7 +540,9 @@ def foreseen_torn_tail(segment: LogSegment) -> TruncatedTail | None:
     if segment.log_path.stat().st_size <= position:
         return None  # the usual case: one stat, nothing mapped
     buf = map_file(segment.log_path)
-    scan = walk_prefix(buf, start=position, offsets=segment.offsets)
+    # Judged by the offsets before it, as the owner's open walking the whole segment is.
+    offsets = segment.offsets.after(segment.next_offset, segment.offsets.high, position > 0)
+    scan = walk_prefix(buf, start=position, offsets=offsets)
     reason = torn_tail_reason(buf, scan, flushed_to=segment.flushed_to)
     if reason is None or scan.stop != position:
         return None

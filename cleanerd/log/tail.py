@@ -27,6 +27,7 @@ from typing import Final
 import numpy as np
 
 from cleanerd.records.header import (
+    INT32_MAX,
     LENGTH_OFFSET,
     LOG_OVERHEAD,
     MAGIC_OFFSET,
@@ -92,6 +93,8 @@ def _header_cut_before_zeros(data: U8, start: int, size: int, scan: Walk) -> boo
     (base,) = _OFFSET.unpack_from(data.data, start)
     if base <= scan.last_offset or scan.offsets.refusal(base, 0, v2=True) is not None:
         return False
+    if base - scan.offsets.base > INT32_MAX:
+        return False  # past what the active segment's index holds, whatever range was given
     if size == LOG_OVERHEAD:  # no length yet: nothing written after the base offset
         return int(written[-1]) < LENGTH_OFFSET
     return RECORD_BATCH_OVERHEAD <= size <= len(data) - start

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import multiprocessing
 import os
@@ -26,6 +27,7 @@ from cleanerd.log.ownership import OwnershipLost
 from cleanerd.log.partition_log import LogConfig
 from cleanerd.log.recovery import SymlinkRefused
 from tests.builders import kv
+from tests.holders import HOLD_BROKER_LOCK, held_by_other_process
 
 _CTX = multiprocessing.get_context("spawn")
 TP = TopicPartition("orders", 0)
@@ -130,10 +132,25 @@ def _own_dir(root: Path, state: Path, held: Event) -> None:
         time.sleep(60)  # until killed
 
 
-def test_shared_mode_roll_proves_the_owner_still_holds_the_dir(tmp_path: Path) -> None:
+HOLD_OWNER_MARKER = """
+import fcntl, os, sys
+from pathlib import Path
+from cleanerd.log.lock import OwnerLock
+fd = os.open(OwnerLock(Path(sys.argv[2]), Path(sys.argv[1])).path, os.O_RDONLY)
+fcntl.flock(fd, fcntl.LOCK_EX)
+print("ready", flush=True)
+sys.stdin.read()
+"""
+
+
+@pytest.mark.parametrize("after", ["nobody", "a-broker"])
+def test_shared_mode_roll_proves_the_owner_still_holds_the_dir(tmp_path: Path, after: str) -> None:
     """An appender beside a cleanerd owner (shared mode) rolls only while that owner
     still holds the log dir: once the owner is gone, the roll is refused naming the lock,
-    and no segment is created."""
+    and no segment is created. So too when a broker took the dir while another process
+    holds the state dir's owner marker (a momentary look by another cleanerd command
+    does): a marker held by someone made the appender follow the broker, and roll in its
+    dir from then on."""
     root, state = tmp_path / "logs", tmp_path / "state"
     root.mkdir()
     held = _CTX.Event()
@@ -147,8 +164,12 @@ def test_shared_mode_roll_proves_the_owner_still_holds_the_dir(tmp_path: Path) -
             plog.append([kv("a", "x" * 100)])
             owner.kill()
             owner.join(30)
-            with pytest.raises(OwnershipLost, match=r"\(pid \d+\) has exited"):
-                plog.append([kv("b", "y" * 100)])
+            with contextlib.ExitStack() as holding:
+                if after == "a-broker":
+                    holding.enter_context(held_by_other_process(HOLD_BROKER_LOCK, root))
+                    holding.enter_context(held_by_other_process(HOLD_OWNER_MARKER, root, state))
+                with pytest.raises(OwnershipLost, match=r"\(pid \d+\) has exited"):
+                    plog.append([kv("b", "y" * 100)])
             assert [p.name for p in plog.dir.glob("*.log")] == ["00000000000000000000.log"]
     finally:
         owner.kill()

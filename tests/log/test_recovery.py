@@ -580,6 +580,39 @@ def test_an_observer_judges_an_appended_header_as_the_owner_does(tmp_path: Path)
         active.write_bytes(good)
 
 
+@pytest.mark.parametrize(("base", "torn"), [(19, False), (20, True)])
+def test_plan_foresees_the_cut_of_an_appended_header_only_as_the_owner_makes_it(
+    tmp_path: Path, base: int, torn: bool
+) -> None:
+    """`plan` beside the writer (the segment read before the bytes came) foresees a cut
+    of the first bytes of a header before zeros only where the owner's open makes it:
+    not for one whose offset goes back, which the open reports as damage."""
+    path = _build(tmp_path)
+    observed = PartitionLog.open(path, config=CONFIG, read_only=True)
+    assert observed.meta().log_end_offset == 20
+    with open(_active_log(path), "ab") as f:
+        f.write(encode_records([kv("x", "y" * 80)], base)[:12] + bytes(8000))
+    assert (recovery.foreseen_torn_tail(observed.active_segment) is not None) is torn
+    assert (_open(path).corrupt is None) is torn
+
+
+def test_a_header_past_what_the_active_segment_holds_is_damage_to_a_writer_too(
+    tmp_path: Path,
+) -> None:
+    """The first bytes of a header naming an offset more than 2^31 - 1 past the active
+    segment's base, before zeros: damage to a writer that opened the log before they
+    came, as to an open (the segment's index cannot hold it). The writer cut them."""
+    path = _build(tmp_path)
+    plog = _open(path)
+    active = _active_log(path)
+    with open(active, "ab") as f:
+        f.write(encode_records([kv("x", "y" * 80)], 18 + 2**31 + 5)[:12] + bytes(8000))
+    before = active.read_bytes()
+    with pytest.raises(CorruptRecordError):
+        plog.append([kv("z", "w")])
+    assert active.read_bytes() == before
+
+
 def test_a_last_batch_failing_its_crc_where_the_log_was_flushed_is_damage(
     tmp_path: Path,
 ) -> None:
