@@ -162,7 +162,11 @@ class Holder:
         if pid is None:
             return cls(log_dir, pid, cleanerd=False)
         marker = OwnerLock(state_dir, log_dir)
-        ours = marker.held_elsewhere()
+        # The owner is the process that holds `.lock` and the marker: the marker held by
+        # another (a momentary look by another command) is no owner of a broker's dir.
+        # Where either holder cannot be seen (0), that the marker is held must do.
+        seen = _marker_holder(state_dir, log_dir)
+        ours = marker.held_elsewhere() if seen == 0 or pid == 0 else seen == pid
         # A cleanerd process of another state dir is no owner of this one, but is named
         # as what it is, and a one-shot one is waited for all the same.
         command = (marker.holder_command() if ours else None) or (
@@ -285,9 +289,8 @@ class AppenderOwner:
         except OwnershipLost:
             log_dir = self.proof.log_dir
             pid = lock_holder(log_dir)
-            # The very process that holds `.lock` must hold the state dir's owner marker:
-            # that the marker is held by someone (`Holder.cleanerd`, a momentary probe
-            # by another process too) says nothing of a broker that took the dir.
+            # The very process that holds `.lock` must be seen holding the state dir's
+            # owner marker: nothing is written in the name of one that cannot be seen.
             if not pid or _marker_holder(self.state_dir, log_dir) != pid:
                 raise
             followed = OwnerProof(log_dir, ProcessId(pid, start_ticks(pid)))

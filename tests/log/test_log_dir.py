@@ -21,7 +21,7 @@ from cleanerd.log.checkpoint import (
     OffsetCheckpointFile,
 )
 from cleanerd.log.files import TopicPartition
-from cleanerd.log.lock import LogDirLock
+from cleanerd.log.lock import LogDirLock, OwnerLock
 from cleanerd.log.log_dir import LogDir, Mode, ReadOnlyFileSystem
 from cleanerd.log.ownership import OwnershipLost
 from cleanerd.log.partition_log import LogConfig
@@ -91,6 +91,24 @@ def test_forced_observe_when_another_process_holds_lock(tmp_path: Path) -> None:
     finally:
         done.set()
         proc.join(30)
+
+
+def test_a_broker_is_no_owner_to_share_with_whoever_holds_the_marker(tmp_path: Path) -> None:
+    """A broker holds the dir while another process holds the state dir's owner marker
+    (a momentary look by another cleanerd command does): an opener that may share with
+    a cleanerd owner observes the dir, as beside any broker. It shared it with the
+    broker, as if the broker were the owner, and appended and rolled there."""
+    root, state = tmp_path / "logs", tmp_path / "state"
+    root.mkdir()
+    marker = OwnerLock(state, root)
+    assert marker.acquire("run")  # made as an owner leaves it
+    marker.release()
+    with (
+        held_by_other_process(HOLD_BROKER_LOCK, root),
+        held_by_other_process(HOLD_OWNER_MARKER, root, state),
+    ):
+        log_dir = LogDir.open(root, allow_shared=True, state_dir=state)
+        assert log_dir.mode is Mode.OBSERVE
 
 
 def test_shared_mode_appends_without_recovery(tmp_path: Path) -> None:
