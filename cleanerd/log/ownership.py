@@ -126,8 +126,9 @@ def flock_holder(path: Path, dev: int, ino: int) -> int | None:
     `/proc/locks` (F_GETLK cannot see one: the two kinds of lock never conflict); None
     when none does. Its lines read `N: FLOCK ADVISORY WRITE <pid> <major>:<minor>:<inode>
     0 EOF`, major and minor in hex; a waiter's has `->` after the number. Where
-    `/proc/locks` is hidden (the unit's `ProcSubset=pid`), a shared `flock` that is
-    refused says an exclusive one is held: 0, a holder whose pid cannot be seen."""
+    `/proc/locks` is hidden (the unit's `ProcSubset=pid`), or names the file by another
+    device number, a shared `flock` that is refused says an exclusive one is held: 0, a
+    holder whose pid cannot be seen."""
     try:
         text = Path("/proc/locks").read_text()
     except OSError:  # `lock_holder` checked that this process holds no lock on it
@@ -137,7 +138,9 @@ def flock_holder(path: Path, dev: int, ino: int) -> int | None:
         fields = line.split()
         if len(fields) >= 6 and fields[1] == "FLOCK" and fields[5] == file:
             return int(fields[4])
-    return None
+    # No line names the file by the device `stat` gives, which is not always the one
+    # /proc/locks prints (btrfs gives a subvolume's): held, by a holder not seen, or not.
+    return 0 if flock_refused(path, fcntl.LOCK_SH) else None
 
 
 @dataclass(frozen=True, slots=True)

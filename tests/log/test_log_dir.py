@@ -23,11 +23,11 @@ from cleanerd.log.checkpoint import (
 from cleanerd.log.files import TopicPartition
 from cleanerd.log.lock import LogDirLock, OwnerLock
 from cleanerd.log.log_dir import LogDir, Mode, ReadOnlyFileSystem
-from cleanerd.log.ownership import OwnershipLost
+from cleanerd.log.ownership import Holder, OwnershipLost
 from cleanerd.log.partition_log import LogConfig
 from cleanerd.log.recovery import SymlinkRefused
 from tests.builders import kv
-from tests.holders import HOLD_BROKER_LOCK, held_by_other_process
+from tests.holders import HOLD_BROKER_LOCK, HOLD_OWNER_LOCK, held_by_other_process
 
 _CTX = multiprocessing.get_context("spawn")
 TP = TopicPartition("orders", 0)
@@ -109,6 +109,23 @@ def test_a_broker_is_no_owner_to_share_with_whoever_holds_the_marker(tmp_path: P
     ):
         log_dir = LogDir.open(root, allow_shared=True, state_dir=state)
         assert log_dir.mode is Mode.OBSERVE
+
+
+def test_an_owner_whose_locks_are_listed_under_another_device_is_still_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On btrfs, `stat` gives a file a subvolume's device number and /proc/locks another,
+    so no /proc/locks line names the owner marker: the owner holding it, not seen, is
+    still the dir's owner, and a second one is refused. It passed for a broker (a second
+    daemon observed the dir, and `clean` beside the daemon too)."""
+    root, state = tmp_path / "logs", tmp_path / "state"
+    root.mkdir()
+    with held_by_other_process(HOLD_OWNER_LOCK, root, state):
+        real = os.minor
+        monkeypatch.setattr(os, "minor", lambda dev: real(dev) + 1)
+        assert Holder.of(root, state).cleanerd
+        with pytest.raises(LogDirLockedError, match="owned by another cleanerd process"):
+            LogDir.open(root, state_dir=state)
 
 
 def test_shared_mode_appends_without_recovery(tmp_path: Path) -> None:
