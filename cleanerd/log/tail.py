@@ -59,11 +59,15 @@ def torn_tail_reason(buf: Buffer, scan: Walk, *, flushed_to: int = 0) -> str | N
             return None  # its bytes were flushed whole: they changed since
         at = start + LENGTH_OFFSET
         size = int.from_bytes(buf[at : at + 4], "big", signed=True) + LOG_OVERHEAD
-        if size == len(buf) - start:
-            if walk(buf, start=start, verify_crc=False).error is not None:
-                return None
-            return f"last batch fails its CRC: {scan.error.reason}"
         data = np.frombuffer(buf, dtype=np.uint8)
+        if size == len(buf) - start:
+            if walk(buf, start=start, verify_crc=False).error is None:
+                return f"last batch fails its CRC: {scan.error.reason}"
+            if not _header_cut_before_zeros(data, start, size, scan):
+                return None
+            # The file was extended to the batch's end (a crash left its blocks
+            # allocated), but only the first fields of its header were written.
+            return f"a batch header cut short, zero bytes after it: {scan.error.reason}"
         if (
             RECORD_BATCH_OVERHEAD <= size < len(buf) - start
             and data[start + MAGIC_OFFSET] == 2

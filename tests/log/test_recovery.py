@@ -470,8 +470,9 @@ def test_crc_failing_last_batch_or_zero_tail_is_cut(
     ],
     ids=["half-the-batch", "base-offset", "and-length", "and-leader-epoch"],
 )
+@pytest.mark.parametrize("extended_to_its_end", [False, True], ids=["preallocated", "to-its-end"])
 def test_a_last_batch_cut_short_before_zeros_is_cut(
-    tmp_path: Path, written: int | None, reason: str
+    tmp_path: Path, written: int | None, reason: str, extended_to_its_end: bool
 ) -> None:
     """A last batch of which only a part reached a file extended past it with zeros (a
     crash mid-append, or, in a preallocated segment, `log.preallocate`, an append read
@@ -479,10 +480,15 @@ def test_a_last_batch_cut_short_before_zeros_is_cut(
     its magic byte), is cut with the zeros, as Kafka's loader cuts it; the cut bytes are
     quarantined. Both were reported as damage and left in place (the header ones as
     'batch size 12 is below the magic 0 minimum'; an observer called the partition
-    unreadable)."""
+    unreadable); the header ones too when the zeros end where the batch does (a file
+    extended to the batch's end)."""
     path = _build(tmp_path)
     batch = encode_records([kv("x", "last" * 20)], 20)
     torn = batch[: len(batch) // 2 if written is None else written] + bytes(8000)
+    if extended_to_its_end:
+        torn = torn[: len(batch)]
+        if written is None:  # all its bytes there, failing its CRC
+            reason = "last batch fails its CRC: "
     active = _active_log(path)
     size = active.stat().st_size
     with open(active, "ab") as f:
