@@ -113,7 +113,9 @@ def naming_offset(
         return error
     (offset,) = _OFFSET.unpack_from(buf, position)
     return type(error)(
-        f"{error.reason} (its header names offset {offset})", position=error.position
+        f"{error.reason} (its header names offset {offset})",
+        path=error.path,
+        position=error.position,
     )
 
 
