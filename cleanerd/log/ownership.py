@@ -131,15 +131,17 @@ def flock_holder(path: Path, dev: int, ino: int) -> int | None:
     holder whose pid cannot be seen."""
     try:
         text = Path("/proc/locks").read_text()
-    except OSError:  # `lock_holder` checked that this process holds no lock on it
-        return 0 if flock_refused(path, fcntl.LOCK_SH) else None
+    except OSError:
+        text = ""
     file = f"{os.major(dev):02x}:{os.minor(dev):02x}:{ino}"
     for line in text.splitlines():
         fields = line.split()
         if len(fields) >= 6 and fields[1] == "FLOCK" and fields[5] == file:
             return int(fields[4])
-    # No line names the file by the device `stat` gives, which is not always the one
-    # /proc/locks prints (btrfs gives a subvolume's): held, by a holder not seen, or not.
+    # Hidden, or no line names the file by the device `stat` gives, which is not always
+    # the one /proc/locks prints (btrfs gives a subvolume's): held by a holder not seen,
+    # or not. The probe drops no lock of this process's: it holds no POSIX lock on the
+    # file (`lock_holder` checked for `.lock`; the owner marker is only ever flocked).
     return 0 if flock_refused(path, fcntl.LOCK_SH) else None
 
 
