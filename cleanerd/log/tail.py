@@ -21,7 +21,6 @@ them, what is left of them copied aside first.)
 
 from __future__ import annotations
 
-import struct
 from typing import Final
 
 import numpy as np
@@ -34,11 +33,11 @@ from cleanerd.records.header import (
     PREFIX_SIZE,
     RECORD_BATCH_OVERHEAD,
     Buffer,
+    base_offset_at,
 )
 from cleanerd.records.walker import U8, BadOffsetError, Walk, walk
 
 ZERO_TAIL: Final = "zero bytes after the last batch"
-_OFFSET: Final = struct.Struct(">q")
 
 
 def torn_tail_reason(buf: Buffer, scan: Walk, *, flushed_to: int = 0) -> str | None:
@@ -94,7 +93,7 @@ def _header_cut_before_zeros(data: U8, start: int, size: int, scan: Walk) -> boo
     written = np.flatnonzero(data[start:])
     if not len(written) or int(written[-1]) >= MAGIC_OFFSET:
         return False  # a written magic byte is the rule above's
-    (base,) = _OFFSET.unpack_from(data.data, start)
+    base = base_offset_at(data.data, start)
     if base <= scan.last_offset or scan.offsets.refusal(base, 0, v2=True) is not None:
         return False
     if base - scan.offsets.base > INT32_MAX:
@@ -110,7 +109,7 @@ def _first_offset_after(buf: Buffer, scan: Walk) -> int:
     batch's own base offset."""
     if scan.last_offset >= 0:
         return scan.last_offset + 1
-    return int.from_bytes(buf[scan.stop : scan.stop + 8], "big", signed=True)
+    return base_offset_at(buf, scan.stop)
 
 
 def _valid_batch_after(buf: Buffer, start: int) -> int | None:

@@ -246,6 +246,13 @@ def check_crc(buf: Buffer, h: BatchHeader) -> bool:
     return int(crc32c(memoryview(buf)[start:end])) == h.crc
 
 
+def base_offset_at(buf: Buffer, position: int) -> int:
+    """The offset field (first 8 bytes) of the batch, or legacy message, at `position`:
+    a v2 batch's base offset. No CRC covers it."""
+    (offset,) = struct.unpack_from(">q", buf, position + BASE_OFFSET_OFFSET)
+    return int(offset)
+
+
 def batch_size_at(buf: Buffer, position: int) -> int | None:
     """The total size of the batch (or legacy message) starting at `position`, or None if
     fewer than 17 bytes remain (a partial header: an incomplete tail)."""

@@ -36,12 +36,12 @@ from cleanerd.records.header import (
     BatchHeader,
     Buffer,
     Compression,
+    base_offset_at,
     unpack_header,
     validate_v2_header,
 )
 
 _SIZE_AND_MAGIC: Final = struct.Struct(">i4xb")  # from LENGTH_OFFSET: length, epoch, magic
-_OFFSET: Final = struct.Struct(">q")
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,9 +111,8 @@ def naming_offset(
     says, which is what an operator looks the batch up by."""
     if end - position < 8:
         return error
-    (offset,) = _OFFSET.unpack_from(buf, position)
     return type(error)(
-        f"{error.reason} (its header names offset {offset})",
+        f"{error.reason} (its header names offset {base_offset_at(buf, position)})",
         path=error.path,
         position=error.position,
     )
