@@ -90,8 +90,7 @@ def _header_cut_before_zeros(data: U8, start: int, size: int, scan: Walk) -> boo
     a base offset the batch after the walk may have (above its last offset, in its
     range), then either no length yet (nor anything after it) or a length (`size` with
     the log overhead) that fits."""
-    written = np.flatnonzero(data[start:])
-    if not len(written) or int(written[-1]) >= MAGIC_OFFSET:
+    if data[start + MAGIC_OFFSET :].any():
         return False  # a written magic byte is the rule above's
     base = base_offset_at(data.data, start)
     if base <= scan.last_offset or scan.offsets.refusal(base, 0, v2=True) is not None:
@@ -99,7 +98,7 @@ def _header_cut_before_zeros(data: U8, start: int, size: int, scan: Walk) -> boo
     if base - scan.offsets.base > INT32_MAX:
         return False  # past what the active segment's index holds, whatever range was given
     if size == LOG_OVERHEAD:  # no length yet: nothing written after the base offset
-        return int(written[-1]) < LENGTH_OFFSET
+        return not data[start + LENGTH_OFFSET :].any()
     return RECORD_BATCH_OVERHEAD <= size <= len(data) - start
 
 
