@@ -542,9 +542,7 @@ def foreseen_torn_tail(segment: LogSegment) -> TruncatedTail | None:
     buf = map_file(segment.log_path)
     # Judged by the offsets before it, when known (nothing is read for them), as the
     # owner's open walking the whole segment judges it.
-    offsets, before = segment.offsets, segment.known_next_offset()
-    if before is not None and position > 0:
-        offsets = offsets.after(before, offsets.high, True)
+    offsets = segment.offsets_from(position, segment.known_next_offset())
     scan = walk_prefix(buf, start=position, offsets=offsets)
     reason = torn_tail_reason(buf, scan, flushed_to=segment.flushed_to)
     if reason is None or scan.stop != position:

@@ -521,6 +521,14 @@ class LogSegment:
         at the end of its last whole batch)."""
         return self.live and self._size == position
 
+    def offsets_from(self, position: int, after: int | None) -> OffsetRange:
+        """The offsets the batches from `position` may have: the segment's, from `after`
+        on when that is known of the bytes before `position` (what a walk of the whole
+        segment would have reached there)."""
+        if after is None or position == 0:
+            return self.offsets
+        return self.offsets.after(after, self.offsets.high, True)
+
     def _whole_batches_from(self, position: int, *, after: int | None = None) -> Summary:
         """The totals of the batches from `position` to the end. A `growing` read-only
         segment belongs to another writer (observe mode: a live broker), which may be in
@@ -536,9 +544,7 @@ class LogSegment:
         `after`: the offset the batches from `position` start at, when the bytes before
         it were read (an append), which they are judged by, as a walk of the whole
         segment judges them."""
-        offsets = self.offsets
-        if after is not None and position > 0:
-            offsets = offsets.after(after, offsets.high, True)
+        offsets = self.offsets_from(position, after)
         span = self._size - position
         if 0 < span <= _PREAD_SPAN:
             data = self._pread_checked(position, span)
