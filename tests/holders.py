@@ -1,6 +1,7 @@
 """Other processes that hold a log dir's locks, for the tests of what cleanerd does
 beside them: a stand-in broker's `.lock` (`fcntl.lockf`, as Kafka takes it), a tool's
-`flock` on it (as `flock(1)` takes it) and another cleanerd owner's."""
+`flock` on it (as `flock(1)` takes it), another cleanerd owner's, and a state dir's
+owner marker alone (args: the log dir, the state dir)."""
 
 from __future__ import annotations
 
@@ -36,6 +37,15 @@ from cleanerd.log.log_dir import LogDir
 with LogDir.open(Path(sys.argv[1]), state_dir=Path(sys.argv[2])):
     print("ready", flush=True)
     sys.stdin.read()
+"""
+HOLD_OWNER_MARKER = """
+import fcntl, os, sys
+from pathlib import Path
+from cleanerd.log.lock import OwnerLock
+fd = os.open(OwnerLock(Path(sys.argv[2]), Path(sys.argv[1])).path, os.O_RDONLY)
+fcntl.flock(fd, fcntl.LOCK_EX)
+print("ready", flush=True)
+sys.stdin.read()
 """
 
 

@@ -27,7 +27,12 @@ from cleanerd.log.ownership import Holder, OwnershipLost
 from cleanerd.log.partition_log import LogConfig
 from cleanerd.log.recovery import SymlinkRefused
 from tests.builders import kv
-from tests.holders import HOLD_BROKER_LOCK, HOLD_OWNER_LOCK, held_by_other_process
+from tests.holders import (
+    HOLD_BROKER_LOCK,
+    HOLD_OWNER_LOCK,
+    HOLD_OWNER_MARKER,
+    held_by_other_process,
+)
 
 _CTX = multiprocessing.get_context("spawn")
 TP = TopicPartition("orders", 0)
@@ -165,17 +170,6 @@ def _own_dir(root: Path, state: Path, held: Event) -> None:
         owner.create_partition(TP)
         held.set()
         time.sleep(60)  # until killed
-
-
-HOLD_OWNER_MARKER = """
-import fcntl, os, sys
-from pathlib import Path
-from cleanerd.log.lock import OwnerLock
-fd = os.open(OwnerLock(Path(sys.argv[2]), Path(sys.argv[1])).path, os.O_RDONLY)
-fcntl.flock(fd, fcntl.LOCK_EX)
-print("ready", flush=True)
-sys.stdin.read()
-"""
 
 
 @pytest.mark.parametrize("after", ["nobody", "a-broker"])
