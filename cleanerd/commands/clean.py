@@ -36,6 +36,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Final
 
+from cleanerd.clock import wall_clock_ms
 from cleanerd.commands import Arg, epoch_ms
 from cleanerd.commands.progress import Progress, TrackedEngine
 from cleanerd.compaction.stats import render_invalid_warning, render_stats
@@ -43,7 +44,7 @@ from cleanerd.config import load_config
 from cleanerd.engine import create_engine
 from cleanerd.engine.first_reads import ReaderPool
 from cleanerd.logger import get_logger, log_to_stderr
-from cleanerd.maintenance.cycle import Maintenance, wall_clock_ms
+from cleanerd.maintenance.cycle import Maintenance
 from cleanerd.maintenance.report import CycleReport
 from cleanerd.retention.disk_usage import device_name
 from cleanerd.wording import count

@@ -145,7 +145,10 @@ def open_for_append(
             raise CleanerdError(
                 f"{target / LOCK_FILE_NAME} is held by {who}: not writing to that log dir"
             )
-        yield opened.create_partition(tp, config=LogConfig.of_topic(cfg.topic_config(tp.topic)))
+        config = LogConfig.of_topic(
+            cfg.topic_config(tp.topic), min_roll_interval_ms=cfg.rolls.min_interval_ms
+        )
+        yield opened.create_partition(tp, config=config)
 
 
 def produce(

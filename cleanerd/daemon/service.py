@@ -92,6 +92,7 @@ import structlog
 from pydantic import JsonValue
 
 from cleanerd._jit import compiled_kernels_on
+from cleanerd.clock import wall_clock_ms
 from cleanerd.config import Config, check_paths, load_config
 from cleanerd.daemon import hangup
 from cleanerd.daemon.commands import (
@@ -124,7 +125,7 @@ from cleanerd.errors import CleanerdError, ConfigError, LogDirLockedError
 from cleanerd.log.files import TopicPartition
 from cleanerd.log.ownership import Holder
 from cleanerd.log_setup import configure_logging, partition_context
-from cleanerd.maintenance.cycle import Maintenance, MaintenanceStatus, wall_clock_ms
+from cleanerd.maintenance.cycle import Maintenance, MaintenanceStatus
 from cleanerd.maintenance.report import CycleNews, CycleReport, made_progress
 from cleanerd.retention.disk import Device, group_devices, is_above, measure
 from cleanerd.retention.disk_usage import DeviceUsage

@@ -51,6 +51,7 @@ from itertools import pairwise
 from pathlib import Path
 from typing import NamedTuple
 
+from cleanerd.clock import wall_clock_ms
 from cleanerd.errors import (
     DAMAGE,
     CheckpointError,
@@ -111,6 +112,14 @@ from cleanerd.log.recovery import (
     refuse_special,
     truncate_torn_tail,
 )
+from cleanerd.log.roll import (
+    DEFAULT_MIN_ROLL_INTERVAL_MS,
+    TimeRollLimit,
+    rolls_at_append,
+    segment_jitter,
+    segment_jitter_seed,
+    time_roll_limit,
+)
 from cleanerd.log.segment import LogSegment
 from cleanerd.log.tail import torn_tail_reason
 from cleanerd.log.topic_config import TopicConfig
@@ -121,6 +130,7 @@ from cleanerd.records.control import ControlRecordType, control_type, encode_end
 from cleanerd.records.header import Compression, TimestampType
 from cleanerd.records.record import Record
 from cleanerd.records.scan import BatchInfo
+from cleanerd.records.varint import INT64_MAX
 from cleanerd.records.walker import (
     NO_DELETE_HORIZON,
     OffsetRange,
@@ -134,6 +144,7 @@ from cleanerd.records.walker import (
 log = get_logger(__name__)
 
 DEFAULT_SEGMENT_BYTES = 1024 * 1024 * 1024
+DEFAULT_SEGMENT_MS = 7 * 24 * 60 * 60 * 1000
 _SETTLED_NS = 2_000_000_000
 """A dir mtime this much older than a listing is trusted to change with the next entry
 change (far above the coarse kernel clock's tick)."""
@@ -154,6 +165,18 @@ class LogConfig:
     """`file.delete.delay.ms`: how long `.deleted` files stay before being unlinked."""
     lock_timeout_s: float = DEFAULT_LOCK_TIMEOUT_S
     """How long to wait for another cleanerd process's partition lock."""
+    segment_ms: int = DEFAULT_SEGMENT_MS
+    """`segment.ms`: roll before an append whose records are this much newer than the
+    active segment's first batch (`roll.rolls_at_append`)."""
+    segment_jitter_ms: int = 0
+    """`segment.jitter.ms`: the bound of each segment's drawn jitter."""
+    max_compaction_lag_ms: int = INT64_MAX
+    """`max.compaction.lag.ms`: the roll limit instead of `segment.ms` when lower, for a
+    compacted topic (`compact`)."""
+    compact: bool = False
+    """`compact` is in the topic's cleanup.policy."""
+    min_roll_interval_ms: int = DEFAULT_MIN_ROLL_INTERVAL_MS
+    """`rolls.min_interval_ms`: the floor of time rolls, counted from the last roll."""
 
     def __post_init__(self) -> None:
         limits = {
@@ -161,6 +184,10 @@ class LogConfig:
             "segment.index.bytes": (self.segment_index_bytes, 4),
             "index.interval.bytes": (self.index_interval_bytes, 0),
             "file.delete.delay.ms": (self.file_delete_delay_ms, 0),
+            "segment.ms": (self.segment_ms, 1),
+            "segment.jitter.ms": (self.segment_jitter_ms, 0),
+            "max.compaction.lag.ms": (self.max_compaction_lag_ms, 1),
+            "rolls.min_interval_ms": (self.min_roll_interval_ms, 0),
         }
         for key, (value, minimum) in limits.items():
             if value < minimum:
@@ -169,14 +196,27 @@ class LogConfig:
             raise ValueError(f"invalid lock timeout {self.lock_timeout_s}: must be positive")
 
     @classmethod
-    def of_topic(cls, topic: TopicConfig) -> LogConfig:
-        """The part of a topic's effective settings the log layer reads."""
+    def of_topic(
+        cls, topic: TopicConfig, *, min_roll_interval_ms: int = DEFAULT_MIN_ROLL_INTERVAL_MS
+    ) -> LogConfig:
+        """The part of a topic's effective settings the log layer reads, with cleanerd's
+        minimum roll interval (`rolls.min_interval_ms`)."""
         return cls(
             segment_bytes=topic.segment_bytes,
             segment_index_bytes=topic.segment_index_bytes,
             index_interval_bytes=topic.index_interval_bytes,
             file_delete_delay_ms=topic.file_delete_delay_ms,
+            segment_ms=topic.segment_ms,
+            segment_jitter_ms=topic.segment_jitter_ms,
+            max_compaction_lag_ms=topic.max_compaction_lag_ms,
+            compact=topic.compact,
+            min_roll_interval_ms=min_roll_interval_ms,
         )
+
+    @property
+    def time_roll(self) -> TimeRollLimit:
+        """Kafka's maxSegmentMs and the setting behind it."""
+        return time_roll_limit(self.segment_ms, self.max_compaction_lag_ms, compact=self.compact)
 
 
 class PartitionLog:
@@ -203,6 +243,7 @@ class PartitionLog:
         """The owner this process writes beside (shared mode): proven before each roll."""
         self.topic_partition = parse_topic_partition(path.name)
         self.config = config
+        self._time_roll = config.time_roll
         self.recovery_report = report
         self._lock = lock
         self._quarantine_dir = quarantine_dir
@@ -705,11 +746,15 @@ class PartitionLog:
         base_sequence: int = -1,
         is_transactional: bool = False,
         partition_leader_epoch: int = -1,
+        now_ms: int | None = None,
     ) -> tuple[int, int]:
         """Append `records` as one v2 batch at the log end offset (their own offsets are
         ignored: offsets are assigned contiguously, as a leader does). Returns the first
         and last offset assigned. A non-transactional batch of a producer whose
-        transaction is open is refused (InvalidTxnStateError), as Kafka refuses it."""
+        transaction is open is refused (InvalidTxnStateError), as Kafka refuses it. The
+        active segment is rolled first when the batch would not fit it, or when its
+        records are `segment.ms` newer than its first batch (`roll.rolls_at_append`;
+        `now_ms`, default the clock, is when the minimum roll interval is counted to)."""
         if not records:
             raise ValueError("append needs at least one record")
         with self._write_lock():
@@ -726,19 +771,19 @@ class PartitionLog:
                 is_transactional=is_transactional,
                 partition_leader_epoch=partition_leader_epoch,
             )
-            self._append_locked(data)
+            self._append_locked(data, now_ms=now_ms)
         return first, first + len(records) - 1
 
-    def append_batches(self, data: bytes) -> tuple[int, int]:
+    def append_batches(self, data: bytes, *, now_ms: int | None = None) -> tuple[int, int]:
         """Append already-encoded batches (v2 or legacy) keeping their offsets, which must
         be at or above the log end offset (a follower's append). Returns the first and
         last offset. Refused whole, as `append` refuses it, when one batch writes outside
-        its producer's open transaction."""
+        its producer's open transaction. Rolls as `append` does, before each batch."""
         infos = list(scan_batches(data))
         if not infos:
             raise ValueError("append_batches needs at least one batch")
         with self._write_lock():
-            self._append_locked(data, infos)
+            self._append_locked(data, infos, now_ms=now_ms)
         return infos[0].base_offset, infos[-1].last_offset
 
     def append_end_txn_marker(
@@ -769,15 +814,21 @@ class PartitionLog:
             self._append_locked(data)
         return offset
 
-    def _append_locked(self, data: bytes, infos: Sequence[BatchInfo] | None = None) -> None:
+    def _append_locked(
+        self, data: bytes, infos: Sequence[BatchInfo] | None = None, *, now_ms: int | None = None
+    ) -> None:
         if infos is None:
             infos = list(scan_batches(data))
         self._refuse_writes_outside_open_txns(infos)
         for info in infos:
             active = self.active_segment
             why = active.roll_before_append(info.size, info.last_offset, self.config.segment_bytes)
+            if why is None:
+                why = self._time_roll_before(active, info.max_timestamp, now_ms)
             if why is not None:
-                self._roll_locked(max(self.log_end_offset, info.base_offset), reason=why)
+                self._roll_locked(
+                    max(self.log_end_offset, info.base_offset), reason=why, now_ms=now_ms
+                )
                 active = self.active_segment
             chunk = data[info.position : info.position + info.size]
             relative = _at_start(info)
@@ -787,6 +838,31 @@ class PartitionLog:
             active.append(chunk, relative)
             if transactional:
                 self._apply_appended_txn_batch(active, chunk, relative)
+
+    def _time_roll_before(
+        self, active: LogSegment, max_timestamp: int, now_ms: int | None
+    ) -> str | None:
+        """The setting behind a time roll before an append of records whose max timestamp
+        is `max_timestamp` (`roll.rolls_at_append`), or None."""
+        first = active.first_batch_timestamp if active.size else None
+        limit = self._time_roll
+        if first is None or max_timestamp - first <= limit.ms - self.config.segment_jitter_ms:
+            return None  # not due even with the most jitter: the common case, decided here
+        if self.is_metadata:
+            return None
+        tp = self.topic_partition
+        seed = segment_jitter_seed(tp.topic, tp.partition, active.base_offset)
+        if not rolls_at_append(
+            first,
+            max_timestamp,
+            max_segment_ms=limit.ms,
+            jitter_ms=segment_jitter(self.config.segment_ms, self.config.segment_jitter_ms, seed),
+            now_ms=wall_clock_ms() if now_ms is None else now_ms,
+            last_roll_ms=self.last_roll_ms(),
+            min_roll_interval_ms=self.config.min_roll_interval_ms,
+        ):
+            return None
+        return limit.reason.value
 
     def _refuse_writes_outside_open_txns(self, infos: Sequence[BatchInfo]) -> None:
         """Raise InvalidTxnStateError, before any of `infos` is appended, when one is a

@@ -12,8 +12,9 @@ KIP-354's promise). cleanerd evaluates the same rules on a timer:
   their policy and `segment.ms` otherwise, and the rolling timestamp is the first batch's
   maxTimestamp. Kafka compares with `>`; cleanerd uses `>=` (DESIGN section 3) so that a
   segment rolls no later than the instant its first batch reaches the limit. Kafka
-  measures the wait against the *incoming* batch's timestamp; with no append the wall
-  clock stands in for it.
+  measures the wait against the *incoming* batch's timestamp, and so does an append
+  through cleanerd's log layer (`rolls_at_append`); with no append the wall clock stands
+  in for it.
 
 Clock skew: a first-batch timestamp later than the moment cleanerd first saw the segment
 cannot be the time the segment was started, so the rolling timestamp is clamped to
@@ -152,6 +153,35 @@ def rolling_timestamp(segment: SegmentMeta, first_seen_ms: int) -> int:
     if ts is None or ts < 0:
         return first_seen_ms
     return min(ts, first_seen_ms)
+
+
+def rolls_at_append(
+    first_batch_timestamp_ms: int | None,
+    incoming_max_timestamp_ms: int,
+    *,
+    max_segment_ms: int,
+    jitter_ms: int,
+    now_ms: int,
+    last_roll_ms: int | None,
+    min_roll_interval_ms: int = DEFAULT_MIN_ROLL_INTERVAL_MS,
+) -> bool:
+    """Whether an append of records whose max timestamp is `incoming_max_timestamp_ms`
+    rolls the active segment first, by the time rule: Kafka's `shouldRoll`, which
+    measures the wait from the segment's first batch (its maxTimestamp) to the incoming
+    records, not to the clock, so that records written with timestamps far apart (a
+    backfill, a replay) are split as a broker splits them, and with Kafka's `>` (an
+    append is an instant: nothing here waits for a limit to pass). With the floor of
+    `time_roll_due`: the minimum roll interval counts on the clock (`now_ms`) from the
+    partition's last roll (`last_roll_ms`, None for a lone segment), as producer
+    timestamps that go back and forth would otherwise roll at every other append. A
+    first batch without a timestamp leaves the roll to the clock rule (`should_roll`)."""
+    if first_batch_timestamp_ms is None or first_batch_timestamp_ms < 0:
+        return False
+    if incoming_max_timestamp_ms - first_batch_timestamp_ms <= max_segment_ms - jitter_ms:
+        return False
+    if last_roll_ms is None or min_roll_interval_ms <= 0:
+        return True
+    return now_ms >= last_roll_ms + min(min_roll_interval_ms, max_segment_ms)
 
 
 def should_roll(

@@ -68,6 +68,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Final, NamedTuple, Protocol
 
+from cleanerd.clock import wall_clock_ms
 from cleanerd.collector import long_lived_objects
 from cleanerd.compaction.cleanable import LogToClean, topic_log_to_clean
 from cleanerd.compaction.cleaner import (
@@ -254,11 +255,6 @@ class _Taking:
     taken: int = 0
     """Segments seeded from the answers."""
     failed: list[Exception] = field(default_factory=list)
-
-
-def wall_clock_ms() -> int:
-    """Milliseconds since the epoch (the default clock)."""
-    return time.time_ns() // 1_000_000
 
 
 def _fields(tp: TopicPartition, log_dir: Path) -> dict[str, str | int]:

@@ -250,6 +250,25 @@ class TestOpenForAppend:
             assert log.dir == tmp_path / "data" / "orders-2"
             assert log.log_end_offset == 0
 
+    def test_records_hours_apart_are_split_by_the_topics_segment_ms(self, tmp_path: Path) -> None:
+        """The topic's `segment.ms` and `rolls.min_interval_ms` reach the appends: records
+        written at once with timestamps 30 minutes apart roll a one-hour segment as a
+        broker's appends would."""
+        (tmp_path / "data").mkdir()
+        config = config_from_data(
+            {
+                "log.dirs": [str(tmp_path / "data")],
+                "state_dir": str(tmp_path / "state"),
+                "rolls": {"min_interval_ms": 0},
+                "topics": {"orders": {"segment.ms": 3_600_000}},
+            }
+        )
+        t0 = 1_700_000_000_000
+        lines = [json.dumps({"value": "v", "timestamp": t0 + i * 1_800_000}) for i in range(10)]
+        with open_for_append(config, "orders-0") as log:
+            run(log, lines, batch_size=1)
+            assert [s.base_offset for s in log.segments] == [0, 3, 6, 9]
+
     def test_refused_when_a_broker_holds_the_log_dir(self, tmp_path: Path) -> None:
         """A `.lock` held by a non-cleanerd process (a broker) means no writes."""
         (tmp_path / "data").mkdir()

@@ -59,11 +59,11 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from cleanerd.clock import wall_clock_ms
 from cleanerd.commands.audit import audit_log_dirs
 from cleanerd.config import load_config
 from cleanerd.log.files import TopicPartition
 from cleanerd.log.partition_log import PartitionLog
-from cleanerd.maintenance.cycle import wall_clock_ms
 from tests.builders import kv
 from tests.faults.workload import Daemon, records_on_disk, wait_for
 from tests.paths import REPO

@@ -44,7 +44,7 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from cleanerd.maintenance.cycle import wall_clock_ms
+from cleanerd.clock import wall_clock_ms
 from tests.faults.test_read_only import read_only_bind
 from tests.faults.workload import Daemon, wait_for
 from tests.paths import REPO

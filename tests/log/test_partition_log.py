@@ -456,6 +456,45 @@ def test_two_processes_append_concurrently(tmp_path: Path) -> None:
         assert not segment.sanity_check()
 
 
+@pytest.mark.parametrize(
+    ("min_roll_interval_ms", "bases"), [(0, [0, 3, 6, 9]), (15 * 60_000, [0, 3])]
+)
+def test_an_append_rolls_when_its_records_are_segment_ms_past_the_first_batch(
+    tmp_path: Path, min_roll_interval_ms: int, bases: list[int]
+) -> None:
+    """Records written at once with timestamps 30 minutes apart under a one-hour
+    `segment.ms` are split by their timestamps, as a broker splits them (a segment holds
+    at most an hour of them), so that `retention.ms` can delete the old ones; without the
+    minimum roll interval exactly where Kafka rolls, with it once (the segment that
+    follows a roll waits for the interval on the clock)."""
+    hour = 3_600_000
+    config = LogConfig(segment_ms=hour, min_roll_interval_ms=min_roll_interval_ms)
+    (tmp_path / "logs").mkdir()
+    plog = PartitionLog.create(
+        tmp_path / "logs", TopicPartition("t", 0), config=config, state_dir=tmp_path / "state"
+    )
+    t0 = 1_700_000_000_000
+    for i in range(10):
+        plog.append([kv(f"k{i}", "v", timestamp=t0 + i * hour // 2)], now_ms=t0 + 5 * hour)
+    assert [s.base_offset for s in plog.segments] == bases
+    assert plog.log_end_offset == 10
+
+
+def test_a_compacted_topics_append_rolls_at_max_compaction_lag(tmp_path: Path) -> None:
+    """maxSegmentMs is max.compaction.lag.ms when lower, for a compacted topic only."""
+    minute = 60_000
+    for compact, bases in ((True, [0, 2]), (False, [0])):
+        config = LogConfig(max_compaction_lag_ms=minute, compact=compact, min_roll_interval_ms=0)
+        (tmp_path / str(compact)).mkdir()
+        plog = PartitionLog.create(
+            tmp_path / str(compact), TopicPartition("t", 0), config=config,
+            state_dir=tmp_path / "state",
+        )  # fmt: skip
+        for ts in (0, minute, minute + 1):
+            plog.append([kv("k", "v", timestamp=10**12 + ts)])
+        assert [s.base_offset for s in plog.segments] == bases
+
+
 def test_every_rolled_segment_keeps_its_producer_snapshot(tmp_path: Path) -> None:
     """A roll writes a snapshot at the new segment's base, and the older ones stay with
     their segments (Kafka deletes one only with its segment), so that a loader that

@@ -10,6 +10,7 @@ from cleanerd.log.roll import (
     RollReason,
     SegmentAge,
     max_segment_ms,
+    rolls_at_append,
     segment_jitter,
     segment_jitter_seed,
     should_roll,
@@ -166,3 +167,37 @@ def test_jitter_bounds(segment_ms: int, jitter_ms: int, seed: int):
     j = segment_jitter(segment_ms, jitter_ms, seed)
     assert j >= 0
     assert j == 0 or j < min(jitter_ms, segment_ms)
+
+
+def _at_append(incoming: int, **kw: Any) -> bool:
+    args: dict[str, Any] = {
+        "max_segment_ms": HOUR,
+        "jitter_ms": 0,
+        "now_ms": 10 * HOUR,
+        "last_roll_ms": None,
+        "min_roll_interval_ms": 15 * 60_000,
+    }
+    return rolls_at_append(kw.pop("first", 0), incoming, **(args | kw))
+
+
+def test_an_append_rolls_by_its_records_timestamps_past_the_first_batch():
+    """Kafka's shouldRoll: the incoming records' max timestamp against the segment's first
+    batch's, with `>` (not the clock: records written at once, hours apart, still split)."""
+    assert not _at_append(HOUR)
+    assert _at_append(HOUR + 1)
+    assert not _at_append(HOUR + 1, first=1)
+    assert _at_append(HOUR - 99, jitter_ms=100)
+    assert not _at_append(5 * HOUR, first=None)  # no timestamp: the clock rule decides
+    assert not _at_append(5 * HOUR, first=-1)
+
+
+def test_an_append_roll_keeps_the_minimum_interval_on_the_clock():
+    """After a roll, the next time roll by an append waits for min(interval, maxSegmentMs)
+    on the clock, however far apart the records' timestamps are; a lone segment rolls."""
+    assert _at_append(5 * HOUR, last_roll_ms=None)
+    assert not _at_append(5 * HOUR, now_ms=HOUR, last_roll_ms=HOUR - 60_000)
+    assert _at_append(5 * HOUR, now_ms=HOUR, last_roll_ms=HOUR - 15 * 60_000)
+    assert _at_append(5 * HOUR, now_ms=HOUR, last_roll_ms=HOUR, min_roll_interval_ms=0)
+    assert _at_append(
+        5 * HOUR, now_ms=HOUR, last_roll_ms=HOUR - 60_000, max_segment_ms=60_000
+    )  # the floor never exceeds maxSegmentMs
