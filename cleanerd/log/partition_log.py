@@ -1039,7 +1039,6 @@ class PartitionLog:
                 self.dir,
                 state,
                 log_start_offset=self.log_start_offset,
-                segment_bases={s.base_offset for s in self._segments},
                 like=self.active_segment.log_path,
             )
         except OSError as exc:

@@ -29,18 +29,15 @@ Crash safety: a snapshot is written to a temporary name, fsynced and renamed (th
 dir fsynced), so a reader sees a whole snapshot or none; a damaged one is reported and
 ignored, and the state is rebuilt from the log, as Kafka does. Snapshots are written by
 the dir's writer only (never in observe mode): at a roll, after a clean and at a clean
-shutdown, each at the log end offset. A snapshot stays while its segment does (one at each
-segment's base; it goes with the segment, by retention or a clean's swap), as in Kafka; at
-each write, those below the log start offset and those at no segment's base but the one
-written go (Kafka's `removeStraySnapshots`: a snapshot at the log end, after a clean or a
-stop, is superseded by the next).
+shutdown, each at the log end offset; older ones below the log start offset, and all but
+the newest `KEEP`, are deleted.
 """
 
 from __future__ import annotations
 
 import os
 import struct
-from collections.abc import Collection, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
@@ -69,6 +66,7 @@ HEADER: Final = struct.Struct(">hIi")  # version, crc, entry count
 ENTRY: Final = struct.Struct(">qhiqiqiq")
 VERSION: Final = 1
 _CRC_START: Final = 6
+KEEP: Final = 2
 NO_TXN: Final = -1
 
 log = get_logger(__name__)
@@ -349,24 +347,15 @@ def write_snapshot(
     state: ProducerState,
     *,
     log_start_offset: int,
-    segment_bases: Collection[int],
     like: Path | None = None,
 ) -> Path:
     """Write `state` as `<state.offset>.snapshot` (atomically, with the bits and group of
-    `like`, a segment of the partition), then delete the other snapshots below
-    `log_start_offset` or at none of `segment_bases` (see the module docstring)."""
+    `like`, a segment of the partition), then delete snapshots below `log_start_offset`
+    and all but the newest `KEEP`."""
     path = snapshot_path(partition_dir, state.offset)
     atomic_write(path, state.to_bytes(), like=like)
-    for offset in stale_snapshots(
-        snapshot_offsets(partition_dir), state.offset, log_start_offset, segment_bases
-    ):
-        safe_unlink(snapshot_path(partition_dir, offset))
+    offsets = snapshot_offsets(partition_dir)
+    for offset in offsets[:-KEEP] + [o for o in offsets[-KEEP:] if o < log_start_offset]:
+        if offset != state.offset:
+            safe_unlink(snapshot_path(partition_dir, offset))
     return path
-
-
-def stale_snapshots(
-    offsets: Iterable[int], written: int, log_start_offset: int, segment_bases: Collection[int]
-) -> list[int]:
-    """Of the snapshots at `offsets`, those a write of the one at `written` supersedes:
-    below `log_start_offset`, or at none of `segment_bases`."""
-    return [o for o in offsets if o != written and (o < log_start_offset or o not in segment_bases)]

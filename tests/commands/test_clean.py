@@ -552,7 +552,7 @@ def test_damage_the_open_finds_stops_retention_and_is_found_again(
     d = log.write()
     # A producer snapshot at the log end, as a clean stop leaves: the producer state is
     # read from it, and only the open's validation walks the old segments.
-    write_snapshot(d, ProducerState(offset=2011), log_start_offset=0, segment_bases=())
+    write_snapshot(d, ProducerState(offset=2011), log_start_offset=0)
     seg = d / "00000000000000000010.log"
     position = set_base_offset(seg, 500, 10**12)
     data = seg.read_bytes()

@@ -396,7 +396,7 @@ def test_a_producer_snapshot_dumps_one_entry_per_producer(
             5: ProducerEntry(5, 0, -1, 12, 0, 1_600_000_000_000, -1, -1),
         },
     )
-    path = write_snapshot(tmp_path, state, log_start_offset=0, segment_bases=())
+    path = write_snapshot(tmp_path, state, log_start_offset=0)
     assert main(["dump", str(path)]) == 0
     text = capsys.readouterr().out.splitlines()
     assert text[1:] == [

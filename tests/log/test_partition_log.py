@@ -495,30 +495,6 @@ def test_a_compacted_topics_append_rolls_at_max_compaction_lag(tmp_path: Path) -
         assert [s.base_offset for s in plog.segments] == bases
 
 
-def test_every_rolled_segment_keeps_its_producer_snapshot(tmp_path: Path) -> None:
-    """A roll writes a snapshot at the new segment's base, and the older ones stay with
-    their segments (Kafka deletes one only with its segment), so that a loader that
-    truncates below the newest finds one at its target; a snapshot at the log end
-    (`take_snapshot`: a clean stop's) is replaced by the next one."""
-    plog = build_log(
-        tmp_path / "logs",
-        [[[kv(k, "v")]] for k in "abcde"],
-        state_dir=tmp_path / "state",
-    )
-    assert snapshot_offsets(plog.dir) == [1, 2, 3, 4]
-    plog.append([kv("f", "v")])
-    plog.take_snapshot()
-    assert snapshot_offsets(plog.dir) == [1, 2, 3, 4, 6]
-    plog.append([kv("g", "v")])
-    plog.take_snapshot()
-    assert snapshot_offsets(plog.dir) == [1, 2, 3, 4, 7]
-    plog.roll()
-    assert snapshot_offsets(plog.dir) == [1, 2, 3, 4, 7]  # 7 is the new segment's base
-    plog.append([kv("h", "v")])
-    plog.roll()
-    assert snapshot_offsets(plog.dir) == [1, 2, 3, 4, 7, 8]
-
-
 def test_delete_segments_renames_and_moves_start(tmp_path: Path) -> None:
     """Deleting the oldest segments renames their files to `.deleted`, and the producer
     snapshot at a deleted segment's base with them (as Kafka does: it stayed behind),

@@ -47,27 +47,16 @@ def test_snapshot_crc_and_version_checked(tmp_path: Path) -> None:
         read_snapshot(path)
 
 
-def test_write_keeps_one_snapshot_per_segment_and_none_below_the_log_start(
-    tmp_path: Path,
-) -> None:
-    """As Kafka keeps them: one at each segment's base (written at its roll), and of
-    those at no base only the one just written (a stop's or a clean's, at the log end)."""
-
-    def write(offset: int, bases: set[int], log_start: int = 0) -> list[str]:
-        state = ProducerState(offset, {1: ProducerEntry(1)})
-        write_snapshot(tmp_path, state, log_start_offset=log_start, segment_bases=bases)
-        return sorted(p.name.removesuffix(".snapshot").lstrip("0") for p in tmp_path.iterdir())
-
-    bases = {0, 10, 20, 30}
-    for offset in (10, 20, 30):  # rolls
-        write(offset, bases)
-    assert write(35, bases) == ["10", "20", "30", "35"]  # a stop at the log end
-    assert write(38, bases) == ["10", "20", "30", "38"]  # a clean later: 35 is superseded
-    assert write(40, bases | {40}) == ["10", "20", "30", "40"]  # a roll
-    assert write(50, {20, 30, 40, 50}, log_start=25) == ["30", "40", "50"]
-    assert read_snapshot(tmp_path / "00000000000000000050.snapshot").entries == {
-        1: ProducerEntry(1)
-    }
+def test_write_keeps_the_newest_two_and_none_below_the_log_start(tmp_path: Path) -> None:
+    for offset in (10, 20, 30, 40):
+        write_snapshot(tmp_path, ProducerState(offset, {1: ProducerEntry(1)}), log_start_offset=0)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "00000000000000000030.snapshot",
+        "00000000000000000040.snapshot",
+    ]
+    write_snapshot(tmp_path, ProducerState(50), log_start_offset=45)
+    assert [p.name for p in tmp_path.iterdir()] == ["00000000000000000050.snapshot"]
+    assert read_snapshot(tmp_path / "00000000000000000050.snapshot").entries == {}
 
 
 @pytest.mark.parametrize("live", [False, True])
