@@ -557,9 +557,9 @@ class PartitionLog:
             )
 
     def _bring_the_recovery_point_to_the_log_end(self, *, read: bool) -> None:
-        """As Kafka's loader: a recovery point never lies past the log end. A cut tail
-        took back offsets the checkpoint called flushed; otherwise the checkpoint is
-        wrong (edited, or restored with other data): kept, it would be written back, and
+        """As Kafka's loader: a recovery point never lies past the log end. One past it
+        is wrong (edited, or restored with other data; a tail at offsets it calls
+        flushed is damage, not cut, `tail.torn_tail_reason`): kept, it would be written back, and
         the offsets appended up to it would pass for flushed, so that a start after a
         crash would trust the segments holding them unread (`recovery.py`). An owner's
         open says so (an observer may have read the checkpoint after the broker's
@@ -731,8 +731,8 @@ class PartitionLog:
             else:
                 cut = truncate_torn_tail(active, scan, reason, self._quarantine_dir)
                 self.recovery_report.truncated.append(cut)
-                # Offsets cut here were not there to flush (the checkpoint was wrong
-                # about them): the records appended next are not flushed either.
+                # A cut never reaches offsets the recovery point calls flushed (those
+                # are damage, `torn_tail_reason`): the point stays at most the log end.
                 self.recovery_point = min(self.recovery_point, active.next_offset)
 
     def append(

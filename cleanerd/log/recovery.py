@@ -65,12 +65,11 @@ what they find is reported as the open's.
 The leftover steps below list the dir once and, finding nothing to do, change and fsync
 nothing. Kafka truncates any
 invalid tail; cleanerd only truncates what a crash mid-append can leave at the end of
-the **active** segment:
+the **active** segment, at offsets from the recovery point on (below it the bytes were
+flushed whole, so any of these there is damage: `tail.torn_tail_reason`):
 
 - a partial batch (fewer bytes than the header or the declared size),
-- a last batch whose CRC fails with nothing but zeros (or nothing) after it, at
-  offsets from the recovery point on (below it the batch was flushed whole, so a bad
-  CRC there is damage: `tail.torn_tail_reason`),
+- a last batch whose CRC fails with nothing but zeros (or nothing) after it,
 - a run of zero bytes (a file extended but not yet written),
 
 after copying the cut bytes to `<state dir>/quarantine/` when a state dir is given and

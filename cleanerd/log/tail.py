@@ -12,11 +12,12 @@ short) only when nothing valid follows it and it has one of those shapes; anythi
 is corruption to report, never to cut or skip. A whole batch whose offsets are out of
 place (`walker.BadOffsetError`) is such damage, wherever it is: a torn append fails its
 structure or its CRC, and a base offset is written before them. So is a last batch
-whose bytes are all there but fail its CRC where offsets below the recovery point
-belong: the checkpoint named those offsets only after they were flushed, so the batch
-was whole on disk, and bytes that changed since are damage. (Bytes missing there, zeros
-or a batch cut short, are lost whatever is done; they are cut as Kafka's loader cuts
-them, what is left of them copied aside first.)
+of any of those shapes where offsets below the recovery point belong: the checkpoint named
+those offsets only after they were flushed, so a crash cannot have cut them, and bytes
+that changed or went missing since (a batch failing its CRC, cut short, zeros) are damage,
+whatever a run before knew of the dir. (Kafka's loader cuts them after an unclean stop:
+cleanerd reports them and leaves them, so that the same bytes get the same verdict after a
+clean stop and after a crash.)
 """
 
 from __future__ import annotations
@@ -47,6 +48,8 @@ def torn_tail_reason(buf: Buffer, scan: Walk, *, flushed_to: int = 0) -> str | N
     if scan.error is None or isinstance(scan.error, BadOffsetError):
         return None
     start = scan.stop
+    if _first_offset_after(scan) < flushed_to:
+        return None  # flushed whole, then changed or lost: no append was in flight
     if not np.frombuffer(buf, dtype=np.uint8)[start:].any():
         return ZERO_TAIL
     if _valid_batch_after(buf, start) is not None:
@@ -54,8 +57,6 @@ def torn_tail_reason(buf: Buffer, scan: Walk, *, flushed_to: int = 0) -> str | N
     if scan.incomplete_tail:
         return f"incomplete batch: {scan.error.reason}"
     if len(buf) - start >= PREFIX_SIZE:
-        if _first_offset_after(buf, scan) < flushed_to:
-            return None  # its bytes were flushed whole: they changed since
         at = start + LENGTH_OFFSET
         size = int.from_bytes(buf[at : at + 4], "big", signed=True) + LOG_OVERHEAD
         data = np.frombuffer(buf, dtype=np.uint8)
@@ -102,13 +103,14 @@ def _header_cut_before_zeros(data: U8, start: int, size: int, scan: Walk) -> boo
     return RECORD_BATCH_OVERHEAD <= size <= len(data) - start
 
 
-def _first_offset_after(buf: Buffer, scan: Walk) -> int:
-    """The first offset of the batch after the valid prefix: one past the prefix's last,
-    or, when the walk found no batch before it (it began at an index entry, say), the
-    batch's own base offset."""
+def _first_offset_after(scan: Walk) -> int:
+    """The least offset the bytes after the valid prefix may hold: one past the prefix's
+    last, or, when the walk found no batch before them, the least its range allows (a
+    segment's base, or one past what a walk from an index entry knows is before it): not
+    what their own header says, which zeros or damage make up."""
     if scan.last_offset >= 0:
         return scan.last_offset + 1
-    return base_offset_at(buf, scan.stop)
+    return max(scan.offsets.low, scan.offsets.base)
 
 
 def _valid_batch_after(buf: Buffer, start: int) -> int | None:

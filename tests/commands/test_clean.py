@@ -133,6 +133,32 @@ def test_corrupt_segment_marks_partition_uncleanable(
     assert {p.name: p.read_bytes() for p in d.iterdir()} == before
 
 
+@pytest.mark.parametrize("cut", [10, "zeros"], ids=["cut-short", "zeroed"])
+def test_a_cleanly_stopped_active_segment_found_damaged_gets_one_verdict(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], cut: int | str
+) -> None:
+    """A dir `clean` stopped cleanly, whose active segment's last batch was then cut
+    short or zeroed: damage, and the next run says so again. The first run took the
+    clean-shutdown marker away (and wrote none, having met damage), so the second opened
+    the dir as after a crash and cut the flushed batch as a torn tail, exit 0."""
+    d = build(tmp_path)
+    cfg = str(write_config(tmp_path))
+    assert main(["clean", "-c", cfg, "--now-ms", str(NOW)]) == 0
+    assert (tmp_path / "logs" / ".kafka_cleanshutdown").exists()
+    active = sorted(d.glob("*.log"))[-1]
+    data = active.read_bytes()
+    last = end = 0
+    while end < len(data):  # to the last batch, by the batches' length fields
+        last, end = end, end + 12 + int.from_bytes(data[end + 8 : end + 12], "big")
+    active.write_bytes(data[:-10] if cut == 10 else data[:last] + bytes(len(data) - last))
+    before = {p.name: p.read_bytes() for p in d.iterdir()}
+    capsys.readouterr()
+    for _ in range(2):
+        assert main(["clean", "-c", cfg, "--now-ms", str(NOW)]) == 1
+        assert "t-0: uncleanable:" in capsys.readouterr().out
+        assert {p.name: p.read_bytes() for p in d.iterdir()} == before
+
+
 def _symlink_outside(tmp_path: Path) -> str:
     victim = tmp_path / "outside" / "victim"
     victim.mkdir(parents=True)

@@ -7,6 +7,7 @@ import os
 import threading
 from collections.abc import Callable
 from pathlib import Path
+from typing import Final
 
 import pytest
 from structlog.testing import capture_logs
@@ -402,21 +403,6 @@ def test_truncated_active_tail_is_cut_and_logged(tmp_path: Path) -> None:
     assert saved.read_bytes() == tail
 
 
-def test_a_cut_tail_brings_the_recovery_point_back_to_the_log_end(tmp_path: Path) -> None:
-    """A recovery point checkpointed past what a cut tail leaves (the file lost bytes the
-    checkpoint called flushed) comes back to the new log end, as in Kafka's loader: it
-    stayed past the log end and was written back so."""
-    path = _build(tmp_path)
-    OffsetCheckpointFile(path.parent / RECOVERY_POINT_OFFSET_CHECKPOINT).write(
-        {TopicPartition("topic", 0): 20}
-    )
-    active = _active_log(path)
-    active.write_bytes(active.read_bytes()[:-10])
-    plog = _open(path)
-    assert plog.log_end_offset == 19
-    assert plog.recovery_point == 19
-
-
 def test_a_recovery_point_past_the_log_end_is_brought_back_to_it(tmp_path: Path) -> None:
     """A recovery point checkpointed past the log end with nothing cut (an edited
     checkpoint, or one restored with other data) comes back to the log end, as in Kafka's
@@ -619,20 +605,32 @@ def test_a_header_past_what_the_active_segment_holds_is_damage_to_a_writer_too(
     assert active.read_bytes() == before
 
 
-def test_a_last_batch_failing_its_crc_where_the_log_was_flushed_is_damage(
-    tmp_path: Path,
+FLUSHED_DAMAGE: Final = [
+    pytest.param(lambda b: b[:-1] + bytes([b[-1] ^ 1]), "CRC mismatch", id="failing-its-crc"),
+    pytest.param(lambda b: b[:-10], "runs past the end", id="cut-short"),
+    pytest.param(lambda b: bytes(len(b)), "", id="zeroed"),
+    pytest.param(lambda b: b[:12] + bytes(len(b) - 12), "", id="zeroed-after-its-length"),
+]
+
+
+@pytest.mark.parametrize(("mangle", "says"), FLUSHED_DAMAGE)
+def test_a_last_batch_damaged_where_the_log_was_flushed_is_damage(
+    tmp_path: Path, mangle: Callable[[bytes], bytes], says: str
 ) -> None:
-    """A last batch whose bytes are all there but fail its CRC, at offsets the recovery
-    point calls flushed, changed on disk since (no append was cut short there): the
-    owner's open reports it at its position and cuts nothing, a writer refuses to append
-    after it, and the recovery point it checkpoints stays, so that the next open does not
-    take the batch for a torn append either. Cut, its offset would go to the next record."""
+    """A last batch at offsets the recovery point calls flushed, changed or lost on disk
+    since (its bytes failing their CRC, cut short, zeroed: no append was cut short
+    there, as a crash cuts only what was not flushed): the owner's open reports it at
+    its position and cuts nothing, a writer refuses to append after it, and the recovery
+    point it checkpoints stays, so that the next open does not take the batch for a torn
+    append either. Cut, its offset would go to the next record; a cut short or zeroed one
+    was cut after a crash, though a clean stop's dir reported it as damage, so the same
+    bytes got two verdicts, one run after the other."""
     path = _build(tmp_path)
     batch = encode_records([kv("x", "last")], 20)
     active = _active_log(path)
     size = active.stat().st_size
     with open(active, "ab") as f:
-        f.write(batch[:-1] + bytes([batch[-1] ^ 1]))
+        f.write(mangle(batch))
     OffsetCheckpointFile(path.parent / RECOVERY_POINT_OFFSET_CHECKPOINT).write(
         {TopicPartition("topic", 0): 21}
     )
@@ -640,11 +638,13 @@ def test_a_last_batch_failing_its_crc_where_the_log_was_flushed_is_damage(
     plog = _open(path)
     assert isinstance(plog.corrupt, CorruptRecordError)
     assert (plog.corrupt.path, plog.corrupt.position) == (str(active), size)
+    assert says in str(plog.corrupt)
     assert plog.recovery_report.truncated == []
     assert plog.recovery_point_to_checkpoint == 21
-    with pytest.raises(CorruptRecordError, match="CRC mismatch"):
+    with pytest.raises(CorruptRecordError):
         plog.append([kv("y", "new")])
     assert active.read_bytes() == before
+    assert _open(path).recovery_report.truncated == []
 
 
 @pytest.mark.parametrize(("recovery_point", "torn"), [(21, False), (20, True)])
@@ -679,11 +679,10 @@ def test_a_read_only_open_judges_a_bad_last_batch_as_the_owners_open(
         assert isinstance(owner.corrupt, CorruptRecordError)
 
 
-def test_a_tail_a_write_cuts_brings_the_recovery_point_down(tmp_path: Path) -> None:
-    """A flushed last batch found cut short by a write (its bytes lost since the open):
-    the cut takes back offsets the recovery point called flushed, so the recovery point
-    comes down to the new end, and the record appended next counts as unflushed. It
-    stayed above, so a crash could leave that record's batch to pass for damage."""
+def test_a_flushed_tail_a_write_finds_cut_short_is_damage(tmp_path: Path) -> None:
+    """A flushed last batch found cut short by a write (its bytes lost since the open) is
+    damage to the write as to an open: refused, nothing cut. It was cut, and the record
+    appended next took its offset."""
     path = _build(tmp_path)
     OffsetCheckpointFile(path.parent / RECOVERY_POINT_OFFSET_CHECKPOINT).write(
         {TopicPartition("topic", 0): 20}
@@ -692,10 +691,11 @@ def test_a_tail_a_write_cuts_brings_the_recovery_point_down(tmp_path: Path) -> N
     assert (plog.recovery_point, plog.log_end_offset) == (20, 20)
     active = _active_log(path)
     os.truncate(active, active.stat().st_size - 10)
-    plog.append([kv("new", "x")])  # the write cuts the tail first: the record takes 19
-    assert plog.log_end_offset == 20
-    assert plog.recovery_point == 19
-    assert plog.recovery_point_to_checkpoint == 19
+    before = active.read_bytes()
+    with pytest.raises(CorruptRecordError, match="runs past the end"):
+        plog.append([kv("new", "x")])
+    assert active.read_bytes() == before
+    assert plog.recovery_point == 20
 
 
 def test_flipped_byte_with_data_after_is_reported_not_cut(tmp_path: Path) -> None:
