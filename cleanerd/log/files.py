@@ -133,6 +133,13 @@ MAX_PARTITION: Final = 2**31 - 1
 (its checkpoint lines would not parse there either)."""
 
 
+MAX_TOPIC_LENGTH: Final = 249
+"""Kafka's longest topic name (`Topic.MAX_NAME_LENGTH`)."""
+_LEGAL_TOPIC: Final = re.compile(rf"[a-zA-Z0-9._-]{{1,{MAX_TOPIC_LENGTH}}}")
+"""Kafka's legal topic names (`Topic.validate`): a space, a slash or a newline in one
+would break the dir's checkpoint lines (`<topic> <partition> <offset>`) or its path."""
+
+
 class MisnamedPartitionDir(ValueError):
     """A partition dir's name that is not the one Kafka gives it (`parse_topic_partition`)."""
 
@@ -150,7 +157,8 @@ def parse_topic_partition(dirname: str) -> TopicPartition:
     malformed ones are rejected too); `MisnamedPartitionDir` for a partition number with
     a leading zero (`orders-07`), which Kafka never writes: everything here names a
     partition's dir `<log dir>/<topic>-<partition>`, so such a dir would be read under a
-    name that is not its own (and `orders-07` beside `orders-7` would be one partition).
+    name that is not its own (and `orders-07` beside `orders-7` would be one partition);
+    and for a topic name Kafka does not allow.
     """
     suffix = special_dir_suffix(dirname)
     if suffix is not None:
@@ -159,6 +167,12 @@ def parse_topic_partition(dirname: str) -> TopicPartition:
     topic, sep, partition = dirname.rpartition("-")
     if not sep or not topic or not partition.isdigit() or not partition.isascii():
         raise ValueError(f"{dirname!r} is not a <topic>-<partition> dir name")
+    if _LEGAL_TOPIC.fullmatch(topic) is None or topic in (".", ".."):
+        raise MisnamedPartitionDir(
+            f"{dirname!r}: {topic!r} is no legal Kafka topic name (at most "
+            f"{MAX_TOPIC_LENGTH} ASCII letters, digits, '.', '_' and '-'; not '.' nor '..'): "
+            "a broker would not load the dir, and its checkpoint lines would not parse"
+        )
     if int(partition) > MAX_PARTITION:
         raise ValueError(f"{dirname!r}: partition {partition} is above Kafka's {MAX_PARTITION}")
     if partition != str(int(partition)):

@@ -417,7 +417,7 @@ class PartitionLog:
         owner: AppenderOwner | None = None,
     ) -> PartitionLog:
         """Open `<log_dir>/<topic>-<partition>`, creating the dir if needed."""
-        if parse_topic_partition(str(tp)) != tp or "/" in tp.topic or tp.topic in (".", ".."):
+        if parse_topic_partition(str(tp)) != tp:
             raise ValueError(f"{tp.topic!r} / {tp.partition} cannot name a partition dir")
         path = log_dir / str(tp)
         # A dangling link is not "missing": `open` refuses it rather than mkdir failing.

@@ -309,6 +309,9 @@ class TestOpenForAppend:
         [
             ("__cluster_metadata-0", "owner", "__cluster_metadata is the KRaft metadata log"),
             ("orders", "owner", "'orders' is not a <topic>-<partition> dir name"),
+            ("bad topic-0", "owner", "'bad topic' is no legal Kafka topic name"),
+            ("a/b-0", "owner", "'a/b' is no legal Kafka topic name"),
+            ("..-0", "owner", "'..' is no legal Kafka topic name"),
             ("orders-0", "observe", "mode is observe"),
         ],
     )

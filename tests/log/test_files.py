@@ -125,18 +125,33 @@ def test_a_partition_number_with_a_leading_zero_is_a_misnamed_dir(
         parse_topic_partition(dirname)
 
 
+@pytest.mark.parametrize(
+    "dirname",
+    ["bad topic-0", "x:y-0", "\u00fc-0", "a/b-0", "new\nline-0", ".-0", "..-0", "a" * 250 + "-0"],
+)
+def test_a_topic_name_kafka_does_not_allow_is_a_misnamed_dir(dirname: str) -> None:
+    """Kafka's topic names: at most 249 ASCII letters, digits, '.', '_' and '-', not '.'
+    nor '..'. Another one was listed as a partition, and its checkpoint line ('bad topic 0
+    1') then failed every later open of the log dir."""
+    with pytest.raises(MisnamedPartitionDir, match="is no legal Kafka topic name"):
+        parse_topic_partition(dirname)
+    long = "a" * 249
+    assert parse_topic_partition(f"{long}-0") == TopicPartition(long, 0)
+    assert parse_topic_partition("A.b_c-d-0") == TopicPartition("A.b_c-d", 0)
+
+
 def test_a_listing_warns_once_of_a_misnamed_partition_dir(tmp_path: Path) -> None:
     """A misnamed partition dir is not listed, and is named in a warning, once per
     process (the daemon lists its dirs every cycle); the partition's own dir is listed."""
-    for name in ("orders-7", "orders-07", "orders-x"):
+    for name in ("orders-7", "orders-07", "orders-x", "bad topic-0"):
         (tmp_path / name).mkdir()
     with capture_logs() as logs:
         first = list_partitions(tmp_path)
         again = list_partitions(tmp_path)
     assert first == again == {TopicPartition("orders", 7): tmp_path / "orders-7"}
-    (warned,) = [e for e in logs if e["log_level"] == "warning"]
-    assert warned["event"] == "log_dir.partition_dir_misnamed"
-    assert warned["path"] == str(tmp_path / "orders-07")
+    warned = [e for e in logs if e["log_level"] == "warning"]
+    assert {e["event"] for e in warned} == {"log_dir.partition_dir_misnamed"}
+    assert [e["path"] for e in warned] == [str(tmp_path / n) for n in ("bad topic-0", "orders-07")]
 
 
 def test_topic_partition_str_is_the_dir_name() -> None:
