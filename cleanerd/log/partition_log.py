@@ -394,6 +394,9 @@ class PartitionLog:
         # Only a crash leaves snapshots past the log end: a clean stop flushed the log
         # before its snapshot (and a damaged partition is left as it is).
         crashed = owns and not clean_shutdown and plog.corrupt is None
+        if crashed and report.recovered and lock is not None:
+            with lock:
+                plog._rebuild_txn_indexes(report.recovered)
         if crashed and report.unchecked:
             plog._strays = snapshots  # once the checks left find no damage either
         elif crashed and plog._remove_snapshots_past_the_end(snapshots):
@@ -922,6 +925,69 @@ class PartitionLog:
             live=bool(self._segments) and self._segments[-1].live,
         )
         return ProducerState() if state is None else state
+
+    def _rebuild_txn_indexes(
+        self, recovered: Sequence[tuple[int, list[AbortedTxn] | None]]
+    ) -> None:
+        """Make the `.txnindex` of each segment recovery read after a crash what its
+        batches say (`RecoveryReport.recovered`), as Kafka's `LogSegment.recover` does: an
+        abort's entry is appended after its marker, so a crash between the two loses it,
+        and a cleaner that reads no entry keeps the aborted records (and drops the
+        committed ones they supersede). Where the validation's walk could not tell (its
+        markers need the transactions open before the segment), they are found here from
+        the producer state at the first such segment's base (the snapshot at or below it,
+        then the batches between) and a walk of those segments. Damage met on the way is
+        left to the reads that report it."""
+        by_base = {s.base_offset: s for s in self._segments}
+        found = {base: entries for base, entries in recovered if base in by_base}
+        unknown = sorted(base for base, entries in found.items() if entries is None)
+        try:
+            if unknown:
+                found.update(self._aborted_from(unknown))
+        except DAMAGE as exc:
+            log.debug("segment.txn_index_not_rebuilt", path=str(self.dir), error=str(exc))
+            return
+        for base, entries in found.items():
+            index = by_base[base].txn_index
+            if entries is not None and index.rebuild(entries):
+                log.warning(
+                    "segment.txn_index_rebuilt",
+                    path=str(index.path),
+                    aborted_transactions=len(entries),
+                )
+
+    def _aborted_from(self, bases: Sequence[int]) -> dict[int, list[AbortedTxn]]:
+        """The aborted transactions of the segments at `bases` (ascending), from the
+        producer state at the first one's base."""
+        first = bases[0]
+        state = (
+            latest_snapshot(
+                self.dir, self._snapshot_offsets(), log_start=self.log_start_offset, log_end=first
+            )
+            or ProducerState()
+        )
+        wanted = set(bases)
+        found: dict[int, list[AbortedTxn]] = {}
+        for n, segment in enumerate(self._segments):
+            upper = self._segments[n + 1].base_offset if n + 1 < len(self._segments) else None
+            if upper is not None and upper <= state.offset:
+                continue  # below the snapshot: in its state already
+            if segment.base_offset > bases[-1]:
+                break
+            aborted: list[AbortedTxn] = []
+            with segment.open_buffer() as buf:
+                walker = Walker(buf, verify_crc=False, offsets=segment.offsets)
+                for chunk in walker:
+                    if segment.base_offset in wanted:
+                        aborted += state.aborted_in(chunk, buf)
+                    state.apply(chunk, buf)
+                error = walker.error
+                del walker  # its view of `buf` must go before the mmap closes
+            if error is not None:
+                raise error.located(segment.log_path)
+            if segment.base_offset in wanted:
+                found[segment.base_offset] = aborted
+        return found
 
     def _adopt_producers(self, state: ProducerState) -> None:
         """Take the producer state the open's validation rebuilt, at the log end."""

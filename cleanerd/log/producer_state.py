@@ -55,6 +55,7 @@ from cleanerd.log.files import (
     segment_file,
 )
 from cleanerd.log.fsutil import atomic_write, safe_unlink
+from cleanerd.log.txnindex import AbortedTxn
 from cleanerd.logger import get_logger
 from cleanerd.records.columns import marker_coordinator_epochs
 from cleanerd.records.control import ControlRecordType, control_types_at
@@ -145,6 +146,45 @@ class ProducerState:
                 entry.txn_first_offset = int(table.base_offset[opening])
             self.entries[pid] = entry
 
+    def aborted_in(self, table: BatchTable, buf: Buffer) -> list[AbortedTxn]:
+        """The aborted transactions whose ABORT markers are among the rows `apply` would
+        apply (batches walked in `buf`, in log order), as the writer records them in the
+        `.txnindex` of the marker's segment: from the transaction's first offset, with the
+        last stable offset then (the first offset of another producer's open transaction,
+        or one past the marker). The state is not changed: `apply` follows. Kafka's
+        `LogSegment.recover` rebuilds a recovered segment's index so."""
+        rows = np.flatnonzero(
+            (table.producer_id >= 0) & table.is_transactional & (table.base_offset >= self.offset)
+        )
+        if not len(rows) or not table.is_control[rows].any():
+            return []
+        kinds = np.zeros(len(rows), np.int64)  # a data batch
+        control = np.flatnonzero(table.is_control[rows])
+        at = rows[control]
+        types = control_types_at(
+            buf,
+            table.position[at],
+            table.size[at],
+            table.attributes[at].astype(np.int64),
+            table.records_count[at].astype(np.int64),
+        )
+        kinds[control] = np.where(
+            types == ControlRecordType.ABORT,
+            _ABORT,
+            np.where(types == ControlRecordType.COMMIT, _COMMIT, _OTHER),
+        )
+        ongoing = self.ongoing()
+        opened = np.fromiter(ongoing, np.int64, len(ongoing))
+        pids = np.unique(np.concatenate([table.producer_id[rows], opened]))
+        firsts = np.full(len(pids), NO_TXN, np.int64)
+        for pid, first in ongoing.items():
+            firsts[np.searchsorted(pids, pid)] = first
+        out = np.empty((len(control), 4), np.int64)
+        count = _aborts_kernel(
+            rows, table.producer_id, table.base_offset, table.last_offset, kinds, pids, firsts, out
+        )
+        return [AbortedTxn(first, pid, last, lso) for pid, first, last, lso in out[:count].tolist()]
+
     def _updating_rows(self, table: BatchTable, is_control: np.ndarray, buf: Buffer) -> np.ndarray:
         """The rows at or above `offset` that change producer state: data batches with a
         producer id, and ABORT or COMMIT markers. Kafka's loader skips a control batch
@@ -215,6 +255,50 @@ _GROUP_FIELDS: Final = 7
 """A producer's row of `_producer_groups`: its id, then rows of the table (-1: none)."""
 _PID, _FIRST, _LAST, _DATA, _LAST_MARKER, _OPENING, _BUMPED = range(_GROUP_FIELDS)
 _GOLDEN: Final = -7046029254386353131  # 0x9E3779B97F4A7C15 as an int64: Fibonacci hashing
+
+
+_COMMIT: Final = 1
+_ABORT: Final = 2
+_OTHER: Final = -1
+
+
+@jit
+def _aborts_kernel(
+    rows: NDArray[np.int64],
+    producer_id: NDArray[np.int64],
+    base_offset: NDArray[np.int64],
+    last_offset: NDArray[np.int64],
+    kinds: NDArray[np.int64],
+    pids: NDArray[np.int64],
+    firsts: NDArray[np.int64],
+    out: NDArray[np.int64],
+) -> int:
+    """Sweep the transactional `rows` in log order (`kinds`: 0 data, `_COMMIT`,
+    `_ABORT`, `_OTHER`), `firsts` holding the first offset of each producer's open
+    transaction (by its index in the sorted `pids`; NO_TXN when none): a data batch opens
+    one, a marker closes it, and an abort of an open one is written to `out` as (producer
+    id, first offset, marker offset, last stable offset). Returns the aborts written."""
+    count = 0
+    for i in range(rows.shape[0]):
+        r = rows[i]
+        p = np.searchsorted(pids, producer_id[r])
+        kind = kinds[i]
+        if kind == 0:
+            if firsts[p] < 0:
+                firsts[p] = base_offset[r]
+        elif kind != _OTHER and firsts[p] >= 0:
+            if kind == _ABORT:
+                lso = last_offset[r] + 1
+                for q in range(firsts.shape[0]):
+                    if q != p and 0 <= firsts[q] < lso:
+                        lso = firsts[q]
+                out[count, 0] = producer_id[r]
+                out[count, 1] = firsts[p]
+                out[count, 2] = last_offset[r]
+                out[count, 3] = lso
+                count += 1
+            firsts[p] = NO_TXN
+    return count
 
 
 def _producer_groups(table: BatchTable, rows: np.ndarray, is_control: np.ndarray) -> np.ndarray:

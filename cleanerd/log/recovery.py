@@ -126,6 +126,7 @@ from cleanerd.log.producer_state import ProducerState
 from cleanerd.log.segment import IndexCheck, IndexRebuild, LogSegment
 from cleanerd.log.segment_reader import map_file
 from cleanerd.log.tail import ZERO_TAIL, torn_tail_reason
+from cleanerd.log.txnindex import AbortedTxn
 from cleanerd.logger import get_logger
 from cleanerd.records.header import Buffer
 from cleanerd.records.walker import (
@@ -215,6 +216,12 @@ class RecoveryReport:
     as_kept: list[int] = field(default_factory=list)
     """After a crash: base offsets of the segments trusted as cleanerd last kept them
     (`known`), whose metadata the open takes from there."""
+    recovered: list[tuple[int, list[AbortedTxn] | None]] = field(default_factory=list)
+    """After a crash: the sound segments read past the recovery point whose `.txnindex`
+    its owner makes what the log says, as Kafka's recovery rebuilds it (an abort's entry
+    is written after its marker, so a crash between the two loses it): (base offset, its
+    aborted transactions, found in the validation's walk; None when that walk met
+    markers but could not tell, `PartitionLog` then finds them)."""
 
     @property
     def corrupt(self) -> CleanerdError | None:
@@ -572,16 +579,20 @@ class ProducerFold:
         reports it, at its file and position). A segment not walked whole is
         `validate_segments`' to see: it drops the fold."""
         self._horizon = (NO_DELETE_HORIZON, 0)
+        self.aborted: list[AbortedTxn] = []
+        """The aborted transactions of the segment walked (`ProducerState.aborted_in`)."""
 
     def start(self) -> None:
         """A segment's walk begins (at its first byte)."""
         self._horizon = (NO_DELETE_HORIZON, 0)
+        self.aborted = []
 
     def add(self, table: BatchTable, buf: Buffer) -> None:
         """Apply the next valid batches, walked in `buf`."""
         if self.state is None:
             return
         try:
+            self.aborted += self.state.aborted_in(table, buf)
             self.state.apply(table, buf)
         except CorruptRecordError:
             self.state = None
@@ -604,8 +615,9 @@ def _validate_full(
     quarantine_dir: Path | None,
     report: RecoveryReport,
     fold: ProducerFold | None = None,
-) -> bool:
-    """Walk the whole segment, CRCs checked; whether it is sound (a torn tail cut)."""
+) -> tuple[bool, bool]:
+    """Walk the whole segment, CRCs checked; whether it is sound (a torn tail cut), and
+    whether it holds a control batch (a transaction marker)."""
     # One walk checks the CRCs and, as it goes, the indexes against the batches (or
     # rebuilds missing ones in memory); what it found is acted on only once the walk
     # is known to be clean, as if the indexes were read after it.
@@ -615,23 +627,39 @@ def _validate_full(
         indexes = IndexCheck(segment) if _indexes_exist(segment) else IndexRebuild(segment)
     except (IndexPastLogError, CorruptIndexError) as exc:
         unreadable = exc
+    markers = False
     with segment.open_buffer() as buf:
 
         def each(table: BatchTable) -> None:
+            nonlocal markers
             if indexes is not None:
                 indexes.add(table)
             if fold is not None:
                 fold.add(table, buf)
+            markers = markers or bool(table.is_control.any())
 
         if fold is not None:
             fold.start()
-        scan = walk_prefix(
-            buf, offsets=offsets, each=None if indexes is None and fold is None else each
-        )
+        scan = walk_prefix(buf, offsets=offsets, each=each)
         reason = torn_tail_reason(buf, scan, flushed_to=recovery_point) if is_active else None
     if scan.error is not None and reason is None:
         _report(report, scan.error.located(segment.log_path))
-        return False
+        return False, markers
+    sound = _settle_indexes(segment, indexes, unreadable, scan, reason, quarantine_dir, report)
+    return sound, markers
+
+
+def _settle_indexes(
+    segment: LogSegment,
+    indexes: IndexCheck | IndexRebuild | None,
+    unreadable: CleanerdError | None,
+    scan: Walk,
+    reason: str | None,
+    quarantine_dir: Path | None,
+    report: RecoveryReport,
+) -> bool:
+    """After a full walk that found no damage: act on what it found of the indexes (and
+    the torn tail, `reason`); whether the segment is sound."""
     try:
         segment.txn_index.sanity_check()
         if isinstance(indexes, IndexRebuild):
@@ -666,14 +694,16 @@ def _validate_full(
     return True
 
 
-def _validate_cheap(segment: LogSegment, report: RecoveryReport) -> None:
+def _validate_cheap(segment: LogSegment, report: RecoveryReport) -> bool:
+    """The cheap check (see the module docstring); whether the segment passed it."""
     try:
         rebuilt = segment.sanity_check()
     except DAMAGE as exc:
         _report(report, exc)
-        return
+        return False
     if rebuilt:
         report.rebuilt_indexes.append(str(segment.log_path))
+    return True
 
 
 def validate_segments(
@@ -703,10 +733,12 @@ def validate_segments(
         upper = segments[n + 1].base_offset if not is_active else None
         offsets = OffsetRange.of_segment(segment.base_offset, upper)
         unflushed = upper is None or upper > recovery_point
-        if full_check or (
-            unflushed and not clean_shutdown and not _flushed_head(segment, recovery_point, offsets)
-        ):
-            sound = _validate_full(
+        recovering = unflushed and not clean_shutdown
+        head = None
+        if recovering and not full_check:
+            head = _flushed_head(segment, recovery_point, offsets)
+        if full_check or (recovering and head is None):
+            sound, markers = _validate_full(
                 segment,
                 offsets=offsets,
                 is_active=is_active,
@@ -715,6 +747,12 @@ def validate_segments(
                 report=report,
                 fold=fold,
             )
+            if sound and recovering:
+                if fold is not None and fold.state is not None:
+                    aborted: list[AbortedTxn] | None = fold.aborted
+                else:
+                    aborted = None if markers else []  # None: to find from the log
+                report.recovered.append((segment.base_offset, aborted))
             if fold is not None and sound:
                 fold.finish(segment)
                 continue
@@ -735,7 +773,8 @@ def validate_segments(
         ):
             report.unchecked.append(segment.base_offset)  # `check_unchecked` checks it
         else:
-            _validate_cheap(segment, report)
+            if _validate_cheap(segment, report) and head:  # markers past the recovery point
+                report.recovered.append((segment.base_offset, None))
         fold = None  # not walked whole, or damaged: the producer state needs its own walk
     if fold is not None and not report.errors:
         report.producers = fold.state
@@ -786,22 +825,31 @@ def _as_known(segment: LogSegment, known: Mapping[int, KnownSegment] | None) -> 
     return entry is not None and segment.indexes_as_known(entry)
 
 
-def _flushed_head(segment: LogSegment, recovery_point: int, offsets: OffsetRange) -> bool:
-    """Whether the segment holding the recovery point is sound up to it (the cheap check)
-    and its bytes after it walk clean, CRCs checked: then only that unflushed tail needed
-    reading. False sends the segment to the full validation, which tells a torn tail
-    from damage."""
+def _flushed_head(segment: LogSegment, recovery_point: int, offsets: OffsetRange) -> bool | None:
+    """When the segment holding the recovery point is sound up to it (the cheap check)
+    and its bytes after it walk clean, CRCs checked (then only that unflushed tail needed
+    reading): whether that tail holds a control batch (a marker whose `.txnindex` entry a
+    crash may have lost). None sends the segment to the full validation, which tells a
+    torn tail from damage."""
     if recovery_point <= segment.base_offset:
-        return False
+        return None
     try:
         if segment.sanity_check():
-            return False  # indexes rebuilt: the full validation re-reads it all anyway
+            return None  # indexes rebuilt: the full validation re-reads it all anyway
         start = segment.position_for(recovery_point)
     except DAMAGE:
-        return False
+        return None
+    markers = False
+
+    def each(table: BatchTable) -> None:
+        nonlocal markers
+        markers = markers or bool(table.is_control.any())
+
     with segment.open_buffer() as buf:
-        # no table: only the verdict
-        return walk_prefix(buf, start=start, offsets=offsets).error is None
+        # no table kept: only the verdict, and whether a marker was met
+        if walk_prefix(buf, start=start, offsets=offsets, each=each).error is not None:
+            return None
+    return markers
 
 
 def recover_partition(

@@ -144,6 +144,15 @@ class TransactionIndex:
                     adopt_owner(f.fileno(), self._segment)
                 f.write(txn.to_bytes())
 
+    def rebuild(self, entries: list[AbortedTxn]) -> bool:
+        """Make `entries` (rebuilt from the log) the index, replacing the file atomically
+        (none when there are none) if they differ from what it holds; whether they did."""
+        if entries == self._entries:
+            return False
+        self._entries = list(entries)
+        self.write()
+        return True
+
     def write(self) -> None:
         """Replace the file atomically with the entries (no file when there are none)."""
         if self._entries:

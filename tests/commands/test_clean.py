@@ -159,6 +159,26 @@ def test_a_cleanly_stopped_active_segment_found_damaged_gets_one_verdict(
         assert {p.name: p.read_bytes() for p in d.iterdir()} == before
 
 
+def test_a_lost_txnindex_keeps_no_aborted_record_over_a_committed_one(
+    tmp_path: Path,
+) -> None:
+    """A crash lost the `.txnindex` of a segment whose aborted record supersedes a
+    committed one of its key: the open rebuilds it from the ABORT marker, so the clean
+    drops the aborted record and keeps the committed one. Without it, the clean kept
+    `ABORTED` and deleted `good`, on either engine."""
+    log = LogBuilder(tmp_path / "logs")
+    log.append([(b"k", b"good")], timestamps=[NOW - DAY])
+    log.append([(b"k", b"ABORTED")], pid=7, txn=True, timestamps=[NOW - DAY])
+    log.abort(7)
+    log.roll()
+    log.append([(b"other", b"x")], timestamps=[NOW])
+    d = log.write()
+    (d / "00000000000000000000.txnindex").unlink()
+    assert main(["clean", "-c", str(write_config(tmp_path)), "--now-ms", str(NOW)]) == 0
+    plog = PartitionLog.open(d, read_only=True)
+    assert [r.value for r in plog.records() if r.key == b"k"] == [b"good"]
+
+
 def _symlink_outside(tmp_path: Path) -> str:
     victim = tmp_path / "outside" / "victim"
     victim.mkdir(parents=True)

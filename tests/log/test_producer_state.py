@@ -17,6 +17,11 @@ from cleanerd.log.producer_state import (
     read_snapshot,
     write_snapshot,
 )
+from cleanerd.log.txnindex import AbortedTxn
+from cleanerd.records.batch import encode_batch
+from cleanerd.records.control import ControlRecordType, encode_end_txn_marker
+from cleanerd.records.record import Record
+from cleanerd.records.walker import walk
 
 
 def _snapshot(entries: list[tuple[int, int]], *, version: int = 1) -> bytes:
@@ -80,3 +85,39 @@ def test_a_half_written_newest_snapshot_falls_back_and_is_a_warning_unless_live(
         assert latest_snapshot(tmp_path, [50, 80], log_start=0, log_end=90, live=live) is None
     warned = [e["path"] for e in logs if e["log_level"] == "warning"]
     assert str(tmp_path / "00000000000000000050.snapshot") in warned
+
+
+def test_the_aborts_of_a_walk_are_those_the_writer_records() -> None:
+    """`aborted_in`: each ABORT marker of an open transaction, from its first offset,
+    with the last stable offset then (another producer's open transaction, else one past
+    the marker); a transaction open before the batches counts from the state; an abort
+    with nothing open, a commit and other producers' batches record nothing."""
+
+    def data(offset: int, pid: int) -> bytes:
+        record = Record(offset, 0, b"k", b"v")
+        return encode_batch(
+            [record], base_offset=offset, producer_id=pid, base_sequence=0, is_transactional=True
+        )
+
+    def marker(offset: int, pid: int, kind: ControlRecordType) -> bytes:
+        record = encode_end_txn_marker(kind, 0, offset=offset, timestamp=0)
+        return encode_batch(
+            [record], base_offset=offset, producer_id=pid, is_transactional=True, is_control=True
+        )
+
+    buf = b"".join(
+        [
+            data(10, 7),
+            data(11, 8),
+            marker(12, 7, ControlRecordType.ABORT),
+            marker(13, 9, ControlRecordType.ABORT),  # nothing open: no entry
+            marker(14, 8, ControlRecordType.COMMIT),
+            marker(15, 5, ControlRecordType.ABORT),  # open since offset 3, before the walk
+        ]
+    )
+    state = ProducerState(10, {5: ProducerEntry(5, txn_first_offset=3)})
+    table = walk(buf).table
+    assert state.aborted_in(table, buf) == [AbortedTxn(10, 7, 12, 3), AbortedTxn(3, 5, 15, 16)]
+    state.apply(table, buf)
+    assert state.ongoing() == {}
+    assert state.aborted_in(table, buf) == []  # rows below the state's offset are applied

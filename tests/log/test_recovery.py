@@ -19,7 +19,10 @@ from cleanerd.log.files import TopicPartition, log_file, offset_index_file, time
 from cleanerd.log.index import IndexPastLogError, OffsetIndex
 from cleanerd.log.known_reader import read_dir
 from cleanerd.log.partition_log import LogConfig, PartitionLog
+from cleanerd.log.producer_state import ProducerEntry, ProducerState, write_snapshot
 from cleanerd.log.recovery import SpecialFileRefused, SymlinkRefused
+from cleanerd.log.txnindex import TXN_ENTRY, AbortedTxn, TransactionIndex
+from cleanerd.records.control import ControlRecordType
 from cleanerd.records.record import Record
 from cleanerd.records.walker import walk
 from tests.builders import (
@@ -30,6 +33,7 @@ from tests.builders import (
     set_base_offset,
     write_segment,
 )
+from tests.compaction.conftest import LogBuilder
 from tests.records.oracles import build_legacy
 
 CONFIG = LogConfig(index_interval_bytes=100)
@@ -947,3 +951,52 @@ def test_an_index_entry_off_its_batch_is_still_damage(tmp_path: Path, wrong: str
     reopened = _open(plog.dir, full_check=True)
     assert reopened.corrupt is None
     assert reopened.recovery_report.rebuilt_indexes == [str(plog.segments[0].log_path)]
+
+
+@pytest.mark.parametrize("lost", ["file", "entry"])
+@pytest.mark.parametrize(
+    "recovery_point", [None, 2, 3], ids=["no-snapshot", "snapshot", "recovery-point-inside"]
+)
+def test_a_txnindex_a_crash_left_short_is_rebuilt_from_the_log(
+    tmp_path: Path, lost: str, recovery_point: int | None
+) -> None:
+    """The owner's open after a crash rebuilds the `.txnindex` of the segments it
+    recovers from their markers, as Kafka's recovery does (an abort's entry is appended
+    after its marker: a crash between the two loses it, or the whole file): the aborted
+    transaction of producer 7, open since the segment before (its state from a snapshot
+    at that segment's base, or from the log's start), is indexed again, with the LSO of
+    producer 8's transaction still open then; so too when the recovery point lies inside
+    the segment, before its markers. A read-only open changes nothing."""
+    b = LogBuilder(tmp_path / "logs")
+    b.append([(b"k", b"good")])
+    b.append([(b"k", b"ABORTED")], pid=7, txn=True)  # 1
+    b.roll()
+    b.append([(b"j", b"open")], pid=8, txn=True)  # 2
+    b.append([(b"k", b"more")], pid=7, txn=True)  # 3
+    b.marker(7, ControlRecordType.ABORT)  # 4
+    b.append([(b"j", b"x")], pid=9, txn=True)  # 5
+    b.marker(9, ControlRecordType.ABORT)  # 6
+    path = b.write()
+    index = path / "00000000000000000002.txnindex"
+    expected = [AbortedTxn(1, 7, 4, 2), AbortedTxn(5, 9, 6, 2)]
+    assert len(TransactionIndex.load(index, 2).entries) == 2
+    if lost == "file":
+        index.unlink()
+    else:
+        os.truncate(index, index.stat().st_size - TXN_ENTRY.size)
+    if recovery_point is not None:  # only the second segment is recovered (or its end)
+        at_two = ProducerState(2, {7: ProducerEntry(7, epoch=0, txn_first_offset=1)})
+        write_snapshot(path, at_two, log_start_offset=0)
+        OffsetCheckpointFile(path.parent / RECOVERY_POINT_OFFSET_CHECKPOINT).write(
+            {TopicPartition("t", 0): recovery_point}
+        )
+    before = index.read_bytes() if index.exists() else None
+    PartitionLog.open(path, config=CONFIG, read_only=True)
+    assert (index.read_bytes() if index.exists() else None) == before
+    with capture_logs() as logs:
+        plog = _open(path)
+    assert plog.corrupt is None
+    assert TransactionIndex.load(index, 2).entries == expected
+    assert plog.collect_aborted_transactions(0, 7) == expected
+    (rebuilt,) = [e for e in logs if e["event"] == "segment.txn_index_rebuilt"]
+    assert rebuilt["path"] == str(index)
