@@ -674,10 +674,14 @@ def probe_path(path: Path) -> PathState:
         read_only_fs = bool(os.statvfs(path).f_flag & os.ST_RDONLY)
     except OSError:
         read_only_fs = False
+    readable = may(path, os.R_OK | os.X_OK)
+    writable = may(path, os.W_OK | os.X_OK)
+    if not readable:  # nothing in it can be looked at: its `.lock` neither
+        return PathState("dir", readable=False, writable=writable, read_only_fs=read_only_fs)
     return PathState(
         "dir",
-        readable=may(path, os.R_OK | os.X_OK),
-        writable=may(path, os.W_OK | os.X_OK),
+        readable=True,
+        writable=writable,
         lock_writable=not lock.exists() or may(lock, os.W_OK),
         read_only_fs=read_only_fs,
         held=lock_holder(path) not in (None, os.getpid()),

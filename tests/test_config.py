@@ -4,6 +4,7 @@ import math
 import os
 import re
 import subprocess
+import sys
 from collections.abc import Iterator
 from dataclasses import fields, replace
 from pathlib import Path
@@ -755,6 +756,33 @@ class TestPaths:
         assert problem.startswith(f"state_dir (not set: the default 'state' in {tmp_path}): ")
         with pytest.raises(ConfigError, match="the default 'state'"):
             check_paths(cfg)
+
+    @pytest.mark.parametrize("command", ["check-config", "plan"])
+    def test_a_log_dir_the_user_may_not_read_is_named_and_the_others_go_on(
+        self, tmp_path: Path, command: str
+    ) -> None:
+        """A log dir without read and search permission for the user (root without its
+        DAC capabilities, as a hardened unit runs it): its key is named, and `plan` plans
+        the other log dir. Looking for its `.lock` raised, so every command printed only
+        '<dir>/.lock: Permission denied' and did nothing else."""
+        locked, ok = tmp_path / "locked", tmp_path / "ok"
+        (ok / "t-0").mkdir(parents=True)
+        locked.mkdir(mode=0)
+        config = tmp_path / "c.yaml"
+        config.write_text(
+            f"log.dirs: [{locked}, {ok}]\nstate_dir: {tmp_path / 'state'}\nmode: observe\n"
+        )
+        caps = "-dac_override,-dac_read_search"
+        argv = ["setpriv", f"--bounding-set={caps}", f"--inh-caps={caps}", "--"]
+        argv += [sys.executable, "-m", "cleanerd", command]
+        argv += [str(config)] if command == "check-config" else ["-c", str(config)]
+        done = subprocess.run(argv, capture_output=True, text=True, cwd=REPO, check=False)
+        assert done.returncode == 1, done.stderr
+        named = f"log.dirs[0]: {str(locked)!r} is not readable by user root (uid 0)"
+        assert named in done.stdout + done.stderr
+        assert "Permission denied" not in done.stdout + done.stderr
+        if command == "plan":
+            assert f"{ok}: only observed (mode: observe)" in done.stdout
 
     @pytest.mark.parametrize(("mode", "problems"), [("owner", 2), ("observe", 0)])
     def test_read_only_filesystem(self, tmp_path: Path, mode: str, problems: int) -> None:
