@@ -351,16 +351,29 @@ def _split_listen(value: str) -> tuple[str, int]:
     return host, int(port)
 
 
-_SPARK_MASTER: Final = re.compile(r"local(-cluster)?(\[[^\]]*\])?|(spark|k8s)://\S+|yarn")
+_SPARK_HOST_PORT: Final = r"(?:[A-Za-z0-9._-]+|\[[0-9A-Fa-f:.]+\]):([0-9]{1,5})"
+_SPARK_MASTER: Final = re.compile(
+    # SparkContext's master patterns: local[N] and local[N, failures] with N a positive
+    # count or *, local-cluster[workers, cores, MB], spark:// with comma-separated
+    # HOST:PORT masters (standby masters), k8s://, yarn.
+    r"local(?:\[(?:\*|[1-9][0-9]*)(?:\s*,\s*[0-9]+)?\])?"
+    r"|local-cluster\[\s*[1-9][0-9]*\s*,\s*[1-9][0-9]*\s*,\s*[1-9][0-9]*\s*\]"
+    rf"|spark://{_SPARK_HOST_PORT}(?:,{_SPARK_HOST_PORT})*"
+    r"|k8s://\S+|yarn"
+)
 
 
 def _check_spark_master(value: str) -> str:
     # Spark refuses any other master when the job starts, a pass later (SparkSubmit:
-    # "Master must either be yarn or start with spark, k8s, or local").
-    if not _SPARK_MASTER.fullmatch(value):
+    # "Master must either be yarn or start with spark, k8s, or local"; "Could not parse
+    # Master URL"; "Asked to run locally with 0 threads"; "Invalid master URL").
+    match = _SPARK_MASTER.fullmatch(value)
+    ports = re.findall(_SPARK_HOST_PORT, value) if value.startswith("spark://") else []
+    if match is None or not all(0 < int(port) < 65536 for port in ports):
         raise PydanticCustomError(
             "spark_master",
-            "must be local, local[N], spark://HOST:PORT, k8s://URL or yarn (Spark's masters)",
+            "must be local, local[N] or local[*] (N at least 1), local-cluster[N, C, M], "
+            "spark://HOST:PORT[,HOST:PORT...], k8s://URL or yarn (Spark's masters)",
         )
     return value
 

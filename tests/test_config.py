@@ -309,6 +309,23 @@ class TestTopicOverrides:
 
 class TestValidation:
     @pytest.mark.parametrize(
+        "master",
+        [
+            "local",
+            "local[4]",
+            "local[*, 2]",
+            "local-cluster[2, 1, 1024]",
+            "spark://a:7077,b.example:7077",
+            "spark://[::1]:7077",
+            "k8s://https://k:443",
+            "yarn",
+        ],
+    )
+    def test_every_master_spark_takes_is_taken(self, master: str) -> None:
+        cfg = config_from_data({"log.dirs": ["/k"], "engine": {"spark": {"master": master}}})
+        assert cfg.engine.spark.master == master
+
+    @pytest.mark.parametrize(
         ("data", "expected"),
         [
             (
@@ -392,9 +409,21 @@ class TestValidation:
             ({"engine": {"spark": {"conf": {"a": 1}}}}, "engine.spark.conf.a: 1 must be a string"),
             (
                 {"engine": {"spark": {"master": "sprak://h:7077"}}},
-                "engine.spark.master: 'sprak://h:7077' must be local, local[N], spark://",
+                "engine.spark.master: 'sprak://h:7077' must be local, local[N] or local[*]",
             ),
             ({"engine": {"spark": {"master": ""}}}, "engine.spark.master: '' must be local"),
+        ]
+        + [  # each refused by Spark only when a pass starts it
+            ({"engine": {"spark": {"master": m}}}, f"engine.spark.master: {m!r} must be local")
+            for m in (
+                "local[abc]",
+                "local[0]",
+                "local[ 2 ]",
+                "spark://host",
+                "spark://:7077",
+                "spark://h:99999",
+                "spark://a:1,",
+            )
         ],
     )
     def test_error_names_key_value_and_rule(self, data: dict[str, Any], expected: str) -> None:
