@@ -719,6 +719,30 @@ def segment_columns(
     seg = as_uint8(buf)
     stop = len(seg) if end is None else min(end, len(seg))
     table = walk_strict(seg, start=start, end=stop, verify_crc=verify_crc, offsets=offsets)
+    try:
+        return _columns_of(seg, table, verify_crc=verify_crc)
+    except CorruptRecordError as exc:
+        raise _naming_its_batch(exc, table) from None
+
+
+def _naming_its_batch(error: CorruptRecordError, table: BatchTable) -> CorruptRecordError:
+    """`error`, met inside a batch the walk passed (its records, their decompression),
+    naming the offset that batch's header holds, as the walk names a batch it refuses
+    (`scan.naming_offset`)."""
+    if error.position is None or not len(table):
+        return error
+    row = int(np.searchsorted(table.position, error.position, side="right")) - 1
+    if row < 0:
+        return error
+    return CorruptRecordError(
+        f"{error.reason} (its header names offset {int(table.base_offset[row])})",
+        path=error.path,
+        position=error.position,
+    )
+
+
+def _columns_of(seg: U8, table: BatchTable, *, verify_crc: bool) -> SegmentColumns:
+    """The columns of the batches of `table`, walked in `seg`."""
     view = seg.data
     v2 = table.magic == 2
     compressed = v2 & ((table.attributes & COMPRESSION_MASK) != 0)

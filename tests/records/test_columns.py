@@ -216,15 +216,19 @@ def test_errors_name_the_batch_like_the_scan() -> None:
 
 
 def test_malformed_record_names_its_byte() -> None:
-    """A bad key length in an uncompressed batch is reported at the record's position."""
-    data = encode_batch(sample(0, 3), base_offset=0)
+    """A bad key length in an uncompressed batch is reported at the record's position,
+    with the offset its batch's header names, as a batch the walk refuses is."""
+    data = encode_batch(sample(500, 2), base_offset=500) + encode_batch(
+        sample(502, 3), base_offset=502
+    )
     cols = segment_columns(data)
-    second = int(cols.record_pos[1])
-    key_len_at = int(cols.key_pos[1]) - 1  # the second record has a null key: 1-byte length
+    second = int(cols.record_pos[3])
+    key_len_at = int(cols.key_pos[3]) - 1  # the second record has a null key: 1-byte length
     bad = patched(data, key_len_at, ">B", encode_varint(100)[0])
     with pytest.raises(CorruptRecordError, match="key length") as info:
         segment_columns(bad, verify_crc=False)
     assert info.value.position == second
+    assert info.value.reason.endswith("(its header names offset 502)")
 
 
 def test_malformed_compressed_record_names_batch_and_inner_byte() -> None:
@@ -239,7 +243,8 @@ def test_malformed_compressed_record_names_batch_and_inner_byte() -> None:
     )
     data = good + _assemble(bad_header, area)
     with pytest.raises(
-        CorruptRecordError, match=r"key length .*byte 0 of the decompressed"
+        CorruptRecordError,
+        match=r"key length .*byte 0 of the decompressed records\) \(its header names offset 1\)$",
     ) as info:
         segment_columns(data)
     assert info.value.position == len(good)
@@ -249,7 +254,7 @@ def test_impossible_record_count_is_refused_before_allocating() -> None:
     """recordsCount far beyond what the bytes can hold is corrupt (no huge allocation)."""
     data = encode_batch(sample(0, 2), base_offset=0, last_offset_delta=2**31 - 2)
     bad = patched(data, 57, ">i", 2**31 - 1)
-    with pytest.raises(CorruptRecordError, match="cannot fit"):
+    with pytest.raises(CorruptRecordError, match=r"cannot fit .*names offset 0"):
         segment_columns(bad, verify_crc=False)
 
 
