@@ -250,6 +250,8 @@ class Daemon:
         self._idle_cycles = 0
         """Idle cycles since the last `cycle.done` line at info."""
         self._last_cycle_end_ms: int | None = None
+        self._looked_ms: int | None = None
+        """The last tick that found no cycle due (see `_last_look_ms`)."""
         self._last_cycle_ms = 0
         self._deadlines = Deadlines()
         self._devices: tuple[Device, ...] = ()
@@ -652,6 +654,8 @@ class Daemon:
             revisit_ms=self.config.log_retention_check_interval_ms,
         )
         if trigger is None:
+            if not self.paused:
+                self._looked_ms = clock.now_ms
             return
         self._cycle_requested = False
         self._changed = False
@@ -769,6 +773,7 @@ class Daemon:
         if taken is None:
             return
         report, status = taken if outcome is None else (outcome.report, outcome.status)
+        status = replace(status, last_run_ms=self._last_look_ms(status.last_run_ms))
         now = self.clock_ms()
         last = self.exporter.snapshot
         d = self._deadlines
@@ -791,8 +796,20 @@ class Daemon:
             devices = build_snapshot(
                 now_ms=now, partitions=(), devices=usage, device_log_dirs=self._device_dirs()
             ).devices
-            snapshot = replace(last, now_ms=now, devices=devices)
+            snapshot = replace(last, now_ms=now, devices=devices, last_run_ms=status.last_run_ms)
         self.exporter.update(snapshot)
+
+    def _last_look_ms(self, grabbed_ms: int | None) -> int | None:
+        """When the cleaner last looked for work, Kafka's `time-since-last-run-ms` reading
+        from it: the last cycle's look (`grabbed_ms`, None while no worker ever looked: in
+        observe mode, or with cleaning off), or a tick since that found no cycle due,
+        which is a look too: between cycles the deadlines say what would make a log
+        eligible, as a broker's idle cleaner thread looks every `log.cleaner.backoff.ms`.
+        A paused daemon does not look. So an idle daemon reads about a tick, not up to a
+        `log.retention.check.interval.ms`, where a Kafka alert fires."""
+        if grabbed_ms is None or self._looked_ms is None:
+            return grabbed_ms
+        return max(grabbed_ms, self._looked_ms)
 
     def _device_dirs(self) -> dict[int, list[str]]:
         return {d.device: [str(p) for p in d.log_dirs] for d in self._devices}

@@ -731,6 +731,29 @@ async def test_new_data_seen_by_the_watcher_starts_a_cycle(
         await eventually(lambda: daemon.cycles > idle, "a cycle for the new partition")
 
 
+async def test_an_idle_daemon_has_looked_for_work_a_tick_ago(
+    config_path: Path, notify_socket: NotifyReceiver, tmp_path: Path
+) -> None:
+    """Between cycles, each tick that finds no cycle due is a look for work, as a broker's
+    idle cleaner thread looks every `log.cleaner.backoff.ms`: the last-run gauge follows
+    the ticks with no cycle run. It stood at the last cycle, so an idle daemon's
+    `time-since-last-run-ms` climbed to `log.retention.check.interval.ms` (5 minutes by
+    default), where a Kafka alert on it fires."""
+    name = "cleanerd_last_clean_timestamp_seconds"
+    async with _idle_daemon(config_path, notify_socket, tmp_path) as (daemon, idle):
+        first = _sample(await asyncio.to_thread(_scrape, daemon), name)
+        assert first > 0
+
+        async def later() -> bool:
+            return _sample(await asyncio.to_thread(_scrape, daemon), name) >= first + 1
+
+        deadline = time.monotonic() + 20
+        while not await later():
+            assert time.monotonic() < deadline, "the gauge did not follow the ticks"
+            await asyncio.sleep(0.2)
+        assert daemon.cycles == idle
+
+
 async def test_idle_cycles_are_logged_at_debug_and_counted_on_the_next_busy_one(
     config_path: Path, notify_socket: NotifyReceiver, tmp_path: Path
 ) -> None:
