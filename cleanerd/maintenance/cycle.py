@@ -148,7 +148,7 @@ from cleanerd.retention.disk import (
     measure,
     psutil_space,
 )
-from cleanerd.retention.disk_usage import DiskDeletion, device_name
+from cleanerd.retention.disk_usage import DiskDeletion, device_name, freed_bytes
 from cleanerd.retention.executor import RetentionOutcome, apply_retention
 from cleanerd.retention.policy import retention_due_ms
 from cleanerd.wording import count
@@ -1705,7 +1705,9 @@ class Maintenance:
                 device = device_name(u.device)
                 # A dry run's usage is projected past its deletions: so are the log bytes.
                 would = [d for d in disk.deletions if disk.dry_run and d.device == u.device]
-                in_logs = _log_bytes_on(u.device, partitions) - sum(d.freed_bytes for d in would)
+                in_logs = _log_bytes_on(u.device, u.block_bytes, partitions) - sum(
+                    d.freed_bytes for d in would
+                )
                 limit = u.limit_bytes(u.threshold_percent)
                 consequence = "nothing deletable is left, or writers outpace the deletions"
                 if u.used_bytes - in_logs > limit:
@@ -2128,15 +2130,21 @@ def _state(
     return PartitionState(meta, ltc, due)
 
 
-def _log_bytes_on(device: int, partitions: list[_Partition]) -> int:
-    """The segment bytes of `partitions` whose log dir is on `device`."""
+def _log_bytes_on(device: int, block_bytes: int, partitions: list[_Partition]) -> int:
+    """What the segments of `partitions` whose log dir is on `device` take of it, counted
+    as a deletion frees it (`disk_usage.freed_bytes`: each `.log` and index file in whole
+    blocks), so that a dry run's deletions can be taken off it. (The `.log` sizes alone
+    came out below the deletions of tiny segments: a negative size in `disk.pressure`.)"""
     devices = {p.log_dir.path: 0 for p in partitions}
     for path in devices:
         with suppress(OSError):
             devices[path] = device_of(path)
-    return sum(
-        s.size for p in partitions if devices[p.log_dir.path] == device for s in p.plog.segments
-    )
+    total = 0
+    for p in partitions:
+        if devices[p.log_dir.path] == device:
+            with suppress(CleanerdError, OSError):  # unreadable: its bytes go uncounted
+                total += sum(freed_bytes(s, block_bytes) for s in p.plog.readable_meta().segments)
+    return total
 
 
 class _Kept(NamedTuple):

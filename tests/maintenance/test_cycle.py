@@ -11,7 +11,7 @@ import threading
 from collections.abc import Iterator
 from concurrent.futures import Future
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import pytest
 import yaml
@@ -732,6 +732,9 @@ def test_a_partition_disk_usage_cannot_read_is_warned_about_once(
     assert ":" in pressure[0]["device"]
 
 
+SEGMENT_FILES: Final = (".log", ".index", ".timeindex")
+
+
 def test_disk_pressure_says_when_other_files_fill_the_device(
     tmp_path: Path, engine: LocalEngine
 ) -> None:
@@ -760,7 +763,7 @@ def test_disk_pressure_says_when_other_files_fill_the_device(
     assert report.disk_usage.still_above
     (pressure,) = [e for e in logs_ if e["event"] == "disk.pressure"]
     assert pressure["log_dirs_bytes"] == sum(
-        p.stat().st_size for p in (logs / str(tp)).glob("*.log")
+        p.stat().st_size for p in (logs / str(tp)).glob("*") if p.suffix in SEGMENT_FILES
     )
     assert pressure["consequence"].startswith("other files fill the device")
 
@@ -778,11 +781,12 @@ def test_a_dry_run_says_once_what_it_would_delete_and_that_it_deleted_nothing(
     part = tmp_path / "logs" / str(tp)
     before = dir_state(part)
 
-    log_bytes = sum(f.stat().st_size for f in part.iterdir())
-    other = 10_000  # other files, just over the threshold (half of the device) alone
+    block = 4096  # tiny segments on a file system of 4 KiB blocks
+    log_bytes = sum(-(-f.stat().st_size // block) * block for f in part.iterdir())
+    other = 100_000  # other files, just over the threshold (half of the device) alone
 
     def probe(_path: Path) -> DiskSpace:
-        return DiskSpace(2 * other - 2, other + log_bytes)
+        return DiskSpace(2 * other - 2, other + log_bytes, block)
 
     cfg = write_config(
         tmp_path,
@@ -810,6 +814,14 @@ def test_a_dry_run_says_once_what_it_would_delete_and_that_it_deleted_nothing(
         "dry run: above even after the 1 deletion it would make (other files fill the "
         "device: without a byte of the log dirs it would still be above the threshold)"
     )
+    # What the log dirs would take after the deletion, in the blocks a deletion frees
+    # (it was their `.log` bytes less the deletion's blocks: below 0 for tiny segments).
+    kept = [f for f in part.iterdir() if f.suffix in SEGMENT_FILES]
+    (deletion,) = report.disk_usage.deletions
+    assert pressure["log_dirs_bytes"] == (
+        sum(-(-f.stat().st_size // block) * block for f in kept) - deletion.freed_bytes
+    )
+    assert pressure["log_dirs_bytes"] > 0
     assert dir_state(part) == before
 
 
