@@ -1117,18 +1117,32 @@ class PartitionLog:
 
     # -- rolling -----------------------------------------------------------------------------
 
-    def roll(self, now_ms: int | None = None, *, reason: str = "requested") -> LogSegment | None:
+    def roll(
+        self,
+        now_ms: int | None = None,
+        *,
+        reason: str = "requested",
+        waited_ms: int | None = None,
+    ) -> LogSegment | None:
         """Start a new empty active segment at the log end offset. The old one gets its
         final time-index entry and is fsynced. A roll of an empty active segment does
-        nothing and returns None. `now_ms` and `reason` (the setting that made the roll
-        due, e.g. `segment.ms`) are only reported in the `segment.rolled` line."""
+        nothing and returns None. `now_ms`, `reason` (the setting that made the roll
+        due, e.g. `segment.ms`) and `waited_ms` (how long its time rule waited) are only
+        reported in the `segment.rolled` line, the one line a roll logs."""
         with self._write_lock():
             if self.active_segment.size == 0:
                 return None
-            return self._roll_locked(self.log_end_offset, reason=reason, now_ms=now_ms)
+            return self._roll_locked(
+                self.log_end_offset, reason=reason, now_ms=now_ms, waited_ms=waited_ms
+            )
 
     def _roll_locked(
-        self, base_offset: int, *, reason: str, now_ms: int | None = None
+        self,
+        base_offset: int,
+        *,
+        reason: str,
+        now_ms: int | None = None,
+        waited_ms: int | None = None,
     ) -> LogSegment:
         if self.owner is not None:
             self.owner.verify()
@@ -1152,6 +1166,7 @@ class PartitionLog:
             size_bytes=old.size,
             reason=reason,
             now_ms=now_ms,
+            **({} if waited_ms is None else {"waited_ms": waited_ms}),
         )
         return segment
 

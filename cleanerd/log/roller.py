@@ -272,15 +272,7 @@ def maybe_roll(
         )
         if decision is None:
             return None
-        log.info(
-            "segment.roll_due",
-            topic=tp.topic,
-            partition=tp.partition,
-            log_dir=str(plog.log_dir),
-            base_offset=decision.base_offset,
-            reason=decision.reason.value,
-            waited_ms=decision.waited_ms,
-        )
-        if plog.roll(now_ms, reason=decision.reason.value) is None:
+        rolled = plog.roll(now_ms, reason=decision.reason.value, waited_ms=decision.waited_ms)
+        if rolled is None:
             return None
         return decision

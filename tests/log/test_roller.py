@@ -69,6 +69,10 @@ def test_idle_partition_rolls_by_clock(tmp_path: Path) -> None:
     assert [e["reason"] for e in rolled] == ["max.compaction.lag.ms"]
     # The segment rolled, as the event and the reports name it, then the new one's base.
     assert [(e["base_offset"], e["next_offset"]) for e in rolled] == [(0, 1)]
+    # One line a roll, with how long the rule waited (a `segment.roll_due` line before
+    # it said that, two info lines a roll where the README promises one).
+    assert [e["waited_ms"] for e in rolled] == [HOUR]
+    assert [e["event"] for e in logs if e["log_level"] == "info"] == ["segment.rolled"]
     assert decision.waited_ms == HOUR
     assert [s.base_offset for s in plog.segments] == [0, 1]
     assert plog.segments[-1].size == 0
