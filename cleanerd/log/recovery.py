@@ -364,8 +364,11 @@ def report_malformed_names(names: ListedNames, report: RecoveryReport) -> None:
         report.malformed.append(path)
 
 
-def _delete(path: Path, report: RecoveryReport, why: str) -> None:
-    log.info("recovery.file_deleted", path=str(path), reason=why)
+def _delete(path: Path, report: RecoveryReport, why: str, *, pending: bool = False) -> None:
+    # A `.deleted` file (`pending`) is a deletion an unclean stop left to finish: said at
+    # debug, as Kafka's loader says it, and once per partition at info by the caller
+    # (thousands of them after a kill of a busy daemon flooded the journal).
+    (log.debug if pending else log.info)("recovery.file_deleted", path=str(path), reason=why)
     safe_unlink(path)
     report.deleted.append(str(path))
 
@@ -455,7 +458,14 @@ def recover_leftovers(
     complete = [p for p in swaps if p not in unfinished]
     low, high = _swap_range(dir_path, complete, options)
     for path in deleted:
-        _delete(path, report, "left over from a finished swap or deletion")
+        _delete(path, report, "left over from a finished swap or deletion", pending=True)
+    if deleted:
+        log.info(
+            "recovery.files_deleted",
+            path=str(dir_path),
+            files=len(deleted),
+            reason="left over from a finished swap or deletion (.deleted)",
+        )
     for path in unfinished:
         _delete(path, report, "swap of an unfinished .cleaned -> .swap step")
     for path in cleaned:
