@@ -1204,13 +1204,29 @@ def _log_dir_problems(cfg: Config) -> Iterator[tuple[list[Loc], str]]:
     if not cfg.log_dirs:
         yield [("log.dirs",)], "log.dirs: required: list at least one log directory"
     state = cfg.state_dir.resolve()
-    seen: set[Path] = set()
+    seen: dict[Path, Path] = {}
     for log_dir in cfg.log_dirs:
         absolute = log_dir.resolve()
         if absolute in seen:
             yield [("log.dirs",)], f"log.dirs: {str(log_dir)!r} is listed twice"
             continue
-        seen.add(absolute)
+        for other_absolute, other in seen.items():
+            if absolute.is_relative_to(other_absolute):
+                inner, outer = log_dir, other
+            elif other_absolute.is_relative_to(absolute):
+                inner, outer = other, log_dir
+            else:
+                continue
+            # The outer one would hold a dir that is no partition of it, or that is one
+            # (`<topic>-<n>`) and a log dir with its own `.lock` too.
+            yield (
+                [("log.dirs",)],
+                (
+                    f"log.dirs: {str(inner)!r} is inside log dir {str(outer)!r}: "
+                    "a Kafka broker would refuse to load that log dir"
+                ),
+            )
+        seen[absolute] = log_dir
         if state.is_relative_to(absolute):
             # A broker refuses a log dir holding a dir that is not <topic>-<partition>.
             yield (

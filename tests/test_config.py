@@ -397,6 +397,14 @@ class TestValidation:
                 "state_dir: '/a/state' must not be inside log dir '/a'",
             ),
             (
+                {"log.dirs": ["/a", "/a/orders-0"]},
+                "log.dirs: '/a/orders-0' is inside log dir '/a': a Kafka broker would refuse",
+            ),
+            (
+                {"log.dirs": ["/a/sub", "/a"]},
+                "log.dirs: '/a/sub' is inside log dir '/a'",
+            ),
+            (
                 {"topics": {"bad topic!": {}}},
                 "topics.bad topic!: 'bad topic!' is neither a Kafka topic name",
             ),
