@@ -32,8 +32,12 @@ from __future__ import annotations
 import argparse
 import functools
 import json
-from collections.abc import Sequence
+import signal
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
+from types import FrameType
 from typing import Final
 
 from cleanerd.clock import wall_clock_ms
@@ -151,6 +155,11 @@ def render_text(report: CycleReport, stop_errors: Sequence[str] = ()) -> list[st
         lines.append(f"{where}: {what}: {s.reason}")
     lines += [f"{o.log_dir}: offline, left alone: {o.reason}" for o in report.offline]
     lines += [f"stop: checkpoint failed: {e}" for e in stop_errors]
+    if report.aborted:
+        lines.append(
+            "interrupted: the passes in flight were stopped (their logs left as they were), "
+            "the steps not begun skipped"
+        )
     lines.append(
         f"{count(len(report.rolled), 'segment')} rolled, "
         f"{sum(len(o.deletions) for o in report.retention)} deleted by retention, "
@@ -187,6 +196,7 @@ def run(args: argparse.Namespace) -> int:
     # `--pool` asks for a worker's isolation.
     in_process = not args.pool
     engine = TrackedEngine(create_engine(config, args.engine, in_process=in_process), progress)
+    signals: list[int] = []
     try:
         # The engine stops before the log dirs are released: no pass outlives the locks.
         readers = functools.partial(
@@ -196,8 +206,11 @@ def run(args: argparse.Namespace) -> int:
             config, engine, clock=clock, topics=topics, readers=readers
         ) as maintenance:
             try:
-                report = maintenance.run_once()
-            except BaseException:  # Ctrl-C too: the passes stop before their next swap
+                with _stopped_by_signals(signals) as stop:
+                    report = maintenance.run_once(stop)
+                for signum in signals[:1]:
+                    log.warning("clean.interrupted", signal=signal.Signals(signum).name)
+            except BaseException:  # a second Ctrl-C too: the passes stop before their swap
                 engine.shutdown(abort=True)
                 raise
             engine.shutdown()
@@ -215,7 +228,7 @@ def run(args: argparse.Namespace) -> int:
             progress.finish(failed=True)
         raise
     if progress.segments_total:
-        progress.finish()
+        progress.finish(failed=bool(signals))
     if args.json:
         doc = report.to_json()
         doc["unlinked"] += [str(p) for p in unlinked]
@@ -223,4 +236,35 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(doc, indent=1))
     else:
         print("\n".join(render_text(report, stop_errors)))
+    if signals:  # interrupted: as a process a signal ends exits, the report printed first
+        return 128 + signals[0]
     return 1 if report.failed or report.errors or report.offline or held or stop_errors else 0
+
+
+@contextmanager
+def _stopped_by_signals(received: list[int]) -> Iterator[threading.Event]:
+    """While the cycle runs, SIGINT (Ctrl-C) and SIGTERM stop it as they stop the
+    daemon's (`run_once`'s `stop`): the passes in flight are aborted, their logs left as
+    they were, the steps not begun skipped, and the command still writes its clean stop
+    and prints what it did. Yields the event; the signals go to `received`; a second one
+    leaves at once (KeyboardInterrupt). The handlers before come back after."""
+    stop = threading.Event()
+
+    def handle(signum: int, _frame: FrameType | None) -> None:
+        # Nothing logged here: the handler runs between two bytecodes of the main
+        # thread, which may hold the log stream's lock (a deadlock; said after the cycle).
+        if stop.is_set():
+            raise KeyboardInterrupt
+        received.append(signum)
+        stop.set()
+
+    if threading.current_thread() is not threading.main_thread():
+        yield stop  # `main` called from a thread (tests): no handler to set
+        return
+    kinds = (signal.SIGINT, signal.SIGTERM)
+    before = {kind: signal.signal(kind, handle) for kind in kinds}
+    try:
+        yield stop
+    finally:
+        for kind, handler in before.items():
+            signal.signal(kind, handler)

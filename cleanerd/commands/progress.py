@@ -21,7 +21,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Final, TextIO
 
-from cleanerd.compaction.cleaner import CleanResult
+from cleanerd.compaction.cleaner import CleaningAborted, CleanResult
 from cleanerd.engine.base import CleanJob, Engine
 from cleanerd.log.files import TopicPartition
 
@@ -176,11 +176,20 @@ class Progress:
         self.finish(failed=exc[0] is not None)
 
 
+def _failed(future: Future[CleanResult]) -> bool:
+    """Whether a pass failed: it raised, but not because it was stopped (an interrupted
+    `clean`, `CleaningAborted`), nor was it cancelled before it began."""
+    if future.cancelled():
+        return False
+    error = future.exception()
+    return error is not None and not isinstance(error, CleaningAborted)
+
+
 class TrackedEngine:
     """An `Engine` that reports its clean passes to a `Progress`: a pass's segments below
     its first uncleanable offset are expected when it is submitted and done when it ends
     (whether it succeeded or not: the work is over either way; a pass that raised counts
-    its segments as failed)."""
+    its segments as failed, one stopped does not)."""
 
     def __init__(self, engine: Engine, progress: Progress) -> None:
         self.engine = engine
@@ -204,9 +213,7 @@ class TrackedEngine:
         self.progress.expect(segments=count, size=size)
         future = self.engine.submit_clean(job)
         future.add_done_callback(
-            lambda f: self.progress.advance(
-                segments=count, size=size, failed=f.cancelled() or f.exception() is not None
-            )
+            lambda f: self.progress.advance(segments=count, size=size, failed=_failed(f))
         )
         return future
 

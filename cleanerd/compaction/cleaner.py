@@ -1116,7 +1116,7 @@ class Cleaner:
         key = (seg.base_offset, window[0])
         c = p.cache.pop(key, None)
         if c is None:
-            self._throttle(window[1] - window[0])
+            self._throttle(p, window[1] - window[0])
             if decoded is not None:
                 c = decoded.result()
             else:
@@ -1321,9 +1321,13 @@ class Cleaner:
                 ops=self.ops,
             )
 
-    def _throttle(self, n: int) -> None:
+    def _throttle(self, p: _Pass, n: int) -> None:
+        """Account `n` bytes read or written by pass `p` to the shared throttle, and stop
+        the pass when it was to stop while its throttle slept."""
         if self.throttler is not None and n:
-            self.throttler.maybe_throttle(n)
+            self.throttler.maybe_throttle(n, self.should_abort)
+            if self.should_abort is not None and self.should_abort():
+                raise CleaningAborted(p.tp)
 
     def _clean_segment(
         self,
@@ -1375,7 +1379,7 @@ class Cleaner:
         )
         codes = np.asarray(actions, dtype=np.int64)
         for chunk in _output_chunks(c, codes, keep, kept, kept_bytes, new_horizons):
-            self._throttle(output.append(chunk))
+            self._throttle(p, output.append(chunk))
         p.stats.messages_written += int(kept[actions != WriteAction.SKIP].sum())
 
     def _batch_decisions(

@@ -18,6 +18,8 @@ from collections.abc import Callable
 from typing import Final
 
 CHECK_INTERVAL_MS: Final = 300
+STOP_POLL_S: Final = 0.1
+"""How often a throttled caller's sleep asks whether it is to stop."""
 NS_PER_MS: Final = 1_000_000
 NS_PER_S: Final = 1_000_000_000
 
@@ -59,8 +61,11 @@ class Throttler:
         """Change the allowed rate (a reconfiguration); effective from the next check."""
         self._desired_rate = self._validated(rate)
 
-    def maybe_throttle(self, observed_bytes: int) -> None:
-        """Account `observed_bytes` and sleep if the period's rate is above the limit."""
+    def maybe_throttle(self, observed_bytes: int, stop: Callable[[], bool] | None = None) -> None:
+        """Account `observed_bytes` and sleep if the period's rate is above the limit;
+        with `stop`, a sleep ends early once it says so (polled every `STOP_POLL_S`): a
+        pass being stopped does not wait out its throttle, seconds at a low rate, while
+        the stop of the daemon or of `clean` waits for it."""
         if math.isinf(self._desired_rate):
             return
         with self._lock:
@@ -84,6 +89,15 @@ class Throttler:
                 desired_per_ms = self._desired_rate / 1000.0
                 sleep_ms = round(self._observed / desired_per_ms - elapsed_ns // NS_PER_MS)
                 if sleep_ms > 0:
-                    self._sleep(sleep_ms / 1000.0)
+                    self._sleep_unless(sleep_ms / 1000.0, stop)
             self._period_start_ns = self._monotonic_ns()
             self._observed = 0.0
+
+    def _sleep_unless(self, seconds: float, stop: Callable[[], bool] | None) -> None:
+        if stop is None:
+            self._sleep(seconds)
+            return
+        while seconds > 0 and not stop():
+            step = min(seconds, STOP_POLL_S)
+            self._sleep(step)
+            seconds -= step

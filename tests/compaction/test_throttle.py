@@ -31,6 +31,22 @@ def test_sleeps_to_bring_rate_down() -> None:
     assert c.slept == [pytest.approx(0.6)]
 
 
+def test_a_caller_that_is_to_stop_sleeps_no_longer() -> None:
+    """With `stop`, the sleep goes by slices of 0.1 s, and ends once `stop` says so: a
+    pass being stopped (a daemon's or an interrupted `clean`'s) does not wait out a
+    throttle of seconds. Without it the sleep is whole, as Kafka's."""
+    c = Clock()
+    t = Throttler(1000.0, monotonic_ns=c.now, sleep=c.sleep)
+    c.ns = 400_000_000
+    t.maybe_throttle(3000, stop=lambda: len(c.slept) >= 3)
+    assert c.slept == [pytest.approx(0.1)] * 3
+    c.slept.clear()
+    c.ns += 400_000_000
+    t.maybe_throttle(1000, stop=lambda: False)
+    assert sum(c.slept) == pytest.approx(0.6)
+    assert max(c.slept) == pytest.approx(0.1)
+
+
 def test_no_sleep_below_rate_or_before_interval() -> None:
     """No sleep before the interval ends (bytes within its allowance) or when under the
     limit."""
