@@ -180,6 +180,23 @@ def test_a_lost_txnindex_keeps_no_aborted_record_over_a_committed_one(
     assert [r.value for r in plog.records() if r.key == b"k"] == [b"good"]
 
 
+def test_a_damaged_txnindex_is_the_partitions_error_not_a_checkpoints(tmp_path: Path) -> None:
+    """A `.txnindex` that does not parse: the partition is uncleanable, said once with
+    the file; the cycle's flush of its rolled segments meets the same damage, which is
+    no failed checkpoint (it was logged as `checkpoint.flush_failed`, an error)."""
+    d = build(tmp_path)
+    (d / "00000000000000000010.txnindex").write_bytes(b"x" * 40)
+    argv = [sys.executable, "-m", "cleanerd", "clean", "-c", str(write_config(tmp_path))]
+    done = subprocess.run(
+        [*argv, "--now-ms", str(NOW)], cwd=REPO, capture_output=True, text=True, check=False
+    )
+    assert done.returncode == 1
+    assert "t-0: uncleanable: corrupt index" in done.stdout
+    assert "00000000000000000010.txnindex" in done.stdout
+    assert "checkpoint.flush_failed" not in done.stderr
+    assert "stop: checkpoint failed" not in done.stdout
+
+
 def _symlink_outside(tmp_path: Path) -> str:
     victim = tmp_path / "outside" / "victim"
     victim.mkdir(parents=True)
