@@ -160,14 +160,7 @@ class ProducerState:
             return []
         kinds = np.zeros(len(rows), np.int64)  # a data batch
         control = np.flatnonzero(table.is_control[rows])
-        at = rows[control]
-        types = control_types_at(
-            buf,
-            table.position[at],
-            table.size[at],
-            table.attributes[at].astype(np.int64),
-            table.records_count[at].astype(np.int64),
-        )
+        types = _control_types(table, rows[control], buf)
         kinds[control] = np.where(
             types == ControlRecordType.ABORT,
             _ABORT,
@@ -194,14 +187,7 @@ class ProducerState:
         control = is_control[rows]
         if not control.any():
             return rows
-        at = rows[control]
-        types = control_types_at(
-            buf,
-            table.position[at],
-            table.size[at],
-            table.attributes[at].astype(np.int64),
-            table.records_count[at].astype(np.int64),
-        )
+        types = _control_types(table, rows[control], buf)
         keep = np.ones(len(rows), np.bool_)
         keep[np.flatnonzero(control)] = (types == ControlRecordType.ABORT) | (
             types == ControlRecordType.COMMIT
@@ -255,6 +241,17 @@ _GROUP_FIELDS: Final = 7
 """A producer's row of `_producer_groups`: its id, then rows of the table (-1: none)."""
 _PID, _FIRST, _LAST, _DATA, _LAST_MARKER, _OPENING, _BUMPED = range(_GROUP_FIELDS)
 _GOLDEN: Final = -7046029254386353131  # 0x9E3779B97F4A7C15 as an int64: Fibonacci hashing
+
+
+def _control_types(table: BatchTable, at: np.ndarray, buf: Buffer) -> np.ndarray:
+    """The control record type of each control batch at rows `at` of `table`."""
+    return control_types_at(
+        buf,
+        table.position[at],
+        table.size[at],
+        table.attributes[at].astype(np.int64),
+        table.records_count[at].astype(np.int64),
+    )
 
 
 _COMMIT: Final = 1
