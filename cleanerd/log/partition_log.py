@@ -115,9 +115,8 @@ from cleanerd.log.recovery import (
 from cleanerd.log.roll import (
     DEFAULT_MIN_ROLL_INTERVAL_MS,
     TimeRollLimit,
+    jitter_of_segment,
     rolls_at_append,
-    segment_jitter,
-    segment_jitter_seed,
     time_roll_limit,
 )
 from cleanerd.log.segment import LogSegment
@@ -853,13 +852,15 @@ class PartitionLog:
             return None  # not due even with the most jitter: the common case, decided here
         if self.is_metadata:
             return None
-        tp = self.topic_partition
-        seed = segment_jitter_seed(tp.topic, tp.partition, active.base_offset)
+        tp, config = self.topic_partition, self.config
+        jitter = jitter_of_segment(
+            tp.topic, tp.partition, active.base_offset, config.segment_ms, config.segment_jitter_ms
+        )
         if not rolls_at_append(
             first,
             max_timestamp,
             max_segment_ms=limit.ms,
-            jitter_ms=segment_jitter(self.config.segment_ms, self.config.segment_jitter_ms, seed),
+            jitter_ms=jitter,
             now_ms=wall_clock_ms() if now_ms is None else now_ms,
             last_roll_ms=self.last_roll_ms(),
             min_roll_interval_ms=self.config.min_roll_interval_ms,

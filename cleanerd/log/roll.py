@@ -106,6 +106,15 @@ def segment_jitter(segment_ms: int, jitter_ms: int, rng_seed: int | str | bytes)
     return random.Random(rng_seed).randrange(bound)
 
 
+def jitter_of_segment(
+    topic: str, partition: int, base_offset: int, segment_ms: int, jitter_ms: int
+) -> int:
+    """The jitter of the segment of `topic`-`partition` at `base_offset`, drawn from its
+    own seed (`segment_jitter_seed`): the same for a clock roll and an append's roll, and
+    after every restart."""
+    return segment_jitter(segment_ms, jitter_ms, segment_jitter_seed(topic, partition, base_offset))
+
+
 @dataclass(frozen=True, slots=True)
 class SegmentAge:
     """What tells how old an active segment is (see the module docstring)."""

@@ -32,7 +32,7 @@ modification, so that time is a valid clamp for a future timestamp, and it is ne
 than the true first sighting. An empty segment is not recorded (it never rolls anyway).
 
 Jitter: drawn once per segment from a seed naming the topic, partition and base offset
-(`roll.segment_jitter_seed`), so it is the same after every restart without storing it.
+(`roll.jitter_of_segment`), so it is the same after every restart without storing it.
 """
 
 from __future__ import annotations
@@ -53,8 +53,7 @@ from cleanerd.log.roll import (
     RollDecision,
     SegmentAge,
     TimeRollLimit,
-    segment_jitter,
-    segment_jitter_seed,
+    jitter_of_segment,
     should_roll,
     time_roll_limit,
 )
@@ -197,8 +196,10 @@ def time_rule(
     """Kafka's maxSegmentMs under `topic` (with the config behind it) and the jitter of
     the segment of `tp` at `base_offset`."""
     limit = time_roll_limit(topic.segment_ms, topic.max_compaction_lag_ms, compact=topic.compact)
-    seed = segment_jitter_seed(tp.topic, tp.partition, base_offset)
-    return limit, segment_jitter(topic.segment_ms, topic.segment_jitter_ms, seed)
+    jitter = jitter_of_segment(
+        tp.topic, tp.partition, base_offset, topic.segment_ms, topic.segment_jitter_ms
+    )
+    return limit, jitter
 
 
 def roll_decision(
