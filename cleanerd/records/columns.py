@@ -55,6 +55,7 @@ from cleanerd.records.header import (
 )
 from cleanerd.records.prefetch import prefetch
 from cleanerd.records.record import RecordHeader
+from cleanerd.records.scan import naming_offset
 from cleanerd.records.varint import decode_varint
 from cleanerd.records.walker import (
     ANY_OFFSETS,
@@ -722,23 +723,19 @@ def segment_columns(
     try:
         return _columns_of(seg, table, verify_crc=verify_crc)
     except CorruptRecordError as exc:
-        raise _naming_its_batch(exc, table) from None
+        raise _naming_its_batch(exc, seg, table) from None
 
 
-def _naming_its_batch(error: CorruptRecordError, table: BatchTable) -> CorruptRecordError:
+def _naming_its_batch(error: CorruptRecordError, seg: U8, table: BatchTable) -> CorruptRecordError:
     """`error`, met inside a batch the walk passed (its records, their decompression),
     naming the offset that batch's header holds, as the walk names a batch it refuses
-    (`scan.naming_offset`)."""
+    (`scan.naming_offset`, which reads the batch's own header)."""
     if error.position is None or not len(table):
         return error
     row = int(np.searchsorted(table.position, error.position, side="right")) - 1
     if row < 0:
         return error
-    return CorruptRecordError(
-        f"{error.reason} (its header names offset {int(table.base_offset[row])})",
-        path=error.path,
-        position=error.position,
-    )
+    return naming_offset(error, seg.data, int(table.position[row]), len(seg))
 
 
 def _columns_of(seg: U8, table: BatchTable, *, verify_crc: bool) -> SegmentColumns:
