@@ -50,7 +50,8 @@ def torn_tail_reason(buf: Buffer, scan: Walk, *, flushed_to: int = 0) -> str | N
     start = scan.stop
     if _first_offset_after(scan) < flushed_to:
         return None  # flushed whole, then changed or lost: no append was in flight
-    if not np.frombuffer(buf, dtype=np.uint8)[start:].any():
+    data = np.frombuffer(buf, dtype=np.uint8)
+    if not data[start:].any():
         return ZERO_TAIL
     if _valid_batch_after(buf, start) is not None:
         return None
@@ -59,7 +60,6 @@ def torn_tail_reason(buf: Buffer, scan: Walk, *, flushed_to: int = 0) -> str | N
     if len(buf) - start >= PREFIX_SIZE:
         at = start + LENGTH_OFFSET
         size = int.from_bytes(buf[at : at + 4], "big", signed=True) + LOG_OVERHEAD
-        data = np.frombuffer(buf, dtype=np.uint8)
         if size == len(buf) - start:
             if walk(buf, start=start, verify_crc=False).error is None:
                 return f"last batch fails its CRC: {scan.error.reason}"
