@@ -468,52 +468,70 @@ class LogSegment:
             )
         return self._txn_index
 
-    def _tail(self) -> IndexBuilder:
+    def _tail(self, *, heal: bool = True) -> IndexBuilder:
         """Index-maintenance state, recovered from the last index entries and a walk of
-        the batches after the last offset-index entry."""
+        the batches after the last offset-index entry.
+
+        An offset index whose last entry is damaged in a way the log can repair (before
+        the log's start, or on no batch) is rebuilt with `heal`, as the owner's open
+        rebuilds it (`sanity_check`): written by an owner, in memory when read-only, so
+        that `plan` reads the partition as the cycle that follows it does. Not a `live`
+        segment's (a broker's, which it may be rewriting) and not an entry past the
+        log's end (IndexPastLogError: the log may be the file that is short)."""
         if self._builder is None:
-            oi, ti = self.offset_index, self.time_index
-            last, ts = oi.last_entry, ti.last_entry
             try:
-                oi.check_within(self._size, self._os_path(LOG_FILE_SUFFIX))
-                tail = self._whole_batches_from(last.position)
-                torn = oi.entries > 0 and not tail.batches and self._torn_at(last.position)
-                if oi.entries and not torn:
-                    _check_last_entry(oi.os_path, self._os_path(LOG_FILE_SUFFIX), last, tail)
-            except (IndexPastLogError, _LastEntryMismatch, CorruptRecordError):
-                if not self.live:
+                self._builder = self._tail_from_indexes()
+            except (CorruptIndexError, CorruptRecordError) as exc:
+                if not heal or self.live or isinstance(exc, IndexPastLogError):
                     raise
-                # The active segment of a dir a broker writes: a truncation (Kafka's
-                # `truncateTo`) moves its index's entry count back in the broker's
-                # memory only, leaving the entries past the new end in the preallocated
-                # file until appends overwrite them. Such a stale entry (past the end, or
-                # into the middle of later batches) is not damage: the segment is read
-                # from its start, as a torn one is, where real damage still raises, and
-                # a lookup by offset reads it from its start too (`position_for`).
-                torn = self._stale_index = True
-            if torn:
-                # A torn batch at the last entry, which an owner's recovery cuts with the
-                # index entries into it (a crash that wrote the entry but not the whole
-                # batch): read the segment as that leaves it, from its start, and not by
-                # the time index, whose last entry may be the torn batch's.
-                last, ts = OffsetPosition(self.base_offset, 0), TimestampOffset(-1, -1)
-                tail = self._whole_batches_from(0)
-            builder = IndexBuilder(
-                oi,
-                ti,
-                self.index_interval_bytes,
-                bytes_since_last_entry=self._size - last.position,
-                max_timestamp=ts.timestamp,
-                offset_of_max_timestamp=ts.offset,
-            )
-            if tail.batches and tail.max_timestamp > builder.max_timestamp:
-                builder.max_timestamp = tail.max_timestamp
-                builder.offset_of_max_timestamp = tail.offset_of_max_timestamp
-            self._next_offset = tail.last_offset + 1 if tail.batches else self.base_offset
-            if last.position == 0 and tail.stop == self._size:
-                self._learn_from_whole(tail)
-            self._builder = builder
+                self.rebuild_indexes(reason=_rebuild_reason(exc))
+                assert self._builder is not None
         return self._builder
+
+    def _tail_from_indexes(self) -> IndexBuilder:
+        # Only the last entries and the bytes after them are read: a whole index is
+        # 0.2% of its log, 20 GB on a 10 TB host, too much for every first `plan`.
+        oi, ti = self.offset_index, self.time_index
+        last, ts = oi.last_entry, ti.last_entry
+        try:
+            oi.check_within(self._size, self._os_path(LOG_FILE_SUFFIX))
+            tail = self._whole_batches_from(last.position)
+            torn = oi.entries > 0 and not tail.batches and self._torn_at(last.position)
+            if oi.entries and not torn:
+                _check_last_entry(oi.os_path, self._os_path(LOG_FILE_SUFFIX), last, tail)
+        except (IndexPastLogError, _LastEntryMismatch, CorruptRecordError):
+            if not self.live:
+                raise
+            # The active segment of a dir a broker writes: a truncation (Kafka's
+            # `truncateTo`) moves its index's entry count back in the broker's
+            # memory only, leaving the entries past the new end in the preallocated
+            # file until appends overwrite them. Such a stale entry (past the end, or
+            # into the middle of later batches) is not damage: the segment is read
+            # from its start, as a torn one is, where real damage still raises, and
+            # a lookup by offset reads it from its start too (`position_for`).
+            torn = self._stale_index = True
+        if torn:
+            # A torn batch at the last entry, which an owner's recovery cuts with the
+            # index entries into it (a crash that wrote the entry but not the whole
+            # batch): read the segment as that leaves it, from its start, and not by
+            # the time index, whose last entry may be the torn batch's.
+            last, ts = OffsetPosition(self.base_offset, 0), TimestampOffset(-1, -1)
+            tail = self._whole_batches_from(0)
+        builder = IndexBuilder(
+            oi,
+            ti,
+            self.index_interval_bytes,
+            bytes_since_last_entry=self._size - last.position,
+            max_timestamp=ts.timestamp,
+            offset_of_max_timestamp=ts.offset,
+        )
+        if tail.batches and tail.max_timestamp > builder.max_timestamp:
+            builder.max_timestamp = tail.max_timestamp
+            builder.offset_of_max_timestamp = tail.offset_of_max_timestamp
+        self._next_offset = tail.last_offset + 1 if tail.batches else self.base_offset
+        if last.position == 0 and tail.stop == self._size:
+            self._learn_from_whole(tail)
+        return builder
 
     def _torn_at(self, position: int) -> bool:
         """Whether a read-only growing segment (whose torn tail its owner's open would
@@ -964,15 +982,12 @@ class LogSegment:
         except CorruptIndexError as exc:
             if exc.path == str(self.txn_index_path):
                 raise
+            problem: CorruptIndexError | CorruptRecordError = exc
+        except CorruptRecordError as exc:
             problem = exc
-        except CorruptRecordError:
-            problem = CorruptIndexError(
-                "the last offset-index entry is not on a batch boundary",
-                path=self.offset_index_path,
-            )
         else:
             return False
-        self.rebuild_indexes(reason=problem.reason)
+        self.rebuild_indexes(reason=_rebuild_reason(problem))
         return True
 
     def check(self) -> None:
@@ -987,7 +1002,7 @@ class LogSegment:
     def _check_indexes(self) -> None:
         self.offset_index.sanity_check()
         self.time_index.sanity_check()
-        self._tail()
+        self._tail(heal=False)
         self.check_time_index_within(self.next_offset)
 
     def check_time_index_within(self, next_offset: int) -> None:
@@ -1058,6 +1073,15 @@ class LogSegment:
         for path in self.paths:
             if path.exists():
                 safe_unlink(path)
+
+
+def _rebuild_reason(problem: CorruptIndexError | CorruptRecordError) -> str:
+    """What a rebuild of the indexes repairs, said in its log line: the index's own
+    damage, or a last entry that a walk from its position found on no batch (damage in
+    the log itself fails the rebuild's walk of the whole segment instead)."""
+    if isinstance(problem, CorruptIndexError):
+        return problem.reason
+    return "the last offset-index entry is not on a batch boundary"
 
 
 class _LastEntryMismatch(CorruptIndexError):

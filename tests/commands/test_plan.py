@@ -11,6 +11,8 @@ import sys
 from contextlib import nullcontext
 from pathlib import Path
 
+import pytest
+
 from tests.compaction.conftest import LogBuilder, k
 from tests.holders import HOLD_BROKER_LOCK, HOLD_OWNER_LOCK, held_by_other_process
 from tests.paths import REPO
@@ -286,3 +288,45 @@ def test_no_disk_usage_deletion_is_planned_in_a_dir_a_broker_holds(tmp_path: Pat
     assert deletion.startswith(f"disk.usage: delete t-0 segment 0 in {tmp_path / 'logs'} (")
     with held_by_other_process(HOLD_BROKER_LOCK, tmp_path / "logs"):
         assert deletions() == []
+
+
+@pytest.mark.parametrize("stop", ["crash", "clean-shutdown"])
+def test_a_damaged_index_is_foreseen_as_the_cycle_rebuilds_it(tmp_path: Path, stop: str) -> None:
+    """A flipped bit in the offset index of an old segment (a last entry before the
+    log's start): `plan` reads the partition from a rebuilt index, as `clean` then
+    reads it, and both plan and do the same pass. `plan` called the partition
+    unreadable (exit 1) while `clean` rebuilt the index (after a crash) or marked the
+    partition uncleanable (after a clean shutdown, where the open checks no old
+    segment)."""
+    log = LogBuilder(tmp_path / "logs", index_interval=100)
+    for n in range(3):
+        log.records([(k(f"k{i}"), f"{n}".encode()) for i in range(20)])
+        log.roll()
+    log.append([(k("k0"), b"last")])
+    part = log.write()
+    if stop == "clean-shutdown":
+        (tmp_path / "logs" / ".kafka_cleanshutdown").touch()
+    index = part / "00000000000000000020.index"
+    data = bytearray(index.read_bytes())
+    data[-4] |= 0x80
+    index.write_bytes(bytes(data))
+    command, env = _plan_command(tmp_path)
+    planned = subprocess.run([*command, "--json"], capture_output=True, text=True, env=env)
+    assert planned.returncode == 0, planned.stderr
+    assert "segment.index_rebuilt" in planned.stderr
+    assert index.read_bytes() == bytes(data)  # `plan` writes nothing
+    (partition,) = json.loads(planned.stdout)["partitions"]
+    assert partition["damage"] is None
+    clean = [*command[:-3], "clean", "--json", *command[-2:]]
+    done = subprocess.run(clean, capture_output=True, text=True, env=env, check=False)
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["failed"] == report["errors"] == report["unreadable"] == []
+    (cleaned,) = report["cleaned"]
+    compaction = partition["compaction"]
+    assert compaction["eligible"]
+    assert (cleaned["first_dirty"], cleaned["end_offset"]) == (
+        compaction["first_dirty_offset"],
+        compaction["first_uncleanable_offset"],
+    )
+

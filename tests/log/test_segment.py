@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import os
 from pathlib import Path
@@ -14,6 +15,7 @@ from structlog.testing import capture_logs
 from cleanerd.errors import CorruptIndexError, CorruptRecordError, FileChangedError, FileStepError
 from cleanerd.log import segment as segment_module
 from cleanerd.log.index import IndexPastLogError, OffsetIndex, TimeIndex
+from cleanerd.log.meta import SegmentMeta
 from cleanerd.log.segment import LogSegment
 from cleanerd.records.record import Record
 from cleanerd.records.walker import scan_batches
@@ -320,21 +322,44 @@ def test_damage_in_a_small_segment_read_once_is_named(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("read_only", [True, False])
-def test_an_index_entry_before_the_log_start_is_a_corrupt_index_not_a_crash(
-    tmp_path: Path, read_only: bool
+@pytest.mark.parametrize(
+    "damage",
+    [
+        pytest.param((-4, 0x80), id="last-entry-before-the-log-start"),
+        pytest.param((-1, 0x01), id="last-entry-on-no-batch"),
+    ],
+)
+def test_a_damaged_index_is_read_as_the_owners_open_rebuilds_it(
+    tmp_path: Path, read_only: bool, damage: tuple[int, int]
 ) -> None:
-    """The last offset-index entry with its position's sign bit set (one flipped bit):
-    the segment's metadata raises CorruptIndexError naming both files. Before, the
-    negative position reached the compiled walk, which read before its buffer and
-    crashed the process (`plan`, `audit`, an observing daemon)."""
+    """An offset index whose last entry is damaged in a way the log can repair (one
+    flipped bit): the check raises, and the segment's metadata is read from a rebuilt
+    index (written by an owner, in memory read-only), as the owner's open rebuilds it,
+    so `plan` predicts what the cycle then does. Before, `meta` raised: the partition
+    was unreadable in `plan` and, after a clean shutdown (no open rebuilds then),
+    uncleanable in the owner's cycle too. A negative position never reaches the
+    compiled walk, which would read before its buffer (it crashed `plan`, `audit` and
+    an observing daemon once)."""
     seg = write_segment(tmp_path, 0, _batches(30), index_interval_bytes=200)
-    data = bytearray(seg.offset_index_path.read_bytes())
-    data[-4] |= 0x80
+    sound = LogSegment(tmp_path, 0, read_only=True)
+    meta, records = sound.meta(), list(sound.records(25))
+    good = seg.offset_index_path.read_bytes()
+    data = bytearray(good)
+    at, bit = damage
+    data[at] ^= bit
     seg.offset_index_path.write_bytes(bytes(data))
-    with pytest.raises(CorruptIndexError, match="is before the start of the log") as info:
-        LogSegment(tmp_path, 0, read_only=read_only).meta()
-    assert info.value.path == str(seg.offset_index_path)
-    assert str(seg.log_path) in str(info.value)
+    with pytest.raises((CorruptIndexError, CorruptRecordError)):
+        LogSegment(tmp_path, 0, read_only=True).check()
+    reopened = LogSegment(tmp_path, 0, read_only=read_only)
+
+    # The rebuild indexes at the segment's own interval, not the writer's.
+    def unsized(m: SegmentMeta) -> SegmentMeta:
+        return dataclasses.replace(m, offset_index_bytes=0, time_index_bytes=0)
+
+    assert unsized(reopened.meta()) == unsized(meta)
+    assert list(reopened.records(25)) == records
+    on_disk = seg.offset_index_path.read_bytes()
+    assert (on_disk == bytes(data)) is read_only
 
 
 def test_an_index_entry_outside_the_log_is_never_a_place_to_read_from(tmp_path: Path) -> None:
@@ -410,9 +435,10 @@ def test_a_live_segment_with_stale_index_entries_after_a_truncation_is_read_whol
     the new end stay in the preallocated file until appends overwrite them. Read beside
     the broker (growing), the segment is read from its start, the stale entries not
     believed, whether they point past the log's end or, after new appends, into other
-    batches; a lookup by offset reads from the start too. Not growing, the same files
-    are damage, as before (they were for the growing segment too: its partition
-    unreadable until the broker's appends overwrote the entries)."""
+    batches; a lookup by offset reads from the start too. Not growing, an entry past the
+    log's end is damage, as before (it was for the growing segment too: its partition
+    unreadable until the broker's appends overwrote the entries), and one into other
+    batches an index the owner's open rebuilds, so it is read as rebuilt."""
     batches = _batches(6)
     write_segment(tmp_path, 0, batches, index_interval_bytes=1)
     log = tmp_path / "00000000000000000000.log"
@@ -431,8 +457,11 @@ def test_a_live_segment_with_stale_index_entries_after_a_truncation_is_read_whol
     fresh.growing = True
     assert [b.base_offset for b in fresh.batches(8)] == list(range(8, 4 + appended))
     assert [b.base_offset for b in fresh.batches(2)] == [2, *range(4, 4 + appended)]
-    with pytest.raises((CorruptIndexError, CorruptRecordError)):
-        LogSegment(tmp_path, 0, read_only=True).meta()
+    if not appended:
+        with pytest.raises(IndexPastLogError):
+            LogSegment(tmp_path, 0, read_only=True).meta()
+        return
+    assert LogSegment(tmp_path, 0, read_only=True).meta().next_offset == 4 + appended
 
 
 def test_a_live_segment_cut_and_written_past_its_old_end_is_read_again_whole(
