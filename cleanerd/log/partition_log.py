@@ -106,6 +106,7 @@ from cleanerd.log.recovery import (
     RecoveryReport,
     SegmentOptions,
     check_unchecked,
+    foresee_swap_damage,
     list_refusing_links,
     recover_partition,
     refuse_link,
@@ -465,6 +466,16 @@ class PartitionLog:
     def is_metadata(self) -> bool:
         """The KRaft metadata log, which cleanerd only reads."""
         return self.topic_partition.topic == METADATA_TOPIC
+
+    def foresee_swap_damage(self) -> None:
+        """Raise, read-only, what the owner's open would raise for the interrupted swaps
+        this open left as they are (`recovery.foresee_swap_damage`): `plan` of an owned
+        dir says the open fails, as `clean` then reports it."""
+        if self.recovery_report.leftovers:
+            options = SegmentOptions(
+                self.config.index_interval_bytes, self.config.segment_index_bytes, read_only=True
+            )
+            foresee_swap_damage(self.dir, options)
 
     @property
     def corrupt(self) -> CleanerdError | None:

@@ -210,6 +210,9 @@ class RecoveryReport:
     producers: ProducerState | None = None
     """The producer state at the log end, when the validation rebuilt it (see the
     module docstring), else None."""
+    leftovers: bool = False
+    """Whether the dir holds leftovers of an interrupted rewrite that the open left as
+    they are (a read-only open: `foresee_swap_damage` checks them as an owner's would)."""
     unchecked: list[int] = field(default_factory=list)
     """Base offsets of the segments whose cheap check the open left to
     `check_unchecked` (`check_later`)."""
@@ -389,7 +392,25 @@ def _leftovers(dir_path: Path) -> tuple[list[Path], list[Path], list[Path]]:
     return deleted, cleaned, swaps
 
 
-def _swap_range(dir_path: Path, swaps: list[Path], options: SegmentOptions) -> tuple[int, int]:
+def _split_swaps(cleaned: list[Path], swaps: list[Path]) -> tuple[list[Path], list[Path]]:
+    """The `.swap` files of an unfinished `.cleaned` -> `.swap` step (at or above the
+    lowest `.cleaned` base: step 2), and the others, which step 4 completes."""
+    min_cleaned = min(map(_offset, cleaned), default=None)
+    unfinished = [p for p in swaps if min_cleaned is not None and _offset(p) >= min_cleaned]
+    return unfinished, [p for p in swaps if p not in unfinished]
+
+
+def foresee_swap_damage(dir_path: Path, options: SegmentOptions) -> None:
+    """Raise what an owner's open of `dir_path` raises before it changes a file: the
+    CorruptRecordError of a swap it would complete whose `.log.swap` does not walk clean
+    (`_swap_range`). Reads only, for `plan`, which foresees an owned dir's open."""
+    _, cleaned, swaps = _leftovers(dir_path)
+    _swap_range(dir_path, _split_swaps(cleaned, swaps)[1], options, foreseen=True)
+
+
+def _swap_range(
+    dir_path: Path, swaps: list[Path], options: SegmentOptions, *, foreseen: bool = False
+) -> tuple[int, int]:
     """[lowest base, highest next offset) over the `.log.swap` files (step 3). Each is
     walked in full with CRC checks first: a swap's segment replaces the old ones, so one
     that does not walk clean to its end (torn, or damaged since it was written) raises,
@@ -419,7 +440,10 @@ def _swap_range(dir_path: Path, swaps: list[Path], options: SegmentOptions) -> t
         next_offset = table.final_offset + 1 if len(table) else base
         low = base if low is None else min(low, base)
         high = next_offset if high is None else max(high, next_offset)
-        log.info("recovery.swap_found", path=str(path), base_offset=base, next_offset=next_offset)
+        # Foreseen (`plan`), a swap found is the open's news, not the plan's.
+        (log.debug if foreseen else log.info)(
+            "recovery.swap_found", path=str(path), base_offset=base, next_offset=next_offset
+        )
     if low is None or high is None:
         return (0, 0)
     return (low, high)
@@ -453,9 +477,7 @@ def recover_leftovers(
     if not sort_names(list_partition_dir(dir_path) if listing is None else listing).leftovers:
         return report  # the common case: nothing renamed, nothing to fsync
     deleted, cleaned, swaps = _leftovers(dir_path)
-    min_cleaned = min(map(_offset, cleaned), default=None)
-    unfinished = [p for p in swaps if min_cleaned is not None and _offset(p) >= min_cleaned]
-    complete = [p for p in swaps if p not in unfinished]
+    unfinished, complete = _split_swaps(cleaned, swaps)
     low, high = _swap_range(dir_path, complete, options)
     for path in deleted:
         _delete(path, report, "left over from a finished swap or deletion", pending=True)
@@ -890,6 +912,8 @@ def recover_partition(
         recover_leftovers(dir_path, options, report, listing)
         if report.deleted or report.renamed:
             names = sort_names(list_partition_dir(dir_path))
+    else:
+        report.leftovers = names.leftovers
     segments = open_segments(dir_path, options, names.log_offsets)
     if recover or full_check:
         read_only = dataclasses.replace(options, read_only=True)

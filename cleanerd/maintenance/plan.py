@@ -441,15 +441,19 @@ def _observed_because(cfg: Config, path: Path) -> _Observed | None:
 
 
 def _read_partition(
-    log_dir: LogDir, tp: TopicPartition, topic: TopicConfig, horizons: HorizonCache
+    log_dir: LogDir, tp: TopicPartition, topic: TopicConfig, horizons: HorizonCache, *, owned: bool
 ) -> tuple[PartitionLog, PartitionMeta, tuple[SegmentHorizon, ...]]:
     """The partition opened and read whole, or as far as its damage lets it be
     (`PartitionMeta.damage`). A live broker may rename or delete a segment while it is
-    read (observe mode): the partition is listed and read again (`reread_on_change`)."""
+    read (observe mode): the partition is listed and read again (`reread_on_change`).
+    `owned`: raise what the owner's open would for an interrupted swap it cannot finish
+    (in a dir another process holds, a swap may be in flight: nothing to foresee)."""
     compacted = topic.compact and tp.topic != METADATA_TOPIC
 
     def read() -> tuple[PartitionLog, PartitionMeta, tuple[SegmentHorizon, ...]]:
         plog = log_dir.open_partition(tp, config=LogConfig.of_topic(topic))
+        if owned:
+            plog.foresee_swap_damage()
         meta = plog.readable_meta()
         read_whole = compacted and meta.damage is None
         return plog, meta, horizons.partition(plog) if read_whole else ()
@@ -479,7 +483,9 @@ def _gather_dir(
             out.errors.append(f"{log_dir.path / str(tp)}: {exc.reason}")
             continue
         try:
-            plog, meta, segment_horizons = _read_partition(log_dir, tp, topic, horizons)
+            plog, meta, segment_horizons = _read_partition(
+                log_dir, tp, topic, horizons, owned=owned
+            )
         except NoSegmentYet:
             # Being created by a broker, or left so by a crash (the owner's open creates
             # the first segment): nothing to plan, and nothing wrong, as `audit` finds.

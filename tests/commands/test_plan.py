@@ -330,3 +330,27 @@ def test_a_damaged_index_is_foreseen_as_the_cycle_rebuilds_it(tmp_path: Path, st
         compaction["first_uncleanable_offset"],
     )
 
+
+def test_an_interrupted_swap_the_open_cannot_finish_is_foreseen(tmp_path: Path) -> None:
+    """A `.log.swap` that does not walk clean in an owned dir: the owner's open leaves it
+    as it is and fails, and `plan` now says so (exit 1, the swap named), where it
+    planned the partition and exited 0. Neither changes the file."""
+    log = LogBuilder(tmp_path / "logs")
+    log.append([(k("a"), b"1")])
+    log.roll()
+    log.append([(k("a"), b"2")])
+    part = log.write()
+    swap = part / "00000000000000000000.log.swap"
+    damaged = (part / "00000000000000000000.log").read_bytes()[:-1] + b"\xff"
+    swap.write_bytes(damaged)
+    command, env = _plan_command(tmp_path)
+    planned = subprocess.run([*command, "--json"], capture_output=True, text=True, env=env)
+    assert planned.returncode == 1
+    (unreadable,) = json.loads(planned.stdout)["unreadable"]
+    expected = f"corrupt record batch in {swap} at position 0: CRC mismatch"
+    assert unreadable["reason"].startswith(expected)
+    clean = [*command[:-3], "clean", *command[-2:]]
+    done = subprocess.run(clean, capture_output=True, text=True, env=env, check=False)
+    assert done.returncode == 1
+    assert f"t-0: open failed: {expected}" in done.stdout
+    assert swap.read_bytes() == damaged
