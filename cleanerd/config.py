@@ -1053,6 +1053,8 @@ def _field_error(d: ErrorDetails) -> str:
         rule = f"must have at least {count(ctx['min_length'], 'item')}"
     elif kind in _TYPE_RULES:
         rule = _TYPE_RULES[kind]
+    elif kind == "is_instance_of" and ctx.get("class") == "Path":  # strict: not from a number
+        rule = "must be a path (a string)"
     else:  # our own PydanticCustomErrors and anything unforeseen: pydantic's text
         rule = d["msg"][:1].lower() + d["msg"][1:]
     if isinstance(d["input"], bool) and kind != "bool_type":

@@ -383,6 +383,8 @@ class TestValidation:
             ),
             ({"topics": {"t": {"retention.ms": -2}}}, "topics.t.retention.ms: -2 must be >= -1"),
             ({"log.segment.bytes": "1GB"}, "log.segment.bytes: '1GB' must be an integer"),
+            ({"state_dir": 5}, "state_dir: 5 must be a path (a string)"),
+            ({"log.dirs": [7]}, "log.dirs[0]: 7 must be a path (a string)"),
             ({"log.segment.bytes": 13}, "log.segment.bytes: 13 must be >= 14"),
             (
                 {"log.retention.disk.usage.percent": 0},
