@@ -2101,7 +2101,8 @@ def _cycle_beside_a_held_pass(
 
 
 def _wait_for(condition: Any, what: str) -> None:
-    for _ in range(200):
+    # 30 s: on a loaded 2-core machine a cycle's tick has taken more than 10.
+    for _ in range(600):
         if condition():
             return
         threading.Event().wait(0.05)
