@@ -510,13 +510,23 @@ class LogSegment:
             # from its start, as a torn one is, where real damage still raises, and
             # a lookup by offset reads it from its start too (`position_for`).
             torn = self._stale_index = True
-        if torn:
+        if torn or (oi.entries and not ti.entries):
             # A torn batch at the last entry, which an owner's recovery cuts with the
             # index entries into it (a crash that wrote the entry but not the whole
             # batch): read the segment as that leaves it, from its start, and not by
-            # the time index, whose last entry may be the torn batch's.
+            # the time index, whose last entry may be the torn batch's. So too when the
+            # time index has no entry (missing, or emptied) beside offset entries: it
+            # holds no largest timestamp for the batches before the last offset entry,
+            # and retention would date the segment by the batches after it alone.
             last, ts = OffsetPosition(self.base_offset, 0), TimestampOffset(-1, -1)
             tail = self._whole_batches_from(0)
+            if not torn and tail.max_timestamp >= 0 and not self.live:
+                raise CorruptIndexError(
+                    "missing"
+                    if not ti.file_exists
+                    else _time_index_behind(None, tail.max_timestamp),
+                    path=ti.path,
+                )
         builder = IndexBuilder(
             oi,
             ti,
@@ -1075,6 +1085,14 @@ class LogSegment:
                 safe_unlink(path)
 
 
+def _time_index_behind(last: int | None, largest: int) -> str:
+    """Why a time index is behind its log: its `last` timestamp (None: no entry) below
+    the `largest` of the batches it must cover."""
+    if last is None:
+        return f"no entries, where the log's batches have timestamps up to {largest}"
+    return f"last timestamp {last} is below {largest}, the largest of the batches it covers"
+
+
 def _rebuild_reason(problem: CorruptIndexError | CorruptRecordError) -> str:
     """What a rebuild of the indexes repairs, said in its log line: the index's own
     damage, or a last entry that a walk from its position found on no batch (damage in
@@ -1128,6 +1146,11 @@ class IndexCheck:
         self._offsets, self._positions = oi.entry_arrays()
         self._found = np.zeros(len(self._positions), bool)
         self._next_offset, self._max_ts = segment.base_offset, NO_TIMESTAMP
+        self._last_position = int(self._positions[-1]) if len(self._positions) else 0
+        self._max_ts_before = NO_TIMESTAMP
+        """The largest timestamp of the batches before the last offset entry's, which
+        the time index's last entry is at least (it was written with that entry, with
+        the largest timestamp so far: Kafka's append)."""
 
     def add(self, table: BatchTable) -> None:
         """The next batches (a walker's table may be overwritten once this returns)."""
@@ -1144,6 +1167,9 @@ class IndexCheck:
         )
         self._next_offset = table.final_offset + 1
         self._max_ts = max(self._max_ts, int(table.max_timestamp.max()))
+        before = table.max_timestamp[table.position < self._last_position]
+        if len(before):
+            self._max_ts_before = max(self._max_ts_before, int(before.max()))
 
     def finish(self) -> None:
         """Raise what the batches added disagree with."""
@@ -1168,6 +1194,9 @@ class IndexCheck:
                 f"last timestamp {ti.last_entry.timestamp} exceeds the log's max {self._max_ts}",
                 path=ti.path,
             )
+        last = ti.last_entry.timestamp if ti.entries else None
+        if self._max_ts_before >= 0 and (last is None or last < self._max_ts_before):
+            raise CorruptIndexError(_time_index_behind(last, self._max_ts_before), path=ti.path)
 
 
 class IndexRebuild:

@@ -708,3 +708,42 @@ def test_an_interrupted_clean_stops_its_passes_and_still_reports(
     assert "failed)" not in err
     assert {p.name: p.read_bytes() for p in d.iterdir() if p.name in before} == before
     assert not [p for p in d.iterdir() if p.name.endswith((".cleaned", ".swap"))]
+
+
+@pytest.mark.parametrize("time_index", ["missing", "emptied"])
+def test_retention_dates_a_segment_whose_time_index_has_no_entries_by_its_batches(
+    tmp_path: Path, time_index: str
+) -> None:
+    """After a clean shutdown (the open checks no old segment), a segment whose newest
+    record is 30 minutes old, first in the segment, and whose `.timeindex` is gone or
+    empty: with retention.ms one hour, neither `plan` nor `clean` deletes it, and 31
+    minutes later both do. They took its newest record to be that of the batches after
+    the last offset-index entry, 9 hours old, and deleted it 8.5 hours early."""
+    log = LogBuilder(tmp_path / "logs", index_interval=100)
+    log.append([(k(0), b"newest")], timestamps=[NOW - 30 * MINUTE])
+    for i in range(1, 20):
+        log.append([(k(i), b"old")], timestamps=[NOW - 9 * HOUR])
+    log.roll()
+    log.append([(k(99), b"active")], timestamps=[NOW])
+    part = log.write()
+    (tmp_path / "logs" / ".kafka_cleanshutdown").touch()
+    first = part / "00000000000000000000.log"
+    index = part / "00000000000000000000.timeindex"
+    if time_index == "missing":
+        index.unlink()
+    else:
+        index.write_bytes(b"")
+    config = write_config(tmp_path, **{"cleanup.policy": "delete", "retention.ms": HOUR})
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+
+    def deleted(command: str, now_ms: int) -> list[int]:
+        argv = [sys.executable, "-m", "cleanerd", command, "-c", str(config), "--json"]
+        done = subprocess.run([*argv, "--now-ms", str(now_ms)], capture_output=True, env=env)
+        assert done.returncode == 0, done.stderr
+        return [d["base_offset"] for d in json.loads(done.stdout)["deleted"]]
+
+    assert deleted("plan", NOW) == deleted("clean", NOW) == []
+    assert first.exists()
+    later = NOW + 31 * MINUTE
+    assert deleted("plan", later) == deleted("clean", later) == [0]
+    assert not first.exists()

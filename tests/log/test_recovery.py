@@ -876,6 +876,27 @@ def test_indexes_that_disagree_with_the_log_are_rebuilt(tmp_path: Path, damage: 
     assert {p: p.read_bytes() for p in originals} == originals
 
 
+@pytest.mark.parametrize("damage", ["emptied", "cut short"])
+def test_a_time_index_behind_its_log_is_rebuilt(tmp_path: Path, damage: str) -> None:
+    """A time index whose last timestamp is below the batches' before the last offset
+    entry (each offset entry was written with the largest timestamp so far): emptied,
+    or cut short by entries. The check after a crash took it as sound, and the segment
+    was dated hours too old by retention; it is rebuilt, byte for byte what the log
+    says."""
+    batches = [[kv(f"k{i}", "v" * 40, timestamp=1000 + i)] for i in range(30)]
+    plog = build_log(
+        tmp_path / "logs", [batches, [[kv("z", "1")]]], state_dir=tmp_path / "state", config=CONFIG
+    )
+    first = plog.segments[0]
+    original = first.time_index_path.read_bytes()
+    assert len(original) >= 3 * 12  # entries to cut
+    first.time_index_path.write_bytes(b"" if damage == "emptied" else original[:-24])
+    reopened = _open(plog.dir, full_check=True)
+    assert reopened.corrupt is None
+    assert reopened.recovery_report.rebuilt_indexes == [str(first.log_path)]
+    assert first.time_index_path.read_bytes() == original
+
+
 def test_a_quarantine_that_fails_names_its_file_and_cuts_nothing(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

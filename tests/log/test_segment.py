@@ -362,6 +362,48 @@ def test_a_damaged_index_is_read_as_the_owners_open_rebuilds_it(
     assert (on_disk == bytes(data)) is read_only
 
 
+@pytest.mark.parametrize("read_only", [True, False])
+@pytest.mark.parametrize("time_index", ["missing", "emptied"])
+def test_a_time_index_without_entries_beside_offset_entries_dates_by_every_batch(
+    tmp_path: Path, read_only: bool, time_index: str
+) -> None:
+    """The largest timestamp is in an early batch, and the `.timeindex` is gone or empty
+    (a restore without it, an operator forcing a rebuild, Kafka's loader creating it
+    empty) while the offset index has entries: the segment is dated by all its batches
+    (the time index rebuilt: written by an owner, in memory read-only). It was dated by
+    the batches after the last offset entry alone, hours too old, and retention.ms
+    deleted it early (found after a clean shutdown, where the open checks nothing)."""
+    early = [kv(f"k{n}", "v" * 40, timestamp=9_000_000 if n == 1 else 1000) for n in range(30)]
+    batches = [encode_records([record], n) for n, record in enumerate(early)]
+    seg = write_segment(tmp_path, 0, batches, index_interval_bytes=200)
+    assert seg.offset_index.entries > 3
+    if time_index == "missing":
+        seg.time_index_path.unlink()
+    else:
+        seg.time_index_path.write_bytes(b"")
+    with pytest.raises(CorruptIndexError):
+        LogSegment(tmp_path, 0, read_only=True).check()
+    reopened = LogSegment(tmp_path, 0, read_only=read_only)
+    assert reopened.meta().largest_timestamp_ms == 9_000_000
+    assert reopened.time_index_path.exists() is (not read_only or time_index == "emptied")
+    if not read_only:
+        assert TimeIndex.load(seg.time_index_path, 0).last_entry.timestamp == 9_000_000
+
+
+def test_a_segment_without_timestamps_keeps_its_empty_time_index(tmp_path: Path) -> None:
+    """Batches without timestamps (-1) leave the time index empty beside offset
+    entries, as Kafka leaves it: nothing to rebuild, and the segment is dated by its
+    file's time."""
+    batches = [encode_records([kv(f"k{n}", "v" * 40, timestamp=-1)], n) for n in range(30)]
+    seg = write_segment(tmp_path, 0, batches, index_interval_bytes=200)
+    assert (seg.offset_index.entries > 3, seg.time_index.entries) == (True, 0)
+    LogSegment(tmp_path, 0, read_only=True).check()
+    with capture_logs() as logs:
+        meta = LogSegment(tmp_path, 0).meta()
+    assert meta.largest_timestamp_ms == seg.log_path.stat().st_mtime_ns // 1_000_000
+    assert logs == []
+
+
 def test_an_index_entry_outside_the_log_is_never_a_place_to_read_from(tmp_path: Path) -> None:
     """A damaged entry in the middle of the offset index (the last one sound, so the
     cheap check passes): a lookup that lands on it is a CorruptIndexError naming the
