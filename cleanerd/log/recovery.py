@@ -77,7 +77,9 @@ logging the file and byte count. Anything else (a bad CRC with valid data after 
 damaged non-active segment, garbage, an index pointing past the end of its log) is
 reported with the file and byte position, the files are left byte for byte as they
 are, and the partition is flagged corrupt so callers mark it uncleanable. Indexes that
-are missing or merely inconsistent are rebuilt from the log.
+are missing or merely inconsistent are rebuilt from the log, and so are the active
+segment's whose entries past the log's end name offsets from the recovery point on
+(batches never flushed, or cut by a broker's `truncateTo`: `_lost_in_a_crash`).
 
 A first open with no producer snapshot (none in the dir) and every segment walked in
 full rebuilds the producer state in the same walk, as Kafka's loader updates it while
@@ -677,7 +679,12 @@ def _validate_full(
     if scan.error is not None and reason is None:
         _report(report, scan.error.located(segment.log_path))
         return False, markers
-    sound = _settle_indexes(segment, indexes, unreadable, scan, reason, quarantine_dir, report)
+    # Entries past the end are only the active segment's to explain by a crash, as only
+    # its torn tail is a crash's to cut.
+    crash_point = recovery_point if is_active else None
+    sound = _settle_indexes(
+        segment, indexes, unreadable, scan, reason, quarantine_dir, report, crash_point
+    )
     return sound, markers
 
 
@@ -689,9 +696,13 @@ def _settle_indexes(
     reason: str | None,
     quarantine_dir: Path | None,
     report: RecoveryReport,
+    crash_point: int | None,
 ) -> bool:
     """After a full walk that found no damage: act on what it found of the indexes (and
-    the torn tail, `reason`); whether the segment is sound."""
+    the torn tail, `reason`); whether the segment is sound. Index entries past the log's
+    end are damage unless a crash explains them (`_lost_in_a_crash` at `crash_point`,
+    the recovery point, given for the active segment): then the indexes are rebuilt, as
+    Kafka's recovery rebuilds them."""
     try:
         segment.txn_index.sanity_check()
         if isinstance(indexes, IndexRebuild):
@@ -707,8 +718,14 @@ def _settle_indexes(
                 assert indexes is not None
                 indexes.finish()
     except IndexPastLogError as exc:
-        _report(report, exc)
-        return False
+        if crash_point is None or not _lost_in_a_crash(segment, scan, crash_point):
+            _report(report, exc)
+            return False
+        if reason is None:
+            segment.rebuild_indexes(reason=f"{exc.reason} (past the recovery point)")
+            report.rebuilt_indexes.append(str(segment.log_path))
+            return True
+        # Else cutting the torn tail below rebuilds the indexes.
     except CorruptIndexError as exc:
         if exc.path == str(segment.txn_index_path):
             _report(report, exc)
@@ -724,6 +741,19 @@ def _settle_indexes(
     report.truncated.append(truncate_torn_tail(segment, scan, reason, quarantine_dir))
     report.rebuilt_indexes.append(str(segment.log_path))
     return True
+
+
+def _lost_in_a_crash(segment: LogSegment, scan: Walk, recovery_point: int) -> bool:
+    """Whether the index entries past the end of the active segment's valid bytes
+    (`scan`) name only offsets at or above the recovery point, where the log ends too:
+    batches never flushed, which a crash loses whole while their entries stay, or which
+    a broker's truncation (`truncateTo`, its entry count in memory only) cut from a
+    preallocated index before a crash. An entry past the end naming a flushed offset
+    says that the log lost flushed bytes: damage."""
+    end = scan.last_offset + 1 if scan.last_offset >= 0 else segment.base_offset
+    offsets, positions = segment.offset_index.entry_arrays()
+    past = offsets[positions >= scan.stop]
+    return end >= recovery_point and (past.size == 0 or int(past.min()) >= recovery_point)
 
 
 def _validate_cheap(segment: LogSegment, report: RecoveryReport) -> bool:

@@ -897,6 +897,39 @@ def test_a_time_index_behind_its_log_is_rebuilt(tmp_path: Path, damage: str) -> 
     assert first.time_index_path.read_bytes() == original
 
 
+@pytest.mark.parametrize(("recovery_point", "damage"), [(0, False), (11, False), (15, True)])
+def test_active_index_entries_a_crash_left_past_the_log_end(
+    tmp_path: Path, recovery_point: int, damage: bool
+) -> None:
+    """A broker's truncation (`truncateTo`: the `.log` cut at a batch, the entries past
+    the cut left in the preallocated index, their count in memory only), then a crash:
+    entries past the active segment's end that name offsets at or above the recovery
+    point index batches never flushed, and the indexes are rebuilt, as Kafka's recovery
+    rebuilds them; the partition was uncleanable. With the recovery point past the
+    log's end, flushed batches are missing: damage, and nothing changes."""
+    batches = [[kv(f"k{i}", "v" * 40)] for i in range(20)]
+    plog = build_log(
+        tmp_path / "logs", [[[kv("a", "1")]], batches], state_dir=tmp_path / "state", config=CONFIG
+    )
+    active = plog.segments[-1]
+    assert active.offset_index.entries >= 4
+    sizes = [info.size for info in active.batches()]
+    os.truncate(active.log_path, sum(sizes[:10]))  # offsets 1..10 stay, 11..20 are cut
+    OffsetCheckpointFile(plog.dir.parent / RECOVERY_POINT_OFFSET_CHECKPOINT).write(
+        {TopicPartition("topic", 0): recovery_point}
+    )
+    before = _files(plog.dir)
+    reopened = _open(plog.dir)
+    if damage:
+        assert isinstance(reopened.corrupt, IndexPastLogError)
+        assert _files(plog.dir) == before
+        return
+    assert reopened.corrupt is None
+    assert reopened.recovery_report.rebuilt_indexes == [str(active.log_path)]
+    assert reopened.active_segment.next_offset == 11
+    assert [r.offset for r in reopened.records(5)][:2] == [5, 6]
+
+
 def test_a_quarantine_that_fails_names_its_file_and_cuts_nothing(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
