@@ -119,13 +119,18 @@ class Deadlines:
 
 
 def deadlines(report: CycleReport, *, uncleanable: frozenset[TopicPartition]) -> Deadlines:
-    """The deadlines after `report`'s cycle, seen from its instant."""
+    """The deadlines after `report`'s cycle, seen from its instant. The partitions of
+    the log dirs it only observed have none the daemon can meet (nothing is written
+    there): a broker whose cleaner lags kept an observing daemon cycling every backoff,
+    a full cycle each time, for as long as it lagged; their delay gauges age at each
+    scrape."""
     upcoming: list[int] = []
     overdue = False
     now_ms = report.now_ms
+    observed = frozenset(report.observed)
     for s in report.states:
         deadline = None if s.ltc is None else s.ltc.deadline_ms
-        if deadline is None:
+        if deadline is None or s.meta.log_dir in observed:
             continue
         if deadline > now_ms:
             upcoming.append(deadline)

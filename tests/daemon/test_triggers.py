@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -167,6 +168,23 @@ def test_deadlines_summarise_upcoming_and_overdue_partitions(tmp_path: Path) -> 
     assert deadlines(_report(state, 101_000), uncleanable=marked) == Deadlines(None, False)
     due = deadlines(_report(state, 100_500, next_due_ms=100_700), uncleanable=none)
     assert due == Deadlines(101_000, False, 100_700)
+
+
+def test_an_observed_dir_has_no_deadline_to_meet(tmp_path: Path) -> None:
+    """A partition past its deadline in a log dir only observed (a live broker's, whose
+    cleaner lags) starts no cycle, nor does its deadline to come: nothing can be done
+    there, and a daemon observing a lagging broker ran a full cycle every backoff (5%
+    of a core beside an idle broker). The delay gauges age at each scrape."""
+    data = _settings(tmp_path)
+    data["topics"]["users"]["max.compaction.lag.ms"] = 1_000
+    config = load_config(_write(tmp_path / "c.yaml", data))
+    state = _state(tmp_path, config, first_ts=100_000, now_ms=100_500)
+    none: frozenset[TopicPartition] = frozenset()
+    for now_ms in (100_500, 101_000):
+        report = dataclasses.replace(_report(state, now_ms), observed=(state.meta.log_dir,))
+        assert deadlines(report, uncleanable=none) == Deadlines(None, False)
+    other = dataclasses.replace(_report(state, 101_000), observed=(str(tmp_path / "other"),))
+    assert deadlines(other, uncleanable=none).overdue
 
 
 def _report(state: PartitionState, now_ms: int, next_due_ms: int | None = None) -> CycleReport:
