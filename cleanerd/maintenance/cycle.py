@@ -1386,6 +1386,12 @@ class Maintenance:
             except (CleanerdError, OSError) as exc:
                 self._plogs.pop(key, None)
                 self._cuts_reported.pop(key, None)
+                if partition_dir_gone(log_dir.path / str(tp)):
+                    # Its topic deleted as it was read: gone, not unreadable (the gauge
+                    # of unreadable partitions counted each deletion for a cycle).
+                    live.discard(key)
+                    log.info("observe.partition_gone", **_fields(tp, log_dir.path), error=str(exc))
+                    continue
                 self._observe_skipped(log_dir.path, tp, str(exc))
                 report.unread(log_dir.path, tp, topic, str(exc))
                 continue

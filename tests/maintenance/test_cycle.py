@@ -564,6 +564,32 @@ def test_an_observed_partition_unreadable_two_cycles_in_a_row_is_a_warning_once(
     assert "00000000000000000099.snapshot" in warning["error"]
 
 
+def test_an_observed_partition_deleted_as_it_is_read_is_gone_not_unreadable(
+    tmp_path: Path, engine: LocalEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A broker deletes an observed partition's topic while the cycle reads it: the
+    partition is gone (no state, logged at info), not an unreadable one, which the
+    unreadable-partitions gauge counted for a cycle at each topic deletion."""
+    gone, kept = TopicPartition("c", 1), TopicPartition("c", 2)
+    gone_dir = build(tmp_path, gone, [records(range(3), T0)])
+    build(tmp_path, kept, [records(range(3), T0)])
+    cfg = write_config(tmp_path, {"c": {"cleanup.policy": "compact"}}, mode="observe")
+    opened = LogDir.open_partition
+
+    def deleted_as_read(self: LogDir, tp: TopicPartition, **kwargs: Any) -> PartitionLog:
+        if tp == gone:
+            shutil.rmtree(gone_dir)
+        return opened(self, tp, **kwargs)
+
+    monkeypatch.setattr(LogDir, "open_partition", deleted_as_read)
+    with Maintenance(cfg, engine, clock=lambda: T0) as m, capture_logs() as logs:
+        report = m.run_once()
+    assert report.unreadable == ()
+    assert [s.meta.topic_partition for s in report.states] == [kept]
+    (said,) = (e for e in logs if e["event"] == "observe.partition_gone")
+    assert (said["log_level"], said["partition"]) == ("info", 1)
+
+
 @pytest.mark.parametrize("marked_before", [False, True])
 def test_a_compacted_partition_whose_metadata_cannot_be_read_is_unreadable(
     tmp_path: Path, engine: LocalEngine, marked_before: bool
