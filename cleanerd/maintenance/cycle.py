@@ -110,7 +110,7 @@ from cleanerd.log.known_segments import KnownSegment, decode
 from cleanerd.log.lock import partition_locks, remove_partition_lock
 from cleanerd.log.log_dir import LogDir, Mode, ReadOnlyFileSystem
 from cleanerd.log.meta import PartitionMeta
-from cleanerd.log.ownership import OwnerProof, OwnershipLost, StaleWork, lock_holder
+from cleanerd.log.ownership import Holder, OwnerProof, OwnershipLost, StaleWork, lock_holder
 from cleanerd.log.partition_log import LogConfig, PartitionLog
 from cleanerd.log.roller import FirstSeen, maybe_roll, segment_age
 from cleanerd.log.topic_config import TopicConfig
@@ -532,6 +532,9 @@ class Maintenance:
         """Warnings about a partition's or a dir's state (event, dir, partition or None,
         detail) of the previous cycle and of this one: a repeat is logged at debug
         (`_once`)."""
+        self._holders: dict[Path, Holder] = {}
+        """The process last seen holding each observed dir held when opened, when it is
+        not the one that held it then (`_note_released` names who let go)."""
         self._cuts_reported: dict[tuple[Path, TopicPartition], tuple[PartitionLog, int]] = {}
         """How many of each open partition's tail cuts the reports have listed, and of
         which opening of it (a reopen after a failed pass recovers anew)."""
@@ -987,12 +990,18 @@ class Maintenance:
         from a holder gone for good (a retired broker), so the operator says so, by a
         restart."""
         for log_dir in self.log_dirs:
-            if log_dir.held_by is None or lock_holder(log_dir.path) is not None:
+            if log_dir.held_by is None:
                 continue
-            self._once("log_dir.released", log_dir.path, None, str(log_dir.held_by))(
+            last = self._holders.get(log_dir.path, log_dir.held_by)
+            pid = lock_holder(log_dir.path)
+            if pid is not None:
+                if pid != last.pid:  # another process took it since: the next to let go
+                    self._holders[log_dir.path] = Holder.of(log_dir.path, self.config.state_dir)
+                continue
+            self._once("log_dir.released", log_dir.path, None, str(last))(
                 "log_dir.released",
                 log_dir=str(log_dir.path),
-                was_held_by=str(log_dir.held_by),
+                was_held_by=str(last),
                 hint="still only observed: restart cleanerd to own and maintain it; a broker "
                 "being restarted needs it back, and beside a broker `mode: observe` belongs "
                 "in the config",

@@ -36,6 +36,7 @@ from cleanerd.log.files import CLEAN_SHUTDOWN_FILE_NAME, TopicPartition
 from cleanerd.log.lock import PartitionLock, partition_locks
 from cleanerd.log.log_dir import LogDir
 from cleanerd.log.meta import PartitionMeta
+from cleanerd.log.ownership import lock_holder
 from cleanerd.log.partition_log import PartitionLog
 from cleanerd.log.roller import first_seen_path, maybe_roll
 from cleanerd.log.segment import LogSegment
@@ -49,7 +50,7 @@ from cleanerd.retention.disk_usage import device_name
 from tests.builders import build_log, encode_records, kv, offsets_and_values
 from tests.compaction.crashing_ops import CrashingOps, SimulatedCrash
 from tests.faults.workload import dir_state
-from tests.holders import HOLD_BROKER_LOCK, held_by_other_process
+from tests.holders import HOLD_BROKER_LOCK, HOLD_FLOCK, held_by_other_process
 
 MIN = 60_000
 HOUR = 60 * MIN
@@ -344,6 +345,38 @@ def test_a_dir_held_at_start_is_observed_and_owned_only_from_a_restart(
     assert owned.observed == ()
     assert [(r.tp, r.reason) for r in owned.rolled] == [(c, "max.compaction.lag.ms")]
     assert [x.tp for x in owned.cleaned] == [c]
+
+
+def test_a_release_names_the_process_that_let_go(tmp_path: Path, engine: LocalEngine) -> None:
+    """A dir held at start (a broker) is let go, then held and let go by another
+    process (a one-shot `cleanerd clean` run beside it): each release names the process
+    that let go. The second named the broker's pid from the start."""
+    c = TopicPartition("c", 0)
+    build(tmp_path, c, [records(range(3), T0)])
+    cfg = write_config(tmp_path, {"c": {"cleanup.policy": "compact"}})
+    pids = []
+    with held_by_other_process(HOLD_BROKER_LOCK, tmp_path / "logs"):
+        pids.append(lock_holder(tmp_path / "logs"))
+        m = Maintenance(cfg, engine, clock=lambda: T0)
+        m.run_once()
+    released = []
+    with m:
+        with capture_logs() as logs:
+            m.run_once()
+        released += [e for e in logs if e["event"] == "log_dir.released"]
+        with held_by_other_process(HOLD_FLOCK, tmp_path / "logs"):
+            pids.append(lock_holder(tmp_path / "logs"))
+            m.run_once()
+        with capture_logs() as logs:
+            m.run_once()
+        released += [e for e in logs if e["event"] == "log_dir.released"]
+    assert pids[0] != pids[1]
+    assert [f"pid {pid} " in e["was_held_by"] for e in released for pid in pids] == [
+        True,
+        False,
+        False,
+        True,
+    ]
 
 
 def test_a_reload_retries_a_partition_marked_uncleanable(
