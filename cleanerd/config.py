@@ -47,7 +47,7 @@ import os
 import pwd
 import re
 import stat
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from fnmatch import fnmatchcase
 from pathlib import Path
@@ -145,6 +145,8 @@ CleanupPolicies = Annotated[
 ]
 Strategy = Annotated[CompactionStrategyName, BeforeValidator(_empty_strategy_is_offset)]
 FsPath = Annotated[Path, BeforeValidator(_path)]
+Loc = tuple[str | int, ...]
+"""Where a key is in the document: its keys and list indexes, as pydantic names it."""
 LogDirs = Annotated[tuple[FsPath, ...], BeforeValidator(_comma_list)]
 
 
@@ -569,11 +571,15 @@ def load_config(path: Path | None) -> Config:
     """
     if path is None:
         return config_from_data(default_config_data())
-    return config_from_data(_read_yaml(path), path=path)
+    data, lines = _read_yaml(path)
+    return config_from_data(data, path=path, lines=lines)
 
 
-def config_from_data(data: object, *, path: Path | None = None) -> Config:
-    """Validate an already parsed document (`path` only names it in errors)."""
+def config_from_data(
+    data: object, *, path: Path | None = None, lines: Mapping[Loc, int] | None = None
+) -> Config:
+    """Validate an already parsed document (`path` only names it in errors; `lines`, the
+    line of each key in it, begins each error with the line of the key it names)."""
     if data is None:  # an empty file: every key at its default
         data = {}
     if not isinstance(data, dict):
@@ -582,13 +588,33 @@ def config_from_data(data: object, *, path: Path | None = None) -> Config:
             path=path,
         )
     errors, broken, cfg = _validate_fields(data)
+    errors = [_at_line(lines, loc, e) for loc, e in zip(broken, errors, strict=True)]
     if cfg is not None:
         problems = list(_cross_field_problems(cfg))
-        errors += [message for keys, message in problems if not _touches(keys, broken)]
+        errors += [
+            _at_line(lines, _named(keys, message), message)
+            for keys, message in problems
+            if not _touches(keys, broken)
+        ]
     if errors:
         raise ConfigError(errors, path=path)
     assert cfg is not None
     return cfg
+
+
+def _named(keys: list[Loc], message: str) -> Loc:
+    """The key of a cross-field problem's `keys` that its `message` begins with."""
+    return next((k for k in keys if message.startswith(_key_path(k))), keys[0] if keys else ())
+
+
+def _at_line(lines: Mapping[Loc, int] | None, loc: Loc, error: str) -> str:
+    """`error`, begun with the line of the key at `loc` (or of the nearest key above it
+    that the file names) when `lines` has it."""
+    for n in range(len(loc), 0, -1):
+        line = (lines or {}).get(loc[:n])
+        if line is not None:
+            return f"line {line}: {error}"
+    return error
 
 
 def default_config_data() -> dict[str, Any]:
@@ -893,6 +919,9 @@ def check_paths(cfg: Config, *, path: Path | None = None) -> list[str]:
     return unusable
 
 
+_MERGE_TAG: Final = "tag:yaml.org,2002:merge"
+
+
 class _Loader(yaml.SafeLoader):
     """The safe loader, refusing duplicate keys (plain PyYAML keeps the last silently)."""
 
@@ -900,7 +929,7 @@ class _Loader(yaml.SafeLoader):
 def _construct_mapping(loader: _Loader, node: yaml.MappingNode) -> dict[Any, Any]:
     first_line: dict[Any, int] = {}
     for key_node, _ in node.value:
-        if key_node.tag == "tag:yaml.org,2002:merge":
+        if key_node.tag == _MERGE_TAG:
             continue
         key = loader.construct_object(key_node)
         try:
@@ -918,7 +947,23 @@ def _construct_mapping(loader: _Loader, node: yaml.MappingNode) -> dict[Any, Any
 _Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
 
 
-def _read_yaml(path: Path) -> object:
+def _key_lines(node: yaml.Node, at: Loc = ()) -> Iterator[tuple[Loc, int]]:
+    """The line of every key (and list item) in the document under `node`, by its
+    location, as a validation error names it (a merged key has none)."""
+    if isinstance(node, yaml.MappingNode):
+        for key_node, value_node in node.value:
+            if isinstance(key_node, yaml.ScalarNode) and key_node.tag != _MERGE_TAG:
+                loc = (*at, key_node.value)
+                yield loc, key_node.start_mark.line + 1
+                yield from _key_lines(value_node, loc)
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            yield (*at, i), item.start_mark.line + 1
+            yield from _key_lines(item, (*at, i))
+
+
+def _read_yaml(path: Path) -> tuple[object, dict[Loc, int]]:
+    """The document in the file at `path`, and the line of each of its keys."""
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as e:
@@ -935,7 +980,10 @@ def _read_yaml(path: Path) -> object:
             [f"{where}character U+{e.character:04X} is not allowed in YAML"], path=path
         ) from e
     try:
-        return loader.get_single_data()
+        node = loader.get_single_node()
+        if node is None:
+            return None, {}
+        return loader.construct_document(node), dict(_key_lines(node))
     except yaml.MarkedYAMLError as e:
         raise ConfigError([_yaml_error(e)], path=path) from e
     except yaml.YAMLError as e:
@@ -963,8 +1011,6 @@ def _yaml_kind(value: object) -> str:
 
 # ---------------------------------------------------------------------------
 # Validation: field errors first, then cross-field checks on what validated
-
-Loc = tuple[str | int, ...]
 
 
 def _validate_fields(data: dict[Any, Any]) -> tuple[list[str], list[Loc], Config | None]:

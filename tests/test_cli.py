@@ -217,7 +217,8 @@ class TestCheckConfig:
     def test_invalid_file_lists_every_error(
         self, capsys: pytest.CaptureFixture[str], tmp_path: Path
     ) -> None:
-        """An invalid file exits 1 with every problem on stderr, each on its own line."""
+        """An invalid file exits 1 with every problem on stderr, each on its own line
+        and with the line of the key it names in the file."""
         path = write_config(
             tmp_path, "mode: off\ntopics:\n  orders: {max.compaction.lag.ms: 0, retention.msx: 1}\n"
         )
@@ -225,10 +226,11 @@ class TestCheckConfig:
         assert (status, out) == (1, "")
         assert err.splitlines() == [
             f"cleanerd check-config: invalid configuration {path}:",
-            "  mode: false must be 'owner' or 'observe' "
+            "  line 3: mode: false must be 'owner' or 'observe' "
             "(YAML reads yes/no/on/off as booleans: quote the value)",
-            "  topics.orders.max.compaction.lag.ms: 0 must be >= 1",
-            "  topics.orders.retention.msx: unknown key (value 1) (did you mean retention.ms?)",
+            "  line 5: topics.orders.max.compaction.lag.ms: 0 must be >= 1",
+            "  line 5: topics.orders.retention.msx: unknown key (value 1) "
+            "(did you mean retention.ms?)",
         ]
 
     def test_missing_file(self, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:

@@ -548,9 +548,32 @@ class TestYaml:
         )
         hint = "(YAML reads yes/no/on/off as booleans: quote the value)"
         assert errors == [
-            f"log.cleaner.threads: true must be an integer {hint}",
-            f"log.cleaner.compaction.strategy.header: false must be a string {hint}",
-            f"mode: false must be 'owner' or 'observe' {hint}",
+            f"line 4: log.cleaner.threads: true must be an integer {hint}",
+            f"line 3: log.cleaner.compaction.strategy.header: false must be a string {hint}",
+            f"line 2: mode: false must be 'owner' or 'observe' {hint}",
+        ]
+
+    def test_each_error_names_the_line_of_its_key(self, tmp_path: Path) -> None:
+        """A problem in a file begins with the line of the key it names: nested keys,
+        list items, and a cross-field check by the key its message names first. Only
+        a YAML syntax error had a line; a long config had to be searched by key."""
+        errors = yaml_errors(
+            tmp_path,
+            "log.dirs:\n"
+            "  - /nonexistent/a\n"
+            "  - 7\n"
+            "log.cleaner.min.compaction.lag.ms: 5000\n"
+            "log.cleaner.max.compaction.lag.ms: 100\n"
+            "topics:\n"
+            "  orders:\n"
+            "    cleanup.policy: compact\n"
+            "    retention.ms: soon\n",
+        )
+        assert errors == [
+            "line 3: log.dirs[1]: 7 must be a path (a string)",
+            "line 9: topics.orders.retention.ms: 'soon' must be an integer",
+            "line 5: log.cleaner.max.compaction.lag.ms: 100 must be >= "
+            "log.cleaner.min.compaction.lag.ms (5000)",
         ]
 
     def test_keys_must_be_strings(self, tmp_path: Path) -> None:
@@ -561,8 +584,8 @@ class TestYaml:
         )
         hint = "(YAML reads yes/no/on/off as booleans: quote the key)"
         assert errors == [
-            "topics: key 7 must be a string",
-            f"topics: key false must be a string {hint}",
+            "line 3: topics: key 7 must be a string",
+            f"line 3: topics: key false must be a string {hint}",
             f"top level: key true must be a string {hint}",
         ]
 
