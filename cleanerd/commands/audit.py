@@ -246,6 +246,8 @@ def audit_log_dirs_on_spark(
             # Not decoded on Spark (it could not be opened whole): done already.
             sizes = [s.size for s in plog.segments]
             progress.advance(segments=len(sizes), size=sum(sizes))
+    if not partitions and parquet is None:
+        return run  # nothing to scan: no Spark application (10 s of a JVM) for it
     staging = new_staging_dir(Path(cfg.state_dir), "audit", 1)
     try:
         run.audits = audit_on_spark(

@@ -197,6 +197,27 @@ def test_spark_audit_command_shows_progress(
     assert int(local_done[1]) > 6
 
 
+def test_a_spark_audit_with_nothing_to_scan_starts_no_job(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`audit --engine spark` of log dirs without a compacted partition reports what the
+    local audit reports, and starts no Spark application (it spent 10 s starting a JVM
+    to scan nothing)."""
+
+    def no_job(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a Spark job was started")
+
+    monkeypatch.setattr(spark_engine, "launch_job", no_job)
+    (tmp_path / "logs").mkdir()
+    cfg = tmp_path / "cleanerd.yaml"
+    cfg.write_text(f"log.dirs: [{tmp_path / 'logs'}]\nstate_dir: {tmp_path / 'state'}\n")
+    for engine in ("local", "spark"):
+        status = main(["audit", "-c", str(cfg), "--now-ms", str(NOW), "--engine", engine])
+        assert status == 0
+    local, on_spark = capsys.readouterr().out.split("\n", 1)
+    assert f"{local}\n" == on_spark
+
+
 def test_a_segment_task_refuses_a_base_offset_out_of_its_segment(tmp_path: Path) -> None:
     """An executor decodes a segment against the offsets it may hold, as the local audit
     does: a first batch below the segment's base offset names the file and position."""
