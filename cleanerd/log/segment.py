@@ -472,12 +472,13 @@ class LogSegment:
         """Index-maintenance state, recovered from the last index entries and a walk of
         the batches after the last offset-index entry.
 
-        An offset index whose last entry is damaged in a way the log can repair (before
-        the log's start, or on no batch) is rebuilt with `heal`, as the owner's open
-        rebuilds it (`sanity_check`): written by an owner, in memory when read-only, so
-        that `plan` reads the partition as the cycle that follows it does. Not a `live`
-        segment's (a broker's, which it may be rewriting) and not an entry past the
-        log's end (IndexPastLogError: the log may be the file that is short)."""
+        Indexes the log can repair are rebuilt with `heal`, as the owner's open rebuilds
+        them (`sanity_check`): an offset index whose last entry is damaged (before the
+        log's start, or on no batch), a time index without entries beside offset
+        entries while the batches have timestamps. Written by an owner, in memory when
+        read-only, so that `plan` reads the partition as the cycle that follows it does.
+        Not a `live` segment's (a broker's, which it may be rewriting) and not an entry
+        past the log's end (IndexPastLogError: the log may be the file that is short)."""
         if self._builder is None:
             try:
                 self._builder = self._tail_from_indexes()
