@@ -477,14 +477,18 @@ class LogSegment:
         log's start, or on no batch), a time index without entries beside offset
         entries while the batches have timestamps. Written by an owner, in memory when
         read-only, so that `plan` reads the partition as the cycle that follows it does.
-        Not a `live` segment's (a broker's, which it may be rewriting) and not an entry
-        past the log's end (IndexPastLogError: the log may be the file that is short)."""
+        A time index whose last timestamp exceeds what is known of the whole log is
+        rebuilt too. Not an entry past the log's end (IndexPastLogError: the log may be
+        the file that is short), nor a `live` segment's stale entries, which a broker's
+        truncation leaves (read past as they are, below)."""
         if self._builder is None:
             try:
                 self._builder = self._tail_from_indexes()
             except (CorruptIndexError, CorruptRecordError) as exc:
-                if not heal or self.live or isinstance(exc, IndexPastLogError):
+                if not heal or isinstance(exc, IndexPastLogError):
                     raise
+                if self.live and not isinstance(exc, CorruptIndexError):
+                    raise  # damage in the log itself (its stale entries are no error)
                 self.rebuild_indexes(reason=_rebuild_reason(exc))
                 assert self._builder is not None
         return self._builder
@@ -528,6 +532,12 @@ class LogSegment:
                     else _time_index_behind(None, tail.max_timestamp),
                     path=ti.path,
                 )
+        known = self._summary if self._appended_from is None and not self.live else None
+        if known is not None and ts.timestamp > known[1]:
+            # What was known of the whole log (kept at a clean stop, or read) has no such
+            # timestamp: a damaged entry, which would date the segment in the future
+            # (compaction and retention held back for good) once the roll took it.
+            raise CorruptIndexError(_time_index_ahead(ts.timestamp, known[1]), path=ti.path)
         builder = IndexBuilder(
             oi,
             ti,
@@ -1086,6 +1096,10 @@ class LogSegment:
                 safe_unlink(path)
 
 
+def _time_index_ahead(last: int, largest: int) -> str:
+    return f"last timestamp {last} exceeds the log's max {largest}"
+
+
 def _time_index_behind(last: int | None, largest: int) -> str:
     """Why a time index is behind its log: its `last` timestamp (None: no entry) below
     the `largest` of the batches it must cover."""
@@ -1192,8 +1206,7 @@ class IndexCheck:
         ti = segment.time_index
         if ti.entries and ti.last_entry.timestamp > self._max_ts:
             raise CorruptIndexError(
-                f"last timestamp {ti.last_entry.timestamp} exceeds the log's max {self._max_ts}",
-                path=ti.path,
+                _time_index_ahead(ti.last_entry.timestamp, self._max_ts), path=ti.path
             )
         last = ti.last_entry.timestamp if ti.entries else None
         if self._max_ts_before >= 0 and (last is None or last < self._max_ts_before):

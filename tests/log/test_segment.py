@@ -390,6 +390,52 @@ def test_a_time_index_without_entries_beside_offset_entries_dates_by_every_batch
         assert TimeIndex.load(seg.time_index_path, 0).last_entry.timestamp == 9_000_000
 
 
+def test_a_time_index_ahead_of_what_is_known_of_the_log_is_rebuilt_at_the_roll(
+    tmp_path: Path,
+) -> None:
+    """After a clean stop, the active segment is taken as it was kept (nothing read);
+    its time index's last timestamp damaged to 2^62: the roll rebuilds the indexes from
+    the log instead of closing the segment with that timestamp, which held compaction
+    (and retention) back for good while `plan`, reading the kept metadata, predicted
+    the pass."""
+    batches = [encode_records([kv(f"k{n}", "v" * 40, timestamp=1000 + n)], n) for n in range(30)]
+    write_segment(tmp_path, 0, batches, index_interval_bytes=200, inactive=False)
+    read = LogSegment(tmp_path, 0)
+    read.meta()
+    known = read.known()
+    assert known is not None
+    index = tmp_path / "00000000000000000000.timeindex"
+    data = bytearray(index.read_bytes())
+    data[-12:-4] = (1 << 62).to_bytes(8, "big")
+    index.write_bytes(bytes(data))
+    active = LogSegment(tmp_path, 0, index_interval_bytes=200)
+    assert active.seed(known)
+    with capture_logs() as logs:
+        active.close_for_roll()
+    assert [e["event"] for e in logs] == ["segment.index_rebuilt"]
+    assert LogSegment(tmp_path, 0).meta().largest_timestamp_ms == 1029
+    assert TimeIndex.load(index, 0).last_entry.timestamp == 1029
+
+
+def test_an_active_segment_read_after_a_crash_reads_past_a_cut_time_index(
+    tmp_path: Path,
+) -> None:
+    """The active segment of a dir a crash left (read as growing: `plan`), its time
+    index cut mid-entry: its metadata is read from indexes rebuilt in memory, as the
+    owner's open rebuilds them, so `plan` no longer calls the partition unreadable
+    where `clean` then cleans it; nothing on disk changes."""
+    batches = [encode_records([kv(f"k{n}", "v" * 40, timestamp=1000 + n)], n) for n in range(30)]
+    write_segment(tmp_path, 0, batches, index_interval_bytes=200, inactive=False)
+    index = tmp_path / "00000000000000000000.timeindex"
+    cut = index.read_bytes()[:-3]
+    index.write_bytes(cut)
+    seg = LogSegment(tmp_path, 0, read_only=True)
+    seg.growing = True
+    meta = seg.meta()
+    assert (meta.next_offset, meta.largest_timestamp_ms) == (30, 1029)
+    assert index.read_bytes() == cut
+
+
 def test_a_segment_without_timestamps_keeps_its_empty_time_index(tmp_path: Path) -> None:
     """Batches without timestamps (-1) leave the time index empty beside offset
     entries, as Kafka leaves it: nothing to rebuild, and the segment is dated by its
