@@ -66,6 +66,7 @@ from cleanerd.log.files import (
     partition_dir_gone,
 )
 from cleanerd.log.log_dir import LogDir
+from cleanerd.log.ownership import lock_holder
 from cleanerd.log.partition_log import LogConfig, PartitionLog
 from cleanerd.log.topic_config import TopicConfig
 from cleanerd.logger import log_to_stderr
@@ -156,10 +157,12 @@ class AuditRun:
 
 def compacted_partitions(cfg: Config, run: AuditRun) -> Iterator[tuple[PartitionLog, TopicConfig]]:
     """Every compacted partition of every log dir of `cfg`, opened in observe mode; the
-    ones that cannot be opened go to `run.errors`."""
+    ones that cannot be opened go to `run.errors`, with those whose interrupted swap
+    the owner's open could not finish in a dir nobody holds (as `plan` foresees it)."""
     for path in cfg.log_dirs:
         try:
             with LogDir.open(Path(path), observe=True, state_dir=cfg.state_dir) as log_dir:
+                owned = lock_holder(log_dir.path) is None
                 for tp in log_dir.partitions():
                     try:
                         topic = cfg.topic_config(tp.topic)
@@ -178,6 +181,8 @@ def compacted_partitions(cfg: Config, run: AuditRun) -> Iterator[tuple[Partition
                             partial(log_dir.open_partition, tp, config=config),
                             gone=partial(partition_dir_gone, path),
                         )
+                        if owned:
+                            plog.foresee_swap_damage()
                     except (CleanerdError, OSError) as exc:
                         if not partition_dir_gone(path):  # else deleted since the listing
                             run.errors.append(f"{path}: {exc}")

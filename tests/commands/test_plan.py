@@ -333,8 +333,9 @@ def test_a_damaged_index_is_foreseen_as_the_cycle_rebuilds_it(tmp_path: Path, st
 
 def test_an_interrupted_swap_the_open_cannot_finish_is_foreseen(tmp_path: Path) -> None:
     """A `.log.swap` that does not walk clean in an owned dir: the owner's open leaves it
-    as it is and fails, and `plan` now says so (exit 1, the swap named), where it
-    planned the partition and exited 0. Neither changes the file."""
+    as it is and fails, and `plan` and `audit` now say so (exit 1, the swap named),
+    where `plan` planned the partition and `audit` audited it, exiting 0. None changes
+    the file."""
     log = LogBuilder(tmp_path / "logs")
     log.append([(k("a"), b"1")])
     log.roll()
@@ -349,6 +350,13 @@ def test_an_interrupted_swap_the_open_cannot_finish_is_foreseen(tmp_path: Path) 
     (unreadable,) = json.loads(planned.stdout)["unreadable"]
     expected = f"corrupt record batch in {swap} at position 0: CRC mismatch"
     assert unreadable["reason"].startswith(expected)
+    audit = [*command[:-3], "audit", "--json", *command[-2:]]
+    audited = subprocess.run(audit, capture_output=True, text=True, env=env, check=False)
+    assert audited.returncode == 1
+    report = json.loads(audited.stdout)
+    assert report["partitions"] == []
+    (error,) = report["errors"]
+    assert error.startswith(f"{part}: {expected}")
     clean = [*command[:-3], "clean", *command[-2:]]
     done = subprocess.run(clean, capture_output=True, text=True, env=env, check=False)
     assert done.returncode == 1
