@@ -722,7 +722,7 @@ def _settle_indexes(
             _report(report, exc)
             return False
         if reason is None:
-            segment.rebuild_indexes(reason=f"{exc.reason} (past the recovery point)")
+            segment.rebuild_indexes(reason=f"{exc} (past the recovery point)")
             report.rebuilt_indexes.append(str(segment.log_path))
             return True
         # Else cutting the torn tail below rebuilds the indexes.
@@ -730,7 +730,7 @@ def _settle_indexes(
         if exc.path == str(segment.txn_index_path):
             _report(report, exc)
             return False
-        segment.rebuild_indexes(reason=exc.reason)
+        segment.rebuild_indexes(reason=str(exc))
         report.rebuilt_indexes.append(str(segment.log_path))
         return True
     if reason is None:

@@ -1109,11 +1109,12 @@ def _time_index_behind(last: int | None, largest: int) -> str:
 
 
 def _rebuild_reason(problem: CorruptIndexError | CorruptRecordError) -> str:
-    """What a rebuild of the indexes repairs, said in its log line: the index's own
-    damage, or a last entry that a walk from its position found on no batch (damage in
-    the log itself fails the rebuild's walk of the whole segment instead)."""
+    """What a rebuild of the indexes repairs, said in its log line (whose `path` is the
+    `.log`): the index's own damage, naming the index, or a last entry that a walk from
+    its position found on no batch (damage in the log itself fails the rebuild's walk of
+    the whole segment instead)."""
     if isinstance(problem, CorruptIndexError):
-        return problem.reason
+        return str(problem)
     return "the last offset-index entry is not on a batch boundary"
 
 
