@@ -718,11 +718,17 @@ def _settle_indexes(
                 assert indexes is not None
                 indexes.finish()
     except IndexPastLogError as exc:
-        if crash_point is None or not _lost_in_a_crash(segment, scan, crash_point):
+        garbage = unreadable is not None and not isinstance(unreadable, IndexPastLogError)
+        if garbage:  # entries out of order (`IndexCheck`): where they point says nothing
+            assert unreadable is not None
+            why = str(unreadable)
+        elif crash_point is not None and _lost_in_a_crash(segment, scan, crash_point):
+            why = f"{exc} (past the recovery point)"
+        else:
             _report(report, exc)
             return False
         if reason is None:
-            segment.rebuild_indexes(reason=f"{exc} (past the recovery point)")
+            segment.rebuild_indexes(reason=why)
             report.rebuilt_indexes.append(str(segment.log_path))
             return True
         # Else cutting the torn tail below rebuilds the indexes.

@@ -485,8 +485,12 @@ class LogSegment:
             try:
                 self._builder = self._tail_from_indexes()
             except (CorruptIndexError, CorruptRecordError) as exc:
-                if not heal or isinstance(exc, IndexPastLogError):
+                if not heal:
                     raise
+                if isinstance(exc, IndexPastLogError):
+                    exc = _garbage(self) or exc  # its entries out of order say nothing
+                    if isinstance(exc, IndexPastLogError):
+                        raise
                 if self.live and not isinstance(exc, CorruptIndexError):
                     raise  # damage in the log itself (its stale entries are no error)
                 self.rebuild_indexes(reason=_rebuild_reason(exc))
@@ -532,12 +536,17 @@ class LogSegment:
                     else _time_index_behind(None, tail.max_timestamp),
                     path=ti.path,
                 )
-        known = self._summary if self._appended_from is None and not self.live else None
-        if known is not None and ts.timestamp > known[1]:
-            # What was known of the whole log (kept at a clean stop, or read) has no such
-            # timestamp: a damaged entry, which would date the segment in the future
-            # (compaction and retention held back for good) once the roll took it.
-            raise CorruptIndexError(_time_index_ahead(ts.timestamp, known[1]), path=ti.path)
+        # A last time entry above any timestamp of the log is damaged: once a roll took
+        # it, it would date the segment in the future for good (compaction and retention
+        # held back). What was known of the whole log (kept at a clean stop, or read)
+        # tells, and so do the batches walked when the entry names one of theirs (one
+        # past the log's end is IndexPastLogError's, `check_time_index_within`).
+        known = self._summary if self._appended_from is None else None
+        largest = known[1] if known is not None else None
+        if tail.batches and tail.first_base_offset <= ts.offset <= tail.last_offset:
+            largest = max(largest or NO_TIMESTAMP, tail.max_timestamp)
+        if not self.live and largest is not None and ts.timestamp > largest:
+            raise CorruptIndexError(_time_index_ahead(ts.timestamp, largest), path=ti.path)
         builder = IndexBuilder(
             oi,
             ti,
@@ -1096,6 +1105,18 @@ class LogSegment:
                 safe_unlink(path)
 
 
+def _garbage(segment: LogSegment) -> CorruptIndexError | None:
+    """The error of an index of `segment` whose entries are out of order, or None: such
+    an index is rebuilt, as the owner's cheap check rebuilds it before it looks where
+    the entries point (an entry past the log's end in an index in order is damage)."""
+    try:
+        segment.offset_index.sanity_check()
+        segment.time_index.sanity_check()
+    except CorruptIndexError as exc:
+        return exc
+    return None
+
+
 def _time_index_ahead(last: int, largest: int) -> str:
     return f"last timestamp {last} exceeds the log's max {largest}"
 
@@ -1156,9 +1177,9 @@ class IndexCheck:
     def __init__(self, segment: LogSegment) -> None:
         self._segment = segment
         oi, ti = segment.offset_index, segment.time_index
-        oi.check_within(segment.size, segment.log_path)
-        oi.sanity_check()
+        oi.sanity_check()  # first, as the cheap check: entries out of order are garbage
         ti.sanity_check()
+        oi.check_within(segment.size, segment.log_path)
         self._offsets, self._positions = oi.entry_arrays()
         self._found = np.zeros(len(self._positions), bool)
         self._next_offset, self._max_ts = segment.base_offset, NO_TIMESTAMP

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import os
+import struct
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -928,6 +929,25 @@ def test_active_index_entries_a_crash_left_past_the_log_end(
     assert reopened.recovery_report.rebuilt_indexes == [str(active.log_path)]
     assert reopened.active_segment.next_offset == 11
     assert [r.offset for r in reopened.records(5)][:2] == [5, 6]
+
+
+@pytest.mark.parametrize("which", [0, -1], ids=["old", "active"])
+def test_an_index_of_garbage_is_rebuilt_after_a_crash(tmp_path: Path, which: int) -> None:
+    """An offset index out of order whose last entry points past the log's end (garbage
+    written over it): the full check after a crash rebuilds it, as the cheap check does
+    (its order is checked first). It was damage, the partition uncleanable, while a
+    clean stop's open rebuilt the same file."""
+    batches = [[kv(f"k{i}", "v" * 40)] for i in range(20)]
+    plog = build_log(
+        tmp_path / "logs", [batches, batches], state_dir=tmp_path / "state", config=CONFIG
+    )
+    segment = plog.segments[which]
+    entries = ((5, 300), (3, 100), (19, 10**9))  # relative offset, position
+    segment.offset_index_path.write_bytes(b"".join(struct.pack(">ii", *e) for e in entries))
+    reopened = _open(plog.dir)
+    assert reopened.corrupt is None
+    assert reopened.recovery_report.rebuilt_indexes == [str(segment.log_path)]
+    assert [r.offset for r in reopened.records()] == list(range(40))
 
 
 def test_a_quarantine_that_fails_names_its_file_and_cuts_nothing(

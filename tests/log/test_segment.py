@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import gc
 import os
+import struct
 from pathlib import Path
 from typing import Any
 
@@ -390,14 +391,15 @@ def test_a_time_index_without_entries_beside_offset_entries_dates_by_every_batch
         assert TimeIndex.load(seg.time_index_path, 0).last_entry.timestamp == 9_000_000
 
 
+@pytest.mark.parametrize("kept", [True, False], ids=["kept", "no state dir"])
 def test_a_time_index_ahead_of_what_is_known_of_the_log_is_rebuilt_at_the_roll(
-    tmp_path: Path,
+    tmp_path: Path, kept: bool
 ) -> None:
-    """After a clean stop, the active segment is taken as it was kept (nothing read);
-    its time index's last timestamp damaged to 2^62: the roll rebuilds the indexes from
-    the log instead of closing the segment with that timestamp, which held compaction
-    (and retention) back for good while `plan`, reading the kept metadata, predicted
-    the pass."""
+    """After a clean stop, the active segment is taken as it was kept (nothing read), or
+    read by its last index entries (no state dir); its time index's last timestamp
+    damaged to 2^62: the roll rebuilds the indexes from the log instead of closing the
+    segment with that timestamp, which held compaction (and retention) back for good
+    while `plan`, reading the kept metadata, predicted the pass."""
     batches = [encode_records([kv(f"k{n}", "v" * 40, timestamp=1000 + n)], n) for n in range(30)]
     write_segment(tmp_path, 0, batches, index_interval_bytes=200, inactive=False)
     read = LogSegment(tmp_path, 0)
@@ -409,7 +411,7 @@ def test_a_time_index_ahead_of_what_is_known_of_the_log_is_rebuilt_at_the_roll(
     data[-12:-4] = (1 << 62).to_bytes(8, "big")
     index.write_bytes(bytes(data))
     active = LogSegment(tmp_path, 0, index_interval_bytes=200)
-    assert active.seed(known)
+    assert active.seed(known) if kept else active.unread
     with capture_logs() as logs:
         active.close_for_roll()
     assert [e["event"] for e in logs] == ["segment.index_rebuilt"]
@@ -434,6 +436,22 @@ def test_an_active_segment_read_after_a_crash_reads_past_a_cut_time_index(
     meta = seg.meta()
     assert (meta.next_offset, meta.largest_timestamp_ms) == (30, 1029)
     assert index.read_bytes() == cut
+
+
+@pytest.mark.parametrize("read_only", [True, False])
+def test_an_index_out_of_order_is_rebuilt_wherever_its_entries_point(
+    tmp_path: Path, read_only: bool
+) -> None:
+    """An offset index of garbage: entries out of order, the last one past the log's
+    end. The owner's cheap check rebuilds it (its order is checked first); reading the
+    segment's metadata called it an index past the log (damage: `plan` said unreadable
+    where `clean` rebuilt it). An index in order past the end stays damage."""
+    batches = [encode_records([kv(f"k{n}", "v" * 40, timestamp=1000 + n)], n) for n in range(30)]
+    seg = write_segment(tmp_path, 0, batches, index_interval_bytes=200, inactive=False)
+    entries = ((5, 300), (3, 100), (25, 10**9))  # relative offset, position
+    seg.offset_index_path.write_bytes(b"".join(struct.pack(">ii", *e) for e in entries))
+    reopened = LogSegment(tmp_path, 0, read_only=read_only)
+    assert (reopened.meta().next_offset, reopened.meta().largest_timestamp_ms) == (30, 1029)
 
 
 def test_a_segment_without_timestamps_keeps_its_empty_time_index(tmp_path: Path) -> None:
