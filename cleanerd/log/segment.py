@@ -544,7 +544,7 @@ class LogSegment:
         known = self._summary if self._appended_from is None else None
         largest = known[1] if known is not None else None
         if tail.batches and tail.first_base_offset <= ts.offset <= tail.last_offset:
-            largest = max(largest or NO_TIMESTAMP, tail.max_timestamp)
+            largest = max(NO_TIMESTAMP if largest is None else largest, tail.max_timestamp)
         if not self.live and largest is not None and ts.timestamp > largest:
             raise CorruptIndexError(_time_index_ahead(ts.timestamp, largest), path=ti.path)
         builder = IndexBuilder(
