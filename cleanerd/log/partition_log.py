@@ -125,8 +125,8 @@ from cleanerd.log.tail import torn_tail_reason
 from cleanerd.log.topic_config import TopicConfig
 from cleanerd.log.txnindex import AbortedTxn
 from cleanerd.logger import get_logger
-from cleanerd.records.batch import encode_batch, iter_records
-from cleanerd.records.control import ControlRecordType, control_type, encode_end_txn_marker
+from cleanerd.records.batch import encode_batch
+from cleanerd.records.control import ControlRecordType, encode_end_txn_marker
 from cleanerd.records.header import Compression, TimestampType
 from cleanerd.records.record import Record
 from cleanerd.records.scan import BatchInfo
@@ -850,7 +850,7 @@ class PartitionLog:
                 self.producer_state()  # bring the state up to just before this batch
             active.append(chunk, relative)
             if transactional:
-                self._apply_appended_txn_batch(active, chunk, relative)
+                self._apply_appended_txn_batch(active, chunk)
 
     def _time_roll_before(
         self, active: LogSegment, max_timestamp: int, now_ms: int | None
@@ -1081,22 +1081,14 @@ class PartitionLog:
             self._txn_scanned = (last.base_offset, last.size)
         return state
 
-    def _apply_appended_txn_batch(self, segment: LogSegment, chunk: bytes, info: BatchInfo) -> None:
+    def _apply_appended_txn_batch(self, segment: LogSegment, chunk: bytes) -> None:
+        # The entry an ABORT marker earns by the rule recovery rebuilds the index with.
         state = self._producers
         assert state is not None
-        ongoing = state.ongoing()
-        header = info.header
-        assert header is not None
-        producer_id = header.producer_id
-        if header.is_control and producer_id in ongoing:
-            marker = next(iter_records(chunk, info))
-            if control_type(marker) == ControlRecordType.ABORT:
-                others = [o for pid, o in ongoing.items() if pid != producer_id]
-                lso = min(others) if others else info.last_offset + 1
-                segment.append_aborted_txn(
-                    AbortedTxn(ongoing[producer_id], producer_id, info.last_offset, lso)
-                )
-        state.apply(walk(chunk).table, chunk)
+        table = walk(chunk).table
+        for txn in state.aborted_in(table, chunk):
+            segment.append_aborted_txn(txn)
+        state.apply(table, chunk)
         self._txn_scanned = (segment.base_offset, segment.size)
 
     def take_snapshot(self) -> Path | None:
