@@ -718,10 +718,8 @@ def _settle_indexes(
                 assert indexes is not None
                 indexes.finish()
     except IndexPastLogError as exc:
-        garbage = unreadable is not None and not isinstance(unreadable, IndexPastLogError)
-        if garbage:  # entries out of order (`IndexCheck`): where they point says nothing
-            assert unreadable is not None
-            why = str(unreadable)
+        if unreadable is not None and not isinstance(unreadable, IndexPastLogError):
+            why = str(unreadable)  # entries out of order (`IndexCheck`): garbage
         elif crash_point is not None and _lost_in_a_crash(segment, scan, crash_point):
             why = f"{exc} (past the recovery point)"
         else:

@@ -1030,10 +1030,15 @@ class LogSegment:
         self._check_indexes()
 
     def _check_indexes(self) -> None:
-        self.offset_index.sanity_check()
-        self.time_index.sanity_check()
+        self.check_index_order()
         self._tail(heal=False)
         self.check_time_index_within(self.next_offset)
+
+    def check_index_order(self) -> None:
+        """Raise CorruptIndexError unless the entries of both indexes are in order (the
+        cheap check's first test: an index out of order is garbage, wherever it points)."""
+        self.offset_index.sanity_check()
+        self.time_index.sanity_check()
 
     def check_time_index_within(self, next_offset: int) -> None:
         """Raise IndexPastLogError if the time index names an offset the log lacks."""
@@ -1110,8 +1115,7 @@ def _garbage(segment: LogSegment) -> CorruptIndexError | None:
     an index is rebuilt, as the owner's cheap check rebuilds it before it looks where
     the entries point (an entry past the log's end in an index in order is damage)."""
     try:
-        segment.offset_index.sanity_check()
-        segment.time_index.sanity_check()
+        segment.check_index_order()
     except CorruptIndexError as exc:
         return exc
     return None
@@ -1176,9 +1180,8 @@ class IndexCheck:
 
     def __init__(self, segment: LogSegment) -> None:
         self._segment = segment
-        oi, ti = segment.offset_index, segment.time_index
-        oi.sanity_check()  # first, as the cheap check: entries out of order are garbage
-        ti.sanity_check()
+        oi = segment.offset_index
+        segment.check_index_order()  # first, as the cheap check
         oi.check_within(segment.size, segment.log_path)
         self._offsets, self._positions = oi.entry_arrays()
         self._found = np.zeros(len(self._positions), bool)
