@@ -904,14 +904,13 @@ class Maintenance:
         cycle, so an open after a crash walks only what was not yet durable. A failure
         is logged (naming the file) and tried again after the next cycle."""
         for log_dir, plogs in self._owned():
-            sound = {id(p) for p in _sound(log_dir, plogs, self._damaged)}
             for plog in plogs:
                 try:
                     plog.flush_rolled()
                 except DAMAGE as exc:
                     # Damage its open or a step met, and reported as its own error (the
                     # partition uncleanable or unreadable): no checkpoint's failure.
-                    damaged = id(plog) not in sound
+                    damaged = not _sound(log_dir, [plog], self._damaged)
                     (log.debug if damaged else log.error)(
                         "checkpoint.flush_failed", log_dir=str(log_dir.path), error=str(exc)
                     )
