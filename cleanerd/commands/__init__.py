@@ -55,7 +55,8 @@ COMMANDS: Final[tuple[CommandInfo, ...]] = (
     ),
     CommandInfo(
         "audit",
-        "report superseded records still on disk and max.compaction.lag.ms deadline violations",
+        "report superseded records and data past retention.ms still on disk, and their "
+        "deadline violations",
         "audit",
     ),
     CommandInfo(

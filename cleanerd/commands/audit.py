@@ -1,7 +1,10 @@
-"""`cleanerd audit`: prove (or refute) the deletion deadline on every compacted partition.
+"""`cleanerd audit`: prove (or refute) the deletion deadlines of every partition.
 
 Every log dir of the config is opened in observe mode (nothing is locked or modified,
-so a live broker's or daemon's dirs can be audited), and every partition of a topic
+so a live broker's or daemon's dirs can be audited). Every partition of a topic with
+`delete` in its cleanup policy and `retention.ms` >= 0 has its retention deadline
+audited from its segment metadata (`retention.audit`: segments past `retention.ms`
+plus the retention slack, and what keeps them), and every partition of a topic
 with `compact` in its cleanup policy (never `__cluster_metadata`) is scanned whole by
 `compaction.audit.audit_partition`: superseded records still on disk, the age of the
 oldest, tombstones and markers whose delete horizon has passed, records without a key
@@ -16,7 +19,8 @@ long before it looks again) plus a clean-time allowance of 5 minutes
 (`CLEAN_TIME_ALLOWANCE_MS`), which covers the roll and retention check that makes an
 idle segment cleanable and one cleaning pass over a partition of a few GiB at the
 measured throughput (`bench/clean.py`); set it explicitly for larger partitions or
-slower disks.
+slower disks. The retention slack is `log.retention.check.interval.ms` (a broker
+checks retention that often) plus the same allowance; `--slack-ms` sets both.
 
 `--engine spark` runs the scan on Spark (`engine/spark/audit_job.py`: one task per segment, a
 shuffle by partition, the same pure `audit_columns` core, so the report is the same,
@@ -25,8 +29,9 @@ filesystem URI) also writes the report as a Parquet table there. Without `--engi
 scan runs here, whatever `engine.name` says. Progress (segments and bytes read, rate,
 ETA) goes to stderr: a bar on a terminal, a line every few seconds otherwise.
 
-Exit status: 0 when no partition violates its deadline; 1 when one does, or when a
-partition or log dir could not be read (corrupt data: nothing can be proved about it).
+Exit status: 0 when no partition violates a deadline; 1 when one does, or when a
+partition, a segment's date or a log dir could not be read (corrupt data: nothing can be
+proved about it).
 """
 
 from __future__ import annotations
@@ -70,6 +75,12 @@ from cleanerd.log.ownership import lock_holder
 from cleanerd.log.partition_log import LogConfig, PartitionLog
 from cleanerd.log.topic_config import TopicConfig
 from cleanerd.logger import log_to_stderr
+from cleanerd.retention.audit import (
+    HoldReason,
+    RetentionAudit,
+    audit_retention,
+    audits_retention,
+)
 from cleanerd.wording import count
 
 CLEAN_TIME_ALLOWANCE_MS: Final = 300_000
@@ -90,7 +101,8 @@ ARGS: Final[tuple[Arg, ...]] = (
             "type": non_negative_int,
             "metavar": "MS",
             "help": (
-                "allowed lateness past max.compaction.lag.ms (default: log.cleaner.backoff.ms "
+                "allowed lateness past max.compaction.lag.ms and past retention.ms (default: "
+                "log.cleaner.backoff.ms, and log.retention.check.interval.ms for retention, "
                 f"+ {CLEAN_TIME_ALLOWANCE_MS} ms clean-time allowance)"
             ),
         },
@@ -138,11 +150,18 @@ def default_slack_ms(cfg: Config) -> int:
     return cfg.log_cleaner_backoff_ms + CLEAN_TIME_ALLOWANCE_MS
 
 
+def default_retention_slack_ms(cfg: Config) -> int:
+    """`log.retention.check.interval.ms` plus the clean-time allowance (see the module
+    docstring)."""
+    return cfg.log_retention_check_interval_ms + CLEAN_TIME_ALLOWANCE_MS
+
+
 @dataclass(slots=True)
 class AuditRun:
     """Every partition audited, and the log dirs that could not be read."""
 
     audits: list[PartitionAudit] = field(default_factory=list)
+    retention: list[RetentionAudit] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
 
     @property
@@ -150,15 +169,53 @@ class AuditRun:
         return sum(a.violations for a in self.audits)
 
     @property
+    def retention_violations(self) -> int:
+        return sum(a.violations for a in self.retention)
+
+    @property
     def failed(self) -> bool:
         """A violation, or something that could not be audited."""
-        return bool(self.violations or self.errors or any(a.error for a in self.audits))
+        return bool(
+            self.violations
+            or self.errors
+            or any(a.error for a in self.audits)
+            or any(a.failed for a in self.retention)
+        )
 
 
-def compacted_partitions(cfg: Config, run: AuditRun) -> Iterator[tuple[PartitionLog, TopicConfig]]:
-    """Every compacted partition of every log dir of `cfg`, opened in observe mode; the
-    ones that cannot be opened go to `run.errors`, with those whose interrupted swap
-    the owner's open could not finish in a dir nobody holds (as `plan` foresees it)."""
+@dataclass(frozen=True, slots=True)
+class RetentionScope:
+    """What the retention audit is measured against."""
+
+    now_ms: int
+    slack_ms: int
+    max_listed: int
+
+    def audit(self, plog: PartitionLog, topic: TopicConfig, run: AuditRun) -> None:
+        """Audit `plog`'s retention deadline into `run` (into its errors when its
+        metadata cannot be read, unless the partition was deleted meanwhile)."""
+        try:
+            meta = reread_on_change(plog.readable_meta, gone=partial(partition_dir_gone, plog.dir))
+        except (CleanerdError, OSError) as exc:
+            if not partition_dir_gone(plog.dir):
+                run.errors.append(f"{plog.dir}: retention not audited: {failure_text(exc)}")
+            return
+        run.retention.append(
+            audit_retention(
+                meta,
+                topic,
+                now_ms=self.now_ms,
+                slack_ms=self.slack_ms,
+                max_listed=self.max_listed,
+            )
+        )
+
+
+def audited_partitions(cfg: Config, run: AuditRun) -> Iterator[tuple[PartitionLog, TopicConfig]]:
+    """Every partition of every log dir of `cfg` that is compacted or has a retention
+    deadline (`audits_retention`), opened in observe mode; the ones that cannot be
+    opened go to `run.errors`, with those whose interrupted swap the owner's open could
+    not finish in a dir nobody holds (as `plan` foresees it)."""
     for path in cfg.log_dirs:
         try:
             with LogDir.open(Path(path), observe=True, state_dir=cfg.state_dir) as log_dir:
@@ -169,7 +226,8 @@ def compacted_partitions(cfg: Config, run: AuditRun) -> Iterator[tuple[Partition
                     except ConfigError as exc:  # two globs match it: not audited
                         run.errors.append(f"{log_dir.path / str(tp)}: {exc.reason}")
                         continue
-                    if not topic.compact or tp.topic == METADATA_TOPIC:
+                    audited = topic.compact or audits_retention(topic)
+                    if not audited or tp.topic == METADATA_TOPIC:
                         continue
                     try:
                         # A segment a live broker swapped or deleted between the
@@ -198,13 +256,19 @@ def audit_log_dirs(
     now_ms: int,
     slack_ms: int,
     max_listed: int,
+    retention: RetentionScope,
     memory_bytes: int = AUDIT_MEMORY_BYTES,
     progress: Progress | None = None,
 ) -> AuditRun:
-    """Audit every compacted partition of every log dir of `cfg` (observe mode), each
-    within about `memory_bytes` (see `compaction.audit`)."""
+    """Audit every partition of every log dir of `cfg` (observe mode): the compacted ones
+    each within about `memory_bytes` (see `compaction.audit`), and the retention
+    deadline of those that have one (`retention`)."""
     run = AuditRun()
-    for plog, topic in compacted_partitions(cfg, run):
+    for plog, topic in audited_partitions(cfg, run):
+        if audits_retention(topic):
+            retention.audit(plog, topic, run)
+        if not topic.compact:
+            continue
         audit = audit_partition(
             plog,
             topic,
@@ -229,10 +293,13 @@ def audit_log_dirs_on_spark(
     slack_ms: int,
     max_listed: int,
     parquet: str | None,
+    retention: RetentionScope,
     progress: Progress | None = None,
 ) -> AuditRun:
-    """`audit_log_dirs` with the scan on Spark (`engine/spark/audit_job.py`), in a job process;
-    `progress` counts the segments as the executors finish them."""
+    """`audit_log_dirs` with the scan of the compacted partitions on Spark
+    (`engine/spark/audit_job.py`), in a job process; `progress` counts the segments as
+    the executors finish them. Retention deadlines take segment metadata only: they are
+    audited here, as `audit_log_dirs` audits them."""
     from cleanerd.engine.spark.engine import (
         SparkSettings,
         audit_on_spark,
@@ -244,7 +311,11 @@ def audit_log_dirs_on_spark(
     check_spark_available()
     run = AuditRun()
     partitions = []
-    for plog, topic in compacted_partitions(cfg, run):
+    for plog, topic in audited_partitions(cfg, run):
+        if audits_retention(topic):
+            retention.audit(plog, topic, run)
+        if not topic.compact:
+            continue
         spec = audit_partition_spec(plog, topic)
         partitions.append(spec)
         if spec.error is not None and progress is not None:
@@ -356,6 +427,57 @@ def render_text(a: PartitionAudit) -> list[str]:
     return lines
 
 
+def render_retention(a: RetentionAudit) -> list[str]:
+    """One partition's retention audit as terminal lines."""
+    past = "none past retention.ms"
+    if a.past_retention:
+        past = (
+            f"{a.past_retention} past retention.ms ({a.past_retention_bytes} bytes), "
+            f"the oldest by {a.most_overdue_ms} ms"
+        )
+    lines = [
+        f"{a.topic}-{a.partition} in {a.log_dir} (retention.ms {a.retention_ms}): "
+        f"{count(a.segments, 'segment')}, {past}; {count(a.violations, 'retention violation')} "
+        f"(retention.ms {a.retention_ms} + slack {a.slack_ms} ms)"
+    ]
+    if a.due:
+        lines.append(
+            f"  due: retention run now deletes {count(a.due, 'segment')} past retention.ms "
+            "(no retention check ran since their deadline)"
+        )
+    if a.hold is not None:
+        lines.append(f"  kept: {_hold_text(a)}")
+    if a.damaged:
+        bases = ", ".join(map(str, a.damaged))
+        lines.append(f"  not dated: damaged segments {bases} (nothing is proved about them)")
+    lines.extend(
+        f"  violation: segment {v.base_offset} ({v.size_bytes} bytes), largest timestamp "
+        f"{v.largest_timestamp_ms}, past retention.ms by {v.overdue_ms} ms"
+        for v in a.listed
+    )
+    if a.violations > len(a.listed):
+        lines.append(f"  ... and {a.violations - len(a.listed)} more")
+    return lines
+
+
+def _hold_text(a: RetentionAudit) -> str:
+    """Why retention keeps segments of `a` past their deadline."""
+    hold = a.hold
+    assert hold is not None
+    at = f"retention stops at segment {hold.base_offset}"
+    match hold.reason:
+        case HoldReason.FUTURE_TIMESTAMP:
+            ahead = hold.largest_timestamp_ms - a.now_ms
+            return f"{at}, whose largest timestamp is {ahead} ms in the future"
+        case HoldReason.NOT_EXPIRED:
+            until = hold.largest_timestamp_ms + a.retention_ms
+            return f"{at}, not past retention.ms until {until} (the oldest segments go first)"
+        case HoldReason.DAMAGE:
+            return f"{at}, which is damaged"
+        case HoldReason.HIGH_WATERMARK:
+            return f"{at}: the high watermark {hold.high_watermark} is below its end"
+
+
 def run(args: argparse.Namespace) -> int:
     """The `audit` subcommand: exit 1 on a deadline violation or an unreadable partition."""
     cfg = load_config(args.config)
@@ -363,6 +485,11 @@ def run(args: argparse.Namespace) -> int:
     log_to_stderr(cfg.logging.format, cfg.logging.level)
     now_ms = args.now_ms if args.now_ms is not None else time.time_ns() // 1_000_000
     slack_ms = args.slack_ms if args.slack_ms is not None else default_slack_ms(cfg)
+    retention = RetentionScope(
+        now_ms=now_ms,
+        slack_ms=default_retention_slack_ms(cfg) if args.slack_ms is None else args.slack_ms,
+        max_listed=args.max_listed,
+    )
     if args.parquet is not None and args.engine != "spark":
         print("cleanerd audit: --parquet needs --engine spark", file=sys.stderr)
         return 2
@@ -378,6 +505,7 @@ def run(args: argparse.Namespace) -> int:
                 slack_ms=slack_ms,
                 max_listed=args.max_listed,
                 parquet=args.parquet,
+                retention=retention,
                 progress=progress,
             )
         else:
@@ -386,6 +514,7 @@ def run(args: argparse.Namespace) -> int:
                 now_ms=now_ms,
                 slack_ms=slack_ms,
                 max_listed=args.max_listed,
+                retention=retention,
                 memory_bytes=AUDIT_MEMORY_BYTES if args.memory_mb is None else args.memory_mb << 20,
                 progress=progress,
             )
@@ -396,6 +525,9 @@ def run(args: argparse.Namespace) -> int:
             "slack_ms": slack_ms,
             "violations": result.violations,
             "partitions": [a.to_json() for a in result.audits],
+            "retention_slack_ms": retention.slack_ms,
+            "retention_violations": result.retention_violations,
+            "retention": [a.to_json() for a in result.retention],
             # Everything not audited, as `plan --json` lists what it could not read.
             "errors": result.errors + [f"{a.name}: not audited: {a.error}" for a in not_audited],
         }
@@ -404,10 +536,20 @@ def run(args: argparse.Namespace) -> int:
         for a in result.audits:
             for line in render_text(a):
                 print(line)
+        for r in result.retention:
+            for line in render_retention(r):
+                print(line)
+        audited = {a.name for a in result.audits if a.result is not None}
+        audited.update(r.name for r in result.retention)
         unread = f", {len(not_audited)} not audited" if not_audited else ""
+        retained = (
+            f", {count(result.retention_violations, 'retention violation')}"
+            if result.retention
+            else ""
+        )
         print(
-            f"{count(len(result.audits) - len(not_audited), 'partition')} audited{unread}, "
-            f"{count(result.violations, 'deadline violation')}"
+            f"{count(len(audited), 'partition')} audited{unread}, "
+            f"{count(result.violations, 'deadline violation')}{retained}"
         )
         for error in result.errors:
             print(f"cleanerd audit: {error}", file=sys.stderr)

@@ -43,8 +43,7 @@ from cleanerd.log.roll import (
 )
 from cleanerd.log.roller import roll_decision, time_rule
 from cleanerd.log.topic_config import TopicConfig
-from cleanerd.retention.executor import retention_plan
-from cleanerd.retention.policy import RetentionPlan, RetentionRoll
+from cleanerd.retention.policy import RetentionPlan, RetentionRoll, retention_plan
 
 STEPS: Final = ("roll", "retention", "disk usage", "clean")
 """The steps of a cycle, in order."""

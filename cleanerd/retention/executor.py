@@ -47,14 +47,12 @@ from pathlib import Path
 
 from cleanerd.errors import CleanerdError
 from cleanerd.log.deletions import PendingDeletions
-from cleanerd.log.meta import PartitionMeta
 from cleanerd.log.partition_log import PartitionLog
 from cleanerd.log.topic_config import TopicConfig
 from cleanerd.retention.policy import (
     Deletion,
-    RetentionPlan,
     RetentionRoll,
-    deletable_segments,
+    retention_plan,
 )
 
 
@@ -82,17 +80,6 @@ class RetentionOutcome:
     failure: CleanerdError | OSError | None = None
     """What stopped the check after `deletions` were done (the roll on a full disk);
     the caller reports it as the partition's failed step."""
-
-
-def retention_plan(meta: PartitionMeta, topic: TopicConfig, *, now_ms: int) -> RetentionPlan:
-    """Kafka's deleteOldSegments over `meta` with `topic`'s settings (pure)."""
-    return deletable_segments(
-        meta,
-        now_ms=now_ms,
-        retention_ms=topic.retention_ms,
-        retention_bytes=topic.retention_bytes,
-        policy_delete=topic.delete,
-    )
 
 
 def apply_retention(

@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from cleanerd.log.meta import PartitionMeta, SegmentMeta
+from cleanerd.log.topic_config import TopicConfig
 
 
 class DeletionReason(enum.StrEnum):
@@ -219,6 +220,23 @@ def deletable_segments(
     )
 
 
+def retention_plan(meta: PartitionMeta, topic: TopicConfig, *, now_ms: int) -> RetentionPlan:
+    """Kafka's deleteOldSegments over `meta` with `topic`'s settings."""
+    return deletable_segments(
+        meta,
+        now_ms=now_ms,
+        retention_ms=topic.retention_ms,
+        retention_bytes=topic.retention_bytes,
+        policy_delete=topic.delete,
+    )
+
+
+def dated_segments(meta: PartitionMeta) -> list[SegmentMeta]:
+    """The segments of `meta` that time retention dates: non-empty and readable (a
+    damaged segment's timestamps are unknown)."""
+    return [s for s in meta.segments if s.size_bytes and s.damage is None]
+
+
 def retention_due_ms(meta: PartitionMeta, *, retention_ms: int, policy_delete: bool) -> int | None:
     """When data of `meta` first outlived `retention.ms`: the least largest timestamp
     (the `.log` mtime for a segment with none) plus `retention.ms` over its non-empty,
@@ -230,5 +248,5 @@ def retention_due_ms(meta: PartitionMeta, *, retention_ms: int, policy_delete: b
     it yet or not."""
     if not policy_delete or retention_ms < 0 or meta.never_touched:
         return None
-    stamps = [s.largest_timestamp_ms for s in meta.segments if s.size_bytes and not s.damage]
+    stamps = [s.largest_timestamp_ms for s in dated_segments(meta)]
     return min(stamps) + retention_ms if stamps else None

@@ -47,7 +47,7 @@ def config_file(tmp_path: Path, **extra: object) -> Path:
 
 def build(tmp_path: Path) -> Path:
     """t-0: two old segments of duplicates, then a fresh active segment; other-0: a
-    delete-policy partition of duplicates (never audited)."""
+    delete-policy partition of duplicates (its retention deadline alone is audited)."""
     log = LogBuilder(tmp_path / "logs")
     for i in range(20):
         log.append([(k(i % 4), k(i))], timestamps=[NOW - 60 * MIN + i])
@@ -73,7 +73,8 @@ def test_violations_exit_1_then_clean_fixes_them(
     assert "16 deadline violations (max.compaction.lag.ms 600000 + slack" in out
     assert out.count("  violation: offset") == 5
     assert "... and 11 more" in out
-    assert "other-0" not in out
+    (other,) = [line for line in out.splitlines() if line.startswith("other-0 in")]
+    assert "(retention.ms 604800000): 1 segment, none past retention.ms; 0 retention" in other
     assert main(["clean", "-c", path, "--now-ms", str(NOW)]) == 0
     capsys.readouterr()
     assert main(["audit", "-c", path, "--now-ms", str(NOW)]) == 0
@@ -223,7 +224,7 @@ def test_a_segment_swapped_between_the_listing_and_the_open_is_opened_again(
     assert [(a["topic"], a["partition"], a["error"]) for a in report["partitions"]] == [
         ("t", 0, None)
     ]
-    assert calls == [TopicPartition("t", 0)] * 2
+    assert [tp for tp in calls if tp.topic == "t"] == [TopicPartition("t", 0)] * 2
 
 
 def test_a_bad_batch_in_a_mapped_segment_is_reported_and_the_others_audited(
@@ -318,9 +319,14 @@ def test_records_superseded_from_the_future_are_said_so_not_given_a_negative_age
 def test_summary_line_is_singular_for_one_partition(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """One audited partition is "1 partition audited"."""
+    """One audited partition is "1 partition audited" (other-0 keeps its data forever:
+    no retention deadline to audit)."""
     build(tmp_path)
-    main(["audit", "-c", str(config_file(tmp_path)), "--now-ms", str(NOW)])
+    topics = {
+        "t": {"cleanup.policy": "compact", "max.compaction.lag.ms": 10 * MIN},
+        "other": {"cleanup.policy": "delete", "retention.ms": -1},
+    }
+    main(["audit", "-c", str(config_file(tmp_path, topics=topics)), "--now-ms", str(NOW)])
     assert "\n1 partition audited, 16 deadline violations\n" in capsys.readouterr().out
 
 
@@ -381,3 +387,77 @@ def test_memory_mb_is_refused_with_the_spark_engine(
     argv = ["audit", "-c", path, "--engine", "spark", "--memory-mb", "64"]
     assert main(argv) == 2
     assert "--memory-mb bounds the local scan only" in capsys.readouterr().err
+
+
+def build_expiring(tmp_path: Path, *, first_ts: int = NOW - 3 * 60 * MIN) -> Path:
+    """events-0 (`delete`, retention.ms one hour): three one-batch segments whose records
+    are `first_ts`, 2 hours and 90 minutes old, then an active segment written now.
+    The config file's path."""
+    timed = [first_ts, NOW - 120 * MIN, NOW - 90 * MIN, NOW]
+    build_log(
+        tmp_path / "logs",
+        [[[kv("k", str(i), timestamp=ts)]] for i, ts in enumerate(timed)],
+        state_dir=tmp_path / "state",
+        tp=TopicPartition("events", 0),
+    )
+    topics = {"events": {"cleanup.policy": "delete", "retention.ms": 60 * MIN}}
+    return config_file(tmp_path, topics=topics)
+
+
+def test_data_past_retention_ms_is_a_violation_until_clean_deletes_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Segments past their retention deadline (largest timestamp + retention.ms) by more
+    than the slack are retention violations, exit status 1, and due: the rules delete
+    them at the next check. After `cleanerd clean` ran them, the audit passes."""
+    path = str(build_expiring(tmp_path))
+    argv = ["audit", "-c", path, "--now-ms", str(NOW), "--slack-ms", str(45 * MIN)]
+    capsys.readouterr()  # the build's log lines
+    assert main([*argv, "--max-listed", "1"]) == 1
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("events-0 in ")
+    assert out[0].endswith(
+        "(retention.ms 3600000): 4 segments, 3 past retention.ms (210 bytes), the oldest by "
+        "7200000 ms; 2 retention violations (retention.ms 3600000 + slack 2700000 ms)"
+    )
+    assert out[1:] == [
+        "  due: retention run now deletes 3 segments past retention.ms (no retention check "
+        "ran since their deadline)",
+        "  violation: segment 0 (70 bytes), largest timestamp "
+        f"{NOW - 180 * MIN}, past retention.ms by 7200000 ms",
+        "  ... and 1 more",
+        "1 partition audited, 0 deadline violations, 2 retention violations",
+    ]
+    assert main(["clean", "-c", path, "--now-ms", str(NOW)]) == 0
+    capsys.readouterr()
+    assert main([*argv, "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert (doc["retention_slack_ms"], doc["retention_violations"]) == (45 * MIN, 0)
+    (events,) = doc["retention"]
+    assert (events["segments"], events["past_retention"], events["hold"]) == (1, 0, None)
+
+
+def test_a_future_timestamp_keeping_expired_data_is_named(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A first segment stamped a day ahead stops Kafka's retention walk: the older
+    segments after it stay past their deadline through every clean, and the audit says
+    what keeps them. The default slack is log.retention.check.interval.ms plus the
+    clean-time allowance."""
+    path = str(build_expiring(tmp_path, first_ts=NOW + 24 * 60 * MIN))
+    argv = ["audit", "-c", path, "--now-ms", str(NOW + 60 * MIN)]
+    main(["clean", "-c", path, "--now-ms", str(NOW + 60 * MIN)])
+    capsys.readouterr()
+    assert main(argv) == 1
+    out = capsys.readouterr().out
+    assert "  kept: retention stops at segment 0, whose largest timestamp is 82800000 ms in " in out
+    assert "; 2 retention violations (retention.ms 3600000 + slack 600000 ms)" in out
+    assert main([*argv, "--json"]) == 1
+    (events,) = json.loads(capsys.readouterr().out)["retention"]
+    assert events["hold"] == {
+        "base_offset": 0,
+        "reason": "future timestamp",
+        "largest_timestamp_ms": NOW + 24 * 60 * MIN,
+        "high_watermark": 4,
+    }
+    assert [v["base_offset"] for v in events["listed"]] == [1, 2]

@@ -31,7 +31,7 @@ from cleanerd.errors import CorruptRecordError
 from cleanerd.log.files import TopicPartition, log_file
 from cleanerd.log.segment import LogSegment
 from cleanerd.log.segment_reader import map_file
-from tests.builders import set_base_offset
+from tests.builders import build_log, kv, set_base_offset
 from tests.compaction.conftest import segment_metas
 from tests.engine.spark.support import (
     NOW,
@@ -201,21 +201,29 @@ def test_a_spark_audit_with_nothing_to_scan_starts_no_job(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """`audit --engine spark` of log dirs without a compacted partition reports what the
-    local audit reports, and starts no Spark application (it spent 10 s starting a JVM
-    to scan nothing)."""
+    local audit reports (the retention deadline of a `delete` partition, which takes
+    segment metadata only, audited on the driver), and starts no Spark application (it
+    spent 10 s starting a JVM to scan nothing)."""
 
     def no_job(*args: object, **kwargs: object) -> None:
         raise AssertionError("a Spark job was started")
 
     monkeypatch.setattr(spark_engine, "launch_job", no_job)
-    (tmp_path / "logs").mkdir()
+    old = [[kv("k", "v", timestamp=NOW - 7_200_000)]]
+    build_log(tmp_path / "logs", [old, old], state_dir=tmp_path / "s", tp=TopicPartition("e", 0))
     cfg = tmp_path / "cleanerd.yaml"
-    cfg.write_text(f"log.dirs: [{tmp_path / 'logs'}]\nstate_dir: {tmp_path / 'state'}\n")
+    cfg.write_text(
+        f"log.dirs: [{tmp_path / 'logs'}]\nstate_dir: {tmp_path / 'state'}\n"
+        "topics: {e: {cleanup.policy: delete, retention.ms: 60000}}\n"
+    )
+    capsys.readouterr()
     for engine in ("local", "spark"):
         status = main(["audit", "-c", str(cfg), "--now-ms", str(NOW), "--engine", engine])
-        assert status == 0
-    local, on_spark = capsys.readouterr().out.split("\n", 1)
-    assert f"{local}\n" == on_spark
+        assert status == 1
+    out = capsys.readouterr().out
+    local, on_spark = out[: len(out) // 2], out[len(out) // 2 :]
+    assert local == on_spark
+    assert local.endswith("1 partition audited, 0 deadline violations, 2 retention violations\n")
 
 
 def test_a_segment_task_refuses_a_base_offset_out_of_its_segment(tmp_path: Path) -> None:
