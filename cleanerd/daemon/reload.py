@@ -17,7 +17,8 @@ What applies live, and how (the daemon does the applying):
 - `log.cleaner.threads` and the other settings a worker pool is built with: a new pool
   takes the next passes, the old one finishes the passes it runs;
 - `metrics`: the opt-ins at the next scrape; a new `listen` address is bound before the
-  old one is released (if it cannot be bound, the old endpoint and value stay);
+  old one is released (if it cannot be bound, the old endpoint and value stay, and
+  the opt-ins beside it apply);
 - `mqtt`: a new connection with the new settings; `logging`: the new format and level.
 
 What needs a restart, and why: `log.dirs`, `state_dir` and `mode` decide which `.lock`

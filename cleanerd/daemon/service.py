@@ -971,7 +971,10 @@ class Daemon:
                 await asyncio.to_thread(self.exporter.configure, config.metrics)
             except OSError as exc:  # ListenError: it names the key and the address
                 errors.append(str(exc))
-                config = config.model_copy(update={"metrics": old.metrics})
+                # Only the address failed: the opt-ins beside it apply at the old one.
+                metrics = config.metrics.model_copy(update={"listen": old.metrics.listen})
+                self.exporter.configure(metrics)  # the address it has: nothing to bind
+                config = config.model_copy(update={"metrics": metrics})
         if plan.touches(("mqtt",)):
             try:
                 await self._replace_publisher(config)

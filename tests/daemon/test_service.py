@@ -327,10 +327,12 @@ async def test_a_reload_whose_metrics_port_is_taken_fails_and_says_what_applied(
     config_path: Path, notify_socket: NotifyReceiver, tmp_path: Path
 ) -> None:
     """A valid file whose new `metrics.listen` cannot be bound: the rest of it applies,
-    the old endpoint stays, and the reload is reported failed, as the alert's runbook
-    says (`config.reload_failed` with the error once, and the keys that did apply; the
-    event says unsuccessful; the metric reads 0). Before, it was logged as
-    `config.reloaded` at info, listing `metrics.listen` among the changed keys."""
+    the metrics opt-ins beside the address too, the old endpoint stays, and the reload
+    is reported failed, as the alert's runbook says (`config.reload_failed` with the
+    error once, and the keys that did apply; the event says unsuccessful; the metric
+    reads 0). Before, it was logged as `config.reloaded` at info, listing
+    `metrics.listen` among the changed keys; and later, the whole `metrics` section
+    kept its old settings, `metrics.per_partition` with it."""
     daemon, events = _daemon(config_path, notify_socket)
     async with running(daemon):
         notify_socket.wait_for("READY")
@@ -339,24 +341,27 @@ async def test_a_reload_whose_metrics_port_is_taken_fails_and_says_what_applied(
             taken.bind(("127.0.0.1", 0))
             taken.listen()
             listen = f"127.0.0.1:{taken.getsockname()[1]}"
-            new = _settings(tmp_path, metrics={"listen": listen})
+            new = _settings(tmp_path, metrics={"listen": listen, "per_partition": True})
             new["log.cleaner.backoff.ms"] = 999
             _write(config_path, new)
             with structlog.testing.capture_logs() as logs:
                 errors = await daemon.reload()
         assert errors == [f"metrics.listen {listen}: cannot bind: Address already in use"]
         assert daemon.config.log_cleaner_backoff_ms == 999
+        assert daemon.config.metrics.per_partition
+        assert daemon.exporter.settings.per_partition
+        assert daemon.config.metrics.listen == daemon.exporter.settings.listen != listen
         assert daemon.exporter.address == serving
         assert not [e for e in logs if e["event"] == "config.reloaded"]
         (failed,) = [e for e in logs if e["event"] == "config.reload_failed"]
         assert failed["log_level"] == "error"
         assert failed["errors"] == errors
-        assert failed["changed"] == ["log.cleaner.backoff.ms"]
+        assert failed["changed"] == ["log.cleaner.backoff.ms", "metrics.per_partition"]
         assert serving is not None
         assert failed["metrics"] == f"{serving[0]}:{serving[1]}"
         (event,) = events.of("config.reloaded")
         assert event.data["successful"] is False
-        assert event.data["changed"] == ["log.cleaner.backoff.ms"]
+        assert event.data["changed"] == ["log.cleaner.backoff.ms", "metrics.per_partition"]
         assert "cleanerd_config_last_reload_successful 0.0" in _scrape(daemon)
 
 
