@@ -220,17 +220,22 @@ class ProducerState:
     @classmethod
     def from_bytes(cls, data: bytes, offset: int, path: Path) -> ProducerState:
         """Parse a snapshot; CorruptIndexError names `path` for a wrong version, size or
-        CRC."""
+        CRC. The size is checked before the CRC, so a file cut short (a copy or a disk
+        that lost its end) says so, not only that its CRC fails."""
         if len(data) < HEADER.size:
             raise CorruptIndexError(f"only {len(data)} bytes, no snapshot header", path=path)
         version, crc, count = HEADER.unpack_from(data)
         if version != VERSION:
             raise CorruptIndexError(f"unsupported snapshot version {version}", path=path)
+        expected = HEADER.size + count * ENTRY.size
+        if count < 0 or len(data) != expected:
+            cut = f": cut short, {expected} bytes expected" if len(data) < expected else ""
+            raise CorruptIndexError(
+                f"{count} entries do not match size {len(data)}{cut}", path=path
+            )
         computed = crc32c(memoryview(data)[_CRC_START:])
         if computed != crc:
             raise CorruptIndexError(f"CRC mismatch: stored {crc}, computed {computed}", path=path)
-        if count < 0 or len(data) != HEADER.size + count * ENTRY.size:
-            raise CorruptIndexError(f"{count} entries do not match size {len(data)}", path=path)
         entries = {}
         for fields in ENTRY.iter_unpack(memoryview(data)[HEADER.size :]):
             entries[fields[0]] = ProducerEntry(*fields)

@@ -52,6 +52,19 @@ def test_snapshot_crc_and_version_checked(tmp_path: Path) -> None:
         read_snapshot(path)
 
 
+def test_a_snapshot_cut_short_says_so(tmp_path: Path) -> None:
+    """A snapshot that lost its end is named as cut short, with the size its header
+    promises (it was reported as a CRC mismatch, which hid why)."""
+    path = tmp_path / "00000000000000000007.snapshot"
+    whole = _snapshot([(7, 90), (8, -1)])
+    path.write_bytes(whole[: len(whole) // 2])
+    with pytest.raises(CorruptIndexError) as info:
+        read_snapshot(path)
+    assert str(info.value).endswith(
+        f"2 entries do not match size {len(whole) // 2}: cut short, {len(whole)} bytes expected"
+    )
+
+
 def test_write_keeps_the_newest_two_and_none_below_the_log_start(tmp_path: Path) -> None:
     for offset in (10, 20, 30, 40):
         write_snapshot(tmp_path, ProducerState(offset, {1: ProducerEntry(1)}), log_start_offset=0)
