@@ -43,6 +43,7 @@ import shutil
 import sys
 import time
 from collections.abc import Iterator
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -433,7 +434,7 @@ def render_retention(a: RetentionAudit) -> list[str]:
     if a.past_retention:
         past = (
             f"{a.past_retention} past retention.ms ({a.past_retention_bytes} bytes), "
-            f"the oldest by {a.most_overdue_ms} ms"
+            f"the most overdue by {a.most_overdue_ms} ms"
         )
     lines = [
         f"{a.topic}-{a.partition} in {a.log_dir} (retention.ms {a.retention_ms}): "
@@ -442,14 +443,15 @@ def render_retention(a: RetentionAudit) -> list[str]:
     ]
     if a.due:
         lines.append(
-            f"  due: retention run now deletes {count(a.due, 'segment')} past retention.ms "
-            "(no retention check ran since their deadline)"
+            f"  due: retention, run now, deletes {count(a.due, 'segment')} past retention.ms "
+            "(no retention check has deleted them since their deadline)"
         )
     if a.hold is not None:
         lines.append(f"  kept: {_hold_text(a)}")
-    if a.damaged:
-        bases = ", ".join(map(str, a.damaged))
-        lines.append(f"  not dated: damaged segments {bases} (nothing is proved about them)")
+    lines.extend(
+        f"  not dated: segment {d.base_offset} is damaged, nothing is proved about it: {d.damage}"
+        for d in a.damaged
+    )
     lines.extend(
         f"  violation: segment {v.base_offset} ({v.size_bytes} bytes), largest timestamp "
         f"{v.largest_timestamp_ms}, past retention.ms by {v.overdue_ms} ms"
@@ -468,14 +470,23 @@ def _hold_text(a: RetentionAudit) -> str:
     match hold.reason:
         case HoldReason.FUTURE_TIMESTAMP:
             ahead = hold.largest_timestamp_ms - a.now_ms
+            if not hold.size_bytes:
+                return f"{at}, which is empty: dated by its file's mtime, {ahead} ms in the future"
             return f"{at}, whose largest timestamp is {ahead} ms in the future"
         case HoldReason.NOT_EXPIRED:
-            until = hold.largest_timestamp_ms + a.retention_ms
-            return f"{at}, not past retention.ms until {until} (the oldest segments go first)"
+            # Kafka's rule is strict: past retention.ms 1 ms after the deadline.
+            past = hold.largest_timestamp_ms + a.retention_ms + 1
+            return (
+                f"{at}, not past retention.ms before {past} (in {past - a.now_ms} ms; the "
+                "oldest segments go first)"
+            )
         case HoldReason.DAMAGE:
-            return f"{at}, which is damaged"
+            return f"{at}, which is damaged: {hold.damage}"
         case HoldReason.HIGH_WATERMARK:
-            return f"{at}: the high watermark {hold.high_watermark} is below its end"
+            return (
+                f"{at}: the high watermark {hold.high_watermark} "
+                f"(replication-offset-checkpoint) is below its end {hold.end_offset}"
+            )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -497,7 +508,9 @@ def run(args: argparse.Namespace) -> int:
         print("cleanerd audit: --memory-mb bounds the local scan only", file=sys.stderr)
         return 2
     segments, size = _total_segments(cfg)
-    with Progress("audit", segments=segments, total_bytes=size) as progress:
+    # No bar for a run with nothing to scan (retention deadlines alone, read from metadata).
+    bar = Progress("audit", segments=segments, total_bytes=size) if segments else None
+    with bar if bar is not None else nullcontext() as progress:
         if args.engine == "spark":
             result = audit_log_dirs_on_spark(
                 cfg,
@@ -519,6 +532,11 @@ def run(args: argparse.Namespace) -> int:
                 progress=progress,
             )
     not_audited = [a for a in result.audits if a.result is None]
+    undated = [
+        f"{r.name}: segment {d.base_offset} not dated: {d.damage}"
+        for r in result.retention
+        for d in r.damaged
+    ]
     if args.json:
         doc = {
             "now_ms": now_ms,
@@ -529,7 +547,9 @@ def run(args: argparse.Namespace) -> int:
             "retention_violations": result.retention_violations,
             "retention": [a.to_json() for a in result.retention],
             # Everything not audited, as `plan --json` lists what it could not read.
-            "errors": result.errors + [f"{a.name}: not audited: {a.error}" for a in not_audited],
+            "errors": result.errors
+            + [f"{a.name}: not audited: {a.error}" for a in not_audited]
+            + undated,
         }
         print(json.dumps(doc, indent=2))
     else:
@@ -542,6 +562,7 @@ def run(args: argparse.Namespace) -> int:
         audited = {a.name for a in result.audits if a.result is not None}
         audited.update(r.name for r in result.retention)
         unread = f", {len(not_audited)} not audited" if not_audited else ""
+        unread += f", {count(len(undated), 'damaged segment')} not dated" if undated else ""
         retained = (
             f", {count(result.retention_violations, 'retention violation')}"
             if result.retention

@@ -20,7 +20,13 @@ segment past its deadline; segments they would delete are *due* (no check has ru
 since their deadline).
 
 A damaged segment (`SegmentMeta.damage`) has no known timestamps: nothing is proved
-about it, so it is named (`damaged`) and the command counts it as a failure.
+about it, so it is named with its damage (`damaged`) and the command counts it as a
+failure.
+
+Kafka's rule dates a segment, not a record: a record stays until the newest record of
+its segment is past `retention.ms`, so records older than that are on disk as long as a
+newer one shares their segment (and a cleaning pass, merging segments, can keep them
+longer). The deadline audited is the rule's.
 
 Only segment metadata is read (`PartitionLog.readable_meta`, O(segments)), never a
 batch: the audit of a partition under `delete` alone costs what `plan` costs.
@@ -59,9 +65,22 @@ class Hold:
     base_offset: int
     reason: HoldReason
     largest_timestamp_ms: int
-    """Its largest timestamp (the `.log` mtime for a damaged one)."""
+    """Its largest timestamp (the `.log` mtime for an empty or damaged one)."""
+    size_bytes: int
+    end_offset: int
+    """Where it ends: the next segment's base offset, or the log end offset."""
     high_watermark: int
     """The high watermark the rules went by."""
+    damage: str | None = None
+    """Its damage, when that is the reason."""
+
+
+@dataclass(frozen=True, slots=True)
+class DamagedSegment:
+    """A segment that cannot be dated, and why."""
+
+    base_offset: int
+    damage: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,8 +120,8 @@ class RetentionAudit:
     before none."""
     listed: tuple[OverdueSegment, ...]
     """Violations, the most overdue first, at most the caller's `max_listed`."""
-    damaged: tuple[int, ...]
-    """Bases of the damaged segments, about which nothing is proved."""
+    damaged: tuple[DamagedSegment, ...]
+    """The damaged segments, about which nothing is proved."""
 
     @property
     def failed(self) -> bool:
@@ -166,7 +185,9 @@ def audit_retention(
         due=sum(place[s.base_offset] < deleted for _, s in past),
         hold=_hold(meta, deleted, now_ms=now_ms) if kept else None,
         listed=tuple(late[:max_listed]),
-        damaged=tuple(s.base_offset for s in meta.segments if s.damage is not None),
+        damaged=tuple(
+            DamagedSegment(s.base_offset, s.damage) for s in meta.segments if s.damage is not None
+        ),
     )
 
 
@@ -185,4 +206,12 @@ def _hold(meta: PartitionMeta, deleted: int, *, now_ms: int) -> Hold:
         reason = HoldReason.FUTURE_TIMESTAMP
     else:
         reason = HoldReason.NOT_EXPIRED
-    return Hold(stop.base_offset, reason, stop.largest_timestamp_ms, hw)
+    return Hold(
+        stop.base_offset,
+        reason,
+        stop.largest_timestamp_ms,
+        size_bytes=stop.size_bytes,
+        end_offset=upper,
+        high_watermark=hw,
+        damage=stop.damage if reason is HoldReason.DAMAGE else None,
+    )

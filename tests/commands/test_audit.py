@@ -417,12 +417,12 @@ def test_data_past_retention_ms_is_a_violation_until_clean_deletes_it(
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith("events-0 in ")
     assert out[0].endswith(
-        "(retention.ms 3600000): 4 segments, 3 past retention.ms (210 bytes), the oldest by "
-        "7200000 ms; 2 retention violations (retention.ms 3600000 + slack 2700000 ms)"
+        "(retention.ms 3600000): 4 segments, 3 past retention.ms (210 bytes), the most overdue "
+        "by 7200000 ms; 2 retention violations (retention.ms 3600000 + slack 2700000 ms)"
     )
     assert out[1:] == [
-        "  due: retention run now deletes 3 segments past retention.ms (no retention check "
-        "ran since their deadline)",
+        "  due: retention, run now, deletes 3 segments past retention.ms (no retention check "
+        "has deleted them since their deadline)",
         "  violation: segment 0 (70 bytes), largest timestamp "
         f"{NOW - 180 * MIN}, past retention.ms by 7200000 ms",
         "  ... and 1 more",
@@ -458,6 +458,39 @@ def test_a_future_timestamp_keeping_expired_data_is_named(
         "base_offset": 0,
         "reason": "future timestamp",
         "largest_timestamp_ms": NOW + 24 * 60 * MIN,
+        "size_bytes": 70,
+        "end_offset": 1,
         "high_watermark": 4,
+        "damage": None,
     }
     assert [v["base_offset"] for v in events["listed"]] == [1, 2]
+
+
+def test_a_damaged_segment_is_named_with_its_damage_and_fails_the_audit(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A segment whose batch fails its CRC cannot be dated: the report names it with the
+    damage (file and position), says that retention stops at it, counts it in the
+    summary and in `--json`'s errors, and exits 1. It said only "damaged segments 1",
+    under a summary of no violations. A run with no compacted partition draws no
+    progress line (it drew "0/0 segments")."""
+    path = str(build_expiring(tmp_path))
+    damaged = tmp_path / "logs" / "events-0" / "00000000000000000001.log"
+    data = bytearray(damaged.read_bytes())
+    data[-3] ^= 0xFF  # a value byte: only the CRC tells
+    damaged.write_bytes(bytes(data))
+    capsys.readouterr()
+    argv = ["audit", "-c", path, "--now-ms", str(NOW), "--slack-ms", "0"]
+    assert main(argv) == 1
+    out, err = capsys.readouterr()
+    crc = f"corrupt record batch in {damaged} at position 0: CRC mismatch"
+    assert f"  kept: retention stops at segment 1, which is damaged: {crc}" in out
+    assert f"  not dated: segment 1 is damaged, nothing is proved about it: {crc}" in out
+    assert out.endswith(
+        "1 partition audited, 1 damaged segment not dated, 0 deadline violations, "
+        "2 retention violations\n"
+    )
+    assert err == ""
+    assert main([*argv, "--json"]) == 1
+    (error,) = json.loads(capsys.readouterr().out)["errors"]
+    assert error.startswith(f"{damaged.parent}: segment 1 not dated: {crc}")

@@ -11,6 +11,7 @@ from cleanerd.config import BrokerConfig
 from cleanerd.log.meta import PartitionMeta, SegmentMeta
 from cleanerd.log.topic_config import TopicConfig
 from cleanerd.retention.audit import (
+    DamagedSegment,
     Hold,
     HoldReason,
     OverdueSegment,
@@ -79,7 +80,8 @@ def test_a_future_timestamp_keeps_every_later_segment_past_its_deadline() -> Non
     meta = dataclasses.replace(meta, segments=(future, *meta.segments[1:]))
     a = audit(meta)
     assert (a.violations, a.due) == (2, 0)
-    assert a.hold == Hold(0, HoldReason.FUTURE_TIMESTAMP, NOW + HOUR, meta.log_end_offset)
+    end = meta.log_end_offset
+    assert a.hold == Hold(0, HoldReason.FUTURE_TIMESTAMP, NOW + HOUR, 100, 10, end)
 
 
 def test_a_segment_not_yet_expired_before_older_ones_keeps_them() -> None:
@@ -103,9 +105,11 @@ def test_a_damaged_segment_keeps_the_later_ones_and_is_not_dated() -> None:
         inode=None,
     )
     a = audit(dataclasses.replace(meta, segments=(damaged, *meta.segments[1:])))
-    assert (a.segments, a.violations, a.damaged, a.failed) == (2, 1, (0,), True)
+    assert (a.segments, a.violations, a.failed) == (2, 1, True)
+    assert a.damaged == (DamagedSegment(0, "corrupt record batch"),)
     assert a.hold is not None
     assert (a.hold.base_offset, a.hold.reason) == (0, HoldReason.DAMAGE)
+    assert a.hold.damage == "corrupt record batch"
 
 
 def test_a_high_watermark_behind_keeps_what_it_does_not_cover() -> None:
@@ -113,7 +117,7 @@ def test_a_high_watermark_behind_keeps_what_it_does_not_cover() -> None:
     nothing of it, however old."""
     a = audit(partition([48, 30], hw=5))
     assert (a.violations, a.due) == (2, 0)
-    assert a.hold == Hold(0, HoldReason.HIGH_WATERMARK, NOW - 48 * HOUR, 5)
+    assert a.hold == Hold(0, HoldReason.HIGH_WATERMARK, NOW - 48 * HOUR, 100, 10, 5)
 
 
 def test_an_active_segment_past_its_deadline_is_due_at_the_roll_the_rules_make() -> None:
