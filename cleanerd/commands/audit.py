@@ -212,11 +212,14 @@ class RetentionScope:
         )
 
 
-def audited_partitions(cfg: Config, run: AuditRun) -> Iterator[tuple[PartitionLog, TopicConfig]]:
-    """Every partition of every log dir of `cfg` that is compacted or has a retention
-    deadline (`audits_retention`), opened in observe mode; the ones that cannot be
-    opened go to `run.errors`, with those whose interrupted swap the owner's open could
-    not finish in a dir nobody holds (as `plan` foresees it)."""
+def audited_partitions(
+    cfg: Config, run: AuditRun, *, retention: bool
+) -> Iterator[tuple[PartitionLog, TopicConfig]]:
+    """Every partition of every log dir of `cfg` that is compacted or, with `retention`,
+    has a retention deadline (`audits_retention`), opened in observe mode; the ones that
+    cannot be opened go to `run.errors`, with those whose damage the owner's open would
+    find in a dir nobody holds (as `plan` foresees it: an interrupted swap it could not
+    finish, or what its checks after a crash find)."""
     for path in cfg.log_dirs:
         try:
             with LogDir.open(Path(path), observe=True, state_dir=cfg.state_dir) as log_dir:
@@ -227,7 +230,7 @@ def audited_partitions(cfg: Config, run: AuditRun) -> Iterator[tuple[PartitionLo
                     except ConfigError as exc:  # two globs match it: not audited
                         run.errors.append(f"{log_dir.path / str(tp)}: {exc.reason}")
                         continue
-                    audited = topic.compact or audits_retention(topic)
+                    audited = topic.compact or (retention and audits_retention(topic))
                     if not audited or tp.topic == METADATA_TOPIC:
                         continue
                     try:
@@ -242,6 +245,7 @@ def audited_partitions(cfg: Config, run: AuditRun) -> Iterator[tuple[PartitionLo
                         )
                         if owned:
                             plog.foresee_swap_damage()
+                            log_dir.foresee_open_damage(plog)
                     except (CleanerdError, OSError) as exc:
                         if not partition_dir_gone(path):  # else deleted since the listing
                             run.errors.append(f"{path}: {exc}")
@@ -257,16 +261,16 @@ def audit_log_dirs(
     now_ms: int,
     slack_ms: int,
     max_listed: int,
-    retention: RetentionScope,
+    retention: RetentionScope | None = None,
     memory_bytes: int = AUDIT_MEMORY_BYTES,
     progress: Progress | None = None,
 ) -> AuditRun:
     """Audit every partition of every log dir of `cfg` (observe mode): the compacted ones
-    each within about `memory_bytes` (see `compaction.audit`), and the retention
-    deadline of those that have one (`retention`)."""
+    each within about `memory_bytes` (see `compaction.audit`), and with `retention` the
+    retention deadline of those that have one."""
     run = AuditRun()
-    for plog, topic in audited_partitions(cfg, run):
-        if audits_retention(topic):
+    for plog, topic in audited_partitions(cfg, run, retention=retention is not None):
+        if retention is not None and audits_retention(topic):
             retention.audit(plog, topic, run)
         if not topic.compact:
             continue
@@ -294,7 +298,7 @@ def audit_log_dirs_on_spark(
     slack_ms: int,
     max_listed: int,
     parquet: str | None,
-    retention: RetentionScope,
+    retention: RetentionScope | None = None,
     progress: Progress | None = None,
 ) -> AuditRun:
     """`audit_log_dirs` with the scan of the compacted partitions on Spark
@@ -312,8 +316,8 @@ def audit_log_dirs_on_spark(
     check_spark_available()
     run = AuditRun()
     partitions = []
-    for plog, topic in audited_partitions(cfg, run):
-        if audits_retention(topic):
+    for plog, topic in audited_partitions(cfg, run, retention=retention is not None):
+        if retention is not None and audits_retention(topic):
             retention.audit(plog, topic, run)
         if not topic.compact:
             continue
@@ -442,9 +446,10 @@ def render_retention(a: RetentionAudit) -> list[str]:
         f"(retention.ms {a.retention_ms} + slack {a.slack_ms} ms)"
     ]
     if a.due:
+        them = "it since its deadline" if a.due == 1 else "them since their deadline"
         lines.append(
             f"  due: retention, run now, deletes {count(a.due, 'segment')} past retention.ms "
-            "(no retention check has deleted them since their deadline)"
+            f"(no retention check has deleted {them})"
         )
     if a.hold is not None:
         lines.append(f"  kept: {_hold_text(a)}")

@@ -158,6 +158,11 @@ class LogDir:
         self.known_dirs: dict[str, KnownDir] = {}
         """The partition dirs as cleanerd last kept them, by name (`KnownDir`)."""
         self._opened: set[TopicPartition] = set()
+        self.marked_clean = False
+        """Observe mode: the clean-shutdown marker was there at the open."""
+        self._kept: Known | None = None
+        """Observe mode: what cleanerd last kept of the segments, read for
+        `foresee_open_damage` (the first open of each partition takes `_known`)."""
 
     @classmethod
     def open(
@@ -174,7 +179,8 @@ class LogDir:
         state = default_state_dir() if state_dir is None else state_dir
         if observe:
             observer = cls(path, Mode.OBSERVE, state_dir=state)
-            if (path / CLEAN_SHUTDOWN_FILE_NAME).exists():  # nobody owned it since the stop
+            observer.marked_clean = (path / CLEAN_SHUTDOWN_FILE_NAME).exists()
+            if observer.marked_clean:  # nobody owned it since the stop
                 observer._take_known(read_known_segments(state, path))
             return observer
         if lock_holder(path) not in (None, os.getpid()):
@@ -315,6 +321,17 @@ class LogDir:
         """Whether `open_partition(tp)` would open it as after a clean shutdown (the
         marker was found and `tp` not opened since, or `owner_trusts`)."""
         return (self.had_clean_shutdown and tp not in self._opened) or self.owner_trusts
+
+    def foresee_open_damage(self, plog: PartitionLog) -> None:
+        """Observe mode, in a dir a cycle would own (nobody holds it): have `plog`, just
+        opened here, find the damage the owner's open would find
+        (`PartitionLog.foresee_open_damage`), with what cleanerd last kept of its
+        segments; nothing to find after a clean stop, whose open trusts the segments."""
+        if self.owner_trusts or self.marked_clean:
+            return
+        if self._kept is None:
+            self._kept = read_known_segments(self.state_dir, self.path).segments
+        plog.foresee_open_damage(self._kept.get(str(plog.topic_partition)))
 
     def knows(self, tp: TopicPartition) -> bool:
         """Whether what cleanerd last kept of `tp`'s segments is there (a segment at

@@ -760,9 +760,13 @@ def _lost_in_a_crash(segment: LogSegment, scan: Walk, recovery_point: int) -> bo
     return end >= recovery_point and (past.size == 0 or int(past.min()) >= recovery_point)
 
 
-def _validate_cheap(segment: LogSegment, report: RecoveryReport) -> bool:
-    """The cheap check (see the module docstring); whether the segment passed it."""
+def _validate_cheap(segment: LogSegment, report: RecoveryReport, *, indexes: bool = True) -> bool:
+    """The cheap check (see the module docstring); whether the segment passed it.
+    Without `indexes`, of its transaction index only (see `validate_segments`)."""
     try:
+        if not indexes:
+            segment.txn_index.sanity_check()
+            return True
         rebuilt = segment.sanity_check()
     except DAMAGE as exc:
         _report(report, exc)
@@ -784,10 +788,15 @@ def validate_segments(
     fold: ProducerFold | None = None,
     check_later: bool = False,
     names: ListedNames | None = None,
+    index_checks: bool = True,
 ) -> RecoveryReport:
     """Validate every segment (see the module docstring); never raises for damage found
     in the data, which goes to `report.errors` instead. `known`: what cleanerd last kept
-    of the segments (`known_segments.py`). With `fold`, the
+    of the segments (`known_segments.py`). Without `index_checks`, a segment the cheap
+    check would take has only its transaction index checked: for a read-only caller
+    whose reads check the offset and time indexes where they read them, as the owner's
+    open would (`LogSegment._tail`), so that checking them here would read them twice
+    (`PartitionLog.foresee_open_damage`). With `fold`, the
     producer state is rebuilt in the same walk when every segment is walked whole.
     `check_later`: the cheap checks that need not come first (the active segment's after
     a clean shutdown; after a crash, each segment's wholly below the recovery point whose
@@ -802,7 +811,7 @@ def validate_segments(
         recovering = unflushed and not clean_shutdown
         head = None
         if recovering and not full_check:
-            head = _flushed_head(segment, recovery_point, offsets)
+            head = _flushed_head(segment, recovery_point, offsets, index_checks=index_checks)
         if full_check or (recovering and head is None):
             sound, markers = _validate_full(
                 segment,
@@ -839,7 +848,8 @@ def validate_segments(
         ):
             report.unchecked.append(segment.base_offset)  # `check_unchecked` checks it
         else:
-            if _validate_cheap(segment, report) and head:  # markers past the recovery point
+            passed = _validate_cheap(segment, report, indexes=index_checks)
+            if passed and head:  # markers past the recovery point
                 report.recovered.append((segment.base_offset, None))
         fold = None  # not walked whole, or damaged: the producer state needs its own walk
     if fold is not None and not report.errors:
@@ -891,17 +901,21 @@ def _as_known(segment: LogSegment, known: Mapping[int, KnownSegment] | None) -> 
     return entry is not None and segment.indexes_as_known(entry)
 
 
-def _flushed_head(segment: LogSegment, recovery_point: int, offsets: OffsetRange) -> bool | None:
-    """When the segment holding the recovery point is sound up to it (the cheap check)
-    and its bytes after it walk clean, CRCs checked (then only that unflushed tail needed
-    reading): whether that tail holds a control batch (a marker whose `.txnindex` entry a
-    crash may have lost). None sends the segment to the full validation, which tells a
-    torn tail from damage."""
+def _flushed_head(
+    segment: LogSegment, recovery_point: int, offsets: OffsetRange, *, index_checks: bool
+) -> bool | None:
+    """When the segment holding the recovery point is sound up to it (the cheap check,
+    or its transaction index's alone without `index_checks`) and its bytes after it walk
+    clean, CRCs checked (then only that unflushed tail needed reading): whether that
+    tail holds a control batch (a marker whose `.txnindex` entry a crash may have lost).
+    None sends the segment to the full validation, which tells a torn tail from damage."""
     if recovery_point <= segment.base_offset:
         return None
     try:
-        if segment.sanity_check():
+        if index_checks and segment.sanity_check():
             return None  # indexes rebuilt: the full validation re-reads it all anyway
+        if not index_checks:
+            segment.txn_index.sanity_check()
         start = segment.position_for(recovery_point)
     except DAMAGE:
         return None

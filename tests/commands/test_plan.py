@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from cleanerd.log.files import TopicPartition
+from tests.builders import build_log, kv
 from tests.compaction.conftest import LogBuilder, k
 from tests.holders import HOLD_BROKER_LOCK, HOLD_OWNER_LOCK, held_by_other_process
 from tests.paths import REPO
@@ -362,3 +364,92 @@ def test_an_interrupted_swap_the_open_cannot_finish_is_foreseen(tmp_path: Path) 
     assert done.returncode == 1
     assert f"t-0: open failed: {expected}" in done.stdout
     assert swap.read_bytes() == damaged
+
+
+@pytest.mark.parametrize("stop", ["crash", "clean-shutdown"])
+def test_damage_the_owners_open_finds_is_foreseen(tmp_path: Path, stop: str) -> None:
+    """A batch failing its CRC in the middle of a big segment of a `delete` topic, which
+    no metadata read reaches (only its tail is read). After a crash the owner's open
+    walks every segment past the recovery point and finds it: `plan` and `audit` now
+    find it too, so all three keep the segment and the later ones, and delete the one
+    before it. They planned and called due what `clean` then refused ("open failed").
+    After a clean shutdown the open trusts the segments, and all three delete them."""
+    t0 = 1_700_000_000_000
+    records = [
+        [[kv("k", "x" * 1000, timestamp=t0 + 1000 * n + i)] for i in range(400)] for n in range(3)
+    ]
+    state = tmp_path / "state"
+    build_log(
+        tmp_path / "logs",
+        [*records, [[kv("k", "v", timestamp=t0 + 10**7)]]],
+        state_dir=state,
+        tp=TopicPartition("del", 0),
+    )
+    if stop == "clean-shutdown":
+        (tmp_path / "logs" / ".kafka_cleanshutdown").touch()
+    damaged = tmp_path / "logs" / "del-0" / "00000000000000000400.log"
+    data = bytearray(damaged.read_bytes())
+    data[len(data) // 2 + 500] ^= 0xFF  # a value byte of a batch in the middle
+    damaged.write_bytes(bytes(data))
+    config = tmp_path / "cleanerd.yaml"
+    config.write_text(
+        f"log.dirs: [{tmp_path / 'logs'}]\nstate_dir: {state}\n"
+        "topics: {del: {cleanup.policy: delete, retention.ms: 100000}}\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    command = [
+        sys.executable,
+        "-m",
+        "cleanerd",
+        "plan",
+        "-c",
+        str(config),
+        "--now-ms",
+        str(t0 + 10**6),
+    ]
+    planned = subprocess.run([*command, "--json"], capture_output=True, text=True, env=env)
+    (partition,) = json.loads(planned.stdout)["partitions"]
+    deleted = [d["base_offset"] for d in partition["retention"]["deletions"]]
+    audit = [*command[:-5], "audit", "--json", *command[-4:]]
+    audited = subprocess.run(audit, capture_output=True, text=True, env=env, check=False)
+    (retention,) = json.loads(audited.stdout)["retention"]
+    clean = [*command[:-5], "clean", "--json", *command[-4:]]
+    done = subprocess.run(clean, capture_output=True, text=True, env=env, check=False)
+    report = json.loads(done.stdout)
+    assert [d["base_offset"] for d in report["deleted"]] == deleted
+    if stop == "crash":
+        assert deleted == [0]
+        crc = f"corrupt record batch in {damaged} at position "
+        assert partition["damage"].startswith(crc)
+        assert retention["hold"]["reason"] == "damage"
+        assert retention["hold"]["damage"].startswith(crc)
+        assert retention["due"] == 1
+        (failed,) = report["errors"]
+        assert (failed["phase"], failed["reason"][: len(crc)]) == ("open", crc)
+    else:
+        assert deleted == [0, 400, 800]
+        assert partition["damage"] is None
+        assert (retention["hold"], retention["due"]) == (None, 3)
+
+
+def test_a_damaged_txnindex_the_owners_open_finds_is_foreseen(tmp_path: Path) -> None:
+    """A `.txnindex` that does not parse, after a crash: the owner's open checks it and
+    holds the partition uncleanable, and `plan` now says so, naming the file. It
+    planned the pass as eligible."""
+    log = LogBuilder(tmp_path / "logs")
+    for i in range(20):
+        log.append([(k(f"k{i % 3}"), b"v")])
+        if i % 10 == 9:
+            log.roll()
+    log.append([(k("k0"), b"last")])
+    part = log.write()
+    txn_index = part / "00000000000000000010.txnindex"
+    txn_index.write_bytes(b"x" * 40)
+    command, env = _plan_command(tmp_path)
+    planned = subprocess.run([*command, "--json"], capture_output=True, text=True, env=env)
+    (partition,) = json.loads(planned.stdout)["partitions"]
+    assert not partition["compaction"]["eligible"]
+    assert partition["compaction"]["uncleanable"].startswith(f"corrupt index {txn_index}: ")
+    clean = [*command[:-3], "clean", *command[-2:]]
+    done = subprocess.run(clean, capture_output=True, text=True, env=env, check=False)
+    assert f"t-0: uncleanable: corrupt index {txn_index}: " in done.stdout
