@@ -66,6 +66,7 @@ from cleanerd.errors import (
     reread_on_change,
 )
 from cleanerd.log.files import (
+    DELETED_FILE_SUFFIX,
     LOG_FILE_SUFFIX,
     METADATA_TOPIC,
     parse_topic_partition,
@@ -78,6 +79,7 @@ from cleanerd.log.topic_config import TopicConfig
 from cleanerd.logger import log_to_stderr
 from cleanerd.retention.audit import (
     HoldReason,
+    PendingFile,
     RetentionAudit,
     audit_retention,
     audits_retention,
@@ -174,6 +176,10 @@ class AuditRun:
         return sum(a.violations for a in self.retention)
 
     @property
+    def stuck_deletions(self) -> int:
+        return sum(a.stuck for a in self.retention)
+
+    @property
     def failed(self) -> bool:
         """A violation, or something that could not be audited."""
         return bool(
@@ -208,8 +214,24 @@ class RetentionScope:
                 now_ms=self.now_ms,
                 slack_ms=self.slack_ms,
                 max_listed=self.max_listed,
+                # Listed only where the open's listing saw a renamed file: rarely.
+                pending=pending_deletion(plog.dir) if plog.recovery_report.leftovers else (),
             )
         )
+
+
+def pending_deletion(dir_path: Path) -> list[PendingFile]:
+    """The `.log.deleted` files of the partition dir `dir_path` (a file gone meanwhile,
+    deleted by its deleter, is left out)."""
+    pending = []
+    for entry in _listing(dir_path):
+        if entry.name.endswith(LOG_FILE_SUFFIX + DELETED_FILE_SUFFIX):
+            try:
+                st = entry.stat(follow_symlinks=False)
+            except FileNotFoundError:
+                continue
+            pending.append(PendingFile(entry.path, st.st_size, st.st_ctime_ns // 1_000_000))
+    return pending
 
 
 def audited_partitions(
@@ -457,6 +479,14 @@ def render_retention(a: RetentionAudit) -> list[str]:
         f"  not dated: segment {d.base_offset} is damaged, nothing is proved about it: {d.damage}"
         for d in a.damaged
     )
+    if a.pending:
+        oldest = a.pending[0]
+        lines.append(
+            f"  pending deletion: {count(len(a.pending), 'file')} renamed .deleted "
+            f"({sum(f.size_bytes for f in a.pending)} bytes), the oldest "
+            f"{a.now_ms - oldest.renamed_ms} ms ago; {a.stuck} stuck (file.delete.delay.ms "
+            f"{a.file_delete_delay_ms} + slack {a.slack_ms} ms)"
+        )
     lines.extend(
         f"  violation: segment {v.base_offset} ({v.size_bytes} bytes), largest timestamp "
         f"{v.largest_timestamp_ms}, past retention.ms by {v.overdue_ms} ms"
@@ -550,6 +580,7 @@ def run(args: argparse.Namespace) -> int:
             "partitions": [a.to_json() for a in result.audits],
             "retention_slack_ms": retention.slack_ms,
             "retention_violations": result.retention_violations,
+            "stuck_deletions": result.stuck_deletions,
             "retention": [a.to_json() for a in result.retention],
             # Everything not audited, as `plan --json` lists what it could not read.
             "errors": result.errors
@@ -573,6 +604,8 @@ def run(args: argparse.Namespace) -> int:
             if result.retention
             else ""
         )
+        if result.stuck_deletions:
+            retained += f", {count(result.stuck_deletions, 'stuck deletion')}"
         print(
             f"{count(len(audited), 'partition')} audited{unread}, "
             f"{count(result.violations, 'deadline violation')}{retained}"

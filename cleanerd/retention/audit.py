@@ -23,6 +23,12 @@ A damaged segment (`SegmentMeta.damage`) has no known timestamps: nothing is pro
 about it, so it is named with its damage (`damaged`) and the command counts it as a
 failure.
 
+Segment files already renamed `.deleted` (by retention or a cleaning pass) still hold
+their bytes until `file.delete.delay.ms` after the rename, when the deleter (the daemon,
+a broker) removes them: they are reported as *pending deletion*, and one pending longer
+than that delay plus the slack is a *stuck deletion*, a failure too (the deleter is not
+running). The rename's time is the file's ctime.
+
 Kafka's rule dates a segment, not a record: a record stays until the newest record of
 its segment is past `retention.ms`, so records older than that are on disk as long as a
 newer one shares their segment (and a cleaning pass, merging segments, can keep them
@@ -35,6 +41,7 @@ batch: the audit of a partition under `delete` alone costs what `plan` costs.
 from __future__ import annotations
 
 import enum
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -95,6 +102,16 @@ class OverdueSegment:
 
 
 @dataclass(frozen=True, slots=True)
+class PendingFile:
+    """A segment's `.log` renamed `.deleted`, waiting out `file.delete.delay.ms`."""
+
+    path: str
+    size_bytes: int
+    renamed_ms: int
+    """When it was renamed (its ctime)."""
+
+
+@dataclass(frozen=True, slots=True)
 class RetentionAudit:
     """The retention audit of one partition, with what it was measured against."""
 
@@ -122,11 +139,16 @@ class RetentionAudit:
     """Violations, the most overdue first, at most the caller's `max_listed`."""
     damaged: tuple[DamagedSegment, ...]
     """The damaged segments, about which nothing is proved."""
+    file_delete_delay_ms: int = 0
+    pending: tuple[PendingFile, ...] = ()
+    """Files pending deletion, the longest pending first."""
+    stuck: int = 0
+    """Of those, the ones pending longer than `file.delete.delay.ms` plus the slack."""
 
     @property
     def failed(self) -> bool:
-        """A violation, or a segment that could not be dated."""
-        return bool(self.violations or self.damaged)
+        """A violation, a stuck deletion, or a segment that could not be dated."""
+        return bool(self.violations or self.stuck or self.damaged)
 
     @property
     def name(self) -> str:
@@ -151,9 +173,11 @@ def audit_retention(
     now_ms: int,
     slack_ms: int,
     max_listed: int,
+    pending: Sequence[PendingFile] = (),
 ) -> RetentionAudit:
     """The retention audit of `meta` (a `readable_meta` snapshot) at `now_ms`, for a
-    topic with a retention deadline (`audits_retention`)."""
+    topic with a retention deadline (`audits_retention`), with the files of its dir
+    pending deletion."""
     retention_ms = topic.retention_ms
     plan = retention_plan(meta, topic, now_ms=now_ms)
     deleted = len(meta.segments) if plan.roll_needed else len(plan.deletions)
@@ -188,6 +212,9 @@ def audit_retention(
         damaged=tuple(
             DamagedSegment(s.base_offset, s.damage) for s in meta.segments if s.damage is not None
         ),
+        file_delete_delay_ms=topic.file_delete_delay_ms,
+        pending=tuple(sorted(pending, key=lambda f: (f.renamed_ms, f.path))),
+        stuck=sum(now_ms - f.renamed_ms > topic.file_delete_delay_ms + slack_ms for f in pending),
     )
 
 

@@ -494,3 +494,35 @@ def test_a_damaged_segment_is_named_with_its_damage_and_fails_the_audit(
     assert main([*argv, "--json"]) == 1
     (error,) = json.loads(capsys.readouterr().out)["errors"]
     assert error.startswith(f"{damaged.parent}: segment 1 not dated: {crc}")
+
+
+def test_segment_files_pending_deletion_are_reported_and_stuck_ones_fail(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A `.log` renamed `.deleted` still holds its bytes until the deleter removes it,
+    `file.delete.delay.ms` after the rename (its ctime): the audit reports it as pending
+    deletion, and once it is pending longer than that delay plus the slack, as a stuck
+    deletion (exit 1). Such files were not counted at all."""
+    path = str(build_expiring(tmp_path))
+    log = tmp_path / "logs" / "events-0" / "00000000000000000000.log"
+    deleted = log.with_name(log.name + ".deleted")
+    log.rename(deleted)
+    renamed_ms = deleted.stat().st_ctime_ns // 1_000_000
+    capsys.readouterr()
+    for after_ms, stuck in ((1000, 0), (60_001, 1)):
+        argv = ["audit", "-c", path, "--now-ms", str(renamed_ms + after_ms), "--slack-ms", "0"]
+        main(argv)
+        out = capsys.readouterr().out
+        assert (
+            f"  pending deletion: 1 file renamed .deleted (70 bytes), the oldest {after_ms} ms "
+            f"ago; {stuck} stuck (file.delete.delay.ms 60000 + slack 0 ms)\n"
+        ) in out
+        assert ("stuck deletion" in out.splitlines()[-1]) is bool(stuck)
+        main([*argv, "--json"])
+        doc = json.loads(capsys.readouterr().out)
+        (events,) = doc["retention"]
+        assert events["pending"] == [
+            {"path": str(deleted), "size_bytes": 70, "renamed_ms": renamed_ms}
+        ]
+        assert events["stuck"] == doc["stuck_deletions"] == stuck
+    assert deleted.exists()  # the audit only reads

@@ -15,6 +15,7 @@ from cleanerd.retention.audit import (
     Hold,
     HoldReason,
     OverdueSegment,
+    PendingFile,
     audit_retention,
     audits_retention,
 )
@@ -150,3 +151,22 @@ def test_a_deadline_needs_delete_in_the_policy_and_a_retention_ms(
     policy: tuple[Any, ...], retention_ms: int, audited: bool
 ) -> None:
     assert audits_retention(topic(cleanup_policy=policy, retention_ms=retention_ms)) is audited
+
+
+def test_files_pending_deletion_longer_than_the_delay_and_slack_are_stuck() -> None:
+    """`file.delete.delay.ms` (one minute here) plus the slack after its rename, a
+    `.deleted` file should be gone; the longest pending is listed first."""
+    pending = [
+        PendingFile("/d/b.log.deleted", 7, NOW - 60_000 - SLACK),
+        PendingFile("/d/a.log.deleted", 5, NOW - 60_001 - SLACK),
+    ]
+    a = audit_retention(
+        partition([1]),
+        topic(file_delete_delay_ms=60_000),
+        now_ms=NOW,
+        slack_ms=SLACK,
+        max_listed=20,
+        pending=pending,
+    )
+    assert a.pending == (pending[1], pending[0])
+    assert (a.stuck, a.violations, a.failed) == (1, 0, True)
