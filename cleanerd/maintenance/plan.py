@@ -502,6 +502,11 @@ def _gather_dir(
             out.unreadable.append(
                 Unreadable(str(log_dir.path), tp, topic.cleanup_policy, meta.damage)
             )
+        elif plog.corrupt is not None:
+            # Damage the owner's open will find outside any segment's batches (an index
+            # the foresight checked): the cycle's error for the partition, so the exit
+            # status is `clean`'s.
+            out.errors.append(f"{log_dir.path / str(tp)}: {plog.corrupt}")
         elif owned and (tail := _foreseen_cut(plog)) is not None:
             out.truncated.append(TailCut(str(log_dir.path), tp, tail))
         age = segment_age(plog, first_seen, meta.active, now_ms)

@@ -453,3 +453,32 @@ def test_a_damaged_txnindex_the_owners_open_finds_is_foreseen(tmp_path: Path) ->
     clean = [*command[:-3], "clean", *command[-2:]]
     done = subprocess.run(clean, capture_output=True, text=True, env=env, check=False)
     assert f"t-0: uncleanable: corrupt index {txn_index}: " in done.stdout
+
+
+def test_a_damaged_txnindex_of_a_delete_topic_is_the_opens_error_in_plan_too(
+    tmp_path: Path,
+) -> None:
+    """A `.txnindex` that does not parse in a partition of a `delete` topic, after a
+    crash: `clean`'s open reports it ("open failed", exit 1) after retention ran as
+    planned; `plan` now names it and exits 1 too. It planned the partition and exited 0."""
+    log = LogBuilder(tmp_path / "logs")
+    for i in range(20):
+        log.append([(k(f"k{i % 3}"), b"v")])
+        if i % 10 == 9:
+            log.roll()
+    log.append([(k("k0"), b"last")])
+    part = log.write()
+    txn_index = part / "00000000000000000010.txnindex"
+    txn_index.write_bytes(b"x" * 40)
+    command, env = _plan_command(tmp_path)
+    config = Path(command[-1])
+    config.write_text(
+        config.read_text().replace("log.cleanup.policy: compact", "log.cleanup.policy: delete")
+    )
+    planned = subprocess.run(command, capture_output=True, text=True, env=env)
+    assert planned.returncode == 1
+    assert f"cleanerd plan: {part}: corrupt index {txn_index}: " in planned.stderr
+    clean = [*command[:-3], "clean", *command[-2:]]
+    done = subprocess.run(clean, capture_output=True, text=True, env=env, check=False)
+    assert done.returncode == 1
+    assert f"t-0: open failed: corrupt index {txn_index}: " in done.stdout
