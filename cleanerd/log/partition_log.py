@@ -754,9 +754,13 @@ class PartitionLog:
             with active.open_buffer() as buf:
                 scan = walk_prefix(buf, offsets=active.offsets)
                 reason = torn_tail_reason(buf, scan, flushed_to=self.recovery_point)
+            # What the open already called damage (a bad tail in a dir whose clean
+            # stop left its marker) is not cut as a killed writer's partial batch by
+            # the same run: one verdict a run.
+            opened_damaged = getattr(self.corrupt, "path", None) == str(active.log_path)
             if scan.error is None:
                 active.rebuild_indexes(reason="index does not match the log")
-            elif reason is None:
+            elif reason is None or opened_damaged:
                 if refuse:
                     raise scan.error.located(active.log_path) from None
             else:

@@ -31,6 +31,7 @@ from cleanerd.log.producer_state import ProducerState, write_snapshot
 from cleanerd.maintenance import cycle
 from cleanerd.maintenance.cycle import Maintenance
 from cleanerd.maintenance.report import StepError, Unreadable
+from cleanerd.records.batch import encode_batch
 from cleanerd.records.record import Record
 from cleanerd.records.walker import walk
 from tests.builders import build_log, cycle_report, kv, set_base_offset
@@ -747,3 +748,34 @@ def test_retention_dates_a_segment_whose_time_index_has_no_entries_by_its_batche
     later = NOW + 31 * MINUTE
     assert deleted("plan", later) == deleted("clean", later) == [0]
     assert not first.exists()
+
+
+def test_a_torn_tail_after_a_clean_shutdown_stays_damage_through_the_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Half a batch at the end of the active segment of a dir a clean stop left (its
+    marker there: no writer of cleanerd's was in flight) is damage, as the open reports
+    it, and the run leaves the bytes where they are, while retention deletes the
+    expired segments before it. The retention step's write lock judged the tail by the
+    recovery point alone and cut it as a killed writer's partial batch, in the run that
+    had reported it as damage."""
+    build(tmp_path)
+    config = tmp_path / "cleanerd.yaml"
+    head = f"log.dirs: [{tmp_path / 'logs'}]\nstate_dir: {tmp_path / 'state'}\n"
+    config.write_text(head + "topics: {t: {cleanup.policy: delete, retention.ms: -1}}\n")
+    assert main(["clean", "-c", str(config), "--now-ms", str(NOW)]) == 0
+    assert (tmp_path / "logs" / ".kafka_cleanshutdown").exists()
+    active = sorted((tmp_path / "logs" / "t-0").glob("*.log"))[-1]
+    end = PartitionLog.open(active.parent, read_only=True).log_end_offset
+    whole = encode_batch([Record(end, 0, b"k", b"t" * 500, ())], base_offset=end)
+    with active.open("ab") as f:
+        f.write(whole[: len(whole) // 2])
+    torn = active.read_bytes()
+    config.write_text(head + "topics: {t: {cleanup.policy: delete, retention.ms: 5000}}\n")
+    capsys.readouterr()
+    assert main(["clean", "-c", str(config), "--now-ms", str(NOW)]) == 1
+    out = capsys.readouterr().out
+    assert "t-0: deleted segment 20 " in out
+    assert f"t-0: open failed: corrupt record batch in {active} at position " in out
+    assert "cut a torn tail" not in out
+    assert active.read_bytes() == torn

@@ -1841,24 +1841,28 @@ def test_a_bad_crc_in_the_last_batch_a_clean_stop_flushed_is_left_as_it_is(
     assert active.read_bytes() == bytes(data)
 
 
-def test_a_tail_cut_by_a_steps_write_is_reported(tmp_path: Path, engine: LocalEngine) -> None:
-    """A last batch past the recovery point that fails its CRC (an append a crash cut
-    short, after a clean stop) is met by the retention step: the segments before it are
-    deleted, and the write first cuts the torn tail (to the quarantine dir). The cycle's
-    report lists that cut as it lists an open's; before, only a log line said so."""
+def test_a_bad_last_batch_the_open_called_damage_is_not_cut_by_a_steps_write(
+    tmp_path: Path, engine: LocalEngine
+) -> None:
+    """A last batch past the recovery point that fails its CRC, in a dir whose clean
+    stop left its marker: the open reports it as damage, and the retention step deletes
+    the segments before it and leaves the active segment byte for byte. Its write cut
+    the batch as a killed writer's torn tail (to the quarantine dir) in the very cycle
+    whose report called it damage."""
     tp, active, topic = _stopped_cleanly_with_two_expired(tmp_path, engine)
     torn = bytearray(encode_records([kv("x", "torn")], 22))
     torn[-1] ^= 0xFF
     with open(active, "ab") as f:
         f.write(torn)
+    data = active.read_bytes()
     later = write_config(tmp_path, {"d": {**topic, "retention.ms": HOUR}})
     with Maintenance(later, engine, clock=lambda: T0) as m:
         report = m.run_once()
         assert [x.base_offset for x in report.retention[0].deletions] == [0, 10]
-        (cut,) = report.truncated
-        assert (cut.tp, cut.tail.path, cut.tail.bytes_cut) == (tp, str(active), len(torn))
-        assert cut.tail.quarantined_to is not None
-        assert m.run_once().truncated == ()  # reported once
+        assert report.truncated == ()
+        assert [(e.tp, e.phase) for e in report.errors][:1] == [(tp, "open")]
+        assert str(active) in report.errors[0].reason
+        assert active.read_bytes() == data
 
 
 @pytest.mark.parametrize("policy", ["delete", "compact,delete"])
