@@ -267,7 +267,8 @@ def audited_partitions(
                         )
                         if owned:
                             plog.foresee_swap_damage()
-                            log_dir.foresee_open_damage(plog)
+                            # A compacted partition's scan walks every batch itself.
+                            log_dir.foresee_open_damage(plog, walk=not topic.compact)
                     except (CleanerdError, OSError) as exc:
                         if not partition_dir_gone(path):  # else deleted since the listing
                             run.errors.append(f"{path}: {exc}")

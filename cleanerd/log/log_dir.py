@@ -322,16 +322,17 @@ class LogDir:
         marker was found and `tp` not opened since, or `owner_trusts`)."""
         return (self.had_clean_shutdown and tp not in self._opened) or self.owner_trusts
 
-    def foresee_open_damage(self, plog: PartitionLog) -> None:
+    def foresee_open_damage(self, plog: PartitionLog, *, walk: bool = True) -> None:
         """Observe mode, in a dir a cycle would own (nobody holds it): have `plog`, just
         opened here, find the damage the owner's open would find
-        (`PartitionLog.foresee_open_damage`), with what cleanerd last kept of its
-        segments; nothing to find after a clean stop, whose open trusts the segments."""
+        (`PartitionLog.foresee_open_damage`, `walk` as its), with what cleanerd last
+        kept of its segments; nothing to find after a clean stop, whose open trusts the
+        segments."""
         if self.owner_trusts or self.marked_clean:
             return
         if self._kept is None:
             self._kept = read_known_segments(self.state_dir, self.path).segments
-        plog.foresee_open_damage(self._kept.get(str(plog.topic_partition)))
+        plog.foresee_open_damage(self._kept.get(str(plog.topic_partition)), walk=walk)
 
     def knows(self, tp: TopicPartition) -> bool:
         """Whether what cleanerd last kept of `tp`'s segments is there (a segment at
