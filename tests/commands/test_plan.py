@@ -432,10 +432,9 @@ def test_damage_the_owners_open_finds_is_foreseen(tmp_path: Path, stop: str) -> 
         assert (retention["hold"], retention["due"]) == (None, 3)
 
 
-def test_a_damaged_txnindex_the_owners_open_finds_is_foreseen(tmp_path: Path) -> None:
-    """A `.txnindex` that does not parse, after a crash: the owner's open checks it and
-    holds the partition uncleanable, and `plan` now says so, naming the file. It
-    planned the pass as eligible."""
+def _with_a_garbage_txnindex(tmp_path: Path) -> tuple[Path, Path]:
+    """t-0 after a crash: three segments, the second's `.txnindex` 40 bytes of garbage;
+    the partition dir and that file."""
     log = LogBuilder(tmp_path / "logs")
     for i in range(20):
         log.append([(k(f"k{i % 3}"), b"v")])
@@ -445,6 +444,14 @@ def test_a_damaged_txnindex_the_owners_open_finds_is_foreseen(tmp_path: Path) ->
     part = log.write()
     txn_index = part / "00000000000000000010.txnindex"
     txn_index.write_bytes(b"x" * 40)
+    return part, txn_index
+
+
+def test_a_damaged_txnindex_the_owners_open_finds_is_foreseen(tmp_path: Path) -> None:
+    """A `.txnindex` that does not parse, after a crash: the owner's open checks it and
+    holds the partition uncleanable, and `plan` now says so, naming the file. It
+    planned the pass as eligible."""
+    txn_index = _with_a_garbage_txnindex(tmp_path)[1]
     command, env = _plan_command(tmp_path)
     planned = subprocess.run([*command, "--json"], capture_output=True, text=True, env=env)
     (partition,) = json.loads(planned.stdout)["partitions"]
@@ -461,15 +468,7 @@ def test_a_damaged_txnindex_of_a_delete_topic_is_the_opens_error_in_plan_too(
     """A `.txnindex` that does not parse in a partition of a `delete` topic, after a
     crash: `clean`'s open reports it ("open failed", exit 1) after retention ran as
     planned; `plan` now names it and exits 1 too. It planned the partition and exited 0."""
-    log = LogBuilder(tmp_path / "logs")
-    for i in range(20):
-        log.append([(k(f"k{i % 3}"), b"v")])
-        if i % 10 == 9:
-            log.roll()
-    log.append([(k("k0"), b"last")])
-    part = log.write()
-    txn_index = part / "00000000000000000010.txnindex"
-    txn_index.write_bytes(b"x" * 40)
+    part, txn_index = _with_a_garbage_txnindex(tmp_path)
     command, env = _plan_command(tmp_path)
     config = Path(command[-1])
     config.write_text(
