@@ -16,8 +16,8 @@ it that is not yet past `retention.ms`, or a high watermark behind keeps every l
 segment; and a daemon or broker that runs no retention check keeps them all. The audit
 says which: the rules are run at the audit's time (`policy.retention_plan`, the cycle's
 own decision), and `hold` names the segment they stop at and why, when they would keep a
-segment past its deadline; segments they would delete are *due* (no check has run
-since their deadline).
+segment past its deadline; segments they would delete are *due* (no retention check
+has deleted them since their deadline).
 
 A damaged segment (`SegmentMeta.damage`) has no known timestamps: nothing is proved
 about it, so it is named with its damage (`damaged`) and the command counts it as a
