@@ -221,6 +221,13 @@ def run(args: argparse.Namespace) -> int:
             print(line)
         for cut in gathered.truncated:
             print(cut.text(foreseen=True))
-    for error in gathered.errors:  # in the JSON too: the exit status 1 says why here
+    # A pass foreseen to fail is the cycle's uncleanable partition: exit 1, as `clean`.
+    failing = [
+        f"{Path(p.log_dir) / f'{p.topic}-{p.partition}'}: the pass will fail: "
+        f"{p.compaction.uncleanable}"
+        for p in plan.partitions
+        if p.compaction is not None and p.compaction.pass_fails
+    ]
+    for error in [*gathered.errors, *failing]:  # in the JSON too: the exit status says why
         print(f"cleanerd plan: {error}", file=sys.stderr)
-    return 1 if gathered.errors else 0
+    return 1 if gathered.errors or failing else 0

@@ -56,6 +56,7 @@ from cleanerd.errors import (
     DAMAGE,
     CheckpointError,
     CleanerdError,
+    CorruptIndexError,
     CorruptRecordError,
     InvalidTxnStateError,
     LogDirLockedError,
@@ -122,6 +123,7 @@ from cleanerd.log.roll import (
     time_roll_limit,
 )
 from cleanerd.log.segment import LogSegment
+from cleanerd.log.segment_reader import load_aborted
 from cleanerd.log.tail import torn_tail_reason
 from cleanerd.log.topic_config import TopicConfig
 from cleanerd.log.txnindex import AbortedTxn
@@ -499,6 +501,20 @@ class PartitionLog:
                 segment.txn_index.sanity_check()
             except DAMAGE as exc:
                 self.recovery_report.errors.append(exc)
+
+    def foresee_pass_damage(self, meta: PartitionMeta) -> str | None:
+        """What a cleaning pass over the segments of `meta` fails on before it reads a
+        batch, or None: a `.txnindex` that does not parse, read by the pass's own
+        `load_aborted` (of the segments whose index the open's listing held, so that a
+        partition without transactions costs nothing). The owner's open checks no
+        segment it trusts, a clean stop's or one as cleanerd kept it, so that pass is
+        where such damage is met (`plan` says so)."""
+        listed = [s for s in meta.segments if s.base_offset in self.recovery_report.txn_indexed]
+        try:
+            load_aborted(self.dir, listed)
+        except CorruptIndexError as exc:
+            return str(exc)
+        return None
 
     def foresee_swap_damage(self) -> None:
         """Raise, read-only, what the owner's open would raise for the interrupted swaps

@@ -111,6 +111,7 @@ from cleanerd.log.files import (
     STATE_NAMES,
     SWAP_FILE_SUFFIX,
     TIME_INDEX_FILE_SUFFIX,
+    TXN_INDEX_FILE_SUFFIX,
     filename_prefix_from_offset,
     is_index_file,
     is_segment_file_name,
@@ -215,6 +216,8 @@ class RecoveryReport:
     leftovers: bool = False
     """Whether the dir holds leftovers of an interrupted rewrite that the open left as
     they are (a read-only open: `foresee_swap_damage` checks them as an owner's would)."""
+    txn_indexed: frozenset[int] = frozenset()
+    """Base offsets of the segments whose `.txnindex` the open's listing held."""
     unchecked: list[int] = field(default_factory=list)
     """Base offsets of the segments whose cheap check the open left to
     `check_unchecked` (`check_later`)."""
@@ -275,6 +278,8 @@ class ListedNames:
     segment file with a state suffix, or an index file without its `.log`."""
     files: str
     """The names of the regular files, as `listing_text` joins them."""
+    txn_indexed: frozenset[int] = frozenset()
+    """Base offsets of the well-formed `.txnindex` files (no state suffix)."""
 
     def has(self, base_offset: int, kind: str) -> bool:
         """Whether the segment's file of `kind` (`.index`, say) was listed, as a file."""
@@ -289,9 +294,11 @@ def sort_names(listing: Listing) -> ListedNames:
     if MALFORMED_NAMES.search(text) or not all([e.is_file() for e in listing]):
         return _sort_entries(listing)
     log_stems = LOG_NAMES.findall(text)
-    orphans = not {stem for stem, _ in INDEX_NAMES.findall(text)} <= set(log_stems)
+    index_names = INDEX_NAMES.findall(text)
+    orphans = not {stem for stem, _ in index_names} <= set(log_stems)
     leftovers = orphans or STATE_NAMES.search(text) is not None
-    return ListedNames(sorted(map(int, log_stems)), [], leftovers, text)
+    txn = frozenset(int(stem) for stem, kind in index_names if kind == TXN_INDEX_FILE_SUFFIX)
+    return ListedNames(sorted(map(int, log_stems)), [], leftovers, text, txn)
 
 
 def _sort_entries(listing: Listing) -> ListedNames:
@@ -300,6 +307,7 @@ def _sort_entries(listing: Listing) -> ListedNames:
     leftovers = False
     log_stems: set[str] = set()
     index_stems: set[str] = set()
+    txn_indexed: set[int] = set()
     for entry in listing:
         name = entry.name
         parts = segment_file_parts(name)
@@ -319,9 +327,12 @@ def _sort_entries(listing: Listing) -> ListedNames:
             log_stems.add(stem)
         elif kind in INDEX_SUFFIXES:
             index_stems.add(stem)
+            if kind == TXN_INDEX_FILE_SUFFIX:
+                txn_indexed.add(int(stem))
     log_offsets.sort()
     files = listing_text([e.name for e in listing if e.is_file()])
-    return ListedNames(log_offsets, malformed, leftovers or not index_stems <= log_stems, files)
+    orphans = not index_stems <= log_stems
+    return ListedNames(log_offsets, malformed, leftovers or orphans, files, frozenset(txn_indexed))
 
 
 def _offset(path: Path) -> int:
@@ -963,6 +974,7 @@ def recover_partition(
     else:
         report.leftovers = names.leftovers
     segments = open_segments(dir_path, options, names.log_offsets)
+    report.txn_indexed = names.txn_indexed
     if recover or full_check:
         read_only = dataclasses.replace(options, read_only=True)
         validate_segments(

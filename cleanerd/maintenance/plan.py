@@ -105,6 +105,9 @@ class PlanInput:
     """Delete horizons of the non-active segments (`HorizonCache`)."""
     uncleanable: str | None = None
     """Why the partition is uncleanable, or None."""
+    pass_damage: str | None = None
+    """What a cleaning pass would fail on before reading a batch
+    (`PartitionLog.foresee_pass_damage`), or None."""
     rolls: bool = True
     """A cleanerd cycle rolls the partition (this config's, or the daemon's that holds
     its dir); False beside a broker, which rolls only when it appends (an idle
@@ -192,13 +195,16 @@ def plan_partition(
     retention, rolled, current, skipped = _retention(inp, current, now_ms, cleaner_enabled)
     compaction = None
     if topic.compact:
-        compaction = compaction_plan(
-            current,
-            topic,
-            now_ms=now_ms,
-            checkpoint=inp.checkpoint,
-            horizons=inp.horizons,
-            uncleanable=inp.uncleanable,
+        compaction = _failing_pass(
+            compaction_plan(
+                current,
+                topic,
+                now_ms=now_ms,
+                checkpoint=inp.checkpoint,
+                horizons=inp.horizons,
+                uncleanable=inp.uncleanable,
+            ),
+            inp.pass_damage,
         )
     planned = _partition_plan(
         inp,
@@ -210,6 +216,14 @@ def plan_partition(
         roll_at_append=at_append,
     )
     return planned, current
+
+
+def _failing_pass(plan: CompactionPlan, damage: str | None) -> CompactionPlan:
+    """`plan`, whose pass fails on `damage` (`PlanInput.pass_damage`) when the partition
+    is eligible: uncleanable then, as the cycle marks it once that pass failed."""
+    if damage is None or plan.eligible is None:
+        return plan
+    return dataclasses.replace(plan, eligible=None, uncleanable=damage, pass_fails=True)
 
 
 def _retention(
@@ -342,13 +356,16 @@ def _after_disk_usage(
         cut = gone.get((meta.log_dir, meta.topic_partition), 0)
         if cut and p.compaction is not None:
             meta = simulate_deletions(meta, cut)
-            compaction = compaction_plan(
-                meta,
-                inp.topic,
-                now_ms=now_ms,
-                checkpoint=inp.checkpoint,
-                horizons=inp.horizons,
-                uncleanable=inp.uncleanable,
+            compaction = _failing_pass(
+                compaction_plan(
+                    meta,
+                    inp.topic,
+                    now_ms=now_ms,
+                    checkpoint=inp.checkpoint,
+                    horizons=inp.horizons,
+                    uncleanable=inp.uncleanable,
+                ),
+                inp.pass_damage,
             )
             p = dataclasses.replace(p, compaction=compaction)
         out.append((p, meta))
@@ -523,6 +540,7 @@ def _gather_dir(
                 age=age,
                 horizons=segment_horizons,
                 uncleanable=None if plog.corrupt is None else str(plog.corrupt),
+                pass_damage=plog.foresee_pass_damage(meta) if rolls and compacted else None,
                 rolls=rolls,
             )
         )
@@ -632,6 +650,7 @@ def partition_json(p: PartitionPlan) -> dict[str, Any]:
             "kafka_overdue_ms": ltc.kafka_compaction_delay_ms,
             "horizon_due": c.horizon_due,
             "uncleanable": c.uncleanable,
+            "pass_fails": c.pass_fails,
         }
     return out
 

@@ -94,6 +94,10 @@ class CompactionPlan:
     eligible: EligibilityReason | None
     horizon_due: bool
     uncleanable: str | None
+    pass_fails: bool = False
+    """`uncleanable` is what the pass the partition was eligible for will fail on
+    (`plan` foresees it: the cycle marks the partition uncleanable then, after its
+    retention step)."""
 
     @property
     def blocked_by(self) -> tuple[str, ...]:

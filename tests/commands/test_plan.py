@@ -481,3 +481,38 @@ def test_a_damaged_txnindex_of_a_delete_topic_is_the_opens_error_in_plan_too(
     done = subprocess.run(clean, capture_output=True, text=True, env=env, check=False)
     assert done.returncode == 1
     assert f"t-0: open failed: corrupt index {txn_index}: " in done.stdout
+
+
+def test_a_pass_that_will_fail_on_a_damaged_txnindex_is_foreseen(tmp_path: Path) -> None:
+    """A `.txnindex` of garbage in a dir a clean stop left: the owner's open trusts the
+    segments and the cleaning pass fails on it when it loads the aborted transactions,
+    so `clean` marks the partition uncleanable (exit 1). `plan` now says that pass will
+    fail, naming the file, and exits 1 too; it said eligible and exited 0."""
+    log = LogBuilder(tmp_path / "logs")
+    for i in range(20):
+        log.append([(k(f"k{i % 3}"), b"v")])
+        if i % 10 == 9:
+            log.roll()
+    log.append([(k("k0"), b"last")])
+    part = log.write()
+    command, env = _plan_command(tmp_path)
+    config = Path(command[-1])
+    text = config.read_text()
+    config.write_text(text + "log.cleaner.enable: false\n")
+    clean = [*command[:-3], "clean", *command[-2:]]
+    stop = subprocess.run(clean, capture_output=True, text=True, env=env, check=False)
+    assert stop.returncode == 0, stop.stdout
+    assert (tmp_path / "logs" / ".kafka_cleanshutdown").exists()
+    config.write_text(text)
+    txn_index = part / "00000000000000000010.txnindex"
+    txn_index.write_bytes(b"x" * 40)
+    planned = subprocess.run([*command, "--json"], capture_output=True, text=True, env=env)
+    assert planned.returncode == 1
+    (partition,) = json.loads(planned.stdout)["partitions"]
+    compaction = partition["compaction"]
+    assert (compaction["eligible"], compaction["pass_fails"]) == (False, True)
+    assert compaction["uncleanable"].startswith(f"corrupt index {txn_index}: ")
+    assert f"t-0: the pass will fail: corrupt index {txn_index}: " in planned.stderr
+    done = subprocess.run(clean, capture_output=True, text=True, env=env, check=False)
+    assert done.returncode == 1
+    assert f"t-0: uncleanable: corrupt index {txn_index}: " in done.stdout

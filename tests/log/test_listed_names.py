@@ -1,7 +1,7 @@
 """`recovery.sort_names` (and `snapshot_offsets_in`): a partition dir's listing read in one
 pass gives what the per-name tests give (the well-formed `.log` offsets, the malformed
-names and why, whether leftover recovery has anything to do), on listings of every
-shape."""
+names and why, whether leftover recovery has anything to do, the segments with a
+`.txnindex`), on listings of every shape."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from cleanerd.log.files import (
     PRODUCER_SNAPSHOT_FILE_SUFFIX,
     SEGMENT_FILE_KINDS,
     STATE_SUFFIXES,
+    TXN_INDEX_FILE_SUFFIX,
     is_log_file,
     is_segment_file_name,
     malformed_segment_file_name,
@@ -41,8 +42,10 @@ NAMES = st.one_of(
 )
 
 
-def reference(listing: Listing) -> tuple[list[int], list[tuple[str, str]], bool]:
-    """The same three answers, one question and one test per name at a time."""
+def reference(
+    listing: Listing,
+) -> tuple[list[int], list[tuple[str, str]], bool, frozenset[int]]:
+    """The same four answers, one question and one test per name at a time."""
     offsets = sorted(offset_from_filename(e.name) for e in listing if is_log_file(e.name))
     malformed = [
         (e.path, reason)
@@ -58,7 +61,12 @@ def reference(listing: Listing) -> tuple[list[int], list[tuple[str, str]], bool]
         )
         for name in files
     )
-    return offsets, malformed, leftovers
+    txn_indexed = frozenset(
+        offset_from_filename(name)
+        for name in files
+        if is_segment_file_name(name) and name.endswith(TXN_INDEX_FILE_SUFFIX)
+    )
+    return offsets, malformed, leftovers, txn_indexed
 
 
 @contextlib.contextmanager
@@ -78,7 +86,12 @@ def listed(files: set[str], dirs: set[str]) -> Iterator[Listing]:
 def test_one_pass_answers_as_the_per_name_tests(files: set[str], dirs: set[str]) -> None:
     with listed(files, dirs) as listing:
         names = sort_names(listing)
-        assert (names.log_offsets, names.malformed, names.leftovers) == reference(listing)
+        assert (
+            names.log_offsets,
+            names.malformed,
+            names.leftovers,
+            names.txn_indexed,
+        ) == reference(listing)
 
 
 WELL_FORMED = st.one_of(
@@ -101,7 +114,12 @@ def test_a_dir_of_well_formed_files_answers_as_the_per_name_tests(
     read as one text; a subdir named like a segment file is answered entry by entry."""
     with listed(files, dirs) as listing:
         names = sort_names(listing)
-        assert (names.log_offsets, names.malformed, names.leftovers) == reference(listing)
+        assert (
+            names.log_offsets,
+            names.malformed,
+            names.leftovers,
+            names.txn_indexed,
+        ) == reference(listing)
         expected = sorted(
             offset_from_filename(e.name)
             for e in listing
