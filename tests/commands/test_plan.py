@@ -432,9 +432,8 @@ def test_damage_the_owners_open_finds_is_foreseen(tmp_path: Path, stop: str) -> 
         assert (retention["hold"], retention["due"]) == (None, 3)
 
 
-def _with_a_garbage_txnindex(tmp_path: Path) -> tuple[Path, Path]:
-    """t-0 after a crash: three segments, the second's `.txnindex` 40 bytes of garbage;
-    the partition dir and that file."""
+def _three_segments(tmp_path: Path) -> Path:
+    """t-0 as a crash leaves it: three segments of keys k0..k2; its dir."""
     log = LogBuilder(tmp_path / "logs")
     for i in range(20):
         log.append([(k(f"k{i % 3}"), b"v")])
@@ -442,6 +441,13 @@ def _with_a_garbage_txnindex(tmp_path: Path) -> tuple[Path, Path]:
             log.roll()
     log.append([(k("k0"), b"last")])
     part = log.write()
+    return part
+
+
+def _with_a_garbage_txnindex(tmp_path: Path) -> tuple[Path, Path]:
+    """t-0 after a crash: three segments, the second's `.txnindex` 40 bytes of garbage;
+    the partition dir and that file."""
+    part = _three_segments(tmp_path)
     txn_index = part / "00000000000000000010.txnindex"
     txn_index.write_bytes(b"x" * 40)
     return part, txn_index
@@ -488,13 +494,7 @@ def test_a_pass_that_will_fail_on_a_damaged_txnindex_is_foreseen(tmp_path: Path)
     segments and the cleaning pass fails on it when it loads the aborted transactions,
     so `clean` marks the partition uncleanable (exit 1). `plan` now says that pass will
     fail, naming the file, and exits 1 too; it said eligible and exited 0."""
-    log = LogBuilder(tmp_path / "logs")
-    for i in range(20):
-        log.append([(k(f"k{i % 3}"), b"v")])
-        if i % 10 == 9:
-            log.roll()
-    log.append([(k("k0"), b"last")])
-    part = log.write()
+    part = _three_segments(tmp_path)
     command, env = _plan_command(tmp_path)
     config = Path(command[-1])
     text = config.read_text()

@@ -26,7 +26,7 @@ from cleanerd.log.files import (
     offset_from_filename,
 )
 from cleanerd.log.producer_state import snapshot_offsets_in
-from cleanerd.log.recovery import Listing, list_partition_dir, sort_names
+from cleanerd.log.recovery import ListedNames, Listing, list_partition_dir, sort_names
 
 STEMS = st.sampled_from(
     ["00000000000000000000", "00000000000000000015", "00000000000000000030", "15", "abc", "x"]
@@ -69,6 +69,11 @@ def reference(
     return offsets, malformed, leftovers, txn_indexed
 
 
+def answers(names: ListedNames) -> tuple[list[int], list[tuple[str, str]], bool, frozenset[int]]:
+    """What `sort_names` answered, as `reference` answers."""
+    return names.log_offsets, names.malformed, names.leftovers, names.txn_indexed
+
+
 @contextlib.contextmanager
 def listed(files: set[str], dirs: set[str]) -> Iterator[Listing]:
     """The listing of a fresh dir holding `files` (empty) and `dirs` (not also files)."""
@@ -85,13 +90,7 @@ def listed(files: set[str], dirs: set[str]) -> Iterator[Listing]:
 @given(st.sets(NAMES, max_size=14), st.sets(NAMES, max_size=3))
 def test_one_pass_answers_as_the_per_name_tests(files: set[str], dirs: set[str]) -> None:
     with listed(files, dirs) as listing:
-        names = sort_names(listing)
-        assert (
-            names.log_offsets,
-            names.malformed,
-            names.leftovers,
-            names.txn_indexed,
-        ) == reference(listing)
+        assert answers(sort_names(listing)) == reference(listing)
 
 
 WELL_FORMED = st.one_of(
@@ -113,13 +112,7 @@ def test_a_dir_of_well_formed_files_answers_as_the_per_name_tests(
     """Dirs without a malformed name (what Kafka and cleanerd leave), where the names are
     read as one text; a subdir named like a segment file is answered entry by entry."""
     with listed(files, dirs) as listing:
-        names = sort_names(listing)
-        assert (
-            names.log_offsets,
-            names.malformed,
-            names.leftovers,
-            names.txn_indexed,
-        ) == reference(listing)
+        assert answers(sort_names(listing)) == reference(listing)
         expected = sorted(
             offset_from_filename(e.name)
             for e in listing
