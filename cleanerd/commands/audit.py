@@ -234,14 +234,15 @@ def pending_deletion(dir_path: Path) -> list[PendingFile]:
     return pending
 
 
-def audited_partitions(
-    cfg: Config, run: AuditRun, *, retention: bool
+def compacted_partitions(
+    cfg: Config, run: AuditRun, retention: RetentionScope | None = None
 ) -> Iterator[tuple[PartitionLog, TopicConfig]]:
-    """Every partition of every log dir of `cfg` that is compacted or, with `retention`,
-    has a retention deadline (`audits_retention`), opened in observe mode; the ones that
-    cannot be opened go to `run.errors`, with those whose damage the owner's open would
-    find in a dir nobody holds (as `plan` foresees it: an interrupted swap it could not
-    finish, or what its checks after a crash find)."""
+    """Every compacted partition of every log dir of `cfg`, opened in observe mode, with
+    `retention` auditing on the way (into `run`) the retention deadline of every
+    partition that has one (`audits_retention`). The partitions that cannot be opened go
+    to `run.errors`, with those whose damage the owner's open would find in a dir nobody
+    holds (as `plan` foresees it: an interrupted swap it could not finish, or what its
+    checks after a crash find)."""
     for path in cfg.log_dirs:
         try:
             with LogDir.open(Path(path), observe=True, state_dir=cfg.state_dir) as log_dir:
@@ -252,8 +253,8 @@ def audited_partitions(
                     except ConfigError as exc:  # two globs match it: not audited
                         run.errors.append(f"{log_dir.path / str(tp)}: {exc.reason}")
                         continue
-                    audited = topic.compact or (retention and audits_retention(topic))
-                    if not audited or tp.topic == METADATA_TOPIC:
+                    timed = retention is not None and audits_retention(topic)
+                    if not (topic.compact or timed) or tp.topic == METADATA_TOPIC:
                         continue
                     try:
                         # A segment a live broker swapped or deleted between the
@@ -273,7 +274,10 @@ def audited_partitions(
                         if not partition_dir_gone(path):  # else deleted since the listing
                             run.errors.append(f"{path}: {exc}")
                         continue
-                    yield plog, topic
+                    if retention is not None and timed:
+                        retention.audit(plog, topic, run)
+                    if topic.compact:
+                        yield plog, topic
         except (CheckpointError, OSError) as exc:  # offline for a cycle too
             run.errors.append(f"{path}: offline, not read: {failure_text(exc)}")
 
@@ -292,11 +296,7 @@ def audit_log_dirs(
     each within about `memory_bytes` (see `compaction.audit`), and with `retention` the
     retention deadline of those that have one."""
     run = AuditRun()
-    for plog, topic in audited_partitions(cfg, run, retention=retention is not None):
-        if retention is not None and audits_retention(topic):
-            retention.audit(plog, topic, run)
-        if not topic.compact:
-            continue
+    for plog, topic in compacted_partitions(cfg, run, retention):
         audit = audit_partition(
             plog,
             topic,
@@ -339,11 +339,7 @@ def audit_log_dirs_on_spark(
     check_spark_available()
     run = AuditRun()
     partitions = []
-    for plog, topic in audited_partitions(cfg, run, retention=retention is not None):
-        if retention is not None and audits_retention(topic):
-            retention.audit(plog, topic, run)
-        if not topic.compact:
-            continue
+    for plog, topic in compacted_partitions(cfg, run, retention):
         spec = audit_partition_spec(plog, topic)
         partitions.append(spec)
         if spec.error is not None and progress is not None:

@@ -923,10 +923,10 @@ def _flushed_head(
     if recovery_point <= segment.base_offset:
         return None
     try:
-        if index_checks and segment.sanity_check():
-            return None  # indexes rebuilt: the full validation re-reads it all anyway
         if not index_checks:
             segment.txn_index.sanity_check()
+        elif segment.sanity_check():
+            return None  # indexes rebuilt: the full validation re-reads it all anyway
         start = segment.position_for(recovery_point)
     except DAMAGE:
         return None

@@ -195,17 +195,7 @@ def plan_partition(
     retention, rolled, current, skipped = _retention(inp, current, now_ms, cleaner_enabled)
     compaction = None
     if topic.compact:
-        compaction = _failing_pass(
-            compaction_plan(
-                current,
-                topic,
-                now_ms=now_ms,
-                checkpoint=inp.checkpoint,
-                horizons=inp.horizons,
-                uncleanable=inp.uncleanable,
-            ),
-            inp.pass_damage,
-        )
+        compaction = _compaction(inp, current, now_ms)
     planned = _partition_plan(
         inp,
         roll,
@@ -218,12 +208,21 @@ def plan_partition(
     return planned, current
 
 
-def _failing_pass(plan: CompactionPlan, damage: str | None) -> CompactionPlan:
-    """`plan`, whose pass fails on `damage` (`PlanInput.pass_damage`) when the partition
-    is eligible: uncleanable then, as the cycle marks it once that pass failed."""
-    if damage is None or plan.eligible is None:
+def _compaction(inp: PlanInput, current: PartitionMeta, now_ms: int) -> CompactionPlan:
+    """The clean step's plan of `inp`'s partition as `current` stands; an eligible
+    partition whose pass fails on `inp.pass_damage` is uncleanable instead, as the cycle
+    marks it once that pass failed."""
+    plan = compaction_plan(
+        current,
+        inp.topic,
+        now_ms=now_ms,
+        checkpoint=inp.checkpoint,
+        horizons=inp.horizons,
+        uncleanable=inp.uncleanable,
+    )
+    if inp.pass_damage is None or plan.eligible is None:
         return plan
-    return dataclasses.replace(plan, eligible=None, uncleanable=damage, pass_fails=True)
+    return dataclasses.replace(plan, eligible=None, uncleanable=inp.pass_damage, pass_fails=True)
 
 
 def _retention(
@@ -356,18 +355,7 @@ def _after_disk_usage(
         cut = gone.get((meta.log_dir, meta.topic_partition), 0)
         if cut and p.compaction is not None:
             meta = simulate_deletions(meta, cut)
-            compaction = _failing_pass(
-                compaction_plan(
-                    meta,
-                    inp.topic,
-                    now_ms=now_ms,
-                    checkpoint=inp.checkpoint,
-                    horizons=inp.horizons,
-                    uncleanable=inp.uncleanable,
-                ),
-                inp.pass_damage,
-            )
-            p = dataclasses.replace(p, compaction=compaction)
+            p = dataclasses.replace(p, compaction=_compaction(inp, meta, now_ms))
         out.append((p, meta))
     return out
 
