@@ -482,21 +482,24 @@ class PartitionLog:
         memory, as this read-only open rebuilds them where it reads them (so the cheap
         checks of the segments below the recovery point check their transaction
         indexes only: `index_checks`; they doubled a `plan` of 10,000 partitions).
-        Without `walk`, for a caller that reads every batch itself, CRCs checked (`plan`
-        and `audit` of a compacted partition), only the transaction indexes are checked:
-        the walk read 174 MB twice in a `plan` of one partition."""
+        Without `walk`, for a caller that reads every batch itself, CRCs checked
+        (`audit` of a compacted partition), only the transaction indexes are checked:
+        the walk read 174 MB twice in an audit of one partition. (`plan` walks: its
+        delete-horizon reads check no CRC, and a segment the walk read is not read again
+        for them.)"""
         if self.stopped_cleanly or self.recovery_report.errors:
             return
+        listed = self.recovery_report.txn_indexed  # no failed open for each other one
         if walk:
             found = validate_segments(
                 list(self._segments),
                 recovery_point=self._flushed_to,
                 known=known,
                 index_checks=False,
+                txn_indexed=listed,
             )
             self.recovery_report.errors.extend(found.errors)
             return
-        listed = self.recovery_report.txn_indexed  # no failed open for each other one
         for segment in self._segments:
             try:
                 if segment.base_offset in listed:

@@ -459,7 +459,7 @@ def _read_partition(
         plog = log_dir.open_partition(tp, config=LogConfig.of_topic(topic))
         if owned:
             plog.foresee_swap_damage()
-            log_dir.foresee_open_damage(plog, walk=not compacted)  # else read whole below
+            log_dir.foresee_open_damage(plog)
         meta = plog.readable_meta()
         read_whole = compacted and meta.damage is None
         return plog, meta, horizons.partition(plog) if read_whole else ()

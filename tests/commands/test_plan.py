@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from cleanerd.log.files import TopicPartition
-from tests.builders import build_log, kv
+from tests.builders import DEFAULT_TP, build_log, kv
 from tests.compaction.conftest import LogBuilder, k
 from tests.holders import HOLD_BROKER_LOCK, HOLD_OWNER_LOCK, held_by_other_process
 from tests.paths import REPO
@@ -442,6 +442,38 @@ def _three_segments(tmp_path: Path) -> Path:
     log.append([(k("k0"), b"last")])
     part = log.write()
     return part
+
+
+def test_damage_the_owners_open_finds_in_a_compacted_partition_is_foreseen(
+    tmp_path: Path,
+) -> None:
+    """A batch failing its CRC in the middle of a big closed segment of a compacted
+    topic (past what a metadata read reaches), after a crash: the owner's open walks
+    the segment and holds the partition uncleanable (exit 1). `plan` reads such a
+    partition's batch headers for its delete horizons, not their CRCs: it now runs the
+    open's walk first, names the damage and exits 1 too. It planned the pass as
+    eligible and exited 0."""
+    t0 = 1_700_000_000_000
+    records = [
+        [[kv(f"k{i % 50}", "x" * 1000, timestamp=t0 + 1000 * n + i)] for i in range(400)]
+        for n in range(3)
+    ]
+    build_log(tmp_path / "logs", [*records, [[kv("k", "v")]]], state_dir=tmp_path / "state")
+    damaged = tmp_path / "logs" / str(DEFAULT_TP) / "00000000000000000400.log"
+    data = bytearray(damaged.read_bytes())
+    data[len(data) // 2 + 500] ^= 0xFF  # a value byte of a batch in the middle
+    damaged.write_bytes(bytes(data))
+    crc = f"corrupt record batch in {damaged} at position "
+    command, env = _plan_command(tmp_path)
+    planned = subprocess.run([*command, "--json"], capture_output=True, text=True, env=env)
+    assert planned.returncode == 1
+    (partition,) = json.loads(planned.stdout)["partitions"]
+    assert partition["damage"].startswith(crc)
+    assert partition["compaction"] is None
+    clean = [*command[:-3], "clean", *command[-2:]]
+    done = subprocess.run(clean, capture_output=True, text=True, env=env, check=False)
+    assert done.returncode == 1
+    assert f"{DEFAULT_TP}: uncleanable: {crc}" in done.stdout
 
 
 def _with_a_garbage_txnindex(tmp_path: Path) -> tuple[Path, Path]:
