@@ -765,9 +765,12 @@ class Daemon:
 
     async def _refresh_metrics(self) -> None:
         """Publish the metrics model. The partition part is rebuilt only when a cycle
-        ended, a later state was told (`Reporter.states`) or some delay moves with the
-        clock (a partition is overdue); otherwise the last snapshot gets fresh device
-        usage only, which keeps an idle daemon with thousands of partitions cheap."""
+        ended or a later state was told (`Reporter.states`); otherwise the last snapshot
+        gets fresh device usage and, once some delay grows with the clock (a partition
+        past a compaction deadline or with data past `retention.ms`, in an observed dir
+        too, where no cycle comes to meet it), its delays aged from their deadlines
+        (`MetricsSnapshot.aged`), which keeps an idle daemon with thousands of
+        partitions cheap."""
         self._record_events()
         taken, outcome, config, usage = self._taken, self.last_outcome, self.config, self._usage
         if taken is None:
@@ -776,11 +779,9 @@ class Daemon:
         status = replace(status, last_run_ms=self._last_look_ms(status.last_run_ms))
         now = self.clock_ms()
         last = self.exporter.snapshot
-        d = self._deadlines
-        moving = d.overdue or (d.next_ms is not None and now >= d.next_ms)
         told = self.reporter.later_count
         built = self._snapshot_source
-        if last is None or moving or built is None or built[0] is not taken or built[1] != told:
+        if last is None or built is None or built[0] is not taken or built[1] != told:
             snapshot = await asyncio.to_thread(
                 self.reporter.snapshot,
                 report,
@@ -796,6 +797,9 @@ class Daemon:
             devices = build_snapshot(
                 now_ms=now, partitions=(), devices=usage, device_log_dirs=self._device_dirs()
             ).devices
+            ageing = last.ageing_from_ms
+            if ageing is not None and now >= ageing:
+                last = last.aged(now, partitions=config.metrics.per_partition)
             snapshot = replace(last, now_ms=now, devices=devices, last_run_ms=status.last_run_ms)
         self.exporter.update(snapshot)
 

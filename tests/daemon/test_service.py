@@ -1153,6 +1153,55 @@ async def test_a_paused_daemon_still_shows_the_delay_of_what_is_written(
         )
 
 
+async def test_the_delays_of_an_observed_dir_grow_between_cycles(
+    tmp_path: Path, notify_socket: NotifyReceiver
+) -> None:
+    """In a log dir only observed (`mode: observe`, or a broker's), nothing comes to
+    meet a deadline, so no cycle runs for it until the next periodic one: the
+    compaction delay and the retention overdue still grow with the clock at each
+    refresh. They stayed as the last cycle left them (up to
+    `log.retention.check.interval.ms` behind, five minutes by default), so the overdue
+    alerts fired that much late."""
+    _logs(tmp_path)
+    topics = {
+        "users": {"cleanup.policy": "compact", "max.compaction.lag.ms": HOUR // 2},
+        "events": {"cleanup.policy": "delete", "retention.ms": HOUR},
+    }
+    settings = _settings(tmp_path, topics=topics, mode="observe")
+    settings["log.retention.check.interval.ms"] = 24 * HOUR  # no periodic cycle here
+    settings["metrics"]["refresh_interval_s"] = 0.05
+    config_path = _write(tmp_path / "c.yaml", settings)
+    clock = [_now_ms()]
+    daemon = Daemon(
+        load_config(config_path),
+        config_path=config_path,
+        notifier=Notifier(environ=notify_socket.environ),
+        clock_ms=lambda: clock[0],
+        timings=FAST,
+    )
+    delay, overdue = (
+        "cleanerd_max_compaction_delay_seconds",
+        "cleanerd_max_retention_overdue_seconds",
+    )
+
+    def read() -> tuple[float, float]:
+        text = _scrape(daemon)
+        return _largest(text, delay), _largest(text, overdue)
+
+    async with running(daemon):
+        await eventually(lambda: daemon.cycles >= 1 and read()[0] > 0, "the first cycle's gauges")
+        await eventually(lambda: daemon._cycle_task is None, "the first cycle to end")
+        cycles, before = daemon.cycles, read()
+        assert min(before) > 0
+        clock[0] += 600_000
+
+        def grown() -> list[float]:
+            return [round(now - then, 3) for now, then in zip(read(), before, strict=True)]
+
+        await eventually(lambda: grown() == [600, 600], "both gauges 600 s on")
+        assert daemon.cycles == cycles
+
+
 async def test_pause_lets_the_pass_in_flight_finish_and_starts_no_other(
     config_path: Path, notify_socket: NotifyReceiver, tmp_path: Path
 ) -> None:

@@ -68,6 +68,25 @@ class PartitionMetrics:
     uncleanable_reason: str | None
     retention_overdue_ms: int = 0
     """How long data older than `retention.ms` has been on disk (0: none)."""
+    retention_due_ms: int | None = None
+    """When data here first outlived `retention.ms` (`PartitionState.retention_due_ms`)."""
+
+    def aged(self, now_ms: int) -> PartitionMetrics:
+        """The same numbers with the delays at `now_ms`, from the deadlines (which do
+        not move with the clock)."""
+        delay = _past(now_ms, self.deadline_ms)
+        overdue = _past(now_ms, self.retention_due_ms)
+        if (delay, overdue) == (self.compaction_delay_ms, self.retention_overdue_ms):
+            return self
+        return replace(self, compaction_delay_ms=delay, retention_overdue_ms=overdue)
+
+
+def _past(now_ms: int, deadline_ms: int | None) -> int:
+    return 0 if deadline_ms is None else max(0, now_ms - deadline_ms)
+
+
+def _earliest(times: Iterable[int | None]) -> int | None:
+    return min((t for t in times if t is not None), default=None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +112,21 @@ class LogDirMetrics:
     failed_steps: int = 0
     """Steps of the last cycle that failed there (`StepError`: a roll, a retention, an
     open, a partition whose topic two globs match), each tried again every cycle."""
+    earliest_deadline_ms: int | None = None
+    """The earliest compaction deadline of its partitions: the maximal delay is
+    `now - earliest` from then on."""
+    earliest_retention_due_ms: int | None = None
+    """The same for data outliving `retention.ms`."""
+
+    def aged(self, now_ms: int) -> LogDirMetrics:
+        """The same numbers with the maximal delays at `now_ms` (`PartitionMetrics.aged`
+        of each partition, in O(1))."""
+        delay = max(self.max_compaction_delay_ms, _past(now_ms, self.earliest_deadline_ms))
+        overdue = _past(now_ms, self.earliest_retention_due_ms)
+        overdue = max(self.max_retention_overdue_ms, overdue)
+        if (delay, overdue) == (self.max_compaction_delay_ms, self.max_retention_overdue_ms):
+            return self
+        return replace(self, max_compaction_delay_ms=delay, max_retention_overdue_ms=overdue)
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,6 +162,33 @@ class MetricsSnapshot:
     recopy_ratio: float
     dead_workers: int
     counters: Counters
+
+    @property
+    def ageing_from_ms(self) -> int | None:
+        """From when some delay grows with the clock (`aged` then changes something): the
+        earliest compaction deadline or retention due time of any partition, observed
+        dirs' and uncleanable partitions' included; None if never."""
+        dirs = self.log_dirs
+        return _earliest(
+            [*(d.earliest_deadline_ms for d in dirs), *(d.earliest_retention_due_ms for d in dirs)]
+        )
+
+    def aged(self, now_ms: int, *, partitions: bool = True) -> MetricsSnapshot:
+        """The snapshot at `now_ms`, its delays grown with the clock from the deadlines:
+        what `build_snapshot` would give at `now_ms` from the same states, without
+        building every partition's numbers anew. Without `partitions`, the partitions'
+        own numbers are left as they were (for an exporter that does not publish them:
+        a later ageing computes them from their deadlines, so nothing is lost)."""
+        dirs = tuple(d.aged(now_ms) for d in self.log_dirs)
+        return replace(
+            self,
+            now_ms=now_ms,
+            partitions=(
+                tuple(p.aged(now_ms) for p in self.partitions) if partitions else self.partitions
+            ),
+            log_dirs=dirs,
+            max_compaction_delay_ms=max((d.max_compaction_delay_ms for d in dirs), default=0),
+        )
 
     @property
     def uncleanable_partitions(self) -> int:
@@ -186,6 +247,7 @@ def partition_metrics(
         uncleanable=uncleanable_reason is not None,
         uncleanable_reason=uncleanable_reason,
         retention_overdue_ms=state.retention_overdue_ms(now_ms),
+        retention_due_ms=state.retention_due_ms,
     )
 
 
@@ -206,6 +268,8 @@ def log_dir_metrics(log_dir: str, partitions: Sequence[PartitionMetrics]) -> Log
         uncleanable_partitions=len(uncleanable),
         uncleanable_bytes=sum(p.cleanable_bytes for p in uncleanable),
         max_retention_overdue_ms=max((p.retention_overdue_ms for p in partitions), default=0),
+        earliest_deadline_ms=_earliest(p.deadline_ms for p in partitions if p.compacted),
+        earliest_retention_due_ms=_earliest(p.retention_due_ms for p in partitions),
     )
 
 

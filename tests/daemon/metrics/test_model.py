@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from cleanerd.compaction.cleanable import log_to_clean
 from cleanerd.compaction.manager import UncleanablePartitions
 from cleanerd.compaction.stats import CleanerStats
@@ -171,3 +176,41 @@ def test_counters_and_devices() -> None:
     assert dict(snap.counters.bytes_deleted) == {"retention.ms": 100, "disk.usage": 100}
     (device,) = snap.devices
     assert (device.usage_ratio, device.threshold_ratio, device.log_dirs) == (0.25, 0.8, ("/a",))
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    partitions=st.lists(
+        st.tuples(
+            st.sampled_from(["/a", "/b"]),
+            st.lists(st.integers(-120, 30), min_size=1, max_size=3),  # first_ts, minutes
+            st.one_of(st.none(), st.integers(1, 90)),  # max.compaction.lag.ms, minutes
+            st.one_of(st.none(), st.integers(-60, 60)),  # retention due, minutes from NOW
+        ),
+        max_size=6,
+    ),
+    later=st.integers(0, 180),
+)
+def test_an_aged_snapshot_is_the_one_built_later(
+    partitions: list[tuple[str, list[int], int | None, int | None]], later: int
+) -> None:
+    """Ageing a snapshot (what the daemon does between cycles, in O(log dirs) for the
+    maxima) gives what building it anew from the same states aged to the later time
+    gives (`Reporter.snapshot`):
+    the delays and overdue times of every partition, every log dir and overall, and
+    `ageing_from_ms` says when that starts to differ from the snapshot as it is."""
+    states = []
+    for n, (log_dir, firsts, lag, due) in enumerate(partitions):
+        m = meta(f"t{n}", log_dir, sorted(NOW + f * MIN for f in firsts))
+        s = PartitionState(m) if lag is None else state(m, lag=lag * MIN)
+        retention_due = None if due is None else NOW + due * MIN
+        states.append(replace(s, retention_due_ms=retention_due))
+    dirs = ["/a", "/b"]
+    snap = build_snapshot(now_ms=NOW, partitions=states, log_dirs=dirs)
+    then = NOW + later * MIN
+    built = build_snapshot(now_ms=then, partitions=[s.aged(then) for s in states], log_dirs=dirs)
+    assert snap.aged(then) == built
+    assert snap.aged(then, partitions=False) == replace(built, partitions=snap.partitions)
+    ageing = snap.ageing_from_ms
+    if ageing is None or then < ageing:
+        assert replace(built, now_ms=NOW) == snap
