@@ -366,6 +366,26 @@ def test_an_interrupted_swap_the_open_cannot_finish_is_foreseen(tmp_path: Path) 
     assert swap.read_bytes() == damaged
 
 
+T0 = 1_700_000_000_000
+
+
+def _big_segments_damaged_mid(tmp_path: Path, tp: TopicPartition) -> Path:
+    """`tp` in `<tmp_path>/logs` as a crash leaves it: three segments of 400 1-KB
+    records of one key (timestamps from `T0`, a second apart per segment) and an active
+    one dated far ahead, a batch in the middle of the second segment failing its CRC
+    (past what a metadata read reaches); that segment's `.log`."""
+    records = [
+        [[kv("k", "x" * 1000, timestamp=T0 + 1000 * n + i)] for i in range(400)] for n in range(3)
+    ]
+    last = [[kv("k", "v", timestamp=T0 + 10**7)]]
+    build_log(tmp_path / "logs", [*records, last], state_dir=tmp_path / "state", tp=tp)
+    damaged = tmp_path / "logs" / str(tp) / "00000000000000000400.log"
+    data = bytearray(damaged.read_bytes())
+    data[len(data) // 2 + 500] ^= 0xFF  # a value byte of a batch in the middle
+    damaged.write_bytes(bytes(data))
+    return damaged
+
+
 @pytest.mark.parametrize("stop", ["crash", "clean-shutdown"])
 def test_damage_the_owners_open_finds_is_foreseen(tmp_path: Path, stop: str) -> None:
     """A batch failing its CRC in the middle of a big segment of a `delete` topic, which
@@ -374,23 +394,10 @@ def test_damage_the_owners_open_finds_is_foreseen(tmp_path: Path, stop: str) -> 
     find it too, so all three keep the segment and the later ones, and delete the one
     before it. They planned and called due what `clean` then refused ("open failed").
     After a clean shutdown the open trusts the segments, and all three delete them."""
-    t0 = 1_700_000_000_000
-    records = [
-        [[kv("k", "x" * 1000, timestamp=t0 + 1000 * n + i)] for i in range(400)] for n in range(3)
-    ]
     state = tmp_path / "state"
-    build_log(
-        tmp_path / "logs",
-        [*records, [[kv("k", "v", timestamp=t0 + 10**7)]]],
-        state_dir=state,
-        tp=TopicPartition("del", 0),
-    )
+    damaged = _big_segments_damaged_mid(tmp_path, TopicPartition("del", 0))
     if stop == "clean-shutdown":
         (tmp_path / "logs" / ".kafka_cleanshutdown").touch()
-    damaged = tmp_path / "logs" / "del-0" / "00000000000000000400.log"
-    data = bytearray(damaged.read_bytes())
-    data[len(data) // 2 + 500] ^= 0xFF  # a value byte of a batch in the middle
-    damaged.write_bytes(bytes(data))
     config = tmp_path / "cleanerd.yaml"
     config.write_text(
         f"log.dirs: [{tmp_path / 'logs'}]\nstate_dir: {state}\n"
@@ -405,7 +412,7 @@ def test_damage_the_owners_open_finds_is_foreseen(tmp_path: Path, stop: str) -> 
         "-c",
         str(config),
         "--now-ms",
-        str(t0 + 10**6),
+        str(T0 + 10**6),
     ]
     planned = subprocess.run([*command, "--json"], capture_output=True, text=True, env=env)
     (partition,) = json.loads(planned.stdout)["partitions"]
@@ -453,16 +460,7 @@ def test_damage_the_owners_open_finds_in_a_compacted_partition_is_foreseen(
     partition's batch headers for its delete horizons, not their CRCs: it now runs the
     open's walk first, names the damage and exits 1 too. It planned the pass as
     eligible and exited 0."""
-    t0 = 1_700_000_000_000
-    records = [
-        [[kv(f"k{i % 50}", "x" * 1000, timestamp=t0 + 1000 * n + i)] for i in range(400)]
-        for n in range(3)
-    ]
-    build_log(tmp_path / "logs", [*records, [[kv("k", "v")]]], state_dir=tmp_path / "state")
-    damaged = tmp_path / "logs" / str(DEFAULT_TP) / "00000000000000000400.log"
-    data = bytearray(damaged.read_bytes())
-    data[len(data) // 2 + 500] ^= 0xFF  # a value byte of a batch in the middle
-    damaged.write_bytes(bytes(data))
+    damaged = _big_segments_damaged_mid(tmp_path, DEFAULT_TP)
     crc = f"corrupt record batch in {damaged} at position "
     command, env = _plan_command(tmp_path)
     planned = subprocess.run([*command, "--json"], capture_output=True, text=True, env=env)

@@ -122,8 +122,7 @@ class LogDirMetrics:
         """The same numbers with the maximal delays at `now_ms` (`PartitionMetrics.aged`
         of each partition, in O(1))."""
         delay = max(self.max_compaction_delay_ms, _past(now_ms, self.earliest_deadline_ms))
-        overdue = _past(now_ms, self.earliest_retention_due_ms)
-        overdue = max(self.max_retention_overdue_ms, overdue)
+        overdue = max(self.max_retention_overdue_ms, _past(now_ms, self.earliest_retention_due_ms))
         if (delay, overdue) == (self.max_compaction_delay_ms, self.max_retention_overdue_ms):
             return self
         return replace(self, max_compaction_delay_ms=delay, max_retention_overdue_ms=overdue)
@@ -268,7 +267,7 @@ def log_dir_metrics(log_dir: str, partitions: Sequence[PartitionMetrics]) -> Log
         uncleanable_partitions=len(uncleanable),
         uncleanable_bytes=sum(p.cleanable_bytes for p in uncleanable),
         max_retention_overdue_ms=max((p.retention_overdue_ms for p in partitions), default=0),
-        earliest_deadline_ms=_earliest(p.deadline_ms for p in partitions if p.compacted),
+        earliest_deadline_ms=_earliest(p.deadline_ms for p in partitions),
         earliest_retention_due_ms=_earliest(p.retention_due_ms for p in partitions),
     )
 
